@@ -1,0 +1,49 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch first and pinned: the CPU wheel lies on this machine's disk; an unpinned torch pulls a
+# multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: demo test install install-test lint typecheck pytest bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PIP) install -q -e '.[cli,hub]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[cli,hub,torch,plot,web,test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+demo: install
+	$(VENV)/bin/peakmem train gpt2-xl --precision mixed-fp16 --seq 1024
+
+lint: install-test
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: install-test
+	$(VENV)/bin/mypy
+
+pytest: install-test
+	$(VENV)/bin/pytest
+
+test: lint typecheck pytest
+
+bench: install-test
+	$(PY) benchmarks/speed.py
+	$(PY) benchmarks/accuracy.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from peakmem.cli import main
+
+raise SystemExit(main())

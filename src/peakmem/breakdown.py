@@ -1,0 +1,93 @@
+"""The result types every estimator returns: analytic, simulated or measured.
+
+Categories match PyTorch's memory tracker (parameters, buffers, gradients, optimizer states,
+activations, temporaries) plus the KV cache and device overhead; fp32 master weights get their
+own row because users ask about them by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Category(str, Enum):
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    MASTER_WEIGHTS = "master_weights"
+    OPTIMIZER_STATES = "optimizer_states"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    KV_CACHE = "kv_cache"
+    OVERHEAD = "overhead"  # allocator slack, CUDA context, workspaces: above allocated bytes
+
+
+class Phase(str, Enum):
+    LOAD = "load"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryItem:
+    """Bytes of one named thing alive at the peak, with where the formula comes from."""
+
+    path: str  # e.g. "layers.*.mlp.act_fn output", "adam.exp_avg"
+    category: Category
+    bytes: int
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerParamRow:
+    """One row of the bytes-per-parameter table: the seed's table, built from named parts."""
+
+    tensor: str  # "weights", "gradients", "master weights", "Adam m", ...
+    dtype: str
+    bytes_per_param: float
+    bytes: int  # over the parameters this row applies to
+    params: int  # how many parameters the row applies to (trainable only for grads/states)
+    category: Category
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhasePeak:
+    phase: Phase
+    bytes: int  # allocated bytes at this phase's own peak
+    items: tuple[MemoryItem, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """What peakmem answers. ``items`` are the allocations alive at the overall peak."""
+
+    method: str  # "analytic" | "simulated" | "measured"
+    job: str  # "train" | "infer"
+    model_name: str
+    params: int
+    trainable_params: int
+    per_param: tuple[PerParamRow, ...]
+    items: tuple[MemoryItem, ...]
+    phases: tuple[PhasePeak, ...]
+    peak_phase: Phase
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_total_bytes: int
+    assumptions: tuple[str, ...] = ()
+    setup: dict[str, object] = field(default_factory=dict)  # echo of the inputs, JSON-ready
+    extra: dict[str, object] = field(default_factory=dict)  # per-rank, CPU RAM, limits, ...
+
+    def by_category(self) -> dict[Category, int]:
+        out: dict[Category, int] = {}
+        for item in self.items:
+            out[item.category] = out.get(item.category, 0) + item.bytes
+        return {c: out[c] for c in Category if c in out}
+
+    @property
+    def model_state_bytes(self) -> int:
+        return sum(r.bytes for r in self.per_param)

@@ -1,0 +1,290 @@
+"""The command line: parse -> core -> render. Thin by design (DESIGN.md "The command line").
+
+Exit codes: 0 ok/fits, 1 does not fit (with --gpu), 2 usage or input error, 3 unknown model or GPU.
+User errors print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from peakmem import __version__
+from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors on one line with exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_INPUT_ERROR, f"peakmem: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _emit_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+# --- shared option groups --------------------------------------------------------------------------
+def _add_train_options(p: argparse.ArgumentParser) -> None:
+    from peakmem.training import (
+        AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
+    )  # fmt: skip
+
+    def choices(enum: Any) -> str:
+        return "|".join(m.value for m in enum)
+
+    p.add_argument("--method", default="full", help=choices(Method))
+    p.add_argument("--precision", default="mixed-bf16", help=choices(Precision))
+    p.add_argument("--optimizer", default="adamw", help=choices(OptimizerName))
+    p.add_argument("--optimizer-impl", default="foreach", help=choices(OptimizerImpl))
+    p.add_argument("--batch", type=int, default=1, help="micro-batch size per GPU")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(context, 2048))")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--checkpointing", default="none", help=choices(Checkpointing))
+    p.add_argument("--attention", default="sdpa", help=choices(AttentionKernel))
+    p.add_argument("--framework", default="hf", help=choices(Framework))
+
+
+def _add_output_options(p: argparse.ArgumentParser, gpu: bool = True) -> None:
+    if gpu:
+        p.add_argument("--gpu", default=None, help="GPU name(s) or size(s), comma-separated: rtx-4090,40GB")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--markdown", action="store_true", help="print Markdown, ready to paste")
+
+
+def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
+    from peakmem.training import (
+        AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
+        TrainingSetup,
+    )  # fmt: skip
+
+    seq = args.seq if args.seq is not None else min(max_positions, 2048)
+    return TrainingSetup(
+        method=Method.parse(args.method, "method"),  # type: ignore[arg-type]
+        precision=Precision.parse(args.precision, "precision"),  # type: ignore[arg-type]
+        optimizer=OptimizerName.parse(args.optimizer, "optimizer"),  # type: ignore[arg-type]
+        optimizer_impl=OptimizerImpl.parse(args.optimizer_impl, "optimizer-impl"),  # type: ignore[arg-type]
+        micro_batch=args.batch,
+        seq_len=seq,
+        grad_accum=args.grad_accum,
+        checkpointing=Checkpointing.parse(args.checkpointing, "checkpointing"),  # type: ignore[arg-type]
+        attention=AttentionKernel.parse(args.attention, "attention"),  # type: ignore[arg-type]
+        framework=Framework.parse(args.framework, "framework"),  # type: ignore[arg-type]
+    )
+
+
+def _gpus(arg: str | None) -> list[Any]:
+    if not arg:
+        return []
+    from peakmem.resolve import resolve_gpu
+
+    return [resolve_gpu(part.strip()) for part in arg.split(",") if part.strip()]
+
+
+def _verdicts(gpus: Sequence[Any], needed: int) -> list[Any]:
+    from peakmem.render import Verdict
+
+    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
+
+
+def _fits_on(needed: int) -> str:
+    """'it fits on an A100 40GB (40 GB) or larger' — the smallest catalog GPU with room."""
+    from peakmem.catalog import GPUS
+    from peakmem.units import fmt_gb
+
+    roomy = sorted((g for g in GPUS if g.vendor == "nvidia" and g.usable_bytes >= needed),
+                   key=lambda g: g.usable_bytes)  # fmt: skip
+    if not roomy:
+        return "it fits on no single GPU in the catalog"
+    g = roomy[0]
+    return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
+
+
+# --- commands --------------------------------------------------------------------------------------
+def cmd_models(args: argparse.Namespace) -> int:
+    from peakmem.catalog import MODELS
+
+    if args.json:
+        _emit_json([
+            {"name": m.name, "family": m.family, "hub_id": m.hub_id, "aliases": list(m.aliases),
+             "source": m.source}
+            for m in MODELS
+        ])  # fmt: skip
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(MODELS)} models (any config.json or Hub id works too)", title_justify="left")
+    table.add_column("name")
+    table.add_column("family")
+    table.add_column("Hub id")
+    for m in MODELS:
+        table.add_row(m.name, m.family, m.hub_id)
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from peakmem.catalog import GPUS
+    from peakmem.units import fmt_both
+
+    if args.json:
+        _emit_json([
+            {"name": g.name, "display_name": g.display_name, "vendor": g.vendor,
+             "memory_bytes": g.memory_bytes, "usable_bytes": g.usable_bytes, "aliases": list(g.aliases),
+             "bf16_tflops": g.bf16_tflops, "bandwidth_gbps": g.bandwidth_gbps, "source": g.memory_source}
+            for g in GPUS
+        ])  # fmt: skip
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(GPUS)} GPUs (or pass a size: 24GB, 80GiB)", title_justify="left")
+    for col in ("name", "GPU", "memory", "aliases"):
+        table.add_column(col)
+    for g in GPUS:
+        table.add_row(g.name, g.display_name, fmt_both(g.memory_bytes), ", ".join(g.aliases))
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from peakmem.render import print_info, spec_json
+    from peakmem.resolve import resolve_model
+
+    spec = resolve_model(args.model)
+    if args.json:
+        _emit_json(spec_json(spec))
+    else:
+        print_info(spec)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, est: Any, headline: str, ways: Sequence[Any] = ()) -> int:
+    from peakmem.render import estimate_json, markdown_estimate, print_estimate
+
+    verdicts = _verdicts(_gpus(getattr(args, "gpu", None)), est.device_total_bytes)
+    if args.json:
+        _emit_json(estimate_json(est, verdicts, ways))
+    elif args.markdown:
+        sys.stdout.write(markdown_estimate(est, headline, verdicts, ways))
+    else:
+        print_estimate(est, headline, verdicts, ways)
+    if verdicts and not any(v.fits for v in verdicts):
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK
+
+
+def _train_headline(spec: Any, setup: Any, est: Any, verb: str = "needs") -> str:
+    from peakmem.units import fmt_both
+
+    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
+        setup.method.value
+    ]
+    return (
+        f"{spec.name} {what} with {setup.precision.value} {setup.optimizer.value} "
+        f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
+        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
+        f"on the device; {_fits_on(est.device_total_bytes)}."
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from peakmem.estimate import estimate_training, ways_down
+    from peakmem.resolve import resolve_model
+
+    spec = resolve_model(args.model)
+    setup = _training_setup(args, spec.max_position_embeddings)
+    est = estimate_training(spec, setup)
+    ways = ways_down(spec, setup)
+    return _report(args, est, _train_headline(spec, setup, est), ways)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from peakmem.errors import ConfigError
+    from peakmem.measure import measure_training
+    from peakmem.resolve import resolve_config
+
+    name, config = resolve_config(args.model)
+    from peakmem.hf import spec_from_config
+
+    spec = spec_from_config(config, name=name)
+    setup = _training_setup(args, spec.max_position_embeddings)
+    if config is None:
+        raise ConfigError(f"no config for {args.model!r}")
+    est = measure_training(config, setup, device=args.device, steps=args.steps)
+    return _report(args, est, _train_headline(spec, setup, est, verb="measured"))
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from peakmem.formulas.serving import estimate_inference
+    from peakmem.inference import InferenceSetup
+    from peakmem.resolve import resolve_model
+    from peakmem.units import fmt_both
+
+    spec = resolve_model(args.model)
+    setup = InferenceSetup.from_cli(vars(args), spec)  # type: ignore[attr-defined]
+    est = estimate_inference(spec, setup)
+    headline = f"{spec.name} inference ({setup.describe()}) needs ≈ {fmt_both(est.device_total_bytes)}; " + (
+        _fits_on(est.device_total_bytes) + "."
+    )
+    return _report(args, est, headline)
+
+
+# --- parser ----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="peakmem", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"peakmem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("models", help="list the model catalog")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_models)
+
+    p = sub.add_parser("gpus", help="list the GPU catalog")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_gpus)
+
+    p = sub.add_parser("info", help="architecture and exact parameter breakdown")
+    p.add_argument("model", help="catalog name, path to config.json (or its folder), or Hub id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_info)
+
+    p = sub.add_parser("train", help="GPU memory to train a model")
+    p.add_argument("model")
+    _add_train_options(p)
+    _add_output_options(p)
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("measure", help="run real training steps and measure their memory")
+    p.add_argument("model")
+    _add_train_options(p)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--steps", type=int, default=2)
+    _add_output_options(p)
+    p.set_defaults(handler=cmd_measure)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_INPUT_ERROR
+    try:
+        return handler(args)
+    except PeakmemError as error:
+        print(f"peakmem: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,317 @@
+"""The analytic training estimator: a setup -> an :class:`~peakmem.breakdown.Estimate`.
+
+It assembles the formulas (model states, optimizer, activations, loss), walks the step's
+timeline (forward, backward, optimizer; steady state), converts the allocated peak to reserved
+bytes and the device total, and records every assumption. Pure and fast: one pass over layer
+groups, never over individual layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.formulas import activations as act
+from peakmem.formulas import allocator
+from peakmem.formulas.loss import head_activations
+from peakmem.formulas.model_states import buffer_bytes, precision_plan, trainable_params, weight_rows
+from peakmem.formulas.optimizer import optimizer_phase_grads, optimizer_rows, state_dtype, step_temporaries
+from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.timeline import GroupCost, backward_peak
+from peakmem.model import ModelSpec
+from peakmem.training import Checkpointing, TrainingSetup
+
+METHOD = "analytic"
+
+
+def setup_dict(setup: TrainingSetup) -> dict[str, object]:
+    """The setup as JSON-ready values (enums by their CLI spelling)."""
+    out: dict[str, object] = {}
+    for name in setup.__dataclass_fields__:
+        value = getattr(setup, name)
+        out[name] = value.value if isinstance(value, Enum) else value
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Parts:
+    """Per-step quantities shared by the phases."""
+
+    weights: int
+    buffers: int
+    grads: int
+    master: int
+    states: int
+    layer_items: tuple[tuple[int, tuple[MemoryItem, ...]], ...]  # (count, per-layer saved) per group
+    groups: tuple[GroupCost, ...]
+    embed_items: tuple[MemoryItem, ...]
+    head_items: tuple[MemoryItem, ...]
+    head_fwd: int
+    max_layer_fwd: int
+
+
+def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
+    return sum(r.bytes for r in rows if r.category is category)
+
+
+def _outer_grad_split(spec: ModelSpec, grad_bytes: Callable[[int], int]) -> tuple[int, int, int]:
+    """(head-side grads made at the start of backward, embedding grads at the end, the dense
+    embedding-gradient temporary of a tied head)."""
+    start = end = 0
+    for t in spec.outer:
+        if t.component in ("embeddings", "positions"):
+            if t.component == "embeddings" and spec.tie_word_embeddings and t.shape[0] == spec.vocab_size:
+                start += grad_bytes(t.numel)  # the head's backward writes the tied weight's grad
+            else:
+                end += grad_bytes(t.numel)
+        else:
+            start += grad_bytes(t.numel)
+    tied_tmp = grad_bytes(spec.vocab_size * spec.hidden_size) if spec.tie_word_embeddings else 0
+    return start, end, tied_tmp
+
+
+def _head_weight_numel(spec: ModelSpec) -> int:
+    for t in spec.outer:
+        if t.component in ("head", "classifier") and t.kind == "linear_weight":
+            return t.numel
+    return spec.vocab_size * spec.hidden_size
+
+
+def _scaled(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:
+    return [replace(i, path=f"{prefix}.{i.path}", bytes=i.bytes * count) for i in items if count and i.bytes]
+
+
+def _resident_rounding(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """kMinBlockSize rounding of every weight, master copy and state tensor (512 B blocks)."""
+    plan = precision_plan(setup.precision)
+    per_elem = [plan.weight.itemsize]
+    if plan.master is not None:
+        per_elem.append(plan.master.itemsize)
+    n_states = len(optimizer_rows(spec, setup))
+    per_elem += [state_dtype(setup).itemsize] * n_states
+    extra = 0
+    for t, n in spec.tensors():
+        for size in per_elem:
+            b = int(t.numel // t.copies * size)
+            extra += (allocator.round_request(b) - b) * t.copies * n
+    return extra
+
+
+def estimate_training(
+    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+) -> Estimate:
+    """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
+    ov = overheads or Overheads()
+    plan = precision_plan(setup.precision)
+    rows = weight_rows(spec, setup) + optimizer_rows(spec, setup)
+    sh = act.shapes(spec, setup)
+    grad_dtype = plan.grad
+
+    groups: list[GroupCost] = []
+    layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
+    max_fwd = 0
+    for g in spec.groups:
+        la = act.checkpointed(act.layer_activations(spec, g.layer, sh), setup.checkpointing)
+        groups.append(GroupCost(
+            count=g.count, saved=la.saved_bytes, grads=grad_dtype.nbytes(g.layer.params),
+            backward_transient=la.backward_transient,
+        ))  # fmt: skip
+        layer_items.append((g.count, la.saved))
+        max_fwd = max(max_fwd, la.forward_transient)
+    head = head_activations(spec, sh, _head_weight_numel(spec))
+    parts = _Parts(
+        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffer_bytes(spec, setup),
+        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
+        states=_row_bytes(rows, Category.OPTIMIZER_STATES), layer_items=tuple(layer_items),
+        groups=tuple(groups), embed_items=act.embedding_items(spec, sh), head_items=head.saved,
+        head_fwd=head.forward_transient, max_layer_fwd=max_fwd,
+    )  # fmt: skip
+    persistent = parts.weights + parts.buffers + parts.master + parts.states
+    resident_grads = parts.grads if setup.grad_accum > 1 else 0
+    persistent_items = _state_items(rows, parts, include_grads=False)
+
+    # --- forward: everything saved, plus the loss's logits and their fp32 copy at the end
+    layers_saved = sum(g.count * g.saved for g in parts.groups)
+    embed_saved = sum(i.bytes for i in parts.embed_items)
+    head_saved = sum(i.bytes for i in parts.head_items)
+    fwd_extra = max(parts.head_fwd, parts.max_layer_fwd - head_saved)
+    forward_items = (
+        persistent_items
+        + (_grad_items(rows, "gradients (accumulated)") if resident_grads else [])
+        + _activation_items(parts, layers_left=None)
+        + [MemoryItem(path="forward temporaries (logits + fp32 upcast / attention scores)",
+                      category=Category.TEMPORARIES, bytes=fwd_extra,
+                      source="ForCausalLMLoss logits.float(); eager QK^T and its scaled copy")]
+    )  # fmt: skip
+    forward = PhasePeak(phase=Phase.FORWARD, bytes=sum(i.bytes for i in forward_items),
+                        items=tuple(i for i in forward_items if i.bytes))  # fmt: skip
+
+    # --- backward
+    start_grads, end_grads, tied_tmp = _outer_grad_split(spec, grad_dtype.nbytes)
+    # CE backward: two fp32 T x V gradients next to the saved log-softmax output (head.backward_
+    # transient); then the head's backward: the log-softmax output is freed, the logits gradient
+    # (fp32, then its compute-dtype cast) is alive while the head's weight gradient is written.
+    head_stage = head.logits_grad + start_grads
+    start_extra = max(head.backward_transient, head_stage)
+    resident = resident_grads > 0
+    tail_extra = tied_tmp if not resident else tied_tmp + end_grads
+    bp = backward_peak(
+        tuple(reversed(parts.groups)), base_saved=embed_saved, head_saved=head_saved,
+        start_extra=start_extra, start_grads=start_grads, tail_extra=tail_extra,
+        tail_grads=0 if resident else end_grads, grads_resident=resident,
+    )  # fmt: skip
+    backward_items = persistent_items + _backward_items(rows, parts, bp, resident_grads)
+    backward = PhasePeak(phase=Phase.BACKWARD, bytes=persistent + resident_grads + bp.bytes,
+                         items=tuple(i for i in backward_items if i.bytes))  # fmt: skip
+
+    # --- optimizer step
+    temps = step_temporaries(spec, setup)
+    opt_items = _state_items(rows, parts, include_grads=False) + [optimizer_phase_grads(spec, setup), *temps]
+    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=sum(i.bytes for i in opt_items),
+                          items=tuple(i for i in opt_items if i.bytes))  # fmt: skip
+
+    phases = (forward, backward, optimizer)
+    peak = max(phases, key=lambda p: p.bytes)
+    reserved = allocator.reserved_bytes(
+        resident=persistent, resident_rounding=_resident_rounding(spec, setup),
+        churn=peak.bytes - persistent, fragmentation=ov.fragmentation,
+    )  # fmt: skip
+    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes
+    step1 = max(forward.bytes - parts.states, backward.bytes - parts.states, optimizer.bytes)
+    return Estimate(
+        method=METHOD, job="train", model_name=spec.name, params=spec.params,
+        trainable_params=trainable_params(spec, setup), per_param=rows, items=peak.items, phases=phases,
+        peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
+        device_total_bytes=device_total, assumptions=_assumptions(spec, setup, sh, ov),
+        setup=setup_dict(setup),
+        extra={
+            "step1_peak_allocated_bytes": step1,
+            "backward_peak_layers_done": bp.layers_done,
+            "context_bytes": ov.context_bytes,
+            "cublas_workspace_bytes": ov.cublas_workspace_bytes,
+        },
+    )  # fmt: skip
+
+
+def _state_items(rows: tuple[PerParamRow, ...], parts: _Parts, *, include_grads: bool) -> list[MemoryItem]:
+    items = [
+        MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source)
+        for r in rows
+        if include_grads or r.category is not Category.GRADIENTS
+    ]
+    if parts.buffers:
+        items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=parts.buffers,
+                                source="registered buffers (RoPE inv_freq), fp32"))  # fmt: skip
+    return items
+
+
+def _grad_items(rows: tuple[PerParamRow, ...], label: str) -> list[MemoryItem]:
+    return [
+        MemoryItem(path=label, category=Category.GRADIENTS, bytes=r.bytes, source=r.source)
+        for r in rows
+        if r.category is Category.GRADIENTS
+    ]
+
+
+def _activation_items(parts: _Parts, layers_left: int | None) -> list[MemoryItem]:
+    """Saved activations; ``layers_left`` keeps only the first N layers (backward in progress)."""
+    items: list[MemoryItem] = list(parts.embed_items)
+    start = 0
+    for count, per_layer in parts.layer_items:
+        keep = count if layers_left is None else max(0, min(count, layers_left - start))
+        items += _scaled(per_layer, keep, f"layers[{start}:{start + keep}]")
+        start += count
+    if layers_left is None:
+        items += list(parts.head_items)
+    return items
+
+
+def _backward_items(
+    rows: tuple[PerParamRow, ...], parts: _Parts, bp: object, resident_grads: int
+) -> list[MemoryItem]:
+    from peakmem.formulas.timeline import BackwardPeak
+
+    assert isinstance(bp, BackwardPeak)
+    n_layers = sum(c for c, _ in parts.layer_items)
+    items: list[MemoryItem] = []
+    if resident_grads:
+        items += _grad_items(rows, "gradients (accumulated)")
+    elif bp.grads_so_far:
+        items.append(MemoryItem(path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers)",
+                                category=Category.GRADIENTS, bytes=bp.grads_so_far,
+                                source="AccumulateGrad: param.grad appears as backward reaches it"))  # fmt: skip
+    if bp.layers_done == 0:
+        items += _activation_items(parts, layers_left=None)
+    else:
+        items += _activation_items(parts, layers_left=n_layers - bp.layers_done)
+    items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
+                            bytes=bp.transient,
+                            source="CE gradients at the start; a layer's activation gradients later"))  # fmt: skip
+    return items
+
+
+def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
+    out = [
+        "steady-state step (>= 2): optimizer states exist in forward/backward; zero_grad(set_to_none=True)",
+        act.activation_dtype_note(sh),
+        f"framework profile {sh.profile.name}: {sh.profile.source}",
+        "training mode: dropout active where the config sets it "
+        f"(attention {spec.attention_dropout}, hidden {spec.hidden_dropout}, embedding {spec.embedding_dropout})",
+        "the loop drops the model output (logits) before loss.backward(), as HF Trainer and torchtune do",
+        f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
+        "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
+        f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
+        f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
+    ]
+    if sh.kernel is not setup.attention:
+        out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value} "
+                   f"({setup.kernel_policy.value}: dropout {spec.attention_dropout} needs the math kernel)")  # fmt: skip
+    if setup.checkpointing is Checkpointing.FULL:
+        out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
+    if setup.checkpointing is Checkpointing.SELECTIVE:
+        out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")
+    if precision_plan(setup.precision).master is not None:
+        out.append("mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
+                   "master weight (master.grad = p.grad.float(); p.grad = None)")  # fmt: skip
+    out.extend(spec.notes)
+    return tuple(out)
+
+
+# --- ways to bring it down -------------------------------------------------------------------------
+WayFn = Callable[[ModelSpec, TrainingSetup], "tuple[str, TrainingSetup] | None"]
+
+
+def _way_checkpointing(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
+    del spec
+    if setup.checkpointing is Checkpointing.FULL:
+        return None
+    return "activation checkpointing (full)", replace(setup, checkpointing=Checkpointing.FULL)
+
+
+def _way_micro_batch(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
+    del spec
+    if setup.micro_batch == 1:
+        return None
+    mb = setup.micro_batch // 2
+    accum = setup.grad_accum * setup.micro_batch // mb
+    return (f"micro-batch {mb} x accumulation {accum} (same global batch)",
+            replace(setup, micro_batch=mb, grad_accum=accum))  # fmt: skip
+
+
+# Extension point: other modules (8-bit optimizers, LoRA/QLoRA, ZeRO/FSDP) append their rules here.
+WAYS_DOWN: list[WayFn] = [_way_checkpointing, _way_micro_batch]
+
+
+def ways_down(
+    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+) -> list[tuple[str, Estimate]]:
+    """The same job under each applicable change, smallest device total first."""
+    out: list[tuple[str, Estimate]] = []
+    for way in WAYS_DOWN:
+        found = way(spec, setup)
+        if found is not None:
+            label, changed = found
+            out.append((label, estimate_training(spec, changed, overheads=overheads)))
+    return sorted(out, key=lambda pair: pair[1].device_total_bytes)

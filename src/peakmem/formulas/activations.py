@@ -1,0 +1,345 @@
+"""What autograd keeps for backward, per transformer layer, as transformers' model code saves it.
+
+Every term below is a tensor that a backward node holds (``ctx.save_for_backward`` / the saved
+variables of ATen's derivatives.yaml), counted once per storage. The list was derived from the
+code of transformers 5.23 (``modeling_gpt2.py``, ``modeling_llama.py``, ``modeling_bert.py``,
+``integrations/sdpa_attention.py``, ``activations.py``) and PyTorch 2.13 (derivatives.yaml,
+``aten/src/ATen/native/Dropout.cpp``, ``autocast_mode.cpp``) and checked tensor by tensor on tiny
+models with ``torch.autograd.graph.saved_tensors_hooks`` on CPU. Per layer (T = batch x seq tokens,
+h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r residual bytes):
+
+* norm (x2): LayerNorm saves its input (r) and mean/rstd (T each; fp32 on CUDA, input dtype on
+  CPU); RMSNorm (``LlamaRMSNorm``: ``x.to(float32)``, ``pow``, ``rsqrt``, ``y.to(dtype)``,
+  ``weight * y``) saves the fp32 upcast x (4), y in the input dtype and rstd (T x 4).
+* projection inputs: the norm output once (c) - or, under autocast, one 16-bit cast per Linear
+  that reads it (autocast caches casts of leaf weights only, so q/k/v each cast their input), plus
+  the 16-bit cast of every weight (the autocast weight cache, freed layer by layer in backward).
+* attention: q, k, v (eager repeats k, v to a heads with ``repeat_kv``; SDPA with ``enable_gqa``
+  and flash keep g heads); eager adds the softmax output (fp32 when ``softmax(dtype=float32)`` or
+  under CUDA autocast, plus its cast back to c), dropout output and mask when p > 0; SDPA/flash add
+  the output and the logsumexp (a x s x fp32). The attention output feeds o_proj (c).
+* MLP: fused ``F.gelu``/``F.silu`` save their input; the python ``gelu_new`` formula saves x,
+  tanh(.), 1 + tanh(.) and 0.5 x; gated MLPs keep gate, act(gate), up and their product.
+* dropout: CUDA's fused ``native_dropout`` saves a bool mask (1 B/elem); CPU's ``_dropout_impl``
+  saves a noise tensor of the input dtype.
+
+Checkpointing: ``full`` keeps only each layer's input (``torch.utils.checkpoint``) and rebuilds one
+layer's activations during backward; ``selective`` (Korthikanti et al. 2022, arXiv 2205.05198
+§4.2) drops the attention core (scores, softmax, dropout) and recomputes it in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.model import Layer, ModelSpec
+from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
+
+from .model_states import PrecisionPlan, precision_plan
+from .profiles import PROFILES, Profile
+
+# transformers models whose eager attention calls softmax in the input dtype (modeling_gpt2.py
+# ``nn.functional.softmax(attn_weights, dim=-1)``); the others pass ``dtype=torch.float32``.
+SOFTMAX_IN_INPUT_DTYPE = frozenset({"gpt2", "bert", "roberta", "gpt_neo", "opt", "gptj", "distilbert"})
+
+# Activations whose transformers module is a python formula that keeps several intermediates
+# (transformers/activations.py): name -> tensors of size T x I saved besides the output.
+PYTHON_ACTIVATIONS = {"gelu_new": 4, "gelu_fast": 4}
+# CUDA autocast runs ``pow`` in fp32 (autocast_mode.cpp fp32 op list): gelu_new then saves
+# x (fp32 cast), tanh (fp32), 1 + tanh (fp32) and 0.5 x (16-bit).
+PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4, 4, 2)}
+
+SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
+SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
+SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
+SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ philox seed/offset)"
+SRC_MATH = "torch _scaled_dot_product_attention_math: materialises scores; CPU upcasts 16-bit to fp32"
+SRC_MLP = "transformers activations.py / LlamaMLP: act(gate(x)) * up(x)"
+SRC_DROPOUT = "aten/src/ATen/native/Dropout.cpp: CUDA native_dropout bool mask; CPU input-dtype noise"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shapes:
+    """The sizes a layer formula needs: tokens, sequence, batch and the dtype plan."""
+
+    batch: int
+    seq: int
+    plan: PrecisionPlan
+    policy: KernelPolicy
+    kernel: AttentionKernel  # the kernel that really runs (after CPU dropout fallback)
+    model_type: str
+    math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
+    profile: Profile = PROFILES[Framework.HF]
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def c(self) -> int:
+        return self.plan.compute.bits // 8
+
+    @property
+    def r(self) -> int:
+        return self.plan.residual.bits // 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerActivations:
+    """One layer's saved tensors and the largest extra tensors alive while it runs."""
+
+    saved: tuple[MemoryItem, ...]
+    core: int  # bytes of the attention core (what selective checkpointing drops)
+    layer_input: int  # what full checkpointing keeps per layer
+    forward_transient: int  # beyond ``saved``, the largest momentary extra in forward
+    backward_transient: int  # the largest gradient temporaries while its backward runs
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(i.bytes for i in self.saved)
+
+
+def effective_kernel(spec: ModelSpec, setup: TrainingSetup) -> AttentionKernel:
+    """The kernel that runs: on CPU, SDPA with attention dropout falls back to the math kernel
+    (measured: the CPU flash kernel has no dropout), which saves what eager saves."""
+    if setup.kernel_policy is KernelPolicy.CPU and setup.attention is AttentionKernel.FLASH:
+        return AttentionKernel.SDPA  # flash-attn 2 is CUDA-only; CPU runs SDPA's flash kernel
+    if setup.attention is AttentionKernel.EAGER:
+        return AttentionKernel.EAGER
+    if setup.kernel_policy is KernelPolicy.CPU and spec.attention_dropout > 0:
+        return AttentionKernel.EAGER  # the math kernel: scores materialised as in eager
+    return setup.attention
+
+
+def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
+    kernel = effective_kernel(spec, setup)
+    plan = precision_plan(setup.precision)
+    fallback = kernel is not setup.attention and kernel is AttentionKernel.EAGER and plan.compute.bits < 32
+    return Shapes(
+        batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
+        kernel=kernel, model_type=spec.model_type, math_fallback=fallback,
+        profile=PROFILES[setup.framework],
+    )  # fmt: skip
+
+
+def _item(path: str, nbytes: int, source: str) -> MemoryItem:
+    return MemoryItem(path=path, category=Category.ACTIVATIONS, bytes=nbytes, source=source)
+
+
+def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
+    """Bytes a training-mode dropout saves for backward (see SRC_DROPOUT)."""
+    return numel if policy is KernelPolicy.CUDA else numel * elem_bytes
+
+
+def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
+    """Bytes one norm saves for ``tokens x width`` inputs (its output is counted by its readers)."""
+    t = sh.tokens
+    if spec.norm == "rmsnorm":
+        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
+        # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
+        y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else sh.c
+        return t * width * (4 + y_bytes) + t * 4
+    stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
+    return t * width * sh.r + 2 * t * stat_bytes
+
+
+def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
+    """Inputs saved by ``readers`` Linears that read one fp32-or-compute tensor of ``numel``."""
+    if sh.plan.autocast:
+        return readers * numel * sh.c  # one 16-bit cast per Linear call
+    return numel * sh.c
+
+
+def _attention_readers(layer: Layer) -> int:
+    """Linears that read the attention input: all attention Linears but the output projection."""
+    n = sum(1 for t in layer.tensors if t.component == "attention" and t.kind == "linear_weight")
+    return max(1, n - 1)
+
+
+def _mlp_readers(layer: Layer) -> int:
+    if not layer.mlp.gated or layer.mlp.fused_gate_up:
+        return 1
+    return 2
+
+
+def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryItem], int, int, int]:
+    """Saved attention tensors (q/k/v onwards), the core bytes, forward and backward transients."""
+    att = layer.attention
+    t, c, b, s = sh.tokens, sh.c, sh.batch, sh.seq
+    a, g, d, dv = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim
+    items: list[MemoryItem] = []
+    scores = b * a * s * s
+    window = att.sliding_window
+    if window is not None and window < s and sh.kernel is not AttentionKernel.EAGER:
+        scores = b * a * s * window
+    if sh.kernel is AttentionKernel.EAGER:
+        return _eager_terms(spec, layer, sh, items, scores)
+    # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
+    if sh.profile.sdpa_repeats_kv:
+        g = a
+    qkv = t * (a * d + g * d + g * dv) * c
+    items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA))
+    items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA))
+    items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA))
+    # backward: dq, dk, dv plus the kernel's fp32 accumulators for dq (flash: a x s x d fp32)
+    bwd = t * (a * d + 2 * g * d) * c + t * a * d * 4
+    return items, b * a * s * 4, 0, bwd
+
+
+def _eager_terms(
+    spec: ModelSpec, layer: Layer, sh: Shapes, items: list[MemoryItem], scores: int
+) -> tuple[list[MemoryItem], int, int, int]:
+    att = layer.attention
+    t, c = sh.tokens, sh.c
+    a, d, dv = att.num_heads, att.head_dim, att.v_head_dim
+    # SDPA's math fallback on CPU upcasts 16-bit q, k, v and the scores to fp32 (measured).
+    inner = 4 if sh.math_fallback else c
+    # q, and k, v expanded to all heads (repeat_kv copies; matmul folds to bmm on contiguous copies)
+    items.append(
+        _item("attn.q,k,v (eager, kv repeated to all heads)", t * a * (2 * d + dv) * inner, SRC_EAGER)
+    )
+    # fp32 softmax: ``softmax(..., dtype=float32)`` (Llama family); under CUDA autocast (softmax is
+    # on its fp32 list); under any autocast when an fp32 additive mask (the causal mask of decoders)
+    # promotes the 16-bit scores. Encoders fed without a padding mask add none.
+    promoted = sh.plan.autocast and (sh.policy is KernelPolicy.CUDA or spec.task == "causal-lm")
+    softmax_fp32 = sh.model_type not in SOFTMAX_IN_INPUT_DTYPE or promoted or sh.math_fallback
+    sm = 4 if softmax_fp32 else inner
+    core = scores * sm
+    items.append(
+        _item(f"attn.softmax output ({'fp32' if sm == 4 else sh.plan.compute.name})", scores * sm, SRC_EAGER)
+    )
+    if spec.attention_dropout > 0:
+        # dropout runs on the probs cast back to the compute dtype; the cast itself is not saved
+        mask = dropout_mask_bytes(scores, inner, sh.policy)
+        items.append(_item("attn.dropout output", scores * inner, SRC_DROPOUT))
+        items.append(_item("attn.dropout mask", mask, SRC_DROPOUT))
+        core += scores * inner + mask
+    elif sm != inner:
+        items.append(_item("attn.probs cast to compute dtype", scores * inner, SRC_EAGER))
+        core += scores * inner
+    items.append(_item("attn.output (o_proj input)", t * a * dv * c, SRC_EAGER))
+    # forward: QK^T and its scaled / masked copy alive together; backward: grad of probs and scores
+    fwd = scores * max(2 * inner, inner + sm)
+    bwd = scores * (inner + sm)
+    return items, core, fwd, bwd
+
+
+def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryItem], int]:
+    """Saved MLP interior (after its input) and the backward transient, per layer."""
+    mlp = layer.mlp
+    t, c = sh.tokens, sh.c
+    items: list[MemoryItem] = []
+    routed_tokens = t
+    if mlp.is_moe:
+        e, k = mlp.num_experts, mlp.experts_per_token
+        items.append(_item("moe.router logits + probs (fp32)", 2 * t * e * 4,
+                           "transformers MoE router: softmax(router_logits, dtype=float)"))  # fmt: skip
+        items.append(_item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
+                           "expert inputs gathered per expert: top-k x tokens rows"))  # fmt: skip
+        routed_tokens = k * t
+    width = mlp.intermediate_size
+    n = routed_tokens * width
+    if mlp.gated:
+        items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP))
+    elif mlp.activation in PYTHON_ACTIVATIONS:
+        if sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
+            per = sum(PYTHON_ACTIVATION_AUTOCAST_BYTES[mlp.activation]) + c
+        else:
+            per = (PYTHON_ACTIVATIONS[mlp.activation] + 1) * c
+        items.append(_item(f"mlp.fc output + {mlp.activation} intermediates + act output", n * per, SRC_MLP))
+    else:
+        items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
+    if mlp.is_moe and mlp.shared_intermediate_size:
+        items.append(_item("mlp.shared experts (gated)", 4 * t * mlp.shared_intermediate_size * c, SRC_MLP))
+    # backward: grad of the intermediate and of the activation input alive together
+    return items, 2 * n * c
+
+
+def layer_activations(spec: ModelSpec, layer: Layer, sh: Shapes) -> LayerActivations:
+    h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
+    items: list[MemoryItem] = []
+    items.append(_item("norms (input + stats) x2", 2 * norm_saved(spec, sh, h), SRC_NORM))
+    att_in = _linear_inputs(sh, t * h, _attention_readers(layer))
+    mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
+    if layer.parallel_residual:
+        items.append(_item("attn+mlp inputs (shared norm output)", att_in + mlp_in, SRC_LINEAR))
+    else:
+        items.append(_item("attn input (norm output)", att_in, SRC_LINEAR))
+        items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR))
+    att_items, core, att_fwd, att_bwd = attention_terms(spec, layer, sh)
+    items.extend(att_items)
+    mlp_items, mlp_bwd = mlp_terms(spec, layer, sh)
+    items.extend(mlp_items)
+    if sh.plan.autocast:
+        cast = sum(t_.numel for t_ in layer.tensors if t_.kind in ("linear_weight", "expert_weight")) * c
+        items.append(_item("autocast weight casts (16-bit copies)", cast,
+                           "torch autocast cached_cast: 16-bit weight copies saved by each Linear"))  # fmt: skip
+    if spec.hidden_dropout > 0:
+        items.append(
+            _item("residual dropout masks x2", 2 * dropout_mask_bytes(t * h, c, sh.policy), SRC_DROPOUT)
+        )
+    saved = tuple(i for i in items if i.bytes)
+    return LayerActivations(
+        saved=saved, core=core, layer_input=t * h * r, forward_transient=att_fwd,
+        backward_transient=max(att_bwd, mlp_bwd),
+    )  # fmt: skip
+
+
+def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
+    """What stays saved between forward and backward under each checkpointing mode."""
+    if mode is Checkpointing.NONE:
+        return la
+    if mode is Checkpointing.FULL:
+        keep = (MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS,
+                           bytes=la.layer_input,
+                           source="torch.utils.checkpoint: only the block's inputs are saved"),)  # fmt: skip
+        return LayerActivations(
+            saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
+            backward_transient=la.saved_bytes + la.backward_transient,
+        )  # fmt: skip
+    kept = tuple(i for i in la.saved if not _is_core(i))
+    return LayerActivations(
+        saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
+        backward_transient=la.core + la.backward_transient,
+    )  # fmt: skip
+
+
+def _is_core(item: MemoryItem) -> bool:
+    return item.path.startswith(("attn.softmax", "attn.probs", "attn.dropout"))
+
+
+def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
+    """Before the first layer: token ids (int64, kept by embedding backward), embedding dropout,
+    BERT-style embedding LayerNorm, and RoPE cos/sin (B x s x d, shared by all layers)."""
+    t, h = sh.tokens, spec.hidden_size
+    items = [_item("input_ids (int64)", t * 8, "aten embedding_backward keeps indices")]
+    if spec.model_type in ("bert", "roberta"):
+        items.append(_item("embeddings.LayerNorm (input + stats)", norm_saved(spec, sh, h), SRC_NORM))
+    if spec.embedding_dropout > 0:
+        items.append(
+            _item("embeddings.dropout mask", dropout_mask_bytes(t * h, sh.r, sh.policy), SRC_DROPOUT)
+        )
+    if spec.position == "rope":
+        d = spec.first_layer.attention.head_dim
+        # cos/sin follow position_ids (1 x seq), in the dtype of the hidden states
+        items.append(_item("rotary cos/sin", 2 * sh.seq * d * sh.r, "transformers RotaryEmbedding: cos, sin"))
+    return tuple(i for i in items if i.bytes)
+
+
+def activation_dtype_note(sh: Shapes) -> str:
+    return (
+        f"activations in {sh.plan.compute.name}, residual stream in {sh.plan.residual.name}; "
+        f"attention kernel {sh.kernel.value} ({sh.policy.value} kernels)"
+    )
+
+
+__all__ = [
+    "LayerActivations",
+    "Shapes",
+    "checkpointed",
+    "effective_kernel",
+    "embedding_items",
+    "layer_activations",
+    "shapes",
+]

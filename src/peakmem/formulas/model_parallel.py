@@ -1,0 +1,213 @@
+"""Model parallelism: what one rank holds under tensor, sequence, pipeline, context and expert
+parallelism, before any data-parallel sharding.
+
+Tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053 §3, Megatron-LM ``tensor_parallel/layers.py``):
+attention q/k/v and MLP gate/up/fc1 are column-parallel (output rows split), the attention output
+and MLP down/fc2 projections row-parallel (input columns split; bias replicated); the token
+embedding and the LM head are vocab-parallel (``VocabParallelEmbedding``, parallel output layer);
+norms, learned positions and MoE routers are replicated. Experts use expert tensor parallel =
+tp and are split over ``ep`` (Megatron-Core ``moe/experts.py``).
+
+Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4, Eq. 2-4): with TP, everything inside
+attention and the MLP is split by ``tp``; the layer norms, the inputs of the first Linear of each
+block and the residual dropout masks stay replicated (the ``10 sbh`` term) unless sequence
+parallelism splits them too. Context parallelism splits the sequence over ``cp`` ranks and adds
+ring-attention buffers for the K/V chunks in flight (Megatron-Core / Transformer Engine
+``attention/dot_product_attention/context_parallel.py`` ``AttnFuncWithCPAndKVP2P``: double-buffered
+K/V receive, fp32 dK/dV accumulation in backward).
+
+Pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473 §2.2): contiguous stages of
+``layers / pp`` layers; the first stage also holds the embeddings, the last the final norm, the
+head and the loss (a tied head keeps a copy of the embedding there, Megatron
+``shared_embedding``). With 1F1B, stage ``s`` holds activations of ``min(pp - s, m)`` micro-batches;
+interleaved with ``v`` virtual stages it holds ``min((pp - s - 1) * 2 + (v - 1) * pp + 1, m * v)``
+model chunks of ``layers / (pp v)`` layers (Megatron ``schedules.py``
+``forward_backward_pipelining_with_interleaving``: ``num_warmup_microbatches``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from peakmem.breakdown import MemoryItem
+from peakmem.model import Layer, ModelSpec, Tensor
+from peakmem.parallel import Parallelism, PipelineSchedule
+
+from .activations import LayerActivations
+from .loss import HeadActivations
+
+# Row-parallel Linears (Megatron RowParallelLinear): input split, output (and bias) replicated.
+ROW_PARALLEL_MODULES = frozenset({
+    "o_proj", "down_proj", "c_proj", "dense", "dense_4h_to_h", "fc2", "out_proj", "w2", "wo",
+})  # fmt: skip
+TP_SPLIT_COMPONENTS = frozenset({"attention", "mlp", "shared_experts"})
+
+# Activation items (paths from formulas/activations.py and formulas/loss.py) that Megatron keeps
+# replicated over the TP group without sequence parallelism (Korthikanti et al. 2022 Eq. 2: LN
+# inputs, first-Linear inputs, dropout masks); everything else is split by tp.
+REPLICATED_ACTIVATIONS = (
+    "norms", "attn input", "mlp input", "attn+mlp inputs", "residual dropout", "moe.routed token",
+    "moe.router", "final norm", "lm_head input", "sequence output", "pooler",
+)  # fmt: skip
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the most loaded rank's share."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTensor:
+    """One parameter tensor as a rank holds it after TP/EP (``count`` identical ones)."""
+
+    name: str
+    dim0: int  # rows after the TP/EP split (FSDP2 shards this dimension)
+    rest: int  # elements per row
+    count: int  # occurrences on this rank (layers of a group on this stage)
+    expert: bool  # sharded over expert data parallel (dp*cp/ep) instead of dp*cp
+    in_layer: bool  # part of a transformer layer (an FSDP unit); else the root unit
+
+    @property
+    def numel(self) -> int:
+        return self.dim0 * self.rest
+
+    @property
+    def total(self) -> int:
+        return self.numel * self.count
+
+
+def local_tensor(t: Tensor, par: Parallelism, count: int, in_layer: bool) -> LocalTensor:
+    """``t`` as one rank holds it (rows x rest), after the TP/EP split."""
+    shape = t.shape if t.copies == 1 else (t.copies, *t.shape)
+    dim0, rest = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
+    tp, ep = par.tp, par.ep
+    expert = t.component == "experts"
+    if expert:
+        # (E, out, in) or per-expert (out, in) x copies: experts split over ep, each over tp
+        if len(shape) >= 3:
+            return LocalTensor(name=t.name, dim0=cdiv(dim0, ep), rest=cdiv(rest, tp), count=count,
+                               expert=True, in_layer=in_layer)  # fmt: skip
+        return LocalTensor(name=t.name, dim0=cdiv(dim0, ep * tp), rest=rest, count=count, expert=True,
+                           in_layer=in_layer)  # fmt: skip
+    split_rows = split_cols = False
+    if t.component in TP_SPLIT_COMPONENTS and t.kind in ("linear_weight", "linear_bias"):
+        row_parallel = t.module in ROW_PARALLEL_MODULES
+        if t.kind == "linear_bias":
+            split_rows = not row_parallel
+        elif row_parallel:
+            split_cols = True
+        else:
+            split_rows = True
+    elif t.component in ("embeddings", "head") and t.kind in ("embedding", "linear_weight", "other"):
+        split_rows = True  # vocab-parallel
+    if split_rows:
+        dim0 = cdiv(dim0, tp)
+    if split_cols:
+        rest = cdiv(rest, tp)
+    return LocalTensor(name=t.name, dim0=dim0, rest=rest, count=count, expert=False, in_layer=in_layer)
+
+
+def stage_layer_counts(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """(first layer, number of layers) of pipeline stage ``stage``; the first ``L % pp`` stages take
+    one extra layer (ceil: the most loaded stage)."""
+    base, extra = divmod(num_layers, pp)
+    start = stage * base + min(stage, extra)
+    return start, base + (1 if stage < extra else 0)
+
+
+def stage_groups(spec: ModelSpec, pp: int, stage: int) -> tuple[tuple[int, Layer], ...]:
+    """(count, layer) of each layer group's share of the stage's contiguous layer range."""
+    start, n = stage_layer_counts(spec.num_layers, pp, stage)
+    end = start + n
+    out: list[tuple[int, Layer]] = []
+    pos = 0
+    for g in spec.groups:
+        lo, hi = max(start, pos), min(end, pos + g.count)
+        if hi > lo:
+            out.append((hi - lo, g.layer))
+        pos += g.count
+    return tuple(out)
+
+
+def _tied_embedding(spec: ModelSpec, t: Tensor) -> bool:
+    return spec.tie_word_embeddings and t.component == "embeddings" and t.shape[0] == spec.vocab_size
+
+
+def stage_tensors(spec: ModelSpec, par: Parallelism, stage: int) -> tuple[LocalTensor, ...]:
+    """Every parameter tensor on a rank of pipeline stage ``stage``, after TP/EP.
+
+    The first stage holds embeddings and positions; the last the final norm, head, pooler and
+    classifier; a tied embedding is held by both (Megatron keeps a synchronised copy)."""
+    first, last = stage == 0, stage == par.pp - 1
+    out: list[LocalTensor] = []
+    for t in spec.outer:
+        on_first = t.component in ("embeddings", "positions")
+        keep = (on_first and first) or (not on_first and last) or (_tied_embedding(spec, t) and last)
+        if keep:
+            out.append(local_tensor(t, par, 1, in_layer=False))
+    for count, layer in stage_groups(spec, par.pp, stage):
+        out.extend(local_tensor(t, par, count, in_layer=True) for t in layer.tensors)
+    return tuple(out)
+
+
+def in_flight_microbatches(par: Parallelism, stage: int, microbatches: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the stage's layers.
+
+    1F1B: ``min(pp - stage, m)``. Interleaved: chunks in flight x (1/v) of the stage's layers."""
+    pp, v = par.pp, par.virtual_stages
+    if pp == 1:
+        return 1.0
+    if par.pp_schedule is PipelineSchedule.ONE_F_ONE_B:
+        return float(min(pp - stage, microbatches))
+    chunks = min((pp - stage - 1) * 2 + (v - 1) * pp + 1, microbatches * v)
+    return chunks / v
+
+
+def _split(nbytes: int, replicated: bool, par: Parallelism) -> int:
+    if replicated and not par.sequence_parallel:
+        return nbytes
+    return cdiv(nbytes, par.tp)
+
+
+def _is_replicated(path: str) -> bool:
+    return path.startswith(REPLICATED_ACTIVATIONS)
+
+
+def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[MemoryItem, ...]:
+    if par.tp == 1:
+        return items
+    return tuple(replace(i, bytes=_split(i.bytes, _is_replicated(i.path), par)) for i in items)
+
+
+def tp_layer_activations(la: LayerActivations, par: Parallelism, ring_kv_bytes: int) -> LayerActivations:
+    """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
+    context-parallel ring buffers: 2 K/V chunks in forward, 2 chunks + fp32 dK/dV in backward."""
+    saved = split_items(la.saved, par)
+    ring_fwd = 2 * ring_kv_bytes
+    ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2  # fp32 dK/dV accumulators (2x the 16-bit chunk)
+    return LayerActivations(
+        saved=saved, core=cdiv(la.core, par.tp),
+        layer_input=_split(la.layer_input, True, par),
+        forward_transient=cdiv(la.forward_transient, par.tp) + ring_fwd,
+        backward_transient=cdiv(la.backward_transient, par.tp) + ring_bwd,
+    )  # fmt: skip
+
+
+def tp_head_activations(head: HeadActivations, par: Parallelism) -> HeadActivations:
+    """The head and loss on one TP rank: vocab-parallel logits and cross-entropy (Megatron
+    ``tensor_parallel/cross_entropy.py`` ``_VocabParallelCrossEntropy``: fp32 T x V/tp)."""
+    if par.tp == 1:
+        return head
+    return HeadActivations(
+        saved=split_items(head.saved, par), forward_transient=cdiv(head.forward_transient, par.tp),
+        backward_transient=cdiv(head.backward_transient, par.tp), logits_grad=cdiv(head.logits_grad, par.tp),
+    )  # fmt: skip
+
+
+def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> int:
+    """One rank's K and V for its sequence chunk (the unit a ring-attention step sends)."""
+    if par.cp == 1:
+        return 0
+    att = layer.attention
+    return tokens_local * cdiv(att.num_kv_heads, par.tp) * (att.head_dim + att.v_head_dim) * compute_bytes

@@ -1,0 +1,69 @@
+"""What ``nvidia-smi`` shows above ``max_memory_reserved``: the CUDA context and workspaces.
+
+The CUDA context (driver state, loaded kernel images of torch and its libraries) is not allocated
+through PyTorch's allocator. Its size depends on the GPU, driver, CUDA version and whether modules
+load lazily (``CUDA_MODULE_LOADING=LAZY``, the default since CUDA 11.7 with torch >= 1.13), so it
+is a named, overridable table, not a constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.errors import require
+from peakmem.units import MiB
+
+from .allocator import DEFAULT_FRAGMENTATION
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextSize:
+    key: str
+    bytes: int
+    source: str
+
+
+CONTEXT_SIZES: dict[str, ContextSize] = {
+    c.key: c
+    for c in (
+        ContextSize(
+            key="v100-cuda11-eager-loading", bytes=1343 * MiB,
+            source="HF Transformers docs 'Model training anatomy' (2022): torch.ones((1,1)).cuda() "
+            "then nvidia-smi = 1343 MiB on a V100-SXM2 16GB (shared/validation HF-A00 notes)",
+        ),
+        ContextSize(
+            key="cuda12-lazy-loading", bytes=512 * MiB,
+            source="torch 2.x + CUDA 12 with lazy module loading (CUDA_MODULE_LOADING=LAZY): "
+            "typically 400-600 MiB on A100/H100; 512 MiB assumed - measure yours with nvidia-smi "
+            "after torch.ones(1, device='cuda')",
+        ),
+    )
+}  # fmt: skip
+DEFAULT_CONTEXT = "cuda12-lazy-loading"
+
+# torch/csrc/cuda/CublasHandlePool.cpp: default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8" ->
+# 2 x 4096 KiB + 8 x 16 KiB = 8.125 MiB per handle/stream (Hopper uses 32 MiB); allocated through
+# the caching allocator at the first matmul, counted here as overhead.
+CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overheads:
+    """Everything above allocated bytes, each part overridable."""
+
+    context_bytes: int = CONTEXT_SIZES[DEFAULT_CONTEXT].bytes
+    context_source: str = CONTEXT_SIZES[DEFAULT_CONTEXT].source
+    cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
+    fragmentation: float = DEFAULT_FRAGMENTATION
+
+    def __post_init__(self) -> None:
+        require(self.context_bytes >= 0, "context_bytes", self.context_bytes, "must be >= 0")
+        require(self.cublas_workspace_bytes >= 0, "cublas_workspace_bytes", self.cublas_workspace_bytes,
+                "must be >= 0")  # fmt: skip
+        require(0.0 <= self.fragmentation <= 1.0, "fragmentation", self.fragmentation, "must be in [0, 1]")
+
+    @classmethod
+    def for_context(cls, key: str, fragmentation: float = DEFAULT_FRAGMENTATION) -> Overheads:
+        require(key in CONTEXT_SIZES, "context", key, f"choose one of {', '.join(CONTEXT_SIZES)}")
+        ctx = CONTEXT_SIZES[key]
+        return cls(context_bytes=ctx.bytes, context_source=ctx.source, fragmentation=fragmentation)

@@ -1,0 +1,566 @@
+"""Inference memory: weights + KV cache + runtime memory, per engine, and what fits on a GPU.
+
+Engines, as people run them:
+
+* ``hf`` (transformers ``generate``): the DynamicCache grows by ``torch.cat`` every step
+  (``cache_utils.py`` ``DynamicLayer.update``). Peak is at prefill (the whole prompt's layer
+  transients) or at the last decode step (full cache + one layer's cache being copied + logits).
+  ``generate`` sets ``logits_to_keep=1`` (``generation/utils.py``), so prefill computes logits for
+  the last position only, then copies them to fp32 (``next_token_logits ... dtype=torch.float32``).
+* ``vllm``: preallocates ``gpu_memory_utilization x GPU`` minus weights, the profiled activation
+  peak (one chunk of ``max_num_batched_tokens``) and non-torch memory, as a paged KV pool
+  (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``); reports how many sequences
+  of ``context`` tokens fit in it.
+* ``sglang``: the same with ``mem_fraction_static`` and one-token pages.
+* ``llamacpp``: the KV cache of ``n_ctx`` tokens and a compute buffer are allocated at load
+  (``llama-context.cpp``); ``-ngl`` layers (and their KV) live on the GPU, the rest and the token
+  embeddings in CPU RAM (``llama-model.cpp``: the input layer is always on the CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.errors import InputError
+from peakmem.formulas.kv_cache import (
+    cache_kind,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    interleaved_windows,
+    kv_elements_per_token_layer,
+    layer_kv_bytes,
+    round_to_block,
+)
+from peakmem.formulas.weights import WeightRow, weight_rows
+from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
+from peakmem.model import ModelSpec
+from peakmem.units import MiB
+
+# CUDA context + loaded kernels on a current driver with CUDA lazy module loading (CUDA >= 11.7,
+# default in PyTorch 2.x): nvidia-smi shows ~0.4-0.6 GiB per process before any tensor. Older
+# setups (no lazy loading) show ~1.3 GiB (HF "model training anatomy", shared/validation HF-A00).
+CUDA_CONTEXT_BYTES = 512 * MiB
+# PyTorch CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp): allocations above 1 MiB are
+# rounded to 2 MiB multiples (kRoundLarge); smaller ones to 512 B (kMinBlockSize).
+ALLOC_LARGE_ROUND = 2 * MiB
+ALLOC_SMALL_ROUND = 512
+# vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+VLLM_MAX_NUM_SEQS = 256
+# llama.cpp llama_context: n_ctx padded to a multiple of 256 (GGML_PAD(n_ctx, 256)).
+LLAMACPP_CTX_PAD = 256
+# Default context when neither the user nor the engine fixes one: llama.cpp common.h n_ctx = 4096;
+# transformers has no limit, so we use the same. vLLM/SGLang default max_model_len = the model's.
+DEFAULT_CONTEXT = 4096
+# generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
+# processors / softmax produce (generation/utils.py _sample).
+GENERATE_LOGIT_COPIES_FP32 = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ctx:
+    """Resolved inputs shared by the engine models."""
+
+    spec: ModelSpec
+    setup: InferenceSetup
+    context: int
+    prompt: int
+    act_bytes: int  # bytes per activation element (compute dtype)
+    kv_bits: Fraction
+    kv_name: str
+    latent: bool
+    assumptions: tuple[str, ...]
+
+
+def _compute_dtype(setup: InferenceSetup) -> tuple[str, int]:
+    fmt = setup.weight_format
+    if fmt.scheme is Scheme.FLOAT:
+        return fmt.float_dtype, 4 if fmt.float_dtype == "fp32" else 2
+    if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ, Scheme.GGUF):
+        return "fp16", 2  # AutoAWQ / auto-gptq run in fp16; llama.cpp CUDA kernels use f16/f32
+    return "bf16", 2
+
+
+def _resolve(spec: ModelSpec, setup: InferenceSetup) -> _Ctx:
+    notes: list[str] = []
+    limit = spec.max_position_embeddings
+    if setup.context is not None:
+        context = setup.context
+    elif setup.engine in (Engine.VLLM, Engine.SGLANG):
+        context = limit
+        notes.append(f"context = the model's limit {limit} (max_model_len default)")
+    else:
+        context = min(limit, DEFAULT_CONTEXT)
+        notes.append(f"context = {context} tokens (default)")
+    if context > limit:
+        msg = f"context={context}: beyond the model's limit max_position_embeddings={limit}"
+        if setup.strict:
+            raise InputError(msg)
+        notes.append(f"warning: {msg}; quality degrades unless RoPE scaling extends it")
+    prompt = setup.prompt if setup.prompt is not None else context
+    prompt = min(prompt, context)
+    dtype_name, act_bytes = _compute_dtype(setup)
+    kv = setup.kv_cache
+    if kv is KvDtype.AUTO:
+        kv = KvDtype.FP16 if setup.engine is Engine.LLAMACPP else KvDtype(dtype_name)
+    latent = setup.mla_cache != "expanded"
+    kind = cache_kind(spec, latent=latent)
+    if kind != "standard":
+        if setup.mla_cache == "auto" and setup.engine is Engine.HF:
+            notes.append(
+                "MLA cache: transformers 5.x caches the latent (modeling_deepseek_v3.py updates the cache "
+                "with kv_nope, k_rot); transformers 4.x cached expanded K/V: mla_cache='expanded'"
+            )
+        notes.append(f"MLA cache kind: {kind}")
+    notes.append(
+        "sliding-window layers keep at most their window of tokens"
+        if any(g.layer.attention.sliding_window for g in spec.groups)
+        else "every layer attends to the full context"
+    )
+    return _Ctx(
+        spec=spec,
+        setup=setup,
+        context=context,
+        prompt=prompt,
+        act_bytes=act_bytes,
+        kv_bits=KV_BITS[kv],
+        kv_name=kv.value,
+        latent=latent,
+        assumptions=tuple(notes),
+    )
+
+
+# --- pieces ---------------------------------------------------------------------------------------
+def _shard(nbytes: int, tp: int) -> int:
+    return -(-nbytes // tp)
+
+
+def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int) -> int:
+    """Weights on one tensor-parallel rank: linears, embeddings, head and experts split ``tp`` ways
+    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated."""
+    total = 0
+    for r in rows:
+        replicated = r.component in ("norms", "router") or "norm" in r.name
+        total += r.bytes if replicated or tp == 1 else _shard(r.bytes, tp)
+    return total
+
+
+def layer_transient_bytes(spec: ModelSpec, tokens: int, act_bytes: int, tp: int = 1) -> int:
+    """Largest forward temporaries of one decoder layer for ``tokens`` tokens (SDPA/flash kernels:
+    no ``tokens^2`` scores). Sub-steps, whichever is largest:
+    MLP ``down(act(gate(x)) * up(x))``: act, up and their product alive = 3 x tokens x width;
+    attention: q, k, v and their RoPE'd copies plus the output = 2 (q + k + v) + q;
+    RMSNorm upcast: fp32 copy and its square = 2 x 4 bytes x hidden.
+    The residual stream (input and residual) adds 2 x tokens x hidden throughout."""
+    best = 0
+    for g in spec.groups:
+        att, mlp = g.layer.attention, g.layer.mlp
+        heads = -(-att.num_heads // tp)
+        q = heads * att.head_dim
+        kv = kv_elements_per_token_layer(att, latent=False, tp=tp)
+        if mlp.is_moe:
+            # transformers 5 MoE loops experts; at most every token visits one expert at a time
+            width = max(-(-mlp.intermediate_size // tp), -(-mlp.shared_intermediate_size // tp))
+            router = mlp.num_experts * 4
+        else:
+            width = -(-mlp.intermediate_size // tp)
+            router = 0
+        mlp_elems = 3 * width if mlp.gated else 2 * width
+        attn_elems = 2 * (q + kv) + q
+        norm_bytes = 2 * 4 * spec.hidden_size
+        per_token = max(mlp_elems * act_bytes + router, attn_elems * act_bytes, norm_bytes)
+        best = max(best, tokens * (per_token + 2 * spec.hidden_size * act_bytes))
+    return best
+
+
+def _round_alloc(nbytes: int) -> int:
+    step = ALLOC_LARGE_ROUND if nbytes > MiB else ALLOC_SMALL_ROUND
+    return -(-nbytes // step) * step
+
+
+def _per_param(spec: ModelSpec, rows: tuple[WeightRow, ...]) -> tuple[PerParamRow, ...]:
+    by_storage: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        p, b = by_storage.get(r.storage, (0, 0))
+        by_storage[r.storage] = (p + r.params, b + r.bytes)
+    return tuple(
+        PerParamRow(
+            tensor="weights",
+            dtype=storage,
+            bytes_per_param=b / p if p else 0.0,
+            bytes=b,
+            params=p,
+            category=Category.PARAMETERS,
+            source="formulas/weights.py",
+        )
+        for storage, (p, b) in sorted(by_storage.items(), key=lambda kv: -kv[1][1])
+    )
+
+
+def _phase(phase: Phase, items: list[MemoryItem]) -> PhasePeak:
+    return PhasePeak(phase=phase, bytes=sum(i.bytes for i in items), items=tuple(items))
+
+
+def _kv(c: _Ctx, tokens: int, batch: int, block: int = 1) -> int:
+    return kv_cache_bytes(
+        c.spec, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp, block_size=block
+    )
+
+
+def _largest_layer_kv(c: _Ctx, tokens: int, batch: int) -> int:
+    return max(
+        layer_kv_bytes(
+            g.layer.attention, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp
+        )
+        for g in c.spec.groups
+    )
+
+
+# --- engines --------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class _Result:
+    prefill: list[MemoryItem]
+    decode: list[MemoryItem]
+    overhead: list[MemoryItem]  # above allocated: CUDA context, engine reserve
+    extra: dict[str, object]
+    notes: tuple[str, ...] = ()
+
+
+def _weights_item(c: _Ctx, rows: tuple[WeightRow, ...]) -> MemoryItem:
+    fmt = c.setup.weight_format
+    return MemoryItem(
+        path=f"weights ({fmt.name})",
+        category=Category.PARAMETERS,
+        bytes=sharded_weight_bytes(rows, c.setup.tp),
+        source="formulas/weights.py",
+    )
+
+
+def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
+    s, b = c.setup, c.setup.batch
+    weights = _weights_item(c, rows)
+    chunk = min(c.prompt, s.prefill_chunk) if s.prefill_chunk else c.prompt
+    vocab = -(-c.spec.vocab_size // s.tp)
+    kept = chunk if s.keep_all_logits else 1
+    logits = b * kept * vocab * c.act_bytes + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
+    prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
+    kv_prompt = _kv(c, c.prompt, b)
+    prefill = [
+        weights,
+        MemoryItem(
+            path=f"kv cache ({c.prompt} prompt tokens x {b})",
+            category=Category.KV_CACHE,
+            bytes=kv_prompt,
+            source="formulas/kv_cache.py",
+        ),
+        MemoryItem(
+            path=f"prefill layer temporaries ({b} x {chunk} tokens)",
+            category=Category.ACTIVATIONS,
+            bytes=max(prefill_layer, logits),
+            source="formulas/serving.py layer_transient_bytes",
+        ),
+    ]
+    kv_full = _kv(c, c.context, b)
+    grow = _largest_layer_kv(c, c.context - 1, b) if c.context > c.prompt else 0
+    decode = [
+        weights,
+        MemoryItem(
+            path=f"kv cache ({c.context} tokens x {b})",
+            category=Category.KV_CACHE,
+            bytes=kv_full,
+            source="formulas/kv_cache.py",
+        ),
+        MemoryItem(
+            path="cache growth (torch.cat copies one layer)",
+            category=Category.TEMPORARIES,
+            bytes=grow,
+            source="transformers cache_utils.py DynamicLayer.update",
+        ),
+        MemoryItem(
+            path="decode logits (bf16 + fp32 copies)",
+            category=Category.TEMPORARIES,
+            bytes=b * vocab * (c.act_bytes + 4 * GENERATE_LOGIT_COPIES_FP32)
+            + layer_transient_bytes(c.spec, b, c.act_bytes, s.tp),
+            source="transformers generation/utils.py _sample",
+        ),
+    ]
+    overhead = [
+        MemoryItem(
+            path="CUDA context",
+            category=Category.OVERHEAD,
+            bytes=CUDA_CONTEXT_BYTES,
+            source="formulas/serving.py CUDA_CONTEXT_BYTES",
+        )
+    ]
+    extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full}
+    return _Result(prefill=prefill, decode=decode, overhead=overhead, extra=extra)
+
+
+def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
+    """vLLM / SGLang: a preallocated paged pool; without a GPU size, the cache the batch needs."""
+    s, b = c.setup, c.setup.batch
+    block = s.effective_block_size
+    weights = _weights_item(c, rows)
+    chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
+    vocab = -(-c.spec.vocab_size // s.tp)
+    act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp)
+    # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
+    sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
+    activations = max(act, sampler)
+    per_seq = _kv(c, c.context, 1, block)
+    needed = per_seq * b
+    notes: list[str] = []
+    extra: dict[str, object] = {"kv_bytes_per_sequence": per_seq, "prefill_chunk_tokens": chunk}
+    if s.gpu_bytes is not None:
+        budget = int(s.gpu_bytes * s.gpu_memory_utilization)
+        pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
+        blocks = max(pool, 0) // max(1, _kv(c, block, 1, block))
+        concurrent = max(pool, 0) // per_seq if per_seq else 0
+        extra.update(
+            kv_pool_bytes=max(pool, 0),
+            kv_pool_blocks=blocks,
+            max_concurrent_sequences=concurrent,
+            memory_budget_bytes=budget,
+        )
+        if pool < per_seq:
+            notes.append(
+                f"does not start: the KV pool ({max(pool, 0)} B) cannot hold one {c.context}-token sequence "
+                f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
+            )
+        elif concurrent < b:
+            notes.append(f"only {concurrent} sequences of {c.context} tokens fit; the rest wait in the queue")
+        kv_item = MemoryItem(
+            path="kv cache pool (preallocated)",
+            category=Category.KV_CACHE,
+            bytes=max(pool, 0),
+            source="vllm gpu_worker.determine_available_memory",
+        )
+    else:
+        notes.append(
+            "no GPU size given: the KV cache shown is what the batch needs, not the preallocated pool"
+        )
+        kv_item = MemoryItem(
+            path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
+            category=Category.KV_CACHE,
+            bytes=needed,
+            source="formulas/kv_cache.py",
+        )
+    act_item = MemoryItem(
+        path=f"activations ({chunk}-token prefill chunk)",
+        category=Category.ACTIVATIONS,
+        bytes=activations,
+        source="formulas/serving.py layer_transient_bytes",
+    )
+    decode_tmp = MemoryItem(
+        path="decode temporaries",
+        category=Category.TEMPORARIES,
+        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp) + b * vocab * 8,
+        source="formulas/serving.py",
+    )
+    overhead = [
+        MemoryItem(
+            path="CUDA context + non-torch",
+            category=Category.OVERHEAD,
+            bytes=CUDA_CONTEXT_BYTES,
+            source="formulas/serving.py CUDA_CONTEXT_BYTES",
+        )
+    ]
+    extra["steady_state_bytes"] = weights.bytes + kv_item.bytes
+    notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
+    return _Result(
+        prefill=[weights, kv_item, act_item],
+        decode=[weights, kv_item, decode_tmp],
+        overhead=overhead,
+        extra=extra,
+        notes=tuple(notes),
+    )
+
+
+def _llamacpp(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
+    s, b = c.setup, c.setup.batch
+    n = c.spec.num_layers
+    ngl = n + 1 if s.n_gpu_layers is None else min(s.n_gpu_layers, n + 1)
+    gpu_layers = min(ngl, n)
+    output_on_gpu = ngl > n  # llama.cpp: -ngl n_layer+1 also offloads the output layer
+    outer_names = {t.name: t.component for t in c.spec.outer}
+    layer_rows = [r for r in rows if r.name not in outer_names]
+    layers_bytes = sum(r.bytes for r in layer_rows)
+    per_layer = layers_bytes / n
+    embd = sum(r.bytes for r in rows if outer_names.get(r.name) == "embeddings")
+    head = sum(r.bytes for r in rows if r.name in outer_names and outer_names[r.name] != "embeddings")
+    if c.spec.tie_word_embeddings and output_on_gpu:
+        head += embd  # tied output: the GPU needs its own copy of the matrix
+    gpu_w = int(per_layer * gpu_layers) + (head if output_on_gpu else 0)
+    cpu_w = embd + layers_bytes - int(per_layer * gpu_layers) + (0 if output_on_gpu else head)
+    n_ctx = round_to_block(c.context * b, LLAMACPP_CTX_PAD)
+    # llama.cpp caps the cache at the window only for interleaved local/global models (the iSWA
+    # cache, llama-kv-cache-iswa.cpp: Gemma 2/3, Cohere2); uniform-window models (Mistral-7B v0.1,
+    # converted as arch "llama") keep all n_ctx tokens.
+    windows = interleaved_windows(c.spec)
+    kv_all = kv_cache_bytes(c.spec, tokens=n_ctx, batch=1, bits=c.kv_bits, latent=c.latent, windows=windows)
+    kv_gpu = kv_all * gpu_layers // n
+    ub = min(s.n_ubatch, c.prompt * b)
+    # CUDA compute buffer sized by graph reservation for one ubatch with every position output:
+    # fp32 logits [n_vocab, n_ubatch] plus the normed hidden state feeding the head (flash attention on).
+    compute = (
+        ub * 4 * (c.spec.vocab_size + c.spec.hidden_size)
+        if output_on_gpu
+        else ub * 4 * c.spec.hidden_size * 4
+    )
+    weights = MemoryItem(
+        path=f"weights ({s.weight_format.name}, {gpu_layers}/{n} layers on GPU)",
+        category=Category.PARAMETERS,
+        bytes=gpu_w,
+        source="formulas/weights.py gguf_rows",
+    )
+    kv_item = MemoryItem(
+        path=f"kv cache (n_ctx {n_ctx}, {gpu_layers} layers)",
+        category=Category.KV_CACHE,
+        bytes=kv_gpu,
+        source="formulas/kv_cache.py; llama-kv-cache.cpp",
+    )
+    comp = MemoryItem(
+        path=f"compute buffer (n_ubatch {ub})",
+        category=Category.ACTIVATIONS,
+        bytes=compute,
+        source="llama-context.cpp graph_reserve",
+    )
+    overhead = [
+        MemoryItem(
+            path="CUDA context",
+            category=Category.OVERHEAD,
+            bytes=CUDA_CONTEXT_BYTES,
+            source="formulas/serving.py CUDA_CONTEXT_BYTES",
+        )
+    ]
+    cpu = cpu_w + kv_all - kv_gpu
+    extra: dict[str, object] = {
+        "gpu_layers": gpu_layers,
+        "output_on_gpu": output_on_gpu,
+        "cpu_ram_bytes": cpu,
+        "cpu_weight_bytes": cpu_w,
+        "cpu_kv_cache_bytes": kv_all - kv_gpu,
+        "n_ctx": n_ctx,
+        "steady_state_bytes": gpu_w + kv_gpu,
+    }
+    notes = (
+        "llama.cpp keeps the token embeddings in CPU RAM and allocates KV and compute buffers at load",
+        f"sliding windows {'cap' if windows else 'do not cap'} the llama.cpp KV cache (iSWA cache only for "
+        "interleaved local/global layers)",
+        "flash attention assumed (no n_ctx x n_ubatch score matrix in the compute buffer)",
+    )
+    items = [weights, kv_item, comp]
+    return _Result(prefill=items, decode=list(items), overhead=overhead, extra=extra, notes=notes)
+
+
+# --- public API -----------------------------------------------------------------------------------
+def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
+    """Memory of one GPU (one tensor-parallel rank) serving ``spec`` as ``setup`` describes."""
+    c = _resolve(spec, setup)
+    rows = weight_rows(spec, setup.weight_format)
+    if setup.engine is Engine.HF:
+        r = _hf(c, rows)
+    elif setup.engine is Engine.LLAMACPP:
+        r = _llamacpp(c, rows)
+    else:
+        r = _paged(c, rows)
+    prefill, decode = _phase(Phase.PREFILL, r.prefill), _phase(Phase.DECODE, r.decode)
+    peak = prefill if prefill.bytes >= decode.bytes else decode
+    overhead = sum(i.bytes for i in r.overhead)
+    reserved = sum(_round_alloc(i.bytes) for i in peak.items)
+    if setup.engine in (Engine.VLLM, Engine.SGLANG) and setup.gpu_bytes is not None:
+        # the engine sizes its pool to fill its budget (gpu_memory_utilization x GPU) exactly
+        pool = r.extra.get("kv_pool_bytes", 0)
+        budget = int(setup.gpu_bytes * setup.gpu_memory_utilization)
+        reserved = budget - overhead if isinstance(pool, int) and pool > 0 else reserved
+    device_total = reserved + overhead
+    kind = cache_kind(spec, latent=c.latent)
+    extra: dict[str, object] = {
+        "engine": setup.engine.value,
+        "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=setup.tp),
+        "kv_cache_kind": kind,
+        "kv_cache_dtype": c.kv_name,
+        "context": c.context,
+        "prompt": c.prompt,
+        "tp": setup.tp,
+        "per_rank": setup.tp > 1,
+        "weight_bytes": sum(rw.bytes for rw in rows),
+        **r.extra,
+    }
+    assumptions = (
+        *c.assumptions,
+        *r.notes,
+        f"weights: {setup.weight_format.name}; KV cache {c.kv_name}; SDPA/flash attention (no score matrix)",
+    )
+    if setup.tp > 1:
+        assumptions += (
+            f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "
+            "replicated; NCCL buffers not modelled",
+        )
+    return Estimate(
+        method="analytic",
+        job="infer",
+        model_name=spec.name,
+        params=spec.params,
+        trainable_params=0,
+        per_param=_per_param(spec, rows),
+        items=peak.items,
+        phases=(prefill, decode),
+        peak_phase=peak.phase,
+        peak_allocated_bytes=peak.bytes,
+        peak_reserved_bytes=reserved,
+        device_total_bytes=device_total,
+        assumptions=assumptions,
+        setup=setup.echo(),
+        extra=extra,
+    )
+
+
+def _fits(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> bool:
+    est = estimate_inference(spec, setup)
+    if setup.engine in (Engine.VLLM, Engine.SGLANG):
+        conc = est.extra.get("max_concurrent_sequences", 0)
+        return isinstance(conc, int) and conc >= setup.batch
+    return est.device_total_bytes <= gpu_bytes
+
+
+def _with(setup: InferenceSetup, **changes: object) -> InferenceSetup:
+    fields = {f: getattr(setup, f) for f in setup.__dataclass_fields__}
+    fields.update(changes)
+    return InferenceSetup(**fields)
+
+
+def max_concurrent(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> int:
+    """Most sequences of ``setup.context`` tokens that run at once on a GPU of ``gpu_bytes``
+    (per rank with tensor parallelism); 0 when not even one fits."""
+    base = _with(setup, gpu_bytes=gpu_bytes, batch=1)
+    if setup.engine in (Engine.VLLM, Engine.SGLANG):
+        conc = estimate_inference(spec, base).extra.get("max_concurrent_sequences", 0)
+        return conc if isinstance(conc, int) else 0
+    return _largest(lambda n: _fits(spec, _with(base, batch=n), gpu_bytes), 1, 1 << 20)
+
+
+def max_context(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> int:
+    """Longest context (prompt + generated, up to the model's limit) for ``setup.batch`` sequences
+    that fits on a GPU of ``gpu_bytes``; 0 when not even one token fits."""
+    limit = spec.max_position_embeddings
+    base = _with(setup, gpu_bytes=gpu_bytes, prompt=None, strict=False)
+    return _largest(lambda n: _fits(spec, _with(base, context=n), gpu_bytes), 1, limit)
+
+
+def _largest(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Largest n in [lo, hi] with ok(n) true, assuming ok is monotone decreasing; 0 if none."""
+    if not ok(lo):
+        return 0
+    if ok(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,87 @@
+"""The training step as a timeline: forward, backward, optimizer; the peak of each phase.
+
+Steady state (step >= 2) is reported, because it holds the optimizer states during forward and
+backward; step 1 creates the states inside ``optimizer.step()`` (torch/optim/adam.py
+``_init_group``) and so peaks no higher in the optimizer phase. ``zero_grad()`` sets gradients to
+``None`` (torch >= 2.0 default ``set_to_none=True``), so the first micro-batch's forward runs
+without gradients; with gradient accumulation the later micro-batches run with all gradients
+alive, and their backward adds each new gradient into ``.grad`` (a temporary per parameter).
+
+Backward walks the layers from the last to the first: each layer's saved activations are freed
+when its backward finishes while its weight gradients appear. With a group of ``n`` identical
+layers the memory after ``j`` of them is linear in ``j``, so the maximum over a group is at its
+first or last layer: a closed form per group, no loop over layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupCost:
+    """One group of identical layers as the timeline sees it (bytes are per layer)."""
+
+    count: int
+    saved: int  # activations kept from forward until this layer's backward
+    grads: int  # weight gradients this layer produces
+    backward_transient: int  # gradient temporaries (and recompute) while its backward runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackwardPeak:
+    bytes: int  # above the persistent states
+    layers_done: int  # layers whose backward had finished at the peak (0: at the loss)
+    activations_left: int
+    grads_so_far: int
+    transient: int
+
+
+def backward_peak(
+    groups_top_down: tuple[GroupCost, ...],
+    *,
+    base_saved: int,
+    head_saved: int,
+    start_extra: int,
+    start_grads: int,
+    tail_extra: int,
+    tail_grads: int,
+    grads_resident: bool,
+) -> BackwardPeak:
+    """The maximum memory during backward above weights/master/states (and resident grads).
+
+    ``base_saved``: saved tensors freed only at the very end (token ids, embedding norm/dropout,
+    rotary cos/sin); ``head_saved``: the head's saved tensors, freed once the head's backward ran;
+    ``start_extra``: the loss/head backward temporaries; ``start_grads``: head and final-norm
+    gradients; ``tail_*``: the embedding backward at the end. ``grads_resident``: gradients
+    already exist (accumulation micro-batch >= 2), so each new gradient is a temporary of its
+    layer and nothing grows.
+    """
+    act = sum(g.count * g.saved for g in groups_top_down) + base_saved
+    best = BackwardPeak(
+        bytes=act + head_saved + start_extra, layers_done=0, activations_left=act + head_saved,
+        grads_so_far=0, transient=start_extra,
+    )  # fmt: skip
+    grads = 0 if grads_resident else start_grads
+    done = 0
+    for g in groups_top_down:
+        for j in (0, g.count - 1):
+            left = act - j * g.saved
+            so_far = grads + (0 if grads_resident else j * g.grads)
+            transient = g.backward_transient + g.grads  # its gradients appear before it is freed
+            total = left + so_far + transient
+            if total > best.bytes:
+                best = BackwardPeak(
+                    bytes=total, layers_done=done + j, activations_left=left, grads_so_far=so_far,
+                    transient=transient,
+                )  # fmt: skip
+        act -= g.count * g.saved
+        grads += 0 if grads_resident else g.count * g.grads
+        done += g.count
+    total = act + grads + tail_extra + tail_grads
+    if total > best.bytes:
+        best = BackwardPeak(
+            bytes=total, layers_done=done, activations_left=act, grads_so_far=grads,
+            transient=tail_extra + tail_grads,
+        )  # fmt: skip
+    return best

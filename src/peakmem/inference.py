@@ -1,0 +1,268 @@
+"""What an inference job is: weight format, KV-cache dtype, batch, context, engine, GPUs.
+
+Names follow what people run: ``hf`` is transformers ``generate`` (a dynamic cache that grows
+token by token), ``vllm`` preallocates a paged KV cache up to ``gpu_memory_utilization``,
+``sglang`` does the same with one-token pages, ``llamacpp`` runs GGUF files with a fixed-size KV
+cache of ``n_ctx`` tokens and offloads ``n_gpu_layers`` layers to the GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from fractions import Fraction
+
+from peakmem.errors import InputError, require
+
+
+class _Choice(str, Enum):
+    """An enum parsed from its CLI spelling with an error that lists the choices."""
+
+    @classmethod
+    def parse(cls, value: str, field: str) -> _Choice:
+        for member in cls:
+            if member.value == value.lower():
+                return member
+        choices = ", ".join(m.value for m in cls)
+        raise InputError(f"{field}={value!r}: unknown; choose one of {choices}")
+
+
+class Engine(_Choice):
+    HF = "hf"  # transformers generate()
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+
+
+class KvDtype(_Choice):
+    AUTO = "auto"  # the compute dtype (bf16 unless the weights are fp16/fp32)
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"  # vLLM/SGLang kv_cache_dtype="fp8" (e4m3, per-layer scalar scales)
+    INT8 = "int8"  # llama.cpp -ctk q8_0 / HQQ 8-bit: 8 bits + 16-bit scale per 32 elements
+    INT4 = "int4"  # llama.cpp -ctk q4_0 / quanto 4-bit: 4 bits + 16 bits of scale per 32 elements
+
+
+# Storage bits per cached element. int8/int4 carry one fp16 scale per block of 32 elements:
+# ggml-common.h block_q8_0 = {ggml_half d; int8_t qs[32]} = 34 bytes / 32 and block_q4_0 =
+# {ggml_half d; uint8_t qs[16]} = 18 bytes / 32. transformers' QuantizedCache (quanto, q_group_size=64,
+# fp16 scale + zero point per group: 4 + 32/64 bits) stores the same 4.5 bits for int4.
+KV_BITS: dict[KvDtype, Fraction] = {
+    KvDtype.FP32: Fraction(32),
+    KvDtype.FP16: Fraction(16),
+    KvDtype.BF16: Fraction(16),
+    KvDtype.FP8: Fraction(8),
+    KvDtype.INT8: Fraction(34 * 8, 32),
+    KvDtype.INT4: Fraction(18 * 8, 32),
+}
+
+MlaCache = str  # "auto" | "latent" | "expanded"
+MLA_CACHE_CHOICES = ("auto", "latent", "expanded")
+
+
+# --- weight formats ------------------------------------------------------------------------------
+class Scheme(_Choice):
+    FLOAT = "float"  # every tensor in one float dtype
+    FP8 = "fp8"  # llm-compressor / vLLM fp8: linear weights e4m3 + fp32 scales
+    BNB_INT8 = "bnb-int8"  # bitsandbytes LLM.int8 (Linear8bitLt)
+    W8A8 = "w8a8"  # int8 weights with per-channel scales (SmoothQuant, compressed-tensors)
+    BNB_4BIT = "bnb-4bit"  # bitsandbytes NF4/FP4 (Linear4bit)
+    GPTQ = "gptq"
+    AWQ = "awq"
+    GGUF = "gguf"
+
+
+# GGUF file types people download (llama.cpp `llama-quantize` names; src/llama-quant.cpp).
+GGUF_FILE_TYPES = (
+    "f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_0", "q5_1", "q4_k_m", "q4_k_s",
+    "q4_0", "q4_1", "q3_k_l", "q3_k_m", "q3_k_s", "q2_k", "q2_k_s", "iq4_xs", "iq4_nl", "iq3_m",
+    "iq3_s", "iq3_xs", "iq3_xxs", "iq2_m", "iq2_s", "iq2_xs", "iq2_xxs", "iq1_m", "iq1_s",
+    "tq1_0", "tq2_0",
+)  # fmt: skip
+
+FLOAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
+GPTQ_BITS = (2, 3, 4, 8)
+AWQ_BITS = (4,)
+# auto-gptq / gptqmodel and AutoAWQ default group size (quantize_config.group_size = 128).
+DEFAULT_GROUP_SIZE = 128
+GROUP_SIZES = (-1, 32, 64, 128, 256, 1024)  # -1: one group per column ("per channel")
+
+WEIGHT_FORMAT_HELP = (
+    "fp32, fp16, bf16, fp8, fp8-channel, int8 (bitsandbytes LLM.int8), w8a8, nf4, nf4-dq, fp4, "
+    "fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightFormat:
+    """How weights are stored: ``parse_weight_format`` builds one from a name people type."""
+
+    name: str  # canonical spelling, e.g. "gptq-4bit-g128", "q4_k_m"
+    scheme: Scheme
+    bits: int = 16  # bits of a quantized weight element (0 for GGUF mixes: see formulas.weights)
+    group_size: int = 0  # GPTQ/AWQ group; -1 per channel; bnb 4-bit blocksize
+    double_quant: bool = False  # bitsandbytes bnb_4bit_use_double_quant
+    per_channel: bool = False  # fp8: one scale per output channel instead of per tensor
+    float_dtype: str = "bf16"  # dtype of unquantized tensors (embeddings, norms, head)
+    gguf_type: str = ""  # GGUF file type, e.g. "q4_k_m"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.scheme is not Scheme.FLOAT
+
+
+_GPTQ_RE = re.compile(r"^(gptq|awq)(?:-(?:int)?(\d+)(?:bit|b)?)?(?:-g(-?\d+))?$")
+
+
+def parse_weight_format(text: str) -> WeightFormat:
+    """``bf16``, ``nf4-dq``, ``gptq-4bit-g128``, ``awq``, ``q4_k_m``, ``gguf-q4_k_m``, ... (any case)."""
+    key = text.strip().lower().replace("_dq", "-dq")
+    if key in FLOAT_BITS:
+        return WeightFormat(name=key, scheme=Scheme.FLOAT, bits=FLOAT_BITS[key], float_dtype=key)
+    if key in ("fp8", "fp8-tensor", "fp8-e4m3"):
+        return WeightFormat(name="fp8", scheme=Scheme.FP8, bits=8)
+    if key in ("fp8-channel", "fp8-dynamic"):
+        return WeightFormat(name="fp8-channel", scheme=Scheme.FP8, bits=8, per_channel=True)
+    if key in ("int8", "llm.int8", "bnb-int8", "bnb-8bit", "8bit"):
+        return WeightFormat(name="int8", scheme=Scheme.BNB_INT8, bits=8)
+    if key in ("w8a8", "int8-w8a8", "w8a8-int8"):
+        return WeightFormat(name="w8a8", scheme=Scheme.W8A8, bits=8, per_channel=True)
+    if key in ("nf4", "fp4", "nf4-dq", "fp4-dq", "bnb-nf4", "bnb-fp4", "4bit"):
+        base = "nf4" if key in ("4bit", "bnb-nf4") else key.removeprefix("bnb-")
+        dq = base.endswith("-dq")
+        # transformers BitsAndBytesConfig: bnb_4bit_quant_type, blocksize 64 (bitsandbytes default).
+        return WeightFormat(name=base, scheme=Scheme.BNB_4BIT, bits=4, group_size=64, double_quant=dq)
+    match = _GPTQ_RE.match(key)
+    if match:
+        method, bits_text, group_text = match.groups()
+        scheme = Scheme.GPTQ if method == "gptq" else Scheme.AWQ
+        bits = int(bits_text) if bits_text else 4
+        group = int(group_text) if group_text else DEFAULT_GROUP_SIZE
+        allowed = GPTQ_BITS if scheme is Scheme.GPTQ else AWQ_BITS
+        require(bits in allowed, "weights", text, f"{method} supports {allowed} bits")
+        require(group in GROUP_SIZES, "weights", text, f"group size must be one of {GROUP_SIZES}")
+        require(scheme is Scheme.GPTQ or group > 0, "weights", text, "AWQ needs a positive group size")
+        return WeightFormat(name=f"{method}-{bits}bit-g{group}", scheme=scheme, bits=bits, group_size=group)
+    gguf = key.removeprefix("gguf-").removeprefix("gguf:")
+    if gguf in GGUF_FILE_TYPES:
+        if gguf in FLOAT_BITS:
+            return WeightFormat(
+                name=f"gguf-{gguf}", scheme=Scheme.GGUF, bits=FLOAT_BITS[gguf], gguf_type=gguf
+            )
+        return WeightFormat(name=gguf, scheme=Scheme.GGUF, bits=0, gguf_type=gguf)
+    raise InputError(f"weights={text!r}: unknown format; choose {WEIGHT_FORMAT_HELP}")
+
+
+# --- the setup -----------------------------------------------------------------------------------
+# vLLM EngineArgs defaults (vllm/engine/arg_utils.py): gpu_memory_utilization=0.9, block_size=16.
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+VLLM_BLOCK_SIZE = 16
+# llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
+LLAMACPP_N_UBATCH = 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceSetup:
+    """One inference job. ``context`` counts prompt plus generated tokens per sequence."""
+
+    weights: str = "bf16"
+    kv_cache: KvDtype = KvDtype.AUTO
+    batch: int = 1  # concurrent sequences
+    context: int | None = None  # None: the model's limit (max_position_embeddings)
+    prompt: int | None = None  # prefill length; None: the whole context is prompt
+    engine: Engine = Engine.HF
+    tp: int = 1  # tensor-parallel GPUs
+    gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    block_size: int | None = None  # paged-cache tokens per block; None: the engine's default
+    prefill_chunk: int | None = None  # chunked prefill: tokens per forward; None: engine default
+    keep_all_logits: bool = False  # logits for every prompt position (generate keeps only the last)
+    n_gpu_layers: int | None = None  # llama.cpp -ngl; None: all layers on the GPU
+    n_ubatch: int = LLAMACPP_N_UBATCH
+    mla_cache: MlaCache = "auto"  # MLA: cache the latent or the expanded keys/values
+    strict: bool = False  # context beyond the model's limit is an error, not a warning
+
+    def __post_init__(self) -> None:
+        if isinstance(self.engine, str) and not isinstance(self.engine, Engine):
+            object.__setattr__(self, "engine", Engine.parse(self.engine, "engine"))
+        if isinstance(self.kv_cache, str) and not isinstance(self.kv_cache, KvDtype):
+            object.__setattr__(self, "kv_cache", KvDtype.parse(self.kv_cache, "kv_cache"))
+        fmt = parse_weight_format(self.weights)
+        require(self.batch >= 1, "batch", self.batch, "must be at least 1")
+        if self.context is not None:
+            require(self.context >= 1, "context", self.context, "must be at least 1")
+        if self.prompt is not None:
+            require(self.prompt >= 1, "prompt", self.prompt, "must be at least 1")
+            require(
+                self.context is None or self.prompt <= self.context, "prompt", self.prompt,
+                f"must not exceed context={self.context}",
+            )  # fmt: skip
+        require(self.tp >= 1, "tp", self.tp, "must be at least 1")
+        if self.gpu_bytes is not None:
+            require(self.gpu_bytes > 0, "gpu_bytes", self.gpu_bytes, "must be positive")
+        require(
+            0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+            self.gpu_memory_utilization, "must be in (0, 1]",
+        )  # fmt: skip
+        if self.block_size is not None:
+            require(self.block_size >= 1, "block_size", self.block_size, "must be at least 1")
+        if self.prefill_chunk is not None:
+            require(self.prefill_chunk >= 1, "prefill_chunk", self.prefill_chunk, "must be at least 1")
+        if self.n_gpu_layers is not None:
+            require(self.n_gpu_layers >= 0, "n_gpu_layers", self.n_gpu_layers, "must be 0 or more")
+        require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
+        require(
+            self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
+        )
+        # Which engines load which formats.
+        if fmt.scheme is Scheme.GGUF:
+            require(
+                self.engine is Engine.LLAMACPP, "weights", self.weights,
+                f"GGUF files run in llama.cpp (--engine llamacpp), not engine={self.engine.value}",
+            )  # fmt: skip
+        if self.engine is Engine.LLAMACPP:
+            require(
+                fmt.scheme in (Scheme.GGUF, Scheme.FLOAT), "weights", self.weights,
+                "llama.cpp runs GGUF types (q4_k_m, q8_0, f16, ...)",
+            )  # fmt: skip
+        if fmt.scheme in (Scheme.BNB_INT8, Scheme.BNB_4BIT):
+            require(
+                self.engine in (Engine.HF, Engine.VLLM), "weights", self.weights,
+                f"bitsandbytes formats run in transformers or vLLM, not engine={self.engine.value}",
+            )  # fmt: skip
+        if self.engine in (Engine.VLLM, Engine.SGLANG):
+            require(
+                self.kv_cache not in (KvDtype.INT8, KvDtype.INT4), "kv_cache", self.kv_cache.value,
+                f"{self.engine.value} caches KV in 16-bit or fp8 only",
+            )  # fmt: skip
+        if self.engine is Engine.LLAMACPP:
+            require(self.tp == 1, "tp", self.tp, "llama.cpp splits layers, not tensors; use tp=1")
+        if self.n_gpu_layers is not None:
+            require(
+                self.engine is Engine.LLAMACPP, "n_gpu_layers", self.n_gpu_layers,
+                "only llama.cpp offloads layers to the CPU",
+            )  # fmt: skip
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return parse_weight_format(self.weights)
+
+    @property
+    def effective_block_size(self) -> int:
+        """Tokens per KV page: vLLM 16 (EngineArgs.block_size), SGLang 1 (page_size), others 1."""
+        if self.block_size is not None:
+            return self.block_size
+        return VLLM_BLOCK_SIZE if self.engine is Engine.VLLM else 1
+
+    def echo(self) -> dict[str, object]:
+        """The inputs, JSON-ready, for ``Estimate.setup``."""
+        return {
+            "weights": self.weight_format.name, "kv_cache": self.kv_cache.value, "batch": self.batch,
+            "context": self.context, "prompt": self.prompt, "engine": self.engine.value, "tp": self.tp,
+            "gpu_bytes": self.gpu_bytes, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "block_size": self.effective_block_size, "prefill_chunk": self.prefill_chunk,
+            "keep_all_logits": self.keep_all_logits, "n_gpu_layers": self.n_gpu_layers,
+            "mla_cache": self.mla_cache, "strict": self.strict,
+        }  # fmt: skip

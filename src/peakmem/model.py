@@ -1,0 +1,255 @@
+"""ModelSpec: the architecture of a transformer, and nothing about how it is run.
+
+A spec has two faces that :mod:`peakmem.hf` fills in together from one ``config.json``:
+
+* the **semantics** that activation and KV-cache formulas need (heads, head sizes, MLP kind,
+  experts, norms, residual layout, dropout), per layer group;
+* the **tensor inventory**: every parameter tensor with its module name (as transformers names
+  it, so LoRA targets and quantization rules can match it), shape and component. Parameter
+  counts are sums over the inventory, never a closed-form guess, so they are exact by
+  construction once the inventory matches transformers' own model (a torch-tier test checks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from peakmem.errors import require
+
+Component = Literal[
+    "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
+    "norms", "head", "pooler", "classifier",
+]  # fmt: skip
+TensorKind = Literal["linear_weight", "linear_bias", "norm", "embedding", "expert_weight", "other"]
+NormKind = Literal["layernorm", "rmsnorm"]
+PositionKind = Literal["learned", "rope", "alibi"]
+Task = Literal["causal-lm", "sequence-classification", "masked-lm"]
+QkNorm = Literal["none", "per_head", "full"]
+
+COMPONENTS: tuple[Component, ...] = (
+    "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
+    "norms", "head", "pooler", "classifier",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tensor:
+    """One parameter tensor, or ``copies`` identical ones (experts kept as separate modules)."""
+
+    name: str  # path inside a layer or the model, e.g. "self_attn.q_proj.weight"
+    module: str  # leaf module name, e.g. "q_proj"; what LoRA's target_modules matches
+    shape: tuple[int, ...]
+    component: Component
+    kind: TensorKind
+    copies: int = 1
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) * self.copies
+
+
+def linear(
+    path: str, in_features: int, out_features: int, bias: bool, component: Component
+) -> tuple[Tensor, ...]:
+    """The weight (``out x in``, as ``nn.Linear`` stores it) and optional bias of a Linear."""
+    module = path.rsplit(".", 1)[-1]
+    weight = Tensor(
+        name=f"{path}.weight", module=module, shape=(out_features, in_features),
+        component=component, kind="linear_weight",
+    )  # fmt: skip
+    if not bias:
+        return (weight,)
+    return weight, Tensor(
+        name=f"{path}.bias", module=module, shape=(out_features,),
+        component=component, kind="linear_bias",
+    )  # fmt: skip
+
+
+def norm(path: str, dim: int, bias: bool, component: Component = "norms") -> tuple[Tensor, ...]:
+    """A LayerNorm (weight and bias) or an RMSNorm / bias-free LayerNorm (weight only)."""
+    module = path.rsplit(".", 1)[-1]
+    weight = Tensor(name=f"{path}.weight", module=module, shape=(dim,), component=component, kind="norm")
+    if not bias:
+        return (weight,)
+    return weight, Tensor(name=f"{path}.bias", module=module, shape=(dim,), component=component, kind="norm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """What attention computes and caches in one layer."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # query/key head size (MLA: qk_nope_head_dim + qk_rope_head_dim)
+    v_head_dim: int  # value head size; equals head_dim except in MLA
+    qk_norm: QkNorm = "none"
+    sliding_window: int | None = None  # None: attends to the whole context
+    # Multi-head latent attention (DeepSeek-V2/V3); zero when not MLA.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.num_heads > 0, "num_attention_heads", self.num_heads, "must be positive")
+        require(self.num_kv_heads > 0, "num_key_value_heads", self.num_kv_heads, "must be positive")
+        require(
+            self.num_heads % self.num_kv_heads == 0, "num_key_value_heads", self.num_kv_heads,
+            f"must divide num_attention_heads={self.num_heads}",
+        )  # fmt: skip
+        require(self.head_dim > 0, "head_dim", self.head_dim, "must be positive")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Elements of K plus V per token as the attention kernel sees them (expanded in MLA)."""
+        return self.num_kv_heads * (self.head_dim + self.v_head_dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mlp:
+    """The feed-forward part of a layer: dense, or a mixture of experts."""
+
+    intermediate_size: int  # per expert for MoE
+    gated: bool  # SwiGLU/GeGLU: act(gate(x)) * up(x)
+    activation: str  # as the config names it: "gelu_new", "silu", "gelu_pytorch_tanh", ...
+    num_experts: int = 0  # 0: dense
+    experts_per_token: int = 0
+    shared_intermediate_size: int = 0  # total width of always-on shared experts
+    fused_gate_up: bool = False  # Phi-3: one gate_up_proj
+
+    def __post_init__(self) -> None:
+        require(self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "must be positive")
+        if self.num_experts:
+            require(
+                0 < self.experts_per_token <= self.num_experts, "num_experts_per_tok",
+                self.experts_per_token, f"must be in 1..{self.num_experts}",
+            )  # fmt: skip
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """One transformer block: semantics plus its parameter tensors (paths relative to the block)."""
+
+    attention: Attention
+    mlp: Mlp
+    tensors: tuple[Tensor, ...]
+    parallel_residual: bool = False  # GPT-NeoX, Falcon, Phi-2: attention and MLP read the same input
+
+    @property
+    def params(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerGroup:
+    count: int
+    layer: Layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A transformer architecture. Build it with :func:`peakmem.hf.spec_from_config`."""
+
+    name: str
+    model_type: str  # config.json's model_type
+    architecture: str  # the transformers class the counts match, e.g. "LlamaForCausalLM"
+    task: Task
+    vocab_size: int
+    hidden_size: int
+    max_position_embeddings: int
+    position: PositionKind
+    norm: NormKind
+    groups: tuple[LayerGroup, ...]
+    outer: tuple[Tensor, ...]  # embeddings, positions, final norm, head, pooler, classifier
+    tie_word_embeddings: bool  # the LM head shares the token embedding (counted once)
+    num_labels: int = 0  # sequence classification heads
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0  # residual/MLP dropout
+    embedding_dropout: float = 0.0
+    buffers: tuple[Tensor, ...] = field(default=())  # persistent/non-persistent buffers (e.g. RoPE inv_freq)
+    notes: tuple[str, ...] = field(default=())  # what hf.py assumed, echoed in estimates
+
+    def __post_init__(self) -> None:
+        require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")
+        require(self.hidden_size > 0, "hidden_size", self.hidden_size, "must be positive")
+        require(bool(self.groups), "num_hidden_layers", 0, "must be positive")
+        for g in self.groups:
+            require(g.count > 0, "num_hidden_layers", g.count, "must be positive")
+
+    # --- sizes -------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def layers(self) -> Iterator[Layer]:
+        """Each layer in order (a group of n yields its layer n times)."""
+        for g in self.groups:
+            for _ in range(g.count):
+                yield g.layer
+
+    def tensors(self) -> Iterator[tuple[Tensor, int]]:
+        """Every parameter tensor with how many times it occurs (layers of a group share one)."""
+        for t in self.outer:
+            yield t, 1
+        for g in self.groups:
+            for t in g.layer.tensors:
+                yield t, g.count
+
+    @property
+    def params(self) -> int:
+        """Exactly ``sum(p.numel() for p in model.parameters())`` in transformers."""
+        return sum(t.numel * n for t, n in self.tensors())
+
+    def params_by_component(self) -> dict[Component, int]:
+        out: dict[Component, int] = {}
+        for t, n in self.tensors():
+            out[t.component] = out.get(t.component, 0) + t.numel * n
+        return {c: out[c] for c in COMPONENTS if c in out}
+
+    @property
+    def active_params(self) -> int:
+        """Parameters used per token: MoE layers count ``experts_per_token`` routed experts."""
+        total = 0
+        for t, n in self.tensors():
+            total += t.numel * n
+        for g in self.groups:
+            mlp = g.layer.mlp
+            if not mlp.is_moe:
+                continue
+            expert = sum(t.numel for t in g.layer.tensors if t.component == "experts")
+            total -= g.count * expert * (mlp.num_experts - mlp.experts_per_token) // mlp.num_experts
+        return total
+
+    @property
+    def buffer_numel(self) -> int:
+        return sum(t.numel for t in self.buffers)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(g.layer.mlp.is_moe for g in self.groups)
+
+    @property
+    def first_layer(self) -> Layer:
+        return self.groups[0].layer
+
+    @property
+    def head_in_features(self) -> int:
+        """Width of the tensor the LM head (or classifier) reads."""
+        for t in self.outer:
+            if t.component in ("head", "classifier") and t.kind == "linear_weight":
+                return t.shape[1]
+        return self.hidden_size

@@ -1,0 +1,247 @@
+"""Parallelism: how a training job is laid out over GPUs, and what each engine keeps where.
+
+Degrees (Megatron-LM's layout, arXiv 2104.04473 §3): world size ``gpus = dp x tp x pp x cp``;
+expert parallelism ``ep`` is carved out of the data-parallel ranks (``ep`` divides ``dp x cp``,
+Megatron-Core ``parallel_state.initialize_model_parallel`` with expert tensor parallel = tp).
+
+Sharding engines over the data-parallel ranks (exclusive):
+
+* ``zero_stage`` 0-3: DeepSpeed ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054 §5);
+  stage 0 with ``dp > 1`` is plain DDP (torch/nn/parallel/distributed.py).
+* ``fsdp``: PyTorch FSDP (``full-shard``, ``shard-grad-op``, ``hybrid-shard``), version 1 (flat
+  parameters, torch/distributed/fsdp/_flat_param.py) or 2 (per-parameter DTensor shards,
+  torch/distributed/fsdp/_fully_shard/).
+
+Bucket defaults are the engines' own:
+
+* DDP ``bucket_cap_mb=25`` (torch/nn/parallel/distributed.py ``DistributedDataParallel.__init__``:
+  ``bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024)``), ``gradient_as_bucket_view=False``;
+* DeepSpeed (deepspeed/runtime/zero/config.py ``DeepSpeedZeroConfig``, v0.19.8):
+  ``reduce_bucket_size=5e8``, ``allgather_bucket_size=5e8``, ``stage3_prefetch_bucket_size=5e7``,
+  ``stage3_max_live_parameters=1e9``, ``stage3_param_persistence_threshold=1e5`` (all in elements),
+  ``overlap_comm`` = True for stage 3 only (``overlap_comm_valid``), ``contiguous_gradients=True``.
+
+Validation that only needs the degrees is in ``__post_init__``; validation that needs the model
+(heads, layers, experts) is :func:`validate_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.errors import InputError, require
+from peakmem.model import ModelSpec
+from peakmem.training import _Choice
+from peakmem.units import MiB
+
+
+class FsdpMode(_Choice):
+    NONE = "none"
+    FULL_SHARD = "full-shard"  # params, grads, optimizer states sharded (ZeRO-3-like)
+    SHARD_GRAD_OP = "shard-grad-op"  # params kept unsharded between forward and backward (ZeRO-2-like)
+    HYBRID_SHARD = "hybrid-shard"  # full shard inside a node, replicate across nodes
+
+
+class Offload(_Choice):
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class PipelineSchedule(_Choice):
+    ONE_F_ONE_B = "1f1b"  # PipeDream-Flush (Narayanan et al. 2021, arXiv 2104.04473 §2.2.1)
+    INTERLEAVED = "interleaved"  # virtual stages (same paper §2.2.2)
+
+
+DDP_BUCKET_CAP_MB = 25  # torch/nn/parallel/distributed.py: bucket_cap_mb default
+DDP_BUCKET_BYTES = DDP_BUCKET_CAP_MB * MiB  # int(bucket_cap_mb * 1024 * 1024)
+# deepspeed/runtime/zero/config.py (v0.19.8) defaults, in elements
+DS_REDUCE_BUCKET_SIZE = 500_000_000  # reduce_bucket_size: pp_int(5e8)
+DS_ALLGATHER_BUCKET_SIZE = 500_000_000  # allgather_bucket_size: pp_int(5e8)
+DS_PREFETCH_BUCKET_SIZE = 50_000_000  # stage3_prefetch_bucket_size: pp_int(5e7)
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters: pp_int(1e9)
+DS_PARAM_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold: pp_int(1e5)
+DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size: pp_int(1e9)
+DEFAULT_GPUS_PER_NODE = 8  # DGX/HGX nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelism:
+    """The parallel layout of one training job. ``dp=0`` derives dp from ``gpus``."""
+
+    gpus: int = 1
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    dp: int = 0
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    fsdp: FsdpMode = FsdpMode.NONE
+    fsdp_version: int = 2
+    offload_optimizer: Offload = Offload.NONE
+    offload_params: Offload = Offload.NONE
+    pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    ddp_bucket_bytes: int = DDP_BUCKET_BYTES
+    gradient_as_bucket_view: bool = False
+    reduce_bucket_size: int = DS_REDUCE_BUCKET_SIZE
+    allgather_bucket_size: int = DS_ALLGATHER_BUCKET_SIZE
+    prefetch_bucket_size: int = DS_PREFETCH_BUCKET_SIZE
+    max_live_parameters: int = DS_MAX_LIVE_PARAMETERS
+    param_persistence_threshold: int = DS_PARAM_PERSISTENCE_THRESHOLD
+    overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
+    contiguous_gradients: bool = True
+    zero_init: bool = True  # deepspeed.zero.Init / FSDP cpu_ram_efficient_loading: no full copy per rank
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "virtual_stages"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value > 0, name, value, "must be a positive integer")
+        require(self.dp >= 0, "dp", self.dp, "must be a positive integer (0: derive from gpus)")
+        model_par = self.tp * self.pp * self.cp
+        if self.dp == 0:
+            if self.gpus % model_par:
+                raise InputError(
+                    f"gpus={self.gpus} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} "
+                    f"= {model_par}; data-parallel degree dp = gpus/(tp*pp*cp) must be an integer"
+                )
+            object.__setattr__(self, "dp", self.gpus // model_par)
+        world = self.dp * model_par
+        if world != self.gpus:
+            raise InputError(
+                f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {world} != gpus={self.gpus}"
+            )
+        require(self.zero_stage in (0, 1, 2, 3), "zero", self.zero_stage, "must be 0, 1, 2 or 3")
+        require(self.fsdp_version in (1, 2), "fsdp_version", self.fsdp_version, "must be 1 or 2")
+        if self.zero_stage and self.fsdp is not FsdpMode.NONE:
+            raise InputError(
+                f"zero={self.zero_stage} and fsdp={self.fsdp.value!r} are exclusive: "
+                "DeepSpeed ZeRO and PyTorch FSDP both shard the same states; choose one"
+            )
+        if self.dp * self.cp % self.ep:
+            raise InputError(
+                f"ep={self.ep} does not divide dp*cp = {self.dp}*{self.cp} = {self.dp * self.cp}: "
+                "expert-parallel ranks are taken from the data-parallel ranks"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise InputError("sequence_parallel=True needs tp > 1 (it splits along the tensor-parallel group)")
+        if self.pp_schedule is PipelineSchedule.INTERLEAVED:
+            require(self.pp > 1, "pp", self.pp, "the interleaved schedule needs pp > 1")
+            require(self.virtual_stages > 1, "virtual_stages", self.virtual_stages,
+                    "the interleaved schedule needs virtual_stages > 1")  # fmt: skip
+        else:
+            require(self.virtual_stages == 1, "virtual_stages", self.virtual_stages,
+                    "only the interleaved schedule has virtual stages")  # fmt: skip
+        if self.offload_params is not Offload.NONE:
+            sharded_params = self.zero_stage == 3 or self.fsdp in (FsdpMode.FULL_SHARD, FsdpMode.HYBRID_SHARD)
+            require(sharded_params, "offload_params", self.offload_params.value,
+                    "parameter offload needs sharded parameters: zero=3 or fsdp=full-shard/hybrid-shard")  # fmt: skip
+        if self.offload_optimizer is not Offload.NONE:
+            require(self.zero_stage > 0 or self.fsdp is not FsdpMode.NONE, "offload_optimizer",
+                    self.offload_optimizer.value, "optimizer offload needs ZeRO (zero=1..3) or FSDP")  # fmt: skip
+        if self.fsdp is not FsdpMode.NONE and Offload.NVME in (self.offload_optimizer, self.offload_params):
+            raise InputError("offload=nvme is a DeepSpeed ZeRO-Infinity feature; FSDP offloads to cpu only")
+        if self.offload_params is not Offload.NONE and self.fsdp is not FsdpMode.NONE:
+            require(self.offload_optimizer is not Offload.NONE, "offload_optimizer", self.offload_optimizer.value,
+                    "FSDP CPUOffload(offload_params=True) moves parameters, gradients and the optimizer step "
+                    "to the CPU together; set the optimizer offload too")  # fmt: skip
+        for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
+            require(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
+        for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
+            require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+
+    # --- derived ---------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.gpus, self.gpus_per_node)
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks that one copy of the (tp/pp-local) model states is sharded over: dp x cp for ZeRO
+        and FSDP full/grad-op shard (Megatron's distributed optimizer shards over dp x cp too);
+        the ranks of one node for hybrid shard; 1 without sharding."""
+        if self.zero_stage == 0 and self.fsdp is FsdpMode.NONE:
+            return 1
+        group = self.dp * self.cp
+        if self.fsdp is FsdpMode.HYBRID_SHARD:
+            per_node_model_par = max(1, self.ranks_per_node // (self.tp * self.pp * self.cp))
+            return max(1, min(group, per_node_model_par * self.cp))
+        return group
+
+    @property
+    def expert_shard_degree(self) -> int:
+        """Ranks that expert states are sharded over: (dp x cp) / ep (expert data parallel)."""
+        return max(1, self.shard_degree // self.ep) if self.shard_degree > 1 else 1
+
+    @property
+    def engine(self) -> str:
+        if self.fsdp is not FsdpMode.NONE:
+            return f"fsdp{self.fsdp_version}-{self.fsdp.value}"
+        if self.zero_stage:
+            return f"zero-{self.zero_stage}"
+        if self.dp > 1:
+            return "ddp"
+        return "none"
+
+    @property
+    def ds_overlap_comm(self) -> bool:
+        return self.zero_stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    @property
+    def is_single_gpu(self) -> bool:
+        return self.gpus == 1
+
+    def describe(self) -> str:
+        parts = [f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")]
+        for name in ("dp", "tp", "pp", "cp", "ep"):
+            value = getattr(self, name)
+            if value > 1:
+                parts.append(f"{name}={value}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.engine != "none":
+            parts.append(self.engine)
+        if self.offload_optimizer is not Offload.NONE:
+            parts.append(f"optimizer->{self.offload_optimizer.value}")
+        if self.offload_params is not Offload.NONE:
+            parts.append(f"params->{self.offload_params.value}")
+        if self.pp > 1:
+            sched = self.pp_schedule.value
+            parts.append(sched if self.virtual_stages == 1 else f"{sched} (v={self.virtual_stages})")
+        return ", ".join(parts)
+
+
+def validate_for(spec: ModelSpec, par: Parallelism) -> None:
+    """Check the degrees against the model; each error names every number involved."""
+    for g in spec.groups:
+        att = g.layer.attention
+        if att.num_heads % par.tp:
+            raise InputError(f"tp={par.tp} does not divide num_attention_heads={att.num_heads} ({spec.name})")
+        if att.num_kv_heads % par.tp:
+            raise InputError(
+                f"tp={par.tp} does not divide num_key_value_heads={att.num_kv_heads} ({spec.name}); "
+                "Megatron-style TP gives each rank whole KV heads"
+            )
+        mlp = g.layer.mlp
+        if mlp.intermediate_size % par.tp:
+            raise InputError(f"tp={par.tp} does not divide intermediate_size={mlp.intermediate_size} ({spec.name})")
+        if par.ep > 1 and mlp.is_moe and mlp.num_experts % par.ep:
+            raise InputError(f"ep={par.ep} does not divide num_experts={mlp.num_experts} ({spec.name})")
+    if par.ep > 1 and not spec.is_moe:
+        raise InputError(f"ep={par.ep} needs a mixture-of-experts model; {spec.name} has no experts")
+    layers = spec.num_layers
+    if par.pp > layers:
+        raise InputError(f"pp={par.pp} is larger than num_hidden_layers={layers} ({spec.name}): "
+                         "every pipeline stage needs at least one layer")  # fmt: skip
+    chunks = par.pp * par.virtual_stages
+    if chunks > layers:
+        raise InputError(
+            f"pp*virtual_stages = {par.pp}*{par.virtual_stages} = {chunks} > num_hidden_layers={layers} "
+            f"({spec.name}): every model chunk needs at least one layer"
+        )

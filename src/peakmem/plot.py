@@ -1,0 +1,359 @@
+"""Pictures of an estimate: the ways to bring it down as stacked bars, and memory against batch or seq.
+
+matplotlib is an optional extra (``pip install peakmem[plot]``) and is imported only inside the
+drawing functions, with the Agg backend, so ``import peakmem.plot`` stays light. The pure parts
+(:func:`bar_segments`, :func:`sweep_values`, :func:`max_fitting`) are shared with the web page,
+so the picture, the page's chart and the tables show the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol, cast
+
+from peakmem.breakdown import Category, Estimate
+from peakmem.errors import InputError
+from peakmem.units import GB, fmt_gb
+
+Axis = Literal["batch", "seq"]
+AXES: tuple[Axis, ...] = ("batch", "seq")
+
+# Segment keys beyond the breakdown categories: what nvidia-smi shows above the allocated bytes.
+SLACK = "allocator_slack"  # max_memory_reserved - max_memory_allocated (caching-allocator rounding)
+CONTEXT = "cuda_context"  # nvidia-smi - reserved: CUDA context, cuBLAS workspaces, NCCL buffers
+
+SEGMENT_LABELS: dict[str, str] = {
+    Category.PARAMETERS.value: "weights",
+    Category.BUFFERS.value: "buffers",
+    Category.GRADIENTS.value: "gradients",
+    Category.MASTER_WEIGHTS.value: "master weights (fp32)",
+    Category.OPTIMIZER_STATES.value: "optimizer states",
+    Category.ACTIVATIONS.value: "activations",
+    Category.TEMPORARIES.value: "temporaries",
+    Category.KV_CACHE.value: "KV cache",
+    Category.OVERHEAD.value: "overhead",
+    SLACK: "allocator slack",
+    CONTEXT: "CUDA context",
+}
+# One colour per segment, stable across every picture and the web page (style.css mirrors them).
+SEGMENT_COLORS: dict[str, str] = {
+    Category.PARAMETERS.value: "#4e79a7",
+    Category.BUFFERS.value: "#9c755f",
+    Category.GRADIENTS.value: "#f28e2b",
+    Category.MASTER_WEIGHTS.value: "#76b7b2",
+    Category.OPTIMIZER_STATES.value: "#e15759",
+    Category.ACTIVATIONS.value: "#59a14f",
+    Category.TEMPORARIES.value: "#edc948",
+    Category.KV_CACHE.value: "#b07aa1",
+    Category.OVERHEAD.value: "#bab0ac",
+    SLACK: "#d4cfcb",
+    CONTEXT: "#8c8c8c",
+}
+# Sweep limits: batch 1..2**MAX_BATCH_EXP, seq 2**MIN_SEQ_EXP..min(context, 2**MAX_SEQ_EXP).
+MAX_BATCH_EXP = 7
+MIN_SEQ_EXP = 7
+MAX_SEQ_EXP = 17
+
+
+class GpuLike(Protocol):
+    """What a picture needs of a GPU: :class:`peakmem.catalog.Gpu` has these."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def usable_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    key: str  # a Category value, SLACK or CONTEXT
+    label: str
+    bytes: int
+
+
+def bar_segments(est: Estimate) -> list[Segment]:
+    """The stack of one bar: bytes per category at the peak, then the allocator slack up to the
+    reserved bytes and the CUDA context up to the device total; the stack's top is the device total."""
+    segments = [
+        Segment(key=c.value, label=SEGMENT_LABELS[c.value], bytes=b)
+        for c, b in est.by_category().items()
+        if b > 0
+    ]
+    top = sum(s.bytes for s in segments)
+    if est.peak_reserved_bytes > top:
+        segments.append(Segment(key=SLACK, label=SEGMENT_LABELS[SLACK], bytes=est.peak_reserved_bytes - top))
+        top = est.peak_reserved_bytes
+    if est.device_total_bytes > top:
+        segments.append(
+            Segment(key=CONTEXT, label=SEGMENT_LABELS[CONTEXT], bytes=est.device_total_bytes - top)
+        )
+    return segments
+
+
+def chart_json(
+    est: Estimate, ways: Sequence[tuple[str, Estimate]] = (), base_label: str = "as asked"
+) -> list[dict[str, Any]]:
+    """The bars of :func:`plot_ways` as JSON, for the web page."""
+    bars = [(base_label, est), *ways]
+    return [
+        {
+            "label": label,
+            "device_total_bytes": e.device_total_bytes,
+            "segments": [{"key": s.key, "label": s.label, "bytes": s.bytes} for s in bar_segments(e)],
+        }
+        for label, e in bars
+    ]
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+def with_axis(setup: Any, axis: Axis, value: int) -> Any:
+    """``setup`` (a TrainingSetup) with its micro-batch or sequence length set to ``value``."""
+    if axis == "batch":
+        return replace(setup, micro_batch=value)
+    if axis == "seq":
+        return replace(setup, seq_len=value)
+    raise InputError(f"axis={axis!r}: choose batch or seq")
+
+
+def sweep_values(axis: Axis, max_positions: int, current: int) -> list[int]:
+    """Powers of two along ``axis`` (batch 1..128; seq 128..the model's context), plus ``current``."""
+    if axis == "batch":
+        values = {2**k for k in range(MAX_BATCH_EXP + 1)}
+    elif axis == "seq":
+        top = max(min(max_positions, 2**MAX_SEQ_EXP), 2**MIN_SEQ_EXP)
+        values = {2**k for k in range(MIN_SEQ_EXP, MAX_SEQ_EXP + 1) if 2**k <= top} | {top}
+    else:
+        raise InputError(f"axis={axis!r}: choose batch or seq")
+    return sorted(values | {current})
+
+
+def max_fitting(total: Callable[[int], int], capacity_bytes: int, upper: int) -> int:
+    """The largest ``v`` in ``1..upper`` with ``total(v) <= capacity_bytes`` (0 if none).
+
+    Assumes ``total`` does not decrease with ``v`` (memory grows with batch and sequence length);
+    bisection, so about log2(upper) evaluations.
+    """
+    if total(1) > capacity_bytes:
+        return 0
+    lo, hi = 1, upper  # total(lo) fits
+    if total(hi) <= capacity_bytes:
+        return hi
+    while hi - lo > 1:  # total(hi) does not fit
+        mid = (lo + hi) // 2
+        if total(mid) <= capacity_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _estimator() -> Callable[[Any, Any], Estimate]:
+    from peakmem.estimate import estimate_training
+
+    return cast("Callable[[Any, Any], Estimate]", estimate_training)
+
+
+def sweep(
+    spec: Any,
+    setup: Any,
+    axis: Axis = "batch",
+    values: Sequence[int] | None = None,
+    estimator: Callable[[Any, Any], Estimate] | None = None,
+) -> list[tuple[int, Estimate]]:
+    """Estimates of ``setup`` with batch (or seq) set to each of ``values``."""
+    estimate = estimator or _estimator()
+    current = setup.micro_batch if axis == "batch" else setup.seq_len
+    if values is None:
+        values = sweep_values(axis, spec.max_position_embeddings, current)
+    return [(v, estimate(spec, with_axis(setup, axis, v))) for v in values]
+
+
+def limits(
+    spec: Any,
+    setup: Any,
+    gpus: Sequence[GpuLike],
+    axis: Axis = "batch",
+    upper: int | None = None,
+    estimator: Callable[[Any, Any], Estimate] | None = None,
+) -> dict[str, int]:
+    """For each GPU, the largest batch (or seq) whose device total fits (0: not even 1)."""
+    estimate = estimator or _estimator()
+    if upper is None:
+        upper = 2**MAX_BATCH_EXP if axis == "batch" else max(spec.max_position_embeddings, 1)
+    cache: dict[int, int] = {}
+
+    def total(v: int) -> int:
+        if v not in cache:
+            cache[v] = estimate(spec, with_axis(setup, axis, v)).device_total_bytes
+        return cache[v]
+
+    return {g.name: max_fitting(total, g.usable_bytes, upper) for g in gpus}
+
+
+# --- drawing -------------------------------------------------------------------------------------
+def default_gpus() -> list[Any]:
+    """Capacities people compare against when no GPU is given: 24, 40, 48 and 80 GB cards."""
+    from peakmem.catalog import find_gpu
+
+    names = ("rtx-4090", "a100-40gb", "l40s", "h100-sxm")
+    found: list[Any] = []
+    for name in names:
+        g = find_gpu(name)
+        if g is not None and all(g.usable_bytes != f.usable_bytes for f in found):
+            found.append(g)
+    return found
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise InputError("plots need matplotlib: pip install 'peakmem[plot]'") from error
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, out: Path) -> None:
+    """Write the figure; SVG keeps its text as text (searchable, and testable)."""
+    fig.tight_layout()
+    with plt.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(out)
+    plt.close(fig)
+
+
+def _check_path(path: str | Path) -> Path:
+    out = Path(path)
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise InputError(f"plot={str(path)!r}: the file name must end in .png, .svg or .pdf")
+    return out
+
+
+def _gpu_label(g: Any) -> str:
+    return f"{getattr(g, 'display_name', g.name)} ({fmt_gb(g.usable_bytes, 1)})"
+
+
+def plot_ways(
+    est: Estimate,
+    ways: Sequence[tuple[str, Estimate]],
+    gpus: Sequence[GpuLike],
+    path: str | Path,
+    *,
+    title: str | None = None,
+) -> Path:
+    """Horizontal stacked bars: the setup as asked, then each way to bring it down, split by
+    category; each GPU's memory as a vertical line; every bar labelled with its device total in GB."""
+    out = _check_path(path)
+    plt = _pyplot()
+    bars = [("as asked", est), *ways]
+    n = len(bars)
+    fig, ax = plt.subplots(figsize=(11, 2.4 + 0.55 * n), dpi=110)
+    seen: set[str] = set()
+    for row, (_label, e) in enumerate(bars):
+        y = n - 1 - row
+        left = 0.0
+        for s in bar_segments(e):
+            width = s.bytes / GB
+            ax.barh(
+                y, width, left=left, height=0.62, color=SEGMENT_COLORS[s.key], edgecolor="white",
+                linewidth=0.6, label=s.label if s.key not in seen else None,
+            )  # fmt: skip
+            seen.add(s.key)
+            left += width
+        ax.text(
+            e.device_total_bytes / GB, y, f" {fmt_gb(e.device_total_bytes)}", va="center", ha="left",
+            fontsize=9, fontweight="bold" if row == 0 else "normal", zorder=4,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.9},
+        )  # fmt: skip
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([label for label, _ in reversed(bars)], fontsize=9)
+    largest = max(e.device_total_bytes for _, e in bars)
+    for i, g in enumerate(sorted(gpus, key=lambda g: g.usable_bytes)):
+        x = g.usable_bytes / GB
+        ax.axvline(x, color="#333333", linestyle=(0, (4, 3)), linewidth=1.0, zorder=3)
+        ax.text(
+            x, n - 0.45 + 0.28 * (i % 2), _gpu_label(g), rotation=0, fontsize=8, ha="center", va="bottom",
+            color="#333333", bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
+        )  # fmt: skip
+        largest = max(largest, g.usable_bytes)
+    ax.set_xlim(0, largest / GB * 1.18)
+    ax.set_ylim(-0.6, n + 0.25)
+    ax.set_xlabel("GPU memory (GB, as nvidia-smi shows it)")
+    ax.grid(axis="x", color="#e5e5e5", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"{est.model_name}: memory by technique", loc="left", fontsize=11)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False, ncol=6)
+    _save(plt, fig, out)
+    return out
+
+
+def plot_sweep(
+    spec: Any,
+    setup: Any,
+    gpus: Sequence[GpuLike],
+    path: str | Path,
+    axis: Axis = "batch",
+    *,
+    estimator: Callable[[Any, Any], Estimate] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Device total (and allocated) against batch or sequence length, log2 x axis; each GPU's
+    memory as a horizontal line, and the largest batch (seq) that fits it marked on the curve."""
+    if axis not in AXES:
+        raise InputError(f"axis={axis!r}: choose batch or seq")
+    out = _check_path(path)
+    points = sweep(spec, setup, axis, estimator=estimator)
+    plt = _pyplot()
+    xs = [v for v, _ in points]
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    ax.plot(xs, [e.device_total_bytes / GB for _, e in points], marker="o", color="#4e79a7",
+            label="device total (nvidia-smi)")  # fmt: skip
+    ax.plot(xs, [e.peak_allocated_bytes / GB for _, e in points], marker=".", linestyle="--", color="#59a14f",
+            label="peak allocated")  # fmt: skip
+    current = setup.micro_batch if axis == "batch" else setup.seq_len
+    name = "batch" if axis == "batch" else "seq"
+    for v, e in points:
+        if v == current:
+            ax.plot([v], [e.device_total_bytes / GB], marker="o", markersize=13, markerfacecolor="none",
+                    markeredgecolor="#000000", markeredgewidth=1.5, linestyle="none",
+                    label=f"as asked ({name} {v:,}): {fmt_gb(e.device_total_bytes)}")  # fmt: skip
+    upper = xs[-1]
+    fit = limits(spec, setup, gpus, axis, upper=upper, estimator=estimator)
+    estimate = estimator or _estimator()
+    for g in sorted(gpus, key=lambda g: g.usable_bytes):
+        cap = g.usable_bytes / GB
+        ax.axhline(cap, color="#888888", linestyle=(0, (4, 3)), linewidth=1.0)
+        best = fit[g.name]
+        if best == 0:
+            note = f"{_gpu_label(g)}: does not fit at {name} 1"
+        elif best >= upper:
+            note = f"{_gpu_label(g)}: fits up to {name} {upper:,} (the sweep's end)"
+        else:
+            note = f"{_gpu_label(g)}: fits up to {name} {best:,}"
+            at = estimate(spec, with_axis(setup, axis, best)).device_total_bytes / GB
+            ax.plot([best], [at], marker="X", markersize=10, color="#e15759", zorder=5)
+            ax.annotate(f"{name} {best:,}", (best, at), textcoords="offset points", xytext=(6, -14),
+                        fontsize=8, color="#e15759")  # fmt: skip
+        ax.text(xs[0], cap, " " + note, va="bottom", ha="left", fontsize=8, color="#333333",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{v:,}" for v in xs], fontsize=8, rotation=45 if axis == "seq" else 0)
+    ax.set_xlabel("micro-batch size" if axis == "batch" else "sequence length (tokens)")
+    ax.set_ylabel("GPU memory (GB)")
+    top = max([e.device_total_bytes for _, e in points] + [g.usable_bytes for g in gpus])
+    ax.set_ylim(0, top / GB * 1.08)
+    ax.grid(color="#e5e5e5", linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    other = f"seq {setup.seq_len:,}" if axis == "batch" else f"batch {setup.micro_batch}"
+    ax.set_title(title or f"{spec.name}: memory against {name} ({other})", loc="left", fontsize=11)
+    ax.legend(loc="lower right", fontsize=8)
+    _save(plt, fig, out)
+    return out

@@ -1,0 +1,292 @@
+"""Estimate / ModelSpec -> terminal tables (rich), JSON and Markdown. Units are chosen here.
+
+The terminal shows decimal GB first (as the seed and GPU vendors quote memory) and binary GiB in
+parentheses; JSON carries integer bytes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from peakmem.breakdown import Category, Estimate
+from peakmem.model import ModelSpec
+from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
+
+CATEGORY_LABELS = {
+    Category.PARAMETERS: "parameters (weights)",
+    Category.BUFFERS: "buffers",
+    Category.GRADIENTS: "gradients",
+    Category.MASTER_WEIGHTS: "master weights (fp32)",
+    Category.OPTIMIZER_STATES: "optimizer states",
+    Category.ACTIVATIONS: "activations",
+    Category.TEMPORARIES: "temporaries",
+    Category.KV_CACHE: "KV cache",
+    Category.OVERHEAD: "overhead",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Whether a job fits on one GPU (or a plain memory size)."""
+
+    gpu: str
+    capacity_bytes: int
+    needed_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.needed_bytes
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+def spec_json(spec: ModelSpec) -> dict[str, Any]:
+    first = spec.first_layer
+    return {
+        "name": spec.name,
+        "model_type": spec.model_type,
+        "architecture": spec.architecture,
+        "task": spec.task,
+        "params": spec.params,
+        "active_params": spec.active_params,
+        "params_by_component": spec.params_by_component(),
+        "buffers_numel": spec.buffer_numel,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+        "num_heads": first.attention.num_heads,
+        "num_kv_heads": first.attention.num_kv_heads,
+        "head_dim": first.attention.head_dim,
+        "intermediate_size": first.mlp.intermediate_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "position": spec.position,
+        "norm": spec.norm,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "moe": {
+            "num_experts": max(g.layer.mlp.num_experts for g in spec.groups),
+            "experts_per_token": max(g.layer.mlp.experts_per_token for g in spec.groups),
+        }
+        if spec.is_moe
+        else None,
+        "notes": list(spec.notes),
+    }
+
+
+def estimate_json(
+    est: Estimate, verdicts: Sequence[Verdict] = (), ways: Sequence[tuple[str, Estimate]] = ()
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "method": est.method,
+        "job": est.job,
+        "model": {"name": est.model_name, "params": est.params, "trainable_params": est.trainable_params},
+        "setup": est.setup,
+        "bytes_per_param": [
+            {
+                "tensor": r.tensor,
+                "dtype": r.dtype,
+                "bytes": r.bytes_per_param,
+                "total_bytes": r.bytes,
+                "params": r.params,
+                "category": r.category.value,
+                "source": r.source,
+            }
+            for r in est.per_param
+        ],
+        "model_state_bytes": est.model_state_bytes,
+        "breakdown": {c.value: b for c, b in est.by_category().items()},
+        "items": [
+            {"path": i.path, "category": i.category.value, "bytes": i.bytes, "source": i.source}
+            for i in est.items
+        ],
+        "phases": {p.phase.value: p.bytes for p in est.phases},
+        "peak_phase": est.peak_phase.value,
+        "peak_allocated_bytes": est.peak_allocated_bytes,
+        "peak_reserved_bytes": est.peak_reserved_bytes,
+        "device_total_bytes": est.device_total_bytes,
+        "assumptions": list(est.assumptions),
+    }
+    out.update(est.extra)
+    if verdicts:
+        out["verdicts"] = [
+            {
+                "gpu": v.gpu,
+                "capacity_bytes": v.capacity_bytes,
+                "fits": v.fits,
+                "headroom_bytes": v.headroom_bytes,
+            }
+            for v in verdicts
+        ]
+    if ways:
+        out["ways_down"] = [
+            {
+                "change": label,
+                "device_total_bytes": w.device_total_bytes,
+                "peak_allocated_bytes": w.peak_allocated_bytes,
+                "saving_bytes": est.device_total_bytes - w.device_total_bytes,
+            }
+            for label, w in ways
+        ]
+    return out
+
+
+# --- terminal ------------------------------------------------------------------------------------
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def print_info(spec: ModelSpec) -> None:
+    from rich.table import Table
+
+    console = _console()
+    first = spec.first_layer
+    att = first.attention
+    kind = "MLA" if att.is_mla else ("MHA" if att.num_kv_heads == att.num_heads else
+                                     "MQA" if att.num_kv_heads == 1 else f"GQA ({att.num_kv_heads} kv heads)")
+    moe = ""
+    if spec.is_moe:
+        mlp = next(g.layer.mlp for g in spec.groups if g.layer.mlp.is_moe)
+        moe = f", MoE {mlp.experts_per_token}/{mlp.num_experts} experts"
+    console.print(
+        f"[bold]{spec.name}[/bold] ({spec.architecture}): {spec.params:,} parameters "
+        f"({fmt_count(spec.params)}); {spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"{att.num_heads} heads, {kind}{moe}"
+    )
+    if spec.is_moe:
+        console.print(f"active per token: {spec.active_params:,} ({fmt_count(spec.active_params)})")
+    table = Table(title="parameters by component", title_justify="left")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    for component, n in spec.params_by_component().items():
+        table.add_row(component, f"{n:,}", f"{100 * n / spec.params:.1f}%")
+    table.add_row("[bold]total[/bold]", f"[bold]{spec.params:,}[/bold]", "100.0%")
+    console.print(table)
+    facts = [
+        f"vocab {spec.vocab_size:,}",
+        f"context {spec.max_position_embeddings:,} ({spec.position} positions)",
+        f"{spec.norm}",
+        "tied head" if spec.tie_word_embeddings else "untied head",
+        f"16-bit weights {fmt_both(2 * spec.params)}",
+    ]
+    console.print("; ".join(facts))
+    for note in spec.notes:
+        console.print(f"note: {note}")
+
+
+def print_estimate(
+    est: Estimate,
+    headline: str,
+    verdicts: Sequence[Verdict] = (),
+    ways: Sequence[tuple[str, Estimate]] = (),
+) -> None:
+    from rich.table import Table
+
+    console = _console()
+    console.print(headline)
+    if est.per_param:
+        table = Table(title="bytes per parameter (model states)", title_justify="left")
+        for col, just in (("tensor", "left"), ("dtype", "left"), ("bytes/param", "right"),
+                          ("params", "right"), ("total", "right")):  # fmt: skip
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        per_param_total = 0.0
+        for r in est.per_param:
+            per_param_total += r.bytes_per_param
+            table.add_row(r.tensor, r.dtype, f"{r.bytes_per_param:g}", f"{r.params:,}", fmt_both(r.bytes))
+        table.add_row(
+            "[bold]model states[/bold]", "", f"[bold]{per_param_total:g}[/bold]", "",
+            f"[bold]{fmt_both(est.model_state_bytes)}[/bold]",
+        )  # fmt: skip
+        console.print(table)
+        weights16 = 2 * est.params
+        console.print(
+            f"model states = {est.model_state_bytes / weights16:.1f}x the 16-bit weights "
+            f"({fmt_gb(weights16)})"
+        )
+    table = Table(title=f"at the peak ({est.peak_phase.value})", title_justify="left")
+    table.add_column("category")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    cats = est.by_category()
+    for c, b in cats.items():
+        table.add_row(CATEGORY_LABELS[c], fmt_both(b), f"{100 * b / max(est.peak_allocated_bytes, 1):.1f}%")
+    table.add_row("[bold]peak allocated[/bold]", f"[bold]{fmt_both(est.peak_allocated_bytes)}[/bold]", "")
+    table.add_row("peak reserved (caching allocator)", fmt_both(est.peak_reserved_bytes), "")
+    table.add_row("[bold]device total (nvidia-smi)[/bold]",
+                  f"[bold]{fmt_both(est.device_total_bytes)}[/bold]", "")  # fmt: skip
+    console.print(table)
+    if est.phases:
+        table = Table(title="by phase (allocated at each phase's peak)", title_justify="left")
+        table.add_column("phase")
+        table.add_column("bytes", justify="right")
+        for p in est.phases:
+            mark = " ← peak" if p.phase == est.peak_phase else ""
+            table.add_row(p.phase.value + mark, fmt_both(p.bytes))
+        console.print(table)
+    if verdicts:
+        table = Table(title="verdict", title_justify="left")
+        table.add_column("GPU")
+        table.add_column("memory", justify="right")
+        table.add_column("fits")
+        table.add_column("headroom", justify="right")
+        for v in verdicts:
+            table.add_row(
+                v.gpu, fmt_both(v.capacity_bytes), "[green]yes[/green]" if v.fits else "[red]no[/red]",
+                fmt_bytes(v.headroom_bytes),
+            )  # fmt: skip
+        console.print(table)
+    if ways:
+        table = Table(title="ways to bring it down", title_justify="left")
+        table.add_column("change")
+        table.add_column("device total", justify="right")
+        table.add_column("saving", justify="right")
+        for label, w in ways:
+            table.add_row(label, fmt_both(w.device_total_bytes),
+                          fmt_gb(est.device_total_bytes - w.device_total_bytes))  # fmt: skip
+        console.print(table)
+    if est.assumptions:
+        console.print("[dim]assumptions:[/dim]")
+        for a in est.assumptions:
+            console.print(f"[dim]- {a}[/dim]")
+
+
+def markdown_estimate(
+    est: Estimate, headline: str, verdicts: Sequence[Verdict] = (), ways: Sequence[tuple[str, Estimate]] = ()
+) -> str:
+    lines = [headline, ""]
+    if est.per_param:
+        lines += ["| Tensor | Precision | Bytes/param | Total |", "|---|---|---:|---:|"]
+        for r in est.per_param:
+            lines.append(f"| {r.tensor} | {r.dtype} | {r.bytes_per_param:g} | {fmt_both(r.bytes)} |")
+        total = sum(r.bytes_per_param for r in est.per_param)
+        lines.append(f"| **Model states** | | **{total:g}** | **{fmt_both(est.model_state_bytes)}** |")
+        lines.append("")
+    lines += [f"At the peak ({est.peak_phase.value}):", "", "| Category | Bytes |", "|---|---:|"]
+    for c, b in est.by_category().items():
+        lines.append(f"| {CATEGORY_LABELS[c]} | {fmt_both(b)} |")
+    lines.append(f"| **Peak allocated** | **{fmt_both(est.peak_allocated_bytes)}** |")
+    lines.append(f"| Peak reserved | {fmt_both(est.peak_reserved_bytes)} |")
+    lines.append(f"| **Device total (nvidia-smi)** | **{fmt_both(est.device_total_bytes)}** |")
+    if verdicts:
+        lines += ["", "| GPU | Memory | Fits | Headroom |", "|---|---:|---|---:|"]
+        for v in verdicts:
+            lines.append(
+                f"| {v.gpu} | {fmt_both(v.capacity_bytes)} | {'yes' if v.fits else 'no'} | "
+                f"{fmt_bytes(v.headroom_bytes)} |"
+            )
+    if ways:
+        lines += ["", "Ways to bring it down:", "", "| Change | Device total | Saving |", "|---|---:|---:|"]
+        for label, w in ways:
+            lines.append(
+                f"| {label} | {fmt_both(w.device_total_bytes)} | "
+                f"{fmt_gb(est.device_total_bytes - w.device_total_bytes)} |"
+            )
+    if est.assumptions:
+        lines += ["", "Assumptions:", ""] + [f"- {a}" for a in est.assumptions]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""Turn the command line's MODEL and GPU arguments into a ModelSpec and a Gpu.
+
+MODEL, in the order tried (DESIGN.md, "The command line"):
+
+1. a catalog name or alias (``gpt2-xl``, ``meta-llama/Llama-3.1-8B``): the catalog's config;
+2. an existing path to a ``config.json``, or to a folder holding one;
+3. a Hub id (``owner/name``): config.json fetched through huggingface_hub's cache
+   (:mod:`peakmem.hub`, imported only then);
+4. anything else: :class:`~peakmem.errors.UnknownNameError` with close catalog names.
+
+GPU: a catalog name or alias (``4090``, ``h100``), or a plain size (``24GB``, ``24 GiB``,
+``24g``) that becomes an anonymous :class:`~peakmem.catalog.Gpu` of exactly that many bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from peakmem.catalog import Gpu, find_gpu, find_model, unknown_gpu, unknown_model
+from peakmem.errors import ConfigError, InputError, UnknownNameError
+from peakmem.model import ModelSpec
+from peakmem.units import ACCEPTED_SIZE_FORMS, looks_like_size, parse_size
+
+CONFIG_FILE = "config.json"
+# A Hub repository id: "owner/name", letters, digits, '-', '_', '.' (huggingface_hub's
+# validate_repo_id allows the same characters, at most 96 of them).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+HUB_ID_MAX_LEN = 96
+_PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
+ACCEPTED_GPU_FORMS = f"a GPU name (see `peakmem gpus`) or {ACCEPTED_SIZE_FORMS}"
+ACCEPTED_MODEL_FORMS = (
+    "a catalog name (see `peakmem models`), a path to a config.json or a folder holding one, "
+    "or a Hugging Face Hub id such as owner/name"
+)
+
+
+def resolve_model(arg: str) -> ModelSpec:
+    """The ModelSpec a MODEL argument names; errors say which forms are accepted."""
+    from peakmem.hf import spec_from_config
+
+    name, config = resolve_config(arg)
+    return spec_from_config(config, name=name)
+
+
+def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:
+    """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it)."""
+    text = arg.strip()
+    if not text:
+        raise InputError(f"MODEL={arg!r}: empty; give {ACCEPTED_MODEL_FORMS}")
+    entry = find_model(text)
+    if entry is not None:
+        return entry.name, copy.deepcopy(dict(entry.config))
+    path = _existing_config_path(text)
+    if path is not None:
+        from peakmem.hf import load_config
+
+        return _name_from_path(path), load_config(path)
+    if _looks_like_path(text):
+        raise ConfigError(f"MODEL={text!r}: no such file or folder; give {ACCEPTED_MODEL_FORMS}")
+    if is_hub_id(text):
+        return text, _config_from_hub(text)
+    raise unknown_model(text)
+
+
+def is_hub_id(text: str) -> bool:
+    """``owner/name`` with the characters the Hub allows."""
+    return len(text) <= HUB_ID_MAX_LEN and bool(_HUB_ID.match(text)) and ".." not in text
+
+
+def _existing_config_path(text: str) -> Path | None:
+    """The config.json ``text`` points at, if it is an existing file or a folder holding one."""
+    p = Path(os.path.expanduser(text))
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / CONFIG_FILE).is_file():
+            return p / CONFIG_FILE
+        raise ConfigError(f"MODEL={text!r}: the folder holds no {CONFIG_FILE}")
+    return None
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith(_PATH_PREFIXES) or text.endswith(".json") or "\\" in text or text.count("/") > 1
+
+
+def _name_from_path(path: Path) -> str:
+    """``.../Llama-3.1-8B/config.json`` -> ``Llama-3.1-8B``; a loose file keeps its own name."""
+    if path.name == CONFIG_FILE and path.parent.name:
+        return path.parent.name
+    return path.stem
+
+
+def _config_from_hub(repo_id: str) -> dict[str, Any]:
+    from peakmem import hub
+
+    try:
+        return hub.fetch_config(repo_id)
+    except hub.HubNotFoundError:
+        error = unknown_model(repo_id)
+        error.args = (
+            f"{error.args[0]}; no Hub repository of that id either (if it is private, {hub.TOKEN_HINT})",
+        )
+        raise error from None
+
+
+# --- GPUs --------------------------------------------------------------------------------------------
+def resolve_gpu(arg: str) -> Gpu:
+    """A catalog GPU, or an anonymous one of a given size (``24GB``)."""
+    text = arg.strip()
+    if not text:
+        raise InputError(f"--gpu={arg!r}: empty; give {ACCEPTED_GPU_FORMS}")
+    entry = find_gpu(text)
+    if entry is not None:
+        return entry
+    if looks_like_size(text):
+        return gpu_of_size(text)
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        raise InputError(f"--gpu={text!r}: a size needs a unit; give {ACCEPTED_GPU_FORMS}")
+    error: UnknownNameError = unknown_gpu(text)
+    error.args = (f"{error.args[0]}; or give a memory size: {ACCEPTED_SIZE_FORMS}",)
+    raise error
+
+
+def resolve_gpus(arg: str) -> tuple[Gpu, ...]:
+    """A comma-separated list of GPUs (``peakmem fit --gpu 4090,a100``)."""
+    parts = [p for p in (s.strip() for s in arg.split(",")) if p]
+    if not parts:
+        raise InputError(f"--gpu={arg!r}: empty; give {ACCEPTED_GPU_FORMS}")
+    return tuple(resolve_gpu(p) for p in parts)
+
+
+def gpu_of_size(text: str) -> Gpu:
+    """An anonymous GPU with exactly ``parse_size(text)`` bytes, named after the size."""
+    n_bytes = parse_size(text)
+    if n_bytes <= 0:
+        raise InputError(f"--gpu={text!r}: the size must be positive")
+    name = re.sub(r"\s+", "", text).lower()
+    return Gpu(
+        name=name,
+        display_name=f"{text.strip()} device",
+        vendor="unknown",
+        architecture="unknown",
+        memory_bytes=n_bytes,
+        memory_source=f"given as {text.strip()!r}",
+        note="a plain size: all of it counts as device memory (what nvidia-smi would show as total)",
+    )

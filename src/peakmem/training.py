@@ -1,0 +1,103 @@
+"""What a training job is: precision, optimizer, adapter, checkpointing, shapes.
+
+Names follow what people run (DESIGN.md): ``amp-*`` is PyTorch autocast as HF Trainer uses it,
+``mixed-*`` keeps 16-bit weights and gradients plus fp32 master weights (DeepSpeed, Megatron),
+``bf16`` is pure bf16 weights, gradients and optimizer states (torchtune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from peakmem.errors import InputError, require
+
+
+class _Choice(str, Enum):
+    """An enum parsed from its CLI spelling with an error that lists the choices."""
+
+    @classmethod
+    def parse(cls, value: str, field: str) -> _Choice:
+        for member in cls:
+            if member.value == value.lower():
+                return member
+        choices = ", ".join(m.value for m in cls)
+        raise InputError(f"{field}={value!r}: unknown; choose one of {choices}")
+
+
+class Precision(_Choice):
+    FP32 = "fp32"
+    AMP_BF16 = "amp-bf16"
+    AMP_FP16 = "amp-fp16"
+    MIXED_BF16 = "mixed-bf16"
+    MIXED_FP16 = "mixed-fp16"
+    BF16 = "bf16"
+
+
+class OptimizerName(_Choice):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd-momentum"
+    ADAFACTOR = "adafactor"
+    LION = "lion"
+
+
+class OptimizerImpl(_Choice):
+    FOREACH = "foreach"  # torch default on CUDA: multi-tensor kernels, temporaries per group
+    FUSED = "fused"  # one kernel, no temporaries
+    FOR_LOOP = "for-loop"  # one parameter at a time
+
+
+class Checkpointing(_Choice):
+    NONE = "none"
+    SELECTIVE = "selective"  # Korthikanti et al. 2022: recompute attention's core only
+    FULL = "full"  # gradient_checkpointing_enable(): keep only each layer's input
+
+
+class AttentionKernel(_Choice):
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH = "flash"
+
+
+class Method(_Choice):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Framework(_Choice):
+    HF = "hf"  # transformers model code and loss, HF Trainer / plain PyTorch loop
+    TORCHTUNE = "torchtune"  # torchtune's own model code and loss
+
+
+class KernelPolicy(_Choice):
+    """Which device's kernels decide the bytes (DESIGN.md: CUDA by default)."""
+
+    CUDA = "cuda"
+    CPU = "cpu"  # CPU autocast keeps softmax/norms in bf16; SDPA math kernel with dropout
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSetup:
+    method: Method = Method.FULL
+    precision: Precision = Precision.MIXED_BF16
+    optimizer: OptimizerName = OptimizerName.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    micro_batch: int = 1
+    seq_len: int = 2048
+    grad_accum: int = 1
+    checkpointing: Checkpointing = Checkpointing.NONE
+    attention: AttentionKernel = AttentionKernel.SDPA
+    framework: Framework = Framework.HF
+    kernel_policy: KernelPolicy = KernelPolicy.CUDA
+
+    def __post_init__(self) -> None:
+        require(self.micro_batch > 0, "batch", self.micro_batch, "must be a positive integer")
+        require(self.seq_len > 0, "seq", self.seq_len, "must be a positive integer")
+        require(self.grad_accum > 0, "grad_accum", self.grad_accum, "must be a positive integer")
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len

@@ -1,0 +1,25 @@
+"""``peakmem serve``: a JSON API and one static page, served locally (optional extra: ``peakmem[web]``).
+
+FastAPI and uvicorn are imported only by :mod:`peakmem.web.app`; ``import peakmem.web`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+def create_app() -> Any:
+    """The FastAPI application (imports FastAPI)."""
+    from peakmem.web.app import create_app as _create
+
+    return _create()
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, open_browser: bool = False) -> None:
+    """Run the server until interrupted (imports FastAPI and uvicorn)."""
+    from peakmem.web.app import serve as _serve
+
+    _serve(host=host, port=port, open_browser=open_browser)

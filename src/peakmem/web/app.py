@@ -1,0 +1,570 @@
+"""The JSON API behind ``peakmem serve``, and the static page it serves.
+
+Endpoints (schema at ``/openapi.json``, read offline at ``/docs``):
+
+- ``POST /api/train``: the CLI's ``peakmem train --json`` object, plus ``headline`` (the one-line
+  answer) and ``chart`` (the stacked bars of :func:`peakmem.plot.chart_json`);
+- ``POST /api/infer``: the same for an inference job;
+- ``POST /api/fit``: per GPU, whether the job fits, the largest batch and sequence length that fit,
+  and the changes (the estimator's "ways to bring it down") that make it fit;
+- ``GET /api/models``, ``GET /api/gpus``: the catalogs, as ``peakmem models|gpus --json``.
+
+A model is a catalog name (``model``) or a pasted ``config.json`` object (``config``); the server
+never reads paths or fetches from the network. Bad input is answered 422 (an unknown model or
+GPU 404, with suggestions) with ``{"error": one line, "field": the field, "detail": [...]}``;
+a body over :data:`MAX_BODY_BYTES` is answered 413 before it is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import webbrowser
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from peakmem import __version__
+from peakmem.errors import PeakmemError, UnknownNameError
+from peakmem.inference import Engine, KvDtype
+from peakmem.training import (
+    AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
+)  # fmt: skip
+from peakmem.units import MiB, fmt_count
+
+STATIC_DIR = Path(__file__).with_name("static")
+
+# --- limits: what the API accepts (each far beyond any real job, small enough to answer fast) ------
+MAX_BODY_BYTES = 1 * MiB  # a config.json is a few KiB; the largest in the catalog is under 10 KiB
+MAX_DRAIN_BYTES = 64 * MiB  # an oversized body is read (and dropped) up to this, so the client sees 413
+MAX_BATCH = 2**16
+MAX_SEQ = 2**24  # 16 M tokens; the longest catalog context is 10 M (Llama 4 Scout)
+MAX_GRAD_ACCUM = 2**16
+MAX_TP = 1024
+MAX_GPUS_PER_REQUEST = 16
+MAX_NAME_LEN = 200
+# A pasted config: no integer above MAX_CONFIG_INT (hidden sizes are < 2**15, vocabularies < 2**19,
+# contexts < 2**24), at most MAX_CONFIG_LAYERS layers (the deepest catalog model has 126), and at
+# most MAX_PARAMS parameters in all (the largest published models have about 2 T).
+MAX_CONFIG_INT = 2**24
+MAX_CONFIG_LAYERS = 1024
+MAX_PARAMS = 10**13
+LAYER_KEYS = frozenset({
+    "num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "num_encoder_layers",
+})  # fmt: skip
+# Integers that are not sizes (token ids, seeds, RoPE bases): never bounded.
+UNBOUNDED_KEY_PARTS = ("token_id", "theta", "seed", "base")
+
+
+class ApiError(Exception):
+    """An error answered as JSON: status, the field it concerns, one line."""
+
+    def __init__(self, status: int, field: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message
+        self.extra = extra
+
+
+# --- request models --------------------------------------------------------------------------------
+GpuArg = Annotated[str, Field(min_length=1, max_length=64, description="a catalog GPU name or a size: 24GB")]
+
+
+class ModelChoice(BaseModel):
+    """Exactly one of ``model`` (a catalog name) or ``config`` (a pasted config.json object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        None, min_length=1, max_length=MAX_NAME_LEN, description="catalog name or alias", examples=["gpt2-xl"]
+    )
+    config: dict[str, Any] | None = Field(None, description="a Hugging Face config.json object")
+    name: str | None = Field(None, max_length=MAX_NAME_LEN, description="a display name for a pasted config")
+    gpus: list[GpuArg] = Field(
+        default_factory=list, max_length=MAX_GPUS_PER_REQUEST, description="GPUs to check: names or sizes",
+        examples=[["rtx-4090", "a100-40gb"]],
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _one_model(self) -> ModelChoice:
+        if (self.model is None) == (self.config is None):
+            raise ValueError("give exactly one of model (a catalog name) or config (a config.json object)")
+        return self
+
+
+class TrainRequest(ModelChoice):
+    method: Method = Method.FULL
+    precision: Precision = Precision.MIXED_BF16
+    optimizer: OptimizerName = OptimizerName.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    batch: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batch size per GPU")
+    seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="sequence length; default min(context, 2048)")
+    grad_accum: int = Field(1, ge=1, le=MAX_GRAD_ACCUM)
+    checkpointing: Checkpointing = Checkpointing.NONE
+    attention: AttentionKernel = AttentionKernel.SDPA
+    framework: Framework = Framework.HF
+    ways: bool = Field(True, description="also estimate the ways to bring it down")
+
+
+class InferRequest(ModelChoice):
+    weights: str = Field("bf16", min_length=1, max_length=40, description="bf16, fp8, nf4, gptq-4bit-g128, ...")
+    kv_cache: KvDtype = KvDtype.AUTO
+    batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")
+    context: int | None = Field(None, ge=1, le=MAX_SEQ, description="prompt + generated tokens per sequence")
+    prompt: int | None = Field(None, ge=1, le=MAX_SEQ)
+    engine: Engine = Engine.HF
+    tp: int = Field(1, ge=1, le=MAX_TP)
+
+
+class FitRequest(TrainRequest):
+    gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
+
+
+# --- response models -------------------------------------------------------------------------------
+class EstimateResponse(BaseModel):
+    """``peakmem train|infer --json`` (every key of it, ``verdicts`` and ``ways_down`` included when
+    present), plus ``headline`` and ``chart``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str
+    job: str
+    model: dict[str, Any]
+    setup: dict[str, Any]
+    bytes_per_param: list[dict[str, Any]]
+    model_state_bytes: int
+    breakdown: dict[str, int]
+    phases: dict[str, int]
+    peak_phase: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_total_bytes: int
+    assumptions: list[str]
+    headline: str
+    chart: list[dict[str, Any]]
+
+
+class Change(BaseModel):
+    change: str
+    device_total_bytes: int
+    headroom_bytes: int
+
+
+class GpuFit(BaseModel):
+    gpu: str
+    display_name: str
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int
+    max_batch: int = Field(description="largest micro-batch that fits at this seq (0: not even 1)")
+    max_seq: int = Field(description="largest sequence length that fits at this batch (0: not even 1)")
+    changes: list[Change] = Field(description="ways down that fit, closest to the asked setup first")
+
+
+class FitResponse(BaseModel):
+    headline: str
+    device_total_bytes: int
+    fits_any: bool
+    gpus: list[GpuFit]
+    estimate: EstimateResponse
+
+
+class ModelEntry(BaseModel):
+    name: str
+    family: str
+    hub_id: str
+    aliases: list[str]
+    source: str
+    params: int | None
+
+
+class GpuEntry(BaseModel):
+    name: str
+    display_name: str
+    vendor: str
+    memory_bytes: int
+    usable_bytes: int
+    aliases: list[str]
+    bf16_tflops: float | None
+    bandwidth_gbps: float | None
+    source: str
+
+
+# --- building blocks -------------------------------------------------------------------------------
+_FIELD = re.compile(r"^(?:config\.json: )?(?:missing key '([^']+)'|-*([A-Za-z_][\w.\-]*)=)")
+
+
+def field_of(error: Exception, default: str, prefix: str = "") -> str:
+    """The field an error message names (``batch=0: ...`` -> ``batch``), else ``default``."""
+    match = _FIELD.match(str(error))
+    if not match:
+        return default
+    return prefix + (match.group(1) or match.group(2)).replace("-", "_")
+
+
+def check_config_sizes(config: Mapping[str, Any], path: str = "config", depth: int = 0) -> None:
+    """Reject absurd sizes in a pasted config before building anything from it."""
+    for key, value in config.items():
+        where = f"{path}.{key}"
+        if isinstance(value, dict) and depth < 3:
+            check_config_sizes(value, where, depth + 1)
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if any(part in key for part in UNBOUNDED_KEY_PARTS):
+            continue
+        limit = MAX_CONFIG_LAYERS if key in LAYER_KEYS else MAX_CONFIG_INT
+        if value > limit:
+            raise ApiError(422, where, f"{where}={value}: too large; at most {limit:,} is accepted")
+
+
+def _spec(req: ModelChoice) -> Any:
+    from peakmem.catalog import find_model, unknown_model
+    from peakmem.resolve import resolve_model
+
+    if req.model is not None:
+        if find_model(req.model) is None:  # the server reads no paths and fetches nothing
+            raise unknown_model(req.model)
+        try:
+            return resolve_model(req.model)
+        except UnknownNameError:
+            raise
+        except PeakmemError as error:
+            raise ApiError(422, "model", str(error)) from error
+    from peakmem.hf import spec_from_config
+
+    assert req.config is not None
+    check_config_sizes(req.config)
+    raw_name = req.config.get("_name_or_path")
+    name = req.name or (raw_name if isinstance(raw_name, str) and raw_name else "pasted config.json")
+    try:
+        spec = spec_from_config(req.config, name=name)
+    except PeakmemError as error:
+        raise ApiError(422, field_of(error, "config", "config."), str(error)) from error
+    if spec.params > MAX_PARAMS:
+        raise ApiError(
+            422, "config", f"config: {fmt_count(spec.params)} parameters; at most {fmt_count(MAX_PARAMS)} accepted"
+        )
+    return spec
+
+
+def _gpus(names: list[str]) -> list[Any]:
+    from peakmem.resolve import resolve_gpu
+
+    out = []
+    for i, name in enumerate(names):
+        try:
+            out.append(resolve_gpu(name))
+        except UnknownNameError:
+            raise
+        except PeakmemError as error:
+            raise ApiError(422, f"gpus.{i}", str(error)) from error
+    return out
+
+
+def _verdicts(gpus: list[Any], needed: int) -> list[Any]:
+    from peakmem.render import Verdict
+
+    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
+
+
+def training_setup(req: TrainRequest, max_positions: int) -> Any:
+    """The TrainingSetup the CLI builds from the same options (seq defaults to min(context, 2048))."""
+    from peakmem.training import TrainingSetup
+
+    return TrainingSetup(
+        method=req.method,
+        precision=req.precision,
+        optimizer=req.optimizer,
+        optimizer_impl=req.optimizer_impl,
+        micro_batch=req.batch,
+        seq_len=req.seq if req.seq is not None else min(max_positions, 2048),
+        grad_accum=req.grad_accum,
+        checkpointing=req.checkpointing,
+        attention=req.attention,
+        framework=req.framework,
+    )
+
+
+def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list[tuple[str, Any]], list[Any]]:
+    """(response JSON, spec, setup, estimate, ways, gpus) for a training request."""
+    from peakmem.cli import _train_headline
+    from peakmem.estimate import estimate_training, ways_down
+    from peakmem.plot import chart_json
+    from peakmem.render import estimate_json
+
+    spec = _spec(req)
+    gpus = _gpus(req.gpus)
+    setup = training_setup(req, spec.max_position_embeddings)
+    est = estimate_training(spec, setup)
+    ways = list(ways_down(spec, setup)) if req.ways else []
+    out = estimate_json(est, _verdicts(gpus, est.device_total_bytes), ways)
+    out["headline"] = _train_headline(spec, setup, est)
+    out["chart"] = chart_json(est, ways)
+    return out, spec, setup, est, ways, gpus
+
+
+def infer_answer(req: InferRequest) -> dict[str, Any]:
+    from peakmem.cli import _fits_on
+    from peakmem.formulas.serving import estimate_inference
+    from peakmem.inference import InferenceSetup
+    from peakmem.plot import chart_json
+    from peakmem.render import estimate_json
+    from peakmem.units import fmt_both
+
+    spec = _spec(req)
+    gpus = _gpus(req.gpus)
+    setup = InferenceSetup(
+        weights=req.weights, kv_cache=req.kv_cache, batch=req.batch, context=req.context, prompt=req.prompt,
+        engine=req.engine, tp=req.tp, gpu_bytes=gpus[0].usable_bytes if gpus else None,
+    )  # fmt: skip
+    est = estimate_inference(spec, setup)
+    out = estimate_json(est, _verdicts(gpus, est.device_total_bytes))
+    out["headline"] = (
+        f"{spec.name} inference ({setup.weight_format.name} weights, {setup.engine.value}, batch {setup.batch}) "
+        f"needs ≈ {fmt_both(est.device_total_bytes)}; {_fits_on(est.device_total_bytes)}."
+    )
+    out["chart"] = chart_json(est)
+    return out
+
+
+def fit_answer(req: FitRequest) -> dict[str, Any]:
+    from peakmem.estimate import estimate_training
+    from peakmem.plot import limits
+
+    out, spec, setup, est, ways, gpus = train_answer(req)
+    batch_fit = limits(spec, setup, gpus, "batch", estimator=estimate_training)
+    seq_fit = limits(spec, setup, gpus, "seq", estimator=estimate_training)
+    rows = []
+    for g in gpus:
+        fitting = sorted(
+            ((label, w) for label, w in ways if w.device_total_bytes <= g.usable_bytes),
+            key=lambda lw: -lw[1].device_total_bytes,
+        )
+        rows.append({
+            "gpu": g.name, "display_name": g.display_name, "capacity_bytes": g.usable_bytes,
+            "fits": est.device_total_bytes <= g.usable_bytes,
+            "headroom_bytes": g.usable_bytes - est.device_total_bytes,
+            "max_batch": batch_fit[g.name], "max_seq": seq_fit[g.name],
+            "changes": [
+                {"change": label, "device_total_bytes": w.device_total_bytes,
+                 "headroom_bytes": g.usable_bytes - w.device_total_bytes}
+                for label, w in fitting
+            ],
+        })  # fmt: skip
+    return {
+        "headline": out["headline"],
+        "device_total_bytes": est.device_total_bytes,
+        "fits_any": any(r["fits"] for r in rows),
+        "gpus": rows,
+        "estimate": out,
+    }
+
+
+@cache
+def model_entries() -> list[dict[str, Any]]:
+    from peakmem.catalog import MODELS
+    from peakmem.hf import spec_from_config
+
+    out = []
+    for m in MODELS:
+        try:
+            params: int | None = spec_from_config(m.config, name=m.name).params
+        except PeakmemError:
+            params = None
+        out.append({"name": m.name, "family": m.family, "hub_id": m.hub_id, "aliases": list(m.aliases),
+                    "source": m.source, "params": params})  # fmt: skip
+    return out
+
+
+def gpu_entries() -> list[dict[str, Any]]:
+    from peakmem.catalog import GPUS
+
+    return [
+        {"name": g.name, "display_name": g.display_name, "vendor": g.vendor, "memory_bytes": g.memory_bytes,
+         "usable_bytes": g.usable_bytes, "aliases": list(g.aliases), "bf16_tflops": g.bf16_tflops,
+         "bandwidth_gbps": g.bandwidth_gbps, "source": g.memory_source}
+        for g in GPUS
+    ]  # fmt: skip
+
+
+# --- errors ----------------------------------------------------------------------------------------
+def _error_response(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
+    detail = [{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}]
+    return JSONResponse(status_code=status, content={"error": message, "field": field, "detail": detail, **extra})
+
+
+def _validation_response(error: RequestValidationError) -> JSONResponse:
+    detail = []
+    for e in error.errors():
+        loc = [str(part) for part in e.get("loc", ())]
+        detail.append({"loc": loc, "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+    first = detail[0] if detail else {"loc": ["body"], "msg": "invalid request"}
+    field = ".".join(part for part in first["loc"] if part != "body") or "body"
+    message = f"{field}: {first['msg']}"
+    return JSONResponse(status_code=422, content={"error": message, "field": field, "detail": detail})
+
+
+def _peakmem_response(error: PeakmemError, field: str) -> JSONResponse:
+    if isinstance(error, UnknownNameError):
+        kind_field = "gpus" if error.kind == "gpu" else "model"
+        return _error_response(404, kind_field, str(error), suggestions=error.suggestions)
+    return _error_response(422, field_of(error, field), str(error))
+
+
+# --- the body limit --------------------------------------------------------------------------------
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class BodyLimit:
+    """ASGI middleware: the body is read first, up to ``limit`` bytes; a longer one (by its
+    Content-Length or as it streams in) is answered 413 and never reaches the application. The
+    excess is read and dropped (up to MAX_DRAIN_BYTES) so that the client gets the answer."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._drain(receive, 0)
+            await self._reject(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            more = bool(message.get("more_body", False))
+            if size > self.limit:
+                if more:
+                    await self._drain(receive, size)
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Receive, seen: int) -> None:
+        more = True
+        while more and seen <= MAX_DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            seen += len(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+
+    async def _reject(self, send: Send) -> None:
+        message = f"request body over {self.limit:,} bytes; a config.json is a few KiB"
+        body = json.dumps({"error": message, "field": "body",
+                           "detail": [{"loc": ["body"], "msg": message, "type": "too_large"}]}).encode()  # fmt: skip
+        await send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+# --- the application -------------------------------------------------------------------------------
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="peakmem",
+        version=__version__,
+        description="How much GPU memory an LLM job takes, where every byte goes, and what makes it fit.",
+        docs_url=None,  # FastAPI's docs pages load their scripts from a CDN; /docs is served locally
+        redoc_url=None,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(_request: Request, error: RequestValidationError) -> JSONResponse:
+        return _validation_response(error)
+
+    @app.exception_handler(ApiError)
+    async def _on_api_error(_request: Request, error: ApiError) -> JSONResponse:
+        return _error_response(error.status, error.field, error.message, **error.extra)
+
+    @app.exception_handler(PeakmemError)
+    async def _on_peakmem_error(_request: Request, error: PeakmemError) -> JSONResponse:
+        return _peakmem_response(error, "body")
+
+    @app.post("/api/train", response_model=EstimateResponse, tags=["estimate"])
+    def api_train(req: TrainRequest) -> dict[str, Any]:
+        """GPU memory to train a model: the CLI's `peakmem train --json`, plus headline and chart."""
+        return train_answer(req)[0]
+
+    @app.post("/api/infer", response_model=EstimateResponse, tags=["estimate"])
+    def api_infer(req: InferRequest) -> dict[str, Any]:
+        """GPU memory to serve a model: the CLI's `peakmem infer --json`, plus headline and chart."""
+        return infer_answer(req)
+
+    @app.post("/api/fit", response_model=FitResponse, tags=["estimate"])
+    def api_fit(req: FitRequest) -> dict[str, Any]:
+        """Per GPU: does it fit, the largest batch and seq that fit, and the changes that make it fit."""
+        return fit_answer(req)
+
+    @app.get("/api/models", response_model=list[ModelEntry], tags=["catalog"])
+    def api_models() -> list[dict[str, Any]]:
+        """The model catalog (as `peakmem models --json`, with parameter counts)."""
+        return model_entries()
+
+    @app.get("/api/gpus", response_model=list[GpuEntry], tags=["catalog"])
+    def api_gpus() -> list[dict[str, Any]]:
+        """The GPU catalog (as `peakmem gpus --json`)."""
+        return gpu_entries()
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Content-Security-Policy": CSP})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> FileResponse:
+        return FileResponse(STATIC_DIR / "docs.html", headers={"Content-Security-Policy": CSP})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = False) -> None:
+    """Run the API and the page until interrupted."""
+    import uvicorn
+
+    url = f"http://{host}:{port}/"
+    print(f"peakmem {__version__}: serving {url} (API docs: {url}docs); Ctrl-C stops", flush=True)
+    if open_browser:
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")

@@ -1,0 +1,101 @@
+"""The command line as a new user meets it: answers, JSON, and one-line errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from peakmem.cli import main
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point in a subprocess: what a user sees, tracebacks included."""
+    return subprocess.run(
+        [sys.executable, "-m", "peakmem", *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert "peakmem 0.1.0" in capsys.readouterr().out
+
+
+def test_info_gpt2_xl_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "gpt2-xl", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["params"] == 1_557_611_200
+    assert sum(info["params_by_component"].values()) == info["params"]
+
+
+def test_info_gpt2_xl_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "gpt2-xl"]) == 0
+    out = capsys.readouterr().out
+    assert "1,557,611,200" in out
+    assert "attention" in out and "mlp" in out
+
+
+def test_info_from_config_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from peakmem.catalog import get_model
+
+    cfg = dict(get_model("gpt2-xl").config)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for arg in (tmp_path / "config.json", tmp_path):
+        assert main(["info", str(arg), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["params"] == 1_557_611_200
+
+
+def test_models_and_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    assert len(models) >= 40
+    assert main(["gpus", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert len(gpus) >= 25
+    assert all(g["memory_bytes"] > 0 for g in gpus)
+
+
+def test_typo_in_model_name_suggests() -> None:
+    assert_one_line_error(run("info", "gpt2-xxl"), 3, "gpt2-xxl", "did you mean", "gpt2-xl")
+
+
+def test_config_that_is_not_json(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    assert_one_line_error(run("info", str(bad)), 2, "config.json")
+
+
+def test_config_missing_hidden_size(tmp_path: Path) -> None:
+    from peakmem.catalog import get_model
+
+    cfg = dict(get_model("llama-2-7b").config)
+    del cfg["hidden_size"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert_one_line_error(run("info", str(path)), 2, "hidden_size")
+
+
+def test_negative_seq_names_the_field() -> None:
+    assert_one_line_error(run("train", "gpt2-xl", "--seq", "-5"), 2, "seq", "-5")
+
+
+def test_unknown_gpu_suggests() -> None:
+    assert_one_line_error(run("train", "gpt2-xl", "--gpu", "rtx-4900"), 3, "rtx-4900", "did you mean")
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    assert_one_line_error(run("info", "gpt2-xl", "--bogus"), 2, "--bogus")

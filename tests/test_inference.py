@@ -1,0 +1,208 @@
+"""InferenceSetup validation and estimate_inference per engine, derived by hand on tiny specs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _infer_specs import DEEPSEEK_V3, LLAMA_3_8B, MISTRAL_7B, QWEN3, build_spec, tiny
+from peakmem.breakdown import Category, Phase
+from peakmem.errors import InputError
+from peakmem.formulas.serving import (
+    CUDA_CONTEXT_BYTES,
+    VLLM_MAX_NUM_BATCHED_TOKENS,
+    estimate_inference,
+    max_concurrent,
+    max_context,
+)
+from peakmem.formulas.weights import weight_bytes
+from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
+from peakmem.units import GiB, MiB
+
+# tiny(): 2 layers, hidden 64, 4 heads, 2 KV heads x 16, vocab 128, MLP 128, untied, bf16
+TINY_PARAMS = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64
+TINY_KV_PER_TOKEN = 2 * 2 * 16 * 2 * 2  # layers x kv heads x head_dim x (K, V) x 2 bytes
+# per token and layer: MLP act, up and product 3 x 128 x 2 B, plus residual stream 2 x 64 x 2 B
+TINY_LAYER_PER_TOKEN = 3 * 128 * 2 + 2 * 64 * 2
+
+
+def test_setup_validation_names_field_and_value() -> None:
+    with pytest.raises(InputError, match="batch=0"):
+        InferenceSetup(batch=0)
+    with pytest.raises(InputError, match="engine='tgi'"):
+        InferenceSetup(engine="tgi")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"weights='q4_k_m'.*llama\.cpp"):
+        InferenceSetup(weights="q4_k_m", engine=Engine.VLLM)
+    with pytest.raises(InputError, match=r"weights='awq'.*llama\.cpp"):
+        InferenceSetup(weights="awq", engine=Engine.LLAMACPP)
+    with pytest.raises(InputError, match="kv_cache='int4'"):
+        InferenceSetup(engine=Engine.VLLM, kv_cache=KvDtype.INT4)
+    with pytest.raises(InputError, match="n_gpu_layers=10"):
+        InferenceSetup(n_gpu_layers=10)
+    with pytest.raises(InputError, match="prompt=10"):
+        InferenceSetup(context=5, prompt=10)
+    assert InferenceSetup(engine="vllm", kv_cache="fp8").kv_cache is KvDtype.FP8  # type: ignore[arg-type]
+
+
+def test_context_beyond_limit_warns_or_errors() -> None:
+    spec = tiny(max_pos=1024)
+    est = estimate_inference(spec, InferenceSetup(context=4096))
+    assert any("beyond the model's limit" in a for a in est.assumptions)
+    with pytest.raises(
+        InputError, match="context=4096: beyond the model's limit max_position_embeddings=1024"
+    ):
+        estimate_inference(spec, InferenceSetup(context=4096, strict=True))
+
+
+def test_hf_generate_hand_derived() -> None:
+    spec = tiny()
+    weights = TINY_PARAMS * 2
+    est = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2))
+    prefill = weights + 60 * 2 * TINY_KV_PER_TOKEN + 2 * 60 * TINY_LAYER_PER_TOKEN
+    grow = 99 * 2 * TINY_KV_PER_TOKEN // 2  # one layer's cache copied by torch.cat
+    logits = 2 * 128 * (2 + 4 + 4) + 2 * TINY_LAYER_PER_TOKEN
+    decode = weights + 100 * 2 * TINY_KV_PER_TOKEN + grow + logits
+    phases = {p.phase: p.bytes for p in est.phases}
+    assert phases == {Phase.PREFILL: prefill, Phase.DECODE: decode}
+    assert est.peak_phase is Phase.PREFILL and est.peak_allocated_bytes == prefill
+    assert est.extra["steady_state_bytes"] == weights + 100 * 2 * TINY_KV_PER_TOKEN
+    assert est.extra["kv_bytes_per_token"] == TINY_KV_PER_TOKEN
+    assert est.device_total_bytes >= est.peak_reserved_bytes + CUDA_CONTEXT_BYTES
+    assert est.job == "infer" and est.method == "analytic" and est.trainable_params == 0
+    cats = est.by_category()
+    assert cats[Category.PARAMETERS] == weights and cats[Category.KV_CACHE] == 60 * 2 * TINY_KV_PER_TOKEN
+
+
+def test_keep_all_logits_counts_every_position() -> None:
+    spec = tiny(vocab=50_000)
+    base = estimate_inference(spec, InferenceSetup(context=64))
+    full = estimate_inference(spec, InferenceSetup(context=64, keep_all_logits=True))
+    assert full.phases[0].bytes - base.phases[0].bytes == 63 * 50_000 * 2
+
+
+def test_llama3_8b_extra_and_qwen3_8b_steady_state() -> None:
+    est = estimate_inference(build_spec(LLAMA_3_8B), InferenceSetup(context=8192))
+    assert est.extra["kv_bytes_per_token"] == 131_072
+    assert est.extra["kv_cache_kind"] == "standard"
+    q = build_spec(QWEN3["qwen3-8b"])
+    est = estimate_inference(q, InferenceSetup(context=32768, prompt=30720))
+    assert est.extra["steady_state_bytes"] == q.params * 2 + 32768 * 147_456
+
+
+def test_mistral_window_caps_hf_cache() -> None:
+    est = estimate_inference(build_spec(MISTRAL_7B), InferenceSetup(context=32768, prompt=16))
+    kv = next(p for p in est.phases if p.phase is Phase.DECODE).items[1]
+    assert kv.category is Category.KV_CACHE and kv.bytes == 131_072 * 4096
+
+
+def test_deepseek_v3_cache_kind_is_reported() -> None:
+    spec = build_spec(DEEPSEEK_V3)
+    vllm = estimate_inference(spec, InferenceSetup(engine=Engine.VLLM, weights="fp8", context=4096))
+    assert vllm.extra["kv_cache_kind"] == "latent"
+    assert vllm.extra["kv_bytes_per_token"] == 61 * 576 * 2
+    hf = estimate_inference(spec, InferenceSetup(context=4096))
+    assert hf.extra["kv_cache_kind"] == "latent"  # transformers 5.x caches kv_nope, k_rot
+    assert any("transformers 4.x cached expanded" in a for a in hf.assumptions)
+    old = estimate_inference(spec, InferenceSetup(context=4096, mla_cache="expanded"))
+    assert old.extra["kv_cache_kind"] == "expanded"
+    assert old.extra["kv_bytes_per_token"] == 61 * 128 * (192 + 128) * 2
+
+
+def test_vllm_pool_and_concurrency() -> None:
+    spec = tiny()
+    gpu = 1 * GiB
+    est = estimate_inference(spec, InferenceSetup(engine=Engine.VLLM, context=100, gpu_bytes=gpu))
+    budget = int(gpu * 0.9)
+    activations = VLLM_MAX_NUM_BATCHED_TOKENS * TINY_LAYER_PER_TOKEN
+    pool = budget - TINY_PARAMS * 2 - activations - CUDA_CONTEXT_BYTES
+    per_seq = 112 * TINY_KV_PER_TOKEN  # 100 tokens in 16-token blocks
+    assert est.extra["kv_pool_bytes"] == pool
+    assert est.extra["kv_bytes_per_sequence"] == per_seq
+    assert est.extra["max_concurrent_sequences"] == pool // per_seq
+    assert est.device_total_bytes == budget
+    setup = InferenceSetup(engine=Engine.VLLM, context=100)
+    assert max_concurrent(spec, setup, gpu) == pool // per_seq
+
+
+def test_vllm_does_not_start_when_one_sequence_does_not_fit() -> None:
+    spec = build_spec(LLAMA_3_8B)
+    est = estimate_inference(spec, InferenceSetup(engine=Engine.VLLM, context=8192, gpu_bytes=16 * GiB))
+    assert est.extra["max_concurrent_sequences"] == 0
+    assert any("does not start" in a for a in est.assumptions)
+
+
+def test_llamacpp_partial_offload() -> None:
+    spec = tiny()
+    fmt = parse_weight_format("q8_0")
+    total = weight_bytes(spec, fmt)
+    full = estimate_inference(spec, InferenceSetup(engine=Engine.LLAMACPP, weights="q8_0", context=256))
+    half = estimate_inference(
+        spec, InferenceSetup(engine=Engine.LLAMACPP, weights="q8_0", context=256, n_gpu_layers=1)
+    )
+    assert full.extra["gpu_layers"] == 2 and full.extra["output_on_gpu"] is True
+    assert half.extra["gpu_layers"] == 1 and half.extra["output_on_gpu"] is False
+    # KV: n_ctx 256 (a multiple of 256), half of the layers on the GPU
+    assert full.items[1].bytes == 256 * TINY_KV_PER_TOKEN
+    assert half.items[1].bytes == 256 * TINY_KV_PER_TOKEN // 2
+    # every weight byte is either on the GPU or in CPU RAM
+    assert half.items[0].bytes + half.extra["cpu_weight_bytes"] == total  # type: ignore[operator]
+    assert full.extra["cpu_weight_bytes"] == 128 * 64 // 32 * 34  # token embeddings stay on the CPU (Q8_0)
+    # compute buffer: fp32 logits and hidden for one 256-token ubatch
+    assert full.items[2].bytes == 256 * 4 * (128 + 64)
+
+
+def test_tensor_parallel_halves_kv_and_weights() -> None:
+    spec = build_spec(LLAMA_3_8B)
+    one = estimate_inference(spec, InferenceSetup(context=8192))
+    two = estimate_inference(spec, InferenceSetup(context=8192, tp=2))
+    assert two.extra["kv_bytes_per_token"] == 65_536
+    w1, w2 = one.by_category()[Category.PARAMETERS], two.by_category()[Category.PARAMETERS]
+    norms = (2 * 32 + 1) * 4096 * 2  # replicated
+    assert w2 == (w1 - norms) // 2 + norms
+
+
+def test_fit_limits_are_tight() -> None:
+    spec = build_spec(QWEN3["qwen3-8b"])
+    setup = InferenceSetup(batch=2)
+    gpu = 24 * GiB
+    ctx = max_context(spec, setup, gpu)
+    assert 0 < ctx < spec.max_position_embeddings
+    fits = estimate_inference(spec, InferenceSetup(batch=2, context=ctx)).device_total_bytes
+    over = estimate_inference(spec, InferenceSetup(batch=2, context=ctx + 1)).device_total_bytes
+    assert fits <= gpu < over
+    n = max_concurrent(spec, InferenceSetup(context=4096), gpu)
+    assert estimate_inference(spec, InferenceSetup(context=4096, batch=n)).device_total_bytes <= gpu
+    assert estimate_inference(spec, InferenceSetup(context=4096, batch=n + 1)).device_total_bytes > gpu
+    assert max_context(spec, setup, 8 * GiB) == 0  # 16 GB of weights
+
+
+VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published-measurements.json"
+
+
+@pytest.mark.skipif(not VALIDATION.exists(), reason="shared/validation not present")
+def test_qwen3_speed_benchmark_within_5_percent() -> None:
+    # Qwen3 docs speed benchmark (transformers generate, bf16, batch 1, input L + 2048 new tokens):
+    # memory held after generation = weights + KV cache (benchmarks/accuracy_infer.py has the table).
+    points = [p for p in json.loads(VALIDATION.read_text()) if str(p["id"]).startswith("QWEN3-INF")]
+    assert len(points) == 28
+    for p in points:
+        spec = build_spec(QWEN3[str(p["model"]).lower()])
+        ctx = int(p["seq_len"])
+        est = estimate_inference(spec, InferenceSetup(context=ctx, prompt=ctx - 2048))
+        measured = float(p["value"]) * MiB
+        assert abs(int(est.extra["steady_state_bytes"]) / measured - 1) < 0.05, p["id"]  # type: ignore[call-overload]
+
+
+def test_llamacpp_windows_only_for_interleaved_layers() -> None:
+    # Mistral-7B v0.1 (uniform window) keeps all n_ctx tokens in llama.cpp
+    mistral = estimate_inference(
+        build_spec(MISTRAL_7B), InferenceSetup(engine=Engine.LLAMACPP, weights="q4_k_m", context=8192)
+    )
+    assert mistral.items[1].bytes == 131_072 * 8192
+    # Gemma-2-like local/global: the local layer keeps its window (8), the global one n_ctx (256)
+    gemma = estimate_inference(
+        tiny(layer_windows=[8, None]), InferenceSetup(engine=Engine.LLAMACPP, weights="f16", context=200)
+    )
+    assert gemma.items[1].bytes == (8 + 256) * TINY_KV_PER_TOKEN // 2

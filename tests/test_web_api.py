@@ -1,0 +1,252 @@
+"""The JSON API: the same numbers as the CLI's --json, validated input, errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from peakmem.cli import main  # noqa: E402
+from peakmem.web import app as web  # noqa: E402
+
+EXTRA_KEYS = {"headline", "chart"}  # what the API adds to the CLI's --json
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with TestClient(web.create_app()) as c:
+        yield c
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code = main([*argv, "--json"])
+    assert code in (0, 1)
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def gpt2_xl_config() -> dict[str, Any]:
+    from peakmem.catalog import get_model
+
+    return dict(get_model("gpt2-xl").config)
+
+
+@pytest.mark.parametrize(
+    ("body", "argv"),
+    [
+        ({"model": "gpt2-xl"}, ["gpt2-xl"]),
+        ({"model": "gpt2-xl", "gpus": ["rtx-4090", "a100-40gb", "24GB"]}, ["gpt2-xl", "--gpu", "rtx-4090,a100-40gb,24GB"]),
+        (
+            {"model": "gpt2-xl", "batch": 4, "seq": 512, "grad_accum": 8, "checkpointing": "full", "method": "lora",
+             "precision": "amp-bf16", "optimizer": "sgd-momentum", "attention": "eager"},
+            ["gpt2-xl", "--batch", "4", "--seq", "512", "--grad-accum", "8", "--checkpointing", "full",
+             "--method", "lora", "--precision", "amp-bf16", "--optimizer", "sgd-momentum", "--attention", "eager"],
+        ),
+        ({"model": "llama-3.1-8b", "batch": 2, "gpus": ["h100-sxm"]}, ["llama-3.1-8b", "--batch", "2", "--gpu", "h100-sxm"]),
+    ],
+)  # fmt: skip
+def test_train_equals_cli_json(
+    client: TestClient, capsys: pytest.CaptureFixture[str], body: dict[str, Any], argv: list[str]
+) -> None:
+    resp = client.post("/api/train", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    expected = cli_json(capsys, "train", *argv)
+    assert set(got) == set(expected) | EXTRA_KEYS
+    assert {k: v for k, v in got.items() if k not in EXTRA_KEYS} == expected
+
+
+def test_headline_is_the_clis_first_line(client: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "gpt2-xl", "--batch", "2", "--markdown"]) == 0
+    first_line = capsys.readouterr().out.splitlines()[0]
+    got = client.post("/api/train", json={"model": "gpt2-xl", "batch": 2}).json()
+    assert got["headline"] == first_line
+    assert "gpt2-xl" in first_line
+
+
+def test_chart_bars_add_up_to_each_device_total(client: TestClient) -> None:
+    got = client.post("/api/train", json={"model": "gpt2-xl", "batch": 8}).json()
+    bars = got["chart"]
+    assert bars[0]["label"] == "as asked"
+    assert bars[0]["device_total_bytes"] == got["device_total_bytes"]
+    assert [b["label"] for b in bars[1:]] == [w["change"] for w in got.get("ways_down", [])]
+    assert [b["device_total_bytes"] for b in bars[1:]] == [w["device_total_bytes"] for w in got.get("ways_down", [])]
+    for bar in bars:
+        assert sum(s["bytes"] for s in bar["segments"]) == bar["device_total_bytes"]
+    segments = {s["key"]: s["bytes"] for s in bars[0]["segments"]}
+    for category, n in got["breakdown"].items():
+        assert segments[category] == n
+
+
+def test_pasted_config_gives_the_catalog_numbers(client: TestClient) -> None:
+    by_name = client.post("/api/train", json={"model": "gpt2-xl", "batch": 2}).json()
+    pasted = client.post("/api/train", json={"config": gpt2_xl_config(), "name": "my-gpt2", "batch": 2}).json()
+    assert pasted["model"]["name"] == "my-gpt2"
+    for key in ("device_total_bytes", "peak_allocated_bytes", "breakdown", "bytes_per_param"):
+        assert pasted[key] == by_name[key]
+
+
+def assert_error(resp: Any, status: int, field: str, *needles: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body: dict[str, Any] = resp.json()
+    assert body["field"] == field, body
+    assert "\n" not in body["error"]
+    for needle in needles:
+        assert needle in body["error"], body
+    assert body["detail"][0]["loc"][0] == "body"
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "needle"),
+    [
+        ({"model": "gpt2-xl", "batch": 0}, "batch", "greater than or equal to 1"),
+        ({"model": "gpt2-xl", "batch": web.MAX_BATCH + 1}, "batch", "less than or equal"),
+        ({"model": "gpt2-xl", "seq": -5}, "seq", "greater than or equal to 1"),
+        ({"model": "gpt2-xl", "batch": "four"}, "batch", "integer"),
+        ({"model": "gpt2-xl", "method": "dora"}, "method", "'full', 'lora' or 'qlora'"),
+        ({"model": "gpt2-xl", "precision": "fp8"}, "precision", "mixed-bf16"),
+        ({"model": "gpt2-xl", "checkpointing": "some"}, "checkpointing", "selective"),
+        ({"model": "gpt2-xl", "optimizer": "adamw8"}, "optimizer", "adamw"),
+        ({"model": "gpt2-xl", "attention": "paged"}, "attention", "flash"),
+        ({"model": "gpt2-xl", "gpus": [""]}, "gpus.0", "at least 1 character"),
+        ({"model": "gpt2-xl", "gpus": ["24GB"] * 17}, "gpus", "at most 16"),
+        ({"model": "gpt2-xl", "gpus": ["24"]}, "gpus.0", "needs a unit"),
+        ({"model": "gpt2-xl", "lr": 3e-4}, "lr", "Extra inputs"),
+        ({}, "body", "exactly one of model"),
+        ({"model": "gpt2-xl", "config": {"model_type": "gpt2"}}, "body", "exactly one of model"),
+        ({"config": "not an object"}, "config", "dictionary"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field(client: TestClient, body: dict[str, Any], field: str, needle: str) -> None:
+    assert_error(client.post("/api/train", json=body), 422, field, needle)
+
+
+def test_invalid_json_is_422(client: TestClient) -> None:
+    resp = client.post("/api/train", content=b'{"model": "gpt2-xl",', headers={"content-type": "application/json"})
+    assert resp.status_code == 422
+    assert "JSON" in resp.json()["error"]
+
+
+def test_unknown_names_are_404_with_suggestions(client: TestClient) -> None:
+    body = assert_error(client.post("/api/train", json={"model": "gpt2-xxl"}), 404, "model", "gpt2-xxl")
+    assert "gpt2-xl" in body["suggestions"]
+    body = assert_error(client.post("/api/train", json={"model": "gpt2-xl", "gpus": ["rtx-4091"]}), 404, "gpus")
+    assert "rtx-4090" in body["suggestions"]
+
+
+def test_server_reads_no_paths(client: TestClient, tmp_path: Any) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(gpt2_xl_config()))
+    for model in (str(tmp_path / "config.json"), str(tmp_path), "openai-community/not-there"):
+        assert client.post("/api/train", json={"model": model}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"n_embd": 10**9}, "config.n_embd"),
+        ({"n_layer": 10**6}, "config.n_layer"),
+        ({"vocab_size": 2**40}, "config.vocab_size"),
+        ({"n_embd": 2**23, "n_head": 2**10}, "config"),  # each size allowed, the total (5e15 parameters) not
+        ({"n_embd": "1600"}, "config.n_embd"),
+        ({"n_layer": 0}, "config.n_layer"),
+    ],
+)
+def test_bad_or_absurd_configs_are_422(client: TestClient, change: dict[str, Any], field: str) -> None:
+    config = {**gpt2_xl_config(), **change}
+    assert_error(client.post("/api/train", json={"config": config}), 422, field)
+
+
+def test_config_missing_a_key_names_it(client: TestClient) -> None:
+    config = {k: v for k, v in gpt2_xl_config().items() if k != "vocab_size"}
+    assert_error(client.post("/api/train", json={"config": config}), 422, "config.vocab_size", "vocab_size")
+    assert_error(client.post("/api/train", json={"config": {"hidden_size": 8}}), 422, "config.model_type")
+
+
+def test_body_over_the_limit_is_413(client: TestClient) -> None:
+    big = b'{"model": "gpt2-xl", "name": "' + b"x" * (10 * 1000 * 1000) + b'"}'
+    resp = client.post("/api/train", content=big, headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["field"] == "body"
+
+
+def test_fit_reports_verdicts_and_limits(client: TestClient) -> None:
+    from peakmem.catalog import get_gpu
+
+    resp = client.post("/api/fit", json={"model": "gpt2-xl", "gpus": ["rtx-4090", "a100-40gb", "h100-sxm"]})
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    total = got["device_total_bytes"]
+    assert total == got["estimate"]["device_total_bytes"]
+    rows = {r["gpu"]: r for r in got["gpus"]}
+    for name, row in rows.items():
+        capacity = get_gpu(name).usable_bytes
+        assert row["capacity_bytes"] == capacity
+        assert row["fits"] == (total <= capacity)
+        assert row["headroom_bytes"] == capacity - total
+        for change in row["changes"]:
+            assert change["device_total_bytes"] <= capacity
+        if row["max_batch"]:  # the largest batch fits, one more does not
+            at = client.post("/api/train", json={"model": "gpt2-xl", "batch": row["max_batch"]}).json()
+            assert at["device_total_bytes"] <= capacity
+            more = client.post("/api/train", json={"model": "gpt2-xl", "batch": row["max_batch"] + 1}).json()
+            assert more["device_total_bytes"] > capacity
+    assert got["fits_any"] == any(r["fits"] for r in rows.values())
+    assert_error(client.post("/api/fit", json={"model": "gpt2-xl"}), 422, "gpus")
+
+
+def test_infer(client: TestClient) -> None:
+    resp = client.post("/api/infer", json={"model": "gpt2-xl", "weights": "bf16", "batch": 4, "gpus": ["rtx-4090"]})
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    assert got["job"] == "infer"
+    assert got["verdicts"][0]["fits"] is True
+    assert got["chart"][0]["device_total_bytes"] == got["device_total_bytes"]
+    assert_error(client.post("/api/infer", json={"model": "gpt2-xl", "weights": "gptq-3bit-g7"}), 422, "weights")
+    assert_error(client.post("/api/infer", json={"model": "gpt2-xl", "engine": "tgi"}), 422, "engine")
+
+
+def test_catalogs_match_the_cli(client: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    models = client.get("/api/models").json()
+    assert main(["models", "--json"]) == 0
+    cli_models = json.loads(capsys.readouterr().out)
+    assert [{k: m[k] for k in cli_models[0]} for m in models] == cli_models
+    gpt2_xl = next(m for m in models if m["name"] == "gpt2-xl")
+    assert gpt2_xl["params"] == 1_557_611_200
+    gpus = client.get("/api/gpus").json()
+    assert main(["gpus", "--json"]) == 0
+    assert gpus == json.loads(capsys.readouterr().out)
+
+
+def test_openapi_and_pages(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    for path in ("/api/train", "/api/infer", "/api/fit", "/api/models", "/api/gpus"):
+        assert path in schema["paths"]
+    train = schema["components"]["schemas"]["TrainRequest"]["properties"]
+    assert train["batch"]["minimum"] == 1
+    assert set(schema["components"]["schemas"]["Method"]["enum"]) == {"full", "lora", "qlora"}
+    for url in ("/", "/docs"):
+        page = client.get(url)
+        assert page.status_code == 200
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert "http" not in page.text.replace('href="/', "")  # no CDN, no external resource
+    for name in ("app.js", "style.css", "docs.js"):
+        asset = client.get(f"/static/{name}")
+        assert asset.status_code == 200
+        assert "https://" not in asset.text and "http://" not in asset.text.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_field_of() -> None:
+    assert web.field_of(ValueError("batch=0: must be positive"), "x") == "batch"
+    assert web.field_of(ValueError("--gpu='9': needs a unit"), "x") == "gpu"
+    assert web.field_of(ValueError("config.json: missing key 'n_embd' (model_type=gpt2)"), "x", "config.") == (
+        "config.n_embd"
+    )
+    assert web.field_of(ValueError("something else"), "x") == "x"
