@@ -24,8 +24,10 @@ from peakmem.units import GiB, MiB
 # tiny(): 2 layers, hidden 64, 4 heads, 2 KV heads x 16, vocab 128, MLP 128, untied, bf16
 TINY_PARAMS = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64
 TINY_KV_PER_TOKEN = 2 * 2 * 16 * 2 * 2  # layers x kv heads x head_dim x (K, V) x 2 bytes
-# per token and layer: MLP act, up and product 3 x 128 x 2 B, plus residual stream 2 x 64 x 2 B
-TINY_LAYER_PER_TOKEN = 3 * 128 * 2 + 2 * 64 * 2
+# per token and layer: MLP act, up and product 3 x 128 x 2 B, plus the residual stream: 4 x 64 x 2 B
+# in transformers, 2 x 64 x 2 B in vLLM (fused add + norm)
+TINY_LAYER_PER_TOKEN = 3 * 128 * 2 + 4 * 64 * 2
+TINY_LAYER_PER_TOKEN_FUSED = 3 * 128 * 2 + 2 * 64 * 2
 
 
 def test_setup_validation_names_field_and_value() -> None:
@@ -115,7 +117,7 @@ def test_vllm_pool_and_concurrency() -> None:
     gpu = 1 * GiB
     est = estimate_inference(spec, InferenceSetup(engine=Engine.VLLM, context=100, gpu_bytes=gpu))
     budget = int(gpu * 0.9)
-    activations = VLLM_MAX_NUM_BATCHED_TOKENS * TINY_LAYER_PER_TOKEN
+    activations = VLLM_MAX_NUM_BATCHED_TOKENS * TINY_LAYER_PER_TOKEN_FUSED
     pool = budget - TINY_PARAMS * 2 - activations - CUDA_CONTEXT_BYTES
     per_seq = 112 * TINY_KV_PER_TOKEN  # 100 tokens in 16-token blocks
     assert est.extra["kv_pool_bytes"] == pool
@@ -206,3 +208,101 @@ def test_llamacpp_windows_only_for_interleaved_layers() -> None:
         tiny(layer_windows=[8, None]), InferenceSetup(engine=Engine.LLAMACPP, weights="f16", context=200)
     )
     assert gemma.items[1].bytes == (8 + 256) * TINY_KV_PER_TOKEN // 2
+
+
+def test_sglang_static_fraction_holds_weights_and_pool() -> None:
+    spec = tiny()
+    gpu = 1 * GiB
+    est = estimate_inference(spec, InferenceSetup(engine=Engine.SGLANG, context=100, gpu_bytes=gpu))
+    pool = int(gpu * 0.9) - TINY_PARAMS * 2
+    assert est.extra["kv_pool_bytes"] == pool
+    assert est.extra["max_concurrent_sequences"] == pool // (100 * TINY_KV_PER_TOKEN)  # one-token pages
+
+
+def _tracked_generate(
+    cfg: dict[str, object], batch: int, prompt: int, new: int
+) -> tuple[dict[Phase, int], object]:
+    """Run transformers generate on CPU under peakmem.measure's storage tracker; per-phase peaks."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from peakmem.hf import spec_from_config
+    from peakmem.measure.tracker import LiveStorageTracker
+
+    config = transformers.AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, prompt))
+    tracker = LiveStorageTracker()
+    tracker.register_module(model)
+    calls = [0]
+
+    def phase_hook(module: object, args: object, kwargs: object) -> None:
+        tracker.set_phase(Phase.PREFILL if calls[0] == 0 else Phase.DECODE, 1)
+        calls[0] += 1
+
+    model.register_forward_pre_hook(phase_hook, with_kwargs=True)
+    with torch.no_grad(), tracker:
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False
+        )
+    peaks = {s.phase: s.bytes for s in tracker.ledger.peaks() if s.phase in (Phase.PREFILL, Phase.DECODE)}
+    return peaks, spec_from_config(config.to_dict(), name=str(cfg["model_type"]))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cfg", "batch", "prompt"),
+    [
+        (dict(model_type="llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+              num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+              max_position_embeddings=4096), 2, 512),
+        (dict(model_type="qwen3_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=128,
+              num_experts=32, num_experts_per_tok=4, num_hidden_layers=2, head_dim=64, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=8000, max_position_embeddings=4096), 2, 512),
+    ],
+)  # fmt: skip
+def test_hf_generate_phases_match_tracked_run(cfg: dict[str, object], batch: int, prompt: int) -> None:
+    # Tolerance 3%: the tracker sees every tensor storage transformers allocates (CPU, torch 2.13);
+    # small tensors (masks, RoPE tables, token ids) are not modelled.
+    new = 8
+    measured, spec = _tracked_generate(cfg, batch, prompt, new)
+    est = estimate_inference(spec, InferenceSetup(batch=batch, context=prompt + new, prompt=prompt))  # type: ignore[arg-type]
+    for phase in est.phases:
+        assert abs(phase.bytes / measured[phase.phase] - 1) < 0.03, (phase.phase, phase.bytes, measured)
+
+
+def test_quantized_prefill_holds_one_dequantized_linear() -> None:
+    spec = build_spec(LLAMA_3_8B)
+    nf4 = estimate_inference(spec, InferenceSetup(weights="nf4", context=1024))
+    items = {i.path: i.bytes for i in nf4.phases[0].items}
+    assert items["quantized matmul temporaries (one linear)"] == 14336 * 4096 * 2  # bf16 gate_proj
+    int8 = estimate_inference(spec, InferenceSetup(weights="int8", context=1024))
+    items = {i.path: i.bytes for i in int8.phases[0].items}
+    # int8 input [1024, 4096] + int32 output [1024, 14336]
+    assert items["quantized matmul temporaries (one linear)"] == 1024 * (4096 + 14336 * 4)
+    bf16 = estimate_inference(spec, InferenceSetup(context=1024))
+    assert len(bf16.phases[0].items) == 3
+
+
+def test_tp_must_divide_heads() -> None:
+    with pytest.raises(InputError, match="tp=3: must divide num_attention_heads=32"):
+        estimate_inference(build_spec(LLAMA_3_8B), InferenceSetup(tp=3))
+
+
+def test_llamacpp_offloads_the_last_layers() -> None:
+    # DeepSeek-V3: the first 3 layers are dense, the last 58 MoE; -ngl 1 puts one MoE layer on the GPU
+    spec = build_spec(DEEPSEEK_V3)
+    est = estimate_inference(
+        spec, InferenceSetup(engine=Engine.LLAMACPP, weights="q8_0", context=256, n_gpu_layers=1)
+    )
+    moe_layer = spec.groups[1].layer
+    expected = sum(
+        t.numel * 4 if len(t.shape) < 2 else t.numel // 32 * 34
+        for t in moe_layer.tensors
+        if t.component != "router"
+    ) + sum(t.numel * 4 for t in moe_layer.tensors if t.component == "router")
+    assert est.items[0].bytes == expected
+    assert est.items[1].bytes == 256 * 576 * 2  # one layer's latent cache

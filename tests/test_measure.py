@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
+import torch
 
-from peakmem.breakdown import Category, Phase  # noqa: E402
-from peakmem.errors import InputError  # noqa: E402
-from peakmem.measure import measure_training  # noqa: E402
-from peakmem.measure.tracker import LiveStorageTracker, StorageLedger, normalize_path  # noqa: E402
-from peakmem.training import (  # noqa: E402
+from peakmem.breakdown import Category, Phase
+from peakmem.errors import InputError
+from peakmem.measure import measure_training
+from peakmem.measure.tracker import LiveStorageTracker, StorageLedger, normalize_path
+from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Method,
@@ -53,7 +53,9 @@ LLAMA_TENSORS = 1 + 2 * 9 + 1 + 1  # parameter tensors: embed, 9 per layer, norm
 LLAMA_BUFFER_BYTES = 2 * 8 * 4  # rotary inv_freq and original_inv_freq: head_dim/2 = 8 fp32 values each
 # GPT-2: wte 1000*64 + wpe 128*64 + per layer (ln 2*64, c_attn 64*192+192, c_proj 64*64+64, ln 2*64,
 # c_fc 64*256+256, c_proj 256*64+64) + ln_f 2*64; the head is tied to wte.
-GPT2_P = 1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
+GPT2_P = (
+    1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
+)
 GPT2_TENSORS = 2 + 2 * 12 + 2
 
 
@@ -260,7 +262,15 @@ def test_optimizers_state_bytes(optimizer, impl, state_bytes):
 def test_adafactor_factored_states():
     est = measure_training(LLAMA, setup(optimizer=OptimizerName.ADAFACTOR), steps=1)
     # torch.optim.Adafactor: a row (n x 1) and column (1 x m) vector per matrix, a full variance for vectors.
-    matrices = [(1000, 64), (1000, 64)] + 2 * [(64, 64), (32, 64), (32, 64), (64, 64), (176, 64), (176, 64), (64, 176)]
+    matrices = [(1000, 64), (1000, 64)] + 2 * [
+        (64, 64),
+        (32, 64),
+        (32, 64),
+        (64, 64),
+        (176, 64),
+        (176, 64),
+        (64, 176),
+    ]
     assert row(est, "optimizer row_var") == 4 * sum(n for n, _ in matrices)
     assert row(est, "optimizer col_var") == 4 * sum(m for _, m in matrices)
     assert row(est, "optimizer variance") == 4 * 64 * 5  # the 5 RMSNorm weights

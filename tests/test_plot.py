@@ -104,10 +104,56 @@ def test_plot_pngs_are_written(tmp_path: Path) -> None:
     assert "seq 1,750" in (tmp_path / "seq.svg").read_text()
 
 
-def test_import_plot_does_not_import_matplotlib() -> None:
+def test_import_plot_and_web_stay_light() -> None:
     import subprocess
     import sys
 
-    code = "import sys, peakmem.plot; print('matplotlib' in sys.modules)"
+    code = (
+        "import sys, peakmem.plot, peakmem.web\n"
+        "print(' '.join(m for m in ('matplotlib', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == ""
+
+
+def test_sweep_range_stops_past_the_last_crossing() -> None:
+    values = [1, 2, 4, 8, 16, 32, 64, 128]
+    assert plot.sweep_range(values, [3, 11, 0, 1]) == [1, 2, 4, 8, 16]
+    assert plot.sweep_range(values, [0, 0, 1]) == [1, 2, 4, 8]  # at least four points
+    assert plot.sweep_range(values, [128]) == values
+    assert plot._densify([1, 2, 4], per_doubling=2) == [
+        1,
+        2,
+        3,
+        4,
+    ]  # round(2 ** 0.5) = 1 dropped as a duplicate
+    assert plot._densify([128, 1024], per_doubling=1) == [128, 256, 512, 1024]
+
+
+def test_gpt2_xl_picture_shows_the_tables_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Done-when of issue 9: the picture's numbers equal the table's."""
+    pytest.importorskip("matplotlib")
+    from peakmem.cli import main
+    from peakmem.estimate import estimate_training, ways_down
+    from peakmem.resolve import resolve_gpu, resolve_model
+    from peakmem.units import fmt_both
+
+    spec = resolve_model("gpt2-xl")
+    setup = TrainingSetup(micro_batch=4, seq_len=1024)
+    est = estimate_training(spec, setup)
+    ways = ways_down(spec, setup)
+    gpus = [resolve_gpu("rtx-4090"), resolve_gpu("a100-80gb")]
+    svg = plot.plot_training(spec, setup, tmp_path / "gpt2xl.svg", gpus=gpus).read_text()
+    assert main(["train", "gpt2-xl", "--batch", "4", "--markdown"]) in (0, 1)
+    table = capsys.readouterr().out
+    for e in [est, *(w for _, w in ways)]:
+        assert fmt_both(e.device_total_bytes) in table
+        assert fmt_gb(e.device_total_bytes) in svg
+    for label, _ in ways:
+        assert label.split()[0] in svg
+    assert "RTX 4090 (25.8 GB)" in svg
+    for kind in ("batch", "seq"):
+        assert (
+            plot.plot_training(spec, setup, tmp_path / f"{kind}.png", gpus=gpus, kind=kind).stat().st_size
+            > 10_000
+        )

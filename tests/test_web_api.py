@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from peakmem.cli import main  # noqa: E402
-from peakmem.web import app as web  # noqa: E402
+from peakmem.cli import main
+from peakmem.web import app as web
 
 EXTRA_KEYS = {"headline", "chart"}  # what the API adds to the CLI's --json
 
@@ -42,14 +42,17 @@ def gpt2_xl_config() -> dict[str, Any]:
     ("body", "argv"),
     [
         ({"model": "gpt2-xl"}, ["gpt2-xl"]),
-        ({"model": "gpt2-xl", "gpus": ["rtx-4090", "a100-40gb", "24GB"]}, ["gpt2-xl", "--gpu", "rtx-4090,a100-40gb,24GB"]),
+        ({"model": "gpt2-xl", "gpus": ["rtx-4090", "a100-40gb", "24GB"]},
+         ["gpt2-xl", "--gpu", "rtx-4090,a100-40gb,24GB"]),
         (
-            {"model": "gpt2-xl", "batch": 4, "seq": 512, "grad_accum": 8, "checkpointing": "full", "method": "lora",
-             "precision": "amp-bf16", "optimizer": "sgd-momentum", "attention": "eager"},
+            {"model": "gpt2-xl", "batch": 4, "seq": 512, "grad_accum": 8, "checkpointing": "full",
+             "method": "lora", "precision": "amp-bf16", "optimizer": "sgd-momentum", "attention": "eager"},
             ["gpt2-xl", "--batch", "4", "--seq", "512", "--grad-accum", "8", "--checkpointing", "full",
-             "--method", "lora", "--precision", "amp-bf16", "--optimizer", "sgd-momentum", "--attention", "eager"],
+             "--method", "lora", "--precision", "amp-bf16", "--optimizer", "sgd-momentum",
+             "--attention", "eager"],
         ),
-        ({"model": "llama-3.1-8b", "batch": 2, "gpus": ["h100-sxm"]}, ["llama-3.1-8b", "--batch", "2", "--gpu", "h100-sxm"]),
+        ({"model": "llama-3.1-8b", "batch": 2, "gpus": ["h100-sxm"]},
+         ["llama-3.1-8b", "--batch", "2", "--gpu", "h100-sxm"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(
@@ -77,7 +80,9 @@ def test_chart_bars_add_up_to_each_device_total(client: TestClient) -> None:
     assert bars[0]["label"] == "as asked"
     assert bars[0]["device_total_bytes"] == got["device_total_bytes"]
     assert [b["label"] for b in bars[1:]] == [w["change"] for w in got.get("ways_down", [])]
-    assert [b["device_total_bytes"] for b in bars[1:]] == [w["device_total_bytes"] for w in got.get("ways_down", [])]
+    assert [b["device_total_bytes"] for b in bars[1:]] == [
+        w["device_total_bytes"] for w in got.get("ways_down", [])
+    ]
     for bar in bars:
         assert sum(s["bytes"] for s in bar["segments"]) == bar["device_total_bytes"]
     segments = {s["key"]: s["bytes"] for s in bars[0]["segments"]}
@@ -87,7 +92,9 @@ def test_chart_bars_add_up_to_each_device_total(client: TestClient) -> None:
 
 def test_pasted_config_gives_the_catalog_numbers(client: TestClient) -> None:
     by_name = client.post("/api/train", json={"model": "gpt2-xl", "batch": 2}).json()
-    pasted = client.post("/api/train", json={"config": gpt2_xl_config(), "name": "my-gpt2", "batch": 2}).json()
+    pasted = client.post(
+        "/api/train", json={"config": gpt2_xl_config(), "name": "my-gpt2", "batch": 2}
+    ).json()
     assert pasted["model"]["name"] == "my-gpt2"
     for key in ("device_total_bytes", "peak_allocated_bytes", "breakdown", "bytes_per_param"):
         assert pasted[key] == by_name[key]
@@ -125,12 +132,16 @@ def assert_error(resp: Any, status: int, field: str, *needles: str) -> dict[str,
         ({"config": "not an object"}, "config", "dictionary"),
     ],
 )
-def test_bad_input_is_422_naming_the_field(client: TestClient, body: dict[str, Any], field: str, needle: str) -> None:
+def test_bad_input_is_422_naming_the_field(
+    client: TestClient, body: dict[str, Any], field: str, needle: str
+) -> None:
     assert_error(client.post("/api/train", json=body), 422, field, needle)
 
 
 def test_invalid_json_is_422(client: TestClient) -> None:
-    resp = client.post("/api/train", content=b'{"model": "gpt2-xl",', headers={"content-type": "application/json"})
+    resp = client.post(
+        "/api/train", content=b'{"model": "gpt2-xl",', headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 422
     assert "JSON" in resp.json()["error"]
 
@@ -138,7 +149,9 @@ def test_invalid_json_is_422(client: TestClient) -> None:
 def test_unknown_names_are_404_with_suggestions(client: TestClient) -> None:
     body = assert_error(client.post("/api/train", json={"model": "gpt2-xxl"}), 404, "model", "gpt2-xxl")
     assert "gpt2-xl" in body["suggestions"]
-    body = assert_error(client.post("/api/train", json={"model": "gpt2-xl", "gpus": ["rtx-4091"]}), 404, "gpus")
+    body = assert_error(
+        client.post("/api/train", json={"model": "gpt2-xl", "gpus": ["rtx-4091"]}), 404, "gpus"
+    )
     assert "rtx-4090" in body["suggestions"]
 
 
@@ -203,13 +216,17 @@ def test_fit_reports_verdicts_and_limits(client: TestClient) -> None:
 
 
 def test_infer(client: TestClient) -> None:
-    resp = client.post("/api/infer", json={"model": "gpt2-xl", "weights": "bf16", "batch": 4, "gpus": ["rtx-4090"]})
+    resp = client.post(
+        "/api/infer", json={"model": "gpt2-xl", "weights": "bf16", "batch": 4, "gpus": ["rtx-4090"]}
+    )
     assert resp.status_code == 200, resp.text
     got = resp.json()
     assert got["job"] == "infer"
     assert got["verdicts"][0]["fits"] is True
     assert got["chart"][0]["device_total_bytes"] == got["device_total_bytes"]
-    assert_error(client.post("/api/infer", json={"model": "gpt2-xl", "weights": "gptq-3bit-g7"}), 422, "weights")
+    assert_error(
+        client.post("/api/infer", json={"model": "gpt2-xl", "weights": "gptq-3bit-g7"}), 422, "weights"
+    )
     assert_error(client.post("/api/infer", json={"model": "gpt2-xl", "engine": "tgi"}), 422, "engine")
 
 
@@ -240,13 +257,15 @@ def test_openapi_and_pages(client: TestClient) -> None:
     for name in ("app.js", "style.css", "docs.js"):
         asset = client.get(f"/static/{name}")
         assert asset.status_code == 200
-        assert "https://" not in asset.text and "http://" not in asset.text.replace("http://www.w3.org/2000/svg", "")
+        assert "https://" not in asset.text and "http://" not in asset.text.replace(
+            "http://www.w3.org/2000/svg", ""
+        )
 
 
 def test_field_of() -> None:
     assert web.field_of(ValueError("batch=0: must be positive"), "x") == "batch"
     assert web.field_of(ValueError("--gpu='9': needs a unit"), "x") == "gpu"
-    assert web.field_of(ValueError("config.json: missing key 'n_embd' (model_type=gpt2)"), "x", "config.") == (
-        "config.n_embd"
-    )
+    assert web.field_of(
+        ValueError("config.json: missing key 'n_embd' (model_type=gpt2)"), "x", "config."
+    ) == ("config.n_embd")
     assert web.field_of(ValueError("something else"), "x") == "x"

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from _web_server import running_server  # noqa: E402
+from _web_server import running_server
 
 REQUESTS = 500
 CLIENTS = 16
@@ -60,7 +60,9 @@ def job(i: int) -> tuple[str, str, dict[str, Any] | None, int]:
     return "POST", "/api/train", body, 200
 
 
-def send(conn: http.client.HTTPConnection, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+def send(
+    conn: http.client.HTTPConnection, method: str, path: str, body: dict[str, Any] | None
+) -> tuple[int, Any]:
     payload = json.dumps(body).encode() if body is not None else None
     headers = {"content-type": "application/json"} if payload is not None else {}
     conn.request(method, path, body=payload, headers=headers)
@@ -84,7 +86,9 @@ def test_500_requests_from_16_clients(server: tuple[str, int]) -> None:
                 status, data = send(conn, method, path, body)
                 if status != expected:
                     problems.append(f"{method} {path} {body}: {status} {data}")
-                elif path in ("/api/train", "/api/infer") and status == 200 and data["device_total_bytes"] <= 0:
+                elif (
+                    path in ("/api/train", "/api/infer") and status == 200 and data["device_total_bytes"] <= 0
+                ):
                     problems.append(f"{path} {body}: no total")
         finally:
             conn.close()
@@ -124,8 +128,8 @@ def test_ten_megabyte_chunked_body_is_413(server: tuple[str, int]) -> None:
 
     conn = http.client.HTTPConnection(host, port, timeout=30)
     try:
-        conn.request("POST", "/api/train", body=chunks(), encode_chunked=True,
-                     headers={"content-type": "application/json", "transfer-encoding": "chunked"})  # fmt: skip
+        headers = {"content-type": "application/json", "transfer-encoding": "chunked"}
+        conn.request("POST", "/api/train", body=chunks(), encode_chunked=True, headers=headers)
         resp = conn.getresponse()
         assert resp.status == 413
         assert json.loads(resp.read())["field"] == "body"

@@ -14,6 +14,7 @@ from typing import Any
 
 from peakmem import __version__
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
+from peakmem.render import fits_on, train_headline
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -94,19 +95,6 @@ def _verdicts(gpus: Sequence[Any], needed: int) -> list[Any]:
     return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
 
 
-def _fits_on(needed: int) -> str:
-    """'it fits on an A100 40GB (40 GB) or larger' — the smallest catalog GPU with room."""
-    from peakmem.catalog import GPUS
-    from peakmem.units import fmt_gb
-
-    roomy = sorted((g for g in GPUS if g.vendor == "nvidia" and g.usable_bytes >= needed),
-                   key=lambda g: g.usable_bytes)  # fmt: skip
-    if not roomy:
-        return "it fits on no single GPU in the catalog"
-    g = roomy[0]
-    return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
-
-
 # --- commands --------------------------------------------------------------------------------------
 def cmd_models(args: argparse.Namespace) -> int:
     from peakmem.catalog import MODELS
@@ -182,20 +170,6 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Sequence[An
     return EXIT_OK
 
 
-def _train_headline(spec: Any, setup: Any, est: Any, verb: str = "needs") -> str:
-    from peakmem.units import fmt_both
-
-    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
-        setup.method.value
-    ]
-    return (
-        f"{spec.name} {what} with {setup.precision.value} {setup.optimizer.value} "
-        f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
-        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
-        f"on the device; {_fits_on(est.device_total_bytes)}."
-    )
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from peakmem.estimate import estimate_training, ways_down
     from peakmem.resolve import resolve_model
@@ -204,7 +178,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     setup = _training_setup(args, spec.max_position_embeddings)
     est = estimate_training(spec, setup)
     ways = ways_down(spec, setup)
-    return _report(args, est, _train_headline(spec, setup, est), ways)
+    if args.plot:
+        from peakmem.plot import plot_training
+
+        path = plot_training(spec, setup, args.plot, gpus=_gpus(args.gpu), est=est, ways=ways)
+        print(f"peakmem: wrote {path}", file=sys.stderr)
+    return _report(args, est, train_headline(spec, setup, est), ways)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from peakmem.plot import plot_training
+    from peakmem.resolve import resolve_model
+
+    spec = resolve_model(args.model)
+    setup = _training_setup(args, spec.max_position_embeddings)
+    path = plot_training(spec, setup, args.out, gpus=_gpus(args.gpu), kind=args.kind)
+    print(f"peakmem: wrote {path}")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from peakmem.web import serve
+
+    serve(host=args.host, port=args.port, open_browser=args.open)
+    return EXIT_OK
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -220,20 +217,41 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if config is None:
         raise ConfigError(f"no config for {args.model!r}")
     est = measure_training(config, setup, device=args.device, steps=args.steps)
-    return _report(args, est, _train_headline(spec, setup, est, verb="measured"))
+    return _report(args, est, train_headline(spec, setup, est, verb="measured"))
+
+
+def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
+    from peakmem.inference import InferenceSetup
+
+    return InferenceSetup(
+        weights=args.weights,
+        kv_cache=args.kv_cache,
+        batch=args.batch,
+        context=args.context,
+        prompt=args.prompt,
+        engine=args.engine,
+        tp=args.tp,
+        gpu_bytes=gpus[0].usable_bytes if gpus else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        n_gpu_layers=args.n_gpu_layers,
+        keep_all_logits=args.keep_all_logits,
+        strict=args.strict,
+    )
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
     from peakmem.formulas.serving import estimate_inference
-    from peakmem.inference import InferenceSetup
     from peakmem.resolve import resolve_model
     from peakmem.units import fmt_both
 
     spec = resolve_model(args.model)
-    setup = InferenceSetup.from_cli(vars(args), spec)  # type: ignore[attr-defined]
+    setup = _inference_setup(args, _gpus(args.gpu))
     est = estimate_inference(spec, setup)
-    headline = f"{spec.name} inference ({setup.describe()}) needs ≈ {fmt_both(est.device_total_bytes)}; " + (
-        _fits_on(est.device_total_bytes) + "."
+    context = est.extra.get("context", setup.context)
+    headline = (
+        f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
+        f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
+        f"{fmt_both(est.device_total_bytes)} per GPU; {fits_on(est.device_total_bytes)}."
     )
     return _report(args, est, headline)
 
@@ -261,7 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_train_options(p)
     _add_output_options(p)
+    p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
     p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("plot", help="memory by technique, or against batch or sequence length")
+    p.add_argument("model")
+    _add_train_options(p)
+    p.add_argument("--gpu", default=None, help="GPU name(s) or size(s) to draw as lines")
+    p.add_argument("--kind", default="ways", choices=("ways", "batch", "seq"))
+    p.add_argument("-o", "--out", required=True, metavar="FILE", help=".png, .svg or .pdf")
+    p.set_defaults(handler=cmd_plot)
 
     p = sub.add_parser("measure", help="run real training steps and measure their memory")
     p.add_argument("model")
@@ -270,6 +297,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=2)
     _add_output_options(p)
     p.set_defaults(handler=cmd_measure)
+
+    p = sub.add_parser("infer", help="GPU memory to serve a model")
+    p.add_argument("model")
+    p.add_argument("--weights", default="bf16", help="bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|...")
+    p.add_argument("--kv-cache", default="auto", help="auto|bf16|fp16|fp8|int8|int4")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: model limit)")
+    p.add_argument("--prompt", type=int, default=None, help="prefill tokens (default: the whole context)")
+    p.add_argument("--engine", default="hf", help="hf|vllm|sglang|llamacpp")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction")
+    p.add_argument("--n-gpu-layers", type=int, default=None, help="llama.cpp -ngl")
+    p.add_argument("--keep-all-logits", action="store_true", help="logits for every prompt position")
+    p.add_argument("--strict", action="store_true", help="context beyond the model's limit is an error")
+    _add_output_options(p)
+    p.set_defaults(handler=cmd_infer)
+
+    p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--open", action="store_true", help="open the page in a browser")
+    p.set_defaults(handler=cmd_serve)
 
     return parser
 

@@ -16,10 +16,16 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator
 from peakmem.formulas.loss import head_activations
-from peakmem.formulas.model_states import buffer_bytes, precision_plan, trainable_params, weight_rows
+from peakmem.formulas.model_states import (
+    buffer_bytes,
+    precision_plan,
+    spec_facts,
+    trainable_params,
+    weight_rows,
+)
 from peakmem.formulas.optimizer import optimizer_phase_grads, optimizer_rows, state_dtype, step_temporaries
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.timeline import GroupCost, backward_peak
+from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.training import Checkpointing, TrainingSetup
 
@@ -48,8 +54,11 @@ class _Parts:
     groups: tuple[GroupCost, ...]
     embed_items: tuple[MemoryItem, ...]
     head_items: tuple[MemoryItem, ...]
-    head_fwd: int
-    max_layer_fwd: int
+
+    @property
+    def persistent(self) -> int:
+        """Alive through the whole steady-state step: weights, buffers, master weights, states."""
+        return self.weights + self.buffers + self.master + self.states
 
 
 def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
@@ -57,17 +66,15 @@ def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
 
 
 def _outer_grad_split(spec: ModelSpec, grad_bytes: Callable[[int], int]) -> tuple[int, int, int]:
-    """(head-side grads made at the start of backward, embedding grads at the end, the dense
-    embedding-gradient temporary of a tied head)."""
+    """(gradients written at the start of backward - head, final norm, a tied embedding -,
+    embedding gradients written at the end, the dense embedding-gradient temporary of a tied head)."""
     start = end = 0
     for t in spec.outer:
-        if t.component in ("embeddings", "positions"):
-            if t.component == "embeddings" and spec.tie_word_embeddings and t.shape[0] == spec.vocab_size:
-                start += grad_bytes(t.numel)  # the head's backward writes the tied weight's grad
-            else:
-                end += grad_bytes(t.numel)
+        tied = spec.tie_word_embeddings and t.component == "embeddings" and t.shape[0] == spec.vocab_size
+        if t.component in ("embeddings", "positions") and not tied:
+            end += grad_bytes(t.numel)
         else:
-            start += grad_bytes(t.numel)
+            start += grad_bytes(t.numel)  # a tied embedding's grad is written by the head's backward
     tied_tmp = grad_bytes(spec.vocab_size * spec.hidden_size) if spec.tie_word_embeddings else 0
     return start, end, tied_tmp
 
@@ -83,20 +90,46 @@ def _scaled(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[Memo
     return [replace(i, path=f"{prefix}.{i.path}", bytes=i.bytes * count) for i in items if count and i.bytes]
 
 
-def _resident_rounding(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """kMinBlockSize rounding of every weight, master copy and state tensor (512 B blocks)."""
+def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> int:
+    """kMinBlockSize (512 B) rounding of every weight, master copy and state tensor."""
     plan = precision_plan(setup.precision)
-    per_elem = [plan.weight.itemsize]
-    if plan.master is not None:
-        per_elem.append(plan.master.itemsize)
-    n_states = len(optimizer_rows(spec, setup))
-    per_elem += [state_dtype(setup).itemsize] * n_states
+    per_elem = [plan.weight.bits // 8] + ([plan.master.bits // 8] if plan.master else [])
+    per_elem += [state_dtype(setup).bits // 8] * n_states
     extra = 0
-    for t, n in spec.tensors():
+    for numel, n in spec_facts(spec).sizes:
         for size in per_elem:
-            b = int(t.numel // t.copies * size)
-            extra += (allocator.round_request(b) - b) * t.copies * n
+            b = numel * size
+            extra += (allocator.round_request(b) - b) * n
     return extra
+
+
+def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...], sh: act.Shapes) -> _Parts:
+    facts = spec_facts(spec)
+    grad_dtype = precision_plan(setup.precision).grad
+    groups: list[GroupCost] = []
+    layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
+    for i, g in enumerate(spec.groups):
+        layer_grads = grad_dtype.nbytes(facts.layer_params[i])
+        la = act.layer_activations(
+            spec,
+            g.layer,
+            sh,
+            layer_grads,
+            mlp_params=facts.mlp_params[i],
+            linear_params=facts.linear_params[i],
+        )
+        la = act.checkpointed(la, setup.checkpointing)
+        groups.append(GroupCost(
+            count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
+            recompute=la.recompute, forward_transient=la.forward_transient,
+        ))  # fmt: skip
+        layer_items.append((g.count, la.saved))
+    return _Parts(
+        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffer_bytes(spec, setup),
+        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
+        states=_row_bytes(rows, Category.OPTIMIZER_STATES), layer_items=tuple(layer_items),
+        groups=tuple(groups), embed_items=act.embedding_items(spec, sh), head_items=(),
+    )  # fmt: skip
 
 
 def estimate_training(
@@ -104,95 +137,72 @@ def estimate_training(
 ) -> Estimate:
     """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
     ov = overheads or Overheads()
-    plan = precision_plan(setup.precision)
-    rows = weight_rows(spec, setup) + optimizer_rows(spec, setup)
+    opt_rows = optimizer_rows(spec, setup)
+    rows = weight_rows(spec, setup) + opt_rows
     sh = act.shapes(spec, setup)
-    grad_dtype = plan.grad
-
-    groups: list[GroupCost] = []
-    layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
-    max_fwd = 0
-    for g in spec.groups:
-        la = act.checkpointed(act.layer_activations(spec, g.layer, sh), setup.checkpointing)
-        groups.append(GroupCost(
-            count=g.count, saved=la.saved_bytes, grads=grad_dtype.nbytes(g.layer.params),
-            backward_transient=la.backward_transient,
-        ))  # fmt: skip
-        layer_items.append((g.count, la.saved))
-        max_fwd = max(max_fwd, la.forward_transient)
     head = head_activations(spec, sh, _head_weight_numel(spec))
-    parts = _Parts(
-        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffer_bytes(spec, setup),
-        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
-        states=_row_bytes(rows, Category.OPTIMIZER_STATES), layer_items=tuple(layer_items),
-        groups=tuple(groups), embed_items=act.embedding_items(spec, sh), head_items=head.saved,
-        head_fwd=head.forward_transient, max_layer_fwd=max_fwd,
-    )  # fmt: skip
-    persistent = parts.weights + parts.buffers + parts.master + parts.states
+    parts = replace(_parts(spec, setup, rows, sh), head_items=head.saved)
     resident_grads = parts.grads if setup.grad_accum > 1 else 0
     persistent_items = _state_items(rows, parts, include_grads=False)
+    grad_items = _grad_items(rows, "gradients (accumulated)") if resident_grads else []
 
-    # --- forward: everything saved, plus the loss's logits and their fp32 copy at the end
-    layers_saved = sum(g.count * g.saved for g in parts.groups)
-    embed_saved = sum(i.bytes for i in parts.embed_items)
+    # --- forward: everything saved, then the logits and their fp32 copy at the loss
     head_saved = sum(i.bytes for i in parts.head_items)
-    fwd_extra = max(parts.head_fwd, parts.max_layer_fwd - head_saved)
-    forward_items = (
-        persistent_items
-        + (_grad_items(rows, "gradients (accumulated)") if resident_grads else [])
-        + _activation_items(parts, layers_left=None)
-        + [MemoryItem(path="forward temporaries (logits + fp32 upcast / attention scores)",
-                      category=Category.TEMPORARIES, bytes=fwd_extra,
-                      source="ForCausalLMLoss logits.float(); eager QK^T and its scaled copy")]
-    )  # fmt: skip
-    forward = PhasePeak(phase=Phase.FORWARD, bytes=sum(i.bytes for i in forward_items),
-                        items=tuple(i for i in forward_items if i.bytes))  # fmt: skip
+    layer_fwd = max((g.forward_transient for g in parts.groups), default=0)
+    fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
+    forward_items = [
+        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None),
+        MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
+                   category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
+    ]  # fmt: skip
+    forward = _phase(Phase.FORWARD, forward_items)
 
-    # --- backward
-    start_grads, end_grads, tied_tmp = _outer_grad_split(spec, grad_dtype.nbytes)
-    # CE backward: two fp32 T x V gradients next to the saved log-softmax output (head.backward_
-    # transient); then the head's backward: the log-softmax output is freed, the logits gradient
-    # (fp32, then its compute-dtype cast) is alive while the head's weight gradient is written.
-    head_stage = head.logits_grad + start_grads
-    start_extra = max(head.backward_transient, head_stage)
+    # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
+    # then the head's backward: the log-softmax output is freed, the logits gradient (compute
+    # dtype) is alive while the head's weight gradient is written.
+    start_grads, end_grads, tied_tmp = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
     resident = resident_grads > 0
-    tail_extra = tied_tmp if not resident else tied_tmp + end_grads
     bp = backward_peak(
-        tuple(reversed(parts.groups)), base_saved=embed_saved, head_saved=head_saved,
-        start_extra=start_extra, start_grads=start_grads, tail_extra=tail_extra,
+        tuple(reversed(parts.groups)), base_saved=sum(i.bytes for i in parts.embed_items),
+        head_saved=head_saved, start_extra=max(head.backward_transient, head.logits_grad + start_grads),
+        start_grads=start_grads, tail_extra=tied_tmp + (end_grads if resident else 0),
         tail_grads=0 if resident else end_grads, grads_resident=resident,
     )  # fmt: skip
-    backward_items = persistent_items + _backward_items(rows, parts, bp, resident_grads)
-    backward = PhasePeak(phase=Phase.BACKWARD, bytes=persistent + resident_grads + bp.bytes,
-                         items=tuple(i for i in backward_items if i.bytes))  # fmt: skip
+    backward = _phase(Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident)])
 
-    # --- optimizer step
+    # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     temps = step_temporaries(spec, setup)
-    opt_items = _state_items(rows, parts, include_grads=False) + [optimizer_phase_grads(spec, setup), *temps]
-    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=sum(i.bytes for i in opt_items),
-                          items=tuple(i for i in opt_items if i.bytes))  # fmt: skip
+    optimizer = _phase(Phase.OPTIMIZER, [*persistent_items, optimizer_phase_grads(spec, setup), *temps])
 
     phases = (forward, backward, optimizer)
     peak = max(phases, key=lambda p: p.bytes)
     reserved = allocator.reserved_bytes(
-        resident=persistent, resident_rounding=_resident_rounding(spec, setup),
-        churn=peak.bytes - persistent, fragmentation=ov.fragmentation,
+        resident=parts.persistent, resident_rounding=_resident_rounding(spec, setup, len(opt_rows)),
+        churn=peak.bytes - parts.persistent, fragmentation=ov.fragmentation,
     )  # fmt: skip
-    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes
     step1 = max(forward.bytes - parts.states, backward.bytes - parts.states, optimizer.bytes)
     return Estimate(
-        method=METHOD, job="train", model_name=spec.name, params=spec.params,
+        method=METHOD, job="train", model_name=spec.name, params=spec_facts(spec).params,
         trainable_params=trainable_params(spec, setup), per_param=rows, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
-        device_total_bytes=device_total, assumptions=_assumptions(spec, setup, sh, ov),
-        setup=setup_dict(setup),
+        device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
+        assumptions=_assumptions(spec, setup, sh, ov), setup=setup_dict(setup),
         extra={
             "step1_peak_allocated_bytes": step1,
             "backward_peak_layers_done": bp.layers_done,
             "context_bytes": ov.context_bytes,
             "cublas_workspace_bytes": ov.cublas_workspace_bytes,
+            "fragmentation": ov.fragmentation,
         },
     )  # fmt: skip
+
+
+SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
+
+
+def _phase(phase: Phase, items: list[MemoryItem]) -> PhasePeak:
+    kept = tuple(i for i in items if i.bytes)
+    return PhasePeak(phase=phase, bytes=sum(i.bytes for i in kept), items=kept)
 
 
 def _state_items(rows: tuple[PerParamRow, ...], parts: _Parts, *, include_grads: bool) -> list[MemoryItem]:
@@ -228,37 +238,36 @@ def _activation_items(parts: _Parts, layers_left: int | None) -> list[MemoryItem
     return items
 
 
-def _backward_items(
-    rows: tuple[PerParamRow, ...], parts: _Parts, bp: object, resident_grads: int
-) -> list[MemoryItem]:
-    from peakmem.formulas.timeline import BackwardPeak
-
-    assert isinstance(bp, BackwardPeak)
+def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[MemoryItem]:
     n_layers = sum(c for c, _ in parts.layer_items)
     items: list[MemoryItem] = []
-    if resident_grads:
-        items += _grad_items(rows, "gradients (accumulated)")
-    elif bp.grads_so_far:
-        items.append(MemoryItem(path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers)",
-                                category=Category.GRADIENTS, bytes=bp.grads_so_far,
-                                source="AccumulateGrad: param.grad appears as backward reaches it"))  # fmt: skip
-    if bp.layers_done == 0:
-        items += _activation_items(parts, layers_left=None)
-    else:
-        items += _activation_items(parts, layers_left=n_layers - bp.layers_done)
+    if not resident and bp.grads_so_far:
+        items.append(MemoryItem(
+            path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers)",
+            category=Category.GRADIENTS, bytes=bp.grads_so_far, source=SRC_GRADS,
+        ))  # fmt: skip
+    left = None if bp.layers_done == 0 else n_layers - bp.layers_done
+    items += _activation_items(parts, layers_left=left)
+    if bp.recompute:
+        items.append(MemoryItem(path="recomputed activations of the layer in backward", bytes=bp.recompute,
+                                category=Category.ACTIVATIONS, source=SRC_RECOMPUTE))  # fmt: skip
     items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
-                            bytes=bp.transient,
-                            source="CE gradients at the start; a layer's activation gradients later"))  # fmt: skip
+                            bytes=bp.transient, source=SRC_BACKWARD_TMP))  # fmt: skip
     return items
 
 
+SRC_GRADS = "AccumulateGrad: param.grad appears as backward reaches the parameter"
+SRC_RECOMPUTE = "torch.utils.checkpoint recomputes the layer's forward at its backward"
+SRC_BACKWARD_TMP = "CE gradients at the start; a layer's activation and weight gradients later"
+
+
 def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
+    dropout = f"attention {spec.attention_dropout}, hidden {spec.hidden_dropout}, embedding {spec.embedding_dropout}"
     out = [
         "steady-state step (>= 2): optimizer states exist in forward/backward; zero_grad(set_to_none=True)",
         act.activation_dtype_note(sh),
         f"framework profile {sh.profile.name}: {sh.profile.source}",
-        "training mode: dropout active where the config sets it "
-        f"(attention {spec.attention_dropout}, hidden {spec.hidden_dropout}, embedding {spec.embedding_dropout})",
+        f"training mode: dropout active where the config sets it ({dropout})",
         "the loop drops the model output (logits) before loss.backward(), as HF Trainer and torchtune do",
         f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
         "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
@@ -266,15 +275,19 @@ def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Over
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
     ]
     if sh.kernel is not setup.attention:
-        out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value} "
-                   f"({setup.kernel_policy.value}: dropout {spec.attention_dropout} needs the math kernel)")  # fmt: skip
+        out.append(
+            f"attention kernel {setup.attention.value} runs as {sh.kernel.value} on "
+            f"{setup.kernel_policy.value} (attention dropout {spec.attention_dropout})"
+        )
     if setup.checkpointing is Checkpointing.FULL:
         out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
     if setup.checkpointing is Checkpointing.SELECTIVE:
         out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")
     if precision_plan(setup.precision).master is not None:
-        out.append("mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
-                   "master weight (master.grad = p.grad.float(); p.grad = None)")  # fmt: skip
+        out.append(
+            "mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
+            "master weight (master.grad = p.grad.float(); p.grad = None)"
+        )
     out.extend(spec.notes)
     return tuple(out)
 

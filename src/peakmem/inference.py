@@ -12,15 +12,18 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from typing import TypeVar
 
 from peakmem.errors import InputError, require
+
+_C = TypeVar("_C", bound="_Choice")
 
 
 class _Choice(str, Enum):
     """An enum parsed from its CLI spelling with an error that lists the choices."""
 
     @classmethod
-    def parse(cls, value: str, field: str) -> _Choice:
+    def parse(cls: type[_C], value: str, field: str) -> _C:
         for member in cls:
             if member.value == value.lower():
                 return member
@@ -144,7 +147,14 @@ def parse_weight_format(text: str) -> WeightFormat:
         require(bits in allowed, "weights", text, f"{method} supports {allowed} bits")
         require(group in GROUP_SIZES, "weights", text, f"group size must be one of {GROUP_SIZES}")
         require(scheme is Scheme.GPTQ or group > 0, "weights", text, "AWQ needs a positive group size")
-        return WeightFormat(name=f"{method}-{bits}bit-g{group}", scheme=scheme, bits=bits, group_size=group)
+        # auto-gptq / AutoAWQ checkpoints keep unquantized tensors (embeddings, head, norms) in fp16
+        return WeightFormat(
+            name=f"{method}-{bits}bit-g{group}",
+            scheme=scheme,
+            bits=bits,
+            group_size=group,
+            float_dtype="fp16",
+        )
     gguf = key.removeprefix("gguf-").removeprefix("gguf:")
     if gguf in GGUF_FILE_TYPES:
         if gguf in FLOAT_BITS:
@@ -185,9 +195,9 @@ class InferenceSetup:
     strict: bool = False  # context beyond the model's limit is an error, not a warning
 
     def __post_init__(self) -> None:
-        if isinstance(self.engine, str) and not isinstance(self.engine, Engine):
+        if not isinstance(self.engine, Engine):  # a CLI spelling: "vllm"
             object.__setattr__(self, "engine", Engine.parse(self.engine, "engine"))
-        if isinstance(self.kv_cache, str) and not isinstance(self.kv_cache, KvDtype):
+        if not isinstance(self.kv_cache, KvDtype):
             object.__setattr__(self, "kv_cache", KvDtype.parse(self.kv_cache, "kv_cache"))
         fmt = parse_weight_format(self.weights)
         require(self.batch >= 1, "batch", self.batch, "must be at least 1")

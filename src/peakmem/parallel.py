@@ -126,27 +126,49 @@ class Parallelism:
                 "expert-parallel ranks are taken from the data-parallel ranks"
             )
         if self.sequence_parallel and self.tp == 1:
-            raise InputError("sequence_parallel=True needs tp > 1 (it splits along the tensor-parallel group)")
+            raise InputError(
+                "sequence_parallel=True needs tp > 1 (it splits along the tensor-parallel group)"
+            )
         if self.pp_schedule is PipelineSchedule.INTERLEAVED:
             require(self.pp > 1, "pp", self.pp, "the interleaved schedule needs pp > 1")
-            require(self.virtual_stages > 1, "virtual_stages", self.virtual_stages,
-                    "the interleaved schedule needs virtual_stages > 1")  # fmt: skip
+            require(
+                self.virtual_stages > 1,
+                "virtual_stages",
+                self.virtual_stages,
+                "the interleaved schedule needs virtual_stages > 1",
+            )
         else:
-            require(self.virtual_stages == 1, "virtual_stages", self.virtual_stages,
-                    "only the interleaved schedule has virtual stages")  # fmt: skip
+            require(
+                self.virtual_stages == 1,
+                "virtual_stages",
+                self.virtual_stages,
+                "only the interleaved schedule has virtual stages",
+            )
         if self.offload_params is not Offload.NONE:
             sharded_params = self.zero_stage == 3 or self.fsdp in (FsdpMode.FULL_SHARD, FsdpMode.HYBRID_SHARD)
-            require(sharded_params, "offload_params", self.offload_params.value,
-                    "parameter offload needs sharded parameters: zero=3 or fsdp=full-shard/hybrid-shard")  # fmt: skip
+            require(
+                sharded_params,
+                "offload_params",
+                self.offload_params.value,
+                "parameter offload needs sharded parameters: zero=3 or fsdp=full-shard/hybrid-shard",
+            )
         if self.offload_optimizer is not Offload.NONE:
-            require(self.zero_stage > 0 or self.fsdp is not FsdpMode.NONE, "offload_optimizer",
-                    self.offload_optimizer.value, "optimizer offload needs ZeRO (zero=1..3) or FSDP")  # fmt: skip
+            require(
+                self.zero_stage > 0 or self.fsdp is not FsdpMode.NONE,
+                "offload_optimizer",
+                self.offload_optimizer.value,
+                "optimizer offload needs ZeRO (zero=1..3) or FSDP",
+            )
         if self.fsdp is not FsdpMode.NONE and Offload.NVME in (self.offload_optimizer, self.offload_params):
             raise InputError("offload=nvme is a DeepSpeed ZeRO-Infinity feature; FSDP offloads to cpu only")
         if self.offload_params is not Offload.NONE and self.fsdp is not FsdpMode.NONE:
-            require(self.offload_optimizer is not Offload.NONE, "offload_optimizer", self.offload_optimizer.value,
-                    "FSDP CPUOffload(offload_params=True) moves parameters, gradients and the optimizer step "
-                    "to the CPU together; set the optimizer offload too")  # fmt: skip
+            require(
+                self.offload_optimizer is not Offload.NONE,
+                "offload_optimizer",
+                self.offload_optimizer.value,
+                "FSDP CPUOffload(offload_params=True) moves parameters, gradients and the optimizer step "
+                "to the CPU together; set the optimizer offload too",
+            )
         for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
             require(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
         for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
@@ -230,15 +252,19 @@ def validate_for(spec: ModelSpec, par: Parallelism) -> None:
             )
         mlp = g.layer.mlp
         if mlp.intermediate_size % par.tp:
-            raise InputError(f"tp={par.tp} does not divide intermediate_size={mlp.intermediate_size} ({spec.name})")
+            raise InputError(
+                f"tp={par.tp} does not divide intermediate_size={mlp.intermediate_size} ({spec.name})"
+            )
         if par.ep > 1 and mlp.is_moe and mlp.num_experts % par.ep:
             raise InputError(f"ep={par.ep} does not divide num_experts={mlp.num_experts} ({spec.name})")
     if par.ep > 1 and not spec.is_moe:
         raise InputError(f"ep={par.ep} needs a mixture-of-experts model; {spec.name} has no experts")
     layers = spec.num_layers
     if par.pp > layers:
-        raise InputError(f"pp={par.pp} is larger than num_hidden_layers={layers} ({spec.name}): "
-                         "every pipeline stage needs at least one layer")  # fmt: skip
+        raise InputError(
+            f"pp={par.pp} is larger than num_hidden_layers={layers} ({spec.name}): "
+            "every pipeline stage needs at least one layer"
+        )
     chunks = par.pp * par.virtual_stages
     if chunks > layers:
         raise InputError(

@@ -8,6 +8,9 @@ so the picture, the page's chart and the tables show the same numbers.
 
 from __future__ import annotations
 
+import itertools
+import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,6 +133,25 @@ def sweep_values(axis: Axis, max_positions: int, current: int) -> list[int]:
     return sorted(values | {current})
 
 
+def sweep_range(values: Sequence[int], marks: Sequence[int], min_points: int = 4) -> list[int]:
+    """``values`` up to the first one beyond every mark (where the GPUs run out, the asked value), so
+    the picture shows the crossings, not a curve running off to hundreds of GB."""
+    ordered = sorted(values)
+    beyond = [v for v in ordered if v > max(marks, default=0)]
+    end = beyond[0] if beyond else ordered[-1]
+    kept = [v for v in ordered if v <= end]
+    return kept if len(kept) >= min_points else ordered[:min_points]
+
+
+def _densify(values: Sequence[int], per_doubling: int = 8) -> list[int]:
+    """``values`` plus integers spaced evenly on a log scale between neighbours."""
+    out = set(values)
+    for a, b in itertools.pairwise(values):
+        steps = max(1, round(per_doubling * math.log2(b / a)))
+        out.update(round(a * (b / a) ** (k / steps)) for k in range(1, steps))
+    return sorted(out)
+
+
 def max_fitting(total: Callable[[int], int], capacity_bytes: int, upper: int) -> int:
     """The largest ``v`` in ``1..upper`` with ``total(v) <= capacity_bytes`` (0 if none).
 
@@ -218,9 +240,9 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, fig: Any, out: Path) -> None:
+def _save(plt: Any, fig: Any, out: Path, rect: tuple[float, float, float, float] = (0, 0, 1, 1)) -> None:
     """Write the figure; SVG keeps its text as text (searchable, and testable)."""
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     with plt.rc_context({"svg.fonttype": "none"}):
         fig.savefig(out)
     plt.close(fig)
@@ -233,8 +255,14 @@ def _check_path(path: str | Path) -> Path:
     return out
 
 
+def _short_name(g: Any) -> str:
+    """``NVIDIA GeForce RTX 4090`` -> ``RTX 4090``."""
+    name: str = getattr(g, "display_name", g.name)
+    return name.removeprefix("NVIDIA ").removeprefix("GeForce ")
+
+
 def _gpu_label(g: Any) -> str:
-    return f"{getattr(g, 'display_name', g.name)} ({fmt_gb(g.usable_bytes, 1)})"
+    return f"{_short_name(g)} ({fmt_gb(g.usable_bytes, 1)})"
 
 
 def plot_ways(
@@ -260,7 +288,7 @@ def plot_ways(
             width = s.bytes / GB
             ax.barh(
                 y, width, left=left, height=0.62, color=SEGMENT_COLORS[s.key], edgecolor="white",
-                linewidth=0.6, label=s.label if s.key not in seen else None,
+                linewidth=0.6,
             )  # fmt: skip
             seen.add(s.key)
             left += width
@@ -270,7 +298,7 @@ def plot_ways(
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.9},
         )  # fmt: skip
     ax.set_yticks(range(n))
-    ax.set_yticklabels([label for label, _ in reversed(bars)], fontsize=9)
+    ax.set_yticklabels([textwrap.fill(label, 30) for label, _ in reversed(bars)], fontsize=9)
     largest = max(e.device_total_bytes for _, e in bars)
     for i, g in enumerate(sorted(gpus, key=lambda g: g.usable_bytes)):
         x = g.usable_bytes / GB
@@ -288,8 +316,11 @@ def plot_ways(
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_title(title or f"{est.model_name}: memory by technique", loc="left", fontsize=11)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False, ncol=6)
-    _save(plt, fig, out)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=SEGMENT_COLORS[k], label=SEGMENT_LABELS[k]) for k in SEGMENT_LABELS if k in seen]
+    fig.legend(handles=handles, loc="lower center", fontsize=8, frameon=False, ncol=min(len(handles), 9))
+    _save(plt, fig, out, rect=(0, 0.07, 1, 1))
     return out
 
 
@@ -308,40 +339,50 @@ def plot_sweep(
     if axis not in AXES:
         raise InputError(f"axis={axis!r}: choose batch or seq")
     out = _check_path(path)
-    points = sweep(spec, setup, axis, estimator=estimator)
-    plt = _pyplot()
-    xs = [v for v, _ in points]
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
-    ax.plot(xs, [e.device_total_bytes / GB for _, e in points], marker="o", color="#4e79a7",
-            label="device total (nvidia-smi)")  # fmt: skip
-    ax.plot(xs, [e.peak_allocated_bytes / GB for _, e in points], marker=".", linestyle="--", color="#59a14f",
-            label="peak allocated")  # fmt: skip
+    estimate = estimator or _estimator()
     current = setup.micro_batch if axis == "batch" else setup.seq_len
     name = "batch" if axis == "batch" else "seq"
+    values = sweep_values(axis, spec.max_position_embeddings, current)
+    fit = limits(spec, setup, gpus, axis, upper=values[-1], estimator=estimate)
+    values = sweep_range(values, [*fit.values(), current])
+    # the curve through every tick, every GPU's limit and 8 points per doubling in between
+    dense = sorted({*_densify(values), *(b for b in fit.values() if values[0] <= b <= values[-1])})
+    points = sweep(spec, setup, axis, dense, estimator=estimate)
+    ticks = set(values)
+    plt = _pyplot()
+    xs = values
+    fig, ax = plt.subplots(figsize=(11, 6.5), dpi=110)
+    ax.plot([v for v, _ in points], [e.device_total_bytes / GB for _, e in points], color="#4e79a7",
+            marker="o", markevery=[i for i, (v, _) in enumerate(points) if v in ticks],
+            label="device total (nvidia-smi)")  # fmt: skip
+    ax.plot([v for v, _ in points], [e.peak_allocated_bytes / GB for _, e in points], linestyle="--",
+            color="#59a14f", label="peak allocated")  # fmt: skip
     for v, e in points:
         if v == current:
             ax.plot([v], [e.device_total_bytes / GB], marker="o", markersize=13, markerfacecolor="none",
                     markeredgecolor="#000000", markeredgewidth=1.5, linestyle="none",
                     label=f"as asked ({name} {v:,}): {fmt_gb(e.device_total_bytes)}")  # fmt: skip
-    upper = xs[-1]
-    fit = limits(spec, setup, gpus, axis, upper=upper, estimator=estimator)
-    estimate = estimator or _estimator()
     for g in sorted(gpus, key=lambda g: g.usable_bytes):
         cap = g.usable_bytes / GB
-        ax.axhline(cap, color="#888888", linestyle=(0, (4, 3)), linewidth=1.0)
         best = fit[g.name]
         if best == 0:
             note = f"{_gpu_label(g)}: does not fit at {name} 1"
-        elif best >= upper:
-            note = f"{_gpu_label(g)}: fits up to {name} {upper:,} (the sweep's end)"
+        elif best >= values[-1] and best == xs[-1]:
+            limit = (
+                "the model's context"
+                if axis == "seq" and best == spec.max_position_embeddings
+                else "the range"
+            )
+            note = f"{_gpu_label(g)}: fits up to {name} {best:,} (all of {limit})"
         else:
             note = f"{_gpu_label(g)}: fits up to {name} {best:,}"
             at = estimate(spec, with_axis(setup, axis, best)).device_total_bytes / GB
-            ax.plot([best], [at], marker="X", markersize=10, color="#e15759", zorder=5)
-            ax.annotate(f"{name} {best:,}", (best, at), textcoords="offset points", xytext=(6, -14),
+            ax.plot([best], [at], marker="X", markersize=10, color="#e15759", zorder=5, linestyle="none")
+            ax.annotate(f"{name} {best:,}", (best, at), textcoords="offset points", xytext=(8, -12),
                         fontsize=8, color="#e15759")  # fmt: skip
-        ax.text(xs[0], cap, " " + note, va="bottom", ha="left", fontsize=8, color="#333333",
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})  # fmt: skip
+        ax.axhline(cap, color="#888888", linestyle=(0, (4, 3)), linewidth=1.0, label=note)
+        ax.text(1.01, cap, _short_name(g), transform=ax.get_yaxis_transform(), va="center", ha="left",
+                fontsize=8, color="#333333", clip_on=False)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{v:,}" for v in xs], fontsize=8, rotation=45 if axis == "seq" else 0)
@@ -354,6 +395,34 @@ def plot_sweep(
         ax.spines[side].set_visible(False)
     other = f"seq {setup.seq_len:,}" if axis == "batch" else f"batch {setup.micro_batch}"
     ax.set_title(title or f"{spec.name}: memory against {name} ({other})", loc="left", fontsize=11)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.13), fontsize=8, frameon=False, ncol=2)
     _save(plt, fig, out)
     return out
+
+
+KINDS = ("ways", "batch", "seq")
+
+
+def plot_training(
+    spec: Any,
+    setup: Any,
+    path: str | Path,
+    *,
+    gpus: Sequence[GpuLike] = (),
+    kind: str = "ways",
+    est: Estimate | None = None,
+    ways: Sequence[tuple[str, Estimate]] | None = None,
+) -> Path:
+    """What ``peakmem train --plot FILE`` and ``peakmem plot`` draw: the ways down (``kind="ways"``),
+    or memory against batch or seq; with the common 24/40/48/80 GB cards when no GPU is given."""
+    if kind not in KINDS:
+        raise InputError(f"kind={kind!r}: choose {', '.join(KINDS)}")
+    shown = list(gpus) or default_gpus()
+    if kind == "ways":
+        if est is None or ways is None:
+            from peakmem.estimate import estimate_training, ways_down
+
+            est = estimate_training(spec, setup) if est is None else est
+            ways = ways_down(spec, setup) if ways is None else ways
+        return plot_ways(est, ways, shown, path)
+    return plot_sweep(spec, setup, shown, path, axis="batch" if kind == "batch" else "seq")

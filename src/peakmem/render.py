@@ -27,6 +27,9 @@ CATEGORY_LABELS = {
 }
 
 
+PIPE_WIDTH = 110  # columns when stdout is not a terminal
+
+
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
     """Whether a job fits on one GPU (or a plain memory size)."""
@@ -134,11 +137,38 @@ def estimate_json(
     return out
 
 
+def fits_on(needed: int) -> str:
+    """'it fits on an A100 40GB (40 GB) or larger' — the smallest catalog GPU with room."""
+    from peakmem.catalog import GPUS
+
+    roomy = sorted((g for g in GPUS if g.vendor == "nvidia" and g.usable_bytes >= needed),
+                   key=lambda g: g.usable_bytes)  # fmt: skip
+    if not roomy:
+        return "it fits on no single GPU in the catalog"
+    g = roomy[0]
+    return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
+
+
+def train_headline(spec: Any, setup: Any, est: Any, verb: str = "needs") -> str:
+    what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
+        setup.method.value
+    ]
+    return (
+        f"{spec.name} {what} with {setup.precision.value} {setup.optimizer.value} "
+        f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
+        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
+        f"on the device; {fits_on(est.device_total_bytes)}."
+    )
+
+
 # --- terminal ------------------------------------------------------------------------------------
 def _console() -> Any:
+    import sys
+
     from rich.console import Console
 
-    return Console(highlight=False)
+    # Piped output (scripts, CI logs) gets a fixed, wide-enough width instead of rich's 80.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def print_info(spec: ModelSpec) -> None:
@@ -192,9 +222,11 @@ def print_estimate(
     console.print(headline)
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")
-        for col, just in (("tensor", "left"), ("dtype", "left"), ("bytes/param", "right"),
-                          ("params", "right"), ("total", "right")):  # fmt: skip
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        table.add_column("tensor")
+        table.add_column("dtype")
+        table.add_column("bytes/param", justify="right")
+        table.add_column("params", justify="right", no_wrap=True)
+        table.add_column("total", justify="right", no_wrap=True)
         per_param_total = 0.0
         for r in est.per_param:
             per_param_total += r.bytes_per_param
@@ -211,7 +243,7 @@ def print_estimate(
         )
     table = Table(title=f"at the peak ({est.peak_phase.value})", title_justify="left")
     table.add_column("category")
-    table.add_column("bytes", justify="right")
+    table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("share", justify="right")
     cats = est.by_category()
     for c, b in cats.items():

@@ -50,6 +50,8 @@ PYTHON_ACTIVATIONS = {"gelu_new": 4, "gelu_fast": 4}
 # x (fp32 cast), tanh (fp32), 1 + tanh (fp32) and 0.5 x (16-bit).
 PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4, 4, 2)}
 
+SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
+MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
@@ -93,7 +95,9 @@ class LayerActivations:
     core: int  # bytes of the attention core (what selective checkpointing drops)
     layer_input: int  # what full checkpointing keeps per layer
     forward_transient: int  # beyond ``saved``, the largest momentary extra in forward
-    backward_transient: int  # the largest gradient temporaries while its backward runs
+    backward_transient: int  # the largest gradient temporaries (incl. its weight grads) in its backward
+    recompute: int = 0  # activations rebuilt during its backward (checkpointing)
+    interior: int = 0  # the larger of the attention core and the MLP interior (alive mid-layer)
 
     @property
     def saved_bytes(self) -> int:
@@ -182,8 +186,8 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA))
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA))
     items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA))
-    # backward: dq, dk, dv plus the kernel's fp32 accumulators for dq (flash: a x s x d fp32)
-    bwd = t * (a * d + 2 * g * d) * c + t * a * d * 4
+    # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
+    bwd = t * (a * d + g * d + g * dv) * c
     return items, b * a * s * 4, 0, bwd
 
 
@@ -219,9 +223,10 @@ def _eager_terms(
         items.append(_item("attn.probs cast to compute dtype", scores * inner, SRC_EAGER))
         core += scores * inner
     items.append(_item("attn.output (o_proj input)", t * a * dv * c, SRC_EAGER))
-    # forward: QK^T and its scaled / masked copy alive together; backward: grad of probs and scores
+    # forward: QK^T and its scaled / masked copy alive together; backward: each node frees its saved
+    # tensors when done, so next to the saved ones one gradient of the scores is alive at a time
     fwd = scores * max(2 * inner, inner + sm)
-    bwd = scores * (inner + sm)
+    bwd = scores * sm
     return items, core, fwd, bwd
 
 
@@ -252,14 +257,29 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(_item("mlp.shared experts (gated)", 4 * t * mlp.shared_intermediate_size * c, SRC_MLP))
-    # backward: grad of the intermediate and of the activation input alive together
-    return items, 2 * n * c
+    # backward: the gradient of the intermediate (its producer's saved input is freed meanwhile)
+    return items, n * c
 
 
-def layer_activations(spec: ModelSpec, layer: Layer, sh: Shapes) -> LayerActivations:
+def layer_activations(
+    spec: ModelSpec,
+    layer: Layer,
+    sh: Shapes,
+    grad_bytes: int = 0,
+    *,
+    mlp_params: int | None = None,
+    linear_params: int | None = None,
+) -> LayerActivations:
+    """``grad_bytes``: bytes of this layer's weight gradients (written during its backward);
+    ``mlp_params``/``linear_params``: precomputed sums over the layer's tensors (or computed here)."""
+    if mlp_params is None:
+        mlp_params = sum(t.numel for t in layer.tensors if t.component in MLP_COMPONENTS)
+    if linear_params is None:
+        linear_params = sum(t.numel for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
-    items.append(_item("norms (input + stats) x2", 2 * norm_saved(spec, sh, h), SRC_NORM))
+    norm_one = norm_saved(spec, sh, h)
+    items.append(_item("norms (input + stats) x2", 2 * norm_one, SRC_NORM))
     att_in = _linear_inputs(sh, t * h, _attention_readers(layer))
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
     if layer.parallel_residual:
@@ -272,17 +292,28 @@ def layer_activations(spec: ModelSpec, layer: Layer, sh: Shapes) -> LayerActivat
     mlp_items, mlp_bwd = mlp_terms(spec, layer, sh)
     items.extend(mlp_items)
     if sh.plan.autocast:
-        cast = sum(t_.numel for t_ in layer.tensors if t_.kind in ("linear_weight", "expert_weight")) * c
-        items.append(_item("autocast weight casts (16-bit copies)", cast,
-                           "torch autocast cached_cast: 16-bit weight copies saved by each Linear"))  # fmt: skip
-    if spec.hidden_dropout > 0:
-        items.append(
-            _item("residual dropout masks x2", 2 * dropout_mask_bytes(t * h, c, sh.policy), SRC_DROPOUT)
-        )
+        items.append(_item("autocast weight casts (16-bit copies)", linear_params * c,
+                           SRC_WEIGHT_CAST))  # fmt: skip
+    mask = dropout_mask_bytes(t * h, c, sh.policy) if spec.hidden_dropout > 0 else 0
+    if mask:
+        items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT))
     saved = tuple(i for i in items if i.bytes)
+    # Backward runs the MLP half first, then attention; the MLP's saved tensors are freed in between.
+    # Next to the saved tensors: the incoming and residual gradients (2 x T x h), the largest
+    # intermediate gradient, and the weight gradients written so far (the MLP's output projection
+    # first: 1/3 of a gated MLP's weights, 1/2 of a plain one).
+    mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one + mask
+    share = mlp_params / layer.params if layer.params else 0.0
+    mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
+    mlp_stage = mlp_bwd + 2 * t * h * c + mlp_grads
+    att_stage = att_bwd + 2 * t * h * c + grad_bytes - mlp_saved
+    # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
+    # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
+    att_rest = core + sum(i.bytes for i in mlp_items) + mlp_in + norm_one + mask
     return LayerActivations(
-        saved=saved, core=core, layer_input=t * h * r, forward_transient=att_fwd,
-        backward_transient=max(att_bwd, mlp_bwd),
+        saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
+        backward_transient=max(mlp_stage, att_stage),
+        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c,
     )  # fmt: skip
 
 
@@ -294,14 +325,15 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
         keep = (MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS,
                            bytes=la.layer_input,
                            source="torch.utils.checkpoint: only the block's inputs are saved"),)  # fmt: skip
+        # forward runs each layer without keeping its tensors: what lives mid-layer is transient
         return LayerActivations(
-            saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
-            backward_transient=la.saved_bytes + la.backward_transient,
+            saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.interior,
+            backward_transient=la.backward_transient, recompute=la.saved_bytes, interior=la.interior,
         )  # fmt: skip
     kept = tuple(i for i in la.saved if not _is_core(i))
     return LayerActivations(
         saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
-        backward_transient=la.core + la.backward_transient,
+        backward_transient=la.backward_transient, recompute=la.core,
     )  # fmt: skip
 
 

@@ -41,7 +41,9 @@ def kv_elements_per_token_layer(att: Attention, *, latent: bool, tp: int = 1) ->
     if att.is_mla:
         if latent:
             # vLLM MLACommonImpl / SGLang / llama.cpp: one 576-wide "head" for DeepSeek-V3, replicated
-            # on every TP rank (the latent is shared by all heads).
+            # on every TP rank (the latent is shared by all heads). llama.cpp keeps no V cache for MLA
+            # since ggml-org/llama.cpp PR #19067 ("V-less cache", 2026-01); older builds also stored
+            # a kv_lora_rank-wide V.
             return att.kv_lora_rank + att.qk_rope_head_dim
         heads = -(-att.num_heads // tp)
         return heads * (att.head_dim + att.v_head_dim)

@@ -8,8 +8,8 @@ output are alive together. In backward, ``nll_loss_backward`` writes a T x V fp3
 ``_log_softmax_backward_data`` another, both alive while the saved log-softmax output is (3 x T x V
 x 4 at once). torchtune's ``TransformerDecoder`` also returns ``output(h).float()``.
 
-Classification heads (BERT + ``ForSequenceClassification``) read the first token through a view of
-the last hidden state (which keeps the whole sequence output alive) and produce tiny logits.
+Classification heads (BERT + ``ForSequenceClassification``) read the first token (the pooler's
+dense layer saves a contiguous B x h copy, measured) and produce tiny logits.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from peakmem.model import ModelSpec
 from .activations import Shapes, norm_saved
 
 SRC_CE = "transformers loss/loss_utils.py ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax"
+SRC_HEAD_CAST = "torch autocast: 16-bit copy of the head weight saved by the Linear"
 SRC_HEAD = "lm_head (Linear) saves its input; final norm saves input + stats"
 
 
@@ -40,10 +41,7 @@ def _act(path: str, nbytes: int, source: str) -> MemoryItem:
 def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> HeadActivations:
     t, h, c = sh.tokens, spec.head_in_features, sh.c
     if spec.task == "sequence-classification":
-        items = (
-            _act("sequence output (kept by the pooler's first-token view)", t * h * sh.r, SRC_HEAD),
-            _act("pooler + classifier inputs", 2 * sh.batch * h * c, SRC_HEAD),
-        )
+        items = (_act("pooler + classifier inputs", 2 * sh.batch * h * c, SRC_HEAD),)
         return HeadActivations(saved=items, forward_transient=0, backward_transient=0, logits_grad=0)
     v = spec.vocab_size
     logits = t * v
@@ -54,7 +52,7 @@ def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> Hea
     items_l.append(_act("lm_head input", lm_in, SRC_HEAD))
     if sh.plan.autocast:
         items_l.append(_act("autocast lm_head weight cast", head_weight_numel * c,
-                            "torch autocast: 16-bit copy of the head weight saved by the Linear"))  # fmt: skip
+                            SRC_HEAD_CAST))  # fmt: skip
     items_l.append(_act("loss.log_softmax output (fp32)", logits * 4, SRC_CE))
     upcast = logits * 4 if c < 4 else 0
     return HeadActivations(

@@ -38,18 +38,37 @@ from .activations import LayerActivations
 from .loss import HeadActivations
 
 # Row-parallel Linears (Megatron RowParallelLinear): input split, output (and bias) replicated.
-ROW_PARALLEL_MODULES = frozenset({
-    "o_proj", "down_proj", "c_proj", "dense", "dense_4h_to_h", "fc2", "out_proj", "w2", "wo",
-})  # fmt: skip
+ROW_PARALLEL_MODULES = frozenset(
+    {
+        "o_proj",
+        "down_proj",
+        "c_proj",
+        "dense",
+        "dense_4h_to_h",
+        "fc2",
+        "out_proj",
+        "w2",
+        "wo",
+    }
+)
 TP_SPLIT_COMPONENTS = frozenset({"attention", "mlp", "shared_experts"})
 
 # Activation items (paths from formulas/activations.py and formulas/loss.py) that Megatron keeps
 # replicated over the TP group without sequence parallelism (Korthikanti et al. 2022 Eq. 2: LN
 # inputs, first-Linear inputs, dropout masks); everything else is split by tp.
 REPLICATED_ACTIVATIONS = (
-    "norms", "attn input", "mlp input", "attn+mlp inputs", "residual dropout", "moe.routed token",
-    "moe.router", "final norm", "lm_head input", "sequence output", "pooler",
-)  # fmt: skip
+    "norms",
+    "attn input",
+    "mlp input",
+    "attn+mlp inputs",
+    "residual dropout",
+    "moe.routed token",
+    "moe.router",
+    "final norm",
+    "lm_head input",
+    "sequence output",
+    "pooler",
+)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -77,8 +96,9 @@ class LocalTensor:
         return self.numel * self.count
 
 
-def local_tensor(t: Tensor, par: Parallelism, count: int, in_layer: bool) -> LocalTensor:
-    """``t`` as one rank holds it (rows x rest), after the TP/EP split."""
+def local_tensor(t: Tensor, par: Parallelism, count: int, in_layer: bool, vocab_size: int = 0) -> LocalTensor:
+    """``t`` as one rank holds it (rows x rest), after the TP/EP split. Embeddings and heads with
+    ``vocab_size`` rows are vocab-parallel; other embeddings (positions, token types) replicated."""
     shape = t.shape if t.copies == 1 else (t.copies, *t.shape)
     dim0, rest = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
     tp, ep = par.tp, par.ep
@@ -86,10 +106,17 @@ def local_tensor(t: Tensor, par: Parallelism, count: int, in_layer: bool) -> Loc
     if expert:
         # (E, out, in) or per-expert (out, in) x copies: experts split over ep, each over tp
         if len(shape) >= 3:
-            return LocalTensor(name=t.name, dim0=cdiv(dim0, ep), rest=cdiv(rest, tp), count=count,
-                               expert=True, in_layer=in_layer)  # fmt: skip
-        return LocalTensor(name=t.name, dim0=cdiv(dim0, ep * tp), rest=rest, count=count, expert=True,
-                           in_layer=in_layer)  # fmt: skip
+            return LocalTensor(
+                name=t.name,
+                dim0=cdiv(dim0, ep),
+                rest=cdiv(rest, tp),
+                count=count,
+                expert=True,
+                in_layer=in_layer,
+            )
+        return LocalTensor(
+            name=t.name, dim0=cdiv(dim0, ep * tp), rest=rest, count=count, expert=True, in_layer=in_layer
+        )
     split_rows = split_cols = False
     if t.component in TP_SPLIT_COMPONENTS and t.kind in ("linear_weight", "linear_bias"):
         row_parallel = t.module in ROW_PARALLEL_MODULES
@@ -99,7 +126,7 @@ def local_tensor(t: Tensor, par: Parallelism, count: int, in_layer: bool) -> Loc
             split_cols = True
         else:
             split_rows = True
-    elif t.component in ("embeddings", "head") and t.kind in ("embedding", "linear_weight", "other"):
+    elif t.component in ("embeddings", "head") and t.shape[0] == vocab_size:
         split_rows = True  # vocab-parallel
     if split_rows:
         dim0 = cdiv(dim0, tp)
@@ -145,10 +172,70 @@ def stage_tensors(spec: ModelSpec, par: Parallelism, stage: int) -> tuple[LocalT
         on_first = t.component in ("embeddings", "positions")
         keep = (on_first and first) or (not on_first and last) or (_tied_embedding(spec, t) and last)
         if keep:
-            out.append(local_tensor(t, par, 1, in_layer=False))
+            out.append(local_tensor(t, par, 1, in_layer=False, vocab_size=spec.vocab_size))
     for count, layer in stage_groups(spec, par.pp, stage):
         out.extend(local_tensor(t, par, count, in_layer=True) for t in layer.tensors)
     return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageParams:
+    """The parameters of one rank of a pipeline stage, after TP/EP, grouped as FSDP units."""
+
+    stage: int
+    tensors: tuple[LocalTensor, ...]  # all, with their counts
+    layer_units: tuple[tuple[int, int], ...]  # (layers, local elements of one layer) per group
+    root_numel: int  # elements outside the layers (the root FSDP unit): embeddings, norm, head
+    head_numel: int  # root elements whose gradients appear at the start of backward (head side)
+    largest_tensor: int  # elements of the largest local tensor (a ZeRO-3 fetch granule: one module)
+
+    @property
+    def numel(self) -> int:
+        return sum(t.total for t in self.tensors)
+
+    @property
+    def expert_numel(self) -> int:
+        return sum(t.total for t in self.tensors if t.expert)
+
+    @property
+    def dense_numel(self) -> int:
+        return self.numel - self.expert_numel
+
+    @property
+    def largest_unit(self) -> int:
+        return max((n for _, n in self.layer_units), default=0)
+
+    @property
+    def layers(self) -> int:
+        return sum(c for c, _ in self.layer_units)
+
+
+def _head_side_numel(spec: ModelSpec, par: Parallelism, stage: int) -> int:
+    """Root elements of the stage whose gradients the head's backward writes first: the head,
+    final norm, and a tied embedding on the last stage (transformers' tied lm_head)."""
+    if stage != par.pp - 1:
+        return 0
+    total = 0
+    for t in spec.outer:
+        if t.component not in ("embeddings", "positions") or _tied_embedding(spec, t):
+            total += local_tensor(t, par, 1, in_layer=False, vocab_size=spec.vocab_size).numel
+    return total
+
+
+def stage_params(spec: ModelSpec, par: Parallelism, stage: int) -> StageParams:
+    tensors = stage_tensors(spec, par, stage)
+    units = tuple(
+        (count, sum(local_tensor(t, par, 1, in_layer=True).numel for t in layer.tensors))
+        for count, layer in stage_groups(spec, par.pp, stage)
+    )
+    return StageParams(
+        stage=stage,
+        tensors=tensors,
+        layer_units=units,
+        root_numel=sum(t.total for t in tensors if not t.in_layer),
+        head_numel=_head_side_numel(spec, par, stage),
+        largest_tensor=max((t.numel for t in tensors), default=0),
+    )
 
 
 def in_flight_microbatches(par: Parallelism, stage: int, microbatches: int) -> float:
@@ -187,11 +274,12 @@ def tp_layer_activations(la: LayerActivations, par: Parallelism, ring_kv_bytes: 
     ring_fwd = 2 * ring_kv_bytes
     ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2  # fp32 dK/dV accumulators (2x the 16-bit chunk)
     return LayerActivations(
-        saved=saved, core=cdiv(la.core, par.tp),
+        saved=saved,
+        core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
         forward_transient=cdiv(la.forward_transient, par.tp) + ring_fwd,
         backward_transient=cdiv(la.backward_transient, par.tp) + ring_bwd,
-    )  # fmt: skip
+    )
 
 
 def tp_head_activations(head: HeadActivations, par: Parallelism) -> HeadActivations:
@@ -200,9 +288,11 @@ def tp_head_activations(head: HeadActivations, par: Parallelism) -> HeadActivati
     if par.tp == 1:
         return head
     return HeadActivations(
-        saved=split_items(head.saved, par), forward_transient=cdiv(head.forward_transient, par.tp),
-        backward_transient=cdiv(head.backward_transient, par.tp), logits_grad=cdiv(head.logits_grad, par.tp),
-    )  # fmt: skip
+        saved=split_items(head.saved, par),
+        forward_transient=cdiv(head.forward_transient, par.tp),
+        backward_transient=cdiv(head.backward_transient, par.tp),
+        logits_grad=cdiv(head.logits_grad, par.tp),
+    )
 
 
 def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> int:

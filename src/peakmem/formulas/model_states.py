@@ -78,7 +78,7 @@ def precision_plan(precision: Precision) -> PrecisionPlan:
 def trainable_params(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Parameters that get gradients and optimizer states (all of them in full fine-tuning)."""
     del setup  # adapters (LoRA/QLoRA) extend this; full fine-tuning trains everything
-    return spec.params
+    return spec_facts(spec).params
 
 
 def _row(tensor: str, dtype: DType, params: int, category: Category, source: str) -> PerParamRow:
@@ -93,7 +93,7 @@ def weight_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, ...
     plan = precision_plan(setup.precision)
     trainable = trainable_params(spec, setup)
     rows = [
-        _row("weights", plan.weight, spec.params, Category.PARAMETERS,
+        _row("weights", plan.weight, spec_facts(spec).params, Category.PARAMETERS,
              f"{setup.precision.value}: model parameters in {plan.weight.name}"),
         _row("gradients", plan.grad, trainable, Category.GRADIENTS,
              "param.grad has the parameter's dtype (torch AccumulateGrad)"),
@@ -108,3 +108,52 @@ def buffer_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Registered buffers (e.g. RoPE inv_freq) are kept in fp32 by transformers' RoPE init."""
     del setup
     return dtypes.FP32.nbytes(spec.buffer_numel)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecFacts:
+    """Sums over a spec's tensor inventory that every estimate needs (computed once per spec)."""
+
+    params: int
+    largest: int  # elements of the largest single parameter tensor
+    factored: int  # Adafactor second-moment elements (rows + cols of >= 2-D tensors, 1-D in full)
+    sizes: tuple[tuple[int, int], ...]  # (elements per tensor, how many such tensors)
+    layer_params: tuple[int, ...]  # per group: parameters of one layer
+    mlp_params: tuple[int, ...]  # per group: MLP/expert/router parameters of one layer
+    linear_params: tuple[int, ...]  # per group: Linear/expert weight elements of one layer
+
+
+_FACTS: dict[int, tuple[ModelSpec, SpecFacts]] = {}
+_FACTS_MAX = 256
+_LINEAR_KINDS = ("linear_weight", "expert_weight")
+_MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
+
+
+def spec_facts(spec: ModelSpec) -> SpecFacts:
+    """Memoised by identity: a planner estimates one spec thousands of times."""
+    hit = _FACTS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    params = largest = factored = 0
+    sizes: dict[int, int] = {}
+    for t, n in spec.tensors():
+        per_copy = t.numel // t.copies
+        params += t.numel * n
+        largest = max(largest, per_copy)
+        sizes[per_copy] = sizes.get(per_copy, 0) + t.copies * n
+        if len(t.shape) >= 2:
+            factored += (per_copy // t.shape[-1] + per_copy // t.shape[-2]) * t.copies * n
+        else:
+            factored += t.numel * n
+    facts = SpecFacts(
+        params=params, largest=largest, factored=factored, sizes=tuple(sizes.items()),
+        layer_params=tuple(g.layer.params for g in spec.groups),
+        mlp_params=tuple(sum(t.numel for t in g.layer.tensors if t.component in _MLP_COMPONENTS)
+                         for g in spec.groups),
+        linear_params=tuple(sum(t.numel for t in g.layer.tensors if t.kind in _LINEAR_KINDS)
+                            for g in spec.groups),
+    )  # fmt: skip
+    if len(_FACTS) >= _FACTS_MAX:
+        _FACTS.clear()
+    _FACTS[id(spec)] = (spec, facts)
+    return facts

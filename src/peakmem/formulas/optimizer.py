@@ -21,16 +21,13 @@ Step temporaries, by implementation (torch 2.13 torch/optim/adam.py):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.training import OptimizerImpl, OptimizerName, TrainingSetup
 
-from .model_states import precision_plan, trainable_params
+from .model_states import SpecFacts, precision_plan, spec_facts, trainable_params
 
 SOURCE_ADAM = "torch/optim/adam.py _init_group: exp_avg, exp_avg_sq = zeros_like(param)"
 SOURCE_SGD = "torch/optim/sgd.py: momentum_buffer = clone(grad)"
@@ -45,28 +42,8 @@ SOURCE_MASTER_GRAD = (
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Shapes:
-    """What the optimizer formulas need from the trainable tensors."""
-
-    numel: int
-    largest: int  # elements of the largest single tensor
-    factored: int  # Adafactor second-moment elements over all tensors
-
-
-def _shapes(spec: ModelSpec) -> _Shapes:
-    numel = largest = factored = 0
-    for t, n in spec.tensors():
-        numel += t.numel * n
-        per_copy = math.prod(t.shape)
-        largest = max(largest, per_copy)
-        if len(t.shape) >= 2:
-            row = math.prod(t.shape[:-1])
-            col = math.prod(t.shape[:-2]) * t.shape[-1]
-            factored += (row + col) * t.copies * n
-        else:
-            factored += t.numel * n
-    return _Shapes(numel=numel, largest=largest, factored=factored)
+def _shapes(spec: ModelSpec) -> SpecFacts:
+    return spec_facts(spec)
 
 
 def state_dtype(setup: TrainingSetup) -> DType:

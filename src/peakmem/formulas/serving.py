@@ -19,34 +19,32 @@ Engines, as people run them:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
+from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION, reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import (
     cache_kind,
+    interleaved_windows,
     kv_bytes_per_token,
     kv_cache_bytes,
-    interleaved_windows,
     kv_elements_per_token_layer,
     layer_kv_bytes,
     round_to_block,
 )
-from peakmem.formulas.weights import WeightRow, weight_rows
+from peakmem.formulas.overhead import CONTEXT_SIZES, CUBLAS_WORKSPACE_BYTES
+from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
+from peakmem.formulas.weights import WeightRow, largest_quantized_linear, per_layer_weight_bytes, weight_rows
 from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
 from peakmem.model import ModelSpec
-from peakmem.units import MiB
 
-# CUDA context + loaded kernels on a current driver with CUDA lazy module loading (CUDA >= 11.7,
-# default in PyTorch 2.x): nvidia-smi shows ~0.4-0.6 GiB per process before any tensor. Older
-# setups (no lazy loading) show ~1.3 GiB (HF "model training anatomy", shared/validation HF-A00).
-CUDA_CONTEXT_BYTES = 512 * MiB
-# PyTorch CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp): allocations above 1 MiB are
-# rounded to 2 MiB multiples (kRoundLarge); smaller ones to 512 B (kMinBlockSize).
-ALLOC_LARGE_ROUND = 2 * MiB
-ALLOC_SMALL_ROUND = 512
+# CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
+CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
+CUDA_CONTEXT_SOURCE = "formulas/overhead.py " + DEFAULT_CONTEXT_SIZE
 # vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 VLLM_MAX_NUM_SEQS = 256
@@ -115,11 +113,15 @@ def _resolve(spec: ModelSpec, setup: InferenceSetup) -> _Ctx:
                 "with kv_nope, k_rot); transformers 4.x cached expanded K/V: mla_cache='expanded'"
             )
         notes.append(f"MLA cache kind: {kind}")
-    notes.append(
-        "sliding-window layers keep at most their window of tokens"
-        if any(g.layer.attention.sliding_window for g in spec.groups)
-        else "every layer attends to the full context"
-    )
+    if any(g.layer.attention.sliding_window for g in spec.groups) and setup.engine is not Engine.LLAMACPP:
+        notes.append("sliding-window layers keep at most their window of tokens")
+    if setup.kv_cache in (KvDtype.INT8, KvDtype.INT4) and setup.engine is Engine.HF:
+        notes.append(
+            "quantized KV cache: the residual_length (128) newest tokens of QuantizedCache stay 16-bit"
+        )
+    heads = spec.first_layer.attention.num_heads
+    if heads % setup.tp:
+        raise InputError(f"tp={setup.tp}: must divide num_attention_heads={heads}")
     return _Ctx(
         spec=spec,
         setup=setup,
@@ -148,13 +150,44 @@ def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int) -> int:
     return total
 
 
-def layer_transient_bytes(spec: ModelSpec, tokens: int, act_bytes: int, tp: int = 1) -> int:
+# transformers' decoder at the MLP peak of a layer holds four hidden-size tensors: the input
+# embeddings (a local of the model's forward), the layer's input (the loop variable), the residual
+# and the normed MLP input (measured with peakmem.measure's tracker on a tiny Llama, CPU, torch 2.13).
+HF_RESIDUAL_COPIES = 4
+# vLLM fuses residual add and RMSNorm in place (fused_add_rms_norm): the hidden state and residual.
+FUSED_RESIDUAL_COPIES = 2
+
+
+def moe_transient_per_token(
+    spec: ModelSpec, mlp_width: int, experts: int, top_k: int, act_bytes: int, *, fused: bool
+) -> float:
+    """Bytes per token of an MoE block's temporaries; ``S = tokens x k`` routed rows.
+
+    transformers 5 ``grouped_mm`` experts (``integrations/moe.py`` ``grouped_mm_experts_forward``,
+    the default experts implementation): the gathered input ``[S, H]`` lives throughout; first with
+    gate_up ``[S, 2I]`` and the gated ``[S, I]``, at the end with the down output, the weighted
+    output and its re-ordered copy (``[S, H]`` each): ``k x max(H + 3I, 4H)``; plus the router's
+    logits and fp32 softmax (2 x E x 4 B).
+    vLLM ``fused_moe``: intermediate caches ``[T, k, 2I]``, ``[T * k, I]`` and ``[T, k, H]``.
+    """
+    h = spec.hidden_size
+    if fused:
+        return top_k * (3 * mlp_width + h) * act_bytes
+    return top_k * max(h + 3 * mlp_width, 4 * h) * act_bytes + 2 * experts * 4
+
+
+def layer_transient_bytes(
+    spec: ModelSpec, tokens: int, act_bytes: int, tp: int = 1, *, fused: bool = False
+) -> int:
     """Largest forward temporaries of one decoder layer for ``tokens`` tokens (SDPA/flash kernels:
     no ``tokens^2`` scores). Sub-steps, whichever is largest:
     MLP ``down(act(gate(x)) * up(x))``: act, up and their product alive = 3 x tokens x width;
+    MoE: :func:`moe_transient_per_token` (plus shared experts as a dense MLP);
     attention: q, k, v and their RoPE'd copies plus the output = 2 (q + k + v) + q;
     RMSNorm upcast: fp32 copy and its square = 2 x 4 bytes x hidden.
-    The residual stream (input and residual) adds 2 x tokens x hidden throughout."""
+    The residual stream adds ``HF_RESIDUAL_COPIES`` (``FUSED_RESIDUAL_COPIES`` for ``fused``
+    engines) x tokens x hidden throughout."""
+    residual = (FUSED_RESIDUAL_COPIES if fused else HF_RESIDUAL_COPIES) * spec.hidden_size * act_bytes
     best = 0
     for g in spec.groups:
         att, mlp = g.layer.attention, g.layer.mlp
@@ -162,23 +195,20 @@ def layer_transient_bytes(spec: ModelSpec, tokens: int, act_bytes: int, tp: int 
         q = heads * att.head_dim
         kv = kv_elements_per_token_layer(att, latent=False, tp=tp)
         if mlp.is_moe:
-            # transformers 5 MoE loops experts; at most every token visits one expert at a time
-            width = max(-(-mlp.intermediate_size // tp), -(-mlp.shared_intermediate_size // tp))
-            router = mlp.num_experts * 4
+            width = -(-mlp.intermediate_size // tp)
+            shared = -(-mlp.shared_intermediate_size // tp)
+            moe = moe_transient_per_token(
+                spec, width, mlp.num_experts, mlp.experts_per_token, act_bytes, fused=fused
+            )
+            mlp_bytes = max(moe, 3 * shared * act_bytes)
         else:
             width = -(-mlp.intermediate_size // tp)
-            router = 0
-        mlp_elems = 3 * width if mlp.gated else 2 * width
-        attn_elems = 2 * (q + kv) + q
+            mlp_bytes = (3 * width if mlp.gated else 2 * width) * act_bytes
+        attn_bytes = (2 * (q + kv) + q) * act_bytes
         norm_bytes = 2 * 4 * spec.hidden_size
-        per_token = max(mlp_elems * act_bytes + router, attn_elems * act_bytes, norm_bytes)
-        best = max(best, tokens * (per_token + 2 * spec.hidden_size * act_bytes))
+        per_token = max(mlp_bytes, attn_bytes, norm_bytes)
+        best = max(best, math.ceil(tokens * (per_token + residual)))
     return best
-
-
-def _round_alloc(nbytes: int) -> int:
-    step = ALLOC_LARGE_ROUND if nbytes > MiB else ALLOC_SMALL_ROUND
-    return -(-nbytes // step) * step
 
 
 def _per_param(spec: ModelSpec, rows: tuple[WeightRow, ...]) -> tuple[PerParamRow, ...]:
@@ -239,6 +269,24 @@ def _weights_item(c: _Ctx, rows: tuple[WeightRow, ...]) -> MemoryItem:
     )
 
 
+def dequant_temporary_bytes(c: _Ctx, tokens: int) -> int:
+    """transformers' quantized linears for a multi-token input: bitsandbytes ``matmul_4bit``
+    dequantizes the weight to the compute dtype (bitsandbytes/autograd/_functions.py, the gemv
+    kernel only for one token); AutoAWQ GEMM (``WQLinear_GEMM``, >= 1024 tokens) and exllama v2
+    (GPTQ) reconstruct it too. LLM.int8 (``int8_linear_matmul``) keeps the int8 input and an int32
+    output instead. One linear at a time: the largest."""
+    fmt = c.setup.weight_format
+    in_f, out_f = largest_quantized_linear(c.spec, fmt)
+    if tokens <= 1 or not in_f:
+        return 0
+    out_f = -(-out_f // c.setup.tp)
+    if fmt.scheme is Scheme.BNB_INT8:
+        return tokens * (in_f + out_f * 4)
+    if fmt.scheme in (Scheme.BNB_4BIT, Scheme.GPTQ, Scheme.AWQ):
+        return in_f * out_f * c.act_bytes
+    return 0
+
+
 def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     s, b = c.setup, c.setup.batch
     weights = _weights_item(c, rows)
@@ -248,6 +296,7 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     logits = b * kept * vocab * c.act_bytes + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
     prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
     kv_prompt = _kv(c, c.prompt, b)
+    dequant = dequant_temporary_bytes(c, b * chunk)
     prefill = [
         weights,
         MemoryItem(
@@ -263,6 +312,15 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             source="formulas/serving.py layer_transient_bytes",
         ),
     ]
+    if dequant:
+        prefill.append(
+            MemoryItem(
+                path="quantized matmul temporaries (one linear)",
+                category=Category.TEMPORARIES,
+                bytes=dequant,
+                source="formulas/serving.py dequant_temporary_bytes",
+            )
+        )
     kv_full = _kv(c, c.context, b)
     grow = _largest_layer_kv(c, c.context - 1, b) if c.context > c.prompt else 0
     decode = [
@@ -292,8 +350,14 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             path="CUDA context",
             category=Category.OVERHEAD,
             bytes=CUDA_CONTEXT_BYTES,
-            source="formulas/serving.py CUDA_CONTEXT_BYTES",
-        )
+            source=CUDA_CONTEXT_SOURCE,
+        ),
+        MemoryItem(
+            path="cuBLAS workspace",
+            category=Category.OVERHEAD,
+            bytes=CUBLAS_WORKSPACE_BYTES,
+            source="formulas/overhead.py CUBLAS_WORKSPACE_BYTES",
+        ),
     ]
     extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full}
     return _Result(prefill=prefill, decode=decode, overhead=overhead, extra=extra)
@@ -306,7 +370,7 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     weights = _weights_item(c, rows)
     chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
     vocab = -(-c.spec.vocab_size // s.tp)
-    act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp)
+    act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
     # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
     sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
     activations = max(act, sampler)
@@ -316,7 +380,12 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     extra: dict[str, object] = {"kv_bytes_per_sequence": per_seq, "prefill_chunk_tokens": chunk}
     if s.gpu_bytes is not None:
         budget = int(s.gpu_bytes * s.gpu_memory_utilization)
-        pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
+        if s.engine is Engine.SGLANG:
+            # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
+            # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
+            pool = budget - weights.bytes
+        else:
+            pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
         blocks = max(pool, 0) // max(1, _kv(c, block, 1, block))
         concurrent = max(pool, 0) // per_seq if per_seq else 0
         extra.update(
@@ -329,6 +398,11 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             notes.append(
                 f"does not start: the KV pool ({max(pool, 0)} B) cannot hold one {c.context}-token sequence "
                 f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
+            )
+        elif concurrent > VLLM_MAX_NUM_SEQS and s.engine is Engine.VLLM:
+            notes.append(
+                f"the KV pool holds {concurrent} sequences; vLLM runs at most max_num_seqs="
+                f"{VLLM_MAX_NUM_SEQS} at once unless raised"
             )
         elif concurrent < b:
             notes.append(f"only {concurrent} sequences of {c.context} tokens fit; the rest wait in the queue")
@@ -357,7 +431,7 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     decode_tmp = MemoryItem(
         path="decode temporaries",
         category=Category.TEMPORARIES,
-        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp) + b * vocab * 8,
+        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp, fused=True) + b * vocab * 8,
         source="formulas/serving.py",
     )
     overhead = [
@@ -365,7 +439,7 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             path="CUDA context + non-torch",
             category=Category.OVERHEAD,
             bytes=CUDA_CONTEXT_BYTES,
-            source="formulas/serving.py CUDA_CONTEXT_BYTES",
+            source=CUDA_CONTEXT_SOURCE,
         )
     ]
     extra["steady_state_bytes"] = weights.bytes + kv_item.bytes
@@ -386,22 +460,29 @@ def _llamacpp(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     gpu_layers = min(ngl, n)
     output_on_gpu = ngl > n  # llama.cpp: -ngl n_layer+1 also offloads the output layer
     outer_names = {t.name: t.component for t in c.spec.outer}
-    layer_rows = [r for r in rows if r.name not in outer_names]
-    layers_bytes = sum(r.bytes for r in layer_rows)
-    per_layer = layers_bytes / n
+    # llama-model.cpp: -ngl N offloads the last N repeating layers (i_gpu_start = n_layer - N)
+    layer_sizes = per_layer_weight_bytes(c.spec, s.weight_format)
+    layers_bytes = sum(layer_sizes)
+    gpu_layer_bytes = sum(layer_sizes[n - gpu_layers :])
     embd = sum(r.bytes for r in rows if outer_names.get(r.name) == "embeddings")
     head = sum(r.bytes for r in rows if r.name in outer_names and outer_names[r.name] != "embeddings")
     if c.spec.tie_word_embeddings and output_on_gpu:
         head += embd  # tied output: the GPU needs its own copy of the matrix
-    gpu_w = int(per_layer * gpu_layers) + (head if output_on_gpu else 0)
-    cpu_w = embd + layers_bytes - int(per_layer * gpu_layers) + (0 if output_on_gpu else head)
+    gpu_w = gpu_layer_bytes + (head if output_on_gpu else 0)
+    cpu_w = embd + layers_bytes - gpu_layer_bytes + (0 if output_on_gpu else head)
     n_ctx = round_to_block(c.context * b, LLAMACPP_CTX_PAD)
     # llama.cpp caps the cache at the window only for interleaved local/global models (the iSWA
     # cache, llama-kv-cache-iswa.cpp: Gemma 2/3, Cohere2); uniform-window models (Mistral-7B v0.1,
     # converted as arch "llama") keep all n_ctx tokens.
     windows = interleaved_windows(c.spec)
-    kv_all = kv_cache_bytes(c.spec, tokens=n_ctx, batch=1, bits=c.kv_bits, latent=c.latent, windows=windows)
-    kv_gpu = kv_all * gpu_layers // n
+    kv_layers = [
+        layer_kv_bytes(
+            layer.attention, tokens=n_ctx, batch=1, bits=c.kv_bits, latent=c.latent, windows=windows
+        )
+        for layer in c.spec.layers()
+    ]
+    kv_all = sum(kv_layers)
+    kv_gpu = sum(kv_layers[n - gpu_layers :])
     ub = min(s.n_ubatch, c.prompt * b)
     # CUDA compute buffer sized by graph reservation for one ubatch with every position output:
     # fp32 logits [n_vocab, n_ubatch] plus the normed hidden state feeding the head (flash attention on).
@@ -433,7 +514,7 @@ def _llamacpp(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             path="CUDA context",
             category=Category.OVERHEAD,
             bytes=CUDA_CONTEXT_BYTES,
-            source="formulas/serving.py CUDA_CONTEXT_BYTES",
+            source=CUDA_CONTEXT_SOURCE,
         )
     ]
     cpu = cpu_w + kv_all - kv_gpu
@@ -470,12 +551,29 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
     prefill, decode = _phase(Phase.PREFILL, r.prefill), _phase(Phase.DECODE, r.decode)
     peak = prefill if prefill.bytes >= decode.bytes else decode
     overhead = sum(i.bytes for i in r.overhead)
-    reserved = sum(_round_alloc(i.bytes) for i in peak.items)
+    # Caching allocator (formulas/allocator.py): weights and a preallocated cache are resident;
+    # activations, temporaries and transformers' growing cache (re-allocated by torch.cat every
+    # step) churn and carry the fragmentation slack.
+    churn_categories = {Category.ACTIVATIONS, Category.TEMPORARIES}
+    if setup.engine is Engine.HF:
+        churn_categories.add(Category.KV_CACHE)
+    churn = sum(i.bytes for i in peak.items if i.category in churn_categories)
+    resident = peak.bytes - churn
+    reserved = reserved_bytes(
+        resident=resident,
+        resident_rounding=tensor_rounding(
+            tuple(i.bytes for i in peak.items if i.category not in churn_categories)
+        ),
+        churn=churn,
+        fragmentation=DEFAULT_FRAGMENTATION,
+    )
     if setup.engine in (Engine.VLLM, Engine.SGLANG) and setup.gpu_bytes is not None:
         # the engine sizes its pool to fill its budget (gpu_memory_utilization x GPU) exactly
         pool = r.extra.get("kv_pool_bytes", 0)
         budget = int(setup.gpu_bytes * setup.gpu_memory_utilization)
-        reserved = budget - overhead if isinstance(pool, int) and pool > 0 else reserved
+        if isinstance(pool, int) and pool > 0:
+            # SGLang's static fraction excludes activations and the context; vLLM's includes both
+            reserved = budget + churn if setup.engine is Engine.SGLANG else budget - overhead
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     extra: dict[str, object] = {

@@ -25,7 +25,9 @@ class GroupCost:
     count: int
     saved: int  # activations kept from forward until this layer's backward
     grads: int  # weight gradients this layer produces
-    backward_transient: int  # gradient temporaries (and recompute) while its backward runs
+    backward_transient: int  # gradient temporaries, its weight gradients included, in its backward
+    recompute: int = 0  # activations rebuilt for its backward (checkpointing)
+    forward_transient: int = 0  # beyond its saved tensors, the most alive at once in its forward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +37,7 @@ class BackwardPeak:
     activations_left: int
     grads_so_far: int
     transient: int
+    recompute: int = 0
 
 
 def backward_peak(
@@ -68,12 +71,11 @@ def backward_peak(
         for j in (0, g.count - 1):
             left = act - j * g.saved
             so_far = grads + (0 if grads_resident else j * g.grads)
-            transient = g.backward_transient + g.grads  # its gradients appear before it is freed
-            total = left + so_far + transient
+            total = left + so_far + g.backward_transient + g.recompute
             if total > best.bytes:
                 best = BackwardPeak(
                     bytes=total, layers_done=done + j, activations_left=left, grads_so_far=so_far,
-                    transient=transient,
+                    transient=g.backward_transient, recompute=g.recompute,
                 )  # fmt: skip
         act -= g.count * g.saved
         grads += 0 if grads_resident else g.count * g.grads

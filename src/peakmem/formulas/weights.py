@@ -377,23 +377,25 @@ def _gguf_category(t: Tensor) -> str:
     return _GGUF_CATEGORY.get(leaf, "other")
 
 
+def _gguf_tensor(spec: ModelSpec, fmt: WeightFormat, t: Tensor, i_layer: int) -> tuple[str, int]:
+    """(ggml type, bytes) of one occurrence of ``t`` in layer ``i_layer`` of a GGUF file."""
+    if len(t.shape) < 2 or t.kind in ("norm", "linear_bias") or t.component == "router":
+        return "F32", t.numel * 4
+    att = spec.first_layer.attention
+    ggml = gguf_type_for(
+        fmt.gguf_type, _gguf_category(t), i_layer=i_layer, n_layers=spec.num_layers,
+        n_gqa=att.num_heads // att.num_kv_heads, n_expert=max(g.layer.mlp.num_experts for g in spec.groups),
+        ne0=t.shape[-1], tied=spec.tie_word_embeddings,
+    )  # fmt: skip
+    return ggml, t.copies * gguf_tensor_bytes(ggml, t.shape)
+
+
 def gguf_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
     """Per-tensor GGUF storage, layer by layer (the type can change with the layer index)."""
-    att = spec.first_layer.attention
-    n_gqa = att.num_heads // att.num_kv_heads
-    n_expert = max(g.layer.mlp.num_experts for g in spec.groups)
-    n_layers = spec.num_layers
     rows: dict[str, tuple[str, int, int, set[str]]] = {}
 
     def add(t: Tensor, i_layer: int) -> None:
-        if len(t.shape) < 2 or t.kind in ("norm", "linear_bias") or t.component == "router":
-            ggml, nbytes = "F32", t.numel * 4
-        else:
-            ggml = gguf_type_for(
-                fmt.gguf_type, _gguf_category(t), i_layer=i_layer, n_layers=n_layers, n_gqa=n_gqa,
-                n_expert=n_expert, ne0=t.shape[-1], tied=spec.tie_word_embeddings,
-            )  # fmt: skip
-            nbytes = t.copies * gguf_tensor_bytes(ggml, t.shape)
+        ggml, nbytes = _gguf_tensor(spec, fmt, t, i_layer)
         comp, params, total, types = rows.get(t.name, (t.component, 0, 0, set()))
         rows[t.name] = (comp, params + t.numel, total + nbytes, types | {ggml})
 
@@ -408,6 +410,20 @@ def gguf_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
     )
 
 
+def per_layer_weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, ...]:
+    """Bytes of each decoder layer in order (GGUF types can differ layer by layer)."""
+    if fmt.scheme is Scheme.GGUF:
+        return tuple(
+            sum(_gguf_tensor(spec, fmt, t, i)[1] for t in layer.tensors)
+            for i, layer in enumerate(spec.layers())
+        )
+    out: list[int] = []
+    for g in spec.groups:
+        size = sum(tensor_storage(t, fmt, tied=spec.tie_word_embeddings)[0] for t in g.layer.tensors)
+        out.extend([size] * g.count)
+    return tuple(out)
+
+
 def weight_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
     """Storage of every parameter tensor (over its occurrences) in ``fmt``."""
     if fmt.scheme is Scheme.GGUF:
@@ -420,6 +436,25 @@ def weight_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
             WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n, storage=label)
         )
     return tuple(out)
+
+
+def largest_quantized_linear(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, int]:
+    """(in_features, out_features) of the largest linear (one copy) that ``fmt`` quantizes; (0, 0)
+    when nothing is quantized. Kernels that dequantize a whole weight for large inputs (bitsandbytes
+    ``matmul_4bit`` beyond one token, AutoAWQ GEMM and exllama for long inputs) hold one such copy."""
+    best = (0, 0)
+    if fmt.scheme in (Scheme.FLOAT, Scheme.GGUF):
+        return best
+    for t, _ in spec.tensors():
+        if t.kind not in ("linear_weight", "expert_weight") or len(t.shape) < 2:
+            continue
+        _, stored = tensor_storage(t, fmt, tied=spec.tie_word_embeddings)
+        if stored == fmt.float_dtype:
+            continue
+        _, in_f, out_f = _linear_view(t)
+        if in_f * out_f > best[0] * best[1]:
+            best = (in_f, out_f)
+    return best
 
 
 def weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> int:

@@ -68,7 +68,9 @@ def measure_training(
     gc.collect()
     gc.disable()  # frees happen at refcount zero, deterministically
     try:
-        result = _run(model, config, setup, dev, steps, seed, tracker, cuda, cross_check and dev.type == "cpu")
+        result = _run(
+            model, config, setup, dev, steps, seed, tracker, cuda, cross_check and dev.type == "cpu"
+        )
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -92,8 +94,10 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
     if setup.attention == AttentionKernel.FLASH and not device.startswith("cuda"):
         raise InputError("attention='flash': FlashAttention-2 runs on CUDA only; use eager or sdpa on CPU")
     if setup.checkpointing == Checkpointing.SELECTIVE:
-        raise InputError("checkpointing='selective': not measurable (transformers has no selective "
-                         "recomputation of the attention core); use none or full")
+        raise InputError(
+            "checkpointing='selective': not measurable (transformers has no selective "
+            "recomputation of the attention core); use none or full"
+        )
     if setup.precision == Precision.AMP_FP16 and device == "cpu" and not _cpu_autocast_fp16():
         raise InputError("precision='amp-fp16': this torch has no float16 autocast on CPU")
 
@@ -106,7 +110,11 @@ def _cpu_autocast_fp16() -> bool:
         return False
 
 
-ATTN_IMPL = {AttentionKernel.EAGER: "eager", AttentionKernel.SDPA: "sdpa", AttentionKernel.FLASH: "flash_attention_2"}
+ATTN_IMPL = {
+    AttentionKernel.EAGER: "eager",
+    AttentionKernel.SDPA: "sdpa",
+    AttentionKernel.FLASH: "flash_attention_2",
+}
 TRAINABLE_SUFFIXES = ("ForCausalLM", "ForSequenceClassification", "ForMaskedLM", "LMHeadModel")
 
 
@@ -125,20 +133,34 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, *, seed: int = 0) 
     except (KeyError, ValueError) as err:
         raise InputError(f"model_type={model_type!r}: transformers cannot build it ({err})") from err
     arch = (config.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.endswith(TRAINABLE_SUFFIXES) else None
+    cls = (
+        getattr(transformers, arch, None)
+        if isinstance(arch, str) and arch.endswith(TRAINABLE_SUFFIXES)
+        else None
+    )
     if cls is None:
-        cls = transformers.BertForSequenceClassification if model_type == "bert" else transformers.AutoModelForCausalLM
+        cls = (
+            transformers.BertForSequenceClassification
+            if model_type == "bert"
+            else transformers.AutoModelForCausalLM
+        )
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": ATTN_IMPL[setup.attention]}
+    builder: Any = cls
     with torch.device("cpu"):
         if cls is transformers.AutoModelForCausalLM:
-            model = cls.from_config(cfg, dtype=torch.float32, **kwargs)
+            model = builder.from_config(cfg, dtype=torch.float32, **kwargs)
         else:
-            model = cls._from_config(cfg, dtype=torch.float32, **kwargs)
-    return model
+            model = builder._from_config(cfg, dtype=torch.float32, **kwargs)
+    # HF Trainer 5.23 sets model.config.use_cache = TrainingArguments.use_cache (default False):
+    # without it a training forward also builds a DynamicCache (torch.cat copies of K and V).
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    module: torch.nn.Module = model
+    return module
 
 
-def _task(model: torch.nn.Module) -> str:
+def _task(model: Any) -> str:
     name = type(model).__name__
     if name.endswith("ForSequenceClassification"):
         return "sequence-classification"
@@ -147,7 +169,9 @@ def _task(model: torch.nn.Module) -> str:
     return "causal-lm"
 
 
-def make_batch(model: torch.nn.Module, setup: TrainingSetup, dev: torch.device, gen: torch.Generator) -> dict:
+def make_batch(
+    model: Any, setup: TrainingSetup, dev: torch.device, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Random token ids; labels as HF computes the model's own loss from them."""
     cfg = model.config
     shape = (setup.micro_batch, setup.seq_len)
@@ -187,7 +211,7 @@ class _CudaStats:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
             return used, "NVML used memory of the device (all processes) after the run"
-        except Exception:  # noqa: BLE001 - pynvml missing or unusable: fall back to torch
+        except Exception:
             free, total = torch.cuda.mem_get_info(self.dev)
             return int(total - free), "torch.cuda.mem_get_info: total minus free after the run"
 
@@ -199,8 +223,17 @@ class _Run:
         self.allocator_peak: int | None = None
 
 
-def _run(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSetup, dev: torch.device, steps: int,
-         seed: int, tracker: LiveStorageTracker | None, cuda: _CudaStats | None, cross_check: bool = False) -> _Run:
+def _run(
+    model: torch.nn.Module,
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    dev: torch.device,
+    steps: int,
+    seed: int,
+    tracker: LiveStorageTracker | None,
+    cuda: _CudaStats | None,
+    cross_check: bool = False,
+) -> _Run:
     result = _Run()
 
     def phase(p: Phase, step: int) -> None:
@@ -214,7 +247,8 @@ def _run(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSetup, d
         if tracker is not None:
             recompute = tracker.recompute
             ckpt_kwargs["context_fn"] = lambda: (nullcontext(), recompute())
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
+        enable: Any = model.activation_checkpointing_enable
+        enable(activation_checkpointing_kwargs=ckpt_kwargs)
     gen = torch.Generator().manual_seed(seed)
     if tracker is not None:
         tracker.register_module(model)
@@ -260,7 +294,11 @@ def _allocator_profiler() -> Any:
 
 def _allocator_peak(prof: Any) -> int:
     """Peak of the running sum of the CPU allocator's ``[memory]`` events (bytes above the start)."""
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
+    ]
     events.sort(key=lambda e: e.start_ns())
     cur = peak = 0
     for e in events:
@@ -295,9 +333,16 @@ def _items(snap: Snapshot) -> tuple[MemoryItem, ...]:
     )
 
 
-def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSetup, dev: torch.device,
-              result: _Run, tracker: LiveStorageTracker | None, cuda: _CudaStats | None,
-              model_name: str | None) -> Estimate:
+def _estimate(
+    model: torch.nn.Module,
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    dev: torch.device,
+    result: _Run,
+    tracker: LiveStorageTracker | None,
+    cuda: _CudaStats | None,
+    model_name: str | None,
+) -> Estimate:
     params = _unique_numel(model.parameters())
     trainer = result.trainer
     trainable = _unique_numel(trainer.params)
@@ -315,14 +360,15 @@ def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSet
         if s.bytes > phase_bytes.get(s.phase, -1):
             phase_bytes[s.phase], phase_snap[s.phase] = s.bytes, s
     assumptions = [
-        f"measured: {len(steps_report) - 1 if 0 in steps_report else len(steps_report)} real training step(s) "
-        f"of a randomly initialized {type(model).__name__} (seeded), built from its config; nothing downloaded",
+        f"measured: {len([k for k in steps_report if k > 0])} real training step(s) of a randomly "
+        f"initialized {type(model).__name__} (seeded), built from its config; nothing downloaded",
         "step 1 creates the optimizer states; step 2 is the steady state; extra['steps'] reports both",
         "loss: the model's own loss (labels = input_ids for language models, as HF computes it); "
         "no gradient clipping; zero_grad(set_to_none=True); Python's garbage collector paused during the run",
-        f"dropout as the config sets it; attention implementation {ATTN_IMPL[setup.attention]!r}",
-        "activations = tensors saved for backward (and, with checkpointing, recomputed in backward) plus the "
-        "input batch; temporaries = every other live tensor",
+        f"dropout as the config sets it; attention implementation {ATTN_IMPL[setup.attention]!r}; "
+        "use_cache=False (HF Trainer's default), so no KV cache is built in training",
+        "activations = tensors saved for backward (with checkpointing: also those the recomputation in "
+        "backward saves) plus the input batch; temporaries = every other live tensor",
     ]
     if setup.optimizer.value == "adafactor":
         assumptions.append("adafactor: torch.optim.Adafactor (not transformers.optimization.Adafactor)")
@@ -330,13 +376,15 @@ def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSet
         assumptions.append("lion: peakmem's Lion (Chen et al. 2023 Algorithm 2); torch has none")
     if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
         assumptions.append(
-            "mixed precision: fp32 masters made at load; at the step each 16-bit gradient is upcast to an fp32 "
-            "master gradient and freed, the optimizer steps the masters, fp32 gradients are freed and the "
-            "masters copied into the 16-bit weights (peakmem.measure.trainer.MasterWeightTrainer)"
+            "mixed precision: fp32 masters made at load; at the step each 16-bit gradient is upcast to an "
+            "fp32 master gradient and freed, the optimizer steps the masters, fp32 gradients are freed and "
+            "the masters copied into the 16-bit weights (peakmem.measure.trainer.MasterWeightTrainer)"
         )
     if setup.checkpointing == Checkpointing.FULL:
-        assumptions.append("checkpointing: model.activation_checkpointing_enable(), use_reentrant=False "
-                           "(transformers 5.23 default)")
+        assumptions.append(
+            "checkpointing: model.activation_checkpointing_enable(), use_reentrant=False "
+            "(transformers 5.23 default)"
+        )
 
     overall: Snapshot | None = max(snaps, key=lambda s: (s.bytes, -s.step)) if snaps else None
     if cuda is not None:
@@ -351,30 +399,43 @@ def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSet
             rep.setdefault("cuda_max_allocated", {})[ph.value] = b
             if b > phase_bytes.get(ph, -1) or ph not in phase_snap:
                 phase_bytes[ph] = max(phase_bytes.get(ph, 0), b)
-        assumptions.append("CUDA: peak_allocated/reserved from torch.cuda.max_memory_allocated/reserved, reset at "
-                           f"each phase boundary; device total: {how}")
+        assumptions.append(
+            "CUDA: peak_allocated/reserved from torch.cuda.max_memory_allocated/reserved, reset at "
+            f"each phase boundary; device total: {how}"
+        )
         if tracker is not None:
-            assumptions.append("CUDA: categories come from the live-storage tracker (request sizes, before the "
-                               "caching allocator's 512-byte rounding); untracked bytes shown as temporaries")
+            assumptions.append(
+                "CUDA: categories come from the live-storage tracker (request sizes, before the "
+                "caching allocator's 512-byte rounding); untracked bytes shown as temporaries"
+            )
     else:
         assert overall is not None
         peak_alloc = overall.bytes
         peak_reserved = peak_alloc
         device_total = peak_alloc
         peak_phase = overall.phase
-        assumptions.append("CPU: no caching allocator or CUDA context, so peak_reserved_bytes and "
-                           "device_total_bytes are set equal to peak_allocated_bytes")
+        assumptions.append(
+            "CPU: no caching allocator or CUDA context, so peak_reserved_bytes and "
+            "device_total_bytes are set equal to peak_allocated_bytes"
+        )
     assumptions.append(TRACKER_BLIND_SPOTS)
 
     items: tuple[MemoryItem, ...] = _items(overall) if overall is not None else ()
     if cuda is not None and overall is not None:
         gap = peak_alloc - overall.bytes
         if gap > 0:
-            items += (MemoryItem(path="untracked by the tensor tracker (allocator rounding, workspaces)",
-                                 category=Category.TEMPORARIES, bytes=gap, source="torch.cuda stats"),)
+            items += (
+                MemoryItem(
+                    path="untracked by the tensor tracker (allocator rounding, workspaces)",
+                    category=Category.TEMPORARIES,
+                    bytes=gap,
+                    source="torch.cuda stats",
+                ),
+            )
     phases = tuple(
         PhasePeak(phase=ph, bytes=phase_bytes[ph], items=_items(phase_snap[ph]) if ph in phase_snap else ())
-        for ph in PHASES if ph in phase_bytes
+        for ph in PHASES
+        if ph in phase_bytes
     )
     extra: dict[str, Any] = {
         "device": str(dev),
@@ -386,8 +447,15 @@ def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSet
     if overall is not None:
         extra["peak_step"] = overall.step
         extra["largest_tensors"] = [
-            {"label": r.label, "category": r.category.value, "op": r.op, "dtype": r.dtype,
-             "shape": list(r.shape), "bytes": r.nbytes, "name": r.name}
+            {
+                "label": r.label,
+                "category": r.category.value,
+                "op": r.op,
+                "dtype": r.dtype,
+                "shape": list(r.shape),
+                "bytes": r.nbytes,
+                "name": r.name,
+            }
             for r in overall.largest(LARGEST)
         ]
     return Estimate(
@@ -411,13 +479,26 @@ def _unique_numel(params: Any) -> int:
     return total
 
 
-def _per_param_rows(model: torch.nn.Module, trainer: Any, result: _Run, trainable: int) -> tuple[PerParamRow, ...]:
+def _per_param_rows(
+    model: torch.nn.Module, trainer: Any, result: Any, trainable: int
+) -> tuple[PerParamRow, ...]:
+    """Measured bytes-per-parameter rows; ``result.grad_bytes`` maps grad dtype -> bytes (also used by
+    :mod:`peakmem.simulate`)."""
     rows: list[PerParamRow] = []
     src = "measured: storage bytes of the real tensors"
 
     def row(tensor: str, dtype: str, nbytes: int, n: int, cat: Category) -> None:
-        rows.append(PerParamRow(tensor=tensor, dtype=dtype, bytes_per_param=nbytes / n if n else 0.0,
-                                bytes=nbytes, params=n, category=cat, source=src))
+        rows.append(
+            PerParamRow(
+                tensor=tensor,
+                dtype=dtype,
+                bytes_per_param=nbytes / n if n else 0.0,
+                bytes=nbytes,
+                params=n,
+                category=cat,
+                source=src,
+            )
+        )
 
     by_dtype: dict[torch.dtype, list[int]] = {}
     seen: set[int] = set()
@@ -435,16 +516,21 @@ def _per_param_rows(model: torch.nn.Module, trainer: Any, result: _Run, trainabl
         row("gradients", DTYPE_NAMES.get(dt, str(dt)), b, trainable, Category.GRADIENTS)
     masters = getattr(trainer, "masters", None)
     if masters:
-        row("master weights", "fp32", sum(m.untyped_storage().nbytes() for m in masters), trainable,
-            Category.MASTER_WEIGHTS)
+        row(
+            "master weights",
+            "fp32",
+            sum(m.untyped_storage().nbytes() for m in masters),
+            trainable,
+            Category.MASTER_WEIGHTS,
+        )
     states: dict[tuple[str, str], int] = {}
     for st in trainer.optimizer.state.values():
         for k, v in st.items():
             if isinstance(v, torch.Tensor):
-                key = (str(k), DTYPE_NAMES.get(v.dtype, str(v.dtype).removeprefix("torch.")))
-                states[key] = states.get(key, 0) + v.untyped_storage().nbytes()
-    for (k, dt), b in states.items():
-        row(f"optimizer {k}", dt, b, trainable, Category.OPTIMIZER_STATES)
+                skey = (str(k), DTYPE_NAMES.get(v.dtype, str(v.dtype).removeprefix("torch.")))
+                states[skey] = states.get(skey, 0) + v.untyped_storage().nbytes()
+    for (sname, sdtype), sbytes in states.items():
+        row(f"optimizer {sname}", sdtype, sbytes, trainable, Category.OPTIMIZER_STATES)
     return tuple(rows)
 
 

@@ -51,7 +51,7 @@ MASTER = "master"  # fp32 master copy of a 16-bit weight (mixed-* trainer)
 OPTIM_STATE = "optim_state"
 GRAD = "grad"
 SAVED = "saved"  # saved for backward (autograd pack hook)
-RECOMPUTED = "recomputed"  # created while activation checkpointing recomputes a layer
+RECOMPUTED = "recomputed"  # created while checkpointing recomputes a layer (label only; saved -> SAVED)
 INPUT = "input"  # the batch: input_ids, labels
 WEIGHT_CAST = "weight_cast"  # autocast's cached 16-bit copy of a weight
 
@@ -87,7 +87,7 @@ class StorageRecord:
         """How items are grouped at a peak: category-specific, layer indices folded to ``*``."""
         cat = self.category
         if cat in (Category.PARAMETERS, Category.BUFFERS, Category.MASTER_WEIGHTS, Category.GRADIENTS):
-            return cat.value
+            return str(cat.value)
         if cat == Category.OPTIMIZER_STATES:
             return f"optimizer.{self.name or 'state'}"
         if INPUT in self.tags:
@@ -110,7 +110,7 @@ def _category(tags: set[str]) -> Category:
         return Category.OPTIMIZER_STATES
     if GRAD in tags:
         return Category.GRADIENTS
-    if tags & {SAVED, RECOMPUTED, INPUT}:
+    if tags & {SAVED, INPUT}:
         return Category.ACTIVATIONS
     return Category.TEMPORARIES
 
@@ -166,8 +166,17 @@ class StorageLedger:
         else:
             self._segments.append((len(self._events), step, phase))
 
-    def alloc(self, nbytes: int, *, op: str, module: str = "", dtype: str = "",
-              shape: tuple[int, ...] = (), tags: Iterable[str] = (), name: str = "") -> int:
+    def alloc(
+        self,
+        nbytes: int,
+        *,
+        op: str,
+        module: str = "",
+        dtype: str = "",
+        shape: tuple[int, ...] = (),
+        tags: Iterable[str] = (),
+        name: str = "",
+    ) -> int:
         sid = self._next_sid
         self._next_sid += 1
         self.records[sid] = StorageRecord(
@@ -249,15 +258,26 @@ class StorageLedger:
 
     def live_snapshot(self) -> Snapshot:
         recs = tuple(_sized(self.records[s], b) for s, b in self._live.items())
-        return Snapshot(step=self.step, phase=self.phase, event_index=len(self._events),
-                        bytes=self.current, records=recs)
+        return Snapshot(
+            step=self.step, phase=self.phase, event_index=len(self._events), bytes=self.current, records=recs
+        )
 
 
 def _sized(rec: StorageRecord, nbytes: int) -> StorageRecord:
     if rec.nbytes == nbytes:
         return rec
-    return StorageRecord(sid=rec.sid, nbytes=nbytes, step=rec.step, phase=rec.phase, op=rec.op,
-                         module=rec.module, dtype=rec.dtype, shape=rec.shape, name=rec.name, tags=rec.tags)
+    return StorageRecord(
+        sid=rec.sid,
+        nbytes=nbytes,
+        step=rec.step,
+        phase=rec.phase,
+        op=rec.op,
+        module=rec.module,
+        dtype=rec.dtype,
+        shape=rec.shape,
+        name=rec.name,
+        tags=rec.tags,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -347,10 +367,29 @@ class LiveStorageTracker:
 
     @contextmanager
     def recompute(self) -> Iterator[None]:
-        """Context for activation checkpointing's recomputation (``context_fn``'s second half)."""
+        """Context for activation checkpointing's recomputation (``context_fn``'s second half).
+
+        ``torch.utils.checkpoint`` (non-reentrant) saves the recomputed tensors through its own
+        saved-tensor hook, which sits on top of ours; this context wraps that hook so the
+        tensors it keeps are tagged as saved (activations) before it stores them.
+        """
+        import torch
+        from torch.autograd.graph import saved_tensors_hooks
+
+        inner = torch._C._autograd._top_saved_tensors_default_hooks(True)
         self.recomputing += 1
         try:
-            yield
+            if inner is None:
+                yield
+                return
+            inner_pack, inner_unpack = inner
+
+            def pack(tensor: Any) -> Any:
+                self.sid_of(tensor, op="saved", tags=(SAVED,))
+                return inner_pack(tensor)
+
+            with saved_tensors_hooks(pack, inner_unpack):
+                yield
         finally:
             self.recomputing -= 1
 
@@ -403,10 +442,11 @@ class LiveStorageTracker:
         outs = [t for t in tree_flatten(out)[0] if _is_tensor(t)]
         for t in outs:
             sid = self.sid_of(t, op=name, tags=tags)
-            if name == "_to_copy":  # autocast's cast of a weight (autocast is off inside dispatch)
-                src = args[0] if args else None
-                pname = self._param_names.get(id(src.untyped_storage())) if _is_tensor(src) else None
-                if pname is not None and sid != self._sids.get(id(src.untyped_storage())):
+            src = args[0] if name == "_to_copy" and args else None
+            if src is not None and _is_tensor(src):  # autocast's weight cast (autocast is off in here)
+                key = id(src.untyped_storage())
+                pname = self._param_names.get(key)
+                if pname is not None and sid != self._sids.get(key):
                     self.ledger.tag(sid, WEIGHT_CAST, pname)
 
 
@@ -428,13 +468,13 @@ def _op_name(func: Any) -> str:
 def _make_mode(tracker: LiveStorageTracker) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class _StorageMode(TorchDispatchMode):
+    class _StorageMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             tracker._on_op(func, args, kwargs, out)
             return out
 
-    return _StorageMode()
+    return _StorageMode()  # type: ignore[no-untyped-call]
 
 
 ContextFn = Callable[[], tuple[Any, Any]]

@@ -61,8 +61,14 @@ class Lion(torch.optim.Optimizer):
     For-loop: one temporary ``c`` per parameter at a time; foreach: all ``c`` at once.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = LR, betas: tuple[float, float] = LION_BETAS,
-                 weight_decay: float = 0.0, foreach: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = LR,
+        betas: tuple[float, float] = LION_BETAS,
+        weight_decay: float = 0.0,
+        foreach: bool = False,
+    ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "foreach": foreach})
 
     @torch.no_grad()
@@ -111,7 +117,7 @@ def make_optimizer(name: OptimizerName, impl: OptimizerImpl, params: list[torch.
     if name in (OptimizerName.ADAMW, OptimizerName.ADAM):
         cls = torch.optim.AdamW if name == OptimizerName.ADAMW else torch.optim.Adam
         wd = WEIGHT_DECAY if name == OptimizerName.ADAMW else 0.0
-        return cls(params, lr=LR, weight_decay=wd, **flags)
+        return cls(params, lr=LR, weight_decay=wd, foreach=flags["foreach"], fused=flags["fused"])
     if name in (OptimizerName.SGD, OptimizerName.SGD_MOMENTUM):
         momentum = MOMENTUM if name == OptimizerName.SGD_MOMENTUM else 0.0
         return torch.optim.SGD(params, lr=LR, momentum=momentum, **flags)
@@ -127,8 +133,13 @@ def make_optimizer(name: OptimizerName, impl: OptimizerImpl, params: list[torch.
 class PlainTrainer:
     """fp32, amp-* and bf16: the optimizer steps the model's own parameters."""
 
-    def __init__(self, model: torch.nn.Module, setup: TrainingSetup, device: torch.device,
-                 tracker: LiveStorageTracker | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        setup: TrainingSetup,
+        device: torch.device,
+        tracker: LiveStorageTracker | None,
+    ) -> None:
         self.model, self.setup, self.device, self.tracker = model, setup, device, tracker
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, self.params)
@@ -143,9 +154,9 @@ class PlainTrainer:
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         else:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
 
     def step(self) -> None:
         if self.scaler is not None:
@@ -186,8 +197,13 @@ class MasterWeightTrainer(PlainTrainer):
     2 + 2 + 4 + states, plus what backward still holds.
     """
 
-    def __init__(self, model: torch.nn.Module, setup: TrainingSetup, device: torch.device,
-                 tracker: LiveStorageTracker | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        setup: TrainingSetup,
+        device: torch.device,
+        tracker: LiveStorageTracker | None,
+    ) -> None:
         self.model, self.setup, self.device, self.tracker = model, setup, device, tracker
         self.params = [p for p in model.parameters() if p.requires_grad]
         names = {id(p): n for n, p in model.named_parameters()}
@@ -205,7 +221,7 @@ class MasterWeightTrainer(PlainTrainer):
         return torch.autocast(self.device.type, enabled=False)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()  # type: ignore[no-untyped-call]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -235,8 +251,9 @@ class MasterWeightTrainer(PlainTrainer):
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def make_trainer(model: torch.nn.Module, setup: TrainingSetup, device: torch.device,
-                 tracker: LiveStorageTracker | None) -> PlainTrainer:
+def make_trainer(
+    model: torch.nn.Module, setup: TrainingSetup, device: torch.device, tracker: LiveStorageTracker | None
+) -> PlainTrainer:
     if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
         return MasterWeightTrainer(model, setup, device, tracker)
     return PlainTrainer(model, setup, device, tracker)

@@ -20,6 +20,15 @@ def create_app() -> Any:
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, open_browser: bool = False) -> None:
     """Run the server until interrupted (imports FastAPI and uvicorn)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        from peakmem.errors import InputError
+
+        raise InputError(
+            f"peakmem serve needs FastAPI and uvicorn: pip install 'peakmem[web]' ({error})"
+        ) from error
     from peakmem.web.app import serve as _serve
 
     _serve(host=host, port=port, open_browser=open_browser)

@@ -36,7 +36,13 @@ from peakmem import __version__
 from peakmem.errors import PeakmemError, UnknownNameError
 from peakmem.inference import Engine, KvDtype
 from peakmem.training import (
-    AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
+    AttentionKernel,
+    Checkpointing,
+    Framework,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    Precision,
 )  # fmt: skip
 from peakmem.units import MiB, fmt_count
 
@@ -116,7 +122,9 @@ class TrainRequest(ModelChoice):
 
 
 class InferRequest(ModelChoice):
-    weights: str = Field("bf16", min_length=1, max_length=40, description="bf16, fp8, nf4, gptq-4bit-g128, ...")
+    weights: str = Field(
+        "bf16", min_length=1, max_length=40, description="bf16, fp8, nf4, gptq-4bit-g128, ..."
+    )
     kv_cache: KvDtype = KvDtype.AUTO
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")
     context: int | None = Field(None, ge=1, le=MAX_SEQ, description="prompt + generated tokens per sequence")
@@ -251,7 +259,9 @@ def _spec(req: ModelChoice) -> Any:
         raise ApiError(422, field_of(error, "config", "config."), str(error)) from error
     if spec.params > MAX_PARAMS:
         raise ApiError(
-            422, "config", f"config: {fmt_count(spec.params)} parameters; at most {fmt_count(MAX_PARAMS)} accepted"
+            422,
+            "config",
+            f"config: {fmt_count(spec.params)} parameters; at most {fmt_count(MAX_PARAMS)} accepted",
         )
     return spec
 
@@ -296,7 +306,7 @@ def training_setup(req: TrainRequest, max_positions: int) -> Any:
 
 def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list[tuple[str, Any]], list[Any]]:
     """(response JSON, spec, setup, estimate, ways, gpus) for a training request."""
-    from peakmem.cli import _train_headline
+    from peakmem.render import train_headline
     from peakmem.estimate import estimate_training, ways_down
     from peakmem.plot import chart_json
     from peakmem.render import estimate_json
@@ -307,13 +317,13 @@ def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list
     est = estimate_training(spec, setup)
     ways = list(ways_down(spec, setup)) if req.ways else []
     out = estimate_json(est, _verdicts(gpus, est.device_total_bytes), ways)
-    out["headline"] = _train_headline(spec, setup, est)
+    out["headline"] = train_headline(spec, setup, est)
     out["chart"] = chart_json(est, ways)
     return out, spec, setup, est, ways, gpus
 
 
 def infer_answer(req: InferRequest) -> dict[str, Any]:
-    from peakmem.cli import _fits_on
+    from peakmem.render import fits_on
     from peakmem.formulas.serving import estimate_inference
     from peakmem.inference import InferenceSetup
     from peakmem.plot import chart_json
@@ -329,8 +339,9 @@ def infer_answer(req: InferRequest) -> dict[str, Any]:
     est = estimate_inference(spec, setup)
     out = estimate_json(est, _verdicts(gpus, est.device_total_bytes))
     out["headline"] = (
-        f"{spec.name} inference ({setup.weight_format.name} weights, {setup.engine.value}, batch {setup.batch}) "
-        f"needs ≈ {fmt_both(est.device_total_bytes)}; {_fits_on(est.device_total_bytes)}."
+        f"{spec.name} inference ({setup.weight_format.name} weights, {setup.engine.value}, "
+        f"batch {setup.batch}) "
+        f"needs ≈ {fmt_both(est.device_total_bytes)}; {fits_on(est.device_total_bytes)}."
     )
     out["chart"] = chart_json(est)
     return out
@@ -399,7 +410,9 @@ def gpu_entries() -> list[dict[str, Any]]:
 # --- errors ----------------------------------------------------------------------------------------
 def _error_response(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
     detail = [{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}]
-    return JSONResponse(status_code=status, content={"error": message, "field": field, "detail": detail, **extra})
+    return JSONResponse(
+        status_code=status, content={"error": message, "field": field, "detail": detail, **extra}
+    )
 
 
 def _validation_response(error: RequestValidationError) -> JSONResponse:
@@ -484,8 +497,8 @@ class BodyLimit:
 
     async def _reject(self, send: Send) -> None:
         message = f"request body over {self.limit:,} bytes; a config.json is a few KiB"
-        body = json.dumps({"error": message, "field": "body",
-                           "detail": [{"loc": ["body"], "msg": message, "type": "too_large"}]}).encode()  # fmt: skip
+        detail = [{"loc": ["body"], "msg": message, "type": "too_large"}]
+        body = json.dumps({"error": message, "field": "body", "detail": detail}).encode()
         await send({"type": "http.response.start", "status": 413, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),

@@ -26,6 +26,7 @@ const catalog = { models: new Map(), gpus: new Map() };
 let requestId = 0;
 let inflight = null;
 let timer = null;
+let lastData = null;  // re-rendered once the catalogs (GPU display names) arrive
 
 // --- formatting: the same digits as peakmem.units (GB = 1e9 bytes, GiB = 2**30) -----------------
 function fixed(x, digits) {
@@ -157,14 +158,17 @@ async function run() {
   inflight = new AbortController();
   $("result").classList.add("loading");
   try {
-    const resp = await fetch("/api/train", {
+    // with GPUs, /api/fit: the same estimate plus, per GPU, the largest batch and seq and the changes that fit
+    const endpoint = body.gpus.length ? "/api/fit" : "/api/train";
+    const resp = await fetch(endpoint, {
       method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
       signal: inflight.signal,
     });
     const data = await resp.json().catch(() => ({ error: `HTTP ${resp.status}` }));
     if (id !== requestId) return;  // a newer request is on its way
     if (!resp.ok) showError(data.error || `HTTP ${resp.status}`, data.suggestions);
-    else render(data);
+    else if (endpoint === "/api/fit") render(data.estimate, data.gpus);
+    else render(data, []);
   } catch (e) {
     if (e.name !== "AbortError" && id === requestId) showError(`the server did not answer: ${e.message}`);
   } finally {
@@ -185,6 +189,7 @@ function showError(message, suggestions) {
     });
   }
   box.hidden = false;
+  $("details").hidden = true;  // no stale numbers next to an error
   $("answer").textContent = "";
   for (const id of ["total", "allocated", "reserved", "peak-phase"]) $(id).textContent = "—";
   document.body.dataset.state = "error";
@@ -195,8 +200,10 @@ function gpuName(name) {
   return g ? g.display_name.replace(/^NVIDIA (GeForce )?/, "") : name;
 }
 
-function render(data) {
+function render(data, fits) {
+  lastData = [data, fits];
   $("error").hidden = true;
+  $("details").hidden = false;
   $("answer").textContent = data.headline;
   $("total").textContent = fmtBoth(data.device_total_bytes);
   $("allocated").textContent = fmtGB(data.peak_allocated_bytes);
@@ -204,20 +211,31 @@ function render(data) {
   $("peak-phase").textContent = data.peak_phase;
   const seq = data.setup && (data.setup.seq_len ?? data.setup.seq);
   if (seq) $("seq").placeholder = `default ${seq}`;
-  renderVerdicts(data.verdicts || []);
+  renderVerdicts(data.verdicts || [], fits || []);
   renderChart(data.chart, data.verdicts || []);
   renderTables(data);
   document.body.dataset.state = "ready";
 }
 
-function renderVerdicts(verdicts) {
+function renderVerdicts(verdicts, fits) {
   const box = $("verdicts");
   box.replaceChildren();
+  const byGpu = new Map(fits.map((f) => [f.gpu, f]));
   for (const v of verdicts) {
-    const text = v.fits
+    let text = v.fits
       ? `${gpuName(v.gpu)} (${fmtGB(v.capacity_bytes, 1)}): fits, ${fmtGB(v.headroom_bytes, 1)} to spare`
       : `${gpuName(v.gpu)} (${fmtGB(v.capacity_bytes, 1)}): does not fit, ${fmtGB(-v.headroom_bytes, 1)} short`;
-    box.append(el("span", { class: `verdict ${v.fits ? "fits" : "nofit"}`, "data-gpu": v.gpu }, text));
+    const f = byGpu.get(v.gpu);
+    const title = [];
+    if (f) {
+      if (f.fits && f.max_batch) text += ` · batch up to ${fmtInt(f.max_batch)}`;
+      if (!f.fits && f.changes.length) text += ` · fits with: ${f.changes[0].change}`;
+      if (f.max_seq) title.push(`longest sequence that fits at this batch: ${fmtInt(f.max_seq)}`);
+      if (f.changes.length) title.push(`changes that fit: ${f.changes.map((c) => c.change).join("; ")}`);
+    }
+    const attrs = { class: `verdict ${v.fits ? "fits" : "nofit"}`, "data-gpu": v.gpu };
+    if (title.length) attrs.title = title.join("\n");
+    box.append(el("span", attrs, text));
   }
 }
 
@@ -337,6 +355,7 @@ async function loadCatalogs() {
   for (const group of groups.values()) select.append(group);
   renderChips();
   showModelInfo();
+  if (lastData && $("error").hidden) render(...lastData);
 }
 
 function showModelInfo() {

@@ -1,0 +1,378 @@
+"""Step time: a FLOPs-based model of one optimizer step, to rank the changes that make a job fit.
+
+It is a ranking model, not a promise: the absolute seconds hang on an assumed model-FLOPs
+utilisation (MFU) per GPU generation, stated in :data:`MFU_BY_ARCH` and echoed in every answer.
+
+Terms (each a named function below):
+
+* compute: ``6 x N x tokens`` FLOPs for forward + backward (Kaplan et al. 2020, arXiv 2001.08361
+  §2.1, ``C ~ 6N`` per token), with ``N`` the matmul parameters active per token (MoE: routed
+  experts only), plus the attention scores ``QK^T`` and ``AV``: ``4 x s x d_attn`` forward FLOPs per
+  token and layer (Narayanan et al. 2021, arXiv 2104.04473 §5.1 eq. 3: ``72 B s l h^2 (1 + s/6h +
+  V/12lh)`` counts the same terms; causal masking is not halved, as there);
+* backward = 2 x forward (same eq. 3); LoRA/QLoRA skip the frozen weights' gradients, so backward
+  is ~1 x forward (Hu et al. 2021, arXiv 2106.09685 §4.2 report 25 % faster training for that reason);
+* recompute: full checkpointing runs each layer's forward again (eq. 3's 4th pass, the ``96`` instead
+  of ``72``); selective checkpointing recomputes only the attention core (Korthikanti et al. 2022,
+  arXiv 2205.05198 §5, Table 4);
+* pipeline bubble: ``(p - 1) / (m v)`` of the ideal time (Narayanan et al. 2021 §2.2, eq. 1-2);
+* communication: ring collectives move ``2 (n-1)/n`` (all-reduce) or ``(n-1)/n`` (all-gather,
+  reduce-scatter) of the buffer per GPU (Thakur, Rabenseifner & Gropp 2005, "Optimization of
+  collective communication operations in MPICH"; NCCL ``nccl-tests/doc/PERFORMANCE.md`` bus
+  bandwidth). Data-parallel gradient traffic overlaps with backward (Li et al. 2020, "PyTorch
+  Distributed", VLDB 13(12) §3.2.3); what does not fit under it is exposed. ZeRO-3/FSDP move
+  1.5 x the DDP volume (Rajbhandari et al. 2020, arXiv 1910.02054 §7.2). Megatron TP does 2
+  all-reduces of the layer's activations in forward and 2 in backward per layer (Shoeybi et al.
+  2019, arXiv 1909.08053 §3, Fig. 4), 2 more when the layer is recomputed; they are not overlapped;
+* offload: ZeRO-Offload moves 16-bit gradients to the CPU and 16-bit parameters back once per step
+  (Ren et al. 2021, arXiv 2101.06840 §4.1) over PCIe, and runs the optimizer on the CPU, bound by
+  its memory bandwidth; parameter offload (ZeRO-Infinity) fetches the 16-bit parameters in every
+  forward and backward. Transfers are not overlapped here (a pessimistic bound).
+
+Pure and cheap: :func:`spec_flops` walks the tensors once per model; :func:`step_time` is
+arithmetic, so a planner can score tens of thousands of layouts per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.catalog import Gpu, find_gpu
+from peakmem.model import ModelSpec
+from peakmem.training import Checkpointing, Method, TrainingSetup
+
+GBs = 1e9  # GB/s -> bytes/s
+TFLOPs = 1e12
+
+# --- assumed MFU per GPU generation ------------------------------------------------------------------
+# Model FLOPs utilisation of well-tuned bf16 training: an ASSUMPTION, echoed in every answer.
+MFU_BY_ARCH: dict[str, tuple[float, str]] = {
+    "volta": (0.30, "Shoeybi et al. 2019 (Megatron-LM) §5.1: 39 TFLOPS/V100 = 30% of peak"),
+    "turing": (0.30, "assumed as Volta (no published large-scale training report)"),
+    "ampere": (
+        0.50,
+        "Narayanan et al. 2021 §5.1: 163 TFLOPS/A100 = 52% of peak (1T model, 3072 GPUs); "
+        "MosaicML LLM Foundry benchmarks report 40-55% on A100",
+    ),
+    "ada": (0.40, "assumed: consumer/workstation cards, no published large-scale report"),
+    "hopper": (0.40, "Dubey et al. 2024 (Llama 3) Table 4: 38-43% bf16 MFU on 8-16K H100"),
+    "blackwell": (0.40, "assumed as Hopper (no published large-scale report yet)"),
+    "cdna2": (0.30, "assumed (no published large-scale report; ROCm kernels less tuned)"),
+    "cdna3": (0.30, "assumed (no published large-scale report; ROCm kernels less tuned)"),
+    "apple": (0.20, "assumed (Metal/MPS training kernels; no published report)"),
+}
+DEFAULT_MFU = (0.35, "assumed (unknown GPU generation)")
+# A plain memory size (``--gpu 24GB``) has no rates: the step-time model borrows this GPU's.
+REFERENCE_GPU = "a100-80gb"
+
+# --- links ---------------------------------------------------------------------------------------------
+# PCIe x16, per direction, theoretical (PCI-SIG): gen3 15.75 GB/s, gen4 31.5 GB/s, gen5 63 GB/s.
+PCIE_GBPS_BY_ARCH: dict[str, tuple[float, str]] = {
+    "volta": (15.75, "PCIe 3.0 x16"), "turing": (15.75, "PCIe 3.0 x16"),
+    "ampere": (31.5, "PCIe 4.0 x16"), "ada": (31.5, "PCIe 4.0 x16"), "cdna2": (31.5, "PCIe 4.0 x16"),
+    "hopper": (63.0, "PCIe 5.0 x16"), "blackwell": (63.0, "PCIe 5.0 x16"), "cdna3": (63.0, "PCIe 5.0 x16"),
+}  # fmt: skip
+DEFAULT_PCIE = (31.5, "PCIe 4.0 x16 (assumed)")
+# GPU-to-GPU inside a node, per GPU and direction (half the bidirectional datasheet figure).
+NVLINK_GBPS: dict[str, tuple[float, str]] = {
+    "v100-16gb": (150.0, "NVLink 2: 300 GB/s bidirectional (V100 SXM2 datasheet)"),
+    "v100-32gb": (150.0, "NVLink 2: 300 GB/s bidirectional (V100 SXM2 datasheet)"),
+    "a100-40gb": (300.0, "NVLink 3: 600 GB/s bidirectional (A100 datasheet)"),
+    "a100-80gb": (300.0, "NVLink 3: 600 GB/s bidirectional (A100 datasheet)"),
+    "h100-sxm": (450.0, "NVLink 4: 900 GB/s bidirectional (H100 datasheet)"),
+    "h200": (450.0, "NVLink 4: 900 GB/s bidirectional (H200 datasheet)"),
+    "h20": (450.0, "NVLink 4: 900 GB/s bidirectional (H20 product brief)"),
+    "gh200": (450.0, "NVLink 4: 900 GB/s bidirectional (GH200 datasheet)"),
+    "b200": (900.0, "NVLink 5: 1.8 TB/s bidirectional (B200 datasheet)"),
+    "mi300x": (448.0, "Infinity Fabric: 7 links x 128 GB/s bidirectional (MI300X datasheet)"),
+    "mi325x": (448.0, "Infinity Fabric: 7 links x 128 GB/s bidirectional (MI325X datasheet)"),
+}
+# Between nodes, per GPU and direction: one 400 Gb/s NDR InfiniBand NIC per GPU (DGX H100/B200:
+# 8 x ConnectX-7), 200 Gb/s HDR per GPU on DGX A100 (8 x ConnectX-6). Others: assumed HDR.
+INTER_NODE_GBPS_BY_ARCH: dict[str, tuple[float, str]] = {
+    "hopper": (50.0, "InfiniBand NDR 400 Gb/s per GPU (DGX H100)"),
+    "blackwell": (50.0, "InfiniBand NDR 400 Gb/s per GPU (DGX B200)"),
+    "ampere": (25.0, "InfiniBand HDR 200 Gb/s per GPU (DGX A100)"),
+}
+DEFAULT_INTER_NODE = (25.0, "InfiniBand HDR 200 Gb/s per GPU (assumed)")
+# Host memory bandwidth the CPU optimizer step is bound by (ZeRO-Offload CPU-Adam): an ASSUMPTION,
+# ~ one socket of 8-channel DDR4-3200 (204.8 GB/s theoretical) at ~50 % efficiency.
+CPU_OPTIMIZER_GBPS = 100.0
+# Bytes the CPU Adam step touches per parameter: read fp32 grad, m, v, master (16), write m, v,
+# master (12), write the 16-bit parameter for the copy back (2) (deepspeed/ops/adam/cpu_adam.py).
+CPU_ADAM_BYTES_PER_PARAM = 30
+HALF_BYTES = 2  # 16-bit gradients / parameters on the wire (bf16/fp16)
+# Share of compute a data-parallel collective can hide under: DDP/ZeRO-1/2 reduce during backward
+# (2/3 of forward+backward FLOPs); ZeRO-3/FSDP also prefetch parameters during forward.
+DP_OVERLAP_BACKWARD = 2 / 3
+DP_OVERLAP_SHARDED = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rates:
+    """What the step-time model assumes about one GPU and its links."""
+
+    gpu: str
+    tflops: float  # dense 16-bit tensor peak
+    mfu: float
+    mfu_source: str
+    pcie_gbps: float
+    pcie_source: str
+    intra_node_gbps: float  # NVLink / Infinity Fabric, or PCIe when the card has neither
+    intra_node_source: str
+    inter_node_gbps: float
+    inter_node_source: str
+    borrowed_from: str = ""  # a plain size borrows the reference GPU's rates
+
+    def notes(self) -> tuple[str, ...]:
+        out = [
+            f"step time: MFU {self.mfu:.0%} of {self.tflops:g} TFLOPS dense bf16 ({self.gpu}) is an "
+            f"ASSUMPTION ({self.mfu_source})",
+            f"links: host {self.pcie_gbps:g} GB/s ({self.pcie_source}); GPU-GPU in a node "
+            f"{self.intra_node_gbps:g} GB/s ({self.intra_node_source}); across nodes "
+            f"{self.inter_node_gbps:g} GB/s ({self.inter_node_source})",
+        ]
+        if self.borrowed_from:
+            out.append(f"a plain memory size has no rates: {self.borrowed_from}'s are used for step time")
+        return tuple(out)
+
+
+def rates_for(gpu: Gpu) -> Rates:
+    """The rates of ``gpu``; a plain size (no TFLOPS) borrows :data:`REFERENCE_GPU`'s."""
+    borrowed = ""
+    if gpu.bf16_tflops is None:
+        ref = find_gpu(REFERENCE_GPU)
+        assert ref is not None and ref.bf16_tflops is not None
+        borrowed, gpu = ref.display_name, ref
+    assert gpu.bf16_tflops is not None
+    mfu, mfu_src = MFU_BY_ARCH.get(gpu.architecture, DEFAULT_MFU)
+    pcie, pcie_src = PCIE_GBPS_BY_ARCH.get(gpu.architecture, DEFAULT_PCIE)
+    intra, intra_src = NVLINK_GBPS.get(gpu.name, (pcie, f"{pcie_src} peer-to-peer (no NVLink)"))
+    inter, inter_src = INTER_NODE_GBPS_BY_ARCH.get(gpu.architecture, DEFAULT_INTER_NODE)
+    return Rates(
+        gpu=gpu.display_name, tflops=gpu.bf16_tflops, mfu=mfu, mfu_source=mfu_src, pcie_gbps=pcie,
+        pcie_source=pcie_src, intra_node_gbps=intra, intra_node_source=intra_src, inter_node_gbps=inter,
+        inter_node_source=inter_src, borrowed_from=borrowed,
+    )  # fmt: skip
+
+
+# --- FLOPs ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class SpecFlops:
+    """Per-model FLOP coefficients, computed once (:func:`spec_flops`)."""
+
+    matmul_params: int  # active parameters used in a matmul per token (embeddings lookups excluded)
+    layer_matmul_params: int  # the part inside the transformer layers (what checkpointing recomputes)
+    attention: tuple[tuple[int, int, int | None], ...]  # (layers, q_width + v_width, sliding window)
+    hidden_size: int
+    num_layers: int
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        """Forward ``QK^T`` + ``AV`` FLOPs per token over all layers: ``2 s (d_q + d_v)`` each."""
+        total = 0.0
+        for count, width, window in self.attention:
+            span = seq_len if window is None else min(seq_len, window)
+            total += count * 2.0 * span * width
+        return total
+
+    def forward_flops_per_token(self, seq_len: int) -> float:
+        return 2.0 * self.matmul_params + self.attention_flops_per_token(seq_len)
+
+
+_LOOKUP_COMPONENTS = ("embeddings", "positions")
+
+
+def spec_flops(spec: ModelSpec) -> SpecFlops:
+    """Matmul parameters per token: active parameters less lookups and norms; a tied head still
+    multiplies by the embedding matrix (``vocab x hidden``)."""
+    lookup = norms = 0
+    for t, n in spec.tensors():
+        if t.component in _LOOKUP_COMPONENTS:
+            lookup += t.numel * n
+        elif t.kind == "norm":
+            norms += t.numel * n
+    matmul = spec.active_params - lookup - norms
+    outer_matmul = sum(
+        t.numel for t in spec.outer if t.component not in _LOOKUP_COMPONENTS and t.kind != "norm"
+    )
+    if spec.tie_word_embeddings:
+        matmul += spec.vocab_size * spec.head_in_features
+        outer_matmul += spec.vocab_size * spec.head_in_features
+    attention = tuple(
+        (g.count, g.layer.attention.num_heads * (g.layer.attention.head_dim + g.layer.attention.v_head_dim),
+         g.layer.attention.sliding_window)
+        for g in spec.groups
+    )  # fmt: skip
+    return SpecFlops(
+        matmul_params=matmul, layer_matmul_params=max(0, matmul - outer_matmul), attention=attention,
+        hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+    )  # fmt: skip
+
+
+def backward_factor(setup: TrainingSetup) -> float:
+    """Backward FLOPs as a multiple of forward: 2 (input + weight gradients), 1 for adapters
+    (frozen weights need no weight gradient; the adapters' own are negligible)."""
+    return 1.0 if setup.method in (Method.LORA, Method.QLORA) else 2.0
+
+
+def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
+    """Extra forward FLOPs checkpointing spends: every layer (full), the attention core (selective)."""
+    if setup.checkpointing is Checkpointing.FULL:
+        return 2.0 * sf.layer_matmul_params + sf.attention_flops_per_token(setup.seq_len)
+    if setup.checkpointing is Checkpointing.SELECTIVE:
+        return sf.attention_flops_per_token(setup.seq_len)
+    return 0.0
+
+
+def training_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
+    """Forward + backward + recompute FLOPs per trained token."""
+    fwd = sf.forward_flops_per_token(setup.seq_len)
+    return fwd * (1.0 + backward_factor(setup)) + recompute_flops_per_token(sf, setup)
+
+
+# --- collectives ------------------------------------------------------------------------------------
+def all_reduce_s(nbytes: float, n: int, gbps: float) -> float:
+    """Ring all-reduce: each GPU sends and receives ``2 (n-1)/n`` of the buffer."""
+    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / (gbps * GBs)
+
+
+def all_gather_s(nbytes: float, n: int, gbps: float) -> float:
+    """Ring all-gather (or reduce-scatter) of a ``nbytes`` full buffer: ``(n-1)/n`` of it per GPU."""
+    return 0.0 if n <= 1 else (n - 1) / n * nbytes / (gbps * GBs)
+
+
+reduce_scatter_s = all_gather_s
+
+
+# --- the step -------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What the time model needs of a layout (a subset of :class:`~peakmem.parallel.Parallelism`)."""
+
+    gpus: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    gpus_per_node: int = 8
+    engine: str = "none"  # none | ddp | zero-1 | zero-2 | zero-3 | fsdp-full | fsdp-grad-op
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """Seconds of one optimizer step (``micro_batch x grad_accum`` sequences per data-parallel rank)."""
+
+    compute_s: float  # forward + backward at the assumed MFU
+    recompute_s: float  # checkpointing's extra forward
+    bubble_s: float  # pipeline fill and drain
+    tp_comm_s: float
+    dp_comm_s: float  # exposed (not hidden under backward)
+    pp_comm_s: float
+    offload_s: float  # PCIe traffic + CPU optimizer step
+    gpus: int
+    tokens: int  # tokens per optimizer step, all ranks together
+
+    @property
+    def total_s(self) -> float:
+        return (self.compute_s + self.recompute_s + self.bubble_s + self.tp_comm_s + self.dp_comm_s
+                + self.pp_comm_s + self.offload_s)  # fmt: skip
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU time per step: what the step costs."""
+        return self.total_s * self.gpus
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total_s if self.total_s > 0 else 0.0
+
+
+def _dp_bandwidth(layout: Layout, rates: Rates) -> float:
+    """Data-parallel ranks are the next-innermost after TP (Megatron order tp-dp-pp): the group stays
+    inside a node while ``tp x dp`` fits in one."""
+    return rates.intra_node_gbps if layout.tp * layout.dp <= layout.gpus_per_node else rates.inter_node_gbps
+
+
+def _pp_bandwidth(layout: Layout, rates: Rates) -> float:
+    return rates.intra_node_gbps if layout.gpus <= layout.gpus_per_node else rates.inter_node_gbps
+
+
+def step_time(
+    sf: SpecFlops, setup: TrainingSetup, rates: Rates, layout: Layout, *, trainable_params: int, params: int
+) -> StepTime:
+    """One optimizer step of ``setup`` under ``layout`` on GPUs with ``rates``.
+
+    ``params`` / ``trainable_params``: the model's totals (the data moved by DP and offload)."""
+    flops_rate = rates.tflops * TFLOPs * rates.mfu
+    mb_tokens = setup.micro_batch * setup.seq_len
+    rank_tokens = mb_tokens * setup.grad_accum
+    model_par = layout.tp * layout.pp
+    fwd = sf.forward_flops_per_token(setup.seq_len)
+    compute = fwd * (1.0 + backward_factor(setup)) * rank_tokens / model_par / flops_rate
+    recompute = recompute_flops_per_token(sf, setup) * rank_tokens / model_par / flops_rate
+    m = setup.grad_accum
+    bubble = (compute + recompute) * (layout.pp - 1) / (m * layout.virtual_stages) if layout.pp > 1 else 0.0
+
+    # Megatron TP: 2 all-reduces of (tokens x hidden) 16-bit activations per layer in forward, 2 in
+    # backward, 2 more when the layer's forward is recomputed.
+    tp_comm = 0.0
+    if layout.tp > 1:
+        per_layer = 4 + (2 if setup.checkpointing is Checkpointing.FULL else 0)
+        layers = -(-sf.num_layers // layout.pp)
+        act_bytes = mb_tokens * sf.hidden_size * HALF_BYTES
+        tp_comm = per_layer * layers * m * all_reduce_s(act_bytes, layout.tp, rates.intra_node_gbps)
+
+    # Data parallel: 16-bit gradients of the rank's share of the trainable parameters.
+    dp_comm = 0.0
+    dp = layout.dp
+    if dp > 1 and layout.engine != "none":
+        bw = _dp_bandwidth(layout, rates)
+        grad_bytes = trainable_params / model_par * HALF_BYTES
+        param_bytes = params / model_par * HALF_BYTES
+        if layout.engine in ("zero-3", "fsdp-full"):
+            # per micro-batch: parameters gathered for forward and again for backward, grads
+            # reduce-scattered; prefetching hides them under forward and backward
+            raw = m * (2 * all_gather_s(param_bytes, dp, bw) + reduce_scatter_s(grad_bytes, dp, bw))
+            hidden = DP_OVERLAP_SHARDED * (compute + recompute)
+        elif layout.engine in ("zero-2", "fsdp-grad-op"):
+            # gradients reduce-scattered in every micro-batch's backward; 16-bit parameters gathered
+            # after the step
+            raw = m * reduce_scatter_s(grad_bytes, dp, bw) + all_gather_s(param_bytes, dp, bw)
+            hidden = DP_OVERLAP_BACKWARD * (compute + recompute)
+        else:  # ddp / zero-1: one all-reduce in the last micro-batch's backward (no_sync before it)
+            raw = all_reduce_s(grad_bytes, dp, bw)
+            hidden = DP_OVERLAP_BACKWARD * (compute + recompute) / m
+        dp_comm = max(0.0, raw - hidden)
+
+    # Pipeline: each stage boundary sends a micro-batch's activations forward and its gradient back.
+    pp_comm = 0.0
+    if layout.pp > 1:
+        p2p_bytes = mb_tokens * sf.hidden_size * HALF_BYTES / layout.tp
+        pp_comm = 2 * m * p2p_bytes / (_pp_bandwidth(layout, rates) * GBs)
+
+    offload: float = 0.0
+    shard = max(1, dp) if layout.engine in ("zero-1", "zero-2", "zero-3", "fsdp-full", "fsdp-grad-op") else 1
+    local_trainable = trainable_params / model_par / shard
+    if layout.offload_optimizer:
+        pcie = 2 * local_trainable * HALF_BYTES / (rates.pcie_gbps * GBs)  # grads down, params up
+        cpu = local_trainable * CPU_ADAM_BYTES_PER_PARAM / (CPU_OPTIMIZER_GBPS * GBs)
+        offload += pcie + cpu
+    if layout.offload_params:
+        local_params = params / model_par / shard
+        offload += m * 2 * local_params * HALF_BYTES / (rates.pcie_gbps * GBs)  # fetched for fwd and bwd
+
+    return StepTime(
+        compute_s=compute, recompute_s=recompute, bubble_s=bubble, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
+        pp_comm_s=pp_comm, offload_s=offload, gpus=layout.gpus, tokens=rank_tokens * max(1, dp),
+    )  # fmt: skip
+
+
+__all__ = [
+    "MFU_BY_ARCH", "Layout", "Rates", "SpecFlops", "StepTime", "all_gather_s", "all_reduce_s",
+    "rates_for", "reduce_scatter_s", "spec_flops", "step_time", "training_flops_per_token",
+]  # fmt: skip

@@ -1,0 +1,198 @@
+"""A model of PyTorch's CUDA caching allocator, replayed over a recorded allocation trace.
+
+It turns the simulator's exact request trace (every storage allocated and freed, in order) into
+what ``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would show,
+by doing what ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.13, ``DeviceCachingAllocator``)
+does with the default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandable segments, no
+``max_split_size_mb``, no ``roundup_power2_divisions``, one stream):
+
+* ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B), at least 512;
+* ``get_pool``: rounded sizes up to ``kSmallSize`` (1 MiB) use the small pool, others the large pool;
+* ``get_free_block``: the smallest cached free block of the pool that is at least the size (the
+  pool's ``std::set`` is ordered by (size, address); ``lower_bound`` finds it);
+* ``alloc_block``: when no free block fits, ``cudaMalloc`` a new segment of
+  ``get_allocation_size``: 2 MiB (``kSmallBuffer``) for small requests, 20 MiB (``kLargeBuffer``)
+  below ``kMinLargeAlloc`` (10 MiB), else the size rounded up to ``kRoundLarge`` (2 MiB);
+* ``should_split``: the block is split and the remainder returned to the pool when the remainder
+  is at least 512 B (small pool) or more than 1 MiB (large pool); an unsplit block is allocated
+  whole, and ``allocated_bytes`` counts the whole block;
+* ``free_block``/``try_merge_blocks``: a freed block merges with free neighbours of its segment;
+* segments are never returned to the driver (``release_cached_blocks`` runs only when
+  ``cudaMalloc`` fails, i.e. when the device is full, or on ``empty_cache()``): the model assumes
+  the device has room, so its reserved peak is what a large enough GPU shows.
+
+Addresses of new segments increase monotonically (what the driver returns is not modelled); this
+only matters for ties between free blocks of equal size.
+
+The constants come from :mod:`peakmem.formulas.allocator`, which cites the same source.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from peakmem.formulas.allocator import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_SIZE,
+    round_request,
+    segment_size,
+)
+
+
+def round_size(nbytes: int) -> int:
+    """``round_size``: a multiple of 512 B, at least 512 B (a zero-byte tensor takes no block)."""
+    return max(K_MIN_BLOCK_SIZE, round_request(nbytes))
+
+
+@dataclass
+class _Block:
+    segment: int
+    small: bool  # which pool the block's segment belongs to
+    addr: int  # offset in the simulated address space
+    size: int
+    allocated: bool = False
+    prev: _Block | None = None
+    next: _Block | None = None
+
+    def key(self) -> tuple[int, int]:
+        return (self.size, self.addr)
+
+
+@dataclass
+class _Pool:
+    small: bool
+    free: list[tuple[int, int]] = field(default_factory=list)  # sorted (size, addr)
+    by_key: dict[tuple[int, int], _Block] = field(default_factory=dict)
+
+    def insert(self, block: _Block) -> None:
+        k = block.key()
+        bisect.insort(self.free, k)
+        self.by_key[k] = block
+
+    def remove(self, block: _Block) -> None:
+        k = block.key()
+        i = bisect.bisect_left(self.free, k)
+        del self.free[i]
+        del self.by_key[k]
+
+    def best_fit(self, size: int) -> _Block | None:
+        i = bisect.bisect_left(self.free, (size, -1))
+        if i == len(self.free):
+            return None
+        return self.by_key[self.free[i]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatorStats:
+    """What the allocator model saw over the whole trace."""
+
+    peak_allocated: int  # max of allocated_bytes (blocks, rounded), as max_memory_allocated()
+    peak_reserved: int  # max of reserved_bytes (segments), as max_memory_reserved()
+    peak_requested: int  # max of the sum of raw requests
+    segments: int  # cudaMalloc calls
+    allocations: int
+    # allocated/reserved bytes after each event (index k = after k events), for per-phase peaks
+    allocated_after: tuple[int, ...] = ()
+    reserved_after: tuple[int, ...] = ()
+
+
+class CachingAllocatorModel:
+    """Replays ``malloc(key, nbytes)`` / ``free(key)`` the way the CUDA caching allocator does."""
+
+    def __init__(self) -> None:
+        self.small = _Pool(small=True)
+        self.large = _Pool(small=False)
+        self.live: dict[int, _Block] = {}
+        self.allocated = 0
+        self.reserved = 0
+        self.requested = 0
+        self._requests: dict[int, int] = {}
+        self._next_addr = 0
+        self.segments = 0
+        self.allocations = 0
+
+    def malloc(self, key: int, nbytes: int) -> None:
+        if key in self.live:
+            self.free(key)
+        size = round_size(nbytes)
+        pool = self.small if size <= K_SMALL_SIZE else self.large
+        block = pool.best_fit(size)
+        if block is not None:
+            pool.remove(block)
+        else:
+            seg = segment_size(size)
+            block = _Block(segment=self.segments, small=pool.small, addr=self._next_addr, size=seg)
+            self._next_addr += seg
+            self.segments += 1
+            self.reserved += seg
+        remaining = block.size - size
+        split = remaining >= K_MIN_BLOCK_SIZE if pool.small else remaining > K_SMALL_SIZE
+        if split:
+            rest = _Block(segment=block.segment, small=block.small, addr=block.addr + size, size=remaining,
+                          prev=block, next=block.next)  # fmt: skip
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            pool.insert(rest)
+        block.allocated = True
+        self.live[key] = block
+        self.allocated += block.size
+        self.requested += nbytes
+        self._requests[key] = nbytes
+        self.allocations += 1
+
+    def free(self, key: int) -> None:
+        block = self.live.pop(key, None)
+        if block is None:
+            return
+        self.allocated -= block.size
+        self.requested -= self._requests.pop(key)
+        block.allocated = False
+        pool = self.small if block.small else self.large
+        for nb in (block.prev, block.next):
+            if nb is not None and not nb.allocated:
+                pool.remove(nb)
+                if nb is block.prev:
+                    nb.size += block.size
+                    nb.next = block.next
+                    if block.next is not None:
+                        block.next.prev = nb
+                    block = nb
+                else:
+                    block.size += nb.size
+                    block.next = nb.next
+                    if nb.next is not None:
+                        nb.next.prev = block
+        pool.insert(block)
+
+
+def replay(events: Iterable[tuple[int, int]]) -> AllocatorStats:
+    """Replay a ledger's ``(sid, signed delta)`` events; a positive delta on a live storage (a
+    resize) is a free of the old block and a malloc of the new size, as ``resize_`` does."""
+    model = CachingAllocatorModel()
+    live: dict[int, int] = {}
+    alloc_after = [0]
+    res_after = [0]
+    peak_alloc = peak_res = peak_req = 0
+    for sid, delta in events:
+        old = live.get(sid, 0)
+        new = old + delta
+        if new <= 0 and delta < 0:
+            live.pop(sid, None)
+            model.free(sid)
+        else:
+            live[sid] = new
+            model.malloc(sid, new)
+        alloc_after.append(model.allocated)
+        res_after.append(model.reserved)
+        peak_alloc = max(peak_alloc, model.allocated)
+        peak_res = max(peak_res, model.reserved)
+        peak_req = max(peak_req, model.requested)
+    return AllocatorStats(
+        peak_allocated=peak_alloc, peak_reserved=peak_res, peak_requested=peak_req,
+        segments=model.segments, allocations=model.allocations,
+        allocated_after=tuple(alloc_after), reserved_after=tuple(res_after),
+    )  # fmt: skip

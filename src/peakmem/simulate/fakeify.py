@@ -1,0 +1,203 @@
+"""Meta-device model -> fake CPU tensors; LoRA/DoRA adapters with peft; quantized bases analytically.
+
+``fakeify_module`` replaces every parameter, buffer and plain tensor attribute of a meta-device
+model by a fake CPU tensor (``FakeTensorMode``: shape, dtype, strides and storage, no memory).
+Each meta *storage* becomes one fake storage, and tensors sharing a storage (tied weights, aliasing
+buffers) become views of it, so tying survives. ``Parameter`` objects stay ``Parameter`` objects
+with their ``requires_grad``; a parameter object used twice (tied) maps to one fake parameter.
+
+Quantized bases (QLoRA): bitsandbytes has no fake kernels, so each frozen ``nn.Linear`` of the base
+model (every one but the output head, as transformers' bitsandbytes integration skips
+``lm_head``) is replaced by :class:`Fake4bitLinear`: its weight is a packed-NF4 byte tensor of
+the size bitsandbytes stores (``Linear4bit``/``Params4bit``, blocksize 64, double quantization:
+``numel/2`` bytes of 4-bit codes + ``numel/64`` 8-bit absmax codes + ``numel/64/256`` fp32 second-level
+scales + a 256-entry fp32 code book), and its forward allocates what ``bnb.matmul_4bit`` does:
+a dequantized compute-dtype copy of the weight for the matmul, freed after it (and again in
+backward for the input gradient); nothing is saved for backward (``MatMul4Bit`` saves only the
+quantized weight, which is resident anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from peakmem.breakdown import Category, PerParamRow
+from peakmem.errors import InputError
+from peakmem.measure.tracker import PARAM, LiveStorageTracker
+from peakmem.training import Method, TrainingSetup
+
+NF4_BLOCK = 64  # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
+NF4_DQ_BLOCK = 256  # double quantization of the absmax values (bitsandbytes/functional.py quantize_4bit)
+NF4_CODE_ENTRIES = 256  # the fp32 code book of the nested 8-bit quantization
+LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 r (common choice; alpha does not change the bytes)
+
+
+def fakeify_module(model: torch.nn.Module, mode: Any) -> None:
+    """Replace every tensor of ``model`` (on the meta device) by a fake CPU tensor, in place."""
+    bases: dict[int, torch.Tensor] = {}  # meta storage key -> fake flat base
+    done: dict[int, torch.Tensor] = {}  # id(meta tensor) -> fake tensor
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in done:
+            return done[id(t)]
+        st = t.untyped_storage()
+        key = st._cdata
+        nbytes = st.nbytes()
+        with mode:
+            base = bases.get(key)
+            if base is None:
+                base = torch.empty((nbytes,), dtype=torch.uint8, device="cpu")
+                bases[key] = base
+            if nbytes == 0:
+                f = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            else:
+                f = torch.empty((0,), dtype=t.dtype, device="cpu")
+                f.set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        if isinstance(t, torch.nn.Parameter):
+            f = torch.nn.Parameter(f, requires_grad=t.requires_grad)
+        done[id(t)] = f
+        return f
+
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = fake(p)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = fake(b)
+        for name, v in list(vars(mod).items()):
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and v.is_meta:
+                setattr(mod, name, fake(v))
+
+
+# ------------------------------------------------------------------------------------------------
+# LoRA / QLoRA
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class QuantInfo:
+    """The quantized base weights (QLoRA), registered with the tracker as parameters."""
+
+    weights: list[tuple[str, Any]] = field(default_factory=list)  # (name, Fake4bitLinear)
+    params: int = 0  # elements of the quantized weights (not torch parameters)
+    method: str = "full"
+    rank: int = 0
+    targets: str = ""
+
+    def register(self, tracker: LiveStorageTracker) -> None:
+        for name, mod in self.weights:
+            for t in mod.storages():
+                tracker.sid_of(t, op="quantized weight", tags=(PARAM,), name=f"{name}.weight")
+
+    def nbytes(self) -> int:
+        return sum(sum(int(t.untyped_storage().nbytes()) for t in m.storages()) for _, m in self.weights)
+
+    def rows(self) -> tuple[PerParamRow, ...]:
+        if not self.weights:
+            return ()
+        b = self.nbytes()
+        return (PerParamRow(tensor="weights (quantized base)", dtype="nf4", bytes_per_param=b / self.params,
+                            bytes=b, params=self.params, category=Category.PARAMETERS,
+                            source="bitsandbytes Params4bit: 4-bit codes + double-quantized absmax"),)  # fmt: skip
+
+    def assumptions(self) -> list[str]:
+        out = []
+        if self.method in ("lora", "qlora"):
+            out.append(f"{self.method}: peft LoRA r={self.rank}, alpha={LORA_ALPHA_PER_RANK * self.rank}, "
+                       f"dropout 0, targets {self.targets}; base weights frozen")  # fmt: skip
+        if self.weights:
+            out.append(
+                "qlora: bitsandbytes has no fake kernels, so each base Linear (all but the output head) is a "
+                "stand-in holding the bytes bitsandbytes stores (NF4, blocksize 64, double quantization: "
+                f"{self.nbytes()} B for {self.params} weights) and allocating a dequantized 16-bit copy of its "
+                "weight around each matmul, forward and backward, as bnb.matmul_4bit does"
+            )
+        return out
+
+
+class _Dequant4bitMatmul(torch.autograd.Function):
+    """``y = x @ dequant(W).T``, W frozen: the dequantized copy lives only around each matmul."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:  # type: ignore[override]
+        ctx.shape, ctx.dtype = shape, x.dtype
+        w = torch.empty(shape, dtype=x.dtype)  # dequantize_4bit output
+        out = x @ w.t()
+        del w
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        w = torch.empty(ctx.shape, dtype=grad.dtype)
+        gx = grad @ w
+        del w
+        return gx, None
+
+
+class Fake4bitLinear(torch.nn.Module):
+    """A frozen 4-bit ``nn.Linear`` (bitsandbytes ``Linear4bit``) for the simulator."""
+
+    def __init__(self, base: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        numel = base.weight.numel()
+        self.numel = numel
+        absmax_blocks = -(-numel // NF4_BLOCK)
+        dev = base.weight.device
+        self.register_buffer("qweight", torch.empty((-(-numel // 2), 1), dtype=torch.uint8, device=dev))
+        self.register_buffer("absmax", torch.empty((absmax_blocks,), dtype=torch.uint8, device=dev))
+        self.register_buffer("absmax2", torch.empty((-(-absmax_blocks // NF4_DQ_BLOCK),), dtype=torch.float32,
+                                                    device=dev))  # fmt: skip
+        self.register_buffer("code", torch.empty((NF4_CODE_ENTRIES,), dtype=torch.float32, device=dev))
+        self.bias = base.bias
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def storages(self) -> list[torch.Tensor]:
+        return [self.qweight, self.absmax, self.absmax2, self.code]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _Dequant4bitMatmul.apply(x, (self.out_features, self.in_features))
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+
+def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, *, rank: int,
+                     targets: tuple[str, ...] | str) -> QuantInfo:
+    """Apply LoRA (peft) to the meta model for ``lora``/``qlora``; swap the base Linears for 4-bit stand-ins."""
+    info = QuantInfo(method=setup.method.value)
+    if setup.method == Method.FULL:
+        return info
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:  # pragma: no cover - peft is in the torch extra
+        raise InputError(f"method={setup.method.value!r}: needs peft ({err})") from err
+    if rank < 1:
+        raise InputError(f"lora_rank={rank!r}: must be a positive integer")
+    target: Any = targets if isinstance(targets, str) else list(targets)
+    info.rank, info.targets = rank, targets if isinstance(targets, str) else ",".join(targets)
+    head = model.get_output_embeddings()
+    cfg = LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=target,
+                     bias="none")  # fmt: skip
+    try:
+        with torch.device("meta"):
+            peft_model = get_peft_model(model, cfg)
+    except ValueError as err:
+        raise InputError(f"lora_targets={targets!r}: peft cannot apply LoRA here ({err})") from err
+    # peft wraps the model; keep the transformers model (its forward and loss) with the adapters inside it.
+    del peft_model
+    if setup.method == Method.QLORA:
+        for name, mod in list(model.named_modules()):
+            for child_name, child in list(mod.named_children()):
+                if type(child) is torch.nn.Linear and child is not head:
+                    q = Fake4bitLinear(child)
+                    setattr(mod, child_name, q)
+                    full = f"{name}.{child_name}" if name else child_name
+                    info.weights.append((full, q))
+                    info.params += q.numel
+    return info

@@ -1,0 +1,282 @@
+"""Make a fake-tensor step on the CPU allocate what the CUDA kernels allocate.
+
+The simulator runs on fake CPU tensors (a fake CUDA training step does not work without a GPU),
+so PyTorch picks the CPU's kernels. Where the CPU and CUDA kernels allocate differently, the
+``cuda`` policy changes the call; the ``cpu`` policy changes nothing (parity with
+``peakmem measure --device cpu``). What the ``cuda`` policy changes, precisely:
+
+1. **SDPA** (``F.scaled_dot_product_attention``). The CPU runs
+   ``_scaled_dot_product_flash_attention_for_cpu`` or the math composite; CUDA's dispatcher
+   (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, priority flash > memory-efficient >
+   math on sm80/sm90; cuDNN attention is assumed off, as in torch's default priority order) picks:
+
+   * **flash** (FlashAttention-2) when q/k/v are fp16/bf16, there is no ``attn_mask``, the head dim
+     is at most 256 and equal for q/k/v (grouped-query attention native): we call
+     ``aten._scaled_dot_product_flash_attention``, whose autograd saves q, k, v, the output and the
+     fp32 log-sum-exp ``[B, H, S]`` (plus the philox RNG state when dropout is on: no mask is
+     stored, dropout is regenerated in backward). Its backward
+     (``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`` ``mha_bwd``) also
+     allocates, for the duration of the kernel: ``softmax_d`` fp32 ``[B, H, round128(S)]``,
+     ``dq_accum`` fp32 ``[B, round128(S), H, round32(D)]``, and for GQA/MQA ``dk_expanded`` and
+     ``dv_expanded`` ``[B, S_k, H, D]`` in the input dtype (summed into dk/dv at the end);
+   * **memory-efficient** (xformers' CUTLASS kernel) for fp32, or with an ``attn_mask``, when the
+     heads of q and k/v are equal: ``aten._scaled_dot_product_efficient_attention`` saves q, k, v,
+     the mask, the output and the fp32 log-sum-exp ``[B, H, round32(S)]`` (+ philox state). Its
+     backward (``mem_eff_attention/kernel_backward.h``) allocates ``delta`` fp32 ``[B, H, S]`` and,
+     for 16-bit inputs, an fp32 gradient-of-q accumulator ``[B, H, S, D]`` (``kNeedsAccumGradQ``);
+   * **math** otherwise (e.g. fp32 with grouped-query ``enable_gqa``, head dim > 256 with a mask):
+     the math composite (k/v repeated, scores and softmax saved); its dropout draws a bool mask
+     (``native_dropout``), as on CUDA.
+
+2. **Dropout** (``F.dropout`` in training, 0 < p < 1). ``aten::dropout`` takes the fused
+   ``native_dropout`` only for CUDA tensors (``is_fused_kernel_acceptable`` in
+   ``aten/src/ATen/native/Dropout.cpp``): it saves a **bool** mask (1 byte/element). On the CPU it
+   multiplies by a noise tensor in the input dtype, saved for backward (2 or 4 bytes/element). We
+   call ``native_dropout``.
+
+3. **Autocast** (``amp-*`` precisions; ``aten/src/ATen/autocast_mode.cpp``). CPU autocast runs
+   softmax, log_softmax, layer_norm, group_norm and the pointwise fp32 list in the input's 16-bit
+   dtype; CUDA autocast runs them in fp32: softmax/log_softmax (and sum/cumsum/prod) with
+   ``dtype=float32`` (``fp32_set_opt_dtype``: fp32 output, no input copy), layer_norm/group_norm
+   and exp, log, pow, rsqrt, reciprocal, ... on fp32 copies of their 16-bit inputs (``fp32``). The
+   lower-precision lists (linear, matmul, bmm, addmm, baddbmm, conv, SDPA) agree on both devices
+   and are left to CPU autocast, which caches weight casts as CUDA autocast does.
+
+4. **Optimizers**: torch.optim's ``foreach`` implementations are Python over ``torch._foreach_*``
+   ops whose outputs (e.g. AdamW's ``_foreach_sqrt`` of every ``exp_avg_sq``) are allocated the
+   same way on both devices; ``fused`` steps in place on both. Nothing changes, except that the
+   scalar ``step`` tensors of non-fused, non-capturable optimizers live in host memory on CUDA
+   (``torch/optim/adam.py``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())``), so the ``cuda``
+   policy leaves them out of device memory.
+
+Not modelled (documented in the estimate's assumptions): cuDNN attention, flash's head-dim padding
+to a multiple of 8, cuBLAS/cuBLASLt workspaces (added as overhead), NCCL buffers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from peakmem.training import KernelPolicy
+
+aten = torch.ops.aten
+HALF = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash: head_dim <= 256
+FLASH_SEQ_ROUND = 128  # flash_api.cpp mha_bwd: seqlen_q_rounded = round_multiple(seqlen_q, 128)
+FLASH_HEAD_ROUND = 32  # flash_api.cpp: head_size_rounded = round_multiple(head_size, 32) (<= 192)
+EFFICIENT_SEQ_ROUND = 32  # mem-efficient logsumexp rows are padded to a multiple of 32 (kAlignLSE)
+
+# CUDA autocast's fp32 list (autocast_mode.cpp, KERNEL_CUDA(..., fp32)) that CPU autocast lacks,
+# as torch function names (torch.* and Tensor.* methods share names).
+CUDA_FP32_POINTWISE = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "logsumexp",
+})  # fmt: skip
+CUDA_FP32_NORMS = frozenset({"layer_norm", "group_norm"})
+CUDA_FP32_OPT_DTYPE = frozenset({"softmax", "log_softmax", "_softmax", "cumsum", "cumprod", "prod", "sum"})
+
+
+def _round(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _head_dims_equal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return q.shape[-1] == k.shape[-1] == v.shape[-1]
+
+
+def cuda_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
+                      enable_gqa: bool) -> str:
+    """Which SDPA kernel CUDA would run (sm80+, torch 2.13 default priority): flash, efficient or math."""
+    if q.dim() != 4 or k.dim() != 4:
+        return "math"
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
+        return "math"
+    if (q.dtype in HALF and attn_mask is None and _head_dims_equal(q, k, v)
+            and q.shape[-1] <= FLASH_MAX_HEAD_DIM):
+        return "flash"
+    if q.dtype in (*HALF, torch.float32) and not gqa and q.shape[-1] == k.shape[-1]:
+        return "efficient"
+    return "math"
+
+
+class KernelLog:
+    """Which kernel each intercepted call ran, for ``Estimate.assumptions``."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def note(self, what: str) -> None:
+        self.counts[what] += 1
+
+    def lines(self) -> list[str]:
+        return [f"{what} x{n}" for what, n in sorted(self.counts.items())]
+
+
+class CudaFunctionMode(TorchFunctionMode):
+    """The ``cuda`` policy at the torch-function level: SDPA backend, dropout, autocast lists."""
+
+    def __init__(self, log: KernelLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self._sdpa(*args, **kwargs)
+        if func is F.dropout:
+            return self._dropout(*args, **kwargs)
+        if torch.is_autocast_enabled("cpu"):
+            name = getattr(func, "__name__", "")
+            if name in CUDA_FP32_OPT_DTYPE:
+                return self._opt_dtype(func, name, args, kwargs)
+            if name in CUDA_FP32_NORMS or name in CUDA_FP32_POINTWISE:
+                self.log.note(f"autocast fp32 (CUDA list): {name}")
+                args, kwargs = _upcast((args, kwargs))
+        return func(*args, **kwargs)
+
+    # --- SDPA ---------------------------------------------------------------------------------
+    def _sdpa(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):  # SDPA is on both devices' lower-precision lists
+            dt = torch.get_autocast_dtype("cpu")
+            query, key, value = (t.to(dt) if t.dtype == torch.float32 else t for t in (query, key, value))
+        backend = cuda_sdpa_backend(query, key, value, attn_mask, enable_gqa)
+        self.log.note(f"sdpa: {backend}" + (" with dropout" if dropout_p > 0 else ""))
+        with torch.autocast("cpu", enabled=False):
+            if backend == "flash":
+                return aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, is_causal, False, scale=scale)[0]  # fmt: skip
+            if backend == "efficient":
+                bias = attn_mask
+                if bias is not None and bias.dtype == torch.bool:  # sdpa converts a bool mask to a bias
+                    bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill_(~bias, float("-inf"))
+                if bias is not None and bias.dim() == 4 and bias.shape[1] != query.shape[1]:
+                    bias = bias.expand(-1, query.shape[1], -1, -1)
+                return aten._scaled_dot_product_efficient_attention(
+                    query, key, value, bias, True, dropout_p, is_causal, scale=scale)[0]  # fmt: skip
+            return _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    # --- dropout ------------------------------------------------------------------------------
+    def _dropout(self, input: torch.Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
+                 inplace: bool = False) -> torch.Tensor:
+        if not training or p == 0.0 or p == 1.0 or input.numel() == 0:
+            return F.dropout(input, p, training, inplace)
+        self.log.note("dropout: native_dropout (bool mask)")
+        out = torch.native_dropout(input, p, True)[0]
+        if inplace:
+            return input.copy_(out)
+        return out
+
+    # --- autocast -----------------------------------------------------------------------------
+    def _opt_dtype(self, func: Any, name: str, args: Any, kwargs: Any) -> Any:
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dtype in HALF and kwargs.get("dtype") is None:
+            positional_dtype = name in ("softmax", "log_softmax", "_softmax") and len(args) > 2
+            if not positional_dtype:
+                self.log.note(f"autocast fp32 output (CUDA list): {name}")
+                kwargs = {**kwargs, "dtype": torch.float32}
+        return func(*args, **kwargs)
+
+
+def _upcast(tree: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def up(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype in HALF:
+            return x.float()
+        return x
+
+    return tree_map(up, tree)
+
+
+def _math_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, dropout_p: float,
+               is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """``_scaled_dot_product_attention_math`` as CUDA runs it, dropout through ``native_dropout``."""
+    if enable_gqa and q.shape[1] != k.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    s = scale if scale is not None else q.shape[-1] ** -0.5
+    sq = s**0.5  # the math kernel scales q and k by sqrt(scale) each, for stability
+    scores = (q * sq) @ (k * sq).transpose(-2, -1)
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    attn = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        attn = torch.native_dropout(attn, dropout_p, True)[0]
+    return attn @ v
+
+
+class CudaDispatchMode(TorchDispatchMode):
+    """The ``cuda`` policy at the dispatch level: the scratch tensors CUDA attention backward
+    kernels allocate for their own duration (see the module docstring), as fake tensors the
+    tracker records as temporaries."""
+
+    def __init__(self, log: KernelLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        scratch: list[torch.Tensor] = []
+        if func is aten._scaled_dot_product_flash_attention_backward.default:
+            scratch = _flash_bwd_scratch(args[1], args[2])
+        elif func is aten._scaled_dot_product_efficient_attention_backward.default:
+            scratch = _efficient_bwd_scratch(args[1])
+        out = func(*args, **kwargs)
+        del scratch
+        return out
+
+
+def _flash_bwd_scratch(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+    b, h, s, d = q.shape
+    s_k, h_k = k.shape[2], k.shape[1]
+    d_round = _round(d, FLASH_HEAD_ROUND) if d <= 192 else 256
+    out = [
+        torch.empty((b, h, _round(s, FLASH_SEQ_ROUND)), dtype=torch.float32),  # softmax_d
+        torch.empty((b, _round(s, FLASH_SEQ_ROUND), h, d_round), dtype=torch.float32),  # dq_accum
+    ]
+    if h_k != h:
+        out += [torch.empty((b, s_k, h, d), dtype=q.dtype) for _ in range(2)]  # dk/dv_expanded
+    return out
+
+
+def _efficient_bwd_scratch(q: torch.Tensor) -> list[torch.Tensor]:
+    b, h, s, d = q.shape
+    out = [torch.empty((b, h, s), dtype=torch.float32)]  # delta
+    if q.dtype in HALF:
+        out.append(torch.empty((b, h, s, d), dtype=torch.float32))  # grad_q accumulator
+    return out
+
+
+def function_mode(policy: KernelPolicy, log: KernelLog) -> TorchFunctionMode | None:
+    return CudaFunctionMode(log) if policy == KernelPolicy.CUDA else None
+
+
+def dispatch_mode(policy: KernelPolicy, log: KernelLog) -> TorchDispatchMode | None:
+    return CudaDispatchMode(log) if policy == KernelPolicy.CUDA else None
+
+
+def describe(policy: KernelPolicy, log: KernelLog) -> str:
+    if policy == KernelPolicy.CPU:
+        return "kernels: the CPU's own (kernels='cpu'), as `peakmem measure --device cpu` runs them"
+    used = "; ".join(log.lines()) or "no kernel-specific call"
+    return (
+        "kernels: CUDA-faithful (kernels='cuda', sm80+/sm90, torch 2.13 SDPA priority flash > "
+        f"memory-efficient > math, cuDNN attention off); calls over the simulated steps: {used} "
+        "(peakmem.simulate.kernels documents each change)"
+    )

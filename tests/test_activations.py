@@ -1,0 +1,149 @@
+"""Saved activations per layer, hand-derived on tiny configs.
+
+Every per-layer total below was also measured on CPU with ``torch.autograd.graph.saved_tensors_hooks``
+(unique storages saved by autograd) on transformers 5.23 / torch 2.13 with the same shapes; the
+measured numbers equal the hand-derived ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from peakmem.formulas import activations as act
+from peakmem.formulas.loss import head_activations
+from peakmem.hf import spec_from_config
+from peakmem.model import ModelSpec
+from peakmem.training import AttentionKernel, Checkpointing, KernelPolicy, Precision, TrainingSetup
+
+B, S = 2, 32
+T = B * S  # 64 tokens
+
+GPT2: dict[str, Any] = {
+    "model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128,
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+}  # fmt: skip
+LLAMA: dict[str, Any] = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _layer(config: dict[str, Any], **kw: Any) -> tuple[ModelSpec, act.LayerActivations]:
+    spec = spec_from_config(dict(config))
+    setup = TrainingSetup(micro_batch=B, seq_len=S, **kw)
+    return spec, act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+
+
+def test_gpt2_fp32_eager_layer() -> None:
+    _, la = _layer(
+        GPT2, precision=Precision.FP32, attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CPU
+    )
+    h, a, inner = 64, 4, 256
+    norms = 2 * (T * h * 4 + 2 * T * 4)  # ln_1, ln_2: input + mean/rstd
+    linear_inputs = 3 * T * h * 4  # c_attn, c_proj, c_fc inputs
+    qkv = 3 * T * h * 4  # q, k, v (contiguous copies for bmm)
+    softmax = B * a * S * S * 4
+    gelu_new = 5 * T * inner * 4  # fc out, tanh, 1 + tanh, 0.5 x, act out
+    assert la.saved_bytes == norms + linear_inputs + qkv + softmax + gelu_new == 492_544
+
+
+def test_llama_bf16_eager_layer() -> None:
+    _, la = _layer(
+        LLAMA, precision=Precision.BF16, attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CPU
+    )
+    h, a, d, inner = 64, 4, 16, 128
+    norms = 2 * (T * h * (4 + 2) + T * 4)  # x.float() (4 B), y in bf16 (2 B), rstd (fp32)
+    linear_inputs = 3 * T * h * 2  # q/k/v input, o_proj input, gate/up input
+    qkv = 3 * T * a * d * 2  # k, v repeated to all 4 heads by repeat_kv
+    softmax = B * a * S * S * (4 + 2)  # softmax(dtype=float32) and its cast back to bf16
+    mlp = 4 * T * inner * 2  # gate, silu(gate), up, product
+    assert la.saved_bytes == norms + linear_inputs + qkv + softmax + mlp == 213_504
+
+
+def test_llama_bf16_sdpa_layer_keeps_kv_heads() -> None:
+    _, la = _layer(
+        LLAMA, precision=Precision.BF16, attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU
+    )
+    h, a, g, d, inner = 64, 4, 2, 16, 128
+    norms = 2 * (T * h * 6 + T * 4)
+    linear_inputs = 3 * T * h * 2  # o_proj's input is the SDPA output itself
+    qkv = T * (a + 2 * g) * d * 2  # enable_gqa: k, v keep 2 heads
+    lse = B * a * S * 4
+    mlp = 4 * T * inner * 2
+    assert la.saved_bytes == norms + linear_inputs + qkv + lse + mlp == 157_184
+
+
+def test_amp_adds_input_casts_and_weight_casts() -> None:
+    spec, la = _layer(LLAMA, precision=Precision.AMP_BF16, attention=AttentionKernel.SDPA,
+                      kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    h, a, g, d, inner = 64, 4, 2, 16, 128
+    norms = 2 * (T * h * (4 + 4) + T * 4)  # fp32 residual: x and y both fp32
+    linear_inputs = (3 + 1 + 2) * T * h * 2  # q, k, v each cast their input; o_proj; gate, up each
+    qkv = T * (a + 2 * g) * d * 2
+    lse = B * a * S * 4
+    mlp = 4 * T * inner * 2
+    weights = sum(t.numel for t in spec.first_layer.tensors if t.kind == "linear_weight") * 2
+    assert la.saved_bytes == norms + linear_inputs + qkv + lse + mlp + weights
+
+
+def test_cuda_dropout_mask_is_one_byte_cpu_is_input_dtype() -> None:
+    cfg = {**GPT2, "resid_pdrop": 0.1, "attn_pdrop": 0.1}
+    _, cpu = _layer(
+        cfg, precision=Precision.FP32, attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CPU
+    )
+    _, cuda = _layer(
+        cfg, precision=Precision.FP32, attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CUDA
+    )
+    scores, hidden = B * 4 * S * S, T * 64
+    # dropout output (4 B) + mask on the probs; two residual-dropout masks
+    assert cpu.saved_bytes == 492_544 + scores * (4 + 4) + 2 * hidden * 4
+    assert cuda.saved_bytes == 492_544 + scores * (4 + 1) + 2 * hidden * 1
+
+
+def test_cpu_sdpa_with_dropout_falls_back_to_math_in_fp32() -> None:
+    cfg = {**GPT2, "attn_pdrop": 0.1}
+    spec = spec_from_config(cfg)
+    policy = KernelPolicy.CPU
+    setup = TrainingSetup(precision=Precision.BF16, attention=AttentionKernel.SDPA, kernel_policy=policy,
+                          micro_batch=B, seq_len=S)  # fmt: skip
+    sh = act.shapes(spec, setup)
+    assert sh.kernel is AttentionKernel.EAGER and sh.math_fallback
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    scores = B * 4 * S * S
+    norms = 2 * (T * 64 * 2 + 2 * T * 2)  # CPU layer_norm keeps bf16 mean/rstd
+    attention = 3 * T * 64 * 4 + 3 * scores * 4  # fp32 q, k, v; softmax, dropout output, mask in fp32
+    assert la.saved_bytes == norms + 3 * T * 64 * 2 + attention + 5 * T * 256 * 2
+
+
+def test_full_checkpointing_keeps_layer_input() -> None:
+    _, la = _layer(LLAMA, precision=Precision.BF16)
+    full = act.checkpointed(la, Checkpointing.FULL)
+    assert full.saved_bytes == T * 64 * 2
+    assert full.recompute == la.saved_bytes
+
+
+def test_selective_checkpointing_drops_attention_core() -> None:
+    _, la = _layer(LLAMA, precision=Precision.BF16, attention=AttentionKernel.EAGER)
+    sel = act.checkpointed(la, Checkpointing.SELECTIVE)
+    core = B * 4 * S * S * (4 + 2)
+    assert la.saved_bytes - sel.saved_bytes == core == sel.recompute
+
+
+def test_head_logits_and_loss() -> None:
+    spec = spec_from_config(dict(LLAMA))
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=B, seq_len=S)
+    head = head_activations(spec, act.shapes(spec, setup), 1000 * 64)
+    v = 1000
+    saved = (T * 64 * 6 + T * 4) + T * 64 * 2 + T * v * 4  # final norm, lm_head input, log_softmax (fp32)
+    assert sum(i.bytes for i in head.saved) == saved
+    assert head.forward_transient == T * v * (2 + 4)  # bf16 logits + logits.float()
+    assert head.backward_transient == 2 * T * v * 4  # nll_loss_backward + _log_softmax_backward_data
+
+
+@pytest.mark.parametrize("kernel", [AttentionKernel.SDPA, AttentionKernel.FLASH])
+def test_cuda_flash_like_kernels_save_lse_not_scores(kernel: AttentionKernel) -> None:
+    _, la = _layer(LLAMA, precision=Precision.BF16, attention=kernel)
+    assert la.core == B * 4 * S * 4  # logsumexp only

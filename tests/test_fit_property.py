@@ -1,0 +1,85 @@
+"""Property: every change ``fit`` suggests, re-estimated on its own through the public estimators,
+fits its GPU; every limit it reports fits too.
+
+Over a sample of catalog models (decoders and an encoder, dense and MoE, 100 M to 405 B), catalog
+GPUs and plain sizes, and setups (batch, sequence, accumulation, precision, checkpointing, kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from peakmem import planner
+from peakmem.catalog import Gpu, get_gpu
+from peakmem.estimate import estimate_training
+from peakmem.model import ModelSpec
+from peakmem.ranks import estimate_ranks
+from peakmem.resolve import gpu_of_size, resolve_model
+from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
+
+MODELS = (
+    "gpt2", "gpt2-xl", "pythia-1.4b", "opt-1.3b", "llama-3.2-1b", "llama-3.1-8b", "qwen3-0.6b",
+    "mistral-7b-v0.1", "gemma-2-2b", "phi-3-mini", "mixtral-8x7b", "qwen3-30b-a3b", "bert-base-uncased",
+    "llama-3.1-70b", "llama-3.1-405b",
+)  # fmt: skip
+GPUS = ("rtx-3060-12gb", "rtx-4090", "l4", "t4", "a100-40gb", "a100-80gb", "h100-sxm", "m4-max-128gb")
+SIZES = ("4GB", "8GB", "16GB", "24GB", "48GB")
+
+
+@cache
+def _spec(name: str) -> ModelSpec:
+    return resolve_model(name)
+
+
+@cache
+def _gpu(name: str) -> Gpu:
+    return get_gpu(name) if name not in SIZES else gpu_of_size(name)
+
+
+def _needed(spec: ModelSpec, setup: TrainingSetup, par: object) -> int:
+    if par is None:
+        return estimate_training(spec, setup).device_total_bytes
+    return estimate_ranks(spec, setup, par).most_loaded.estimate.device_total_bytes  # type: ignore[arg-type]
+
+
+setups = hs.builds(
+    TrainingSetup,
+    micro_batch=hs.sampled_from((1, 2, 4, 8)),
+    seq_len=hs.sampled_from((128, 512, 1024, 2048, 4096)),
+    grad_accum=hs.sampled_from((1, 2, 4)),
+    precision=hs.sampled_from((Precision.MIXED_BF16, Precision.AMP_BF16, Precision.BF16, Precision.FP32)),
+    checkpointing=hs.sampled_from(tuple(Checkpointing)),
+    attention=hs.sampled_from(tuple(AttentionKernel)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=hs.sampled_from(MODELS), gpus=hs.lists(hs.sampled_from(GPUS + SIZES), min_size=1, max_size=2,
+       unique=True), setup=setups)  # fmt: skip
+def test_every_suggestion_fits_when_re_estimated(model: str, gpus: list[str], setup: TrainingSetup) -> None:
+    spec = _spec(model)
+    seq = min(setup.seq_len, spec.max_position_embeddings)
+    setup = replace(setup, seq_len=seq)
+    report = planner.fit(spec, setup, [_gpu(g) for g in gpus])
+    for g in report.gpus:
+        cap = g.gpu.usable_bytes
+        assert g.verdict.fits == (estimate_training(spec, setup).device_total_bytes <= cap)
+        for c in g.candidates:
+            assert c.fits, c.label
+            assert _needed(spec, c.setup, c.parallelism) == c.needed_bytes <= cap, c.label
+            assert len(c.steps) <= planner.MAX_CHANGES
+        for c in g.singles:
+            assert _needed(spec, c.setup, c.parallelism) == c.needed_bytes
+        lim = g.limits
+        if lim.largest_micro_batch:
+            assert _needed(spec, replace(setup, micro_batch=lim.largest_micro_batch), None) <= cap
+        if lim.longest_seq:
+            assert _needed(spec, replace(setup, seq_len=lim.longest_seq), None) <= cap
+        if lim.fewest_gpus and lim.fewest_gpus > 1:
+            from peakmem.parallel import Parallelism
+
+            assert _needed(spec, setup, Parallelism(gpus=lim.fewest_gpus, zero_stage=3)) <= cap

@@ -1,0 +1,115 @@
+"""Parallelism: degrees, derived values, validation errors that name every number."""
+
+from __future__ import annotations
+
+import pytest
+
+from peakmem.errors import InputError
+from peakmem.hf import spec_from_config
+from peakmem.model import ModelSpec
+from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule, validate_for
+
+
+def tiny(**over: object) -> ModelSpec:
+    """4 layers, hidden 64, 8 heads (4 KV heads), SwiGLU 128, vocab 1000: 276,032 parameters."""
+    cfg: dict[str, object] = dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128,
+        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu",
+    )  # fmt: skip
+    cfg.update(over)
+    return spec_from_config(cfg, name="tiny")
+
+
+def test_tiny_param_count_by_hand() -> None:
+    # embed 1000*64 + 4 * (q 4096 + k 2048 + v 2048 + o 4096 + 3 * 8192 + 2 norms * 64) + norm 64 + head 64000
+    assert tiny().params == 64_000 + 4 * 36_992 + 64 + 64_000 == 276_032
+
+
+def test_dp_derived_from_gpus() -> None:
+    par = Parallelism(gpus=64, tp=8, pp=2)
+    assert par.dp == 4
+    assert par.nodes == 8 and par.ranks_per_node == 8
+    assert Parallelism().dp == 1 and Parallelism().engine == "none"
+    assert Parallelism(gpus=8).engine == "ddp"
+
+
+def test_world_size_mismatch_names_every_factor() -> None:
+    with pytest.raises(InputError) as e:
+        Parallelism(gpus=64, dp=2, tp=8, pp=2)
+    assert str(e.value) == "dp*tp*pp*cp = 2*8*2*1 = 32 != gpus=64"
+
+
+def test_gpus_not_divisible_by_model_parallel() -> None:
+    with pytest.raises(InputError, match=r"gpus=12 is not divisible by tp\*pp\*cp = 8\*1\*1 = 8"):
+        Parallelism(gpus=12, tp=8)
+
+
+def test_zero_and_fsdp_exclusive() -> None:
+    with pytest.raises(InputError, match="zero=3 and fsdp='full-shard' are exclusive"):
+        Parallelism(gpus=8, zero_stage=3, fsdp=FsdpMode.FULL_SHARD)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(zero_stage=4), "zero=4"),
+        (dict(tp=0), "tp=0"),
+        (dict(sequence_parallel=True), "sequence_parallel=True needs tp > 1"),
+        (dict(pp_schedule=PipelineSchedule.INTERLEAVED, virtual_stages=2), "pp=1"),
+        (dict(virtual_stages=2), "virtual_stages=2"),
+        (dict(offload_params=Offload.CPU, zero_stage=2), "offload_params='cpu'"),
+        (dict(offload_optimizer=Offload.CPU), "offload_optimizer='cpu'"),
+        (dict(fsdp=FsdpMode.FULL_SHARD, offload_optimizer=Offload.NVME), "offload=nvme"),
+        (dict(ep=3), "ep=3 does not divide dp*cp = 8*1 = 8"),
+        (dict(fsdp_version=3, fsdp=FsdpMode.FULL_SHARD), "fsdp_version=3"),
+    ],
+)
+def test_bad_combinations(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("*", r"\*").replace("(", r"\(")):
+        Parallelism(gpus=8, **kwargs)  # type: ignore[arg-type]
+
+
+def test_tp_must_divide_heads() -> None:
+    with pytest.raises(InputError, match="tp=3 does not divide num_attention_heads=8"):
+        validate_for(tiny(), Parallelism(gpus=3, tp=3))
+
+
+def test_tp_must_divide_kv_heads() -> None:
+    with pytest.raises(InputError, match="tp=8 does not divide num_key_value_heads=4"):
+        validate_for(tiny(), Parallelism(gpus=8, tp=8))
+
+
+def test_pp_larger_than_layers() -> None:
+    with pytest.raises(InputError, match="pp=8 is larger than num_hidden_layers=4"):
+        validate_for(tiny(), Parallelism(gpus=8, pp=8))
+
+
+def test_interleaved_chunks_need_layers() -> None:
+    par = Parallelism(gpus=4, pp=4, pp_schedule=PipelineSchedule.INTERLEAVED, virtual_stages=2)
+    with pytest.raises(InputError, match=r"pp\*virtual_stages = 4\*2 = 8 > num_hidden_layers=4"):
+        validate_for(tiny(), par)
+
+
+def test_ep_needs_experts_that_divide() -> None:
+    with pytest.raises(InputError, match="ep=2 needs a mixture-of-experts model"):
+        validate_for(tiny(), Parallelism(gpus=2, ep=2))
+    moe = tiny(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=6,
+               num_experts_per_tok=2)  # fmt: skip
+    with pytest.raises(InputError, match="ep=4 does not divide num_experts=6"):
+        validate_for(moe, Parallelism(gpus=4, ep=4))
+    validate_for(moe, Parallelism(gpus=4, ep=2))
+
+
+def test_shard_degrees() -> None:
+    assert Parallelism(gpus=8).shard_degree == 1  # DDP replicates
+    assert Parallelism(gpus=64, tp=8, pp=2, zero_stage=1).shard_degree == 4
+    assert Parallelism(gpus=16, cp=2, zero_stage=3).shard_degree == 16  # dp * cp
+    hybrid = Parallelism(gpus=32, fsdp=FsdpMode.HYBRID_SHARD)
+    assert hybrid.shard_degree == 8  # one node
+    assert Parallelism(gpus=16, ep=4, zero_stage=2).expert_shard_degree == 4
+
+
+def test_describe() -> None:
+    par = Parallelism(gpus=64, tp=8, pp=2, zero_stage=1, sequence_parallel=True)
+    assert par.describe() == "64 GPUs, dp=4, tp=8, pp=2, sp, zero-1, 1f1b"

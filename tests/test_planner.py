@@ -1,0 +1,217 @@
+"""fit and plan: verdicts, the search for changes that make a job fit, limits, layouts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from peakmem import planner
+from peakmem.catalog import Gpu
+from peakmem.errors import InputError, UnknownNameError
+from peakmem.estimate import estimate_training
+from peakmem.hf import spec_from_config
+from peakmem.model import ModelSpec
+from peakmem.ranks import estimate_ranks
+from peakmem.resolve import gpu_of_size, resolve_gpu, resolve_gpus, resolve_model
+from peakmem.training import Checkpointing, TrainingSetup
+from peakmem.units import GB, MiB
+
+LLAMA: dict[str, Any] = {
+    "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 4000, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _needed(spec: ModelSpec, c: planner.Candidate) -> int:
+    """The candidate re-estimated on its own through the public estimators."""
+    if c.parallelism is None:
+        return estimate_training(spec, c.setup).device_total_bytes
+    return estimate_ranks(spec, c.setup, c.parallelism).most_loaded.estimate.device_total_bytes
+
+
+def _gpu(nbytes: int) -> Gpu:
+    return gpu_of_size(f"{nbytes}B")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> ModelSpec:
+    return spec_from_config(dict(LLAMA))
+
+
+@pytest.fixture(scope="module")
+def gpt2xl_report() -> planner.FitReport:
+    spec = resolve_model("gpt2-xl")
+    return planner.fit(spec, TrainingSetup(seq_len=1024), resolve_gpus("8GB,16GB,24GB,40GB"))
+
+
+# --- verdicts ----------------------------------------------------------------------------------------
+def test_gpt2_xl_smallest_sufficient_is_40gb(gpt2xl_report: planner.FitReport) -> None:
+    r = gpt2xl_report
+    assert r.smallest_sufficient == "40gb"
+    fits = {g.gpu.name: g.verdict.fits for g in r.gpus}
+    assert fits == {"8gb": False, "16gb": False, "24gb": False, "40gb": True}
+    g40 = r.gpus[3]
+    assert g40.verdict.headroom_bytes == 40 * GB - r.baseline.device_total_bytes > 0
+    assert g40.candidates == () and g40.singles == ()  # nothing to change where it fits
+    assert r.any_fits
+
+
+def test_gpt2_xl_changes_for_16_and_24gb(gpt2xl_report: planner.FitReport) -> None:
+    spec = resolve_model("gpt2-xl")
+    families = {f.name: f for f in gpt2xl_report.search_space}
+    for g in gpt2xl_report.gpus[1:3]:
+        assert g.candidates, g.gpu.name
+        for c in g.candidates:
+            assert c.fits and c.needed_bytes == _needed(spec, c) <= g.gpu.usable_bytes
+        # every change alone is listed with its total, fitting or not ("why not X")
+        labels = [s.label for s in g.singles]
+        assert "checkpointing full" in labels and all(s.needed_bytes > 0 for s in g.singles)
+        for fam, prefix in (("LoRA / QLoRA", "method "), ("8-bit optimizer", "optimizer ")):
+            if families[fam].status == "searched":
+                assert any(s.label.startswith(prefix) for s in g.singles), (g.gpu.name, fam)
+                assert any(prefix in c.label for c in g.candidates) or any(
+                    s.label.startswith(prefix) and not s.fits for s in g.singles
+                )
+            else:
+                assert families[fam].status == "not available" and families[fam].reason
+
+
+def test_candidates_ranked_and_minimal(gpt2xl_report: planner.FitReport) -> None:
+    for g in gpt2xl_report.gpus:
+        keys = [(c.changes_job, len(c.steps), round(c.relative_cost, 3)) for c in g.candidates]
+        assert keys == sorted(keys)
+        sets = [{(ch.field, ch.new) for ch in c.changes} for c in g.candidates]
+        for i, a in enumerate(sets):
+            assert not any(b < a for j, b in enumerate(sets) if j != i)  # no candidate extends another
+
+
+def test_nothing_fits_8gb_without_many_changes(gpt2xl_report: planner.FitReport) -> None:
+    g8 = gpt2xl_report.gpus[0]
+    assert g8.limits.largest_micro_batch == 0 and g8.limits.longest_seq == 0
+    assert all(len(c.steps) <= planner.MAX_CHANGES for c in g8.candidates)
+
+
+def test_none_fits_reports_it() -> None:
+    spec = resolve_model("gpt2-xl")
+    r = planner.fit(spec, TrainingSetup(seq_len=1024), resolve_gpus("8GB,16GB"))
+    assert r.smallest_sufficient is None and not r.any_fits
+
+
+def test_json_is_serialisable(gpt2xl_report: planner.FitReport) -> None:
+    out = planner.fit_json(gpt2xl_report)
+    text = json.dumps(out)
+    assert '"smallest_sufficient": "40gb"' in text
+    g16 = out["gpus"][1]  # type: ignore[index]
+    assert g16["fits"] is False and g16["candidates"][0]["changes"]
+
+
+# --- the search on a tiny model, hand-checkable -------------------------------------------------
+def test_micro_batch_finisher_keeps_the_global_batch(tiny: ModelSpec) -> None:
+    setup = TrainingSetup(micro_batch=8, seq_len=1024, grad_accum=2)
+    base = estimate_training(tiny, setup).device_total_bytes
+    two = estimate_training(tiny, replace(setup, micro_batch=2, grad_accum=8)).device_total_bytes
+    r = planner.fit(tiny, setup, [_gpu(two)])
+    assert not r.gpus[0].verdict.fits and base > two
+    mb = [c for c in r.gpus[0].candidates if c.steps == ("micro-batch 2 x accumulation 8",)]
+    assert mb and mb[0].setup.micro_batch * mb[0].setup.grad_accum == 16
+    assert mb[0].relative_cost == pytest.approx(1.0)  # same FLOPs per token
+
+
+def test_limits_are_tight(tiny: ModelSpec) -> None:
+    setup = TrainingSetup(micro_batch=1, seq_len=512)
+    cap = estimate_training(tiny, replace(setup, micro_batch=5)).device_total_bytes + MiB
+    r = planner.fit(tiny, setup, [_gpu(cap)])
+    lim = r.gpus[0].limits
+    assert lim.largest_micro_batch >= 5
+    assert estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch)).device_total_bytes <= cap
+    assert estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch + 1)).device_total_bytes > cap
+    assert estimate_training(tiny, replace(setup, seq_len=lim.longest_seq)).device_total_bytes <= cap
+    if not lim.seq_capped:
+        assert estimate_training(tiny, replace(setup, seq_len=lim.longest_seq + 1)).device_total_bytes > cap
+    assert lim.fewest_gpus == 1
+
+
+def test_fewest_gpus_is_tight() -> None:
+    spec = resolve_model("gpt2-xl")
+    setup = TrainingSetup(seq_len=1024, checkpointing=Checkpointing.FULL)
+    cap = 16 * GB
+    r = planner.fit(spec, setup, [_gpu(cap)])
+    n = r.gpus[0].limits.fewest_gpus
+    assert n is not None and n > 1
+    from peakmem.parallel import Parallelism
+
+    def need(k: int) -> int:
+        return estimate_ranks(spec, setup, Parallelism(gpus=k, zero_stage=3)).most_loaded.estimate.device_total_bytes
+
+    assert need(n) <= cap < need(n - 1) if n > 2 else need(n) <= cap
+
+
+def test_shorter_sequence_is_last_and_flagged(tiny: ModelSpec) -> None:
+    setup = TrainingSetup(micro_batch=1, seq_len=4096)
+    cap = estimate_training(tiny, replace(setup, seq_len=1024)).device_total_bytes
+    r = planner.fit(tiny, setup, [_gpu(cap)])
+    seq = [c for c in r.gpus[0].singles if c.changes_job]
+    assert len(seq) == 1 and seq[0].setup.seq_len % planner.SEQ_STEP == 0 and seq[0].fits
+    cands = r.gpus[0].candidates
+    flags = [c.changes_job for c in cands]
+    assert flags == sorted(flags)  # job-changing candidates come last
+
+
+def test_search_space_lists_every_family(gpt2xl_report: planner.FitReport) -> None:
+    names = {f.name for f in gpt2xl_report.search_space}
+    assert {"activation checkpointing", "attention kernel", "8-bit optimizer", "LoRA / QLoRA", "CPU offload",
+            "micro-batch + accumulation", "shard over N GPUs", "shorter sequence"} <= names  # fmt: skip
+    for f in gpt2xl_report.search_space:
+        assert f.status in ("searched", "not available", "not applicable")
+        assert f.status == "searched" or f.reason
+
+
+# --- plan -----------------------------------------------------------------------------------------------
+def test_plan_layouts_fit_and_are_ranked() -> None:
+    spec = resolve_model("llama-3.1-8b")
+    r = planner.plan(spec, TrainingSetup(seq_len=2048), resolve_gpu("a100-80gb"), 64, global_batch=256)
+    assert r.layouts and "pipeline" in r.scope
+    times = [lay.step.total_s for lay in r.layouts]
+    assert times == sorted(times)
+    for lay in r.layouts[:3]:
+        need = estimate_ranks(spec, lay.setup, lay.parallelism).most_loaded.estimate.device_total_bytes
+        assert need == lay.needed_bytes <= lay.capacity_bytes
+        assert lay.parallelism.dp * lay.setup.micro_batch * lay.setup.grad_accum == 256
+    assert r.fewest_gpus is not None and r.fewest_gpus.step.gpus <= min(lay.step.gpus for lay in r.layouts)
+    json.dumps(planner.plan_json(r))
+
+
+def test_plan_405b_on_h100_finds_layouts() -> None:
+    spec = resolve_model("llama-3.1-405b")
+    r = planner.plan(spec, TrainingSetup(), resolve_gpu("h100-80gb"), 1024)
+    assert r.layouts and r.fewest_gpus is not None
+    assert r.fewest_gpus.step.gpus >= 64  # 405 B x 16 B/param of model states alone is ~6.5 TB
+    assert all(lay.needed_bytes <= lay.capacity_bytes for lay in r.layouts)
+
+
+def test_plan_rejects_bad_max_gpus(tiny: ModelSpec) -> None:
+    with pytest.raises(InputError):
+        planner.plan(tiny, TrainingSetup(), resolve_gpu("a100-80gb"), 0)
+
+
+# --- bad input (resolve.py, checked here because `fit` depends on it) ---------------------------
+def test_gpu_sizes_parse() -> None:
+    gpus = resolve_gpus("24 GB,24GiB,24g,rtx-4090")
+    assert [g.memory_bytes for g in gpus[:3]] == [24 * GB, 24 * 1024**3, 24 * GB]
+    assert gpus[3].name == "rtx-4090"
+
+
+def test_unknown_gpu_suggests_names() -> None:
+    with pytest.raises(UnknownNameError) as err:
+        resolve_gpus("rtx-4900")
+    assert "rtx-4090" in str(err.value)
+
+
+def test_size_without_unit_says_the_accepted_forms() -> None:
+    with pytest.raises(InputError) as err:
+        resolve_gpu("24")
+    assert "24GiB" in str(err.value)

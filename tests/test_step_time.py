@@ -1,0 +1,141 @@
+"""The step-time model, hand-derived on a tiny Llama.
+
+Tiny Llama: hidden 64, 4 heads (head_dim 16), 2 KV heads, MLP 128 (gated), vocab 1000, 2 layers,
+untied head. Per layer: q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12,288; gate, up, down 3 x 64x128 =
+24,576; matmul total 36,864 per layer, 73,728 for both. Head 1000 x 64 = 64,000. Embeddings are a
+lookup (no FLOPs), norms are not matmuls. Attention width per layer: 4 x (16 + 16) = 128.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from peakmem.catalog import get_gpu
+from peakmem.formulas import step_time as st
+from peakmem.hf import spec_from_config
+from peakmem.resolve import gpu_of_size
+from peakmem.training import Checkpointing, Method, TrainingSetup
+
+LLAMA: dict[str, Any] = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+LAYER_MM = 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192)  # 73,728
+HEAD = 1000 * 64
+S = 32
+FWD_PER_TOKEN = 2 * (LAYER_MM + HEAD) + 2 * 2 * S * 128  # 275,456 + 16,384 = 291,840
+
+RATES = st.Rates(
+    gpu="test", tflops=1.0, mfu=0.5, mfu_source="test", pcie_gbps=10.0, pcie_source="test",
+    intra_node_gbps=100.0, intra_node_source="test", inter_node_gbps=10.0, inter_node_source="test",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sf() -> st.SpecFlops:
+    return st.spec_flops(spec_from_config(dict(LLAMA)))
+
+
+def test_spec_flops_counts_matmul_params(sf: st.SpecFlops) -> None:
+    assert sf.layer_matmul_params == 73_728
+    assert sf.matmul_params == 73_728 + 64_000
+    assert sf.attention == ((2, 128, None),)
+    assert sf.forward_flops_per_token(S) == FWD_PER_TOKEN == 291_840
+
+
+def test_tied_head_still_multiplies() -> None:
+    tied = st.spec_flops(spec_from_config({**LLAMA, "tie_word_embeddings": True}))
+    assert tied.matmul_params == 73_728 + 64_000  # the head reuses the embedding matrix
+
+
+def test_training_flops_full_lora_and_recompute(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=2, seq_len=S)
+    assert st.training_flops_per_token(sf, setup) == 3 * FWD_PER_TOKEN
+    lora = replace(setup, method=Method.LORA)
+    assert st.training_flops_per_token(sf, lora) == 2 * FWD_PER_TOKEN
+    full = replace(setup, checkpointing=Checkpointing.FULL)
+    # every layer's forward again: 2 x 73,728 + the attention scores 16,384
+    assert st.training_flops_per_token(sf, full) == 3 * FWD_PER_TOKEN + 147_456 + 16_384
+    sel = replace(setup, checkpointing=Checkpointing.SELECTIVE)
+    assert st.training_flops_per_token(sf, sel) == 3 * FWD_PER_TOKEN + 16_384
+
+
+def test_sliding_window_caps_the_attention_span() -> None:
+    sf = st.spec_flops(spec_from_config({**LLAMA, "model_type": "mistral", "sliding_window": 16}))
+    assert sf.attention_flops_per_token(S) == 2 * 2 * 16 * 128
+
+
+def test_ring_collectives() -> None:
+    assert st.all_reduce_s(1e9, 4, 100.0) == pytest.approx(2 * 3 / 4 * 1e9 / 100e9)
+    assert st.all_gather_s(1e9, 4, 100.0) == pytest.approx(3 / 4 * 1e9 / 100e9)
+    assert st.reduce_scatter_s(1e9, 8, 50.0) == pytest.approx(7 / 8 * 1e9 / 50e9)
+    assert st.all_reduce_s(1e9, 1, 100.0) == 0.0
+
+
+def test_single_gpu_step_is_compute(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=2, seq_len=S, grad_accum=3)
+    t = st.step_time(sf, setup, RATES, st.Layout(), trainable_params=1000, params=1000)
+    tokens = 2 * S * 3
+    assert t.compute_s == pytest.approx(3 * FWD_PER_TOKEN * tokens / 0.5e12)
+    assert t.recompute_s == t.bubble_s == t.tp_comm_s == t.dp_comm_s == t.offload_s == 0.0
+    assert t.tokens == tokens and t.gpus == 1
+    assert t.total_s == pytest.approx(t.compute_s)
+
+
+def test_tensor_parallel_all_reduces(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=2, seq_len=S)
+    t = st.step_time(sf, setup, RATES, st.Layout(gpus=2, tp=2), trainable_params=1000, params=1000)
+    one = 2 * (2 - 1) / 2 * (2 * S * 64 * 2) / 100e9  # ring all-reduce of b x s x h bf16 over 2 GPUs
+    assert t.tp_comm_s == pytest.approx(4 * 2 * one)  # 4 per layer (2 fwd + 2 bwd), 2 layers
+    assert t.compute_s == pytest.approx(3 * FWD_PER_TOKEN * 2 * S / 2 / 0.5e12)  # split over tp
+
+
+def test_pipeline_bubble(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=1, seq_len=S, grad_accum=4)
+    t = st.step_time(sf, setup, RATES, st.Layout(gpus=2, pp=2), trainable_params=1000, params=1000)
+    assert t.bubble_s == pytest.approx(t.compute_s * (2 - 1) / 4)  # (p - 1) / m
+
+
+def test_ddp_exposed_comm_and_zero3_volume(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=1, seq_len=S)
+    params = 10**9  # large enough that communication outlasts the tiny compute
+    ddp = st.step_time(sf, setup, RATES, st.Layout(gpus=4, engine="ddp"), trainable_params=params, params=params)
+    raw = st.all_reduce_s(params * 2, 4, 100.0)
+    assert ddp.dp_comm_s == pytest.approx(raw - 2 / 3 * ddp.compute_s)
+    z3 = st.step_time(sf, setup, RATES, st.Layout(gpus=4, engine="zero-3"), trainable_params=params, params=params)
+    raw3 = 2 * st.all_gather_s(params * 2, 4, 100.0) + st.reduce_scatter_s(params * 2, 4, 100.0)
+    assert raw3 == pytest.approx(1.5 * raw)  # Rajbhandari et al. 2020 §7.2: 1.5x DDP
+    assert z3.dp_comm_s == pytest.approx(raw3 - z3.compute_s)
+    # crossing nodes: 16 GPUs, 8 per node -> the inter-node link (10 GB/s here)
+    big = st.step_time(sf, setup, RATES, st.Layout(gpus=16, engine="ddp"), trainable_params=params, params=params)
+    assert big.dp_comm_s == pytest.approx(st.all_reduce_s(params * 2, 16, 10.0) - 2 / 3 * big.compute_s)
+
+
+def test_offload_traffic(sf: st.SpecFlops) -> None:
+    setup = TrainingSetup(micro_batch=1, seq_len=S, grad_accum=2)
+    p = 10**6
+    t = st.step_time(sf, setup, RATES, st.Layout(engine="zero-2", offload_optimizer=True), trainable_params=p,
+                     params=p)  # fmt: skip
+    pcie = 2 * p * 2 / 10e9
+    cpu = p * st.CPU_ADAM_BYTES_PER_PARAM / (st.CPU_OPTIMIZER_GBPS * 1e9)
+    assert t.offload_s == pytest.approx(pcie + cpu)
+    both = st.step_time(sf, setup, RATES, st.Layout(engine="zero-3", offload_optimizer=True, offload_params=True),
+                        trainable_params=p, params=p)  # fmt: skip
+    assert both.offload_s == pytest.approx(pcie + cpu + 2 * 2 * p * 2 / 10e9)  # 2 micro-batches x fwd+bwd
+
+
+def test_rates_tables() -> None:
+    h100 = st.rates_for(get_gpu("h100-80gb"))
+    assert h100.mfu == 0.40 and h100.tflops == pytest.approx(989.4)
+    assert h100.intra_node_gbps == 450.0 and h100.inter_node_gbps == 50.0 and h100.pcie_gbps == 63.0
+    a100 = st.rates_for(get_gpu("a100-80gb"))
+    assert a100.mfu == 0.50 and a100.intra_node_gbps == 300.0
+    rtx = st.rates_for(get_gpu("rtx-4090"))
+    assert rtx.intra_node_gbps == rtx.pcie_gbps == 31.5  # no NVLink: peer-to-peer over PCIe
+    plain = st.rates_for(gpu_of_size("24GB"))
+    assert plain.borrowed_from and plain.tflops == a100.tflops
+    assert any("ASSUMPTION" in n for n in plain.notes())
