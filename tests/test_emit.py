@@ -10,7 +10,6 @@ from peakmem.emit import deepspeed_config, emit, fsdp_accelerate_config, fsdp_ac
 from peakmem.errors import InputError
 from peakmem.parallel import FsdpMode, Offload, Parallelism
 from peakmem.training import Checkpointing, Precision, TrainingSetup
-
 from test_parallel import tiny
 
 
@@ -59,15 +58,17 @@ def test_fsdp2_yaml() -> None:
 
 
 def test_fsdp1_strategies_and_hybrid() -> None:
-    cfg = fsdp_accelerate_config(tiny(), TrainingSetup(),
-                                 Parallelism(gpus=8, fsdp=FsdpMode.SHARD_GRAD_OP, fsdp_version=1))  # fmt: skip
+    cfg = fsdp_accelerate_config(
+        tiny(), TrainingSetup(), Parallelism(gpus=8, fsdp=FsdpMode.SHARD_GRAD_OP, fsdp_version=1)
+    )
     assert cfg["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"  # type: ignore[index]
     v2 = fsdp_accelerate_config(tiny(), TrainingSetup(), Parallelism(gpus=8, fsdp=FsdpMode.SHARD_GRAD_OP))
     assert v2["fsdp_config"]["fsdp_reshard_after_forward"] is False  # type: ignore[index]
     hybrid = fsdp_accelerate_config(tiny(), TrainingSetup(), Parallelism(gpus=32, fsdp=FsdpMode.HYBRID_SHARD))
     assert hybrid["parallelism_config"] == {
-        "parallelism_config_dp_replicate_size": 4, "parallelism_config_dp_shard_size": 8,
-    }  # fmt: skip
+        "parallelism_config_dp_replicate_size": 4,
+        "parallelism_config_dp_shard_size": 8,
+    }
 
 
 def test_fsdp_refuses_zero_and_model_parallel() -> None:

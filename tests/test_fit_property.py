@@ -57,7 +57,7 @@ setups = hs.builds(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=hs.sampled_from(MODELS), gpus=hs.lists(hs.sampled_from(GPUS + SIZES), min_size=1, max_size=2,
        unique=True), setup=setups)  # fmt: skip
 def test_every_suggestion_fits_when_re_estimated(model: str, gpus: list[str], setup: TrainingSetup) -> None:
@@ -83,3 +83,25 @@ def test_every_suggestion_fits_when_re_estimated(model: str, gpus: list[str], se
             from peakmem.parallel import Parallelism
 
             assert _needed(spec, setup, Parallelism(gpus=lim.fewest_gpus, zero_stage=3)) <= cap
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=hs.sampled_from(MODELS[:-1]), gpu=hs.sampled_from(GPUS[:-1] + SIZES),
+       engine=hs.sampled_from(("hf", "vllm", "sglang")), batch=hs.sampled_from((1, 4, 16)),
+       context=hs.sampled_from((1024, 4096, 16384)))  # fmt: skip
+def test_every_inference_suggestion_fits(model: str, gpu: str, engine: str, batch: int, context: int) -> None:
+    from peakmem.formulas.serving import estimate_inference
+    from peakmem.inference import InferenceSetup
+
+    spec = _spec(model)
+    if spec.task != "causal-lm":
+        return
+    setup = InferenceSetup(engine=engine, batch=batch, context=min(context, spec.max_position_embeddings))
+    report = planner.fit_inference(spec, setup, [_gpu(gpu)])
+    for g in report.gpus:
+        for c in g.candidates:
+            est = estimate_inference(spec, c.setup)
+            assert est.device_total_bytes == c.needed_bytes <= g.capacity_bytes, c.label
+            if engine in ("vllm", "sglang"):
+                conc = est.extra["max_concurrent_sequences"]
+                assert isinstance(conc, int) and conc >= c.setup.batch, c.label

@@ -16,15 +16,21 @@ pytest.importorskip("transformers")
 from peakmem.formulas import model_parallel as mp  # noqa: E402
 from peakmem.formulas import sharding  # noqa: E402
 from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
-
 from test_parallel import tiny  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 TINY = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-    vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5,
-)  # fmt: skip
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=1000,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-5,
+)
 
 
 @contextmanager
@@ -97,3 +103,44 @@ def test_fsdp2_mixed_precision_keeps_fp32_shards_and_grads() -> None:
         assert {p.dtype for p in params} == {torch.float32}
         assert all(p.grad is not None and p.grad.to_local().dtype == torch.float32 for p in params)
         assert sum(p.grad.to_local().numel() for p in params) == expected
+
+
+@pytest.mark.slow
+def test_fsdp2_mem_tracker_categories_match_formula() -> None:
+    """torch's FSDPMemTracker (torch/distributed/_tools/fsdp2_mem_tracker.py) over one steady-state
+    fp32 AdamW step in a fake world of 4: sharded parameters, optimizer states and the unsharded root
+    unit at the peak equal peakmem's per-rank terms; one layer unit is all-gathered at a time on CPU
+    (no separate all-gather stream, so no run-ahead prefetch; peakmem counts 2 units, as on CUDA)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from peakmem.training import Precision, TrainingSetup
+
+    par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
+    sp = mp.stage_params(tiny(), par, 0)
+    states = sharding.rank_states(tiny(), TrainingSetup(precision=Precision.FP32), par, sp)
+    rows = {r.tensor: r.bytes for r in states.rows}
+    gathered = {i.path: i.bytes for i in states.gathered_forward}
+    with fake_world(4, 0) as mesh:
+        model = _sharded_llama(mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        ids = torch.randint(0, 1000, (2, 64))
+        model(input_ids=ids, labels=ids).loss.backward()  # step 1 creates the states
+        opt.step()
+        opt.zero_grad()
+        tracker = FSDPMemTracker(model, opt)
+        tracker.track_inputs((ids,))
+        with tracker:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        peak = {
+            getattr(k, "value", k): v
+            for k, v in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()
+        }
+    n_params = len(list(model.parameters()))
+    assert peak["Sharded Param"] == rows["sharded parameters (fp32, master) (1/4 shard)"] == 4 * 276_032 // 4
+    opt_bytes = sum(b for t, b in rows.items() if "AdamW" in t)
+    assert peak["OptState"] == opt_bytes + 4 * n_params  # + AdamW's fp32 `step` scalar per parameter
+    assert peak["Unsharded Param"] == gathered["FSDP root unit unsharded (embeddings, final norm, head)"]
+    two_units = gathered["FSDP all-gathered units (current + prefetched layer)"]
+    assert peak["All Gather"] == two_units // 2 == 4 * 36_992

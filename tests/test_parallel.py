@@ -13,10 +13,19 @@ from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule, v
 def tiny(**over: object) -> ModelSpec:
     """4 layers, hidden 64, 8 heads (4 KV heads), SwiGLU 128, vocab 1000: 276,032 parameters."""
     cfg: dict[str, object] = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=128,
-        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
-        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu",
-    )  # fmt: skip
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=1000,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+        hidden_act="silu",
+    )
     cfg.update(over)
     return spec_from_config(cfg, name="tiny")
 
@@ -94,8 +103,9 @@ def test_interleaved_chunks_need_layers() -> None:
 def test_ep_needs_experts_that_divide() -> None:
     with pytest.raises(InputError, match="ep=2 needs a mixture-of-experts model"):
         validate_for(tiny(), Parallelism(gpus=2, ep=2))
-    moe = tiny(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=6,
-               num_experts_per_tok=2)  # fmt: skip
+    moe = tiny(
+        model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=6, num_experts_per_tok=2
+    )
     with pytest.raises(InputError, match="ep=4 does not divide num_experts=6"):
         validate_for(moe, Parallelism(gpus=4, ep=4))
     validate_for(moe, Parallelism(gpus=4, ep=2))

@@ -127,8 +127,13 @@ def test_limits_are_tight(tiny: ModelSpec) -> None:
     r = planner.fit(tiny, setup, [_gpu(cap)])
     lim = r.gpus[0].limits
     assert lim.largest_micro_batch >= 5
-    assert estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch)).device_total_bytes <= cap
-    assert estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch + 1)).device_total_bytes > cap
+    assert (
+        estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch)).device_total_bytes <= cap
+    )
+    assert (
+        estimate_training(tiny, replace(setup, micro_batch=lim.largest_micro_batch + 1)).device_total_bytes
+        > cap
+    )
     assert estimate_training(tiny, replace(setup, seq_len=lim.longest_seq)).device_total_bytes <= cap
     if not lim.seq_capped:
         assert estimate_training(tiny, replace(setup, seq_len=lim.longest_seq + 1)).device_total_bytes > cap
@@ -145,7 +150,9 @@ def test_fewest_gpus_is_tight() -> None:
     from peakmem.parallel import Parallelism
 
     def need(k: int) -> int:
-        return estimate_ranks(spec, setup, Parallelism(gpus=k, zero_stage=3)).most_loaded.estimate.device_total_bytes
+        return estimate_ranks(
+            spec, setup, Parallelism(gpus=k, zero_stage=3)
+        ).most_loaded.estimate.device_total_bytes
 
     assert need(n) <= cap < need(n - 1) if n > 2 else need(n) <= cap
 
@@ -215,3 +222,62 @@ def test_size_without_unit_says_the_accepted_forms() -> None:
     with pytest.raises(InputError) as err:
         resolve_gpu("24")
     assert "24GiB" in str(err.value)
+
+
+# --- fit --infer --------------------------------------------------------------------------------------
+def _infer_fits(spec: ModelSpec, c: planner.InferCandidate) -> bool:
+    from peakmem.formulas.serving import estimate_inference
+
+    est = estimate_inference(spec, c.setup)
+    assert est.device_total_bytes == c.needed_bytes
+    if c.setup.engine.value in ("vllm", "sglang"):
+        conc = est.extra["max_concurrent_sequences"]
+        return isinstance(conc, int) and conc >= c.setup.batch and est.device_total_bytes <= c.capacity_bytes
+    return est.device_total_bytes <= c.capacity_bytes
+
+
+def test_fit_inference_hf_8b_on_4090() -> None:
+    from peakmem.inference import InferenceSetup
+
+    spec = resolve_model("llama-3.1-8b")
+    r = planner.fit_inference(spec, InferenceSetup(context=8192, batch=8), resolve_gpus("rtx-4090,a100-80gb"))
+    assert r.smallest_sufficient == "a100-80gb"
+    g4090 = r.gpus[0]
+    assert not g4090.fits and 0 < g4090.max_concurrent < 8 and 0 < g4090.max_context < 8192
+    assert g4090.candidates
+    for c in g4090.candidates:
+        assert c.fits and _infer_fits(spec, c), c.label
+    labels = [c.label for c in g4090.singles]
+    assert "weights nf4" in labels and "kv-cache int4" in labels
+    flags = [c.changes_job for c in g4090.candidates]
+    assert flags == sorted(flags)
+    json.dumps(planner.fit_inference_json(r))
+
+
+def test_fit_inference_vllm_70b_needs_tensor_parallel() -> None:
+    from peakmem.inference import InferenceSetup
+
+    spec = resolve_model("llama-3.1-70b")
+    r = planner.fit_inference(
+        spec, InferenceSetup(engine="vllm", context=8192, batch=16), resolve_gpus("h100")
+    )
+    g = r.gpus[0]
+    assert not g.fits and r.smallest_sufficient is None
+    tp = [c for c in g.singles if c.steps[0].startswith("tensor parallel")]
+    assert tp and tp[0].fits and tp[0].gpus in (2, 4, 8)
+    assert all(_infer_fits(spec, c) for c in g.candidates)
+
+
+def test_without_the_multi_gpu_estimator_families_say_so(
+    monkeypatch: pytest.MonkeyPatch, tiny: ModelSpec
+) -> None:
+    monkeypatch.setattr(planner, "_ranks_module", lambda: None)
+    setup = TrainingSetup(micro_batch=4, seq_len=2048)
+    cap = estimate_training(tiny, replace(setup, micro_batch=1)).device_total_bytes
+    r = planner.fit(tiny, setup, [_gpu(cap)])
+    fams = {f.name: f for f in r.search_space}
+    assert fams["CPU offload"].status == fams["shard over N GPUs"].status == "not available"
+    assert all(c.parallelism is None for c in r.gpus[0].candidates + r.gpus[0].singles)
+    assert r.gpus[0].limits.fewest_gpus is None and "not installed" in r.gpus[0].limits.note
+    p = planner.plan(tiny, setup, resolve_gpu("a100-80gb"), 64, global_batch=8)
+    assert p.scope.startswith("single GPU only") and all(lay.step.gpus == 1 for lay in p.layouts)

@@ -10,17 +10,15 @@ import time
 
 import pytest
 
-from peakmem.breakdown import Category, Phase
+from peakmem.breakdown import Category, MemoryItem, Phase
 from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import sharding
 from peakmem.formulas.activations import LayerActivations
-from peakmem.breakdown import MemoryItem
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
 from peakmem.ranks import estimate_ranks
 from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
-
 from test_parallel import tiny
 
 P = 276_032
@@ -71,10 +69,15 @@ def test_in_flight_microbatches() -> None:
 
 def test_tp_activation_split() -> None:
     la = LayerActivations(
-        saved=(MemoryItem(path="norms (input + stats) x2", category=Category.ACTIVATIONS, bytes=1000),
-               MemoryItem(path="attn.q,k,v (saved by SDPA)", category=Category.ACTIVATIONS, bytes=800)),
-        core=0, layer_input=400, forward_transient=80, backward_transient=160,
-    )  # fmt: skip
+        saved=(
+            MemoryItem(path="norms (input + stats) x2", category=Category.ACTIVATIONS, bytes=1000),
+            MemoryItem(path="attn.q,k,v (saved by SDPA)", category=Category.ACTIVATIONS, bytes=800),
+        ),
+        core=0,
+        layer_input=400,
+        forward_transient=80,
+        backward_transient=160,
+    )
     no_sp = mp.tp_layer_activations(la, Parallelism(gpus=4, tp=4), 0)
     assert [i.bytes for i in no_sp.saved] == [1000, 200]  # LN input replicated (Korthikanti Eq. 2)
     assert no_sp.layer_input == 400 and no_sp.forward_transient == 20 and no_sp.backward_transient == 40
@@ -192,8 +195,11 @@ def test_deepspeed_estimator_match() -> None:
 def test_70b_tp8_pp2_zero1_first_and_last_stage() -> None:
     from peakmem.resolve import resolve_model
 
-    rep = estimate_ranks(resolve_model("llama-3.1-70b"), TrainingSetup(seq_len=2048, grad_accum=4),
-                         Parallelism(gpus=64, tp=8, pp=2, zero_stage=1))  # fmt: skip
+    rep = estimate_ranks(
+        resolve_model("llama-3.1-70b"),
+        TrainingSetup(seq_len=2048, grad_accum=4),
+        Parallelism(gpus=64, tp=8, pp=2, zero_stage=1),
+    )
     roles = {r.role for r in rep.ranks}
     assert roles == {"first stage", "last stage"}
     assert rep.ranks[0].estimate.device_total_bytes >= rep.ranks[1].estimate.device_total_bytes
@@ -247,15 +253,23 @@ def test_checkpointing_and_sp_reduce_the_peak() -> None:
 def test_every_engine_runs_and_phases_are_named() -> None:
     spec = tiny()
     for par in (
-        Parallelism(gpus=4, zero_stage=1), Parallelism(gpus=4, zero_stage=1, offload_optimizer=Offload.CPU),
-        Parallelism(gpus=4, fsdp=FsdpMode.SHARD_GRAD_OP), Parallelism(gpus=16, fsdp=FsdpMode.HYBRID_SHARD),
-        Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD, offload_params=Offload.CPU, offload_optimizer=Offload.CPU),
+        Parallelism(gpus=4, zero_stage=1),
+        Parallelism(gpus=4, zero_stage=1, offload_optimizer=Offload.CPU),
+        Parallelism(gpus=4, fsdp=FsdpMode.SHARD_GRAD_OP),
+        Parallelism(gpus=16, fsdp=FsdpMode.HYBRID_SHARD),
+        Parallelism(
+            gpus=4, fsdp=FsdpMode.FULL_SHARD, offload_params=Offload.CPU, offload_optimizer=Offload.CPU
+        ),
         Parallelism(gpus=8, tp=2, pp=2, cp=2, zero_stage=2, sequence_parallel=True),
-    ):  # fmt: skip
+    ):
         rep = estimate_ranks(spec, TrainingSetup(seq_len=64, grad_accum=2), par)
         for r in rep.ranks:
             assert {p.phase for p in r.estimate.phases} == {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER}
-            assert r.estimate.device_total_bytes > r.estimate.peak_reserved_bytes >= r.estimate.peak_allocated_bytes
+            assert (
+                r.estimate.device_total_bytes
+                > r.estimate.peak_reserved_bytes
+                >= r.estimate.peak_allocated_bytes
+            )
         assert rep.to_dict()["ranks"]
 
 
@@ -270,3 +284,19 @@ def test_fast_enough_for_a_planner() -> None:
     for _ in range(50):
         estimate_ranks(spec, setup, par)
     assert (time.perf_counter() - start) / 50 < 0.01  # < 10 ms per layout
+
+
+def test_expert_parallel_split_and_dispatch() -> None:
+    moe = tiny(
+        model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2
+    )
+    par = Parallelism(gpus=4, ep=2, zero_stage=1)
+    sp = mp.stage_params(moe, par, 0)
+    experts = sum(t.numel * n for t, n in moe.tensors() if t.component == "experts")
+    assert experts == 4 * 4 * 3 * 64 * 128  # 4 layers x 4 experts x (gate, up, down) of 64 x 128
+    assert sp.expert_numel == experts // 2  # half the experts per rank
+    assert sp.dense_numel == moe.params - experts  # attention, router, norms, embeddings: replicated
+    assert par.shard_degree == 4 and par.expert_shard_degree == 2  # expert states over dp*cp/ep ranks
+    assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, par) == 2 * 128 * 64 * 2  # top-2 copies, bf16
+    assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, Parallelism(gpus=4, zero_stage=1)) == 0
+    assert estimate_ranks(moe, TrainingSetup(seq_len=64), par).most_loaded.estimate.peak_allocated_bytes > 0

@@ -103,15 +103,21 @@ def test_pipeline_bubble(sf: st.SpecFlops) -> None:
 def test_ddp_exposed_comm_and_zero3_volume(sf: st.SpecFlops) -> None:
     setup = TrainingSetup(micro_batch=1, seq_len=S)
     params = 10**9  # large enough that communication outlasts the tiny compute
-    ddp = st.step_time(sf, setup, RATES, st.Layout(gpus=4, engine="ddp"), trainable_params=params, params=params)
+    ddp = st.step_time(
+        sf, setup, RATES, st.Layout(gpus=4, engine="ddp"), trainable_params=params, params=params
+    )
     raw = st.all_reduce_s(params * 2, 4, 100.0)
     assert ddp.dp_comm_s == pytest.approx(raw - 2 / 3 * ddp.compute_s)
-    z3 = st.step_time(sf, setup, RATES, st.Layout(gpus=4, engine="zero-3"), trainable_params=params, params=params)
+    z3 = st.step_time(
+        sf, setup, RATES, st.Layout(gpus=4, engine="zero-3"), trainable_params=params, params=params
+    )
     raw3 = 2 * st.all_gather_s(params * 2, 4, 100.0) + st.reduce_scatter_s(params * 2, 4, 100.0)
     assert raw3 == pytest.approx(1.5 * raw)  # Rajbhandari et al. 2020 §7.2: 1.5x DDP
     assert z3.dp_comm_s == pytest.approx(raw3 - z3.compute_s)
     # crossing nodes: 16 GPUs, 8 per node -> the inter-node link (10 GB/s here)
-    big = st.step_time(sf, setup, RATES, st.Layout(gpus=16, engine="ddp"), trainable_params=params, params=params)
+    big = st.step_time(
+        sf, setup, RATES, st.Layout(gpus=16, engine="ddp"), trainable_params=params, params=params
+    )
     assert big.dp_comm_s == pytest.approx(st.all_reduce_s(params * 2, 16, 10.0) - 2 / 3 * big.compute_s)
 
 
@@ -123,7 +129,8 @@ def test_offload_traffic(sf: st.SpecFlops) -> None:
     pcie = 2 * p * 2 / 10e9
     cpu = p * st.CPU_ADAM_BYTES_PER_PARAM / (st.CPU_OPTIMIZER_GBPS * 1e9)
     assert t.offload_s == pytest.approx(pcie + cpu)
-    both = st.step_time(sf, setup, RATES, st.Layout(engine="zero-3", offload_optimizer=True, offload_params=True),
+    lay = st.Layout(engine="zero-3", offload_optimizer=True, offload_params=True)
+    both = st.step_time(sf, setup, RATES, lay,
                         trainable_params=p, params=p)  # fmt: skip
     assert both.offload_s == pytest.approx(pcie + cpu + 2 * 2 * p * 2 / 10e9)  # 2 micro-batches x fwd+bwd
 

@@ -52,6 +52,20 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--framework", default="hf", help=choices(Framework))
 
 
+def _add_infer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default="bf16",
+                   help="bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|...")  # fmt: skip
+    p.add_argument("--kv-cache", default="auto", help="auto|bf16|fp16|fp8|int8|int4")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: model limit)")
+    p.add_argument("--prompt", type=int, default=None, help="prefill tokens (default: the whole context)")
+    p.add_argument("--engine", default="hf", help="hf|vllm|sglang|llamacpp")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction")
+    p.add_argument("--n-gpu-layers", type=int, default=None, help="llama.cpp -ngl")
+    p.add_argument("--keep-all-logits", action="store_true", help="logits for every prompt position")
+    p.add_argument("--strict", action="store_true", help="context beyond the model's limit is an error")
+
+
 def _add_output_options(p: argparse.ArgumentParser, gpu: bool = True) -> None:
     if gpu:
         p.add_argument("--gpu", default=None, help="GPU name(s) or size(s), comma-separated: rtx-4090,40GB")
@@ -256,6 +270,46 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return _report(args, est, headline)
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    from peakmem import planner
+    from peakmem.errors import InputError
+    from peakmem.render_plan import print_fit, print_fit_inference
+    from peakmem.resolve import resolve_model
+
+    if not args.gpu:
+        raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
+    spec = resolve_model(args.model)
+    gpus = _gpus(args.gpu)
+    if args.infer:
+        report: Any = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
+        if args.json:
+            _emit_json(planner.fit_inference_json(report))
+        else:
+            print_fit_inference(report)
+    else:
+        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        if args.json:
+            _emit_json(planner.fit_json(report))
+        else:
+            print_fit(report)
+    return EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from peakmem import planner
+    from peakmem.render_plan import print_plan
+    from peakmem.resolve import resolve_gpu, resolve_model
+
+    spec = resolve_model(args.model)
+    setup = _training_setup(args, spec.max_position_embeddings)
+    report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch)
+    if args.json:
+        _emit_json(planner.plan_json(report))
+    else:
+        print_plan(report)
+    return EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
+
+
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="peakmem", description=__doc__.splitlines()[0] if __doc__ else None)
@@ -300,19 +354,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("infer", help="GPU memory to serve a model")
     p.add_argument("model")
-    p.add_argument("--weights", default="bf16", help="bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|...")
-    p.add_argument("--kv-cache", default="auto", help="auto|bf16|fp16|fp8|int8|int4")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
-    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: model limit)")
-    p.add_argument("--prompt", type=int, default=None, help="prefill tokens (default: the whole context)")
-    p.add_argument("--engine", default="hf", help="hf|vllm|sglang|llamacpp")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction")
-    p.add_argument("--n-gpu-layers", type=int, default=None, help="llama.cpp -ngl")
-    p.add_argument("--keep-all-logits", action="store_true", help="logits for every prompt position")
-    p.add_argument("--strict", action="store_true", help="context beyond the model's limit is an error")
+    _add_infer_options(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_infer)
+
+    p = sub.add_parser("fit", help="verdict per GPU and the ranked changes that make it fit")
+    p.add_argument("model")
+    _add_train_options(p)
+    p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
+    _add_infer_options(p)
+    _add_output_options(p)
+    p.set_defaults(handler=cmd_fit)
+
+    p = sub.add_parser("plan", help="the fastest parallel layout that fits, up to N GPUs")
+    p.add_argument("model")
+    _add_train_options(p)
+    p.add_argument("--max-gpus", type=int, required=True, help="the most GPUs to use")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--gpu", required=True, help="GPU name or size")
+    p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
     p.add_argument("--host", default="127.0.0.1")

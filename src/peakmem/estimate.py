@@ -87,7 +87,13 @@ def _head_weight_numel(spec: ModelSpec) -> int:
 
 
 def _scaled(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:
-    return [replace(i, path=f"{prefix}.{i.path}", bytes=i.bytes * count) for i in items if count and i.bytes]
+    if not count:
+        return []
+    return [
+        MemoryItem(path=f"{prefix}.{i.path}", category=i.category, bytes=i.bytes * count, source=i.source)
+        for i in items
+        if i.bytes
+    ]
 
 
 def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> int:
@@ -142,7 +148,7 @@ def estimate_training(
     sh = act.shapes(spec, setup)
     head = head_activations(spec, sh, _head_weight_numel(spec))
     parts = replace(_parts(spec, setup, rows, sh), head_items=head.saved)
-    resident_grads = parts.grads if setup.grad_accum > 1 else 0
+    resident_grads = parts.grads if setup.grad_accum > 1 or not setup.grads_set_to_none else 0
     persistent_items = _state_items(rows, parts, include_grads=False)
     grad_items = _grad_items(rows, "gradients (accumulated)") if resident_grads else []
 
@@ -151,7 +157,7 @@ def estimate_training(
     layer_fwd = max((g.forward_transient for g in parts.groups), default=0)
     fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
     forward_items = [
-        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None),
+        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None), *_weight_cache(spec, setup),
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
     ]  # fmt: skip
@@ -195,6 +201,20 @@ def estimate_training(
             "fragmentation": ov.fragmentation,
         },
     )  # fmt: skip
+
+
+def _weight_cache(spec: ModelSpec, setup: TrainingSetup) -> list[MemoryItem]:
+    """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
+    loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
+    full checkpointing nothing saves them, but the cache still holds all of them at the loss."""
+    plan = precision_plan(setup.precision)
+    if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
+        return []
+    facts = spec_facts(spec)
+    numel = sum(g.count * n for g, n in zip(spec.groups, facts.linear_params, strict=True))
+    return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
+                       category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
+                       source="torch autocast cached_cast: leaf fp32 weights cached per autocast region")]  # fmt: skip
 
 
 SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
@@ -262,9 +282,11 @@ SRC_BACKWARD_TMP = "CE gradients at the start; a layer's activation and weight g
 
 
 def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
-    dropout = f"attention {spec.attention_dropout}, hidden {spec.hidden_dropout}, embedding {spec.embedding_dropout}"
+    dropout = f"attention {spec.attention_dropout}, hidden {spec.hidden_dropout}"
+    dropout += f", embedding {spec.embedding_dropout}"
     out = [
-        "steady-state step (>= 2): optimizer states exist in forward/backward; zero_grad(set_to_none=True)",
+        "steady-state step (>= 2): optimizer states exist in forward/backward; "
+        f"zero_grad(set_to_none={setup.grads_set_to_none})",
         act.activation_dtype_note(sh),
         f"framework profile {sh.profile.name}: {sh.profile.source}",
         f"training mode: dropout active where the config sets it ({dropout})",

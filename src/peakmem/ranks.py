@@ -27,6 +27,7 @@ from peakmem.formulas.timeline import GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism, validate_for
 from peakmem.training import AttentionKernel, TrainingSetup
+from peakmem.units import fmt_both
 
 METHOD = "analytic"
 
@@ -65,6 +66,36 @@ class RankReport:
             if r.role == role:
                 return r
         raise KeyError(role)
+
+    def as_estimate(self) -> Estimate:
+        """The most loaded rank's estimate, carrying every rank type and the CPU/NVMe figures in
+        ``extra`` (``per_rank``, ``cpu_per_node_bytes``, ...) and the layout in ``assumptions``:
+        what the CLI renders and puts in ``--json`` for a sharded or offloaded job."""
+        top = self.most_loaded.estimate
+        info = self.to_dict()
+        extra = {**top.extra, **{k: v for k, v in info.items() if k != "assumptions"}}
+        seen = set(top.assumptions)
+        assumptions = top.assumptions + tuple(a for a in self.assumptions if a not in seen)
+        return replace(top, extra=extra, assumptions=assumptions)
+
+    def summary_lines(self) -> list[str]:
+        """One line per rank type and one for CPU RAM, e.g. for a terminal."""
+        out = []
+        for r in self.ranks:
+            e = r.estimate
+            out.append(
+                f"{r.role} (stage {r.stage}, {r.ranks} ranks): {fmt_both(e.device_total_bytes)} on the GPU "
+                f"(allocated {fmt_both(e.peak_allocated_bytes)} at {e.peak_phase.value}; model states "
+                f"{fmt_both(e.model_state_bytes)})"
+            )
+        out.append(
+            f"CPU RAM per node: {fmt_both(self.cpu_per_node_bytes)} (pinned offload "
+            f"{fmt_both(self.cpu_pinned_per_node_bytes)}, "
+            f"model loading {fmt_both(self.cpu_load_per_node_bytes)})"
+        )
+        if self.nvme_per_node_bytes:
+            out.append(f"NVMe per node: {fmt_both(self.nvme_per_node_bytes)}")
+        return out
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready per-rank and per-node figures (the CLI's ``--json`` adds these)."""
@@ -251,8 +282,10 @@ def _rank(
     max_fwd = 0
     for (count, layer), grads in zip(mp.stage_groups(spec, par.pp, stage), states.layer_grads, strict=True):
         ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, c, par)
+        dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, c, par)
         la = act.checkpointed(
-            mp.tp_layer_activations(act.layer_activations(spec, layer, sh), par, ring), setup.checkpointing
+            mp.tp_layer_activations(act.layer_activations(spec, layer, sh), par, ring, dispatch),
+            setup.checkpointing,
         )
         groups.append(
             GroupCost(

@@ -92,6 +92,9 @@ class TrainingSetup:
     attention: AttentionKernel = AttentionKernel.SDPA
     framework: Framework = Framework.HF
     kernel_policy: KernelPolicy = KernelPolicy.CUDA
+    # optimizer.zero_grad(set_to_none=...): True is torch >= 2.0's default (grads freed between
+    # steps); False (torch < 2.0, e.g. HF Trainer in 2022) keeps zeroed grads alive all the time.
+    grads_set_to_none: bool = True
 
     def __post_init__(self) -> None:
         require(self.micro_batch > 0, "batch", self.micro_batch, "must be a positive integer")

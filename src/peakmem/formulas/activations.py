@@ -43,6 +43,11 @@ from .profiles import PROFILES, Profile
 # ``nn.functional.softmax(attn_weights, dim=-1)``); the others pass ``dtype=torch.float32``.
 SOFTMAX_IN_INPUT_DTYPE = frozenset({"gpt2", "bert", "roberta", "gpt_neo", "opt", "gptj", "distilbert"})
 
+# Models whose eager attention applies dropout to the softmax output without casting it back
+# (modeling_bert.py ``eager_attention_forward``); GPT-2 (``.type(value.dtype)``) and Llama
+# (``.to(query.dtype)``) cast first.
+CAST_AFTER_DROPOUT = frozenset({"bert", "roberta"})
+
 # Activations whose transformers module is a python formula that keeps several intermediates
 # (transformers/activations.py): name -> tensors of size T x I saved besides the output.
 PYTHON_ACTIVATIONS = {"gelu_new": 4, "gelu_fast": 4}
@@ -213,13 +218,16 @@ def _eager_terms(
     items.append(
         _item(f"attn.softmax output ({'fp32' if sm == 4 else sh.plan.compute.name})", scores * sm, SRC_EAGER)
     )
+    cast_after_dropout = sh.model_type in CAST_AFTER_DROPOUT and sm != inner
     if spec.attention_dropout > 0:
-        # dropout runs on the probs cast back to the compute dtype; the cast itself is not saved
-        mask = dropout_mask_bytes(scores, inner, sh.policy)
-        items.append(_item("attn.dropout output", scores * inner, SRC_DROPOUT))
+        # GPT-2/Llama cast the probs back to the compute dtype first (that cast is not saved);
+        # BERT drops out the fp32 probs and the next matmul's autocast cast is saved as well
+        d_bytes = sm if cast_after_dropout else inner
+        mask = dropout_mask_bytes(scores, d_bytes, sh.policy)
+        items.append(_item("attn.dropout output", scores * d_bytes, SRC_DROPOUT))
         items.append(_item("attn.dropout mask", mask, SRC_DROPOUT))
-        core += scores * inner + mask
-    elif sm != inner:
+        core += scores * d_bytes + mask
+    if sm != inner and (cast_after_dropout or spec.attention_dropout == 0):
         items.append(_item("attn.probs cast to compute dtype", scores * inner, SRC_EAGER))
         core += scores * inner
     items.append(_item("attn.output (o_proj input)", t * a * dv * c, SRC_EAGER))

@@ -267,12 +267,15 @@ def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[Memory
     return tuple(replace(i, bytes=_split(i.bytes, _is_replicated(i.path), par)) for i in items)
 
 
-def tp_layer_activations(la: LayerActivations, par: Parallelism, ring_kv_bytes: int) -> LayerActivations:
+def tp_layer_activations(
+    la: LayerActivations, par: Parallelism, ring_kv_bytes: int, dispatch_bytes: int = 0
+) -> LayerActivations:
     """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
-    context-parallel ring buffers: 2 K/V chunks in forward, 2 chunks + fp32 dK/dV in backward."""
+    context-parallel ring buffers (2 K/V chunks in forward, 2 chunks + fp32 dK/dV in backward) and
+    the expert-parallel all-to-all buffer (forward and backward)."""
     saved = split_items(la.saved, par)
-    ring_fwd = 2 * ring_kv_bytes
-    ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2  # fp32 dK/dV accumulators (2x the 16-bit chunk)
+    ring_fwd = 2 * ring_kv_bytes + dispatch_bytes
+    ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2 + dispatch_bytes  # fp32 dK/dV: 2x the 16-bit chunk
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
@@ -293,6 +296,18 @@ def tp_head_activations(head: HeadActivations, par: Parallelism) -> HeadActivati
         backward_transient=cdiv(head.backward_transient, par.tp),
         logits_grad=cdiv(head.logits_grad, par.tp),
     )
+
+
+def ep_dispatch_bytes(
+    layer: Layer, tokens_local: int, hidden: int, compute_bytes: int, par: Parallelism
+) -> int:
+    """Expert parallel: the all-to-all send buffer of the permuted top-k token copies, alive next to
+    the received ones (which the expert MLPs save; counted as ``moe.routed token copies``).
+    Megatron-Core ``moe/token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``: permute, all-to-all,
+    experts, all-to-all back, unpermute; on average each rank receives top-k x its own tokens."""
+    if par.ep == 1 or not layer.mlp.is_moe:
+        return 0
+    return layer.mlp.experts_per_token * tokens_local * hidden * compute_bytes
 
 
 def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> int:

@@ -193,6 +193,8 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, *, rank: int,
     del peft_model
     if setup.method == Method.QLORA:
         for name, mod in list(model.named_modules()):
+            if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears
+                continue
             for child_name, child in list(mod.named_children()):
                 if type(child) is torch.nn.Linear and child is not head:
                     q = Fake4bitLinear(child)

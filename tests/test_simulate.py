@@ -1,0 +1,251 @@
+"""peakmem.simulate: the caching-allocator model (hand-derived block/segment bytes), fakeify (tied
+weights, no memory), the CUDA kernel policy (what SDPA and dropout save), errors, LoRA/QLoRA.
+
+The allocator tests are pure Python; the rest need torch (tiny configs, ~1 s each).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from peakmem.simulate.allocator_model import CachingAllocatorModel, replay, round_size
+from peakmem.units import MiB
+
+# --- the caching-allocator model (c10/cuda/CUDACachingAllocator.cpp, default config) -------------
+
+
+def test_round_size_is_512_byte_blocks_at_least_one():
+    assert round_size(1) == 512
+    assert round_size(512) == 512
+    assert round_size(513) == 1024
+    assert round_size(0) == 512
+
+
+def test_small_request_takes_a_2mib_segment_and_splits():
+    m = CachingAllocatorModel()
+    m.malloc(1, 100)
+    m.malloc(2, 1000)
+    assert (m.allocated, m.reserved, m.segments) == (512 + 1024, 2 * MiB, 1)
+
+
+def test_large_pool_segment_sizes():
+    m = CachingAllocatorModel()
+    m.malloc(1, 1 * MiB + 1)  # > kSmallSize -> 20 MiB segment (below kMinLargeAlloc)
+    assert m.reserved == 20 * MiB
+    m.malloc(2, 11 * MiB + 1)  # the 20 MiB segment's free 19 MiB - 512 B remainder fits it
+    assert m.reserved == 20 * MiB
+    m.malloc(3, 11 * MiB)  # >= 10 MiB, nothing free fits: its own segment rounded to 2 MiB
+    assert m.reserved == 20 * MiB + 12 * MiB
+
+
+def test_large_block_not_split_when_remainder_is_at_most_1mib():
+    # 5 MiB and 3 MiB from one 20 MiB segment; free the 5 MiB block; an 11 MiB request takes the
+    # 12 MiB remainder whole (12 - 11 = 1 MiB is not > kSmallSize), so allocated counts 12 MiB.
+    ev = [(1, 5 * MiB), (2, 3 * MiB), (1, -5 * MiB), (3, 11 * MiB)]
+    s = replay(ev)
+    assert s.allocated_after[-1] == 3 * MiB + 12 * MiB
+    assert s.peak_reserved == 20 * MiB
+    assert s.peak_requested == 14 * MiB
+
+
+def test_freed_neighbours_merge_and_are_reused():
+    ev = [(1, 4 * MiB), (2, 4 * MiB), (1, -4 * MiB), (2, -4 * MiB), (3, 16 * MiB)]
+    s = replay(ev)
+    assert s.peak_reserved == 20 * MiB  # 16 MiB fits the merged free segment: no new cudaMalloc
+    assert s.segments == 1
+
+
+def test_best_fit_picks_the_smallest_block_that_fits():
+    m = CachingAllocatorModel()
+    m.malloc(1, 6 * MiB)
+    m.malloc(2, 2 * MiB)
+    m.malloc(3, 3 * MiB)
+    m.malloc(4, 2 * MiB)  # segment: [1:6][2:2][3:3][4:2][free 7]
+    m.free(3)  # a free 3 MiB hole between allocated blocks
+    m.malloc(5, 3 * MiB)  # best fit: the 3 MiB hole, not the 7 MiB tail
+    assert m.live[5].addr == m.live[2].addr + 2 * MiB
+
+
+# --- torch-needing tests -------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from peakmem.breakdown import Category  # noqa: E402
+from peakmem.errors import InputError  # noqa: E402
+from peakmem.training import (  # noqa: E402
+    KernelPolicy,
+    Method,
+    Precision,
+    TrainingSetup,
+)
+
+LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+GPT2 = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_positions": 128,
+    "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+LLAMA_P = 1000 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64) + 64 + 1000 * 64
+GPT2_P = 1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
+
+
+def setup(**kw: object) -> TrainingSetup:
+    kw.setdefault("micro_batch", 2)
+    kw.setdefault("seq_len", 64)
+    return TrainingSetup(**kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def llama_cuda():
+    from peakmem.simulate import simulate_training
+
+    return simulate_training(LLAMA, setup())
+
+
+@pytest.mark.torch
+def test_fakeify_keeps_tied_weights_tied_and_allocates_nothing():
+    from peakmem.simulate.fakeify import fakeify_module
+    from peakmem.simulate.runner import _fake_mode, build_meta_model
+
+    model = build_meta_model(GPT2, setup(precision=Precision.FP32))
+    mode = _fake_mode()
+    fakeify_module(model, mode)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert sum(p.numel() for p in model.parameters()) == GPT2_P
+    p = model.transformer.wte.weight
+    assert isinstance(p, torch.nn.Parameter) and p.requires_grad and p.device.type == "cpu"
+    assert type(p).__name__ in ("FakeTensor", "Parameter")
+    assert p.untyped_storage().nbytes() == 1000 * 64 * 4
+
+
+@pytest.mark.torch
+def test_simulated_estimate_shape(llama_cuda):
+    e = llama_cuda
+    assert e.method == "simulated" and e.job == "train"
+    assert e.params == LLAMA_P and e.trainable_params == LLAMA_P
+    assert e.peak_reserved_bytes >= e.peak_allocated_bytes >= e.extra["requested_peak_bytes"]
+    assert e.device_total_bytes == (
+        e.peak_reserved_bytes + e.extra["context_bytes"] + e.extra["cublas_workspace_bytes"]
+    )
+    # mixed-bf16: 2 B/param weights + 4 B/param masters + AdamW 2 x 4 B/param, all alive at the peak
+    cats = e.by_category()
+    assert cats[Category.PARAMETERS] == 2 * LLAMA_P
+    assert cats[Category.MASTER_WEIGHTS] == 4 * LLAMA_P
+    assert cats[Category.OPTIMIZER_STATES] == 8 * LLAMA_P  # 'step' scalars: host memory on CUDA
+    top = e.extra["top_tensors"]
+    assert top[0]["bytes"] == 2 * 64 * 1000 * 4  # the saved fp32 log-softmax of the logits
+    assert top[0]["module"] == "LlamaForCausalLM"
+    assert any("flash" in line for line in e.assumptions)
+
+
+@pytest.mark.torch
+def test_flash_attention_saves_output_and_fp32_logsumexp(llama_cuda):
+    # per layer: output B*S*H*D bf16 (2*64*4*16*2 = 16384) + logsumexp B*H*S fp32 (2*4*64*4 = 2048)
+    # + the philox RNG state torch 2.13's meta kernel returns (uint64 [2] + uint64 []: 24 B)
+    items = {i.path: i.bytes for i in llama_cuda.items}
+    assert items["model.layers.*.self_attn: _scaled_dot_product_flash_attention"] == 2 * (16384 + 2048 + 24)
+    assert llama_cuda.extra["kernel_calls"] == {"sdpa: flash": 4}
+
+
+def _saved_under_cuda_policy(fn):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from peakmem.simulate.kernels import CudaDispatchMode, CudaFunctionMode, KernelLog
+
+    saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    log = KernelLog()
+    with FakeTensorMode(), CudaDispatchMode(log), CudaFunctionMode(log):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn()
+    return saved, log
+
+
+@pytest.mark.torch
+def test_dropout_saves_a_bool_mask_as_cuda_does():
+    def fn():
+        x = torch.empty(4, 16, requires_grad=True)
+        torch.nn.functional.dropout(x, 0.1, True).sum().backward()
+
+    saved, log = _saved_under_cuda_policy(fn)
+    assert saved == [((4, 16), torch.bool)]
+
+
+@pytest.mark.torch
+def test_sdpa_backend_choice():
+    from peakmem.simulate.kernels import cuda_sdpa_backend
+
+    q = torch.empty(1, 8, 16, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16, device="meta")
+    assert cuda_sdpa_backend(q, q, q, None, False) == "flash"
+    assert cuda_sdpa_backend(q, kv, kv, None, True) == "flash"  # GQA native in flash
+    assert cuda_sdpa_backend(q, q, q, torch.empty(1, 1, 16, 16, device="meta"), False) == "efficient"
+    assert cuda_sdpa_backend(q.float(), q.float(), q.float(), None, False) == "efficient"
+    assert cuda_sdpa_backend(q.float(), kv.float(), kv.float(), None, True) == "math"
+    big = torch.empty(1, 8, 16, 512, dtype=torch.bfloat16, device="meta")
+    assert cuda_sdpa_backend(big, big, big, None, False) == "efficient"
+
+
+@pytest.mark.torch
+def test_efficient_attention_with_dropout_saves_no_mask():
+    def fn():
+        q = torch.empty(1, 2, 64, 16, requires_grad=True)  # fp32 -> memory-efficient kernel
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1).sum().backward()
+
+    saved, log = _saved_under_cuda_policy(fn)
+    assert ((1, 2, 64), torch.float32) in saved  # logsumexp rows padded to 32
+    assert not any(dt == torch.bool for _, dt in saved)
+    assert log.counts == {"sdpa: efficient with dropout": 1}
+
+
+@pytest.mark.torch
+def test_cpu_policy_keeps_the_cpu_kernels():
+    from peakmem.simulate import simulate_training
+
+    e = simulate_training(GPT2, setup(precision=Precision.FP32), kernels="cpu")
+    assert e.extra["kernels"] == "cpu" and e.extra["kernel_calls"] == {}
+    assert e.peak_reserved_bytes == e.device_total_bytes == e.peak_allocated_bytes
+    assert KernelPolicy.parse("cpu", "kernels") == KernelPolicy.CPU
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"model_type": "not-a-model", "hidden_size": 8}, "cannot build this architecture offline"),
+        ({"model_type": "acme_llm", "auto_map": {"AutoModelForCausalLM": "x.Y"}}, "remote code"),
+        ({"hidden_size": 8}, "model_type is missing"),
+    ],
+)
+def test_unbuildable_configs_give_a_clear_error(config, needle):
+    from peakmem.simulate import simulate_training
+
+    with pytest.raises(InputError, match=needle):
+        simulate_training(config, setup())
+
+
+@pytest.mark.torch
+def test_lora_and_qlora_trainable_params_and_quantized_base():
+    from peakmem.simulate import simulate_training
+
+    r = 8
+    # all-linear LoRA on 7 projections per layer: r * (in + out) each (lm_head is not targeted)
+    per_layer = r * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 176) + (176 + 64))
+    lora = simulate_training(LLAMA, setup(method=Method.LORA, precision=Precision.BF16), lora_rank=r)
+    assert lora.trainable_params == 2 * per_layer
+    assert lora.params == LLAMA_P + 2 * per_layer
+    q = simulate_training(LLAMA, setup(method=Method.QLORA, precision=Precision.BF16), lora_rank=r)
+    assert q.trainable_params == 2 * per_layer
+    rows = {r.tensor: r for r in q.per_param}
+    base_linear = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176)
+    assert rows["weights (quantized base)"].params == base_linear
+    assert q.peak_allocated_bytes < lora.peak_allocated_bytes
+    assert any("qlora" in a for a in q.assumptions)

@@ -1,0 +1,130 @@
+"""Parity: ``simulate`` (fake tensors, ``kernels="cpu"``) against ``measure --device cpu`` (real
+tensors) on the tiny-model grid, within 1% of the peak (issue 8); and, slow, analytic ``train``
+against ``simulate`` (CUDA kernels) within 3% on a sample of catalog models.
+
+Both sides use the same trainer and tracker, so where the kernels are the same the peaks agree to
+the byte; the tolerance is the issue's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from peakmem.training import (  # noqa: E402
+    AttentionKernel,
+    Checkpointing,
+    OptimizerImpl,
+    OptimizerName,
+    Precision,
+    TrainingSetup,
+)
+
+pytestmark = pytest.mark.torch
+
+PARITY = 0.01  # issue 8: simulation within 1% of `measure --device cpu` where the kernels are the same
+ANALYTIC = 0.03  # issue 8: analytic and simulated peaks within 3%
+
+LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+GPT2 = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_positions": 128,
+    "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+MODELS = {"llama": LLAMA, "gpt2": GPT2}
+
+
+def _pair(config: dict, **kw: object) -> tuple[int, int, object, object]:
+    from peakmem.measure import measure_training
+    from peakmem.simulate import simulate_training
+
+    kw.setdefault("micro_batch", 2)
+    kw.setdefault("seq_len", 32)
+    s = TrainingSetup(**kw)  # type: ignore[arg-type]
+    sim = simulate_training(config, s, kernels="cpu")
+    real = measure_training(config, s, device="cpu")
+    return sim.peak_allocated_bytes, real.peak_allocated_bytes, sim, real
+
+
+def _check(sim: int, real: int) -> None:
+    assert abs(sim - real) <= PARITY * real, f"simulated {sim} vs measured {real}"
+
+
+FAST = [
+    ("llama", Precision.MIXED_BF16, AttentionKernel.SDPA),
+    ("gpt2", Precision.FP32, AttentionKernel.SDPA),
+    ("llama", Precision.AMP_BF16, AttentionKernel.EAGER),
+]
+GRID = [
+    (m, p, a)
+    for m in MODELS
+    for p in (Precision.FP32, Precision.MIXED_BF16, Precision.AMP_BF16, Precision.BF16)
+    for a in (AttentionKernel.SDPA, AttentionKernel.EAGER)
+    if (m, p, a) not in FAST
+]
+
+
+@pytest.mark.parametrize("model, precision, attention", FAST)
+def test_parity_fast(model, precision, attention):
+    sim, real, s, r = _pair(MODELS[model], precision=precision, attention=attention)
+    _check(sim, real)
+    # same trainer and tracker: the per-step, per-phase peaks agree too, category by category
+    assert s.extra["steps"][-1]["categories"]["backward"] == r.extra["steps"][-1]["categories"]["backward"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, precision, attention", GRID)
+def test_parity_grid(model, precision, attention):
+    sim, real, _, _ = _pair(MODELS[model], precision=precision, attention=attention)
+    _check(sim, real)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"checkpointing": Checkpointing.FULL},
+        {"checkpointing": Checkpointing.FULL, "precision": Precision.MIXED_BF16},
+        {"optimizer_impl": OptimizerImpl.FUSED},
+        {"optimizer_impl": OptimizerImpl.FOR_LOOP},
+        {"optimizer": OptimizerName.SGD_MOMENTUM},
+        {"optimizer": OptimizerName.ADAFACTOR},
+        {"optimizer": OptimizerName.LION},
+        {"grad_accum": 2},
+        {"micro_batch": 3, "seq_len": 48},
+    ],
+    ids=lambda kw: ",".join(f"{k}={getattr(v, 'value', v)}" for k, v in kw.items()),
+)
+def test_parity_options(kw):
+    kw = {"precision": Precision.FP32, **kw}
+    sim, real, _, _ = _pair(LLAMA, **kw)
+    _check(sim, real)
+
+
+# --- analytic vs simulate at full scale (the benchmark's check, sampled) -------------------------
+
+SAMPLE = ("gpt2", "pythia-1.4b", "mixtral-8x7b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SAMPLE)
+def test_analytic_matches_simulation(name):
+    try:
+        from peakmem.estimate import estimate_training
+    except ImportError:  # pragma: no cover
+        pytest.skip("the analytic estimator is not available")
+    from peakmem import catalog
+    from peakmem.hf import spec_from_config
+    from peakmem.simulate import simulate_training
+
+    config = dict(catalog.get_model(name).config)
+    ctx = config.get("max_position_embeddings") or config.get("n_positions") or 2048
+    setup = TrainingSetup(precision=Precision.MIXED_BF16, micro_batch=1, seq_len=min(int(ctx), 2048))
+    analytic = estimate_training(spec_from_config(config, name=name), setup).peak_allocated_bytes
+    simulated = simulate_training(config, setup, model_name=name).peak_allocated_bytes
+    assert abs(analytic - simulated) <= ANALYTIC * simulated, f"analytic {analytic} vs simulated {simulated}"
