@@ -52,6 +52,55 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--framework", default="hf", help=choices(Framework))
 
 
+def _add_parallel_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-GPU (per-rank memory)")
+    g.add_argument("--gpus", type=int, default=1, help="world size")
+    g.add_argument("--gpus-per-node", type=int, default=8)
+    g.add_argument("--zero", type=int, default=0, help="DeepSpeed ZeRO stage 0|1|2|3")
+    g.add_argument("--fsdp", default="none", help="none|full-shard|shard-grad-op|hybrid-shard")
+    g.add_argument("--fsdp-version", type=int, default=2, help="1 (flat params) or 2 (fully_shard)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--cp", type=int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
+    g.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    g.add_argument("--pp-schedule", default="1f1b", help="1f1b|interleaved")
+    g.add_argument("--virtual-stages", type=int, default=1, help="interleaved schedule: chunks per rank")
+    g.add_argument("--offload", default="none", help="optimizer states to none|cpu|nvme")
+    g.add_argument("--offload-params", default="none", help="parameters to none|cpu|nvme (ZeRO-3/FSDP)")
+    g.add_argument("--emit", default=None, choices=("deepspeed", "fsdp"),
+                   help="print the engine's configuration for this setup instead of the estimate")  # fmt: skip
+
+
+def _parallelism(args: argparse.Namespace) -> Any:
+    """The Parallelism the flags ask for, or None for a plain single-GPU job."""
+    from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
+
+    plain = (
+        args.gpus == 1 and args.zero == 0 and args.fsdp == "none" and args.offload == "none"
+        and args.offload_params == "none" and args.tp == args.pp == args.cp == args.ep == 1
+        and args.emit is None
+    )  # fmt: skip
+    if plain:
+        return None
+    return Parallelism(
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        tp=args.tp,
+        pp=args.pp,
+        cp=args.cp,
+        ep=args.ep,
+        sequence_parallel=args.sp,
+        zero_stage=args.zero,
+        fsdp=FsdpMode.parse(args.fsdp, "fsdp"),
+        fsdp_version=args.fsdp_version,
+        offload_optimizer=Offload.parse(args.offload, "offload"),
+        offload_params=Offload.parse(args.offload_params, "offload-params"),
+        pp_schedule=PipelineSchedule.parse(args.pp_schedule, "pp-schedule"),
+        virtual_stages=args.virtual_stages,
+    )
+
+
 def _add_infer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="bf16",
                    help="bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|...")  # fmt: skip
@@ -190,6 +239,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     spec = resolve_model(args.model)
     setup = _training_setup(args, spec.max_position_embeddings)
+    par = _parallelism(args)
+    if par is not None:
+        return _train_parallel(args, spec, setup, par)
     est = estimate_training(spec, setup)
     ways = ways_down(spec, setup)
     if args.plot:
@@ -198,6 +250,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         path = plot_training(spec, setup, args.plot, gpus=_gpus(args.gpu), est=est, ways=ways)
         print(f"peakmem: wrote {path}", file=sys.stderr)
     return _report(args, est, train_headline(spec, setup, est), ways)
+
+
+def _train_parallel(args: argparse.Namespace, spec: Any, setup: Any, par: Any) -> int:
+    from peakmem.ranks import estimate_ranks
+
+    if args.emit:
+        from peakmem.emit import emit
+
+        sys.stdout.write(emit(args.emit, spec, setup, par))
+        return EXIT_OK
+    report = estimate_ranks(spec, setup, par)
+    est = report.as_estimate()
+    headline = train_headline(spec, setup, est) + f" Layout: {par.describe()}; most loaded rank shown."
+    code = _report(args, est, headline)
+    if not (args.json or args.markdown):
+        from peakmem.render import console
+
+        out = console()
+        out.print("[bold]per rank[/bold]")
+        for line in report.summary_lines():
+            out.print(f"- {line}")
+    return code
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -334,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     _add_output_options(p)
     p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
+    _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser("plot", help="memory by technique, or against batch or sequence length")

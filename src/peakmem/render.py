@@ -162,7 +162,7 @@ def train_headline(spec: Any, setup: Any, est: Any, verb: str = "needs") -> str:
 
 
 # --- terminal ------------------------------------------------------------------------------------
-def _console() -> Any:
+def console() -> Any:
     import sys
 
     from rich.console import Console
@@ -174,7 +174,7 @@ def _console() -> Any:
 def print_info(spec: ModelSpec) -> None:
     from rich.table import Table
 
-    console = _console()
+    console = console()
     first = spec.first_layer
     att = first.attention
     kind = "MLA" if att.is_mla else ("MHA" if att.num_kv_heads == att.num_heads else
@@ -218,7 +218,7 @@ def print_estimate(
 ) -> None:
     from rich.table import Table
 
-    console = _console()
+    console = console()
     console.print(headline)
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")

@@ -265,8 +265,10 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(_item("mlp.shared experts (gated)", 4 * t * mlp.shared_intermediate_size * c, SRC_MLP))
-    # backward: the gradient of the intermediate (its producer's saved input is freed meanwhile)
-    return items, n * c
+    # backward: the gradient of the intermediate (its producer's saved input is freed meanwhile);
+    # a gated product or a python activation chain has two such gradients alive at once
+    alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
+    return items, alive * n * c
 
 
 def layer_activations(

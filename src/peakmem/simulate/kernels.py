@@ -280,3 +280,17 @@ def describe(policy: KernelPolicy, log: KernelLog) -> str:
         f"memory-efficient > math, cuDNN attention off); calls over the simulated steps: {used} "
         "(peakmem.simulate.kernels documents each change)"
     )
+
+
+class ScalarValueMode(TorchDispatchMode):
+    """Fake tensors have no values, so ``.item()`` (``aten._local_scalar_dense``) cannot answer; the
+    step's few data-dependent scalars (e.g. ``torch.optim.Adafactor``'s step count, a loss-scaler's
+    inf check) decide no allocation sizes, so they read as 1 (``True`` for bool) under both policies."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is aten._local_scalar_dense.default:
+            t = args[0]
+            if t.dtype == torch.bool:
+                return True
+            return 1.0 if t.dtype.is_floating_point else 1
+        return func(*args, **(kwargs or {}))

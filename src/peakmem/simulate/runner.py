@@ -227,6 +227,7 @@ def _run(model: torch.nn.Module, setup: TrainingSetup, steps: int, tracker: Live
     with contextlib.ExitStack() as stack:
         stack.enter_context(_transformers_patches())
         stack.enter_context(mode)
+        stack.enter_context(kern.ScalarValueMode())
         stack.enter_context(tracker)
         if dmode is not None:
             stack.enter_context(dmode)
