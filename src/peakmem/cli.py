@@ -22,7 +22,7 @@ Handler = Callable[[argparse.Namespace], int]
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors on one line with exit code 2."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         self.exit(EXIT_INPUT_ERROR, f"peakmem: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -34,8 +34,14 @@ def _emit_json(obj: object) -> None:
 # --- shared option groups --------------------------------------------------------------------------
 def _add_train_options(p: argparse.ArgumentParser) -> None:
     from peakmem.training import (
-        AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
-    )  # fmt: skip
+        AttentionKernel,
+        Checkpointing,
+        Framework,
+        Method,
+        OptimizerImpl,
+        OptimizerName,
+        Precision,
+    )
 
     def choices(enum: Any) -> str:
         return "|".join(m.value for m in enum)
@@ -68,8 +74,10 @@ def _add_parallel_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--virtual-stages", type=int, default=1, help="interleaved schedule: chunks per rank")
     g.add_argument("--offload", default="none", help="optimizer states to none|cpu|nvme")
     g.add_argument("--offload-params", default="none", help="parameters to none|cpu|nvme (ZeRO-3/FSDP)")
-    g.add_argument("--emit", default=None, choices=("deepspeed", "fsdp"),
-                   help="print the engine's configuration for this setup instead of the estimate")  # fmt: skip
+    g.add_argument(
+        "--emit", default=None, choices=("deepspeed", "fsdp"),
+        help="print the engine's configuration for this setup instead of the estimate",
+    )  # fmt: skip
 
 
 def _parallelism(args: argparse.Namespace) -> Any:
@@ -125,22 +133,28 @@ def _add_output_options(p: argparse.ArgumentParser, gpu: bool = True) -> None:
 
 def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
     from peakmem.training import (
-        AttentionKernel, Checkpointing, Framework, Method, OptimizerImpl, OptimizerName, Precision,
+        AttentionKernel,
+        Checkpointing,
+        Framework,
+        Method,
+        OptimizerImpl,
+        OptimizerName,
+        Precision,
         TrainingSetup,
-    )  # fmt: skip
+    )
 
     seq = args.seq if args.seq is not None else min(max_positions, 2048)
     return TrainingSetup(
-        method=Method.parse(args.method, "method"),  # type: ignore[arg-type]
-        precision=Precision.parse(args.precision, "precision"),  # type: ignore[arg-type]
-        optimizer=OptimizerName.parse(args.optimizer, "optimizer"),  # type: ignore[arg-type]
-        optimizer_impl=OptimizerImpl.parse(args.optimizer_impl, "optimizer-impl"),  # type: ignore[arg-type]
+        method=Method.parse(args.method, "method"),
+        precision=Precision.parse(args.precision, "precision"),
+        optimizer=OptimizerName.parse(args.optimizer, "optimizer"),
+        optimizer_impl=OptimizerImpl.parse(args.optimizer_impl, "optimizer-impl"),
         micro_batch=args.batch,
         seq_len=seq,
         grad_accum=args.grad_accum,
-        checkpointing=Checkpointing.parse(args.checkpointing, "checkpointing"),  # type: ignore[arg-type]
-        attention=AttentionKernel.parse(args.attention, "attention"),  # type: ignore[arg-type]
-        framework=Framework.parse(args.framework, "framework"),  # type: ignore[arg-type]
+        checkpointing=Checkpointing.parse(args.checkpointing, "checkpointing"),
+        attention=AttentionKernel.parse(args.attention, "attention"),
+        framework=Framework.parse(args.framework, "framework"),
     )
 
 

@@ -174,22 +174,31 @@ def console() -> Any:
 def print_info(spec: ModelSpec) -> None:
     from rich.table import Table
 
-    console = console()
+    out = console()
     first = spec.first_layer
     att = first.attention
-    kind = "MLA" if att.is_mla else ("MHA" if att.num_kv_heads == att.num_heads else
-                                     "MQA" if att.num_kv_heads == 1 else f"GQA ({att.num_kv_heads} kv heads)")
+    kind = (
+        "MLA"
+        if att.is_mla
+        else (
+            "MHA"
+            if att.num_kv_heads == att.num_heads
+            else "MQA"
+            if att.num_kv_heads == 1
+            else f"GQA ({att.num_kv_heads} kv heads)"
+        )
+    )
     moe = ""
     if spec.is_moe:
         mlp = next(g.layer.mlp for g in spec.groups if g.layer.mlp.is_moe)
         moe = f", MoE {mlp.experts_per_token}/{mlp.num_experts} experts"
-    console.print(
+    out.print(
         f"[bold]{spec.name}[/bold] ({spec.architecture}): {spec.params:,} parameters "
         f"({fmt_count(spec.params)}); {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"{att.num_heads} heads, {kind}{moe}"
     )
     if spec.is_moe:
-        console.print(f"active per token: {spec.active_params:,} ({fmt_count(spec.active_params)})")
+        out.print(f"active per token: {spec.active_params:,} ({fmt_count(spec.active_params)})")
     table = Table(title="parameters by component", title_justify="left")
     table.add_column("component")
     table.add_column("parameters", justify="right")
@@ -197,7 +206,7 @@ def print_info(spec: ModelSpec) -> None:
     for component, n in spec.params_by_component().items():
         table.add_row(component, f"{n:,}", f"{100 * n / spec.params:.1f}%")
     table.add_row("[bold]total[/bold]", f"[bold]{spec.params:,}[/bold]", "100.0%")
-    console.print(table)
+    out.print(table)
     facts = [
         f"vocab {spec.vocab_size:,}",
         f"context {spec.max_position_embeddings:,} ({spec.position} positions)",
@@ -205,9 +214,9 @@ def print_info(spec: ModelSpec) -> None:
         "tied head" if spec.tie_word_embeddings else "untied head",
         f"16-bit weights {fmt_both(2 * spec.params)}",
     ]
-    console.print("; ".join(facts))
+    out.print("; ".join(facts))
     for note in spec.notes:
-        console.print(f"note: {note}")
+        out.print(f"note: {note}")
 
 
 def print_estimate(
@@ -218,8 +227,8 @@ def print_estimate(
 ) -> None:
     from rich.table import Table
 
-    console = console()
-    console.print(headline)
+    out = console()
+    out.print(headline)
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")
         table.add_column("tensor")
@@ -235,9 +244,9 @@ def print_estimate(
             "[bold]model states[/bold]", "", f"[bold]{per_param_total:g}[/bold]", "",
             f"[bold]{fmt_both(est.model_state_bytes)}[/bold]",
         )  # fmt: skip
-        console.print(table)
+        out.print(table)
         weights16 = 2 * est.params
-        console.print(
+        out.print(
             f"model states = {est.model_state_bytes / weights16:.1f}x the 16-bit weights "
             f"({fmt_gb(weights16)})"
         )
@@ -252,7 +261,7 @@ def print_estimate(
     table.add_row("peak reserved (caching allocator)", fmt_both(est.peak_reserved_bytes), "")
     table.add_row("[bold]device total (nvidia-smi)[/bold]",
                   f"[bold]{fmt_both(est.device_total_bytes)}[/bold]", "")  # fmt: skip
-    console.print(table)
+    out.print(table)
     if est.phases:
         table = Table(title="by phase (allocated at each phase's peak)", title_justify="left")
         table.add_column("phase")
@@ -260,7 +269,7 @@ def print_estimate(
         for p in est.phases:
             mark = " ← peak" if p.phase == est.peak_phase else ""
             table.add_row(p.phase.value + mark, fmt_both(p.bytes))
-        console.print(table)
+        out.print(table)
     if verdicts:
         table = Table(title="verdict", title_justify="left")
         table.add_column("GPU")
@@ -272,7 +281,7 @@ def print_estimate(
                 v.gpu, fmt_both(v.capacity_bytes), "[green]yes[/green]" if v.fits else "[red]no[/red]",
                 fmt_bytes(v.headroom_bytes),
             )  # fmt: skip
-        console.print(table)
+        out.print(table)
     if ways:
         table = Table(title="ways to bring it down", title_justify="left")
         table.add_column("change")
@@ -281,11 +290,11 @@ def print_estimate(
         for label, w in ways:
             table.add_row(label, fmt_both(w.device_total_bytes),
                           fmt_gb(est.device_total_bytes - w.device_total_bytes))  # fmt: skip
-        console.print(table)
+        out.print(table)
     if est.assumptions:
-        console.print("[dim]assumptions:[/dim]")
+        out.print("[dim]assumptions:[/dim]")
         for a in est.assumptions:
-            console.print(f"[dim]- {a}[/dim]")
+            out.print(f"[dim]- {a}[/dim]")
 
 
 def markdown_estimate(

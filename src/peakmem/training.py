@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from peakmem.errors import InputError, require
+
+_C = TypeVar("_C", bound="_Choice")
 
 
 class _Choice(str, Enum):
     """An enum parsed from its CLI spelling with an error that lists the choices."""
 
     @classmethod
-    def parse(cls, value: str, field: str) -> _Choice:
+    def parse(cls: type[_C], value: str, field: str) -> _C:
         for member in cls:
             if member.value == value.lower():
                 return member

@@ -1,0 +1,257 @@
+"""Optimizers and step tricks that save memory: 8-bit / paged / 4-bit states, GaLore, optimizer-in-backward,
+a CPU-offloaded optimizer, chunked or fused cross-entropy, activation offloading.
+
+Every function takes the **trainable** tensors as ``(Tensor, occurrences)`` pairs (``spec.tensors()`` for
+full fine-tuning, :func:`peakmem.formulas.lora.adapter_tensors` for LoRA), because the rules below are
+per tensor (a small tensor keeps 32-bit states).
+
+* bitsandbytes 8-bit Adam/AdamW (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization",
+  arXiv 2110.02861; bitsandbytes 0.50.2 ``optim/optimizer.py`` ``Optimizer2State.init_state``): a tensor
+  with fewer than ``min_8bit_size`` = 4096 elements keeps fp32 ``state1``/``state2``; a larger one keeps
+  uint8 ``state1``/``state2`` plus fp32 ``absmax1``/``absmax2``, one per 256-element block
+  (``blocksize = 256``); the quantile maps ``qmap1``/``qmap2`` (``dynamic``/``udynamic``, 256 fp32 each)
+  are shared by all tensors (``self.name2qmap``). Lion8bit (``Optimizer1State``) keeps one state.
+  The update is one in-place kernel (``optimizer_update_8bit_blockwise``): no step temporaries.
+* paged variants (``is_paged=True``, ``get_state_buffer``): state buffers of tensors with at least 1e5
+  elements are CUDA unified memory (``F.get_paged``, ``cudaMallocManaged``): the driver pages them to CPU
+  RAM under pressure, and PyTorch's allocator never sees them (not in ``max_memory_allocated``); smaller
+  tensors' states and every ``absmax`` stay ordinary device tensors.
+* 4-bit AdamW (Li et al. 2023, arXiv 2309.01507; torchao ``optim/subclass_4bit.py`` ``OptimState4bit``,
+  ``optim/adam.py`` ``_AdamBase._new_buffer``): tensors with >= 4096 elements and a multiple of
+  ``block_size`` = 128 keep each state as packed 4-bit codes (numel / 2 bytes), fp32 scales (numel / 128)
+  and a 16-entry fp32 qmap per state; others keep fp32 states.
+* GaLore (Zhao et al. 2024, arXiv 2403.03507, Alg. 1; galore-torch ``GaLoreProjector``, ``proj_type="std"``):
+  for each projected m x n matrix, the projection (r x min(m, n)) and Adam states of the projected
+  gradient (max(m, n) x r each); other tensors keep full Adam states. Every ``update_proj_gap`` steps a
+  thin SVD of the fp32 gradient (m x n, plus U, S, Vh).
+* optimizer in backward (torchtune ``optimizer_in_bwd``, ``register_post_accumulate_grad_hook``): each
+  parameter is stepped and its gradient freed as soon as it is accumulated: at most one tensor's
+  gradient (and one step's temporaries) alive, no optimizer phase.
+* CPU-offloaded optimizer (torchao ``CPUOffloadOptimizer``; DeepSpeed ZeRO-Offload, Ren et al. 2021): the
+  states (and fp32 masters) live in CPU RAM; gradients are copied to pinned CPU buffers as they appear
+  (``offload_gradients=True`` frees the device copy).
+* chunked cross-entropy (torchtune ``CEWithChunkedOutputLoss``, 8 chunks): the logits are produced in
+  chunks and each chunk is upcast and reduced separately: the fp32 upcast and the gradients exist per
+  chunk; the fp32 log-softmax outputs of all chunks are still saved. Fused linear cross-entropy (Liger
+  ``LigerFusedLinearCrossEntropyLoss``; Wijmans et al. 2024 "Cut Your Losses", arXiv 2411.09009): logits
+  never materialized beyond one chunk; nothing of size vocab is saved.
+* activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``): saved
+  tensors of at least 1024 bytes move to pinned CPU memory in forward and come back one layer ahead in
+  backward: about two layers' worth stay on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from peakmem.breakdown import Category, MemoryItem, PerParamRow
+from peakmem.model import Tensor
+
+# bitsandbytes 0.50.2 optim/optimizer.py
+BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
+BNB_BLOCKSIZE = 256  # init_state: blocksize = 256
+BNB_QMAP_ENTRIES = 256  # functional.create_dynamic_map(): 256 fp32 values, "dynamic" and "udynamic"
+BNB_PAGED_MIN_NUMEL = 100_000  # get_state_buffer: paged only when p.numel() >= 1e5
+# torchao optim/adam.py / subclass_4bit.py
+AO_4BIT_BLOCK = 128
+AO_MIN_QUANT_SIZE = 4096
+AO_4BIT_QMAP_ENTRIES = 16
+# galore-torch defaults (README): rank 128, update_proj_gap 200, scale 0.25
+GALORE_DEFAULT_RANK = 128
+# torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
+CE_CHUNKS = 8
+# torchtune OffloadActivations(min_offload_size=1024)
+OFFLOAD_MIN_BYTES = 1024
+FP32 = 4
+
+SRC_BNB = "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
+SRC_PAGED = "bitsandbytes get_state_buffer: is_paged and numel >= 1e5 -> F.get_paged (cudaMallocManaged)"
+SRC_AO4 = "torchao optim OptimState4bit: codes numel/2 uint8, scale numel/128 fp32, qmap 16 fp32"
+SRC_GALORE = "galore-torch GaLoreProjector (std): ortho r x min(m,n); Adam on the max(m,n) x r projection"
+
+
+def _items(tensors: Iterable[tuple[Tensor, int]]) -> list[tuple[int, int]]:
+    """(elements of one tensor, how many such tensors): experts kept as copies are separate tensors."""
+    out = []
+    for t, n in tensors:
+        per = math.prod(t.shape)
+        out.append((per, t.copies * n))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantStates:
+    """Bytes of block-quantized optimizer states, split by part."""
+
+    quantized: int  # uint8 (or packed 4-bit) state values
+    scales: int  # fp32 absmax / scale per block
+    maps: int  # quantile maps
+    fp32: int  # full states of the tensors too small (or unaligned) to quantize
+    params_quantized: int
+    params_fp32: int
+    pageable: int = 0  # paged variants: the part of the above that is unified memory
+
+    @property
+    def total(self) -> int:
+        return self.quantized + self.scales + self.maps + self.fp32
+
+
+def bnb_8bit_states(
+    tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, min_8bit_size: int = BNB_MIN_8BIT_SIZE,
+    paged: bool = False,
+) -> QuantStates:
+    """bitsandbytes 8-bit optimizer states (``n_states`` = 2 for Adam/AdamW, 1 for Lion/momentum)."""
+    quantized = scales = fp32 = pq = pf = pageable = 0
+    for numel, count in _items(tensors):
+        if numel < min_8bit_size:
+            fp32 += count * n_states * numel * FP32
+            pf += count * numel
+            if paged and numel >= BNB_PAGED_MIN_NUMEL:
+                pageable += count * n_states * numel * FP32
+            continue
+        blocks = math.ceil(numel / BNB_BLOCKSIZE)
+        quantized += count * n_states * numel
+        scales += count * n_states * blocks * FP32
+        pq += count * numel
+        if paged and numel >= BNB_PAGED_MIN_NUMEL:
+            pageable += count * n_states * numel
+    maps = n_states * BNB_QMAP_ENTRIES * FP32 if pq else 0
+    return QuantStates(quantized=quantized, scales=scales, maps=maps, fp32=fp32, params_quantized=pq,
+                       params_fp32=pf, pageable=pageable)  # fmt: skip
+
+
+def ao_4bit_states(tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, block: int = AO_4BIT_BLOCK) -> QuantStates:
+    """torchao AdamW4bit states (see the module docstring)."""
+    quantized = scales = maps = fp32 = pq = pf = 0
+    for numel, count in _items(tensors):
+        if numel >= AO_MIN_QUANT_SIZE and numel % block == 0:
+            quantized += count * n_states * (numel // 2)
+            scales += count * n_states * (numel // block) * FP32
+            maps += count * n_states * AO_4BIT_QMAP_ENTRIES * FP32
+            pq += count * numel
+        else:
+            fp32 += count * n_states * numel * FP32
+            pf += count * numel
+    return QuantStates(quantized=quantized, scales=scales, maps=maps, fp32=fp32, params_quantized=pq,
+                       params_fp32=pf)  # fmt: skip
+
+
+def quant_state_rows(label: str, qs: QuantStates, params: int, source: str) -> tuple[PerParamRow, ...]:
+    """Rows of the bytes/param table for block-quantized states."""
+
+    def row(tensor: str, dtype: str, nbytes: int, n: int) -> PerParamRow:
+        return PerParamRow(tensor=tensor, dtype=dtype, bytes_per_param=nbytes / n if n else 0.0, bytes=nbytes,
+                           params=n, category=Category.OPTIMIZER_STATES, source=source)  # fmt: skip
+
+    bits = "uint8" if "8-bit" in label else "4-bit"
+    rows = [row(f"{label} states ({bits})", bits, qs.quantized, qs.params_quantized),
+            row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized)]  # fmt: skip
+    if qs.fp32:
+        rows.append(row(f"{label} states of small tensors (fp32)", "fp32", qs.fp32, qs.params_fp32))
+    del params
+    return tuple(r for r in rows if r.bytes)
+
+
+# --- GaLore --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class GaloreStates:
+    projections: int
+    low_rank_states: int
+    full_states: int  # tensors not projected (1-D, embeddings, head)
+    svd_temporary: int  # the largest projected tensor's SVD (every update_proj_gap steps)
+
+
+def galore_states(
+    tensors: Iterable[tuple[Tensor, int]], *, rank: int = GALORE_DEFAULT_RANK, state_bytes: int = FP32,
+    proj_bytes: int = FP32, projected_components: tuple[str, ...] = ("attention", "mlp", "shared_experts"),
+) -> GaloreStates:
+    """GaLore-AdamW: projected matrices of the attention/MLP blocks (galore-torch README's
+    ``target_modules_list = ["attn", "mlp"]``); everything else plain AdamW."""
+    proj = low = full = svd = 0
+    for t, n in tensors:
+        count = t.copies * n
+        if len(t.shape) == 2 and t.component in projected_components and t.kind == "linear_weight":
+            m, k = t.shape
+            r = min(rank, m, k)
+            proj += count * r * min(m, k) * proj_bytes
+            low += count * 2 * r * max(m, k) * state_bytes
+            small = min(m, k)
+            svd = max(svd, (m * k + small * (m + k) + small) * FP32)
+        else:
+            full += count * 2 * math.prod(t.shape) * state_bytes
+    return GaloreStates(projections=proj, low_rank_states=low, full_states=full, svd_temporary=svd)
+
+
+# --- step structure -------------------------------------------------------------------------------------
+def largest_tensor(tensors: Iterable[tuple[Tensor, int]]) -> int:
+    return max((math.prod(t.shape) for t, _ in tensors), default=0)
+
+
+def optimizer_in_backward_grads(tensors: Iterable[tuple[Tensor, int]], grad_bytes: int) -> int:
+    """Gradients alive at once when each parameter is stepped in its post-accumulate hook: one tensor."""
+    return largest_tensor(tensors) * grad_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadSplit:
+    gpu: int
+    cpu: int
+
+
+def cpu_offload_optimizer(*, states: int, masters: int, grads: int, offload_gradients: bool) -> OffloadSplit:
+    """States and fp32 masters in CPU RAM; gradients copied to pinned CPU buffers (and freed on the device
+    when ``offload_gradients``)."""
+    return OffloadSplit(gpu=0 if offload_gradients else grads, cpu=states + masters + grads)
+
+
+def chunked_ce_bytes(*, tokens: int, vocab: int, compute_bytes: int, chunks: int = CE_CHUNKS) -> dict[str, int]:
+    """torchtune CEWithChunkedOutputLoss: what the loss holds, in bytes (see the module docstring)."""
+    logits = tokens * vocab
+    per_chunk = math.ceil(tokens / chunks) * vocab
+    return {
+        "logits (16-bit chunks, all alive until the loss)": logits * compute_bytes,
+        "saved log_softmax outputs (fp32, all chunks)": logits * FP32,
+        "fp32 upcast of one chunk": per_chunk * FP32,
+        "backward: CE gradients of one chunk (2 x fp32)": 2 * per_chunk * FP32,
+    }
+
+
+def fused_ce_bytes(*, tokens: int, vocab: int, hidden: int, compute_bytes: int, chunks: int = CE_CHUNKS) -> dict[str, int]:
+    """Fused linear cross-entropy (Liger / cut-cross-entropy): one chunk of logits and its gradient at a
+    time; the saved state is the gradient of the hidden states (T x h), computed in forward."""
+    per_chunk = math.ceil(tokens / chunks) * vocab
+    return {
+        "one chunk of logits (fp32) and its gradient": 2 * per_chunk * FP32,
+        "grad of the head input (computed in forward)": tokens * hidden * compute_bytes,
+    }
+
+
+def activation_offload(saved_per_layer: int, layers: int) -> OffloadSplit:
+    """torchtune OffloadActivations: saved tensors go to CPU; about two layers' worth stay (the one being
+    recomputed / used and the one being prefetched)."""
+    on_gpu = min(layers, 2) * saved_per_layer
+    return OffloadSplit(gpu=on_gpu, cpu=layers * saved_per_layer)
+
+
+def offload_items(split: OffloadSplit, what: str) -> tuple[MemoryItem, ...]:
+    return (MemoryItem(path=f"{what} (kept on the device)", category=Category.ACTIVATIONS, bytes=split.gpu,
+                       source="torchtune OffloadActivations: saved tensors >= 1024 B move to pinned CPU memory"),)
+
+
+__all__ = [
+    "GaloreStates",
+    "OffloadSplit",
+    "QuantStates",
+    "activation_offload",
+    "ao_4bit_states",
+    "bnb_8bit_states",
+    "chunked_ce_bytes",
+    "cpu_offload_optimizer",
+    "fused_ce_bytes",
+    "galore_states",
+    "largest_tensor",
+    "optimizer_in_backward_grads",
+    "quant_state_rows",
+]
