@@ -165,16 +165,23 @@ def run(path: Path) -> list[tuple[str, float | None, str]]:
             f"{'' if s.grads_set_to_none else ' grads kept'}; "
             f"peak in {est.peak_phase.value}"
         )
-        label = "nvidia-smi" if mapped.quantity == "device_total" else ("active" if "active" in point["measured_quantity"].lower() else "allocated")
+        label = (
+            "nvidia-smi"
+            if mapped.quantity == "device_total"
+            else ("active" if "active" in point["measured_quantity"].lower() else "allocated")
+        )
         print(
-            f"{point['id']:10} {label[:13]:13} {measured / GiB:9.2f}G {predicted / GiB:9.2f}G {err:+7.1%}  {what}"
+            f"{point['id']:10} {label:13} {measured / GiB:9.2f}G {predicted / GiB:9.2f}G {err:+7.1%}  {what}"
         )
         rows.append((point["id"], err, what))
     covered = [e for _, e, _ in rows if e is not None]
     if covered:
         within = sum(abs(e) <= GOAL for e in covered)
         worst = max(abs(e) for e in covered)
-        print(f"\ncovered {len(covered)} of {len(rows)} training points; {within} within {GOAL:.0%}; worst {worst:.1%}")
+        print(
+            f"\ncovered {len(covered)} of {len(rows)} training points; {within} within {GOAL:.0%}; "
+            f"worst {worst:.1%}"
+        )
     return rows
 
 

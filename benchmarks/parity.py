@@ -1,6 +1,6 @@
 """Accuracy report: the analytic estimate against real CPU execution on the full parity grid.
 
-    .venv/bin/python benchmarks/parity.py [--sample] [--filter SUBSTRING] [--verbose]
+    .venv/bin/python benchmarks/parity.py [--sample] [--selective] [--filter SUBSTRING] [--verbose]
 
 Prints one row per case (measured peak, analytic peak, error, per-category errors at the
 measured peak's phase); ``--verbose`` adds the failing details. Caches nothing on disk.
@@ -20,10 +20,15 @@ from peakmem.measure.runner import measure_training
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", action="store_true", help="the sampled grid the test suite runs")
+    ap.add_argument("--selective", action="store_true", help="add selective checkpointing to the grid")
     ap.add_argument("--filter", default="", help="only cases whose name contains this")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
-    cases = [c for c in (sampled_grid() if args.sample else full_grid()) if args.filter in c.name]
+    cases = [
+        c
+        for c in (sampled_grid() if args.sample else full_grid(selective=args.selective))
+        if args.filter in c.name
+    ]
     why = analytic_available()
     if why:
         print(f"{why}: measured peaks only", file=sys.stderr)

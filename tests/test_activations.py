@@ -147,3 +147,52 @@ def test_head_logits_and_loss() -> None:
 def test_cuda_flash_like_kernels_save_lse_not_scores(kernel: AttentionKernel) -> None:
     _, la = _layer(LLAMA, precision=Precision.BF16, attention=kernel)
     assert la.core == B * 4 * S * 4  # logsumexp only
+
+
+QWEN3: dict[str, Any] = {**LLAMA, "model_type": "qwen3", "head_dim": 16}
+PHI3: dict[str, Any] = {
+    "model_type": "phi3", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 256,
+    "pad_token_id": 0,
+}  # fmt: skip
+FALCON: dict[str, Any] = {
+    "model_type": "falcon", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+    "vocab_size": 1000, "new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
+    "bias": False,
+}  # fmt: skip
+
+
+def test_qk_norm_adds_two_rmsnorms_over_q_and_k() -> None:
+    _, base = _layer(LLAMA, precision=Precision.BF16, kernel_policy=KernelPolicy.CPU)
+    _, qwen = _layer(QWEN3, precision=Precision.BF16, kernel_policy=KernelPolicy.CPU)
+    width = (4 + 2) * 16  # q (4 heads) and k (2 heads) x head_dim 16, normalised per head
+    assert qwen.saved_bytes - base.saved_bytes == T * width * (4 + 2) + T * 4
+
+
+def test_fused_qkv_with_rope_keeps_fused_output_and_rotated_copies() -> None:
+    """Phi-3 (one qkv_proj), fp32 SDPA on CPU: 148,480 B per layer, as measured."""
+    _, la = _layer(PHI3, precision=Precision.FP32, kernel_policy=KernelPolicy.CPU)
+    h, a, g, d, inner = 64, 4, 2, 16, 128
+    norms = 2 * (T * h * 8 + T * 4)
+    inputs = 2 * T * h * 4  # qkv_proj input, gate_up input
+    fused = T * (a + 2 * g) * d * 4  # kept whole by the v view
+    rotated = T * (a + g) * d * 4
+    out = 2 * T * a * d * 4  # SDPA output and o_proj's contiguous copy
+    lse = B * a * S * 4
+    mlp = 4 * T * inner * 4
+    assert la.saved_bytes == norms + inputs + fused + rotated + out + lse + mlp
+
+
+def test_parallel_block_with_one_norm_saves_its_output_once() -> None:
+    """Falcon-7B layout, bf16 eager on CPU: one LayerNorm read by attention and MLP; softmax in bf16."""
+    _, la = _layer(
+        FALCON, precision=Precision.BF16, attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CPU
+    )
+    h, a, d = 64, 4, 16
+    norm = T * h * 2 + 2 * T * 2  # CPU layer_norm: bf16 mean/rstd
+    shared_input = T * h * 2
+    qkv = 3 * T * a * d * 2  # k, v (1 kv head) expanded to 4 heads
+    softmax = B * a * S * S * 2
+    o_in = T * h * 2
+    mlp = 2 * T * 4 * h * 2  # fc output (gelu input) and gelu output
+    assert la.saved_bytes == norm + shared_input + qkv + softmax + o_in + mlp

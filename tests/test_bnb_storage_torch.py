@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from peakmem.formulas.qlora import QuantConfig, base_bytes
-from peakmem.formulas.weights import bnb_4bit_bytes, bnb_int8_bytes, weight_bytes
+from peakmem.formulas.weights import bnb_4bit_bytes, bnb_int8_bytes
 from peakmem.hf import spec_from_config
 
 torch = pytest.importorskip("torch")
@@ -104,8 +104,9 @@ def saved_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "llama"])
 @pytest.mark.parametrize(("quant", "double_quant"), [("nf4", True), ("fp4", False), ("int8", False)])
-def test_transformers_bnb_model_bytes(saved_models: dict[str, Path], family: str, quant: str,
-                                      double_quant: bool) -> None:
+def test_transformers_bnb_model_bytes(
+    saved_models: dict[str, Path], family: str, quant: str, double_quant: bool
+) -> None:
     if quant == "int8":
         bc = transformers.BitsAndBytesConfig(load_in_8bit=True)
     else:
@@ -115,7 +116,8 @@ def test_transformers_bnb_model_bytes(saved_models: dict[str, Path], family: str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            saved_models[family], quantization_config=bc, dtype=torch.bfloat16, device_map="cpu")
+            saved_models[family], quantization_config=bc, dtype=torch.bfloat16, device_map="cpu"
+        )
     cfg = TINY_MIXTRAL if family == "mixtral" else TINY_LLAMA
     spec = spec_from_config(cfg, name=family)
     qc = QuantConfig(quant=quant, double_quant=double_quant)
@@ -123,5 +125,27 @@ def test_transformers_bnb_model_bytes(saved_models: dict[str, Path], family: str
     if family == "mixtral":
         # the router is a MixtralTopKRouter (a bare Parameter), not quantized by bitsandbytes
         assert type(model.model.layers[0].mlp.gate).__name__ == "MixtralTopKRouter"
-        router = 4 * 128 * 2 * 2  # experts x hidden x bf16 x layers
-        assert weight_bytes(spec, qc.weight_format) != base_bytes(spec, qc) or router == 0
+
+
+SHAPES_8BIT = [(5000,), (100,), (300, 300), (64, 64), (63, 65), (4095,), (4096,), (1000, 257)]
+
+
+@pytest.mark.parametrize(("name", "n_states"), [("AdamW8bit", 2), ("Lion8bit", 1), ("PagedAdamW8bit", 2)])
+def test_bnb_8bit_optimizer_state_bytes(name: str, n_states: int) -> None:
+    """bitsandbytes' 8-bit optimizers step on the CPU: every state tensor (values, absmax, shared qmaps)."""
+    from peakmem.formulas.lowbit_optim import bnb_8bit_states
+    from peakmem.model import Tensor
+
+    optim = pytest.importorskip("bitsandbytes.optim")
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in SHAPES_8BIT]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = getattr(optim, name)(params, lr=1e-3)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
+                for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)}  # fmt: skip
+    tensors = [(Tensor(name=str(i), module="m", shape=s, component="mlp", kind="other"), 1)
+               for i, s in enumerate(SHAPES_8BIT)]  # fmt: skip
+    assert sum(storages.values()) == bnb_8bit_states(tensors, n_states=n_states).total

@@ -20,9 +20,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from peakmem.formulas import lora as L
-from peakmem.hf import spec_from_config
-from torch_helpers import build_meta
+from peakmem.formulas import lora as L  # noqa: E402
+from peakmem.hf import spec_from_config  # noqa: E402
+from torch_helpers import build_meta  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -96,13 +96,23 @@ def test_trainable_counts_equal_peft(entry: Any) -> None:
 
 
 def test_dora_and_dropout_counts_equal_peft() -> None:
-    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64,
-           "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
     spec = spec_from_config(cfg, name="tiny-llama")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = peft.get_peft_model(build_meta(cfg, spec.architecture),
-                                    peft.LoraConfig(r=4, target_modules="all-linear", use_dora=True, lora_dropout=0.1))
+        model = peft.get_peft_model(
+            build_meta(cfg, spec.architecture),
+            peft.LoraConfig(r=4, target_modules="all-linear", use_dora=True, lora_dropout=0.1),
+        )
     got = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert got == L.trainable_params(spec, L.LoraConfig(rank=4, dora=True, dropout=0.1))
     # by hand: per layer q (64->64), k, v (64->32), o (64->64), gate/up (64->96), down (96->64)
@@ -112,20 +122,35 @@ def test_dora_and_dropout_counts_equal_peft() -> None:
 
 
 def test_target_parameters_on_fused_experts_equal_peft() -> None:
-    cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "vocab_size": 128,
-           "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
-           "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2}
+    cfg = {
+        "model_type": "qwen2_moe",
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
     spec = spec_from_config(cfg, name="tiny-qwen2-moe")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = peft.get_peft_model(
             build_meta(cfg, spec.architecture),
-            peft.LoraConfig(r=4, target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj",
-                                                                                 "mlp.experts.down_proj"]))
+            peft.LoraConfig(
+                r=4,
+                target_modules=["q_proj"],
+                target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+            ),
+        )
     got = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    mine = L.LoraConfig(rank=4, targets=("q_proj",),
-                        target_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+    mine = L.LoraConfig(
+        rank=4, targets=("q_proj",), target_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+    )
     assert got == L.trainable_params(spec, mine)
     # q (64->64) + experts: r*E*(a+b) for gate_up (4, 64, 64) and down (4, 64, 32)
     assert got == 2 * (4 * 128 + 4 * 4 * (64 + 64) + 4 * 4 * (64 + 32))

@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from dataclasses import replace
+
 import torch
 
 from peakmem.breakdown import Category, Phase
@@ -237,6 +239,21 @@ def test_full_checkpointing_saves_activations(llama_fp32):
     assert any(i.path.startswith("recomputed:") for p in est.phases for i in p.items)
 
 
+def test_selective_checkpointing_drops_the_attention_core():
+    eager = setup(attention=AttentionKernel.EAGER)
+    none = measure_training(LLAMA, eager, steps=1)
+    sel = measure_training(LLAMA, replace(eager, checkpointing=Checkpointing.SELECTIVE), steps=1)
+    # Eager attention saves softmax probs (B*H*S*S fp32) and the GQA-repeated k, v per layer;
+    # selective keeps only q, k, v and the mask, recomputing the rest in backward.
+    probs = 2 * 4 * 32 * 32 * 4
+    saved_none = cats(none, 1, "forward")["activations"]
+    saved_sel = cats(sel, 1, "forward")["activations"]
+    assert saved_none - saved_sel >= 2 * probs
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert "eager" not in ALL_ATTENTION_FUNCTIONS._local_mapping  # the wrapper is removed afterwards
+
+
 def test_grad_accumulation_keeps_grads_through_the_next_forward():
     est = measure_training(LLAMA, setup(grad_accum=2))
     assert cats(est, 1, "forward").get("gradients") == 4 * LLAMA_P
@@ -301,7 +318,6 @@ def test_tracker_matches_the_cpu_allocator():
     ("kw", "message"),
     [
         ({"attention": AttentionKernel.FLASH}, "flash"),
-        ({"checkpointing": Checkpointing.SELECTIVE}, "not measurable"),
         ({"method": Method.LORA}, "not measurable"),
         ({"optimizer": OptimizerName.LION, "optimizer_impl": OptimizerImpl.FUSED}, "fused"),
     ],
@@ -323,3 +339,42 @@ def test_cuda_measurement_agrees_with_states():
     assert est.peak_reserved_bytes >= est.peak_allocated_bytes
     assert est.device_total_bytes >= est.peak_reserved_bytes
     assert row(est, "optimizer exp_avg") == 4 * LLAMA_P
+
+
+class _FakeCudaStats:
+    """Stands in for runner._CudaStats: per-phase peaks 1 MiB above what the tracker saw."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.current = (0, Phase.LOAD)
+        self.alloc: dict = {}
+        self.reserved: dict = {}
+
+    def set_phase(self, phase, step):
+        tracked = [p.bytes for p in self.tracker.ledger.peaks() if (p.step, p.phase) == self.current]
+        self.alloc[self.current] = max(tracked, default=self.tracker.ledger.current) + (1 << 20)
+        self.reserved[self.current] = self.alloc[self.current] + (2 << 20)
+        self.current = (step, phase)
+
+    def device_total(self):
+        return max(self.reserved.values()) + (500 << 20), "fake NVML"
+
+
+def test_cuda_report_assembly_without_a_gpu():
+    """The CUDA branch of the report (torch.cuda peaks + tracker categories), fed fake statistics."""
+    from peakmem.measure import runner
+
+    s = setup()
+    model = runner.build_model(LLAMA, s)
+    model.train()
+    tracker = LiveStorageTracker(device_type="cpu")
+    fake = _FakeCudaStats(tracker)
+    result = runner._run(model, LLAMA, s, torch.device("cpu"), 2, 0, tracker, fake)
+    est = runner._estimate(model, LLAMA, s, torch.device("cpu"), result, tracker, fake, None)
+    assert est.peak_allocated_bytes == max(fake.alloc[k] for k in fake.alloc if k[0] <= 2)
+    assert est.peak_reserved_bytes == est.peak_allocated_bytes + (2 << 20)
+    assert est.device_total_bytes == est.peak_reserved_bytes + (500 << 20)
+    untracked = [i for i in est.items if i.path.startswith("untracked")]
+    assert untracked and untracked[0].bytes > 0
+    assert sum(i.bytes for i in est.items) == est.peak_allocated_bytes
+    assert all(p.bytes == sum(i.bytes for i in p.items) for p in est.phases)

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from peakmem.measure.parity import analytic_available, run_case, sampled_grid  # noqa: E402
+from peakmem.measure.parity import analytic_available, run_case, sampled_grid
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -90,7 +90,9 @@ GPT2 = {
     "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
 }  # fmt: skip
 LLAMA_P = 1000 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64) + 64 + 1000 * 64
-GPT2_P = 1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
+GPT2_P = (
+    1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
+)
 
 
 def setup(**kw: object) -> TrainingSetup:
@@ -139,6 +141,8 @@ def test_simulated_estimate_shape(llama_cuda):
     top = e.extra["top_tensors"]
     assert top[0]["bytes"] == 2 * 64 * 1000 * 4  # the saved fp32 log-softmax of the logits
     assert top[0]["module"] == "LlamaForCausalLM"
+    # backward temporaries are attributed to the module whose autograd node made them
+    assert {t["module"] for t in top if t["op"] == "nll_loss_backward"} == {"LlamaForCausalLM (backward)"}
     assert any("flash" in line for line in e.assumptions)
 
 
@@ -163,9 +167,9 @@ def _saved_under_cuda_policy(fn):
         return t
 
     log = KernelLog()
-    with FakeTensorMode(), CudaDispatchMode(log), CudaFunctionMode(log):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn()
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with FakeTensorMode(), CudaDispatchMode(log), CudaFunctionMode(log), hooks:
+        fn()
     return saved, log
 
 
@@ -175,7 +179,7 @@ def test_dropout_saves_a_bool_mask_as_cuda_does():
         x = torch.empty(4, 16, requires_grad=True)
         torch.nn.functional.dropout(x, 0.1, True).sum().backward()
 
-    saved, log = _saved_under_cuda_policy(fn)
+    saved, _ = _saved_under_cuda_policy(fn)
     assert saved == [((4, 16), torch.bool)]
 
 
@@ -249,3 +253,29 @@ def test_lora_and_qlora_trainable_params_and_quantized_base():
     assert rows["weights (quantized base)"].params == base_linear
     assert q.peak_allocated_bytes < lora.peak_allocated_bytes
     assert any("qlora" in a for a in q.assumptions)
+
+
+@pytest.mark.torch
+def test_value_dependent_model_gives_a_clear_error(monkeypatch):
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    from peakmem.simulate import runner
+
+    def boom(*args, **kwargs):
+        raise DynamicOutputShapeException(torch.ops.aten.nonzero.default)
+
+    monkeypatch.setattr(runner, "_run", boom)
+    with pytest.raises(InputError, match="cannot be simulated with fake tensors"):
+        runner.simulate_training(LLAMA, setup())
+
+
+@pytest.mark.torch
+def test_model_without_sdpa_falls_back_to_eager():
+    from peakmem.simulate import simulate_training
+
+    bloom = {
+        "model_type": "bloom", "architectures": ["BloomForCausalLM"], "vocab_size": 1000,
+        "hidden_size": 64, "n_layer": 2, "n_head": 4,
+    }  # fmt: skip
+    e = simulate_training(bloom, setup(precision=Precision.FP32))
+    assert any("falls back to 'eager'" in a for a in e.assumptions)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from peakmem.training import (  # noqa: E402
+from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     OptimizerImpl,
@@ -96,6 +96,8 @@ def test_parity_grid(model, precision, attention):
         {"optimizer": OptimizerName.ADAFACTOR},
         {"optimizer": OptimizerName.LION},
         {"grad_accum": 2},
+        {"precision": Precision.AMP_FP16},
+        {"precision": Precision.MIXED_FP16},
         {"micro_batch": 3, "seq_len": 48},
     ],
     ids=lambda kw: ",".join(f"{k}={getattr(v, 'value', v)}" for k, v in kw.items()),

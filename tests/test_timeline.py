@@ -93,3 +93,14 @@ def test_grad_accumulation_keeps_grads_in_forward() -> None:
     )
     fwd_one, fwd_acc = ({p.phase: p.bytes for p in e.phases}[Phase.FORWARD] for e in (one, acc))
     assert fwd_acc - fwd_one == 2 * spec.params  # bf16 gradients alive during later micro-batches
+
+
+def test_phase_bytes_equal_their_items() -> None:
+    """Each phase's bytes are the sum of its items, wherever in backward the peak falls."""
+    for cfg in (LLAMA, {**LLAMA, "vocab_size": 64}):
+        spec = spec_from_config(dict(cfg))
+        for seq in (64, 512):
+            est = estimate_training(spec, TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=seq))
+            for p in est.phases:
+                assert p.bytes == sum(i.bytes for i in p.items)
+            assert est.peak_allocated_bytes == sum(i.bytes for i in est.items)

@@ -306,20 +306,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_measure(args: argparse.Namespace) -> int:
-    from peakmem.errors import ConfigError
-    from peakmem.measure import measure_training
+def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any, Any]:
+    """For the commands that build the real model: its name, config dict, spec and setup."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep transformers' notices off the answer
+    from peakmem.hf import spec_from_config
     from peakmem.resolve import resolve_config
 
     name, config = resolve_config(args.model)
-    from peakmem.hf import spec_from_config
-
     spec = spec_from_config(config, name=name)
-    setup = _training_setup(args, spec.max_position_embeddings)
-    if config is None:
-        raise ConfigError(f"no config for {args.model!r}")
-    est = measure_training(config, setup, device=args.device, steps=args.steps)
+    return name, config, spec, _training_setup(args, spec.max_position_embeddings)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from peakmem.measure import measure_training
+
+    name, config, spec, setup = _config_and_setup(args)
+    est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
     return _report(args, est, train_headline(spec, setup, est, verb="measured"))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from peakmem.simulate import simulate_training
+
+    name, config, spec, setup = _config_and_setup(args)
+    est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
+    return _report(args, est, train_headline(spec, setup, est, verb="simulated at"))
 
 
 def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
@@ -440,6 +453,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=2)
     _add_output_options(p)
     p.set_defaults(handler=cmd_measure)
+
+    p = sub.add_parser("simulate", help="run the real model under fake tensors: exact, no GPU needed")
+    p.add_argument("model")
+    _add_train_options(p)
+    p.add_argument("--kernels", default="cuda", choices=("cuda", "cpu"), help="whose kernels allocate")
+    p.add_argument("--steps", type=int, default=2)
+    _add_output_options(p)
+    p.set_defaults(handler=cmd_simulate)
 
     p = sub.add_parser("infer", help="GPU memory to serve a model")
     p.add_argument("model")

@@ -114,17 +114,16 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
     grad_dtype = precision_plan(setup.precision).grad
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
+    seen: dict[int, act.LayerActivations] = {}  # groups with equal layers share their formulas
     for i, g in enumerate(spec.groups):
         layer_grads = grad_dtype.nbytes(facts.layer_params[i])
-        la = act.layer_activations(
-            spec,
-            g.layer,
-            sh,
-            layer_grads,
-            mlp_params=facts.mlp_params[i],
-            linear_params=facts.linear_params[i],
-        )
-        la = act.checkpointed(la, setup.checkpointing)
+        la = seen.get(facts.same_as[i])
+        if la is None:
+            la = act.layer_activations(
+                spec, g.layer, sh, layer_grads, mlp_params=facts.mlp_params[i],
+                linear_params=facts.linear_params[i],
+            )  # fmt: skip
+            la = seen[i] = act.checkpointed(la, setup.checkpointing)
         groups.append(GroupCost(
             count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient,
@@ -157,7 +156,8 @@ def estimate_training(
     layer_fwd = max((g.forward_transient for g in parts.groups), default=0)
     fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
     forward_items = [
-        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None), *_weight_cache(spec, setup),
+        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None),
+        *_weight_cache(spec, setup),
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
     ]  # fmt: skip
@@ -214,9 +214,10 @@ def _weight_cache(spec: ModelSpec, setup: TrainingSetup) -> list[MemoryItem]:
     numel = sum(g.count * n for g, n in zip(spec.groups, facts.linear_params, strict=True))
     return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
                        category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
-                       source="torch autocast cached_cast: leaf fp32 weights cached per autocast region")]  # fmt: skip
+                       source=SRC_WEIGHT_CACHE)]  # fmt: skip
 
 
+SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per autocast region"
 SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
 
 
@@ -246,7 +247,8 @@ def _grad_items(rows: tuple[PerParamRow, ...], label: str) -> list[MemoryItem]:
 
 
 def _activation_items(parts: _Parts, layers_left: int | None) -> list[MemoryItem]:
-    """Saved activations; ``layers_left`` keeps only the first N layers (backward in progress)."""
+    """Saved activations; ``layers_left`` keeps only the first N layers and drops the head's
+    (backward in progress); None: everything (forward, and backward at the loss)."""
     items: list[MemoryItem] = list(parts.embed_items)
     start = 0
     for count, per_layer in parts.layer_items:
@@ -266,8 +268,7 @@ def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[Mem
             path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers)",
             category=Category.GRADIENTS, bytes=bp.grads_so_far, source=SRC_GRADS,
         ))  # fmt: skip
-    left = None if bp.layers_done == 0 else n_layers - bp.layers_done
-    items += _activation_items(parts, layers_left=left)
+    items += _activation_items(parts, layers_left=None if bp.at_start else n_layers - bp.layers_done)
     if bp.recompute:
         items.append(MemoryItem(path="recomputed activations of the layer in backward", bytes=bp.recompute,
                                 category=Category.ACTIVATIONS, source=SRC_RECOMPUTE))  # fmt: skip

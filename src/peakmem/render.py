@@ -47,6 +47,11 @@ class Verdict:
         return self.capacity_bytes - self.needed_bytes
 
 
+def fmt_per_param(x: float) -> str:
+    """Bytes per parameter as the seed writes them: 2, 4, 0.5; tiny shares as "<0.001"."""
+    return "<0.001" if 0 < x < 0.001 else f"{x:.4g}"
+
+
 # --- JSON ----------------------------------------------------------------------------------------
 def spec_json(spec: ModelSpec) -> dict[str, Any]:
     first = spec.first_layer
@@ -239,7 +244,7 @@ def print_estimate(
         per_param_total = 0.0
         for r in est.per_param:
             per_param_total += r.bytes_per_param
-            table.add_row(r.tensor, r.dtype, f"{r.bytes_per_param:g}", f"{r.params:,}", fmt_both(r.bytes))
+            table.add_row(r.tensor, r.dtype, fmt_per_param(r.bytes_per_param), f"{r.params:,}", fmt_both(r.bytes))
         table.add_row(
             "[bold]model states[/bold]", "", f"[bold]{per_param_total:g}[/bold]", "",
             f"[bold]{fmt_both(est.model_state_bytes)}[/bold]",
@@ -304,7 +309,7 @@ def markdown_estimate(
     if est.per_param:
         lines += ["| Tensor | Precision | Bytes/param | Total |", "|---|---|---:|---:|"]
         for r in est.per_param:
-            lines.append(f"| {r.tensor} | {r.dtype} | {r.bytes_per_param:g} | {fmt_both(r.bytes)} |")
+            lines.append(f"| {r.tensor} | {r.dtype} | {fmt_per_param(r.bytes_per_param)} | {fmt_both(r.bytes)} |")
         total = sum(r.bytes_per_param for r in est.per_param)
         lines.append(f"| **Model states** | | **{total:g}** | **{fmt_both(est.model_state_bytes)}** |")
         lines.append("")

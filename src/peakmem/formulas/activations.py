@@ -41,7 +41,9 @@ from .profiles import PROFILES, Profile
 
 # transformers models whose eager attention calls softmax in the input dtype (modeling_gpt2.py
 # ``nn.functional.softmax(attn_weights, dim=-1)``); the others pass ``dtype=torch.float32``.
-SOFTMAX_IN_INPUT_DTYPE = frozenset({"gpt2", "bert", "roberta", "gpt_neo", "opt", "gptj", "distilbert"})
+SOFTMAX_IN_INPUT_DTYPE = frozenset(
+    {"gpt2", "bert", "roberta", "gpt_neo", "opt", "gptj", "distilbert", "falcon"}
+)
 
 # Models whose eager attention applies dropout to the softmax output without casting it back
 # (modeling_bert.py ``eager_attention_forward``); GPT-2 (``.type(value.dtype)``) and Llama
@@ -57,6 +59,13 @@ PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4
 
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
+# RMSNorms computed as ``(x.float() * rsqrt(...)) * (1 + weight.float())`` then cast: the fp32
+# normalised x is saved (transformers modeling_gemma*.py ``GemmaRMSNorm``).
+RMSNORM_FP32_NORMED = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+# Eager attention with logit soft-capping ``tanh(scores / cap) * cap`` (modeling_gemma2.py,
+# ``attn_logit_softcapping`` defaults to 50.0): tanh saves its output (scores x compute bytes).
+ATTN_SOFTCAP = frozenset({"gemma2"})
+QK_NORM_MODULES = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm"})
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
@@ -147,7 +156,8 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     if spec.norm == "rmsnorm":
         # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
         # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
-        y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else sh.c
+        fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.model_type in RMSNORM_FP32_NORMED
+        y_bytes = 4 if sh.plan.autocast or fp32_normed else sh.c
         return t * width * (4 + y_bytes) + t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
@@ -158,6 +168,16 @@ def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
     if sh.plan.autocast:
         return readers * numel * sh.c  # one 16-bit cast per Linear call
     return numel * sh.c
+
+
+def _block_norms(layer: Layer) -> int:
+    """Norms applied to the hidden state in one block (2 pre-norms; Gemma 2/3 add 2 post-norms;
+    Falcon-7B's parallel block has one), counted from the layer's norm weights."""
+    n = sum(
+        1 for t in layer.tensors
+        if t.kind == "norm" and t.name.endswith("weight") and t.module not in QK_NORM_MODULES
+    )  # fmt: skip
+    return n or 2
 
 
 def _attention_readers(layer: Layer) -> int:
@@ -188,8 +208,17 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.profile.sdpa_repeats_kv:
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
-    items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA))
+    fused = _attention_readers(layer) == 1 and not att.is_mla
+    if fused and spec.position == "rope":
+        # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
+        items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA))
+        items.append(_item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA))
+    else:
+        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA))
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA))
+    if fused and sh.policy is KernelPolicy.CPU:
+        # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout
+        items.append(_item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA))
     items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
     bwd = t * (a * d + g * d + g * dv) * c
@@ -218,6 +247,11 @@ def _eager_terms(
     items.append(
         _item(f"attn.softmax output ({'fp32' if sm == 4 else sh.plan.compute.name})", scores * sm, SRC_EAGER)
     )
+    if sh.model_type in ATTN_SOFTCAP:
+        items.append(
+            _item("attn.softcap tanh output", scores * inner, "modeling_gemma2.py: tanh(scores / cap)")
+        )
+        core += scores * inner
     cast_after_dropout = sh.model_type in CAST_AFTER_DROPOUT and sm != inner
     if spec.attention_dropout > 0:
         # GPT-2/Llama cast the probs back to the compute dtype first (that cast is not saved);
@@ -289,11 +323,17 @@ def layer_activations(
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
     norm_one = norm_saved(spec, sh, h)
-    items.append(_item("norms (input + stats) x2", 2 * norm_one, SRC_NORM))
+    n_norms = _block_norms(layer)
+    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM))
+    att = layer.attention
+    if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
+        width = (att.num_heads + att.num_kv_heads) * att.head_dim
+        items.append(_item("attn.q_norm, k_norm (input + stats)", norm_saved(spec, sh, width), SRC_NORM))
     att_in = _linear_inputs(sh, t * h, _attention_readers(layer))
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
-    if layer.parallel_residual:
-        items.append(_item("attn+mlp inputs (shared norm output)", att_in + mlp_in, SRC_LINEAR))
+    if layer.parallel_residual and n_norms == 1 and not sh.plan.autocast:
+        # Falcon-7B: attention and MLP read the same norm output: one saved tensor
+        items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR))
     else:
         items.append(_item("attn input (norm output)", att_in, SRC_LINEAR))
         items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR))
@@ -312,14 +352,14 @@ def layer_activations(
     # Next to the saved tensors: the incoming and residual gradients (2 x T x h), the largest
     # intermediate gradient, and the weight gradients written so far (the MLP's output projection
     # first: 1/3 of a gated MLP's weights, 1/2 of a plain one).
-    mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one + mask
+    mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one * n_norms // 2 + mask
     share = mlp_params / layer.params if layer.params else 0.0
     mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
     mlp_stage = mlp_bwd + 2 * t * h * c + mlp_grads
     att_stage = att_bwd + 2 * t * h * c + grad_bytes - mlp_saved
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
-    att_rest = core + sum(i.bytes for i in mlp_items) + mlp_in + norm_one + mask
+    att_rest = core + sum(i.bytes for i in mlp_items) + mlp_in + norm_one * n_norms // 2 + mask
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
         backward_transient=max(mlp_stage, att_stage),

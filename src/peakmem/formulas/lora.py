@@ -37,13 +37,20 @@ gradients needed: Linear inputs, the RMSNorm output that multiplies the norm wei
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, cast
 
 from peakmem import dtypes
-from peakmem.breakdown import Category, MemoryItem
+from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.errors import InputError, require
-from peakmem.model import Layer, ModelSpec, Tensor
+from peakmem.formulas.activations import LayerActivations, Shapes, norm_saved
+from peakmem.formulas.loss import HeadActivations
+from peakmem.formulas.model_states import PrecisionPlan, precision_plan
+from peakmem.formulas.qlora import QuantConfig, base_bytes, dequant_temporaries
+from peakmem.model import Component, Layer, LayerGroup, ModelSpec, Tensor, TensorKind
+from peakmem.training import Method, Precision
 
 ALL_LINEAR = "all-linear"  # peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # peft/utils/constants.py SEQ_CLS_HEAD_NAMES
@@ -70,8 +77,8 @@ _MOE_MAPPING_MIXTRAL = {"gate": "gate.weight", "w1": "gate_up_proj", "w3": "gate
 _MOE_MAPPING_QWEN2 = {
     "gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj",
 }  # fmt: skip
-_MOE_FUSED_MIXTRAL = {"gate_up_proj": ("w1", "w3")}
-_MOE_FUSED_QWEN2 = {"gate_up_proj": ("gate_proj", "up_proj")}
+_MOE_FUSED_MIXTRAL: dict[str, tuple[str, ...]] = {"gate_up_proj": ("w1", "w3")}
+_MOE_FUSED_QWEN2: dict[str, tuple[str, ...]] = {"gate_up_proj": ("gate_proj", "up_proj")}
 PEFT_MOE_CONVERSION: dict[str, tuple[dict[str, str], dict[str, tuple[str, ...]]]] = {
     "mixtral": (_MOE_MAPPING_MIXTRAL, _MOE_FUSED_MIXTRAL),
     "minimax": (_MOE_MAPPING_MIXTRAL, _MOE_FUSED_MIXTRAL),
@@ -85,6 +92,7 @@ DEFAULT_ALPHA = 8  # peft LoraConfig.lora_alpha
 ADAPTER_DTYPES = ("fp32", "bf16", "fp16", "base")
 SRC_LORA = "peft/tuners/lora/layer.py LoraLayer.update_layer: lora_A (r x in), lora_B (out x r)"
 SRC_DORA = "peft/tuners/lora/dora.py DoraLinearLayer: magnitude (out), (m/||W+BA||-1)*Wx + m/||.||*BAx"
+SRC_QLORA_BASE = "transformers BitsAndBytesConfig: Linear4bit/Linear8bitLt; embeddings, head, norms 16-bit"
 SRC_SAVE = "aten mm/addmm save mat1 only when the weight requires grad (derivatives.yaml)"
 
 
@@ -235,7 +243,9 @@ def _moe_convert(
     remaining: list[str] = []
     present: dict[str, set[str]] = {new: set() for new in fused}
     for key in dict.fromkeys(names):
-        hit = next(((old, new) for old, new in mapping.items() if key == old or key.endswith("." + old)), None)
+        hit = next(
+            ((old, new) for old, new in mapping.items() if key == old or key.endswith("." + old)), None
+        )
         if hit is None:
             remaining.append(key)
             continue
@@ -262,7 +272,8 @@ def resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, .
         if spec.model_type not in PEFT_DEFAULT_TARGETS:
             raise InputError(
                 f"lora_targets='default': peft has no default target modules for model_type "
-                f"{spec.model_type!r}; name them (modules: {', '.join(available_modules(spec))}) or use all-linear"
+                f"{spec.model_type!r}; name them (modules: {', '.join(available_modules(spec))}) "
+                "or use all-linear"
             )
         targets = PEFT_DEFAULT_TARGETS[spec.model_type]
     saved = _saved_names(spec, lora)
@@ -272,7 +283,9 @@ def resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, .
         return any(_matches(path, m) for m in saved)
 
     linear_all = [
-        (path, t, g) for path, t, g in modules if _is_linear(t) and not _is_output_layer(spec, t) and not excluded(path)
+        (path, t, g)
+        for path, t, g in modules
+        if _is_linear(t) and not _is_output_layer(spec, t) and not excluded(path)
     ]
     if targets != (ALL_LINEAR,):
         for key in targets:
@@ -306,7 +319,9 @@ def resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, .
             out.append(_make(spec, path, t, g))
     out += _resolve_parameters(spec, params)
     if not any(m.kind != "saved" for m in out):
-        raise InputError(f"lora_targets={','.join(lora.targets)!r}: matches no adaptable module of {spec.name}")
+        raise InputError(
+            f"lora_targets={','.join(lora.targets)!r}: matches no adaptable module of {spec.name}"
+        )
     return tuple(out)
 
 
@@ -333,7 +348,9 @@ def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) ->
                                          rank_factor=factor))  # fmt: skip
         if not found:
             names = sorted({t.name for g in spec.groups for t in g.layer.tensors if len(t.shape) >= 2})
-            raise InputError(f"target_parameters={key!r}: matches no parameter (parameters: {', '.join(names)})")
+            raise InputError(
+                f"target_parameters={key!r}: matches no parameter (parameters: {', '.join(names)})"
+            )
     return out
 
 
@@ -366,9 +383,9 @@ def adapter_tensors(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[Tensor, in
     out: list[tuple[Tensor, int]] = []
     for m in resolve_targets(spec, lora):
         for name, shape in module_adapter_tensors(m, lora):
-            kind = "linear_weight" if len(shape) == 2 else "other"
-            t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape, component=m.component,  # type: ignore[arg-type]
-                       kind=kind)  # fmt: skip
+            kind: TensorKind = "linear_weight" if len(shape) == 2 else "other"
+            component = cast(Component, m.component)
+            t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape, component=component, kind=kind)
             out.append((t, _occurrences(spec, m)))
     return tuple(out)
 
@@ -462,5 +479,303 @@ __all__ = [
 ]
 
 
-def _layer(spec: ModelSpec, group: int) -> Layer:
-    return spec.groups[group].layer
+# --- the estimator's view of a LoRA / QLoRA job ---------------------------------------------------------
+# What :func:`peakmem.estimate.estimate_training` asks when ``setup.method`` is lora or qlora. The
+# setup is read duck-typed (``setup.method``, ``setup.lora``, ``setup.quant``) so that
+# :mod:`peakmem.training` can hold these configs without importing this module at runtime.
+def is_adapter_method(setup: Any) -> bool:
+    return str(getattr(setup.method, "value", setup.method)) != "full"
+
+
+def lora_of(setup: Any) -> LoraConfig:
+    """The setup's LoRA config; peft's defaults (r=8, all-linear here) when none was given."""
+    found = getattr(setup, "lora", None)
+    return found if isinstance(found, LoraConfig) else LoraConfig()
+
+
+def trainable_spec(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
+    """The trainable tensors as a :class:`ModelSpec` (same layer groups and counts), so that optimizer
+    formulas written for full fine-tuning run unchanged over the adapters."""
+    per_group: list[list[Tensor]] = [[] for _ in spec.groups]
+    outer: list[Tensor] = []
+    for m in resolve_targets(spec, lora):
+        for name, shape in module_adapter_tensors(m, lora):
+            kind: TensorKind = "linear_weight" if len(shape) == 2 else "other"
+            t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape,
+                       component=cast(Component, m.component), kind=kind)  # fmt: skip
+            (outer if m.group is None else per_group[m.group]).append(t)
+    groups = tuple(
+        LayerGroup(count=g.count, layer=replace(g.layer, tensors=tuple(per_group[i])))
+        for i, g in enumerate(spec.groups)
+    )
+    return replace(spec, name=f"{spec.name} (adapters)", groups=groups, outer=tuple(outer), buffers=())
+
+
+def train_dtype(lora: LoraConfig, plan: PrecisionPlan) -> DType:
+    """The adapters' parameter dtype (and so their gradients')."""
+    return adapter_dtype(lora, plan.weight)
+
+
+def optimizer_precision(setup: Any, plan: PrecisionPlan) -> Precision:
+    """The precision whose rows describe the adapters' optimizer: fp32 adapters train like fp32 (no
+    master copy: peft's default on a 16-bit base); 16-bit adapters keep the setup's precision."""
+    if train_dtype(lora_of(setup), plan).bits == 32:
+        return Precision.FP32
+    return cast(Precision, setup.precision)
+
+
+def finetune_weight_rows(spec: ModelSpec, setup: Any, plan: PrecisionPlan) -> tuple[PerParamRow, ...]:
+    """Frozen base (16-bit, or quantized for QLoRA), adapters, their gradients (and master copies)."""
+    lora = lora_of(setup)
+    tspec = trainable_spec(spec, lora)
+    trainable = tspec.params
+    a_dtype = train_dtype(lora, plan)
+    quant = quant_of(setup)
+    if quant is None:
+        base = PerParamRow(tensor="base weights (frozen)", dtype=plan.weight.name,
+                           bytes_per_param=plan.weight.itemsize, bytes=plan.weight.nbytes(spec.params),
+                           params=spec.params, category=Category.PARAMETERS,
+                           source="peft: the base model keeps its dtype, requires_grad=False")  # fmt: skip
+    else:
+        nbytes = base_bytes(spec, quant)
+        base = PerParamRow(tensor=f"base weights (frozen, {quant.label})", dtype=quant.quant,
+                           bytes_per_param=nbytes / spec.params, bytes=nbytes, params=spec.params,
+                           category=Category.PARAMETERS, source=SRC_QLORA_BASE)  # fmt: skip
+    rows = [
+        base,
+        PerParamRow(tensor="LoRA adapters (A, B" + (", magnitude" if lora.dora else "") + ")",
+                    dtype=a_dtype.name, bytes_per_param=a_dtype.itemsize, bytes=a_dtype.nbytes(trainable),
+                    params=trainable, category=Category.PARAMETERS, source=SRC_LORA),
+        PerParamRow(tensor="gradients (adapters only)", dtype=a_dtype.name, bytes_per_param=a_dtype.itemsize,
+                    bytes=a_dtype.nbytes(trainable), params=trainable, category=Category.GRADIENTS,
+                    source="the frozen base gets no .grad; adapters' grads take their dtype"),
+    ]  # fmt: skip
+    if a_dtype.bits < 32 and plan.master is not None:
+        rows.append(PerParamRow(tensor="master weights (adapters)", dtype=plan.master.name,
+                                bytes_per_param=plan.master.itemsize, bytes=plan.master.nbytes(trainable),
+                                params=trainable, category=Category.MASTER_WEIGHTS,
+                                source="fp32 master copy of the 16-bit adapters"))  # fmt: skip
+    return tuple(rows)
+
+
+def quant_of(setup: Any) -> QuantConfig | None:
+    """QLoRA's base format: the setup's, else NF4 with double quantization (Dettmers et al. 2023)."""
+    if str(getattr(setup.method, "value", setup.method)) != "qlora":
+        return None
+    found = getattr(setup, "quant", None)
+    return found if isinstance(found, QuantConfig) else QuantConfig(quant="nf4", double_quant=True)
+
+
+def _module_dtypes_same(lora: LoraConfig, sh: Shapes) -> bool:
+    """lora_A keeps the module input itself (no new storage): same dtype, no dropout, no autocast."""
+    a = train_dtype(lora, sh.plan)
+    return lora.dropout == 0 and not sh.plan.autocast and a.bits // 8 == sh.c
+
+
+def _kept(readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool) -> bool:
+    return int8_base or (any(m.kind == "linear" for m in readers) and _module_dtypes_same(lora, sh))
+
+
+def adapt_layer(
+    spec: ModelSpec, group: int, la: LayerActivations, sh: Shapes, setup: Any
+) -> LayerActivations:
+    """One layer's saved tensors under LoRA: the frozen base drops what only its weight gradients needed
+    (Linear inputs, the RMSNorm output multiplying the norm weight); the adapters add theirs."""
+    lora = lora_of(setup)
+    quant = quant_of(setup)
+    int8_base = quant is not None and not quant.is_4bit  # MatMul8bitLt saves its input
+    layer = spec.groups[group].layer
+    mods = [m for m in resolve_targets(spec, lora) if m.group == group]
+    t, c, h = sh.tokens, sh.c, spec.hidden_size
+    att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
+    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else c
+    out: list[MemoryItem] = []
+    for item in la.saved:
+        nbytes = item.bytes
+        if item.path.startswith("norms (") and spec.norm == "rmsnorm":
+            nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
+        elif item.path == "attn input (norm output)":
+            nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
+        elif item.path == "mlp input (norm output)":
+            nbytes = nbytes if _kept(mlp_readers, lora, sh, int8_base) else 0
+        elif item.path.startswith("attn+mlp inputs"):
+            half = nbytes // 2
+            nbytes = (half if _kept(att_readers, lora, sh, int8_base) else 0) + (
+                half if _kept(mlp_readers, lora, sh, int8_base) else 0)  # fmt: skip
+        elif item.path == "attn.output (o_proj input)" and not _kept(o_proj, lora, sh, int8_base):
+            nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
+        elif _drops_down_input(item.path, layer, down, lora, sh, int8_base):
+            nbytes -= t * layer.mlp.intermediate_size * c
+        out.append(replace(item, bytes=max(0, nbytes)))
+    a_bytes = train_dtype(lora, sh.plan).bits // 8
+    cuda = sh.policy.value == "cuda"
+    ac = c if sh.plan.autocast else 0
+    inputs = others = 0
+    for m in mods:
+        x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
+        i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
+                                                  cuda=cuda, autocast_bytes=ac)  # fmt: skip
+        inputs += i_cost
+        others += o_cost
+    if inputs:
+        out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE))
+    if others:
+        out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA))
+    if group == 0 and spec.groups[0].count == 1 and not _embeddings_adapted(spec, lora):
+        # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
+        first_norm = norm_saved(spec, sh, h) - (t * h * y_bytes if spec.norm == "rmsnorm" else 0)
+        out = [replace(i, bytes=i.bytes - first_norm) if i.path.startswith("norms (") else i for i in out]
+    saved = tuple(i for i in out if i.bytes)
+    fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
+    bwd = la.backward_transient
+    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+        # the recomputation in backward runs the adapters' forward again, next to the layer's grads
+        bwd = max(bwd, adapter_forward_transient(mods, lora, sh))
+    if quant is not None:
+        tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
+        fwd = max(fwd, tmp.forward)
+        bwd = bwd + tmp.backward
+    return replace(la, saved=saved, forward_transient=fwd, backward_transient=bwd)
+
+
+def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: Shapes) -> int:
+    """While one adapted module runs forward (peft ``result + lora_B(lora_A(x)) * scaling``): the base
+    output (compute dtype), lora_B's output and its scaled copy (adapter dtype) at once; the largest
+    module. Matters when little else is alive: under checkpointing, while a layer is recomputed."""
+    a = sh.c if sh.plan.autocast else train_dtype(lora, sh.plan).bits // 8
+    best = 0
+    for m in mods:
+        if m.kind == "linear":
+            best = max(best, sh.tokens * m.out_features * (2 * a + sh.c))
+    return best
+
+
+def _embeddings_adapted(spec: ModelSpec, lora: LoraConfig) -> bool:
+    return any(
+        m.group is None and m.kind != "saved" and m.component in ("embeddings", "positions")
+        for m in resolve_targets(spec, lora)
+    )
+
+
+def _drops_down_input(
+    path: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool
+) -> bool:
+    """The MLP's down-projection input (act * up, or act(fc)) is saved only for the frozen weight's grad;
+    ReLU saves its own output, and MoE experts are left as full fine-tuning counts them."""
+    if not path.startswith(("mlp.gate, act(gate)", "mlp.fc output")) or _kept(down, lora, sh, int8_base):
+        return False
+    return layer.mlp.activation != "relu" and not layer.mlp.is_moe
+
+
+def _roles(
+    spec: ModelSpec, layer: Layer, mods: list[AdaptedModule]
+) -> tuple[list[AdaptedModule], list[AdaptedModule], list[AdaptedModule], list[AdaptedModule]]:
+    """Adapted modules by what they read: attention input, MLP input, attention output, MLP interior."""
+    att_in_names = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key",
+                    "value", "q_a_proj", "kv_a_proj_with_mqa"}  # fmt: skip
+    mlp_in_names = {"gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1", "dense_h_to_4h", "w1", "w3"}
+    o_names = {"o_proj", "out_proj", "dense"}
+    down_names = {"down_proj", "fc2", "dense_4h_to_h", "w2"}
+    att, mlp, o, down = [], [], [], []
+    for m in mods:
+        leaf, comp = m.leaf, m.component
+        if comp == "attention" and leaf in att_in_names:
+            att.append(m)
+        elif comp == "attention" and (leaf in o_names or (leaf == "c_proj")):
+            o.append(m)
+        elif comp in ("mlp", "shared_experts") and (
+            leaf in mlp_in_names or m.path.endswith("intermediate.dense")
+        ):
+            mlp.append(m)
+        elif comp in ("mlp", "shared_experts") and (
+            leaf in down_names or leaf == "c_proj" or leaf == "dense"
+        ):
+            down.append(m)
+    del spec, layer
+    return att, mlp, o, down
+
+
+def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -> HeadActivations:
+    """The frozen head keeps neither its input nor the final norm's weight-side output."""
+    del setup
+    t, h = sh.tokens, spec.hidden_size
+    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else sh.c
+    out = []
+    for item in head.saved:
+        nbytes = item.bytes
+        if item.path == "lm_head input":
+            nbytes = 0
+        elif item.path.startswith("final norm") and spec.norm == "rmsnorm":
+            nbytes -= t * h * y_bytes
+        out.append(replace(item, bytes=max(0, nbytes)))
+    return replace(head, saved=tuple(i for i in out if i.bytes))
+
+
+_TRAINABLE_CACHE: dict[tuple[int, LoraConfig], tuple[ModelSpec, ModelSpec]] = {}
+
+
+def trainable_spec_cached(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
+    """:func:`trainable_spec`, memoised by the spec's identity (a planner asks thousands of times)."""
+    key = (id(spec), lora)
+    hit = _TRAINABLE_CACHE.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_TRAINABLE_CACHE) > 256:
+        _TRAINABLE_CACHE.clear()
+    out = trainable_spec(spec, lora)
+    _TRAINABLE_CACHE[key] = (spec, out)
+    return out
+
+
+def optimizer_view(spec: ModelSpec, setup: Any) -> tuple[ModelSpec, Any]:
+    """(the trainable tensors as a spec, a full fine-tuning setup that trains them in their dtype): the
+    optimizer formulas of :mod:`peakmem.formulas.optimizer` run unchanged on this pair."""
+    if not is_adapter_method(setup):
+        return spec, setup
+    plan = precision_plan(setup.precision)
+    names = {f.name for f in fields(setup)}
+    changes: dict[str, Any] = {"method": Method.FULL, "precision": optimizer_precision(setup, plan)}
+    changes.update({k: None for k in ("lora", "quant") if k in names})
+    return trainable_spec_cached(spec, lora_of(setup)), replace(setup, **changes)
+
+
+def weight_rows_for(
+    spec: ModelSpec, setup: Any, full_rows: Callable[[ModelSpec, Any], tuple[PerParamRow, ...]]
+) -> tuple[PerParamRow, ...]:
+    if not is_adapter_method(setup):
+        return full_rows(spec, setup)
+    return finetune_weight_rows(spec, setup, precision_plan(setup.precision))
+
+
+def layer_grad_bytes(spec: ModelSpec, setup: Any, group: int) -> int:
+    """Gradient bytes one layer of ``spec.groups[group]`` writes in backward: its adapters'."""
+    lora = lora_of(setup)
+    a_dtype = train_dtype(lora, precision_plan(setup.precision))
+    return a_dtype.nbytes(trainable_spec_cached(spec, lora).groups[group].layer.params)
+
+
+def outer_grad_split(spec: ModelSpec, setup: Any) -> int:
+    """Gradients of trainable tensors outside the layers (modules_to_save copies, adapted embeddings or
+    pooler), written at the start of backward."""
+    lora = lora_of(setup)
+    a_dtype = train_dtype(lora, precision_plan(setup.precision))
+    return a_dtype.nbytes(sum(t.numel for t in trainable_spec_cached(spec, lora).outer))
+
+
+def split_first_layer(spec: ModelSpec) -> ModelSpec:
+    """The same spec with its first layer as a group of its own: under LoRA nothing before the first
+    adapter requires grad, so the first layer saves less than the others (see :func:`adapt_layer`)."""
+    first = spec.groups[0]
+    if first.count == 1:
+        return spec
+    groups = (LayerGroup(count=1, layer=first.layer), replace(first, count=first.count - 1), *spec.groups[1:])
+    return replace(spec, groups=groups)
+
+
+def adapt_embedding_items(
+    spec: ModelSpec, items: tuple[MemoryItem, ...], setup: Any
+) -> tuple[MemoryItem, ...]:
+    """Frozen embeddings: the embedding dropout records no autograd node, so it saves no mask."""
+    if not is_adapter_method(setup) or _embeddings_adapted(spec, lora_of(setup)):
+        return items
+    return tuple(i for i in items if i.path != "embeddings.dropout mask")

@@ -45,9 +45,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
-from peakmem.model import Tensor
+from peakmem.model import ModelSpec, Tensor
 
 # bitsandbytes 0.50.2 optim/optimizer.py
 BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
@@ -66,7 +67,9 @@ CE_CHUNKS = 8
 OFFLOAD_MIN_BYTES = 1024
 FP32 = 4
 
-SRC_BNB = "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
+SRC_BNB = (
+    "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
+)
 SRC_PAGED = "bitsandbytes get_state_buffer: is_paged and numel >= 1e5 -> F.get_paged (cudaMallocManaged)"
 SRC_AO4 = "torchao optim OptimState4bit: codes numel/2 uint8, scale numel/128 fp32, qmap 16 fp32"
 SRC_GALORE = "galore-torch GaLoreProjector (std): ortho r x min(m,n); Adam on the max(m,n) x r projection"
@@ -99,7 +102,10 @@ class QuantStates:
 
 
 def bnb_8bit_states(
-    tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, min_8bit_size: int = BNB_MIN_8BIT_SIZE,
+    tensors: Iterable[tuple[Tensor, int]],
+    *,
+    n_states: int = 2,
+    min_8bit_size: int = BNB_MIN_8BIT_SIZE,
     paged: bool = False,
 ) -> QuantStates:
     """bitsandbytes 8-bit optimizer states (``n_states`` = 2 for Adam/AdamW, 1 for Lion/momentum)."""
@@ -122,7 +128,9 @@ def bnb_8bit_states(
                        params_fp32=pf, pageable=pageable)  # fmt: skip
 
 
-def ao_4bit_states(tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, block: int = AO_4BIT_BLOCK) -> QuantStates:
+def ao_4bit_states(
+    tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, block: int = AO_4BIT_BLOCK
+) -> QuantStates:
     """torchao AdamW4bit states (see the module docstring)."""
     quantized = scales = maps = fp32 = pq = pf = 0
     for numel, count in _items(tensors):
@@ -146,8 +154,10 @@ def quant_state_rows(label: str, qs: QuantStates, params: int, source: str) -> t
                            params=n, category=Category.OPTIMIZER_STATES, source=source)  # fmt: skip
 
     bits = "uint8" if "8-bit" in label else "4-bit"
-    rows = [row(f"{label} states ({bits})", bits, qs.quantized, qs.params_quantized),
-            row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized)]  # fmt: skip
+    rows = [
+        row(f"{label} states ({bits})", bits, qs.quantized, qs.params_quantized),
+        row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized),
+    ]
     if qs.fp32:
         rows.append(row(f"{label} states of small tensors (fp32)", "fp32", qs.fp32, qs.params_fp32))
     del params
@@ -164,8 +174,12 @@ class GaloreStates:
 
 
 def galore_states(
-    tensors: Iterable[tuple[Tensor, int]], *, rank: int = GALORE_DEFAULT_RANK, state_bytes: int = FP32,
-    proj_bytes: int = FP32, projected_components: tuple[str, ...] = ("attention", "mlp", "shared_experts"),
+    tensors: Iterable[tuple[Tensor, int]],
+    *,
+    rank: int = GALORE_DEFAULT_RANK,
+    state_bytes: int = FP32,
+    proj_bytes: int = FP32,
+    projected_components: tuple[str, ...] = ("attention", "mlp", "shared_experts"),
 ) -> GaloreStates:
     """GaLore-AdamW: projected matrices of the attention/MLP blocks (galore-torch README's
     ``target_modules_list = ["attn", "mlp"]``); everything else plain AdamW."""
@@ -206,7 +220,9 @@ def cpu_offload_optimizer(*, states: int, masters: int, grads: int, offload_grad
     return OffloadSplit(gpu=0 if offload_gradients else grads, cpu=states + masters + grads)
 
 
-def chunked_ce_bytes(*, tokens: int, vocab: int, compute_bytes: int, chunks: int = CE_CHUNKS) -> dict[str, int]:
+def chunked_ce_bytes(
+    *, tokens: int, vocab: int, compute_bytes: int, chunks: int = CE_CHUNKS
+) -> dict[str, int]:
     """torchtune CEWithChunkedOutputLoss: what the loss holds, in bytes (see the module docstring)."""
     logits = tokens * vocab
     per_chunk = math.ceil(tokens / chunks) * vocab
@@ -218,7 +234,9 @@ def chunked_ce_bytes(*, tokens: int, vocab: int, compute_bytes: int, chunks: int
     }
 
 
-def fused_ce_bytes(*, tokens: int, vocab: int, hidden: int, compute_bytes: int, chunks: int = CE_CHUNKS) -> dict[str, int]:
+def fused_ce_bytes(
+    *, tokens: int, vocab: int, hidden: int, compute_bytes: int, chunks: int = CE_CHUNKS
+) -> dict[str, int]:
     """Fused linear cross-entropy (Liger / cut-cross-entropy): one chunk of logits and its gradient at a
     time; the saved state is the gradient of the hidden states (T x h), computed in forward."""
     per_chunk = math.ceil(tokens / chunks) * vocab
@@ -236,8 +254,14 @@ def activation_offload(saved_per_layer: int, layers: int) -> OffloadSplit:
 
 
 def offload_items(split: OffloadSplit, what: str) -> tuple[MemoryItem, ...]:
-    return (MemoryItem(path=f"{what} (kept on the device)", category=Category.ACTIVATIONS, bytes=split.gpu,
-                       source="torchtune OffloadActivations: saved tensors >= 1024 B move to pinned CPU memory"),)
+    return (
+        MemoryItem(
+            path=f"{what} (kept on the device)",
+            category=Category.ACTIVATIONS,
+            bytes=split.gpu,
+            source="torchtune OffloadActivations: saved tensors >= 1024 B move to pinned CPU memory",
+        ),
+    )
 
 
 __all__ = [
@@ -255,3 +279,67 @@ __all__ = [
     "optimizer_in_backward_grads",
     "quant_state_rows",
 ]
+
+
+# --- the estimator's view ------------------------------------------------------------------------------
+# OptimizerName values handled here (peakmem.training.OptimizerName spells them for the CLI).
+ADAMW_8BIT = "adamw-8bit"  # bitsandbytes.optim.AdamW8bit
+PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # bitsandbytes.optim.PagedAdamW8bit
+LION_8BIT = "lion-8bit"  # bitsandbytes.optim.Lion8bit
+ADAMW_4BIT = "adamw-4bit"  # torchao.optim.AdamW4bit
+GALORE_ADAMW = "galore-adamw"  # galore_torch.GaLoreAdamW
+NAMES = frozenset({ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT, ADAMW_4BIT, GALORE_ADAMW})
+
+
+def handles(setup: Any) -> bool:
+    return str(getattr(setup.optimizer, "value", setup.optimizer)) in NAMES
+
+
+def optimizer_rows(spec: ModelSpec, setup: Any) -> tuple[PerParamRow, ...]:
+    """Rows of the bytes/param table for the optimizers of this module, over ``spec``'s tensors (the
+    trainable ones: pass the adapters' spec for LoRA)."""
+    name = str(getattr(setup.optimizer, "value", setup.optimizer))
+    tensors = list(spec.tensors())
+    params = sum(t.numel * n for t, n in tensors)
+    if name in (ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT):
+        n_states = 1 if name == LION_8BIT else 2
+        qs = bnb_8bit_states(tensors, n_states=n_states, paged=name == PAGED_ADAMW_8BIT)
+        label = {ADAMW_8BIT: "AdamW 8-bit", PAGED_ADAMW_8BIT: "paged AdamW 8-bit", LION_8BIT: "Lion 8-bit"}[
+            name
+        ]
+        return quant_state_rows(label, qs, params, SRC_BNB)
+    if name == ADAMW_4BIT:
+        return quant_state_rows("AdamW 4-bit", ao_4bit_states(tensors), params, SRC_AO4)
+    g = galore_states(tensors)
+
+    def row(tensor: str, nbytes: int) -> PerParamRow:
+        return PerParamRow(tensor=tensor, dtype="fp32", bytes_per_param=nbytes / params if params else 0.0,
+                           bytes=nbytes, params=params, category=Category.OPTIMIZER_STATES,
+                           source=SRC_GALORE)  # fmt: skip
+
+    rows = (row("GaLore projections (r x min(m, n))", g.projections),
+            row("GaLore Adam m, v of the projected gradients", g.low_rank_states),
+            row("AdamW m, v of the unprojected tensors", g.full_states))  # fmt: skip
+    return tuple(r for r in rows if r.bytes)
+
+
+def step_temporaries(spec: ModelSpec, setup: Any) -> tuple[MemoryItem, ...]:
+    """bitsandbytes' blockwise kernels and torchao's fused 4-bit step update in place (none); GaLore's
+    projection refresh (every update_proj_gap steps) runs a thin SVD of the largest projected gradient."""
+    name = str(getattr(setup.optimizer, "value", setup.optimizer))
+    if name != GALORE_ADAMW:
+        return ()
+    g = galore_states(list(spec.tensors()))
+    item = MemoryItem(
+        path="optimizer.galore SVD of the largest gradient (fp32)", category=Category.TEMPORARIES,
+        bytes=g.svd_temporary, source=SRC_GALORE,
+    )  # fmt: skip
+    return (item,)
+
+
+def paged_bytes(spec: ModelSpec, setup: Any) -> int:
+    """Paged variants: state bytes in CUDA unified memory (not seen by torch's allocator; evictable)."""
+    name = str(getattr(setup.optimizer, "value", setup.optimizer))
+    if name != PAGED_ADAMW_8BIT:
+        return 0
+    return bnb_8bit_states(list(spec.tensors()), paged=True).pageable

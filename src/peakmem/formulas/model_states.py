@@ -121,6 +121,7 @@ class SpecFacts:
     layer_params: tuple[int, ...]  # per group: parameters of one layer
     mlp_params: tuple[int, ...]  # per group: MLP/expert/router parameters of one layer
     linear_params: tuple[int, ...]  # per group: Linear/expert weight elements of one layer
+    same_as: tuple[int, ...]  # per group: the first group whose layer is equal (reuse its formulas)
 
 
 _FACTS: dict[int, tuple[ModelSpec, SpecFacts]] = {}
@@ -145,7 +146,10 @@ def spec_facts(spec: ModelSpec) -> SpecFacts:
             factored += (per_copy // t.shape[-1] + per_copy // t.shape[-2]) * t.copies * n
         else:
             factored += t.numel * n
+    layers = [g.layer for g in spec.groups]
+    same_as = tuple(next(j for j in range(i + 1) if layers[j] == layers[i]) for i in range(len(layers)))
     facts = SpecFacts(
+        same_as=same_as,
         params=params, largest=largest, factored=factored, sizes=tuple(sizes.items()),
         layer_params=tuple(g.layer.params for g in spec.groups),
         mlp_params=tuple(sum(t.numel for t in g.layer.tensors if t.component in _MLP_COMPONENTS)

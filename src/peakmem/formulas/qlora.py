@@ -62,7 +62,9 @@ class QuantConfig:
         require(self.float_dtype in FLOAT_BYTES, "float_dtype", self.float_dtype,
                 f"choose one of {', '.join(FLOAT_BYTES)}")  # fmt: skip
         if self.double_quant and self.quant == "int8":
-            raise InputError("double_quant=True: double quantization applies to 4-bit (nf4/fp4) bases, not int8")
+            raise InputError(
+                "double_quant=True: double quantization applies to 4-bit (nf4/fp4) bases, not int8"
+            )
 
     @property
     def is_4bit(self) -> bool:
@@ -130,7 +132,9 @@ class DequantTemporaries:
     backward: int  # while one runs in backward (beyond the activation gradients)
 
 
-def dequant_temporaries(spec: ModelSpec, quant: QuantConfig, *, tokens: int, compute_bytes: int) -> DequantTemporaries:
+def dequant_temporaries(
+    spec: ModelSpec, quant: QuantConfig, *, tokens: int, compute_bytes: int
+) -> DequantTemporaries:
     """The largest per-layer temporaries of the quantized matmuls (see the module docstring)."""
     numel = largest_quantized(spec)
     w = numel * compute_bytes

@@ -38,6 +38,7 @@ class BackwardPeak:
     grads_so_far: int
     transient: int
     recompute: int = 0
+    at_start: bool = False  # at the loss/head backward, before any layer (head tensors still saved)
 
 
 def backward_peak(
@@ -63,7 +64,7 @@ def backward_peak(
     act = sum(g.count * g.saved for g in groups_top_down) + base_saved
     best = BackwardPeak(
         bytes=act + head_saved + start_extra, layers_done=0, activations_left=act + head_saved,
-        grads_so_far=0, transient=start_extra,
+        grads_so_far=0, transient=start_extra, at_start=True,
     )  # fmt: skip
     grads = 0 if grads_resident else start_grads
     done = 0

@@ -66,10 +66,12 @@ class Case:
         return FAMILIES[self.family]
 
 
-def full_grid() -> list[Case]:
+def full_grid(*, selective: bool = False) -> list[Case]:
+    """The issue's grid; ``selective=True`` adds selective checkpointing as a third value."""
     cases = []
+    checkpointing = (*CHECKPOINTING, Checkpointing.SELECTIVE) if selective else CHECKPOINTING
     for fam, prec, att, ck, (b, s) in itertools.product(
-        FAMILIES, PRECISIONS, ATTENTIONS, CHECKPOINTING, SHAPES
+        FAMILIES, PRECISIONS, ATTENTIONS, checkpointing, SHAPES
     ):
         setup = TrainingSetup(
             precision=prec,

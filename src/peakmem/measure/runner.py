@@ -10,7 +10,8 @@ the tracker still runs to split the bytes by category.
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import fields
 from typing import Any
 
@@ -30,7 +31,8 @@ TRACKER_BLIND_SPOTS = (
     "CPU bytes are live tensor storage seen by a TorchDispatchMode (UntypedStorage.nbytes, views "
     "counted once, frees observed by weakref finalizers); scratch memory a kernel allocates and frees "
     "internally (oneDNN/MKL workspaces, CPU flash-attention per-thread buffers) never becomes a tensor "
-    "and is not counted, nor are Python objects and autograd graph nodes"
+    "and is not counted, nor are Python objects, autograd graph nodes and torch.utils.checkpoint's CPU "
+    "RNG states (5056 B per checkpointed layer, host memory on a GPU)"
 )
 
 
@@ -62,7 +64,7 @@ def measure_training(
     model = build_model(config, setup, seed=seed)
     model.to(device=dev, dtype=model_dtype(setup.precision))
     model.train()
-    tracker = LiveStorageTracker() if track else None
+    tracker = LiveStorageTracker(device_type=dev.type) if track else None
     cuda = _CudaStats(dev) if dev.type == "cuda" else None
     gc_was_enabled = gc.isenabled()
     gc.collect()
@@ -93,11 +95,6 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
         raise InputError(f"framework={setup.framework.value!r}: not measurable (transformers models only)")
     if setup.attention == AttentionKernel.FLASH and not device.startswith("cuda"):
         raise InputError("attention='flash': FlashAttention-2 runs on CUDA only; use eager or sdpa on CPU")
-    if setup.checkpointing == Checkpointing.SELECTIVE:
-        raise InputError(
-            "checkpointing='selective': not measurable (transformers has no selective "
-            "recomputation of the attention core); use none or full"
-        )
     if setup.precision == Precision.AMP_FP16 and device == "cpu" and not _cpu_autocast_fp16():
         raise InputError("precision='amp-fp16': this torch has no float16 autocast on CPU")
 
@@ -105,7 +102,8 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
 def _cpu_autocast_fp16() -> bool:
     try:
         with torch.autocast("cpu", dtype=torch.float16):
-            return bool(torch.ones(1) @ torch.ones(1, 1)).__class__ is bool
+            torch.ones(1, 1) @ torch.ones(1, 1)
+        return True
     except (RuntimeError, ValueError):
         return False
 
@@ -147,11 +145,17 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, *, seed: int = 0) 
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": ATTN_IMPL[setup.attention]}
     builder: Any = cls
-    with torch.device("cpu"):
-        if cls is transformers.AutoModelForCausalLM:
-            model = builder.from_config(cfg, dtype=torch.float32, **kwargs)
-        else:
-            model = builder._from_config(cfg, dtype=torch.float32, **kwargs)
+    try:
+        with torch.device("cpu"):
+            if cls is transformers.AutoModelForCausalLM:
+                model = builder.from_config(cfg, dtype=torch.float32, **kwargs)
+            else:
+                model = builder._from_config(cfg, dtype=torch.float32, **kwargs)
+    except (ImportError, ValueError) as err:  # e.g. flash_attention_2 without the flash-attn package
+        raise InputError(
+            f"attention={setup.attention.value!r}: transformers cannot build {getattr(cls, '__name__', cls)} "
+            f"with attn_implementation={ATTN_IMPL[setup.attention]!r} ({err})"
+        ) from err
     # HF Trainer 5.23 sets model.config.use_cache = TrainingArguments.use_cache (default False):
     # without it a training forward also builds a DynamicCache (torch.cat copies of K and V).
     if hasattr(model.config, "use_cache"):
@@ -249,13 +253,18 @@ def _run(
             ckpt_kwargs["context_fn"] = lambda: (nullcontext(), recompute())
         enable: Any = model.activation_checkpointing_enable
         enable(activation_checkpointing_kwargs=ckpt_kwargs)
+    selective = (
+        selective_attention(ATTN_IMPL[setup.attention], tracker)
+        if setup.checkpointing == Checkpointing.SELECTIVE
+        else nullcontext()
+    )
     gen = torch.Generator().manual_seed(seed)
     if tracker is not None:
         tracker.register_module(model)
     ctx = tracker if tracker is not None else nullcontext()
     prof = _allocator_profiler() if cross_check else nullcontext()
     baseline = tracker.ledger.current if tracker is not None else 0
-    with prof, ctx:
+    with prof, ctx, selective:
         phase(Phase.LOAD, 0)
         trainer = make_trainer(model, setup, dev, tracker)
         result.trainer = trainer
@@ -284,6 +293,54 @@ def _run(
     if cross_check:
         result.allocator_peak = baseline + _allocator_peak(prof)
     return result
+
+
+@contextmanager
+def selective_attention(impl: str, tracker: LiveStorageTracker | None) -> Iterator[None]:
+    """Selective activation checkpointing (Korthikanti et al. 2022, arXiv 2205.05198, Section 4.2):
+    recompute only the attention core in backward.
+
+    transformers 5.23 routes every attention module through ``ALL_ATTENTION_FUNCTIONS.get_interface(
+    config._attn_implementation, eager_attention_forward)`` (modeling_llama.py, modeling_gpt2.py):
+    for the duration of the run, the ``impl`` entry of that (process-wide) mapping is replaced by a
+    wrapper that runs the model's own attention function under ``torch.utils.checkpoint``
+    (non-reentrant). Saved for backward: the core's inputs (q, k, v after RoPE, the mask); dropped
+    and recomputed: GQA's repeated k/v, the scores, softmax, dropout mask and output, or SDPA's
+    saved output and logsumexp. The attention weights are not returned (the layers discard them).
+    """
+    import sys
+
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
+    previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
+
+    def base_for(module: Any) -> Any:
+        if impl == "eager":
+            return sys.modules[type(module).__module__].eager_attention_forward
+        return previous if had_local else ALL_ATTENTION_FUNCTIONS._global_mapping[impl]
+
+    def context() -> tuple[Any, Any]:
+        return nullcontext(), (tracker.recompute() if tracker is not None else nullcontext())
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        base = base_for(module)
+
+        def core(q: Any, k: Any, v: Any, mask: Any) -> Any:
+            return base(module, q, k, v, mask, **kwargs)[0]
+
+        out = checkpoint(core, query, key, value, attention_mask, use_reentrant=False, context_fn=context)
+        return out, None
+
+    ALL_ATTENTION_FUNCTIONS[impl] = attention
+    try:
+        yield
+    finally:
+        if had_local:
+            ALL_ATTENTION_FUNCTIONS[impl] = previous
+        else:
+            del ALL_ATTENTION_FUNCTIONS[impl]  # type: ignore[no-untyped-call]
 
 
 def _allocator_profiler() -> Any:
@@ -330,6 +387,21 @@ def _items(snap: Snapshot) -> tuple[MemoryItem, ...]:
         MemoryItem(path=label, category=cat, bytes=b, source="measured: live tensor storage")
         for cat, label, b in snap.by_label()
         if b > 0
+    )
+
+
+def _untracked(total: int, snap: Snapshot | None) -> tuple[MemoryItem, ...]:
+    """CUDA: bytes torch.cuda counted at a peak that the tensor tracker did not see."""
+    gap = total - (snap.bytes if snap is not None else 0)
+    if gap <= 0:
+        return ()
+    return (
+        MemoryItem(
+            path="untracked by the tensor tracker (allocator rounding, workspaces)",
+            category=Category.TEMPORARIES,
+            bytes=gap,
+            source="torch.cuda.max_memory_allocated minus tracked tensor bytes",
+        ),
     )
 
 
@@ -380,33 +452,46 @@ def _estimate(
             "fp32 master gradient and freed, the optimizer steps the masters, fp32 gradients are freed and "
             "the masters copied into the 16-bit weights (peakmem.measure.trainer.MasterWeightTrainer)"
         )
+    if setup.checkpointing == Checkpointing.SELECTIVE:
+        assumptions.append(
+            "selective checkpointing: the model's attention function (scores, softmax, dropout, attention "
+            "over V) runs under torch.utils.checkpoint (non-reentrant); its inputs q, k, v, mask are saved"
+        )
     if setup.checkpointing == Checkpointing.FULL:
         assumptions.append(
             "checkpointing: model.activation_checkpointing_enable(), use_reentrant=False "
             "(transformers 5.23 default)"
         )
 
+    by_key = {(s.step, s.phase): s for s in snaps}
     overall: Snapshot | None = max(snaps, key=lambda s: (s.bytes, -s.step)) if snaps else None
     if cuda is not None:
+        # The CUDA allocator's own peaks decide the bytes; the tracker's snapshot of the same
+        # (step, phase) splits them by category.
         cuda_alloc = {k: v for k, v in cuda.alloc.items() if not (k[1] == Phase.LOAD and k[0] > 0)}
         peak_key = max(cuda_alloc, key=lambda k: (cuda_alloc[k], -k[0]))
         peak_alloc = cuda_alloc[peak_key]
         peak_reserved = max(cuda.reserved.values())
         device_total, how = cuda.device_total()
         peak_phase = peak_key[1]
+        overall = by_key.get(peak_key)
+        phase_bytes, phase_snap = {}, {}
         for (step, ph), b in cuda_alloc.items():
             rep = steps_report.setdefault(step, {"step": step, "phases": {}, "categories": {}})
             rep.setdefault("cuda_max_allocated", {})[ph.value] = b
-            if b > phase_bytes.get(ph, -1) or ph not in phase_snap:
-                phase_bytes[ph] = max(phase_bytes.get(ph, 0), b)
+            if b > phase_bytes.get(ph, -1):
+                phase_bytes[ph] = b
+                if (step, ph) in by_key:
+                    phase_snap[ph] = by_key[(step, ph)]
         assumptions.append(
             "CUDA: peak_allocated/reserved from torch.cuda.max_memory_allocated/reserved, reset at "
             f"each phase boundary; device total: {how}"
         )
         if tracker is not None:
             assumptions.append(
-                "CUDA: categories come from the live-storage tracker (request sizes, before the "
-                "caching allocator's 512-byte rounding); untracked bytes shown as temporaries"
+                "CUDA: categories come from the live-storage tracker (device tensors only, request sizes "
+                "before the caching allocator's 512-byte rounding) at the same step and phase; the "
+                "difference to torch.cuda's peak is shown as temporaries"
             )
     else:
         assert overall is not None
@@ -421,19 +506,15 @@ def _estimate(
     assumptions.append(TRACKER_BLIND_SPOTS)
 
     items: tuple[MemoryItem, ...] = _items(overall) if overall is not None else ()
-    if cuda is not None and overall is not None:
-        gap = peak_alloc - overall.bytes
-        if gap > 0:
-            items += (
-                MemoryItem(
-                    path="untracked by the tensor tracker (allocator rounding, workspaces)",
-                    category=Category.TEMPORARIES,
-                    bytes=gap,
-                    source="torch.cuda stats",
-                ),
-            )
+    if cuda is not None:
+        items += _untracked(peak_alloc, overall)
     phases = tuple(
-        PhasePeak(phase=ph, bytes=phase_bytes[ph], items=_items(phase_snap[ph]) if ph in phase_snap else ())
+        PhasePeak(
+            phase=ph,
+            bytes=phase_bytes[ph],
+            items=(_items(phase_snap[ph]) if ph in phase_snap else ())
+            + (_untracked(phase_bytes[ph], phase_snap.get(ph)) if cuda is not None else ()),
+        )
         for ph in PHASES
         if ph in phase_bytes
     )

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return,unused-ignore"
 """A model of PyTorch's CUDA caching allocator, replayed over a recorded allocation trace.
 
 It turns the simulator's exact request trace (every storage allocated and freed, in order) into

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return,unused-ignore"
 """Meta-device model -> fake CPU tensors; LoRA/DoRA adapters with peft; quantized bases analytically.
 
 ``fakeify_module`` replaces every parameter, buffer and plain tensor attribute of a meta-device
@@ -64,7 +65,7 @@ def fakeify_module(model: torch.nn.Module, mode: Any) -> None:
     for mod in model.modules():
         for name, p in list(mod._parameters.items()):
             if p is not None:
-                mod._parameters[name] = fake(p)
+                mod._parameters[name] = fake(p)  # type: ignore[assignment]
         for name, b in list(mod._buffers.items()):
             if b is not None:
                 mod._buffers[name] = fake(b)
@@ -102,7 +103,7 @@ class QuantInfo:
         b = self.nbytes()
         return (PerParamRow(tensor="weights (quantized base)", dtype="nf4", bytes_per_param=b / self.params,
                             bytes=b, params=self.params, category=Category.PARAMETERS,
-                            source="bitsandbytes Params4bit: 4-bit codes + double-quantized absmax"),)  # fmt: skip
+                            source="bitsandbytes Params4bit: 4-bit codes + double-quantized absmax"),)  # fmt: skip  # noqa: E501
 
     def assumptions(self) -> list[str]:
         out = []
@@ -113,7 +114,8 @@ class QuantInfo:
             out.append(
                 "qlora: bitsandbytes has no fake kernels, so each base Linear (all but the output head) is a "
                 "stand-in holding the bytes bitsandbytes stores (NF4, blocksize 64, double quantization: "
-                f"{self.nbytes()} B for {self.params} weights) and allocating a dequantized 16-bit copy of its "
+                f"{self.nbytes()} B for {self.params} weights) and allocating a dequantized 16-bit copy "
+                "of its "
                 "weight around each matmul, forward and backward, as bnb.matmul_4bit does"
             )
         return out
@@ -158,7 +160,7 @@ class Fake4bitLinear(torch.nn.Module):
             self.bias.requires_grad_(False)
 
     def storages(self) -> list[torch.Tensor]:
-        return [self.qweight, self.absmax, self.absmax2, self.code]
+        return [self.qweight, self.absmax, self.absmax2, self.code]  # type: ignore[list-item]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _Dequant4bitMatmul.apply(x, (self.out_features, self.in_features))
@@ -167,9 +169,11 @@ class Fake4bitLinear(torch.nn.Module):
         return out
 
 
-def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, *, rank: int,
-                     targets: tuple[str, ...] | str) -> QuantInfo:
-    """Apply LoRA (peft) to the meta model for ``lora``/``qlora``; swap the base Linears for 4-bit stand-ins."""
+def prepare_adapters(
+    model: torch.nn.Module, setup: TrainingSetup, *, rank: int, targets: tuple[str, ...] | str
+) -> QuantInfo:
+    """Apply LoRA (peft) to the meta model for ``lora``/``qlora``; for ``qlora`` swap the base
+    Linears for 4-bit stand-ins."""
     info = QuantInfo(method=setup.method.value)
     if setup.method == Method.FULL:
         return info
@@ -181,7 +185,7 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, *, rank: int,
         raise InputError(f"lora_rank={rank!r}: must be a positive integer")
     target: Any = targets if isinstance(targets, str) else list(targets)
     info.rank, info.targets = rank, targets if isinstance(targets, str) else ",".join(targets)
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[operator]
     cfg = LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=target,
                      bias="none")  # fmt: skip
     try:

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return,unused-ignore"
 """Make a fake-tensor step on the CPU allocate what the CUDA kernels allocate.
 
 The simulator runs on fake CPU tensors (a fake CUDA training step does not work without a GPU),
@@ -59,7 +60,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -90,16 +91,21 @@ def _head_dims_equal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return q.shape[-1] == k.shape[-1] == v.shape[-1]
 
 
-def cuda_sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
-                      enable_gqa: bool) -> str:
+def cuda_sdpa_backend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, enable_gqa: bool
+) -> str:
     """Which SDPA kernel CUDA would run (sm80+, torch 2.13 default priority): flash, efficient or math."""
     if q.dim() != 4 or k.dim() != 4:
         return "math"
     gqa = q.shape[1] != k.shape[1]
     if gqa and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
         return "math"
-    if (q.dtype in HALF and attn_mask is None and _head_dims_equal(q, k, v)
-            and q.shape[-1] <= FLASH_MAX_HEAD_DIM):
+    if (
+        q.dtype in HALF
+        and attn_mask is None
+        and _head_dims_equal(q, k, v)
+        and q.shape[-1] <= FLASH_MAX_HEAD_DIM
+    ):
         return "flash"
     if q.dtype in (*HALF, torch.float32) and not gqa and q.shape[-1] == k.shape[-1]:
         return "efficient"
@@ -142,9 +148,17 @@ class CudaFunctionMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
     # --- SDPA ---------------------------------------------------------------------------------
-    def _sdpa(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
-              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> torch.Tensor:
+    def _sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
         if torch.is_autocast_enabled("cpu"):  # SDPA is on both devices' lower-precision lists
             dt = torch.get_autocast_dtype("cpu")
             query, key, value = (t.to(dt) if t.dtype == torch.float32 else t for t in (query, key, value))
@@ -165,8 +179,9 @@ class CudaFunctionMode(TorchFunctionMode):
             return _math_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     # --- dropout ------------------------------------------------------------------------------
-    def _dropout(self, input: torch.Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
-                 inplace: bool = False) -> torch.Tensor:
+    def _dropout(
+        self, input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+    ) -> torch.Tensor:
         if not training or p == 0.0 or p == 1.0 or input.numel() == 0:
             return F.dropout(input, p, training, inplace)
         self.log.note("dropout: native_dropout (bool mask)")
@@ -197,8 +212,16 @@ def _upcast(tree: Any) -> Any:
     return tree_map(up, tree)
 
 
-def _math_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, dropout_p: float,
-               is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+def _math_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Any,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
     """``_scaled_dot_product_attention_math`` as CUDA runs it, dropout through ``native_dropout``."""
     if enable_gqa and q.shape[1] != k.shape[1]:
         rep = q.shape[1] // k.shape[1]
@@ -284,13 +307,22 @@ def describe(policy: KernelPolicy, log: KernelLog) -> str:
 
 class ScalarValueMode(TorchDispatchMode):
     """Fake tensors have no values, so ``.item()`` (``aten._local_scalar_dense``) cannot answer; the
-    step's few data-dependent scalars (e.g. ``torch.optim.Adafactor``'s step count, a loss-scaler's
-    inf check) decide no allocation sizes, so they read as 1 (``True`` for bool) under both policies."""
+    step's few data-dependent scalars decide no allocation sizes, so they read as fixed values under
+    both policies: the overflow flag that ``_amp_foreach_non_finite_check_and_unscale_`` writes
+    (``GradScaler``'s ``found_inf``) is 0 (no overflow, so the optimizer steps); any other number
+    (a step count, ``torch.optim.Adafactor``'s ``step_t.item()``) is 1; a bool is ``True``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._zero: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is aten._local_scalar_dense.default:
             t = args[0]
             if t.dtype == torch.bool:
                 return True
-            return 1.0 if t.dtype.is_floating_point else 1
+            value = 0 if t.untyped_storage()._cdata in self._zero else 1
+            return float(value) if t.dtype.is_floating_point else value
+        if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
+            self._zero.add(args[1].untyped_storage()._cdata)
         return func(*args, **(kwargs or {}))

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return,unused-ignore"
 """``simulate_training``: a real transformers training step under fake tensors, every allocation recorded.
 
 1. The model is built from its config on the meta device (no memory), cast to the precision's
@@ -33,6 +34,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import ATTN_IMPL, TRAINABLE_SUFFIXES, _per_param_rows, _unique_numel
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord
 from peakmem.measure.trainer import make_trainer, model_dtype
+from peakmem.simulate import attribution
 from peakmem.simulate import kernels as kern
 from peakmem.simulate.allocator_model import AllocatorStats, replay
 from peakmem.simulate.fakeify import QuantInfo, fakeify_module, prepare_adapters
@@ -41,7 +43,6 @@ from peakmem.training import (
     Checkpointing,
     Framework,
     KernelPolicy,
-    Method,
     OptimizerImpl,
     Precision,
     TrainingSetup,
@@ -86,11 +87,19 @@ def simulate_training(
     gc.disable()  # frees happen at refcount zero, deterministically
     try:
         run = _run(model, setup, steps, tracker, mode, policy, log, quant)
+    except _fake_limits() as err:
+        raise InputError(
+            f"model_type={config.get('model_type')!r}: cannot be simulated with fake tensors: "
+            f"{type(err).__name__} ({err}); an op's output depends on tensor values. "
+            "Use `peakmem train` (analytic) or `peakmem measure`."
+        ) from err
     finally:
         if gc_was_enabled:
             gc.enable()
     run.build_s, run.run_s = t_build, time.perf_counter() - t0 - t_build
-    return _estimate(model, config, setup, policy, run, tracker, log, quant, overheads or Overheads(), model_name)
+    return _estimate(
+        model, config, setup, policy, run, tracker, log, quant, overheads or Overheads(), model_name
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,11 +137,12 @@ def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.M
     model_type = config.get("model_type")
     if not model_type:
         raise InputError("config: model_type is missing; peakmem simulate needs a transformers config.json")
-    known = model_type in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
+    known = model_type in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
     if not known:
         remote = " (the config's auto_map names remote code)" if config.get("auto_map") else ""
         raise InputError(
-            f"model_type={model_type!r}: transformers {transformers.__version__} cannot build this architecture "
+            f"model_type={model_type!r}: transformers {transformers.__version__} cannot build this "
+            "architecture "
             f"offline{remote}; peakmem simulate runs only transformers' own model classes and never executes "
             "remote code. Use `peakmem train` (analytic) instead."
         )
@@ -142,7 +152,11 @@ def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.M
     except (KeyError, ValueError, TypeError) as err:
         raise InputError(f"config: transformers cannot read this {model_type!r} config ({err})") from err
     arch = (config.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.endswith(TRAINABLE_SUFFIXES) else None
+    cls = (
+        getattr(transformers, arch, None)
+        if isinstance(arch, str) and arch.endswith(TRAINABLE_SUFFIXES)
+        else None
+    )
     if cls is None:
         auto = transformers.AutoModelForCausalLM
         if type(cfg) not in auto._model_mapping:
@@ -156,15 +170,32 @@ def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.M
     if setup.attention == AttentionKernel.FLASH:
         attn = "sdpa"  # flash-attn is not importable on the CPU; SDPA's flash kernel allocates the same
     try:
-        with torch.device("meta"):
-            if cls is transformers.AutoModelForCausalLM:
-                model = cls.from_config(cfg, dtype=torch.float32, attn_implementation=attn)
-            else:
-                model = cls._from_config(cfg, dtype=torch.float32, attn_implementation=attn)
-    except (ImportError, ValueError, TypeError, NotImplementedError) as err:
+        model = _construct(cls, cfg, attn)
+    except ValueError as err:
+        if attn == "eager" or "attention implementation" not in str(err):
+            raise InputError(f"model_type={model_type!r}: transformers cannot build it here ({err})") from err
+        # the class has no SDPA path (e.g. BLOOM): transformers' own default is then eager attention
+        model = _construct(cls, cfg, "eager")
+    except (ImportError, TypeError, NotImplementedError) as err:
         raise InputError(f"model_type={model_type!r}: transformers cannot build it here ({err})") from err
     model.to(dtype=model_dtype(setup.precision))
     return model
+
+
+def _construct(cls: Any, cfg: Any, attn: str) -> torch.nn.Module:
+    import transformers
+
+    with torch.device("meta"):
+        if cls is transformers.AutoModelForCausalLM:
+            return cls.from_config(cfg, dtype=torch.float32, attn_implementation=attn)
+        return cls._from_config(cfg, dtype=torch.float32, attn_implementation=attn)
+
+
+def _fake_limits() -> tuple[type[Exception], ...]:
+    """What a fake-tensor run raises when a model needs tensor values (data-dependent shapes)."""
+    from torch._subclasses import fake_tensor as ft
+
+    return (ft.DataDependentOutputException, ft.DynamicOutputShapeException, ft.UnsupportedOperatorException)
 
 
 def _fake_mode() -> Any:
@@ -208,17 +239,24 @@ class _Run:
     run_s: float = 0.0
 
 
-def _run(model: torch.nn.Module, setup: TrainingSetup, steps: int, tracker: LiveStorageTracker, mode: Any,
-         policy: KernelPolicy, log: kern.KernelLog, quant: QuantInfo) -> _Run:
+def _run(
+    model: torch.nn.Module,
+    setup: TrainingSetup,
+    steps: int,
+    tracker: LiveStorageTracker,
+    mode: Any,
+    policy: KernelPolicy,
+    log: kern.KernelLog,
+    quant: QuantInfo,
+) -> _Run:
     from contextlib import nullcontext
 
     result = _Run()
     dev = torch.device("cpu")
     if setup.checkpointing == Checkpointing.FULL:
         recompute = tracker.recompute
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={
-            "use_reentrant": False, "context_fn": lambda: (nullcontext(), recompute()),
-        })  # fmt: skip
+        kwargs = {"use_reentrant": False, "context_fn": lambda: (nullcontext(), recompute())}
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     tracker.register_module(model)
     quant.register(tracker)
     fmode = kern.function_mode(policy, log)
@@ -229,6 +267,8 @@ def _run(model: torch.nn.Module, setup: TrainingSetup, steps: int, tracker: Live
         stack.enter_context(mode)
         stack.enter_context(kern.ScalarValueMode())
         stack.enter_context(tracker)
+        stack.enter_context(attribution.BackwardModuleMode(tracker))
+        stack.enter_context(attribution.ForwardNodeTagger(tracker))
         if dmode is not None:
             stack.enter_context(dmode)
         if fmode is not None:
@@ -244,7 +284,11 @@ def _run(model: torch.nn.Module, setup: TrainingSetup, steps: int, tracker: Live
                 for t in batch.values():
                     tracker.tag(t, INPUT)
                 with trainer.autocast():
-                    loss = model(**batch, use_cache=False).loss if _takes_use_cache(model) else model(**batch).loss
+                    loss = (
+                        model(**batch, use_cache=False).loss
+                        if _takes_use_cache(model)
+                        else model(**batch).loss
+                    )
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
                 tracker.set_phase(Phase.BACKWARD, step)
@@ -309,7 +353,9 @@ def _segments(tracker: LiveStorageTracker) -> list[tuple[int, int, int, Phase]]:
     return list(tracker.ledger.segments())
 
 
-def _live_at(tracker: LiveStorageTracker, events: list[tuple[int, int]], index: int) -> tuple[StorageRecord, ...]:
+def _live_at(
+    tracker: LiveStorageTracker, events: list[tuple[int, int]], index: int
+) -> tuple[StorageRecord, ...]:
     live: dict[int, int] = {}
     for sid, delta in events[:index]:
         if delta == 0:
@@ -340,8 +386,9 @@ class _Peak:
     reserved: int
 
 
-def _peaks(tracker: LiveStorageTracker, events: list[tuple[int, int]], stats: AllocatorStats,
-           policy: KernelPolicy) -> list[_Peak]:
+def _peaks(
+    tracker: LiveStorageTracker, events: list[tuple[int, int]], stats: AllocatorStats, policy: KernelPolicy
+) -> list[_Peak]:
     """Per (step, phase): the event index where the reported allocated bytes peak (the caching
     allocator's block bytes under the CUDA policy, raw storage bytes under the CPU policy)."""
     req = [0]
@@ -353,7 +400,7 @@ def _peaks(tracker: LiveStorageTracker, events: list[tuple[int, int]], stats: Al
         if phase == Phase.LOAD and step > 0:
             continue
         idx = max(range(start, end + 1), key=lambda k: (metric[k], -k))
-        res = max(stats.reserved_after[start:end + 1])
+        res = max(stats.reserved_after[start : end + 1])
         key = (step, phase)
         cand = _Peak(step, phase, idx, req[idx], metric[idx], res)
         old = best.get(key)
@@ -362,23 +409,41 @@ def _peaks(tracker: LiveStorageTracker, events: list[tuple[int, int]], stats: Al
     return list(best.values())
 
 
-def _estimate(model: torch.nn.Module, config: dict[str, Any], setup: TrainingSetup, policy: KernelPolicy,
-              run: _Run, tracker: LiveStorageTracker, log: kern.KernelLog, quant: QuantInfo, ov: Overheads,
-              model_name: str | None) -> Estimate:
+def _estimate(
+    model: torch.nn.Module,
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    policy: KernelPolicy,
+    run: _Run,
+    tracker: LiveStorageTracker,
+    log: kern.KernelLog,
+    quant: QuantInfo,
+    ov: Overheads,
+    model_name: str | None,
+) -> Estimate:
     events = _device_events(tracker, run.host_sids)
     stats = replay(events)
     peaks = _peaks(tracker, events, stats, policy)
     overall = max((p for p in peaks if p.step > 0), key=lambda p: (p.allocated, -p.step))
     snaps: dict[tuple[int, Phase], Snapshot] = {}
     for p in peaks:
-        snaps[(p.step, p.phase)] = Snapshot(step=p.step, phase=p.phase, event_index=p.index, bytes=p.requested,
-                                            records=_live_at(tracker, events, p.index))  # fmt: skip
+        snaps[(p.step, p.phase)] = Snapshot(
+            step=p.step,
+            phase=p.phase,
+            event_index=p.index,
+            bytes=p.requested,
+            records=_live_at(tracker, events, p.index),
+        )
     steps_report: dict[int, dict[str, Any]] = {}
     for p in peaks:
-        rep = steps_report.setdefault(p.step, {"step": p.step, "phases": {}, "categories": {}, "reserved": {}})
+        rep = steps_report.setdefault(
+            p.step, {"step": p.step, "phases": {}, "categories": {}, "reserved": {}}
+        )
         rep["phases"][p.phase.value] = p.allocated
         rep["reserved"][p.phase.value] = p.reserved
-        rep["categories"][p.phase.value] = {c.value: b for c, b in snaps[(p.step, p.phase)].by_category().items()}
+        rep["categories"][p.phase.value] = {
+            c.value: b for c, b in snaps[(p.step, p.phase)].by_category().items()
+        }
     phase_best: dict[Phase, _Peak] = {}
     for p in peaks:
         if p.step > 0 and p.allocated > (phase_best[p.phase].allocated if p.phase in phase_best else -1):
@@ -464,40 +529,66 @@ def _setup_echo(setup: TrainingSetup, policy: KernelPolicy) -> dict[str, object]
     return out
 
 
-def _assumptions(model: torch.nn.Module, setup: TrainingSetup, policy: KernelPolicy, log: kern.KernelLog,
-                 quant: QuantInfo, ov: Overheads, steps_report: dict[int, Any]) -> tuple[str, ...]:
+def _attention_line(model: torch.nn.Module, setup: TrainingSetup) -> str:
+    asked = ATTN_IMPL[setup.attention]
+    used = getattr(model.config, "_attn_implementation", asked)
+    line = f"attention implementation {used!r}"
+    if setup.attention == AttentionKernel.FLASH and used == "sdpa":
+        line += " (for 'flash_attention_2': SDPA's flash kernel allocates as FlashAttention-2 does)"
+    elif used != asked:
+        line += f" ({type(model).__name__} has no {asked!r} path; transformers falls back to {used!r})"
+    return line
+
+
+def _assumptions(
+    model: torch.nn.Module,
+    setup: TrainingSetup,
+    policy: KernelPolicy,
+    log: kern.KernelLog,
+    quant: QuantInfo,
+    ov: Overheads,
+    steps_report: dict[int, Any],
+) -> tuple[str, ...]:
     n_steps = len([k for k in steps_report if k > 0])
     out = [
         f"simulated: {n_steps} training step(s) of {type(model).__name__} built from its config on the meta "
         "device and run on fake tensors (FakeTensorMode, no memory, no math), with the same trainer and "
-        "storage tracker as `peakmem measure`; step 1 creates the optimizer states, step 2 is the steady state",
+        "storage tracker as `peakmem measure`; step 1 creates the optimizer states, step 2 is the "
+        "steady state",
         kern.describe(policy, log),
         "bytes are storage sizes of the tensors the step creates (views counted once), frees at the "
         "instant the last reference goes; scratch a CUDA kernel allocates internally is modelled only where "
         "peakmem.simulate.kernels says so",
         "loss: the model's own loss (labels = input_ids); no gradient clipping; zero_grad(set_to_none=True)",
-        f"attention implementation {ATTN_IMPL[setup.attention]!r}"
-        + (" (simulated with SDPA's flash kernel, which allocates as FlashAttention-2 does)"
-           if setup.attention == AttentionKernel.FLASH else ""),
+        _attention_line(model, setup),
         "activations = tensors saved for backward (and recomputed ones with checkpointing) plus the input "
         "batch; temporaries = every other live tensor",
     ]  # fmt: skip
     if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
-        out.append("mixed precision: fp32 masters made at load; at the step each 16-bit gradient is upcast to an "
-                   "fp32 master gradient and freed (peakmem.measure.trainer.MasterWeightTrainer)")
+        out.append(
+            "mixed precision: fp32 masters made at load; at the step each 16-bit gradient is upcast to an "
+            "fp32 master gradient and freed (peakmem.measure.trainer.MasterWeightTrainer)"
+        )
     if policy == KernelPolicy.CUDA:
         out.append(
             "peak_allocated_bytes: the caching-allocator model's allocated blocks (512 B rounding, unsplit "
-            "remainders) at the peak; peak_reserved_bytes: its segments (2 MiB small / 20 MiB / 2 MiB-rounded "
+            "remainders) at the peak; peak_reserved_bytes: its segments (2 MiB small / 20 MiB / "
+            "2 MiB-rounded "
             "large, best-fit reuse, splitting, no release: a GPU with room to spare)"
         )
-        out.append(f"device_total_bytes = reserved + CUDA context {ov.context_bytes} B ({ov.context_source}) + "
-                   f"cuBLAS workspace {ov.cublas_workspace_bytes} B")
+        out.append(
+            f"device_total_bytes = reserved + CUDA context {ov.context_bytes} B ({ov.context_source}) + "
+            f"cuBLAS workspace {ov.cublas_workspace_bytes} B"
+        )
         if setup.optimizer_impl != OptimizerImpl.FUSED:
-            out.append("optimizer 'step' scalars of non-fused torch optimizers live in host memory on CUDA: "
-                       "not counted on the device")
+            out.append(
+                "optimizer 'step' scalars of non-fused torch optimizers live in host memory on CUDA: "
+                "not counted on the device"
+            )
     else:
-        out.append("kernels='cpu': no caching allocator or CUDA context; peak_reserved_bytes and "
-                   "device_total_bytes equal peak_allocated_bytes")
+        out.append(
+            "kernels='cpu': no caching allocator or CUDA context; peak_reserved_bytes and "
+            "device_total_bytes equal peak_allocated_bytes"
+        )
     out.extend(quant.assumptions())
     return tuple(out)

@@ -1,0 +1,149 @@
+"""LoRA target resolution, trainable counts and adapter activations on tiny specs, derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from peakmem.errors import InputError
+from peakmem.formulas import lora as L
+from peakmem.hf import spec_from_config
+
+LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+}  # fmt: skip
+GPT2 = {"model_type": "gpt2", "vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 32}
+BERT = {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 100,
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+        "max_position_embeddings": 32, "num_labels": 3}  # fmt: skip
+QWEN3_MOE = {
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 128, "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+}  # fmt: skip
+
+
+def spec(cfg: dict[str, object], name: str = "tiny") -> object:
+    return spec_from_config(cfg, name=name)
+
+
+# q 64->64, k/v 64->32, o 64->64, gate/up 64->96, down 96->64: sum of (in + out) per layer
+LLAMA_IN_OUT = (64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 96) + (96 + 64)
+
+
+def test_all_linear_llama_excludes_the_head() -> None:
+    s = spec(LLAMA)
+    mods = L.resolve_targets(s, L.LoraConfig(rank=4))
+    assert {m.leaf for m in mods} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    assert L.trainable_params(s, L.LoraConfig(rank=4)) == 2 * 4 * LLAMA_IN_OUT
+
+
+def test_names_are_suffix_matched_and_rank_scales() -> None:
+    s = spec(LLAMA)
+    qv = L.LoraConfig(rank=8, targets=("q_proj", "v_proj"))
+    assert L.trainable_params(s, qv) == 2 * 8 * ((64 + 64) + (64 + 32))
+    dotted = L.LoraConfig(rank=8, targets=("self_attn.q_proj", "self_attn.v_proj"))
+    assert L.trainable_params(s, dotted) == L.trainable_params(s, qv)
+    assert L.layer_trainable_params(s, qv, 0) == 8 * ((64 + 64) + (64 + 32))
+
+
+def test_peft_default_targets_and_dora_magnitude() -> None:
+    s = spec(LLAMA)
+    default = L.LoraConfig(rank=2, targets=())
+    assert L.trainable_params(s, default) == 2 * 2 * ((64 + 64) + (64 + 32))
+    dora = L.LoraConfig(rank=2, targets=("q_proj",), dora=True)
+    assert L.trainable_params(s, dora) == 2 * (2 * 128 + 64)  # + magnitude (out features)
+
+
+def test_gpt2_conv1d_in_out() -> None:
+    s = spec(GPT2)
+    mods = {m.path: m for m in L.resolve_targets(s, L.LoraConfig(rank=1, targets=("c_attn", "mlp.c_fc")))}
+    assert (mods["attn.c_attn"].in_features, mods["attn.c_attn"].out_features) == (64, 192)
+    assert (mods["mlp.c_fc"].in_features, mods["mlp.c_fc"].out_features) == (64, 256)
+    # all-linear: c_attn, attn.c_proj, c_fc, mlp.c_proj; the tied head is the output layer
+    per_layer = (64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)
+    assert L.trainable_params(s, L.LoraConfig(rank=1)) == 2 * per_layer
+
+
+def test_bert_sequence_classification_saves_the_classifier() -> None:
+    s = spec(BERT)
+    counts = L.trainable_params(s, L.LoraConfig(rank=2, targets=("query", "value")))
+    classifier = 3 * 64 + 3  # modules_to_save copy of classifier (weight + bias)
+    assert counts == 2 * 2 * 2 * (64 + 64) + classifier
+    assert L.saved_copy_params(s, L.LoraConfig(rank=2, targets=("query",))) == classifier
+    # all-linear adapts the pooler dense too (not the classifier: SEQ_CLS excludes it)
+    per_layer = 4 * (64 + 64) + (64 + 96) + (96 + 64)
+    assert L.trainable_params(s, L.LoraConfig(rank=1)) == 2 * per_layer + (64 + 64) + classifier
+
+
+def test_moe_all_linear_follows_peft_conversion() -> None:
+    s = spec(QWEN3_MOE)
+    got = L.trainable_params(s, L.LoraConfig(rank=2))
+    attn = (64 + 64) + 2 * (64 + 32) + (64 + 64)
+    router = 64 + 4  # gate.weight (E x h) as a 2-D target parameter
+    gate_up = 2 * 2 * 4 * (64 + 64)  # rank 2r (fused gate+up), E experts, (h + 2I)
+    down = 2 * 4 * (32 + 64)
+    assert got == 2 * (2 * attn + 2 * router + gate_up + down)
+
+
+def test_moe_fused_needs_both_halves() -> None:
+    with pytest.raises(InputError, match="up_proj"):
+        L.resolve_targets(spec(QWEN3_MOE), L.LoraConfig(targets=("gate_proj",)))
+
+
+@pytest.mark.parametrize("rank", [0, -1])
+def test_rank_must_be_positive(rank: int) -> None:
+    with pytest.raises(InputError, match=f"lora_rank={rank}"):
+        L.LoraConfig(rank=rank)
+
+
+def test_unknown_target_names_existing_modules() -> None:
+    with pytest.raises(InputError) as err:
+        L.resolve_targets(spec(GPT2), L.LoraConfig(targets=("q_proj", "v_proj")))
+    msg = str(err.value)
+    assert "q_proj" in msg and "c_attn" in msg and "c_fc" in msg and "\n" not in msg
+
+
+def test_experts_need_target_parameters() -> None:
+    cfg = {**QWEN3_MOE, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+           "shared_expert_intermediate_size": 48}  # fmt: skip
+    with pytest.raises(InputError, match="target_parameters"):
+        L.resolve_targets(spec(cfg), L.LoraConfig(targets=("experts",)))
+
+
+def test_bad_options() -> None:
+    with pytest.raises(InputError, match="lora_dropout"):
+        L.LoraConfig(dropout=1.5)
+    with pytest.raises(InputError, match="adapter_dtype"):
+        L.LoraConfig(adapter_dtype="int8")
+    with pytest.raises(InputError, match="all-linear"):
+        L.LoraConfig(targets=("all-linear", "q_proj"))
+    assert L.parse_targets("q_proj, v_proj") == ("q_proj", "v_proj")
+    assert L.parse_targets("ALL-LINEAR") == ("all-linear",)
+
+
+def test_adapter_saved_tensors() -> None:
+    m = L.AdaptedModule(path="q", kind="linear", in_features=64, out_features=32, experts=1, group=0,
+                        component="attention")  # fmt: skip
+    cfg = L.LoraConfig(rank=4)
+    # fp32 adapter on a bf16 input: x.to(fp32) (T x in x 4) and lora_A's output (T x r x 4)
+    assert L.adapter_saved_per_module(m, cfg, tokens=10, x_bytes=2, a_bytes=4, cuda=True) == (
+        10 * 64 * 4,
+        10 * 4 * 4,
+    )
+    # same dtype: lora_A keeps x itself (no new storage)
+    assert L.adapter_saved_per_module(m, cfg, tokens=10, x_bytes=4, a_bytes=4, cuda=True) == (0, 10 * 4 * 4)
+    # dropout: its output and mask (bool on CUDA)
+    drop = L.LoraConfig(rank=4, dropout=0.1)
+    assert L.adapter_saved_per_module(m, drop, tokens=10, x_bytes=2, a_bytes=2, cuda=True) == (
+        10 * 64 * 2 + 10 * 64,
+        10 * 4 * 2,
+    )

@@ -1,0 +1,71 @@
+"""Low-bit optimizer states, GaLore, offloading and chunked losses, by hand on small tensors."""
+
+from __future__ import annotations
+
+from peakmem.formulas import lowbit_optim as O
+from peakmem.model import Tensor
+
+
+def T(*shape: int, component: str = "mlp", kind: str = "linear_weight") -> Tensor:
+    return Tensor(name="x", module="x", shape=shape, component=component, kind=kind)  # type: ignore[arg-type]
+
+
+def test_bnb_8bit_small_tensors_stay_fp32() -> None:
+    qs = O.bnb_8bit_states([(T(100), 3), (T(4096), 1), (T(300, 300), 2)])
+    assert qs.fp32 == 3 * 2 * 100 * 4
+    assert qs.quantized == 2 * 4096 + 2 * 2 * 90000
+    assert qs.scales == 4 * (2 * 16 + 2 * 2 * 352)  # ceil(90000 / 256) = 352 blocks
+    assert qs.maps == 2 * 256 * 4  # dynamic + udynamic, shared
+    assert qs.params_quantized == 4096 + 180000 and qs.params_fp32 == 300
+
+
+def test_bnb_paged_split() -> None:
+    qs = O.bnb_8bit_states([(T(300, 300), 1), (T(200, 200), 1)], paged=True)
+    assert qs.pageable == 0  # both below 1e5 elements: ordinary device tensors
+    qs = O.bnb_8bit_states([(T(400, 400), 1), (T(200, 200), 1)], paged=True)
+    assert qs.pageable == 2 * 160000
+
+
+def test_ao_4bit_states() -> None:
+    qs = O.ao_4bit_states([(T(4096), 1), (T(4000), 1), (T(64, 64), 1)])
+    assert qs.quantized == 2 * (2048 + 2048)
+    assert qs.scales == 2 * 4 * (32 + 32)
+    assert qs.maps == 2 * 2 * 16 * 4
+    assert qs.fp32 == 2 * 4000 * 4  # 4000 is not a multiple of 128
+
+
+def test_gpt2_xl_8bit_adamw_about_10_bytes_per_param() -> None:
+    """The seed: mixed precision + 8-bit AdamW = 2 (weights) + 2 (grads) + 4 (master) + 2 (states) = 10."""
+    from peakmem.catalog import get_model
+    from peakmem.hf import spec_from_config
+
+    spec = spec_from_config(dict(get_model("gpt2-xl").config), name="gpt2-xl")
+    qs = O.bnb_8bit_states(spec.tensors())
+    per_param = (2 + 2 + 4) + qs.total / spec.params
+    assert 10.0 < per_param < 10.1
+    assert qs.quantized == 2 * qs.params_quantized
+
+
+def test_galore() -> None:
+    g = O.galore_states(
+        [
+            (T(256, 64), 2),
+            (
+                T(64),
+                1,
+            ),
+        ],
+        rank=8,
+    )
+    assert g.projections == 2 * 8 * 64 * 4
+    assert g.low_rank_states == 2 * 2 * 8 * 256 * 4
+    assert g.full_states == 2 * 64 * 4
+
+
+def test_step_structure() -> None:
+    assert O.optimizer_in_backward_grads([(T(10, 10), 5), (T(20, 30), 1)], 2) == 600 * 2
+    split = O.cpu_offload_optimizer(states=80, masters=40, grads=20, offload_gradients=True)
+    assert (split.gpu, split.cpu) == (0, 140)
+    ce = O.chunked_ce_bytes(tokens=16, vocab=10, compute_bytes=2, chunks=8)
+    assert ce["fp32 upcast of one chunk"] == 2 * 10 * 4
+    assert O.activation_offload(100, 28).gpu == 200
