@@ -67,7 +67,10 @@ def test_ways_down_checkpointing_and_micro_batch() -> None:
     assert set(ways) == {
         "activation checkpointing (full)",
         "micro-batch 4 x accumulation 2 (same global batch)",
+        "fused AdamW (fused=True: no foreach temporaries)",
     }
-    for est in ways.values():
-        assert est.peak_allocated_bytes < base.peak_allocated_bytes
+    for label, est in ways.items():
+        assert est.peak_allocated_bytes <= base.peak_allocated_bytes
+        if not label.startswith("fused"):  # the peak is in backward: fusing the step does not lower it
+            assert est.peak_allocated_bytes < base.peak_allocated_bytes
     assert ways["activation checkpointing (full)"].setup["checkpointing"] == Checkpointing.FULL.value

@@ -60,9 +60,14 @@ def _qv(spec: Any) -> tuple[str, ...]:
 
 
 def _catalog() -> list[Any]:
+    """Every catalog entry; MoE ones (several seconds each on meta) also marked slow."""
     from peakmem.catalog import MODELS
 
-    return list(MODELS)
+    out = []
+    for e in MODELS:
+        moe = any(k in e.config for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+        out.append(pytest.param(e, id=e.name, marks=pytest.mark.slow) if moe else pytest.param(e, id=e.name))
+    return out
 
 
 def _count(model: Any, adapter: str) -> int:
@@ -70,7 +75,7 @@ def _count(model: Any, adapter: str) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if pattern.search(n))
 
 
-@pytest.mark.parametrize("entry", _catalog(), ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", _catalog())
 def test_trainable_counts_equal_peft(entry: Any) -> None:
     cfg = _truncate(dict(entry.config))
     spec = spec_from_config(cfg, name=entry.name)

@@ -69,3 +69,43 @@ def test_step_structure() -> None:
     ce = O.chunked_ce_bytes(tokens=16, vocab=10, compute_bytes=2, chunks=8)
     assert ce["fp32 upcast of one chunk"] == 2 * 10 * 4
     assert O.activation_offload(100, 28).gpu == 200
+
+
+def test_chunked_and_fused_loss_heads() -> None:
+    from types import SimpleNamespace
+
+    from peakmem.formulas import activations as act
+    from peakmem.formulas.loss import head_activations
+    from peakmem.hf import spec_from_config
+    from peakmem.training import Precision, TrainingSetup
+
+    cfg = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+    }  # fmt: skip
+    spec = spec_from_config(cfg, name="t")
+    sh = act.shapes(spec, TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=64))
+    head = head_activations(spec, sh, 1000 * 64)
+    t, v = 128, 1000
+    assert O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="standard")) is head
+    chunked = O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="chunked"))
+    assert chunked.forward_transient == t * v * 2 + (t // 8) * v * 4  # all 16-bit chunks + one fp32 upcast
+    assert chunked.backward_transient == 2 * (t // 8) * v * 4 + (t // 8) * v * 2
+    compiled = O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="chunked-compiled"))
+    assert any(i.bytes == t * v * 2 + t * 4 for i in compiled.saved)
+    fused = O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="fused"))
+    assert all(i.bytes < t * v for i in fused.saved)
+
+
+def test_step_tricks() -> None:
+    from types import SimpleNamespace
+
+    from peakmem.breakdown import Category, MemoryItem
+    from peakmem.formulas.activations import LayerActivations
+
+    item = MemoryItem(path="x", category=Category.ACTIVATIONS, bytes=100)
+    la = LayerActivations(saved=(item,), core=0, layer_input=10, forward_transient=5, backward_transient=7)
+    off, grads = O.step_tricks(la, 40, SimpleNamespace(activation_offload=True, optimizer_in_backward=False))
+    assert (off.saved_bytes, off.backward_transient, off.forward_transient, grads) == (0, 207, 105, 40)
+    inb, grads = O.step_tricks(la, 40, SimpleNamespace(activation_offload=False, optimizer_in_backward=True))
+    assert (inb.saved_bytes, inb.backward_transient, grads) == (100, 47, 0)

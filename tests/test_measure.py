@@ -255,7 +255,7 @@ def test_selective_checkpointing_drops_the_attention_core():
 
 
 def test_grad_accumulation_keeps_grads_through_the_next_forward():
-    est = measure_training(LLAMA, setup(grad_accum=2))
+    est = measure_training(LLAMA, setup(grad_accum=2), steps=1)
     assert cats(est, 1, "forward").get("gradients") == 4 * LLAMA_P
 
 
@@ -309,8 +309,10 @@ def test_bert_sequence_classification():
 
 
 def test_tracker_matches_the_cpu_allocator():
-    est = measure_training(LLAMA, setup(precision=Precision.MIXED_BF16), cross_check=True)
-    # The profiler sees every CPU-allocator event, kernel scratch included: equal within a few scalars.
+    # fp32 + eager: no oneDNN bf16 matmul or CPU flash-attention kernel, whose internal scratch
+    # (thread- and CPU-dependent) the allocator sees and the tracker, by design, does not.
+    est = measure_training(LLAMA, setup(attention=AttentionKernel.EAGER), cross_check=True)
+    # The profiler sees every CPU-allocator event: equal within a few 0-dim scalars.
     assert 0 <= est.extra["allocator_peak_bytes"] - est.peak_allocated_bytes <= 64
 
 

@@ -48,6 +48,11 @@ def test_large_block_not_split_when_remainder_is_at_most_1mib():
     assert s.peak_requested == 14 * MiB
 
 
+def test_zero_byte_storages_take_no_block():
+    s = replay([(1, 0), (2, 0), (1, 0)])
+    assert (s.peak_allocated, s.peak_reserved, s.segments) == (0, 0, 0)
+
+
 def test_freed_neighbours_merge_and_are_reused():
     ev = [(1, 4 * MiB), (2, 4 * MiB), (1, -4 * MiB), (2, -4 * MiB), (3, 16 * MiB)]
     s = replay(ev)
@@ -74,6 +79,7 @@ pytest.importorskip("transformers")
 from peakmem.breakdown import Category  # noqa: E402
 from peakmem.errors import InputError  # noqa: E402
 from peakmem.training import (  # noqa: E402
+    Checkpointing,
     KernelPolicy,
     Method,
     Precision,
@@ -237,22 +243,32 @@ def test_unbuildable_configs_give_a_clear_error(config, needle):
 
 
 @pytest.mark.torch
+@pytest.mark.slow  # importing peft (and bitsandbytes through it) takes seconds
 def test_lora_and_qlora_trainable_params_and_quantized_base():
+    from peakmem.formulas.lora import LoraConfig
     from peakmem.simulate import simulate_training
 
-    r = 8
+    r = 4
     # all-linear LoRA on 7 projections per layer: r * (in + out) each (lm_head is not targeted)
     per_layer = r * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 176) + (176 + 64))
-    lora = simulate_training(LLAMA, setup(method=Method.LORA, precision=Precision.BF16), lora_rank=r)
+    spec = LoraConfig(rank=r)
+    lora = simulate_training(LLAMA, setup(method=Method.LORA, precision=Precision.BF16), lora=spec)
     assert lora.trainable_params == 2 * per_layer
     assert lora.params == LLAMA_P + 2 * per_layer
-    q = simulate_training(LLAMA, setup(method=Method.QLORA, precision=Precision.BF16), lora_rank=r)
+    q = simulate_training(LLAMA, setup(method=Method.QLORA, precision=Precision.BF16), lora=spec)
     assert q.trainable_params == 2 * per_layer
     rows = {r.tensor: r for r in q.per_param}
     base_linear = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176)
     assert rows["weights (quantized base)"].params == base_linear
     assert q.peak_allocated_bytes < lora.peak_allocated_bytes
     assert any("qlora" in a for a in q.assumptions)
+    # adapters in fp32 (peft's autocast_adapter_dtype): 4 B/param each, gradients and AdamW states too
+    rows = {(r.tensor, r.dtype): r.bytes for r in lora.per_param}
+    assert rows[("weights", "fp32")] == 4 * 2 * per_layer
+    dora = simulate_training(LLAMA, setup(method=Method.LORA, precision=Precision.BF16),
+                             lora=LoraConfig(rank=r, dora=True))  # fmt: skip
+    # DoRA adds a magnitude vector per adapted Linear (its out features)
+    assert dora.trainable_params == 2 * per_layer + 2 * (64 + 32 + 32 + 64 + 176 + 176 + 64)
 
 
 @pytest.mark.torch
@@ -279,3 +295,49 @@ def test_model_without_sdpa_falls_back_to_eager():
     }  # fmt: skip
     e = simulate_training(bloom, setup(precision=Precision.FP32))
     assert any("falls back to 'eager'" in a for a in e.assumptions)
+
+
+@pytest.mark.torch
+def test_checkpointing_recomputes_with_the_cuda_kernels():
+    from peakmem.simulate import simulate_training
+
+    # GPT-2 keeps dropout 0.1: the recomputed forward must draw the same bool masks as the forward
+    s = setup(precision=Precision.FP32, checkpointing=Checkpointing.FULL)
+    e = simulate_training(GPT2, s)
+    plain = simulate_training(GPT2, setup(precision=Precision.FP32))
+    assert e.peak_allocated_bytes < plain.peak_allocated_bytes
+    assert any("recomputed:" in i.path for p in e.phases for i in p.items)
+
+
+@pytest.mark.torch
+def test_amp_follows_cuda_autocast_fp32_lists():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from peakmem.simulate.kernels import CudaFunctionMode, KernelLog
+
+    log = KernelLog()
+    with FakeTensorMode(), CudaFunctionMode(log), torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.empty(4, 8, dtype=torch.bfloat16)
+        w = torch.empty(8, 8)
+        assert torch.softmax(x, dim=-1).dtype == torch.float32  # CPU autocast: bf16
+        assert torch.exp(x).dtype == torch.float32
+        assert torch.nn.functional.layer_norm(x, (8,)).dtype == torch.float32
+        assert torch.nn.functional.linear(x, w).dtype == torch.bfloat16  # lower-precision list: unchanged
+        assert torch.exp(x.float()).dtype == torch.float32
+    assert log.counts["autocast fp32 (CUDA list): exp"] == 1  # only the 16-bit call is changed
+
+
+@pytest.mark.torch
+def test_an_architecture_the_analytic_adapter_does_not_know_is_simulated():
+    from peakmem.simulate import simulate_training
+
+    granite = {
+        "model_type": "granite", "architectures": ["GraniteForCausalLM"], "vocab_size": 1000,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 256,
+    }  # fmt: skip
+    e = simulate_training(granite, setup(precision=Precision.FP32), kernels="cpu")
+    # embed + 2 x (q, k, v, o, gate, up, down, 2 norms) + norm + untied head
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert e.params == 1000 * 64 + 2 * per_layer + 64 + 1000 * 64
+    assert e.peak_allocated_bytes > 4 * 4 * e.params  # weights, grads and AdamW states at least

@@ -27,7 +27,7 @@ from peakmem.formulas.optimizer import optimizer_phase_grads, optimizer_rows, st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
-from peakmem.training import Checkpointing, TrainingSetup
+from peakmem.training import Checkpointing, OptimizerImpl, OptimizerName, TrainingSetup
 
 METHOD = "analytic"
 
@@ -121,7 +121,7 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
         if la is None:
             la = act.layer_activations(
                 spec, g.layer, sh, layer_grads, mlp_params=facts.mlp_params[i],
-                linear_params=facts.linear_params[i],
+                linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
             la = seen[i] = act.checkpointed(la, setup.checkpointing)
         groups.append(GroupCost(
@@ -297,11 +297,8 @@ def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Over
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
     ]
-    if sh.kernel is not setup.attention:
-        out.append(
-            f"attention kernel {setup.attention.value} runs as {sh.kernel.value} on "
-            f"{setup.kernel_policy.value} (attention dropout {spec.attention_dropout})"
-        )
+    if sh.kernel_note:
+        out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value}: {sh.kernel_note}")
     if setup.checkpointing is Checkpointing.FULL:
         out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
     if setup.checkpointing is Checkpointing.SELECTIVE:
@@ -336,8 +333,18 @@ def _way_micro_batch(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, Traini
             replace(setup, micro_batch=mb, grad_accum=accum))  # fmt: skip
 
 
+def _way_fused_optimizer(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
+    del spec
+    adam = setup.optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW)
+    if not adam or setup.optimizer_impl is not OptimizerImpl.FOREACH:
+        return None
+    return "fused AdamW (fused=True: no foreach temporaries)", replace(
+        setup, optimizer_impl=OptimizerImpl.FUSED
+    )
+
+
 # Extension point: other modules (8-bit optimizers, LoRA/QLoRA, ZeRO/FSDP) append their rules here.
-WAYS_DOWN: list[WayFn] = [_way_checkpointing, _way_micro_batch]
+WAYS_DOWN: list[WayFn] = [_way_checkpointing, _way_micro_batch, _way_fused_optimizer]
 
 
 def ways_down(

@@ -8,7 +8,8 @@ code of transformers 5.23 (``modeling_gpt2.py``, ``modeling_llama.py``, ``modeli
 models with ``torch.autograd.graph.saved_tensors_hooks`` on CPU. Per layer (T = batch x seq tokens,
 h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r residual bytes):
 
-* norm (x2): LayerNorm saves its input (r) and mean/rstd (T each; fp32 on CUDA, input dtype on
+* norms (2 pre-norms; Gemma 2/3 add 2 post-norms; Falcon-7B has one; Qwen3/OLMo-2 q/k norms and
+  MLA latent norms on top): LayerNorm saves its input (r) and mean/rstd (T each; fp32 on CUDA, input dtype on
   CPU); RMSNorm (``LlamaRMSNorm``: ``x.to(float32)``, ``pow``, ``rsqrt``, ``y.to(dtype)``,
   ``weight * y``) saves the fp32 upcast x (4), y in the input dtype and rstd (T x 4).
 * projection inputs: the norm output once (c) - or, under autocast, one 16-bit cast per Linear
@@ -17,7 +18,11 @@ h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r resid
 * attention: q, k, v (eager repeats k, v to a heads with ``repeat_kv``; SDPA with ``enable_gqa``
   and flash keep g heads); eager adds the softmax output (fp32 when ``softmax(dtype=float32)`` or
   under CUDA autocast, plus its cast back to c), dropout output and mask when p > 0; SDPA/flash add
-  the output and the logsumexp (a x s x fp32). The attention output feeds o_proj (c).
+  the output and the logsumexp (a x s x fp32). The attention output feeds o_proj (c). A fused
+  qkv projection with RoPE keeps its whole output alive through the v view next to the rotated
+  q, k; MLA keeps kv_b_proj's output the same way.
+* MoE: router logits and probabilities (fp32), top-k x T gathered expert inputs and scaled
+  outputs, and each expert's MLP interior over the routed rows.
 * MLP: fused ``F.gelu``/``F.silu`` save their input; the python ``gelu_new`` formula saves x,
   tanh(.), 1 + tanh(.) and 0.5 x; gated MLPs keep gate, act(gate), up and their product.
 * dropout: CUDA's fused ``native_dropout`` saves a bool mask (1 B/elem); CPU's ``_dropout_impl``
@@ -33,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.model import Layer, ModelSpec
+from peakmem.model import Attention, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
 
 from .model_states import PrecisionPlan, precision_plan
@@ -41,9 +46,10 @@ from .profiles import PROFILES, Profile
 
 # transformers models whose eager attention calls softmax in the input dtype (modeling_gpt2.py
 # ``nn.functional.softmax(attn_weights, dim=-1)``); the others pass ``dtype=torch.float32``.
-SOFTMAX_IN_INPUT_DTYPE = frozenset(
-    {"gpt2", "bert", "roberta", "gpt_neo", "opt", "gptj", "distilbert", "falcon"}
-)
+SOFTMAX_IN_INPUT_DTYPE = frozenset({"gpt2", "bert", "roberta", "gpt_neo", "gptj", "distilbert", "falcon"})
+# Activations whose backward needs only their output (aten relu saves ``result``), which the next
+# Linear saves anyway: one tensor instead of input + output.
+OUTPUT_SAVING_ACTIVATIONS = frozenset({"relu"})
 
 # Models whose eager attention applies dropout to the softmax output without casting it back
 # (modeling_bert.py ``eager_attention_forward``); GPT-2 (``.type(value.dtype)``) and Llama
@@ -65,7 +71,13 @@ RMSNORM_FP32_NORMED = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 # Eager attention with logit soft-capping ``tanh(scores / cap) * cap`` (modeling_gemma2.py,
 # ``attn_logit_softcapping`` defaults to 50.0): tanh saves its output (scores x compute bytes).
 ATTN_SOFTCAP = frozenset({"gemma2"})
-QK_NORM_MODULES = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm"})
+# transformers 5.23 refuses attn_implementation="sdpa" for these (soft-capping needs eager or
+# flash-attn 2: modeling_gemma2.py ``_supports_sdpa = False``): SDPA requests run eager.
+NO_SDPA = frozenset({"gemma2"})
+# Norms inside attention (q/k norms, MLA latent norms): not norms of the block's hidden state.
+QK_NORM_MODULES = frozenset(
+    {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm"}
+)
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
@@ -86,6 +98,7 @@ class Shapes:
     kernel: AttentionKernel  # the kernel that really runs (after CPU dropout fallback)
     model_type: str
     math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
+    kernel_note: str = ""  # why the kernel differs from the one requested
     profile: Profile = PROFILES[Framework.HF]
 
     @property
@@ -118,25 +131,41 @@ class LayerActivations:
         return sum(i.bytes for i in self.saved)
 
 
-def effective_kernel(spec: ModelSpec, setup: TrainingSetup) -> AttentionKernel:
-    """The kernel that runs: on CPU, SDPA with attention dropout falls back to the math kernel
-    (measured: the CPU flash kernel has no dropout), which saves what eager saves."""
-    if setup.kernel_policy is KernelPolicy.CPU and setup.attention is AttentionKernel.FLASH:
-        return AttentionKernel.SDPA  # flash-attn 2 is CUDA-only; CPU runs SDPA's flash kernel
+MATH = "SDPA's math kernel"
+
+
+def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKernel, str]:
+    """The kernel that really runs, and why when it is not the one asked for ("" otherwise).
+
+    On CPU, SDPA falls back to its math kernel (scores materialised as in eager; 16-bit inputs
+    upcast to fp32) with attention dropout or unequal q/k and v head sizes (MLA) - measured; and
+    transformers refuses SDPA for some models (``_supports_sdpa = False``), which then run eager."""
+    att = spec.first_layer.attention
+    cpu = setup.kernel_policy is KernelPolicy.CPU
+    if cpu and setup.attention is AttentionKernel.FLASH:
+        return AttentionKernel.SDPA, "flash-attn 2 is CUDA-only; CPU runs SDPA's flash kernel"
     if setup.attention is AttentionKernel.EAGER:
-        return AttentionKernel.EAGER
-    if setup.kernel_policy is KernelPolicy.CPU and spec.attention_dropout > 0:
-        return AttentionKernel.EAGER  # the math kernel: scores materialised as in eager
-    return setup.attention
+        return AttentionKernel.EAGER, ""
+    if spec.model_type in NO_SDPA:
+        return AttentionKernel.EAGER, f"transformers runs {spec.model_type} eager (no SDPA support)"
+    if cpu and spec.attention_dropout > 0:
+        return AttentionKernel.EAGER, f"{MATH} on CPU with attention dropout {spec.attention_dropout}"
+    if cpu and att.head_dim != att.v_head_dim:
+        return AttentionKernel.EAGER, f"{MATH} on CPU: q/k head size {att.head_dim} != v {att.v_head_dim}"
+    return setup.attention, ""
+
+
+def effective_kernel(spec: ModelSpec, setup: TrainingSetup) -> AttentionKernel:
+    return kernel_choice(spec, setup)[0]
 
 
 def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
-    kernel = effective_kernel(spec, setup)
+    kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
-    fallback = kernel is not setup.attention and kernel is AttentionKernel.EAGER and plan.compute.bits < 32
+    fallback = why.startswith(MATH) and plan.compute.bits < 32
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
-        kernel=kernel, model_type=spec.model_type, math_fallback=fallback,
+        kernel=kernel, model_type=spec.model_type, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework],
     )  # fmt: skip
 
@@ -202,6 +231,8 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     window = att.sliding_window
     if window is not None and window < s and sh.kernel is not AttentionKernel.EAGER:
         scores = b * a * s * window
+    if att.is_mla:
+        items.extend(_mla_latent_terms(spec, att, sh))
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
@@ -209,7 +240,13 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
     fused = _attention_readers(layer) == 1 and not att.is_mla
-    if fused and spec.position == "rope":
+    if att.is_mla:
+        # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
+        # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
+        nope = d - att.qk_rope_head_dim
+        items.append(_item("attn.q, k (MLA, all heads)", 2 * t * a * d * c, SRC_SDPA))
+        items.append(_item("attn.kv_b_proj output (kept by the v view)", t * a * (nope + dv) * c, SRC_SDPA))
+    elif fused and spec.position == "rope":
         # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
         items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA))
         items.append(_item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA))
@@ -223,6 +260,18 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
     bwd = t * (a * d + g * d + g * dv) * c
     return items, b * a * s * 4, 0, bwd
+
+
+def _mla_latent_terms(spec: ModelSpec, att: Attention, sh: Shapes) -> list[MemoryItem]:
+    """Multi-head latent attention (DeepSeek-V2/V3, modeling_deepseek_v3.py): the q and kv latents
+    go through an RMSNorm each and feed q_b_proj / kv_b_proj, which save the normed latents."""
+    t, c = sh.tokens, sh.c
+    items = [_item("attn.kv latent norm + kv_b_proj input", norm_saved(spec, sh, att.kv_lora_rank)
+                   + t * att.kv_lora_rank * c, SRC_NORM)]  # fmt: skip
+    if att.q_lora_rank:
+        items.append(_item("attn.q latent norm + q_b_proj input", norm_saved(spec, sh, att.q_lora_rank)
+                           + t * att.q_lora_rank * c, SRC_NORM))  # fmt: skip
+    return items
 
 
 def _eager_terms(
@@ -284,6 +333,8 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                            "transformers MoE router: softmax(router_logits, dtype=float)"))  # fmt: skip
         items.append(_item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
                            "expert inputs gathered per expert: top-k x tokens rows"))  # fmt: skip
+        items.append(_item("moe.expert outputs (scaled by the routing weights)", k * t * spec.hidden_size * c,
+                           "transformers MoE experts: out * routing_weights saves out"))  # fmt: skip
         routed_tokens = k * t
     width = mlp.intermediate_size
     n = routed_tokens * width
@@ -295,6 +346,8 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         else:
             per = (PYTHON_ACTIVATIONS[mlp.activation] + 1) * c
         items.append(_item(f"mlp.fc output + {mlp.activation} intermediates + act output", n * per, SRC_MLP))
+    elif mlp.activation in OUTPUT_SAVING_ACTIVATIONS:
+        items.append(_item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP))
     else:
         items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
     if mlp.is_moe and mlp.shared_intermediate_size:
@@ -313,6 +366,7 @@ def layer_activations(
     *,
     mlp_params: int | None = None,
     linear_params: int | None = None,
+    layer_params: int | None = None,
 ) -> LayerActivations:
     """``grad_bytes``: bytes of this layer's weight gradients (written during its backward);
     ``mlp_params``/``linear_params``: precomputed sums over the layer's tensors (or computed here)."""
@@ -353,7 +407,8 @@ def layer_activations(
     # intermediate gradient, and the weight gradients written so far (the MLP's output projection
     # first: 1/3 of a gated MLP's weights, 1/2 of a plain one).
     mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one * n_norms // 2 + mask
-    share = mlp_params / layer.params if layer.params else 0.0
+    total = layer_params if layer_params is not None else layer.params
+    share = mlp_params / total if total else 0.0
     mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
     mlp_stage = mlp_bwd + 2 * t * h * c + mlp_grads
     att_stage = att_bwd + 2 * t * h * c + grad_bytes - mlp_saved

@@ -629,8 +629,9 @@ def adapt_layer(
     fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
     bwd = la.backward_transient
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
-        # the recomputation in backward runs the adapters' forward again, next to the layer's grads
-        bwd = max(bwd, adapter_forward_transient(mods, lora, sh))
+        # the recomputation in backward runs the adapters' forward again: at each adapted module, its
+        # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
+        bwd = max(bwd, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh))
     if quant is not None:
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
         fwd = max(fwd, tmp.forward)
@@ -647,6 +648,34 @@ def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: S
     for m in mods:
         if m.kind == "linear":
             best = max(best, sh.tokens * m.out_features * (2 * a + sh.c))
+            if lora.dora:  # DoRA builds B @ A through lora_B(lora_A(eye(in))) and W + s * BA each forward
+                best = max(best, (m.in_features**2 + 3 * m.in_features * m.out_features) * a)
+    return best
+
+
+def _recompute_transient(
+    saved: tuple[MemoryItem, ...],
+    att: list[AdaptedModule],
+    o_proj: list[AdaptedModule],
+    mlp: list[AdaptedModule],
+    down: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+) -> int:
+    """The most alive beyond the full recomputation while an adapted module recomputes its forward."""
+
+    def total(prefixes: tuple[str, ...]) -> int:
+        return sum(i.bytes for i in saved if i.path.startswith(prefixes))
+
+    s_mlp = total(("mlp.", "moe."))
+    s_mlp_in = total(("mlp input",)) + total(("norms (",)) // 2
+    s_attn = total(("attn.",))
+    best = 0
+    for mods, after in ((att, s_attn + s_mlp_in + s_mlp), (o_proj, s_mlp_in + s_mlp), (down, 0)):
+        best = max(best, adapter_forward_transient(mods, lora, sh) - after)
+    for m in mlp:  # gated MLPs run gate_proj and its activation before up_proj
+        after = s_mlp // 2 if m.leaf in ("up_proj", "w3") else s_mlp
+        best = max(best, adapter_forward_transient([m], lora, sh) - after)
     return best
 
 
@@ -779,3 +808,60 @@ def adapt_embedding_items(
     if not is_adapter_method(setup) or _embeddings_adapted(spec, lora_of(setup)):
         return items
     return tuple(i for i in items if i.path != "embeddings.dropout mask")
+
+
+# --- ways down (peakmem.estimate.WAYS_DOWN) ---------------------------------------------------------------
+WAY_RANK = 16  # a common LoRA rank (the QLoRA paper uses 64; peft's default is 8)
+
+
+def way_lora(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
+    """Full fine-tuning -> LoRA (all-linear, r=16, peft's fp32 adapters), same shape and precision."""
+    del spec
+    if is_adapter_method(setup):
+        return None
+    lora = LoraConfig(rank=WAY_RANK)
+    return f"LoRA r={WAY_RANK} all-linear (peft)", replace(setup, method=Method.LORA, lora=lora)
+
+
+def way_qlora(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
+    """-> QLoRA: NF4 base with double quantization, bf16 compute, LoRA r=16 on all linears."""
+    del spec
+    if str(getattr(setup.method, "value", setup.method)) == "qlora":
+        return None
+    lora = getattr(setup, "lora", None) or LoraConfig(rank=WAY_RANK)
+    quant = QuantConfig(quant="nf4", double_quant=True)
+    changed = replace(setup, method=Method.QLORA, lora=lora, quant=quant, precision=Precision.BF16)
+    return f"QLoRA (NF4 + double quant, LoRA r={lora.rank})", changed
+
+
+def assumptions(spec: ModelSpec, setup: Any) -> tuple[str, ...]:
+    """What the LoRA / QLoRA estimate assumed, for ``Estimate.assumptions``."""
+    if not is_adapter_method(setup):
+        return ()
+    lora = lora_of(setup)
+    mods = resolve_targets(spec, lora)
+    names = sorted({m.leaf for m in mods if m.kind != "saved"})
+    out = [
+        f"LoRA (peft 0.21.2): r={lora.rank}, alpha={lora.alpha:g}, "
+        f"targets {', '.join(lora.targets) or 'peft default'}"
+        f" -> {', '.join(names)}; adapters in {lora.adapter_dtype}"
+        + (" (peft upcasts 16-bit adapters to fp32)" if lora.adapter_dtype == "fp32" else ""),
+        "frozen base: no gradients or optimizer states; Linear inputs and RMSNorm outputs saved only for the "
+        "frozen weights' gradients are not kept; nothing before the first adapter requires grad",
+    ]
+    if lora.dora:
+        out.append(
+            "DoRA: magnitude vector per adapted module; base and LoRA outputs saved by the DoRA scaling"
+        )
+    quant = quant_of(setup)
+    if quant is not None:
+        out.append(
+            f"QLoRA base: bitsandbytes {quant.label} (blocksize {quant.blocksize}); embeddings, head, "
+            "norms, MoE routers and fused experts stay 16-bit; one layer's weight dequantized at a time"
+        )
+    if any(m.kind == "param" for m in mods):
+        out.append(
+            "MoE: peft 0.21.2 maps v4 expert/router names onto transformers 5 fused parameters "
+            "(target_parameters; gate_up_proj at rank 2r)"
+        )
+    return tuple(out)

@@ -22,6 +22,10 @@ from peakmem.model import ModelSpec
 from .activations import Shapes, norm_saved
 
 SRC_CE = "transformers loss/loss_utils.py ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax"
+# Models whose LM head soft-caps the logits: ``tanh(logits / cap) * cap`` (modeling_gemma2.py,
+# ``final_logit_softcapping`` defaults to 30.0): tanh saves its T x V output in the compute dtype.
+FINAL_LOGIT_SOFTCAP = frozenset({"gemma2"})
+SRC_SOFTCAP = "modeling_gemma2.py: logits = tanh(logits / cap) * cap"
 SRC_HEAD_CAST = "torch autocast: 16-bit copy of the head weight saved by the Linear"
 SRC_HEAD = "lm_head (Linear) saves its input; final norm saves input + stats"
 
@@ -53,6 +57,8 @@ def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> Hea
     if sh.plan.autocast:
         items_l.append(_act("autocast lm_head weight cast", head_weight_numel * c,
                             SRC_HEAD_CAST))  # fmt: skip
+    if spec.model_type in FINAL_LOGIT_SOFTCAP:
+        items_l.append(_act("final logit softcap tanh output", logits * c, SRC_SOFTCAP))
     items_l.append(_act("loss.log_softmax output (fp32)", logits * 4, SRC_CE))
     upcast = logits * 4 if c < 4 else 0
     return HeadActivations(

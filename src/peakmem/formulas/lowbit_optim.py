@@ -343,3 +343,168 @@ def paged_bytes(spec: ModelSpec, setup: Any) -> int:
     if name != PAGED_ADAMW_8BIT:
         return 0
     return bnb_8bit_states(list(spec.tensors()), paged=True).pageable
+
+
+# --- step tricks as the estimator applies them ------------------------------------------------------------
+# ``setup.loss`` values (peakmem.training.LossImpl): standard | chunked | chunked-compiled | fused.
+SRC_CHUNKED = "torchtune CEWithChunkedOutputLoss: output(h) in 8 chunks; each chunk .float() + cross_entropy"
+SRC_CHUNKED_COMPILED = (
+    "torchtune compile_loss (inductor): the chunked CE kernel saves its 16-bit input chunk and the fp32 "
+    "logsumexp; no fp32 copy of the logits is kept"
+)
+SRC_FUSED = "Liger FusedLinearCrossEntropy / cut-cross-entropy: logits only ever exist one chunk at a time"
+
+
+def _value(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
+    """The head's saved tensors and temporaries under a chunked or fused cross-entropy (``setup.loss``).
+    ``head`` is :class:`peakmem.formulas.loss.HeadActivations`; unchanged for the standard loss."""
+    from dataclasses import replace
+
+    kind = _value(getattr(setup, "loss", "standard"))
+    if kind == "standard" or spec.task != "causal-lm":
+        return head
+    t, v, c = sh.tokens, spec.vocab_size, sh.c
+    chunk = math.ceil(t / CE_CHUNKS) * v
+    keep = [i for i in head.saved if not i.path.startswith("loss.log_softmax")]
+    if kind == "chunked":
+        saved = [*keep, MemoryItem(path="loss.log_softmax outputs of all chunks (fp32)", bytes=t * v * FP32,
+                                   category=Category.ACTIVATIONS, source=SRC_CHUNKED)]  # fmt: skip
+        # forward: every chunk's 16-bit logits (the model returns the list) + one chunk's fp32 upcast;
+        # backward: a chunk's two fp32 CE gradients and its 16-bit cast
+        return replace(head, saved=tuple(saved), forward_transient=t * v * c + chunk * FP32,
+                       backward_transient=2 * chunk * FP32 + chunk * c, logits_grad=chunk * c)  # fmt: skip
+    if kind == "chunked-compiled":
+        # inductor fuses upcast, log-softmax and NLL: it saves the 16-bit chunk and its logsumexp, and its
+        # backward writes the chunk's gradient (softmax - one-hot) directly in the 16-bit dtype
+        saved = [*keep, MemoryItem(path="loss: 16-bit logits chunks + fp32 logsumexp (compiled CE)",
+                                   bytes=t * v * c + t * FP32, category=Category.ACTIVATIONS,
+                                   source=SRC_CHUNKED_COMPILED)]  # fmt: skip
+        return replace(head, saved=tuple(saved), forward_transient=chunk * FP32,
+                       backward_transient=chunk * c, logits_grad=chunk * c)  # fmt: skip
+    # fused: the head's matmul and the CE run chunk by chunk inside one op; the gradient of the head input
+    # is computed in forward and kept (T x h); the head input itself is saved by the op
+    saved = [i for i in keep if i.path != "lm_head input"]
+    saved.append(MemoryItem(path="fused CE: head input + its gradient (computed in forward)",
+                            bytes=2 * t * spec.hidden_size * c, category=Category.ACTIVATIONS,
+                            source=SRC_FUSED))  # fmt: skip
+    return replace(head, saved=tuple(saved), forward_transient=2 * chunk * FP32, backward_transient=0,
+                   logits_grad=0)  # fmt: skip
+
+
+SRC_OFFLOAD = "torchtune training/_activation_offloading.py OffloadActivations: saved tensors to pinned CPU"
+
+
+def offload_layer(la: Any, setup: Any) -> Any:
+    """Activation offloading (``setup.activation_offload``): a layer's saved tensors live in CPU RAM
+    between its forward and its backward; during its backward they are back on the device, next to the
+    next layer's prefetched ones (torchtune ``use_streams=True``). ``la`` is a LayerActivations."""
+    from dataclasses import replace
+
+    if not getattr(setup, "activation_offload", False):
+        return la
+    on_gpu = la.saved_bytes
+    return replace(la, saved=(), backward_transient=la.backward_transient + 2 * on_gpu,
+                   forward_transient=la.forward_transient + on_gpu)  # fmt: skip
+
+
+def offloaded_cpu_bytes(la_saved_bytes: int, layers: int, setup: Any) -> int:
+    return la_saved_bytes * layers if getattr(setup, "activation_offload", False) else 0
+
+
+def in_backward(setup: Any) -> bool:
+    return bool(getattr(setup, "optimizer_in_backward", False))
+
+
+def way_8bit_adamw(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
+    """Adam/AdamW -> bitsandbytes AdamW8bit (same everything else)."""
+    from dataclasses import replace
+
+    from peakmem.training import OptimizerName
+
+    del spec
+    if _value(setup.optimizer) not in ("adamw", "adam"):
+        return None
+    return "8-bit AdamW (bitsandbytes)", replace(setup, optimizer=OptimizerName(ADAMW_8BIT))
+
+
+def assumptions(setup: Any) -> tuple[str, ...]:
+    out = []
+    name = _value(setup.optimizer)
+    if name in (ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT):
+        out.append(
+            "bitsandbytes 8-bit states: uint8 + fp32 absmax per 256 elements; tensors < 4096 "
+            "elements keep fp32 states (min_8bit_size); in-place update kernel, no step temporaries"
+        )
+    if name == PAGED_ADAMW_8BIT:
+        out.append(
+            "paged optimizer: states of tensors >= 1e5 elements are CUDA unified memory, not "
+            "counted by torch's allocator (extra['paged_optimizer_bytes']); evictable to CPU RAM"
+        )
+    if name == ADAMW_4BIT:
+        out.append(
+            "torchao AdamW4bit: 4-bit codes + fp32 scale per 128; tensors < 4096 elements keep fp32 states"
+        )
+    if name == GALORE_ADAMW:
+        out.append(f"GaLore rank {GALORE_DEFAULT_RANK} on attention/MLP matrices; others plain AdamW")
+    loss = _value(getattr(setup, "loss", "standard"))
+    if loss != "standard":
+        out.append(
+            f"loss {loss}: {CE_CHUNKS} chunks" if loss.startswith("chunked") else "fused linear cross-entropy"
+        )
+    if in_backward(setup):
+        out.append(
+            "optimizer in backward: each parameter stepped in its post-accumulate-grad hook and its "
+            "gradient freed; at most one layer's gradients alive"
+        )
+    if getattr(setup, "activation_offload", False):
+        out.append(
+            "activation offloading: saved tensors in pinned CPU RAM (extra['cpu_activation_bytes']); "
+            "two layers' worth on the device during backward"
+        )
+    return tuple(out)
+
+
+def cpu_activation_bytes(spec: ModelSpec, setup: Any) -> int:
+    """Pinned CPU RAM that activation offloading fills: every layer's saved tensors (as checkpointing
+    leaves them), which is what would otherwise stay on the device."""
+    if not getattr(setup, "activation_offload", False):
+        return 0
+    from peakmem.formulas import activations as act
+    from peakmem.formulas import lora
+
+    sh = act.shapes(spec, setup)
+    total = 0
+    for i, g in enumerate(spec.groups):
+        la = act.layer_activations(spec, g.layer, sh)
+        if lora.is_adapter_method(setup):
+            la = lora.adapt_layer(spec, i, la, sh, setup)
+        total += g.count * act.checkpointed(la, setup.checkpointing).saved_bytes
+    return total
+
+
+def extra(spec: ModelSpec, tspec: ModelSpec, tsetup: Any, setup: Any, groups: Any) -> dict[str, int]:
+    """``Estimate.extra`` entries: memory outside torch's allocator (paged states, offloaded activations)."""
+    del groups
+    out: dict[str, int] = {}
+    paged = paged_bytes(tspec, tsetup)
+    if paged:
+        out["paged_optimizer_bytes"] = paged
+    cpu = cpu_activation_bytes(spec, setup)
+    if cpu:
+        out["cpu_activation_bytes"] = cpu
+    return out
+
+
+def step_tricks(la: Any, layer_grads: int, setup: Any) -> tuple[Any, int]:
+    """One layer under activation offloading and optimizer-in-backward: (its activations as the device
+    sees them, the gradient bytes it leaves behind in backward)."""
+    from dataclasses import replace
+
+    la = offload_layer(la, setup)
+    if in_backward(setup):  # each parameter stepped and its grad freed in backward: one layer's at most
+        return replace(la, backward_transient=la.backward_transient + layer_grads), 0
+    return la, layer_grads

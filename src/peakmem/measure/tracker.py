@@ -348,6 +348,7 @@ class LiveStorageTracker:
         self.sid_of(tensor, op=f"tagged {tag}", tags=(tag,), name=name)
 
     def set_phase(self, phase: Phase, step: int) -> None:
+        self._module_stack.clear()  # phase boundaries lie outside every module's forward
         self.ledger.set_phase(phase, step)
 
     # --- identity registration ----------------------------------------------------------------
@@ -389,6 +390,7 @@ class LiveStorageTracker:
         from torch.autograd.graph import saved_tensors_hooks
 
         inner = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        depth = len(self._module_stack)  # an early-stopped recomputation skips forward post-hooks
         self.recomputing += 1
         try:
             if inner is None:
@@ -404,6 +406,7 @@ class LiveStorageTracker:
                 yield
         finally:
             self.recomputing -= 1
+            del self._module_stack[depth:]
 
     # --- entering and leaving -----------------------------------------------------------------
     def __enter__(self) -> LiveStorageTracker:
@@ -450,10 +453,11 @@ class LiveStorageTracker:
         from torch.utils._pytree import tree_flatten
 
         name = _op_name(func)
-        tags: tuple[str, ...] = (RECOMPUTED,) if self.recomputing else ()
         outs = [t for t in tree_flatten(out)[0] if _is_tensor(t)]
         for t in outs:
-            sid = self.sid_of(t, op=name, tags=tags)
+            # Only storages the recomputation creates are "recomputed" (not views of older ones).
+            fresh = self.recomputing and id(t.untyped_storage()) not in self._sids
+            sid = self.sid_of(t, op=name, tags=(RECOMPUTED,) if fresh else ())
             src = args[0] if name == "_to_copy" and args else None
             if src is not None and _is_tensor(src):  # autocast's weight cast (autocast is off in here)
                 key = id(src.untyped_storage())

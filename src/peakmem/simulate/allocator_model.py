@@ -172,7 +172,8 @@ class CachingAllocatorModel:
 
 def replay(events: Iterable[tuple[int, int]]) -> AllocatorStats:
     """Replay a ledger's ``(sid, signed delta)`` events; a positive delta on a live storage (a
-    resize) is a free of the old block and a malloc of the new size, as ``resize_`` does."""
+    resize) is a free of the old block and a malloc of the new size, as ``resize_`` does; a
+    zero-byte storage takes no block (``CUDACachingAllocator::allocate(0)`` returns nullptr)."""
     model = CachingAllocatorModel()
     live: dict[int, int] = {}
     alloc_after = [0]
@@ -181,10 +182,10 @@ def replay(events: Iterable[tuple[int, int]]) -> AllocatorStats:
     for sid, delta in events:
         old = live.get(sid, 0)
         new = old + delta
-        if new <= 0 and delta < 0:
+        if new <= 0:  # freed, or a zero-byte storage: the CUDA allocator returns nullptr, no block
             live.pop(sid, None)
             model.free(sid)
-        else:
+        elif new != old:
             live[sid] = new
             model.malloc(sid, new)
         alloc_after.append(model.allocated)

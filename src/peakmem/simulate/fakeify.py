@@ -27,13 +27,14 @@ import torch
 
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.errors import InputError
+from peakmem.formulas.lora import ALL_LINEAR
+from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.measure.tracker import PARAM, LiveStorageTracker
 from peakmem.training import Method, TrainingSetup
 
 NF4_BLOCK = 64  # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
 NF4_DQ_BLOCK = 256  # double quantization of the absmax values (bitsandbytes/functional.py quantize_4bit)
 NF4_CODE_ENTRIES = 256  # the fp32 code book of the nested 8-bit quantization
-LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 r (common choice; alpha does not change the bytes)
 
 
 def fakeify_module(model: torch.nn.Module, mode: Any) -> None:
@@ -86,8 +87,7 @@ class QuantInfo:
     weights: list[tuple[str, Any]] = field(default_factory=list)  # (name, Fake4bitLinear)
     params: int = 0  # elements of the quantized weights (not torch parameters)
     method: str = "full"
-    rank: int = 0
-    targets: str = ""
+    lora: LoraSpec | None = None
 
     def register(self, tracker: LiveStorageTracker) -> None:
         for name, mod in self.weights:
@@ -107,9 +107,13 @@ class QuantInfo:
 
     def assumptions(self) -> list[str]:
         out = []
-        if self.method in ("lora", "qlora"):
-            out.append(f"{self.method}: peft LoRA r={self.rank}, alpha={LORA_ALPHA_PER_RANK * self.rank}, "
-                       f"dropout 0, targets {self.targets}; base weights frozen")  # fmt: skip
+        if self.lora is not None:
+            lo = self.lora
+            out.append(
+                f"{self.method}: peft {'DoRA' if lo.dora else 'LoRA'} r={lo.rank}, alpha={lo.alpha}, dropout "
+                f"{lo.dropout}, targets {','.join(lo.targets) or '(peft default)'}, adapters in "
+                f"{lo.adapter_dtype}; base weights frozen"
+            )
         if self.weights:
             out.append(
                 "qlora: bitsandbytes has no fake kernels, so each base Linear (all but the output head) is a "
@@ -169,32 +173,43 @@ class Fake4bitLinear(torch.nn.Module):
         return out
 
 
-def prepare_adapters(
-    model: torch.nn.Module, setup: TrainingSetup, *, rank: int, targets: tuple[str, ...] | str
-) -> QuantInfo:
-    """Apply LoRA (peft) to the meta model for ``lora``/``qlora``; for ``qlora`` swap the base
-    Linears for 4-bit stand-ins."""
+def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpec | None) -> QuantInfo:
+    """Apply LoRA/DoRA (peft) to the meta model for ``lora``/``qlora`` as ``lora`` describes
+    (:class:`peakmem.formulas.lora.LoraConfig`; its defaults are peft's); for ``qlora`` swap the
+    base Linears for 4-bit stand-ins."""
     info = QuantInfo(method=setup.method.value)
     if setup.method == Method.FULL:
         return info
     try:
-        from peft import LoraConfig, get_peft_model
+        import peft
     except ImportError as err:  # pragma: no cover - peft is in the torch extra
         raise InputError(f"method={setup.method.value!r}: needs peft ({err})") from err
-    if rank < 1:
-        raise InputError(f"lora_rank={rank!r}: must be a positive integer")
-    target: Any = targets if isinstance(targets, str) else list(targets)
-    info.rank, info.targets = rank, targets if isinstance(targets, str) else ",".join(targets)
+    spec = lora if lora is not None else LoraSpec()
+    info.lora = spec
+    targets: Any = (
+        None if not spec.targets else (ALL_LINEAR if ALL_LINEAR in spec.targets else list(spec.targets))
+    )
+    alpha: Any = spec.alpha  # peft annotates lora_alpha int and accepts a float
+    cfg = peft.LoraConfig(
+        r=spec.rank, lora_alpha=alpha, lora_dropout=spec.dropout, target_modules=targets,
+        target_parameters=list(spec.target_parameters) or None, use_dora=spec.dora, lora_bias=spec.lora_bias,
+        modules_to_save=list(spec.modules_to_save) or None,
+    )  # fmt: skip
     head = model.get_output_embeddings()  # type: ignore[operator]
-    cfg = LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=target,
-                     bias="none")  # fmt: skip
     try:
         with torch.device("meta"):
-            peft_model = get_peft_model(model, cfg)
-    except ValueError as err:
-        raise InputError(f"lora_targets={targets!r}: peft cannot apply LoRA here ({err})") from err
+            peft_model = peft.get_peft_model(model, cfg, autocast_adapter_dtype=spec.adapter_dtype == "fp32")
+    except (ValueError, TypeError) as err:
+        raise InputError(
+            f"lora_targets={','.join(spec.targets)!r}: peft cannot apply LoRA here ({err})"
+        ) from err
     # peft wraps the model; keep the transformers model (its forward and loss) with the adapters inside it.
     del peft_model
+    if spec.adapter_dtype in ("bf16", "fp16"):
+        dt = torch.bfloat16 if spec.adapter_dtype == "bf16" else torch.float16
+        for name, p in model.named_parameters():
+            if p.requires_grad and "lora_" in name:
+                p.data = p.data.to(dt)
     if setup.method == Method.QLORA:
         for name, mod in list(model.named_modules()):
             if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears

@@ -8,8 +8,12 @@ so PyTorch picks the CPU's kernels. Where the CPU and CUDA kernels allocate diff
 
 1. **SDPA** (``F.scaled_dot_product_attention``). The CPU runs
    ``_scaled_dot_product_flash_attention_for_cpu`` or the math composite; CUDA's dispatcher
-   (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, priority flash > memory-efficient >
-   math on sm80/sm90; cuDNN attention is assumed off, as in torch's default priority order) picks:
+   (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, ``select_sdp_backend``: priority
+   flash > memory-efficient > math) picks as below. On sm90/sm100 (H100, H200, B200) with cuDNN
+   >= 9.9, torch puts cuDNN attention first unless ``TORCH_CUDNN_SDPA_PREFERRED=0``
+   (``check_prefer_cudnn_attention``); where it applies it saves the same output, fp32 log-sum-exp
+   and RNG state as flash, so the forward bytes are the same; its backward workspace is not
+   modelled (flash's is):
 
    * **flash** (FlashAttention-2) when q/k/v are fp16/bf16, there is no ``attn_mask``, the head dim
      is at most 256 and equal for q/k/v (grouped-query attention native): we call
@@ -50,8 +54,9 @@ so PyTorch picks the CPU's kernels. Where the CPU and CUDA kernels allocate diff
    (``torch/optim/adam.py``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())``), so the ``cuda``
    policy leaves them out of device memory.
 
-Not modelled (documented in the estimate's assumptions): cuDNN attention, flash's head-dim padding
-to a multiple of 8, cuBLAS/cuBLASLt workspaces (added as overhead), NCCL buffers.
+Not modelled (documented in the estimate's assumptions): cuDNN attention's backward workspace,
+flash's head-dim padding to a multiple of 8, cuBLAS/cuBLASLt workspaces (added as overhead), NCCL
+buffers.
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ class CudaFunctionMode(TorchFunctionMode):
             name = getattr(func, "__name__", "")
             if name in CUDA_FP32_OPT_DTYPE:
                 return self._opt_dtype(func, name, args, kwargs)
-            if name in CUDA_FP32_NORMS or name in CUDA_FP32_POINTWISE:
+            if (name in CUDA_FP32_NORMS or name in CUDA_FP32_POINTWISE) and _has_half((args, kwargs)):
                 self.log.note(f"autocast fp32 (CUDA list): {name}")
                 args, kwargs = _upcast((args, kwargs))
         return func(*args, **kwargs)
@@ -199,6 +204,12 @@ class CudaFunctionMode(TorchFunctionMode):
                 self.log.note(f"autocast fp32 output (CUDA list): {name}")
                 kwargs = {**kwargs, "dtype": torch.float32}
         return func(*args, **kwargs)
+
+
+def _has_half(tree: Any) -> bool:
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(x, torch.Tensor) and x.dtype in HALF for x in tree_leaves(tree))
 
 
 def _upcast(tree: Any) -> Any:
@@ -299,8 +310,9 @@ def describe(policy: KernelPolicy, log: KernelLog) -> str:
         return "kernels: the CPU's own (kernels='cpu'), as `peakmem measure --device cpu` runs them"
     used = "; ".join(log.lines()) or "no kernel-specific call"
     return (
-        "kernels: CUDA-faithful (kernels='cuda', sm80+/sm90, torch 2.13 SDPA priority flash > "
-        f"memory-efficient > math, cuDNN attention off); calls over the simulated steps: {used} "
+        "kernels: CUDA-faithful (kernels='cuda', sm80+, torch 2.13 SDPA priority flash > "
+        "memory-efficient > math; where sm90 prefers cuDNN attention it saves what flash saves); "
+        f"calls over the simulated steps: {used} "
         "(peakmem.simulate.kernels documents each change)"
     )
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, Phase, PhasePeak
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
+from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import ATTN_IMPL, TRAINABLE_SUFFIXES, _per_param_rows, _unique_numel
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord
@@ -61,21 +62,22 @@ def simulate_training(
     steps: int = 2,
     model_name: str | None = None,
     overheads: Overheads | None = None,
-    lora_rank: int = 16,
-    lora_targets: tuple[str, ...] | str = "all-linear",
+    lora: LoraSpec | None = None,
 ) -> Estimate:
     """Simulate ``steps`` training steps of the model ``config`` describes under ``setup``.
 
     ``kernels``: ``"cuda"`` (CUDA-faithful kernels, the default unless ``setup.kernel_policy``
     says otherwise) or ``"cpu"`` (the CPU's own kernels: what ``peakmem measure --device cpu``
-    allocates). Returns an :class:`Estimate` with ``method="simulated"``; ``extra`` holds the
-    per-step phases, the allocator statistics and the top tensors alive at the peak.
+    allocates). ``lora``: the adapter for ``method`` lora/qlora (peft's defaults when ``None``).
+    ``overheads``: CUDA context and cuBLAS workspace for ``device_total_bytes``. Returns an
+    :class:`Estimate` with ``method="simulated"``; ``extra`` holds the per-step phases, the
+    allocator statistics, the kernels used and the top tensors alive at the peak.
     """
     policy = _policy(kernels, setup)
     _check(setup, steps)
     t0 = time.perf_counter()
     model = build_meta_model(config, setup)
-    quant = prepare_adapters(model, setup, rank=lora_rank, targets=lora_targets)
+    quant = prepare_adapters(model, setup, lora)
     mode = _fake_mode()
     fakeify_module(model, mode)
     model.train()
@@ -254,8 +256,8 @@ def _run(
     result = _Run()
     dev = torch.device("cpu")
     if setup.checkpointing == Checkpointing.FULL:
-        recompute = tracker.recompute
-        kwargs = {"use_reentrant": False, "context_fn": lambda: (nullcontext(), recompute())}
+        ctx = lambda: (nullcontext(), _recompute(tracker, policy, log))  # noqa: E731
+        kwargs = {"use_reentrant": False, "context_fn": ctx}
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     tracker.register_module(model)
     quant.register(tracker)
@@ -305,8 +307,24 @@ def _run(
     return result
 
 
+@contextlib.contextmanager
+def _recompute(tracker: LiveStorageTracker, policy: KernelPolicy, log: kern.KernelLog) -> Iterator[None]:
+    """Checkpointing's recomputation runs inside backward, where the torch-function modes entered
+    around the step are not active: enter the kernel policy again so that the recomputed forward
+    allocates (and saves) what the original forward did."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tracker.recompute())
+        fmode = kern.function_mode(policy, log)
+        if fmode is not None:
+            stack.enter_context(fmode)
+        yield
+
+
 def _takes_use_cache(model: torch.nn.Module) -> bool:
-    return hasattr(model.config, "use_cache")
+    """Whether ``forward`` accepts ``use_cache`` (decoders: a training step builds no KV cache)."""
+    import inspect
+
+    return "use_cache" in inspect.signature(model.forward).parameters
 
 
 def _batch(model: torch.nn.Module, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
@@ -446,7 +464,7 @@ def _estimate(
         }
     phase_best: dict[Phase, _Peak] = {}
     for p in peaks:
-        if p.step > 0 and p.allocated > (phase_best[p.phase].allocated if p.phase in phase_best else -1):
+        if p.allocated > (phase_best[p.phase].allocated if p.phase in phase_best else -1):
             phase_best[p.phase] = p
     peak_snap = snaps[(overall.step, overall.phase)]
     rounding = overall.allocated - overall.requested
@@ -486,12 +504,19 @@ def _estimate(
         method="simulated", job="train",
         model_name=model_name or str(config.get("_name_or_path") or config.get("model_type")),
         params=params, trainable_params=trainable,
-        per_param=_per_param_rows(model, run.trainer, run, trainable) + quant.rows(),
+        per_param=_rows(model, run, trainable, host_steps=bool(run.host_sids)) + quant.rows(),
         items=items, phases=phases, peak_phase=overall.phase,
         peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved, device_total_bytes=device_total,
         assumptions=_assumptions(model, setup, policy, log, quant, ov, steps_report),
         setup=_setup_echo(setup, policy), extra=extra,
     )  # fmt: skip
+
+
+def _rows(model: torch.nn.Module, run: _Run, trainable: int, *, host_steps: bool) -> tuple[PerParamRow, ...]:
+    """The bytes-per-parameter rows, as ``measure`` builds them; without the optimizer's ``step``
+    scalars when they live in host memory (CUDA policy, non-fused optimizer)."""
+    rows = _per_param_rows(model, run.trainer, run, trainable)
+    return tuple(r for r in rows if not (host_steps and r.tensor == "optimizer step"))
 
 
 def _items(snap: Snapshot) -> tuple[MemoryItem, ...]:

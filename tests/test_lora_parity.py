@@ -1,0 +1,134 @@
+"""Parity: the analytic estimate against real CPU training runs, for LoRA and for 8-bit-free optimizers.
+
+LoRA runs are peft 0.21.2 models (``get_peft_model``, fp32 adapters by default) trained by
+``peakmem.measure`` on the CPU: the runner builds the transformers model, peft wraps it, and the
+tracker measures every live tensor (see ``_measure_lora``). The analytic side is
+``estimate_training`` with ``KernelPolicy.CPU``. Peak within 5 % (issue 4).
+
+Known deviations are marked ``xfail(strict=True)`` with their cause, so that a fix shows up as an
+unexpected pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from peakmem.breakdown import Estimate  # noqa: E402
+from peakmem.estimate import estimate_training  # noqa: E402
+from peakmem.formulas.lora import LoraConfig  # noqa: E402
+from peakmem.hf import spec_from_config  # noqa: E402
+from peakmem.measure import runner  # noqa: E402
+from peakmem.measure.parity import FAMILIES  # noqa: E402
+from peakmem.training import (  # noqa: E402
+    AttentionKernel,
+    Checkpointing,
+    KernelPolicy,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    Precision,
+    TrainingSetup,
+)
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+PEAK_TOLERANCE = 0.05
+QV = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj")}
+LAYOUTS = {  # (attention, checkpointing, batch, seq)
+    "sdpa-b2s64": (AttentionKernel.SDPA, Checkpointing.NONE, 2, 64),
+    "eager-b4s64": (AttentionKernel.EAGER, Checkpointing.NONE, 4, 64),
+    "sdpa-ckpt-b1s128": (AttentionKernel.SDPA, Checkpointing.FULL, 1, 128),
+}
+# measured -5.8 %: under checkpointing the peak is GPT-2's MLP backward, whose python gelu_new keeps
+# ~3 T x I temporaries; formulas/activations.py counts one (hidden by the weight grads in full FT).
+KNOWN_LORA = {("gpt2", "fp32", "qv", "sdpa-ckpt-b1s128"): "gelu_new backward temporaries under-counted"}
+
+
+def _measure_lora(config: dict[str, Any], setup: TrainingSetup, lora: LoraConfig) -> Estimate:
+    """peakmem.measure's runner with the model wrapped by peft before training (base in the model dtype,
+    adapters as peft makes them). The runner trains what requires grad, so the frozen base gets no
+    gradient or optimizer state; passed as full fine-tuning because the runner refuses other methods."""
+    build, dtype_of = runner.build_model, runner.model_dtype
+    dtype = dtype_of(setup.precision)
+    targets: Any = "all-linear" if lora.targets == ("all-linear",) else list(lora.targets)
+
+    def build_lora(cfg: dict[str, Any], s: TrainingSetup, *, seed: int = 0) -> Any:
+        model = build(cfg, s, seed=seed).to(dtype)
+        config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets,
+                                 lora_dropout=lora.dropout, use_dora=lora.dora)  # fmt: skip
+        return peft.get_peft_model(model, config, autocast_adapter_dtype=lora.adapter_dtype == "fp32")
+
+    runner.build_model = build_lora
+    runner.model_dtype = lambda precision: None  # keep peft's adapter dtype
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return runner.measure_training(config, replace(setup, method=Method.FULL), device="cpu", steps=2)
+    finally:
+        runner.build_model, runner.model_dtype = build, dtype_of
+
+
+# every (family, precision, targets) with two of the three layouts, rotating so that all appear
+LORA_CASES = [
+    (fam, prec, tg, layout)
+    for i, (fam, prec, tg) in enumerate(itertools.product(FAMILIES, ("fp32", "bf16"), ("all-linear", "qv")))
+    for layout in (list(LAYOUTS)[i % 3], list(LAYOUTS)[(i + 1) % 3])
+]
+
+
+@pytest.mark.parametrize(("family", "precision", "targets", "layout"), LORA_CASES,
+                         ids=["-".join(c) for c in LORA_CASES])  # fmt: skip
+def test_lora_peak_matches_measurement(family: str, precision: str, targets: str, layout: str,
+                                       request: pytest.FixtureRequest) -> None:  # fmt: skip
+    known = KNOWN_LORA.get((family, precision, targets, layout))
+    if known:
+        request.applymarker(pytest.mark.xfail(reason=known, strict=True))
+    attention, ckpt, batch, seq = LAYOUTS[layout]
+    lora = LoraConfig(rank=8, targets=("all-linear",) if targets == "all-linear" else QV[family])
+    setup = TrainingSetup(precision=Precision(precision), attention=attention, checkpointing=ckpt,
+                          micro_batch=batch, seq_len=seq, kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    measured = _measure_lora(FAMILIES[family], setup, lora)
+    spec = spec_from_config(FAMILIES[family], name=family)
+    analytic = estimate_training(spec, replace(setup, method=Method.LORA, lora=lora))
+    assert analytic.trainable_params == measured.trainable_params
+    err = analytic.peak_allocated_bytes / measured.peak_allocated_bytes - 1
+    assert abs(err) <= PEAK_TOLERANCE, (err, measured.peak_phase, analytic.peak_phase)
+
+
+# every (optimizer, family) with both implementations, precisions alternating
+OPT_CASES = [
+    (opt, impl, fam, ("fp32", "bf16")[(i + j) % 2])
+    for i, (opt, fam) in enumerate(itertools.product(("sgd", "adafactor", "lion"), FAMILIES))
+    for j, impl in enumerate(("foreach", "for-loop"))
+]
+# measured -6.0 %: torch.optim.Adafactor's foreach step allocates per-tensor temporaries for the whole
+# group at once; formulas/optimizer.py counts the largest tensor's (for-loop) temporaries.
+KNOWN_OPT = {("adafactor", "foreach", "llama", "fp32"): "foreach Adafactor step temporaries under-counted"}
+
+
+@pytest.mark.parametrize(("optimizer", "impl", "family", "precision"), OPT_CASES,
+                         ids=["-".join(c) for c in OPT_CASES])  # fmt: skip
+def test_optimizer_grid_peak_matches_measurement(optimizer: str, impl: str, family: str, precision: str,
+                                                 request: pytest.FixtureRequest) -> None:  # fmt: skip
+    known = KNOWN_OPT.get((optimizer, impl, family, precision))
+    if known:
+        request.applymarker(pytest.mark.xfail(reason=known, strict=True))
+    from peakmem.measure import measure_training
+
+    setup = TrainingSetup(precision=Precision(precision), optimizer=OptimizerName(optimizer),
+                          optimizer_impl=OptimizerImpl(impl), micro_batch=2, seq_len=64,
+                          kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured = measure_training(FAMILIES[family], setup)
+    analytic = estimate_training(spec_from_config(FAMILIES[family], name=family), setup)
+    err = analytic.peak_allocated_bytes / measured.peak_allocated_bytes - 1
+    assert abs(err) <= PEAK_TOLERANCE, (err, measured.peak_phase, analytic.peak_phase)
