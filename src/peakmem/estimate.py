@@ -126,7 +126,8 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
             la = seen[i] = act.checkpointed(la, setup.checkpointing)
         groups.append(GroupCost(
             count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
-            recompute=la.recompute, forward_transient=la.forward_transient,
+            recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
+            grads_in_flight=la.backward_grads,
         ))  # fmt: skip
         layer_items.append((g.count, la.saved))
     return _Parts(
@@ -246,14 +247,24 @@ def _grad_items(rows: tuple[PerParamRow, ...], label: str) -> list[MemoryItem]:
     ]
 
 
-def _activation_items(parts: _Parts, layers_left: int | None) -> list[MemoryItem]:
+def _activation_items(parts: _Parts, layers_left: int | None, current_freed: int = 0) -> list[MemoryItem]:
     """Saved activations; ``layers_left`` keeps only the first N layers and drops the head's
-    (backward in progress); None: everything (forward, and backward at the loss)."""
+    (backward in progress; the top kept layer is the one running, ``current_freed`` of its saved
+    bytes already freed); None: everything (forward, and backward at the loss)."""
     items: list[MemoryItem] = list(parts.embed_items)
     start = 0
     for count, per_layer in parts.layer_items:
         keep = count if layers_left is None else max(0, min(count, layers_left - start))
-        items += _scaled(per_layer, keep, f"layers[{start}:{start + keep}]")
+        if current_freed and keep and layers_left is not None and start + keep == layers_left:
+            top = start + keep - 1
+            items += _scaled(per_layer, keep - 1, f"layers[{start}:{top}]")
+            items.append(MemoryItem(
+                path=f"layers[{top}] in backward (saved tensors not yet freed)",
+                category=Category.ACTIVATIONS, bytes=sum(i.bytes for i in per_layer) - current_freed,
+                source=SRC_FREED,
+            ))  # fmt: skip
+        else:
+            items += _scaled(per_layer, keep, f"layers[{start}:{start + keep}]")
         start += count
     if layers_left is None:
         items += list(parts.head_items)
@@ -263,21 +274,28 @@ def _activation_items(parts: _Parts, layers_left: int | None) -> list[MemoryItem
 def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[MemoryItem]:
     n_layers = sum(c for c, _ in parts.layer_items)
     items: list[MemoryItem] = []
-    if not resident and bp.grads_so_far:
+    # the running layer's new weight gradients become .grad (AccumulateGrad steals them) unless
+    # gradients are resident (accumulation), where they are temporaries added in place
+    in_flight = 0 if resident else bp.grads_in_flight
+    if bp.grads_so_far + in_flight:
         items.append(MemoryItem(
-            path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers)",
-            category=Category.GRADIENTS, bytes=bp.grads_so_far, source=SRC_GRADS,
+            path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers done)",
+            category=Category.GRADIENTS, bytes=bp.grads_so_far + in_flight, source=SRC_GRADS,
         ))  # fmt: skip
-    items += _activation_items(parts, layers_left=None if bp.at_start else n_layers - bp.layers_done)
+    freed_saved = 0 if bp.recompute else bp.freed
+    left = None if bp.at_start else n_layers - bp.layers_done
+    items += _activation_items(parts, layers_left=left, current_freed=freed_saved)
     if bp.recompute:
-        items.append(MemoryItem(path="recomputed activations of the layer in backward", bytes=bp.recompute,
-                                category=Category.ACTIVATIONS, source=SRC_RECOMPUTE))  # fmt: skip
+        items.append(MemoryItem(path="recomputed activations of the layer in backward (not yet freed)",
+                                bytes=bp.recompute - bp.freed, category=Category.ACTIVATIONS,
+                                source=SRC_RECOMPUTE))  # fmt: skip
     items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
-                            bytes=bp.transient, source=SRC_BACKWARD_TMP))  # fmt: skip
+                            bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP))  # fmt: skip
     return items
 
 
 SRC_GRADS = "AccumulateGrad: param.grad appears as backward reaches the parameter"
+SRC_FREED = "autograd frees a node's saved tensors once its backward ran"
 SRC_RECOMPUTE = "torch.utils.checkpoint recomputes the layer's forward at its backward"
 SRC_BACKWARD_TMP = "CE gradients at the start; a layer's activation and weight gradients later"
 

@@ -125,6 +125,10 @@ class LayerActivations:
     backward_transient: int  # the largest gradient temporaries (incl. its weight grads) in its backward
     recompute: int = 0  # activations rebuilt during its backward (checkpointing)
     interior: int = 0  # the larger of the attention core and the MLP interior (alive mid-layer)
+    # how ``backward_transient`` (net) splits at that peak: saved bytes of this layer already freed,
+    # and weight gradients written (temporaries = net - grads + freed)
+    backward_freed: int = 0
+    backward_grads: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -321,6 +325,13 @@ def _eager_terms(
     return items, core, fwd, bwd
 
 
+def routed_width_bytes(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
+    """Bytes of one (routed) tokens x MLP-width tensor: the down projection's input."""
+    mlp = layer.mlp
+    rows = sh.tokens * (mlp.experts_per_token if mlp.is_moe else 1)
+    return rows * mlp.intermediate_size * sh.c
+
+
 def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryItem], int]:
     """Saved MLP interior (after its input) and the backward transient, per layer."""
     mlp = layer.mlp
@@ -352,8 +363,8 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(_item("mlp.shared experts (gated)", 4 * t * mlp.shared_intermediate_size * c, SRC_MLP))
-    # backward: the gradient of the intermediate (its producer's saved input is freed meanwhile);
-    # a gated product or a python activation chain has two such gradients alive at once
+    # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
+    # product or a python activation chain has two such gradients alive at once
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
     return items, alive * n * c
 
@@ -410,14 +421,17 @@ def layer_activations(
     total = layer_params if layer_params is not None else layer.params
     share = mlp_params / total if total else 0.0
     mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
-    mlp_stage = mlp_bwd + 2 * t * h * c + mlp_grads
-    att_stage = att_bwd + 2 * t * h * c + grad_bytes - mlp_saved
+    # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
+    mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
+    mlp_stage = (mlp_bwd + 2 * t * h * c + mlp_grads, mlp_out_in, mlp_grads)
+    att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
+    stage = max(mlp_stage, att_stage)
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + sum(i.bytes for i in mlp_items) + mlp_in + norm_one * n_norms // 2 + mask
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
-        backward_transient=max(mlp_stage, att_stage),
+        backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c,
     )  # fmt: skip
 
@@ -434,11 +448,13 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
         return LayerActivations(
             saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.interior,
             backward_transient=la.backward_transient, recompute=la.saved_bytes, interior=la.interior,
+            backward_freed=la.backward_freed, backward_grads=la.backward_grads,
         )  # fmt: skip
     kept = tuple(i for i in la.saved if not _is_core(i))
     return LayerActivations(
         saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
         backward_transient=la.backward_transient, recompute=la.core,
+        backward_freed=la.backward_freed, backward_grads=la.backward_grads,
     )  # fmt: skip
 
 

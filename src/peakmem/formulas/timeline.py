@@ -28,6 +28,8 @@ class GroupCost:
     backward_transient: int  # gradient temporaries, its weight gradients included, in its backward
     recompute: int = 0  # activations rebuilt for its backward (checkpointing)
     forward_transient: int = 0  # beyond its saved tensors, the most alive at once in its forward
+    freed: int = 0  # of backward_transient (net): its saved bytes already freed at that instant
+    grads_in_flight: int = 0  # of backward_transient: its weight gradients already written
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +41,8 @@ class BackwardPeak:
     transient: int
     recompute: int = 0
     at_start: bool = False  # at the loss/head backward, before any layer (head tensors still saved)
+    freed: int = 0  # the current layer's saved bytes already freed (``transient`` is net of them)
+    grads_in_flight: int = 0  # the current layer's weight gradients (inside ``transient``)
 
 
 def backward_peak(
@@ -76,7 +80,8 @@ def backward_peak(
             if total > best.bytes:
                 best = BackwardPeak(
                     bytes=total, layers_done=done + j, activations_left=left, grads_so_far=so_far,
-                    transient=g.backward_transient, recompute=g.recompute,
+                    transient=g.backward_transient, recompute=g.recompute, freed=g.freed,
+                    grads_in_flight=g.grads_in_flight,
                 )  # fmt: skip
         act -= g.count * g.saved
         grads += 0 if grads_resident else g.count * g.grads

@@ -9,7 +9,10 @@
    (:mod:`peakmem.measure.trainer`: precision regimes, optimizers and implementations) and its
    tracker (:class:`peakmem.measure.tracker.LiveStorageTracker`: storage identity, views once,
    frees by weakref finalizers, categories, phases). Fake tensors have real storage objects
-   (on the meta device), so the tracker works unchanged.
+   (on the meta device), so the tracker works unchanged. :mod:`peakmem.simulate.attribution`
+   names the module behind backward allocations too; ``.item()`` on a fake tensor reads a fixed
+   value (:class:`peakmem.simulate.kernels.ScalarValueMode`); a model whose shapes depend on
+   tensor values is a clear :class:`InputError`.
 3. With ``kernels="cuda"`` (default) :mod:`peakmem.simulate.kernels` makes the CPU step allocate
    what CUDA kernels allocate; ``kernels="cpu"`` keeps the CPU's kernels (parity with ``measure``).
 4. The recorded trace is replayed through :mod:`peakmem.simulate.allocator_model` (the CUDA caching
