@@ -244,7 +244,9 @@ def print_estimate(
         per_param_total = 0.0
         for r in est.per_param:
             per_param_total += r.bytes_per_param
-            table.add_row(r.tensor, r.dtype, fmt_per_param(r.bytes_per_param), f"{r.params:,}", fmt_both(r.bytes))
+            table.add_row(
+                r.tensor, r.dtype, fmt_per_param(r.bytes_per_param), f"{r.params:,}", fmt_both(r.bytes)
+            )
         table.add_row(
             "[bold]model states[/bold]", "", f"[bold]{per_param_total:g}[/bold]", "",
             f"[bold]{fmt_both(est.model_state_bytes)}[/bold]",
@@ -309,7 +311,9 @@ def markdown_estimate(
     if est.per_param:
         lines += ["| Tensor | Precision | Bytes/param | Total |", "|---|---|---:|---:|"]
         for r in est.per_param:
-            lines.append(f"| {r.tensor} | {r.dtype} | {fmt_per_param(r.bytes_per_param)} | {fmt_both(r.bytes)} |")
+            lines.append(
+                f"| {r.tensor} | {r.dtype} | {fmt_per_param(r.bytes_per_param)} | {fmt_both(r.bytes)} |"
+            )
         total = sum(r.bytes_per_param for r in est.per_param)
         lines.append(f"| **Model states** | | **{total:g}** | **{fmt_both(est.model_state_bytes)}** |")
         lines.append("")

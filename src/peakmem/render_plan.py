@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, PlanReport
-from peakmem.render import _console
+from peakmem.render import console as _console
 from peakmem.units import fmt_gb
 
 

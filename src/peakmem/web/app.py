@@ -306,10 +306,9 @@ def training_setup(req: TrainRequest, max_positions: int) -> Any:
 
 def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list[tuple[str, Any]], list[Any]]:
     """(response JSON, spec, setup, estimate, ways, gpus) for a training request."""
-    from peakmem.render import train_headline
     from peakmem.estimate import estimate_training, ways_down
     from peakmem.plot import chart_json
-    from peakmem.render import estimate_json
+    from peakmem.render import estimate_json, train_headline
 
     spec = _spec(req)
     gpus = _gpus(req.gpus)
@@ -323,11 +322,10 @@ def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list
 
 
 def infer_answer(req: InferRequest) -> dict[str, Any]:
-    from peakmem.render import fits_on
     from peakmem.formulas.serving import estimate_inference
     from peakmem.inference import InferenceSetup
     from peakmem.plot import chart_json
-    from peakmem.render import estimate_json
+    from peakmem.render import estimate_json, fits_on
     from peakmem.units import fmt_both
 
     spec = _spec(req)
