@@ -63,13 +63,16 @@ def _model(point: dict[str, Any]) -> str | None:
 UNSUPPORTED = {
     "torch.compile": "torch.compile (fused kernels change what is saved)",
     "compile on": "torch.compile (fused kernels change what is saved)",
-    "chunked cross-entropy": "chunked cross-entropy (CEWithChunkedOutputLoss) not modelled yet",
-    "optimizer_in_bwd=true": "optimizer-in-backward not modelled yet",
-    "optimizer step fused into backward": "optimizer-in-backward not modelled yet",
-    "activation offloading": "activation offloading not modelled yet",
-    "8-bit": "8-bit optimizer states (bitsandbytes) not modelled yet",
-    "8bit": "8-bit optimizer states (bitsandbytes) not modelled yet",
+    "chunked cross-entropy": "chunked cross-entropy",
+    "optimizer_in_bwd=true": "optimizer-in-backward",
+    "optimizer step fused into backward": "optimizer-in-backward",
+    "activation offloading": "activation offloading",
+    "8-bit": "8-bit optimizer states",
+    "8bit": "8-bit optimizer states",
 }
+# Those techniques other than compile are modelled by peakmem.formulas.lora / lowbit_optim and
+# reported, with these same points, by benchmarks/accuracy_finetune.py.
+FINETUNE_REPORT = "benchmarks/accuracy_finetune.py"
 
 
 def _features(point: dict[str, Any], carried: set[str]) -> set[str]:
@@ -86,9 +89,10 @@ def _not_covered(point: dict[str, Any], features: set[str]) -> str | None:
     if "load only" in method or point.get("phase") != "training":
         return "model load only (no training step)"
     if "lora" in method:
-        return f"{point['method']} adapters (LoRA/QLoRA) not in the training engine yet"
+        return f"{point['method']} adapters: see {FINETUNE_REPORT}"
     if features:
-        return "; ".join(sorted(features))
+        elsewhere = any("compile" not in f for f in features)
+        return "; ".join(sorted(features)) + (f" (see {FINETUNE_REPORT})" if elsewhere else "")
     if point.get("seq_len") is None:
         return "sequence length not given by the source"
     if _model(point) is None:
@@ -149,7 +153,7 @@ def run(path: Path) -> list[tuple[str, float | None, str]]:
         features = carried = _features(point, carried)
         reason = _not_covered(point, features)
         if reason is not None:
-            print(f"{point['id']:10} {'':13} {'':>10} {'':>10} {'':>7}  not covered yet: {reason}")
+            print(f"{point['id']:10} {'':13} {'':>10} {'':>10} {'':>7}  not covered here: {reason}")
             rows.append((point["id"], None, reason))
             continue
         mapped = _map(point)

@@ -64,13 +64,14 @@ def test_ways_down_checkpointing_and_micro_batch() -> None:
     setup = TrainingSetup(precision=Precision.BF16, micro_batch=8, seq_len=256)
     base = estimate_training(spec, setup)
     ways = dict(ways_down(spec, setup))
-    assert set(ways) == {
+    assert set(ways) >= {  # peakmem.formulas.lora / lowbit_optim add LoRA, QLoRA, 8-bit AdamW
         "activation checkpointing (full)",
         "micro-batch 4 x accumulation 2 (same global batch)",
         "fused AdamW (fused=True: no foreach temporaries)",
     }
-    for label, est in ways.items():
-        assert est.peak_allocated_bytes <= base.peak_allocated_bytes
-        if not label.startswith("fused"):  # the peak is in backward: fusing the step does not lower it
-            assert est.peak_allocated_bytes < base.peak_allocated_bytes
+    for label in ("activation checkpointing (full)", "micro-batch 4 x accumulation 2 (same global batch)"):
+        assert ways[label].peak_allocated_bytes < base.peak_allocated_bytes
+    # the peak is in backward: fusing the optimizer step does not lower it
+    fused = ways["fused AdamW (fused=True: no foreach temporaries)"]
+    assert fused.peak_allocated_bytes == base.peak_allocated_bytes
     assert ways["activation checkpointing (full)"].setup["checkpointing"] == Checkpointing.FULL.value

@@ -147,3 +147,38 @@ def test_adapter_saved_tensors() -> None:
         10 * 64 * 2 + 10 * 64,
         10 * 4 * 2,
     )
+
+
+# --- the estimator (peakmem.estimate) with LoRA -----------------------------------------------------------
+def test_setup_rejects_lora_options_on_full_finetuning() -> None:
+    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.training import Method, TrainingSetup
+
+    with pytest.raises(InputError, match="method='full'") as err:
+        TrainingSetup(lora=L.LoraConfig(rank=16))
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="qlora"):
+        TrainingSetup(method=Method.LORA, quant=QuantConfig())
+
+
+def test_lora_estimate_rows_and_ways_down() -> None:
+    from dataclasses import replace
+
+    from peakmem.estimate import estimate_training, ways_down
+    from peakmem.training import Method, Precision, TrainingSetup
+
+    s = spec(LLAMA)
+    lora = L.LoraConfig(rank=4)
+    setup = TrainingSetup(method=Method.LORA, lora=lora, precision=Precision.BF16, seq_len=32)
+    est = estimate_training(s, setup)
+    assert est.trainable_params == 2 * 4 * LLAMA_IN_OUT
+    rows = {r.tensor: r for r in est.per_param}
+    assert rows["base weights (frozen)"].bytes == 2 * s.params
+    assert rows["gradients (adapters only)"].bytes == 4 * est.trainable_params  # peft's fp32 adapters
+    assert est.setup["lora"]["rank"] == 4
+    full = estimate_training(s, replace(setup, method=Method.FULL, lora=None))
+    assert est.peak_allocated_bytes < full.peak_allocated_bytes
+    labels = [label for label, _ in ways_down(s, replace(setup, method=Method.FULL, lora=None))]
+    assert any(label.startswith("LoRA") for label in labels)
+    assert any(label.startswith("QLoRA") for label in labels)
+    assert any(label.startswith("8-bit AdamW") for label in labels)

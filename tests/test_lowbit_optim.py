@@ -109,3 +109,22 @@ def test_step_tricks() -> None:
     assert (off.saved_bytes, off.backward_transient, off.forward_transient, grads) == (0, 207, 105, 40)
     inb, grads = O.step_tricks(la, 40, SimpleNamespace(activation_offload=False, optimizer_in_backward=True))
     assert (inb.saved_bytes, inb.backward_transient, grads) == (100, 47, 0)
+
+
+def test_gpt2_xl_seed_claims_through_the_estimator() -> None:
+    """Seed: 8-bit AdamW ~ 10 bytes/param of model states; QLoRA at batch 1 x 1024 under 10 GB."""
+    from peakmem.catalog import get_model
+    from peakmem.estimate import estimate_training
+    from peakmem.formulas.lora import LoraConfig
+    from peakmem.hf import spec_from_config
+    from peakmem.training import Method, OptimizerName, Precision, TrainingSetup
+
+    spec = spec_from_config(dict(get_model("gpt2-xl").config), name="gpt2-xl")
+    eight = estimate_training(spec, TrainingSetup(optimizer=OptimizerName.ADAMW_8BIT, seq_len=1024))
+    assert 10.0 < eight.model_state_bytes / spec.params < 10.1
+    qlora = estimate_training(
+        spec,
+        TrainingSetup(method=Method.QLORA, precision=Precision.BF16, seq_len=1024, lora=LoraConfig(rank=16)),
+    )
+    assert qlora.device_total_bytes < 10 * 10**9
+    assert qlora.per_param[0].bytes < spec.params  # the NF4 base: about half a byte per parameter

@@ -9,12 +9,14 @@ groups, never over individual layers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from enum import Enum
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator
+from peakmem.formulas import lora as _lora
+from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas.loss import head_activations
 from peakmem.formulas.model_states import (
     buffer_bytes,
@@ -38,6 +40,8 @@ def setup_dict(setup: TrainingSetup) -> dict[str, object]:
     for name in setup.__dataclass_fields__:
         value = getattr(setup, name)
         out[name] = value.value if isinstance(value, Enum) else value
+        if is_dataclass(value) and not isinstance(value, type):
+            out[name] = asdict(value)  # lora, quant
     return out
 
 
@@ -117,13 +121,18 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
     seen: dict[int, act.LayerActivations] = {}  # groups with equal layers share their formulas
     for i, g in enumerate(spec.groups):
         layer_grads = grad_dtype.nbytes(facts.layer_params[i])
-        la = seen.get(facts.same_as[i])
+        if _lora.is_adapter_method(setup):
+            layer_grads = _lora.layer_grad_bytes(spec, setup, i)
+        la = None if _lora.is_adapter_method(setup) else seen.get(facts.same_as[i])
         if la is None:
             la = act.layer_activations(
                 spec, g.layer, sh, layer_grads, mlp_params=facts.mlp_params[i],
                 linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
+            if _lora.is_adapter_method(setup):
+                la = _lora.adapt_layer(spec, i, la, sh, setup)
             la = seen[i] = act.checkpointed(la, setup.checkpointing)
+        la, layer_grads = _lowbit.step_tricks(la, layer_grads, setup)
         groups.append(GroupCost(
             count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
@@ -134,7 +143,8 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
         weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffer_bytes(spec, setup),
         grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
         states=_row_bytes(rows, Category.OPTIMIZER_STATES), layer_items=tuple(layer_items),
-        groups=tuple(groups), embed_items=act.embedding_items(spec, sh), head_items=(),
+        groups=tuple(groups), head_items=(),
+        embed_items=_lora.adapt_embedding_items(spec, act.embedding_items(spec, sh), setup),
     )  # fmt: skip
 
 
@@ -143,10 +153,16 @@ def estimate_training(
 ) -> Estimate:
     """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
     ov = overheads or Overheads()
-    opt_rows = optimizer_rows(spec, setup)
-    rows = weight_rows(spec, setup) + opt_rows
+    if _lora.is_adapter_method(setup):
+        spec = _lora.split_first_layer(spec)
+    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
+    opt_rows = optimizer_rows(tspec, tsetup)
+    rows = _lora.weight_rows_for(spec, setup, weight_rows) + opt_rows
     sh = act.shapes(spec, setup)
     head = head_activations(spec, sh, _head_weight_numel(spec))
+    if _lora.is_adapter_method(setup):
+        head = _lora.adapt_head(spec, head, sh, setup)
+    head = _lowbit.adapt_head_loss(spec, head, sh, setup)
     parts = replace(_parts(spec, setup, rows, sh), head_items=head.saved)
     resident_grads = parts.grads if setup.grad_accum > 1 or not setup.grads_set_to_none else 0
     persistent_items = _state_items(rows, parts, include_grads=False)
@@ -168,18 +184,22 @@ def estimate_training(
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
     start_grads, end_grads, tied_tmp = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
+    if _lora.is_adapter_method(setup):
+        start_grads, end_grads, tied_tmp = _lora.outer_grad_split(spec, setup), 0, 0
     resident = resident_grads > 0
     bp = backward_peak(
         tuple(reversed(parts.groups)), base_saved=sum(i.bytes for i in parts.embed_items),
         head_saved=head_saved, start_extra=max(head.backward_transient, head.logits_grad + start_grads),
-        start_grads=start_grads, tail_extra=tied_tmp + (end_grads if resident else 0),
-        tail_grads=0 if resident else end_grads, grads_resident=resident,
+        start_grads=0 if _lowbit.in_backward(setup) else start_grads,
+        tail_extra=tied_tmp + (end_grads if resident or _lowbit.in_backward(setup) else 0),
+        tail_grads=0 if resident or _lowbit.in_backward(setup) else end_grads, grads_resident=resident,
     )  # fmt: skip
     backward = _phase(Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident)])
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
-    temps = step_temporaries(spec, setup)
-    optimizer = _phase(Phase.OPTIMIZER, [*persistent_items, optimizer_phase_grads(spec, setup), *temps])
+    temps = step_temporaries(tspec, tsetup)
+    opt_grads = [] if _lowbit.in_backward(setup) else [optimizer_phase_grads(tspec, tsetup), *temps]
+    optimizer = _phase(Phase.OPTIMIZER, [*persistent_items, *opt_grads])
 
     phases = (forward, backward, optimizer)
     peak = max(phases, key=lambda p: p.bytes)
@@ -190,16 +210,20 @@ def estimate_training(
     step1 = max(forward.bytes - parts.states, backward.bytes - parts.states, optimizer.bytes)
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=spec_facts(spec).params,
-        trainable_params=trainable_params(spec, setup), per_param=rows, items=peak.items, phases=phases,
+        trainable_params=trainable_params(tspec, tsetup), per_param=rows, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
-        assumptions=_assumptions(spec, setup, sh, ov), setup=setup_dict(setup),
+        assumptions=(
+            _assumptions(spec, setup, sh, ov) + _lora.assumptions(spec, setup) + _lowbit.assumptions(setup)
+        ),
+        setup=setup_dict(setup),
         extra={
             "step1_peak_allocated_bytes": step1,
             "backward_peak_layers_done": bp.layers_done,
             "context_bytes": ov.context_bytes,
             "cublas_workspace_bytes": ov.cublas_workspace_bytes,
             "fragmentation": ov.fragmentation,
+            **_lowbit.extra(spec, tspec, tsetup, setup, parts.groups),
         },
     )  # fmt: skip
 
@@ -363,6 +387,7 @@ def _way_fused_optimizer(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, Tr
 
 # Extension point: other modules (8-bit optimizers, LoRA/QLoRA, ZeRO/FSDP) append their rules here.
 WAYS_DOWN: list[WayFn] = [_way_checkpointing, _way_micro_batch, _way_fused_optimizer]
+WAYS_DOWN += [_lora.way_lora, _lora.way_qlora, _lowbit.way_8bit_adamw]  # peakmem.formulas.lora / lowbit_optim
 
 
 def ways_down(

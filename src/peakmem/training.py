@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from peakmem.errors import InputError, require
+
+if TYPE_CHECKING:  # only annotations: formulas.lora imports this module
+    from peakmem.formulas.lora import LoraConfig
+    from peakmem.formulas.qlora import QuantConfig
 
 _C = TypeVar("_C", bound="_Choice")
 
@@ -44,6 +48,12 @@ class OptimizerName(_Choice):
     SGD_MOMENTUM = "sgd-momentum"
     ADAFACTOR = "adafactor"
     LION = "lion"
+    # bitsandbytes / torchao / galore-torch (peakmem.formulas.lowbit_optim)
+    ADAMW_8BIT = "adamw-8bit"
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+    LION_8BIT = "lion-8bit"
+    ADAMW_4BIT = "adamw-4bit"
+    GALORE_ADAMW = "galore-adamw"
 
 
 class OptimizerImpl(_Choice):
@@ -62,6 +72,15 @@ class AttentionKernel(_Choice):
     EAGER = "eager"
     SDPA = "sdpa"
     FLASH = "flash"
+
+
+class LossImpl(_Choice):
+    """How the cross-entropy runs (peakmem.formulas.lowbit_optim.adapt_head_loss)."""
+
+    STANDARD = "standard"  # transformers ForCausalLMLoss: full logits, fp32 upcast
+    CHUNKED = "chunked"  # torchtune CEWithChunkedOutputLoss, eager
+    CHUNKED_COMPILED = "chunked-compiled"  # the same under torch.compile (torchtune compile=True)
+    FUSED = "fused"  # fused linear cross-entropy (Liger, cut-cross-entropy)
 
 
 class Method(_Choice):
@@ -98,11 +117,29 @@ class TrainingSetup:
     # optimizer.zero_grad(set_to_none=...): True is torch >= 2.0's default (grads freed between
     # steps); False (torch < 2.0, e.g. HF Trainer in 2022) keeps zeroed grads alive all the time.
     grads_set_to_none: bool = True
+    # Fine-tuning on a budget (peakmem.formulas.lora / qlora / lowbit_optim):
+    lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
+    quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant
+    loss: LossImpl = LossImpl.STANDARD
+    optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
+    activation_offload: bool = False  # torchtune enable_activation_offloading
 
     def __post_init__(self) -> None:
         require(self.micro_batch > 0, "batch", self.micro_batch, "must be a positive integer")
         require(self.seq_len > 0, "seq", self.seq_len, "must be a positive integer")
         require(self.grad_accum > 0, "grad_accum", self.grad_accum, "must be a positive integer")
+        if self.method is Method.FULL and self.lora is not None:
+            raise InputError(
+                "method='full': LoRA options (rank, targets, alpha, dropout, dora, adapter dtype) "
+                "need --method lora or qlora"
+            )
+        if self.method is not Method.QLORA and self.quant is not None:
+            raise InputError(f"method={self.method.value!r}: a quantized base (--quant) needs --method qlora")
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            raise InputError(
+                f"grad_accum={self.grad_accum}: optimizer-in-backward steps at every micro-batch; "
+                "use grad_accum 1"
+            )
 
     @property
     def tokens(self) -> int:

@@ -27,6 +27,7 @@ from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.training import OptimizerImpl, OptimizerName, TrainingSetup
 
+from . import lowbit_optim
 from .model_states import SpecFacts, precision_plan, spec_facts, trainable_params
 
 SOURCE_ADAM = "torch/optim/adam.py _init_group: exp_avg, exp_avg_sq = zeros_like(param)"
@@ -63,6 +64,8 @@ def _state_row(tensor: str, dtype: DType, numel: int, params: int, source: str) 
 
 def optimizer_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, ...]:
     """The optimizer-state rows of the bytes/param table."""
+    if lowbit_optim.handles(setup):
+        return lowbit_optim.optimizer_rows(spec, setup)
     params = trainable_params(spec, setup)
     dt = state_dtype(setup)
     name = setup.optimizer
@@ -84,6 +87,8 @@ def optimizer_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, 
 
 def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem, ...]:
     """Tensors the optimizer step allocates beyond the states (its own peak, all at once)."""
+    if lowbit_optim.handles(setup):
+        return lowbit_optim.step_temporaries(spec, setup)
     plan = precision_plan(setup.precision)
     shapes = _shapes(spec)
     params = trainable_params(spec, setup)
