@@ -43,7 +43,9 @@ test: lint typecheck pytest
 
 bench: install-test
 	$(PY) benchmarks/speed.py
+	$(PY) benchmarks/cli_wall.py
 	$(PY) benchmarks/accuracy.py
+	$(PY) benchmarks/accuracy_infer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
