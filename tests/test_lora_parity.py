@@ -53,25 +53,24 @@ KNOWN_LORA = {("gpt2", "fp32", "qv", "sdpa-ckpt-b1s128"): "gelu_new backward tem
 
 
 def _measure_lora(config: dict[str, Any], setup: TrainingSetup, lora: LoraConfig) -> Estimate:
-    """peakmem.measure's runner with the model wrapped by peft before training (base in the model dtype,
-    adapters as peft makes them). The runner trains what requires grad, so the frozen base gets no
-    gradient or optimizer state; passed as full fine-tuning because the runner refuses other methods."""
+    """peakmem.measure's runner with the model wrapped by :func:`peakmem.measure.adapter.apply_adapter`
+    after ``model.to(device, dtype)``. The trainers train what requires grad, so the frozen base gets no
+    gradient or optimizer state. Until the runner calls the hook itself, it is spliced in here."""
+    from peakmem.measure.adapter import apply_adapter
+
     build, dtype_of = runner.build_model, runner.model_dtype
     dtype = dtype_of(setup.precision)
-    targets: Any = "all-linear" if lora.targets == ("all-linear",) else list(lora.targets)
+    lora_setup = replace(setup, method=Method.LORA, lora=lora)
 
     def build_lora(cfg: dict[str, Any], s: TrainingSetup, *, seed: int = 0) -> Any:
-        model = build(cfg, s, seed=seed).to(dtype)
-        config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets,
-                                 lora_dropout=lora.dropout, use_dora=lora.dora)  # fmt: skip
-        return peft.get_peft_model(model, config, autocast_adapter_dtype=lora.adapter_dtype == "fp32")
+        return apply_adapter(build(cfg, s, seed=seed).to(dtype), lora_setup)
 
     runner.build_model = build_lora
     runner.model_dtype = lambda precision: None  # keep peft's adapter dtype
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return runner.measure_training(config, replace(setup, method=Method.FULL), device="cpu", steps=2)
+            return runner.measure_training(config, setup, device="cpu", steps=2)
     finally:
         runner.build_model, runner.model_dtype = build, dtype_of
 

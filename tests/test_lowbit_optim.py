@@ -128,3 +128,22 @@ def test_gpt2_xl_seed_claims_through_the_estimator() -> None:
     )
     assert qlora.device_total_bytes < 10 * 10**9
     assert qlora.per_param[0].bytes < spec.params  # the NF4 base: about half a byte per parameter
+
+
+def test_published_finetune_points_within_15_percent(capsys: object) -> None:
+    """benchmarks/accuracy_finetune.py: torchtune LoRA / QLoRA / 8-bit AdamW and HF 8-bit Adam points."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy_finetune.py"
+    spec = importlib.util.spec_from_file_location("_accuracy_finetune", bench)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not module.DEFAULT_PATH.exists():
+        pytest.skip("shared/validation is not next to this checkout")
+    rows = dict(module.run(module.DEFAULT_PATH))
+    assert {"TT-32-07", "TT-32-08", "TT-32-09"} <= set(rows)
+    assert all(abs(err) <= module.TOLERANCE for err in rows.values()), rows

@@ -17,6 +17,7 @@ from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, Peakmem
 from peakmem.render import fits_on, train_headline
 
 Handler = Callable[[argparse.Namespace], int]
+DEFAULT_SEQ = 2048  # DESIGN.md: seq = min(model context, 2048) unless --seq is given
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,7 +144,7 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
         TrainingSetup,
     )
 
-    seq = args.seq if args.seq is not None else min(max_positions, 2048)
+    seq = args.seq if args.seq is not None else min(max_positions, DEFAULT_SEQ)
     return TrainingSetup(
         method=Method.parse(args.method, "method"),
         precision=Precision.parse(args.precision, "precision"),
@@ -263,7 +264,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         path = plot_training(spec, setup, args.plot, gpus=_gpus(args.gpu), est=est, ways=ways)
         print(f"peakmem: wrote {path}", file=sys.stderr)
-    return _report(args, est, train_headline(spec, setup, est), ways)
+    return _report(args, est, train_headline(spec.name, setup, est), ways)
 
 
 def _train_parallel(args: argparse.Namespace, spec: Any, setup: Any, par: Any) -> int:
@@ -276,7 +277,7 @@ def _train_parallel(args: argparse.Namespace, spec: Any, setup: Any, par: Any) -
         return EXIT_OK
     report = estimate_ranks(spec, setup, par)
     est = report.as_estimate()
-    headline = train_headline(spec, setup, est) + f" Layout: {par.describe()}; most loaded rank shown."
+    headline = train_headline(spec.name, setup, est) + f" Layout: {par.describe()}; most loaded rank shown."
     code = _report(args, est, headline)
     if not (args.json or args.markdown):
         from peakmem.render import console
@@ -306,33 +307,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any, Any]:
-    """For the commands that build the real model: its name, config dict, spec and setup."""
+def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
+    """For the commands that build the real model: its name, config dict and the setup. The
+    architecture need not be one peakmem's formulas know: transformers builds it."""
     import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep transformers' notices off the answer
-    from peakmem.hf import spec_from_config
+    from peakmem.hf import context_length
     from peakmem.resolve import resolve_config
 
     name, config = resolve_config(args.model)
-    spec = spec_from_config(config, name=name)
-    return name, config, spec, _training_setup(args, spec.max_position_embeddings)
+    return name, config, _training_setup(args, context_length(config) or DEFAULT_SEQ)
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from peakmem.measure import measure_training
 
-    name, config, spec, setup = _config_and_setup(args)
+    name, config, setup = _config_and_setup(args)
     est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
-    return _report(args, est, train_headline(spec, setup, est, verb="measured"))
+    return _report(args, est, train_headline(name, setup, est, verb="measured"))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from peakmem.simulate import simulate_training
 
-    name, config, spec, setup = _config_and_setup(args)
+    name, config, setup = _config_and_setup(args)
     est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
-    return _report(args, est, train_headline(spec, setup, est, verb="simulated at"))
+    return _report(args, est, train_headline(name, setup, est, verb="simulated at"))
 
 
 def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:

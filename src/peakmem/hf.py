@@ -1361,3 +1361,16 @@ def spec_from_config(config: Mapping[str, Any], *, name: str | None = None) -> M
 
 def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "n_ctx", "max_sequence_length")
+
+
+def context_length(config: dict[str, Any]) -> int | None:
+    """The context a config declares under any common key, for architectures peakmem's formulas do not
+    know (``peakmem simulate`` still runs them); None when no key is there."""
+    for key in CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

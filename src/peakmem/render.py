@@ -154,12 +154,12 @@ def fits_on(needed: int) -> str:
     return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
 
 
-def train_headline(spec: Any, setup: Any, est: Any, verb: str = "needs") -> str:
+def train_headline(name: str, setup: Any, est: Any, verb: str = "needs") -> str:
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
         setup.method.value
     ]
     return (
-        f"{spec.name} {what} with {setup.precision.value} {setup.optimizer.value} "
+        f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
         f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
         f"on the device; {fits_on(est.device_total_bytes)}."

@@ -316,7 +316,7 @@ def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list
     est = estimate_training(spec, setup)
     ways = list(ways_down(spec, setup)) if req.ways else []
     out = estimate_json(est, _verdicts(gpus, est.device_total_bytes), ways)
-    out["headline"] = train_headline(spec, setup, est)
+    out["headline"] = train_headline(spec.name, setup, est)
     out["chart"] = chart_json(est, ways)
     return out, spec, setup, est, ways, gpus
 
