@@ -131,3 +131,80 @@ def test_optimizer_grid_peak_matches_measurement(optimizer: str, impl: str, fami
     analytic = estimate_training(spec_from_config(FAMILIES[family], name=family), setup)
     err = analytic.peak_allocated_bytes / measured.peak_allocated_bytes - 1
     assert abs(err) <= PEAK_TOLERANCE, (err, measured.peak_phase, analytic.peak_phase)
+
+
+BERT = {
+    "model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 1000,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "targets"), [("fp32", ("all-linear",)), ("bf16", ("query", "value"))])
+def test_lora_bert_sequence_classification(precision: str, targets: tuple[str, ...]) -> None:
+    """peft's SEQ_CLS: the classifier is a trainable modules_to_save copy; all-linear adapts the pooler."""
+    setup = TrainingSetup(precision=Precision(precision), attention=AttentionKernel.EAGER, micro_batch=4,
+                          seq_len=64, kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    lora = LoraConfig(rank=8, targets=targets)
+    measured = _measure_lora(BERT, setup, lora)
+    analytic = estimate_training(
+        spec_from_config(BERT, name="bert"), replace(setup, method=Method.LORA, lora=lora)
+    )
+    assert analytic.trainable_params == measured.trainable_params
+    err = analytic.peak_allocated_bytes / measured.peak_allocated_bytes - 1
+    assert abs(err) <= PEAK_TOLERANCE, err
+
+
+@pytest.mark.parametrize(("quant", "double_quant"), [("nf4", True), ("fp4", False)])
+def test_qlora_on_cpu_matches_measurement(quant: str, double_quant: bool, tmp_path: Any) -> None:
+    """bitsandbytes 0.50.2 runs 4-bit layers on the CPU (dequantize + F.linear, as CUDA does for training
+    batches): a tiny Llama loaded with BitsAndBytesConfig, LoRA by peft, trained by peakmem.measure. The
+    tracker sees parameter storage but not the QuantState tensors made at load (absmax, code; their bytes
+    are checked against bitsandbytes in test_bnb_storage_torch.py), so the analytic side is compared
+    without them."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+    import transformers
+
+    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.measure.adapter import apply_adapter
+
+    cfg = FAMILIES["llama"]
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"}),
+        dtype=torch.bfloat16,
+    )
+    base.save_pretrained(tmp_path)
+    bnb_config = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=quant, bnb_4bit_use_double_quant=double_quant,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )  # fmt: skip
+    lora = LoraConfig(rank=8)
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=64, kernel_policy=KernelPolicy.CPU)
+
+    def build(config: dict[str, Any], s: TrainingSetup, *, seed: int = 0) -> Any:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, quantization_config=bnb_config, dtype=torch.bfloat16, device_map="cpu"
+        )
+        return apply_adapter(model, replace(setup, method=Method.LORA, lora=lora))
+
+    saved = runner.build_model, runner.model_dtype
+    runner.build_model, runner.model_dtype = build, lambda precision: None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            measured = runner.measure_training(cfg, setup, device="cpu", steps=2)
+    finally:
+        runner.build_model, runner.model_dtype = saved
+    qc = QuantConfig(quant=quant, double_quant=double_quant)
+    spec = spec_from_config(cfg, name="llama")
+    analytic = estimate_training(spec, replace(setup, method=Method.QLORA, lora=lora, quant=qc))
+    from peakmem.formulas.qlora import base_bytes, base_rows
+
+    quant_states = base_bytes(spec, qc) - sum(
+        (r.params // 2 if "absmax" in r.storage else r.bytes) for r in base_rows(spec, qc)
+    )
+    assert analytic.trainable_params == measured.trainable_params
+    err = (analytic.peak_allocated_bytes - quant_states) / measured.peak_allocated_bytes - 1
+    assert abs(err) <= PEAK_TOLERANCE, err

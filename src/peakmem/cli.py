@@ -38,6 +38,7 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         AttentionKernel,
         Checkpointing,
         Framework,
+        LossImpl,
         Method,
         OptimizerImpl,
         OptimizerName,
@@ -57,6 +58,19 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointing", default="none", help=choices(Checkpointing))
     p.add_argument("--attention", default="sdpa", help=choices(AttentionKernel))
     p.add_argument("--framework", default="hf", help=choices(Framework))
+    g = p.add_argument_group("LoRA / QLoRA (with --method lora|qlora)")
+    g.add_argument("--lora-rank", type=int, default=None, help="adapter rank r (default 8, as peft)")
+    g.add_argument("--lora-alpha", type=float, default=None, help="scaling alpha (default 8)")
+    g.add_argument("--lora-targets", default=None, help="all-linear (default) or module names: q_proj,v_proj")
+    g.add_argument("--lora-dropout", type=float, default=None, help="dropout on the adapter input")
+    g.add_argument("--dora", action="store_true", help="DoRA: weight-decomposed LoRA")
+    g.add_argument("--adapter-dtype", default=None, help="fp32 (peft's default) or base")
+    g.add_argument("--quant", default=None, help="qlora base: nf4 (default)|fp4|int8")
+    g.add_argument("--no-double-quant", action="store_true", help="qlora: plain fp32 absmax per block")
+    g = p.add_argument_group("memory-saving options")
+    g.add_argument("--loss", default="standard", help=choices(LossImpl))
+    g.add_argument("--optimizer-in-backward", action="store_true", help="step each parameter in backward")
+    g.add_argument("--activation-offload", action="store_true", help="saved activations to CPU RAM")
 
 
 def _add_parallel_options(p: argparse.ArgumentParser) -> None:
@@ -137,6 +151,7 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
         AttentionKernel,
         Checkpointing,
         Framework,
+        LossImpl,
         Method,
         OptimizerImpl,
         OptimizerName,
@@ -156,7 +171,37 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
         checkpointing=Checkpointing.parse(args.checkpointing, "checkpointing"),
         attention=AttentionKernel.parse(args.attention, "attention"),
         framework=Framework.parse(args.framework, "framework"),
+        lora=_lora_config(args),
+        quant=_quant_config(args),
+        loss=LossImpl.parse(args.loss, "loss"),
+        optimizer_in_backward=args.optimizer_in_backward,
+        activation_offload=args.activation_offload,
     )
+
+
+def _lora_config(args: argparse.Namespace) -> Any:
+    """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with --method full)."""
+    from peakmem.formulas.lora import LoraConfig, parse_targets
+
+    given = {
+        "rank": args.lora_rank,
+        "alpha": args.lora_alpha,
+        "targets": parse_targets(args.lora_targets) if args.lora_targets is not None else None,
+        "dropout": args.lora_dropout,
+        "dora": True if args.dora else None,
+        "adapter_dtype": args.adapter_dtype,
+    }
+    options = {k: v for k, v in given.items() if v is not None}
+    return LoraConfig(**options) if options else None
+
+
+def _quant_config(args: argparse.Namespace) -> Any:
+    """A QuantConfig when --quant or --no-double-quant is given; None keeps NF4 + double quant."""
+    from peakmem.formulas.qlora import QuantConfig
+
+    if args.quant is None and not args.no_double_quant:
+        return None
+    return QuantConfig(quant=args.quant or "nf4", double_quant=not args.no_double_quant)
 
 
 def _gpus(arg: str | None) -> list[Any]:

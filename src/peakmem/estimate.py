@@ -70,15 +70,21 @@ def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
 
 
 def _outer_grad_split(spec: ModelSpec, grad_bytes: Callable[[int], int]) -> tuple[int, int, int]:
-    """(gradients written at the start of backward - head, final norm, a tied embedding -,
-    embedding gradients written at the end, the dense embedding-gradient temporary of a tied head)."""
+    """(gradients written at the start of backward - head, final norm -, embedding gradients written
+    at the end - a tied embedding's included -, the head's gradient of a tied embedding).
+
+    A tied embedding gets two gradients: the LM head's (an ``mm`` output at the start of backward)
+    and the embedding lookup's (``embedding_dense_backward`` at the end). The autograd engine keeps
+    the first in the weight's ``InputBuffer`` until the second arrives and then sums them into a new
+    tensor that ``AccumulateGrad`` takes as ``.grad`` (torch/csrc/autograd/input_buffer.cpp
+    ``accumulate``; measured on CPU, torch 2.13: fp32 and bf16): a temporary through the whole
+    backward, with both contributions and their sum alive together at the end."""
     start = end = 0
     for t in spec.outer:
-        tied = spec.tie_word_embeddings and t.component == "embeddings" and t.shape[0] == spec.vocab_size
-        if t.component in ("embeddings", "positions") and not tied:
+        if t.component in ("embeddings", "positions"):
             end += grad_bytes(t.numel)
         else:
-            start += grad_bytes(t.numel)  # a tied embedding's grad is written by the head's backward
+            start += grad_bytes(t.numel)
     tied_tmp = grad_bytes(spec.vocab_size * spec.hidden_size) if spec.tie_word_embeddings else 0
     return start, end, tied_tmp
 
@@ -189,10 +195,12 @@ def estimate_training(
     resident = resident_grads > 0
     bp = backward_peak(
         tuple(reversed(parts.groups)), base_saved=sum(i.bytes for i in parts.embed_items),
-        head_saved=head_saved, start_extra=max(head.backward_transient, head.logits_grad + start_grads),
+        head_saved=head_saved,
+        start_extra=max(head.backward_transient, head.logits_grad + start_grads + tied_tmp),
         start_grads=0 if _lowbit.in_backward(setup) else start_grads,
         tail_extra=tied_tmp + (end_grads if resident or _lowbit.in_backward(setup) else 0),
         tail_grads=0 if resident or _lowbit.in_backward(setup) else end_grads, grads_resident=resident,
+        held=tied_tmp,
     )  # fmt: skip
     backward = _phase(Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident)])
 
@@ -315,9 +323,13 @@ def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[Mem
                                 source=SRC_RECOMPUTE))  # fmt: skip
     items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
                             bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP))  # fmt: skip
+    if bp.held:
+        items.append(MemoryItem(path="tied embedding: the LM head's gradient, held until the embedding's",
+                                category=Category.TEMPORARIES, bytes=bp.held, source=SRC_TIED))  # fmt: skip
     return items
 
 
+SRC_TIED = "torch/csrc/autograd/input_buffer.cpp: accumulate() sums both contributions at the end"
 SRC_GRADS = "AccumulateGrad: param.grad appears as backward reaches the parameter"
 SRC_FREED = "autograd frees a node's saved tensors once its backward ran"
 SRC_RECOMPUTE = "torch.utils.checkpoint recomputes the layer's forward at its backward"

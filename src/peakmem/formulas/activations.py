@@ -414,16 +414,18 @@ def layer_activations(
         items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT))
     saved = tuple(i for i in items if i.bytes)
     # Backward runs the MLP half first, then attention; the MLP's saved tensors are freed in between.
-    # Next to the saved tensors: the incoming and residual gradients (2 x T x h), the largest
-    # intermediate gradient, and the weight gradients written so far (the MLP's output projection
-    # first: 1/3 of a gated MLP's weights, 1/2 of a plain one).
+    # Next to the saved tensors: the incoming gradient, the largest intermediate gradients, and the
+    # weight gradients written so far (the MLP's output projection first: 1/3 of a gated MLP's
+    # weights, 1/2 of a plain one). In the MLP half the residual gradient is the incoming one
+    # (``AddBackward`` passes the same tensor to both branches: one T x h), and the MLP's output
+    # dropout has already run its backward (its mask freed) - measured with the tracker on CPU.
     mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one * n_norms // 2 + mask
     total = layer_params if layer_params is not None else layer.params
     share = mlp_params / total if total else 0.0
     mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
     # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
     mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
-    mlp_stage = (mlp_bwd + 2 * t * h * c + mlp_grads, mlp_out_in, mlp_grads)
+    mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
     att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
     stage = max(mlp_stage, att_stage)
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of

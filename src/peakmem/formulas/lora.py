@@ -831,7 +831,7 @@ def way_qlora(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
     lora = getattr(setup, "lora", None) or LoraConfig(rank=WAY_RANK)
     quant = QuantConfig(quant="nf4", double_quant=True)
     changed = replace(setup, method=Method.QLORA, lora=lora, quant=quant, precision=Precision.BF16)
-    return f"QLoRA (NF4 + double quant, LoRA r={lora.rank})", changed
+    return f"QLoRA (NF4 + double quant, bf16 compute, LoRA r={lora.rank})", changed
 
 
 def assumptions(spec: ModelSpec, setup: Any) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ class BackwardPeak:
     at_start: bool = False  # at the loss/head backward, before any layer (head tensors still saved)
     freed: int = 0  # the current layer's saved bytes already freed (``transient`` is net of them)
     grads_in_flight: int = 0  # the current layer's weight gradients (inside ``transient``)
+    held: int = 0  # a temporary held from the head's backward to the embedding's (not in ``transient``)
 
 
 def backward_peak(
@@ -55,6 +56,7 @@ def backward_peak(
     tail_extra: int,
     tail_grads: int,
     grads_resident: bool,
+    held: int = 0,
 ) -> BackwardPeak:
     """The maximum memory during backward above weights/master/states (and resident grads).
 
@@ -63,7 +65,10 @@ def backward_peak(
     ``start_extra``: the loss/head backward temporaries; ``start_grads``: head and final-norm
     gradients; ``tail_*``: the embedding backward at the end. ``grads_resident``: gradients
     already exist (accumulation micro-batch >= 2), so each new gradient is a temporary of its
-    layer and nothing grows.
+    layer and nothing grows. ``held``: a temporary alive from the head's backward to the end, at
+    every layer and at the tail: a tied embedding's gradient from the LM head, which the autograd
+    engine keeps in the embedding's ``InputBuffer`` until the embedding's own contribution arrives
+    (torch/csrc/autograd/input_buffer.cpp ``accumulate``; measured: the sum is a new tensor).
     """
     act = sum(g.count * g.saved for g in groups_top_down) + base_saved
     best = BackwardPeak(
@@ -76,20 +81,20 @@ def backward_peak(
         for j in (0, g.count - 1):
             left = act - j * g.saved
             so_far = grads + (0 if grads_resident else j * g.grads)
-            total = left + so_far + g.backward_transient + g.recompute
+            total = left + so_far + g.backward_transient + g.recompute + held
             if total > best.bytes:
                 best = BackwardPeak(
                     bytes=total, layers_done=done + j, activations_left=left, grads_so_far=so_far,
                     transient=g.backward_transient, recompute=g.recompute, freed=g.freed,
-                    grads_in_flight=g.grads_in_flight,
+                    grads_in_flight=g.grads_in_flight, held=held,
                 )  # fmt: skip
         act -= g.count * g.saved
         grads += 0 if grads_resident else g.count * g.grads
         done += g.count
-    total = act + grads + tail_extra + tail_grads
+    total = act + grads + tail_extra + tail_grads + held
     if total > best.bytes:
         best = BackwardPeak(
             bytes=total, layers_done=done, activations_left=act, grads_so_far=grads,
-            transient=tail_extra + tail_grads,
+            transient=tail_extra + tail_grads, held=held, grads_in_flight=tail_grads,
         )  # fmt: skip
     return best

@@ -19,6 +19,7 @@ import torch
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
+from peakmem.measure.adapter import apply_adapter
 from peakmem.measure.tracker import INPUT, LiveStorageTracker, Snapshot
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.training import AttentionKernel, Checkpointing, Framework, Method, Precision, TrainingSetup
@@ -63,6 +64,7 @@ def measure_training(
         track = True
     model = build_model(config, setup, seed=seed)
     model.to(device=dev, dtype=model_dtype(setup.precision))
+    model = apply_adapter(model, setup)  # LoRA: peft freezes the base and adds the adapters
     model.train()
     tracker = LiveStorageTracker(device_type=dev.type) if track else None
     cuda = _CudaStats(dev) if dev.type == "cuda" else None
@@ -89,8 +91,8 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
         raise InputError(f"device={device!r}: choose cpu or cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device={device!r}: no CUDA device is available")
-    if setup.method != Method.FULL:
-        raise InputError(f"method={setup.method.value!r}: not measurable yet (full fine-tuning only)")
+    if setup.method == Method.QLORA:
+        raise InputError("method='qlora': not measurable here (bitsandbytes 4-bit training needs CUDA kernels)")
     if setup.framework != Framework.HF:
         raise InputError(f"framework={setup.framework.value!r}: not measurable (transformers models only)")
     if setup.attention == AttentionKernel.FLASH and not device.startswith("cuda"):
