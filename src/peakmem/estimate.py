@@ -412,4 +412,19 @@ def ways_down(
         if found is not None:
             label, changed = found
             out.append((label, estimate_training(spec, changed, overheads=overheads)))
+    out.append(_way_zero3(spec, setup))
     return sorted(out, key=lambda pair: pair[1].device_total_bytes)
+
+
+SHARDING_WAY_GPUS = 8  # one node: the seed's "ZeRO/FSDP sharding across GPUs", per-rank bytes
+
+
+def _way_zero3(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, Estimate]:
+    """ZeRO-3 over one node of GPUs, the most loaded rank (peakmem.ranks builds on this module, so
+    it is imported here, lazily)."""
+    from peakmem.parallel import Parallelism
+    from peakmem.ranks import estimate_ranks
+
+    par = Parallelism(gpus=SHARDING_WAY_GPUS, zero_stage=3)
+    est = estimate_ranks(spec, setup, par).as_estimate()
+    return f"ZeRO-3 over {SHARDING_WAY_GPUS} GPUs (per GPU)", est

@@ -78,6 +78,8 @@ NO_SDPA = frozenset({"gemma2"})
 QK_NORM_MODULES = frozenset(
     {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm"}
 )
+# Post-norm encoders: the block's input feeds attention directly (modeling_bert.py BertLayer).
+POST_NORM = frozenset({"bert", "roberta"})
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
@@ -129,6 +131,8 @@ class LayerActivations:
     # and weight gradients written (temporaries = net - grads + freed)
     backward_freed: int = 0
     backward_grads: int = 0
+    # of ``saved``: the layer's input itself (the same storage), which full checkpointing keeps anyway
+    input_saved: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -194,6 +198,19 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
         return t * width * (4 + y_bytes) + t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
+
+
+def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
+    """Bytes of a layer's saved tensors that are its input tensor itself, not a copy: a pre-norm
+    block's first norm saves its input (aten ``native_layer_norm``; ``LlamaRMSNorm``'s
+    ``x.to(float32)`` is a no-op on an fp32 residual stream, a new tensor on a 16-bit one); a
+    post-norm encoder's q/k/v Linears save it unless autocast casts it (modeling_bert.py)."""
+    t, h = sh.tokens, spec.hidden_size
+    if spec.model_type in POST_NORM:
+        return 0 if sh.plan.autocast else t * h * sh.c
+    if spec.norm == "rmsnorm" and sh.r != 4:
+        return 0
+    return t * h * sh.r
 
 
 def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
@@ -434,7 +451,7 @@ def layer_activations(
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
-        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c,
+        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c, input_saved=input_saved_by_layer(spec, sh),
     )  # fmt: skip
 
 
@@ -446,11 +463,12 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
         keep = (MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS,
                            bytes=la.layer_input,
                            source="torch.utils.checkpoint: only the block's inputs are saved"),)  # fmt: skip
-        # forward runs each layer without keeping its tensors: what lives mid-layer is transient
+        # forward runs each layer without keeping its tensors: what lives mid-layer is transient;
+        # the recomputation saves the layer's tensors again, its (kept) input not twice
         return LayerActivations(
             saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.interior,
-            backward_transient=la.backward_transient, recompute=la.saved_bytes, interior=la.interior,
-            backward_freed=la.backward_freed, backward_grads=la.backward_grads,
+            backward_transient=la.backward_transient, recompute=la.saved_bytes - la.input_saved,
+            interior=la.interior, backward_freed=la.backward_freed, backward_grads=la.backward_grads,
         )  # fmt: skip
     kept = tuple(i for i in la.saved if not _is_core(i))
     return LayerActivations(
