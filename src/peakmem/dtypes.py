@@ -41,9 +41,7 @@ BOOL = DType(name="bool", bits=8, torch_name="bool")
 INT64 = DType(name="int64", bits=64, torch_name="int64")
 INT32 = DType(name="int32", bits=32, torch_name="int32")
 
-ALL: dict[str, DType] = {
-    d.name: d for d in (FP32, FP16, BF16, FP8, INT8, UINT8, INT4, BOOL, INT64, INT32)
-}
+ALL: dict[str, DType] = {d.name: d for d in (FP32, FP16, BF16, FP8, INT8, UINT8, INT4, BOOL, INT64, INT32)}
 ALIASES = {"float32": FP32, "float": FP32, "float16": FP16, "half": FP16, "bfloat16": BF16}
 
 

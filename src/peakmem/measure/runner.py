@@ -92,7 +92,7 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"device={device!r}: no CUDA device is available")
     if setup.method == Method.QLORA:
-        raise InputError("method='qlora': not measurable here (bitsandbytes 4-bit training needs CUDA kernels)")
+        raise InputError("method='qlora': not measurable here (bitsandbytes 4-bit training needs CUDA)")
     if setup.framework != Framework.HF:
         raise InputError(f"framework={setup.framework.value!r}: not measurable (transformers models only)")
     if setup.attention == AttentionKernel.FLASH and not device.startswith("cuda"):
