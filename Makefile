@@ -46,6 +46,8 @@ bench: install-test
 	$(PY) benchmarks/cli_wall.py
 	$(PY) benchmarks/accuracy.py
 	$(PY) benchmarks/accuracy_infer.py
+	$(PY) benchmarks/accuracy_finetune.py
+	$(PY) benchmarks/parity.py --sample
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -142,3 +142,38 @@ def test_measure_and_train_agree_on_a_tiny_model(tmp_path: Path, capsys: pytest.
     # `train` models CUDA kernels (1-byte dropout masks, flash SDPA), the CPU run does not; the
     # peak parity under the CPU kernel policy (within 5%) is tests/test_parity.py's job.
     assert analytic["peak_allocated_bytes"] < measured["peak_allocated_bytes"]
+
+
+def test_context_beyond_the_limit_warns_or_errors_with_strict() -> None:
+    proc = run("infer", "llama-3-8b", "--context", "100000", "--json")
+    assert proc.returncode == 0
+    assert "warning: context=100000" in proc.stderr and "max_position_embeddings=8192" in proc.stderr
+    assert_one_line_error(run("infer", "llama-3-8b", "--context", "100000", "--strict"), 2, "context=100000")
+
+
+def test_fit_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fit", "gpt2-xl", "--gpu", "8GB,16GB", "--seq", "1024", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["fits_any"]
+    assert main(["fit", "gpt2-xl", "--gpu", "8GB,40GB", "--seq", "1024", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["smallest_sufficient"] == "40gb"
+
+
+def test_train_with_lora_and_bad_combinations(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "gpt2-xl", "--method", "lora", "--lora-rank", "16", "--json"]) == 0
+    lora = json.loads(capsys.readouterr().out)
+    # r x (in + out) per adapted Conv1D: c_attn 1600->4800, attn c_proj 1600->1600, c_fc 1600->6400,
+    # mlp c_proj 6400->1600; 48 layers (peft's all-linear skips the tied head).
+    per_layer = 16 * ((1600 + 4800) + (1600 + 1600) + (1600 + 6400) + (6400 + 1600))
+    assert lora["model"]["trainable_params"] == 48 * per_layer == 19_660_800
+    assert_one_line_error(run("train", "gpt2-xl", "--lora-rank", "16"), 2, "method='full'")
+    assert_one_line_error(run("train", "gpt2-xl", "--method", "lora", "--lora-rank", "0"), 2, "lora_rank=0")
+
+
+def test_train_multi_gpu_reports_each_pipeline_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--zero", "1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["role"] for r in out["ranks"]} >= {"first stage", "last stage"}
+    assert out["device_total_bytes"] == max(r["device_total_bytes"] for r in out["ranks"])
+    assert_one_line_error(run("train", "llama-3.1-70b", "--gpus", "24", "--tp", "3"), 2, "tp=3", "64")

@@ -17,6 +17,7 @@ from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, Peakmem
 from peakmem.render import fits_on, train_headline
 
 Handler = Callable[[argparse.Namespace], int]
+WARNING_PREFIX = "warning:"  # assumptions a user must not miss are also printed on stderr
 DEFAULT_SEQ = 2048  # DESIGN.md: seq = min(model context, 2048) unless --seq is given
 
 
@@ -282,6 +283,9 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Sequence[An
     from peakmem.render import estimate_json, markdown_estimate, print_estimate
 
     verdicts = _verdicts(_gpus(getattr(args, "gpu", None)), est.device_total_bytes)
+    for note in est.assumptions:
+        if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
+            print(f"peakmem: {note}", file=sys.stderr)
     if args.json:
         _emit_json(estimate_json(est, verdicts, ways))
     elif args.markdown:
