@@ -29,7 +29,7 @@ from peakmem.formulas.optimizer import optimizer_phase_grads, optimizer_rows, st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
-from peakmem.training import Checkpointing, OptimizerImpl, OptimizerName, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, OptimizerName, TrainingSetup
 
 METHOD = "analytic"
 
@@ -154,11 +154,33 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
     )  # fmt: skip
 
 
+def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup | None:
+    """The setup with eager attention when transformers has no ``setup.attention`` kernel for this
+    architecture (BLOOM: eager only; Gemma 2: no SDPA), as its ``_check_and_adjust_attn_implementation``
+    picks eager when SDPA is unsupported (modeling_utils.py); None when the kernel exists."""
+    if setup.attention.value in spec.attention_kernels:
+        return None
+    return replace(setup, attention=AttentionKernel.EAGER)
+
+
+def _fallback_note(spec: ModelSpec, asked: AttentionKernel, setup: TrainingSetup) -> tuple[str, ...]:
+    if asked is setup.attention:
+        return ()
+    return (
+        f"attention {asked.value} is not implemented by transformers for {spec.model_type} "
+        f"(kernels: {', '.join(spec.attention_kernels)}); it runs {setup.attention.value}, as estimated",
+    )
+
+
 def estimate_training(
     spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
 ) -> Estimate:
     """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
     ov = overheads or Overheads()
+    asked = setup.attention
+    fallback = _attention_fallback(spec, setup)
+    if fallback is not None:
+        setup = fallback
     if _lora.is_adapter_method(setup):
         spec = _lora.split_first_layer(spec)
     tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
@@ -223,6 +245,7 @@ def estimate_training(
         device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
         assumptions=(
             _assumptions(spec, setup, sh, ov) + _lora.assumptions(spec, setup) + _lowbit.assumptions(setup)
+            + _fallback_note(spec, asked, setup)
         ),
         setup=setup_dict(setup),
         extra={

@@ -289,6 +289,14 @@ class _Dropout:
     embedding: float = 0.0
 
 
+# Kernels a model class supports in transformers 5.23 (`_supports_sdpa`, `_supports_flash_attn` in
+# models/<family>/modeling_<family>.py); families not listed support all three.
+ATTENTION_KERNELS: dict[str, tuple[str, ...]] = {
+    "bloom": ("eager",),  # BloomPreTrainedModel: neither flag set (ALiBi in a custom baddbmm)
+    "gemma2": ("eager", "flash"),  # Gemma2PreTrainedModel._supports_sdpa = False: no logit softcapping
+}
+
+
 def _spec(
     r: _Reader,
     *,
@@ -326,6 +334,7 @@ def _spec(
         attention_dropout=dropout.attention,
         hidden_dropout=dropout.hidden,
         embedding_dropout=dropout.embedding,
+        attention_kernels=ATTENTION_KERNELS.get(r.model_type, ("eager", "sdpa", "flash")),
         buffers=tuple(buffers),
         notes=tuple(r.notes),
     )

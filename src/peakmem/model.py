@@ -180,6 +180,8 @@ class ModelSpec:
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0  # residual/MLP dropout
     embedding_dropout: float = 0.0
+    # The attention kernels transformers implements for this architecture ("eager", "sdpa", "flash").
+    attention_kernels: tuple[str, ...] = ("eager", "sdpa", "flash")
     buffers: tuple[Tensor, ...] = field(default=())  # persistent/non-persistent buffers (e.g. RoPE inv_freq)
     notes: tuple[str, ...] = field(default=())  # what hf.py assumed, echoed in estimates
 
