@@ -239,6 +239,14 @@ function renderVerdicts(verdicts, fits) {
   }
 }
 
+// The part of a change's label before its parenthesis, at most LABEL_CHARS characters: it must fit
+// the chart's left margin; the full label is the text's tooltip and the table below.
+const LABEL_CHARS = 30;
+function shortLabel(label) {
+  const head = label.split(" (")[0];
+  return head.length <= LABEL_CHARS ? head : head.slice(0, LABEL_CHARS - 1) + "…";
+}
+
 function renderChart(bars, verdicts) {
   const box = $("chart");
   box.replaceChildren();
@@ -260,7 +268,9 @@ function renderChart(bars, verdicts) {
   bars.forEach((bar, i) => {
     const y = top + i * rowH;
     const g = svg("g", { class: "bar", "data-label": bar.label });
-    g.append(svg("text", { class: "bar-label", x: left - 8, y: y + rowH / 2 + 4, "text-anchor": "end" }, bar.label));
+    const text = svg("text", { class: "bar-label", x: left - 8, y: y + rowH / 2 + 4, "text-anchor": "end" }, shortLabel(bar.label));
+    text.append(svg("title", {}, bar.label));
+    g.append(text);
     let acc = 0;
     for (const s of bar.segments) {
       const rect = svg("rect", {
