@@ -320,13 +320,21 @@ def test_tracker_matches_the_cpu_allocator():
     ("kw", "message"),
     [
         ({"attention": AttentionKernel.FLASH}, "flash"),
-        ({"method": Method.LORA}, "not measurable"),
+        ({"method": Method.QLORA}, "not measurable"),
         ({"optimizer": OptimizerName.LION, "optimizer_impl": OptimizerImpl.FUSED}, "fused"),
     ],
 )
 def test_clear_errors(kw, message):
     with pytest.raises(InputError, match=message):
         measure_training(LLAMA, setup(**kw))
+
+
+def test_lora_is_measured_with_a_frozen_base():
+    est = measure_training(LLAMA, setup(method=Method.LORA))
+    # peft's r=8 on every linear, r x (in + out): q 64->64, k and v 64->32, o 64->64, gate and up
+    # 64->176, down 176->64; 2 layers.
+    assert est.trainable_params == 2 * 8 * (128 + 96 + 96 + 128 + 240 + 240 + 240)
+    assert row(est, "optimizer exp_avg") == 4 * est.trainable_params  # states for the adapters only
 
 
 def test_bad_device():

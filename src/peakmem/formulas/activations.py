@@ -133,6 +133,8 @@ class LayerActivations:
     backward_grads: int = 0
     # of ``saved``: the layer's input itself (the same storage), which full checkpointing keeps anyway
     input_saved: int = 0
+    # the materialised attention mask every layer receives (full checkpointing keeps it for backward)
+    mask_arg: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -211,6 +213,15 @@ def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
     if spec.norm == "rmsnorm" and sh.r != 4:
         return 0
     return t * h * sh.r
+
+
+def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
+    """The 4-D causal mask a decoder builds once per forward and passes to every layer:
+    ``create_causal_mask`` (transformers/masking_utils.py) materialises B x 1 x s x s in the model's
+    dtype for eager attention; for SDPA it returns None and the kernel runs ``is_causal``."""
+    if spec.task != "causal-lm" or sh.kernel is not AttentionKernel.EAGER or sh.kernel_note.startswith(MATH):
+        return 0
+    return sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
 
 
 def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
@@ -451,7 +462,8 @@ def layer_activations(
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
-        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c, input_saved=input_saved_by_layer(spec, sh),
+        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c,
+        input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
 
 
@@ -464,10 +476,13 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
                            bytes=la.layer_input,
                            source="torch.utils.checkpoint: only the block's inputs are saved"),)  # fmt: skip
         # forward runs each layer without keeping its tensors: what lives mid-layer is transient;
-        # the recomputation saves the layer's tensors again, its (kept) input not twice
+        # the recomputation saves the layer's tensors again, its (kept) input not twice. Non-reentrant
+        # checkpointing keeps each layer's arguments for its recomputation (torch/utils/checkpoint.py
+        # ``_checkpoint_without_reentrant_generator``), so the attention mask outlives the forward
+        # until the first layer's recomputation: a temporary next to every layer's backward.
         return LayerActivations(
             saved=keep, core=0, layer_input=la.layer_input, forward_transient=la.interior,
-            backward_transient=la.backward_transient, recompute=la.saved_bytes - la.input_saved,
+            backward_transient=la.backward_transient + la.mask_arg, recompute=la.saved_bytes - la.input_saved,
             interior=la.interior, backward_freed=la.backward_freed, backward_grads=la.backward_grads,
         )  # fmt: skip
     kept = tuple(i for i in la.saved if not _is_core(i))

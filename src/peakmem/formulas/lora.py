@@ -590,6 +590,7 @@ def adapt_layer(
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
     y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else c
     out: list[MemoryItem] = []
+    down_dropped = 0
     for item in la.saved:
         nbytes = item.bytes
         if item.path.startswith("norms (") and spec.norm == "rmsnorm":
@@ -605,7 +606,8 @@ def adapt_layer(
         elif item.path == "attn.output (o_proj input)" and not _kept(o_proj, lora, sh, int8_base):
             nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
         elif _drops_down_input(item.path, layer, down, lora, sh, int8_base):
-            nbytes -= t * layer.mlp.intermediate_size * c
+            down_dropped = t * layer.mlp.intermediate_size * c
+            nbytes -= down_dropped
         out.append(replace(item, bytes=max(0, nbytes)))
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
@@ -627,7 +629,12 @@ def adapt_layer(
         out = [replace(i, bytes=i.bytes - first_norm) if i.path.startswith("norms (") else i for i in out]
     saved = tuple(i for i in out if i.bytes)
     fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
-    bwd = la.backward_transient
+    # activations.py's backward transient is net of the down projection's input, freed once that
+    # Linear's backward ran; a frozen down projection never saved it, so nothing is freed: its input
+    # gradient and the activation's gradients (gelu_new: grad of 0.5x and of 1 + tanh; gated: of
+    # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
+    # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
+    bwd = la.backward_transient + down_dropped
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
@@ -804,9 +811,26 @@ def split_first_layer(spec: ModelSpec) -> ModelSpec:
 def adapt_embedding_items(
     spec: ModelSpec, items: tuple[MemoryItem, ...], setup: Any
 ) -> tuple[MemoryItem, ...]:
-    """Frozen embeddings: the embedding dropout records no autograd node, so it saves no mask."""
+    """Frozen embeddings: the embedding dropout records no autograd node, so it saves no mask.
+
+    Except under full checkpointing: transformers' ``_activation_checkpointing_enable``
+    (modeling_utils.py; peft's ``_prepare_model_for_gradient_checkpointing`` too) calls
+    ``enable_input_require_grads``, whose hook runs ``output.requires_grad_(True)`` on the input
+    embeddings' output. That output becomes a leaf requiring grad: its ``AccumulateGrad`` node holds it
+    for the whole backward, and the embedding dropout after it saves its mask again. Measured with the
+    tracker on CPU (tiny GPT-2, c_attn LoRA, full checkpointing): both alive at the backward peak. The
+    leaf is a tensor of its own only when something (learned positions added, dropout) runs between it
+    and the first layer; otherwise (Llama, Qwen2) it is the first layer's checkpointed input itself."""
     if not is_adapter_method(setup) or _embeddings_adapted(spec, lora_of(setup)):
         return items
+    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+        if spec.position != "learned" and spec.embedding_dropout <= 0:
+            return items
+        tokens = setup.micro_batch * setup.seq_len
+        leaf = precision_plan(setup.precision).weight.nbytes(tokens * spec.hidden_size)
+        src = "transformers enable_input_require_grads: embedding output.requires_grad_(True), a leaf"
+        return (*items, MemoryItem(path="embeddings output (leaf requiring grad)",
+                                   category=Category.ACTIVATIONS, bytes=leaf, source=src))  # fmt: skip
     return tuple(i for i in items if i.path != "embeddings.dropout mask")
 
 

@@ -17,6 +17,19 @@ Step temporaries, by implementation (torch 2.13 torch/optim/adam.py):
 * fused (``_fused_adam``): one kernel, no temporaries.
 * for-loop (``_single_tensor_adam``): ``denom = exp_avg_sq.sqrt() / ...`` then
   ``exp_avg.clone()``: two tensors of the parameter being updated; the largest one counts.
+
+Adafactor step temporaries:
+* foreach: only ``torch.optim.Adafactor`` has one (transformers' has none). torch 2.13
+  torch/optim/_adafactor.py ``_multi_tensor_adafactor`` groups the tensors by (device, dtype,
+  is-matrix). Matrix group: ``var_estimates = [row_var @ col_var ...]`` (l. 564-569) is one
+  full-size tensor per parameter, in the gradient's dtype, all alive together; the following
+  ``_foreach_clamp_min_``/``_foreach_rsqrt_``/``_foreach_mul_`` (l. 589-599) turn them in place
+  into ``updates`` (the row/col means and ``row_var_means`` are row/column-sized). Vector group:
+  ``grads_squared = _foreach_mul(grads, grads)`` (l. 581) then ``var_estimates = [v.clone() ...]``
+  (l. 586), each vector-sized, while the matrix group's ``var_estimates``/``updates`` names still
+  hold its list. So the step holds one gradient-sized tensor per trainable parameter at once.
+* for-loop: transformers/optimization.py ``Adafactor.step`` (HF Trainer's ``optim="adafactor"``),
+  tensor by tensor: the largest tensor's ``grad**2 + eps`` and row x col product (see below).
 """
 
 from __future__ import annotations
@@ -37,6 +50,10 @@ SOURCE_LION = "Chen et al. 2023 (arXiv 2302.06675) Alg. 2: one momentum exp_avg"
 SOURCE_FOREACH = "torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)"
 SOURCE_FOR_LOOP = "torch/optim/adam.py _single_tensor_adam: denom = exp_avg_sq.sqrt()/..; exp_avg.clone()"
 SOURCE_ADAFACTOR_TMP = "transformers Adafactor.step: update = grad**2 + eps; _approx_sq_grad(row, col)"
+SOURCE_ADAFACTOR_FOREACH = (
+    "torch/optim/_adafactor.py _multi_tensor_adafactor: var_estimates = [row_var @ col_var ...] "
+    "(one per matrix) + vector group's grads_squared / v.clone(), all in the gradients' dtype"
+)
 SOURCE_MASTER_GRAD = (
     "master.grad = p.grad.float(); p.grad = None, tensor by tensor: the 16-bit grads become fp32 "
     "(DeepSpeed FP16_Optimizer/BF16_Optimizer, Megatron Float16OptimizerWithFloat16Params)"
@@ -106,6 +123,13 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
                 path="optimizer.denom + exp_avg.clone (largest tensor)", category=Category.TEMPORARIES,
                 bytes=2 * dt.nbytes(shapes.largest), source=SOURCE_FOR_LOOP,
             ))  # fmt: skip
+    elif name is OptimizerName.ADAFACTOR and impl is OptimizerImpl.FOREACH:
+        # every trainable parameter's var_estimate/update at once, in the dtype of the grads it reads
+        grad_dt = plan.master if plan.master is not None else plan.grad
+        items.append(MemoryItem(
+            path="optimizer.foreach adafactor var_estimates", category=Category.TEMPORARIES,
+            bytes=grad_dt.nbytes(params), source=SOURCE_ADAFACTOR_FOREACH,
+        ))  # fmt: skip
     elif name is OptimizerName.ADAFACTOR:
         # grad**2 (+eps) and the row x col product, both fp32 and full-size, for the largest tensor;
         # 16-bit weights add the fp32 copies of grad and of the parameter (grad.float(), p.float()).
