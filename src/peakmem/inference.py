@@ -10,35 +10,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
 from fractions import Fraction
-from typing import TypeVar
 
+from peakmem.choice import Choice
 from peakmem.errors import InputError, require
 
-_C = TypeVar("_C", bound="_Choice")
 
-
-class _Choice(str, Enum):
-    """An enum parsed from its CLI spelling with an error that lists the choices."""
-
-    @classmethod
-    def parse(cls: type[_C], value: str, field: str) -> _C:
-        for member in cls:
-            if member.value == value.lower():
-                return member
-        choices = ", ".join(m.value for m in cls)
-        raise InputError(f"{field}={value!r}: unknown; choose one of {choices}")
-
-
-class Engine(_Choice):
+class Engine(Choice):
     HF = "hf"  # transformers generate()
     VLLM = "vllm"
     SGLANG = "sglang"
     LLAMACPP = "llamacpp"
 
 
-class KvDtype(_Choice):
+class KvDtype(Choice):
     AUTO = "auto"  # the compute dtype (bf16 unless the weights are fp16/fp32)
     FP32 = "fp32"
     FP16 = "fp16"
@@ -66,7 +51,7 @@ MLA_CACHE_CHOICES = ("auto", "latent", "expanded")
 
 
 # --- weight formats ------------------------------------------------------------------------------
-class Scheme(_Choice):
+class Scheme(Choice):
     FLOAT = "float"  # every tensor in one float dtype
     FP8 = "fp8"  # llm-compressor / vLLM fp8: linear weights e4m3 + fp32 scales
     BNB_INT8 = "bnb-int8"  # bitsandbytes LLM.int8 (Linear8bitLt)

@@ -29,26 +29,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.choice import Choice
 from peakmem.errors import InputError, require
 from peakmem.model import ModelSpec
-from peakmem.training import _Choice
 from peakmem.units import MiB
 
 
-class FsdpMode(_Choice):
+class FsdpMode(Choice):
     NONE = "none"
     FULL_SHARD = "full-shard"  # params, grads, optimizer states sharded (ZeRO-3-like)
     SHARD_GRAD_OP = "shard-grad-op"  # params kept unsharded between forward and backward (ZeRO-2-like)
     HYBRID_SHARD = "hybrid-shard"  # full shard inside a node, replicate across nodes
 
 
-class Offload(_Choice):
+class Offload(Choice):
     NONE = "none"
     CPU = "cpu"
     NVME = "nvme"
 
 
-class PipelineSchedule(_Choice):
+class PipelineSchedule(Choice):
     ONE_F_ONE_B = "1f1b"  # PipeDream-Flush (Narayanan et al. 2021, arXiv 2104.04473 §2.2.1)
     INTERLEAVED = "interleaved"  # virtual stages (same paper §2.2.2)
 

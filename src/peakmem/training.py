@@ -8,31 +8,17 @@ Names follow what people run (DESIGN.md): ``amp-*`` is PyTorch autocast as HF Tr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
+from peakmem.choice import Choice
 from peakmem.errors import InputError, require
 
 if TYPE_CHECKING:  # only annotations: formulas.lora imports this module
     from peakmem.formulas.lora import LoraConfig
     from peakmem.formulas.qlora import QuantConfig
 
-_C = TypeVar("_C", bound="_Choice")
 
-
-class _Choice(str, Enum):
-    """An enum parsed from its CLI spelling with an error that lists the choices."""
-
-    @classmethod
-    def parse(cls: type[_C], value: str, field: str) -> _C:
-        for member in cls:
-            if member.value == value.lower():
-                return member
-        choices = ", ".join(m.value for m in cls)
-        raise InputError(f"{field}={value!r}: unknown; choose one of {choices}")
-
-
-class Precision(_Choice):
+class Precision(Choice):
     FP32 = "fp32"
     AMP_BF16 = "amp-bf16"
     AMP_FP16 = "amp-fp16"
@@ -41,7 +27,7 @@ class Precision(_Choice):
     BF16 = "bf16"
 
 
-class OptimizerName(_Choice):
+class OptimizerName(Choice):
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"
@@ -56,25 +42,25 @@ class OptimizerName(_Choice):
     GALORE_ADAMW = "galore-adamw"
 
 
-class OptimizerImpl(_Choice):
+class OptimizerImpl(Choice):
     FOREACH = "foreach"  # torch default on CUDA: multi-tensor kernels, temporaries per group
     FUSED = "fused"  # one kernel, no temporaries
     FOR_LOOP = "for-loop"  # one parameter at a time
 
 
-class Checkpointing(_Choice):
+class Checkpointing(Choice):
     NONE = "none"
     SELECTIVE = "selective"  # Korthikanti et al. 2022: recompute attention's core only
     FULL = "full"  # gradient_checkpointing_enable(): keep only each layer's input
 
 
-class AttentionKernel(_Choice):
+class AttentionKernel(Choice):
     EAGER = "eager"
     SDPA = "sdpa"
     FLASH = "flash"
 
 
-class LossImpl(_Choice):
+class LossImpl(Choice):
     """How the cross-entropy runs (peakmem.formulas.lowbit_optim.adapt_head_loss)."""
 
     STANDARD = "standard"  # transformers ForCausalLMLoss: full logits, fp32 upcast
@@ -83,18 +69,18 @@ class LossImpl(_Choice):
     FUSED = "fused"  # fused linear cross-entropy (Liger, cut-cross-entropy)
 
 
-class Method(_Choice):
+class Method(Choice):
     FULL = "full"
     LORA = "lora"
     QLORA = "qlora"
 
 
-class Framework(_Choice):
+class Framework(Choice):
     HF = "hf"  # transformers model code and loss, HF Trainer / plain PyTorch loop
     TORCHTUNE = "torchtune"  # torchtune's own model code and loss
 
 
-class KernelPolicy(_Choice):
+class KernelPolicy(Choice):
     """Which device's kernels decide the bytes (DESIGN.md: CUDA by default)."""
 
     CUDA = "cuda"
