@@ -15,10 +15,10 @@ from typing import Any
 from peakmem import __version__
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
 from peakmem.render import fits_on, train_headline
+from peakmem.training import DEFAULT_SEQ_LEN
 
 Handler = Callable[[argparse.Namespace], int]
 WARNING_PREFIX = "warning:"  # assumptions a user must not miss are also printed on stderr
-DEFAULT_SEQ = 2048  # DESIGN.md: seq = min(model context, 2048) unless --seq is given
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,7 +160,7 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
         TrainingSetup,
     )
 
-    seq = args.seq if args.seq is not None else min(max_positions, DEFAULT_SEQ)
+    seq = args.seq if args.seq is not None else min(max_positions, DEFAULT_SEQ_LEN)
     return TrainingSetup(
         method=Method.parse(args.method, "method"),
         precision=Precision.parse(args.precision, "precision"),
@@ -366,7 +366,7 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
     from peakmem.resolve import resolve_config
 
     name, config = resolve_config(args.model)
-    return name, config, _training_setup(args, context_length(config) or DEFAULT_SEQ)
+    return name, config, _training_setup(args, context_length(config) or DEFAULT_SEQ_LEN)
 
 
 def cmd_measure(args: argparse.Namespace) -> int:

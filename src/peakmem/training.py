@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # only annotations: formulas.lora imports this module
     from peakmem.formulas.qlora import QuantConfig
 
 
+DEFAULT_SEQ_LEN = 2048  # DESIGN.md: seq = min(model context, 2048) unless the user gives one
+
+
 class Precision(Choice):
     FP32 = "fp32"
     AMP_BF16 = "amp-bf16"

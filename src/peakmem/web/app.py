@@ -288,7 +288,7 @@ def _verdicts(gpus: list[Any], needed: int) -> list[Any]:
 
 def training_setup(req: TrainRequest, max_positions: int) -> Any:
     """The TrainingSetup the CLI builds from the same options (seq defaults to min(context, 2048))."""
-    from peakmem.training import TrainingSetup
+    from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
 
     return TrainingSetup(
         method=req.method,
@@ -296,7 +296,7 @@ def training_setup(req: TrainRequest, max_positions: int) -> Any:
         optimizer=req.optimizer,
         optimizer_impl=req.optimizer_impl,
         micro_batch=req.batch,
-        seq_len=req.seq if req.seq is not None else min(max_positions, 2048),
+        seq_len=req.seq if req.seq is not None else min(max_positions, DEFAULT_SEQ_LEN),
         grad_accum=req.grad_accum,
         checkpointing=req.checkpointing,
         attention=req.attention,
