@@ -177,3 +177,15 @@ def test_train_multi_gpu_reports_each_pipeline_stage(capsys: pytest.CaptureFixtu
     assert {r["role"] for r in out["ranks"]} >= {"first stage", "last stage"}
     assert out["device_total_bytes"] == max(r["device_total_bytes"] for r in out["ranks"])
     assert_one_line_error(run("train", "llama-3.1-70b", "--gpus", "24", "--tp", "3"), 2, "tp=3", "64")
+
+
+def test_overheads_are_overridable(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["train", "gpt2-xl", "--seq", "1024", "--json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*base, "--cuda-context-mib", "1343"]) == 0
+    v100 = json.loads(capsys.readouterr().out)
+    # Only the context changes: 1343 MiB (V100, HF docs) instead of the 512 MiB default.
+    assert v100["device_total_bytes"] - default["device_total_bytes"] == (1343 - 512) * 1024**2
+    assert v100["peak_reserved_bytes"] == default["peak_reserved_bytes"]
+    assert_one_line_error(run(*base[:4], "--fragmentation", "3"), 2, "fragmentation=3.0")

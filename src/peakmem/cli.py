@@ -297,6 +297,20 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Sequence[An
     return EXIT_OK
 
 
+def _overheads(args: argparse.Namespace) -> Any:
+    """The device overheads: peakmem's named defaults unless --cuda-context / --fragmentation say."""
+    from peakmem.formulas.overhead import Overheads
+    from peakmem.units import MiB
+
+    given: dict[str, Any] = {}
+    if args.cuda_context_mib is not None:
+        given["context_bytes"] = int(args.cuda_context_mib * MiB)
+        given["context_source"] = "--cuda-context-mib"
+    if args.fragmentation is not None:
+        given["fragmentation"] = args.fragmentation
+    return Overheads(**given)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from peakmem.estimate import estimate_training, ways_down
     from peakmem.resolve import resolve_model
@@ -306,8 +320,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     par = _parallelism(args)
     if par is not None:
         return _train_parallel(args, spec, setup, par)
-    est = estimate_training(spec, setup)
-    ways = ways_down(spec, setup)
+    overheads = _overheads(args)
+    est = estimate_training(spec, setup, overheads=overheads)
+    ways = ways_down(spec, setup, overheads=overheads)
     if args.plot:
         from peakmem.plot import plot_training
 
@@ -324,7 +339,7 @@ def _train_parallel(args: argparse.Namespace, spec: Any, setup: Any, par: Any) -
 
         sys.stdout.write(emit(args.emit, spec, setup, par))
         return EXIT_OK
-    report = estimate_ranks(spec, setup, par)
+    report = estimate_ranks(spec, setup, par, overheads=_overheads(args))
     est = report.as_estimate()
     headline = train_headline(spec.name, setup, est) + f" Layout: {par.describe()}; most loaded rank shown."
     code = _report(args, est, headline)
@@ -485,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     _add_output_options(p)
     p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
+    p.add_argument("--cuda-context-mib", type=float, default=None,
+                   help="CUDA context size as nvidia-smi shows it after torch.ones(1, device='cuda')")  # fmt: skip
+    p.add_argument("--fragmentation", type=float, default=None,
+                   help="allocator fragmentation as a fraction of the per-step churn (default 0.10)")  # fmt: skip
     _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
