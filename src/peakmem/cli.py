@@ -500,10 +500,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     _add_output_options(p)
     p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
-    p.add_argument("--cuda-context-mib", type=float, default=None,
-                   help="CUDA context size as nvidia-smi shows it after torch.ones(1, device='cuda')")  # fmt: skip
-    p.add_argument("--fragmentation", type=float, default=None,
-                   help="allocator fragmentation as a fraction of the per-step churn (default 0.10)")  # fmt: skip
+    p.add_argument(
+        "--cuda-context-mib", type=float, default=None,
+        help="CUDA context as nvidia-smi shows it after torch.ones(1, device='cuda')",
+    )  # fmt: skip
+    p.add_argument(
+        "--fragmentation", type=float, default=None,
+        help="allocator fragmentation, a fraction of the per-step churn (default 0.10)",
+    )  # fmt: skip
     _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
