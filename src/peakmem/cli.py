@@ -478,7 +478,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="peakmem", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="peakmem",
+        description="How much GPU memory an LLM job takes, where every byte goes, and what makes it fit.",
+        epilog="MODEL: a catalog name (peakmem models), a config.json or its folder, or a Hub id. "
+        "Exit codes: 0 ok/fits, 1 does not fit, 2 input error, 3 unknown model or GPU.",
+    )
     parser.add_argument("--version", action="version", version=f"peakmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
