@@ -8,9 +8,10 @@ groups, never over individual layers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import Enum
+from operator import attrgetter
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import activations as act
@@ -34,14 +35,35 @@ from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, Opti
 METHOD = "analytic"
 
 
+_SETUP_FIELDS = tuple(TrainingSetup.__dataclass_fields__)
+_SETUP_VALUES = attrgetter(*_SETUP_FIELDS)  # one call: the setup's field values, in field order
+_PLAIN = (bool, int, float, str, type(None))
+
+
 def setup_dict(setup: TrainingSetup) -> dict[str, object]:
     """The setup as JSON-ready values (enums by their CLI spelling)."""
     out: dict[str, object] = {}
-    for name in setup.__dataclass_fields__:
-        value = getattr(setup, name)
-        out[name] = value.value if isinstance(value, Enum) else value
-        if is_dataclass(value) and not isinstance(value, type):
+    names = _SETUP_FIELDS if type(setup) is TrainingSetup else tuple(setup.__dataclass_fields__)
+    values = _SETUP_VALUES(setup) if type(setup) is TrainingSetup else [getattr(setup, n) for n in names]
+    for name, value in zip(names, values, strict=True):
+        if isinstance(value, Enum):
+            out[name] = value._value_  # .value without the enum property's descriptor
+        elif isinstance(value, _PLAIN) or not is_dataclass(value) or isinstance(value, type):
+            out[name] = value
+        else:
             out[name] = asdict(value)  # lora, quant
+    return out
+
+
+def _setup_json(st: _States, setup: TrainingSetup) -> dict[str, object]:
+    """``setup_dict(setup)`` from the memoised one of a setup that differs at most in its shapes: a fresh
+    dict (same key order), the shapes set, nested dicts (lora, quant) rebuilt so that none is shared."""
+    out = dict(st.setup_json)
+    for name in _SHAPE_FIELDS:
+        out[name] = getattr(setup, name)
+    for name, value in out.items():
+        if isinstance(value, dict):
+            out[name] = asdict(getattr(setup, name))
     return out
 
 
@@ -63,6 +85,81 @@ class _Parts:
     def persistent(self) -> int:
         """Alive through the whole steady-state step: weights, buffers, master weights, states."""
         return self.weights + self.buffers + self.master + self.states
+
+
+@dataclass(frozen=True, kw_only=True)
+class _States:
+    """What a step needs that depends on the spec and the setup but not on its shapes (micro-batch,
+    sequence): the model-state rows and their sums, the optimizer step's items, the outer gradients."""
+
+    spec: ModelSpec  # the spec as estimated (LoRA: first layer split off)
+    tspec: ModelSpec  # the trainable tensors (LoRA: the adapters)
+    rows: tuple[PerParamRow, ...]
+    weights: int
+    buffers: int
+    grads: int
+    master: int
+    states: int
+    persistent_items: tuple[MemoryItem, ...]  # weights, master weights, states, buffers
+    grad_items: tuple[MemoryItem, ...]  # gradients kept between steps (accumulation / set_to_none=False)
+    optimizer_items: tuple[MemoryItem, ...]  # the step's gradients and temporaries
+    outer_grads: tuple[int, int, int]  # _outer_grad_split
+    resident_rounding: int
+    params: int
+    trainable: int
+    head_weight_numel: int
+    assumptions: tuple[str, ...]  # LoRA / low-bit optimizer notes
+    # the estimate's assumptions (but the attention fallback's) per Overheads: none depends on shapes
+    notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    setup_json: dict[str, object]  # setup_dict of a setup with these fields (its shapes overwritten per call)
+
+
+# Every TrainingSetup field but the shapes: the states are the same for any micro-batch and sequence.
+_SHAPE_FIELDS = ("micro_batch", "seq_len")
+_STATE_KEY = attrgetter(*(f for f in _SETUP_FIELDS if f not in _SHAPE_FIELDS))
+_STATES: dict[tuple[int, tuple[object, ...]], tuple[ModelSpec, _States]] = {}
+_STATES_MAX = 1024
+_NOTES_MAX = 64
+
+
+def _model_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> _States:
+    """Memoised by spec identity (the spec kept alive in the memo) and every setup field but the shapes:
+    a planner estimates one spec under many shapes."""
+    if type(setup) is not TrainingSetup:  # a subclass may add fields the key does not know
+        return _compute_states(_lora.split_first_layer(spec) if adapter else spec, setup, adapter=adapter)
+    key = (id(spec), _STATE_KEY(setup))
+    hit = _STATES.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    found = _compute_states(_lora.split_first_layer(spec) if adapter else spec, setup, adapter=adapter)
+    if len(_STATES) >= _STATES_MAX:
+        _STATES.clear()
+    _STATES[key] = (spec, found)
+    return found
+
+
+def _compute_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> _States:
+    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
+    opt_rows = optimizer_rows(tspec, tsetup)
+    rows = _lora.weight_rows_for(spec, setup, weight_rows) + opt_rows
+    buffers = buffer_bytes(spec, setup)
+    outer = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
+    if adapter:
+        outer = _lora.outer_grad_split(spec, setup), 0, 0
+    return _States(
+        spec=spec, tspec=tspec, rows=rows,
+        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffers,
+        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
+        states=_row_bytes(rows, Category.OPTIMIZER_STATES),
+        persistent_items=tuple(_state_items(rows, buffers, include_grads=False)),
+        grad_items=tuple(_grad_items(rows, "gradients (accumulated)")),
+        optimizer_items=(optimizer_phase_grads(tspec, tsetup), *step_temporaries(tspec, tsetup)),
+        outer_grads=outer, resident_rounding=_resident_rounding(spec, setup, len(opt_rows)),
+        params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup),
+        head_weight_numel=_head_weight_numel(spec),
+        assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
+        setup_json=setup_dict(setup),
+    )  # fmt: skip
 
 
 def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
@@ -119,7 +216,16 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> 
     return extra
 
 
-def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...], sh: act.Shapes) -> _Parts:
+def _parts(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    st: _States,
+    sh: act.Shapes,
+    head_items: tuple[MemoryItem, ...],
+    *,
+    adapter: bool,
+) -> _Parts:
+    """``adapter``: ``_lora.is_adapter_method(setup)``, asked once by the caller."""
     facts = spec_facts(spec)
     grad_dtype = precision_plan(setup.precision).grad
     groups: list[GroupCost] = []
@@ -127,15 +233,15 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
     seen: dict[int, act.LayerActivations] = {}  # groups with equal layers share their formulas
     for i, g in enumerate(spec.groups):
         layer_grads = grad_dtype.nbytes(facts.layer_params[i])
-        if _lora.is_adapter_method(setup):
+        if adapter:
             layer_grads = _lora.layer_grad_bytes(spec, setup, i)
-        la = None if _lora.is_adapter_method(setup) else seen.get(facts.same_as[i])
+        la = None if adapter else seen.get(facts.same_as[i])
         if la is None:
             la = act.layer_activations(
                 spec, g.layer, sh, layer_grads, mlp_params=facts.mlp_params[i],
                 linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
-            if _lora.is_adapter_method(setup):
+            if adapter:
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
             la = seen[i] = act.checkpointed(la, setup.checkpointing)
         la, layer_grads = _lowbit.step_tricks(la, layer_grads, setup)
@@ -146,10 +252,9 @@ def _parts(spec: ModelSpec, setup: TrainingSetup, rows: tuple[PerParamRow, ...],
         ))  # fmt: skip
         layer_items.append((g.count, la.saved))
     return _Parts(
-        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffer_bytes(spec, setup),
-        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
-        states=_row_bytes(rows, Category.OPTIMIZER_STATES), layer_items=tuple(layer_items),
-        groups=tuple(groups), head_items=(),
+        weights=st.weights, buffers=st.buffers, grads=st.grads, master=st.master, states=st.states,
+        layer_items=tuple(layer_items),
+        groups=tuple(groups), head_items=head_items,
         embed_items=_lora.adapt_embedding_items(spec, act.embedding_items(spec, sh), setup),
     )  # fmt: skip
 
@@ -172,36 +277,39 @@ def _fallback_note(spec: ModelSpec, asked: AttentionKernel, setup: TrainingSetup
     )
 
 
+_DEFAULT_OVERHEADS = Overheads()  # frozen: one instance serves every call
+
+
 def estimate_training(
     spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
 ) -> Estimate:
     """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
-    ov = overheads or Overheads()
+    ov = overheads or _DEFAULT_OVERHEADS
     asked = setup.attention
     fallback = _attention_fallback(spec, setup)
     if fallback is not None:
         setup = fallback
-    if _lora.is_adapter_method(setup):
-        spec = _lora.split_first_layer(spec)
-    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
-    opt_rows = optimizer_rows(tspec, tsetup)
-    rows = _lora.weight_rows_for(spec, setup, weight_rows) + opt_rows
+    adapter = _lora.is_adapter_method(setup)
+    in_bwd = _lowbit.in_backward(setup)
+    st = _model_states(spec, setup, adapter=adapter)
+    spec, tspec, rows = st.spec, st.tspec, st.rows
     sh = act.shapes(spec, setup)
-    head = head_activations(spec, sh, _head_weight_numel(spec))
-    if _lora.is_adapter_method(setup):
+    head = head_activations(spec, sh, st.head_weight_numel)
+    if adapter:
         head = _lora.adapt_head(spec, head, sh, setup)
     head = _lowbit.adapt_head_loss(spec, head, sh, setup)
-    parts = replace(_parts(spec, setup, rows, sh), head_items=head.saved)
+    parts = _parts(spec, setup, st, sh, head.saved, adapter=adapter)
     resident_grads = parts.grads if setup.grad_accum > 1 or not setup.grads_set_to_none else 0
-    persistent_items = _state_items(rows, parts, include_grads=False)
-    grad_items = _grad_items(rows, "gradients (accumulated)") if resident_grads else []
+    persistent_items = st.persistent_items
+    grad_items = st.grad_items if resident_grads else ()
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     head_saved = sum(i.bytes for i in parts.head_items)
     layer_fwd = max((g.forward_transient for g in parts.groups), default=0)
     fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
+    all_saved = _activation_items(parts, layers_left=None)
     forward_items = [
-        *persistent_items, *grad_items, *_activation_items(parts, layers_left=None),
+        *persistent_items, *grad_items, *all_saved,
         *_weight_cache(spec, setup),
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
@@ -211,50 +319,53 @@ def estimate_training(
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
-    start_grads, end_grads, tied_tmp = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
-    if _lora.is_adapter_method(setup):
-        start_grads, end_grads, tied_tmp = _lora.outer_grad_split(spec, setup), 0, 0
+    start_grads, end_grads, tied_tmp = st.outer_grads
     resident = resident_grads > 0
     bp = backward_peak(
         tuple(reversed(parts.groups)), base_saved=sum(i.bytes for i in parts.embed_items),
         head_saved=head_saved,
         start_extra=max(head.backward_transient, head.logits_grad + start_grads + tied_tmp),
-        start_grads=0 if _lowbit.in_backward(setup) else start_grads,
-        tail_extra=tied_tmp + (end_grads if resident or _lowbit.in_backward(setup) else 0),
-        tail_grads=0 if resident or _lowbit.in_backward(setup) else end_grads, grads_resident=resident,
+        start_grads=0 if in_bwd else start_grads,
+        tail_extra=tied_tmp + (end_grads if resident or in_bwd else 0),
+        tail_grads=0 if resident or in_bwd else end_grads, grads_resident=resident,
         held=tied_tmp,
     )  # fmt: skip
-    backward = _phase(Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident)])
+    backward = _phase(
+        Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident, all_saved)]
+    )
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
-    temps = step_temporaries(tspec, tsetup)
-    opt_grads = [] if _lowbit.in_backward(setup) else [optimizer_phase_grads(tspec, tsetup), *temps]
+    opt_grads = () if in_bwd else st.optimizer_items
     optimizer = _phase(Phase.OPTIMIZER, [*persistent_items, *opt_grads])
 
     phases = (forward, backward, optimizer)
     peak = max(phases, key=lambda p: p.bytes)
     reserved = allocator.reserved_bytes(
-        resident=parts.persistent, resident_rounding=_resident_rounding(spec, setup, len(opt_rows)),
+        resident=parts.persistent, resident_rounding=st.resident_rounding,
         churn=peak.bytes - parts.persistent, fragmentation=ov.fragmentation,
     )  # fmt: skip
+    notes = st.notes.get(ov)
+    if notes is None:
+        if len(st.notes) >= _NOTES_MAX:
+            st.notes.clear()
+        notes = st.notes[ov] = _assumptions(spec, setup, sh, ov) + st.assumptions
     step1 = max(forward.bytes - parts.states, backward.bytes - parts.states, optimizer.bytes)
     return Estimate(
-        method=METHOD, job="train", model_name=spec.name, params=spec_facts(spec).params,
-        trainable_params=trainable_params(tspec, tsetup), per_param=rows, items=peak.items, phases=phases,
+        method=METHOD, job="train", model_name=spec.name, params=st.params,
+        trainable_params=st.trainable, per_param=rows, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
         assumptions=(
-            _assumptions(spec, setup, sh, ov) + _lora.assumptions(spec, setup) + _lowbit.assumptions(setup)
-            + _fallback_note(spec, asked, setup)
+            notes + _fallback_note(spec, asked, setup)
         ),
-        setup=setup_dict(setup),
+        setup=_setup_json(st, setup),
         extra={
             "step1_peak_allocated_bytes": step1,
             "backward_peak_layers_done": bp.layers_done,
             "context_bytes": ov.context_bytes,
             "cublas_workspace_bytes": ov.cublas_workspace_bytes,
             "fragmentation": ov.fragmentation,
-            **_lowbit.extra(spec, tspec, tsetup, setup, parts.groups),
+            **_lowbit.extra(spec, tspec, _lora.optimizer_view(spec, setup)[1], setup, parts.groups),
         },
     )  # fmt: skip
 
@@ -277,19 +388,19 @@ SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per aut
 SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
 
 
-def _phase(phase: Phase, items: list[MemoryItem]) -> PhasePeak:
-    kept = tuple(i for i in items if i.bytes)
-    return PhasePeak(phase=phase, bytes=sum(i.bytes for i in kept), items=kept)
+def _phase(phase: Phase, items: Iterable[MemoryItem]) -> PhasePeak:
+    kept = tuple([i for i in items if i.bytes])
+    return PhasePeak(phase=phase, bytes=sum([i.bytes for i in kept]), items=kept)
 
 
-def _state_items(rows: tuple[PerParamRow, ...], parts: _Parts, *, include_grads: bool) -> list[MemoryItem]:
+def _state_items(rows: tuple[PerParamRow, ...], buffers: int, *, include_grads: bool) -> list[MemoryItem]:
     items = [
         MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source)
         for r in rows
         if include_grads or r.category is not Category.GRADIENTS
     ]
-    if parts.buffers:
-        items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=parts.buffers,
+    if buffers:
+        items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=buffers,
                                 source="registered buffers (RoPE inv_freq), fp32"))  # fmt: skip
     return items
 
@@ -326,7 +437,10 @@ def _activation_items(parts: _Parts, layers_left: int | None, current_freed: int
     return items
 
 
-def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[MemoryItem]:
+def _backward_items(
+    parts: _Parts, bp: BackwardPeak, resident: bool, all_saved: list[MemoryItem]
+) -> list[MemoryItem]:
+    """``all_saved``: ``_activation_items(parts, layers_left=None)``, built once for the forward."""
     n_layers = sum(c for c, _ in parts.layer_items)
     items: list[MemoryItem] = []
     # the running layer's new weight gradients become .grad (AccumulateGrad steals them) unless
@@ -339,7 +453,9 @@ def _backward_items(parts: _Parts, bp: BackwardPeak, resident: bool) -> list[Mem
         ))  # fmt: skip
     freed_saved = 0 if bp.recompute else bp.freed
     left = None if bp.at_start else n_layers - bp.layers_done
-    items += _activation_items(parts, layers_left=left, current_freed=freed_saved)
+    items += (
+        all_saved if left is None else _activation_items(parts, layers_left=left, current_freed=freed_saved)
+    )
     if bp.recompute:
         items.append(MemoryItem(path="recomputed activations of the layer in backward (not yet freed)",
                                 bytes=bp.recompute - bp.freed, category=Category.ACTIVATIONS,

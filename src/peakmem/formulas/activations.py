@@ -247,6 +247,23 @@ def _attention_readers(layer: Layer) -> int:
     return max(1, n - 1)
 
 
+_STRUCTURE: dict[int, tuple[Layer, int, int]] = {}
+_STRUCTURE_MAX = 1024
+
+
+def _layer_structure(layer: Layer) -> tuple[int, int]:
+    """(:func:`_block_norms`, :func:`_attention_readers`) of ``layer``, memoised by identity (the layer
+    kept alive in the memo): both scan the layer's tensors, and a planner asks them thousands of times."""
+    hit = _STRUCTURE.get(id(layer))
+    if hit is not None and hit[0] is layer:
+        return hit[1], hit[2]
+    found = _block_norms(layer), _attention_readers(layer)
+    if len(_STRUCTURE) >= _STRUCTURE_MAX:
+        _STRUCTURE.clear()
+    _STRUCTURE[id(layer)] = (layer, *found)
+    return found
+
+
 def _mlp_readers(layer: Layer) -> int:
     if not layer.mlp.gated or layer.mlp.fused_gate_up:
         return 1
@@ -271,7 +288,7 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.profile.sdpa_repeats_kv:
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
-    fused = _attention_readers(layer) == 1 and not att.is_mla
+    fused = _layer_structure(layer)[1] == 1 and not att.is_mla
     if att.is_mla:
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
         # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
@@ -416,13 +433,13 @@ def layer_activations(
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
     norm_one = norm_saved(spec, sh, h)
-    n_norms = _block_norms(layer)
+    n_norms, att_readers = _layer_structure(layer)
     items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM))
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
         width = (att.num_heads + att.num_kv_heads) * att.head_dim
         items.append(_item("attn.q_norm, k_norm (input + stats)", norm_saved(spec, sh, width), SRC_NORM))
-    att_in = _linear_inputs(sh, t * h, _attention_readers(layer))
+    att_in = _linear_inputs(sh, t * h, att_readers)
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
     if layer.parallel_residual and n_norms == 1 and not sh.plan.autocast:
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
@@ -440,14 +457,15 @@ def layer_activations(
     mask = dropout_mask_bytes(t * h, c, sh.policy) if spec.hidden_dropout > 0 else 0
     if mask:
         items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT))
-    saved = tuple(i for i in items if i.bytes)
+    saved = tuple([i for i in items if i.bytes])
+    mlp_items_bytes = sum([i.bytes for i in mlp_items])
     # Backward runs the MLP half first, then attention; the MLP's saved tensors are freed in between.
     # Next to the saved tensors: the incoming gradient, the largest intermediate gradients, and the
     # weight gradients written so far (the MLP's output projection first: 1/3 of a gated MLP's
     # weights, 1/2 of a plain one). In the MLP half the residual gradient is the incoming one
     # (``AddBackward`` passes the same tensor to both branches: one T x h), and the MLP's output
     # dropout has already run its backward (its mask freed) - measured with the tracker on CPU.
-    mlp_saved = mlp_in + sum(i.bytes for i in mlp_items) + norm_one * n_norms // 2 + mask
+    mlp_saved = mlp_in + mlp_items_bytes + norm_one * n_norms // 2 + mask
     total = layer_params if layer_params is not None else layer.params
     share = mlp_params / total if total else 0.0
     mlp_grads = int(grad_bytes * share) // (3 if layer.mlp.gated else 2)
@@ -458,11 +476,11 @@ def layer_activations(
     stage = max(mlp_stage, att_stage)
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
-    att_rest = core + sum(i.bytes for i in mlp_items) + mlp_in + norm_one * n_norms // 2 + mask
+    att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
-        interior=max(core, sum(i.bytes for i in mlp_items)) + t * h * c,
+        interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
 

@@ -265,8 +265,27 @@ def _moe_convert(
     return tuple(remaining), tuple(out_params)
 
 
+_TARGETS_CACHE: dict[tuple[int, LoraConfig], tuple[ModelSpec, tuple[AdaptedModule, ...]]] = {}
+_TARGETS_CACHE_MAX = 256
+
+
 def resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, ...]:
-    """The modules and parameters peft adapts (and the modules_to_save copies), per occurrence."""
+    """The modules and parameters peft adapts (and the modules_to_save copies), per occurrence.
+
+    Memoised by the spec's identity (kept alive in the memo) and the config: an estimate asks several
+    times, a planner thousands. Errors are not memoised (raised again on every call)."""
+    key = (id(spec), lora)
+    hit = _TARGETS_CACHE.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = _resolve_targets(spec, lora)
+    if len(_TARGETS_CACHE) >= _TARGETS_CACHE_MAX:
+        _TARGETS_CACHE.clear()
+    _TARGETS_CACHE[key] = (spec, out)
+    return out
+
+
+def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, ...]:
     targets = lora.targets
     if not targets and not lora.target_parameters:
         if spec.model_type not in PEFT_DEFAULT_TARGETS:
@@ -487,10 +506,13 @@ def is_adapter_method(setup: Any) -> bool:
     return str(getattr(setup.method, "value", setup.method)) != "full"
 
 
+_DEFAULT_LORA = LoraConfig()  # frozen: one instance for every setup without a config
+
+
 def lora_of(setup: Any) -> LoraConfig:
     """The setup's LoRA config; peft's defaults (r=8, all-linear here) when none was given."""
     found = getattr(setup, "lora", None)
-    return found if isinstance(found, LoraConfig) else LoraConfig()
+    return found if isinstance(found, LoraConfig) else _DEFAULT_LORA
 
 
 def trainable_spec(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
@@ -608,7 +630,7 @@ def adapt_layer(
         elif _drops_down_input(item.path, layer, down, lora, sh, int8_base):
             down_dropped = t * layer.mlp.intermediate_size * c
             nbytes -= down_dropped
-        out.append(replace(item, bytes=max(0, nbytes)))
+        out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
@@ -743,7 +765,7 @@ def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -
             nbytes = 0
         elif item.path.startswith("final norm") and spec.norm == "rmsnorm":
             nbytes -= t * h * y_bytes
-        out.append(replace(item, bytes=max(0, nbytes)))
+        out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     return replace(head, saved=tuple(i for i in out if i.bytes))
 
 
