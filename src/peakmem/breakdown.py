@@ -32,9 +32,14 @@ class Phase(str, Enum):
     DECODE = "decode"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class MemoryItem:
-    """Bytes of one named thing alive at the peak, with where the formula comes from."""
+    """Bytes of one named thing alive at the peak, with where the formula comes from.
+
+    A result, not an input: not frozen, because a planner builds tens of thousands of them a second
+    and a frozen dataclass's ``__init__`` costs twice as much (``object.__setattr__`` per field).
+    Treat it as read-only; derive changed items with ``dataclasses.replace``.
+    """
 
     path: str  # e.g. "layers.*.mlp.act_fn output", "adam.exp_avg"
     category: Category
@@ -55,16 +60,19 @@ class PerParamRow:
     source: str = ""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class PhasePeak:
     phase: Phase
     bytes: int  # allocated bytes at this phase's own peak
     items: tuple[MemoryItem, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Estimate:
-    """What peakmem answers. ``items`` are the allocations alive at the overall peak."""
+    """What peakmem answers. ``items`` are the allocations alive at the overall peak.
+
+    Results are not frozen (see :class:`MemoryItem`); treat them as read-only and derive changed
+    ones with ``dataclasses.replace``."""
 
     method: str  # "analytic" | "simulated" | "measured"
     job: str  # "train" | "infer"
