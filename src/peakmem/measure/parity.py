@@ -73,16 +73,17 @@ def full_grid(*, selective: bool = False) -> list[Case]:
     for fam, prec, att, ck, (b, s) in itertools.product(
         FAMILIES, PRECISIONS, ATTENTIONS, checkpointing, SHAPES
     ):
-        setup = TrainingSetup(
-            precision=prec,
-            attention=att,
-            checkpointing=ck,
-            micro_batch=b,
-            seq_len=s,
-            kernel_policy=KernelPolicy.CPU,
-        )
-        cases.append(Case(family=fam, setup=setup))
+        cases.append(_case(fam, prec, att, ck, b, s))
     return cases
+
+
+def _case(fam: str, prec: Precision, att: AttentionKernel, ck: Checkpointing, batch: int, seq: int) -> Case:
+    """One grid point, run with the CPU kernel policy (what `measure --device cpu` executes)."""
+    setup = TrainingSetup(
+        precision=prec, attention=att, checkpointing=ck, micro_batch=batch, seq_len=seq,
+        kernel_policy=KernelPolicy.CPU,
+    )  # fmt: skip
+    return Case(family=fam, setup=setup)
 
 
 def sampled_grid() -> list[Case]:
@@ -94,15 +95,7 @@ def sampled_grid() -> list[Case]:
     for i, (fam, prec) in enumerate(itertools.product(FAMILIES, PRECISIONS)):
         for j in (i % len(combos), (i + 3) % len(combos)):
             att, ck, (b, s) = combos[j]
-            setup = TrainingSetup(
-                precision=prec,
-                attention=att,
-                checkpointing=ck,
-                micro_batch=b,
-                seq_len=s,
-                kernel_policy=KernelPolicy.CPU,
-            )
-            cases.append(Case(family=fam, setup=setup))
+            cases.append(_case(fam, prec, att, ck, b, s))
     return cases
 
 
