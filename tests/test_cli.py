@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from peakmem.cli import main
+from tiny_models import GPT2, GPT2_TENSORS
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -106,10 +107,6 @@ TINY_GRANITE = {
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 256,
 }  # fmt: skip
-TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_embd": 64,
-    "n_layer": 2, "n_head": 4, "n_positions": 128,
-}  # fmt: skip
 
 
 @pytest.mark.torch
@@ -128,7 +125,7 @@ def test_simulate_runs_an_architecture_the_formulas_do_not_know(
 @pytest.mark.torch
 def test_measure_and_train_agree_on_a_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY_GPT2))
+    path.write_text(json.dumps(GPT2))
     common = ["--precision", "fp32", "--batch", "2", "--seq", "64", "--json"]
     assert main(["measure", str(path), "--device", "cpu", *common]) == 0
     measured = json.loads(capsys.readouterr().out)
@@ -138,7 +135,7 @@ def test_measure_and_train_agree_on_a_tiny_model(tmp_path: Path, capsys: pytest.
     # Model states agree to the byte but for Adam's per-tensor `step` counters, which the CPU run keeps
     # as 0-dim fp32 tensors (4 B each) and CUDA keeps on the host: 28 parameter tensors in this GPT-2
     # (wte, wpe, 12 per layer x 2, ln_f weight and bias).
-    assert measured["model_state_bytes"] - analytic["model_state_bytes"] == 4 * 28
+    assert measured["model_state_bytes"] - analytic["model_state_bytes"] == 4 * GPT2_TENSORS
     # `train` models CUDA kernels (1-byte dropout masks, flash SDPA), the CPU run does not; the
     # peak parity under the CPU kernel policy (within 5%) is tests/test_parity.py's job.
     assert analytic["peak_allocated_bytes"] < measured["peak_allocated_bytes"]

@@ -85,20 +85,7 @@ from peakmem.training import (  # noqa: E402
     Precision,
     TrainingSetup,
 )
-
-LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
-    "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
-GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_positions": 128,
-    "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
-LLAMA_P = 1000 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64) + 64 + 1000 * 64
-GPT2_P = (
-    1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
-)
+from tiny_models import GPT2, GPT2_P, LLAMA, LLAMA_P  # noqa: E402
 
 
 def setup(**kw: object) -> TrainingSetup:

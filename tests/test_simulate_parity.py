@@ -21,21 +21,13 @@ from peakmem.training import (
     Precision,
     TrainingSetup,
 )
+from tiny_models import GPT2, LLAMA
 
 pytestmark = pytest.mark.torch
 
 PARITY = 0.01  # issue 8: simulation within 1% of `measure --device cpu` where the kernels are the same
 ANALYTIC = 0.03  # issue 8: analytic and simulated peaks within 3%
 
-LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
-    "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
-GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_positions": 128,
-    "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
 MODELS = {"llama": LLAMA, "gpt2": GPT2}
 
 
