@@ -27,6 +27,8 @@ SETUPS = [
     TrainingSetup(precision=Precision.AMP_BF16, optimizer=OptimizerName.ADAMW_8BIT, grads_set_to_none=False),
     TrainingSetup(method=Method.LORA, lora=LoraConfig(rank=16, dora=True), checkpointing=Checkpointing.FULL),
     TrainingSetup(method=Method.QLORA, seq_len=512),
+    TrainingSetup(precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT, activation_offload=True),
+    TrainingSetup(precision=Precision.BF16, optimizer_in_backward=True, checkpointing=Checkpointing.FULL),
 ]
 
 
@@ -44,6 +46,9 @@ def test_warm_equals_cold(model: str, setup: TrainingSetup) -> None:
     assert warm == cold
     assert warm.setup == estimate.setup_dict(setup)
     assert warm.setup is not cold.setup
+    # results are not frozen: nothing mutable is shared between two estimates
+    assert warm.extra is not cold.extra
+    assert all(w is not c for w, c in zip(warm.phases, cold.phases, strict=True))
 
 
 def test_setup_json_not_shared() -> None:
@@ -53,3 +58,16 @@ def test_setup_json_not_shared() -> None:
     b = estimate_training(spec, replace(s, micro_batch=3))
     assert a.setup["micro_batch"] == 1 and b.setup["micro_batch"] == 3
     assert a.setup["lora"] == b.setup["lora"] and a.setup["lora"] is not b.setup["lora"]
+
+
+def test_shape_independent_parts_are_memoised_per_spec_and_setup() -> None:
+    """The paged-state bytes and the optimizer phase come from the memo and still match each setup."""
+    spec = resolve_model("gpt2")
+    _clear()
+    paged = TrainingSetup(precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT)
+    plain = replace(paged, optimizer=OptimizerName.ADAMW)
+    p1, p2 = (estimate_training(spec, replace(paged, micro_batch=mb)) for mb in (1, 5))
+    assert p1.extra["paged_optimizer_bytes"] == p2.extra["paged_optimizer_bytes"] > 0
+    assert "paged_optimizer_bytes" not in estimate_training(spec, plain).extra
+    assert p1.phases[2] == p2.phases[2]  # the optimizer step does not depend on the shapes
+    assert len(estimate._STATES) == 2

@@ -59,32 +59,20 @@ def _setup_json(st: _States, setup: TrainingSetup) -> dict[str, object]:
     """``setup_dict(setup)`` from the memoised one of a setup that differs at most in its shapes: a fresh
     dict (same key order), the shapes set, nested dicts (lora, quant) rebuilt so that none is shared."""
     out = dict(st.setup_json)
-    for name in _SHAPE_FIELDS:
-        out[name] = getattr(setup, name)
-    for name, value in out.items():
-        if isinstance(value, dict):
-            out[name] = asdict(getattr(setup, name))
+    out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
+    for name in st.setup_json_nested:
+        out[name] = asdict(getattr(setup, name))
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class _Parts:
-    """Per-step quantities shared by the phases."""
+    """Per-step quantities shared by the phases (per estimate: slotted, not frozen)."""
 
-    weights: int
-    buffers: int
-    grads: int
-    master: int
-    states: int
     layer_items: tuple[tuple[int, tuple[MemoryItem, ...]], ...]  # (count, per-layer saved) per group
     groups: tuple[GroupCost, ...]
     embed_items: tuple[MemoryItem, ...]
     head_items: tuple[MemoryItem, ...]
-
-    @property
-    def persistent(self) -> int:
-        """Alive through the whole steady-state step: weights, buffers, master weights, states."""
-        return self.weights + self.buffers + self.master + self.states
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,16 +81,21 @@ class _States:
     sequence): the model-state rows and their sums, the optimizer step's items, the outer gradients."""
 
     spec: ModelSpec  # the spec as estimated (LoRA: first layer split off)
-    tspec: ModelSpec  # the trainable tensors (LoRA: the adapters)
     rows: tuple[PerParamRow, ...]
     weights: int
     buffers: int
     grads: int
     master: int
     states: int
-    persistent_items: tuple[MemoryItem, ...]  # weights, master weights, states, buffers
-    grad_items: tuple[MemoryItem, ...]  # gradients kept between steps (accumulation / set_to_none=False)
-    optimizer_items: tuple[MemoryItem, ...]  # the step's gradients and temporaries
+    persistent: int  # alive through the whole steady-state step: weights, buffers, master weights, states
+    # alive in forward and backward: weights, master weights, states, buffers, and the gradients kept
+    # between steps (accumulation / set_to_none=False) when they are: the items (none of 0 bytes), their sum
+    resident_items: tuple[MemoryItem, ...]
+    resident_bytes: int
+    # the optimizer step: weights, master weights, states, buffers; the step's gradients and temporaries
+    optimizer_phase: PhasePeak
+    state_extra: dict[str, int]  # Estimate.extra entries that do not depend on shapes (paged states)
+    weight_cache: tuple[MemoryItem, ...]  # _weight_cache
     outer_grads: tuple[int, int, int]  # _outer_grad_split
     resident_rounding: int
     params: int
@@ -112,6 +105,7 @@ class _States:
     # the estimate's assumptions (but the attention fallback's) per Overheads: none depends on shapes
     notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
     setup_json: dict[str, object]  # setup_dict of a setup with these fields (its shapes overwritten per call)
+    setup_json_nested: tuple[str, ...]  # its nested dicts (lora, quant), rebuilt per call: none is shared
 
 
 # Every TrainingSetup field but the shapes: the states are the same for any micro-batch and sequence.
@@ -146,20 +140,35 @@ def _compute_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> 
     outer = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
     if adapter:
         outer = _lora.outer_grad_split(spec, setup), 0, 0
+    weights, grads = _row_bytes(rows, Category.PARAMETERS), _row_bytes(rows, Category.GRADIENTS)
+    master, states = _row_bytes(rows, Category.MASTER_WEIGHTS), _row_bytes(rows, Category.OPTIMIZER_STATES)
+    persistent = _state_items(rows, buffers, include_grads=False)
+    kept_grads = _grad_items(rows, "gradients (accumulated)") if _grads_resident(setup, grads) else []
+    resident_items, resident_bytes = _kept(persistent + kept_grads)
+    step_items = [] if _lowbit.in_backward(setup) else [optimizer_phase_grads(tspec, tsetup),
+                                                       *step_temporaries(tspec, tsetup)]  # fmt: skip
+    paged = _lowbit.paged_bytes(tspec, tsetup)
+    setup_json = setup_dict(setup)
     return _States(
-        spec=spec, tspec=tspec, rows=rows,
-        weights=_row_bytes(rows, Category.PARAMETERS), buffers=buffers,
-        grads=_row_bytes(rows, Category.GRADIENTS), master=_row_bytes(rows, Category.MASTER_WEIGHTS),
-        states=_row_bytes(rows, Category.OPTIMIZER_STATES),
-        persistent_items=tuple(_state_items(rows, buffers, include_grads=False)),
-        grad_items=tuple(_grad_items(rows, "gradients (accumulated)")),
-        optimizer_items=(optimizer_phase_grads(tspec, tsetup), *step_temporaries(tspec, tsetup)),
+        spec=spec, rows=rows,
+        weights=weights, buffers=buffers, grads=grads, master=master,
+        states=states, persistent=weights + buffers + master + states,
+        resident_items=resident_items, resident_bytes=resident_bytes,
+        optimizer_phase=_phase(Phase.OPTIMIZER, persistent + step_items),
+        state_extra={"paged_optimizer_bytes": paged} if paged else {},
+        weight_cache=tuple(_weight_cache(spec, setup)),
         outer_grads=outer, resident_rounding=_resident_rounding(spec, setup, len(opt_rows)),
         params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup),
         head_weight_numel=_head_weight_numel(spec),
         assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
-        setup_json=setup_dict(setup),
+        setup_json=setup_json,
+        setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
     )  # fmt: skip
+
+
+def _grads_resident(setup: TrainingSetup, grads: int) -> bool:
+    """Gradients alive through the whole step: accumulation, or zero_grad(set_to_none=False)."""
+    return grads > 0 and (setup.grad_accum > 1 or not setup.grads_set_to_none)
 
 
 def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
@@ -219,7 +228,6 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> 
 def _parts(
     spec: ModelSpec,
     setup: TrainingSetup,
-    st: _States,
     sh: act.Shapes,
     head_items: tuple[MemoryItem, ...],
     *,
@@ -244,18 +252,19 @@ def _parts(
             if adapter:
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
             la = seen[i] = act.checkpointed(la, setup.checkpointing)
-        la, layer_grads = _lowbit.step_tricks(la, layer_grads, setup)
+        if setup.activation_offload or setup.optimizer_in_backward:
+            la, layer_grads = _lowbit.step_tricks(la, layer_grads, setup)
         groups.append(GroupCost(
             count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
             grads_in_flight=la.backward_grads,
         ))  # fmt: skip
         layer_items.append((g.count, la.saved))
+    embed = act.embedding_items(spec, sh)
     return _Parts(
-        weights=st.weights, buffers=st.buffers, grads=st.grads, master=st.master, states=st.states,
         layer_items=tuple(layer_items),
         groups=tuple(groups), head_items=head_items,
-        embed_items=_lora.adapt_embedding_items(spec, act.embedding_items(spec, sh), setup),
+        embed_items=_lora.adapt_embedding_items(spec, embed, setup) if adapter else embed,
     )  # fmt: skip
 
 
@@ -292,37 +301,32 @@ def estimate_training(
     adapter = _lora.is_adapter_method(setup)
     in_bwd = _lowbit.in_backward(setup)
     st = _model_states(spec, setup, adapter=adapter)
-    spec, tspec, rows = st.spec, st.tspec, st.rows
+    spec = st.spec
     sh = act.shapes(spec, setup)
     head = head_activations(spec, sh, st.head_weight_numel)
     if adapter:
         head = _lora.adapt_head(spec, head, sh, setup)
     head = _lowbit.adapt_head_loss(spec, head, sh, setup)
-    parts = _parts(spec, setup, st, sh, head.saved, adapter=adapter)
-    resident_grads = parts.grads if setup.grad_accum > 1 or not setup.grads_set_to_none else 0
-    persistent_items = st.persistent_items
-    grad_items = st.grad_items if resident_grads else ()
+    parts = _parts(spec, setup, sh, head.saved, adapter=adapter)
+    resident = _grads_resident(setup, st.grads)
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
-    head_saved = sum(i.bytes for i in parts.head_items)
-    layer_fwd = max((g.forward_transient for g in parts.groups), default=0)
+    head_saved = sum([i.bytes for i in parts.head_items])
+    layer_fwd = max([g.forward_transient for g in parts.groups], default=0)
     fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
     all_saved = _activation_items(parts, layers_left=None)
-    forward_items = [
-        *persistent_items, *grad_items, *all_saved,
-        *_weight_cache(spec, setup),
+    forward = _phase(Phase.FORWARD, [
+        *all_saved, *st.weight_cache,
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
-    ]  # fmt: skip
-    forward = _phase(Phase.FORWARD, forward_items)
+    ], base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
     start_grads, end_grads, tied_tmp = st.outer_grads
-    resident = resident_grads > 0
     bp = backward_peak(
-        tuple(reversed(parts.groups)), base_saved=sum(i.bytes for i in parts.embed_items),
+        parts.groups[::-1], base_saved=sum([i.bytes for i in parts.embed_items]),
         head_saved=head_saved,
         start_extra=max(head.backward_transient, head.logits_grad + start_grads + tied_tmp),
         start_grads=0 if in_bwd else start_grads,
@@ -330,44 +334,45 @@ def estimate_training(
         tail_grads=0 if resident or in_bwd else end_grads, grads_resident=resident,
         held=tied_tmp,
     )  # fmt: skip
-    backward = _phase(
-        Phase.BACKWARD, [*persistent_items, *grad_items, *_backward_items(parts, bp, resident, all_saved)]
-    )
+    backward = _phase(Phase.BACKWARD, _backward_items(parts, bp, resident, all_saved),
+                      base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
-    opt_grads = () if in_bwd else st.optimizer_items
-    optimizer = _phase(Phase.OPTIMIZER, [*persistent_items, *opt_grads])
-
+    memo = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
+    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=memo.bytes, items=memo.items)
     phases = (forward, backward, optimizer)
-    peak = max(phases, key=lambda p: p.bytes)
+    peak = max(phases, key=_BYTES)
     reserved = allocator.reserved_bytes(
-        resident=parts.persistent, resident_rounding=st.resident_rounding,
-        churn=peak.bytes - parts.persistent, fragmentation=ov.fragmentation,
+        resident=st.persistent, resident_rounding=st.resident_rounding,
+        churn=peak.bytes - st.persistent, fragmentation=ov.fragmentation,
     )  # fmt: skip
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= _NOTES_MAX:
             st.notes.clear()
         notes = st.notes[ov] = _assumptions(spec, setup, sh, ov) + st.assumptions
-    step1 = max(forward.bytes - parts.states, backward.bytes - parts.states, optimizer.bytes)
+    step1 = max(forward.bytes - st.states, backward.bytes - st.states, optimizer.bytes)
+    extra: dict[str, object] = {
+        "step1_peak_allocated_bytes": step1,
+        "backward_peak_layers_done": bp.layers_done,
+        "context_bytes": ov.context_bytes,
+        "cublas_workspace_bytes": ov.cublas_workspace_bytes,
+        "fragmentation": ov.fragmentation,
+        **st.state_extra,
+    }
+    if setup.activation_offload:
+        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=st.params,
-        trainable_params=st.trainable, per_param=rows, items=peak.items, phases=phases,
+        trainable_params=st.trainable, per_param=st.rows, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
-        assumptions=(
-            notes + _fallback_note(spec, asked, setup)
-        ),
-        setup=_setup_json(st, setup),
-        extra={
-            "step1_peak_allocated_bytes": step1,
-            "backward_peak_layers_done": bp.layers_done,
-            "context_bytes": ov.context_bytes,
-            "cublas_workspace_bytes": ov.cublas_workspace_bytes,
-            "fragmentation": ov.fragmentation,
-            **_lowbit.extra(spec, tspec, _lora.optimizer_view(spec, setup)[1], setup, parts.groups),
-        },
+        assumptions=notes + _fallback_note(spec, asked, setup),
+        setup=_setup_json(st, setup), extra=extra,
     )  # fmt: skip
+
+
+_BYTES = attrgetter("bytes")
 
 
 def _weight_cache(spec: ModelSpec, setup: TrainingSetup) -> list[MemoryItem]:
@@ -388,9 +393,18 @@ SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per aut
 SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
 
 
-def _phase(phase: Phase, items: Iterable[MemoryItem]) -> PhasePeak:
+def _kept(items: Iterable[MemoryItem]) -> tuple[tuple[MemoryItem, ...], int]:
+    """The items that hold bytes, and their sum."""
     kept = tuple([i for i in items if i.bytes])
-    return PhasePeak(phase=phase, bytes=sum([i.bytes for i in kept]), items=kept)
+    return kept, sum([i.bytes for i in kept])
+
+
+def _phase(
+    phase: Phase, items: Iterable[MemoryItem], *, base: tuple[MemoryItem, ...] = (), base_bytes: int = 0
+) -> PhasePeak:
+    """``items`` (those of 0 bytes dropped) after ``base`` (already kept, ``base_bytes`` in all)."""
+    kept, nbytes = _kept(items)
+    return PhasePeak(phase=phase, bytes=base_bytes + nbytes, items=base + kept)
 
 
 def _state_items(rows: tuple[PerParamRow, ...], buffers: int, *, include_grads: bool) -> list[MemoryItem]:

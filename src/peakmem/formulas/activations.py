@@ -35,7 +35,7 @@ layer's activations during backward; ``selective`` (Korthikanti et al. 2022, arX
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import Attention, Layer, ModelSpec
@@ -89,9 +89,12 @@ SRC_MLP = "transformers activations.py / LlamaMLP: act(gate(x)) * up(x)"
 SRC_DROPOUT = "aten/src/ATen/native/Dropout.cpp: CUDA native_dropout bool mask; CPU input-dtype noise"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Shapes:
-    """The sizes a layer formula needs: tokens, sequence, batch and the dtype plan."""
+    """The sizes a layer formula needs: tokens, sequence, batch and the dtype plan.
+
+    Built once per estimate, so slotted and not frozen (a frozen ``__init__`` costs 2.5x: see
+    :class:`peakmem.breakdown.MemoryItem`): read-only by convention, like every per-estimate value."""
 
     batch: int
     seq: int
@@ -102,23 +105,21 @@ class Shapes:
     math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
     kernel_note: str = ""  # why the kernel differs from the one requested
     profile: Profile = PROFILES[Framework.HF]
+    # derived, set once (the formulas read them a dozen times per layer)
+    tokens: int = field(init=False)  # batch x seq
+    c: int = field(init=False)  # compute bytes per element
+    r: int = field(init=False)  # residual-stream bytes per element
 
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
-
-    @property
-    def c(self) -> int:
-        return self.plan.compute.bits // 8
-
-    @property
-    def r(self) -> int:
-        return self.plan.residual.bits // 8
+    def __post_init__(self) -> None:
+        self.tokens = self.batch * self.seq
+        self.c = self.plan.compute.bits // 8
+        self.r = self.plan.residual.bits // 8
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class LayerActivations:
-    """One layer's saved tensors and the largest extra tensors alive while it runs."""
+    """One layer's saved tensors and the largest extra tensors alive while it runs (per estimate:
+    slotted, not frozen, read-only by convention; derive changed ones with ``dataclasses.replace``)."""
 
     saved: tuple[MemoryItem, ...]
     core: int  # bytes of the attention core (what selective checkpointing drops)

@@ -30,7 +30,7 @@ SRC_HEAD_CAST = "torch autocast: 16-bit copy of the head weight saved by the Lin
 SRC_HEAD = "lm_head (Linear) saves its input; final norm saves input + stats"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)  # per estimate: not frozen, read-only by convention (see Shapes)
 class HeadActivations:
     saved: tuple[MemoryItem, ...]  # kept from forward until the head's backward
     forward_transient: int  # extra at the loss in forward (logits and their fp32 copy)

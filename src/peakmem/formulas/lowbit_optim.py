@@ -486,19 +486,6 @@ def cpu_activation_bytes(spec: ModelSpec, setup: Any) -> int:
     return total
 
 
-def extra(spec: ModelSpec, tspec: ModelSpec, tsetup: Any, setup: Any, groups: Any) -> dict[str, int]:
-    """``Estimate.extra`` entries: memory outside torch's allocator (paged states, offloaded activations)."""
-    del groups
-    out: dict[str, int] = {}
-    paged = paged_bytes(tspec, tsetup)
-    if paged:
-        out["paged_optimizer_bytes"] = paged
-    cpu = cpu_activation_bytes(spec, setup)
-    if cpu:
-        out["cpu_activation_bytes"] = cpu
-    return out
-
-
 def step_tricks(la: Any, layer_grads: int, setup: Any) -> tuple[Any, int]:
     """One layer under activation offloading and optimizer-in-backward: (its activations as the device
     sees them, the gradient bytes it leaves behind in backward)."""

@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class GroupCost:
-    """One group of identical layers as the timeline sees it (bytes are per layer)."""
+    """One group of identical layers as the timeline sees it (bytes are per layer). Built per
+    estimate: slotted, not frozen, read-only by convention (see ``activations.Shapes``)."""
 
     count: int
     saved: int  # activations kept from forward until this layer's backward
@@ -32,7 +33,7 @@ class GroupCost:
     grads_in_flight: int = 0  # of backward_transient: its weight gradients already written
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)  # per estimate: not frozen, read-only by convention
 class BackwardPeak:
     bytes: int  # above the persistent states
     layers_done: int  # layers whose backward had finished at the peak (0: at the loss)
