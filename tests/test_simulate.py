@@ -328,3 +328,19 @@ def test_an_architecture_the_analytic_adapter_does_not_know_is_simulated():
     per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
     assert e.params == 1000 * 64 + 2 * per_layer + 64 + 1000 * 64
     assert e.peak_allocated_bytes > 4 * 4 * e.params  # weights, grads and AdamW states at least
+
+
+def test_scalar_mode_forgets_a_freed_overflow_flag() -> None:
+    """The overflow flag of ``_amp_foreach_non_finite_check_and_unscale_`` reads 0; once it is freed, a
+    new tensor at the same address (Adam's step count) reads 1 again: a reused address read as 0 made
+    Adam divide by zero in a full test run."""
+    from peakmem.simulate.kernels import ScalarValueMode
+
+    with ScalarValueMode():
+        for _ in range(50):
+            flag = torch.zeros(1)
+            torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(2)], flag, torch.ones(1))
+            assert flag.item() == 0.0
+            del flag
+            step = torch.zeros(())  # often where the flag was
+            assert step.item() == 1.0

@@ -61,6 +61,7 @@ buffers.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -326,15 +327,21 @@ class ScalarValueMode(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._zero: set[int] = set()
+        # the overflow flags, by identity and held weakly: an address (the storage's, or id()) is
+        # reused once the flag is freed, and Adam's step count read as 0 would divide by zero
+        self._zero: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def _is_flag(self, t: torch.Tensor) -> bool:
+        ref = self._zero.get(id(t))
+        return ref is not None and ref() is t
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is aten._local_scalar_dense.default:
             t = args[0]
             if t.dtype == torch.bool:
                 return True
-            value = 0 if t.untyped_storage()._cdata in self._zero else 1
+            value = 0 if self._is_flag(t) else 1
             return float(value) if t.dtype.is_floating_point else value
         if func is aten._amp_foreach_non_finite_check_and_unscale_.default:
-            self._zero.add(args[1].untyped_storage()._cdata)
+            self._zero[id(args[1])] = weakref.ref(args[1])
         return func(*args, **(kwargs or {}))
