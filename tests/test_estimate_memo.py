@@ -27,7 +27,9 @@ SETUPS = [
     TrainingSetup(precision=Precision.AMP_BF16, optimizer=OptimizerName.ADAMW_8BIT, grads_set_to_none=False),
     TrainingSetup(method=Method.LORA, lora=LoraConfig(rank=16, dora=True), checkpointing=Checkpointing.FULL),
     TrainingSetup(method=Method.QLORA, seq_len=512),
-    TrainingSetup(precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT, activation_offload=True),
+    TrainingSetup(
+        precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT, activation_offload=True
+    ),
     TrainingSetup(precision=Precision.BF16, optimizer_in_backward=True, checkpointing=Checkpointing.FULL),
 ]
 

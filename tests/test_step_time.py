@@ -3,7 +3,8 @@
 Tiny Llama: hidden 64, 4 heads (head_dim 16), 2 KV heads, MLP 128 (gated), vocab 1000, 2 layers,
 untied head. Per layer: q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12,288; gate, up, down 3 x 64x128 =
 24,576; matmul total 36,864 per layer, 73,728 for both. Head 1000 x 64 = 64,000. Embeddings are a
-lookup (no FLOPs), norms are not matmuls. Attention width per layer: 4 x (16 + 16) = 128.
+lookup (no FLOPs), norms are not matmuls. Attention width per layer: 4 x (16 + 16) = 128. At S = 32
+eager attention computes all 32 keys per query; SDPA's causal kernel 32 - 32^2 / 64 = 16 on average.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import pytest
 
 from peakmem.catalog import get_gpu
 from peakmem.formulas import step_time as st
+from peakmem.formulas.qlora import QuantConfig
 from peakmem.hf import spec_from_config
-from peakmem.resolve import gpu_of_size
-from peakmem.training import Checkpointing, Method, TrainingSetup
+from peakmem.resolve import gpu_of_size, resolve_model
+from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup
 
 LLAMA: dict[str, Any] = {
     "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -27,10 +29,13 @@ LLAMA: dict[str, Any] = {
 LAYER_MM = 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192)  # 73,728
 HEAD = 1000 * 64
 S = 32
-FWD_PER_TOKEN = 2 * (LAYER_MM + HEAD) + 2 * 2 * S * 128  # 275,456 + 16,384 = 291,840
+MATMUL_FWD = 2 * (LAYER_MM + HEAD)  # 275,456
+ATT_EAGER = 2 * 2 * S * 128  # 16,384: 2 layers x 2 (QK^T, AV) x 32 keys x width 128
+ATT_CAUSAL = 2 * 2 * 16 * 128  # 8,192: the default kernel (SDPA) skips the masked half
+FWD_PER_TOKEN = MATMUL_FWD + ATT_CAUSAL  # 283,648
 
 RATES = st.Rates(
-    gpu="test", tflops=1.0, mfu=0.5, mfu_source="test", pcie_gbps=10.0, pcie_source="test",
+    gpu="test", tflops=1.0, mfu=0.5, mfu_source="test", pcie_gbps=10.0, pcie_source="test", hbm_gbps=1.0,
     intra_node_gbps=100.0, intra_node_source="test", inter_node_gbps=10.0, inter_node_source="test",
 )  # fmt: skip
 
@@ -44,7 +49,9 @@ def test_spec_flops_counts_matmul_params(sf: st.SpecFlops) -> None:
     assert sf.layer_matmul_params == 73_728
     assert sf.matmul_params == 73_728 + 64_000
     assert sf.attention == ((2, 128, None),)
-    assert sf.forward_flops_per_token(S) == FWD_PER_TOKEN == 291_840
+    assert sf.forward_flops_per_token(S, AttentionKernel.EAGER) == MATMUL_FWD + ATT_EAGER == 291_840
+    assert sf.forward_flops_per_token(S, AttentionKernel.SDPA) == FWD_PER_TOKEN == 283_648
+    assert sf.forward_flops_per_token(S, AttentionKernel.FLASH) == FWD_PER_TOKEN
 
 
 def test_tied_head_still_multiplies() -> None:
@@ -55,18 +62,32 @@ def test_tied_head_still_multiplies() -> None:
 def test_training_flops_full_lora_and_recompute(sf: st.SpecFlops) -> None:
     setup = TrainingSetup(micro_batch=2, seq_len=S)
     assert st.training_flops_per_token(sf, setup) == 3 * FWD_PER_TOKEN
+    # adapters: the weight matmuls' backward is 1x their forward; attention's backward stays 2x
     lora = replace(setup, method=Method.LORA)
-    assert st.training_flops_per_token(sf, lora) == 2 * FWD_PER_TOKEN
+    assert st.training_flops_per_token(sf, lora) == 2 * MATMUL_FWD + 3 * ATT_CAUSAL == 575_488
     full = replace(setup, checkpointing=Checkpointing.FULL)
-    # every layer's forward again: 2 x 73,728 + the attention scores 16,384
-    assert st.training_flops_per_token(sf, full) == 3 * FWD_PER_TOKEN + 147_456 + 16_384
+    # every layer's forward again: 2 x 73,728 + the attention scores 8,192
+    assert st.training_flops_per_token(sf, full) == 3 * FWD_PER_TOKEN + 147_456 + 8_192
     sel = replace(setup, checkpointing=Checkpointing.SELECTIVE)
-    assert st.training_flops_per_token(sf, sel) == 3 * FWD_PER_TOKEN + 16_384
+    assert st.training_flops_per_token(sf, sel) == 3 * FWD_PER_TOKEN + 8_192
+    eager = replace(setup, attention=AttentionKernel.EAGER)
+    assert st.training_flops_per_token(sf, eager) == 3 * (MATMUL_FWD + ATT_EAGER)
+
+
+def test_encoder_attention_is_not_halved() -> None:
+    bert = st.spec_flops(resolve_model("bert-base-uncased"))
+    assert not bert.causal
+    assert bert.span(512, None, AttentionKernel.SDPA) == 512.0
 
 
 def test_sliding_window_caps_the_attention_span() -> None:
+    """Window 16 at S = 32: flash-attn 2 skips blocks outside the window and above the diagonal:
+    min(i + 1, 16) keys for query i, 16 - 16^2 / 64 = 12 on average; transformers gives SDPA a mask
+    tensor for a window (no block skipped) and eager computes every score: 32."""
     sf = st.spec_flops(spec_from_config({**LLAMA, "model_type": "mistral", "sliding_window": 16}))
-    assert sf.attention_flops_per_token(S) == 2 * 2 * 16 * 128
+    assert sf.attention_flops_per_token(S, AttentionKernel.FLASH) == 2 * 2 * 12 * 128
+    assert sf.attention_flops_per_token(S, AttentionKernel.SDPA) == ATT_EAGER
+    assert sf.attention_flops_per_token(S, AttentionKernel.EAGER) == ATT_EAGER
 
 
 def test_ring_collectives() -> None:
@@ -133,6 +154,29 @@ def test_offload_traffic(sf: st.SpecFlops) -> None:
     both = st.step_time(sf, setup, RATES, lay,
                         trainable_params=p, params=p)  # fmt: skip
     assert both.offload_s == pytest.approx(pcie + cpu + 2 * 2 * p * 2 / 10e9)  # 2 micro-batches x fwd+bwd
+
+
+def test_qlora_dequantizes_every_frozen_weight_per_pass(sf: st.SpecFlops) -> None:
+    """The tiny Llama's quantized weights: the 73,728 layer Linears (the head stays 16-bit). NF4 with
+    double quantization, blocksize 64: 36,864 B packed + 1,152 uint8 absmax + 5 fp32 second-level
+    absmax (20 B) + the 256-entry fp32 code (1,024 B) + the fp32 offset (4 B) + the 16-entry fp32 NF4
+    code (64 B) = 39,128 B read; the bf16 copy written: 147,456 B; per pass at 1 GB/s (RATES.hbm_gbps)."""
+    assert sf.quantized_params == LAYER_MM
+    setup = TrainingSetup(method=Method.QLORA, micro_batch=2, seq_len=S, grad_accum=3)
+    packed = 36_864 + 1_152 + 20 + 1_024 + 4 + 64
+    assert st.dequant_bytes(sf, setup) == packed + 2 * LAYER_MM
+    assert st.dequant_passes(setup) == 2  # forward and backward
+    t = st.step_time(sf, setup, RATES, st.Layout(), trainable_params=1000, params=1000)
+    assert t.dequant_s == pytest.approx(3 * 2 * (packed + 2 * LAYER_MM) / 1e9)  # 3 micro-batches
+    assert t.total_s == pytest.approx(t.compute_s + t.dequant_s)
+    full = replace(setup, checkpointing=Checkpointing.FULL)
+    assert st.dequant_passes(full) == 3  # the recomputed forward dequantizes again
+    lora = st.step_time(sf, replace(setup, method=Method.LORA), RATES, st.Layout(), trainable_params=1000,
+                        params=1000)  # fmt: skip
+    assert lora.dequant_s == 0.0 and lora.compute_s == t.compute_s
+    int8 = replace(setup, quant=QuantConfig(quant="int8"))
+    assert st.dequant_passes(int8) == 1  # backward only: the forward is an int8 matmul
+    assert st.dequant_bytes(sf, int8) == LAYER_MM + 2 * LAYER_MM
 
 
 def test_rates_tables() -> None:

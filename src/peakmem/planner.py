@@ -1363,7 +1363,8 @@ def _step_json(step: st.StepTime) -> dict[str, object]:
     return {
         "total_s": step.total_s, "compute_s": step.compute_s, "recompute_s": step.recompute_s,
         "bubble_s": step.bubble_s, "tp_comm_s": step.tp_comm_s, "dp_comm_s": step.dp_comm_s,
-        "pp_comm_s": step.pp_comm_s, "offload_s": step.offload_s, "gpus": step.gpus, "tokens": step.tokens,
+        "pp_comm_s": step.pp_comm_s, "offload_s": step.offload_s, "dequant_s": step.dequant_s,
+        "gpus": step.gpus, "tokens": step.tokens,
         "gpu_seconds": step.gpu_seconds, "tokens_per_s": step.tokens_per_s,
     }  # fmt: skip
 

@@ -9,9 +9,15 @@ Terms (each a named function below):
   §2.1, ``C ~ 6N`` per token), with ``N`` the matmul parameters active per token (MoE: routed
   experts only), plus the attention scores ``QK^T`` and ``AV``: ``4 x s x d_attn`` forward FLOPs per
   token and layer (Narayanan et al. 2021, arXiv 2104.04473 §5.1 eq. 3: ``72 B s l h^2 (1 + s/6h +
-  V/12lh)`` counts the same terms; causal masking is not halved, as there);
-* backward = 2 x forward (same eq. 3); LoRA/QLoRA skip the frozen weights' gradients, so backward
-  is ~1 x forward (Hu et al. 2021, arXiv 2106.09685 §4.2 report 25 % faster training for that reason);
+  V/12lh)`` counts the same terms). Causal masking halves them only where a kernel skips the masked
+  blocks: SDPA's ``is_causal`` and flash-attn 2 (``window_size`` too) compute ``w - w^2 / 2s`` keys per
+  query on average (the flash-attn benchmarks count ``4 b s^2 h d / 2`` forward FLOPs when causal:
+  benchmarks/benchmark_flash_attention.py ``flops``); eager attention and SDPA given a mask tensor
+  (transformers passes one for sliding windows) compute every score and mask afterwards;
+* backward = 2 x forward (same eq. 3); LoRA/QLoRA skip the frozen weights' gradients, so the weight
+  matmuls' backward is ~1 x their forward (Hu et al. 2021, arXiv 2106.09685 §4.2 report 25 % faster
+  training for that reason; the adapters' own FLOPs, ~r (d_in + d_out) per weight, are left out), while
+  the attention scores, which have no weights, still need 2 x (gradients of q, k and v);
 * recompute: full checkpointing runs each layer's forward again (eq. 3's 4th pass, the ``96`` instead
   of ``72``); selective checkpointing recomputes only the attention core (Korthikanti et al. 2022,
   arXiv 2205.05198 §5, Table 4);
@@ -24,6 +30,11 @@ Terms (each a named function below):
   1.5 x the DDP volume (Rajbhandari et al. 2020, arXiv 1910.02054 §7.2). Megatron TP does 2
   all-reduces of the layer's activations in forward and 2 in backward per layer (Shoeybi et al.
   2019, arXiv 1909.08053 §3, Fig. 4), 2 more when the layer is recomputed; they are not overlapped;
+* dequantization (QLoRA): bitsandbytes' ``MatMul4Bit`` dequantizes every frozen 4-bit weight to the
+  compute dtype before ``F.linear``, in forward and again in backward (and in the recomputed forward);
+  LLM.int8 only in backward (bitsandbytes/autograd/_functions.py; see :mod:`peakmem.formulas.qlora`).
+  Each pass reads the packed weight with its scales and writes the 16-bit copy, at the datasheet
+  memory bandwidth: a lower bound (the 16-bit copy's read by the matmul is what LoRA's matmul reads);
 * offload: ZeRO-Offload moves 16-bit gradients to the CPU and 16-bit parameters back once per step
   (Ren et al. 2021, arXiv 2101.06840 §4.1) over PCIe, and runs the optimizer on the CPU, bound by
   its memory bandwidth; parameter offload (ZeRO-Infinity) fetches the 16-bit parameters in every
@@ -38,8 +49,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peakmem.catalog import Gpu, find_gpu
+from peakmem.formulas.lora import quant_of
+from peakmem.formulas.qlora import quantized_params
+from peakmem.formulas.weights import bnb_4bit_bytes
 from peakmem.model import ModelSpec
-from peakmem.training import Checkpointing, Method, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup
 
 GBs = 1e9  # GB/s -> bytes/s
 TFLOPs = 1e12
@@ -118,6 +132,7 @@ class Rates:
     mfu_source: str
     pcie_gbps: float
     pcie_source: str
+    hbm_gbps: float  # device memory bandwidth (datasheet): QLoRA's dequantization
     intra_node_gbps: float  # NVLink / Infinity Fabric, or PCIe when the card has neither
     intra_node_source: str
     inter_node_gbps: float
@@ -138,21 +153,22 @@ class Rates:
 
 
 def rates_for(gpu: Gpu) -> Rates:
-    """The rates of ``gpu``; a plain size (no TFLOPS) borrows :data:`REFERENCE_GPU`'s."""
+    """The rates of ``gpu``; a plain size (no TFLOPS or bandwidth) borrows :data:`REFERENCE_GPU`'s."""
     borrowed = ""
-    if gpu.bf16_tflops is None:
+    if gpu.bf16_tflops is None or gpu.bandwidth_gbps is None:
         ref = find_gpu(REFERENCE_GPU)
         assert ref is not None and ref.bf16_tflops is not None
         borrowed, gpu = ref.display_name, ref
-    assert gpu.bf16_tflops is not None
+    assert gpu.bf16_tflops is not None and gpu.bandwidth_gbps is not None
     mfu, mfu_src = MFU_BY_ARCH.get(gpu.architecture, DEFAULT_MFU)
     pcie, pcie_src = PCIE_GBPS_BY_ARCH.get(gpu.architecture, DEFAULT_PCIE)
     intra, intra_src = NVLINK_GBPS.get(gpu.name, (pcie, f"{pcie_src} peer-to-peer (no NVLink)"))
     inter, inter_src = INTER_NODE_GBPS_BY_ARCH.get(gpu.architecture, DEFAULT_INTER_NODE)
     return Rates(
         gpu=gpu.display_name, tflops=gpu.bf16_tflops, mfu=mfu, mfu_source=mfu_src, pcie_gbps=pcie,
-        pcie_source=pcie_src, intra_node_gbps=intra, intra_node_source=intra_src, inter_node_gbps=inter,
-        inter_node_source=inter_src, borrowed_from=borrowed,
+        pcie_source=pcie_src, hbm_gbps=gpu.bandwidth_gbps, intra_node_gbps=intra,
+        intra_node_source=intra_src, inter_node_gbps=inter, inter_node_source=inter_src,
+        borrowed_from=borrowed,
     )  # fmt: skip
 
 
@@ -166,17 +182,33 @@ class SpecFlops:
     attention: tuple[tuple[int, int, int | None], ...]  # (layers, q_width + v_width, sliding window)
     hidden_size: int
     num_layers: int
+    quantized_params: int = 0  # weights QLoRA's bitsandbytes base stores quantized (qlora.is_quantized)
+    causal: bool = True  # a decoder: each query attends to the keys before it
+    kernels: tuple[str, ...] = ("eager", "sdpa", "flash")  # transformers' for this architecture
 
-    def attention_flops_per_token(self, seq_len: int) -> float:
-        """Forward ``QK^T`` + ``AV`` FLOPs per token over all layers: ``2 s (d_q + d_v)`` each."""
-        total = 0.0
-        for count, width, window in self.attention:
-            span = seq_len if window is None else min(seq_len, window)
-            total += count * 2.0 * span * width
-        return total
+    def attention_flops_per_token(self, seq_len: int, kernel: AttentionKernel) -> float:
+        """Forward ``QK^T`` + ``AV`` FLOPs per token over all layers: ``2 x span x (d_q + d_v)`` each,
+        ``span`` the keys whose scores ``kernel`` computes per query (:meth:`span`)."""
+        return sum(count * 2.0 * self.span(seq_len, window, kernel) * width
+                   for count, width, window in self.attention)  # fmt: skip
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
-        return 2.0 * self.matmul_params + self.attention_flops_per_token(seq_len)
+    def span(self, seq_len: int, window: int | None, kernel: AttentionKernel) -> float:
+        """Keys per query, on average, whose scores are computed: a kernel that skips masked blocks
+        computes ``min(i + 1, w)`` for query ``i`` (``w - w^2 / 2s`` on average; ``s / 2`` when causal
+        without a window); eager attention, SDPA given a mask tensor (a sliding window) and encoders
+        compute all ``s``."""
+        w = seq_len if window is None else min(window, seq_len)
+        skips = kernel is AttentionKernel.FLASH or (kernel is AttentionKernel.SDPA and w == seq_len)
+        if not self.causal or not skips:
+            return float(seq_len)
+        return w - w * w / (2.0 * seq_len)
+
+    def forward_flops_per_token(self, seq_len: int, kernel: AttentionKernel) -> float:
+        return 2.0 * self.matmul_params + self.attention_flops_per_token(seq_len, kernel)
+
+    def kernel(self, setup: TrainingSetup) -> AttentionKernel:
+        """The kernel that runs: the one asked for, or eager where transformers has none (BLOOM, Gemma 2)."""
+        return setup.attention if setup.attention.value in self.kernels else AttentionKernel.EAGER
 
 
 _LOOKUP_COMPONENTS = ("embeddings", "positions")
@@ -205,29 +237,68 @@ def spec_flops(spec: ModelSpec) -> SpecFlops:
     )  # fmt: skip
     return SpecFlops(
         matmul_params=matmul, layer_matmul_params=max(0, matmul - outer_matmul), attention=attention,
-        hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size, num_layers=spec.num_layers, quantized_params=quantized_params(spec),
+        causal=spec.task == "causal-lm", kernels=spec.attention_kernels,
     )  # fmt: skip
 
 
-def backward_factor(setup: TrainingSetup) -> float:
-    """Backward FLOPs as a multiple of forward: 2 (input + weight gradients), 1 for adapters
-    (frozen weights need no weight gradient; the adapters' own are negligible)."""
+def weight_backward_factor(setup: TrainingSetup) -> float:
+    """Backward FLOPs of the weight matmuls as a multiple of their forward: 2 (input and weight
+    gradients), 1 for adapters (frozen weights need no weight gradient)."""
     return 1.0 if setup.method in (Method.LORA, Method.QLORA) else 2.0
+
+
+ATTENTION_BACKWARD_FACTOR = 2.0  # dQ, dK, dV: two matmuls per forward one (Narayanan et al. 2021 eq. 3)
+
+
+def forward_backward_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
+    """Forward and backward FLOPs per token (no recompute)."""
+    matmul = 2.0 * sf.matmul_params
+    attention = sf.attention_flops_per_token(setup.seq_len, sf.kernel(setup))
+    return matmul * (1.0 + weight_backward_factor(setup)) + attention * (1.0 + ATTENTION_BACKWARD_FACTOR)
 
 
 def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
     """Extra forward FLOPs checkpointing spends: every layer (full), the attention core (selective)."""
+    attention = sf.attention_flops_per_token(setup.seq_len, sf.kernel(setup))
     if setup.checkpointing is Checkpointing.FULL:
-        return 2.0 * sf.layer_matmul_params + sf.attention_flops_per_token(setup.seq_len)
+        return 2.0 * sf.layer_matmul_params + attention
     if setup.checkpointing is Checkpointing.SELECTIVE:
-        return sf.attention_flops_per_token(setup.seq_len)
+        return attention
     return 0.0
 
 
 def training_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
     """Forward + backward + recompute FLOPs per trained token."""
-    fwd = sf.forward_flops_per_token(setup.seq_len)
-    return fwd * (1.0 + backward_factor(setup)) + recompute_flops_per_token(sf, setup)
+    return forward_backward_flops_per_token(sf, setup) + recompute_flops_per_token(sf, setup)
+
+
+DEQUANT_WRITE_BYTES = 2  # the dequantized copy, in the 16-bit compute dtype
+
+
+def dequant_passes(setup: TrainingSetup) -> int:
+    """Dequantizations of each frozen weight per micro-batch: 4-bit in forward, backward and the
+    recomputed forward (full checkpointing); LLM.int8 in backward only (its forward is an int8 matmul)."""
+    quant = quant_of(setup)
+    if quant is None:
+        return 0
+    if not quant.is_4bit:
+        return 1
+    return 3 if setup.checkpointing is Checkpointing.FULL else 2
+
+
+def dequant_bytes(sf: SpecFlops, setup: TrainingSetup) -> int:
+    """HBM bytes one dequantization pass over the quantized weights moves: the packed weights and
+    their scales read (``bnb_4bit_bytes`` over all of them as one tensor: per-tensor block rounding and
+    codes, < 0.1 %, left out; int8: 1 B per weight, the per-row scales left out), the 16-bit copy written."""
+    quant = quant_of(setup)
+    if quant is None:
+        return 0
+    q = sf.quantized_params
+    packed = q  # int8
+    if quant.is_4bit:
+        packed = bnb_4bit_bytes(q, blocksize=quant.blocksize, double_quant=quant.double_quant)
+    return packed + q * DEQUANT_WRITE_BYTES
 
 
 # --- collectives ------------------------------------------------------------------------------------
@@ -274,13 +345,14 @@ class StepTime:
     dp_comm_s: float  # exposed (not hidden under backward)
     pp_comm_s: float
     offload_s: float  # PCIe traffic + CPU optimizer step
+    dequant_s: float = 0.0  # QLoRA: frozen weights dequantized in each pass (memory-bound)
     gpus: int
     tokens: int  # tokens per optimizer step, all ranks together
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.recompute_s + self.bubble_s + self.tp_comm_s + self.dp_comm_s
-                + self.pp_comm_s + self.offload_s)  # fmt: skip
+                + self.pp_comm_s + self.offload_s + self.dequant_s)  # fmt: skip
 
     @property
     def gpu_seconds(self) -> float:
@@ -312,8 +384,7 @@ def step_time(
     mb_tokens = setup.micro_batch * setup.seq_len
     rank_tokens = mb_tokens * setup.grad_accum
     model_par = layout.tp * layout.pp
-    fwd = sf.forward_flops_per_token(setup.seq_len)
-    compute = fwd * (1.0 + backward_factor(setup)) * rank_tokens / model_par / flops_rate
+    compute = forward_backward_flops_per_token(sf, setup) * rank_tokens / model_par / flops_rate
     recompute = recompute_flops_per_token(sf, setup) * rank_tokens / model_par / flops_rate
     m = setup.grad_accum
     bubble = (compute + recompute) * (layout.pp - 1) / (m * layout.virtual_stages) if layout.pp > 1 else 0.0
@@ -366,13 +437,18 @@ def step_time(
         local_params = params / model_par / shard
         offload += m * 2 * local_params * HALF_BYTES / (rates.pcie_gbps * GBs)  # fetched for fwd and bwd
 
+    # QLoRA: each micro-batch dequantizes the rank's share of the frozen weights in every pass
+    dequant = m * dequant_passes(setup) * dequant_bytes(sf, setup) / model_par / (rates.hbm_gbps * GBs)
+
     return StepTime(
         compute_s=compute, recompute_s=recompute, bubble_s=bubble, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
-        pp_comm_s=pp_comm, offload_s=offload, gpus=layout.gpus, tokens=rank_tokens * max(1, dp),
+        pp_comm_s=pp_comm, offload_s=offload, dequant_s=dequant, gpus=layout.gpus,
+        tokens=rank_tokens * max(1, dp),
     )  # fmt: skip
 
 
 __all__ = [
     "MFU_BY_ARCH", "Layout", "Rates", "SpecFlops", "StepTime", "all_gather_s", "all_reduce_s",
-    "rates_for", "reduce_scatter_s", "spec_flops", "step_time", "training_flops_per_token",
+    "dequant_bytes", "dequant_passes", "rates_for", "reduce_scatter_s", "spec_flops", "step_time",
+    "training_flops_per_token",
 ]  # fmt: skip
