@@ -15,6 +15,7 @@ from peakmem.estimate import estimate_training
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
 from peakmem.ranks import estimate_ranks
+from peakmem.render_plan import limits_line
 from peakmem.resolve import gpu_of_size, resolve_gpu, resolve_gpus, resolve_model
 from peakmem.training import Checkpointing, TrainingSetup
 from peakmem.units import GB, MiB
@@ -93,6 +94,9 @@ def test_nothing_fits_8gb_without_many_changes(gpt2xl_report: planner.FitReport)
     g8 = gpt2xl_report.gpus[0]
     assert g8.limits.largest_micro_batch == 0 and g8.limits.longest_seq == 0
     assert all(len(c.steps) <= planner.MAX_CHANGES for c in g8.candidates)
+    line = limits_line(g8.limits)
+    assert "largest micro-batch none (micro-batch 1 does not fit)" in line
+    assert "longest sequence none (sequence 1 does not fit)" in line
 
 
 def test_none_fits_reports_it() -> None:

@@ -292,9 +292,11 @@ def test_unknown_gpu_lists_accepted_forms() -> None:
     assert "24GB" in message and "24GiB" in message
 
 
-def test_zero_size_is_rejected() -> None:
-    with pytest.raises(InputError):
+def test_zero_or_negative_size_is_rejected() -> None:
+    with pytest.raises(InputError, match="must be positive"):
         gpu_of_size("0GB")
+    with pytest.raises(InputError, match="'-5GB': the size must be positive"):
+        resolve_gpu("-5GB")
 
 
 def test_gpu_list() -> None:

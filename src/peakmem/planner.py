@@ -772,7 +772,7 @@ def _fit_assumptions(gpus: tuple[Gpu, ...]) -> tuple[str, ...]:
         f"candidates combine at most {MAX_CHANGES} changes; a candidate is dropped when a subset of its "
         "changes already fits; ranked by fewest changes, then GPU-seconds per token (step-time model)",
         "relative cost: GPU-seconds per token against the unchanged job; MFU assumed independent of "
-        "micro-batch and kernel; QLoRA's dequantisation cost is not modelled (its cost is a lower bound)",
+        "micro-batch and kernel; QLoRA's dequantisation at the full memory bandwidth (a lower bound)",
     ]
     return tuple(notes)
 

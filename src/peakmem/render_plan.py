@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, PlanReport
+from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, Limits, PlanReport
 from peakmem.render import console as _console
 from peakmem.units import fmt_gb
 
@@ -85,10 +85,17 @@ def _print_gpu(console: Any, g: GpuFit, base_need: int) -> None:
         else:
             console.print("no combination of the searched changes fits")
         console.print(_candidate_table("each change alone (why not X)", g.singles, base_need))
+    console.print(limits_line(lim))
+
+
+def limits_line(lim: Limits) -> str:
+    """The limits of the job as it is: 0 reads as what it means (not even 1 fits)."""
+    mb = f"{lim.largest_micro_batch:,}" if lim.largest_micro_batch else "none (micro-batch 1 does not fit)"
     seq = f"{lim.longest_seq:,}" + (" (the model's context)" if lim.seq_capped else "")
+    if not lim.longest_seq:
+        seq = "none (sequence 1 does not fit)"
     fewest = lim.fewest_gpus_layout or lim.note or "-"
-    console.print(f"limits: largest micro-batch {lim.largest_micro_batch}; longest sequence {seq}; "
-                  f"fewest GPUs: {fewest}")  # fmt: skip
+    return f"limits: largest micro-batch {mb}; longest sequence {seq}; fewest GPUs: {fewest}"
 
 
 def print_fit(report: FitReport) -> None:

@@ -118,6 +118,8 @@ def resolve_gpu(arg: str) -> Gpu:
         return entry
     if looks_like_size(text):
         return gpu_of_size(text)
+    if text.startswith("-") and looks_like_size(text[1:]):
+        raise InputError(f"--gpu={text!r}: the size must be positive")
     if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
         raise InputError(f"--gpu={text!r}: a size needs a unit; give {ACCEPTED_GPU_FORMS}")
     error: UnknownNameError = unknown_gpu(text)
