@@ -47,6 +47,7 @@ bench: install-test
 	$(PY) benchmarks/accuracy.py
 	$(PY) benchmarks/accuracy_infer.py
 	$(PY) benchmarks/accuracy_finetune.py
+	$(PY) benchmarks/step_time_published.py
 	$(PY) benchmarks/parity.py --sample
 
 clean:
