@@ -12,12 +12,13 @@ from peakmem import planner
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError, UnknownNameError
 from peakmem.estimate import estimate_training
+from peakmem.formulas import step_time as st
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
 from peakmem.ranks import estimate_ranks
 from peakmem.render_plan import limits_line
 from peakmem.resolve import gpu_of_size, resolve_gpu, resolve_gpus, resolve_model
-from peakmem.training import Checkpointing, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
 from peakmem.units import GB, MiB
 
 LLAMA: dict[str, Any] = {
@@ -202,6 +203,46 @@ def test_plan_405b_on_h100_finds_layouts() -> None:
     assert r.layouts and r.fewest_gpus is not None
     assert r.fewest_gpus.step.gpus >= 64  # 405 B x 16 B/param of model states alone is ~6.5 TB
     assert all(lay.needed_bytes <= lay.capacity_bytes for lay in r.layouts)
+
+
+def test_plan_searches_context_parallel_for_long_sequences() -> None:
+    """Llama-3.1-8B at 131,072 tokens on up to 64 H100s: every layout that fits splits the sequence
+    (cp > 1), each layout's memory is estimate_ranks' for that Parallelism, and they come fastest first."""
+    spec = resolve_model("llama-3.1-8b")
+    setup = TrainingSetup(seq_len=131_072)
+    r = planner.plan(spec, setup, resolve_gpu("h100-80gb"), 64, global_batch=32)
+    assert r.layouts and "context" in r.scope
+    times = [lay.step.total_s for lay in r.layouts]
+    assert times == sorted(times)
+    for lay in r.layouts[:3]:
+        par = lay.parallelism
+        assert par.cp > 1 and setup.seq_len % par.cp == 0
+        assert par.dp * lay.setup.micro_batch * lay.setup.grad_accum == 32
+        need = estimate_ranks(spec, lay.setup, par).most_loaded.estimate.device_total_bytes
+        assert need == lay.needed_bytes <= lay.capacity_bytes
+
+
+def test_plan_cp_and_ep_options() -> None:
+    sf = st.spec_flops(resolve_model("llama-3.1-8b"))
+    assert planner.plan_cp_options(sf, TrainingSetup(seq_len=2048)) == (1,)  # chunks under 2,048 tokens
+    assert planner.plan_cp_options(sf, TrainingSetup(seq_len=8192)) == (1, 2, 4)
+    eager = TrainingSetup(seq_len=8192, attention=AttentionKernel.EAGER)
+    assert planner.plan_cp_options(sf, eager) == (1,)  # ring attention needs a fused kernel
+    mixtral = resolve_model("mixtral-8x7b")  # 8 experts
+    assert planner.plan_ep_options(mixtral, 64) == (1, 2, 4, 8)
+    assert planner.plan_ep_options(mixtral, 6) == (1, 2)
+    assert planner.plan_ep_options(resolve_model("llama-3.1-8b"), 64) == (1,)
+
+
+def test_plan_searches_expert_parallel_for_moe() -> None:
+    spec = resolve_model("mixtral-8x7b")
+    r = planner.plan(spec, TrainingSetup(), resolve_gpu("h100-80gb"), 64)
+    assert "expert" in r.scope
+    assert any(lay.parallelism.ep > 1 for lay in r.layouts)
+    for lay in r.layouts:
+        par = lay.parallelism
+        assert 8 % par.ep == 0 and (par.dp * par.cp) % par.ep == 0
+        assert lay.step.ep_comm_s > 0 or par.ep == 1
 
 
 def test_plan_rejects_bad_max_gpus(tiny: ModelSpec) -> None:

@@ -179,6 +179,53 @@ def test_qlora_dequantizes_every_frozen_weight_per_pass(sf: st.SpecFlops) -> Non
     assert st.dequant_bytes(sf, int8) == LAYER_MM + 2 * LAYER_MM
 
 
+SLOW = replace(RATES, intra_node_gbps=0.001)  # 1 MB/s: communication outlasts the tiny compute
+MIXTRAL: dict[str, Any] = {
+    "model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "vocab_size": 1000, "max_position_embeddings": 128,
+}  # fmt: skip
+
+
+def test_context_parallel_splits_the_work_and_rings_kv(sf: st.SpecFlops) -> None:
+    """cp=2, batch 2 x 32: each rank computes half of the 64 tokens. K, V per token over both layers:
+    2 x 2 kv heads x (16 + 16) = 128 elements; a rank's chunk of 32 tokens is 32 x 128 x 2 B = 8,192 B,
+    sent 1 hop in forward and 2 in backward (K, V and their gradients): 24,576 B, less the attention
+    core's time (8,192 FLOPs/token forward x 3 passes x 32 tokens) under which it runs."""
+    assert sf.kv_elems == 128
+    setup = TrainingSetup(micro_batch=2, seq_len=S)
+    t = st.step_time(sf, setup, SLOW, st.Layout(gpus=2, cp=2), trainable_params=1000, params=1000)
+    assert t.compute_s == pytest.approx(3 * FWD_PER_TOKEN * 32 / 0.5e12)
+    attention_s = ATT_CAUSAL * 3 * 32 / 0.5e12
+    assert t.cp_comm_s == pytest.approx(3 * 8_192 / 1e6 - attention_s)
+    assert t.tokens == 64  # the two ranks share the sequences: one data-parallel replica
+    full = st.step_time(sf, replace(setup, checkpointing=Checkpointing.FULL), SLOW, st.Layout(gpus=2, cp=2),
+                        trainable_params=1000, params=1000)  # fmt: skip
+    assert full.cp_comm_s == pytest.approx(4 * 8_192 / 1e6 - ATT_CAUSAL * 4 * 32 / 0.5e12)  # + recomputed hop
+    fast = st.step_time(sf, setup, RATES, st.Layout(gpus=2, cp=2), trainable_params=1000, params=1000)
+    assert fast.cp_comm_s == 0.0  # 100 GB/s: hidden under the attention core
+
+
+def test_expert_parallel_all_to_all_and_expert_gradients() -> None:
+    """Tiny Mixtral (2 MoE layers, top-2 of 4 experts): a token goes out as 2 x 2 = 4 copies of 64 bf16
+    values over the two layers; batch 1 x 32 gives 32 x 4 x 64 x 2 = 16,384 B per all-to-all pass,
+    3/4 of it off-rank with ep=4, 4 passes (dispatch and combine, forward and backward). Expert weights
+    2 x 4 x (192 x 64 + 64 x 96) = 147,456 of 300,864 are split 4 ways, so DDP all-reduces
+    153,408 + 147,456 / 4 = 190,272 gradients."""
+    spec = spec_from_config(dict(MIXTRAL))
+    msf = st.spec_flops(spec)
+    assert (msf.moe_copies, msf.expert_params, spec.params) == (4, 147_456, 300_864)
+    setup = TrainingSetup(micro_batch=1, seq_len=S)
+    lay = st.Layout(gpus=4, ep=4, engine="ddp")
+    t = st.step_time(msf, setup, SLOW, lay, trainable_params=spec.params, params=spec.params)
+    assert t.ep_comm_s == pytest.approx(4 * 3 / 4 * 16_384 / 1e6)
+    hidden = 2 / 3 * t.compute_s
+    assert t.dp_comm_s == pytest.approx(st.all_reduce_s(190_272 * 2, 4, 0.001) - hidden)
+    full = st.step_time(msf, replace(setup, checkpointing=Checkpointing.FULL), SLOW, lay,
+                        trainable_params=spec.params, params=spec.params)  # fmt: skip
+    assert full.ep_comm_s == pytest.approx(6 * 3 / 4 * 16_384 / 1e6)  # the recomputed forward's two
+
+
 def test_rates_tables() -> None:
     h100 = st.rates_for(get_gpu("h100-80gb"))
     assert h100.mfu == 0.40 and h100.tflops == pytest.approx(989.4)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from peakmem.errors import require
@@ -211,7 +212,7 @@ class ModelSpec:
             for t in g.layer.tensors:
                 yield t, g.count
 
-    @property
+    @cached_property  # a frozen spec never changes; planners read it thousands of times
     def params(self) -> int:
         """Exactly ``sum(p.numel() for p in model.parameters())`` in transformers."""
         return sum(t.numel * n for t, n in self.tensors())

@@ -60,6 +60,13 @@ TOP_LAYOUTS = 10
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
 PLAN_TP = (1, 2, 4, 8)  # tensor parallel stays inside a node (Narayanan et al. 2021 §3.3, takeaway #1)
 PLAN_MICRO_BATCHES = (1, 2, 4, 8)
+# Context parallel (ring attention) degrees; searched only while each rank keeps at least
+# PLAN_CP_MIN_CHUNK tokens of a sequence (long-context jobs: Llama 3 trained 131,072 tokens with cp=16,
+# Dubey et al. 2024 §3.3.2, a chunk of 8,192), and never with eager attention (no ring kernel).
+PLAN_CP = (1, 2, 4, 8, 16, 32)
+PLAN_CP_MIN_CHUNK = 2048
+# Expert parallel degrees for MoE models: those dividing the expert count and the dp x cp ranks.
+PLAN_EP = (1, 2, 4, 8, 16, 32, 64)
 
 
 # --- the result types ------------------------------------------------------------------------------
@@ -792,6 +799,8 @@ class _PlanItem:
     gpus: int
     tp: int
     pp: int
+    cp: int
+    ep: int
     engine: str  # zero-0..3 | fsdp
     ckpt: Checkpointing
     mb: int
@@ -837,40 +846,37 @@ def plan(
     layers = spec.num_layers
     pp_options = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= layers]
     tps = [t for t in PLAN_TP if t <= per_node and _divides_heads(spec, t)]
+    cps = plan_cp_options(sf, setup)
     ckpts = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
-    for n in counts:
-        for tp in tps:
-            for pp in pp_options:
-                if tp * pp > n or n % (tp * pp):
-                    continue
-                dp = n // (tp * pp)
-                engines = ["zero-0"] if n == 1 else ["zero-0", "zero-1"] if pp > 1 else [
-                    "zero-0", "zero-1", "zero-2", "zero-3", "fsdp"]  # fmt: skip
-                if dp == 1:
-                    engines = ["zero-0"]
-                for mb in PLAN_MICRO_BATCHES:
-                    if gb % (dp * mb):
-                        continue
-                    accum = gb // (dp * mb)
-                    for engine in engines:
-                        for ck in ckpts:
-                            s = replace(setup, micro_batch=mb, grad_accum=accum, checkpointing=ck)
-                            lay = st.Layout(gpus=n, tp=tp, pp=pp, gpus_per_node=per_node,
-                                            engine=_time_engine(engine, dp))  # fmt: skip
-                            step = st.step_time(sf, s, rates, lay, trainable_params=trainable_params,
-                                                params=spec.params)  # fmt: skip
-                            items.append(_PlanItem(time_s=step.total_s, gpus=n, tp=tp, pp=pp, engine=engine,
-                                                   ckpt=ck, mb=mb, accum=accum, step=step))  # fmt: skip
+    for n, tp, pp, cp in itertools.product(counts, tps, pp_options, cps):
+        if tp * pp * cp > n or n % (tp * pp * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        shard = dp * cp  # ZeRO / FSDP shard over the dp x cp ranks
+        engines = ["zero-0", "zero-1"] if pp > 1 else ["zero-0", "zero-1", "zero-2", "zero-3", "fsdp"]
+        if shard == 1:
+            engines = ["zero-0"]
+        for ep, mb in itertools.product(plan_ep_options(spec, shard), PLAN_MICRO_BATCHES):
+            if gb % (dp * mb):
+                continue
+            accum = gb // (dp * mb)
+            for engine, ck in itertools.product(engines, ckpts):
+                s = replace(setup, micro_batch=mb, grad_accum=accum, checkpointing=ck)
+                lay = st.Layout(gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, gpus_per_node=per_node,
+                                engine=_time_engine(engine, shard))  # fmt: skip
+                step = st.step_time(sf, s, rates, lay, trainable_params=trainable_params, params=spec.params)
+                items.append(_PlanItem(time_s=step.total_s, gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, engine=engine,
+                                       ckpt=ck, mb=mb, accum=accum, step=step))  # fmt: skip
     items.sort(key=_plan_order)
 
     # 2. estimate memory in order of step time until ``top`` layouts fit
-    floor_ok: dict[tuple[int, int, int], bool] = {}
+    floor_ok: dict[tuple[int, int, int, int, int], bool] = {}
     found: list[Layout] = []
 
     def make_par(it: _PlanItem) -> Any:
         if par_mod is None:
             return None
-        kw: dict[str, Any] = {"gpus": it.gpus, "tp": it.tp, "pp": it.pp,
+        kw: dict[str, Any] = {"gpus": it.gpus, "tp": it.tp, "pp": it.pp, "cp": it.cp, "ep": it.ep,
                               "sequence_parallel": it.tp > 1}  # fmt: skip
         if it.engine == "fsdp":
             kw["fsdp"] = par_mod.FsdpMode.FULL_SHARD
@@ -878,21 +884,24 @@ def plan(
             kw["zero_stage"] = int(it.engine[-1])
         return par_mod.Parallelism(**kw)
 
-    def frugal_fits(n: int, tp: int, pp: int) -> bool:
-        key = (n, tp, pp)
+    def frugal_fits(n: int, tp: int, pp: int, cp: int, ep: int) -> bool:
+        key = (n, tp, pp, cp, ep)
         if key not in floor_ok:
-            dp = n // (tp * pp)
-            it = _PlanItem(time_s=0, gpus=n, tp=tp, pp=pp, engine="zero-3" if pp == 1 and dp > 1 else
-                           ("zero-1" if dp > 1 else "zero-0"), ckpt=Checkpointing.FULL, mb=1,
-                           accum=max(1, gb // max(1, dp)), step=items[0].step)  # fmt: skip
+            dp = n // (tp * pp * cp)
+            shard = dp * cp
+            engine = "zero-0" if shard == 1 else "zero-3" if pp == 1 else "zero-1"
+            it = _PlanItem(time_s=0, gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, engine=engine,
+                           ckpt=Checkpointing.FULL, mb=1, accum=max(1, gb // max(1, dp)),
+                           step=items[0].step)  # fmt: skip
             floor_ok[key] = _plan_fits(est, setup, it, make_par(it) if multi else None, cap)
         return floor_ok[key]
 
-    shapes_done: set[tuple[int, int, int]] = set()  # one layout per (GPUs, tp, pp): the fastest that fits
+    # one layout per (GPUs, tp, pp, cp, ep): the fastest that fits
+    shapes_done: set[tuple[int, int, int, int, int]] = set()
     for it in items:
         if len(found) >= top:
             break
-        shape = (it.gpus, it.tp, it.pp)
+        shape = (it.gpus, it.tp, it.pp, it.cp, it.ep)
         if shape in shapes_done or not frugal_fits(*shape):
             continue
         got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
@@ -905,7 +914,7 @@ def plan(
     for n in counts:
         best: Layout | None = None
         for it in (i for i in items if i.gpus == n):
-            if not frugal_fits(it.gpus, it.tp, it.pp):
+            if not frugal_fits(it.gpus, it.tp, it.pp, it.cp, it.ep):
                 continue
             best = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
             if best is not None:
@@ -913,7 +922,8 @@ def plan(
         if best is not None:
             fewest = best
             break
-    scope = ("data x tensor x pipeline parallel over up to "
+    scope = (f"data x tensor x pipeline{' x context' if len(cps) > 1 else ''}"
+             f"{' x expert' if len(plan_ep_options(spec, max_gpus)) > 1 else ''} parallel over up to "
              f"{max_gpus} GPUs ({per_node} per node)") if multi else (
         "single GPU only: the multi-GPU estimator (peakmem.ranks) is not installed, "
         "so no sharding is searched")  # fmt: skip
@@ -922,8 +932,8 @@ def plan(
         f"global batch {gb} sequences of {setup.seq_len} tokens"
         + ("" if global_batch else f" (default: ~{DEFAULT_GLOBAL_BATCH_TOKENS:,} tokens per step)"),
         "layouts are scored by the step-time model first; memory is estimated in that order until "
-        f"{top} fit; a (GPUs, tp, pp) whose most frugal variant (ZeRO-3 or ZeRO-1, full checkpointing, "
-        "micro-batch 1) does not fit is skipped whole",
+        f"{top} fit; a (GPUs, tp, pp, cp, ep) whose most frugal variant (ZeRO-3 or ZeRO-1, full "
+        "checkpointing, micro-batch 1) does not fit is skipped whole",
         "pipeline stages use ZeRO-0/1 only (DeepSpeed's pipeline engine rejects ZeRO-2/3); "
         "sequence parallelism on with tp > 1 (Korthikanti et al. 2022)",
     )
@@ -941,6 +951,23 @@ _ENGINE_ORDER = {"zero-1": 0, "zero-2": 1, "zero-0": 2, "zero-3": 3, "fsdp": 4}
 
 def _plan_order(it: _PlanItem) -> tuple[float, int, int, bool]:
     return (round(it.time_s, 9), it.gpus, _ENGINE_ORDER[it.engine], it.ckpt is not Checkpointing.NONE)
+
+
+def plan_cp_options(sf: st.SpecFlops, setup: TrainingSetup) -> tuple[int, ...]:
+    """Context-parallel degrees worth searching: each rank keeps >= PLAN_CP_MIN_CHUNK tokens of a
+    sequence, the degree divides it, and the attention kernel is not eager (no ring attention)."""
+    if sf.kernel(setup) is AttentionKernel.EAGER:
+        return (1,)
+    s = setup.seq_len
+    return tuple(c for c in PLAN_CP if s % c == 0 and (c == 1 or s // c >= PLAN_CP_MIN_CHUNK))
+
+
+def plan_ep_options(spec: ModelSpec, ranks: int) -> tuple[int, ...]:
+    """Expert-parallel degrees: those dividing every MoE layer's expert count and ``ranks`` (dp x cp)."""
+    experts = {g.layer.mlp.num_experts for g in spec.groups if g.layer.mlp.is_moe}
+    if not experts:
+        return (1,)
+    return tuple(e for e in PLAN_EP if ranks % e == 0 and all(n % e == 0 for n in experts))
 
 
 def _time_engine(engine: str, dp: int) -> str:
@@ -992,9 +1019,21 @@ def _plan_families(multi: bool) -> list[Family]:
         Family(name="checkpointing", status="searched", options=("none", "selective", "full")),
         Family(name="micro-batch", status="searched", options=tuple(str(m) for m in PLAN_MICRO_BATCHES)),
         Family(
-            name="context / expert parallel, offload",
+            name="context parallel",
+            status="searched",
+            options=(
+                f"cp in {PLAN_CP} while seq / cp >= {PLAN_CP_MIN_CHUNK:,} tokens (not with eager attention)",
+            ),
+        ),
+        Family(
+            name="expert parallel",
+            status="searched",
+            options=(f"ep in {PLAN_EP} dividing the experts and dp x cp (MoE models only)",),
+        ),
+        Family(
+            name="offload",
             status="not applicable",
-            reason="not searched by plan (use `peakmem train --cp/--ep/--offload` to check one)",
+            reason="not searched by plan (use `peakmem train --offload` or `peakmem fit` to check it)",
         ),
     ]
 
@@ -1363,7 +1402,8 @@ def _step_json(step: st.StepTime) -> dict[str, object]:
     return {
         "total_s": step.total_s, "compute_s": step.compute_s, "recompute_s": step.recompute_s,
         "bubble_s": step.bubble_s, "tp_comm_s": step.tp_comm_s, "dp_comm_s": step.dp_comm_s,
-        "pp_comm_s": step.pp_comm_s, "offload_s": step.offload_s, "dequant_s": step.dequant_s,
+        "pp_comm_s": step.pp_comm_s, "cp_comm_s": step.cp_comm_s, "ep_comm_s": step.ep_comm_s,
+        "offload_s": step.offload_s, "dequant_s": step.dequant_s,
         "gpus": step.gpus, "tokens": step.tokens,
         "gpu_seconds": step.gpu_seconds, "tokens_per_s": step.tokens_per_s,
     }  # fmt: skip
@@ -1424,7 +1464,8 @@ def _layout_json(lay: Layout) -> dict[str, object]:
         "layout": lay.description,
         "gpus": lay.step.gpus,
         "tp": par.tp if par is not None else 1, "pp": par.pp if par is not None else 1,
-        "dp": par.dp if par is not None else 1, "engine": par.engine if par is not None else "none",
+        "dp": par.dp if par is not None else 1, "cp": par.cp if par is not None else 1,
+        "ep": par.ep if par is not None else 1, "engine": par.engine if par is not None else "none",
         "micro_batch": lay.setup.micro_batch, "grad_accum": lay.setup.grad_accum,
         "checkpointing": lay.setup.checkpointing.value,
         "needed_bytes": lay.needed_bytes, "capacity_bytes": lay.capacity_bytes,

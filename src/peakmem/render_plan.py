@@ -147,7 +147,11 @@ def print_plan(report: PlanReport) -> None:
         table.add_column(name, justify="right" if name not in ("engine", "ckpt", "dp x tp x pp") else "left")
     for i, lay in enumerate(report.layouts, 1):
         par = lay.parallelism
-        shape = f"{par.dp} x {par.tp} x {par.pp}" if par is not None else "1 x 1 x 1"
+        shape = "1 x 1 x 1"
+        if par is not None:
+            shape = f"{par.dp} x {par.tp} x {par.pp}" + "".join(
+                f", {name}={getattr(par, name)}" for name in ("cp", "ep") if getattr(par, name) > 1
+            )
         engine = par.engine if par is not None else "none"
         role, _, top, _ = lay.ranks[0]  # the most loaded rank type comes first
         per_rank = fmt_gb(top) + (f" ({role})" if role != "all ranks" else "")

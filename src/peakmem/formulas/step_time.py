@@ -30,6 +30,15 @@ Terms (each a named function below):
   1.5 x the DDP volume (Rajbhandari et al. 2020, arXiv 1910.02054 §7.2). Megatron TP does 2
   all-reduces of the layer's activations in forward and 2 in backward per layer (Shoeybi et al.
   2019, arXiv 1909.08053 §3, Fig. 4), 2 more when the layer is recomputed; they are not overlapped;
+* context parallelism (ring attention, Megatron-Core / TransformerEngine): each rank keeps ``s / cp``
+  tokens of every sequence; per layer the K, V chunks travel ``cp - 1`` hops in forward and K, V plus
+  their gradients in backward (3 x), overlapped with the attention core (Liu et al. 2023, "Ring
+  Attention", arXiv 2310.01889 §3); what exceeds the attention's own time is exposed. Gradients are
+  reduced over ``dp x cp`` ranks;
+* expert parallelism: per MoE layer the top-k token copies go out and come back by all-to-all in
+  forward and again in backward (4 x; 6 x with the recomputed forward), ``(ep-1)/ep`` of them off-rank,
+  not overlapped (Megatron-Core ``MoEAlltoAllTokenDispatcher``); expert gradients are reduced over
+  ``dp x cp / ep`` ranks, the expert weights being split ``ep`` ways;
 * dequantization (QLoRA): bitsandbytes' ``MatMul4Bit`` dequantizes every frozen 4-bit weight to the
   compute dtype before ``F.linear``, in forward and again in backward (and in the recomputed forward);
   LLM.int8 only in backward (bitsandbytes/autograd/_functions.py; see :mod:`peakmem.formulas.qlora`).
@@ -184,6 +193,9 @@ class SpecFlops:
     num_layers: int
     quantized_params: int = 0  # weights QLoRA's bitsandbytes base stores quantized (qlora.is_quantized)
     causal: bool = True  # a decoder: each query attends to the keys before it
+    kv_elems: int = 0  # K and V elements per token over all layers (ring attention's traffic)
+    moe_copies: int = 0  # routed copies of a token over all MoE layers (sum of top-k): all-to-all traffic
+    expert_params: int = 0  # expert weights (split over ep ranks)
     kernels: tuple[str, ...] = ("eager", "sdpa", "flash")  # transformers' for this architecture
 
     def attention_flops_per_token(self, seq_len: int, kernel: AttentionKernel) -> float:
@@ -239,6 +251,10 @@ def spec_flops(spec: ModelSpec) -> SpecFlops:
         matmul_params=matmul, layer_matmul_params=max(0, matmul - outer_matmul), attention=attention,
         hidden_size=spec.hidden_size, num_layers=spec.num_layers, quantized_params=quantized_params(spec),
         causal=spec.task == "causal-lm", kernels=spec.attention_kernels,
+        kv_elems=sum(g.count * g.layer.attention.num_kv_heads
+                     * (g.layer.attention.head_dim + g.layer.attention.v_head_dim) for g in spec.groups),
+        moe_copies=sum(g.count * g.layer.mlp.experts_per_token for g in spec.groups if g.layer.mlp.is_moe),
+        expert_params=sum(t.numel * n for t, n in spec.tensors() if t.kind == "expert_weight"),
     )  # fmt: skip
 
 
@@ -323,6 +339,8 @@ class Layout:
     gpus: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    ep: int = 1
     virtual_stages: int = 1
     gpus_per_node: int = 8
     engine: str = "none"  # none | ddp | zero-1 | zero-2 | zero-3 | fsdp-full | fsdp-grad-op
@@ -331,7 +349,7 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+        return self.gpus // (self.tp * self.pp * self.cp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,13 +364,16 @@ class StepTime:
     pp_comm_s: float
     offload_s: float  # PCIe traffic + CPU optimizer step
     dequant_s: float = 0.0  # QLoRA: frozen weights dequantized in each pass (memory-bound)
+    cp_comm_s: float = 0.0  # ring attention's K/V traffic not hidden under the attention core
+    ep_comm_s: float = 0.0  # expert-parallel all-to-alls
     gpus: int
     tokens: int  # tokens per optimizer step, all ranks together
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.recompute_s + self.bubble_s + self.tp_comm_s + self.dp_comm_s
-                + self.pp_comm_s + self.offload_s + self.dequant_s)  # fmt: skip
+                + self.pp_comm_s + self.cp_comm_s + self.ep_comm_s + self.offload_s
+                + self.dequant_s)  # fmt: skip
 
     @property
     def gpu_seconds(self) -> float:
@@ -364,10 +385,15 @@ class StepTime:
         return self.tokens / self.total_s if self.total_s > 0 else 0.0
 
 
+def _group_bandwidth(span: int, layout: Layout, rates: Rates) -> float:
+    """A group whose ranks lie within ``span`` consecutive GPUs (Megatron's order tp-cp-ep-dp-pp, tp
+    innermost) talks over NVLink while ``span`` fits in a node, else over the inter-node link."""
+    return rates.intra_node_gbps if span <= layout.gpus_per_node else rates.inter_node_gbps
+
+
 def _dp_bandwidth(layout: Layout, rates: Rates) -> float:
-    """Data-parallel ranks are the next-innermost after TP (Megatron order tp-dp-pp): the group stays
-    inside a node while ``tp x dp`` fits in one."""
-    return rates.intra_node_gbps if layout.tp * layout.dp <= layout.gpus_per_node else rates.inter_node_gbps
+    """Gradients are reduced over dp x cp ranks, spanning tp x cp x dp GPUs."""
+    return _group_bandwidth(layout.tp * layout.cp * layout.dp, layout, rates)
 
 
 def _pp_bandwidth(layout: Layout, rates: Rates) -> float:
@@ -381,11 +407,13 @@ def step_time(
 
     ``params`` / ``trainable_params``: the model's totals (the data moved by DP and offload)."""
     flops_rate = rates.tflops * TFLOPs * rates.mfu
+    cp = layout.cp
     mb_tokens = setup.micro_batch * setup.seq_len
     rank_tokens = mb_tokens * setup.grad_accum
-    model_par = layout.tp * layout.pp
-    compute = forward_backward_flops_per_token(sf, setup) * rank_tokens / model_par / flops_rate
-    recompute = recompute_flops_per_token(sf, setup) * rank_tokens / model_par / flops_rate
+    model_par = layout.tp * layout.pp  # the weights' split (cp and dp ranks hold copies)
+    work_par = model_par * cp  # the split of a micro-batch's work
+    compute = forward_backward_flops_per_token(sf, setup) * rank_tokens / work_par / flops_rate
+    recompute = recompute_flops_per_token(sf, setup) * rank_tokens / work_par / flops_rate
     m = setup.grad_accum
     bubble = (compute + recompute) * (layout.pp - 1) / (m * layout.virtual_stages) if layout.pp > 1 else 0.0
 
@@ -395,16 +423,28 @@ def step_time(
     if layout.tp > 1:
         per_layer = 4 + (2 if setup.checkpointing is Checkpointing.FULL else 0)
         layers = -(-sf.num_layers // layout.pp)
-        act_bytes = mb_tokens * sf.hidden_size * HALF_BYTES
+        act_bytes = mb_tokens / cp * sf.hidden_size * HALF_BYTES
         tp_comm = per_layer * layers * m * all_reduce_s(act_bytes, layout.tp, rates.intra_node_gbps)
 
-    # Data parallel: 16-bit gradients of the rank's share of the trainable parameters.
+    full = setup.checkpointing is Checkpointing.FULL
+    cp_comm = _cp_comm_s(sf, setup, rates, layout, flops_rate) if cp > 1 else 0.0
+    ep_comm = 0.0
+    if layout.ep > 1 and sf.moe_copies:
+        # per micro-batch: dispatch + combine in forward and in backward (and the recomputed forward)
+        copies = mb_tokens / cp * sf.moe_copies / layout.pp * sf.hidden_size * HALF_BYTES
+        bw = _group_bandwidth(layout.tp * cp * layout.ep, layout, rates)
+        ep_comm = m * (6 if full else 4) * (layout.ep - 1) / layout.ep * copies / (bw * GBs)
+
+    # Data parallel: 16-bit gradients of the rank's share of the trainable parameters (expert weights
+    # split ep ways more), reduced over dp x cp ranks.
     dp_comm = 0.0
-    dp = layout.dp
+    dp = layout.dp * cp
+    expert_share = sf.expert_params / params if params else 0.0
+    local_share = (1.0 - expert_share) / model_par + expert_share / (model_par * layout.ep)
     if dp > 1 and layout.engine != "none":
         bw = _dp_bandwidth(layout, rates)
-        grad_bytes = trainable_params / model_par * HALF_BYTES
-        param_bytes = params / model_par * HALF_BYTES
+        grad_bytes = trainable_params * local_share * HALF_BYTES
+        param_bytes = params * local_share * HALF_BYTES
         if layout.engine in ("zero-3", "fsdp-full"):
             # per micro-batch: parameters gathered for forward and again for backward, grads
             # reduce-scattered; prefetching hides them under forward and backward
@@ -428,13 +468,13 @@ def step_time(
 
     offload: float = 0.0
     shard = max(1, dp) if layout.engine in ("zero-1", "zero-2", "zero-3", "fsdp-full", "fsdp-grad-op") else 1
-    local_trainable = trainable_params / model_par / shard
+    local_trainable = trainable_params * local_share / shard
     if layout.offload_optimizer:
         pcie = 2 * local_trainable * HALF_BYTES / (rates.pcie_gbps * GBs)  # grads down, params up
         cpu = local_trainable * CPU_ADAM_BYTES_PER_PARAM / (CPU_OPTIMIZER_GBPS * GBs)
         offload += pcie + cpu
     if layout.offload_params:
-        local_params = params / model_par / shard
+        local_params = params * local_share / shard
         offload += m * 2 * local_params * HALF_BYTES / (rates.pcie_gbps * GBs)  # fetched for fwd and bwd
 
     # QLoRA: each micro-batch dequantizes the rank's share of the frozen weights in every pass
@@ -442,9 +482,26 @@ def step_time(
 
     return StepTime(
         compute_s=compute, recompute_s=recompute, bubble_s=bubble, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
-        pp_comm_s=pp_comm, offload_s=offload, dequant_s=dequant, gpus=layout.gpus,
-        tokens=rank_tokens * max(1, dp),
+        pp_comm_s=pp_comm, offload_s=offload, dequant_s=dequant, cp_comm_s=cp_comm, ep_comm_s=ep_comm,
+        gpus=layout.gpus, tokens=rank_tokens * max(1, layout.dp),
     )  # fmt: skip
+
+
+def _cp_comm_s(sf: SpecFlops, setup: TrainingSetup, rates: Rates, layout: Layout, flops_rate: float) -> float:
+    """Ring attention's exposed time per step: K, V chunks over ``cp - 1`` hops in forward, K, V and
+    their gradients in backward (and the recomputed forward's hops under checkpointing), less the
+    attention core's own time, under which the hops run."""
+    cp = layout.cp
+    kernel = sf.kernel(setup)
+    local_tokens = setup.micro_batch * setup.seq_len / cp
+    chunk = local_tokens * sf.kv_elems / layout.tp / layout.pp * HALF_BYTES  # this stage's layers
+    recomputed = setup.checkpointing is not Checkpointing.NONE
+    hops = (cp - 1) * (3 + (1 if recomputed else 0))
+    raw = setup.grad_accum * hops * chunk / (_group_bandwidth(layout.tp * cp, layout, rates) * GBs)
+    passes = 1.0 + ATTENTION_BACKWARD_FACTOR + (1.0 if recomputed else 0.0)
+    attention = sf.attention_flops_per_token(setup.seq_len, kernel) * passes
+    hidden = attention * setup.micro_batch * setup.seq_len * setup.grad_accum / (layout.tp * layout.pp * cp)
+    return max(0.0, raw - hidden / flops_rate)
 
 
 __all__ = [
