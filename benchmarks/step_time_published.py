@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from peakmem.estimate import estimate_training
 from peakmem.formulas import step_time as st
+from peakmem.formulas.lora import LoraConfig
 from peakmem.resolve import resolve_gpu, resolve_model
 from peakmem.training import Checkpointing, LossImpl, Method, OptimizerName, Precision, TrainingSetup
 
@@ -51,8 +53,14 @@ _B8 = TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=2048, check
                     loss=LossImpl.CHUNKED_COMPILED)  # fmt: skip
 _OFF = replace(_B3_AC, optimizer_in_backward=True, activation_offload=True)
 _A100, _A6000, _4090 = "a100-80gb", "rtx-a6000", "rtx-4090"
-_LORA3, _QLORA3 = (replace(_B3_AC, method=m, activation_offload=True) for m in (Method.LORA, Method.QLORA))
-_LORA8, _QLORA8 = (replace(_B8, method=m) for m in (Method.LORA, Method.QLORA))
+# torchtune's adapters (recipes/configs/llama3_2/3B_lora_single_device.yaml, llama3_1/8B_lora_single_device
+# .yaml): q, v, output projections and the MLP; rank 64 (3B) and 8 (8B)
+_TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_TT3, _TT8 = (LoraConfig(rank=r, alpha=2 * r, targets=_TARGETS, adapter_dtype="base") for r in (64, 8))
+_LORA3, _QLORA3 = (
+    replace(_B3_AC, method=m, activation_offload=True, lora=_TT3) for m in (Method.LORA, Method.QLORA)
+)
+_LORA8, _QLORA8 = (replace(_B8, method=m, lora=_TT8) for m in (Method.LORA, Method.QLORA))
 POINTS = (
     Point("3B chunked CE", "llama-3.2-3b", _A100, _B3, 9174),
     Point("3B + checkpointing", "llama-3.2-3b", _A100, _B3_AC, 7210, "3B chunked CE"),
@@ -75,8 +83,11 @@ def predicted(p: Point) -> tuple[float, float]:
     spec = resolve_model(p.model)
     rates = st.rates_for(resolve_gpu(p.gpu))
     sf = st.spec_flops(spec)
-    t = st.step_time(sf, p.setup, rates, st.Layout(), trainable_params=spec.params, params=spec.params)
-    implied = p.published_tokens_per_s * st.training_flops_per_token(sf, p.setup) / (rates.tflops * 1e12)
+    trainable = estimate_training(spec, p.setup).trainable_params
+    t = st.step_time(sf, p.setup, rates, st.Layout(), trainable_params=trainable, params=spec.params)
+    adapters = trainable if p.setup.method is not Method.FULL else 0
+    flops = st.training_flops_per_token(sf, p.setup, adapter_params=adapters)
+    implied = p.published_tokens_per_s * flops / (rates.tflops * 1e12)
     return t.tokens_per_s, implied
 
 

@@ -74,6 +74,17 @@ def test_training_flops_full_lora_and_recompute(sf: st.SpecFlops) -> None:
     assert st.training_flops_per_token(sf, eager) == 3 * (MATMUL_FWD + ATT_EAGER)
 
 
+def test_adapters_cost_six_flops_per_parameter(sf: st.SpecFlops) -> None:
+    """1,000 adapter parameters: 2 FLOPs each forward, 4 backward; 2 more when a layer is recomputed."""
+    lora = TrainingSetup(micro_batch=2, seq_len=S, method=Method.LORA)
+    assert st.training_flops_per_token(sf, lora, adapter_params=1000) == 575_488 + 6_000
+    full = replace(lora, checkpointing=Checkpointing.FULL)
+    recompute = 147_456 + 8_192 + 2_000  # layers, attention scores, adapters
+    assert st.training_flops_per_token(sf, full, adapter_params=1000) == 575_488 + 6_000 + recompute
+    t = st.step_time(sf, lora, RATES, st.Layout(), trainable_params=1000, params=LAYER_MM + HEAD)
+    assert t.compute_s == pytest.approx((575_488 + 6_000) * 2 * S / 0.5e12)
+
+
 def test_encoder_attention_is_not_halved() -> None:
     bert = st.spec_flops(resolve_model("bert-base-uncased"))
     assert not bert.causal

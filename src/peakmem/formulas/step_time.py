@@ -16,8 +16,9 @@ Terms (each a named function below):
   (transformers passes one for sliding windows) compute every score and mask afterwards;
 * backward = 2 x forward (same eq. 3); LoRA/QLoRA skip the frozen weights' gradients, so the weight
   matmuls' backward is ~1 x their forward (Hu et al. 2021, arXiv 2106.09685 §4.2 report 25 % faster
-  training for that reason; the adapters' own FLOPs, ~r (d_in + d_out) per weight, are left out), while
-  the attention scores, which have no weights, still need 2 x (gradients of q, k and v);
+  training for that reason), while the attention scores, which have no weights, still need 2 x
+  (gradients of q, k and v); the adapters themselves cost ``6 x`` their parameters per token (``C ~ 6N``
+  again: ``r (d_in + d_out)`` per adapted weight), ``2 x`` more when recomputed;
 * recompute: full checkpointing runs each layer's forward again (eq. 3's 4th pass, the ``96`` instead
   of ``72``); selective checkpointing recomputes only the attention core (Korthikanti et al. 2022,
   arXiv 2205.05198 §5, Table 4);
@@ -267,26 +268,35 @@ def weight_backward_factor(setup: TrainingSetup) -> float:
 ATTENTION_BACKWARD_FACTOR = 2.0  # dQ, dK, dV: two matmuls per forward one (Narayanan et al. 2021 eq. 3)
 
 
-def forward_backward_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
-    """Forward and backward FLOPs per token (no recompute)."""
+ADAPTER_FLOPS_PER_PARAM = 6.0  # forward 2, backward 4 (input and weight gradients): Kaplan's C ~ 6N
+
+
+def forward_backward_flops_per_token(
+    sf: SpecFlops, setup: TrainingSetup, *, adapter_params: int = 0
+) -> float:
+    """Forward and backward FLOPs per token (no recompute); ``adapter_params``: LoRA's trainable
+    parameters (0 for full fine-tuning, whose weights ``sf.matmul_params`` counts)."""
     matmul = 2.0 * sf.matmul_params
     attention = sf.attention_flops_per_token(setup.seq_len, sf.kernel(setup))
-    return matmul * (1.0 + weight_backward_factor(setup)) + attention * (1.0 + ATTENTION_BACKWARD_FACTOR)
+    return (matmul * (1.0 + weight_backward_factor(setup)) + attention * (1.0 + ATTENTION_BACKWARD_FACTOR)
+            + ADAPTER_FLOPS_PER_PARAM * adapter_params)  # fmt: skip
 
 
-def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
-    """Extra forward FLOPs checkpointing spends: every layer (full), the attention core (selective)."""
+def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup, *, adapter_params: int = 0) -> float:
+    """Extra forward FLOPs checkpointing spends: every layer with its adapters (full), the attention
+    core (selective)."""
     attention = sf.attention_flops_per_token(setup.seq_len, sf.kernel(setup))
     if setup.checkpointing is Checkpointing.FULL:
-        return 2.0 * sf.layer_matmul_params + attention
+        return 2.0 * sf.layer_matmul_params + attention + 2.0 * adapter_params
     if setup.checkpointing is Checkpointing.SELECTIVE:
         return attention
     return 0.0
 
 
-def training_flops_per_token(sf: SpecFlops, setup: TrainingSetup) -> float:
+def training_flops_per_token(sf: SpecFlops, setup: TrainingSetup, *, adapter_params: int = 0) -> float:
     """Forward + backward + recompute FLOPs per trained token."""
-    return forward_backward_flops_per_token(sf, setup) + recompute_flops_per_token(sf, setup)
+    return (forward_backward_flops_per_token(sf, setup, adapter_params=adapter_params)
+            + recompute_flops_per_token(sf, setup, adapter_params=adapter_params))  # fmt: skip
 
 
 DEQUANT_WRITE_BYTES = 2  # the dequantized copy, in the 16-bit compute dtype
@@ -412,8 +422,10 @@ def step_time(
     rank_tokens = mb_tokens * setup.grad_accum
     model_par = layout.tp * layout.pp  # the weights' split (cp and dp ranks hold copies)
     work_par = model_par * cp  # the split of a micro-batch's work
-    compute = forward_backward_flops_per_token(sf, setup) * rank_tokens / work_par / flops_rate
-    recompute = recompute_flops_per_token(sf, setup) * rank_tokens / work_par / flops_rate
+    adapters = trainable_params if setup.method in (Method.LORA, Method.QLORA) else 0
+    compute = forward_backward_flops_per_token(sf, setup, adapter_params=adapters) * rank_tokens / work_par
+    recompute = recompute_flops_per_token(sf, setup, adapter_params=adapters) * rank_tokens / work_par
+    compute, recompute = compute / flops_rate, recompute / flops_rate
     m = setup.grad_accum
     bubble = (compute + recompute) * (layout.pp - 1) / (m * layout.virtual_stages) if layout.pp > 1 else 0.0
 
