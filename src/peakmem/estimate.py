@@ -206,7 +206,7 @@ def _scaled(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[Memo
     if not count:
         return []
     return [
-        MemoryItem(path=f"{prefix}.{i.path}", category=i.category, bytes=i.bytes * count, source=i.source)
+        MemoryItem(f"{prefix}.{i.path}", i.category, i.bytes * count, i.source)  # by position: hot
         for i in items
         if i.bytes
     ]
