@@ -105,3 +105,21 @@ def test_every_inference_suggestion_fits(model: str, gpu: str, engine: str, batc
             if engine in ("vllm", "sglang"):
                 conc = est.extra["max_concurrent_sequences"]
                 assert isinstance(conc, int) and conc >= c.setup.batch, c.label
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=hs.sampled_from(("llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b", "gpt2-xl")),
+       gpu=hs.sampled_from(("rtx-4090", "a100-80gb", "h100-sxm")), max_gpus=hs.sampled_from((8, 24, 64)),
+       seq=hs.sampled_from((2048, 8192, 32768)))  # fmt: skip
+def test_every_plan_layout_fits_when_re_estimated(model: str, gpu: str, max_gpus: int, seq: int) -> None:
+    """Each layout ``plan`` shows (context and expert parallel included), re-estimated per rank on its
+    own, needs what the plan says and fits; the GPUs it uses are within --max-gpus."""
+    spec = _spec(model)
+    setup = TrainingSetup(seq_len=min(seq, spec.max_position_embeddings))
+    report = planner.plan(spec, setup, _gpu(gpu), max_gpus, top=4)
+    for lay in (*report.layouts, *((report.fewest_gpus,) if report.fewest_gpus else ())):
+        par = lay.parallelism
+        assert lay.step.gpus <= max_gpus and par.gpus == lay.step.gpus
+        assert _needed(spec, lay.setup, par) == lay.needed_bytes <= _gpu(gpu).usable_bytes
+        assert lay.setup.seq_len % par.cp == 0
+        assert par.dp * lay.setup.micro_batch * lay.setup.grad_accum == report.global_batch
