@@ -555,7 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_options(p)
     p.set_defaults(handler=cmd_fit)
 
-    p = sub.add_parser("plan", help="the fastest parallel layout that fits, up to N GPUs")
+    p = sub.add_parser(
+        "plan", help="the fastest parallel layout that fits, up to N GPUs",
+        description="Search data, tensor, pipeline, context (long sequences) and expert (MoE) parallel "
+        "degrees, the ZeRO stage or FSDP, checkpointing and micro-batch; rank the layouts by the "
+        "step-time model and show the fastest that fit, with per-rank memory.",
+    )  # fmt: skip
     p.add_argument("model")
     _add_train_options(p)
     p.add_argument("--max-gpus", type=int, required=True, help="the most GPUs to use")
