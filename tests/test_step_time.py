@@ -165,6 +165,8 @@ def test_offload_traffic(sf: st.SpecFlops) -> None:
     both = st.step_time(sf, setup, RATES, lay,
                         trainable_params=p, params=p)  # fmt: skip
     assert both.offload_s == pytest.approx(pcie + cpu + 2 * 2 * p * 2 / 10e9)  # 2 micro-batches x fwd+bwd
+    assert both.overheads()[0] == ("offload", both.offload_s)  # what the cost is made of, largest first
+    assert all(t > 0 for _, t in both.overheads())
 
 
 def test_qlora_dequantizes_every_frozen_weight_per_pass(sf: st.SpecFlops) -> None:

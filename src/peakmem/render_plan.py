@@ -38,6 +38,10 @@ def fit_headline(report: FitReport) -> str:
 
 def _candidate_row(c: Candidate, base_need: int) -> list[str]:
     extra = []
+    overheads = c.step.overheads()
+    if overheads:
+        name, seconds = overheads[0]
+        extra.append(f"{name} {fmt_seconds(seconds)}")
     if c.gpus > 1:
         extra.append(f"{c.gpus} GPUs")
     if c.cpu_bytes:

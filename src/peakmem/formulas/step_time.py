@@ -385,6 +385,16 @@ class StepTime:
                 + self.pp_comm_s + self.cp_comm_s + self.ep_comm_s + self.offload_s
                 + self.dequant_s)  # fmt: skip
 
+    def overheads(self) -> tuple[tuple[str, float], ...]:
+        """The seconds beyond forward and backward compute, by term, largest first (zero terms left out):
+        what a change's cost is made of."""
+        terms = (("recompute", self.recompute_s), ("pipeline bubble", self.bubble_s),
+                 ("tensor-parallel comm", self.tp_comm_s), ("data-parallel comm", self.dp_comm_s),
+                 ("pipeline comm", self.pp_comm_s), ("ring attention comm", self.cp_comm_s),
+                 ("expert all-to-all", self.ep_comm_s), ("offload", self.offload_s),
+                 ("dequantization", self.dequant_s))  # fmt: skip
+        return tuple(sorted(((n, t) for n, t in terms if t > 0), key=lambda nt: -nt[1]))
+
     @property
     def gpu_seconds(self) -> float:
         """GPU time per step: what the step costs."""
