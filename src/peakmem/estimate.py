@@ -82,11 +82,8 @@ class _States:
 
     spec: ModelSpec  # the spec as estimated (LoRA: first layer split off)
     rows: tuple[PerParamRow, ...]
-    weights: int
-    buffers: int
-    grads: int
-    master: int
-    states: int
+    grads: int  # the gradients' bytes (resident between steps under accumulation)
+    states: int  # the optimizer states' bytes (created inside step 1's optimizer step)
     persistent: int  # alive through the whole steady-state step: weights, buffers, master weights, states
     # alive in forward and backward: weights, master weights, states, buffers, and the gradients kept
     # between steps (accumulation / set_to_none=False) when they are: the items (none of 0 bytes), their sum
@@ -151,8 +148,7 @@ def _compute_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> 
     setup_json = setup_dict(setup)
     return _States(
         spec=spec, rows=rows,
-        weights=weights, buffers=buffers, grads=grads, master=master,
-        states=states, persistent=weights + buffers + master + states,
+        grads=grads, states=states, persistent=weights + buffers + master + states,
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent + step_items),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
