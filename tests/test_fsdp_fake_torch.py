@@ -16,21 +16,9 @@ pytest.importorskip("transformers")
 from peakmem.formulas import model_parallel as mp  # noqa: E402
 from peakmem.formulas import sharding  # noqa: E402
 from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
-from test_parallel import tiny  # noqa: E402
+from test_parallel import TINY_CONFIG, tiny  # noqa: E402
 
 pytestmark = pytest.mark.torch
-
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    vocab_size=1000,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    rms_norm_eps=1e-5,
-)
 
 
 @contextmanager
@@ -54,7 +42,7 @@ def _sharded_llama(mesh: Any, mp_policy: Any = None) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in TINY_CONFIG.items() if k != "model_type"}))
     kwargs = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for layer in model.model.layers:  # accelerate TRANSFORMER_BASED_WRAP: one unit per decoder layer
         fully_shard(layer, **kwargs)

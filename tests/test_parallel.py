@@ -9,25 +9,26 @@ from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule, validate_for
 
+# 4 layers, hidden 64, 8 heads (4 KV heads), SwiGLU 128, vocab 1000: 276,032 parameters
+TINY_CONFIG: dict[str, object] = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=1000,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+)
+
 
 def tiny(**over: object) -> ModelSpec:
-    """4 layers, hidden 64, 8 heads (4 KV heads), SwiGLU 128, vocab 1000: 276,032 parameters."""
-    cfg: dict[str, object] = dict(
-        model_type="llama",
-        architectures=["LlamaForCausalLM"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=1000,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        rms_norm_eps=1e-5,
-        hidden_act="silu",
-    )
-    cfg.update(over)
-    return spec_from_config(cfg, name="tiny")
+    """:data:`TINY_CONFIG` with ``over`` applied."""
+    return spec_from_config({**TINY_CONFIG, **over}, name="tiny")
 
 
 def test_tiny_param_count_by_hand() -> None:
