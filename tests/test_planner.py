@@ -11,7 +11,7 @@ import pytest
 from peakmem import planner
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError, UnknownNameError
-from peakmem.estimate import estimate_training
+from peakmem.estimate import estimate_training, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
@@ -112,6 +112,11 @@ def test_json_is_serialisable(gpt2xl_report: planner.FitReport) -> None:
     assert '"smallest_sufficient": "40gb"' in text
     g16 = out["gpus"][1]  # type: ignore[index]
     assert g16["fits"] is False and g16["candidates"][0]["changes"]
+    # setups as estimate.setup_dict writes them: numbers stay numbers, an adapter config a dict
+    assert out["setup"] == setup_dict(gpt2xl_report.setup)  # type: ignore[index]
+    assert out["setup"]["seq_len"] == 1024 and out["setup"]["grads_set_to_none"] is True  # type: ignore[index]
+    lora = next(c for c in g16["candidates"] if c["label"] == "method lora")
+    assert lora["setup"]["method"] == "lora" and lora["setup"]["micro_batch"] == 1
 
 
 # --- the search on a tiny model, hand-checkable -------------------------------------------------

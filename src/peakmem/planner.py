@@ -40,7 +40,7 @@ from typing import Any
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError, require
-from peakmem.estimate import estimate_training
+from peakmem.estimate import estimate_training, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
@@ -1394,10 +1394,6 @@ def fit_inference_json(report: InferFitReport) -> dict[str, object]:
 
 
 # --- JSON -------------------------------------------------------------------------------------------
-def _setup_json(s: TrainingSetup) -> dict[str, object]:
-    return {name: _value(getattr(s, name)) for name in s.__dataclass_fields__}
-
-
 def _step_json(step: st.StepTime) -> dict[str, object]:
     return {
         "total_s": step.total_s, "compute_s": step.compute_s, "recompute_s": step.recompute_s,
@@ -1416,7 +1412,7 @@ def _candidate_json(c: Candidate) -> dict[str, object]:
         "headroom_bytes": c.headroom_bytes, "steps": list(c.steps),
         "peak_allocated_bytes": c.estimate.peak_allocated_bytes, "peak_phase": c.estimate.peak_phase.value,
         "cpu_bytes": c.cpu_bytes, "gpus": c.gpus, "step_time": _step_json(c.step),
-        "relative_cost": c.relative_cost, "changes_job": c.changes_job, "setup": _setup_json(c.setup),
+        "relative_cost": c.relative_cost, "changes_job": c.changes_job, "setup": setup_dict(c.setup),
         "parallelism": c.parallelism.describe() if c.parallelism is not None else None,
     }  # fmt: skip
 
@@ -1429,7 +1425,7 @@ def fit_json(report: FitReport) -> dict[str, object]:
     """The fit report as JSON-ready values (bytes as int)."""
     return {
         "model": {"name": report.model, "params": report.params},
-        "setup": _setup_json(report.setup),
+        "setup": setup_dict(report.setup),
         "device_total_bytes": report.baseline.device_total_bytes,
         "peak_allocated_bytes": report.baseline.peak_allocated_bytes,
         "step_time": _step_json(report.baseline_step),

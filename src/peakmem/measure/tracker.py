@@ -45,7 +45,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from peakmem.breakdown import Category, Phase
@@ -272,20 +272,7 @@ class StorageLedger:
 
 
 def _sized(rec: StorageRecord, nbytes: int) -> StorageRecord:
-    if rec.nbytes == nbytes:
-        return rec
-    return StorageRecord(
-        sid=rec.sid,
-        nbytes=nbytes,
-        step=rec.step,
-        phase=rec.phase,
-        op=rec.op,
-        module=rec.module,
-        dtype=rec.dtype,
-        shape=rec.shape,
-        name=rec.name,
-        tags=rec.tags,
-    )
+    return rec if rec.nbytes == nbytes else replace(rec, nbytes=nbytes)
 
 
 # ------------------------------------------------------------------------------------------------

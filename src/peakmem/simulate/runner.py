@@ -26,7 +26,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -391,8 +391,7 @@ def _live_at(
     for sid, b in live.items():
         r = recs[sid]
         if r.nbytes != b:
-            r = StorageRecord(sid=r.sid, nbytes=b, step=r.step, phase=r.phase, op=r.op, module=r.module,
-                              dtype=r.dtype, shape=r.shape, name=r.name, tags=r.tags)  # fmt: skip
+            r = replace(r, nbytes=b)
         out.append(r)
     return tuple(out)
 
