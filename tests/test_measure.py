@@ -368,3 +368,21 @@ def test_cuda_report_assembly_without_a_gpu():
     assert untracked and untracked[0].bytes > 0
     assert sum(i.bytes for i in est.items) == est.peak_allocated_bytes
     assert all(p.bytes == sum(i.bytes for i in p.items) for p in est.phases)
+
+
+def test_measure_and_simulate_build_the_same_class() -> None:
+    """``config_and_class`` serves both: a training head named by ``architectures`` is used as is; BERT
+    without one gets its classification head; other decoders AutoModelForCausalLM."""
+    import transformers
+
+    from peakmem.measure.runner import config_and_class
+
+    drop = ("model_type", "transformers_version")
+    assert config_and_class(LLAMA, drop=drop)[1] is transformers.LlamaForCausalLM
+    bert = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 64, "vocab_size": 100}  # fmt: skip
+    assert config_and_class(bert, drop=drop)[1] is transformers.BertForSequenceClassification
+    no_arch = {k: v for k, v in GPT2.items() if k != "architectures"}
+    assert config_and_class(no_arch, drop=drop)[1] is transformers.AutoModelForCausalLM
+    with pytest.raises(InputError, match="model_type is missing"):
+        config_and_class({"hidden_size": 8}, drop=drop)

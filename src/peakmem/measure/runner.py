@@ -118,20 +118,20 @@ ATTN_IMPL = {
 TRAINABLE_SUFFIXES = ("ForCausalLM", "ForSequenceClassification", "ForMaskedLM", "LMHeadModel")
 
 
-def build_model(config: dict[str, Any], setup: TrainingSetup, *, seed: int = 0) -> torch.nn.Module:
-    """The transformers model ``config`` names (``architectures[0]`` when it is a training head;
-    else ``BertForSequenceClassification`` for BERT and ``AutoModelForCausalLM`` otherwise),
-    built with random weights in fp32 on CPU."""
+def config_and_class(config: dict[str, Any], *, drop: tuple[str, ...]) -> tuple[Any, Any]:
+    """transformers' config object for ``config`` (less the ``drop`` keys) and the model class it names:
+    ``architectures[0]`` when it is a training head, else ``BertForSequenceClassification`` for BERT
+    and ``AutoModelForCausalLM`` otherwise. ``measure`` and ``simulate`` build the same class."""
     import transformers
 
-    cfg_dict = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
     model_type = config.get("model_type")
     if not model_type:
-        raise InputError("config: model_type is missing")
+        raise InputError("config: model_type is missing; peakmem needs a transformers config.json")
+    kwargs = {k: v for k, v in config.items() if k not in drop}
     try:
-        cfg = transformers.AutoConfig.for_model(model_type, **cfg_dict)
-    except (KeyError, ValueError) as err:
-        raise InputError(f"model_type={model_type!r}: transformers cannot build it ({err})") from err
+        cfg = transformers.AutoConfig.for_model(model_type, **kwargs)
+    except (KeyError, ValueError, TypeError) as err:
+        raise InputError(f"config: transformers cannot read this {model_type!r} config ({err})") from err
     arch = (config.get("architectures") or [None])[0]
     cls = (
         getattr(transformers, arch, None)
@@ -144,6 +144,16 @@ def build_model(config: dict[str, Any], setup: TrainingSetup, *, seed: int = 0) 
             if model_type == "bert"
             else transformers.AutoModelForCausalLM
         )
+    return cfg, cls
+
+
+def build_model(config: dict[str, Any], setup: TrainingSetup, *, seed: int = 0) -> torch.nn.Module:
+    """The transformers model ``config`` names (``architectures[0]`` when it is a training head;
+    else ``BertForSequenceClassification`` for BERT and ``AutoModelForCausalLM`` otherwise),
+    built with random weights in fp32 on CPU."""
+    import transformers
+
+    cfg, cls = config_and_class(config, drop=("model_type", "transformers_version"))
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": ATTN_IMPL[setup.attention]}
     builder: Any = cls

@@ -35,7 +35,7 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.formulas.overhead import Overheads
-from peakmem.measure.runner import ATTN_IMPL, TRAINABLE_SUFFIXES, _per_param_rows, _unique_numel
+from peakmem.measure.runner import ATTN_IMPL, _per_param_rows, _unique_numel, config_and_class
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.simulate import attribution
@@ -133,9 +133,9 @@ def _check(setup: TrainingSetup, steps: int) -> None:
 def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.Module:
     """The transformers model ``config`` describes, on the meta device, in the precision's dtype.
 
-    The class is chosen as ``peakmem measure`` chooses it (``architectures[0]`` when it is a
-    training head; ``AutoModelForCausalLM`` otherwise). A config that transformers cannot build
-    offline (unknown ``model_type``, remote code) raises :class:`InputError`, not a traceback.
+    The class is the one ``peakmem measure`` builds (:func:`peakmem.measure.runner.config_and_class`).
+    A config that transformers cannot build offline (unknown ``model_type``, remote code) raises
+    :class:`InputError`, not a traceback.
     """
     import transformers
 
@@ -151,26 +151,13 @@ def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.M
             f"offline{remote}; peakmem simulate runs only transformers' own model classes and never executes "
             "remote code. Use `peakmem train` (analytic) instead."
         )
-    kwargs = {k: v for k, v in config.items() if k not in _DROP_KEYS and k != "architectures"}
-    try:
-        cfg = transformers.AutoConfig.for_model(model_type, **kwargs)
-    except (KeyError, ValueError, TypeError) as err:
-        raise InputError(f"config: transformers cannot read this {model_type!r} config ({err})") from err
-    arch = (config.get("architectures") or [None])[0]
-    cls = (
-        getattr(transformers, arch, None)
-        if isinstance(arch, str) and arch.endswith(TRAINABLE_SUFFIXES)
-        else None
-    )
-    if cls is None:
-        auto = transformers.AutoModelForCausalLM
-        if type(cfg) not in auto._model_mapping:
-            raise InputError(
-                f"model_type={model_type!r}: transformers has no causal-LM class for it "
-                f"(architectures={config.get('architectures')!r}); peakmem simulate trains *ForCausalLM, "
-                "*ForSequenceClassification, *ForMaskedLM and *LMHeadModel heads"
-            )
-        cls = auto
+    cfg, cls = config_and_class(config, drop=(*_DROP_KEYS, "architectures"))
+    if cls is transformers.AutoModelForCausalLM and type(cfg) not in cls._model_mapping:
+        raise InputError(
+            f"model_type={model_type!r}: transformers has no causal-LM class for it "
+            f"(architectures={config.get('architectures')!r}); peakmem simulate trains *ForCausalLM, "
+            "*ForSequenceClassification, *ForMaskedLM and *LMHeadModel heads"
+        )
     attn = ATTN_IMPL[setup.attention]
     if setup.attention == AttentionKernel.FLASH:
         attn = "sdpa"  # flash-attn is not importable on the CPU; SDPA's flash kernel allocates the same
