@@ -24,18 +24,7 @@ transformers = pytest.importorskip("transformers")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 pytestmark = pytest.mark.torch
 
-
-def _nbytes(t: Any) -> int:
-    return int(t.numel() * t.element_size())
-
-
-def _state_bytes(state: Any) -> int:
-    total = _nbytes(state.absmax) + _nbytes(state.code)
-    if state.offset is not None:
-        total += _nbytes(state.offset)
-    if state.state2 is not None:
-        total += _nbytes(state.state2.absmax) + _nbytes(state.state2.code)
-    return total
+from test_quant_torch import nbytes, quant_state_bytes  # noqa: E402
 
 
 @pytest.mark.slow
@@ -48,14 +37,14 @@ def test_4bit_bytes_real_shapes(shape: tuple[int, int], quant_type: str, double_
     weight = torch.randn(*shape, dtype=torch.bfloat16)
     packed, state = bnb_functional.quantize_4bit(weight, blocksize=64, compress_statistics=double_quant,
                                                  quant_type=quant_type)  # fmt: skip
-    stored = _nbytes(packed) + _state_bytes(state)
+    stored = nbytes(packed) + quant_state_bytes(state)
     assert stored == bnb_4bit_bytes(shape[0] * shape[1], blocksize=64, double_quant=double_quant)
 
 
 def test_int8_bytes_gpt2_xl_shape() -> None:
     weight = torch.randn(6400, 1600, dtype=torch.float16)  # GPT-2 XL c_fc: out 6400, in 1600
     cb, scb, _ = bnb_functional.int8_vectorwise_quant(weight)
-    assert _nbytes(cb) + _nbytes(scb) == bnb_int8_bytes(1600, 6400)
+    assert nbytes(cb) + nbytes(scb) == bnb_int8_bytes(1600, 6400)
 
 
 TINY_MIXTRAL = {
@@ -81,10 +70,10 @@ def _stored_bytes(model: Any) -> int:
         total += p.untyped_storage().nbytes()
         state = getattr(p, "quant_state", None)
         if state is not None:
-            total += _state_bytes(state)
+            total += quant_state_bytes(state)
         scb = getattr(p, "SCB", None)
         if scb is not None:
-            total += _nbytes(scb)
+            total += nbytes(scb)
     return total
 
 

@@ -19,16 +19,17 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 
-def _nbytes(t: Any) -> int:
+def nbytes(t: Any) -> int:
     return int(t.numel() * t.element_size())
 
 
-def _quant_state_bytes(state: Any) -> int:
-    total = sum(_nbytes(getattr(state, k)) for k in ("absmax", "code") if getattr(state, k) is not None)
+def quant_state_bytes(state: Any) -> int:
+    """Every tensor of a bitsandbytes 4-bit QuantState: absmax, code, offset and the nested state."""
+    total = sum(nbytes(getattr(state, k)) for k in ("absmax", "code") if getattr(state, k) is not None)
     if state.offset is not None:
-        total += _nbytes(state.offset)
+        total += nbytes(state.offset)
     if state.state2 is not None:
-        total += _nbytes(state.state2.absmax) + _nbytes(state.state2.code)
+        total += nbytes(state.state2.absmax) + nbytes(state.state2.code)
     return total
 
 
@@ -42,7 +43,7 @@ def test_bnb_nf4_bytes_real_shapes(shape: tuple[int, int], double_quant: bool) -
     packed, state = functional.quantize_4bit(
         weight, blocksize=64, compress_statistics=double_quant, quant_type="nf4"
     )
-    stored = _nbytes(packed) + _quant_state_bytes(state)
+    stored = nbytes(packed) + quant_state_bytes(state)
     assert stored == bnb_4bit_bytes(shape[0] * shape[1], blocksize=64, double_quant=double_quant)
 
 
@@ -51,7 +52,7 @@ def test_bnb_int8_bytes_real_shape() -> None:
     functional = pytest.importorskip("bitsandbytes.functional")
     weight = torch.randn(14336, 4096, dtype=torch.float16)  # up_proj: out 14336, in 4096
     cb, scb, _ = functional.int8_vectorwise_quant(weight)
-    assert _nbytes(cb) + _nbytes(scb) == bnb_int8_bytes(4096, 14336)
+    assert nbytes(cb) + nbytes(scb) == bnb_int8_bytes(4096, 14336)
 
 
 def _cache_bytes(cache: Any) -> int:
@@ -60,7 +61,7 @@ def _cache_bytes(cache: Any) -> int:
         for name in ("keys", "values"):
             t = getattr(layer, name, None)
             if t is not None and t.numel():
-                total += _nbytes(t)
+                total += nbytes(t)
     return total
 
 
