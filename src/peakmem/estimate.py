@@ -139,7 +139,7 @@ def _compute_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> 
         outer = _lora.outer_grad_split(spec, setup), 0, 0
     weights, grads = _row_bytes(rows, Category.PARAMETERS), _row_bytes(rows, Category.GRADIENTS)
     master, states = _row_bytes(rows, Category.MASTER_WEIGHTS), _row_bytes(rows, Category.OPTIMIZER_STATES)
-    persistent = _state_items(rows, buffers, include_grads=False)
+    persistent = state_items(rows, buffers, include_grads=False)
     kept_grads = _grad_items(rows, "gradients (accumulated)") if _grads_resident(setup, grads) else []
     resident_items, resident_bytes = _kept(persistent + kept_grads)
     step_items = [] if _lowbit.in_backward(setup) else [optimizer_phase_grads(tspec, tsetup),
@@ -198,7 +198,7 @@ def _head_weight_numel(spec: ModelSpec) -> int:
     return spec.vocab_size * spec.hidden_size
 
 
-def _scaled(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:
+def scaled_items(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:
     if not count:
         return []
     return [
@@ -403,7 +403,7 @@ def _phase(
     return PhasePeak(phase=phase, bytes=base_bytes + nbytes, items=base + kept)
 
 
-def _state_items(rows: tuple[PerParamRow, ...], buffers: int, *, include_grads: bool) -> list[MemoryItem]:
+def state_items(rows: tuple[PerParamRow, ...], buffers: int, *, include_grads: bool) -> list[MemoryItem]:
     items = [
         MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source)
         for r in rows
@@ -433,14 +433,14 @@ def _activation_items(parts: _Parts, layers_left: int | None, current_freed: int
         keep = count if layers_left is None else max(0, min(count, layers_left - start))
         if current_freed and keep and layers_left is not None and start + keep == layers_left:
             top = start + keep - 1
-            items += _scaled(per_layer, keep - 1, f"layers[{start}:{top}]")
+            items += scaled_items(per_layer, keep - 1, f"layers[{start}:{top}]")
             items.append(MemoryItem(
                 path=f"layers[{top}] in backward (saved tensors not yet freed)",
                 category=Category.ACTIVATIONS, bytes=sum(i.bytes for i in per_layer) - current_freed,
                 source=SRC_FREED,
             ))  # fmt: skip
         else:
-            items += _scaled(per_layer, keep, f"layers[{start}:{start + keep}]")
+            items += scaled_items(per_layer, keep, f"layers[{start}:{start + keep}]")
         start += count
     if layers_left is None:
         items += list(parts.head_items)

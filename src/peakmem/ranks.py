@@ -16,7 +16,7 @@ from enum import Enum
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, Phase, PhasePeak
 from peakmem.errors import InputError
-from peakmem.estimate import estimate_training, setup_dict
+from peakmem.estimate import estimate_training, scaled_items, setup_dict, state_items
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import model_parallel as mp
@@ -329,17 +329,7 @@ def _rank(
 
     rows = states.rows
     buffers = buffer_bytes(spec, setup)
-    row_items = [MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source) for r in rows]
-    if buffers:
-        row_items.append(
-            MemoryItem(
-                path="buffers",
-                category=Category.BUFFERS,
-                bytes=buffers,
-                source="registered buffers (RoPE inv_freq), fp32",
-            )
-        )
-    persistent_items = row_items + list(states.resident)
+    persistent_items = state_items(rows, buffers, include_grads=True) + list(states.resident)
     persistent = sum(i.bytes for i in persistent_items)
     accumulating = setup.grad_accum > 1
 
@@ -347,11 +337,7 @@ def _rank(
     acts = list(embed_items)
     start = 0
     for count, per_layer in layer_items:
-        acts += [
-            replace(i, path=f"layers[{start}:{start + count}].{i.path}", bytes=i.bytes * count)
-            for i in per_layer
-            if i.bytes
-        ]
+        acts += scaled_items(per_layer, count, f"layers[{start}:{start + count}]")
         start += count
     acts += list(head_items)
     fwd_extra = max(head_fwd, max_fwd - head_saved) + p2p
