@@ -39,13 +39,17 @@ class MemoryItem:
     A result, not an input: not frozen, because a planner builds tens of thousands of them a second
     and a frozen dataclass's ``__init__`` costs twice as much (``object.__setattr__`` per field).
     Treat it as read-only; derive changed items with ``dataclasses.replace``. Build it with keywords;
-    the estimator's hottest loops pass the four fields by position (half the cost of keywords).
+    the estimator's hottest loops pass the first four fields by position (half the cost of keywords).
+
+    ``path`` is display text and may be reworded; ``key`` is the stable name that code and tests match
+    on (``"attn.softmax"``, ``"optimizer.foreach_sqrt"``): never match on ``path``.
     """
 
     path: str  # e.g. "layers.*.mlp.act_fn output", "adam.exp_avg"
     category: Category
     bytes: int
     source: str = ""
+    key: str = ""  # stable identifier (see above); "" for items nothing needs to find
 
 
 @dataclass(frozen=True, kw_only=True)
