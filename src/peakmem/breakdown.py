@@ -104,3 +104,20 @@ class Estimate:
     @property
     def model_state_bytes(self) -> int:
         return sum(r.bytes for r in self.per_param)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Whether a job fits on one GPU (or a plain memory size)."""
+
+    gpu: str
+    capacity_bytes: int
+    needed_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.needed_bytes

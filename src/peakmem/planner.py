@@ -37,14 +37,13 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from peakmem.breakdown import Estimate
+from peakmem.breakdown import Estimate, Verdict
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError, require
 from peakmem.estimate import estimate_training, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
-from peakmem.render import Verdict  # reused: gpu, capacity_bytes, needed_bytes; fits, headroom_bytes
 from peakmem.training import AttentionKernel, Checkpointing, Method, OptimizerName, TrainingSetup
 
 MAX_CHANGES = 3  # changes combined in one candidate

@@ -7,10 +7,9 @@ parentheses; JSON carries integer bytes only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from peakmem.breakdown import Category, Estimate
+from peakmem.breakdown import Category, Estimate, Verdict
 from peakmem.model import ModelSpec
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
@@ -28,23 +27,6 @@ CATEGORY_LABELS = {
 
 
 PIPE_WIDTH = 110  # columns when stdout is not a terminal
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    """Whether a job fits on one GPU (or a plain memory size)."""
-
-    gpu: str
-    capacity_bytes: int
-    needed_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return self.needed_bytes <= self.capacity_bytes
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.capacity_bytes - self.needed_bytes
 
 
 def fmt_per_param(x: float) -> str:

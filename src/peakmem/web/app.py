@@ -281,7 +281,7 @@ def _gpus(names: list[str]) -> list[Any]:
 
 
 def _verdicts(gpus: list[Any], needed: int) -> list[Any]:
-    from peakmem.render import Verdict
+    from peakmem.breakdown import Verdict
 
     return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
 
