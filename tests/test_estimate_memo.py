@@ -1,4 +1,4 @@
-"""The estimator's memos (peakmem.estimate._STATES, lora.resolve_targets, activations._STRUCTURE) never
+"""The estimator's memos (a TrainingEstimator's, lora.resolve_targets, activations._STRUCTURE) never
 change a number: an estimate made cold equals the same estimate made after other shapes warmed them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from peakmem import estimate
 from peakmem.catalog.models import MODEL_ENTRIES
-from peakmem.estimate import estimate_training
+from peakmem.estimate import TrainingEstimator, estimate_training
 from peakmem.formulas import activations, lora
 from peakmem.formulas.lora import LoraConfig
 from peakmem.resolve import resolve_model
@@ -17,7 +17,6 @@ from peakmem.training import Checkpointing, Method, OptimizerName, Precision, Tr
 
 
 def _clear() -> None:
-    estimate._STATES.clear()
     lora._TARGETS_CACHE.clear()
     activations._STRUCTURE.clear()
 
@@ -42,9 +41,10 @@ def test_warm_equals_cold(model: str, setup: TrainingSetup) -> None:
     _clear()
     cold = estimate_training(spec, setup)
     _clear()
+    est = TrainingEstimator(spec)
     for mb, seq in ((7, 33), (1, 4096)):  # other shapes fill the memos first
-        estimate_training(spec, replace(setup, micro_batch=mb, seq_len=seq))
-    warm = estimate_training(spec, setup)
+        est.estimate(replace(setup, micro_batch=mb, seq_len=seq))
+    warm = est.estimate(setup)
     assert warm == cold
     assert warm.setup == estimate.setup_dict(setup)
     assert warm.setup is not cold.setup
@@ -56,8 +56,9 @@ def test_warm_equals_cold(model: str, setup: TrainingSetup) -> None:
 def test_setup_json_not_shared() -> None:
     spec = resolve_model("gpt2")
     s = TrainingSetup(method=Method.LORA, lora=LoraConfig(rank=4))
-    a = estimate_training(spec, s)
-    b = estimate_training(spec, replace(s, micro_batch=3))
+    est = TrainingEstimator(spec)
+    a = est.estimate(s)
+    b = est.estimate(replace(s, micro_batch=3))
     assert a.setup["micro_batch"] == 1 and b.setup["micro_batch"] == 3
     assert a.setup["lora"] == b.setup["lora"] and a.setup["lora"] is not b.setup["lora"]
 
@@ -68,8 +69,9 @@ def test_shape_independent_parts_are_memoised_per_spec_and_setup() -> None:
     _clear()
     paged = TrainingSetup(precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT)
     plain = replace(paged, optimizer=OptimizerName.ADAMW)
-    p1, p2 = (estimate_training(spec, replace(paged, micro_batch=mb)) for mb in (1, 5))
+    est = TrainingEstimator(spec)
+    p1, p2 = (est.estimate(replace(paged, micro_batch=mb)) for mb in (1, 5))
     assert p1.extra["paged_optimizer_bytes"] == p2.extra["paged_optimizer_bytes"] > 0
-    assert "paged_optimizer_bytes" not in estimate_training(spec, plain).extra
+    assert "paged_optimizer_bytes" not in est.estimate(plain).extra
     assert p1.phases[2] == p2.phases[2]  # the optimizer step does not depend on the shapes
-    assert len(estimate._STATES) == 2
+    assert len(est._static) == 2  # one memo entry per setup, none per shape

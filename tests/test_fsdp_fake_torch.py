@@ -101,11 +101,13 @@ def test_fsdp2_mem_tracker_categories_match_formula() -> None:
     (no separate all-gather stream, so no run-ahead prefetch; peakmem counts 2 units, as on CUDA)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+    from peakmem.formulas.technique import technique
     from peakmem.training import Precision, TrainingSetup
 
     par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
     sp = mp.stage_params(tiny(), par, 0)
-    states = sharding.rank_states(tiny(), TrainingSetup(precision=Precision.FP32), par, sp)
+    setup = TrainingSetup(precision=Precision.FP32)
+    states = sharding.rank_states(technique(tiny(), setup), setup, par, sp)
     rows = {r.tensor: r.bytes for r in states.rows}
     gathered = {i.path: i.bytes for i in states.gathered_forward}
     with fake_world(4, 0) as mesh:

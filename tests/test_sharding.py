@@ -16,6 +16,7 @@ from peakmem.estimate import estimate_training
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import sharding
 from peakmem.formulas.activations import LayerActivations
+from peakmem.formulas.technique import technique
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
 from peakmem.ranks import estimate_ranks
 from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
@@ -90,7 +91,7 @@ def test_tp_activation_split() -> None:
 # --- data-parallel sharding --------------------------------------------------------------------
 def test_zero2_states_by_hand() -> None:
     par = Parallelism(gpus=4, zero_stage=2)
-    st = sharding.rank_states(tiny(), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
     part = 69_008  # DeepSpeed pads to 2 x N: ceil(276032 / 8) * 2
     assert _rows(st) == {
         "weights (16-bit, full copy)": 2 * P,
@@ -98,24 +99,24 @@ def test_zero2_states_by_hand() -> None:
         "AdamW m (exp_avg) (1/4 partition)": 4 * part,
         "AdamW v (exp_avg_sq) (1/4 partition)": 4 * part,
     }
-    backward = {i.path: i.bytes for i in st.grads_backward}
-    assert backward["gradient partition (16-bit) (1/4 partition)"] == 2 * part
-    assert backward["ZeRO ipg reduce bucket (5e+08 elements)"] == 2 * 500_000_000  # one bf16 bucket
-    step = {i.path: i.bytes for i in st.step}
-    assert step["fp32 gradient partition at the step (1/4 partition)"] == 4 * part
-    assert step["optimizer.foreach exp_avg_sq_sqrt (1/4 partition)"] == 4 * part
+    backward = {i.key: i.bytes for i in st.grads_backward}
+    assert backward["zero.grad_partition"] == 2 * part
+    assert backward["zero.ipg"] == 2 * 500_000_000  # one bf16 bucket
+    step = {i.key: i.bytes for i in st.step}
+    assert step["zero.fp32_grad"] == 4 * part
+    assert step["optimizer.foreach_sqrt"] == 4 * part
 
 
 def test_zero3_states_by_hand() -> None:
     par = Parallelism(gpus=4, zero_stage=3, param_persistence_threshold=100)
-    st = sharding.rank_states(tiny(), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
     assert _rows(st)["weights (1/4 partition)"] == 2 * P // 4  # every tensor divides by 4
-    resident = {i.path: i.bytes for i in st.resident}
-    assert resident["persistent small parameters (whole on every rank)"] == 2 * 9 * 64  # 9 norms of 64
-    assert resident["gradient partition (16-bit) (1/4 partition)"] == 2 * P // 4
-    assert resident["ZeRO ipg reduce bucket (5e+08 elements)"] == 2 * 500_000_000
-    gathered = {i.path: i.bytes for i in st.gathered_backward}
-    assert gathered["ZeRO-3 unsharded gradients of the running module"] == 2 * 64_000  # the embedding
+    resident = {i.key: i.bytes for i in st.resident}
+    assert resident["zero3.persistent"] == 2 * 9 * 64  # 9 norms of 64
+    assert resident["zero.grad_partition"] == 2 * P // 4
+    assert resident["zero.ipg"] == 2 * 500_000_000
+    # each gradient leaves for the partition as soon as it is written: one module's at most (the embedding)
+    assert st.grads_written_cap == 2 * 64_000 and st.grads_kept == 0
 
 
 def test_fsdp2_dim0_padding_by_hand() -> None:
@@ -130,7 +131,7 @@ def test_fsdp2_dim0_padding_by_hand() -> None:
 
 def test_fsdp_states_are_fp32_shards() -> None:
     par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
-    st = sharding.rank_states(tiny(), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
     rows = _rows(st)
     assert rows["sharded parameters (fp32, master) (1/4 shard)"] == 4 * P // 4
     assert not any(r.category is Category.MASTER_WEIGHTS for r in st.rows)  # the shard is the master
@@ -158,7 +159,7 @@ def test_single_gpu_is_the_single_gpu_estimate() -> None:
 
 def test_offload_moves_states_to_cpu() -> None:
     par = Parallelism(gpus=4, zero_stage=2, offload_optimizer=Offload.CPU)
-    st = sharding.rank_states(tiny(), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
     assert list(_rows(st)) == ["weights (16-bit, full copy)"]
     part = 69_008
     assert sum(i.bytes for i in st.cpu) == 4 * part * 4  # master, m, v, fp32 grads
@@ -169,7 +170,7 @@ def test_offload_moves_states_to_cpu() -> None:
 
 def test_nvme_keeps_swap_buffers_in_cpu() -> None:
     par = Parallelism(gpus=4, zero_stage=3, offload_optimizer=Offload.NVME, offload_params=Offload.NVME)
-    st = sharding.rank_states(tiny(), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
     assert st.nvme_bytes > 0
     assert {i.path for i in st.cpu} >= {"NVMe parameter swap buffers (pinned)"}
 

@@ -1,9 +1,18 @@
-"""The analytic training estimator: a setup -> an :class:`~peakmem.breakdown.Estimate`.
+"""The analytic training estimator: a setup (and a parallel layout) -> an
+:class:`~peakmem.breakdown.Estimate` for one rank.
 
-It assembles the formulas (model states, optimizer, activations, loss), walks the step's
-timeline (forward, backward, optimizer; steady state), converts the allocated peak to reserved
-bytes and the device total, and records every assumption. Pure and fast: one pass over layer
-groups, never over individual layers.
+ONE step timeline. The setup's method, precision and optimizer are applied once
+(:func:`peakmem.formulas.technique.technique`); the engine then partitions what exists
+(:func:`peakmem.formulas.sharding.rank_states`: DDP buckets, ZeRO 1/2/3, FSDP, offload) and the
+model-parallel layout gives the rank its share of layers, heads and tokens
+(:mod:`peakmem.formulas.model_parallel`); this module walks forward, backward and the optimizer step
+(steady state, step 1 reported too) over that rank's tensors, converts the allocated peak to
+reserved bytes and the device total, and records every assumption. The single-GPU estimate is the
+replicated case of the per-rank one (``Parallelism()``), not a second code path.
+
+Pure and fast: one pass over layer groups, never over individual layers. A
+:class:`TrainingEstimator` memoises what does not depend on the shapes (micro-batch, sequence) for
+one spec; a search keeps one per question (the caches belong to it, not to this module).
 """
 
 from __future__ import annotations
@@ -11,25 +20,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import Enum
+from fractions import Fraction
 from operator import attrgetter
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import activations as act
-from peakmem.formulas import allocator
+from peakmem.formulas import allocator, sharding
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
+from peakmem.formulas import model_parallel as mp
 from peakmem.formulas.loss import head_activations
-from peakmem.formulas.model_states import (
-    buffer_bytes,
-    precision_plan,
-    spec_facts,
-    trainable_params,
-    weight_rows,
-)
-from peakmem.formulas.optimizer import optimizer_phase_grads, optimizer_rows, state_dtype, step_temporaries
+from peakmem.formulas.model_states import precision_plan, spec_facts
+from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
+from peakmem.parallel import Parallelism
 from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, OptimizerName, TrainingSetup
 
 METHOD = "analytic"
@@ -55,123 +62,160 @@ def setup_dict(setup: TrainingSetup) -> dict[str, object]:
     return out
 
 
-def _setup_json(st: _States, setup: TrainingSetup) -> dict[str, object]:
-    """``setup_dict(setup)`` from the memoised one of a setup that differs at most in its shapes: a fresh
-    dict (same key order), the shapes set, nested dicts (lora, quant) rebuilt so that none is shared."""
-    out = dict(st.setup_json)
-    out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
-    for name in st.setup_json_nested:
-        out[name] = asdict(getattr(setup, name))
-    return out
-
-
-@dataclass(kw_only=True, slots=True)
-class _Parts:
-    """Per-step quantities shared by the phases (per estimate: slotted, not frozen)."""
-
-    layer_items: tuple[tuple[int, tuple[MemoryItem, ...]], ...]  # (count, per-layer saved) per group
-    groups: tuple[GroupCost, ...]
-    embed_items: tuple[MemoryItem, ...]
-    head_items: tuple[MemoryItem, ...]
+_SINGLE = Parallelism()  # one GPU: the replicated layout of one rank
+_DEFAULT_OVERHEADS = Overheads()  # frozen: one instance serves every call
+# Every TrainingSetup field but the shapes: a rank's states are the same for any micro-batch and sequence.
+_SHAPE_FIELDS = ("micro_batch", "seq_len")
+_STATE_KEY = attrgetter(*(f for f in _SETUP_FIELDS if f not in _SHAPE_FIELDS))
+_MEMO_MAX = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
-class _States:
-    """What a step needs that depends on the spec and the setup but not on its shapes (micro-batch,
-    sequence): the model-state rows and their sums, the optimizer step's items, the outer gradients."""
+class _Static:
+    """What a rank's step needs that depends on the spec, the setup and the layout but not on the shapes."""
 
-    spec: ModelSpec  # the spec as estimated (LoRA: first layer split off)
-    rows: tuple[PerParamRow, ...]
-    grads: int  # the gradients' bytes (resident between steps under accumulation)
-    states: int  # the optimizer states' bytes (created inside step 1's optimizer step)
-    persistent: int  # alive through the whole steady-state step: weights, buffers, master weights, states
-    # alive in forward and backward: weights, master weights, states, buffers, and the gradients kept
-    # between steps (accumulation / set_to_none=False) when they are: the items (none of 0 bytes), their sum
-    resident_items: tuple[MemoryItem, ...]
+    tech: Technique
+    states: sharding.RankStates
+    sp: mp.StageParams
+    single: bool  # one GPU (the estimate without per-rank figures)
+    groups: tuple[tuple[int, int], ...]  # (group index of tech.spec, layers on this stage) per stage group
+    written: tuple[int, ...]  # per stage group: gradient bytes one layer writes (before the TP split)
+    kept: tuple[int, ...]  # per stage group: of them, bytes kept until the step (TP-local)
+    outer: tuple[int, int, int, int, int]  # written start, kept start, written end, kept end, tied hold
+    table: tuple[PerParamRow, ...]  # the rank's bytes-per-parameter table
+    persistent: int  # alive through the whole step: weights, buffers, master weights, states, engine buffers
+    states_bytes: int  # optimizer states on the GPU (created inside step 1's optimizer step)
+    resident_items: tuple[MemoryItem, ...]  # alive in forward and backward (persistent + kept gradients)
     resident_bytes: int
-    # the optimizer step: weights, master weights, states, buffers; the step's gradients and temporaries
     optimizer_phase: PhasePeak
-    state_extra: dict[str, int]  # Estimate.extra entries that do not depend on shapes (paged states)
-    weight_cache: tuple[MemoryItem, ...]  # _weight_cache
-    outer_grads: tuple[int, int, int]  # _outer_grad_split
     resident_rounding: int
-    params: int
-    trainable: int
-    head_weight_numel: int
-    assumptions: tuple[str, ...]  # LoRA / low-bit optimizer notes
-    # the estimate's assumptions (but the attention fallback's) per Overheads: none depends on shapes
+    weight_cache: tuple[MemoryItem, ...]
+    state_extra: dict[str, int]
+    assumptions: tuple[str, ...]
     notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
-    setup_json: dict[str, object]  # setup_dict of a setup with these fields (its shapes overwritten per call)
-    setup_json_nested: tuple[str, ...]  # its nested dicts (lora, quant), rebuilt per call: none is shared
+    setup_json: dict[str, object]
+    setup_json_nested: tuple[str, ...]
 
 
-# Every TrainingSetup field but the shapes: the states are the same for any micro-batch and sequence.
-_SHAPE_FIELDS = ("micro_batch", "seq_len")
-_STATE_KEY = attrgetter(*(f for f in _SETUP_FIELDS if f not in _SHAPE_FIELDS))
-_STATES: dict[tuple[int, tuple[object, ...]], tuple[ModelSpec, _States]] = {}
-_STATES_MAX = 1024
-_NOTES_MAX = 64
+class TrainingEstimator:
+    """Training estimates of one spec. It memoises the shape-independent part of each (setup, layout,
+    stage); a search keeps one estimator per question, so the memo lives and dies with it."""
+
+    def __init__(self, spec: ModelSpec, overheads: Overheads | None = None) -> None:
+        self.spec = spec
+        self.overheads = overheads or _DEFAULT_OVERHEADS
+        self._tech: dict[tuple[object, ...], Technique] = {}
+        self._static: dict[tuple[object, ...], _Static] = {}
+
+    def technique(self, setup: TrainingSetup) -> Technique:
+        key = _STATE_KEY(setup) if type(setup) is TrainingSetup else (setup,)
+        found = self._tech.get(key)
+        if found is None:
+            if len(self._tech) >= _MEMO_MAX:
+                self._tech.clear()
+            found = self._tech[key] = technique(self.spec, setup)
+        return found
+
+    def _static_of(self, setup: TrainingSetup, par: Parallelism | None, stage: int) -> _Static:
+        key = (_STATE_KEY(setup) if type(setup) is TrainingSetup else (setup,), par, stage)
+        found = self._static.get(key)
+        if found is None:
+            if len(self._static) >= _MEMO_MAX:
+                self._static.clear()
+            found = self._static[key] = _compute_static(self.technique(setup), setup, par, stage)
+        return found
+
+    def estimate(
+        self, setup: TrainingSetup, par: Parallelism | None = None, stage: int = 0, role: str = "all ranks"
+    ) -> Estimate:
+        """One rank of pipeline stage ``stage`` under ``par`` (None: one GPU) at its peak."""
+        return self.rank(setup, par, stage, role)[0]
+
+    def rank(
+        self, setup: TrainingSetup, par: Parallelism | None = None, stage: int = 0, role: str = "all ranks"
+    ) -> tuple[Estimate, sharding.RankStates, mp.StageParams]:
+        asked = setup.attention
+        fallback = _attention_fallback(self.spec, setup)
+        if fallback is not None:
+            setup = fallback
+        st = self._static_of(setup, par, stage)
+        return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
 
 
-def _model_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> _States:
-    """Memoised by spec identity (the spec kept alive in the memo) and every setup field but the shapes:
-    a planner estimates one spec under many shapes."""
-    if type(setup) is not TrainingSetup:  # a subclass may add fields the key does not know
-        return _compute_states(_lora.split_first_layer(spec) if adapter else spec, setup, adapter=adapter)
-    key = (id(spec), _STATE_KEY(setup))
-    hit = _STATES.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    found = _compute_states(_lora.split_first_layer(spec) if adapter else spec, setup, adapter=adapter)
-    if len(_STATES) >= _STATES_MAX:
-        _STATES.clear()
-    _STATES[key] = (spec, found)
-    return found
+def estimate_training(
+    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+) -> Estimate:
+    """Peak memory of one steady-state training step of ``spec`` under ``setup`` on one GPU."""
+    return TrainingEstimator(spec, overheads).estimate(setup)
 
 
-def _compute_states(spec: ModelSpec, setup: TrainingSetup, *, adapter: bool) -> _States:
-    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
-    opt_rows = optimizer_rows(tspec, tsetup)
-    rows = _lora.weight_rows_for(spec, setup, weight_rows) + opt_rows
-    buffers = buffer_bytes(spec, setup)
-    outer = _outer_grad_split(spec, precision_plan(setup.precision).grad.nbytes)
-    if adapter:
-        outer = _lora.outer_grad_split(spec, setup), 0, 0
-    weights, grads = _row_bytes(rows, Category.PARAMETERS), _row_bytes(rows, Category.GRADIENTS)
-    master, states = _row_bytes(rows, Category.MASTER_WEIGHTS), _row_bytes(rows, Category.OPTIMIZER_STATES)
-    persistent = state_items(rows, buffers, include_grads=False)
-    kept_grads = _grad_items(rows, "gradients (accumulated)") if _grads_resident(setup, grads) else []
-    resident_items, resident_bytes = _kept(persistent + kept_grads)
-    step_items = [] if _lowbit.in_backward(setup) else [optimizer_phase_grads(tspec, tsetup),
-                                                       *step_temporaries(tspec, tsetup)]  # fmt: skip
-    paged = _lowbit.paged_bytes(tspec, tsetup)
+# --- the shape-independent part -------------------------------------------------------------------
+def _stage_group_indices(spec: ModelSpec, pp: int, stage: int) -> tuple[tuple[int, int], ...]:
+    """(group index, layers of that group on the stage) for the stage's contiguous layer range."""
+    start, n = mp.stage_layer_counts(spec.num_layers, pp, stage)
+    end, pos = start + n, 0
+    out: list[tuple[int, int]] = []
+    for i, g in enumerate(spec.groups):
+        lo, hi = max(start, pos), min(end, pos + g.count)
+        if hi > lo:
+            out.append((i, hi - lo))
+        pos += g.count
+    return tuple(out)
+
+
+def _kept(nbytes: int, frac: Fraction) -> int:
+    return nbytes if frac == 1 else -(-nbytes * frac.numerator // frac.denominator)
+
+
+def _compute_static(tech: Technique, setup: TrainingSetup, par: Parallelism | None, stage: int) -> _Static:
+    layout = par or _SINGLE
+    spec = tech.spec
+    sp = mp.stage_params(spec, layout, stage)
+    rs = sharding.rank_states(tech, setup, layout, sp)
+    first, last = stage == 0, stage == layout.pp - 1
+    groups = _stage_group_indices(spec, layout.pp, stage)
+    in_bwd = _lowbit.in_backward(setup)
+    cap = rs.grads_written_cap
+    written = tuple(tech.layer_grads[i] if cap is None else min(tech.layer_grads[i], cap * layout.tp)
+                    for i, _ in groups)  # fmt: skip
+    kept = tuple(_kept(mp.cdiv(tech.layer_grads[i], layout.tp), rs.grads_kept) for i, _ in groups)
+    start, end, tied = _outer_grad_split(tech, setup)
+    start, end = (mp.cdiv(start, layout.tp) if last else 0), (mp.cdiv(end, layout.tp) if first else 0)
+    tied = tied if layout.pp == 1 else 0  # pipeline stages keep two tied copies: no shared InputBuffer
+    if cap is not None:
+        start, end = min(start, cap), min(end, cap)
+    outer = (start, _kept(start, rs.grads_kept), end, _kept(end, rs.grads_kept), mp.cdiv(tied, layout.tp))
+    buffers = tech.buffers
+    persistent_items = _state_items(rs.rows, buffers) + list(rs.resident)
+    resident = setup.grad_accum > 1 or not setup.grads_set_to_none
+    resident_items, resident_bytes = _nonzero(persistent_items + (list(rs.accumulated) if resident else []))
+    persistent = sum(i.bytes for i in persistent_items)
+    step_items = [] if in_bwd else [*rs.step_grads, *rs.step]
+    single = par is None or par == _SINGLE
+    paged = _lowbit.paged_bytes(tech.tspec, tech.tsetup)
     setup_json = setup_dict(setup)
-    return _States(
-        spec=spec, rows=rows,
-        grads=grads, states=states, persistent=weights + buffers + master + states,
+    return _Static(
+        tech=tech, states=rs, sp=sp, single=single, groups=groups, written=written, kept=kept, outer=outer,
+        table=rs.table, persistent=persistent,
+        states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
         resident_items=resident_items, resident_bytes=resident_bytes,
-        optimizer_phase=_phase(Phase.OPTIMIZER, persistent + step_items),
+        optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
+        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows))
+        if _whole(layout) else 0,
+        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
-        weight_cache=tuple(_weight_cache(spec, setup)),
-        outer_grads=outer, resident_rounding=_resident_rounding(spec, setup, len(opt_rows)),
-        params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup),
-        head_weight_numel=_head_weight_numel(spec),
         assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
     )  # fmt: skip
 
 
-def _grads_resident(setup: TrainingSetup, grads: int) -> bool:
-    """Gradients alive through the whole step: accumulation, or zero_grad(set_to_none=False)."""
-    return grads > 0 and (setup.grad_accum > 1 or not setup.grads_set_to_none)
+def _whole(par: Parallelism) -> bool:
+    """Every rank holds every tensor whole (one GPU, or DDP replicas): per-tensor allocator rounding."""
+    return par.tp == par.pp == par.ep == 1 and par.engine in ("none", "ddp")
 
 
-def _row_bytes(rows: tuple[PerParamRow, ...], category: Category) -> int:
-    return sum(r.bytes for r in rows if r.category is category)
-
-
-def _outer_grad_split(spec: ModelSpec, grad_bytes: Callable[[int], int]) -> tuple[int, int, int]:
+def _outer_grad_split(tech: Technique, setup: TrainingSetup) -> tuple[int, int, int]:
     """(gradients written at the start of backward - head, final norm -, embedding gradients written
     at the end - a tied embedding's included -, the head's gradient of a tied embedding).
 
@@ -180,7 +224,11 @@ def _outer_grad_split(spec: ModelSpec, grad_bytes: Callable[[int], int]) -> tupl
     the first in the weight's ``InputBuffer`` until the second arrives and then sums them into a new
     tensor that ``AccumulateGrad`` takes as ``.grad`` (torch/csrc/autograd/input_buffer.cpp
     ``accumulate``; measured on CPU, torch 2.13: fp32 and bf16): a temporary through the whole
-    backward, with both contributions and their sum alive together at the end."""
+    backward, with both contributions and their sum alive together at the end. Under LoRA only
+    the adapters outside the layers get gradients, all at the start."""
+    if tech.adapter:
+        return _lora.outer_grad_split(tech.spec, setup), 0, 0
+    spec, grad_bytes = tech.spec, tech.grad.nbytes
     start = end = 0
     for t in spec.outer:
         if t.component in ("embeddings", "positions"):
@@ -202,7 +250,7 @@ def scaled_items(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list
     if not count:
         return []
     return [
-        MemoryItem(f"{prefix}.{i.path}", i.category, i.bytes * count, i.source)  # by position: hot
+        MemoryItem(f"{prefix}.{i.path}", i.category, i.bytes * count, i.source, i.key)  # by position: hot
         for i in items
         if i.bytes
     ]
@@ -221,47 +269,99 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> 
     return extra
 
 
-def _parts(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sh: act.Shapes,
-    head_items: tuple[MemoryItem, ...],
-    *,
-    adapter: bool,
-) -> _Parts:
-    """``adapter``: ``_lora.is_adapter_method(setup)``, asked once by the caller."""
+def _weight_cache(
+    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int
+) -> list[MemoryItem]:
+    """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
+    loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
+    full checkpointing nothing saves them, but the cache still holds all of them at the loss."""
+    plan = precision_plan(setup.precision)
+    if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
+        return []
     facts = spec_facts(spec)
-    grad_dtype = precision_plan(setup.precision).grad
+    numel = mp.cdiv(sum(count * facts.linear_params[i] for i, count in groups), tp)
+    return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
+                       category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
+                       source=SRC_WEIGHT_CACHE, key="autocast.weight_cache")]  # fmt: skip
+
+
+SRC_BUFFERS = "registered buffers (RoPE inv_freq), fp32"
+SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per autocast region"
+SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
+
+
+def _state_items(rows: tuple[PerParamRow, ...], buffers: int) -> list[MemoryItem]:
+    items = [MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source) for r in rows]
+    if buffers:
+        items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=buffers,
+                                source=SRC_BUFFERS, key="buffers"))  # fmt: skip
+    return items
+
+
+def _nonzero(items: Iterable[MemoryItem]) -> tuple[tuple[MemoryItem, ...], int]:
+    """The items that hold bytes, and their sum."""
+    kept = tuple([i for i in items if i.bytes])
+    return kept, sum([i.bytes for i in kept])
+
+
+def _phase(
+    phase: Phase, items: Iterable[MemoryItem], *, base: tuple[MemoryItem, ...] = (), base_bytes: int = 0
+) -> PhasePeak:
+    """``items`` (those of 0 bytes dropped) after ``base`` (already kept, ``base_bytes`` in all)."""
+    kept, nbytes = _nonzero(items)
+    return PhasePeak(phase=phase, bytes=base_bytes + nbytes, items=base + kept)
+
+
+# --- the step, at the setup's shapes --------------------------------------------------------------
+@dataclass(kw_only=True, slots=True)
+class _Parts:
+    """Per-step activations of the rank (per estimate: slotted, not frozen)."""
+
+    layer_items: tuple[tuple[int, tuple[MemoryItem, ...]], ...]  # (count, per-layer saved) per group
+    groups: tuple[GroupCost, ...]
+    embed_items: tuple[MemoryItem, ...]
+    head_items: tuple[MemoryItem, ...]
+
+
+def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[MemoryItem, ...],
+           par: Parallelism) -> _Parts:  # fmt: skip
+    tech = st.tech
+    spec = tech.spec
+    facts = spec_facts(spec)
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
-    seen: dict[int, act.LayerActivations] = {}  # groups with equal layers share their formulas
-    for i, g in enumerate(spec.groups):
-        layer_grads = grad_dtype.nbytes(facts.layer_params[i])
-        if adapter:
-            layer_grads = _lora.layer_grad_bytes(spec, setup, i)
-        la = None if adapter else seen.get(facts.same_as[i])
+    seen: dict[tuple[int, int], act.LayerActivations] = {}  # groups with equal layers share their formulas
+    for (i, count), written, kept in zip(st.groups, st.written, st.kept, strict=True):
+        memo = (facts.same_as[i], written)
+        la = None if tech.adapter else seen.get(memo)
         if la is None:
+            layer = spec.groups[i].layer
             la = act.layer_activations(
-                spec, g.layer, sh, layer_grads, mlp_params=facts.mlp_params[i],
+                spec, layer, sh, written, mlp_params=facts.mlp_params[i],
                 linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
-            if adapter:
+            if tech.adapter:
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
-            la = seen[i] = act.checkpointed(la, setup.checkpointing)
+            if not par.is_single_gpu:
+                ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, sh.c, par)
+                dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
+                la = mp.tp_layer_activations(la, par, ring, dispatch)
+            la = seen[memo] = act.checkpointed(la, setup.checkpointing)
         if setup.activation_offload or setup.optimizer_in_backward:
-            la, layer_grads = _lowbit.step_tricks(la, layer_grads, setup)
+            la, kept = _lowbit.step_tricks(la, kept, setup)
         groups.append(GroupCost(
-            count=g.count, saved=la.saved_bytes, grads=layer_grads, backward_transient=la.backward_transient,
+            count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
-            grads_in_flight=la.backward_grads,
+            grads_in_flight=la.backward_grads if kept == mp.cdiv(written, par.tp) else 0,
         ))  # fmt: skip
-        layer_items.append((g.count, la.saved))
-    embed = act.embedding_items(spec, sh)
-    return _Parts(
-        layer_items=tuple(layer_items),
-        groups=tuple(groups), head_items=head_items,
-        embed_items=_lora.adapt_embedding_items(spec, embed, setup) if adapter else embed,
-    )  # fmt: skip
+        layer_items.append((count, la.saved))
+    embed: tuple[MemoryItem, ...] = ()
+    if st.sp.stage == 0:
+        embed = act.embedding_items(spec, sh)
+        if tech.adapter:
+            embed = _lora.adapt_embedding_items(spec, embed, setup)
+    return _Parts(layer_items=tuple(layer_items), groups=tuple(groups), head_items=head_items,
+                  embed_items=embed)  # fmt: skip
 
 
 def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup | None:
@@ -282,55 +382,70 @@ def _fallback_note(spec: ModelSpec, asked: AttentionKernel, setup: TrainingSetup
     )
 
 
-_DEFAULT_OVERHEADS = Overheads()  # frozen: one instance serves every call
+SRC_P2P = "Megatron p2p_communication: the received activation / sent output gradient of the stage"
+SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
-def estimate_training(
-    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+def _estimate(
+    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: AttentionKernel
 ) -> Estimate:
-    """Peak memory of one steady-state training step of ``spec`` under ``setup``."""
-    ov = overheads or _DEFAULT_OVERHEADS
-    asked = setup.attention
-    fallback = _attention_fallback(spec, setup)
-    if fallback is not None:
-        setup = fallback
-    adapter = _lora.is_adapter_method(setup)
+    tech, rs, sp = st.tech, st.states, st.sp
+    spec = tech.spec
+    first, last = sp.stage == 0, sp.stage == par.pp - 1
     in_bwd = _lowbit.in_backward(setup)
-    st = _model_states(spec, setup, adapter=adapter)
-    spec = st.spec
-    sh = act.shapes(spec, setup)
-    head = head_activations(spec, sh, st.head_weight_numel)
-    if adapter:
-        head = _lora.adapt_head(spec, head, sh, setup)
-    head = _lowbit.adapt_head_loss(spec, head, sh, setup)
-    parts = _parts(spec, setup, sh, head.saved, adapter=adapter)
-    resident = _grads_resident(setup, st.grads)
+    local = setup if par.cp == 1 else replace(setup, seq_len=setup.seq_len // par.cp)
+    sh = act.shapes(spec, local)
+    hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
+    if last:
+        head = head_activations(spec, sh, _head_weight_numel(spec))
+        if tech.adapter:
+            head = _lora.adapt_head(spec, head, sh, setup)
+        head = mp.tp_head_activations(_lowbit.adapt_head_loss(spec, head, sh, setup), par)
+        head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient
+        logits_grad = head.logits_grad
+    else:  # a middle stage receives its output gradient from the next stage
+        head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0
+    parts = _parts(st, setup, sh, head_items, par)
+    resident = setup.grad_accum > 1 or not setup.grads_set_to_none
+    p2p = hidden * ((0 if first else 1) + (0 if last else 1))  # pipeline send/receive buffers
+    in_flight = mp.in_flight_microbatches(par, sp.stage, setup.grad_accum)
+    head_saved = sum([i.bytes for i in parts.head_items])
+    embed_saved = sum([i.bytes for i in parts.embed_items])
+    extra_mb = int(
+        (sum(g.count * g.saved for g in parts.groups) + embed_saved + head_saved) * (in_flight - 1)
+    )
+    pipeline = [MemoryItem(path=f"activations of {in_flight - 1:g} more micro-batches in flight (pipeline)",
+                           category=Category.ACTIVATIONS, bytes=extra_mb, source=SRC_INFLIGHT,
+                           key="pipeline.in_flight")] if extra_mb else []  # fmt: skip
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
-    head_saved = sum([i.bytes for i in parts.head_items])
     layer_fwd = max([g.forward_transient for g in parts.groups], default=0)
-    fwd_extra = max(head.forward_transient, layer_fwd - head_saved)
+    fwd_extra = max(head_fwd, layer_fwd - head_saved)
     all_saved = _activation_items(parts, layers_left=None)
     forward = _phase(Phase.FORWARD, [
-        *all_saved, *st.weight_cache,
+        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
-                   category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP),
+                   category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP,
+                   key="forward.temporaries"),
+        MemoryItem(path="pipeline send/receive buffers", category=Category.TEMPORARIES, bytes=p2p,
+                   source=SRC_P2P, key="pipeline.p2p"),
     ], base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
-    start_grads, end_grads, tied_tmp = st.outer_grads
+    start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
     bp = backward_peak(
-        parts.groups[::-1], base_saved=sum([i.bytes for i in parts.embed_items]),
-        head_saved=head_saved,
-        start_extra=max(head.backward_transient, head.logits_grad + start_grads + tied_tmp),
-        start_grads=0 if in_bwd else start_grads,
-        tail_extra=tied_tmp + (end_grads if resident or in_bwd else 0),
-        tail_grads=0 if resident or in_bwd else end_grads, grads_resident=resident,
+        parts.groups[::-1], base_saved=embed_saved, head_saved=head_saved,
+        start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
+        start_grads=0 if in_bwd else start_kept,
+        tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept),
+        tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
         held=tied_tmp,
     )  # fmt: skip
-    backward = _phase(Phase.BACKWARD, _backward_items(parts, bp, resident, all_saved),
+    engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
+    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline,
+                                       *_backward_items(parts, bp, resident, all_saved)],
                       base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
@@ -344,10 +459,11 @@ def estimate_training(
     )  # fmt: skip
     notes = st.notes.get(ov)
     if notes is None:
-        if len(st.notes) >= _NOTES_MAX:
+        if len(st.notes) >= 64:
             st.notes.clear()
-        notes = st.notes[ov] = _assumptions(spec, setup, sh, ov) + st.assumptions
-    step1 = max(forward.bytes - st.states, backward.bytes - st.states, optimizer.bytes)
+        notes = st.notes[ov] = _assumptions(spec, setup, sh, ov) + st.assumptions + rs.notes
+    step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
+    nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
     extra: dict[str, object] = {
         "step1_peak_allocated_bytes": step1,
         "backward_peak_layers_done": bp.layers_done,
@@ -358,69 +474,27 @@ def estimate_training(
     }
     if setup.activation_offload:
         extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
+    rank_notes: tuple[str, ...] = ()
+    if not st.single:
+        extra.update(role=role, stage=sp.stage, local_params=sp.numel, in_flight_microbatches=in_flight,
+                     nccl_bytes=nccl, cpu_pinned_bytes=sum(i.bytes for i in rs.cpu))  # fmt: skip
+        rank_notes = (
+            f"{role} (pipeline stage {sp.stage}): {sp.layers} layers, {sp.numel:,} local parameters",
+        )
+    out = dict(st.setup_json)
+    out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
+    for name in st.setup_json_nested:
+        out[name] = asdict(getattr(setup, name))
     return Estimate(
-        method=METHOD, job="train", model_name=spec.name, params=st.params,
-        trainable_params=st.trainable, per_param=st.rows, items=peak.items, phases=phases,
+        method=METHOD, job="train", model_name=spec.name, params=tech.params,
+        trainable_params=tech.trainable, per_param=st.table, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
-        device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes,
-        assumptions=notes + _fallback_note(spec, asked, setup),
-        setup=_setup_json(st, setup), extra=extra,
+        device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl,
+        assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
     )  # fmt: skip
 
 
 _BYTES = attrgetter("bytes")
-
-
-def _weight_cache(spec: ModelSpec, setup: TrainingSetup) -> list[MemoryItem]:
-    """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
-    loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
-    full checkpointing nothing saves them, but the cache still holds all of them at the loss."""
-    plan = precision_plan(setup.precision)
-    if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
-        return []
-    facts = spec_facts(spec)
-    numel = sum(g.count * n for g, n in zip(spec.groups, facts.linear_params, strict=True))
-    return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
-                       category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
-                       source=SRC_WEIGHT_CACHE)]  # fmt: skip
-
-
-SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per autocast region"
-SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
-
-
-def _kept(items: Iterable[MemoryItem]) -> tuple[tuple[MemoryItem, ...], int]:
-    """The items that hold bytes, and their sum."""
-    kept = tuple([i for i in items if i.bytes])
-    return kept, sum([i.bytes for i in kept])
-
-
-def _phase(
-    phase: Phase, items: Iterable[MemoryItem], *, base: tuple[MemoryItem, ...] = (), base_bytes: int = 0
-) -> PhasePeak:
-    """``items`` (those of 0 bytes dropped) after ``base`` (already kept, ``base_bytes`` in all)."""
-    kept, nbytes = _kept(items)
-    return PhasePeak(phase=phase, bytes=base_bytes + nbytes, items=base + kept)
-
-
-def state_items(rows: tuple[PerParamRow, ...], buffers: int, *, include_grads: bool) -> list[MemoryItem]:
-    items = [
-        MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source)
-        for r in rows
-        if include_grads or r.category is not Category.GRADIENTS
-    ]
-    if buffers:
-        items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=buffers,
-                                source="registered buffers (RoPE inv_freq), fp32"))  # fmt: skip
-    return items
-
-
-def _grad_items(rows: tuple[PerParamRow, ...], label: str) -> list[MemoryItem]:
-    return [
-        MemoryItem(path=label, category=Category.GRADIENTS, bytes=r.bytes, source=r.source)
-        for r in rows
-        if r.category is Category.GRADIENTS
-    ]
 
 
 def _activation_items(parts: _Parts, layers_left: int | None, current_freed: int = 0) -> list[MemoryItem]:
@@ -460,6 +534,7 @@ def _backward_items(
         items.append(MemoryItem(
             path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers done)",
             category=Category.GRADIENTS, bytes=bp.grads_so_far + in_flight, source=SRC_GRADS,
+            key="backward.grads_so_far",
         ))  # fmt: skip
     freed_saved = 0 if bp.recompute else bp.freed
     left = None if bp.at_start else n_layers - bp.layers_done
@@ -471,10 +546,12 @@ def _backward_items(
                                 bytes=bp.recompute - bp.freed, category=Category.ACTIVATIONS,
                                 source=SRC_RECOMPUTE))  # fmt: skip
     items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
-                            bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP))  # fmt: skip
+                            bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP,
+                            key="backward.temporaries"))  # fmt: skip
     if bp.held:
         items.append(MemoryItem(path="tied embedding: the LM head's gradient, held until the embedding's",
-                                category=Category.TEMPORARIES, bytes=bp.held, source=SRC_TIED))  # fmt: skip
+                                category=Category.TEMPORARIES, bytes=bp.held, source=SRC_TIED,
+                                key="backward.tied_hold"))  # fmt: skip
     return items
 
 

@@ -1,12 +1,11 @@
 """Per-rank memory of a parallel training job: one :class:`~peakmem.breakdown.Estimate` per distinct
 rank type (the most loaded first; first/last pipeline stage), plus CPU RAM per node.
 
-It reuses the single-GPU formulas (:mod:`.formulas.activations`, :mod:`.formulas.loss`,
-:mod:`.formulas.timeline`, :mod:`.formulas.allocator`) on each rank's local share:
-micro-batch x (seq / cp) tokens, heads and MLP width / tp (:mod:`.formulas.model_parallel`), the
-stage's layers, the engine's sharded states and buffers (:mod:`.formulas.sharding`), and the
-micro-batches a pipeline stage keeps in flight. Pure and fast: a loop over layer groups and
-parameter tensors per stage, no loop over layers or ranks.
+Each rank type is one call of the one step timeline (:class:`peakmem.estimate.TrainingEstimator`)
+on the rank's share: micro-batch x (seq / cp) tokens, heads and MLP width / tp
+(:mod:`.formulas.model_parallel`), the stage's layers, the engine's partition of what the technique
+left (:mod:`.formulas.sharding`), and the micro-batches a pipeline stage keeps in flight. This module
+adds what is not one GPU's: which rank types exist, how many of each, and CPU RAM per node.
 """
 
 from __future__ import annotations
@@ -14,16 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, Phase, PhasePeak
+from peakmem.breakdown import Estimate, MemoryItem
 from peakmem.errors import InputError
-from peakmem.estimate import estimate_training, scaled_items, setup_dict, state_items
-from peakmem.formulas import activations as act
-from peakmem.formulas import allocator, sharding
-from peakmem.formulas import model_parallel as mp
-from peakmem.formulas.loss import head_activations
-from peakmem.formulas.model_states import buffer_bytes, trainable_params
+from peakmem.estimate import TrainingEstimator
+from peakmem.formulas import sharding
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.timeline import GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism, validate_for
 from peakmem.training import AttentionKernel, TrainingSetup
@@ -155,9 +149,15 @@ def _stage_ranks(par: Parallelism, stage: int) -> int:
 
 
 def estimate_ranks(
-    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, *, overheads: Overheads | None = None
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    par: Parallelism,
+    *,
+    overheads: Overheads | None = None,
+    estimator: TrainingEstimator | None = None,
 ) -> RankReport:
-    """Per-rank memory of ``spec`` trained under ``setup`` with layout ``par``."""
+    """Per-rank memory of ``spec`` trained under ``setup`` with layout ``par`` (``estimator``: one a
+    search keeps for ``spec``, whose memo then serves every layout it asks about)."""
     validate_for(spec, par)
     if par.cp > 1 and setup.attention is AttentionKernel.EAGER:
         raise InputError(
@@ -166,9 +166,10 @@ def estimate_ranks(
         )
     if setup.seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide seq={setup.seq_len}: each rank takes an equal chunk")
-    ov = overheads or Overheads()
+    est = estimator or TrainingEstimator(spec, overheads)
+    ov = est.overheads
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
-    ranks = [_rank(spec, setup, par, stage, role, ov, nccl) for stage, role in _stages(par)]
+    ranks = [_rank(est, setup, par, stage, role, nccl) for stage, role in _stages(par)]
     ranks.sort(key=lambda r: r.estimate.device_total_bytes, reverse=True)
     per_node = par.ranks_per_node
     pinned = max(r.cpu_bytes for r in ranks) * per_node
@@ -212,259 +213,17 @@ def _assumptions(par: Parallelism, ov: Overheads, nccl: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _is_replicated(par: Parallelism) -> bool:
-    """Every rank runs the single-GPU job on its own micro-batch (one GPU, or plain DDP)."""
-    return par.tp == par.pp == par.cp == par.ep == 1 and par.engine in ("none", "ddp")
-
-
-def _replicated_rank(
-    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, ov: Overheads, nccl: int
-) -> RankEstimate:
-    """The single-GPU estimate (:func:`peakmem.estimate.estimate_training`), plus DDP's reducer
-    buckets (a resident gradient copy unless ``gradient_as_bucket_view``) and NCCL buffers."""
-    base = estimate_training(spec, setup, overheads=ov)
-    sp = mp.stage_params(spec, par, 0)
-    states = sharding.rank_states(spec, setup, par, sp)
-    added = tuple(states.resident)
-    extra_bytes = sum(i.bytes for i in added)
-    phases = tuple(replace(p, bytes=p.bytes + extra_bytes, items=p.items + added) for p in base.phases)
-    peak = max(phases, key=lambda p: p.bytes)
-    reserved = base.peak_reserved_bytes
-    if extra_bytes:
-        reserved = allocator.reserved_bytes(
-            resident=base.peak_reserved_bytes + extra_bytes, resident_rounding=0, churn=0, fragmentation=0.0
-        )
-    est = replace(
-        base,
-        items=peak.items,
-        phases=phases,
-        peak_phase=peak.phase,
-        peak_allocated_bytes=peak.bytes,
-        peak_reserved_bytes=reserved,
-        device_total_bytes=base.device_total_bytes - base.peak_reserved_bytes + reserved + nccl,
-        assumptions=base.assumptions + states.notes,
-        extra={
-            **base.extra,
-            "role": "all ranks",
-            "stage": 0,
-            "local_params": sp.numel,
-            "nccl_bytes": nccl,
-            "cpu_pinned_bytes": 0,
-        },
-    )
-    return RankEstimate(
-        role="all ranks",
-        stage=0,
-        ranks=par.gpus,
-        estimate=est,
-        cpu_bytes=0,
-        cpu_items=(),
-        load_cpu_bytes=sharding.load_bytes_per_rank(spec, setup, par, sp),
-        nvme_bytes=0,
-        nccl_bytes=nccl,
-    )
-
-
 def _rank(
-    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, stage: int, role: str, ov: Overheads, nccl: int
+    est: TrainingEstimator, setup: TrainingSetup, par: Parallelism, stage: int, role: str, nccl: int
 ) -> RankEstimate:
-    if _is_replicated(par):
-        return _replicated_rank(spec, setup, par, ov, nccl)
-    sp = mp.stage_params(spec, par, stage)
-    states = sharding.rank_states(spec, setup, par, sp)
-    first, last = stage == 0, stage == par.pp - 1
-    local = replace(setup, seq_len=setup.seq_len // par.cp)
-    sh = act.shapes(spec, local)
-    c = sh.c
-
-    groups: list[GroupCost] = []
-    layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
-    max_fwd = 0
-    for (count, layer), grads in zip(mp.stage_groups(spec, par.pp, stage), states.layer_grads, strict=True):
-        ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, c, par)
-        dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, c, par)
-        la = act.checkpointed(
-            mp.tp_layer_activations(act.layer_activations(spec, layer, sh), par, ring, dispatch),
-            setup.checkpointing,
-        )
-        groups.append(
-            GroupCost(
-                count=count, saved=la.saved_bytes, grads=grads, backward_transient=la.backward_transient
-            )
-        )
-        layer_items.append((count, la.saved))
-        max_fwd = max(max_fwd, la.forward_transient)
-    embed_items = act.embedding_items(spec, sh) if first else ()
-    hidden = mp.cdiv(sh.tokens * spec.hidden_size * c, par.tp if par.sequence_parallel else 1)
-    if last:
-        head = mp.tp_head_activations(head_activations(spec, sh, _head_numel(spec)), par)
-        head_items, head_fwd, head_bwd, logits_grad = (
-            head.saved,
-            head.forward_transient,
-            head.backward_transient,
-            head.logits_grad,
-        )
-    else:
-        head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0  # the received output gradient
-    p2p = hidden * ((0 if first else 1) + (0 if last else 1))  # pipeline send/receive buffers
-
-    in_flight = mp.in_flight_microbatches(par, stage, setup.grad_accum)
-    layers_saved = sum(g.count * g.saved for g in groups)
-    embed_saved = sum(i.bytes for i in embed_items)
-    head_saved = sum(i.bytes for i in head_items)
-    one_mb = layers_saved + embed_saved + head_saved
-    extra_mb = int(one_mb * (in_flight - 1))
-    inflight_items = (
-        [
-            MemoryItem(
-                path=f"activations of {in_flight - 1:g} more micro-batches in flight (pipeline)",
-                category=Category.ACTIVATIONS,
-                bytes=extra_mb,
-                source="Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches",
-            )
-        ]
-        if extra_mb
-        else []
-    )
-
-    rows = states.rows
-    buffers = buffer_bytes(spec, setup)
-    persistent_items = state_items(rows, buffers, include_grads=True) + list(states.resident)
-    persistent = sum(i.bytes for i in persistent_items)
-    accumulating = setup.grad_accum > 1
-
-    # --- forward
-    acts = list(embed_items)
-    start = 0
-    for count, per_layer in layer_items:
-        acts += scaled_items(per_layer, count, f"layers[{start}:{start + count}]")
-        start += count
-    acts += list(head_items)
-    fwd_extra = max(head_fwd, max_fwd - head_saved) + p2p
-    fwd_items = (
-        persistent_items
-        + (list(states.grads_accumulated) if accumulating else [])
-        + list(states.gathered_forward)
-        + inflight_items
-        + acts
-        + [
-            MemoryItem(
-                path="forward temporaries (logits / attention scores / p2p buffers)",
-                category=Category.TEMPORARIES,
-                bytes=fwd_extra,
-                source="see formulas/loss.py, activations.py",
-            )
-        ]
-    )
-    forward = _phase(Phase.FORWARD, fwd_items)
-
-    # --- backward
-    root = states.root_grads
-    head_grads = root * sp.head_numel // sp.root_numel if sp.root_numel else 0
-    start_extra = max(head_bwd, logits_grad + head_grads)
-    bp = backward_peak(
-        tuple(reversed(groups)),
-        base_saved=embed_saved,
-        head_saved=head_saved,
-        start_extra=start_extra,
-        start_grads=head_grads,
-        tail_extra=0,
-        tail_grads=root - head_grads,
-        grads_resident=accumulating,
-    )
-    grads_resident = list(states.grads_accumulated) if accumulating else []
-    bwd_fixed = (
-        persistent_items + grads_resident + list(states.grads_backward) + list(states.gathered_backward)
-    )
-    bwd_fixed += inflight_items
-    bwd_items = [
-        *bwd_fixed,
-        MemoryItem(
-            path=f"activations left ({bp.layers_done} layers' backward done)",
-            category=Category.ACTIVATIONS,
-            bytes=bp.activations_left,
-            source="saved tensors not yet freed by backward",
-        ),
-        MemoryItem(
-            path="gradients written so far",
-            category=Category.GRADIENTS,
-            bytes=bp.grads_so_far,
-            source="AccumulateGrad / engine gradient shards as backward reaches each layer",
-        ),
-        MemoryItem(
-            path="backward temporaries (gradients in flight)",
-            category=Category.TEMPORARIES,
-            bytes=bp.transient,
-            source="CE gradients at the start; a layer's activation gradients later",
-        ),
-    ]
-    backward = _phase(Phase.BACKWARD, bwd_items)
-
-    # --- optimizer step
-    opt_items = persistent_items + list(states.step_grads) + list(states.step)
-    optimizer = _phase(Phase.OPTIMIZER, opt_items)
-
-    phases = (forward, backward, optimizer)
-    peak = max(phases, key=lambda p: p.bytes)
-    reserved = allocator.reserved_bytes(
-        resident=persistent,
-        resident_rounding=0,
-        churn=peak.bytes - persistent,
-        fragmentation=ov.fragmentation,
-    )
-    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl
-    est = Estimate(
-        method=METHOD,
-        job="train",
-        model_name=spec.name,
-        params=spec.params,
-        trainable_params=trainable_params(spec, setup),
-        per_param=rows,
-        items=peak.items,
-        phases=phases,
-        peak_phase=peak.phase,
-        peak_allocated_bytes=peak.bytes,
-        peak_reserved_bytes=reserved,
-        device_total_bytes=device_total,
-        assumptions=(
-            f"{role} (pipeline stage {stage}): {sp.layers} layers, {sp.numel:,} local parameters",
-            *states.notes,
-        ),
-        setup=setup_dict(setup),
-        extra={
-            "role": role,
-            "stage": stage,
-            "local_params": sp.numel,
-            "in_flight_microbatches": in_flight,
-            "nccl_bytes": nccl,
-            "context_bytes": ov.context_bytes,
-            "cublas_workspace_bytes": ov.cublas_workspace_bytes,
-            "cpu_pinned_bytes": sum(i.bytes for i in states.cpu),
-        },
-    )
+    """One rank type: the one step timeline (:meth:`TrainingEstimator.rank`) on the rank's share."""
+    estimate, states, sp = est.rank(setup, par, stage, role)
     return RankEstimate(
-        role=role,
-        stage=stage,
-        ranks=_stage_ranks(par, stage),
-        estimate=est,
-        cpu_bytes=sum(i.bytes for i in states.cpu),
-        cpu_items=states.cpu,
-        load_cpu_bytes=sharding.load_bytes_per_rank(spec, setup, par, sp),
-        nvme_bytes=states.nvme_bytes,
-        nccl_bytes=nccl,
-    )
-
-
-def _phase(phase: Phase, items: list[MemoryItem]) -> PhasePeak:
-    kept = tuple(i for i in items if i.bytes)
-    return PhasePeak(phase=phase, bytes=sum(i.bytes for i in kept), items=kept)
-
-
-def _head_numel(spec: ModelSpec) -> int:
-    for t in spec.outer:
-        if t.component in ("head", "classifier") and t.kind == "linear_weight":
-            return t.numel
-    return spec.vocab_size * spec.hidden_size
+        role=role, stage=stage, ranks=_stage_ranks(par, stage), estimate=estimate,
+        cpu_bytes=sum(i.bytes for i in states.cpu), cpu_items=states.cpu,
+        load_cpu_bytes=sharding.load_bytes_per_rank(est.spec, setup, par, sp),
+        nvme_bytes=states.nvme_bytes, nccl_bytes=nccl,
+    )  # fmt: skip
 
 
 __all__ = ["RankEstimate", "RankReport", "estimate_ranks"]

@@ -60,6 +60,13 @@ SOURCE_MASTER_GRAD = (
 )
 
 
+# Step temporaries sized by every trainable parameter (an engine that shards the states shards them
+# too); the others are sized by the largest tensor being updated.
+KEY_FOREACH_SQRT = "optimizer.foreach_sqrt"
+KEY_ADAFACTOR_FOREACH = "optimizer.adafactor_foreach"
+PER_PARAM_TEMPORARIES = frozenset({KEY_FOREACH_SQRT, KEY_ADAFACTOR_FOREACH})
+
+
 def _shapes(spec: ModelSpec) -> SpecFacts:
     return spec_facts(spec)
 
@@ -116,19 +123,19 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
         if impl is OptimizerImpl.FOREACH:
             items.append(MemoryItem(
                 path="optimizer.foreach exp_avg_sq_sqrt", category=Category.TEMPORARIES,
-                bytes=dt.nbytes(params), source=SOURCE_FOREACH,
+                bytes=dt.nbytes(params), source=SOURCE_FOREACH, key=KEY_FOREACH_SQRT,
             ))  # fmt: skip
         elif impl is OptimizerImpl.FOR_LOOP:
             items.append(MemoryItem(
                 path="optimizer.denom + exp_avg.clone (largest tensor)", category=Category.TEMPORARIES,
-                bytes=2 * dt.nbytes(shapes.largest), source=SOURCE_FOR_LOOP,
+                bytes=2 * dt.nbytes(shapes.largest), source=SOURCE_FOR_LOOP, key="optimizer.for_loop_denom",
             ))  # fmt: skip
     elif name is OptimizerName.ADAFACTOR and impl is OptimizerImpl.FOREACH:
         # every trainable parameter's var_estimate/update at once, in the dtype of the grads it reads
         grad_dt = plan.master if plan.master is not None else plan.grad
         items.append(MemoryItem(
             path="optimizer.foreach adafactor var_estimates", category=Category.TEMPORARIES,
-            bytes=grad_dt.nbytes(params), source=SOURCE_ADAFACTOR_FOREACH,
+            bytes=grad_dt.nbytes(params), source=SOURCE_ADAFACTOR_FOREACH, key=KEY_ADAFACTOR_FOREACH,
         ))  # fmt: skip
     elif name is OptimizerName.ADAFACTOR:
         # grad**2 (+eps) and the row x col product, both fp32 and full-size, for the largest tensor;
@@ -137,12 +144,14 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
         items.append(MemoryItem(
             path="optimizer.adafactor update (largest tensor)", category=Category.TEMPORARIES,
             bytes=n_full * dtypes.FP32.nbytes(shapes.largest), source=SOURCE_ADAFACTOR_TMP,
+            key="optimizer.adafactor_update",
         ))  # fmt: skip
     elif name is OptimizerName.LION:
         items.append(MemoryItem(
             path="optimizer.lion update (largest tensor)", category=Category.TEMPORARIES,
             bytes=2 * dt.nbytes(shapes.largest),
             source="lion-pytorch update_fn: exp_avg.clone().mul_(b1).add(grad).sign_()",
+            key="optimizer.lion_update",
         ))  # fmt: skip
     return tuple(items)
 

@@ -51,19 +51,20 @@ with pinned swap buffers (deepspeed/runtime/zero/offload_config.py: ``buffer_cou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
-from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.parallel import DS_SUB_GROUP_SIZE, FsdpMode, Offload, Parallelism
-from peakmem.training import OptimizerImpl, OptimizerName, TrainingSetup
+from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
-from .model_parallel import LocalTensor, StageParams, cdiv
-from .model_states import precision_plan, trainable_params
-from .optimizer import optimizer_rows
+from .model_parallel import LocalTensor, StageParams, cdiv, stage_groups
+from .model_states import precision_plan
+from .optimizer import PER_PARAM_TEMPORARIES
+from .technique import Technique, technique
 
 SRC_DDP = "torch/csrc/distributed/c10d/reducer.cpp: one flat gradient buffer per bucket (bucket_cap_mb=25)"
 SRC_Z12_PARAMS = "deepspeed stage_1_and_2.py: bit16_groups_flat (full 16-bit copy on every rank)"
@@ -118,25 +119,393 @@ def communicators(par: Parallelism) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class RankStates:
-    """A rank's model states and engine buffers, split by when they are alive."""
+    """A rank's model states and engine buffers, split by when they are alive.
 
+    Gradients as backward writes them: each layer's backward writes its (TP/PP-local, unsharded)
+    weight gradients; ``grads_kept`` says what of them stays until the optimizer step, and
+    ``grads_written_cap`` bounds what is alive at once where an engine takes each gradient away as
+    soon as it is written."""
+
+    table: tuple[PerParamRow, ...]  # the rank's bytes-per-parameter table (gradients included when whole)
     rows: tuple[PerParamRow, ...]  # resident model states on the GPU (all phases)
     resident: tuple[MemoryItem, ...]  # other resident buffers (buckets, persistent params)
-    layer_grads: tuple[int, ...]  # per group: gradient bytes a layer adds in backward (kept)
-    root_grads: int  # gradient bytes the root (embeddings/head) adds in backward (kept)
-    grads_backward: tuple[MemoryItem, ...]  # gradient buffers alive throughout backward
-    grads_accumulated: tuple[MemoryItem, ...]  # gradients alive in forward with grad_accum > 1
+    grads_kept: Fraction  # what of the gradient bytes written stays (1; 0; a shard, in its dtype)
+    grads_written_cap: int | None  # bytes: the most of one layer's gradients alive at once (None: all)
+    accumulated: tuple[MemoryItem, ...]  # gradients alive between micro-batches (accumulation)
+    grads_backward: tuple[MemoryItem, ...]  # gradient buffers alive throughout each backward
     gathered_forward: tuple[MemoryItem, ...]  # unsharded parameters in flight during forward
     gathered_backward: tuple[MemoryItem, ...]  # unsharded parameters + gradients in flight in backward
     step: tuple[MemoryItem, ...]  # optimizer-step temporaries on the GPU
-    step_grads: tuple[MemoryItem, ...]  # gradients alive at the step
+    step_grads: tuple[MemoryItem, ...]  # gradients the step reads
     cpu: tuple[MemoryItem, ...]  # pinned CPU RAM of this rank
     nvme_bytes: int
     notes: tuple[str, ...]
 
 
-def _item(path: str, category: Category, nbytes: int, source: str) -> MemoryItem:
-    return MemoryItem(path=path, category=category, bytes=nbytes, source=source)
+def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
+    return MemoryItem(path=path, category=category, bytes=nbytes, source=source, key=key)
+
+
+def _scaled(row: PerParamRow, share: int, whole: int, total: int, tensor: str | None = None) -> PerParamRow:
+    """``row`` for ``share`` of the ``whole`` parameters it covers (bytes and parameters in proportion,
+    rounded up), its bytes/param against the model's ``total``; the row itself when it is whole."""
+    if share == whole and tensor is None:
+        return row
+    nbytes = -(-row.bytes * share // whole) if whole else 0
+    return replace(row, tensor=tensor or row.tensor, bytes=nbytes, params=-(-row.params * share // whole),
+                   bytes_per_param=nbytes / total if total else 0.0)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Local:
+    """What of the technique's tensors one rank of a stage holds after TP/PP/EP (before sharding)."""
+
+    numel: int  # base parameters on the rank (``sp.numel``)
+    trainable: int  # trainable parameters on the rank (the base's, or the stage's adapters / tp)
+    frozen_bytes: int  # the frozen base as stored, on the rank (0: full fine-tuning)
+    largest: int  # elements of the largest trainable tensor on the rank
+
+
+def _local(tech: Technique, par: Parallelism, sp: StageParams) -> _Local:
+    if not tech.adapter:
+        return _Local(numel=sp.numel, trainable=sp.numel, frozen_bytes=0, largest=sp.largest_tensor)
+    # adapters per stage layer; those outside the layers (modules_to_save) with the head, on the last stage
+    adapters = sum(count * layer.params for count, layer in stage_groups(tech.tspec, par.pp, sp.stage))
+    if sp.stage == par.pp - 1:
+        adapters += sum(t.numel for t in tech.tspec.outer)
+    frozen = tech.frozen
+    assert frozen is not None
+    share = math.ceil(frozen.bytes * sp.numel / frozen.params) if frozen.params else 0
+    return _Local(numel=sp.numel, trainable=cdiv(adapters, par.tp), frozen_bytes=share,
+                  largest=min(tech.largest_trainable, cdiv(adapters, par.tp)))  # fmt: skip
+
+
+def _state_rows(tech: Technique, numel: int, label: str) -> list[PerParamRow]:
+    return [_scaled(r, numel, tech.trainable, tech.params, f"{r.tensor}{label}") for r in tech.state_rows]
+
+
+def _temporaries(tech: Technique, numel: int, largest: int, label: str) -> list[MemoryItem]:
+    """The optimizer's step temporaries over ``numel`` of the trainable parameters (a shard): those
+    sized by every parameter shrink with it, those sized by the largest tensor only below it."""
+    out = []
+    for i in tech.temporaries:
+        if i.key in PER_PARAM_TEMPORARIES:
+            nbytes = math.ceil(i.bytes * numel / tech.trainable) if tech.trainable else 0
+        else:
+            nbytes = i.bytes if largest >= tech.largest_trainable else math.ceil(
+                i.bytes * largest / tech.largest_trainable)  # fmt: skip
+        out.append(replace(i, path=f"{i.path}{label}", bytes=nbytes))
+    return out
+
+
+def rank_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
+    """Model states and engine buffers of one rank of pipeline stage ``sp.stage``: the technique's
+    tensors (:func:`.technique.technique`), partitioned by the engine."""
+    if par.fsdp is not FsdpMode.NONE:
+        return _fsdp_states(tech, setup, par, sp)
+    if par.zero_stage:
+        return _zero_states(tech, setup, par, sp)
+    return _replicated_states(tech, setup, par, sp)
+
+
+def _replicated_states(
+    tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams
+) -> RankStates:
+    """One GPU, TP/PP only, or DDP: every rank holds the technique's (TP/PP-local) tensors whole. On one
+    GPU these are the technique's own rows and items, unchanged."""
+    loc = _local(tech, par, sp)
+    rows = [
+        _scaled(r, loc.numel, tech.params, tech.params)
+        if r is tech.frozen
+        else _scaled(r, loc.trainable, tech.trainable, tech.params)
+        for r in tech.rows
+    ]
+    grads = [r for r in rows if r.category is Category.GRADIENTS]
+    grad_bytes = sum(r.bytes for r in grads)
+    resident: list[MemoryItem] = []
+    notes: list[str] = []
+    if par.dp > 1:
+        if par.gradient_as_bucket_view:
+            notes.append("DDP gradient_as_bucket_view=True: param.grad are views into the bucket buffers")
+        else:
+            resident.append(_item("DDP reducer buckets (flat gradient copy)", Category.GRADIENTS, grad_bytes,
+                                  SRC_DDP, key="ddp.buckets"))  # fmt: skip
+            notes.append(
+                f"DDP buckets of {par.ddp_bucket_bytes // MiB} MiB hold a second copy of the trainable "
+                "gradients (only parameters that require grad are bucketed; gradient_as_bucket_view=False)"
+            )
+    accumulated = tuple(_item("gradients (accumulated)", Category.GRADIENTS, r.bytes, r.source, key="grads")
+                        for r in grads)  # fmt: skip
+    step_grads = _scaled_item(tech.step_grads, loc.trainable, tech.trainable)
+    return RankStates(
+        table=tuple(rows), rows=tuple(r for r in rows if r.category is not Category.GRADIENTS),
+        resident=tuple(resident),
+        grads_kept=Fraction(1), grads_written_cap=None, accumulated=accumulated, grads_backward=(),
+        gathered_forward=(), gathered_backward=(),
+        step=tuple(_temporaries(tech, loc.trainable, loc.largest, "")), step_grads=(step_grads,),
+        cpu=(), nvme_bytes=0, notes=tuple(notes),
+    )  # fmt: skip
+
+
+def _scaled_item(item: MemoryItem, numel: int, total: int) -> MemoryItem:
+    if numel == total:
+        return item
+    return replace(item, bytes=math.ceil(item.bytes * numel / total) if total else 0)
+
+
+def _frozen_row(tech: Technique, nbytes: int, numel: int, label: str) -> PerParamRow:
+    frozen = tech.frozen
+    assert frozen is not None
+    return replace(frozen, tensor=f"{frozen.tensor}{label}", bytes=nbytes, params=numel,
+                   bytes_per_param=nbytes / tech.params if tech.params else 0.0)  # fmt: skip
+
+
+def _weight_row(tech: Technique, numel: int, label: str, source: str) -> PerParamRow:
+    what = "LoRA adapters" if tech.adapter else "weights"
+    return _row(f"{what}{label}", tech.weight, numel, tech.params, Category.PARAMETERS, source)
+
+
+def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
+    """DeepSpeed ZeRO 1/2/3 over the technique's trainable tensors. Only parameters that require grad
+    enter the optimizer's partitions; under ZeRO-1/2 a frozen base stays an ordinary module parameter,
+    whole on every rank, and under ZeRO-3 ``zero.Init`` partitions every parameter, frozen or not."""
+    stage, n = par.zero_stage, par.shard_degree
+    total = tech.params
+    loc = _local(tech, par, sp)
+    sh = shard_numel(sp, par)
+    part = _flat(loc.trainable, n) if tech.adapter else sh.numel  # trainable elements this rank owns
+    master_dt = tech.master or tech.weight
+    w16, g16 = tech.weight, tech.grad
+    label = f" (1/{n} partition)"
+    offload_opt = par.offload_optimizer is not Offload.NONE
+    offload_par = par.offload_params is not Offload.NONE
+    gpu_rows: list[PerParamRow] = []
+    off_rows: list[PerParamRow] = []
+    resident: list[MemoryItem] = []
+    notes: list[str] = []
+    if stage < 3:
+        if tech.adapter:
+            gpu_rows.append(_frozen_row(tech, loc.frozen_bytes, loc.numel, " (whole on every rank)"))
+        gpu_rows.append(_weight_row(tech, loc.trainable, " (16-bit, full copy)" if not tech.adapter
+                                    else " (full copy)", SRC_Z12_PARAMS))  # fmt: skip
+    else:
+        params_to = off_rows if offload_par else gpu_rows
+        if tech.adapter:
+            params_to.append(_frozen_row(tech, cdiv(loc.frozen_bytes, n), cdiv(loc.numel, n), label))
+            params_to.append(_weight_row(tech, cdiv(loc.trainable, n), label, SRC_Z3_PARAMS))
+        else:
+            params_to.append(
+                _row(f"weights{label}", w16, sh.numel, total, Category.PARAMETERS, SRC_Z3_PARAMS)
+            )
+        if sh.persistent:
+            resident.append(_item("persistent small parameters (whole on every rank)", Category.PARAMETERS,
+                                  w16.nbytes(sh.persistent) if not tech.adapter else
+                                  _frozen_share(tech, sh.persistent), SRC_Z3_PERSIST, key="zero3.persistent"))  # fmt: skip
+    states = [] if tech.master is None else [
+        _row(f"master weights{label}", master_dt, part, total, Category.MASTER_WEIGHTS, SRC_Z_MASTER)
+    ]  # pure 16-bit / fp32: the partition itself is updated  # fmt: skip
+    states += _state_rows(tech, part, label)
+    (off_rows if offload_opt else gpu_rows).extend(states)
+
+    ipg_count = 2 if (stage < 3 and par.ds_overlap_comm) else 1
+    ipg = _item(
+        f"ZeRO ipg reduce bucket{'s x2' if ipg_count == 2 else ''} ({par.reduce_bucket_size:.0e} elements)",
+        Category.GRADIENTS, ipg_count * g16.nbytes(par.reduce_bucket_size), SRC_Z_IPG, key="zero.ipg",
+    )  # fmt: skip
+    grad_part = _item(f"gradient partition ({g16.name}){label}", Category.GRADIENTS, g16.nbytes(part),
+                      SRC_Z3_GRADS if stage == 3 else SRC_Z2_GRADS, key="zero.grad_partition")  # fmt: skip
+    fp32_grad_numel = min(part, DS_SUB_GROUP_SIZE) if stage == 3 else part
+    fp32_grad = _item(f"fp32 gradient partition at the step{label}", Category.TEMPORARIES,
+                      master_dt.nbytes(fp32_grad_numel), SRC_Z_FP32_GRAD, key="zero.fp32_grad")  # fmt: skip
+    cpu: list[MemoryItem] = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD,
+                                   key=_offload_key(r))
+                             for r in off_rows]  # fmt: skip
+    grads_backward: list[MemoryItem] = []
+    accumulated: list[MemoryItem] = []
+    step_grads: list[MemoryItem] = []
+    kept = Fraction(0)  # each gradient leaves for the bucket as soon as it is written
+    cap: int | None = g16.nbytes(loc.largest)
+    step: list[MemoryItem] = []
+    if stage == 3:
+        if par.contiguous_gradients:
+            resident.append(ipg)
+        if offload_opt:
+            cpu.append(replace(grad_part, source=SRC_Z3_GRADS, key="offload.grads"))
+        else:
+            resident.append(grad_part)
+    elif stage == 2 or (stage == 1 and setup.grad_accum == 1 and par.pp == 1):
+        grads_backward.append(ipg)
+        if not offload_opt:
+            grads_backward.append(grad_part)
+            step_grads.append(grad_part)
+            accumulated.append(grad_part)
+    else:  # stage 1 with accumulation or pipeline: full gradients until the boundary reduction
+        kept, cap = Fraction(1), None
+        accumulated.append(_item(f"gradients ({g16.name}, full until the boundary reduce)",
+                                 Category.GRADIENTS,
+                                 g16.nbytes(loc.trainable), SRC_Z1_GRADS, key="grads"))  # fmt: skip
+        step_grads.append(grad_part)
+        if par.contiguous_gradients:
+            grads_backward.append(ipg)
+    if offload_opt:
+        cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),
+                         SRC_OFFLOAD, key="offload.fp32_grads"))  # fmt: skip
+    else:
+        if tech.master is not None:
+            step.append(fp32_grad)
+        step += _temporaries(tech, part, min(part, loc.largest), label)
+    gathered_fwd: list[MemoryItem] = []
+    gathered_bwd: list[MemoryItem] = []
+    if stage == 3:
+        non_persistent = sp.numel - sh.persistent
+        fetch = min(
+            non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters)
+        )
+        keep = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
+        gathered_fwd.append(_item("ZeRO-3 gathered parameters (module + prefetch)", Category.PARAMETERS,
+                                  _gathered(tech, fetch), SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
+        gathered_bwd.append(_item("ZeRO-3 gathered parameters (kept within max_reuse_distance + prefetch)",
+                                  Category.PARAMETERS, _gathered(tech, keep), SRC_Z3_GATHER,
+                                  key="zero3.gathered"))  # fmt: skip
+        notes.append(
+            "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
+            "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
+        )
+    if tech.adapter:
+        notes.append(
+            f"ZeRO-{stage} with adapters: only parameters that require grad enter the optimizer's "
+            + ("partitions; the frozen base stays whole on every rank (DeepSpeed partitions the "
+               "optimizer's param groups only)" if stage < 3 else
+               "partitions; zero.Init partitions the frozen base too (a quantized base needs "
+               "bnb_4bit_quant_storage set to the float dtype to be partitioned)")
+        )  # fmt: skip
+    nvme = 0
+    if par.offload_optimizer is Offload.NVME or par.offload_params is Offload.NVME:
+        on_nvme = {"offload.params"} if par.offload_params is Offload.NVME else set()
+        if par.offload_optimizer is Offload.NVME:
+            on_nvme |= {"offload.states"}
+        nvme = sum(c.bytes for c in cpu if c.key in on_nvme)
+        cpu = [c for c in cpu if c.key not in on_nvme]
+        if par.offload_params is Offload.NVME:
+            cpu.append(_item("NVMe parameter swap buffers (pinned)", Category.OVERHEAD,
+                             DS_NVME_PARAM_BUFFER_COUNT * w16.nbytes(DS_NVME_PARAM_BUFFER_SIZE), SRC_NVME,
+                             key="nvme.param_buffers"))  # fmt: skip
+        if par.offload_optimizer is Offload.NVME:
+            cpu.append(_item("NVMe optimizer swap buffers (pinned, fp32 sub-groups)", Category.OVERHEAD,
+                             DS_NVME_OPTIMIZER_BUFFER_COUNT * master_dt.nbytes(min(part, DS_SUB_GROUP_SIZE)),
+                             SRC_NVME, key="nvme.optimizer_buffers"))  # fmt: skip
+    return RankStates(
+        table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=tuple(resident),
+        grads_kept=kept, grads_written_cap=cap,
+        accumulated=tuple(accumulated), grads_backward=tuple(grads_backward),
+        gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
+        step=tuple(step), step_grads=tuple(step_grads), cpu=tuple(cpu), nvme_bytes=nvme, notes=tuple(notes),
+    )  # fmt: skip
+
+
+def _offload_key(row: PerParamRow) -> str:
+    return "offload.params" if row.category is Category.PARAMETERS else "offload.states"
+
+
+def _frozen_share(tech: Technique, numel: int) -> int:
+    """Bytes of ``numel`` elements of the frozen base as stored (its average bytes per element)."""
+    frozen = tech.frozen
+    assert frozen is not None
+    return math.ceil(frozen.bytes * numel / frozen.params) if frozen.params else 0
+
+
+def _gathered(tech: Technique, numel: int) -> int:
+    """Bytes of ``numel`` all-gathered base elements: 16-bit weights, or the frozen base as stored (a
+    quantized base is gathered packed and dequantized per module in forward)."""
+    return _frozen_share(tech, numel) if tech.adapter else tech.weight.nbytes(numel)
+
+
+def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
+    """FSDP over the technique's tensors: every parameter is sharded, frozen or not (LoRA needs
+    ``use_orig_params=True`` under FSDP1; peft's ``fsdp_auto_wrap_policy`` wraps the adapters as units
+    of their own); only trainable ones get gradient shards and optimizer states."""
+    del setup
+    n = par.shard_degree
+    total = tech.params
+    loc = _local(tech, par, sp)
+    sh = shard_numel(sp, par)
+    # full fine-tuning: the model is built in the master dtype, the shards are the master weights
+    shard_dt = tech.master or tech.weight if not tech.adapter else tech.weight
+    gather_dt = tech.weight  # MixedPrecision(param_dtype=...) / the model dtype under autocast
+    label = f" (1/{n} shard)"
+    src = SRC_FSDP_SHARD if par.fsdp_version == 2 else SRC_FSDP1_SHARD
+    part = cdiv(loc.trainable, n) if tech.adapter else sh.numel
+    offload = par.offload_params is not Offload.NONE
+    offload_opt = par.offload_optimizer is not Offload.NONE
+    params: list[PerParamRow] = []
+    if tech.adapter:
+        params.append(_frozen_row(tech, cdiv(loc.frozen_bytes, n), cdiv(loc.numel, n), label))
+        params.append(_weight_row(tech, part, label, src))
+        if tech.master is not None:
+            params.append(_row(f"master weights (adapters){label}", tech.master, part, total,
+                               Category.MASTER_WEIGHTS, SRC_Z_MASTER))  # fmt: skip
+    else:
+        params.append(_row(f"sharded parameters ({shard_dt.name}, master){label}", shard_dt, sh.numel, total,
+                           Category.PARAMETERS, src))  # fmt: skip
+    opt = _state_rows(tech, part, label)
+    gpu_rows: list[PerParamRow] = []
+    off_rows: list[PerParamRow] = []
+    (off_rows if offload else gpu_rows).extend(params)
+    (off_rows if offload_opt else gpu_rows).extend(opt)
+    grad_dt = shard_dt if not tech.adapter else tech.grad
+    grads_item = _item(f"sharded gradients ({grad_dt.name}){label}", Category.GRADIENTS,
+                       grad_dt.nbytes(part), src, key="grads")  # fmt: skip
+    cpu = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD) for r in off_rows]
+    if offload:
+        cpu.append(_item(f"offloaded gradients{label}", Category.GRADIENTS, grads_item.bytes, SRC_OFFLOAD))
+    unit = sp.largest_unit
+    unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
+
+    def gathered(numel: int) -> int:
+        base = _frozen_share(tech, numel) if tech.adapter else gather_dt.nbytes(numel)
+        return base + (gather_dt.nbytes(cdiv(loc.trainable * numel, loc.numel)) if tech.adapter else 0)
+
+    gathered_fwd = [_item("FSDP root unit unsharded (embeddings, final norm, head)", Category.PARAMETERS,
+                          gathered(sp.root_numel), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
+    if par.fsdp is FsdpMode.SHARD_GRAD_OP:
+        gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
+                                  Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),
+                                  SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
+    else:
+        gathered_fwd.append(_item("FSDP all-gathered units (current + prefetched layer)", Category.PARAMETERS,
+                                  gathered(min(2, sp.layers) * unit), SRC_FSDP_GATHER,
+                                  key="fsdp.units"))  # fmt: skip
+    rs_dt = tech.grad if tech.adapter else gather_dt
+    gathered_bwd = [
+        *gathered_fwd,
+        _item(
+            "FSDP reduce-scatter input (one unit's gradients)",
+            Category.GRADIENTS,
+            rs_dt.nbytes(unit_trainable),
+            SRC_FSDP_RS,
+            key="fsdp.reduce_scatter",
+        ),
+    ]
+    step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
+    what = (
+        "the frozen base as stored and the adapters"
+        if tech.adapter
+        else (f"sharded parameters and gradients in {shard_dt.name}, gathered copies in {gather_dt.name}")
+    )
+    notes = [f"FSDP{par.fsdp_version} {par.fsdp.value}: units = transformer layers + the root; {what}"]
+    if tech.adapter and tech.frozen is not None and tech.frozen.dtype in ("nf4", "fp4", "int8"):
+        notes.append(
+            "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
+            "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
+        )
+    return RankStates(
+        table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
+        grads_kept=Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n),
+        accumulated=() if offload else (grads_item,), grads_backward=(),
+        gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
+        step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
+        notes=tuple(notes),
+    )  # fmt: skip
 
 
 def _row(
@@ -202,443 +571,6 @@ def _fsdp2_shard(t: LocalTensor, n: int) -> int:
     return cdiv(t.dim0, n) * t.rest * t.count
 
 
-def _state_factors(spec: ModelSpec, setup: TrainingSetup) -> list[tuple[PerParamRow, float]]:
-    """Each optimizer-state row with its bytes per trainable parameter."""
-    return [(r, r.bytes / r.params if r.params else 0.0) for r in optimizer_rows(spec, setup)]
-
-
-def rank_states(spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
-    """Model states and engine buffers of one rank of pipeline stage ``sp.stage``."""
-    if par.fsdp is not FsdpMode.NONE:
-        return _fsdp_states(spec, setup, par, sp)
-    if par.zero_stage:
-        return _zero_states(spec, setup, par, sp)
-    return _replicated_states(spec, setup, par, sp)
-
-
-def _trainable_fraction(spec: ModelSpec, setup: TrainingSetup) -> float:
-    params = spec.params
-    return trainable_params(spec, setup) / params if params else 1.0
-
-
-def _opt_rows(spec: ModelSpec, setup: TrainingSetup, numel: int, total: int, label: str) -> list[PerParamRow]:
-    out = []
-    for r, factor in _state_factors(spec, setup):
-        nbytes = math.ceil(factor * numel)
-        out.append(
-            PerParamRow(
-                tensor=f"{r.tensor}{label}",
-                dtype=r.dtype,
-                bytes_per_param=nbytes / total if total else 0.0,
-                bytes=nbytes,
-                params=numel,
-                category=Category.OPTIMIZER_STATES,
-                source=r.source,
-            )
-        )
-    return out
-
-
-def _step_temporaries(
-    setup: TrainingSetup, state_bytes_one: int, state_dtype_bytes: int, largest: int, label: str
-) -> list[MemoryItem]:
-    """Optimizer temporaries over the rank's shard (see :mod:`.optimizer` for the terms)."""
-    name, impl = setup.optimizer, setup.optimizer_impl
-    if name in (OptimizerName.ADAMW, OptimizerName.ADAM):
-        if impl is OptimizerImpl.FOREACH:
-            return [
-                _item(
-                    f"optimizer.foreach exp_avg_sq_sqrt{label}",
-                    Category.TEMPORARIES,
-                    state_bytes_one,
-                    "torch/optim/adam.py _multi_tensor_adam: _foreach_sqrt(exp_avg_sqs)",
-                )
-            ]
-        if impl is OptimizerImpl.FOR_LOOP:
-            return [
-                _item(
-                    f"optimizer.denom + exp_avg.clone (largest tensor){label}",
-                    Category.TEMPORARIES,
-                    2 * largest * state_dtype_bytes,
-                    "torch/optim/adam.py _single_tensor_adam",
-                )
-            ]
-    return []
-
-
-def _replicated_states(
-    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams
-) -> RankStates:
-    """Single GPU, TP/PP only, or DDP: every rank holds full (local) states."""
-    plan = precision_plan(setup.precision)
-    numel = sp.numel
-    total = spec.params
-    train = math.ceil(numel * _trainable_fraction(spec, setup))
-    rows = [
-        _row(
-            "weights", plan.weight, numel, total, Category.PARAMETERS, f"{setup.precision.value} parameters"
-        ),
-    ]
-    if plan.master is not None:
-        rows.append(
-            _row(
-                "master weights",
-                plan.master,
-                train,
-                total,
-                Category.MASTER_WEIGHTS,
-                "fp32 master copy (Micikevicius et al. 2018 §3.1)",
-            )
-        )
-    opt = _opt_rows(spec, setup, train, total, "")
-    rows += opt
-    grad_bytes = plan.grad.nbytes(train)
-    resident: list[MemoryItem] = []
-    notes: list[str] = []
-    if par.dp > 1:
-        if par.gradient_as_bucket_view:
-            notes.append("DDP gradient_as_bucket_view=True: param.grad are views into the bucket buffers")
-        else:
-            resident.append(
-                _item("DDP reducer buckets (flat gradient copy)", Category.GRADIENTS, grad_bytes, SRC_DDP)
-            )
-            notes.append(
-                f"DDP buckets of {par.ddp_bucket_bytes // MiB} MiB hold a second copy of the "
-                "gradients (gradient_as_bucket_view=False)"
-            )
-    layer_grads = tuple(plan.grad.nbytes(u) for _, u in sp.layer_units)
-    grads_item = _item("gradients", Category.GRADIENTS, grad_bytes, "param.grad (torch AccumulateGrad)")
-    step: list[MemoryItem] = []
-    if plan.master is not None:
-        step.append(
-            _item(
-                "optimizer.master_grads (fp32 copy)",
-                Category.TEMPORARIES,
-                plan.master.nbytes(train),
-                "fp32 copy of the 16-bit grads for the master update",
-            )
-        )
-    st = opt[0].bytes if opt else 0
-    step += _step_temporaries(setup, st, _state_dtype_bytes(opt), sp.largest_tensor, "")
-    return RankStates(
-        rows=tuple(rows),
-        resident=tuple(resident),
-        layer_grads=layer_grads,
-        root_grads=plan.grad.nbytes(sp.root_numel),
-        grads_backward=(),
-        grads_accumulated=(grads_item,),
-        gathered_forward=(),
-        gathered_backward=(),
-        step=tuple(step),
-        step_grads=(grads_item,),
-        cpu=(),
-        nvme_bytes=0,
-        notes=tuple(notes),
-    )
-
-
-def _state_dtype_bytes(opt: list[PerParamRow]) -> int:
-    if not opt:
-        return 4
-    return dtypes.ALL[opt[0].dtype].bits // 8 if opt[0].dtype in dtypes.ALL else 4
-
-
-def _zero_states(spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
-    plan = precision_plan(setup.precision)
-    stage, n = par.zero_stage, par.shard_degree
-    total = spec.params
-    frac = _trainable_fraction(spec, setup)
-    sh = shard_numel(sp, par)
-    part = math.ceil(sh.numel * frac)  # trainable elements this rank owns
-    master_dt = plan.master or plan.weight
-    w16, g16 = plan.weight, plan.grad
-    label = f" (1/{n} partition)"
-    offload_opt = par.offload_optimizer is not Offload.NONE
-    offload_par = par.offload_params is not Offload.NONE
-    gpu_rows: list[PerParamRow] = []
-    off_rows: list[PerParamRow] = []
-    resident: list[MemoryItem] = []
-    notes: list[str] = []
-    if stage < 3:
-        gpu_rows.append(
-            _row("weights (16-bit, full copy)", w16, sp.numel, total, Category.PARAMETERS, SRC_Z12_PARAMS)
-        )
-    else:
-        (off_rows if offload_par else gpu_rows).append(
-            _row(f"weights{label}", w16, sh.numel, total, Category.PARAMETERS, SRC_Z3_PARAMS)
-        )
-        if sh.persistent:
-            resident.append(
-                _item(
-                    "persistent small parameters (whole on every rank)",
-                    Category.PARAMETERS,
-                    w16.nbytes(sh.persistent),
-                    SRC_Z3_PERSIST,
-                )
-            )
-    states = [_row(f"master weights{label}", master_dt, part, total, Category.MASTER_WEIGHTS, SRC_Z_MASTER)]
-    if plan.master is None:
-        states = []  # pure 16-bit / fp32: the partition itself is updated
-    states += _opt_rows(spec, setup, part, total, label)
-    (off_rows if offload_opt else gpu_rows).extend(states)
-
-    ipg_count = 2 if (stage < 3 and par.ds_overlap_comm) else 1
-    ipg = _item(
-        f"ZeRO ipg reduce bucket{'s x2' if ipg_count == 2 else ''} ({par.reduce_bucket_size:.0e} elements)",
-        Category.GRADIENTS,
-        ipg_count * g16.nbytes(par.reduce_bucket_size),
-        SRC_Z_IPG,
-    )
-    grad_part = _item(
-        f"gradient partition (16-bit){label}",
-        Category.GRADIENTS,
-        g16.nbytes(part),
-        SRC_Z3_GRADS if stage == 3 else SRC_Z2_GRADS,
-    )
-    fp32_grad_numel = min(part, DS_SUB_GROUP_SIZE) if stage == 3 else part
-    fp32_grad = _item(
-        f"fp32 gradient partition at the step{label}",
-        Category.TEMPORARIES,
-        master_dt.nbytes(fp32_grad_numel),
-        SRC_Z_FP32_GRAD,
-    )
-    cpu: list[MemoryItem] = [
-        _item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD) for r in off_rows
-    ]
-    grads_backward: list[MemoryItem] = []
-    grads_accum: list[MemoryItem] = []
-    step_grads: list[MemoryItem] = []
-    layer_grads: tuple[int, ...] = tuple(0 for _ in sp.layer_units)
-    root_grads = 0
-    step: list[MemoryItem] = []
-    if stage == 3:
-        if par.contiguous_gradients:
-            resident.append(ipg)
-        if offload_opt:
-            cpu.append(
-                _item(
-                    f"gradient partition (16-bit){label}", Category.GRADIENTS, grad_part.bytes, SRC_Z3_GRADS
-                )
-            )
-        else:
-            resident.append(grad_part)
-    elif stage == 2 or (stage == 1 and setup.grad_accum == 1 and par.pp == 1):
-        grads_backward.append(ipg)
-        if not offload_opt:
-            grads_backward.append(grad_part)
-            step_grads.append(grad_part)
-            grads_accum.append(grad_part)
-    else:  # stage 1 with accumulation or pipeline: full 16-bit grads until the boundary reduction
-        layer_grads = tuple(g16.nbytes(math.ceil(u * frac)) for _, u in sp.layer_units)
-        root_grads = g16.nbytes(math.ceil(sp.root_numel * frac))
-        full = _item(
-            "gradients (16-bit, full until the boundary reduce)",
-            Category.GRADIENTS,
-            g16.nbytes(math.ceil(sp.numel * frac)),
-            SRC_Z1_GRADS,
-        )
-        grads_accum.append(full)
-        step_grads.append(grad_part)
-        if par.contiguous_gradients:
-            grads_backward.append(ipg)
-    if offload_opt:
-        cpu.append(
-            _item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part), SRC_OFFLOAD)
-        )
-    else:
-        if plan.master is not None:
-            step.append(fp32_grad)
-        opt_rows = [r for r in gpu_rows if r.category is Category.OPTIMIZER_STATES]
-        step += _step_temporaries(
-            setup,
-            opt_rows[0].bytes if opt_rows else 0,
-            _state_dtype_bytes(opt_rows),
-            min(part, sp.largest_tensor),
-            label,
-        )
-    gathered_fwd: list[MemoryItem] = []
-    gathered_bwd: list[MemoryItem] = []
-    if stage == 3:
-        non_persistent = sp.numel - sh.persistent
-        fetch = min(
-            non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters)
-        )
-        kept = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
-        gathered_fwd.append(
-            _item(
-                "ZeRO-3 gathered parameters (module + prefetch)",
-                Category.PARAMETERS,
-                w16.nbytes(fetch),
-                SRC_Z3_GATHER,
-            )
-        )
-        gathered_bwd.append(
-            _item(
-                "ZeRO-3 gathered parameters (kept within max_reuse_distance + prefetch)",
-                Category.PARAMETERS,
-                w16.nbytes(kept),
-                SRC_Z3_GATHER,
-            )
-        )
-        gathered_bwd.append(
-            _item(
-                "ZeRO-3 unsharded gradients of the running module",
-                Category.GRADIENTS,
-                g16.nbytes(sp.largest_tensor),
-                SRC_Z3_GATHER,
-            )
-        )
-        notes.append(
-            "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
-            "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
-        )
-    nvme = 0
-    if par.offload_optimizer is Offload.NVME or par.offload_params is Offload.NVME:
-        nvme_rows = [
-            r
-            for r in off_rows
-            if (r.category is Category.PARAMETERS) == (par.offload_params is Offload.NVME)
-            or (r.category is not Category.PARAMETERS and par.offload_optimizer is Offload.NVME)
-        ]
-        nvme = sum(r.bytes for r in nvme_rows)
-        names = {f"offloaded {r.tensor}" for r in nvme_rows}
-        cpu = [c for c in cpu if c.path not in names]
-        if par.offload_params is Offload.NVME:
-            cpu.append(
-                _item(
-                    "NVMe parameter swap buffers (pinned)",
-                    Category.OVERHEAD,
-                    DS_NVME_PARAM_BUFFER_COUNT * w16.nbytes(DS_NVME_PARAM_BUFFER_SIZE),
-                    SRC_NVME,
-                )
-            )
-        if par.offload_optimizer is Offload.NVME:
-            sub = min(part, DS_SUB_GROUP_SIZE)
-            cpu.append(
-                _item(
-                    "NVMe optimizer swap buffers (pinned, fp32 sub-groups)",
-                    Category.OVERHEAD,
-                    DS_NVME_OPTIMIZER_BUFFER_COUNT * master_dt.nbytes(sub),
-                    SRC_NVME,
-                )
-            )
-    return RankStates(
-        rows=tuple(gpu_rows),
-        resident=tuple(resident),
-        layer_grads=layer_grads,
-        root_grads=root_grads,
-        grads_backward=tuple(grads_backward),
-        grads_accumulated=tuple(grads_accum),
-        gathered_forward=tuple(gathered_fwd),
-        gathered_backward=tuple(gathered_bwd),
-        step=tuple(step),
-        step_grads=tuple(step_grads),
-        cpu=tuple(cpu),
-        nvme_bytes=nvme,
-        notes=tuple(notes),
-    )
-
-
-def _fsdp_states(spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
-    plan = precision_plan(setup.precision)
-    n = par.shard_degree
-    total = spec.params
-    frac = _trainable_fraction(spec, setup)
-    sh = shard_numel(sp, par)
-    shard_dt = plan.master or plan.weight  # the dtype the model is built in: sharded params = master
-    gather_dt = plan.weight  # MixedPrecision(param_dtype=...) / the model dtype under autocast
-    label = f" (1/{n} shard)"
-    src = SRC_FSDP_SHARD if par.fsdp_version == 2 else SRC_FSDP1_SHARD
-    part = math.ceil(sh.numel * frac)
-    offload = par.offload_params is not Offload.NONE
-    offload_opt = par.offload_optimizer is not Offload.NONE
-    param_row = _row(
-        f"sharded parameters ({shard_dt.name}, master){label}",
-        shard_dt,
-        sh.numel,
-        total,
-        Category.PARAMETERS,
-        src,
-    )
-    opt = _opt_rows(spec, setup, part, total, label)
-    gpu_rows: list[PerParamRow] = []
-    off_rows: list[PerParamRow] = []
-    (off_rows if offload else gpu_rows).append(param_row)
-    (off_rows if offload_opt else gpu_rows).extend(opt)
-    grad_shard = shard_dt.nbytes(part)
-    grads_item = _item(f"sharded gradients ({shard_dt.name}){label}", Category.GRADIENTS, grad_shard, src)
-    unit_shards = tuple(shard_dt.nbytes(math.ceil(cdiv(u, n) * frac)) for _, u in sp.layer_units)
-    root_shard = shard_dt.nbytes(math.ceil(cdiv(sp.root_numel, n) * frac)) if sp.root_numel else 0
-    cpu = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD) for r in off_rows]
-    if offload:
-        cpu.append(_item(f"offloaded gradients{label}", Category.GRADIENTS, grad_shard, SRC_OFFLOAD))
-    unit = sp.largest_unit
-    gathered_fwd = [
-        _item(
-            "FSDP root unit unsharded (embeddings, final norm, head)",
-            Category.PARAMETERS,
-            gather_dt.nbytes(sp.root_numel),
-            SRC_FSDP_GATHER,
-        ),
-    ]
-    if par.fsdp is FsdpMode.SHARD_GRAD_OP:
-        gathered_fwd.append(
-            _item(
-                "FSDP shard-grad-op: every layer unit unsharded from forward to backward",
-                Category.PARAMETERS,
-                gather_dt.nbytes(sum(c * u for c, u in sp.layer_units)),
-                SRC_FSDP_GATHER,
-            )
-        )
-        gathered_bwd = list(gathered_fwd)
-    else:
-        two_units = _item(
-            "FSDP all-gathered units (current + prefetched layer)",
-            Category.PARAMETERS,
-            gather_dt.nbytes(min(2, sp.layers) * unit),
-            SRC_FSDP_GATHER,
-        )
-        gathered_fwd.append(two_units)
-        gathered_bwd = list(gathered_fwd)
-    gathered_bwd.append(
-        _item(
-            "FSDP unsharded gradients + reduce-scatter input (one unit)",
-            Category.GRADIENTS,
-            2 * gather_dt.nbytes(unit),
-            SRC_FSDP_RS,
-        )
-    )
-    step: list[MemoryItem] = []
-    if not offload_opt:
-        opt_rows = [r for r in gpu_rows if r.category is Category.OPTIMIZER_STATES]
-        step += _step_temporaries(
-            setup,
-            opt_rows[0].bytes if opt_rows else 0,
-            _state_dtype_bytes(opt_rows),
-            sp.largest_tensor,
-            label,
-        )
-    notes = [
-        f"FSDP{par.fsdp_version} {par.fsdp.value}: units = transformer layers + the root; sharded "
-        f"parameters and gradients in {shard_dt.name}, gathered copies in {gather_dt.name}"
-    ]
-    return RankStates(
-        rows=tuple(gpu_rows),
-        resident=(),
-        layer_grads=tuple(0 for _ in unit_shards) if offload else unit_shards,
-        root_grads=0 if offload else root_shard,
-        grads_backward=(),
-        grads_accumulated=() if offload else (grads_item,),
-        gathered_forward=tuple(gathered_fwd),
-        gathered_backward=tuple(gathered_bwd),
-        step=tuple(step),
-        step_grads=() if offload else (grads_item,),
-        cpu=tuple(cpu),
-        nvme_bytes=0,
-        notes=tuple(notes),
-    )
-
-
 def load_bytes_per_rank(spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> int:
     """CPU RAM one rank uses to load the model before the engine shards or moves it.
 
@@ -679,19 +611,19 @@ def zero_model_state_terms(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
     """peakmem's ZeRO model states for one rank (pp=tp=1), itemised for a side-by-side check."""
     from .model_parallel import stage_params
 
-    sp = stage_params(spec, par, 0)
-    st = rank_states(spec, setup, par, sp)
+    tech = technique(spec, setup)
+    sp = stage_params(tech.spec, par, 0)
+    st = rank_states(tech, setup, par, sp)
     gpu: dict[str, int] = {}
     for r in st.rows:
         gpu[r.tensor] = gpu.get(r.tensor, 0) + r.bytes
     for i in (*st.resident, *st.step_grads, *st.step):
-        if "ipg" in i.path or "foreach" in i.path or "denom" in i.path:
+        if i.key == "zero.ipg" or i.key.startswith("optimizer."):
             continue  # buckets and optimizer temporaries: not model states in DeepSpeed's estimator
         gpu[i.path] = gpu.get(i.path, 0) + i.bytes
     if par.zero_stage == 3:
-        plan = precision_plan(setup.precision)
-        gpu["largest module gathered (16-bit params + grads)"] = plan.weight.nbytes(sp.largest_tensor) + (
-            plan.grad.nbytes(sp.largest_tensor)
+        gpu["largest module gathered (16-bit params + grads)"] = tech.weight.nbytes(sp.largest_tensor) + (
+            tech.grad.nbytes(sp.largest_tensor)
         )
     per_node = par.ranks_per_node
     cpu = {f"{i.path} x{per_node} ranks": i.bytes * per_node for i in st.cpu}

@@ -1,0 +1,75 @@
+"""A setup's method, precision and optimizer applied to a model once, before any sharding.
+
+The result describes what exists on one GPU that trains the whole model: the bytes-per-parameter
+rows, the frozen base (LoRA/QLoRA: 16-bit or quantized, no gradient, no optimizer state), the
+trainable tensors (the whole model, or the adapters) with the dtypes of their weights, gradients and
+master copies, their optimizer-state rows and step temporaries, and the gradient bytes each layer
+writes in backward. :mod:`.sharding` then partitions exactly these tensors across ranks, and
+:mod:`peakmem.estimate` walks one step timeline over them: a technique is never applied twice, and an
+engine never invents tensors the technique does not have (a LoRA job keeps adapter-sized gradients,
+buckets and states on every layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.breakdown import MemoryItem, PerParamRow
+from peakmem.dtypes import DType
+from peakmem.model import ModelSpec
+from peakmem.training import TrainingSetup
+
+from . import lora as _lora
+from .model_states import buffer_bytes, precision_plan, spec_facts, trainable_params, weight_rows
+from .optimizer import optimizer_phase_grads, optimizer_rows, step_temporaries
+
+
+@dataclass(frozen=True, kw_only=True)
+class Technique:
+    """What one GPU holds for ``setup`` applied to ``spec`` (before any engine shards it)."""
+
+    spec: ModelSpec  # as estimated (LoRA: the first layer split off, see lora.split_first_layer)
+    tspec: ModelSpec  # the trainable tensors as a spec: ``spec`` itself, or the adapters
+    tsetup: TrainingSetup  # the setup the optimizer formulas see (LoRA: full fine-tuning of tspec)
+    adapter: bool  # LoRA / QLoRA / DoRA: a frozen base plus adapters
+    rows: tuple[PerParamRow, ...]  # the single-GPU bytes-per-parameter table
+    params: int  # the base model's parameters
+    trainable: int  # parameters that get gradients and optimizer states
+    frozen: PerParamRow | None  # the frozen base as stored (None: full fine-tuning)
+    weight: DType  # the trainable parameters' dtype
+    grad: DType  # their gradients' dtype
+    master: DType | None  # fp32 master copies of 16-bit trainable parameters
+    state_rows: tuple[PerParamRow, ...]  # optimizer states over every trainable parameter
+    step_grads: MemoryItem  # the gradients the optimizer step reads (fp32 copies under mixed-*)
+    temporaries: tuple[MemoryItem, ...]  # the step's temporaries over every trainable parameter
+    largest_trainable: int  # elements of the largest trainable tensor
+    buffers: int  # registered buffers (fp32)
+    layer_grads: tuple[int, ...]  # per group of ``spec``: gradient bytes one layer writes in backward
+
+
+def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
+    """Apply ``setup``'s method, precision and optimizer to ``spec``."""
+    adapter = _lora.is_adapter_method(setup)
+    if adapter:
+        spec = _lora.split_first_layer(spec)
+    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
+    plan = precision_plan(setup.precision)
+    opt_rows = optimizer_rows(tspec, tsetup)
+    if adapter:
+        rows = _lora.finetune_weight_rows(spec, setup, plan) + opt_rows
+        weight = grad = _lora.train_dtype(_lora.lora_of(setup), plan)
+        master = plan.master if weight.bits < 32 else None
+        frozen: PerParamRow | None = rows[0]
+        layer_grads = tuple(_lora.layer_grad_bytes(spec, setup, i) for i in range(len(spec.groups)))
+    else:
+        rows = weight_rows(spec, setup) + opt_rows
+        weight, grad, master, frozen = plan.weight, plan.grad, plan.master, None
+        layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec).layer_params)
+    return Technique(
+        spec=spec, tspec=tspec, tsetup=tsetup, adapter=adapter, rows=rows,
+        params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup), frozen=frozen,
+        weight=weight, grad=grad, master=master, state_rows=opt_rows,
+        step_grads=optimizer_phase_grads(tspec, tsetup), temporaries=step_temporaries(tspec, tsetup),
+        largest_trainable=spec_facts(tspec).largest, buffers=buffer_bytes(spec, setup),
+        layer_grads=layer_grads,
+    )  # fmt: skip

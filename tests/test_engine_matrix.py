@@ -1,0 +1,211 @@
+"""One engine: a technique (method, precision, optimizer) is applied once, then an engine partitions what
+exists. Over method x optimizer x sharding, every rank trains what one GPU trains: the same trainable
+parameters, no more optimizer state, adapter-sized gradients and buckets, and (DDP/ZeRO/FSDP) the
+same activations at the same micro-batch. Hand-derived values on the tiny Llama of test_parallel.py,
+then a hypothesis property over the whole matrix.
+
+Tiny LoRA (peft's r=8 on all linears, fp32 adapters): per layer q 8x64 + 64x8 = 1,024, k and v
+8x64 + 32x8 = 768 each, o 1,024, gate and up 8x64 + 128x8 = 1,536 each, down 8x128 + 64x8 = 1,536:
+8,192 per layer, 32,768 over 4 layers; the base (276,032) frozen in bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from peakmem.breakdown import Category, Estimate, Phase
+from peakmem.estimate import TrainingEstimator, estimate_training
+from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import sharding
+from peakmem.formulas.technique import technique
+from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.ranks import estimate_ranks
+from peakmem.training import Checkpointing, Method, OptimizerName, TrainingSetup
+from test_parallel import tiny
+
+P = 276_032
+ADAPTERS = 32_768
+LORA = TrainingSetup(method=Method.LORA, seq_len=64)
+
+METHODS = {"full": Method.FULL, "lora": Method.LORA, "qlora": Method.QLORA}
+OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.LION, OptimizerName.ADAFACTOR, OptimizerName.ADAMW_8BIT)
+LAYOUTS = {
+    "ddp-2": Parallelism(gpus=2),
+    "zero1-8": Parallelism(gpus=8, zero_stage=1),
+    "zero2-8": Parallelism(gpus=8, zero_stage=2),
+    "zero3-8": Parallelism(gpus=8, zero_stage=3),
+    "fsdp-8": Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD),
+    "tp-2": Parallelism(gpus=2, tp=2),
+}
+DATA_PARALLEL = {"ddp-2", "zero1-8", "zero2-8", "zero3-8", "fsdp-8"}
+
+
+def _states(est: Estimate) -> int:
+    return sum(r.bytes for r in est.per_param if r.category is Category.OPTIMIZER_STATES)
+
+
+def _single_grads(est: Estimate) -> int:
+    return sum(r.bytes for r in est.per_param if r.category is Category.GRADIENTS)
+
+
+def _phase(est: Estimate, phase: Phase) -> list:  # type: ignore[type-arg]
+    return next(p for p in est.phases if p.phase is phase).items
+
+
+def _grads_held(est: Estimate) -> int:
+    """Gradient bytes alive at the optimizer step and between steps, engine buffers of a configured
+    size (ZeRO's ipg bucket: ``reduce_bucket_size`` elements whatever the model) left out."""
+    items = _phase(est, Phase.OPTIMIZER)
+    return sum(i.bytes for i in items if i.category is Category.GRADIENTS and i.key != "zero.ipg")
+
+
+def _activations(est: Estimate) -> int:
+    return sum(i.bytes for i in _phase(est, Phase.FORWARD) if i.category is Category.ACTIVATIONS)
+
+
+def _check(setup: TrainingSetup, layout: str) -> None:
+    spec = tiny()
+    single = estimate_training(spec, setup)
+    rank = estimate_ranks(spec, setup, LAYOUTS[layout]).most_loaded.estimate
+    assert rank.trainable_params == single.trainable_params
+    assert _states(rank) <= _states(single)
+    # gradients: the trainable ones only, at most twice (DDP's bucket copy); fp32 copies at the step
+    # of mixed-precision masters count as the single GPU's do
+    assert _grads_held(rank) <= 2 * max(_single_grads(single), _grads_held(single))
+    if layout in DATA_PARALLEL:
+        assert _activations(rank) == _activations(single)
+    else:
+        assert _activations(rank) <= _activations(single)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.value)
+@pytest.mark.parametrize("method", METHODS)
+def test_matrix(method: str, optimizer: OptimizerName, layout: str) -> None:
+    _check(TrainingSetup(method=METHODS[method], optimizer=optimizer, seq_len=64), layout)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    method=hs.sampled_from(list(METHODS)),
+    optimizer=hs.sampled_from(OPTIMIZERS),
+    layout=hs.sampled_from(list(LAYOUTS)),
+    micro_batch=hs.integers(1, 4),
+    seq=hs.sampled_from([32, 64, 128]),
+    grad_accum=hs.integers(1, 3),
+    checkpointing=hs.sampled_from(list(Checkpointing)),
+)
+def test_matrix_property(
+    method: str,
+    optimizer: OptimizerName,
+    layout: str,
+    micro_batch: int,
+    seq: int,
+    grad_accum: int,
+    checkpointing: Checkpointing,
+) -> None:
+    setup = TrainingSetup(method=METHODS[method], optimizer=optimizer, micro_batch=micro_batch, seq_len=seq,
+                          grad_accum=grad_accum, checkpointing=checkpointing)  # fmt: skip
+    _check(setup, layout)
+
+
+# --- by hand --------------------------------------------------------------------------------------------
+def _rank_states(setup: TrainingSetup, par: Parallelism) -> sharding.RankStates:
+    tech = technique(tiny(), setup)
+    return sharding.rank_states(tech, setup, par, mp.stage_params(tech.spec, par, 0))
+
+
+def test_lora_technique_by_hand() -> None:
+    tech = technique(tiny(), LORA)
+    assert tech.trainable == ADAPTERS and tech.params == P
+    assert tech.frozen is not None and tech.frozen.bytes == 2 * P  # bf16 base, no gradient, no state
+    assert tech.layer_grads == (4 * 8_192, 4 * 8_192)  # fp32 adapter gradients; first layer on its own
+
+
+def test_lora_ddp_bucket_is_adapter_sized() -> None:
+    st = _rank_states(LORA, Parallelism(gpus=2))
+    assert {i.key: i.bytes for i in st.resident} == {"ddp.buckets": 4 * ADAPTERS}
+    single = estimate_training(tiny(), LORA)
+    ddp = estimate_ranks(tiny(), LORA, Parallelism(gpus=2)).most_loaded.estimate
+    assert ddp.peak_allocated_bytes == single.peak_allocated_bytes + 4 * ADAPTERS
+
+
+def test_lora_zero2_by_hand() -> None:
+    st = _rank_states(LORA, Parallelism(gpus=4, zero_stage=2))
+    part = 8_192  # DeepSpeed's flat partition: ceil(32768 / (2 x 4)) x 2
+    rows = {r.tensor: r.bytes for r in st.rows}
+    assert rows == {
+        "base weights (frozen) (whole on every rank)": 2 * P,  # not in the optimizer's groups
+        "LoRA adapters (full copy)": 4 * ADAPTERS,
+        "AdamW m (exp_avg) (1/4 partition)": 4 * part,
+        "AdamW v (exp_avg_sq) (1/4 partition)": 4 * part,
+    }
+    backward = {i.key: i.bytes for i in st.grads_backward}
+    assert backward["zero.grad_partition"] == 4 * part  # fp32 adapters: fp32 gradients
+    step = {i.key: i.bytes for i in st.step}
+    assert step == {"optimizer.foreach_sqrt": 4 * part}  # no master copy for fp32 adapters
+
+
+def test_lora_zero3_partitions_the_frozen_base() -> None:
+    st = _rank_states(LORA, Parallelism(gpus=4, zero_stage=3, param_persistence_threshold=100))
+    rows = {r.tensor: r.bytes for r in st.rows}
+    assert rows["base weights (frozen) (1/4 partition)"] == 2 * P // 4
+    assert rows["LoRA adapters (1/4 partition)"] == 4 * ADAPTERS // 4
+    assert {i.key: i.bytes for i in st.resident}["zero.grad_partition"] == 4 * 8_192
+
+
+def test_lora_fsdp_by_hand() -> None:
+    st = _rank_states(LORA, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD))
+    rows = {r.tensor: r.bytes for r in st.rows}
+    assert rows["base weights (frozen) (1/4 shard)"] == 2 * P // 4
+    assert rows["LoRA adapters (1/4 shard)"] == 4 * ADAPTERS // 4
+    assert rows["AdamW m (exp_avg) (1/4 shard)"] == 4 * ADAPTERS // 4
+    assert {i.key: i.bytes for i in st.accumulated} == {"grads": 4 * ADAPTERS // 4}
+    assert st.grads_kept == 1 / 4  # each layer's adapter gradients are reduce-scattered to a quarter
+
+
+def test_qlora_fsdp_shards_the_packed_base() -> None:
+    setup = replace(LORA, method=Method.QLORA)
+    tech = technique(tiny(), setup)
+    assert tech.frozen is not None and tech.frozen.bytes < 2 * P  # NF4 + scales; embeddings, norms 16-bit
+    st = _rank_states(setup, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD))
+    rows = {r.tensor: r.bytes for r in st.rows}
+    assert rows[f"{tech.frozen.tensor} (1/4 shard)"] == -(-tech.frozen.bytes // 4)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "key", "sharded"),
+    [
+        (OptimizerName.LION, "optimizer.lion_update", False),  # the largest tensor's update: not sharded
+        (OptimizerName.ADAMW, "optimizer.foreach_sqrt", True),  # one per parameter: sharded
+    ],
+)
+def test_step_temporaries_survive_sharding(optimizer: OptimizerName, key: str, sharded: bool) -> None:
+    """The optimizer's own temporaries (optimizer.step_temporaries), at the shard's size: Lion's and
+    Adafactor's no longer vanish under ZeRO."""
+    setup = TrainingSetup(optimizer=optimizer, seq_len=64)
+    one = {i.key: i.bytes for i in technique(tiny(), setup).temporaries}
+    st = _rank_states(setup, Parallelism(gpus=4, zero_stage=2))
+    part = 69_008  # ceil(276032 / 8) x 2
+    expected = -(-one[key] * part // P) if sharded else one[key]
+    assert {i.key: i.bytes for i in st.step}[key] == expected
+
+
+def test_per_rank_activations_equal_single_gpu_for_lora() -> None:
+    """The per-rank timeline is the single-GPU one: LoRA's first-layer split, frozen-base savings and
+    adapter saves are the same on every data-parallel rank."""
+    setup = replace(LORA, micro_batch=2, checkpointing=Checkpointing.FULL)
+    single = estimate_training(tiny(), setup)
+    est = TrainingEstimator(tiny())
+    for par in (
+        Parallelism(gpus=2),
+        Parallelism(gpus=8, zero_stage=3),
+        Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD),
+    ):
+        rank = est.estimate(setup, par)
+        assert _activations(rank) == _activations(single)
+        assert [p.phase for p in rank.phases] == [p.phase for p in single.phases]
