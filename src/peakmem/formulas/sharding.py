@@ -298,9 +298,9 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                 _row(f"weights{label}", w16, sh.numel, total, Category.PARAMETERS, SRC_Z3_PARAMS)
             )
         if sh.persistent:
+            small = _frozen_share(tech, sh.persistent) if tech.adapter else w16.nbytes(sh.persistent)
             resident.append(_item("persistent small parameters (whole on every rank)", Category.PARAMETERS,
-                                  w16.nbytes(sh.persistent) if not tech.adapter else
-                                  _frozen_share(tech, sh.persistent), SRC_Z3_PERSIST, key="zero3.persistent"))  # fmt: skip
+                                  small, SRC_Z3_PERSIST, key="zero3.persistent"))  # fmt: skip
     states = [] if tech.master is None else [
         _row(f"master weights{label}", master_dt, part, total, Category.MASTER_WEIGHTS, SRC_Z_MASTER)
     ]  # pure 16-bit / fp32: the partition itself is updated  # fmt: skip
