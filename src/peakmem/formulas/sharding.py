@@ -173,9 +173,7 @@ def _local(tech: Technique, par: Parallelism, sp: StageParams) -> _Local:
     adapters = sum(count * layer.params for count, layer in stage_groups(tech.tspec, par.pp, sp.stage))
     if sp.stage == par.pp - 1:
         adapters += sum(t.numel for t in tech.tspec.outer)
-    frozen = tech.frozen
-    assert frozen is not None
-    share = math.ceil(frozen.bytes * sp.numel / frozen.params) if frozen.params else 0
+    share = _frozen_bytes(tech, sp.numel - sp.root_numel, sp.root_numel)
     return _Local(numel=sp.numel, trainable=cdiv(adapters, par.tp), frozen_bytes=share,
                   largest=min(tech.largest_trainable, cdiv(adapters, par.tp)))  # fmt: skip
 
@@ -298,7 +296,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                 _row(f"weights{label}", w16, sh.numel, total, Category.PARAMETERS, SRC_Z3_PARAMS)
             )
         if sh.persistent:
-            small = _frozen_share(tech, sh.persistent) if tech.adapter else w16.nbytes(sh.persistent)
+            small = (tech.base_dtype if tech.adapter else w16).nbytes(sh.persistent)  # norms: never quantized
             resident.append(_item("persistent small parameters (whole on every rank)", Category.PARAMETERS,
                                   small, SRC_Z3_PERSIST, key="zero3.persistent"))  # fmt: skip
     states = [] if tech.master is None else [
@@ -407,17 +405,25 @@ def _offload_key(row: PerParamRow) -> str:
     return "offload.params" if row.category is Category.PARAMETERS else "offload.states"
 
 
-def _frozen_share(tech: Technique, numel: int) -> int:
-    """Bytes of ``numel`` elements of the frozen base as stored (its average bytes per element)."""
+def _frozen_bytes(tech: Technique, layer_numel: int, root_numel: int) -> int:
+    """Bytes of the frozen base as stored for ``layer_numel`` elements inside the layers (their average:
+    quantized Linear weights with their scales, 16-bit norms) and ``root_numel`` outside them
+    (embeddings, final norm, head: bitsandbytes quantizes none of them)."""
     frozen = tech.frozen
     assert frozen is not None
-    return math.ceil(frozen.bytes * numel / frozen.params) if frozen.params else 0
+    layer_total = frozen.params - tech.root_numel
+    layers = -(-(frozen.bytes - tech.frozen_root_bytes) * layer_numel // layer_total) if layer_total else 0
+    root = -(-tech.frozen_root_bytes * root_numel // tech.root_numel) if tech.root_numel else 0
+    return layers + root
 
 
-def _gathered(tech: Technique, numel: int) -> int:
-    """Bytes of ``numel`` all-gathered base elements: 16-bit weights, or the frozen base as stored (a
-    quantized base is gathered packed and dequantized per module in forward)."""
-    return _frozen_share(tech, numel) if tech.adapter else tech.weight.nbytes(numel)
+def _gathered(tech: Technique, numel: int, root: bool = False) -> int:
+    """Bytes of ``numel`` all-gathered base elements (of the layers, or of the root unit): 16-bit
+    weights, or the frozen base as stored (a quantized base is gathered packed and dequantized per
+    module in forward)."""
+    if not tech.adapter:
+        return tech.weight.nbytes(numel)
+    return _frozen_bytes(tech, 0, numel) if root else _frozen_bytes(tech, numel, 0)
 
 
 def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
@@ -461,12 +467,14 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     unit = sp.largest_unit
     unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
 
-    def gathered(numel: int) -> int:
-        base = _frozen_share(tech, numel) if tech.adapter else gather_dt.nbytes(numel)
-        return base + (gather_dt.nbytes(cdiv(loc.trainable * numel, loc.numel)) if tech.adapter else 0)
+    def gathered(numel: int, root: bool = False) -> int:
+        base = _gathered(tech, numel, root) if tech.adapter else gather_dt.nbytes(numel)
+        return base + (
+            gather_dt.nbytes(cdiv(loc.trainable * numel, loc.numel)) if tech.adapter and not root else 0
+        )
 
     gathered_fwd = [_item("FSDP root unit unsharded (embeddings, final norm, head)", Category.PARAMETERS,
-                          gathered(sp.root_numel), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
+                          gathered(sp.root_numel, root=True), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
                                   Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),

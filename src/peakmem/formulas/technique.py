@@ -36,6 +36,9 @@ class Technique:
     params: int  # the base model's parameters
     trainable: int  # parameters that get gradients and optimizer states
     frozen: PerParamRow | None  # the frozen base as stored (None: full fine-tuning)
+    base_dtype: DType  # the base's unquantized dtype (its norms, embeddings and head under QLoRA)
+    root_numel: int  # base parameters outside the layers (embeddings, final norm, head)
+    frozen_root_bytes: int  # of the frozen base, the bytes outside the layers (never quantized)
     weight: DType  # the trainable parameters' dtype
     grad: DType  # their gradients' dtype
     master: DType | None  # fp32 master copies of 16-bit trainable parameters
@@ -65,7 +68,9 @@ def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
         rows = weight_rows(spec, setup) + opt_rows
         weight, grad, master, frozen = plan.weight, plan.grad, plan.master, None
         layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec).layer_params)
+    root = sum(t.numel for t in spec.outer)
     return Technique(
+        base_dtype=plan.weight, root_numel=root, frozen_root_bytes=plan.weight.nbytes(root) if adapter else 0,
         spec=spec, tspec=tspec, tsetup=tsetup, adapter=adapter, rows=rows,
         params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup), frozen=frozen,
         weight=weight, grad=grad, master=master, state_rows=opt_rows,
