@@ -461,7 +461,7 @@ def _estimate(
     if notes is None:
         if len(st.notes) >= 64:
             st.notes.clear()
-        notes = st.notes[ov] = _assumptions(spec, setup, sh, ov) + st.assumptions + rs.notes
+        notes = st.notes[ov] = _assumptions(tech, setup, sh, ov) + st.assumptions + rs.notes
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
     extra: dict[str, object] = {
@@ -562,7 +562,8 @@ SRC_RECOMPUTE = "torch.utils.checkpoint recomputes the layer's forward at its ba
 SRC_BACKWARD_TMP = "CE gradients at the start; a layer's activation and weight gradients later"
 
 
-def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
+def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
+    spec = tech.spec
     dropout = f"attention {spec.attention_dropout}, hidden {spec.hidden_dropout}"
     dropout += f", embedding {spec.embedding_dropout}"
     out = [
@@ -583,7 +584,7 @@ def _assumptions(spec: ModelSpec, setup: TrainingSetup, sh: act.Shapes, ov: Over
         out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
     if setup.checkpointing is Checkpointing.SELECTIVE:
         out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")
-    if precision_plan(setup.precision).master is not None:
+    if tech.master is not None:
         out.append(
             "mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
             "master weight (master.grad = p.grad.float(); p.grad = None)"
