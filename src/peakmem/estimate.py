@@ -347,12 +347,13 @@ def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 la = mp.tp_layer_activations(la, par, ring, dispatch)
             la = seen[memo] = act.checkpointed(la, setup.checkpointing)
+        whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup)
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
-            grads_in_flight=la.backward_grads if kept == mp.cdiv(written, par.tp) else 0,
+            grads_in_flight=la.backward_grads if whole else 0,
         ))  # fmt: skip
         layer_items.append((count, la.saved))
     embed: tuple[MemoryItem, ...] = ()
