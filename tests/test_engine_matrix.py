@@ -209,3 +209,35 @@ def test_per_rank_activations_equal_single_gpu_for_lora() -> None:
         rank = est.estimate(setup, par)
         assert _activations(rank) == _activations(single)
         assert [p.phase for p in rank.phases] == [p.phase for p in single.phases]
+
+
+def test_answer_ai_fsdp_qlora_70b_recipe_is_explained() -> None:
+    """Answer.AI's fsdp_qlora recipe (benchmarks_03_2024.md: Llama-2-70B, QLoRA r=64 on q/k/v/gate/up/down,
+    pure bf16, batch 2 x 2048, gradient checkpointing, FSDP over 2 GPUs with CPU offload), here for
+    Llama-3.1-70B: every term of the per-rank estimate names its source; the packed NF4 base and the
+    optimizer states live in pinned CPU RAM; the GPU holds the gathered units, the root unit, the
+    checkpointed inputs and one recomputed layer, under 24 GB."""
+    from peakmem.formulas.lora import LoraConfig
+    from peakmem.parallel import Offload
+    from peakmem.resolve import resolve_model
+    from peakmem.training import Precision
+
+    spec = resolve_model("llama-3.1-70b")
+    targets = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj")
+    lora = LoraConfig(rank=64, targets=targets)
+    setup = TrainingSetup(method=Method.QLORA, precision=Precision.BF16, lora=lora, micro_batch=2,
+                          seq_len=2048, checkpointing=Checkpointing.FULL)  # fmt: skip
+    par = Parallelism(
+        gpus=2, fsdp=FsdpMode.FULL_SHARD, offload_params=Offload.CPU, offload_optimizer=Offload.CPU
+    )
+    report = estimate_ranks(spec, setup, par)
+    rank = report.most_loaded
+    est = rank.estimate
+    assert est.trainable_params == estimate_training(spec, setup).trainable_params
+    assert all(i.source for i in est.items), [i.path for i in est.items if not i.source]
+    cpu = {i.path: i.bytes for i in rank.cpu_items}
+    base = next(r for r in technique(spec, setup).rows if r.tensor.startswith("base weights"))
+    assert cpu[f"offloaded {base.tensor} (1/2 shard)"] == -(-base.bytes // 2)
+    assert est.device_total_bytes < 24 * 10**9
+    keys = {i.key for i in est.items}
+    assert {"fsdp.root", "fsdp.units"} <= keys
