@@ -116,19 +116,19 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
         if impl is OptimizerImpl.FOREACH:
             items.append(MemoryItem(
                 path="optimizer.foreach exp_avg_sq_sqrt", category=Category.TEMPORARIES,
-                bytes=dt.nbytes(params), source=SOURCE_FOREACH,
+                bytes=dt.nbytes(params), source=SOURCE_FOREACH, key="optimizer.foreach_sqrt",
             ))  # fmt: skip
         elif impl is OptimizerImpl.FOR_LOOP:
             items.append(MemoryItem(
                 path="optimizer.denom + exp_avg.clone (largest tensor)", category=Category.TEMPORARIES,
-                bytes=2 * dt.nbytes(shapes.largest), source=SOURCE_FOR_LOOP,
+                bytes=2 * dt.nbytes(shapes.largest), source=SOURCE_FOR_LOOP, key="optimizer.denom",
             ))  # fmt: skip
     elif name is OptimizerName.ADAFACTOR and impl is OptimizerImpl.FOREACH:
         # every trainable parameter's var_estimate/update at once, in the dtype of the grads it reads
         grad_dt = plan.master if plan.master is not None else plan.grad
         items.append(MemoryItem(
             path="optimizer.foreach adafactor var_estimates", category=Category.TEMPORARIES,
-            bytes=grad_dt.nbytes(params), source=SOURCE_ADAFACTOR_FOREACH,
+            bytes=grad_dt.nbytes(params), source=SOURCE_ADAFACTOR_FOREACH, key="optimizer.foreach_adafactor",
         ))  # fmt: skip
     elif name is OptimizerName.ADAFACTOR:
         # grad**2 (+eps) and the row x col product, both fp32 and full-size, for the largest tensor;
@@ -137,12 +137,14 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
         items.append(MemoryItem(
             path="optimizer.adafactor update (largest tensor)", category=Category.TEMPORARIES,
             bytes=n_full * dtypes.FP32.nbytes(shapes.largest), source=SOURCE_ADAFACTOR_TMP,
+            key="optimizer.adafactor_update",
         ))  # fmt: skip
     elif name is OptimizerName.LION:
         items.append(MemoryItem(
             path="optimizer.lion update (largest tensor)", category=Category.TEMPORARIES,
             bytes=2 * dt.nbytes(shapes.largest),
             source="lion-pytorch update_fn: exp_avg.clone().mul_(b1).add(grad).sign_()",
+            key="optimizer.lion_update",
         ))  # fmt: skip
     return tuple(items)
 
@@ -154,6 +156,8 @@ def optimizer_phase_grads(spec: ModelSpec, setup: TrainingSetup) -> MemoryItem:
     params = trainable_params(spec, setup)
     if plan.master is not None:
         return MemoryItem(path="gradients (fp32, on the master weights)", category=Category.GRADIENTS,
-                          bytes=plan.master.nbytes(params), source=SOURCE_MASTER_GRAD)  # fmt: skip
+                          bytes=plan.master.nbytes(params), source=SOURCE_MASTER_GRAD,
+                          key="gradients.master")  # fmt: skip
     return MemoryItem(path="gradients", category=Category.GRADIENTS, bytes=plan.grad.nbytes(params),
-                      source="param.grad has the parameter's dtype (torch AccumulateGrad)")  # fmt: skip
+                      source="param.grad has the parameter's dtype (torch AccumulateGrad)",
+                      key="gradients")  # fmt: skip
