@@ -616,8 +616,10 @@ def adapt_layer(
     down_dropped = 0
     for item in la.saved:
         nbytes = item.bytes
-        # Falcon-7B's one shared norm output (key "input.attn_mlp") is kept whole here, as before keys
-        # existed (the old branch matched a path prefix no item had); whether LoRA drops it is open.
+        # Falcon-7B's one shared norm output (key "input.attn_mlp") is kept whole, as before keys existed
+        # (the old branch matched a path prefix, "attn+mlp inputs", that no item had). Not yet modelled:
+        # one storage read by both halves is freed only when neither the attention nor the MLP readers
+        # keep it (``_kept``), so LoRA would drop all of it or none.
         if item.key == "norms" and spec.norm == "rmsnorm":
             nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
         elif item.key == "input.attn":
