@@ -409,8 +409,9 @@ def _gpt2(r: _Reader, name: str | None) -> ModelSpec:
         tied=tied,
         dropout=dropout,
     )
-    # eager_attention_forward: ``nn.functional.softmax(attn_weights, dim=-1)`` in the scores' dtype;
-    # c_attn, c_proj, c_fc are transformers/pytorch_utils.py ``Conv1D`` (weight stored in x out).
+    # eager_attention_forward: ``nn.functional.softmax(attn_weights, dim=-1)`` in the scores' dtype (so
+    # do GPT-Neo, GPT-J and DistilBERT, not yet families here); c_attn, c_proj, c_fc are
+    # transformers/pytorch_utils.py ``Conv1D`` (weight stored in x out).
     return replace(spec, attn_softmax_fp32=False, conv1d_modules=GPT2_CONV1D_MODULES)
 
 
