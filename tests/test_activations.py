@@ -262,7 +262,50 @@ def test_gemma2_softcaps_scores_and_logits_and_runs_eager() -> None:
     sh = act.shapes(spec, setup)
     assert sh.kernel is AttentionKernel.EAGER and not sh.math_fallback  # _supports_sdpa = False
     la = act.layer_activations(spec, spec.first_layer, sh)
-    assert any(i.path == "attn.softcap tanh output" and i.bytes == B * 4 * S * S * 2 for i in la.saved)
-    assert la.saved[0].path == "norms (input + stats) x4"  # pre/post attention and feed-forward norms
+    assert any(i.key == "attn.softcap" and i.bytes == B * 4 * S * S * 2 for i in la.saved)
+    norms = la.saved[0]  # pre/post attention and feed-forward norms: 4 RMSNorms, fp32 normalised x
+    assert norms.key == "norms" and norms.bytes == 4 * (T * 64 * (4 + 4) + T * 4)
     head = head_activations(spec, sh, 1000 * 64)
-    assert any(i.path == "final logit softcap tanh output" and i.bytes == T * 1000 * 2 for i in head.saved)
+    assert any(i.key == "head.softcap" and i.bytes == T * 1000 * 2 for i in head.saved)
+
+
+# --- behaviours are ModelSpec fields, items are found by key ---------------------------------------------
+def test_formulas_read_spec_fields_not_the_model_type() -> None:
+    """hf.py sets the behaviour fields per family; the formulas read only the fields (so a spec whose
+    fields say "standard" is computed as standard whatever its model_type)."""
+    from dataclasses import replace
+
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=B, seq_len=S, attention=AttentionKernel.EAGER,
+                          kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    llama = spec_from_config(dict(LLAMA))
+    scores = B * 4 * S * S
+
+    def softmax(spec: ModelSpec) -> int:
+        la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+        return next(i.bytes for i in la.saved if i.key == "attn.softmax")
+
+    assert softmax(llama) == scores * 4  # softmax(dtype=float32)
+    assert softmax(replace(llama, attn_softmax_fp32=False)) == scores * 2  # in the bf16 scores' dtype
+    gemma2 = spec_from_config({**LLAMA, "model_type": "gemma2", "head_dim": 16})
+    plain = replace(gemma2, attn_logit_softcap=None, final_logit_softcap=None)
+    la = act.layer_activations(plain, plain.first_layer, act.shapes(plain, setup))
+    assert not any(i.key == "attn.softcap" for i in la.saved)
+    head = head_activations(plain, act.shapes(plain, setup), 1000 * 64)
+    assert not any(i.key == "head.softcap" for i in head.saved)
+
+
+@pytest.mark.parametrize("config", [GPT2, LLAMA, {**LLAMA, "model_type": "gemma2", "head_dim": 16}],
+                         ids=["gpt2", "llama", "gemma2"])  # fmt: skip
+@pytest.mark.parametrize("attention", list(AttentionKernel))
+def test_every_activation_item_has_a_stable_key(config: dict[str, Any], attention: AttentionKernel) -> None:
+    spec = spec_from_config(dict(config))
+    setup = TrainingSetup(precision=Precision.AMP_BF16, micro_batch=B, seq_len=S, attention=attention)
+    sh = act.shapes(spec, setup)
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    head = head_activations(spec, sh, 1000 * 64)
+    for items in (la.saved, act.embedding_items(spec, sh), head.saved):
+        keys = [i.key for i in items]
+        assert all(keys) and len(set(keys)) == len(keys), keys
+    selective = act.checkpointed(la, Checkpointing.SELECTIVE)
+    assert not {i.key for i in selective.saved} & act.CORE_KEYS
+    assert [i.key for i in act.checkpointed(la, Checkpointing.FULL).saved] == ["checkpoint.layer_input"]

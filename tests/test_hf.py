@@ -429,6 +429,62 @@ def test_every_supported_type_builds() -> None:
         assert spec.params > 0 and spec.name == "x" and spec.num_layers == L
 
 
+# --- behaviours the formulas read (ModelSpec fields that hf.py sets per family) --------------------------
+STANDARD = {
+    "attn_softmax_fp32": True, "attn_dropout_before_cast": False, "attn_logit_softcap": None,
+    "final_logit_softcap": None, "rmsnorm_normed_fp32": False, "post_norm": False, "final_norm": True,
+    "embedding_norm": False, "conv1d_modules": (),
+}  # fmt: skip
+# Each family that departs from the Llama-style standard, with the transformers code it follows
+# (model.py documents each field): everything not listed is STANDARD.
+BEHAVIOURS: dict[str, dict[str, Any]] = {
+    # modeling_gpt2.py: softmax in the scores' dtype; Conv1D projections
+    "gpt2": {"attn_softmax_fp32": False, "conv1d_modules": ("c_attn", "c_proj", "c_fc")},
+    "falcon": {"attn_softmax_fp32": False},  # FalconAttention: softmax(dtype=hidden_states.dtype)
+    "bert": {  # modeling_bert.py: a post-norm encoder
+        "attn_softmax_fp32": False, "attn_dropout_before_cast": True, "post_norm": True, "final_norm": False,
+        "embedding_norm": True,
+    },
+    "gemma": {"rmsnorm_normed_fp32": True},  # GemmaRMSNorm: x.float() * rsqrt(...) * (1 + w.float())
+    # Gemma2Config: attn_logit_softcapping=50.0, final_logit_softcapping=30.0
+    "gemma2": {"rmsnorm_normed_fp32": True, "attn_logit_softcap": 50.0, "final_logit_softcap": 30.0},
+    "gemma3_text": {"rmsnorm_normed_fp32": True},  # Gemma3TextConfig: both soft-caps None
+    "gemma3": {"rmsnorm_normed_fp32": True},
+}  # fmt: skip
+
+
+def _tiny_of(mt: str) -> dict[str, Any]:
+    if mt == "gemma3":
+        return {"model_type": mt, "text_config": tiny("gemma3_text", num_key_value_heads=2)}
+    moe = {
+        "num_local_experts": 4, "n_routed_experts": 4, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    }  # fmt: skip
+    return {**tiny(mt), "num_key_value_heads": 2, "head_dim": 16, "ffn_dim": INTER, **moe}
+
+
+@pytest.mark.parametrize("mt", SUPPORTED_MODEL_TYPES)
+def test_behaviour_fields_per_family(mt: str) -> None:
+    spec = spec_from_config(_tiny_of(mt))
+    got = {k: getattr(spec, k) for k in STANDARD}
+    assert got == {**STANDARD, **BEHAVIOURS.get(mt, {})}
+
+
+def test_softcaps_follow_the_config() -> None:
+    spec = spec_from_config(tiny("gemma2", attn_logit_softcapping=20.0, final_logit_softcapping=None))
+    assert spec.attn_logit_softcap == 20.0 and spec.final_logit_softcap is None  # null: transformers skips it
+    spec = spec_from_config(tiny("gemma3_text", final_logit_softcapping=30.0))
+    assert spec.final_logit_softcap == 30.0 and spec.attn_logit_softcap is None
+    with pytest.raises(ConfigError, match="attn_logit_softcapping=-1"):
+        spec_from_config(tiny("gemma2", attn_logit_softcapping=-1))
+
+
+def test_sdpa_support_is_the_kernel_table() -> None:
+    """transformers' Gemma 2 has no SDPA (``_supports_sdpa = False``): the formulas read attention_kernels."""
+    assert "sdpa" not in spec_from_config(tiny("gemma2")).attention_kernels
+    assert spec_from_config(tiny("llama")).attention_kernels == ("eager", "sdpa", "flash")
+
+
 # --- errors --------------------------------------------------------------------------------------------
 def test_unknown_model_type_lists_supported() -> None:
     with pytest.raises(ConfigError, match=r"model_type='t5' is not supported; supported: gpt2, .*llama"):

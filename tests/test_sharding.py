@@ -71,8 +71,12 @@ def test_in_flight_microbatches() -> None:
 def test_tp_activation_split() -> None:
     la = LayerActivations(
         saved=(
-            MemoryItem(path="norms (input + stats) x2", category=Category.ACTIVATIONS, bytes=1000),
-            MemoryItem(path="attn.q,k,v (saved by SDPA)", category=Category.ACTIVATIONS, bytes=800),
+            MemoryItem(
+                path="norms (input + stats) x2", category=Category.ACTIVATIONS, bytes=1000, key="norms"
+            ),
+            MemoryItem(
+                path="attn.q,k,v (saved by SDPA)", category=Category.ACTIVATIONS, bytes=800, key="attn.qkv"
+            ),
         ),
         core=0,
         layer_input=400,

@@ -74,13 +74,13 @@ def test_frozen_down_projection_adds_its_never_saved_input_to_the_backward_trans
 
 def test_full_checkpointing_keeps_the_embedding_output_leaf_and_its_dropout_mask() -> None:
     t_x_h = 128 * 128 * 4  # tokens x hidden, fp32
-    ids = {"input_ids (int64)": 128 * 8}
-    full = {**ids, "embeddings.dropout mask": t_x_h, "embeddings output (leaf requiring grad)": t_x_h}
+    ids = {"embed.input_ids": 128 * 8}
+    full = {**ids, "embed.dropout_mask": t_x_h, "embed.leaf_output": t_x_h}
     for ckpt, expected in ((Checkpointing.NONE, ids), (Checkpointing.FULL, full)):
         spec, setup, sh = _gpt2_lora(ckpt)
         items = _lora.adapt_embedding_items(spec, act.embedding_items(spec, sh), setup)
-        assert {i.path: i.bytes for i in items} == expected
+        assert {i.key: i.bytes for i in items} == expected
     llama = spec_from_config(FAMILIES["llama"], name="llama")  # the leaf is the first layer's input itself
     setup = replace(_gpt2_lora(Checkpointing.FULL)[1], lora=LoraConfig(rank=8, targets=("q_proj", "v_proj")))
     items = _lora.adapt_embedding_items(llama, act.embedding_items(llama, act.shapes(llama, setup)), setup)
-    assert "embeddings output (leaf requiring grad)" not in [i.path for i in items]
+    assert "embed.leaf_output" not in [i.key for i in items]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,6 +126,17 @@ class _Reader:
         if self.raw[key] is None:
             return None
         return self.get_int(key, minimum=minimum)
+
+    def float_or_none(self, key: str, default: float | None) -> float | None:
+        """A positive number where ``null`` is a meaningful value (feature off); absent -> ``default``."""
+        if key not in self.raw:
+            return default
+        value = self.raw[key]
+        if value is None:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise self.fail(f"{key}={value!r}: must be a positive number or null")
+        return float(value)
 
     def get_bool(self, key: str, default: bool) -> bool:
         value = self.raw.get(key)
@@ -341,6 +352,9 @@ def _spec(
 
 
 # --- GPT-2 -------------------------------------------------------------------------------------------
+GPT2_CONV1D_MODULES = ("c_attn", "c_proj", "c_fc")  # modeling_gpt2.py GPT2Attention / GPT2MLP: Conv1D
+
+
 def _gpt2(r: _Reader, name: str | None) -> ModelSpec:
     """transformers/models/gpt2/modeling_gpt2.py: GPT2LMHeadModel (Conv1D projections, learned positions)."""
     vocab = r.get_int("vocab_size")
@@ -381,7 +395,7 @@ def _gpt2(r: _Reader, name: str | None) -> ModelSpec:
         r.get_float("resid_pdrop", default=0.1),
         r.get_float("embd_pdrop", default=0.1),
     )
-    return _spec(
+    spec = _spec(
         r,
         name=name,
         architecture="GPT2LMHeadModel",
@@ -395,6 +409,10 @@ def _gpt2(r: _Reader, name: str | None) -> ModelSpec:
         tied=tied,
         dropout=dropout,
     )
+    # eager_attention_forward: ``nn.functional.softmax(attn_weights, dim=-1)`` in the scores' dtype (so
+    # do GPT-Neo, GPT-J and DistilBERT, not yet families here); c_attn, c_proj, c_fc are
+    # transformers/pytorch_utils.py ``Conv1D`` (weight stored in x out).
+    return replace(spec, attn_softmax_fp32=False, conv1d_modules=GPT2_CONV1D_MODULES)
 
 
 # --- GPT-NeoX / Pythia -------------------------------------------------------------------------------
@@ -629,7 +647,7 @@ def _falcon(r: _Reader, name: str | None) -> ModelSpec:
         *_head(vocab, hidden, tied),
     )
     # FalconModel always builds its rotary module, even with alibi=True.
-    return _spec(
+    spec = _spec(
         r,
         name=name,
         architecture="FalconForCausalLM",
@@ -644,6 +662,8 @@ def _falcon(r: _Reader, name: str | None) -> ModelSpec:
         dropout=_Dropout(r.get_float("attention_dropout"), r.get_float("hidden_dropout"), 0.0),
         buffers=_rope_buffers("transformer.rotary_emb", head_dim),
     )
+    # FalconAttention eager: ``F.softmax(scores + mask, dim=-1, dtype=hidden_states.dtype)``.
+    return replace(spec, attn_softmax_fp32=False)
 
 
 # --- Llama-style decoders ----------------------------------------------------------------------------
@@ -1018,6 +1038,11 @@ def _qwen3_moe(r: _Reader, name: str | None) -> ModelSpec:
     return _decoder_spec(r, d, name)
 
 
+# Gemma2Config defaults (configuration_gemma2.py): attn_logit_softcapping, final_logit_softcapping.
+GEMMA2_ATTN_SOFTCAP = 50.0
+GEMMA2_FINAL_SOFTCAP = 30.0
+
+
 def _gemma_like(r: _Reader, name: str | None, version: int) -> ModelSpec:
     """transformers/models/gemma{,2,3}/modeling_gemma*.py: Gemma/Gemma2/Gemma3ForCausalLM.
 
@@ -1068,7 +1093,19 @@ def _gemma_like(r: _Reader, name: str | None, version: int) -> ModelSpec:
         rope_names=rope_names,
         embed_scale=True,
     )
-    return _decoder_spec(r, d, name)
+    # GemmaRMSNorm: ``(x.float() * rsqrt(...)) * (1 + weight.float())``, cast after: the normalised x
+    # saved for backward is fp32. Gemma 2 soft-caps attention and head logits (Gemma2Config defaults
+    # attn_logit_softcapping=50.0, final_logit_softcapping=30.0; modeling_gemma2.py applies each when
+    # not None); Gemma 3 passes the same keys (Gemma3TextConfig defaults None: no capping).
+    attn_cap = final_cap = None  # Gemma (1) has no capping
+    if version > 1:
+        v2 = version == 2
+        attn_cap = r.float_or_none("attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP if v2 else None)
+        final_cap = r.float_or_none("final_logit_softcapping", GEMMA2_FINAL_SOFTCAP if v2 else None)
+    return replace(
+        _decoder_spec(r, d, name), rmsnorm_normed_fp32=True, attn_logit_softcap=attn_cap,
+        final_logit_softcap=final_cap,
+    )  # fmt: skip
 
 
 def _phi3(r: _Reader, name: str | None) -> ModelSpec:
@@ -1276,7 +1313,7 @@ def _bert(r: _Reader, name: str | None) -> ModelSpec:
         for b in ("position_ids", "token_type_ids")
     )
     drop = r.get_float("hidden_dropout_prob", default=0.1)
-    return _spec(
+    spec = _spec(
         r,
         name=name,
         architecture="BertForSequenceClassification",
@@ -1293,6 +1330,14 @@ def _bert(r: _Reader, name: str | None) -> ModelSpec:
         task="sequence-classification",
         num_labels=labels,
     )
+    # modeling_bert.py: a post-norm encoder (BertLayer: attention reads the block input, LayerNorm after
+    # each residual sum; no norm before the head; BertEmbeddings.LayerNorm over the summed embeddings);
+    # eager_attention_forward runs softmax in the scores' dtype and drops out the probabilities before
+    # the matmul with v casts them. (RoBERTa, not yet a family here, is the same.)
+    return replace(
+        spec, attn_softmax_fp32=False, attn_dropout_before_cast=True, post_norm=True, final_norm=False,
+        embedding_norm=True,
+    )  # fmt: skip
 
 
 def _num_labels(r: _Reader) -> int:

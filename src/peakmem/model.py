@@ -183,6 +183,36 @@ class ModelSpec:
     embedding_dropout: float = 0.0
     # The attention kernels transformers implements for this architecture ("eager", "sdpa", "flash").
     attention_kernels: tuple[str, ...] = ("eager", "sdpa", "flash")
+    # --- how transformers computes it: behaviours the activation formulas need, set per family by
+    # peakmem.hf (the one module that knows model types). Defaults are the Llama-style standard.
+    # Eager attention's softmax runs in fp32: ``softmax(attn_weights, dim=-1, dtype=torch.float32)``
+    # (modeling_llama.py ``eager_attention_forward``); False: in the scores' dtype (modeling_gpt2.py
+    # ``nn.functional.softmax(attn_weights, dim=-1)``; BERT, Falcon likewise).
+    attn_softmax_fp32: bool = True
+    # Eager attention drops out the softmax output before casting it back to the compute dtype
+    # (modeling_bert.py ``eager_attention_forward``); False: cast first (GPT-2 ``.type(value.dtype)``,
+    # Llama ``.to(query.dtype)``).
+    attn_dropout_before_cast: bool = False
+    # Attention logit soft-capping ``tanh(scores / cap) * cap`` (modeling_gemma2.py, config
+    # ``attn_logit_softcapping``): tanh saves its output. None: no capping.
+    attn_logit_softcap: float | None = None
+    # LM-head logit soft-capping ``tanh(logits / cap) * cap`` (modeling_gemma2.py, config
+    # ``final_logit_softcapping``): tanh saves its T x V output. None: no capping.
+    final_logit_softcap: float | None = None
+    # RMSNorm computed as ``(x.float() * rsqrt(...)) * (1 + weight.float())`` and cast after, so the
+    # normalised x saved for backward is fp32 (modeling_gemma*.py ``GemmaRMSNorm``); False: LlamaRMSNorm
+    # casts the normalised x to the input dtype before the weight multiply.
+    rmsnorm_normed_fp32: bool = False
+    # Post-norm blocks (modeling_bert.py ``BertLayer``): the block's input feeds attention directly and
+    # the norms follow each residual sum; False: pre-norm blocks.
+    post_norm: bool = False
+    # A norm over the last hidden state before the head (``model.norm``); post-norm encoders have none.
+    final_norm: bool = True
+    # A LayerNorm over the summed embeddings (modeling_bert.py ``BertEmbeddings.LayerNorm``).
+    embedding_norm: bool = False
+    # Leaf modules that are transformers' ``Conv1D`` (weight stored ``in x out``; pytorch_utils.py),
+    # not ``nn.Linear`` (``out x in``): GPT-2's c_attn, c_proj, c_fc.
+    conv1d_modules: tuple[str, ...] = ()
     buffers: tuple[Tensor, ...] = field(default=())  # persistent/non-persistent buffers (e.g. RoPE inv_freq)
     notes: tuple[str, ...] = field(default=())  # what hf.py assumed, echoed in estimates
 

@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from peakmem.catalog import Gpu, find_gpu, find_model, unknown_gpu, unknown_model
+from peakmem.catalog import Gpu, find_gpu, find_model, get_gpu, unknown_gpu, unknown_model
 from peakmem.errors import ConfigError, InputError, UnknownNameError
+from peakmem.formulas.step_time import REFERENCE_GPU
 from peakmem.model import ModelSpec
 from peakmem.units import ACCEPTED_SIZE_FORMS, looks_like_size, parse_size
 
@@ -149,4 +150,5 @@ def gpu_of_size(text: str) -> Gpu:
         memory_bytes=n_bytes,
         memory_source=f"given as {text.strip()!r}",
         note="a plain size: all of it counts as device memory (what nvidia-smi would show as total)",
+        rates_from=get_gpu(REFERENCE_GPU),  # no rates of its own: step time borrows the reference GPU's
     )

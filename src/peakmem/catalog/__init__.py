@@ -1,5 +1,8 @@
 """The catalog: models and GPUs as data, each entry with its source; exact lookup with suggestions.
 
+:class:`Gpu` is defined in :mod:`peakmem.device` (formulas describe GPUs without the catalog) and
+re-exported here.
+
 ``MODELS`` and ``GPUS`` are tuples built on first use (module ``__getattr__``), so that
 ``import peakmem.catalog`` stays cheap. Lookup is exact and case-insensitive on an entry's name and
 its declared aliases; a miss raises :class:`~peakmem.errors.UnknownNameError` with close names.
@@ -12,11 +15,10 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from peakmem.device import Gpu, Vendor
 from peakmem.errors import UnknownNameError, require, suggest
-
-Vendor = Literal["nvidia", "amd", "apple", "unknown"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,47 +45,6 @@ class CatalogModel:
         if self.variant_of is not None:
             return (self.name, *self.aliases)
         return (self.name, self.hub_id, *self.aliases)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Gpu:
-    """An accelerator: memory as the driver reports it, and rates for a step-time model."""
-
-    name: str  # canonical, lowercase: "h100-80gb-sxm"
-    display_name: str  # "NVIDIA H100 80GB HBM3 (SXM)"
-    vendor: Vendor
-    architecture: str  # "volta", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "apple", ...
-    memory_bytes: int  # total device memory as nvidia-smi / rocm-smi / the OS reports it
-    memory_source: str  # where memory_bytes comes from (a published nvidia-smi output, a spec sheet)
-    bf16_tflops: float | None = None  # dense (no sparsity) 16-bit tensor-core peak, TFLOPS
-    bandwidth_gbps: float | None = None  # memory bandwidth, GB/s
-    aliases: tuple[str, ...] = ()
-    source: str = ""  # spec sheet for TFLOPS and bandwidth
-    note: str = ""
-    # Unified memory (Apple silicon): the share of RAM the GPU may wire by default.
-    unified_memory: bool = False
-    gpu_usable_fraction: float | None = None
-    gpu_usable_source: str = ""
-
-    def __post_init__(self) -> None:
-        require(self.name == self.name.lower() and bool(self.name), "name", self.name, "must be lowercase")
-        require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be positive")
-        if self.gpu_usable_fraction is not None:
-            require(
-                0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,
-                "must be in (0, 1]",
-            )  # fmt: skip
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.name, *self.aliases)
-
-    @property
-    def usable_bytes(self) -> int:
-        """Memory a job can use: all of it, or the default GPU share of unified memory."""
-        if self.gpu_usable_fraction is None:
-            return self.memory_bytes
-        return int(self.memory_bytes * self.gpu_usable_fraction)
 
 
 if TYPE_CHECKING:
@@ -207,6 +168,6 @@ def _unknown(kind: str, name: str, entries: tuple[Any, ...]) -> UnknownNameError
 
 
 __all__ = [
-    "GPUS", "MODELS", "CatalogModel", "Gpu", "find_gpu", "find_model", "get_gpu", "get_model",
+    "GPUS", "MODELS", "CatalogModel", "Gpu", "Vendor", "find_gpu", "find_model", "get_gpu", "get_model",
     "gpu_names", "model_names", "unknown_gpu", "unknown_model",
 ]  # fmt: skip

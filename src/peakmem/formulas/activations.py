@@ -44,17 +44,9 @@ from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPo
 from .model_states import PrecisionPlan, precision_plan
 from .profiles import PROFILES, Profile
 
-# transformers models whose eager attention calls softmax in the input dtype (modeling_gpt2.py
-# ``nn.functional.softmax(attn_weights, dim=-1)``); the others pass ``dtype=torch.float32``.
-SOFTMAX_IN_INPUT_DTYPE = frozenset({"gpt2", "bert", "roberta", "gpt_neo", "gptj", "distilbert", "falcon"})
 # Activations whose backward needs only their output (aten relu saves ``result``), which the next
 # Linear saves anyway: one tensor instead of input + output.
 OUTPUT_SAVING_ACTIVATIONS = frozenset({"relu"})
-
-# Models whose eager attention applies dropout to the softmax output without casting it back
-# (modeling_bert.py ``eager_attention_forward``); GPT-2 (``.type(value.dtype)``) and Llama
-# (``.to(query.dtype)``) cast first.
-CAST_AFTER_DROPOUT = frozenset({"bert", "roberta"})
 
 # Activations whose transformers module is a python formula that keeps several intermediates
 # (transformers/activations.py): name -> tensors of size T x I saved besides the output.
@@ -65,21 +57,10 @@ PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4
 
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
-# RMSNorms computed as ``(x.float() * rsqrt(...)) * (1 + weight.float())`` then cast: the fp32
-# normalised x is saved (transformers modeling_gemma*.py ``GemmaRMSNorm``).
-RMSNORM_FP32_NORMED = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
-# Eager attention with logit soft-capping ``tanh(scores / cap) * cap`` (modeling_gemma2.py,
-# ``attn_logit_softcapping`` defaults to 50.0): tanh saves its output (scores x compute bytes).
-ATTN_SOFTCAP = frozenset({"gemma2"})
-# transformers 5.23 refuses attn_implementation="sdpa" for these (soft-capping needs eager or
-# flash-attn 2: modeling_gemma2.py ``_supports_sdpa = False``): SDPA requests run eager.
-NO_SDPA = frozenset({"gemma2"})
 # Norms inside attention (q/k norms, MLA latent norms): not norms of the block's hidden state.
 QK_NORM_MODULES = frozenset(
     {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm"}
 )
-# Post-norm encoders: the block's input feeds attention directly (modeling_bert.py BertLayer).
-POST_NORM = frozenset({"bert", "roberta"})
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
@@ -101,7 +82,6 @@ class Shapes:
     plan: PrecisionPlan
     policy: KernelPolicy
     kernel: AttentionKernel  # the kernel that really runs (after CPU dropout fallback)
-    model_type: str
     math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
     kernel_note: str = ""  # why the kernel differs from the one requested
     profile: Profile = PROFILES[Framework.HF]
@@ -150,14 +130,15 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
 
     On CPU, SDPA falls back to its math kernel (scores materialised as in eager; 16-bit inputs
     upcast to fp32) with attention dropout or unequal q/k and v head sizes (MLA) - measured; and
-    transformers refuses SDPA for some models (``_supports_sdpa = False``), which then run eager."""
+    transformers refuses SDPA for some models (``_supports_sdpa = False``: ``spec.attention_kernels``
+    lacks "sdpa"), which then run eager."""
     att = spec.first_layer.attention
     cpu = setup.kernel_policy is KernelPolicy.CPU
     if cpu and setup.attention is AttentionKernel.FLASH:
         return AttentionKernel.SDPA, "flash-attn 2 is CUDA-only; CPU runs SDPA's flash kernel"
     if setup.attention is AttentionKernel.EAGER:
         return AttentionKernel.EAGER, ""
-    if spec.model_type in NO_SDPA:
+    if "sdpa" not in spec.attention_kernels:
         return AttentionKernel.EAGER, f"transformers runs {spec.model_type} eager (no SDPA support)"
     if cpu and spec.attention_dropout > 0:
         return AttentionKernel.EAGER, f"{MATH} on CPU with attention dropout {spec.attention_dropout}"
@@ -176,13 +157,13 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
     fallback = why.startswith(MATH) and plan.compute.bits < 32
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
-        kernel=kernel, model_type=spec.model_type, math_fallback=fallback, kernel_note=why,
+        kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework],
     )  # fmt: skip
 
 
-def _item(path: str, nbytes: int, source: str) -> MemoryItem:
-    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source)  # by position: the hot path
+def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
+    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key)  # by position: the hot path
 
 
 def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
@@ -196,7 +177,7 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     if spec.norm == "rmsnorm":
         # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
         # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
-        fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.model_type in RMSNORM_FP32_NORMED
+        fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
         y_bytes = 4 if sh.plan.autocast or fp32_normed else sh.c
         return t * width * (4 + y_bytes) + t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
@@ -209,7 +190,7 @@ def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
     ``x.to(float32)`` is a no-op on an fp32 residual stream, a new tensor on a 16-bit one); a
     post-norm encoder's q/k/v Linears save it unless autocast casts it (modeling_bert.py)."""
     t, h = sh.tokens, spec.hidden_size
-    if spec.model_type in POST_NORM:
+    if spec.post_norm:
         return 0 if sh.plan.autocast else t * h * sh.c
     if spec.norm == "rmsnorm" and sh.r != 4:
         return 0
@@ -294,19 +275,30 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
         # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
         nope = d - att.qk_rope_head_dim
-        items.append(_item("attn.q, k (MLA, all heads)", 2 * t * a * d * c, SRC_SDPA))
-        items.append(_item("attn.kv_b_proj output (kept by the v view)", t * a * (nope + dv) * c, SRC_SDPA))
+        items.append(_item("attn.q, k (MLA, all heads)", 2 * t * a * d * c, SRC_SDPA, "attn.mla_qk"))
+        items.append(
+            _item(
+                "attn.kv_b_proj output (kept by the v view)",
+                t * a * (nope + dv) * c,
+                SRC_SDPA,
+                "attn.mla_kv_b_output",
+            )
+        )
     elif fused and spec.position == "rope":
         # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
-        items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA))
-        items.append(_item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA))
+        items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA, "attn.fused_qkv"))
+        items.append(
+            _item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA, "attn.rotated_qk")
+        )
     else:
-        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA))
-    items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA))
+        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA, "attn.qkv"))
+    items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if fused and sh.policy is KernelPolicy.CPU:
         # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout
-        items.append(_item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA))
-    items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA))
+        items.append(
+            _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
+        )
+    items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA, "attn.logsumexp"))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
     bwd = t * (a * d + g * d + g * dv) * c
     return items, b * a * s * 4, 0, bwd
@@ -317,10 +309,10 @@ def _mla_latent_terms(spec: ModelSpec, att: Attention, sh: Shapes) -> list[Memor
     go through an RMSNorm each and feed q_b_proj / kv_b_proj, which save the normed latents."""
     t, c = sh.tokens, sh.c
     items = [_item("attn.kv latent norm + kv_b_proj input", norm_saved(spec, sh, att.kv_lora_rank)
-                   + t * att.kv_lora_rank * c, SRC_NORM)]  # fmt: skip
+                   + t * att.kv_lora_rank * c, SRC_NORM, "attn.mla_kv_latent")]  # fmt: skip
     if att.q_lora_rank:
         items.append(_item("attn.q latent norm + q_b_proj input", norm_saved(spec, sh, att.q_lora_rank)
-                           + t * att.q_lora_rank * c, SRC_NORM))  # fmt: skip
+                           + t * att.q_lora_rank * c, SRC_NORM, "attn.mla_q_latent"))  # fmt: skip
     return items
 
 
@@ -334,36 +326,51 @@ def _eager_terms(
     inner = 4 if sh.math_fallback else c
     # q, and k, v expanded to all heads (repeat_kv copies; matmul folds to bmm on contiguous copies)
     items.append(
-        _item("attn.q,k,v (eager, kv repeated to all heads)", t * a * (2 * d + dv) * inner, SRC_EAGER)
+        _item(
+            "attn.q,k,v (eager, kv repeated to all heads)",
+            t * a * (2 * d + dv) * inner,
+            SRC_EAGER,
+            "attn.qkv",
+        )
     )
     # fp32 softmax: ``softmax(..., dtype=float32)`` (Llama family); under CUDA autocast (softmax is
     # on its fp32 list); under any autocast when an fp32 additive mask (the causal mask of decoders)
     # promotes the 16-bit scores. Encoders fed without a padding mask add none.
     promoted = sh.plan.autocast and (sh.policy is KernelPolicy.CUDA or spec.task == "causal-lm")
-    softmax_fp32 = sh.model_type not in SOFTMAX_IN_INPUT_DTYPE or promoted or sh.math_fallback
+    softmax_fp32 = spec.attn_softmax_fp32 or promoted or sh.math_fallback
     sm = 4 if softmax_fp32 else inner
     core = scores * sm
     items.append(
-        _item(f"attn.softmax output ({'fp32' if sm == 4 else sh.plan.compute.name})", scores * sm, SRC_EAGER)
+        _item(
+            f"attn.softmax output ({'fp32' if sm == 4 else sh.plan.compute.name})",
+            scores * sm,
+            SRC_EAGER,
+            "attn.softmax",
+        )
     )
-    if sh.model_type in ATTN_SOFTCAP:
+    if spec.attn_logit_softcap is not None:
         items.append(
-            _item("attn.softcap tanh output", scores * inner, "modeling_gemma2.py: tanh(scores / cap)")
+            _item(
+                "attn.softcap tanh output",
+                scores * inner,
+                "modeling_gemma2.py: tanh(scores / cap)",
+                "attn.softcap",
+            )
         )
         core += scores * inner
-    cast_after_dropout = sh.model_type in CAST_AFTER_DROPOUT and sm != inner
+    cast_after_dropout = spec.attn_dropout_before_cast and sm != inner
     if spec.attention_dropout > 0:
         # GPT-2/Llama cast the probs back to the compute dtype first (that cast is not saved);
         # BERT drops out the fp32 probs and the next matmul's autocast cast is saved as well
         d_bytes = sm if cast_after_dropout else inner
         mask = dropout_mask_bytes(scores, d_bytes, sh.policy)
-        items.append(_item("attn.dropout output", scores * d_bytes, SRC_DROPOUT))
-        items.append(_item("attn.dropout mask", mask, SRC_DROPOUT))
+        items.append(_item("attn.dropout output", scores * d_bytes, SRC_DROPOUT, "attn.dropout"))
+        items.append(_item("attn.dropout mask", mask, SRC_DROPOUT, "attn.dropout_mask"))
         core += scores * d_bytes + mask
     if sm != inner and (cast_after_dropout or spec.attention_dropout == 0):
-        items.append(_item("attn.probs cast to compute dtype", scores * inner, SRC_EAGER))
+        items.append(_item("attn.probs cast to compute dtype", scores * inner, SRC_EAGER, "attn.probs"))
         core += scores * inner
-    items.append(_item("attn.output (o_proj input)", t * a * dv * c, SRC_EAGER))
+    items.append(_item("attn.output (o_proj input)", t * a * dv * c, SRC_EAGER, "attn.output"))
     # forward: QK^T and its scaled / masked copy alive together; backward: each node frees its saved
     # tensors when done, so next to the saved ones one gradient of the scores is alive at a time
     fwd = scores * max(2 * inner, inner + sm)
@@ -387,28 +394,47 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     if mlp.is_moe:
         e, k = mlp.num_experts, mlp.experts_per_token
         items.append(_item("moe.router logits + probs (fp32)", 2 * t * e * 4,
-                           "transformers MoE router: softmax(router_logits, dtype=float)"))  # fmt: skip
+                           "transformers MoE router: softmax(router_logits, dtype=float)",
+                           "moe.router"))  # fmt: skip
         items.append(_item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
-                           "expert inputs gathered per expert: top-k x tokens rows"))  # fmt: skip
+                           "expert inputs gathered per expert: top-k x tokens rows",
+                           "moe.routed_inputs"))  # fmt: skip
         items.append(_item("moe.expert outputs (scaled by the routing weights)", k * t * spec.hidden_size * c,
-                           "transformers MoE experts: out * routing_weights saves out"))  # fmt: skip
+                           "transformers MoE experts: out * routing_weights saves out",
+                           "moe.expert_outputs"))  # fmt: skip
         routed_tokens = k * t
     width = mlp.intermediate_size
     n = routed_tokens * width
     if mlp.gated:
-        items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP))
+        items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior"))
     elif mlp.activation in PYTHON_ACTIVATIONS:
         if sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
             per = sum(PYTHON_ACTIVATION_AUTOCAST_BYTES[mlp.activation]) + c
         else:
             per = (PYTHON_ACTIVATIONS[mlp.activation] + 1) * c
-        items.append(_item(f"mlp.fc output + {mlp.activation} intermediates + act output", n * per, SRC_MLP))
+        items.append(
+            _item(
+                f"mlp.fc output + {mlp.activation} intermediates + act output",
+                n * per,
+                SRC_MLP,
+                "mlp.interior",
+            )
+        )
     elif mlp.activation in OUTPUT_SAVING_ACTIVATIONS:
-        items.append(_item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP))
+        items.append(
+            _item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP, "mlp.relu_output")
+        )
     else:
-        items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP))
+        items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP, "mlp.interior"))
     if mlp.is_moe and mlp.shared_intermediate_size:
-        items.append(_item("mlp.shared experts (gated)", 4 * t * mlp.shared_intermediate_size * c, SRC_MLP))
+        items.append(
+            _item(
+                "mlp.shared experts (gated)",
+                4 * t * mlp.shared_intermediate_size * c,
+                SRC_MLP,
+                "mlp.shared_experts",
+            )
+        )
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
@@ -435,29 +461,33 @@ def layer_activations(
     items: list[MemoryItem] = []
     norm_one = norm_saved(spec, sh, h)
     n_norms, att_readers = _layer_structure(layer)
-    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM))
+    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms"))
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
         width = (att.num_heads + att.num_kv_heads) * att.head_dim
-        items.append(_item("attn.q_norm, k_norm (input + stats)", norm_saved(spec, sh, width), SRC_NORM))
+        items.append(
+            _item(
+                "attn.q_norm, k_norm (input + stats)", norm_saved(spec, sh, width), SRC_NORM, "attn.qk_norm"
+            )
+        )
     att_in = _linear_inputs(sh, t * h, att_readers)
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
     if layer.parallel_residual and n_norms == 1 and not sh.plan.autocast:
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
-        items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR))
+        items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR, "input.attn_mlp"))
     else:
-        items.append(_item("attn input (norm output)", att_in, SRC_LINEAR))
-        items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR))
+        items.append(_item("attn input (norm output)", att_in, SRC_LINEAR, "input.attn"))
+        items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR, "input.mlp"))
     att_items, core, att_fwd, att_bwd = attention_terms(spec, layer, sh)
     items.extend(att_items)
     mlp_items, mlp_bwd = mlp_terms(spec, layer, sh)
     items.extend(mlp_items)
     if sh.plan.autocast:
         items.append(_item("autocast weight casts (16-bit copies)", linear_params * c,
-                           SRC_WEIGHT_CAST))  # fmt: skip
+                           SRC_WEIGHT_CAST, "autocast.weight_casts"))  # fmt: skip
     mask = dropout_mask_bytes(t * h, c, sh.policy) if spec.hidden_dropout > 0 else 0
     if mask:
-        items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT))
+        items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT, "dropout.residual_masks"))
     saved = tuple([i for i in items if i.bytes])
     mlp_items_bytes = sum([i.bytes for i in mlp_items])
     # Backward runs the MLP half first, then attention; the MLP's saved tensors are freed in between.
@@ -493,7 +523,8 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
     if mode is Checkpointing.FULL:
         keep = (MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS,
                            bytes=la.layer_input,
-                           source="torch.utils.checkpoint: only the block's inputs are saved"),)  # fmt: skip
+                           source="torch.utils.checkpoint: only the block's inputs are saved",
+                           key="checkpoint.layer_input"),)  # fmt: skip
         # forward runs each layer without keeping its tensors: what lives mid-layer is transient;
         # the recomputation saves the layer's tensors again, its (kept) input not twice. Non-reentrant
         # checkpointing keeps each layer's arguments for its recomputation (torch/utils/checkpoint.py
@@ -512,25 +543,43 @@ def checkpointed(la: LayerActivations, mode: Checkpointing) -> LayerActivations:
     )  # fmt: skip
 
 
+# The attention core's saved tensors (what selective checkpointing drops and recomputes).
+CORE_KEYS = frozenset({"attn.softmax", "attn.probs", "attn.dropout", "attn.dropout_mask"})
+
+
 def _is_core(item: MemoryItem) -> bool:
-    return item.path.startswith(("attn.softmax", "attn.probs", "attn.dropout"))
+    return item.key in CORE_KEYS
 
 
 def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
     """Before the first layer: token ids (int64, kept by embedding backward), embedding dropout,
     BERT-style embedding LayerNorm, and RoPE cos/sin (B x s x d, shared by all layers)."""
     t, h = sh.tokens, spec.hidden_size
-    items = [_item("input_ids (int64)", t * 8, "aten embedding_backward keeps indices")]
-    if spec.model_type in ("bert", "roberta"):
-        items.append(_item("embeddings.LayerNorm (input + stats)", norm_saved(spec, sh, h), SRC_NORM))
+    items = [_item("input_ids (int64)", t * 8, "aten embedding_backward keeps indices", "embed.input_ids")]
+    if spec.embedding_norm:
+        items.append(
+            _item("embeddings.LayerNorm (input + stats)", norm_saved(spec, sh, h), SRC_NORM, "embed.norm")
+        )
     if spec.embedding_dropout > 0:
         items.append(
-            _item("embeddings.dropout mask", dropout_mask_bytes(t * h, sh.r, sh.policy), SRC_DROPOUT)
+            _item(
+                "embeddings.dropout mask",
+                dropout_mask_bytes(t * h, sh.r, sh.policy),
+                SRC_DROPOUT,
+                "embed.dropout_mask",
+            )
         )
     if spec.position == "rope":
         d = spec.first_layer.attention.head_dim
         # cos/sin follow position_ids (1 x seq), in the dtype of the hidden states
-        items.append(_item("rotary cos/sin", 2 * sh.seq * d * sh.r, "transformers RotaryEmbedding: cos, sin"))
+        items.append(
+            _item(
+                "rotary cos/sin",
+                2 * sh.seq * d * sh.r,
+                "transformers RotaryEmbedding: cos, sin",
+                "embed.rotary",
+            )
+        )
     return tuple(i for i in items if i.bytes)
 
 

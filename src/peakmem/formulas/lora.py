@@ -56,8 +56,9 @@ ALL_LINEAR = "all-linear"  # peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORT
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # peft/utils/constants.py SEQ_CLS_HEAD_NAMES
 # peft/peft_model.py PeftModelForSequenceClassification: classifier_module_names
 SEQ_CLS_MODULES_TO_SAVE = ("classifier", "score")
-# transformers/pytorch_utils.py Conv1D (weight stored in x out) is used by modeling_gpt2.py only here.
-CONV1D_MODEL_TYPES = frozenset({"gpt2"})
+# The two peft tables below stay keyed by ``model_type`` on purpose: peft itself looks them up by
+# ``model.config.model_type``, so the key is peft's behaviour, not a property of the architecture that
+# a ModelSpec field should carry (every other model-type behaviour is a ModelSpec field set by hf.py).
 # peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (the model types peakmem
 # knows): what ``LoraConfig(target_modules=None)`` adapts.
 PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
@@ -174,7 +175,7 @@ def _is_linear(t: Tensor) -> bool:
 
 def _in_out(spec: ModelSpec, t: Tensor) -> tuple[int, int]:
     """(in_features, out_features) of a Linear/Conv1D weight as transformers stores it."""
-    if spec.model_type in CONV1D_MODEL_TYPES and t.module in ("c_attn", "c_proj", "c_fc"):
+    if t.module in spec.conv1d_modules:
         return t.shape[0], t.shape[1]  # Conv1D: (in, out)
     return t.shape[1], t.shape[0]
 
@@ -445,8 +446,8 @@ class AdapterActivations:
     forward_transient: int  # the largest adapter temporary in forward (B output, sum, cast back)
 
 
-def _act(path: str, nbytes: int, source: str) -> MemoryItem:
-    return MemoryItem(path=path, category=Category.ACTIVATIONS, bytes=nbytes, source=source)
+def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
+    return MemoryItem(path=path, category=Category.ACTIVATIONS, bytes=nbytes, source=source, key=key)
 
 
 def adapter_saved_per_module(
@@ -615,19 +616,20 @@ def adapt_layer(
     down_dropped = 0
     for item in la.saved:
         nbytes = item.bytes
-        if item.path.startswith("norms (") and spec.norm == "rmsnorm":
+        # Falcon-7B's one shared norm output (key "input.attn_mlp") is kept whole, as before keys existed
+        # (the old branch matched a path prefix, "attn+mlp inputs", that no item had). Not yet modelled:
+        # one storage read by both halves is freed only when neither the attention nor the MLP readers
+        # keep it (``_kept``), so LoRA would drop all of it or none.
+        if item.key == "norms" and spec.norm == "rmsnorm":
             nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
-        elif item.path == "attn input (norm output)":
+        elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
-        elif item.path == "mlp input (norm output)":
+        elif item.key == "input.mlp":
             nbytes = nbytes if _kept(mlp_readers, lora, sh, int8_base) else 0
-        elif item.path.startswith("attn+mlp inputs"):
-            half = nbytes // 2
-            nbytes = (half if _kept(att_readers, lora, sh, int8_base) else 0) + (
-                half if _kept(mlp_readers, lora, sh, int8_base) else 0)  # fmt: skip
-        elif item.path == "attn.output (o_proj input)" and not _kept(o_proj, lora, sh, int8_base):
+        elif item.key == "attn.output" and not _kept(o_proj, lora, sh, int8_base):
+            # eager's o_proj input (SDPA keeps its own output for its backward: "attn.sdpa_output")
             nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
-        elif _drops_down_input(item.path, layer, down, lora, sh, int8_base):
+        elif _drops_down_input(item.key, layer, down, lora, sh, int8_base):
             down_dropped = t * layer.mlp.intermediate_size * c
             nbytes -= down_dropped
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
@@ -642,13 +644,14 @@ def adapt_layer(
         inputs += i_cost
         others += o_cost
     if inputs:
-        out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE))
+        out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
     if others:
-        out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA))
+        out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA,
+                        "lora.a_outputs"))  # fmt: skip
     if group == 0 and spec.groups[0].count == 1 and not _embeddings_adapted(spec, lora):
         # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
         first_norm = norm_saved(spec, sh, h) - (t * h * y_bytes if spec.norm == "rmsnorm" else 0)
-        out = [replace(i, bytes=i.bytes - first_norm) if i.path.startswith("norms (") else i for i in out]
+        out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
     saved = tuple(i for i in out if i.bytes)
     fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
     # activations.py's backward transient is net of the down projection's input, freed once that
@@ -694,10 +697,10 @@ def _recompute_transient(
     """The most alive beyond the full recomputation while an adapted module recomputes its forward."""
 
     def total(prefixes: tuple[str, ...]) -> int:
-        return sum(i.bytes for i in saved if i.path.startswith(prefixes))
+        return sum(i.bytes for i in saved if i.key.startswith(prefixes))
 
     s_mlp = total(("mlp.", "moe."))
-    s_mlp_in = total(("mlp input",)) + total(("norms (",)) // 2
+    s_mlp_in = total(("input.mlp",)) + total(("norms",)) // 2
     s_attn = total(("attn.",))
     best = 0
     for mods, after in ((att, s_attn + s_mlp_in + s_mlp), (o_proj, s_mlp_in + s_mlp), (down, 0)):
@@ -716,11 +719,11 @@ def _embeddings_adapted(spec: ModelSpec, lora: LoraConfig) -> bool:
 
 
 def _drops_down_input(
-    path: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool
+    key: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool
 ) -> bool:
     """The MLP's down-projection input (act * up, or act(fc)) is saved only for the frozen weight's grad;
     ReLU saves its own output, and MoE experts are left as full fine-tuning counts them."""
-    if not path.startswith(("mlp.gate, act(gate)", "mlp.fc output")) or _kept(down, lora, sh, int8_base):
+    if key != "mlp.interior" or _kept(down, lora, sh, int8_base):
         return False
     return layer.mlp.activation != "relu" and not layer.mlp.is_moe
 
@@ -761,9 +764,9 @@ def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -
     out = []
     for item in head.saved:
         nbytes = item.bytes
-        if item.path == "lm_head input":
+        if item.key == "head.lm_head_input":
             nbytes = 0
-        elif item.path.startswith("final norm") and spec.norm == "rmsnorm":
+        elif item.key == "head.final_norm" and spec.norm == "rmsnorm":
             nbytes -= t * h * y_bytes
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     return replace(head, saved=tuple(i for i in out if i.bytes))
@@ -852,8 +855,9 @@ def adapt_embedding_items(
         leaf = precision_plan(setup.precision).weight.nbytes(tokens * spec.hidden_size)
         src = "transformers enable_input_require_grads: embedding output.requires_grad_(True), a leaf"
         return (*items, MemoryItem(path="embeddings output (leaf requiring grad)",
-                                   category=Category.ACTIVATIONS, bytes=leaf, source=src))  # fmt: skip
-    return tuple(i for i in items if i.path != "embeddings.dropout mask")
+                                   category=Category.ACTIVATIONS, bytes=leaf, source=src,
+                                   key="embed.leaf_output"))  # fmt: skip
+    return tuple(i for i in items if i.key != "embed.dropout_mask")
 
 
 # --- ways down (peakmem.estimate.WAYS_DOWN) ---------------------------------------------------------------

@@ -22,9 +22,8 @@ from peakmem.model import ModelSpec
 from .activations import Shapes, norm_saved
 
 SRC_CE = "transformers loss/loss_utils.py ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax"
-# Models whose LM head soft-caps the logits: ``tanh(logits / cap) * cap`` (modeling_gemma2.py,
-# ``final_logit_softcapping`` defaults to 30.0): tanh saves its T x V output in the compute dtype.
-FINAL_LOGIT_SOFTCAP = frozenset({"gemma2"})
+# An LM head that soft-caps the logits (``ModelSpec.final_logit_softcap``): ``tanh(logits / cap) * cap``
+# saves tanh's T x V output in the compute dtype.
 SRC_SOFTCAP = "modeling_gemma2.py: logits = tanh(logits / cap) * cap"
 SRC_HEAD_CAST = "torch autocast: 16-bit copy of the head weight saved by the Linear"
 SRC_HEAD = "lm_head (Linear) saves its input; final norm saves input + stats"
@@ -38,28 +37,29 @@ class HeadActivations:
     logits_grad: int  # the gradient of the logits in compute dtype (lm_head backward input)
 
 
-def _act(path: str, nbytes: int, source: str) -> MemoryItem:
-    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source)  # by position: the hot path
+def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
+    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key)  # by position: the hot path
 
 
 def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> HeadActivations:
     t, h, c = sh.tokens, spec.head_in_features, sh.c
     if spec.task == "sequence-classification":
-        items = (_act("pooler + classifier inputs", 2 * sh.batch * h * c, SRC_HEAD),)
+        items = (_act("pooler + classifier inputs", 2 * sh.batch * h * c, SRC_HEAD, "head.pooler_inputs"),)
         return HeadActivations(saved=items, forward_transient=0, backward_transient=0, logits_grad=0)
     v = spec.vocab_size
     logits = t * v
     items_l = []
-    if spec.model_type not in ("bert", "roberta"):  # post-LN encoders have no final norm
-        items_l.append(_act("final norm (input + stats)", norm_saved(spec, sh, spec.hidden_size), SRC_HEAD))
+    if spec.final_norm:  # post-LN encoders have none
+        final_norm = norm_saved(spec, sh, spec.hidden_size)
+        items_l.append(_act("final norm (input + stats)", final_norm, SRC_HEAD, "head.final_norm"))
     lm_in = t * h * c
-    items_l.append(_act("lm_head input", lm_in, SRC_HEAD))
+    items_l.append(_act("lm_head input", lm_in, SRC_HEAD, "head.lm_head_input"))
     if sh.plan.autocast:
-        items_l.append(_act("autocast lm_head weight cast", head_weight_numel * c,
-                            SRC_HEAD_CAST))  # fmt: skip
-    if spec.model_type in FINAL_LOGIT_SOFTCAP:
-        items_l.append(_act("final logit softcap tanh output", logits * c, SRC_SOFTCAP))
-    items_l.append(_act("loss.log_softmax output (fp32)", logits * 4, SRC_CE))
+        items_l.append(_act("autocast lm_head weight cast", head_weight_numel * c, SRC_HEAD_CAST,
+                            "head.weight_cast"))  # fmt: skip
+    if spec.final_logit_softcap is not None:
+        items_l.append(_act("final logit softcap tanh output", logits * c, SRC_SOFTCAP, "head.softcap"))
+    items_l.append(_act("loss.log_softmax output (fp32)", logits * 4, SRC_CE, "loss.log_softmax"))
     upcast = logits * 4 if c < 4 else 0
     return HeadActivations(
         saved=tuple(items_l),

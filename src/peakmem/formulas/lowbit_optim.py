@@ -260,6 +260,7 @@ def offload_items(split: OffloadSplit, what: str) -> tuple[MemoryItem, ...]:
             category=Category.ACTIVATIONS,
             bytes=split.gpu,
             source="torchtune OffloadActivations: saved tensors >= 1024 B move to pinned CPU memory",
+            key="offload.kept_on_device",
         ),
     )
 
@@ -332,7 +333,7 @@ def step_temporaries(spec: ModelSpec, setup: Any) -> tuple[MemoryItem, ...]:
     g = galore_states(list(spec.tensors()))
     item = MemoryItem(
         path="optimizer.galore SVD of the largest gradient (fp32)", category=Category.TEMPORARIES,
-        bytes=g.svd_temporary, source=SRC_GALORE,
+        bytes=g.svd_temporary, source=SRC_GALORE, key="optimizer.galore_svd",
     )  # fmt: skip
     return (item,)
 
@@ -369,10 +370,11 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
         return head
     t, v, c = sh.tokens, spec.vocab_size, sh.c
     chunk = math.ceil(t / CE_CHUNKS) * v
-    keep = [i for i in head.saved if not i.path.startswith("loss.log_softmax")]
+    keep = [i for i in head.saved if i.key != "loss.log_softmax"]
     if kind == "chunked":
         saved = [*keep, MemoryItem(path="loss.log_softmax outputs of all chunks (fp32)", bytes=t * v * FP32,
-                                   category=Category.ACTIVATIONS, source=SRC_CHUNKED)]  # fmt: skip
+                                   category=Category.ACTIVATIONS, source=SRC_CHUNKED,
+                                   key="loss.chunked_log_softmax")]  # fmt: skip
         # forward: every chunk's 16-bit logits (the model returns the list) + one chunk's fp32 upcast;
         # backward: a chunk's two fp32 CE gradients and its 16-bit cast
         return replace(head, saved=tuple(saved), forward_transient=t * v * c + chunk * FP32,
@@ -382,15 +384,15 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
         # backward writes the chunk's gradient (softmax - one-hot) directly in the 16-bit dtype
         saved = [*keep, MemoryItem(path="loss: 16-bit logits chunks + fp32 logsumexp (compiled CE)",
                                    bytes=t * v * c + t * FP32, category=Category.ACTIVATIONS,
-                                   source=SRC_CHUNKED_COMPILED)]  # fmt: skip
+                                   source=SRC_CHUNKED_COMPILED, key="loss.compiled_chunks")]  # fmt: skip
         return replace(head, saved=tuple(saved), forward_transient=chunk * FP32,
                        backward_transient=chunk * c, logits_grad=chunk * c)  # fmt: skip
     # fused: the head's matmul and the CE run chunk by chunk inside one op; the gradient of the head input
     # is computed in forward and kept (T x h); the head input itself is saved by the op
-    saved = [i for i in keep if i.path != "lm_head input"]
+    saved = [i for i in keep if i.key != "head.lm_head_input"]
     saved.append(MemoryItem(path="fused CE: head input + its gradient (computed in forward)",
                             bytes=2 * t * spec.hidden_size * c, category=Category.ACTIVATIONS,
-                            source=SRC_FUSED))  # fmt: skip
+                            source=SRC_FUSED, key="loss.fused_ce"))  # fmt: skip
     return replace(head, saved=tuple(saved), forward_transient=2 * chunk * FP32, backward_transient=0,
                    logits_grad=0)  # fmt: skip
 

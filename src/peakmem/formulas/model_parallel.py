@@ -56,18 +56,21 @@ TP_SPLIT_COMPONENTS = frozenset({"attention", "mlp", "shared_experts"})
 # Activation items (paths from formulas/activations.py and formulas/loss.py) that Megatron keeps
 # replicated over the TP group without sequence parallelism (Korthikanti et al. 2022 Eq. 2: LN
 # inputs, first-Linear inputs, dropout masks); everything else is split by tp.
-REPLICATED_ACTIVATIONS = (
-    "norms",
-    "attn input",
-    "mlp input",
-    "attn+mlp inputs",
-    "residual dropout",
-    "moe.routed token",
-    "moe.router",
-    "final norm",
-    "lm_head input",
-    "sequence output",
-    "pooler",
+# Item keys (MemoryItem.key, set where the items are made: formulas/activations.py, formulas/loss.py).
+# Falcon-7B's one shared norm output ("input.attn_mlp") is split, as before keys existed (the old path
+# prefix "attn+mlp inputs" matched no item); by Eq. 2 it is replicated like "input.attn".
+REPLICATED_ACTIVATIONS = frozenset(
+    {
+        "norms",
+        "input.attn",
+        "input.mlp",
+        "dropout.residual_masks",
+        "moe.routed_inputs",
+        "moe.router",
+        "head.final_norm",
+        "head.lm_head_input",
+        "head.pooler_inputs",
+    }
 )
 
 
@@ -257,14 +260,14 @@ def _split(nbytes: int, replicated: bool, par: Parallelism) -> int:
     return cdiv(nbytes, par.tp)
 
 
-def _is_replicated(path: str) -> bool:
-    return path.startswith(REPLICATED_ACTIVATIONS)
+def _is_replicated(key: str) -> bool:
+    return key in REPLICATED_ACTIVATIONS
 
 
 def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[MemoryItem, ...]:
     if par.tp == 1:
         return items
-    return tuple(replace(i, bytes=_split(i.bytes, _is_replicated(i.path), par)) for i in items)
+    return tuple(replace(i, bytes=_split(i.bytes, _is_replicated(i.key), par)) for i in items)
 
 
 def tp_layer_activations(

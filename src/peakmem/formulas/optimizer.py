@@ -163,6 +163,8 @@ def optimizer_phase_grads(spec: ModelSpec, setup: TrainingSetup) -> MemoryItem:
     params = trainable_params(spec, setup)
     if plan.master is not None:
         return MemoryItem(path="gradients (fp32, on the master weights)", category=Category.GRADIENTS,
-                          bytes=plan.master.nbytes(params), source=SOURCE_MASTER_GRAD)  # fmt: skip
+                          bytes=plan.master.nbytes(params), source=SOURCE_MASTER_GRAD,
+                          key="gradients.master")  # fmt: skip
     return MemoryItem(path="gradients", category=Category.GRADIENTS, bytes=plan.grad.nbytes(params),
-                      source="param.grad has the parameter's dtype (torch AccumulateGrad)")  # fmt: skip
+                      source="param.grad has the parameter's dtype (torch AccumulateGrad)",
+                      key="gradients")  # fmt: skip

@@ -58,7 +58,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.catalog import Gpu, find_gpu
+from peakmem.device import Gpu
+from peakmem.errors import InputError
 from peakmem.formulas.lora import quant_of
 from peakmem.formulas.qlora import quantized_params
 from peakmem.formulas.weights import bnb_4bit_bytes
@@ -86,7 +87,8 @@ MFU_BY_ARCH: dict[str, tuple[float, str]] = {
     "apple": (0.20, "assumed (Metal/MPS training kernels; no published report)"),
 }
 DEFAULT_MFU = (0.35, "assumed (unknown GPU generation)")
-# A plain memory size (``--gpu 24GB``) has no rates: the step-time model borrows this GPU's.
+# A plain memory size (``--gpu 24GB``) has no rates: the step-time model borrows this GPU's (the
+# resolver looks it up in the catalog and hands it over as ``Gpu.rates_from``).
 REFERENCE_GPU = "a100-80gb"
 
 # --- links ---------------------------------------------------------------------------------------------
@@ -163,11 +165,16 @@ class Rates:
 
 
 def rates_for(gpu: Gpu) -> Rates:
-    """The rates of ``gpu``; a plain size (no TFLOPS or bandwidth) borrows :data:`REFERENCE_GPU`'s."""
+    """The rates of ``gpu``; a plain size (no TFLOPS or bandwidth) borrows those of its ``rates_from``
+    (:data:`REFERENCE_GPU` for :func:`peakmem.resolve.gpu_of_size`)."""
     borrowed = ""
-    if gpu.bf16_tflops is None or gpu.bandwidth_gbps is None:
-        ref = find_gpu(REFERENCE_GPU)
-        assert ref is not None and ref.bf16_tflops is not None
+    if not gpu.has_rates:
+        ref = gpu.rates_from
+        if ref is None or not ref.has_rates:
+            raise InputError(
+                f"gpu={gpu.name!r} states no TFLOPS or bandwidth and borrows no GPU's rates "
+                f"(rates_from); a plain size borrows {REFERENCE_GPU}'s (peakmem.resolve.gpu_of_size)"
+            )
         borrowed, gpu = ref.display_name, ref
     assert gpu.bf16_tflops is not None and gpu.bandwidth_gbps is not None
     mfu, mfu_src = MFU_BY_ARCH.get(gpu.architecture, DEFAULT_MFU)

@@ -1,0 +1,70 @@
+"""The GPU description every part of peakmem shares: memory as the driver reports it, and rates.
+
+It lives in the core, apart from the catalog, so that formulas (the step-time model) can describe a
+GPU without importing the catalog (DESIGN.md: ``formulas/`` imports neither ``catalog`` nor ``hf``).
+The catalog (:mod:`peakmem.catalog`) holds the known GPUs as data and re-exports :class:`Gpu`;
+:func:`peakmem.resolve.gpu_of_size` builds the anonymous GPU of a plain memory size.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from peakmem.errors import require
+
+Vendor = Literal["nvidia", "amd", "apple", "unknown"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """An accelerator: memory as the driver reports it, and rates for a step-time model."""
+
+    name: str  # canonical, lowercase: "h100-80gb-sxm"
+    display_name: str  # "NVIDIA H100 80GB HBM3 (SXM)"
+    vendor: Vendor
+    architecture: str  # "volta", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "apple", ...
+    memory_bytes: int  # total device memory as nvidia-smi / rocm-smi / the OS reports it
+    memory_source: str  # where memory_bytes comes from (a published nvidia-smi output, a spec sheet)
+    bf16_tflops: float | None = None  # dense (no sparsity) 16-bit tensor-core peak, TFLOPS
+    bandwidth_gbps: float | None = None  # memory bandwidth, GB/s
+    aliases: tuple[str, ...] = ()
+    source: str = ""  # spec sheet for TFLOPS and bandwidth
+    note: str = ""
+    # Unified memory (Apple silicon): the share of RAM the GPU may wire by default.
+    unified_memory: bool = False
+    gpu_usable_fraction: float | None = None
+    gpu_usable_source: str = ""
+    # A GPU without rates of its own (a plain memory size, ``--gpu 24GB``): the GPU whose rates the
+    # step-time model borrows (:data:`peakmem.formulas.step_time.REFERENCE_GPU`, set by the resolver).
+    rates_from: Gpu | None = None
+
+    def __post_init__(self) -> None:
+        require(self.name == self.name.lower() and bool(self.name), "name", self.name, "must be lowercase")
+        require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be positive")
+        if self.gpu_usable_fraction is not None:
+            require(
+                0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,
+                "must be in (0, 1]",
+            )  # fmt: skip
+
+    @property
+    def has_rates(self) -> bool:
+        """Whether the GPU states its own TFLOPS and bandwidth (catalog GPUs do; a plain size does not)."""
+        return self.bf16_tflops is not None and self.bandwidth_gbps is not None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Memory a job can use: all of it, or the default GPU share of unified memory."""
+        if self.gpu_usable_fraction is None:
+            return self.memory_bytes
+        return int(self.memory_bytes * self.gpu_usable_fraction)
+
+
+__all__ = ["Gpu", "Vendor"]
