@@ -18,7 +18,7 @@ from pathlib import Path
 
 from peakmem.breakdown import Category
 from peakmem.catalog import get_model
-from peakmem.formulas.serving import estimate_inference
+from peakmem.formulas.serving import estimate_inference, serving_fit
 from peakmem.hf import spec_from_config
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.units import GiB, MiB
@@ -68,10 +68,10 @@ def vllm_rows() -> list[str]:
     spec = spec_from_config(get_model("llama-3-8b").config, name="llama-3-8b")
     out = []
     for pid, tp, weights_gib, kv_gib in VLLM_POINTS:
-        setup = InferenceSetup(engine=Engine.VLLM, context=8192, gpu_bytes=int(79.22 * GiB), tp=tp)
-        est = estimate_inference(spec, setup)
-        pool = est.extra["kv_pool_bytes"]
-        w = est.by_category()[Category.PARAMETERS]
+        setup = InferenceSetup(engine=Engine.VLLM, context=8192, tp=tp)
+        fit = serving_fit(spec, setup, int(79.22 * GiB))  # the pool vLLM carves out of that GPU
+        pool = fit.pool_bytes
+        w = fit.estimate.by_category()[Category.PARAMETERS]
         assert isinstance(pool, int)
         out.append(
             f"| {pid} | {weights_gib:.2f} | {w / GiB:.2f} | {kv_gib:.2f} | {pool / GiB:.2f} "

@@ -18,7 +18,7 @@ from peakmem.formulas.serving import (
     max_context,
 )
 from peakmem.formulas.weights import weight_bytes
-from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
+from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format, sglang_mem_fraction_static
 from peakmem.units import GiB, MiB
 
 # tiny(): 2 layers, hidden 64, 4 heads, 2 KV heads x 16, vocab 128, MLP 128, untied, bf16
@@ -123,7 +123,12 @@ def test_vllm_pool_and_concurrency() -> None:
     assert est.extra["kv_pool_bytes"] == pool
     assert est.extra["kv_bytes_per_sequence"] == per_seq
     assert est.extra["max_concurrent_sequences"] == pool // per_seq
-    assert est.device_total_bytes == budget
+    assert est.extra["kv_needed_bytes"] == per_seq  # batch 1
+    # the estimate is the request's (weights + one sequence's KV + the profiled chunk), not the pool
+    assert est.peak_phase is Phase.PREFILL
+    assert est.peak_allocated_bytes == TINY_PARAMS * 2 + per_seq + activations
+    no_gpu = estimate_inference(spec, InferenceSetup(engine=Engine.VLLM, context=100))
+    assert est.device_total_bytes == no_gpu.device_total_bytes
     setup = InferenceSetup(engine=Engine.VLLM, context=100)
     assert max_concurrent(spec, setup, gpu) == pool // per_seq
 
@@ -213,10 +218,24 @@ def test_llamacpp_windows_only_for_interleaved_layers() -> None:
 def test_sglang_static_fraction_holds_weights_and_pool() -> None:
     spec = tiny()
     gpu = 1 * GiB
-    est = estimate_inference(spec, InferenceSetup(engine=Engine.SGLANG, context=100, gpu_bytes=gpu))
+    setup = InferenceSetup(engine=Engine.SGLANG, context=100, gpu_bytes=gpu, gpu_memory_utilization=0.9)
+    est = estimate_inference(spec, setup)
     pool = int(gpu * 0.9) - TINY_PARAMS * 2
     assert est.extra["kv_pool_bytes"] == pool
     assert est.extra["max_concurrent_sequences"] == pool // (100 * TINY_KV_PER_TOKEN)  # one-token pages
+
+
+def test_sglang_default_fraction_by_gpu_size() -> None:
+    """server_args.py: round((gpu_mem - reserved_mem) / gpu_mem, 3), gpu_mem in MiB."""
+    assert sglang_mem_fraction_static(24564 * MiB, 1) == 0.879  # 4090: (24564 - 2.9 x 1024) / 24564
+    assert sglang_mem_fraction_static(81920 * MiB, 1) == 0.875  # A100 80GB: 10 GiB reserved
+    assert sglang_mem_fraction_static(143771 * MiB, 1) == 0.911  # H200: 12.5 GiB reserved
+    assert sglang_mem_fraction_static(180 * GiB, 1) == 0.822  # B200-sized: 32 GiB reserved
+    assert sglang_mem_fraction_static(1 * GiB, 1) == 0.0  # the reserve exceeds the GPU
+    setup = InferenceSetup(engine=Engine.SGLANG)
+    assert setup.memory_fraction(81920 * MiB) == 0.875
+    assert InferenceSetup(engine=Engine.VLLM).memory_fraction(81920 * MiB) == 0.9
+    assert InferenceSetup(engine=Engine.SGLANG, gpu_memory_utilization=0.7).memory_fraction(GiB) == 0.7
 
 
 def _tracked_generate(

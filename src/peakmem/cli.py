@@ -14,7 +14,7 @@ from typing import Any
 
 from peakmem import __version__
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
-from peakmem.render import fits_on, train_headline
+from peakmem.render import train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
 
 Handler = Callable[[argparse.Namespace], int]
@@ -133,7 +133,12 @@ def _add_infer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", type=int, default=None, help="prefill tokens (default: the whole context)")
     p.add_argument("--engine", default="hf", help="hf|vllm|sglang|llamacpp")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)",
+    )
     p.add_argument("--n-gpu-layers", type=int, default=None, help="llama.cpp -ngl")
     p.add_argument("--keep-all-logits", action="store_true", help="logits for every prompt position")
     p.add_argument("--strict", action="store_true", help="context beyond the model's limit is an error")
@@ -419,21 +424,65 @@ def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
     )
 
 
+def _smallest_serving_gpu(spec: Any, setup: Any) -> str:
+    """The smallest catalog NVIDIA GPU that serving_fit says holds the job (a pooled engine's pool too)."""
+    from peakmem.catalog import GPUS
+    from peakmem.formulas.serving import serving_fit
+    from peakmem.units import fmt_gb
+
+    for g in sorted((g for g in GPUS if g.vendor == "nvidia"), key=lambda g: g.usable_bytes):
+        if serving_fit(spec, setup, g.usable_bytes).fits:
+            return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
+    return "it fits on no single GPU in the catalog"
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
-    from peakmem.formulas.serving import estimate_inference
+    from peakmem.formulas.serving import estimate_inference, serving_fit
+    from peakmem.render import estimate_json, markdown_estimate, print_estimate
     from peakmem.resolve import resolve_model
     from peakmem.units import fmt_both
 
     spec = resolve_model(args.model)
-    setup = _inference_setup(args, _gpus(args.gpu))
-    est = estimate_inference(spec, setup)
+    gpus = _gpus(args.gpu)
+    setup = _inference_setup(args, gpus)
+    # What the request needs does not depend on the GPU; each GPU's verdict is serving_fit's.
+    est = estimate_inference(spec, _inference_setup(args, []))
+    fits = [serving_fit(spec, setup, g.usable_bytes) for g in gpus]
+    verdicts = [f.verdict(g.name) for f, g in zip(fits, gpus, strict=True)]
     context = est.extra.get("context", setup.context)
     headline = (
         f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
-        f"{fmt_both(est.device_total_bytes)} per GPU; {fits_on(est.device_total_bytes)}."
+        f"{fmt_both(est.device_total_bytes)} per GPU"
     )
-    return _report(args, est, headline)
+    pooled = [(g, f) for g, f in zip(gpus, fits, strict=True) if f.pool_bytes is not None]
+    for g, f in pooled:
+        assert f.budget_bytes is not None
+        headline += (
+            f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
+            f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes or 0)} that holds "
+            f"{f.max_concurrent} sequences of {context} tokens ({setup.batch} asked): "
+            f"{'fits' if f.fits else 'does not fit'}"
+        )
+    if not gpus:
+        headline += f"; {_smallest_serving_gpu(spec, setup)}"
+    headline += "."
+    for note in est.assumptions:
+        if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
+            print(f"peakmem: {note}", file=sys.stderr)
+    if args.json:
+        out = estimate_json(est, verdicts)
+        if fits:  # each GPU's row gains serving_fit's figures (the pool and the sequences it holds)
+            out["verdicts"] = [{**row, **{k: v for k, v in f.json().items() if k not in row}}
+                               for row, f in zip(out["verdicts"], fits, strict=True)]  # fmt: skip
+        _emit_json(out)
+    elif args.markdown:
+        sys.stdout.write(markdown_estimate(est, headline, verdicts))
+    else:
+        print_estimate(est, headline, verdicts)
+    if verdicts and not any(v.fits for v in verdicts):
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

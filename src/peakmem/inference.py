@@ -154,6 +154,31 @@ def parse_weight_format(text: str) -> WeightFormat:
 # vLLM EngineArgs defaults (vllm/engine/arg_utils.py): gpu_memory_utilization=0.9, block_size=16.
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 VLLM_BLOCK_SIZE = 16
+# SGLang's default mem_fraction_static (python/sglang/srt/server_args.py ServerArgs.__post_init__, 2025
+# releases): the GPU's memory (MiB) less a reserve for activations and CUDA graph buffers that grows
+# with the GPU (bigger GPUs get a larger chunked_prefill_size and cuda_graph_max_bs):
+# round((gpu_mem - reserved_mem) / gpu_mem, 3), reserved_mem in GiB = base + tp x pp x per-rank, by tier.
+SGLANG_RESERVED_GIB: tuple[tuple[int, float, float], ...] = (
+    # (below this many GiB, base GiB, GiB per tp x pp rank)
+    (35, 2.8, 0.1),  # T4, 4080, A10, L40, 4090, 5090: chunked_prefill_size 2k, cuda_graph_max_bs 8
+    (90, 9.5, 0.5),  # A100, H100: 8k, 160
+    (160, 12.0, 0.5),  # H20, H200: 8k, 256
+)
+SGLANG_RESERVED_GIB_LARGEST = 32.0  # B200, MI300: 16k, 512
+SGLANG_FRACTION_DIGITS = 3
+
+
+def sglang_mem_fraction_static(gpu_bytes: int, tp: int) -> float:
+    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` ranks (pp 1)."""
+    gpu_mib = gpu_bytes / 2**20
+    reserved_gib = SGLANG_RESERVED_GIB_LARGEST
+    for below_gib, base, per_rank in SGLANG_RESERVED_GIB:
+        if gpu_mib < below_gib * 1024:
+            reserved_gib = base + tp * per_rank
+            break
+    return max(0.0, round((gpu_mib - reserved_gib * 1024) / gpu_mib, SGLANG_FRACTION_DIGITS))
+
+
 # llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
 LLAMACPP_N_UBATCH = 512
 
@@ -170,7 +195,8 @@ class InferenceSetup:
     engine: Engine = Engine.HF
     tp: int = 1  # tensor-parallel GPUs
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
-    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    # vLLM gpu_memory_utilization / SGLang mem_fraction_static; None: the engine's default
+    gpu_memory_utilization: float | None = None
     block_size: int | None = None  # paged-cache tokens per block; None: the engine's default
     prefill_chunk: int | None = None  # chunked prefill: tokens per forward; None: engine default
     keep_all_logits: bool = False  # logits for every prompt position (generate keeps only the last)
@@ -197,10 +223,11 @@ class InferenceSetup:
         require(self.tp >= 1, "tp", self.tp, "must be at least 1")
         if self.gpu_bytes is not None:
             require(self.gpu_bytes > 0, "gpu_bytes", self.gpu_bytes, "must be positive")
-        require(
-            0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-            self.gpu_memory_utilization, "must be in (0, 1]",
-        )  # fmt: skip
+        if self.gpu_memory_utilization is not None:
+            require(
+                0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                self.gpu_memory_utilization, "must be in (0, 1]",
+            )  # fmt: skip
         if self.block_size is not None:
             require(self.block_size >= 1, "block_size", self.block_size, "must be at least 1")
         if self.prefill_chunk is not None:
@@ -243,6 +270,14 @@ class InferenceSetup:
     @property
     def weight_format(self) -> WeightFormat:
         return parse_weight_format(self.weights)
+
+    def memory_fraction(self, gpu_bytes: int) -> float:
+        """The share of a GPU a pooled engine takes: the one given, else vLLM's 0.9 or SGLang's default."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        if self.engine is Engine.SGLANG:
+            return sglang_mem_fraction_static(gpu_bytes, self.tp)
+        return VLLM_GPU_MEMORY_UTILIZATION
 
     @property
     def effective_block_size(self) -> int:

@@ -11,7 +11,13 @@ Engines, as people run them:
   peak (one chunk of ``max_num_batched_tokens``) and non-torch memory, as a paged KV pool
   (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``); reports how many sequences
   of ``context`` tokens fit in it.
-* ``sglang``: the same with ``mem_fraction_static`` and one-token pages.
+* ``sglang``: the same with ``mem_fraction_static`` (its default chosen by GPU size:
+  ``inference.sglang_mem_fraction_static``) and one-token pages; that fraction holds weights and pool.
+
+What a request needs (weights, activations / the profiled peak, sampler buffers, the KV cache of
+``batch`` sequences of ``context`` tokens, context and allocator overheads) does not depend on the GPU:
+:func:`estimate_inference` reports it. Whether it fits one GPU is :func:`serving_fit`'s answer: for
+vLLM/SGLang, whether the pool the engine carves out of that GPU holds the request.
 * ``llamacpp``: the KV cache of ``n_ctx`` tokens and a compute buffer are allocated at load
   (``llama-context.cpp``); ``-ngl`` layers (and their KV) live on the GPU, the rest and the token
   embeddings in CPU RAM (``llama-model.cpp``: the input layer is always on the CPU).
@@ -24,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak, Verdict
 from peakmem.errors import InputError
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION, reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import (
@@ -377,26 +383,33 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     per_seq = _kv(c, c.context, 1, block)
     needed = per_seq * b
     notes: list[str] = []
-    extra: dict[str, object] = {"kv_bytes_per_sequence": per_seq, "prefill_chunk_tokens": chunk}
+    extra: dict[str, object] = {
+        "kv_bytes_per_sequence": per_seq,
+        "kv_needed_bytes": needed,
+        "prefill_chunk_tokens": chunk,
+    }
     if s.gpu_bytes is not None:
-        budget = int(s.gpu_bytes * s.gpu_memory_utilization)
+        # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
+        budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
             # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
             pool = budget - weights.bytes
         else:
+            # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch)
             pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
-        blocks = max(pool, 0) // max(1, _kv(c, block, 1, block))
-        concurrent = max(pool, 0) // per_seq if per_seq else 0
+        pool = max(pool, 0)
+        concurrent = pool // per_seq if per_seq else 0
         extra.update(
-            kv_pool_bytes=max(pool, 0),
-            kv_pool_blocks=blocks,
+            kv_pool_bytes=pool,
+            kv_pool_blocks=pool // max(1, _kv(c, block, 1, block)),
             max_concurrent_sequences=concurrent,
             memory_budget_bytes=budget,
+            memory_fraction=s.memory_fraction(s.gpu_bytes),
         )
         if pool < per_seq:
             notes.append(
-                f"does not start: the KV pool ({max(pool, 0)} B) cannot hold one {c.context}-token sequence "
+                f"does not start: the KV pool ({pool} B) cannot hold one {c.context}-token sequence "
                 f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
             )
         elif concurrent > VLLM_MAX_NUM_SEQS and s.engine is Engine.VLLM:
@@ -406,22 +419,16 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             )
         elif concurrent < b:
             notes.append(f"only {concurrent} sequences of {c.context} tokens fit; the rest wait in the queue")
-        kv_item = MemoryItem(
-            path="kv cache pool (preallocated)",
-            category=Category.KV_CACHE,
-            bytes=max(pool, 0),
-            source="vllm gpu_worker.determine_available_memory",
-        )
-    else:
-        notes.append(
-            "no GPU size given: the KV cache shown is what the batch needs, not the preallocated pool"
-        )
-        kv_item = MemoryItem(
-            path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
-            category=Category.KV_CACHE,
-            bytes=needed,
-            source="formulas/kv_cache.py",
-        )
+    notes.append(
+        f"{s.engine.value} preallocates a KV pool of gpu_memory_utilization x GPU less the rest; the KV "
+        "cache shown is what the batch needs (it fits when the pool holds it: serving_fit)"
+    )
+    kv_item = MemoryItem(
+        path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
+        category=Category.KV_CACHE,
+        bytes=needed,
+        source="formulas/kv_cache.py",
+    )
     act_item = MemoryItem(
         path=f"activations ({chunk}-token prefill chunk)",
         category=Category.ACTIVATIONS,
@@ -567,13 +574,6 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
         churn=churn,
         fragmentation=DEFAULT_FRAGMENTATION,
     )
-    if setup.engine in (Engine.VLLM, Engine.SGLANG) and setup.gpu_bytes is not None:
-        # the engine sizes its pool to fill its budget (gpu_memory_utilization x GPU) exactly
-        pool = r.extra.get("kv_pool_bytes", 0)
-        budget = int(setup.gpu_bytes * setup.gpu_memory_utilization)
-        if isinstance(pool, int) and pool > 0:
-            # SGLang's static fraction excludes activations and the context; vLLM's includes both
-            reserved = budget + churn if setup.engine is Engine.SGLANG else budget - overhead
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     extra: dict[str, object] = {
@@ -617,12 +617,97 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
     )
 
 
-def _fits(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> bool:
+POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingFit:
+    """Whether a serving job fits one GPU (one tensor-parallel rank) of ``capacity_bytes``.
+
+    ``needed_bytes`` is what the request needs (weights, activations / profiled peak, sampler
+    buffers, KV cache of ``batch`` sequences of ``context`` tokens, context and allocator overheads):
+    the estimate's device total, the same on every GPU. Engines that preallocate a KV pool (vLLM,
+    SGLang) fit when the pool they carve out of ``gpu_memory_utilization x GPU`` holds the request
+    (``max_concurrent >= batch``) and the request fits the GPU; the others when ``needed_bytes`` fits.
+    """
+
+    needed_bytes: int
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int  # pooled engines: the smaller of the pool's spare and the GPU's
+    max_concurrent: int | None  # pooled engines: sequences of ``context`` tokens the pool holds
+    pool_bytes: int | None  # pooled engines: the KV pool on that GPU
+    budget_bytes: int | None  # pooled engines: the engine's fraction x GPU (what nvidia-smi shows)
+    fraction: float | None  # pooled engines: gpu_memory_utilization / mem_fraction_static used
+    kv_needed_bytes: int | None  # pooled engines: the KV cache of the request (batch x context)
+    batch: int
+    context: int
+    engine: str
+    estimate: Estimate
+
+    def verdict(self, gpu: str) -> ServingVerdict:
+        return ServingVerdict(gpu=gpu, capacity_bytes=self.capacity_bytes, needed_bytes=self.needed_bytes,
+                              serving=self)  # fmt: skip
+
+    def json(self) -> dict[str, object]:
+        return {
+            "needed_bytes": self.needed_bytes, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+            "headroom_bytes": self.headroom_bytes, "max_concurrent": self.max_concurrent,
+            "kv_pool_bytes": self.pool_bytes, "memory_budget_bytes": self.budget_bytes,
+            "kv_needed_bytes": self.kv_needed_bytes, "memory_fraction": self.fraction,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingVerdict(Verdict):
+    """A :class:`Verdict` whose answer is :func:`serving_fit`'s (a pooled engine's pool, not bytes alone)."""
+
+    serving: ServingFit
+
+    @property
+    def fits(self) -> bool:
+        return self.serving.fits
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.serving.headroom_bytes
+
+
+def serving_fit(spec: ModelSpec, setup: InferenceSetup, capacity_bytes: int) -> ServingFit:
+    """The one verdict of serving ``setup`` on a GPU of ``capacity_bytes`` (``infer`` and ``fit --infer``)."""
+    if setup.gpu_bytes != capacity_bytes:
+        setup = _with(setup, gpu_bytes=capacity_bytes)
     est = estimate_inference(spec, setup)
-    if setup.engine in (Engine.VLLM, Engine.SGLANG):
-        conc = est.extra.get("max_concurrent_sequences", 0)
-        return isinstance(conc, int) and conc >= setup.batch
-    return est.device_total_bytes <= gpu_bytes
+    needed = est.device_total_bytes
+    context = _int(est, "context")
+    fits, headroom = needed <= capacity_bytes, capacity_bytes - needed
+    pool: int | None = None
+    conc: int | None = None
+    budget: int | None = None
+    kv_needed: int | None = None
+    fraction: float | None = None
+    if setup.engine in POOLED_ENGINES:
+        fraction = setup.memory_fraction(capacity_bytes)
+        pool, conc = _int(est, "kv_pool_bytes"), _int(est, "max_concurrent_sequences")
+        budget, kv_needed = _int(est, "memory_budget_bytes"), _int(est, "kv_needed_bytes")
+        fits = fits and conc >= setup.batch
+        headroom = min(headroom, pool - kv_needed)
+    return ServingFit(
+        needed_bytes=needed, capacity_bytes=capacity_bytes, fits=fits, headroom_bytes=headroom,
+        max_concurrent=conc, pool_bytes=pool, budget_bytes=budget, kv_needed_bytes=kv_needed,
+        fraction=fraction,
+        batch=setup.batch, context=context, engine=setup.engine.value, estimate=est,
+    )  # fmt: skip
+
+
+def _int(est: Estimate, key: str) -> int:
+    value = est.extra[key]
+    assert isinstance(value, int), key
+    return value
+
+
+def _fits(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> bool:
+    return serving_fit(spec, setup, gpu_bytes).fits
 
 
 def _with(setup: InferenceSetup, **changes: object) -> InferenceSetup:

@@ -1,0 +1,118 @@
+"""Serving verdicts: what a request needs does not depend on the GPU asked about; vLLM/SGLang fit when
+the KV pool they preallocate on that GPU holds the request; ``infer`` and ``fit --infer`` agree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peakmem import planner
+from peakmem.cli import main
+from peakmem.formulas.serving import CUDA_CONTEXT_BYTES, estimate_inference, serving_fit
+from peakmem.inference import VLLM_GPU_MEMORY_UTILIZATION, InferenceSetup
+from peakmem.resolve import resolve_gpu, resolve_gpus, resolve_model
+from peakmem.units import GiB
+
+GPUS = ("rtx-4090", "a100-80gb", "h200")
+EXAMPLE = ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "16"]
+
+# Llama-3.1-8B by hand: 8,030,261,248 bf16 parameters; KV 32 layers x 8 KV heads x 128 x (K, V) x 2 B
+# = 131,072 B a token, so a 8192-token sequence is 1 GiB (512 blocks of 16). vLLM's profiled chunk of
+# 8192 tokens (formulas/serving.py layer_transient_bytes, fused): MLP 3 x 14336 x 2 B + residual
+# 2 x 4096 x 2 B = 102,400 B a token (more than the sampler's 256 x 128,256 x 8 B).
+WEIGHTS = 2 * 8_030_261_248
+KV_PER_SEQUENCE = 8192 * 32 * 8 * 128 * 2 * 2
+ACTIVATIONS = 8192 * (3 * 14336 * 2 + 2 * 4096 * 2)
+
+
+def _cli_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, object]]:
+    rc = main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_vllm_example_by_hand_on_a_4090() -> None:
+    spec = resolve_model("llama-3.1-8b")
+    cap = resolve_gpu("rtx-4090").usable_bytes
+    f = serving_fit(spec, InferenceSetup(engine="vllm", context=8192, batch=16), cap)  # type: ignore[arg-type]
+    budget = int(cap * VLLM_GPU_MEMORY_UTILIZATION)
+    pool = budget - WEIGHTS - ACTIVATIONS - CUDA_CONTEXT_BYTES
+    assert (f.budget_bytes, f.pool_bytes) == (budget, pool)
+    assert pool == 5_745_244_569  # 5.35 GiB
+    assert f.kv_needed_bytes == 16 * KV_PER_SEQUENCE == 16 * GiB
+    assert f.max_concurrent == pool // KV_PER_SEQUENCE == 5
+    assert not f.fits
+    assert f.headroom_bytes == pool - 16 * GiB  # the pool's shortfall, the tighter of the two
+    # the request: weights + 16 sequences' KV + the profiled chunk + CUDA context, plus allocator slack
+    floor = WEIGHTS + 16 * KV_PER_SEQUENCE + ACTIVATIONS + CUDA_CONTEXT_BYTES
+    assert floor <= f.needed_bytes <= floor * 1.01
+
+
+def test_needs_is_the_same_on_every_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    totals, needs, fits = set(), set(), []
+    for gpu in GPUS:
+        rc, out = _cli_json(capsys, ["infer", *EXAMPLE, "--gpu", gpu, "--json"])
+        totals.add(out["device_total_bytes"])
+        (v,) = out["verdicts"]  # type: ignore[misc]
+        needs.add(v["needed_bytes"])
+        fits.append((rc, v["fits"], v["max_concurrent"]))
+    assert len(totals) == 1 and totals == needs
+    assert fits == [(1, False, 5), (0, True, 55), (0, True, 110)]
+    rc, out = _cli_json(capsys, ["infer", *EXAMPLE, "--json"])  # no GPU: the same request
+    assert rc == 0 and {out["device_total_bytes"]} == totals
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_infer_and_fit_infer_exit_alike(capsys: pytest.CaptureFixture[str], gpu: str) -> None:
+    rc_infer, infer = _cli_json(capsys, ["infer", *EXAMPLE, "--gpu", gpu, "--json"])
+    rc_fit, fit = _cli_json(capsys, ["fit", *EXAMPLE, "--infer", "--gpu", gpu, "--json"])
+    (v,) = infer["verdicts"]  # type: ignore[misc]
+    (g,) = fit["gpus"]  # type: ignore[misc]
+    assert rc_infer == rc_fit
+    for key in ("fits", "needed_bytes", "max_concurrent"):
+        assert v[key] == g[key], key
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm", "sglang", "llamacpp"])
+@pytest.mark.parametrize(("batch", "context"), [(1, 2048), (4, 32768), (16, 8192)])
+def test_infer_verdict_equals_the_planners(engine: str, batch: int, context: int) -> None:
+    """serving_fit (infer's verdict) against planner.fit_inference as it is today: its own check
+    (pool holds the batch and the device total fits) reads the same estimate, so they agree; at merge the
+    planner calls serving_fit itself and this stays as the regression test."""
+    spec = resolve_model("llama-3.1-8b")
+    gpus = resolve_gpus(",".join(GPUS))
+    setup = InferenceSetup(engine=engine, batch=batch, context=context)  # type: ignore[arg-type]
+    report = planner.fit_inference(spec, setup, gpus, top=1)
+    needs = {estimate_inference(spec, setup).device_total_bytes}
+    for g, gpu in zip(report.gpus, gpus, strict=True):
+        f = serving_fit(spec, setup, gpu.usable_bytes)
+        needs.add(f.needed_bytes)
+        assert (f.fits, f.needed_bytes) == (g.fits, g.needed_bytes), (engine, batch, context, gpu.name)
+        if engine in ("vllm", "sglang"):
+            assert f.max_concurrent == g.max_concurrent
+            assert f.fits == (f.max_concurrent is not None and f.max_concurrent >= batch)
+    assert len(needs) == 1  # the request's needs, whatever the GPU
+
+
+def test_pooled_verdict_is_the_pool_not_the_bytes() -> None:
+    """A request that needs less than the GPU but more than vLLM's 0.9 of it does not fit (before this,
+    the device total followed the GPU and the verdict said yes)."""
+    spec = resolve_model("llama-3.1-8b")
+    cap = resolve_gpu("rtx-4090").usable_bytes
+    hf = serving_fit(spec, InferenceSetup(context=8192, batch=6), cap)
+    vllm = serving_fit(spec, InferenceSetup(engine="vllm", context=8192, batch=6), cap)  # type: ignore[arg-type]
+    assert vllm.max_concurrent == 5 and not vllm.fits
+    assert vllm.needed_bytes < cap  # the bytes alone would have fitted
+    assert hf.pool_bytes is None and hf.fits == (hf.needed_bytes <= cap)
+    v = vllm.verdict("rtx-4090")
+    assert (v.fits, v.headroom_bytes, v.capacity_bytes) == (False, vllm.headroom_bytes, cap)
+
+
+def test_sglang_example_uses_its_default_fraction() -> None:
+    """SGLang on a 4090: mem_fraction_static 0.879 (server_args.py) holds weights and pool only."""
+    spec = resolve_model("llama-3.1-8b")
+    cap = resolve_gpu("rtx-4090").usable_bytes
+    f = serving_fit(spec, InferenceSetup(engine="sglang", context=8192, batch=16), cap)  # type: ignore[arg-type]
+    assert f.fraction == 0.879
+    assert f.pool_bytes == int(cap * 0.879) - WEIGHTS
+    assert f.max_concurrent == 6 and not f.fits  # one-token pages: 8192 x 131,072 B a sequence
