@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-VALIDATION_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published-measurements.json"
+VALIDATION_FILE = (
+    Path(__file__).resolve().parents[2] / "shared" / "validation" / "published-measurements.json"
+)
 
 
 def present_or_skip(path: Path, script: str) -> Path:

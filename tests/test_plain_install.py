@@ -71,8 +71,9 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     site = Path(
-        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp)
-        .stdout.strip()
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp
+        ).stdout.strip()
     )
     for module in RICH_AND_ITS_DEPENDENCIES:
         spec = importlib.util.find_spec(module)
