@@ -20,6 +20,7 @@ from peakmem.training import DEFAULT_SEQ_LEN
 
 Handler = Callable[[argparse.Namespace], int]
 MAX_CLI_NUMBER = 2**50  # ~1.1e15: above every count and size peakmem accepts (see peakmem.validate)
+MAX_ERROR_CHARS = 400  # a usage error quotes at most this much of what it got
 MIN_PORT, MAX_PORT = 1, 65535  # TCP ports (0 would pick a random one the user cannot know)
 MAX_STEPS = 100  # simulate/measure: the peak settles by step 2; more steps only cost time
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
@@ -31,6 +32,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors on one line with exit code 2."""
 
     def error(self, message: str) -> Any:
+        if len(message) > MAX_ERROR_CHARS:  # a 5,000-digit value: keep the line readable
+            half = MAX_ERROR_CHARS // 2
+            message = f"{message[:half]}...{message[-half:]}"
         self.exit(EXIT_INPUT_ERROR, f"peakmem: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -435,8 +439,8 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    _require_torch_extra("measure")
     _check_steps(args.steps)
+    _require_torch_extra("measure")
     from peakmem.measure import measure_training
 
     name, config, setup = _config_and_setup(args)
@@ -445,8 +449,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    _require_torch_extra("simulate")
     _check_steps(args.steps)
+    _require_torch_extra("simulate")
     from peakmem.simulate import simulate_training
 
     name, config, setup = _config_and_setup(args)
@@ -457,7 +461,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _check_steps(steps: int) -> None:
     from peakmem.validate import check_int
 
-    check_int("--steps", steps, maximum=MAX_STEPS, what="steps (the memory peak settles by step 2)")
+    check_int("--steps", steps, maximum=MAX_STEPS, what="steps; the memory peak settles by step 2")
 
 
 def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:

@@ -64,6 +64,7 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters: pp_int(1e9
 DS_PARAM_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold: pp_int(1e5)
 DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size: pp_int(1e9)
 DEFAULT_GPUS_PER_NODE = 8  # DGX/HGX nodes
+_NO_DEVICE = "bytes or elements; no device holds more"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,14 +108,14 @@ class Parallelism:
         ):
             coerce_choice(self, attr, enum)
         for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "virtual_stages"):
-            check_int(name, getattr(self, name), maximum=MAX_GPUS, what="GPUs")
-        check_int("dp", self.dp, minimum=0, maximum=MAX_GPUS, what="GPUs")
+            check_int(name, getattr(self, name), maximum=MAX_GPUS, what="GPUs; no cluster has more")
+        check_int("dp", self.dp, minimum=0, maximum=MAX_GPUS, what="GPUs; no cluster has more")
         check_int("zero", self.zero_stage, minimum=0)
         check_int("fsdp_version", self.fsdp_version)
         for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
-            check_int(name, getattr(self, name), maximum=MAX_DEVICE_BYTES, what="bytes or elements")
+            check_int(name, getattr(self, name), maximum=MAX_DEVICE_BYTES, what=_NO_DEVICE)
         for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
-            check_int(name, getattr(self, name), minimum=0, maximum=MAX_ELEMENTS, what="elements")
+            check_int(name, getattr(self, name), minimum=0, maximum=MAX_ELEMENTS, what=_NO_DEVICE)
         for name in ("sequence_parallel", "gradient_as_bucket_view", "contiguous_gradients", "zero_init"):
             check_bool(name, getattr(self, name))
         check_bool("overlap_comm", self.overlap_comm, optional=True)

@@ -164,11 +164,11 @@ def gpu_of_size(text: str) -> Gpu:
     try:
         n_bytes = parse_size(text)
     except OverflowError:  # more digits than a float holds
-        raise too_large("--gpu", _short(text), MAX_DEVICE_BYTES, "bytes on one GPU") from None
+        raise too_large("--gpu", text, MAX_DEVICE_BYTES, "bytes; no GPU holds more") from None
     if n_bytes <= 0:
         raise InputError(f"--gpu={text!r}: the size must be positive")
     if n_bytes > MAX_DEVICE_BYTES:
-        raise too_large("--gpu", _short(text), MAX_DEVICE_BYTES, "bytes on one GPU")
+        raise too_large("--gpu", text, MAX_DEVICE_BYTES, "bytes; no GPU holds more")
     name = re.sub(r"\s+", "", text).lower()
     return Gpu(
         name=name,

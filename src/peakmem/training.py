@@ -134,12 +134,13 @@ class TrainingSetup:
             coerce_choice(self, attr, enum)
         check_int("batch", self.micro_batch)
         check_int("seq", self.seq_len)
-        check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what="accumulation steps")
+        steps = "accumulation steps; no recipe has more"
+        check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)
         if self.micro_batch * self.seq_len > MAX_TOKENS:
             raise InputError(
                 f"batch x seq = {self.micro_batch} x {self.seq_len} = {self.micro_batch * self.seq_len:,} "
                 f"tokens: too large (more than {MAX_TOKENS:,} tokens in one micro-batch; "
-                "no cluster holds that)"
+                "no cluster holds them)"
             )
         for attr in ("grads_set_to_none", "optimizer_in_backward", "activation_offload"):
             check_bool(attr, getattr(self, attr))

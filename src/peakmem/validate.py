@@ -40,6 +40,7 @@ MAX_GPUS = 10**6
 MAX_DEVICE_BYTES = 2**50
 # Elements in one engine bucket / parameter budget: 2^50 (as bytes, the same bound).
 MAX_ELEMENTS = 2**50
+MAX_SHOWN_VALUE = 80  # an error shows at most this much of a value, so that it stays one line
 
 # --- config.json bounds ---------------------------------------------------------------------------------
 MAX_CONFIG_FILE_BYTES = 10 * 1000 * 1000  # 10 MB; the largest real config.json files are ~100 KB
@@ -85,7 +86,11 @@ CONFIG_INT_LIMITS: dict[str, int] = {
 
 
 def too_large(field: str, value: object, limit: int, what: str) -> InputError:
-    return InputError(f"{field}={value!r}: too large (more than {limit:,} {what}; no cluster holds that)")
+    """``field=value: too large (more than LIMIT WHAT)``; a long value is cut to stay one line."""
+    shown = repr(value)
+    if len(shown) > MAX_SHOWN_VALUE:
+        shown = shown[: MAX_SHOWN_VALUE - 3] + "..."
+    return InputError(f"{field}={shown}: too large (more than {limit:,} {what})")
 
 
 # --- scalar checks --------------------------------------------------------------------------------------
@@ -99,7 +104,7 @@ def check_int(
         bound = "positive" if minimum == 1 else f">= {minimum}"
         raise InputError(f"{field}={value!r}: must be {bound}")
     if maximum is not None and value > maximum:
-        raise too_large(field, value, maximum, what or "allowed")
+        raise too_large(field, value, maximum, what or "allowed")  # what: "GPUs; no cluster has more"
     return value
 
 
@@ -253,6 +258,5 @@ def _check_config_int(where: str, value: Any, limit: int) -> None:
             shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise ConfigError(f"config.json: {where}={shown}: must be an integer")
         if item > limit:
-            raise ConfigError(
-                f"config.json: {where}={item!r}: too large (more than {limit:,}; no model has that)"
-            )
+            error = too_large(where, item, limit, "for this key; no model has that")
+            raise ConfigError(f"config.json: {error}")

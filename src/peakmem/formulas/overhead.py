@@ -59,7 +59,8 @@ class Overheads:
 
     def __post_init__(self) -> None:
         for name in ("context_bytes", "cublas_workspace_bytes"):
-            check_int(name, getattr(self, name), minimum=0, maximum=MAX_DEVICE_BYTES, what="bytes on one GPU")
+            value = getattr(self, name)
+            check_int(name, value, minimum=0, maximum=MAX_DEVICE_BYTES, what="bytes; no GPU holds more")
         check_str("context_source", self.context_source)
         check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
 
