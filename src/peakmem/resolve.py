@@ -69,7 +69,7 @@ def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:
     if path is not None:
         return _name_from_path(path), read_config_file(path)
     if _looks_like_path(text):
-        raise ConfigError(f"MODEL={text!r}: no such file or folder; give {ACCEPTED_MODEL_FORMS}")
+        raise ConfigError(f"MODEL={_short(text)}: no such file or folder; give {ACCEPTED_MODEL_FORMS}")
     if is_hub_id(text):
         return text, _config_from_hub(text)
     raise unknown_model(text)
@@ -85,9 +85,8 @@ def _existing_config_path(text: str) -> Path | None:
     p = Path(os.path.expanduser(text))
     try:
         is_file, is_dir = p.is_file(), p.is_dir()
-    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
-        reason = getattr(e, "strerror", None) or str(e)
-        raise ConfigError(f"MODEL={_short(text)}: not a usable path ({reason})") from None
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: no such file
+        return None
     if is_file:
         return p
     if is_dir:
