@@ -179,6 +179,8 @@ MALFORMED: list[tuple[str, str]] = [
     ("plan-max-gpus-negative", "plan gpt2-xl --gpu h100 --max-gpus -1"),
     ("simulate-steps-0", "simulate gpt2 --steps 0"),
     ("simulate-steps-1e9", "simulate gpt2 --steps 1000000000"),
+    ("simulate-config-1e9-layers", "simulate {layers_1e9}"),
+    ("measure-config-deep", "measure {deep}"),
     # usage
     ("no-such-command", "frobnicate gpt2-xl"),
     ("train-without-model", "train"),

@@ -17,9 +17,10 @@ from peakmem import __version__
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
 from peakmem.render import fits_on, train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
+from peakmem.validate import MAX_TOKENS
 
 Handler = Callable[[argparse.Namespace], int]
-MAX_CLI_NUMBER = 2**50  # ~1.1e15: above every count and size peakmem accepts (see peakmem.validate)
+MAX_CLI_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size on the command line is larger
 MAX_ERROR_CHARS = 400  # a usage error quotes at most this much of what it got
 MIN_PORT, MAX_PORT = 1, 65535  # TCP ports (0 would pick a random one the user cannot know)
 MAX_STEPS = 100  # simulate/measure: the peak settles by step 2; more steps only cost time

@@ -46,12 +46,21 @@ def resolve_model(arg: str) -> ModelSpec:
     from peakmem.hf import spec_from_config
 
     name, config = resolve_config(arg)
-    check_config(config)  # bounds and key types before any work (peakmem.validate)
     return spec_from_config(config, name=name)
 
 
 def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:
-    """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it)."""
+    """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it).
+
+    The dict is within :func:`peakmem.validate.check_config`'s bounds (nesting, sizes, key types),
+    so no caller (spec building, simulate, measure) starts work on a model no cluster holds.
+    """
+    name, config = _find_config(arg)
+    check_config(config)
+    return name, config
+
+
+def _find_config(arg: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(arg, str):
         raise InputError(f"MODEL={arg!r}: must be a string; give {ACCEPTED_MODEL_FORMS}")
     text = arg.strip()
