@@ -14,12 +14,12 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.installed: $(PY) pyproject.toml
-	$(PIP) install -q -e '.[cli,hub]'
+	$(PIP) install -q -e '.[hub]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[cli,hub,torch,plot,web,test]'
+	$(PIP) install -q -e '.[hub,torch,plot,web,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -41,6 +41,8 @@ pytest: install-test
 
 test: lint typecheck pytest
 
+# The accuracy benchmarks read ../shared/validation (next to the checkout); without it they say so
+# and skip.
 bench: install-test
 	$(PY) benchmarks/speed.py
 	$(PY) benchmarks/cli_wall.py

@@ -190,4 +190,6 @@ def run(path: Path) -> list[tuple[str, float | None, str]]:
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PATH)
+    from _validation import present_or_skip
+
+    run(present_or_skip(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PATH, "accuracy.py"))

@@ -144,7 +144,10 @@ def _seed_checks() -> None:
 
 
 if __name__ == "__main__":
-    results = run(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PATH)
+    from _validation import present_or_skip
+
+    path = present_or_skip(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PATH, "accuracy_finetune.py")
+    results = run(path)
     worst = max((abs(e) for _, e in results), default=0.0)
     print(f"\n{len(results)} points; worst {worst:.1%} (goal {TOLERANCE:.0%})")
     sys.exit(0 if worst <= TOLERANCE else 1)

@@ -81,7 +81,9 @@ def vllm_rows() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[1]) if len(argv) > 1 else DEFAULT_PATH
+    from _validation import present_or_skip
+
+    path = present_or_skip(Path(argv[1]) if len(argv) > 1 else DEFAULT_PATH, "accuracy_infer.py")
     table = rows(path)
     print("| id | model | context | measured MiB | predicted MiB | error | decode peak MiB | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")

@@ -24,19 +24,16 @@ POINTS = ("HF-A01", "HF-A02", "HF-A03", "HF-A04", "HF-A05")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _validation import VALIDATION_FILE, present_or_skip
     from peakmem import catalog
     from peakmem.formulas.overhead import Overheads
     from peakmem.simulate import simulate_training
     from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, Precision, TrainingSetup
 
-    here = Path(__file__).resolve().parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = here.parent / "shared" / "validation" / "published-measurements.json"
-    ap.add_argument("--validation", default=str(default))
+    ap.add_argument("--validation", default=str(VALIDATION_FILE))
     args = ap.parse_args(argv)
-    path = Path(args.validation)
-    if not path.exists():
-        path = Path("/work/shared/validation/published-measurements.json")
+    path = present_or_skip(Path(args.validation), "simulate_published.py")
     data = json.loads(path.read_text())
     runs = data if isinstance(data, list) else next(v for v in data.values() if isinstance(v, list))
     config = dict(catalog.get_model("bert-large-uncased-cls2").config)

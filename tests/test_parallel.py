@@ -124,3 +124,23 @@ def test_shard_degrees() -> None:
 def test_describe() -> None:
     par = Parallelism(gpus=64, tp=8, pp=2, zero_stage=1, sequence_parallel=True)
     assert par.describe() == "64 GPUs, dp=4, tp=8, pp=2, sp, zero-1, 1f1b"
+
+
+# --- types and physical limits (peakmem.validate) ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"gpus": True}, "gpus=True: must be an integer, not bool"),  # bool is an int subclass
+        ({"gpus": 4, "pp": 2.0}, "pp=2.0: must be an integer, not float"),
+        ({"gpus": 1_000_001}, "gpus=1000001: too large"),
+        ({"gpus": 8, "virtual_stages": False}, "virtual_stages=False: must be an integer"),
+    ],
+)
+def test_degrees_are_integers_within_any_cluster(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        Parallelism(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_million_gpus_is_the_largest_layout() -> None:
+    par = Parallelism(gpus=10**6, tp=8, pp=5, zero_stage=3)
+    assert par.dp == 25_000  # 10^6 / (8 x 5)

@@ -313,3 +313,30 @@ def test_resolve_config_returns_a_copy() -> None:
     assert name == "gpt2" and config["n_layer"] == 12
     config["n_layer"] = 1
     assert get_model("gpt2").config["n_layer"] == 12
+
+
+# --- bounds (peakmem.validate) --------------------------------------------------------------------------
+def test_a_name_too_long_for_the_file_system_is_an_unknown_model() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        resolve_model("m" * 300)  # ENAMETOOLONG from the path check is "no such file"
+    assert len(str(info.value)) < 200
+
+
+def test_a_model_argument_longer_than_any_path() -> None:
+    with pytest.raises(InputError, match="10,000 characters is too long"):
+        resolve_model("m" * 10_000)
+
+
+def test_config_file_bounds_apply_to_paths(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"a":' * 1000 + "1" + "}" * 1000, encoding="utf-8")
+    with pytest.raises(ConfigError, match="nested 1000 levels deep"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_GPT2, "n_layer": "2"}), encoding="utf-8")
+    with pytest.raises(ConfigError, match="n_layer='2': must be an integer"):
+        resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("text", ["1" + "0" * 150 + "GB", "2000000TB"])
+def test_gpu_sizes_no_device_holds(text: str) -> None:
+    with pytest.raises(InputError, match="too large"):
+        resolve_gpu(text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,8 +17,15 @@ from peakmem import __version__
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
 from peakmem.render import train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
+from peakmem.validate import MAX_TOKENS
 
 Handler = Callable[[argparse.Namespace], int]
+MAX_CLI_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size on the command line is larger
+MAX_ERROR_CHARS = 400  # a usage error quotes at most this much of what it got
+MIN_PORT, MAX_PORT = 1, 65535  # TCP ports (0 would pick a random one the user cannot know)
+MAX_STEPS = 100  # simulate/measure: the peak settles by step 2; more steps only cost time
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
+TORCH_EXTRA_MODULES = ("torch", "transformers")  # the 'torch' extra simulate and measure need
 WARNING_PREFIX = "warning:"  # assumptions a user must not miss are also printed on stderr
 
 
@@ -25,6 +33,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors on one line with exit code 2."""
 
     def error(self, message: str) -> Any:
+        if len(message) > MAX_ERROR_CHARS:  # a 5,000-digit value: keep the line readable
+            half = MAX_ERROR_CHARS // 2
+            message = f"{message[:half]}...{message[-half:]}"
         self.exit(EXIT_INPUT_ERROR, f"peakmem: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -370,10 +381,54 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from peakmem.errors import InputError
     from peakmem.web import serve
 
-    serve(host=args.host, port=args.port, open_browser=args.open)
+    if not MIN_PORT <= args.port <= MAX_PORT:
+        raise InputError(f"--port={args.port}: must be in {MIN_PORT}..{MAX_PORT}")
+    _check_port_free(args.host, args.port)
+    try:
+        serve(host=args.host, port=args.port, open_browser=args.open)
+    except SystemExit as stop:  # uvicorn exits 3 when it cannot bind (3 means "unknown model" here)
+        if stop.code in (None, 0):
+            return EXIT_OK
+        raise InputError(
+            f"--host={args.host!r} --port={args.port}: the server could not start (see the line above)"
+        ) from None
     return EXIT_OK
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` once, as uvicorn will, so that a busy port is an input error (exit 2)."""
+    import socket
+
+    from peakmem.errors import InputError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise InputError(f"--host={host!r}: cannot resolve it ({e})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise InputError(
+                f"--host={host!r} --port={port}: cannot listen there ({e.strerror or e}); "
+                "choose another port with --port"
+            ) from None
+
+
+def _require_torch_extra(command: str) -> None:
+    """simulate and measure build the real model: without torch/transformers, exit 2 naming the extra."""
+    from peakmem.errors import MissingExtraError
+
+    for module in TORCH_EXTRA_MODULES:
+        try:
+            __import__(module)
+        except ImportError:
+            raise MissingExtraError(command, "torch", module) from None
 
 
 def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
@@ -390,6 +445,8 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
+    _check_steps(args.steps)
+    _require_torch_extra("measure")
     from peakmem.measure import measure_training
 
     name, config, setup = _config_and_setup(args)
@@ -398,11 +455,19 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    _check_steps(args.steps)
+    _require_torch_extra("simulate")
     from peakmem.simulate import simulate_training
 
     name, config, setup = _config_and_setup(args)
     est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
     return _report(args, est, train_headline(name, setup, est, verb="simulated at"))
+
+
+def _check_steps(steps: int) -> None:
+    from peakmem.validate import check_int
+
+    check_int("--steps", steps, maximum=MAX_STEPS, what="steps; the memory peak settles by step 2")
 
 
 def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
@@ -627,6 +692,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every number on the command line is finite and of a size a computer can mean: the setups
+    check ranges and physical limits; this stops nan, inf and 40-digit values at the door."""
+    from peakmem.errors import InputError
+
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{flag}={value!r}: must be a finite number")
+        if abs(value) > MAX_CLI_NUMBER:
+            raise InputError(f"{flag}={value!r}: too large (more than {MAX_CLI_NUMBER:,})")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (pytest's capture)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -635,9 +726,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INPUT_ERROR
     try:
+        _check_numbers(args)
         return handler(args)
     except PeakmemError as error:
         print(f"peakmem: error: {error}", file=sys.stderr)
         return error.exit_code
+    except BrokenPipeError:  # `peakmem ... | head`: the reader left; stop quietly, as `yes | head` does
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except OSError as error:  # a file the user named: --plot or plot -o into a missing folder, ...
+        where = f": {error.filename}" if error.filename else ""
+        print(f"peakmem: error: {error.strerror or error}{where}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
         return 130

@@ -13,6 +13,7 @@ EXIT_OK = 0
 EXIT_DOES_NOT_FIT = 1
 EXIT_INPUT_ERROR = 2
 EXIT_UNKNOWN_NAME = 3
+MAX_SHOWN_NAME = 80  # an error shows at most this much of a name, so that it stays one line
 
 
 class PeakmemError(Exception):
@@ -31,6 +32,19 @@ class ConfigError(InputError):
     """A config.json that cannot be read or lacks a key the architecture needs."""
 
 
+class MissingExtraError(PeakmemError, ImportError):
+    """A command needs an optional extra that is not installed; names the pip command."""
+
+    exit_code = EXIT_INPUT_ERROR
+
+    def __init__(self, command: str, extra: str, missing: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"peakmem {command} needs the {extra!r} extra ({missing} is not installed): "
+            f"pip install 'peakmem[{extra}]'"
+        )
+
+
 class UnknownNameError(PeakmemError, LookupError):
     """An unknown model or GPU name, with close matches."""
 
@@ -43,7 +57,8 @@ class UnknownNameError(PeakmemError, LookupError):
         self.name = name
         self.suggestions = suggest(name, known) if suggestions is None else suggestions
         hint = f"; did you mean {', '.join(self.suggestions)}?" if self.suggestions else ""
-        super().__init__(f"unknown {kind} {name!r}{hint} (list them with `peakmem {kind}s`)")
+        shown = repr(name) if len(name) <= MAX_SHOWN_NAME else repr(name[:MAX_SHOWN_NAME]) + "..."
+        super().__init__(f"unknown {kind} {shown}{hint} (list them with `peakmem {kind}s`)")
 
 
 def suggest(name: str, known: Iterable[str], limit: int = 3) -> list[str]:

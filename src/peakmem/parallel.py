@@ -33,6 +33,7 @@ from peakmem.choice import Choice
 from peakmem.errors import InputError, require
 from peakmem.model import ModelSpec
 from peakmem.units import MiB
+from peakmem.validate import MAX_DEVICE_BYTES, MAX_ELEMENTS, MAX_GPUS, check_bool, check_int, coerce_choice
 
 
 class FsdpMode(Choice):
@@ -63,6 +64,7 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters: pp_int(1e9
 DS_PARAM_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold: pp_int(1e5)
 DS_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size: pp_int(1e9)
 DEFAULT_GPUS_PER_NODE = 8  # DGX/HGX nodes
+_NO_DEVICE = "bytes or elements; no device holds more"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,10 +98,27 @@ class Parallelism:
     zero_init: bool = True  # deepspeed.zero.Init / FSDP cpu_ram_efficient_loading: no full copy per rank
 
     def __post_init__(self) -> None:
+        # Types, ranges and physical limits first (the Python API passes anything), then how the
+        # degrees combine.
+        for attr, enum in (
+            ("fsdp", FsdpMode),
+            ("offload_optimizer", Offload),
+            ("offload_params", Offload),
+            ("pp_schedule", PipelineSchedule),
+        ):
+            coerce_choice(self, attr, enum)
         for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "virtual_stages"):
-            value = getattr(self, name)
-            require(isinstance(value, int) and value > 0, name, value, "must be a positive integer")
-        require(self.dp >= 0, "dp", self.dp, "must be a positive integer (0: derive from gpus)")
+            check_int(name, getattr(self, name), maximum=MAX_GPUS, what="GPUs; no cluster has more")
+        check_int("dp", self.dp, minimum=0, maximum=MAX_GPUS, what="GPUs; no cluster has more")
+        check_int("zero", self.zero_stage, minimum=0)
+        check_int("fsdp_version", self.fsdp_version)
+        for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
+            check_int(name, getattr(self, name), maximum=MAX_DEVICE_BYTES, what=_NO_DEVICE)
+        for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
+            check_int(name, getattr(self, name), minimum=0, maximum=MAX_ELEMENTS, what=_NO_DEVICE)
+        for name in ("sequence_parallel", "gradient_as_bucket_view", "contiguous_gradients", "zero_init"):
+            check_bool(name, getattr(self, name))
+        check_bool("overlap_comm", self.overlap_comm, optional=True)
         model_par = self.tp * self.pp * self.cp
         if self.dp == 0:
             if self.gpus % model_par:
@@ -169,10 +188,6 @@ class Parallelism:
                 "FSDP CPUOffload(offload_params=True) moves parameters, gradients and the optimizer step "
                 "to the CPU together; set the optimizer offload too",
             )
-        for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
-            require(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
-        for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
-            require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
 
     # --- derived ---------------------------------------------------------------------------------
     @property

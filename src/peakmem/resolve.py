@@ -25,12 +25,15 @@ from peakmem.errors import ConfigError, InputError, UnknownNameError
 from peakmem.formulas.step_time import REFERENCE_GPU
 from peakmem.model import ModelSpec
 from peakmem.units import ACCEPTED_SIZE_FORMS, looks_like_size, parse_size
+from peakmem.validate import MAX_DEVICE_BYTES, check_config, read_config_file, too_large
 
 CONFIG_FILE = "config.json"
 # A Hub repository id: "owner/name", letters, digits, '-', '_', '.' (huggingface_hub's
 # validate_repo_id allows the same characters, at most 96 of them).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 HUB_ID_MAX_LEN = 96
+MAX_MODEL_ARG_LEN = 4096  # PATH_MAX on Linux: no path or name is longer
+MAX_GPU_ARG_LEN = 200  # a catalog name or a size ("80GiB"); far longer than any of them
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
 ACCEPTED_GPU_FORMS = f"a GPU name (see `peakmem gpus`) or {ACCEPTED_SIZE_FORMS}"
 ACCEPTED_MODEL_FORMS = (
@@ -48,20 +51,35 @@ def resolve_model(arg: str) -> ModelSpec:
 
 
 def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:
-    """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it)."""
+    """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it).
+
+    The dict is within :func:`peakmem.validate.check_config`'s bounds (nesting, sizes, key types),
+    so no caller (spec building, simulate, measure) starts work on a model no cluster holds.
+    """
+    name, config = _find_config(arg)
+    check_config(config)
+    return name, config
+
+
+def _find_config(arg: str) -> tuple[str, dict[str, Any]]:
+    if not isinstance(arg, str):
+        raise InputError(f"MODEL={arg!r}: must be a string; give {ACCEPTED_MODEL_FORMS}")
     text = arg.strip()
     if not text:
         raise InputError(f"MODEL={arg!r}: empty; give {ACCEPTED_MODEL_FORMS}")
+    if len(text) > MAX_MODEL_ARG_LEN:
+        raise InputError(
+            f"MODEL={_short(text)}: {len(text):,} characters is too long (at most {MAX_MODEL_ARG_LEN:,}); "
+            f"give {ACCEPTED_MODEL_FORMS}"
+        )
     entry = find_model(text)
     if entry is not None:
         return entry.name, copy.deepcopy(dict(entry.config))
     path = _existing_config_path(text)
     if path is not None:
-        from peakmem.hf import load_config
-
-        return _name_from_path(path), load_config(path)
+        return _name_from_path(path), read_config_file(path)
     if _looks_like_path(text):
-        raise ConfigError(f"MODEL={text!r}: no such file or folder; give {ACCEPTED_MODEL_FORMS}")
+        raise ConfigError(f"MODEL={_short(text)}: no such file or folder; give {ACCEPTED_MODEL_FORMS}")
     if is_hub_id(text):
         return text, _config_from_hub(text)
     raise unknown_model(text)
@@ -75,13 +93,23 @@ def is_hub_id(text: str) -> bool:
 def _existing_config_path(text: str) -> Path | None:
     """The config.json ``text`` points at, if it is an existing file or a folder holding one."""
     p = Path(os.path.expanduser(text))
-    if p.is_file():
+    try:
+        is_file, is_dir = p.is_file(), p.is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: no such file
+        return None
+    if is_file:
         return p
-    if p.is_dir():
+    if is_dir:
         if (p / CONFIG_FILE).is_file():
             return p / CONFIG_FILE
         raise ConfigError(f"MODEL={text!r}: the folder holds no {CONFIG_FILE}")
     return None
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``repr(text)``, cut to ``limit`` characters so that an error stays one readable line."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
 def _looks_like_path(text: str) -> bool:
@@ -111,9 +139,13 @@ def _config_from_hub(repo_id: str) -> dict[str, Any]:
 # --- GPUs --------------------------------------------------------------------------------------------
 def resolve_gpu(arg: str) -> Gpu:
     """A catalog GPU, or an anonymous one of a given size (``24GB``)."""
+    if not isinstance(arg, str):
+        raise InputError(f"--gpu={arg!r}: must be a string; give {ACCEPTED_GPU_FORMS}")
     text = arg.strip()
     if not text:
         raise InputError(f"--gpu={arg!r}: empty; give {ACCEPTED_GPU_FORMS}")
+    if len(text) > MAX_GPU_ARG_LEN:
+        raise InputError(f"--gpu={_short(text)}: {len(text):,} characters is too long for a GPU name or size")
     entry = find_gpu(text)
     if entry is not None:
         return entry
@@ -138,9 +170,14 @@ def resolve_gpus(arg: str) -> tuple[Gpu, ...]:
 
 def gpu_of_size(text: str) -> Gpu:
     """An anonymous GPU with exactly ``parse_size(text)`` bytes, named after the size."""
-    n_bytes = parse_size(text)
+    try:
+        n_bytes = parse_size(text)
+    except OverflowError:  # more digits than a float holds
+        raise too_large("--gpu", text, MAX_DEVICE_BYTES, "bytes; no GPU holds more") from None
     if n_bytes <= 0:
         raise InputError(f"--gpu={text!r}: the size must be positive")
+    if n_bytes > MAX_DEVICE_BYTES:
+        raise too_large("--gpu", text, MAX_DEVICE_BYTES, "bytes; no GPU holds more")
     name = re.sub(r"\s+", "", text).lower()
     return Gpu(
         name=name,

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from peakmem.choice import Choice
-from peakmem.errors import InputError, require
+from peakmem.errors import InputError
+from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
 
 if TYPE_CHECKING:  # only annotations: formulas.lora imports this module
     from peakmem.formulas.lora import LoraConfig
@@ -90,6 +91,19 @@ class KernelPolicy(Choice):
     CPU = "cpu"  # CPU autocast keeps softmax/norms in bf16; SDPA math kernel with dropout
 
 
+_CHOICE_FIELDS: tuple[tuple[str, type[Choice]], ...] = (
+    ("method", Method),
+    ("precision", Precision),
+    ("optimizer", OptimizerName),
+    ("optimizer_impl", OptimizerImpl),
+    ("checkpointing", Checkpointing),
+    ("attention", AttentionKernel),
+    ("framework", Framework),
+    ("kernel_policy", KernelPolicy),
+    ("loss", LossImpl),
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingSetup:
     method: Method = Method.FULL
@@ -114,9 +128,23 @@ class TrainingSetup:
     activation_offload: bool = False  # torchtune enable_activation_offloading
 
     def __post_init__(self) -> None:
-        require(self.micro_batch > 0, "batch", self.micro_batch, "must be a positive integer")
-        require(self.seq_len > 0, "seq", self.seq_len, "must be a positive integer")
-        require(self.grad_accum > 0, "grad_accum", self.grad_accum, "must be a positive integer")
+        # Types first (the Python API passes anything): enums from their spelling, no bool or
+        # float where an int belongs; then ranges and physical limits, before any work is done.
+        for attr, enum in _CHOICE_FIELDS:
+            coerce_choice(self, attr, enum)
+        check_int("batch", self.micro_batch)
+        check_int("seq", self.seq_len)
+        steps = "accumulation steps; no recipe has more"
+        check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)
+        if self.micro_batch * self.seq_len > MAX_TOKENS:
+            raise InputError(
+                f"batch x seq = {self.micro_batch} x {self.seq_len} = {self.micro_batch * self.seq_len:,} "
+                f"tokens: too large (more than {MAX_TOKENS:,} tokens in one micro-batch; "
+                "no cluster holds them)"
+            )
+        for attr in ("grads_set_to_none", "optimizer_in_backward", "activation_offload"):
+            check_bool(attr, getattr(self, attr))
+        self._check_budget_configs()
         if self.method is Method.FULL and self.lora is not None:
             raise InputError(
                 "method='full': LoRA options (rank, targets, alpha, dropout, dora, adapter dtype) "
@@ -129,6 +157,15 @@ class TrainingSetup:
                 f"grad_accum={self.grad_accum}: optimizer-in-backward steps at every micro-batch; "
                 "use grad_accum 1"
             )
+
+    def _check_budget_configs(self) -> None:
+        from peakmem.formulas.lora import LoraConfig
+        from peakmem.formulas.qlora import QuantConfig
+
+        if self.lora is not None and not isinstance(self.lora, LoraConfig):
+            raise InputError(f"lora={self.lora!r}: must be a LoraConfig or None")
+        if self.quant is not None and not isinstance(self.quant, QuantConfig):
+            raise InputError(f"quant={self.quant!r}: must be a QuantConfig or None")
 
     @property
     def tokens(self) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from peakmem.errors import require
 from peakmem.units import MiB
+from peakmem.validate import MAX_DEVICE_BYTES, check_int, check_real, check_str
 
 from .allocator import DEFAULT_FRAGMENTATION
 
@@ -57,10 +58,11 @@ class Overheads:
     fragmentation: float = DEFAULT_FRAGMENTATION
 
     def __post_init__(self) -> None:
-        require(self.context_bytes >= 0, "context_bytes", self.context_bytes, "must be >= 0")
-        require(self.cublas_workspace_bytes >= 0, "cublas_workspace_bytes", self.cublas_workspace_bytes,
-                "must be >= 0")  # fmt: skip
-        require(0.0 <= self.fragmentation <= 1.0, "fragmentation", self.fragmentation, "must be in [0, 1]")
+        for name in ("context_bytes", "cublas_workspace_bytes"):
+            value = getattr(self, name)
+            check_int(name, value, minimum=0, maximum=MAX_DEVICE_BYTES, what="bytes; no GPU holds more")
+        check_str("context_source", self.context_source)
+        check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
 
     @classmethod
     def for_context(cls, key: str, fragmentation: float = DEFAULT_FRAGMENTATION) -> Overheads:
