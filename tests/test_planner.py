@@ -321,7 +321,7 @@ def test_fit_inference_vllm_70b_needs_tensor_parallel() -> None:
 def test_without_the_multi_gpu_estimator_families_say_so(
     monkeypatch: pytest.MonkeyPatch, tiny: ModelSpec
 ) -> None:
-    monkeypatch.setattr(planner, "_ranks_module", lambda: None)
+    monkeypatch.setattr(planner.search, "_ranks_module", lambda: None)
     setup = TrainingSetup(micro_batch=4, seq_len=2048)
     cap = estimate_training(tiny, replace(setup, micro_batch=1)).device_total_bytes
     r = planner.fit(tiny, setup, [_gpu(cap)])
