@@ -3,8 +3,8 @@ that makes it fit? Verdicts, a search over the user's own setup, limits, and a m
 
 One concept a module: :mod:`.search` (the memoised estimator, the changes, the finishers and the
 "first value that fits" helpers), :mod:`.fit` (fit's families of changes, candidates, limits),
-:mod:`.plan` (plan's layouts) and :mod:`.serving` (``fit --infer``); each module carries the JSON of
-its report.
+:mod:`.plan` (plan's layouts), :mod:`.serving` (``fit --infer``) and :mod:`.ways` (``train``'s answer
+and its ways down); each module carries the JSON of its report.
 
 ``fit`` (``peakmem fit MODEL --gpu A,B,...``):
 
@@ -45,10 +45,35 @@ from peakmem.planner.serving import (
     fit_inference,
     fit_inference_json,
 )
+from peakmem.planner.ways import TrainAnswer, Way, WaysDown, train_answer, ways_down
 
 __all__ = [
-    "MAX_CHANGES", "SEQ_STEP", "TOP_CANDIDATES",
-    "Candidate", "Change", "Family", "FitReport", "GpuFit", "InferCandidate", "InferFitReport", "InferGpuFit",
-    "Layout", "Limits", "PlanReport", "Verdict", "fit", "fit_inference", "fit_inference_json", "fit_json",
-    "plan", "plan_cp_options", "plan_ep_options", "plan_json",
+    "MAX_CHANGES",
+    "SEQ_STEP",
+    "TOP_CANDIDATES",
+    "Candidate",
+    "Change",
+    "Family",
+    "FitReport",
+    "GpuFit",
+    "InferCandidate",
+    "InferFitReport",
+    "InferGpuFit",
+    "Layout",
+    "Limits",
+    "PlanReport",
+    "TrainAnswer",
+    "Verdict",
+    "Way",
+    "WaysDown",
+    "fit",
+    "fit_inference",
+    "fit_inference_json",
+    "fit_json",
+    "plan",
+    "plan_cp_options",
+    "plan_ep_options",
+    "plan_json",
+    "train_answer",
+    "ways_down",
 ]  # fmt: skip

@@ -37,7 +37,14 @@ from peakmem.planner.search import (
     _Search,
     _step_json,
 )
-from peakmem.training import AttentionKernel, Checkpointing, Method, OptimizerName, TrainingSetup
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    TrainingSetup,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,7 +177,7 @@ def _family_offload(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     fam = "CPU offload"
     if ctx.estimator.ranks is None or _parallel_module() is None:
         return Family(name=fam, status="not available", reason=_NO_RANKS), ()
-    if all(g.unified_memory for g in ctx.gpus):
+    if ctx.gpus and all(g.unified_memory for g in ctx.gpus):
         return Family(name=fam, status="not applicable", reason="unified memory: the CPU shares it"), ()
     from peakmem.parallel import Offload
 
@@ -183,8 +190,24 @@ def _family_offload(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name=fam, status="searched", options=tuple(o.label for o in opts)), opts
 
 
+def _family_fused(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
+    """torch.optim.AdamW(fused=True) updates each tensor in one kernel: no foreach temporaries
+    (torch/optim/adamw.py, _fused_adamw)."""
+    fam = "fused optimizer"
+    if ctx.setup.optimizer not in (OptimizerName.ADAM, OptimizerName.ADAMW):
+        return Family(name=fam, status="not applicable", reason=f"no fused {ctx.setup.optimizer.value}"), ()
+    if ctx.setup.optimizer_impl is not OptimizerImpl.FOREACH:
+        return Family(name=fam, status="not applicable",
+                      reason=f"already {ctx.setup.optimizer_impl.value}"), ()  # fmt: skip
+    opt = _Option(
+        label="fused AdamW (no foreach temporaries)", setup=(("optimizer_impl", OptimizerImpl.FUSED),)
+    )
+    return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
+
+
 FAMILIES: tuple[FamilyFn, ...] = (
     _family_checkpointing, _family_attention, _family_optimizer, _family_adapter, _family_offload,
+    _family_fused,
 )  # fmt: skip
 
 

@@ -104,6 +104,7 @@ class _Result:
     needed: int
     cpu_bytes: int
     ranks: tuple[tuple[str, int, int, int], ...]
+    report: Any = None  # peakmem.ranks.RankReport when sharded
 
 
 class _Estimator:
@@ -135,7 +136,7 @@ class _Estimator:
                     estimate=top.estimate, needed=top.estimate.device_total_bytes,
                     cpu_bytes=rep.cpu_pinned_per_node_bytes,
                     ranks=tuple((r.role, r.ranks, r.estimate.device_total_bytes, r.cpu_bytes)
-                                for r in rep.ranks),
+                                for r in rep.ranks), report=rep,
                 )  # fmt: skip
         except (InputError, NotImplementedError):
             result = None
@@ -209,10 +210,12 @@ def _apply(base: _Config, opt: _Option) -> _Config | None:
 
 # --- the search ------------------------------------------------------------------------------------
 class _Search:
-    def __init__(self, spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...], est: _Estimator) -> None:
+    def __init__(
+        self, spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...], est: _Estimator, par: Any = None
+    ) -> None:
         self.spec, self.setup, self.gpus, self.est = spec, setup, gpus, est
         self.sf = st.spec_flops(spec)
-        base = est(setup)
+        base = est(setup, par)
         if base is None:
             raise InputError(f"the setup cannot be estimated for {spec.name}")
         self.base = base
