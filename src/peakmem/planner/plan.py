@@ -186,6 +186,22 @@ def plan(
             floor_ok[key] = _plan_fits(est, setup, it, make_par(it) if multi else None, cap)
         return floor_ok[key]
 
+    # Layouts known not to fit: (shape, engine) -> (checkpointing rank, micro-batch) pairs. A layout
+    # is skipped when one at least as frugal (as much checkpointing, no larger micro-batch) on the
+    # same shape and engine did not fit: memory does not fall as the micro-batch grows or as less
+    # is recomputed (the search's own monotonicity, as _first_fit assumes).
+    failed: dict[tuple[int, int, int, int, int, str], list[tuple[int, int]]] = {}
+
+    def try_layout(it: _PlanItem) -> Layout | None:
+        key = (it.gpus, it.tp, it.pp, it.cp, it.ep, it.engine)
+        rank = _CKPT_RANK[it.ckpt]
+        if any(r >= rank and mb <= it.mb for r, mb in failed.get(key, ())):
+            return None
+        got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
+        if got is None:
+            failed.setdefault(key, []).append((rank, it.mb))
+        return got
+
     # one layout per (GPUs, tp, pp, cp, ep): the fastest that fits
     shapes_done: set[tuple[int, int, int, int, int]] = set()
     for it in items:
@@ -194,7 +210,7 @@ def plan(
         shape = (it.gpus, it.tp, it.pp, it.cp, it.ep)
         if shape in shapes_done or not frugal_fits(*shape):
             continue
-        got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
+        got = try_layout(it)
         if got is not None:
             found.append(got)
             shapes_done.add(shape)
@@ -206,7 +222,7 @@ def plan(
         for it in (i for i in items if i.gpus == n):
             if not frugal_fits(it.gpus, it.tp, it.pp, it.cp, it.ep):
                 continue
-            best = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
+            best = try_layout(it)
             if best is not None:
                 break
         if best is not None:
@@ -235,6 +251,8 @@ def plan(
     )  # fmt: skip
 
 
+# How much a checkpointing level saves, for the "at least as frugal" test of plan's search.
+_CKPT_RANK = {Checkpointing.NONE: 0, Checkpointing.SELECTIVE: 1, Checkpointing.FULL: 2}
 # Equal step times are broken towards the engine that keeps less per rank.
 _ENGINE_ORDER = {"zero-1": 0, "zero-2": 1, "zero-0": 2, "zero-3": 3, "fsdp": 4}
 
