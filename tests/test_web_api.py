@@ -84,6 +84,20 @@ def test_headline_is_the_clis_first_line(client: TestClient, capsys: pytest.Capt
     assert "gpt2-xl" in first_line
 
 
+def test_infer_and_sharded_headlines_are_the_clis_first_lines(
+    client: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for path, body, argv in (
+        ("/api/infer", {"model": "llama-3.1-8b", "context": 8192},
+         ["infer", "llama-3.1-8b", "--context", "8192"]),
+        ("/api/train", {"model": "llama-3.2-1b", "gpu_count": 8, "zero": 3},
+         ["train", "llama-3.2-1b", "--gpus", "8", "--zero", "3"]),
+    ):  # fmt: skip
+        assert main([*argv, "--markdown"]) == 0
+        first_line = capsys.readouterr().out.splitlines()[0]
+        assert client.post(path, json=body).json()["headline"] == first_line
+
+
 def test_chart_bars_add_up_to_each_device_total(client: TestClient) -> None:
     got = client.post("/api/train", json={"model": "gpt2-xl", "batch": 8}).json()
     bars = got["chart"]

@@ -335,9 +335,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         path = plot_training(spec, setup, args.plot, gpus=gpus, est=est, ways=answer.ways.pairs())
         print(f"peakmem: wrote {path}", file=sys.stderr)
-    headline = train_headline(spec.name, setup, est)
-    if par is not None:
-        headline += f" Layout: {par.describe()}; most loaded rank shown."
+    headline = train_headline(spec.name, setup, est, par=par)
     code = _report(args, est, headline, answer.ways)
     if answer.ranks is not None and not (args.json or args.markdown):
         from peakmem.render import console

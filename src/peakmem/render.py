@@ -154,15 +154,29 @@ def fits_on(needed: int) -> str:
     return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
 
 
-def train_headline(name: str, setup: Any, est: Any, verb: str = "needs") -> str:
+def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: Any = None) -> str:
+    """The one-line answer of ``peakmem train`` (and ``/api/train``); ``par`` a sharded layout."""
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
         setup.method.value
     ]
-    return (
+    line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
         f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
         f"on the device; {fits_on(est.device_total_bytes)}."
+    )
+    if par is not None:
+        line += f" Layout: {par.describe()}; most loaded rank shown."
+    return line
+
+
+def infer_headline(name: str, setup: Any, est: Any) -> str:
+    """The one-line answer of ``peakmem infer`` (and ``/api/infer``)."""
+    context = est.extra.get("context", setup.context)
+    return (
+        f"{name} inference with {setup.weights} weights on {setup.engine.value} "
+        f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
+        f"{fmt_both(est.device_total_bytes)} per GPU; {fits_on(est.device_total_bytes)}."
     )
 
 

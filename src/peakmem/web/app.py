@@ -348,9 +348,7 @@ def train_answer(req: TrainRequest) -> dict[str, Any]:
     answer = train_answer(spec, setup, par, capacity_bytes=_capacity(gpus))
     ways = answer.ways if req.ways else WaysDown(ways=(), no_help="")
     out = answer_json(answer.estimate, gpus, ways)
-    out["headline"] = train_headline(spec.name, setup, answer.estimate)
-    if par is not None:
-        out["headline"] += f" Layout: {par.describe()}; most loaded rank shown."
+    out["headline"] = train_headline(spec.name, setup, answer.estimate, par=par)
     out["chart"] = chart_json(answer.estimate, ways.pairs())
     return out
 
@@ -361,19 +359,14 @@ def infer_answer(req: InferRequest) -> dict[str, Any]:
     from peakmem.cli import _inference_setup
     from peakmem.formulas.serving import estimate_inference
     from peakmem.plot import chart_json
-    from peakmem.render import answer_json, fits_on
-    from peakmem.units import fmt_both
+    from peakmem.render import answer_json, infer_headline
 
     spec = _spec(req)
     gpus = _gpus(req.gpus)
     setup = _inference_setup(_cli_args("infer", req), gpus)
     est = estimate_inference(spec, setup)
     out = answer_json(est, gpus)
-    out["headline"] = (
-        f"{spec.name} inference ({setup.weight_format.name} weights, {setup.engine.value}, "
-        f"batch {setup.batch}) "
-        f"needs ≈ {fmt_both(est.device_total_bytes)}; {fits_on(est.device_total_bytes)}."
-    )
+    out["headline"] = infer_headline(spec.name, setup, est)
     out["chart"] = chart_json(est)
     return out
 
