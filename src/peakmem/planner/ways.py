@@ -63,17 +63,13 @@ class TrainAnswer:
     ways: WaysDown
 
 
-def _estimator(spec: ModelSpec, overheads: Overheads | None) -> _Estimator:
-    return _Estimator(spec, overheads)
-
-
 def ways_down(
     spec: ModelSpec, setup: TrainingSetup, par: Any = None, *, overheads: Overheads | None = None,
     capacity_bytes: int | None = None, estimator: _Estimator | None = None,
 ) -> WaysDown:  # fmt: skip
     """The changes that bring ``setup`` (on ``par``) down. With ``capacity_bytes`` the finishers pick
     the least invasive value that fits it (as ``fit`` does); without, micro-batch 1 and one node."""
-    est = estimator if estimator is not None else _estimator(spec, overheads)
+    est = estimator if estimator is not None else _Estimator(spec, overheads)
     base = est(setup, par)
     if base is None:
         raise InputError(f"the setup cannot be estimated for {spec.name}")
@@ -166,19 +162,21 @@ def train_answer(
 ) -> TrainAnswer:  # fmt: skip
     """``peakmem train``'s answer: the estimate (the most loaded rank's when sharded, with the per-rank
     report) and the ways down, from one memoised search."""
-    est = _estimator(spec, overheads)
-    ranks: Any = None
-    if par is None:
-        from peakmem.estimate import estimate_training
+    est = _Estimator(spec, overheads)
+    res = est(setup, par)
+    if res is None:  # the public estimator says why
+        if par is None:
+            from peakmem.estimate import estimate_training
 
-        estimate = estimate_training(spec, setup, overheads=overheads)
-    else:
-        from peakmem.ranks import estimate_ranks
+            estimate_training(spec, setup, overheads=overheads)
+        else:
+            from peakmem.ranks import estimate_ranks
 
-        ranks = estimate_ranks(spec, setup, par, overheads=overheads)
-        estimate = ranks.as_estimate()
+            estimate_ranks(spec, setup, par, overheads=overheads)
+        raise InputError(f"the setup cannot be estimated for {spec.name}")
+    estimate = res.report.as_estimate() if res.report is not None else res.estimate
     ways = ways_down(spec, setup, par, overheads=overheads, capacity_bytes=capacity_bytes, estimator=est)
-    return TrainAnswer(estimate=estimate, ranks=ranks, ways=ways)
+    return TrainAnswer(estimate=estimate, ranks=res.report, ways=ways)
 
 
 __all__ = ["TrainAnswer", "Way", "WaysDown", "train_answer", "ways_down"]
