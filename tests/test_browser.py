@@ -115,9 +115,12 @@ def test_page_reproduces_the_gpt2_xl_answer(page: Any, url: str, shots: Path) ->
     for row in fit["gpus"]:
         if row["fits"]:
             expect(page.locator(f'.verdict[data-gpu="{row["gpu"]}"]')).to_contain_text(
-                f"batch up to {row['max_batch']:,}"
+                f"batch up to {row['limits']['largest_micro_batch']:,}"
             )
     expect(page.locator("#chart svg g.bar")).to_have_count(len(expected["chart"]))
+    expect(page.locator("#ways tbody tr")).to_have_count(len(expected["ways_down"]))
+    if expected["ways_down_note"]:  # the usual changes that save nothing here, and why
+        expect(page.locator("#ways-note")).to_have_text(f"Not listed: {expected['ways_down_note']}.")
     expect(page.locator("#per-param tbody tr")).to_have_count(len(expected["bytes_per_param"]) + 1)
     expect(page.locator("#per-param")).to_contain_text(fmt_both(expected["model_state_bytes"]))
     expect(page.locator("#breakdown")).to_contain_text(fmt_both(expected["peak_allocated_bytes"]))

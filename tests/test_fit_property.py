@@ -123,3 +123,20 @@ def test_every_plan_layout_fits_when_re_estimated(model: str, gpu: str, max_gpus
         assert _needed(spec, lay.setup, par) == lay.needed_bytes <= _gpu(gpu).usable_bytes
         assert lay.setup.seq_len % par.cp == 0
         assert par.dp * lay.setup.micro_batch * lay.setup.grad_accum == report.global_batch
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=hs.sampled_from(MODELS), gpu=hs.sampled_from((None, *GPUS, *SIZES)), setup=setups)
+def test_every_way_down_saves_memory_when_re_estimated(
+    model: str, gpu: str | None, setup: TrainingSetup
+) -> None:
+    """Issue 13: train lists only changes that save memory; each, re-estimated through the public
+    estimators, needs strictly less than the job as asked."""
+    spec = _spec(model)
+    setup = replace(setup, seq_len=min(setup.seq_len, spec.max_position_embeddings))
+    base = estimate_training(spec, setup).device_total_bytes
+    got = planner.ways_down(spec, setup, capacity_bytes=_gpu(gpu).usable_bytes if gpu else None)
+    for w in got.ways:
+        assert w.needed_bytes == _needed(spec, w.setup, w.parallelism) < base
+        assert w.saving_bytes == base - w.needed_bytes
+    assert not got.no_help or "save" in got.no_help

@@ -321,7 +321,7 @@ def test_fit_inference_vllm_70b_needs_tensor_parallel() -> None:
 def test_without_the_multi_gpu_estimator_families_say_so(
     monkeypatch: pytest.MonkeyPatch, tiny: ModelSpec
 ) -> None:
-    monkeypatch.setattr(planner, "_ranks_module", lambda: None)
+    monkeypatch.setattr(planner.search, "_ranks_module", lambda: None)
     setup = TrainingSetup(micro_batch=4, seq_len=2048)
     cap = estimate_training(tiny, replace(setup, micro_batch=1)).device_total_bytes
     r = planner.fit(tiny, setup, [_gpu(cap)])
@@ -331,3 +331,71 @@ def test_without_the_multi_gpu_estimator_families_say_so(
     assert r.gpus[0].limits.fewest_gpus is None and "not installed" in r.gpus[0].limits.note
     p = planner.plan(tiny, setup, resolve_gpu("a100-80gb"), 64, global_batch=8)
     assert p.scope.startswith("single GPU only") and all(lay.step.gpus == 1 for lay in p.layouts)
+
+
+# --- train's ways down: the same search --------------------------------------------------------------
+def test_gpt2_xl_ways_down_all_save_and_say_why_checkpointing_does_not() -> None:
+    """Issue 13: GPT-2 XL mixed-fp16 seq 1024 peaks in the optimizer step, so activation checkpointing
+    (once listed as a way saving 0.00 GB) is not a way down; one line says why."""
+    from peakmem.training import Precision
+
+    spec = resolve_model("gpt2-xl")
+    setup = TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024)
+    base = estimate_training(spec, setup)
+    assert base.peak_phase.value == "optimizer"
+    got = planner.ways_down(spec, setup)
+    assert got.ways and all(w.needed_bytes < base.device_total_bytes for w in got.ways)
+    assert all(w.saving_bytes == base.device_total_bytes - w.needed_bytes for w in got.ways)
+    labels = [w.label for w in got.ways]
+    assert not any("checkpointing" in label for label in labels)
+    assert "fused AdamW (no foreach temporaries)" in labels  # the foreach temporaries are at the peak
+    assert {"method lora", "method qlora", "optimizer adamw-8bit"} <= set(labels)
+    assert got.no_help == (
+        "activation checkpointing (selective or full) and flash attention save nothing here: the peak is in "
+        "the optimizer step, after the backward pass has freed the activations"
+    )
+    assert [w.needed_bytes for w in got.ways] == sorted(w.needed_bytes for w in got.ways)
+
+
+def test_ways_down_when_activations_peak(tiny: ModelSpec) -> None:
+    """The peak in backward: checkpointing and a smaller micro-batch save; fused AdamW does not."""
+    from peakmem.training import Precision
+
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=8, seq_len=256)
+    base = estimate_training(tiny, setup)
+    assert base.peak_phase.value == "backward"
+    ways = {w.label: w for w in planner.ways_down(tiny, setup).ways}
+    assert ways["checkpointing full"].setup.checkpointing is Checkpointing.FULL
+    assert ways["micro-batch 1 x accumulation 8"].setup.grad_accum == 8
+    for w in ways.values():
+        assert w.needed_bytes == estimate_training(tiny, w.setup).device_total_bytes or w.parallelism
+        assert w.needed_bytes < base.device_total_bytes
+    assert not any(label.startswith("fused") for label in ways)
+
+
+def test_train_ways_are_fits_single_changes() -> None:
+    """With a GPU, train's ways down are fit's single changes (the same labels, the same bytes)."""
+    spec = resolve_model("gpt2-xl")
+    setup = TrainingSetup(seq_len=1024, micro_batch=4)
+    gpu = resolve_gpu("rtx-4090")
+    ways = planner.ways_down(spec, setup, capacity_bytes=gpu.usable_bytes)
+    base = estimate_training(spec, setup).device_total_bytes
+    singles = {c.label: c.needed_bytes for c in planner.fit(spec, setup, [gpu]).gpus[0].singles}
+    got = {w.label: w.needed_bytes for w in ways.ways}
+    saving = {label: n for label, n in singles.items() if n < base and "sequence" not in label}
+    assert saving and got.items() >= saving.items()
+    # a finisher that finds nothing that fits (fit lists nothing) is shown at its extreme
+    assert set(got) - set(saving) <= {"shard over 8 GPUs (ZeRO-3, per GPU)", "micro-batch 1 x accumulation 4"}
+
+
+def test_train_answer_shards_and_keeps_ways(tiny: ModelSpec) -> None:
+    from peakmem.parallel import Parallelism
+
+    setup = TrainingSetup(micro_batch=2, seq_len=512)
+    par = Parallelism(gpus=8, zero_stage=3)
+    answer = planner.train_answer(tiny, setup, par)
+    rep = estimate_ranks(tiny, setup, par)
+    assert answer.estimate.device_total_bytes == rep.as_estimate().device_total_bytes
+    assert answer.ranks is not None
+    assert all(w.needed_bytes < answer.estimate.device_total_bytes for w in answer.ways.ways)
+    assert all(w.parallelism is not None and w.parallelism.gpus == 8 for w in answer.ways.ways)

@@ -53,6 +53,16 @@ def gpt2_xl_config() -> dict[str, Any]:
         ),
         ({"model": "llama-3.1-8b", "batch": 2, "gpus": ["h100-sxm"]},
          ["llama-3.1-8b", "--batch", "2", "--gpu", "h100-sxm"]),
+        # multi-GPU: ZeRO-3 over 8 ranks, the most loaded rank and its ways down
+        ({"model": "llama-3.2-1b", "seq": 512, "gpu_count": 8, "zero": 3, "gpus": ["rtx-4090"]},
+         ["llama-3.2-1b", "--seq", "512", "--gpus", "8", "--zero", "3", "--gpu", "rtx-4090"]),
+        # LoRA with its own rank and targets, on 2 GPUs with FSDP
+        ({"model": "llama-3.2-1b", "seq": 512, "method": "lora", "lora_rank": 16,
+          "lora_targets": "q_proj,v_proj", "gpu_count": 2, "fsdp": "full-shard"},
+         ["llama-3.2-1b", "--seq", "512", "--method", "lora", "--lora-rank", "16",
+          "--lora-targets", "q_proj,v_proj", "--gpus", "2", "--fsdp", "full-shard"]),
+        ({"model": "llama-3.2-1b", "seq": 512, "method": "qlora"},
+         ["llama-3.2-1b", "--seq", "512", "--method", "qlora"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(
@@ -72,6 +82,20 @@ def test_headline_is_the_clis_first_line(client: TestClient, capsys: pytest.Capt
     got = client.post("/api/train", json={"model": "gpt2-xl", "batch": 2}).json()
     assert got["headline"] == first_line
     assert "gpt2-xl" in first_line
+
+
+def test_infer_and_sharded_headlines_are_the_clis_first_lines(
+    client: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for path, body, argv in (
+        ("/api/infer", {"model": "llama-3.1-8b", "context": 8192},
+         ["infer", "llama-3.1-8b", "--context", "8192"]),
+        ("/api/train", {"model": "llama-3.2-1b", "gpu_count": 8, "zero": 3},
+         ["train", "llama-3.2-1b", "--gpus", "8", "--zero", "3"]),
+    ):  # fmt: skip
+        assert main([*argv, "--markdown"]) == 0
+        first_line = capsys.readouterr().out.splitlines()[0]
+        assert client.post(path, json=body).json()["headline"] == first_line
 
 
 def test_chart_bars_add_up_to_each_device_total(client: TestClient) -> None:
@@ -190,6 +214,58 @@ def test_body_over_the_limit_is_413(client: TestClient) -> None:
     assert resp.json()["field"] == "body"
 
 
+FIT_EXTRA_KEYS = {"headline", "estimate"}  # what /api/fit adds to `peakmem fit --json`
+VARYING = {"elapsed_s"}  # wall time of the search: differs between any two runs
+
+
+@pytest.mark.parametrize(
+    ("body", "argv"),
+    [
+        ({"model": "gpt2-xl", "seq": 1024, "gpus": ["24GB"]}, ["gpt2-xl", "--seq", "1024", "--gpu", "24GB"]),
+        ({"model": "gpt2-xl", "gpus": ["rtx-4090", "a100-40gb", "h100-sxm"]},
+         ["gpt2-xl", "--gpu", "rtx-4090,a100-40gb,h100-sxm"]),
+        ({"model": "llama-3.2-1b", "seq": 512, "method": "lora", "lora_rank": 16, "gpus": ["8GB"]},
+         ["llama-3.2-1b", "--seq", "512", "--method", "lora", "--lora-rank", "16", "--gpu", "8GB"]),
+    ],
+)  # fmt: skip
+def test_fit_equals_cli_json(
+    client: TestClient, capsys: pytest.CaptureFixture[str], body: dict[str, Any], argv: list[str]
+) -> None:
+    """/api/fit is `peakmem fit --json` (the planner's one search), plus the page's keys."""
+    resp = client.post("/api/fit", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    expected = cli_json(capsys, "fit", *argv)
+    assert set(got) == set(expected) | FIT_EXTRA_KEYS
+    assert {k: v for k, v in got.items() if k not in FIT_EXTRA_KEYS | VARYING} == {
+        k: v for k, v in expected.items() if k not in VARYING
+    }
+    train = client.post("/api/train", json={k: v for k, v in body.items()}).json()
+    assert got["estimate"] == train and got["headline"] == train["headline"]
+
+
+@pytest.mark.parametrize(
+    ("body", "argv"),
+    [
+        ({"model": "gpt2-xl", "weights": "bf16", "batch": 4, "gpus": ["rtx-4090"]},
+         ["gpt2-xl", "--weights", "bf16", "--batch", "4", "--gpu", "rtx-4090"]),
+        ({"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16, "gpus": ["rtx-4090"]},
+         ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "16", "--gpu", "rtx-4090"]),
+        ({"model": "llama-3.1-8b", "weights": "awq-4bit", "kv_cache": "fp8", "tp": 2, "context": 4096},
+         ["llama-3.1-8b", "--weights", "awq-4bit", "--kv-cache", "fp8", "--tp", "2", "--context", "4096"]),
+    ],
+)  # fmt: skip
+def test_infer_equals_cli_json(
+    client: TestClient, capsys: pytest.CaptureFixture[str], body: dict[str, Any], argv: list[str]
+) -> None:
+    resp = client.post("/api/infer", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    expected = cli_json(capsys, "infer", *argv)
+    assert set(got) == set(expected) | EXTRA_KEYS
+    assert {k: v for k, v in got.items() if k not in EXTRA_KEYS} == expected
+
+
 def test_fit_reports_verdicts_and_limits(client: TestClient) -> None:
     from peakmem.catalog import get_gpu
 
@@ -204,12 +280,13 @@ def test_fit_reports_verdicts_and_limits(client: TestClient) -> None:
         assert row["capacity_bytes"] == capacity
         assert row["fits"] == (total <= capacity)
         assert row["headroom_bytes"] == capacity - total
-        for change in row["changes"]:
-            assert change["device_total_bytes"] <= capacity
-        if row["max_batch"]:  # the largest batch fits, one more does not
-            at = client.post("/api/train", json={"model": "gpt2-xl", "batch": row["max_batch"]}).json()
+        for change in row["candidates"]:
+            assert change["needed_bytes"] <= capacity
+        best = row["limits"]["largest_micro_batch"]
+        if best:  # the largest batch fits, one more does not
+            at = client.post("/api/train", json={"model": "gpt2-xl", "batch": best}).json()
             assert at["device_total_bytes"] <= capacity
-            more = client.post("/api/train", json={"model": "gpt2-xl", "batch": row["max_batch"] + 1}).json()
+            more = client.post("/api/train", json={"model": "gpt2-xl", "batch": best + 1}).json()
             assert more["device_total_bytes"] > capacity
     assert got["fits_any"] == any(r["fits"] for r in rows.values())
     assert_error(client.post("/api/fit", json={"model": "gpt2-xl"}), 422, "gpus")

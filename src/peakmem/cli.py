@@ -295,19 +295,23 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report(args: argparse.Namespace, est: Any, headline: str, ways: Sequence[Any] = ()) -> int:
-    from peakmem.render import estimate_json, markdown_estimate, print_estimate
+def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
+    """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables."""
+    from peakmem.render import answer_json, markdown_estimate, print_estimate
 
-    verdicts = _verdicts(_gpus(getattr(args, "gpu", None)), est.device_total_bytes)
+    gpus = _gpus(getattr(args, "gpu", None))
+    verdicts = _verdicts(gpus, est.device_total_bytes)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
+    pairs = ways.pairs() if ways is not None else []
+    note = ways.no_help if ways is not None else ""
     if args.json:
-        _emit_json(estimate_json(est, verdicts, ways))
+        _emit_json(answer_json(est, gpus, ways))
     elif args.markdown:
-        sys.stdout.write(markdown_estimate(est, headline, verdicts, ways))
+        sys.stdout.write(markdown_estimate(est, headline, verdicts, pairs, note))
     else:
-        print_estimate(est, headline, verdicts, ways)
+        print_estimate(est, headline, verdicts, pairs, note)
     if verdicts and not any(v.fits for v in verdicts):
         return EXIT_DOES_NOT_FIT
     return EXIT_OK
@@ -328,45 +332,40 @@ def _overheads(args: argparse.Namespace) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from peakmem.estimate import estimate_training, ways_down
+    from peakmem.planner import train_answer
     from peakmem.resolve import resolve_model
 
     spec = resolve_model(args.model)
     setup = _training_setup(args, spec.max_position_embeddings)
     par = _parallelism(args)
-    if par is not None:
-        return _train_parallel(args, spec, setup, par)
-    overheads = _overheads(args)
-    est = estimate_training(spec, setup, overheads=overheads)
-    ways = ways_down(spec, setup, overheads=overheads)
-    if args.plot:
-        from peakmem.plot import plot_training
-
-        path = plot_training(spec, setup, args.plot, gpus=_gpus(args.gpu), est=est, ways=ways)
-        print(f"peakmem: wrote {path}", file=sys.stderr)
-    return _report(args, est, train_headline(spec.name, setup, est), ways)
-
-
-def _train_parallel(args: argparse.Namespace, spec: Any, setup: Any, par: Any) -> int:
-    from peakmem.ranks import estimate_ranks
-
-    if args.emit:
+    if par is not None and args.emit:
         from peakmem.emit import emit
 
         sys.stdout.write(emit(args.emit, spec, setup, par))
         return EXIT_OK
-    report = estimate_ranks(spec, setup, par, overheads=_overheads(args))
-    est = report.as_estimate()
-    headline = train_headline(spec.name, setup, est) + f" Layout: {par.describe()}; most loaded rank shown."
-    code = _report(args, est, headline)
-    if not (args.json or args.markdown):
+    gpus = _gpus(args.gpu)
+    answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
+    est = answer.estimate
+    if args.plot:
+        from peakmem.plot import plot_training
+
+        path = plot_training(spec, setup, args.plot, gpus=gpus, est=est, ways=answer.ways.pairs())
+        print(f"peakmem: wrote {path}", file=sys.stderr)
+    headline = train_headline(spec.name, setup, est, par=par)
+    code = _report(args, est, headline, answer.ways)
+    if answer.ranks is not None and not (args.json or args.markdown):
         from peakmem.render import console
 
         out = console()
         out.print("[bold]per rank[/bold]")
-        for line in report.summary_lines():
+        for line in answer.ranks.summary_lines():
             out.print(f"- {line}")
     return code
+
+
+def _capacity(gpus: Sequence[Any]) -> int | None:
+    """The smallest GPU asked about: the ways down close the gap to it (None: no GPU given)."""
+    return min((g.usable_bytes for g in gpus), default=None)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ one spec; a search keeps one per question (the caches belong to it, not to this 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import Enum
 from fractions import Fraction
@@ -37,7 +37,7 @@ from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism
-from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, OptimizerName, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
 
 METHOD = "analytic"
 
@@ -592,67 +592,3 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         )
     out.extend(spec.notes)
     return tuple(out)
-
-
-# --- ways to bring it down -------------------------------------------------------------------------
-WayFn = Callable[[ModelSpec, TrainingSetup], "tuple[str, TrainingSetup] | None"]
-
-
-def _way_checkpointing(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
-    del spec
-    if setup.checkpointing is Checkpointing.FULL:
-        return None
-    return "activation checkpointing (full)", replace(setup, checkpointing=Checkpointing.FULL)
-
-
-def _way_micro_batch(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
-    del spec
-    if setup.micro_batch == 1:
-        return None
-    mb = setup.micro_batch // 2
-    accum = setup.grad_accum * setup.micro_batch // mb
-    return (f"micro-batch {mb} x accumulation {accum} (same global batch)",
-            replace(setup, micro_batch=mb, grad_accum=accum))  # fmt: skip
-
-
-def _way_fused_optimizer(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, TrainingSetup] | None:
-    del spec
-    adam = setup.optimizer in (OptimizerName.ADAM, OptimizerName.ADAMW)
-    if not adam or setup.optimizer_impl is not OptimizerImpl.FOREACH:
-        return None
-    return "fused AdamW (fused=True: no foreach temporaries)", replace(
-        setup, optimizer_impl=OptimizerImpl.FUSED
-    )
-
-
-# Extension point: other modules (8-bit optimizers, LoRA/QLoRA, ZeRO/FSDP) append their rules here.
-WAYS_DOWN: list[WayFn] = [_way_checkpointing, _way_micro_batch, _way_fused_optimizer]
-WAYS_DOWN += [_lora.way_lora, _lora.way_qlora, _lowbit.way_8bit_adamw]  # peakmem.formulas.lora / lowbit_optim
-
-
-def ways_down(
-    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
-) -> list[tuple[str, Estimate]]:
-    """The same job under each applicable change, smallest device total first."""
-    out: list[tuple[str, Estimate]] = []
-    for way in WAYS_DOWN:
-        found = way(spec, setup)
-        if found is not None:
-            label, changed = found
-            out.append((label, estimate_training(spec, changed, overheads=overheads)))
-    out.append(_way_zero3(spec, setup))
-    return sorted(out, key=lambda pair: pair[1].device_total_bytes)
-
-
-SHARDING_WAY_GPUS = 8  # one node: the seed's "ZeRO/FSDP sharding across GPUs", per-rank bytes
-
-
-def _way_zero3(spec: ModelSpec, setup: TrainingSetup) -> tuple[str, Estimate]:
-    """ZeRO-3 over one node of GPUs, the most loaded rank (peakmem.ranks builds on this module, so
-    it is imported here, lazily)."""
-    from peakmem.parallel import Parallelism
-    from peakmem.ranks import estimate_ranks
-
-    par = Parallelism(gpus=SHARDING_WAY_GPUS, zero_stage=3)
-    est = estimate_ranks(spec, setup, par).as_estimate()
-    return f"ZeRO-3 over {SHARDING_WAY_GPUS} GPUs (per GPU)", est

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 from peakmem.breakdown import Category, Estimate
 from peakmem.errors import InputError
@@ -156,26 +156,32 @@ def max_fitting(total: Callable[[int], int], capacity_bytes: int, upper: int) ->
     """The largest ``v`` in ``1..upper`` with ``total(v) <= capacity_bytes`` (0 if none).
 
     Assumes ``total`` does not decrease with ``v`` (memory grows with batch and sequence length);
-    bisection, so about log2(upper) evaluations.
+    the planner's bisection (:func:`peakmem.planner.search._largest_true`), about log2(upper) evaluations.
     """
-    if total(1) > capacity_bytes:
-        return 0
-    lo, hi = 1, upper  # total(lo) fits
-    if total(hi) <= capacity_bytes:
-        return hi
-    while hi - lo > 1:  # total(hi) does not fit
-        mid = (lo + hi) // 2
-        if total(mid) <= capacity_bytes:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    from peakmem.planner.search import _largest_true
+
+    return _largest_true(1, upper, lambda v: total(v) <= capacity_bytes) or 0
 
 
 def _estimator() -> Callable[[Any, Any], Estimate]:
-    from peakmem.estimate import estimate_training
+    """The planner's memoised estimator (one per picture): the curve, the limits and ``fit`` ask the
+    same search."""
+    from peakmem.planner.search import _Estimator
 
-    return cast("Callable[[Any, Any], Estimate]", estimate_training)
+    memo: dict[int, _Estimator] = {}
+
+    def estimate(spec: Any, setup: Any) -> Estimate:
+        est = memo.get(0)
+        if est is None or est.spec is not spec:
+            est = memo[0] = _Estimator(spec, None)
+        res = est(setup)
+        if res is None:
+            from peakmem.estimate import estimate_training
+
+            return estimate_training(spec, setup)  # raises the estimator's own error
+        return res.estimate
+
+    return estimate
 
 
 def sweep(
@@ -201,7 +207,8 @@ def limits(
     upper: int | None = None,
     estimator: Callable[[Any, Any], Estimate] | None = None,
 ) -> dict[str, int]:
-    """For each GPU, the largest batch (or seq) whose device total fits (0: not even 1)."""
+    """For each GPU, the largest batch (or seq) whose device total fits (0: not even 1), found by the
+    planner's search (the same bisection and memoised estimator as ``peakmem fit``'s limits)."""
     estimate = estimator or _estimator()
     if upper is None:
         upper = 2**MAX_BATCH_EXP if axis == "batch" else max(spec.max_position_embeddings, 1)
@@ -420,9 +427,11 @@ def plot_training(
     shown = list(gpus) or default_gpus()
     if kind == "ways":
         if est is None or ways is None:
-            from peakmem.estimate import estimate_training, ways_down
+            from peakmem.planner import train_answer
 
-            est = estimate_training(spec, setup) if est is None else est
-            ways = ways_down(spec, setup) if ways is None else ways
+            capacity = min((g.usable_bytes for g in gpus), default=None)
+            answer = train_answer(spec, setup, capacity_bytes=capacity)
+            est = answer.estimate if est is None else est
+            ways = answer.ways.pairs() if ways is None else ways
         return plot_ways(est, ways, shown, path)
     return plot_sweep(spec, setup, shown, path, axis="batch" if kind == "batch" else "seq")

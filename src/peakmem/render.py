@@ -74,9 +74,8 @@ def spec_json(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def estimate_json(
-    est: Estimate, verdicts: Sequence[Verdict] = (), ways: Sequence[tuple[str, Estimate]] = ()
-) -> dict[str, Any]:
+def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = None) -> dict[str, Any]:
+    """``peakmem train|infer --json``; ``ways`` a :class:`peakmem.planner.WaysDown` (train only)."""
     out: dict[str, Any] = {
         "method": est.method,
         "job": est.job,
@@ -118,17 +117,29 @@ def estimate_json(
             }
             for v in verdicts
         ]
-    if ways:
+    if ways is not None:
         out["ways_down"] = [
             {
-                "change": label,
-                "device_total_bytes": w.device_total_bytes,
-                "peak_allocated_bytes": w.peak_allocated_bytes,
-                "saving_bytes": est.device_total_bytes - w.device_total_bytes,
+                "change": w.label,
+                "changes": [list(c.as_tuple()) for c in w.changes],
+                "device_total_bytes": w.needed_bytes,
+                "peak_allocated_bytes": w.estimate.peak_allocated_bytes,
+                "saving_bytes": w.saving_bytes,
+                "gpus": w.parallelism.gpus if w.parallelism is not None else 1,
             }
-            for label, w in ways
+            for w in ways.ways
         ]
+        out["ways_down_note"] = ways.no_help
     return out
+
+
+def answer_json(est: Estimate, gpus: Sequence[Any] = (), ways: Any = None) -> dict[str, Any]:
+    """The JSON answer to ``peakmem train|infer|measure|simulate --json`` and to ``/api/train`` and
+    ``/api/infer`` (one function, so the CLI and the web say the same): the estimate, a verdict per
+    GPU (``gpus``: catalog GPUs) and, for training, the ways down."""
+    verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=est.device_total_bytes)
+                for g in gpus]  # fmt: skip
+    return estimate_json(est, verdicts, ways)
 
 
 def fits_on(needed: int) -> str:
@@ -143,15 +154,29 @@ def fits_on(needed: int) -> str:
     return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
 
 
-def train_headline(name: str, setup: Any, est: Any, verb: str = "needs") -> str:
+def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: Any = None) -> str:
+    """The one-line answer of ``peakmem train`` (and ``/api/train``); ``par`` a sharded layout."""
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
         setup.method.value
     ]
-    return (
+    line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
         f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
         f"on the device; {fits_on(est.device_total_bytes)}."
+    )
+    if par is not None:
+        line += f" Layout: {par.describe()}; most loaded rank shown."
+    return line
+
+
+def infer_headline(name: str, setup: Any, est: Any) -> str:
+    """The one-line answer of ``peakmem infer`` (and ``/api/infer``)."""
+    context = est.extra.get("context", setup.context)
+    return (
+        f"{name} inference with {setup.weights} weights on {setup.engine.value} "
+        f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
+        f"{fmt_both(est.device_total_bytes)} per GPU; {fits_on(est.device_total_bytes)}."
     )
 
 
@@ -218,6 +243,7 @@ def print_estimate(
     headline: str,
     verdicts: Sequence[Verdict] = (),
     ways: Sequence[tuple[str, Estimate]] = (),
+    ways_note: str = "",
 ) -> None:
     from rich.table import Table
 
@@ -285,6 +311,8 @@ def print_estimate(
             table.add_row(label, fmt_both(w.device_total_bytes),
                           fmt_gb(est.device_total_bytes - w.device_total_bytes))  # fmt: skip
         out.print(table)
+    if ways_note:
+        out.print(f"not listed: {ways_note}")
     if est.assumptions:
         out.print("[dim]assumptions:[/dim]")
         for a in est.assumptions:
@@ -292,7 +320,11 @@ def print_estimate(
 
 
 def markdown_estimate(
-    est: Estimate, headline: str, verdicts: Sequence[Verdict] = (), ways: Sequence[tuple[str, Estimate]] = ()
+    est: Estimate,
+    headline: str,
+    verdicts: Sequence[Verdict] = (),
+    ways: Sequence[tuple[str, Estimate]] = (),
+    ways_note: str = "",
 ) -> str:
     lines = [headline, ""]
     if est.per_param:
@@ -324,6 +356,8 @@ def markdown_estimate(
                 f"| {label} | {fmt_both(w.device_total_bytes)} | "
                 f"{fmt_gb(est.device_total_bytes - w.device_total_bytes)} |"
             )
+    if ways_note:
+        lines += ["", f"Not listed: {ways_note}."]
     if est.assumptions:
         lines += ["", "Assumptions:", ""] + [f"- {a}" for a in est.assumptions]
     return "\n".join(lines) + "\n"

@@ -860,30 +860,6 @@ def adapt_embedding_items(
     return tuple(i for i in items if i.key != "embed.dropout_mask")
 
 
-# --- ways down (peakmem.estimate.WAYS_DOWN) ---------------------------------------------------------------
-WAY_RANK = 16  # a common LoRA rank (the QLoRA paper uses 64; peft's default is 8)
-
-
-def way_lora(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
-    """Full fine-tuning -> LoRA (all-linear, r=16, peft's fp32 adapters), same shape and precision."""
-    del spec
-    if is_adapter_method(setup):
-        return None
-    lora = LoraConfig(rank=WAY_RANK)
-    return f"LoRA r={WAY_RANK} all-linear (peft)", replace(setup, method=Method.LORA, lora=lora)
-
-
-def way_qlora(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
-    """-> QLoRA: NF4 base with double quantization, bf16 compute, LoRA r=16 on all linears."""
-    del spec
-    if str(getattr(setup.method, "value", setup.method)) == "qlora":
-        return None
-    lora = getattr(setup, "lora", None) or LoraConfig(rank=WAY_RANK)
-    quant = QuantConfig(quant="nf4", double_quant=True)
-    changed = replace(setup, method=Method.QLORA, lora=lora, quant=quant, precision=Precision.BF16)
-    return f"QLoRA (NF4 + double quant, bf16 compute, LoRA r={lora.rank})", changed
-
-
 def assumptions(spec: ModelSpec, setup: Any) -> tuple[str, ...]:
     """What the LoRA / QLoRA estimate assumed, for ``Estimate.assumptions``."""
     if not is_adapter_method(setup):

@@ -421,18 +421,6 @@ def in_backward(setup: Any) -> bool:
     return bool(getattr(setup, "optimizer_in_backward", False))
 
 
-def way_8bit_adamw(spec: ModelSpec, setup: Any) -> tuple[str, Any] | None:
-    """Adam/AdamW -> bitsandbytes AdamW8bit (same everything else)."""
-    from dataclasses import replace
-
-    from peakmem.training import OptimizerName
-
-    del spec
-    if _value(setup.optimizer) not in ("adamw", "adam"):
-        return None
-    return "8-bit AdamW (bitsandbytes)", replace(setup, optimizer=OptimizerName(ADAMW_8BIT))
-
-
 def assumptions(setup: Any) -> tuple[str, ...]:
     out = []
     name = _value(setup.optimizer)

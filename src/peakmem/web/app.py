@@ -4,9 +4,9 @@ Endpoints (schema at ``/openapi.json``, read offline at ``/docs``):
 
 - ``POST /api/train``: the CLI's ``peakmem train --json`` object, plus ``headline`` (the one-line
   answer) and ``chart`` (the stacked bars of :func:`peakmem.plot.chart_json`);
-- ``POST /api/infer``: the same for an inference job;
-- ``POST /api/fit``: per GPU, whether the job fits, the largest batch and sequence length that fit,
-  and the changes (the estimator's "ways to bring it down") that make it fit;
+- ``POST /api/infer``: the CLI's ``peakmem infer --json`` object, plus ``headline`` and ``chart``;
+- ``POST /api/fit``: the CLI's ``peakmem fit --json`` object (the planner's verdicts, ranked changes
+  and limits per GPU), plus ``headline`` and ``estimate`` (the ``/api/train`` answer, for the page);
 - ``GET /api/models``, ``GET /api/gpus``: the catalogs, as ``peakmem models|gpus --json``.
 
 A model is a catalog name (``model``) or a pasted ``config.json`` object (``config``); the server
@@ -17,11 +17,13 @@ a body over :data:`MAX_BODY_BYTES` is answered 413 before it is parsed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import threading
 import webbrowser
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from enum import Enum
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -55,6 +57,8 @@ MAX_BATCH = 2**16
 MAX_SEQ = 2**24  # 16 M tokens; the longest catalog context is 10 M (Llama 4 Scout)
 MAX_GRAD_ACCUM = 2**16
 MAX_TP = 1024
+MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
+MAX_LORA_RANK = 4096
 MAX_GPUS_PER_REQUEST = 16
 MAX_NAME_LEN = 200
 # A pasted config: no integer above MAX_CONFIG_INT (hidden sizes are < 2**15, vocabularies < 2**19,
@@ -118,6 +122,17 @@ class TrainRequest(ModelChoice):
     checkpointing: Checkpointing = Checkpointing.NONE
     attention: AttentionKernel = AttentionKernel.SDPA
     framework: Framework = Framework.HF
+    lora_rank: int | None = Field(None, ge=1, le=MAX_LORA_RANK, description="LoRA rank r (default 8)")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
+    lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
+    quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
+    gpu_count: int = Field(1, ge=1, le=MAX_WORLD, description="world size (the CLI's --gpus)")
+    zero: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    fsdp: str = Field("none", max_length=20, description="none, full-shard, shard-grad-op, hybrid-shard")
+    tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, le=MAX_TP, description="pipeline-parallel degree")
+    offload: str = Field("none", max_length=10, description="optimizer states to none, cpu or nvme")
+    offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
     ways: bool = Field(True, description="also estimate the ways to bring it down")
 
 
@@ -161,28 +176,21 @@ class EstimateResponse(BaseModel):
     chart: list[dict[str, Any]]
 
 
-class Change(BaseModel):
-    change: str
-    device_total_bytes: int
-    headroom_bytes: int
-
-
-class GpuFit(BaseModel):
-    gpu: str
-    display_name: str
-    capacity_bytes: int
-    fits: bool
-    headroom_bytes: int
-    max_batch: int = Field(description="largest micro-batch that fits at this seq (0: not even 1)")
-    max_seq: int = Field(description="largest sequence length that fits at this batch (0: not even 1)")
-    changes: list[Change] = Field(description="ways down that fit, closest to the asked setup first")
-
-
 class FitResponse(BaseModel):
-    headline: str
+    """``peakmem fit --json`` (every key of it), plus ``headline`` and ``estimate`` (the training
+    answer, as ``/api/train``, for the page's chart and tables)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: dict[str, Any]
+    setup: dict[str, Any]
     device_total_bytes: int
     fits_any: bool
-    gpus: list[GpuFit]
+    smallest_sufficient: str | None
+    gpus: list[dict[str, Any]]
+    search_space: list[dict[str, Any]]
+    assumptions: list[str]
+    headline: str
     estimate: EstimateResponse
 
 
@@ -280,102 +288,101 @@ def _gpus(names: list[str]) -> list[Any]:
     return out
 
 
-def _verdicts(gpus: list[Any], needed: int) -> list[Any]:
-    from peakmem.breakdown import Verdict
+# The request's fields that are the CLI's options of the same name (the CLI's parser gives the rest
+# their defaults, and the CLI's own functions build the setup: the same question, the same setup).
+_CLI_FIELDS = {
+    "train": ("method", "precision", "optimizer", "optimizer_impl", "batch", "seq", "grad_accum",
+              "checkpointing", "attention", "framework", "lora_rank", "lora_alpha", "lora_targets", "quant",
+              "zero", "fsdp", "tp", "pp", "offload", "offload_params"),
+    "infer": ("weights", "kv_cache", "batch", "context", "prompt", "engine", "tp"),
+}  # fmt: skip
 
-    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
+
+def _cli_args(command: str, req: BaseModel) -> argparse.Namespace:
+    """The Namespace ``peakmem COMMAND`` would parse for the same options."""
+    from peakmem.cli import build_parser
+
+    ns = build_parser().parse_args([command, "model"])
+    for name in _CLI_FIELDS["infer" if command == "infer" else "train"]:
+        value = getattr(req, name)
+        setattr(ns, name, value.value if isinstance(value, Enum) else value)
+    if isinstance(req, TrainRequest):
+        ns.gpus = req.gpu_count
+    return ns
+
+
+def _capacity(gpus: list[Any]) -> int | None:
+    return min((g.usable_bytes for g in gpus), default=None)
 
 
 def training_setup(req: TrainRequest, max_positions: int) -> Any:
     """The TrainingSetup the CLI builds from the same options (seq defaults to min(context, 2048))."""
-    from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
+    from peakmem.cli import _training_setup
 
-    return TrainingSetup(
-        method=req.method,
-        precision=req.precision,
-        optimizer=req.optimizer,
-        optimizer_impl=req.optimizer_impl,
-        micro_batch=req.batch,
-        seq_len=req.seq if req.seq is not None else min(max_positions, DEFAULT_SEQ_LEN),
-        grad_accum=req.grad_accum,
-        checkpointing=req.checkpointing,
-        attention=req.attention,
-        framework=req.framework,
-    )
+    try:
+        return _training_setup(_cli_args("train", req), max_positions)
+    except PeakmemError as error:
+        raise ApiError(422, field_of(error, "body"), str(error)) from error
 
 
-def train_answer(req: TrainRequest) -> tuple[dict[str, Any], Any, Any, Any, list[tuple[str, Any]], list[Any]]:
-    """(response JSON, spec, setup, estimate, ways, gpus) for a training request."""
-    from peakmem.estimate import estimate_training, ways_down
+def _parallel(req: TrainRequest) -> Any:
+    from peakmem.cli import _parallelism
+
+    try:
+        return _parallelism(_cli_args("train", req))
+    except PeakmemError as error:
+        raise ApiError(422, field_of(error, "body"), str(error)) from error
+
+
+def train_answer(req: TrainRequest) -> dict[str, Any]:
+    """``peakmem train --json`` for the request (planner.train_answer + render.answer_json, as the
+    CLI), plus ``headline`` and ``chart``."""
+    from peakmem.planner import WaysDown, train_answer
     from peakmem.plot import chart_json
-    from peakmem.render import estimate_json, train_headline
+    from peakmem.render import answer_json, train_headline
 
     spec = _spec(req)
     gpus = _gpus(req.gpus)
     setup = training_setup(req, spec.max_position_embeddings)
-    est = estimate_training(spec, setup)
-    ways = list(ways_down(spec, setup)) if req.ways else []
-    out = estimate_json(est, _verdicts(gpus, est.device_total_bytes), ways)
-    out["headline"] = train_headline(spec.name, setup, est)
-    out["chart"] = chart_json(est, ways)
-    return out, spec, setup, est, ways, gpus
+    par = _parallel(req)
+    answer = train_answer(spec, setup, par, capacity_bytes=_capacity(gpus))
+    ways = answer.ways if req.ways else WaysDown(ways=(), no_help="")
+    out = answer_json(answer.estimate, gpus, ways)
+    out["headline"] = train_headline(spec.name, setup, answer.estimate, par=par)
+    out["chart"] = chart_json(answer.estimate, ways.pairs())
+    return out
 
 
 def infer_answer(req: InferRequest) -> dict[str, Any]:
+    """``peakmem infer --json`` for the request (the CLI's setup and render.answer_json), plus
+    ``headline`` and ``chart``."""
+    from peakmem.cli import _inference_setup
     from peakmem.formulas.serving import estimate_inference
-    from peakmem.inference import InferenceSetup
     from peakmem.plot import chart_json
-    from peakmem.render import estimate_json, fits_on
-    from peakmem.units import fmt_both
+    from peakmem.render import answer_json, infer_headline
 
     spec = _spec(req)
     gpus = _gpus(req.gpus)
-    setup = InferenceSetup(
-        weights=req.weights, kv_cache=req.kv_cache, batch=req.batch, context=req.context, prompt=req.prompt,
-        engine=req.engine, tp=req.tp, gpu_bytes=gpus[0].usable_bytes if gpus else None,
-    )  # fmt: skip
+    setup = _inference_setup(_cli_args("infer", req), gpus)
     est = estimate_inference(spec, setup)
-    out = estimate_json(est, _verdicts(gpus, est.device_total_bytes))
-    out["headline"] = (
-        f"{spec.name} inference ({setup.weight_format.name} weights, {setup.engine.value}, "
-        f"batch {setup.batch}) "
-        f"needs ≈ {fmt_both(est.device_total_bytes)}; {fits_on(est.device_total_bytes)}."
-    )
+    out = answer_json(est, gpus)
+    out["headline"] = infer_headline(spec.name, setup, est)
     out["chart"] = chart_json(est)
     return out
 
 
 def fit_answer(req: FitRequest) -> dict[str, Any]:
-    from peakmem.estimate import estimate_training
-    from peakmem.plot import limits
+    """``peakmem fit --json`` for the request (planner.fit + planner.fit_json, as the CLI), plus
+    ``headline`` and ``estimate`` (the training answer, for the page)."""
+    from peakmem import planner
 
-    out, spec, setup, est, ways, gpus = train_answer(req)
-    batch_fit = limits(spec, setup, gpus, "batch", estimator=estimate_training)
-    seq_fit = limits(spec, setup, gpus, "seq", estimator=estimate_training)
-    rows = []
-    for g in gpus:
-        fitting = sorted(
-            ((label, w) for label, w in ways if w.device_total_bytes <= g.usable_bytes),
-            key=lambda lw: -lw[1].device_total_bytes,
-        )
-        rows.append({
-            "gpu": g.name, "display_name": g.display_name, "capacity_bytes": g.usable_bytes,
-            "fits": est.device_total_bytes <= g.usable_bytes,
-            "headroom_bytes": g.usable_bytes - est.device_total_bytes,
-            "max_batch": batch_fit[g.name], "max_seq": seq_fit[g.name],
-            "changes": [
-                {"change": label, "device_total_bytes": w.device_total_bytes,
-                 "headroom_bytes": g.usable_bytes - w.device_total_bytes}
-                for label, w in fitting
-            ],
-        })  # fmt: skip
-    return {
-        "headline": out["headline"],
-        "device_total_bytes": est.device_total_bytes,
-        "fits_any": any(r["fits"] for r in rows),
-        "gpus": rows,
-        "estimate": out,
-    }
+    estimate = train_answer(req)
+    spec = _spec(req)
+    gpus = _gpus(req.gpus)
+    out = planner.fit_json(planner.fit(spec, training_setup(req, spec.max_position_embeddings), gpus))
+    out["headline"] = estimate["headline"]
+    out["estimate"] = estimate
+    return out
 
 
 @cache
@@ -535,7 +542,7 @@ def create_app() -> FastAPI:
     @app.post("/api/train", response_model=EstimateResponse, tags=["estimate"])
     def api_train(req: TrainRequest) -> dict[str, Any]:
         """GPU memory to train a model: the CLI's `peakmem train --json`, plus headline and chart."""
-        return train_answer(req)[0]
+        return train_answer(req)
 
     @app.post("/api/infer", response_model=EstimateResponse, tags=["estimate"])
     def api_infer(req: InferRequest) -> dict[str, Any]:

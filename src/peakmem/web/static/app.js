@@ -158,7 +158,8 @@ async function run() {
   inflight = new AbortController();
   $("result").classList.add("loading");
   try {
-    // with GPUs, /api/fit: the same estimate plus, per GPU, the largest batch and seq and the changes that fit
+    // with GPUs, /api/fit (`peakmem fit --json`): the same estimate plus, per GPU, the planner's
+    // limits (largest micro-batch, longest sequence) and the ranked changes that make it fit
     const endpoint = body.gpus.length ? "/api/fit" : "/api/train";
     const resp = await fetch(endpoint, {
       method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
@@ -228,10 +229,12 @@ function renderVerdicts(verdicts, fits) {
     const f = byGpu.get(v.gpu);
     const title = [];
     if (f) {
-      if (f.fits && f.max_batch) text += ` · batch up to ${fmtInt(f.max_batch)}`;
-      if (!f.fits && f.changes.length) text += ` · fits with: ${f.changes[0].change}`;
-      if (f.max_seq) title.push(`longest sequence that fits at this batch: ${fmtInt(f.max_seq)}`);
-      if (f.changes.length) title.push(`changes that fit: ${f.changes.map((c) => c.change).join("; ")}`);
+      const lim = f.limits || {};
+      const changes = f.candidates || [];
+      if (f.fits && lim.largest_micro_batch) text += ` · batch up to ${fmtInt(lim.largest_micro_batch)}`;
+      if (!f.fits && changes.length) text += ` · fits with: ${changes[0].label}`;
+      if (lim.longest_seq) title.push(`longest sequence that fits at this batch: ${fmtInt(lim.longest_seq)}`);
+      if (changes.length) title.push(`changes that fit: ${changes.map((c) => c.label).join("; ")}`);
     }
     const attrs = { class: `verdict ${v.fits ? "fits" : "nofit"}`, "data-gpu": v.gpu };
     if (title.length) attrs.title = title.join("\n");
@@ -322,6 +325,7 @@ function renderTables(data) {
   table("ways", [["change"], ["device total", 1], ["saving", 1]], (data.ways_down || []).map((w) => ({
     cells: [w.change, fmtBoth(w.device_total_bytes), fmtGB(w.saving_bytes)],
   })));
+  $("ways-note").textContent = data.ways_down_note ? `Not listed: ${data.ways_down_note}.` : "";
   $("assumptions").replaceChildren(...(data.assumptions || []).map((a) => el("li", {}, a)));
 }
 

@@ -1,0 +1,407 @@
+"""The one search: the estimator wrapper (memoised per search), the changes it applies, the
+finishers that close a gap with the least invasive value of one knob, and the generic
+"first value that fits" helpers. fit, plan, train's ways down and the page all build on it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+from peakmem.breakdown import Estimate
+from peakmem.catalog import Gpu
+from peakmem.errors import InputError
+from peakmem.estimate import estimate_training, setup_dict
+from peakmem.formulas import step_time as st
+from peakmem.formulas.overhead import Overheads
+from peakmem.model import ModelSpec
+from peakmem.training import TrainingSetup
+
+MAX_CHANGES = 3  # changes combined in one candidate
+MAX_NODE_GPUS = 8  # "shard over N GPUs" stays inside one node (DGX/HGX: 8 GPUs)
+MAX_LIMIT_GPUS = 1024  # the "fewest GPUs" limit searches up to this many
+MAX_MICRO_BATCH = 4096  # the "largest micro-batch" limit searches up to this
+SEQ_STEP = 64  # a shorter sequence is a multiple of this (kernels tile by 64/128)
+TOP_CANDIDATES = 10  # shown per GPU (JSON carries the same list)
+
+
+# --- the result types ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """One field of the job changed: ``field`` old -> new (CLI spellings)."""
+
+    field: str
+    old: str
+    new: str
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        return (self.field, self.old, self.new)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A changed job, estimated on its own, with its cost in step time."""
+
+    label: str
+    steps: tuple[str, ...]  # one label per change, as the user would apply them
+    changes: tuple[Change, ...]  # every field touched (a micro-batch change also sets grad_accum)
+    setup: TrainingSetup
+    parallelism: Any  # peakmem.parallel.Parallelism | None (None: plain single-GPU estimate)
+    estimate: Estimate  # the most loaded rank's when sharded
+    needed_bytes: int  # device total of the most loaded rank
+    capacity_bytes: int
+    cpu_bytes: int  # pinned CPU RAM per node (offload), 0 without
+    step: st.StepTime
+    relative_cost: float  # GPU-seconds per token against the unchanged job
+    changes_job: bool = False  # a shorter sequence: a different job, shown last
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.needed_bytes
+
+    @property
+    def gpus(self) -> int:
+        return self.step.gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """One family of changes in the search space: what it offers, or why it is not searched."""
+
+    name: str
+    status: str  # "searched" | "not available" | "not applicable"
+    reason: str = ""
+    options: tuple[str, ...] = ()
+
+
+# --- estimating, memoised ------------------------------------------------------------------------
+def _ranks_module() -> Any | None:
+    """peakmem.ranks, or None while the multi-GPU estimator is not there."""
+    try:
+        from peakmem import ranks
+    except ImportError:
+        return None
+    return ranks
+
+
+def _parallel_module() -> Any | None:
+    try:
+        from peakmem import parallel
+    except ImportError:
+        return None
+    return parallel
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Result:
+    estimate: Estimate
+    needed: int
+    cpu_bytes: int
+    ranks: tuple[tuple[str, int, int, int], ...]
+    report: Any = None  # peakmem.ranks.RankReport when sharded
+
+
+class _Estimator:
+    """Estimates (setup, parallelism) once; an invalid combination is remembered as None."""
+
+    def __init__(self, spec: ModelSpec, overheads: Overheads | None) -> None:
+        self.spec = spec
+        self.overheads = overheads
+        self.memo: dict[tuple[TrainingSetup, Any], _Result | None] = {}
+        self.calls = 0
+        self.ranks = _ranks_module()
+
+    def __call__(self, setup: TrainingSetup, par: Any = None) -> _Result | None:
+        key = (setup, par)
+        if key in self.memo:
+            return self.memo[key]
+        self.calls += 1
+        result: _Result | None
+        try:
+            if par is None:
+                est = estimate_training(self.spec, setup, overheads=self.overheads)
+                result = _Result(estimate=est, needed=est.device_total_bytes, cpu_bytes=0,
+                                 ranks=(("all ranks", 1, est.device_total_bytes, 0),))  # fmt: skip
+            else:
+                assert self.ranks is not None
+                rep = self.ranks.estimate_ranks(self.spec, setup, par, overheads=self.overheads)
+                top = rep.most_loaded
+                result = _Result(
+                    estimate=top.estimate, needed=top.estimate.device_total_bytes,
+                    cpu_bytes=rep.cpu_pinned_per_node_bytes,
+                    ranks=tuple((r.role, r.ranks, r.estimate.device_total_bytes, r.cpu_bytes)
+                                for r in rep.ranks), report=rep,
+                )  # fmt: skip
+        except (InputError, NotImplementedError):
+            result = None
+        self.memo[key] = result
+        return result
+
+
+def _value(v: object) -> str:
+    return v.value if isinstance(v, Enum) else str(v)
+
+
+def _layout_of(par: Any) -> st.Layout:
+    if par is None:
+        return st.Layout()
+    engine = par.engine
+    if engine.startswith("fsdp"):
+        engine = "fsdp-grad-op" if "shard-grad-op" in engine else "fsdp-full"
+    return st.Layout(
+        gpus=par.gpus, tp=par.tp, pp=par.pp, virtual_stages=par.virtual_stages,
+        gpus_per_node=par.gpus_per_node, engine=engine,
+        offload_optimizer=_value(par.offload_optimizer) != "none",
+        offload_params=_value(par.offload_params) != "none",
+    )  # fmt: skip
+
+
+# --- options and changes -----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class _Option:
+    """One option of a family: setup fields and parallelism fields to set."""
+
+    label: str
+    setup: tuple[tuple[str, Any], ...] = ()
+    par: tuple[tuple[str, Any], ...] = ()
+
+
+# --- applying changes ---------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class _Config:
+    setup: TrainingSetup
+    par: Any  # Parallelism | None
+    changes: tuple[Change, ...]
+    labels: tuple[str, ...]
+    changes_job: bool = False
+
+
+def _apply(base: _Config, opt: _Option) -> _Config | None:
+    setup = base.setup
+    changes = list(base.changes)
+    try:
+        if opt.setup:
+            for name, value in opt.setup:
+                changes.append(Change(field=name, old=_value(getattr(setup, name)), new=_value(value)))
+            setup = replace(setup, **dict(opt.setup))
+        par = base.par
+        if opt.par:
+            from peakmem.parallel import Parallelism
+
+            cur = par if par is not None else Parallelism()
+            fields = dict(opt.par)
+            if "zero_stage" in fields:
+                fields["zero_stage"] = max(fields["zero_stage"], cur.zero_stage)
+            for name, value in fields.items():
+                if _value(getattr(cur, name)) != _value(value):
+                    changes.append(Change(field=name, old=_value(getattr(cur, name)), new=_value(value)))
+            par = replace(cur, **fields)
+    except InputError:
+        return None
+    return _Config(setup=setup, par=par, changes=tuple(changes), labels=(*base.labels, opt.label),
+                   changes_job=base.changes_job)  # fmt: skip
+
+
+# --- the search ------------------------------------------------------------------------------------
+class _Search:
+    def __init__(
+        self, spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...], est: _Estimator, par: Any = None
+    ) -> None:
+        self.spec, self.setup, self.gpus, self.est = spec, setup, gpus, est
+        self.sf = st.spec_flops(spec)
+        base = est(setup, par)
+        if base is None:
+            raise InputError(f"the setup cannot be estimated for {spec.name}")
+        self.base = base
+
+    def base_step(self, rates: st.Rates) -> st.StepTime:
+        return st.step_time(self.sf, self.setup, rates, st.Layout(),
+                            trainable_params=self.base.estimate.trainable_params,
+                            params=self.spec.params)  # fmt: skip
+
+    def needed(self, cfg: _Config) -> int | None:
+        res = self.est(cfg.setup, cfg.par)
+        return None if res is None else res.needed
+
+    def candidate(self, cfg: _Config, gpu: Gpu, rates: st.Rates, base_step: st.StepTime) -> Candidate | None:
+        res = self.est(cfg.setup, cfg.par)
+        if res is None:
+            return None
+        step = st.step_time(self.sf, cfg.setup, rates, _layout_of(cfg.par),
+                            trainable_params=res.estimate.trainable_params,
+                            params=self.spec.params)  # fmt: skip
+        base_cost = base_step.gpu_seconds / max(1, base_step.tokens)
+        cost = step.gpu_seconds / max(1, step.tokens)
+        return Candidate(
+            label=" + ".join(cfg.labels) if cfg.labels else "unchanged", steps=cfg.labels,
+            changes=cfg.changes, setup=cfg.setup, parallelism=cfg.par, estimate=res.estimate,
+            needed_bytes=res.needed, capacity_bytes=gpu.usable_bytes,
+            cpu_bytes=res.cpu_bytes, step=step, relative_cost=cost / base_cost if base_cost else 1.0,
+            changes_job=cfg.changes_job,
+        )  # fmt: skip
+
+    # finishers: one more change, the least invasive value that fits -----------------------------
+    def finish_micro_batch(self, cfg: _Config, capacity: int) -> _Config | None:
+        s = cfg.setup
+        if s.micro_batch == 1:
+            return None
+        divisors = [d for d in range(s.micro_batch - 1, 0, -1) if s.micro_batch % d == 0]
+
+        def make(mb: int) -> _Config:
+            accum = s.grad_accum * s.micro_batch // mb
+            ch = (Change(field="micro_batch", old=str(s.micro_batch), new=str(mb)),
+                  Change(field="grad_accum", old=str(s.grad_accum), new=str(accum)))  # fmt: skip
+            return _Config(setup=replace(s, micro_batch=mb, grad_accum=accum), par=cfg.par,
+                           changes=cfg.changes + ch,
+                           labels=(*cfg.labels, f"micro-batch {mb} x accumulation {accum}"),
+                           changes_job=cfg.changes_job)  # fmt: skip
+
+        idx = _first_fit(len(divisors), lambda i: self._fits(make(divisors[i]), capacity))
+        return None if idx is None else make(divisors[idx])
+
+    def finish_shard(self, cfg: _Config, capacity: int, max_gpus: int = MAX_NODE_GPUS) -> _Config | None:
+        if self.est.ranks is None:
+            return None
+        from peakmem.parallel import Parallelism
+
+        cur = cfg.par if cfg.par is not None else Parallelism()
+        if cur.gpus > 1:
+            return None
+        s = cfg.setup
+
+        def make(n: int) -> _Config | None:
+            accum = s.grad_accum // n if s.grad_accum % n == 0 else s.grad_accum
+            try:
+                par = replace(cur, gpus=n, dp=0, zero_stage=3)
+            except InputError:
+                return None
+            ch = [Change(field="gpus", old="1", new=str(n))]
+            if cur.zero_stage != 3:
+                ch.append(Change(field="zero_stage", old=str(cur.zero_stage), new="3"))
+            label = f"shard over {n} GPUs (ZeRO-3)"
+            if accum != s.grad_accum:
+                ch.append(Change(field="grad_accum", old=str(s.grad_accum), new=str(accum)))
+            else:
+                label += f", global batch x{n}"
+            return _Config(setup=replace(s, grad_accum=accum), par=par, changes=cfg.changes + tuple(ch),
+                           labels=(*cfg.labels, label), changes_job=cfg.changes_job)  # fmt: skip
+
+        counts = list(range(2, max_gpus + 1))
+
+        def ok(i: int) -> bool:
+            c = make(counts[i])
+            return c is not None and self._fits(c, capacity)
+
+        idx = _first_fit_monotone(len(counts), ok)
+        return None if idx is None else make(counts[idx])
+
+    def finish_seq(self, cfg: _Config, capacity: int) -> _Config | None:
+        s = cfg.setup
+        step = SEQ_STEP if s.seq_len > SEQ_STEP else 1
+        top = (s.seq_len - 1) // step
+        if top < 1:
+            return None
+
+        def make(k: int) -> _Config:
+            seq = k * step
+            return _Config(setup=replace(s, seq_len=seq), par=cfg.par,
+                           changes=(*cfg.changes, Change(field="seq_len", old=str(s.seq_len), new=str(seq))),
+                           labels=(*cfg.labels, f"sequence {seq} (changes the job)"),
+                           changes_job=True)  # fmt: skip
+
+        k = _largest_true(1, top, lambda k: self._fits(make(k), capacity))
+        return None if k is None else make(k)
+
+    def _fits(self, cfg: _Config, capacity: int) -> bool:
+        n = self.needed(cfg)
+        return n is not None and n <= capacity
+
+
+def _first_fit(n: int, ok: Callable[[int], bool]) -> int | None:
+    """Index of the first True in a list that is False...False True...True (memory falls along it)."""
+    lo, hi = 0, n - 1
+    if n == 0 or not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+_first_fit_monotone = _first_fit
+
+
+def _largest_true(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest k in [lo, hi] with ok(k), for ok True...True False...False."""
+    if not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _minimal(cands: list[Candidate]) -> list[Candidate]:
+    """Drop a candidate when a strict subset of its changes already fits."""
+    keys = [frozenset(c.as_tuple()[::2] for c in cand.changes) for cand in cands]
+    out = []
+    for i, cand in enumerate(cands):
+        if not any(keys[j] < keys[i] for j in range(len(cands)) if j != i):
+            out.append(cand)
+    return out
+
+
+def _rank_key(c: Candidate) -> tuple[bool, int, float, int]:
+    return (c.changes_job, len(c.steps), round(c.relative_cost, 3), c.needed_bytes)
+
+
+def _discrete_configs(base: _Config, options: list[tuple[str, tuple[_Option, ...]]]) -> Iterator[_Config]:
+    """Every combination of at most MAX_CHANGES families, one option each (the empty one first)."""
+    for k in range(0, min(MAX_CHANGES, len(options)) + 1):
+        for combo in itertools.combinations(options, k):
+            for picks in itertools.product(*(opts for _, opts in combo)):
+                cfg: _Config | None = base
+                for opt in picks:
+                    cfg = _apply(cfg, opt) if cfg is not None else None
+                if cfg is not None:
+                    yield cfg
+
+
+# --- JSON -------------------------------------------------------------------------------------------
+def _step_json(step: st.StepTime) -> dict[str, object]:
+    return {
+        "total_s": step.total_s, "compute_s": step.compute_s, "recompute_s": step.recompute_s,
+        "bubble_s": step.bubble_s, "tp_comm_s": step.tp_comm_s, "dp_comm_s": step.dp_comm_s,
+        "pp_comm_s": step.pp_comm_s, "cp_comm_s": step.cp_comm_s, "ep_comm_s": step.ep_comm_s,
+        "offload_s": step.offload_s, "dequant_s": step.dequant_s,
+        "gpus": step.gpus, "tokens": step.tokens,
+        "gpu_seconds": step.gpu_seconds, "tokens_per_s": step.tokens_per_s,
+    }  # fmt: skip
+
+
+def _candidate_json(c: Candidate) -> dict[str, object]:
+    return {
+        "label": c.label, "changes": [list(ch.as_tuple()) for ch in c.changes], "fits": c.fits,
+        "needed_bytes": c.needed_bytes, "capacity_bytes": c.capacity_bytes,
+        "headroom_bytes": c.headroom_bytes, "steps": list(c.steps),
+        "peak_allocated_bytes": c.estimate.peak_allocated_bytes, "peak_phase": c.estimate.peak_phase.value,
+        "cpu_bytes": c.cpu_bytes, "gpus": c.gpus, "step_time": _step_json(c.step),
+        "relative_cost": c.relative_cost, "changes_job": c.changes_job, "setup": setup_dict(c.setup),
+        "parallelism": c.parallelism.describe() if c.parallelism is not None else None,
+    }  # fmt: skip
+
+
+def _family_json(f: Family) -> dict[str, object]:
+    return {"name": f.name, "status": f.status, "reason": f.reason, "options": list(f.options)}
