@@ -488,62 +488,23 @@ def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
     )
 
 
-def _smallest_serving_gpu(spec: Any, setup: Any) -> str:
-    """The smallest catalog NVIDIA GPU that serving_fit says holds the job (a pooled engine's pool too)."""
-    from peakmem.catalog import GPUS
-    from peakmem.formulas.serving import serving_fit
-    from peakmem.units import fmt_gb
-
-    for g in sorted((g for g in GPUS if g.vendor == "nvidia"), key=lambda g: g.usable_bytes):
-        if serving_fit(spec, setup, g.usable_bytes).fits:
-            return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
-    return "it fits on no single GPU in the catalog"
-
-
 def cmd_infer(args: argparse.Namespace) -> int:
-    from peakmem.formulas.serving import estimate_inference, serving_fit
-    from peakmem.render import estimate_json, markdown_estimate, print_estimate
+    from peakmem.render import infer_answer, markdown_estimate, print_estimate
     from peakmem.resolve import resolve_model
-    from peakmem.units import fmt_both
 
     spec = resolve_model(args.model)
     gpus = _gpus(args.gpu)
-    setup = _inference_setup(args, gpus)
-    # What the request needs does not depend on the GPU; each GPU's verdict is serving_fit's.
-    est = estimate_inference(spec, _inference_setup(args, []))
-    fits = [serving_fit(spec, setup, g.usable_bytes) for g in gpus]
-    verdicts = [f.verdict(g.name) for f, g in zip(fits, gpus, strict=True)]
-    context = est.extra.get("context", setup.context)
-    headline = (
-        f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
-        f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
-        f"{fmt_both(est.device_total_bytes)} per GPU"
-    )
-    pooled = [(g, f) for g, f in zip(gpus, fits, strict=True) if f.pool_bytes is not None]
-    for g, f in pooled:
-        assert f.budget_bytes is not None
-        headline += (
-            f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
-            f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes or 0)} that holds "
-            f"{f.max_concurrent} sequences of {context} tokens ({setup.batch} asked): "
-            f"{'fits' if f.fits else 'does not fit'}"
-        )
-    if not gpus:
-        headline += f"; {_smallest_serving_gpu(spec, setup)}"
-    headline += "."
+    answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+    est, verdicts = answer.estimate, list(answer.verdicts)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
     if args.json:
-        out = estimate_json(est, verdicts)
-        if fits:  # each GPU's row gains serving_fit's figures (the pool and the sequences it holds)
-            out["verdicts"] = [{**row, **{k: v for k, v in f.json().items() if k not in row}}
-                               for row, f in zip(out["verdicts"], fits, strict=True)]  # fmt: skip
-        _emit_json(out)
+        _emit_json(answer.json)
     elif args.markdown:
-        sys.stdout.write(markdown_estimate(est, headline, verdicts))
+        sys.stdout.write(markdown_estimate(est, answer.headline, verdicts))
     else:
-        print_estimate(est, headline, verdicts)
+        print_estimate(est, answer.headline, verdicts)
     if verdicts and not any(v.fits for v in verdicts):
         return EXIT_DOES_NOT_FIT
     return EXIT_OK

@@ -7,6 +7,7 @@ parentheses; JSON carries integer bytes only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
@@ -170,14 +171,60 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     return line
 
 
-def infer_headline(name: str, setup: Any, est: Any) -> str:
-    """The one-line answer of ``peakmem infer`` (and ``/api/infer``)."""
+@dataclass(frozen=True, kw_only=True)
+class InferAnswer:
+    """The answer to ``peakmem infer`` and ``/api/infer`` (one function, so both say the same)."""
+
+    estimate: Estimate  # what the request needs: the same whatever GPU is asked about
+    verdicts: tuple[Verdict, ...]  # per GPU: serving_fit's (a pooled engine fits when its pool holds it)
+    headline: str
+    json: dict[str, Any]
+
+
+def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = ()) -> InferAnswer:
+    """Estimate ``setup`` (without the GPU: what it needs does not depend on it) and judge it on each
+    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit`."""
+    from dataclasses import replace
+
+    from peakmem.formulas.serving import estimate_inference, serving_fit
+
+    est = estimate_inference(spec, replace(setup, gpu_bytes=None))
+    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes) for g in gpus]
+    verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
-    return (
-        f"{name} inference with {setup.weights} weights on {setup.engine.value} "
+    headline = (
+        f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
-        f"{fmt_both(est.device_total_bytes)} per GPU; {fits_on(est.device_total_bytes)}."
+        f"{fmt_both(est.device_total_bytes)} per GPU"
     )
+    for g, f in zip(gpus, fits, strict=True):
+        if f.pool_bytes is not None and f.budget_bytes is not None:
+            headline += (
+                f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
+                f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)} that holds "
+                f"{f.max_concurrent} sequences of {context} tokens ({setup.batch} asked): "
+                f"{'fits' if f.fits else 'does not fit'}"
+            )
+    if not gpus:
+        headline += f"; {_smallest_serving_gpu(spec, setup)}"
+    out = estimate_json(est, list(verdicts))
+    if fits:  # each GPU's row gains serving_fit's figures (the pool and the sequences it holds)
+        out["verdicts"] = [{**row, **{k: v for k, v in f.json().items() if k not in row}}
+                           for row, f in zip(out["verdicts"], fits, strict=True)]  # fmt: skip
+    return InferAnswer(estimate=est, verdicts=verdicts, headline=headline + ".", json=out)
+
+
+def _smallest_serving_gpu(spec: ModelSpec, setup: Any) -> str:
+    """The smallest catalog NVIDIA GPU that serving_fit says holds the job (a pooled engine's pool too)."""
+    from dataclasses import replace
+
+    from peakmem.catalog import GPUS
+    from peakmem.formulas.serving import serving_fit
+
+    for g in sorted((g for g in GPUS if g.vendor == "nvidia"), key=lambda g: g.usable_bytes):
+        if serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes).fits:
+            return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
+    return "it fits on no single GPU in the catalog"
 
 
 # --- terminal ------------------------------------------------------------------------------------

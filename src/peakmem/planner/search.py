@@ -13,7 +13,7 @@ from typing import Any
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError
-from peakmem.estimate import estimate_training, setup_dict
+from peakmem.estimate import TrainingEstimator, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
@@ -116,6 +116,7 @@ class _Estimator:
         self.memo: dict[tuple[TrainingSetup, Any], _Result | None] = {}
         self.calls = 0
         self.ranks = _ranks_module()
+        self.engine = TrainingEstimator(spec, overheads)  # its memo serves every setup and layout asked
 
     def __call__(self, setup: TrainingSetup, par: Any = None) -> _Result | None:
         key = (setup, par)
@@ -125,12 +126,12 @@ class _Estimator:
         result: _Result | None
         try:
             if par is None:
-                est = estimate_training(self.spec, setup, overheads=self.overheads)
+                est = self.engine.estimate(setup)
                 result = _Result(estimate=est, needed=est.device_total_bytes, cpu_bytes=0,
                                  ranks=(("all ranks", 1, est.device_total_bytes, 0),))  # fmt: skip
             else:
                 assert self.ranks is not None
-                rep = self.ranks.estimate_ranks(self.spec, setup, par, overheads=self.overheads)
+                rep = self.ranks.estimate_ranks(self.spec, setup, par, estimator=self.engine)
                 top = rep.most_loaded
                 result = _Result(
                     estimate=top.estimate, needed=top.estimate.device_total_bytes,

@@ -96,16 +96,11 @@ class _InferEstimator:
             return self.memo[key]
         self.calls += 1
         try:
-            est = self.serving.estimate_inference(self.spec, setup)
+            f = self.serving.serving_fit(self.spec, setup, capacity)
         except (InputError, NotImplementedError):
             self.memo[key] = None
             return None
-        conc = est.extra.get("max_concurrent_sequences")
-        if setup.engine.value in ("vllm", "sglang"):
-            fits = isinstance(conc, int) and conc >= setup.batch and est.device_total_bytes <= capacity
-        else:
-            fits = est.device_total_bytes <= capacity
-        out = (est, est.device_total_bytes, fits, conc if isinstance(conc, int) else None)
+        out = (f.estimate, f.needed_bytes, f.fits, f.max_concurrent)
         self.memo[key] = out
         return out
 

@@ -357,17 +357,15 @@ def infer_answer(req: InferRequest) -> dict[str, Any]:
     """``peakmem infer --json`` for the request (the CLI's setup and render.answer_json), plus
     ``headline`` and ``chart``."""
     from peakmem.cli import _inference_setup
-    from peakmem.formulas.serving import estimate_inference
     from peakmem.plot import chart_json
-    from peakmem.render import answer_json, infer_headline
+    from peakmem.render import infer_answer
 
     spec = _spec(req)
     gpus = _gpus(req.gpus)
-    setup = _inference_setup(_cli_args("infer", req), gpus)
-    est = estimate_inference(spec, setup)
-    out = answer_json(est, gpus)
-    out["headline"] = infer_headline(spec.name, setup, est)
-    out["chart"] = chart_json(est)
+    answer = infer_answer(spec, _inference_setup(_cli_args("infer", req), gpus), gpus)
+    out = dict(answer.json)
+    out["headline"] = answer.headline
+    out["chart"] = chart_json(answer.estimate)
     return out
 
 
