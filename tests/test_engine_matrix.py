@@ -241,3 +241,14 @@ def test_answer_ai_fsdp_qlora_70b_recipe_is_explained() -> None:
     assert est.device_total_bytes < 24 * 10**9
     keys = {i.key for i in est.items}
     assert {"fsdp.root", "fsdp.units"} <= keys
+
+
+def test_learned_positions_bound_the_sequence() -> None:
+    """GPT-2 XL has 1,024 learned positions: seq 4096 cannot run, so it is refused, not estimated."""
+    from peakmem.errors import InputError
+    from peakmem.resolve import resolve_model
+
+    spec = resolve_model("gpt2-xl")
+    estimate_training(spec, TrainingSetup(seq_len=1024))
+    with pytest.raises(InputError, match="seq=4096: gpt2-xl has 1,024 learned positions"):
+        estimate_training(spec, TrainingSetup(seq_len=4096))

@@ -137,5 +137,5 @@ def test_tied_embedding_gradient_is_a_temporary_until_the_embedding_backward() -
     bwd = next(p for p in est.phases if p.phase is Phase.BACKWARD)
     by_cat = {c: sum(i.bytes for i in bwd.items if i.category is c) for c in Category}
     assert by_cat[Category.GRADIENTS] == 46_208 * 2 + 64 * 2 + 64 * 176 * 2
-    held = [i for i in bwd.items if i.path.startswith("tied embedding")]
+    held = [i for i in bwd.items if i.key == "backward.tied_hold"]
     assert [(i.category, i.bytes) for i in held] == [(Category.TEMPORARIES, 256 * 64 * 2)]

@@ -239,7 +239,8 @@ def test_check_config_depth_and_size_of_a_dict() -> None:
     with pytest.raises(ConfigError, match="more than 200,000 values"):
         check_config({"big": list(range(300_000))})
     with pytest.raises(ConfigError, match="must be a string"):
-        check_config({1: 2})  # type: ignore[dict-item]
+        check_config({(1, 2): 2})  # type: ignore[dict-item]
+    check_config({"id2label": {0: "a"}})  # transformers' to_dict() keeps int label keys
 
 
 def test_read_config_file_bounds(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from fractions import Fraction
 from operator import attrgetter
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import lora as _lora
@@ -134,12 +135,23 @@ class TrainingEstimator:
     def rank(
         self, setup: TrainingSetup, par: Parallelism | None = None, stage: int = 0, role: str = "all ranks"
     ) -> tuple[Estimate, sharding.RankStates, mp.StageParams]:
+        _check_positions(self.spec, setup)
         asked = setup.attention
         fallback = _attention_fallback(self.spec, setup)
         if fallback is not None:
             setup = fallback
         st = self._static_of(setup, par, stage)
         return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
+
+
+def _check_positions(spec: ModelSpec, setup: TrainingSetup) -> None:
+    """A model with learned position embeddings has a row per position: a longer sequence cannot run
+    (the embedding lookup goes out of range), so it is refused rather than estimated."""
+    if spec.position == "learned" and setup.seq_len > spec.max_position_embeddings:
+        raise InputError(
+            f"seq={setup.seq_len}: {spec.name} has {spec.max_position_embeddings:,} learned positions "
+            f"(max_position_embeddings); a longer sequence cannot run"
+        )
 
 
 def estimate_training(

@@ -14,7 +14,6 @@ a :class:`~peakmem.errors.ConfigError` naming the key, never a silent default.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,23 +53,16 @@ _MISSING: Any = object()
 
 # --- reading -----------------------------------------------------------------------------------------
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a ``config.json`` (or the one inside a folder) into a dict; errors name the file."""
+    """Read a ``config.json`` (or the one inside a folder) into a dict, within the bounds of
+    :func:`peakmem.validate.read_config_file` (size, nesting); errors name the file."""
+    from peakmem.validate import read_config_file
+
     p = Path(path)
     if p.is_dir():
         p = p / CONFIG_FILE
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read ({e})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a JSON object, not {type(data).__name__}")
-    return data
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file")
+    return read_config_file(p)
 
 
 class _Reader:
@@ -1380,7 +1372,11 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = (*_FAMILIES, *MULTIMODAL)
 
 
 def spec_from_config(config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
-    """Build the :class:`ModelSpec` of the transformers model a ``config.json`` dict describes."""
+    """Build the :class:`ModelSpec` of the transformers model a ``config.json`` dict describes (its
+    keys' types and sizes checked first: every caller, the web's posted configs too)."""
+    from peakmem.validate import check_config
+
+    check_config(config)
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ConfigError(

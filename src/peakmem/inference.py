@@ -14,6 +14,15 @@ from fractions import Fraction
 
 from peakmem.choice import Choice
 from peakmem.errors import InputError, require
+from peakmem.validate import (
+    MAX_DEVICE_BYTES,
+    MAX_GPUS,
+    MAX_TOKENS,
+    check_bool,
+    check_int,
+    check_real,
+    too_large,
+)
 
 
 class Engine(Choice):
@@ -211,6 +220,19 @@ class InferenceSetup:
         if not isinstance(self.kv_cache, KvDtype):
             object.__setattr__(self, "kv_cache", KvDtype.parse(self.kv_cache, "kv_cache"))
         fmt = parse_weight_format(self.weights)
+        check_int("batch", self.batch, maximum=MAX_TOKENS, what="sequences")
+        for name in ("context", "prompt", "block_size", "prefill_chunk"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), maximum=MAX_TOKENS, what="tokens")
+        check_int("tp", self.tp, maximum=MAX_GPUS, what="GPUs; no cluster has more")
+        if self.gpu_bytes is not None:
+            check_int("gpu_bytes", self.gpu_bytes, maximum=MAX_DEVICE_BYTES, what="bytes")
+        if self.gpu_memory_utilization is not None:
+            check_real("gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0)
+        for name in ("keep_all_logits", "strict"):
+            check_bool(name, getattr(self, name))
+        if self.context is not None and self.batch * self.context > MAX_TOKENS:
+            raise too_large("batch x context", self.batch * self.context, MAX_TOKENS, "tokens")
         require(self.batch >= 1, "batch", self.batch, "must be at least 1")
         if self.context is not None:
             require(self.context >= 1, "context", self.context, "must be at least 1")

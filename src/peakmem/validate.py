@@ -232,10 +232,10 @@ def check_config(config: Mapping[str, Any]) -> None:
             if depth > MAX_CONFIG_DEPTH:
                 raise ConfigError(f"config.json: {path} nested more than {MAX_CONFIG_DEPTH} levels deep")
             for key, item in value.items():
-                if not isinstance(key, str):
-                    where = path or "the top level"
+                if not isinstance(key, (str, int)) or isinstance(key, bool):  # transformers' to_dict(): int
+                    where = path or "the top level"  # label keys (id2label); JSON has only strings
                     raise ConfigError(f"config.json: key {key!r} in {where} must be a string")
-                where = f"{path}.{key}" if path else key
+                where = f"{path}.{key}" if path else str(key)
                 if key in CONFIG_INT_LIMITS:
                     _check_config_int(where, item, CONFIG_INT_LIMITS[key])
                 stack.append((where, item, depth + 1))

@@ -51,6 +51,7 @@ from peakmem.formulas.model_states import PrecisionPlan, precision_plan
 from peakmem.formulas.qlora import QuantConfig, base_bytes, dequant_temporaries
 from peakmem.model import Component, Layer, LayerGroup, ModelSpec, Tensor, TensorKind
 from peakmem.training import Method, Precision
+from peakmem.validate import MAX_WIDTH, check_int, check_real
 
 ALL_LINEAR = "all-linear"  # peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # peft/utils/constants.py SEQ_CLS_HEAD_NAMES
@@ -113,10 +114,10 @@ class LoraConfig:
     modules_to_save: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        require(isinstance(self.rank, int) and self.rank >= 1, "lora_rank", self.rank,
-                "must be a positive integer")  # fmt: skip
+        check_int("lora_rank", self.rank, maximum=MAX_WIDTH, what="(wider than any layer)")
+        check_real("lora_alpha", self.alpha)
         require(self.alpha > 0, "lora_alpha", self.alpha, "must be positive")
-        require(0.0 <= self.dropout < 1.0, "lora_dropout", self.dropout, "must be in [0, 1)")
+        check_real("lora_dropout", self.dropout, minimum=0.0, maximum=1.0, closed_max=False)
         require(self.adapter_dtype in ADAPTER_DTYPES, "adapter_dtype", self.adapter_dtype,
                 f"choose one of {', '.join(ADAPTER_DTYPES)}")  # fmt: skip
         for key in self.targets:
