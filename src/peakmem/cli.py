@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from peakmem import __version__
-from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, PeakmemError
+from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, InputError, PeakmemError
 from peakmem.render import train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
 from peakmem.validate import MAX_TOKENS
@@ -331,6 +331,42 @@ def _overheads(args: argparse.Namespace) -> Any:
     return Overheads(**given)
 
 
+def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """The ``--json`` answer of ``peakmem train|infer|fit|plan`` and its exit code: one function, which
+    the commands print and the Python API (:mod:`peakmem.api`) returns."""
+    from peakmem import planner
+    from peakmem.render import answer_json, infer_answer
+    from peakmem.resolve import resolve_gpu, resolve_model
+
+    spec = resolve_model(args.model)
+    if command == "plan":
+        report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
+                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch)  # fmt: skip
+        return planner.plan_json(report), EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
+    gpus = _gpus(args.gpu)
+    if command == "fit":
+        if not gpus:
+            raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
+        if args.infer:
+            served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
+            return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
+        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
+    if command == "infer":
+        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+        verdicts = served_answer.verdicts
+        code = EXIT_DOES_NOT_FIT if verdicts and not any(v.fits for v in verdicts) else EXIT_OK
+        return served_answer.json, code
+    if command != "train":
+        raise InputError(f"command={command!r}: one of train, infer, fit, plan")
+    setup = _training_setup(args, spec.max_position_embeddings)
+    answer = planner.train_answer(spec, setup, _parallelism(args), overheads=_overheads(args),
+                                  capacity_bytes=_capacity(gpus))  # fmt: skip
+    out = answer_json(answer.estimate, gpus, answer.ways)
+    fits = [v.fits for v in _verdicts(gpus, answer.estimate.device_total_bytes)]
+    return out, EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from peakmem.planner import train_answer
     from peakmem.resolve import resolve_model
@@ -516,6 +552,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from peakmem.render_plan import print_fit, print_fit_inference
     from peakmem.resolve import resolve_model
 
+    if args.json:
+        out, code = json_answer("fit", args)
+        _emit_json(out)
+        return code
     if not args.gpu:
         raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
     spec = resolve_model(args.model)
@@ -540,6 +580,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from peakmem.render_plan import print_plan
     from peakmem.resolve import resolve_gpu, resolve_model
 
+    if args.json:
+        out, code = json_answer("plan", args)
+        _emit_json(out)
+        return code
     spec = resolve_model(args.model)
     setup = _training_setup(args, spec.max_position_embeddings)
     report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch)
