@@ -229,6 +229,26 @@ def _gpus(arg: str | None) -> list[Any]:
     return [resolve_gpu(part.strip()) for part in arg.split(",") if part.strip()]
 
 
+def _notices(gpus: Sequence[Any], setup: Any = None) -> None:
+    """One stderr line per plain size (the bytes it means, the cards sold under it) and per GPU that
+    cannot run what the setup asks (bf16 or flash attention before Ampere): the estimate stands, as
+    asked, but the user hears why it would not run."""
+    for g in gpus:
+        if g.vendor == "unknown":
+            print(f"peakmem: --gpu {g.name} = {g.note}", file=sys.stderr)
+        if setup is None or not g.pre_ampere:
+            continue
+        precision = getattr(setup, "precision", None)
+        if precision is not None and "bf16" in precision.value:
+            print(f"peakmem: warning: {g.display_name} has no bf16 ({g.architecture}; bf16 needs Ampere or "
+                  f"newer): {precision.value} would not run there; --precision mixed-fp16 or amp-fp16 does",
+                  file=sys.stderr)  # fmt: skip
+        attention = getattr(setup, "attention", None)
+        if attention is not None and attention.value == "flash":
+            print(f"peakmem: warning: {g.display_name} cannot run flash-attn 2 ({g.architecture}; it needs "
+                  "Ampere or newer): --attention sdpa runs there", file=sys.stderr)  # fmt: skip
+
+
 def _verdicts(gpus: Sequence[Any], needed: int) -> list[Any]:
     from peakmem.breakdown import Verdict
 
@@ -380,6 +400,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.write(emit(args.emit, spec, setup, par))
         return EXIT_OK
     gpus = _gpus(args.gpu)
+    _notices(gpus, setup)
     answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
     est = answer.estimate
     if args.plot:
@@ -530,6 +551,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     spec = resolve_model(args.model)
     gpus = _gpus(args.gpu)
+    _notices(gpus)
     answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
     est, verdicts = answer.estimate, list(answer.verdicts)
     for note in est.assumptions:
@@ -552,6 +574,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from peakmem.render_plan import print_fit, print_fit_inference
     from peakmem.resolve import resolve_model
 
+    if args.gpu:
+        _notices(_gpus(args.gpu), None if args.infer else _training_setup(args, DEFAULT_SEQ_LEN))
     if args.json:
         out, code = json_answer("fit", args)
         _emit_json(out)

@@ -18,6 +18,12 @@ from peakmem.errors import require
 Vendor = Literal["nvidia", "amd", "apple", "unknown"]
 
 
+# bf16 arithmetic and flash-attn 2 need compute capability 8.0 (Ampere) or newer: torch's
+# ``torch.cuda.is_bf16_supported()`` is False below sm_80 (Volta sm_70, Turing sm_75), and flash-attn's
+# README lists "Ampere, Ada, or Hopper GPUs" (Turing only in flash-attn 1.x).
+PRE_AMPERE_ARCHITECTURES = frozenset({"pascal", "volta", "turing"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Gpu:
     """An accelerator: memory as the driver reports it, and rates for a step-time model."""
@@ -49,6 +55,11 @@ class Gpu:
                 0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,
                 "must be in (0, 1]",
             )  # fmt: skip
+
+    @property
+    def pre_ampere(self) -> bool:
+        """No bf16 and no flash-attn 2 (an NVIDIA card older than Ampere)."""
+        return self.architecture in PRE_AMPERE_ARCHITECTURES
 
     @property
     def has_rates(self) -> bool:

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from peakmem.catalog import Gpu, find_gpu, find_model, get_gpu, unknown_gpu, unknown_model
+from peakmem.catalog import GPUS, Gpu, find_gpu, find_model, get_gpu, unknown_gpu, unknown_model
 from peakmem.errors import ConfigError, InputError, UnknownNameError
 from peakmem.formulas.step_time import REFERENCE_GPU
 from peakmem.model import ModelSpec
@@ -168,6 +168,23 @@ def resolve_gpus(arg: str) -> tuple[Gpu, ...]:
     return tuple(resolve_gpu(p) for p in parts)
 
 
+SOLD_AS_LOW, SOLD_AS_HIGH = 0.93, 1.01  # T4 and L40S report 0.9375 x their nominal GiB: the lowest seen
+
+
+def sold_as(text: str) -> list[Gpu]:
+    """Catalog cards sold under the size ``text`` names ("24GB": the RTX 4090, A10, ...): vendors quote
+    nominal binary gigabytes that the driver reports a little under (RTX 4090 24,564 MiB; A10 and L4
+    23,028 MiB, ECC reserved; T4 15,360 MiB), so a card counts within [SOLD_AS_LOW, SOLD_AS_HIGH] x
+    that many GiB."""
+    m = re.fullmatch(r"\s*(\d+)\s*(gb|gib|g)?\s*", text.lower())
+    if not m:
+        return []
+    n = int(m.group(1))
+    return [
+        g for g in GPUS if not g.unified_memory and SOLD_AS_LOW <= g.memory_bytes / 2**30 / n <= SOLD_AS_HIGH
+    ]
+
+
 def gpu_of_size(text: str) -> Gpu:
     """An anonymous GPU with exactly ``parse_size(text)`` bytes, named after the size."""
     try:
@@ -179,6 +196,14 @@ def gpu_of_size(text: str) -> Gpu:
     if n_bytes > MAX_DEVICE_BYTES:
         raise too_large("--gpu", text, MAX_DEVICE_BYTES, "bytes; no GPU holds more")
     name = re.sub(r"\s+", "", text).lower()
+    sold = sold_as(text)
+    note = f"{n_bytes:,} B, the size as written (GB = 10^9 B, GiB = 2^30 B)"
+    if sold:
+        note += (
+            "; cards sold as this size hold more: "
+            + ", ".join(f"{g.name} ({g.usable_bytes:,} B)" for g in sold)
+            + " (name one to use its exact size)"
+        )
     return Gpu(
         name=name,
         display_name=f"{text.strip()} device",
@@ -186,6 +211,6 @@ def gpu_of_size(text: str) -> Gpu:
         architecture="unknown",
         memory_bytes=n_bytes,
         memory_source=f"given as {text.strip()!r}",
-        note="a plain size: all of it counts as device memory (what nvidia-smi would show as total)",
+        note=note,
         rates_from=get_gpu(REFERENCE_GPU),  # no rates of its own: step time borrows the reference GPU's
     )
