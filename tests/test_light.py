@@ -23,7 +23,7 @@ import pytest
 import peakmem
 
 HEAVY = ("torch", "transformers", "rich", "matplotlib", "fastapi", "huggingface_hub", "numpy")
-FACES = ("peakmem.render", "peakmem.render_plan", "peakmem.plot", "peakmem.cli", "peakmem.web")
+FACES = ("peakmem.render", "peakmem.render_plan", "peakmem.plot", "peakmem.cli", "peakmem.web", "peakmem.api")
 ORACLES = ("peakmem.simulate", "peakmem.measure")
 # Edges that are neither face nor oracle: the ``python -m peakmem`` entry point (runs the CLI), a
 # future integrations package, and the one module that goes online (imports huggingface_hub when a

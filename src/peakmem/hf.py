@@ -34,6 +34,7 @@ from peakmem.model import (
     linear,
     norm,
 )
+from peakmem.validate import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH
 
 CONFIG_FILE = "config.json"
 
@@ -63,6 +64,36 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"{p}: no such file")
     return read_config_file(p)
+
+
+# Integer keys of config.json files and the largest value any model has a use for
+# (:mod:`peakmem.validate` limits): a bigger one is refused before any work is done.
+CONFIG_INT_LIMITS: dict[str, int] = {
+    **dict.fromkeys(
+        ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers",
+         "first_k_dense_replace", "num_nextn_predict_layers"),
+        MAX_LAYERS,
+    ),
+    **dict.fromkeys(
+        ("hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "d_ff", "ffn_dim",
+         "moe_intermediate_size", "shared_expert_intermediate_size", "head_dim", "kv_channels",
+         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+         "rotary_dim", "sliding_window"),
+        MAX_WIDTH,
+    ),
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "n_head_kv",
+         "multi_query_group_num"),
+        MAX_HEADS,
+    ),
+    "vocab_size": MAX_VOCAB,
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "seq_length"), MAX_POSITIONS),
+    **dict.fromkeys(
+        ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+         "moe_topk", "num_shared_experts"),
+        MAX_EXPERTS,
+    ),
+}  # fmt: skip
 
 
 class _Reader:

@@ -57,32 +57,6 @@ MAX_HEADS = 2**16
 MAX_VOCAB = 2**26  # ~67M
 MAX_POSITIONS = 2**34  # ~1.7e10 tokens
 MAX_EXPERTS = 2**16
-CONFIG_INT_LIMITS: dict[str, int] = {
-    **dict.fromkeys(
-        ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers",
-         "first_k_dense_replace", "num_nextn_predict_layers"),
-        MAX_LAYERS,
-    ),
-    **dict.fromkeys(
-        ("hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "d_ff", "ffn_dim",
-         "moe_intermediate_size", "shared_expert_intermediate_size", "head_dim", "kv_channels",
-         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-         "rotary_dim", "sliding_window"),
-        MAX_WIDTH,
-    ),
-    **dict.fromkeys(
-        ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "n_head_kv",
-         "multi_query_group_num"),
-        MAX_HEADS,
-    ),
-    "vocab_size": MAX_VOCAB,
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "seq_length"), MAX_POSITIONS),
-    **dict.fromkeys(
-        ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
-         "moe_topk", "num_shared_experts"),
-        MAX_EXPERTS,
-    ),
-}  # fmt: skip
 
 
 def too_large(field: str, value: object, limit: int, what: str) -> InputError:
@@ -212,13 +186,18 @@ def _text_depth(text: str) -> int:
     return deepest
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_config(config: Mapping[str, Any], int_limits: Mapping[str, int] | None = None) -> None:
     """Bounds of a config dict (from a file, the catalog, the Hub or a web request):
 
     nesting depth and node count; keys are strings; floats finite; every architecture key of
-    :data:`CONFIG_INT_LIMITS`, wherever it appears, an integer (or a list of integers, or null)
-    no larger than its limit. Errors name the key and the value.
+    :data:`peakmem.hf.CONFIG_INT_LIMITS` (or ``int_limits``), wherever it appears, an integer (or a list
+    of integers, or null) no larger than its limit. Errors name the key and the value.
     """
+    if int_limits is None:
+        from peakmem.hf import CONFIG_INT_LIMITS  # the HF key names live in hf.py
+
+        int_limits = CONFIG_INT_LIMITS
+    limits = int_limits
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: must be a JSON object, not {type(config).__name__}")
     nodes = 0
@@ -236,8 +215,8 @@ def check_config(config: Mapping[str, Any]) -> None:
                     where = path or "the top level"  # label keys (id2label); JSON has only strings
                     raise ConfigError(f"config.json: key {key!r} in {where} must be a string")
                 where = f"{path}.{key}" if path else str(key)
-                if key in CONFIG_INT_LIMITS:
-                    _check_config_int(where, item, CONFIG_INT_LIMITS[key])
+                if isinstance(key, str) and key in limits:
+                    _check_config_int(where, item, limits[key])
                 stack.append((where, item, depth + 1))
         elif isinstance(value, (list, tuple)):
             if depth > MAX_CONFIG_DEPTH:
