@@ -95,8 +95,17 @@ def _violations(forbidden: tuple[str, ...], modules: tuple[str, ...]) -> list[st
     return out
 
 
+# The package's own peakmem.train/infer/fit/plan hand the call to the Python API face, lazily, inside
+# each function: ``import peakmem`` stays light (checked above); nothing else in the core may.
+PACKAGE_API = {
+    "peakmem imports peakmem.api",
+    "peakmem imports peakmem.api.run",
+    "peakmem imports peakmem.api.Result",
+}
+
+
 def test_core_imports_no_face_and_no_oracle() -> None:
-    assert _violations(FACES + ORACLES, CORE) == []
+    assert [v for v in _violations(FACES + ORACLES, CORE) if v not in PACKAGE_API] == []
 
 
 def test_formulas_import_neither_catalog_nor_hf() -> None:
