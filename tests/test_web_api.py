@@ -191,7 +191,7 @@ def test_server_reads_no_paths(client: TestClient, tmp_path: Any) -> None:
         ({"n_embd": 10**9}, "config.n_embd"),
         ({"n_layer": 10**6}, "config.n_layer"),
         ({"vocab_size": 2**40}, "config.vocab_size"),
-        ({"n_embd": 2**23, "n_head": 2**10}, "config"),  # each size allowed, the total (5e15 parameters) not
+        ({"n_embd": 2**23, "n_head": 2**10}, "config.n_embd"),  # wider than any model (2^20)
         ({"n_embd": "1600"}, "config.n_embd"),
         ({"n_layer": 0}, "config.n_layer"),
     ],
