@@ -107,6 +107,7 @@ class TrainingEstimator:
         self.overheads = overheads or _DEFAULT_OVERHEADS
         self._tech: dict[tuple[object, ...], Technique] = {}
         self._static: dict[tuple[object, ...], _Static] = {}
+        self._stages: dict[tuple[object, ...], mp.StageParams] = {}
 
     def technique(self, setup: TrainingSetup) -> Technique:
         key = _STATE_KEY(setup) if type(setup) is TrainingSetup else (setup,)
@@ -123,7 +124,14 @@ class TrainingEstimator:
         if found is None:
             if len(self._static) >= _MEMO_MAX:
                 self._static.clear()
-            found = self._static[key] = _compute_static(self.technique(setup), setup, par, stage)
+            tech = self.technique(setup)
+            layout = par or _SINGLE
+            # a stage's parameters depend on the model-parallel split only, not on the engine or dp
+            split = (tech.adapter, layout.tp, layout.pp, layout.ep, stage)
+            sp = self._stages.get(split)
+            if sp is None:
+                sp = self._stages[split] = mp.stage_params(tech.spec, layout, stage)
+            found = self._static[key] = _compute_static(tech, setup, par, sp)
         return found
 
     def estimate(
@@ -179,10 +187,12 @@ def _kept(nbytes: int, frac: Fraction) -> int:
     return nbytes if frac == 1 else -(-nbytes * frac.numerator // frac.denominator)
 
 
-def _compute_static(tech: Technique, setup: TrainingSetup, par: Parallelism | None, stage: int) -> _Static:
+def _compute_static(
+    tech: Technique, setup: TrainingSetup, par: Parallelism | None, sp: mp.StageParams
+) -> _Static:
     layout = par or _SINGLE
     spec = tech.spec
-    sp = mp.stage_params(spec, layout, stage)
+    stage = sp.stage
     rs = sharding.rank_states(tech, setup, layout, sp)
     first, last = stage == 0, stage == layout.pp - 1
     groups = _stage_group_indices(spec, layout.pp, stage)

@@ -138,6 +138,7 @@ def plan(
     tps = [t for t in PLAN_TP if t <= per_node and _divides_heads(spec, t)]
     cps = plan_cp_options(sf, setup)
     ckpts = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+    shaped: dict[tuple[int, int, Checkpointing], TrainingSetup] = {}
     for n, tp, pp, cp in itertools.product(counts, tps, pp_options, cps):
         if tp * pp * cp > n or n % (tp * pp * cp):
             continue
@@ -151,7 +152,11 @@ def plan(
                 continue
             accum = gb // (dp * mb)
             for engine, ck in itertools.product(engines, ckpts):
-                s = replace(setup, micro_batch=mb, grad_accum=accum, checkpointing=ck)
+                s = shaped.get((mb, accum, ck))
+                if s is None:  # one validated setup per shape, whatever the layout
+                    s = shaped[mb, accum, ck] = replace(
+                        setup, micro_batch=mb, grad_accum=accum, checkpointing=ck
+                    )
                 lay = st.Layout(gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, gpus_per_node=per_node,
                                 engine=_time_engine(engine, shard))  # fmt: skip
                 step = st.step_time(sf, s, rates, lay, trainable_params=trainable_params, params=spec.params)
