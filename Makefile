@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: demo test install install-test lint typecheck pytest bench clean
+.PHONY: demo test install install-test lint typecheck pytest bench validate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ bench: install-test
 	$(PY) benchmarks/accuracy_finetune.py
 	$(PY) benchmarks/step_time_published.py
 	$(PY) benchmarks/parity.py --sample
+
+# The README's accuracy table: every measured case the project ships (published points in
+# ../shared/validation, the CPU parity grid, GPU fixtures once they exist), against the band.
+validate: install-test
+	$(PY) benchmarks/validate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from peakmem.breakdown import Category
+from peakmem.breakdown import Category, Estimate
 from peakmem.catalog import get_model
 from peakmem.formulas.serving import estimate_inference, serving_fit
 from peakmem.hf import spec_from_config
@@ -28,10 +29,10 @@ GENERATED = 2048  # the benchmark generates 2048 tokens after each input
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published-measurements.json"
 
 
-def rows(path: Path) -> list[dict[str, object]]:
-    points = json.loads(path.read_text())
+def estimates(path: Path) -> list[tuple[dict[str, Any], Estimate, int]]:
+    """Each Qwen3 point, its estimate and the compared prediction (the steady-state bytes)."""
     out = []
-    for p in points:
+    for p in json.loads(path.read_text()):
         if not str(p["id"]).startswith("QWEN3-INF"):
             continue
         name = str(p["model"]).lower()
@@ -41,12 +42,20 @@ def rows(path: Path) -> list[dict[str, object]]:
         est = estimate_inference(spec, setup)
         steady = est.extra["steady_state_bytes"]
         assert isinstance(steady, int)
+        out.append((p, est, steady))
+    return out
+
+
+def rows(path: Path) -> list[dict[str, object]]:
+    out = []
+    for p, est, steady in estimates(path):
         decode = next(ph.bytes for ph in est.phases if ph.phase.value == "decode")
         measured = float(p["value"]) * MiB
         out.append(
             {
-                "id": p["id"], "model": p["model"], "context": context, "measured_mib": float(p["value"]),
-                "predicted_mib": steady / MiB, "error": steady / measured - 1,
+                "id": p["id"], "model": p["model"], "context": int(p["seq_len"]),
+                "measured_mib": float(p["value"]), "predicted_mib": steady / MiB,
+                "error": steady / measured - 1,
                 "decode_peak_mib": decode / MiB, "decode_peak_error": decode / measured - 1,
                 "peak_phase": est.peak_phase.value, "peak_allocated_mib": est.peak_allocated_bytes / MiB,
             }
