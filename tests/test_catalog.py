@@ -172,12 +172,53 @@ def test_sizes_span_100m_to_671b() -> None:
         ("h200", "h200", 143771),
         ("h100-nvl", "h100-nvl", 95830),
         ("3090", "rtx-3090", 24576),
+        # This year's GPUs (issue 14): the totals nvidia-smi prints.
+        ("b200", "b200", 183359),
+        ("NVIDIA B200", "b200", 183359),
+        ("b300", "b300", 275040),
+        ("NVIDIA B300 SXM6 AC", "b300", 275040),
+        ("gb200", "gb200", 189471),
+        ("NVIDIA GB200", "gb200", 189471),
+        ("5090", "rtx-5090", 32607),
+        ("rtx-pro-6000", "rtx-pro-6000-blackwell", 97887),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000-blackwell", 97887),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-blackwell", 97887),
+        ("h20", "h20", 97871),
+        ("l40s", "l40s", 46068),
     ],
 )
 def test_get_gpu_and_exact_driver_bytes(query: str, name: str, mib: int) -> None:
     gpu = get_gpu(query)
     assert gpu.name == name
     assert gpu.memory_bytes == mib * MiB
+
+
+@pytest.mark.parametrize(
+    ("query", "name", "nbytes"),
+    [
+        ("mi300x", "mi300x", 205822885888),
+        ("AMD Instinct MI300X", "mi300x", 205822885888),
+        ("mi325x", "mi325x", 256 * GiB),
+        ("mi355x", "mi355x", 288 * GiB),
+        ("AMD Instinct MI355X", "mi355x", 288 * GiB),
+    ],
+)
+def test_get_amd_gpu_bytes(query: str, name: str, nbytes: int) -> None:
+    gpu = get_gpu(query)
+    assert gpu.name == name
+    assert gpu.memory_bytes == nbytes
+
+
+def test_this_years_gpus_are_present_with_sources() -> None:
+    for name in (
+        "b200", "b300", "gb200", "rtx-5090", "rtx-pro-6000-blackwell", "h20", "l40s", "mi300x",
+        "mi325x", "mi355x",
+    ):  # fmt: skip
+        gpu = get_gpu(name)
+        assert gpu.source and gpu.memory_source, name
+        # a value that is only the marketing size says so
+        if "marketing" in gpu.memory_source:
+            assert "no published" in gpu.note, name
 
 
 def test_unknown_gpu_suggests() -> None:
@@ -194,7 +235,9 @@ def test_bare_ambiguous_aliases_say_which_variant_they_pick() -> None:
 
 
 # --- every GPU entry --------------------------------------------------------------------------------
-ARCHITECTURES = {"volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "apple"}
+ARCHITECTURES = {
+    "volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4", "apple",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("gpu", GPUS, ids=lambda g: g.name)
