@@ -474,6 +474,25 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
         },
     },
     {
+        "name": "mistral-small-24b-2501", "family": "mistral",
+        "hub_id": "mistralai/Mistral-Small-24B-Instruct-2501",
+        "aliases": ("mistral-small-24b", "mistral-small-3", "mistral-small-24b-instruct-2501",
+                    "mistralai/Mistral-Small-24B-Base-2501"),
+        "source": _src("mistralai/Mistral-Small-24B-Instruct-2501"),
+        "note": "the Hub repository is gated; keys read from configs that name it as _name_or_path "
+        "(huggingface.co/ReadyArt/Reformed-Christian-Bible-Expert-v1.1-24B, a full fine-tune) and agree "
+        "with stored copies of Mistral-Small-24B-Base-2501 (jhu-clsp/rank1-mistral-2501-24b); the card "
+        "says 24B parameters (no exact count stated)",
+        "config": {
+            "model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 131072,
+            "hidden_size": 5120, "intermediate_size": 32768, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 40,
+            "max_position_embeddings": 32768, "sliding_window": None, "hidden_act": "silu",
+            "rms_norm_eps": 1e-05, "rope_theta": 100000000.0, "attention_dropout": 0.0,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        },
+    },
+    {
         "name": "mixtral-8x7b", "family": "mixtral", "hub_id": "mistralai/Mixtral-8x7B-v0.1",
         "aliases": ("mixtral-8x7b-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct"),
         "source": _src("mistralai/Mixtral-8x7B-v0.1"), "reported_params": 46_702_792_704,
@@ -759,6 +778,23 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
             "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
             "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "tie_word_embeddings": False,
             "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000,
+        },
+    },
+    {
+        "name": "phi-4", "family": "phi3", "hub_id": "microsoft/phi-4", "aliases": ("phi4",),
+        "source": _src("microsoft/phi-4"),
+        "note": "read from the Hub file as stored at huggingface.co/microsoft/phi-4/blob/refs%2Fpr%2F10/"
+        "config.json (the same keys as copies in fine-tunes, e.g. gaianet/phi-4-GGUF); the card says "
+        "14B parameters (no exact count stated)",
+        "config": {
+            "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 100352,
+            "hidden_size": 5120, "intermediate_size": 17920, "num_attention_heads": 40,
+            "num_key_value_heads": 10, "num_hidden_layers": 40, "max_position_embeddings": 16384,
+            "original_max_position_embeddings": 16384, "sliding_window": None, "hidden_act": "silu",
+            "rms_norm_eps": 1e-05, "rope_theta": 250000, "rope_scaling": None, "attention_bias": False,
+            "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "bos_token_id": 100257, "eos_token_id": 100257,
+            "pad_token_id": 100257,
         },
     },
     # ------------------------------------------------------------------------------- StarCoder2
