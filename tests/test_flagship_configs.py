@@ -38,10 +38,14 @@ ENTRIES = _entries()
 # (sum(p.numel() for p in model.parameters()), tied weights once).
 EXACT: dict[str, int] = {
     "command-r7b": 8_028_033_024,
+    "glm-4.5-air": 106_852_245_504,
+    "glm-4.7": 352_797_814_784,
     "gpt-oss-120b": 116_829_156_672,
     "gpt-oss-20b": 20_914_757_184,
     "olmoe-1b-7b-0924": 6_919_161_856,
     "phi-2": 2_779_683_840,
+    "qwen2.5-vl-7b": 8_292_166_656,
+    "smollm3-3b": 3_075_098_624,
     "starcoder": 15_517_456_384,
 }
 

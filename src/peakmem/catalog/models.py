@@ -797,6 +797,39 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
             "pad_token_id": 100257,
         },
     },
+    {
+        "name": "phi-4-mini", "family": "phi3", "hub_id": "microsoft/Phi-4-mini-instruct",
+        "aliases": ("phi-4-mini-instruct", "phi4-mini"),
+        "source": _src("microsoft/Phi-4-mini-instruct"),
+        "note": "keys read from copies that name it as _name_or_path "
+        "(huggingface.co/onnx-community/Phi-4-mini-instruct-ONNX-MHA and unsloth/Phi-4-mini-instruct "
+        "config.json); the 48 longrope factors and the keys after them (sliding_window, tied "
+        "embeddings, vocab) from an mlx-community conversion vendored in a public test fixture, the "
+        "first factors agreeing with the ONNX copy; the card says 3.8B parameters",
+        "config": {
+            "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 200064,
+            "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 24,
+            "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+            "sliding_window": 262144, "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": [
+                    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+                    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687,
+                    4.279200023, 4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894,
+                    8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+                    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03,
+                    32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49,
+                    33.5, 44.16, 47.77,
+                ],
+                "short_factor": [1.0] * 48,
+            },
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "bos_token_id": 199999, "eos_token_id": 199999, "pad_token_id": 199999,
+        },
+    },
     # ------------------------------------------------------------------------------- StarCoder2
     {
         "name": "starcoder2-3b", "family": "starcoder2", "hub_id": "bigcode/starcoder2-3b", "aliases": (),
