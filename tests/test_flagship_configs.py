@@ -38,13 +38,22 @@ ENTRIES = _entries()
 # (sum(p.numel() for p in model.parameters()), tied weights once).
 EXACT: dict[str, int] = {
     "command-r7b": 8_028_033_024,
+    "deepseek-v3.2": 671_877_929_216,
+    "gemma-4-26b-a4b": 25_805_933_872,
     "glm-4.5-air": 106_852_245_504,
     "glm-4.7": 352_797_814_784,
     "gpt-oss-120b": 116_829_156_672,
     "gpt-oss-20b": 20_914_757_184,
+    "kimi-k2": 1_026_408_209_408,
+    "llama-4-maverick": 401_583_781_376,
+    "llama-4-scout": 108_641_793_536,
     "olmoe-1b-7b-0924": 6_919_161_856,
     "phi-2": 2_779_683_840,
     "qwen2.5-vl-7b": 8_292_166_656,
+    "qwen3-next-80b-a3b": 79_674_391_296,
+    "qwen3-vl-8b": 8_767_123_696,
+    "qwen3.5-27b": 27_356_728_560,
+    "qwen3.5-397b-a17b": 396_802_360_816,
     "smollm3-3b": 3_075_098_624,
     "starcoder": 15_517_456_384,
 }
@@ -78,25 +87,38 @@ def test_names_do_not_clash_with_the_catalog() -> None:
             seen.add(key)
 
 
+_SCALE = {"B": 9, "T": 12}
+
+
 def _rounding_unit(text: str) -> float:
-    """One unit of the last digit the card states: '2.7B' -> 0.1e9, '117B' -> 1e9."""
-    number = text.rstrip("B")
-    decimals = len(number.split(".")[1]) if "." in number else 0
-    return 10.0 ** (9 - decimals)
+    """One unit of the last digit the card states: '2.7B' -> 0.1e9, '117B' -> 1e9, '1T' -> 1e12."""
+    number, suffix = text[:-1], text[-1]
+    if "." in number:
+        return 10.0 ** (_SCALE[suffix] - len(number.split(".")[1]))
+    zeros = len(number) - len(number.rstrip("0"))  # '400B' states one digit: within 100B
+    return 10.0 ** (_SCALE[suffix] + zeros)
 
 
 def test_rounding_unit() -> None:
     assert _rounding_unit("2.7B") == 1e8
     assert _rounding_unit("117B") == 1e9
     assert _rounding_unit("15.5B") == 1e8
+    assert _rounding_unit("1T") == 1e12
+    assert _rounding_unit("400B") == 1e11
+    assert _rounding_unit("80B") == 1e10
 
 
 def _build(config: dict[str, Any]) -> Any:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
-    hf = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
     cls = getattr(transformers, config["architectures"][0], None) or transformers.AutoModelForCausalLM
+    if config["model_type"] in CONFIG_MAPPING_NAMES:
+        hf = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+    else:  # a remote-code type (kimi_k2): the config class of the architecture the file names
+        hf = cls.config_class(**kwargs)
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")
         if cls is transformers.AutoModelForCausalLM:

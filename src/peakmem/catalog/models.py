@@ -980,6 +980,30 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
             "bos_token_id": 0, "eos_token_id": 1,
         },
     },
+    {
+        "name": "deepseek-v3.1", "family": "deepseek", "hub_id": "deepseek-ai/DeepSeek-V3.1",
+        "aliases": ("deepseek-ai/DeepSeek-V3.1-Base", "deepseek-v3.1-base"),
+        "source": _src("deepseek-ai/DeepSeek-V3.1"),
+        "note": "the Hub file was not read itself: shape keys from NVIDIA's quantization of it, "
+        "vendored in github.com/ai-dynamo/aiconfigurator (aic-core/src/aiconfigurator_core/"
+        "model_configs/nvidia--DeepSeek-V3.1-NVFP4_config.json), identical to DeepSeek-V3's; like V3, 671B "
+        "main model plus a 14B MTP layer transformers does not build",
+        "config": {
+            **_DEEPSEEK_MLA, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+            "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+            "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "n_group": 8, "topk_group": 4, "num_nextn_predict_layers": 1, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "num_hidden_layers": 61, "q_lora_rank": 1536,
+            "max_position_embeddings": 163840, "rope_theta": 10000,
+            "rope_scaling": {
+                "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            },
+            "bos_token_id": 0, "eos_token_id": 1,
+        },
+    },
     # ------------------------------------------------------------------------------------- BERT
     {
         "name": "bert-base-uncased", "family": "bert", "hub_id": "google-bert/bert-base-uncased",
