@@ -66,6 +66,14 @@ def test_canonical_names_are_lowercase_and_trimmed(entries: tuple[CatalogModel |
         ("mistral-7b", "mistral-7b-v0.1"),
         ("google-bert/bert-large-uncased", "bert-large-uncased"),
         ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        # This year's entries the formulas answer (issue 14).
+        ("microsoft/phi-4", "phi-4"),
+        ("phi4", "phi-4"),
+        ("microsoft/Phi-4-mini-instruct", "phi-4-mini"),
+        ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b-2501"),
+        ("mistral-small-24b", "mistral-small-24b-2501"),
+        ("deepseek-ai/DeepSeek-V3.1", "deepseek-v3.1"),
+        ("deepseek-ai/DeepSeek-R1", "deepseek-v3"),
     ],
 )
 def test_get_model_by_name_alias_and_hub_id(query: str, name: str) -> None:
@@ -143,6 +151,11 @@ def test_every_model_parses_and_matches_its_reported_count(model: CatalogModel) 
         ("qwen3-0.6b", 596_049_920),
         ("qwen3-30b-a3b", 30_532_122_624),
         ("llama-3.2-3b", 3_212_749_824),
+        # This year's entries (issue 14): counts of transformers' own model on the meta device.
+        ("phi-4", 14_659_507_200),
+        ("phi-4-mini", 3_836_021_760),
+        ("mistral-small-24b-2501", 23_572_403_200),
+        ("deepseek-v3.1", 671_026_404_352),
     ],
 )
 def test_known_exact_counts(name: str, params: int) -> None:
