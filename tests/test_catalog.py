@@ -66,6 +66,14 @@ def test_canonical_names_are_lowercase_and_trimmed(entries: tuple[CatalogModel |
         ("mistral-7b", "mistral-7b-v0.1"),
         ("google-bert/bert-large-uncased", "bert-large-uncased"),
         ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        # This year's entries the formulas answer (issue 14).
+        ("microsoft/phi-4", "phi-4"),
+        ("phi4", "phi-4"),
+        ("microsoft/Phi-4-mini-instruct", "phi-4-mini"),
+        ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b-2501"),
+        ("mistral-small-24b", "mistral-small-24b-2501"),
+        ("deepseek-ai/DeepSeek-V3.1", "deepseek-v3.1"),
+        ("deepseek-ai/DeepSeek-R1", "deepseek-v3"),
     ],
 )
 def test_get_model_by_name_alias_and_hub_id(query: str, name: str) -> None:
@@ -143,6 +151,11 @@ def test_every_model_parses_and_matches_its_reported_count(model: CatalogModel) 
         ("qwen3-0.6b", 596_049_920),
         ("qwen3-30b-a3b", 30_532_122_624),
         ("llama-3.2-3b", 3_212_749_824),
+        # This year's entries (issue 14): counts of transformers' own model on the meta device.
+        ("phi-4", 14_659_507_200),
+        ("phi-4-mini", 3_836_021_760),
+        ("mistral-small-24b-2501", 23_572_403_200),
+        ("deepseek-v3.1", 671_026_404_352),
     ],
 )
 def test_known_exact_counts(name: str, params: int) -> None:
@@ -172,12 +185,53 @@ def test_sizes_span_100m_to_671b() -> None:
         ("h200", "h200", 143771),
         ("h100-nvl", "h100-nvl", 95830),
         ("3090", "rtx-3090", 24576),
+        # This year's GPUs (issue 14): the totals nvidia-smi prints.
+        ("b200", "b200", 183359),
+        ("NVIDIA B200", "b200", 183359),
+        ("b300", "b300", 275040),
+        ("NVIDIA B300 SXM6 AC", "b300", 275040),
+        ("gb200", "gb200", 189471),
+        ("NVIDIA GB200", "gb200", 189471),
+        ("5090", "rtx-5090", 32607),
+        ("rtx-pro-6000", "rtx-pro-6000-blackwell", 97887),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000-blackwell", 97887),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-blackwell", 97887),
+        ("h20", "h20", 97871),
+        ("l40s", "l40s", 46068),
     ],
 )
 def test_get_gpu_and_exact_driver_bytes(query: str, name: str, mib: int) -> None:
     gpu = get_gpu(query)
     assert gpu.name == name
     assert gpu.memory_bytes == mib * MiB
+
+
+@pytest.mark.parametrize(
+    ("query", "name", "nbytes"),
+    [
+        ("mi300x", "mi300x", 205822885888),
+        ("AMD Instinct MI300X", "mi300x", 205822885888),
+        ("mi325x", "mi325x", 256 * GiB),
+        ("mi355x", "mi355x", 288 * GiB),
+        ("AMD Instinct MI355X", "mi355x", 288 * GiB),
+    ],
+)
+def test_get_amd_gpu_bytes(query: str, name: str, nbytes: int) -> None:
+    gpu = get_gpu(query)
+    assert gpu.name == name
+    assert gpu.memory_bytes == nbytes
+
+
+def test_this_years_gpus_are_present_with_sources() -> None:
+    for name in (
+        "b200", "b300", "gb200", "rtx-5090", "rtx-pro-6000-blackwell", "h20", "l40s", "mi300x",
+        "mi325x", "mi355x",
+    ):  # fmt: skip
+        gpu = get_gpu(name)
+        assert gpu.source and gpu.memory_source, name
+        # a value that is only the marketing size says so
+        if "marketing" in gpu.memory_source:
+            assert "no published" in gpu.note, name
 
 
 def test_unknown_gpu_suggests() -> None:
@@ -194,7 +248,9 @@ def test_bare_ambiguous_aliases_say_which_variant_they_pick() -> None:
 
 
 # --- every GPU entry --------------------------------------------------------------------------------
-ARCHITECTURES = {"volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "apple"}
+ARCHITECTURES = {
+    "volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4", "apple",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("gpu", GPUS, ids=lambda g: g.name)

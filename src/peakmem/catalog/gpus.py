@@ -124,6 +124,22 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "source": "NVIDIA RTX 6000 Ada datasheet (728.5 TFLOPS with sparsity)",
     },
     {
+        "name": "rtx-pro-6000-blackwell", "display_name": "NVIDIA RTX PRO 6000 Blackwell",
+        "vendor": "nvidia", "architecture": "blackwell", "memory_bytes": 97887 * MiB,
+        "memory_source": f"{_SMI}: 'NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887 MiB' and "
+        "'... Workstation Edition, 97887 MiB' (drivers 580.126.09, 596.59; ECC on, the default)",
+        "bf16_tflops": 503.8, "bandwidth_gbps": 1792.0,
+        "aliases": ("rtx-pro-6000", "rtxpro6000", "pro-6000", "rtx pro 6000",
+                    "rtx-pro-6000-server", "rtx-pro-6000-workstation",
+                    "nvidia rtx pro 6000 blackwell server edition",
+                    "nvidia rtx pro 6000 blackwell workstation edition"),
+        "source": "NVIDIA RTX PRO 6000 Blackwell datasheet (96 GB GDDR7 ECC, 1792 GB/s); TFLOPS: the "
+        "RTX Blackwell whitepaper's per-SM tensor rate x 188 SMs x 2617 MHz boost",
+        "note": "Server and Workstation editions report the same memory; with ECC turned off the "
+        "driver shows 98304 MiB; TFLOPS (fp16 tensor, fp32 accumulate, dense) uncertain to a few "
+        "percent; the 300 W Max-Q edition runs lower",
+    },
+    {
         "name": "l4", "display_name": "NVIDIA L4", "vendor": "nvidia",
         "architecture": "ada", "memory_bytes": 23034 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA L4 ... 23034MiB'",
@@ -255,6 +271,29 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "note": "TFLOPS for the 1000 W HGX part; air-cooled systems may run lower",
     },
     {
+        "name": "b300", "display_name": "NVIDIA B300 SXM6 AC", "vendor": "nvidia",
+        "architecture": "blackwell", "memory_bytes": 275040 * MiB,
+        "memory_source": f"{_SMI}: 'NVIDIA B300 SXM6 AC, 275040 MiB' (nvidia-smi --query-gpu CSV, "
+        "drivers 580.95.05 and 590.44; AWS p6-b300 and DGX B300 logs)",
+        "bf16_tflops": 2250.0, "bandwidth_gbps": 8000.0,
+        "aliases": ("b300-sxm6", "b300-288gb", "blackwell-ultra", "nvidia b300", "nvidia b300 sxm6 ac"),
+        "source": "NVIDIA HGX B300 datasheet (36 PFLOPS fp16/bf16 with sparsity per 8 GPUs = 2.25 "
+        "PFLOPS dense per GPU; 8 TB/s HBM3e)",
+        "note": "sold as 288 GB HBM3e; the driver shows 275040 MiB (268.6 GiB)",
+    },
+    {
+        "name": "gb200", "display_name": "NVIDIA GB200 (one Blackwell GPU)", "vendor": "nvidia",
+        "architecture": "blackwell", "memory_bytes": 189471 * MiB,
+        "memory_source": f"{_SMI}: 'NVIDIA GB200, 189471 MiB' (GB200 NVL4/NVL72 nodes, drivers "
+        "580.95.05 to 590.48.01)",
+        "bf16_tflops": 2500.0, "bandwidth_gbps": 8000.0,
+        "aliases": ("gb200-nvl72", "gb200-nvl4", "gb200-186gb", "nvidia gb200"),
+        "source": "NVIDIA GB200 NVL72 datasheet (360 PFLOPS fp16/bf16 with sparsity per 72 GPUs = "
+        "2.5 PFLOPS dense per GPU; 8 TB/s HBM3e per GPU)",
+        "note": "one of the two Blackwell GPUs of a GB200 superchip (the Grace CPU's LPDDR5X is not "
+        "counted); sold as 186 GB HBM3e, the driver shows 189471 MiB (185.0 GiB)",
+    },
+    {
         "name": "gh200", "display_name": "NVIDIA GH200 480GB (96GB HBM3)", "vendor": "nvidia",
         "architecture": "hopper", "memory_bytes": 97871 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GH200 480GB ... 97871MiB' (GPU HBM only)",
@@ -302,6 +341,17 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "source": "AMD Instinct MI325X datasheet",
         "note": "no published rocm-smi total found; an MI300X reports 0.2% under its 192 GiB, so "
         "this is likely a little high",
+    },
+    {
+        "name": "mi355x", "display_name": "AMD Instinct MI355X", "vendor": "amd",
+        "architecture": "cdna4", "memory_bytes": 288 * GiB,
+        "memory_source": "marketing size 288 GB HBM3E (8 stacks of 36 GB) taken as GiB",
+        "bf16_tflops": 2516.6, "bandwidth_gbps": 8000.0,
+        "aliases": ("instinct-mi355x", "mi355x-288gb", "mi355", "amd instinct mi355x"),
+        "source": "AMD Instinct MI355X datasheet (2.5 PFLOPS fp16/bf16 dense, 5 with sparsity; "
+        "8 TB/s); AMD CDNA 4 architecture whitepaper",
+        "note": "no published rocm-smi total found; an MI300X reports up to 0.2% under its "
+        "192 GiB, so this is likely a little high",
     },
     # ------------------------------------------------------------- Apple unified memory
     {

@@ -474,6 +474,25 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
         },
     },
     {
+        "name": "mistral-small-24b-2501", "family": "mistral",
+        "hub_id": "mistralai/Mistral-Small-24B-Instruct-2501",
+        "aliases": ("mistral-small-24b", "mistral-small-3", "mistral-small-24b-instruct-2501",
+                    "mistralai/Mistral-Small-24B-Base-2501"),
+        "source": _src("mistralai/Mistral-Small-24B-Instruct-2501"),
+        "note": "the Hub repository is gated; keys read from configs that name it as _name_or_path "
+        "(huggingface.co/ReadyArt/Reformed-Christian-Bible-Expert-v1.1-24B, a full fine-tune) and agree "
+        "with stored copies of Mistral-Small-24B-Base-2501 (jhu-clsp/rank1-mistral-2501-24b); the card "
+        "says 24B parameters (no exact count stated)",
+        "config": {
+            "model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 131072,
+            "hidden_size": 5120, "intermediate_size": 32768, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 40,
+            "max_position_embeddings": 32768, "sliding_window": None, "hidden_act": "silu",
+            "rms_norm_eps": 1e-05, "rope_theta": 100000000.0, "attention_dropout": 0.0,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        },
+    },
+    {
         "name": "mixtral-8x7b", "family": "mixtral", "hub_id": "mistralai/Mixtral-8x7B-v0.1",
         "aliases": ("mixtral-8x7b-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct"),
         "source": _src("mistralai/Mixtral-8x7B-v0.1"), "reported_params": 46_702_792_704,
@@ -761,6 +780,56 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
             "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000,
         },
     },
+    {
+        "name": "phi-4", "family": "phi3", "hub_id": "microsoft/phi-4", "aliases": ("phi4",),
+        "source": _src("microsoft/phi-4"),
+        "note": "read from the Hub file as stored at huggingface.co/microsoft/phi-4/blob/refs%2Fpr%2F10/"
+        "config.json (the same keys as copies in fine-tunes, e.g. gaianet/phi-4-GGUF); the card says "
+        "14B parameters (no exact count stated)",
+        "config": {
+            "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 100352,
+            "hidden_size": 5120, "intermediate_size": 17920, "num_attention_heads": 40,
+            "num_key_value_heads": 10, "num_hidden_layers": 40, "max_position_embeddings": 16384,
+            "original_max_position_embeddings": 16384, "sliding_window": None, "hidden_act": "silu",
+            "rms_norm_eps": 1e-05, "rope_theta": 250000, "rope_scaling": None, "attention_bias": False,
+            "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "bos_token_id": 100257, "eos_token_id": 100257,
+            "pad_token_id": 100257,
+        },
+    },
+    {
+        "name": "phi-4-mini", "family": "phi3", "hub_id": "microsoft/Phi-4-mini-instruct",
+        "aliases": ("phi-4-mini-instruct", "phi4-mini"),
+        "source": _src("microsoft/Phi-4-mini-instruct"),
+        "note": "keys read from copies that name it as _name_or_path "
+        "(huggingface.co/onnx-community/Phi-4-mini-instruct-ONNX-MHA and unsloth/Phi-4-mini-instruct "
+        "config.json); the 48 longrope factors and the keys after them (sliding_window, tied "
+        "embeddings, vocab) from an mlx-community conversion vendored in a public test fixture, the "
+        "first factors agreeing with the ONNX copy; the card says 3.8B parameters",
+        "config": {
+            "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 200064,
+            "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 24,
+            "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+            "sliding_window": 262144, "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": [
+                    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+                    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687,
+                    4.279200023, 4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894,
+                    8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+                    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03,
+                    32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49,
+                    33.5, 44.16, 47.77,
+                ],
+                "short_factor": [1.0] * 48,
+            },
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "bos_token_id": 199999, "eos_token_id": 199999, "pad_token_id": 199999,
+        },
+    },
     # ------------------------------------------------------------------------------- StarCoder2
     {
         "name": "starcoder2-3b", "family": "starcoder2", "hub_id": "bigcode/starcoder2-3b", "aliases": (),
@@ -904,6 +973,30 @@ MODEL_ENTRIES: tuple[dict[str, Any], ...] = (
             "num_nextn_predict_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
             "num_hidden_layers": 61, "q_lora_rank": 1536, "max_position_embeddings": 163840,
             "rope_theta": 10000,
+            "rope_scaling": {
+                "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            },
+            "bos_token_id": 0, "eos_token_id": 1,
+        },
+    },
+    {
+        "name": "deepseek-v3.1", "family": "deepseek", "hub_id": "deepseek-ai/DeepSeek-V3.1",
+        "aliases": ("deepseek-ai/DeepSeek-V3.1-Base", "deepseek-v3.1-base"),
+        "source": _src("deepseek-ai/DeepSeek-V3.1"),
+        "note": "the Hub file was not read itself: shape keys from NVIDIA's quantization of it, "
+        "vendored in github.com/ai-dynamo/aiconfigurator (aic-core/src/aiconfigurator_core/"
+        "model_configs/nvidia--DeepSeek-V3.1-NVFP4_config.json), identical to DeepSeek-V3's; like V3, 671B "
+        "main model plus a 14B MTP layer transformers does not build",
+        "config": {
+            **_DEEPSEEK_MLA, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+            "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+            "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "n_group": 8, "topk_group": 4, "num_nextn_predict_layers": 1, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "num_hidden_layers": 61, "q_lora_rank": 1536,
+            "max_position_embeddings": 163840, "rope_theta": 10000,
             "rope_scaling": {
                 "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
