@@ -35,7 +35,7 @@ from typing import Any
 from peakmem.breakdown import Category, Estimate
 from peakmem.calibrate import Measurement
 from peakmem.errors import InputError
-from peakmem.units import fmt_bytes as fmt_gib
+from peakmem.units import fmt_bytes
 
 MAX_SNAPSHOT_BYTES = 4 * 1000**3  # 4 GB: a 1M-event trace with deep stacks is ~1 GB
 LIVE_STATES = ("active_allocated",)  # counted by allocated_bytes (awaiting-free blocks are not)
@@ -518,37 +518,39 @@ def explanation_lines(out: Mapping[str, Any]) -> list[str]:
     """Plain text of :func:`explanation_json`'s answer (the CLI prints it)."""
     lines = [
         f"{out['snapshot']} (device {out['device']}, {out['events']:,} trace events): peak allocated "
-        f"{fmt_gib(out['peak_allocated_bytes'])}, max reserved {fmt_gib(out['peak_reserved_bytes'])}"
+        f"{fmt_bytes(out['peak_allocated_bytes'])}, max reserved {fmt_bytes(out['peak_reserved_bytes'])}"
     ]
     pred = out.get("prediction")
     if pred is not None:
         lines.append(
-            f"peakmem predicts {fmt_gib(pred['peak_allocated_bytes'])} allocated at the {pred['peak_phase']} "
-            f"peak for {pred['model']} (difference {_signed(out['difference_bytes'])})"
+            f"peakmem predicts {fmt_bytes(pred['peak_allocated_bytes'])} allocated at the "
+            f"{pred['peak_phase']} peak for {pred['model']} (difference {_signed(out['difference_bytes'])})"
         )
     lines.append("")
     header = f"{'category':<18}{'measured':>12}" + (f"{'predicted':>12}{'difference':>13}" if pred else "")
     lines.append(header)
     for r in out["rows"]:
-        row = f"{r['category']:<18}{fmt_gib(r['measured_bytes']):>12}"
+        row = f"{r['category']:<18}{fmt_bytes(r['measured_bytes']):>12}"
         if pred is not None:
-            row += f"{fmt_gib(r['predicted_bytes']):>12}{_signed(r['difference_bytes']):>13}"
+            row += f"{fmt_bytes(r['predicted_bytes']):>12}{_signed(r['difference_bytes']):>13}"
         lines.append(row)
     lines += ["", "largest blocks live at the peak:"]
-    lines += [f"  {fmt_gib(b['bytes']):>10}  {b['category']:<17} {b['frame']}" for b in out["largest_blocks"]]
+    lines += [
+        f"  {fmt_bytes(b['bytes']):>10}  {b['category']:<17} {b['frame']}" for b in out["largest_blocks"]
+    ]
     oom = out.get("oom")
     if oom is not None:
         free = (
-            f", {fmt_gib(oom['device_free_bytes'])} free on the device"
+            f", {fmt_bytes(oom['device_free_bytes'])} free on the device"
             if oom["device_free_bytes"] is not None
             else ""
         )
-        lines += ["", f"out of memory: {fmt_gib(oom['requested_bytes'])} requested at {oom['frame']}{free}"]
+        lines += ["", f"out of memory: {fmt_bytes(oom['requested_bytes'])} requested at {oom['frame']}{free}"]
         lines += [f"    {f}" for f in oom["frames"][:SHOWN_FRAMES]]
         if oom["ways"]:
-            cap = f" (capacity {fmt_gib(oom['capacity_bytes'])})" if oom["capacity_bytes"] else ""
+            cap = f" (capacity {fmt_bytes(oom['capacity_bytes'])})" if oom["capacity_bytes"] else ""
             lines.append(f"changes that would have fit{cap}:")
-            lines += [f"  - {w['change']}: {fmt_gib(w['device_total_bytes'])}" for w in oom["ways"]]
+            lines += [f"  - {w['change']}: {fmt_bytes(w['device_total_bytes'])}" for w in oom["ways"]]
         elif pred is None:
             lines.append(
                 "give the job's model and options (--model MODEL ...) for the changes that would fit"
@@ -558,4 +560,4 @@ def explanation_lines(out: Mapping[str, Any]) -> list[str]:
 
 
 def _signed(n: int) -> str:
-    return ("+" if n > 0 else "-" if n < 0 else "") + fmt_gib(abs(n))
+    return ("+" if n > 0 else "-" if n < 0 else "") + fmt_bytes(abs(n))
