@@ -25,6 +25,7 @@ stand for the peak, and the report says so.
 
 from __future__ import annotations
 
+import gzip
 import io
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ from peakmem.errors import InputError
 from peakmem.units import fmt_bytes
 
 MAX_SNAPSHOT_BYTES = 4 * 1000**3  # 4 GB: a 1M-event trace with deep stacks is ~1 GB
+GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 ID1 ID2
 LIVE_STATES = ("active_allocated",)  # counted by allocated_bytes (awaiting-free blocks are not)
 # allocated_bytes drops at free_requested; free_completed (the block reusable) changes no count.
 FREE_ACTIONS = ("free_requested", "free")  # "free": older traces, one event per free
@@ -181,6 +183,17 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 
 
 def parse_snapshot(data: bytes, where: str = "snapshot") -> dict[str, Any]:
+    """``data``: the pickle's bytes, or their gzip (``gzip dump_snapshot.pickle``)."""
+    if data[:2] == GZIP_MAGIC:
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
+                data = z.read(MAX_SNAPSHOT_BYTES + 1)
+        except (OSError, EOFError) as err:
+            raise InputError(f"{where}: a damaged gzip file ({err})") from None
+        if len(data) > MAX_SNAPSHOT_BYTES:
+            raise InputError(
+                f"{where}: unpacks to more than {MAX_SNAPSHOT_BYTES:,} bytes; not a memory snapshot"
+            )
     try:
         obj = _PlainUnpickler(io.BytesIO(data)).load()
     except _Refused as err:
