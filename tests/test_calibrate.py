@@ -231,3 +231,23 @@ def test_cli_calibrate_on_peakmem_measure_json(tmp_path: Path, capsys: pytest.Ca
     gpu = json.loads(capsys.readouterr().out)
     assert gpu["context_bytes"] == 400 * MiB
     assert gpu["fragmentation"] == round((churn // 5) / churn, 4)
+
+
+def test_cli_calibrate_reads_gzipped_and_unsuffixed_snapshots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+    import pickle
+
+    gz = tmp_path / "step.pickle.gz"
+    gz.write_bytes(gzip.compress(pickle.dumps(S.snapshot())))
+    plain = S.write(tmp_path / "dump", S.snapshot())  # no suffix: told by pickle's first byte
+    assert main(["calibrate", str(gz), str(plain), "--name", "both", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["peak_allocated_bytes"] for m in out["measurements"]] == [S.PEAK, S.PEAK]
+    assert main(["explain", str(gz), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_allocated_bytes"] == S.PEAK
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(gzip.compress(b"x" * 100)[:20])
+    assert main(["explain", str(broken)]) == 2
+    assert "gzip" in capsys.readouterr().err

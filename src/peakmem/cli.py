@@ -655,12 +655,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.nvidia_smi_used
         else (None, None)
     )
+    from peakmem.measure.snapshot import is_snapshot_file, load_snapshot, replay
+
     measurements = []
     for name in args.files:
         path = Path(name)
-        if path.suffix in (".pickle", ".pkl"):
-            from peakmem.measure.snapshot import load_snapshot, replay
-
+        if is_snapshot_file(path):
             rep = replay(load_snapshot(path), device=args.device)
             measurements.append(rep.measurement(f"snapshot {path.name}", device_total_bytes=used, gpu=gpu))
         else:

@@ -40,6 +40,7 @@ from peakmem.units import fmt_bytes
 
 MAX_SNAPSHOT_BYTES = 4 * 1000**3  # 4 GB: a 1M-event trace with deep stacks is ~1 GB
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 ID1 ID2
+PICKLE_PROTO = b"\x80"  # pickle's PROTO opcode: the first byte of every protocol 2+ pickle
 LIVE_STATES = ("active_allocated",)  # counted by allocated_bytes (awaiting-free blocks are not)
 # allocated_bytes drops at free_requested; free_completed (the block reusable) changes no count.
 FREE_ACTIONS = ("free_requested", "free")  # "free": older traces, one event per free
@@ -180,6 +181,17 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
     return parse_snapshot(data, str(path))
+
+
+def is_snapshot_file(path: Path) -> bool:
+    """A snapshot by its name (.pickle, .pkl, .gz) or its first byte (pickle protocol 2+: 0x80)."""
+    if path.suffix in (".pickle", ".pkl", ".gz"):
+        return True
+    try:
+        with path.open("rb") as fh:
+            return fh.read(1) == PICKLE_PROTO
+    except OSError:
+        return False
 
 
 def parse_snapshot(data: bytes, where: str = "snapshot") -> dict[str, Any]:
