@@ -151,7 +151,13 @@ def test_cli_calibrate_from_memory_stats_then_profile_changes_train(
     assert any("calibrated profile 'h200-test'" in a for a in tuned["assumptions"])
     # fit and plan take it too
     assert main(["fit", "gpt2", "--seq", "512", "--gpu", "24GB", "--profile", "h200-test", "--json"]) == 0
+    assert main(["plan", "gpt2", "--seq", "512", "--gpu", "24GB", "--max-gpus", "2", "--profile", "h200-test",
+                 "--json"]) == 0  # fmt: skip
     capsys.readouterr()
+    import peakmem
+
+    api = peakmem.train("gpt2", seq=512, profile="h200-test").to_dict()  # the Python API takes it too
+    assert api["device_total_bytes"] == tuned["device_total_bytes"]
     assert main(["train", "gpt2", "--profile", "nope", "--json"]) == 2
     assert "no such profile" in capsys.readouterr().err
 

@@ -7,8 +7,8 @@ The two figures are fitted in the form the estimate uses them (:func:`peakmem.es
 
 * ``device_total = reserved + context + cuBLAS workspace``, where the estimate's reserved leaves the
   cuBLAS workspace out (it adds it on top) but a measured ``max_memory_reserved`` holds it, so the
-  context is ``measured device total - measured reserved``: with it the estimate reproduces the
-  measured device total whenever it reproduces the measured reserved;
+  context is ``measured device total - measured reserved``: an estimate whose reserved matches the
+  measured reserved less the workspace then reproduces the measured device total;
 * ``reserved = ceil_2MiB(persistent + rounding + churn * (1 + fragmentation))`` with
   ``churn = allocated peak - persistent`` (the bytes that come and go every step: activations,
   gradients, temporaries), so ``fragmentation = (reserved - allocated) / churn``. The persistent part

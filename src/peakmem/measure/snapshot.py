@@ -416,7 +416,11 @@ def _blocks_at_snapshot(segs: list[dict[str, Any]]) -> dict[int, Block]:
             size = _int(b.get("size"))
             at = _int(b.get("address")) if isinstance(b.get("address"), int) else addr  # older: no address
             if b.get("state") in LIVE_STATES:
-                fr = frames_of(b.get("frames"))
+                raw = b.get("frames")
+                history = b.get("history")  # torch 2.0's snapshots: the stack sits in history[0]
+                if raw is None and isinstance(history, list) and history and isinstance(history[0], dict):
+                    raw = history[0].get("frames")
+                fr = frames_of(raw)
                 out[at] = Block(addr=at, size=size, frames=fr, category=classify(fr))
             addr = at + size
     return out
