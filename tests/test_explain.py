@@ -166,3 +166,28 @@ def test_cli_explain_oom_names_the_failed_allocation_and_ways(
     assert main(["explain", str(path)]) == 0
     text = capsys.readouterr().out
     assert "out of memory: 6.00 GiB requested" in text and "--model" in text
+
+
+def test_python_only_backward_blocks_freed_in_backward_are_temporaries() -> None:
+    # Two blocks from the same Python-only backward stack: one freed while backward still runs (an
+    # activation gradient in flight), one freed by zero_grad (a .grad). Both live at the peak.
+    zero_grad = [S.f(f"{S.SITE}/torch/optim/optimizer.py", "zero_grad"), S.TRAIN]
+    a, b = S.BASE, S.BASE + 8 * MiB
+
+    def ev(action: str, addr: int, size: int, frames: list[dict[str, object]]) -> dict[str, object]:
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": frames}
+
+    events = [
+        ev("segment_alloc", S.BASE, 20 * MiB, S.GRAD),
+        ev("alloc", a, 8 * MiB, S.GRAD),
+        ev("alloc", b, 4 * MiB, S.GRAD),
+        ev("free_requested", b, 4 * MiB, S.GRAD),
+        ev("free_completed", b, 4 * MiB, S.GRAD),
+        ev("free_requested", a, 8 * MiB, zero_grad),
+        ev("free_completed", a, 8 * MiB, zero_grad),
+    ]
+    snap = {"segments": [{"device": 0, "address": S.BASE, "total_size": 20 * MiB, "blocks": []}],
+            "device_traces": [events]}  # fmt: skip
+    rep = replay(snap)
+    assert rep.peak_allocated_bytes == 12 * MiB and rep.peak_event == 2
+    assert rep.by_category()[GRADIENTS] == 8 * MiB and rep.by_category()[TEMPORARIES] == 4 * MiB

@@ -29,7 +29,7 @@ import gzip
 import io
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,19 +262,14 @@ def classify(frames: Sequence[Frame]) -> str:
     if in_files(OPTIMIZER_FILES):
         opt = [f for f in frames if any(p in f.filename for p in OPTIMIZER_FILES)]
         return OPTIMIZER if any(f.name in OPTIMIZER_STATE_FUNCS for f in opt) else TEMPORARIES
-    backward = named(BACKWARD_CPP) or any(
-        f.name in (*BACKWARD_FUNCS, "backward") and any(p in f.filename for p in BACKWARD_FILES)
-        for f in frames
-    )
-    if backward:
+    if in_backward(frames):
         if in_files(CHECKPOINT_FILES):
             return ACTIVATIONS
         if named(GRADIENT_FUNCS):
             return GRADIENTS
-        has_cpp = any(not f.filename.endswith(".py") for f in frames)
         # Python-only stacks (_record_memory_history(stacks="python")) cannot tell a .grad from a
-        # gradient in flight; a .grad outlives the ops, so it is the likelier one live at a peak.
-        return TEMPORARIES if has_cpp else GRADIENTS
+        # gradient in flight: gradients here; _live_at makes those freed within backward temporaries.
+        return GRADIENTS if python_only(frames) else TEMPORARIES
     moved = any(f.name in MODULE_MOVE_FUNCS and f.filename.endswith(MODULE_FILE) for f in frames)
     if moved or any(f.name in PARAMETER_FUNCS for f in frames) or in_files(PARAMETER_FILES):
         return PARAMETERS
@@ -283,6 +278,18 @@ def classify(frames: Sequence[Frame]) -> str:
     if any(f.name in FORWARD_FUNCS for f in frames) or in_files(FORWARD_FILES):
         return ACTIVATIONS
     return OTHER
+
+
+def in_backward(frames: Sequence[Frame]) -> bool:
+    """Allocated by the autograd engine (Tensor.backward / torch.autograd.backward / its C++ engine)."""
+    return any(cpp in f.name for f in frames for cpp in BACKWARD_CPP) or any(
+        f.name in (*BACKWARD_FUNCS, "backward") and any(p in f.filename for p in BACKWARD_FILES)
+        for f in frames
+    )
+
+
+def python_only(frames: Sequence[Frame]) -> bool:
+    return all(f.filename.endswith(".py") for f in frames)
 
 
 # --- replay ------------------------------------------------------------------------------------------
@@ -393,6 +400,19 @@ def _live_at(trace: list[dict[str, Any]], before: dict[int, Block], last: int) -
             live[addr] = Block(addr=addr, size=_int(e.get("size")), frames=fr, category=classify(fr))
         elif action in FREE_ACTIONS:
             live.pop(addr, None)
+    # A Python-only backward stack made each "gradient": the ones freed again within backward
+    # (activation gradients in flight) were temporaries; a .grad lives on to zero_grad or the step.
+    guessed = {a for a, b in live.items() if b.category == GRADIENTS and python_only(b.frames)}
+    for e in trace[last + 1 :]:
+        if not guessed:
+            break
+        addr = _int(e.get("addr"))
+        if e.get("action") in FREE_ACTIONS and addr in guessed:
+            guessed.discard(addr)
+            if in_backward(frames_of(e.get("frames"))):
+                live[addr] = replace(live[addr], category=TEMPORARIES)
+        elif e.get("action") == "alloc" and addr in guessed:
+            guessed.discard(addr)  # reused without a recorded free: leave it
     return live
 
 
