@@ -709,10 +709,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         overheads = _overheads(args)
         gpus = _gpus(args.gpu)
         if rep.oom is not None:
-            capacity = _capacity(gpus)
-            if capacity is None and rep.oom.device_free is not None:
-                # what the device held when it failed: reserved + free + the CUDA context outside both
-                capacity = rep.oom.reserved_bytes + rep.oom.device_free + overheads.context_bytes
+            capacity = _capacity(gpus) or rep.oom.capacity_bytes(overheads.context_bytes)
         answer = train_answer(spec, setup, _parallelism(args), overheads=overheads, capacity_bytes=capacity)
         est = answer.estimate
         if capacity is not None:

@@ -116,6 +116,11 @@ class Oom:
     reserved_bytes: int  # reserved when it failed
     allocated_bytes: int
 
+    def capacity_bytes(self, context_bytes: int) -> int | None:
+        """What the device held for this process when it failed: reserved + what CUDA still reported
+        free + the CUDA context outside both (None: the trace did not record device_free)."""
+        return None if self.device_free is None else self.reserved_bytes + self.device_free + context_bytes
+
 
 @dataclass(frozen=True)
 class Replay:
