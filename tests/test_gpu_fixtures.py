@@ -64,7 +64,7 @@ def test_every_training_case_is_a_valid_peakmem_train_setup() -> None:
 
 
 @pytest.mark.torch
-def test_one_case_runs_on_cpu(tmp_path: Path) -> None:
+def test_one_case_runs_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tiny_models import GPT2
@@ -77,6 +77,11 @@ def test_one_case_runs_on_cpu(tmp_path: Path) -> None:
     rec = gf.run_case(train, tmp_path, device="cpu")
     assert "error" not in rec and rec["peak_allocated_bytes"] > 0 and rec["snapshot"] is None
     assert json.loads((tmp_path / "tiny-train.json").read_text())["phases"] == rec["phases"]
+    # a fixture is a measurement peakmem calibrate reads (on CPU: no allocator slack)
+    from peakmem.cli import main
+
+    monkeypatch.setenv("PEAKMEM_CONFIG_DIR", str(tmp_path / "config"))
+    assert main(["calibrate", str(tmp_path / "tiny-train.json"), "--name", "tiny"]) == 0
     infer = gf.Case(name="tiny-infer", job="infer", model=str(config), batch=2, prompt=16, new_tokens=4)
     rec = gf.run_case(infer, tmp_path, device="cpu")
     assert "error" not in rec and rec["forward_calls"] == 4  # prefill + 3 decode steps

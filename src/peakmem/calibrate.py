@@ -325,6 +325,18 @@ def measurement_from_json_file(
     if STAT_ALLOCATED_PEAK in obj:
         return measurement_from_memory_stats(obj, f"memory_stats {path.name}",
                                              device_total_bytes=device_total_bytes, gpu=gpu)  # fmt: skip
+    if "fixture" in obj and "peak_allocated_bytes" in obj:  # benchmarks/gpu_fixtures.py's record
+        breakdown = obj.get("breakdown") or {}
+        try:
+            return Measurement(
+                source=f"GPU fixture {path.name}", gpu=gpu or obj.get("gpu"),
+                peak_allocated_bytes=obj["peak_allocated_bytes"],
+                peak_reserved_bytes=obj["peak_reserved_bytes"],
+                device_total_bytes=device_total_bytes or obj.get("device_total_bytes"),
+                persistent_bytes=sum(int(breakdown.get(c, 0)) for c in PERSISTENT_CATEGORIES) or None,
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(f"{path}: a damaged GPU fixture ({err})") from None
     if "peak_allocated_bytes" in obj:
         m = measurement_from_measure_json(obj, f"measure JSON {path.name}")
         if device_total_bytes is not None:  # nvidia-smi read by the user wins over the run's own NVML read
