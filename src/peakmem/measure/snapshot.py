@@ -346,7 +346,7 @@ def replay(snapshot: Mapping[str, Any], device: int | None = None) -> Replay:
         return Replay(
             device=dev, source="segments", events=len(trace), truncated=False, peak_allocated_bytes=total,
             peak_event=-1, peak_reserved_bytes=reserved_end, reserved_at_peak_bytes=reserved_end,
-            live=tuple(live), oom=_oom(trace, [], reserved_end, total), notes=tuple(notes),
+            live=tuple(live), oom=_oom(trace, reserved_end, total), notes=tuple(notes),
         )  # fmt: skip
     if truncated:
         notes.append(
@@ -421,7 +421,7 @@ def _live_at(trace: list[dict[str, Any]], before: dict[int, Block], last: int) -
     return live
 
 
-def _oom(trace: list[dict[str, Any]], _: list[Block], reserved: int, allocated: int) -> Oom | None:
+def _oom(trace: list[dict[str, Any]], reserved: int, allocated: int) -> Oom | None:
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         if e.get("action") == "oom":
