@@ -338,16 +338,23 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None)
 
 
 def _overheads(args: argparse.Namespace) -> Any:
-    """The device overheads: peakmem's named defaults unless --cuda-context / --fragmentation say."""
+    """The device overheads: peakmem's named defaults, or a calibrated --profile, unless
+    --cuda-context / --fragmentation say."""
+    from dataclasses import replace
+
     from peakmem.formulas.overhead import Overheads
     from peakmem.units import MiB
 
     given: dict[str, Any] = {}
-    if args.cuda_context_mib is not None:
+    if getattr(args, "cuda_context_mib", None) is not None:
         given["context_bytes"] = int(args.cuda_context_mib * MiB)
         given["context_source"] = "--cuda-context-mib"
-    if args.fragmentation is not None:
+    if getattr(args, "fragmentation", None) is not None:
         given["fragmentation"] = args.fragmentation
+    if getattr(args, "profile", None):
+        from peakmem.calibrate import load_profile
+
+        return replace(load_profile(args.profile).overheads(), **given)
     return Overheads(**given)
 
 
@@ -361,7 +368,8 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
     spec = resolve_model(args.model)
     if command == "plan":
         report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
-                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch)  # fmt: skip
+                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
+                              overheads=_overheads(args))  # fmt: skip
         return planner.plan_json(report), EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
     gpus = _gpus(args.gpu)
     if command == "fit":
@@ -370,7 +378,8 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
         if args.infer:
             served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
-        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
+                            overheads=_overheads(args))  # fmt: skip
         return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
         served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
@@ -591,7 +600,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         else:
             print_fit_inference(report)
     else:
-        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
+                             overheads=_overheads(args))  # fmt: skip
         if args.json:
             _emit_json(planner.fit_json(report))
         else:
@@ -610,12 +620,106 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return code
     spec = resolve_model(args.model)
     setup = _training_setup(args, spec.max_position_embeddings)
-    report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch)
+    report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
+                          overheads=_overheads(args))  # fmt: skip
     if args.json:
         _emit_json(planner.plan_json(report))
     else:
         print_plan(report)
     return EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Fit a profile from measurement files (JSON of peakmem measure / memory_stats, or snapshots)."""
+    from pathlib import Path
+
+    from peakmem import calibrate as cal
+
+    if args.list:
+        profiles = cal.list_profiles()
+        if args.json:
+            _emit_json({"folder": str(cal.profiles_dir()), "profiles": [p.to_json() for p in profiles]})
+        else:
+            print(
+                f"profiles in {cal.profiles_dir()}:" if profiles else f"no profiles in {cal.profiles_dir()}"
+            )
+            for p in profiles:
+                print(f"  {p.name}: CUDA context {p.context_bytes / 2**20:.0f} MiB, fragmentation "
+                      f"{p.fragmentation:.1%}{' (' + p.gpu + ')' if p.gpu else ''}")  # fmt: skip
+        return EXIT_OK
+    if not args.files or not args.name:
+        raise InputError("calibrate needs FILE... and --name NAME (or --list)")
+    cal.check_profile_name(args.name)
+    used, gpu = (
+        cal.parse_nvidia_smi_used(_file_or_text(args.nvidia_smi_used))
+        if args.nvidia_smi_used
+        else (None, None)
+    )
+    from peakmem.measure.snapshot import is_snapshot_file, load_snapshot, replay
+
+    measurements = []
+    for name in args.files:
+        path = Path(name)
+        if is_snapshot_file(path):
+            rep = replay(load_snapshot(path), device=args.device)
+            measurements.append(rep.measurement(f"snapshot {path.name}", device_total_bytes=used, gpu=gpu))
+        else:
+            measurements.append(cal.measurement_from_json_file(path, device_total_bytes=used, gpu=gpu))
+    profile = cal.fit_profile(args.name, measurements)
+    where = cal.save_profile(profile)
+    if args.json:
+        _emit_json({**profile.to_json(), "path": str(where)})
+    else:
+        print(f"profile {profile.name!r}: CUDA context {profile.context_bytes / 2**20:.0f} MiB, "
+              f"fragmentation {profile.fragmentation:.1%} of the per-step churn, from "
+              f"{len(measurements)} measurement(s); saved to {where}; use it with "
+              f"--profile {profile.name}")  # fmt: skip
+        for note in profile.notes:
+            print(f"  - {note}")
+    return EXIT_OK
+
+
+def _file_or_text(value: str) -> str:
+    """--nvidia-smi-used: a file holding nvidia-smi's CSV, or the value itself."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"--nvidia-smi-used={value!r}: cannot read it ({err})") from None
+    return value
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Replay a memory snapshot; with --model, put peakmem's prediction next to it."""
+    from pathlib import Path
+
+    from peakmem.measure.snapshot import explanation_json, explanation_lines, load_snapshot, replay
+
+    rep = replay(load_snapshot(Path(args.snapshot)), device=args.device)
+    est, ways, capacity = None, [], None
+    if args.model:
+        from peakmem.planner import train_answer
+        from peakmem.resolve import resolve_model
+
+        spec = resolve_model(args.model)
+        setup = _training_setup(args, spec.max_position_embeddings)
+        overheads = _overheads(args)
+        gpus = _gpus(args.gpu)
+        if rep.oom is not None:
+            capacity = _capacity(gpus) or rep.oom.capacity_bytes(overheads.context_bytes)
+        answer = train_answer(spec, setup, _parallelism(args), overheads=overheads, capacity_bytes=capacity)
+        est = answer.estimate
+        if capacity is not None:
+            ways = [w for w in answer.ways.ways if w.needed_bytes <= capacity]
+    out = explanation_json(rep, args.snapshot, est, ways, capacity)
+    if args.json:
+        _emit_json(out)
+    else:
+        print("\n".join(explanation_lines(out)))
+    return EXIT_OK
 
 
 # --- parser ----------------------------------------------------------------------------------------
@@ -655,6 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fragmentation", type=float, default=None,
         help="allocator fragmentation, a fraction of the per-step churn (default 0.10)",
     )  # fmt: skip
+    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
     _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
@@ -693,6 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_train_options(p)
     p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
+    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate; training)")
     _add_infer_options(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_fit)
@@ -709,7 +815,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--gpu", required=True, help="GPU name or size")
+    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
     p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser(
+        "calibrate", help="fit your GPU's CUDA context and fragmentation from a real run; save a profile",
+        description="FILE: the JSON of `peakmem measure --device cuda --json`, a JSON dump of "
+        "torch.cuda.memory_stats() taken after a step, or a snapshot pickle of "
+        "torch.cuda.memory._dump_snapshot(). The profile goes to $PEAKMEM_CONFIG_DIR/profiles, else "
+        "$XDG_CONFIG_HOME/peakmem/profiles (~/.config/peakmem/profiles); --profile NAME uses it.",
+    )  # fmt: skip
+    p.add_argument("files", nargs="*", metavar="FILE")
+    p.add_argument("--name", default=None, help="the profile's name")
+    p.add_argument("--nvidia-smi-used", default=None,
+                   help="nvidia-smi's used memory at the peak: 40.1GiB, MiB as a number, or a file with "
+                   "the CSV of nvidia-smi --query-gpu=memory.used,name --format=csv")  # fmt: skip
+    p.add_argument("--device", type=int, default=None, help="snapshots: which CUDA device (default: busiest)")
+    p.add_argument("--list", action="store_true", help="list the saved profiles")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_calibrate)
+
+    p = sub.add_parser(
+        "explain", help="replay a CUDA memory snapshot: its peak by category next to the prediction",
+        description="SNAPSHOT: the pickle of torch.cuda.memory._dump_snapshot() (record the trace with "
+        "torch.cuda.memory._record_memory_history() first). With --model and train options, peakmem's "
+        "prediction is shown side by side; for an OOM snapshot, the changes that would have fit.",
+    )  # fmt: skip
+    p.add_argument("snapshot", metavar="SNAPSHOT")
+    p.add_argument("--model", default=None, help="the job's model: predict it with the train options")
+    _add_train_options(p)
+    p.add_argument("--device", type=int, default=None, help="which CUDA device (default: busiest trace)")
+    p.add_argument("--gpu", default=None, help="the GPU it ran on (OOM: the capacity to fit)")
+    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_parallel_options(p)
+    p.set_defaults(handler=cmd_explain)
 
     p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
     p.add_argument("--host", default="127.0.0.1")

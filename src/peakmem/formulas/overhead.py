@@ -56,6 +56,7 @@ class Overheads:
     context_source: str = CONTEXT_SIZES[DEFAULT_CONTEXT].source
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
     fragmentation: float = DEFAULT_FRAGMENTATION
+    profile: str | None = None  # name of a calibrated profile (peakmem calibrate) these figures come from
 
     def __post_init__(self) -> None:
         for name in ("context_bytes", "cublas_workspace_bytes"):
