@@ -135,25 +135,28 @@ def cpu_grid() -> Iterator[Case]:
 
 
 def gpu_fixtures() -> Iterator[Case]:
-    """Cases from ``benchmarks/gpu_fixtures.py``: each fixture names its quantity, the measured bytes
-    and the train options it ran; the estimate is recomputed through the Python API."""
-    import peakmem
+    """Cases from ``benchmarks/gpu_fixtures.py`` records: the command each ran (``peakmem train MODEL
+    ARGV`` / ``peakmem infer ...``) is answered by the CLI's own JSON, and compared on the peaks the
+    record holds (``peak_allocated_bytes``, ``peak_reserved_bytes``, ``device_total_bytes``)."""
+    import shlex
+
+    from peakmem.cli import build_parser, json_answer
 
     for path in sorted(FIXTURES.glob("*.json")):
         fx: dict[str, Any] = json.loads(path.read_text())
-        if "measured" not in fx or "options" not in fx:
+        if "command" not in fx or "error" in fx:
             continue
-        job = fx.get("job", "train")
-        answer = (peakmem.train if job == "train" else peakmem.infer)(fx["model"], **fx["options"])
-        out = answer.to_dict()
-        for quantity, measured in fx["measured"].items():
-            if quantity not in QUANTITIES:
+        argv = shlex.split(fx["command"])[1:]
+        args = build_parser().parse_args(argv)
+        out, _ = json_answer(argv[0], args)
+        for quantity, (attr, key) in QUANTITIES.items():
+            measured = fx.get(attr)
+            if not isinstance(measured, int):
                 continue
-            attr, key = QUANTITIES[quantity]
             band = out.get("band", {}).get(key)
             yield Case(
-                "gpu fixture", path.stem, job, quantity, int(measured), int(out[attr]),
-                band["low_bytes"] if band else None, band["high_bytes"] if band else None,
+                "gpu fixture", path.stem, "train" if argv[0] == "train" else "infer", quantity, measured,
+                int(out[attr]), band["low_bytes"] if band else None, band["high_bytes"] if band else None,
             )  # fmt: skip
 
 
