@@ -269,7 +269,9 @@ def _quant_config(args: argparse.Namespace) -> Any:
 
     if args.quant is None and not args.no_double_quant:
         return None
-    return QuantConfig(quant=args.quant or "nf4", double_quant=not args.no_double_quant)
+    quant = args.quant or "nf4"
+    # double quantization is a 4-bit feature (bitsandbytes bnb_4bit_use_double_quant): int8 has none
+    return QuantConfig(quant=quant, double_quant=not args.no_double_quant and quant != "int8")
 
 
 def _gpus(arg: str | None) -> list[Any]:

@@ -141,6 +141,16 @@ _DS_BUCKETS = {
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
 }
+# DeepSpeed zero_optimization keys that change memory and that peakmem does not model
+_DS_NOT_MODELLED = {
+    "zenflow": "ZenFlow keeps the top-k gradient columns on the GPU and updates the rest on the CPU",
+    "offload_optimizer.ratio": "partial optimizer offload (ZeRO++ / SuperOffload ratio)",
+    "zero_quantized_weights": "ZeRO++ quantized weight all-gather",
+    "zero_quantized_gradients": "ZeRO++ quantized gradient reduce",
+    "zero_hpz_partition_size": "ZeRO++ hierarchical partition: a secondary weight copy per node",
+    "leaf_module": "ZeRO-3 leaf modules gathered whole (MoE blocks)",
+    "mics_shard_size": "MiCS sharding within groups",
+}
 # Keys that change memory and that peakmem does not model (per format; prefix match on dotted keys).
 _EVAL_KEYS = ("per_device_eval_batch_size", "eval_batch_size", "eval_accumulation_steps")
 _NOT_MODELLED: dict[str, str] = {
@@ -214,6 +224,7 @@ class FromFile:
     # activation offload); the rest waits for a profile and is listed in not_modelled.
     kernels: dict[str, Any] = field(default_factory=dict)
     parallel: dict[str, Any] = field(default_factory=dict)  # Parallelism fields the CLI has no flag for
+    global_batch: tuple[int, str] | None = None  # DeepSpeed train_batch_size and its file:key
 
     @property
     def format(self) -> str:
@@ -665,6 +676,10 @@ def _deepspeed(m: _Mapper, ds: Mapping[str, Any], prefix: str) -> None:
                 if number is not None:
                     m.parallel[attr] = number
                     m.info(attr, number, f"{p}zero_optimization.{key}")
+        for key, why in _DS_NOT_MODELLED.items():
+            value = _get(zero, key)
+            if value not in (None, False, 0, "none"):
+                m.skip(f"{p}zero_optimization.{key}", value, why)
         if isinstance(zero.get("overlap_comm"), bool):
             m.parallel["overlap_comm"] = zero["overlap_comm"]
             m.info("overlap_comm", zero["overlap_comm"], f"{p}zero_optimization.overlap_comm")
@@ -805,7 +820,7 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
     _fsdp_hf(m, doc)
     for key in sorted(doc):
         if key in _NOT_MODELLED and doc[key] not in (None, False, "", [], 0):
-            if key in ("use_dora", "lora_modules_to_save", "optim_target_modules", "torch_compile"):
+            if key in ("use_dora", "lora_modules_to_save", "optim_target_modules"):
                 continue  # mapped elsewhere, or a kernel flag
             m.skip(key, doc[key], _NOT_MODELLED[key])
 
@@ -1356,6 +1371,7 @@ def _merge(
         notes=tuple(notes),
         kernels=kernels,
         parallel=parallel,
+        global_batch=global_batch,
     )
 
 
@@ -1387,9 +1403,12 @@ def _split_global_batch(
 
 
 # --- applying to the command line's namespace ------------------------------------------------------
-def apply(args: Any, found: FromFile, explicit: set[str]) -> list[Field]:
+def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, list[Field]]:
     """Set on ``args`` every option the file gives that the command line did not (``explicit``: the
-    argparse dests the user typed). Returns the file's fields the command line overrode."""
+    argparse dests the user typed). Returns the mapping (with a micro-batch derived from DeepSpeed's
+    global batch and the command line's GPUs, if any) and the file's fields the command line overrode."""
+    from dataclasses import replace
+
     overridden: list[Field] = []
     method = getattr(args, "method", None) if "method" in explicit else None
     by_dest = {
@@ -1409,7 +1428,20 @@ def apply(args: Any, found: FromFile, explicit: set[str]) -> list[Field]:
         setattr(args, dest, value)
     if found.parallel:
         args.from_parallel = dict(found.parallel)
-    return overridden
+    if found.global_batch is not None and "batch" not in found.options and "batch" not in explicit:
+        total, source = found.global_batch
+        accum, gpus = int(getattr(args, "grad_accum", 1)), int(getattr(args, "gpus", 1))
+        per, rest = divmod(total, accum * gpus)
+        if rest or per < 1:
+            raise InputError(
+                f"--from {source}={total}: not a whole micro-batch per GPU with accumulation {accum} and "
+                f"{gpus} GPU(s) (train_batch_size = micro-batch x accumulation x GPUs); "
+                "give --batch or --gpus"
+            )
+        args.batch = per
+        derived = Field("batch", per, source, f"{total} / ({accum} accumulation x {gpus} GPUs)")
+        found = replace(found, mapped=(*found.mapped, derived))
+    return found, overridden
 
 
 def _drop_answered_notes(found: FromFile, explicit: set[str]) -> FromFile:
@@ -1428,7 +1460,7 @@ def load_and_apply(
     """``--from`` for the CLI and the Python API: read the files, set ``args``, keep the echo on it."""
     paths = args.from_file if isinstance(args.from_file, (list, tuple)) else [args.from_file]
     found = _drop_answered_notes(reader([str(p) for p in paths]), explicit)
-    overridden = apply(args, found, explicit)
+    found, overridden = apply(args, found, explicit)
     args.from_result = found
     args.from_overridden = overridden
     if getattr(args, "model", None) is None:
