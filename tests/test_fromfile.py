@@ -579,3 +579,79 @@ def test_yaml_without_pyyaml_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(Exception, match=r"peakmem\[yaml\]"):
         parse_document("a: 1\n", "x.yaml")
     assert parse_document('{"a": 1}', "x.json") == {"a": 1}  # JSON needs no extra
+
+
+# --- the pure mapping on small documents (keys the fixtures above do not use) --------------------------
+def _options(*docs: dict[str, Any]) -> dict[str, Any]:
+    return map_documents([(f"f{i}.yaml", d) for i, d in enumerate(docs)]).options
+
+
+def test_training_arguments_json_with_a_deepspeed_file(tmp_path: Path) -> None:
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "z2.json").write_text(
+        json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}})
+    )
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({
+        "output_dir": "out", "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "bf16": True,
+        "optim": "paged_adamw_8bit", "gradient_checkpointing": True, "deepspeed": "ds/z2.json",
+    }))  # fmt: skip
+    found = read_from_files([args])
+    assert found.format == "transformers/trl + deepspeed"
+    o = found.options
+    assert (o["batch"], o["grad_accum"], o["optimizer"], o["zero"]) == (8, 2, "paged-adamw-8bit", 2)
+    assert o["precision"] == "mixed-bf16"  # DeepSpeed's bf16 engine (bf16 "auto" filled from bf16=True)
+    assert o["checkpointing"] == "full"
+
+
+def test_hf_precision_rules() -> None:
+    # HF Trainer bf16=True over a model loaded in fp32 (no torch_dtype): autocast, fp32 weights
+    assert _options({"output_dir": "o", "bf16": True})["precision"] == "amp-bf16"
+    # no precision flag: fp32
+    assert _options({"output_dir": "o"})["precision"] == "fp32"
+    # LLaMA-Factory full fine-tuning upcasts trainable weights to fp32 unless pure_bf16
+    assert _options({"finetuning_type": "full", "bf16": True})["precision"] == "amp-bf16"
+    assert _options({"finetuning_type": "full", "pure_bf16": True})["precision"] == "bf16"
+
+
+def test_fsdp_spellings() -> None:
+    o = _options({"output_dir": "o", "fsdp": "full_shard auto_wrap offload"})
+    assert (o["fsdp"], o["offload_params"], o["offload"], o["fsdp_version"]) == (
+        "full-shard",
+        "cpu",
+        "cpu",
+        1,
+    )
+    acc = {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
+           "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False,
+                           "fsdp_activation_checkpointing": True}}  # fmt: skip
+    o = _options(acc)
+    assert (o["gpus"], o["fsdp"], o["fsdp_version"], o["checkpointing"]) == (8, "shard-grad-op", 2, "full")
+
+
+def test_quantization_and_optimizer_names() -> None:
+    o = _options({"finetuning_type": "lora", "quantization_bit": 4, "lora_rank": 16})
+    assert (o["method"], o["lora_rank"], o["lora_alpha"]) == ("qlora", 16, 32.0)  # alpha = 2 x rank
+    o = _options({"finetuning_type": "lora", "quantization_bit": 8})
+    assert (o["method"], o["quant"]) == ("qlora", "int8")
+    tt = {"model": {"_component_": "torchtune.models.llama3_1.lora_llama3_1_8b", "lora_rank": 8},
+          "optimizer": {"_component_": "bitsandbytes.optim.PagedAdamW8bit"}, "optimizer_in_bwd": True,
+          "enable_activation_offloading": True, "compile": True,
+          "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"}}  # fmt: skip
+    o = _options(tt)
+    assert (o["model"], o["optimizer"], o["optimizer_in_backward"]) == (
+        "llama-3.1-8b",
+        "paged-adamw-8bit",
+        True,
+    )
+    assert (o["activation_offload"], o["loss"]) == (True, "chunked-compiled")
+    found = map_documents([("a.yml", {"base_model": "x", "optimizer": "ademamix"})])
+    assert "optimizer" not in found.options
+    assert any("a.yml:optimizer = ademamix" in item for item in found.not_modelled)
+
+
+def test_liger_through_training_arguments() -> None:
+    found = map_documents([("a.json", {"output_dir": "o", "use_liger_kernel": True})])
+    assert found.options["loss"] == "fused"
+    assert found.kernels["liger"] == ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
+    assert any("use_liger_kernel" in item for item in found.not_modelled)

@@ -573,8 +573,11 @@ def _attention_impl(m: _Mapper, key: str, value: Any) -> None:
 def _precision_flags(m: _Mapper, doc: Mapping[str, Any]) -> None:
     for key in ("bf16", "bfloat16"):
         if _truthy(doc.get(key)):
-            note = "bf16: auto means bf16 where the GPU has it" if _is_auto(doc.get(key)) else ""
-            m.half = ("bf16", m.src(key) + (f" ({note})" if note else ""))
+            m.half = ("bf16", m.src(key))
+            if _is_auto(doc.get(key)):
+                m.notes.append(
+                    f"{m.src(key)} = auto: bf16 where the GPU has it (Ampere or newer), as assumed"
+                )
             return
     for key in ("fp16", "float16"):
         if _truthy(doc.get(key)):
@@ -726,6 +729,8 @@ def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
     config = doc.get("fsdp_config")
     if isinstance(config, Mapping):
         _fsdp_config(m, config, "fsdp_config", default_version=1)
+    elif words:
+        m.set("fsdp_version", 1, "(transformers: FSDP1 unless fsdp_config says version 2)")
 
 
 def _fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_version: int) -> None:
