@@ -655,3 +655,16 @@ def test_liger_through_training_arguments() -> None:
     assert found.options["loss"] == "fused"
     assert found.kernels["liger"] == ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
     assert any("use_liger_kernel" in item for item in found.not_modelled)
+
+
+def test_axolotl_defaults_and_spellings() -> None:
+    # AxolotlInputConfig: sequence_len defaults to 512; gradient_checkpointing "unsloth" is rewritten
+    # to "offload"; batch_size with accumulation gives the micro-batch
+    doc = {
+        "base_model": "x",
+        "gradient_checkpointing": "unsloth",
+        "batch_size": 16,
+        "gradient_accumulation_steps": 4,
+    }
+    o = _options(doc)
+    assert (o["seq"], o["checkpointing"], o["activation_offload"], o["batch"]) == (512, "full", True, 4)

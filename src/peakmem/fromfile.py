@@ -59,7 +59,7 @@ AUTO = "auto"  # HF Trainer fills DeepSpeed "auto" values from TrainingArguments
 # --- defaults of the frameworks (used only when the file names the feature but not the value) -------
 LLAMA_FACTORY_LORA_RANK = 8  # llamafactory/hparams/finetuning_args.py LoraArguments.lora_rank
 LLAMA_FACTORY_CUTOFF_LEN = 2048  # llamafactory/hparams/data_args.py DataArguments.cutoff_len
-AXOLOTL_SEQUENCE_LEN = 2048  # axolotl schemas/config.py: sequence_len default
+AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.sequence_len
 TRL_LORA_R, TRL_LORA_ALPHA, TRL_LORA_DROPOUT = 16, 32, 0.05  # trl/trainer/model_config.py ModelConfig
 TRL_MAX_LENGTH = 1024  # trl/trainer/sft_config.py SFTConfig.max_length
 
@@ -188,6 +188,17 @@ _NOT_MODELLED: dict[str, str] = {
     "use_dora": "",
     "pissa_init": "",
     "fp8": "fp8 training",
+    "unsloth_rms_norm": "unsloth fused RMSNorm (kernels['unsloth'])",
+    "unsloth_rope": "unsloth fused RoPE (kernels['unsloth'])",
+    "lora_mlp_kernel": "axolotl fused LoRA MLP kernel",
+    "lora_qkv_kernel": "axolotl fused LoRA QKV kernel",
+    "lora_o_kernel": "axolotl fused LoRA O kernel",
+    "flash_attn_cross_entropy": "flash-attn fused cross-entropy",
+    "flash_attn_rms_norm": "flash-attn fused RMSNorm",
+    "flash_attn_fuse_mlp": "flash-attn fused MLP",
+    "gpu_memory_limit": "a device-map memory cap",
+    "max_memory": "a device-map memory cap",
+    "float16": "the model loaded in fp16 without autocast",
 }
 
 
@@ -796,7 +807,9 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
         if value is not None:
             m.set("grad_accum", value, "gradient_accumulation_steps")
     gc = doc.get("gradient_checkpointing")
-    if isinstance(gc, str) and gc.strip().lower().startswith("offload"):
+    # axolotl: "offload" (and the deprecated "unsloth", rewritten to "offload" by
+    # AxolotlInputConfig.check_offload_grad_checkpointing) keeps the checkpoints in CPU RAM
+    if isinstance(gc, str) and gc.strip().lower() in ("offload", "offload_disk", "unsloth"):
         m.set("checkpointing", "full", "gradient_checkpointing")
         m.set(
             "activation_offload",
@@ -879,6 +892,14 @@ def _map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     accum = _int(m, "gradient_accumulation_steps", doc.get("gradient_accumulation_steps"))
     if accum is not None:
         m.set("grad_accum", accum, "gradient_accumulation_steps")
+        total = _int(m, "batch_size", doc.get("batch_size"))
+        if micro is None and total is not None:  # axolotl: two of micro_batch_size, accumulation, batch_size
+            m.set(
+                "batch",
+                max(1, total // accum),
+                "batch_size",
+                "axolotl: batch_size // gradient_accumulation_steps",
+            )
     elif doc.get("batch_size") is not None and micro:
         total = _int(m, "batch_size", doc["batch_size"])
         if total is not None:
