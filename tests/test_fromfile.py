@@ -668,3 +668,17 @@ def test_axolotl_defaults_and_spellings() -> None:
     }
     o = _options(doc)
     assert (o["seq"], o["checkpointing"], o["activation_offload"], o["batch"]) == (512, "full", True, 4)
+
+
+def test_a_full_training_arguments_dump() -> None:
+    """Every key TrainingArguments writes, most at their defaults: only the set ones map, and the
+    defaults that concern other runs (eval batch 8, use_cpu) are named, not applied."""
+    path = FIX / "transformers" / "training_args.json"
+    found = read_from_files([path])
+    assert found.format == "transformers/trl"
+    o = found.options
+    assert (o["batch"], o["grad_accum"], o["checkpointing"]) == (4, 8, "full")
+    assert (o["optimizer"], o["optimizer_impl"], o["precision"]) == ("adamw", "fused", "fp32")
+    assert "fsdp" not in o and "zero" not in o
+    assert any(":per_device_eval_batch_size = 8" in item for item in found.not_modelled)
+    assert any(":use_cpu = True" in item for item in found.not_modelled)

@@ -199,6 +199,8 @@ _NOT_MODELLED: dict[str, str] = {
     "gpu_memory_limit": "a device-map memory cap",
     "max_memory": "a device-map memory cap",
     "float16": "the model loaded in fp16 without autocast",
+    "use_cpu": "a CPU run",
+    "parallelism_config": "tensor/context parallelism from the file: give --tp / --cp",
 }
 
 
@@ -738,7 +740,25 @@ def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
             )
             m.set("offload", "cpu", "fsdp")
     config = doc.get("fsdp_config")
-    if isinstance(config, Mapping):
+    # TrainingArguments always writes an fsdp_config; it means FSDP only with fsdp options (or, in
+    # axolotl's newer style, an fsdp_version or a sharding key inside the config)
+    sharding_keys = {
+        "fsdp_version",
+        "reshard_after_forward",
+        "fsdp_reshard_after_forward",
+        "sharding_strategy",
+        "fsdp_sharding_strategy",
+        "offload_params",
+        "fsdp_offload_params",
+    }
+    uses_fsdp = bool(words) or (
+        isinstance(config, Mapping)
+        and (doc.get("fsdp_version") is not None or bool(sharding_keys & set(config)))
+    )
+    if isinstance(config, Mapping) and uses_fsdp:
+        version = doc.get("fsdp_version")
+        if version is not None and "fsdp_version" not in config:
+            config = {**config, "fsdp_version": version}
         _fsdp_config(m, config, "fsdp_config", default_version=1)
     elif words:
         m.set("fsdp_version", 1, "(transformers: FSDP1 unless fsdp_config says version 2)")
@@ -806,22 +826,25 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
         value = _int(m, "gradient_accumulation_steps", doc["gradient_accumulation_steps"])
         if value is not None:
             m.set("grad_accum", value, "gradient_accumulation_steps")
-    gc = doc.get("gradient_checkpointing")
+    # transformers 5 renames gradient_checkpointing to activation_checkpointing (both are written)
+    present = [k for k in ("gradient_checkpointing", "activation_checkpointing") if doc.get(k) is not None]
+    gc_key = next((k for k in present if _truthy(doc[k])), present[0] if present else "")
+    gc = doc[gc_key] if gc_key else None
     # axolotl: "offload" (and the deprecated "unsloth", rewritten to "offload" by
     # AxolotlInputConfig.check_offload_grad_checkpointing) keeps the checkpoints in CPU RAM
     if isinstance(gc, str) and gc.strip().lower() in ("offload", "offload_disk", "unsloth"):
-        m.set("checkpointing", "full", "gradient_checkpointing")
+        m.set("checkpointing", "full", gc_key)
         m.set(
             "activation_offload",
             True,
-            "gradient_checkpointing",
+            gc_key,
             "offloaded checkpointing: layer inputs kept in CPU RAM (kernels['offloaded_checkpointing'])",
         )
         m.kernel("offloaded_checkpointing", True)
     elif gc is not None and _truthy(gc):
-        m.set("checkpointing", "full", "gradient_checkpointing")
+        m.set("checkpointing", "full", gc_key)
     elif gc is not None:
-        m.set("checkpointing", "none", "gradient_checkpointing")
+        m.set("checkpointing", "none", gc_key)
     if "optim" in doc and doc["optim"] is not None:
         _hf_optimizer(m, "optim", doc["optim"])
     if doc.get("attn_implementation"):
@@ -1143,6 +1166,10 @@ def _torchtune_model_name(builder: str) -> str:
 
 def _map_torchtune(m: _Mapper, doc: Mapping[str, Any], local_dirs: Mapping[str, str]) -> None:
     m.set("framework", "torchtune", "(torchtune recipe)")
+    m.notes.append(
+        "torchtune's *_distributed recipes shard with FSDP2 (fully_shard): for one, give --gpus N --fsdp "
+        "full-shard (the config does not say which recipe runs it)"
+    )
     component = str(_get(doc, "model._component_") or "")
     builder = component.rsplit(".", 1)[-1]
     folder = _get(doc, "checkpointer.checkpoint_dir")
