@@ -152,7 +152,6 @@ _DS_NOT_MODELLED = {
     "mics_shard_size": "MiCS sharding within groups",
 }
 # Keys that change memory and that peakmem does not model (per format; prefix match on dotted keys).
-_EVAL_KEYS = ("per_device_eval_batch_size", "eval_batch_size", "eval_accumulation_steps")
 _NOT_MODELLED: dict[str, str] = {
     "per_device_eval_batch_size": "evaluation batches (peakmem estimates the training step)",
     "eval_batch_size": "evaluation batches (peakmem estimates the training step)",
