@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 __all__ = ["fit", "infer", "plan", "train"]
 
 
-def train(model: str, **options: Any) -> Result:
+def train(model: str | None = None, **options: Any) -> Result:
     """Training memory of ``model`` (``peakmem train``): method, precision, optimizer, batch, seq, ..."""
     from peakmem.api import run
 
@@ -41,7 +41,7 @@ def infer(model: str, **options: Any) -> Result:
     return run("infer", model, options)
 
 
-def fit(model: str, **options: Any) -> Result:
+def fit(model: str | None = None, **options: Any) -> Result:
     """Verdicts on ``gpu`` and the ranked changes that make it fit (``peakmem fit``)."""
     from peakmem.api import run
 

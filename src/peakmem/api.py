@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,16 +49,23 @@ def _flag_value(value: Any) -> Any:
     return getattr(value, "value", value)  # an enum member: its CLI spelling
 
 
-def run(command: str, model: str, options: dict[str, Any]) -> Result:
-    """``peakmem COMMAND MODEL`` with ``options`` (flag names with underscores)."""
+def run(command: str, model: str | None, options: dict[str, Any]) -> Result:
+    """``peakmem COMMAND MODEL`` with ``options`` (flag names with underscores). ``from_file`` (train,
+    fit): a framework config path, or a list of them, as ``--from``; the other options override it."""
     from peakmem.cli import build_parser, json_answer
 
     if command not in COMMANDS:
         raise InputError(f"command={command!r}: one of {', '.join(COMMANDS)}")
-    if not isinstance(model, str):
+    options = dict(options)
+    from_file = options.pop("from_file", None)
+    if from_file is not None and command not in ("train", "fit"):
+        raise InputError(f"from_file={from_file!r}: only train and fit read a framework config")
+    if model is None and from_file is None:
+        raise InputError("model=None: give a model (or from_file= naming one)")
+    if model is not None and not isinstance(model, str):
         raise InputError(f"model={model!r}: a catalog name, a config.json path or a Hub id (a string)")
     required = ["--max-gpus", "1", "--gpu", "h100-80gb"] if command == "plan" else []
-    args = build_parser().parse_args([command, model, *required])
+    args = build_parser().parse_args([command, *([model] if model is not None else []), *required])
     known = sorted(k for k in vars(args) if k not in _OUTPUT_ONLY)
     for name, value in options.items():
         if name not in known:
@@ -65,7 +73,13 @@ def run(command: str, model: str, options: dict[str, Any]) -> Result:
                 f"{name}={value!r}: not an option of peakmem {command} (options: {', '.join(known)})"
             )
         setattr(args, name, _flag_value(value))
+    if from_file is not None:
+        from peakmem.fromfile import load_and_apply
+
+        paths = [from_file] if isinstance(from_file, (str, os.PathLike)) else list(from_file)
+        args.from_file = [os.fspath(p) for p in paths]
+        load_and_apply(args, set(options) | ({"model"} if model is not None else set()))
     if command == "plan" and ("gpu" not in options or "max_gpus" not in options):
         raise InputError("gpu, max_gpus: plan needs both (e.g. gpu='h100-80gb', max_gpus=64)")
     data, code = json_answer(command, args)
-    return Result(command=command, model=model, exit_code=code, data=json.loads(json.dumps(data)))
+    return Result(command=command, model=str(args.model), exit_code=code, data=json.loads(json.dumps(data)))

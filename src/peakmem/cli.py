@@ -107,6 +107,56 @@ def _add_parallel_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_from_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from", dest="from_file", action="append", default=None, metavar="FILE",
+        help="read the job from a framework's config (axolotl, LLaMA-Factory, torchtune, "
+        "TrainingArguments/TRL, DeepSpeed JSON, accelerate YAML); repeat for several; options given "
+        "here override the file",
+    )  # fmt: skip
+
+
+def _explicit_dests(argv: Sequence[str]) -> set[str]:
+    """The options the user typed (argparse dests): parse again with every default suppressed, so
+    that a default never overrides a value read with --from."""
+    parser = build_parser()
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers.extend(action.choices.values())
+    for p in parsers:
+        for action in p._actions:
+            if action.dest != "help":
+                action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(list(argv))))
+
+
+def _apply_from(args: argparse.Namespace, explicit: set[str]) -> None:
+    """--from FILE: the file's options where the command line gave none (peakmem.fromfile)."""
+    from peakmem.fromfile import load_and_apply
+
+    load_and_apply(args, explicit)
+
+
+def _from_block(args: argparse.Namespace) -> dict[str, Any] | None:
+    found = getattr(args, "from_result", None)
+    if found is None:
+        return None
+    block: dict[str, Any] = found.json(getattr(args, "from_overridden", ()))
+    return block
+
+
+def _print_from_echo(args: argparse.Namespace) -> None:
+    """The echo of what --from read: on stdout before the tables, on stderr beside Markdown."""
+    found = getattr(args, "from_result", None)
+    if found is None:
+        return
+    out = sys.stderr if getattr(args, "markdown", False) else sys.stdout
+    for line in found.echo_lines(getattr(args, "from_overridden", ())):
+        print(line, file=out)
+    print(file=out)
+
+
 def _parallelism(args: argparse.Namespace) -> Any:
     """The Parallelism the flags ask for, or None for a plain single-GPU job."""
     from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
@@ -133,6 +183,7 @@ def _parallelism(args: argparse.Namespace) -> Any:
         offload_params=Offload.parse(args.offload_params, "offload-params"),
         pp_schedule=PipelineSchedule.parse(args.pp_schedule, "pp-schedule"),
         virtual_stages=args.virtual_stages,
+        **getattr(args, "from_parallel", {}),  # DeepSpeed bucket sizes read with --from
     )
 
 
@@ -218,7 +269,9 @@ def _quant_config(args: argparse.Namespace) -> Any:
 
     if args.quant is None and not args.no_double_quant:
         return None
-    return QuantConfig(quant=args.quant or "nf4", double_quant=not args.no_double_quant)
+    quant = args.quant or "nf4"
+    # double quantization is a 4-bit feature (bitsandbytes bnb_4bit_use_double_quant): int8 has none
+    return QuantConfig(quant=quant, double_quant=not args.no_double_quant and quant != "int8")
 
 
 def _gpus(arg: str | None) -> list[Any]:
@@ -327,7 +380,10 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None)
     pairs = ways.pairs() if ways is not None else []
     note = ways.no_help if ways is not None else ""
     if args.json:
-        _emit_json(answer_json(est, gpus, ways))
+        out = answer_json(est, gpus, ways)
+        if (block := _from_block(args)) is not None:
+            out["from_file"] = block
+        _emit_json(out)
     elif args.markdown:
         sys.stdout.write(markdown_estimate(est, headline, verdicts, pairs, note))
     else:
@@ -380,7 +436,10 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
         found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
                             overheads=_overheads(args))  # fmt: skip
-        return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
+        fitted = planner.fit_json(found)
+        if (block := _from_block(args)) is not None:
+            fitted["from_file"] = block
+        return fitted, EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
         served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
         verdicts = served_answer.verdicts
@@ -392,6 +451,8 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
     answer = planner.train_answer(spec, setup, _parallelism(args), overheads=_overheads(args),
                                   capacity_bytes=_capacity(gpus))  # fmt: skip
     out = answer_json(answer.estimate, gpus, answer.ways)
+    if (block := _from_block(args)) is not None:
+        out["from_file"] = block
     fits = [v.fits for v in _verdicts(gpus, answer.estimate.device_total_bytes)]
     return out, EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
 
@@ -418,6 +479,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         path = plot_training(spec, setup, args.plot, gpus=gpus, est=est, ways=answer.ways.pairs())
         print(f"peakmem: wrote {path}", file=sys.stderr)
     headline = train_headline(spec.name, setup, est, par=par)
+    if not args.json:
+        _print_from_echo(args)
     code = _report(args, est, headline, answer.ways)
     if answer.ranks is not None and not (args.json or args.markdown):
         from peakmem.render import console
@@ -605,6 +668,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if args.json:
             _emit_json(planner.fit_json(report))
         else:
+            _print_from_echo(args)
             print_fit(report)
     return EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT
 
@@ -747,7 +811,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_info)
 
     p = sub.add_parser("train", help="GPU memory to train a model")
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", default=None, help="optional with --from FILE naming the model")
+    _add_from_option(p)
     _add_train_options(p)
     _add_output_options(p)
     p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
@@ -795,7 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_infer)
 
     p = sub.add_parser("fit", help="verdict per GPU and the ranked changes that make it fit")
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", default=None, help="optional with --from FILE naming the model")
+    _add_from_option(p)
     _add_train_options(p)
     p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
     p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate; training)")
@@ -894,6 +960,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INPUT_ERROR
     try:
+        if getattr(args, "from_file", None):
+            _apply_from(args, _explicit_dests(sys.argv[1:] if argv is None else argv))
+        elif getattr(args, "command", None) in ("train", "fit") and args.model is None:
+            raise InputError(f"MODEL: peakmem {args.command} needs a model (or --from FILE naming one)")
         _check_numbers(args)
         return handler(args)
     except PeakmemError as error:
