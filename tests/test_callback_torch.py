@@ -106,6 +106,10 @@ def test_a_job_that_fits_runs_its_steps_with_the_prediction_logged(tmp_path: Any
     predicted = cb.answer.estimate.peak_allocated_bytes
     assert first["peakmem/predicted_allocated_gib"] == round(predicted / 2**30, 4)
     assert set(PREDICTED_KEYS) <= set(first)
+    # reading the first batch changed nothing: the same examples, in the same order, the same losses
+    plain = _train(_model(), _args(tmp_path, bf16=True))
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert len(losses) == 2 and losses == [e["loss"] for e in plain.state.log_history if "loss" in e]
     # merged into the first on_log's logs too (with loss, grad_norm, ... at step 1); measured only on CUDA
     assert set(PREDICTED_KEYS) <= set(spy.logs[0]) and "loss" in spy.logs[0]
     assert not any("measured" in k for entry in trainer.state.log_history for k in entry)

@@ -455,7 +455,7 @@ def first_batch(dataloader: Any) -> Any:
         return None
     if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
         return None
-    with _rng_kept():
+    with _rng_kept(_generators(loader)):
         it = iter(loader)
         try:
             return next(it)
@@ -465,8 +465,24 @@ def first_batch(dataloader: Any) -> Any:
             del it  # shuts its workers down
 
 
+def _generators(loader: Any) -> list[torch.Generator]:
+    """The generators a fresh iterator draws from besides the global ones: the DataLoader's own (its
+    base seed) and its sampler's (a RandomSampler given one)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(loader, "sampler", None)
+    owners = (loader, sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: list[torch.Generator] = []
+    for owner in owners:
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
 @contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
+def _rng_kept(generators: list[torch.Generator]) -> Iterator[None]:
+    """Every RNG state as it was: Python's, NumPy's, torch's (CPU, CUDA once initialized), ``generators``."""
+    kept = [(g, g.get_state()) for g in generators]
     py = random.getstate()
     cpu = torch.get_rng_state()
     initialized: Any = torch.cuda.is_initialized  # untyped in torch 2.13; never initialize CUDA just for this
@@ -484,6 +500,8 @@ def _rng_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
         if np is not None and np_state is not None:
             np.random.set_state(np_state)
+        for g, state in kept:
+            g.set_state(state)
 
 
 def _batch_shape(batch: Any) -> tuple[int, int] | None:
