@@ -179,6 +179,7 @@ def test_a_peft_lora_model_maps_to_method_lora(tmp_path: Any) -> None:
         4, 16.0, ("q_proj", "v_proj"), 0.05, "fp32")  # fmt: skip
     # per layer: q_proj A 4x64 + B 64x4, v_proj A 4x64 + B 32x4 (2 kv heads x 16); 2 layers
     assert cb.json["model"]["trainable_params"] == 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) == 1_792
+    assert _cli_json(tmp_path, cb) == json.loads(json.dumps(cb.json))  # the LoRA flags say the same
 
 
 def test_a_bitsandbytes_4bit_base_maps_to_qlora() -> None:
@@ -249,22 +250,42 @@ def test_sharding_and_optimizer_names_are_read_from_the_arguments() -> None:
     assert job.parallelism is not None
     assert (job.parallelism.fsdp.value, job.parallelism.fsdp_version) == ("full-shard", 1)
     assert (job.setup.precision.value, job.setup.optimizer.value) == ("fp32", "sgd-momentum")
+    lomo = SimpleNamespace(per_device_train_batch_size=1, optim="lomo")
     with pytest.raises(InputError, match="optim='lomo': not modelled"):
-        job_from_trainer(SimpleNamespace(per_device_train_batch_size=1, optim="lomo"), model, batch)
+        job_from_trainer(lomo, model, batch)
+
+
+def test_a_job_it_cannot_model_runs_unchecked_unless_strict(capsys: Any) -> None:
+    args = SimpleNamespace(per_device_train_batch_size=1, optim="lomo", device=torch.device("cpu"))
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0, log_history=[])
+    control = SimpleNamespace(should_training_stop=False)
+    cb = PeakmemCallback(gpu="1MB", seq=SEQ)
+    assert cb.on_train_begin(args, state, control, model=_model()) is control
+    assert not control.should_training_stop and state.log_history == [] and cb.json is None
+    assert "cannot estimate this job, training goes on unchecked: TrainingArguments.optim='lomo'" in (
+        capsys.readouterr().err)  # fmt: skip
+    with pytest.raises(InputError, match="optim='lomo'"):
+        PeakmemCallback(seq=SEQ, strict=True).on_train_begin(args, state, control, model=_model())
 
 
 def test_the_callback_answers_what_the_cli_answers(tmp_path: Any) -> None:
     """CLI = callback: `peakmem train <the model's config.json> <the job's flags> --gpu 80GB --json`."""
-    from peakmem.cli import main
-
     cb = PeakmemCallback(gpu="80GB", quiet=True)
     _train(_model(), _args(tmp_path, max_steps=1, bf16=True, gradient_accumulation_steps=2), cb)
-    assert cb.job is not None and cb.json is not None
-    folder = tmp_path / cb.job.name  # the CLI names a model after its config's folder
-    folder.mkdir()
+    assert cb.json is not None
+    assert _cli_json(tmp_path, cb) == json.loads(json.dumps(cb.json))
+
+
+def _cli_json(tmp_path: Any, cb: PeakmemCallback) -> Any:
+    """`peakmem train <the model's config.json> <the job's flags> --gpu 80GB --json`, in process."""
+    from peakmem.cli import main
+
+    assert cb.job is not None
+    folder = tmp_path / "cli" / cb.job.name  # the CLI names a model after its config's folder
+    folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(cb.job.config))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["train", str(folder), *cb.job.flags(), "--gpu", "80GB", "--json"])
     assert code == 0
-    assert json.loads(out.getvalue()) == json.loads(json.dumps(cb.json))
+    return json.loads(out.getvalue())

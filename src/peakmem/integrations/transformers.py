@@ -75,7 +75,7 @@ from peakmem.units import GiB, fmt_bytes
 
 Read = list[tuple[str, str, str]]  # (field, value, where it came from), in reading order
 LOG_PREFIX = "peakmem/"
-DEFAULT_MEASURE_STEPS = 2  # the peak settles by step 2: optimizer states appear at step 1 (cli.MAX_STEPS)
+DEFAULT_MEASURE_STEPS = 2  # the peak settles by step 2: optimizer states appear at step 1 (as measure's)
 ERROR_DIGITS = 2  # decimals of the logged GiB and percentages
 
 # transformers 5.23 training_args.py OptimizerNames -> peakmem's optimizer and the implementation whose
@@ -99,7 +99,7 @@ HF_OPTIMIZERS: dict[str, tuple[OptimizerName, OptimizerImpl, str]] = {
 # block_size=256 (optim_args) where peakmem models torchao's own 128: the scales are over-counted.
 TORCHAO_NOTE = (
     "optim=adamw_torch_4bit: transformers passes torchao block_size=256; peakmem counts torchao's default "
-    "128 (fp32 scales over-counted by 1/64 byte per parameter)"
+    "128 (two fp32 scales per block: over-counted by 2 x (4/128 - 4/256) = 1/32 byte per parameter)"
 )
 # transformers 5.23 config._attn_implementation -> peakmem's attention kernel (eager keeps the S x S
 # probabilities; SDPA's memory-efficient/flash backends and flash-attn keep O(S) per head).
@@ -544,6 +544,11 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     flags = f"bf16={bool(getattr(args, 'bf16', False))} fp16={bool(getattr(args, 'fp16', False))}"
     read.append(("precision", precision.value, f"TrainingArguments {flags}, {weights_name} weights"
                  + (", DeepSpeed" if ds is not None else "")))  # fmt: skip
+    autocast = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    if autocast and weights != torch.float32 and ds is None:
+        notes.append(f"{flags} on {weights_name} weights: HF Trainer runs autocast over them; peakmem's "
+                     f"{precision.value} regime has none (ops autocast keeps in fp32, and under LoRA the "
+                     "adapters' input casts, are counted as without it)")  # fmt: skip
     optimizer, impl = _optimizer(args, read, notes)
     micro_batch = int(args.per_device_train_batch_size)
     shape = _batch_shape(batch)
