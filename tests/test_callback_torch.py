@@ -238,6 +238,9 @@ def test_sharding_and_optimizer_names_are_read_from_the_arguments() -> None:
     s = job.setup
     assert (s.precision.value, s.optimizer.value, s.optimizer_impl.value, s.grad_accum) == (
         "mixed-bf16", "adafactor", "for-loop", 4)  # fmt: skip
+    ds["optimizer"] = {"type": "AdamW", "params": {"lr": "auto"}}  # DeepSpeed's own: args.optim unused
+    job = job_from_trainer(args, model, batch)
+    assert (job.setup.optimizer.value, job.setup.optimizer_impl.value) == ("adamw", "fused")
     fsdp = SimpleNamespace(
         per_device_train_batch_size=BATCH,
         optim="sgd",

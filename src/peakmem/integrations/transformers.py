@@ -95,6 +95,9 @@ HF_OPTIMIZERS: dict[str, tuple[OptimizerName, OptimizerImpl, str]] = {
     "lion_32bit": (OptimizerName.LION, OptimizerImpl.FUSED, _BNB + "; one fp32 state"),
     "adamw_torch_4bit": (OptimizerName.ADAMW_4BIT, OptimizerImpl.FUSED, "torchao AdamW4bit"),
 }  # fmt: skip
+# deepspeed/runtime/engine.py _configure_basic_optimizer: "Adam"/"AdamW" -> FusedAdam (DeepSpeedCPUAdam
+# when the optimizer is offloaded); both keep exp_avg and exp_avg_sq.
+DS_OPTIMIZERS = {"adam": OptimizerName.ADAM, "adamw": OptimizerName.ADAMW}
 # The 4-bit optimizer as transformers builds it: trainer_optimizer.py _get_torchao_optimizer passes
 # block_size=256 (optim_args) where peakmem models torchao's own 128: the scales are over-counted.
 TORCHAO_NOTE = (
@@ -312,7 +315,18 @@ def _precision(args: Any, weights: torch.dtype, deepspeed: bool, method: Method)
     )
 
 
-def _optimizer(args: Any, read: Read, notes: list[str]) -> tuple[OptimizerName, OptimizerImpl]:
+def _optimizer(
+    args: Any, ds: dict[str, Any] | None, read: Read, notes: list[str]
+) -> tuple[OptimizerName, OptimizerImpl]:
+    ds_optimizer = (ds or {}).get("optimizer")
+    if isinstance(ds_optimizer, Mapping):  # DeepSpeed builds its own; TrainingArguments.optim is unused
+        kind = str(ds_optimizer.get("type", "")).lower()
+        if kind not in DS_OPTIMIZERS:
+            raise InputError(f"DeepSpeed optimizer.type={ds_optimizer.get('type')!r}: not modelled "
+                             f"(modelled: {', '.join(DS_OPTIMIZERS)})")  # fmt: skip
+        where = "DeepSpeed optimizer.type: FusedAdam / DeepSpeedCPUAdam, one kernel per group"
+        read.append(("optimizer", f"{DS_OPTIMIZERS[kind].value} (fused)", where))
+        return DS_OPTIMIZERS[kind], OptimizerImpl.FUSED
     raw = getattr(args, "optim", "adamw_torch")  # an OptimizerNames member once TrainingArguments parsed it
     optim = str(getattr(raw, "value", raw))
     found = HF_OPTIMIZERS.get(optim)
@@ -549,7 +563,10 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
         notes.append(f"{flags} on {weights_name} weights: HF Trainer runs autocast over them; peakmem's "
                      f"{precision.value} regime has none (ops autocast keeps in fp32, and under LoRA the "
                      "adapters' input casts, are counted as without it)")  # fmt: skip
-    optimizer, impl = _optimizer(args, read, notes)
+    optimizer, impl = _optimizer(args, ds, read, notes)
+    if getattr(args, "torch_compile", False):
+        notes.append("torch_compile=True: activations are counted as eager transformers keeps them; "
+                     "inductor's fused kernels keep a different set")  # fmt: skip
     micro_batch = int(args.per_device_train_batch_size)
     shape = _batch_shape(batch)
     if shape is not None and shape[0] != micro_batch:
