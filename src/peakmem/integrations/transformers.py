@@ -155,7 +155,9 @@ class Job:
     notes: tuple[str, ...]  # what the mapping assumed or could not see
 
     def flags(self) -> list[str]:
-        """The ``peakmem train`` flags of this job (the CLI answers the same for them)."""
+        """The ``peakmem train`` flags of this job: the CLI answers the same for them, except for what has
+        no flag (DeepSpeed bucket sizes and overlap_comm read from its config; peft target_parameters,
+        modules_to_save and lora_bias)."""
         s = self.setup
         out = [
             "--method", s.method.value, "--precision", s.precision.value, "--optimizer", s.optimizer.value,
