@@ -1,0 +1,780 @@
+"""``PeakmemCallback``: peakmem's answer inside the Hugging Face ``Trainer`` (needs the ``torch`` extra).
+
+::
+
+    from peakmem.integrations.transformers import PeakmemCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[PeakmemCallback(gpu="24GB")])
+    trainer.train()  # prints the estimate; raises DoesNotFitError before the first step if it will not fit
+
+**At train begin** the callback reads the job from the live objects (:func:`job_from_trainer`: the model's
+config, its peft adapter and bitsandbytes quantization, the ``TrainingArguments``, the first batch) and
+asks the question ``peakmem train`` asks, through the same function
+(:func:`peakmem.planner.train_answer`), so its answer (:attr:`PeakmemCallback.json`) equals
+``peakmem train MODEL <the same flags> --json``. It prints the same headline and tables
+(:func:`peakmem.render.print_estimate`), with the ranked ways down, on the main process.
+
+**The device** it judges against: ``gpu=`` (a catalog name or a size, as ``--gpu`` takes), else on CUDA
+the device's total memory (``torch.cuda.mem_get_info``), else none (CPU: no verdict, the job runs).
+
+**Stopping.** transformers 5.23 ``Trainer._inner_training_loop`` calls ``on_train_begin`` and then enters
+the epoch loop whatever the control says; ``_run_epoch`` reads ``control.should_training_stop`` only
+*after* a micro-batch's forward, backward and optimizer step. So the flag alone lets one step run
+(``tests/test_callback_torch.py::test_the_flag_alone_lets_one_step_run`` pins it: ``global_step == 1``).
+The callback therefore sets the flag *and* raises :class:`DoesNotFitError` from ``on_train_begin``:
+``trainer.train()`` raises it before any batch is fetched, with the estimate and the ways down attached.
+
+**The first batch.** The sequence length (and micro-batch) come from the first batch the Trainer's own
+DataLoader yields. The callback never touches the Trainer's iterator (``_run_epoch`` makes it later): it
+opens a fresh iterator on the underlying ``torch.utils.data.DataLoader`` (accelerate's wrapper keeps it as
+``base_dataloader``; its own ``__iter__`` registers itself with the gradient state, which a half-read
+iterator would leave behind), takes one batch and closes it. Opening an iterator draws the sampler's
+seed from torch's global generator, so the Python, NumPy and torch (CPU and CUDA) RNG states are saved
+before and restored after: the Trainer shuffles and drops out exactly as it would have. An
+``IterableDataset`` is not read (a generator behind it could not be restarted): pass ``seq=``. With
+dynamic padding the first batch need not be the longest: pass ``seq=`` the longest length to size for it.
+
+**Measured against predicted.** On CUDA the callback resets the peak statistics at train begin (the
+model's weights, already on the device, stay counted) and at the end of optimizer steps 1..``measure_steps``
+appends ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` against the prediction to
+``state.log_history`` (keys ``peakmem/...``, GiB; ``error_pct`` = (predicted - measured) / measured x 100),
+and merges them into the ``logs`` of the next ``on_log``. Callbacks given to the Trainer run after its
+reporters (wandb, tensorboard...), which therefore see them only in ``state.log_history``. On the CPU only
+the prediction is logged (step 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from peakmem.errors import EXIT_DOES_NOT_FIT, InputError, PeakmemError
+from peakmem.model import ModelSpec
+from peakmem.parallel import DEFAULT_GPUS_PER_NODE, FsdpMode, Offload, Parallelism
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    LossImpl,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    Precision,
+    TrainingSetup,
+)
+from peakmem.units import GiB, fmt_bytes
+
+Read = list[tuple[str, str, str]]  # (field, value, where it came from), in reading order
+LOG_PREFIX = "peakmem/"
+DEFAULT_MEASURE_STEPS = 2  # the peak settles by step 2: optimizer states appear at step 1 (as measure's)
+ERROR_DIGITS = 2  # decimals of the logged GiB and percentages
+
+# transformers 5.23 training_args.py OptimizerNames -> peakmem's optimizer and the implementation whose
+# step temporaries it has, as transformers/trainer_optimizer.py builds each.
+_BNB = "bitsandbytes optim (one in-place kernel per tensor)"
+HF_OPTIMIZERS: dict[str, tuple[OptimizerName, OptimizerImpl, str]] = {
+    "adamw_torch": (OptimizerName.ADAMW, OptimizerImpl.FOREACH,
+                    "torch.optim.AdamW, foreach (torch's default on CUDA)"),
+    "adamw_torch_fused": (OptimizerName.ADAMW, OptimizerImpl.FUSED, "torch.optim.AdamW(fused=True)"),
+    "adafactor": (OptimizerName.ADAFACTOR, OptimizerImpl.FOR_LOOP,
+                  "transformers.optimization.Adafactor, tensor by tensor"),
+    "sgd": (OptimizerName.SGD, OptimizerImpl.FOREACH, "torch.optim.SGD, foreach"),
+    "adamw_bnb_8bit": (OptimizerName.ADAMW_8BIT, OptimizerImpl.FUSED, _BNB),
+    "adamw_8bit": (OptimizerName.ADAMW_8BIT, OptimizerImpl.FUSED, _BNB + "; alias of adamw_bnb_8bit"),
+    "paged_adamw_8bit": (OptimizerName.PAGED_ADAMW_8BIT, OptimizerImpl.FUSED, _BNB),
+    "lion_8bit": (OptimizerName.LION_8BIT, OptimizerImpl.FUSED, _BNB),
+    "lion_32bit": (OptimizerName.LION, OptimizerImpl.FUSED, _BNB + "; one fp32 state"),
+    "adamw_torch_4bit": (OptimizerName.ADAMW_4BIT, OptimizerImpl.FUSED, "torchao AdamW4bit"),
+}  # fmt: skip
+# deepspeed/runtime/engine.py _configure_basic_optimizer: "Adam"/"AdamW" -> FusedAdam (DeepSpeedCPUAdam
+# when the optimizer is offloaded); both keep exp_avg and exp_avg_sq.
+DS_OPTIMIZERS = {"adam": OptimizerName.ADAM, "adamw": OptimizerName.ADAMW}
+# The 4-bit optimizer as transformers builds it: trainer_optimizer.py _get_torchao_optimizer passes
+# block_size=256 (optim_args) where peakmem models torchao's own 128: the scales are over-counted.
+TORCHAO_NOTE = (
+    "optim=adamw_torch_4bit: transformers passes torchao block_size=256; peakmem counts torchao's default "
+    "128 (two fp32 scales per block: over-counted by 2 x (4/128 - 4/256) = 1/32 byte per parameter)"
+)
+# transformers 5.23 config._attn_implementation -> peakmem's attention kernel (eager keeps the S x S
+# probabilities; SDPA's memory-efficient/flash backends and flash-attn keep O(S) per head).
+HF_ATTENTION = {
+    "eager": AttentionKernel.EAGER,
+    "sdpa": AttentionKernel.SDPA,
+    "flash_attention_2": AttentionKernel.FLASH,
+    "flash_attention_3": AttentionKernel.FLASH,
+}
+# transformers trainer_utils.py FSDPOption -> Parallelism.fsdp
+HF_FSDP = {
+    "full_shard": FsdpMode.FULL_SHARD,
+    "shard_grad_op": FsdpMode.SHARD_GRAD_OP,
+    "hybrid_shard": FsdpMode.HYBRID_SHARD,
+}
+FSDP_DEFAULT_VERSION = 2  # transformers 5.23 training_args.py: fsdp_config.get("version", 2)
+# peft LoraConfig fields that change which modules are adapted or their rank: not modelled (an error,
+# never a silent default).
+PEFT_UNMODELLED = ("rank_pattern", "layers_to_transform", "exclude_modules", "layer_replication",
+                   "trainable_token_indices")  # fmt: skip
+# bitsandbytes / torch dtypes as peakmem names them
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class DoesNotFitError(PeakmemError, RuntimeError):
+    """The job will not fit the device: raised from ``on_train_begin``, before the first step.
+
+    ``estimate`` is the prediction, ``ways`` the planner's ways down (:class:`peakmem.planner.WaysDown`),
+    ``capacity_bytes`` what the device holds."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+    def __init__(self, message: str, *, estimate: Any, ways: Any, capacity_bytes: int) -> None:
+        super().__init__(message)
+        self.estimate = estimate
+        self.ways = ways
+        self.capacity_bytes = capacity_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A training job as read from the live Trainer objects."""
+
+    name: str
+    config: dict[str, Any]  # the model's config.json dict (the base model's, under peft)
+    spec: ModelSpec
+    setup: TrainingSetup
+    parallelism: Parallelism | None  # None: one process, no sharding
+    read: tuple[tuple[str, str, str], ...]  # (field, value, where it came from)
+    notes: tuple[str, ...]  # what the mapping assumed or could not see
+
+    def flags(self) -> list[str]:
+        """The ``peakmem train`` flags of this job: the CLI answers the same for them, except for what has
+        no flag (DeepSpeed bucket sizes and overlap_comm read from its config; peft target_parameters,
+        modules_to_save and lora_bias)."""
+        s = self.setup
+        out = [
+            "--method", s.method.value, "--precision", s.precision.value, "--optimizer", s.optimizer.value,
+            "--optimizer-impl", s.optimizer_impl.value, "--batch", str(s.micro_batch),
+            "--seq", str(s.seq_len),
+            "--grad-accum", str(s.grad_accum), "--checkpointing", s.checkpointing.value,
+            "--attention", s.attention.value, "--loss", s.loss.value,
+        ]  # fmt: skip
+        if s.lora is not None:
+            lora = s.lora
+            out += ["--lora-rank", str(lora.rank), "--lora-alpha", str(lora.alpha),
+                    "--lora-targets", ",".join(lora.targets) or "default",
+                    "--lora-dropout", str(lora.dropout), "--adapter-dtype", lora.adapter_dtype]  # fmt: skip
+            if lora.dora:
+                out.append("--dora")
+        if s.quant is not None:
+            out += ["--quant", s.quant.quant]
+            if not s.quant.double_quant:
+                out.append("--no-double-quant")
+        par = self.parallelism
+        if par is not None:
+            out += ["--gpus", str(par.gpus), "--gpus-per-node", str(par.gpus_per_node), "--zero",
+                    str(par.zero_stage), "--fsdp", par.fsdp.value, "--fsdp-version", str(par.fsdp_version),
+                    "--tp", str(par.tp), "--cp", str(par.cp), "--offload", par.offload_optimizer.value,
+                    "--offload-params", par.offload_params.value]  # fmt: skip
+        return out
+
+
+# --- reading the job from the live objects ------------------------------------------------------
+def _unwrap(model: Any) -> Any:
+    """The transformers/peft model inside DDP/FSDP/DeepSpeed/compile wrappers."""
+    seen = 0
+    while hasattr(model, "module") and not hasattr(model, "config") and seen < 8:
+        model, seen = model.module, seen + 1
+    return getattr(model, "_orig_mod", model)
+
+
+def _is_peft(model: Any) -> bool:
+    return isinstance(getattr(model, "peft_config", None), Mapping) and hasattr(model, "get_base_model")
+
+
+def _config_dict(model: Any) -> tuple[str, dict[str, Any]]:
+    base = model.get_base_model() if _is_peft(model) else model
+    config = getattr(base, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise InputError(f"model={type(model).__name__}: has no transformers config (model.config.to_dict())")
+    d = config.to_dict()
+    name = getattr(config, "name_or_path", "") or d.get("model_type") or type(base).__name__
+    return str(name), d
+
+
+def _weight_dtype(model: Any, *, frozen: bool) -> torch.dtype:
+    """The floating dtype holding most parameters (the frozen ones under peft; quantized storage,
+    integer tensors, is skipped)."""
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if not p.is_floating_point() or (frozen and p.requires_grad):
+            continue
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + _numel(p)
+    if not by_dtype:
+        return torch.float32
+    return max(by_dtype, key=lambda d: by_dtype[d])
+
+
+def _numel(p: Any) -> int:
+    ds = getattr(p, "ds_numel", None)  # DeepSpeed ZeRO-3 partitions a parameter to numel 0
+    return int(ds) if isinstance(ds, int) else int(p.numel())
+
+
+def _lora(model: Any, read: Read, notes: list[str]) -> Any:
+    """peakmem's LoraConfig from the active peft adapter (peft fills ``target_modules`` with the module
+    names it adapted, ``all-linear`` included)."""
+    from peakmem.formulas.lora import LoraConfig
+
+    name = getattr(model, "active_adapter", None) or "default"
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    cfg = model.peft_config[name]
+    where = f"model.peft_config[{name!r}]"
+    peft_type = str(getattr(getattr(cfg, "peft_type", ""), "value", getattr(cfg, "peft_type", "")))
+    if peft_type.upper() != "LORA":
+        raise InputError(f"{where}.peft_type={peft_type!r}: peakmem models LoRA adapters only")
+    for key in PEFT_UNMODELLED:
+        if getattr(cfg, key, None):
+            raise InputError(f"{where}.{key}={getattr(cfg, key)!r}: not modelled by peakmem")
+    targets = cfg.target_modules
+    if isinstance(targets, str):
+        if targets.replace("_", "-") != "all-linear":
+            raise InputError(f"{where}.target_modules={targets!r}: a regular expression is not modelled; "
+                             "give module names")  # fmt: skip
+        target_names: tuple[str, ...] = ("all-linear",)
+    else:
+        # peft expands all-linear into full module paths (model.layers.0.self_attn.q_proj): peakmem matches
+        # leaf names; a path naming some layers only shows as a trainable-count mismatch note
+        target_names = tuple(sorted({str(t).rsplit(".", 1)[-1] for t in targets or ()}))
+    trainable = [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+    a_dtype = _DTYPE_NAMES.get(trainable[0].dtype, "fp32") if trainable else "fp32"
+    bias = getattr(cfg, "bias", "none")
+    if bias != "none":
+        notes.append(f"{where}.bias={bias!r}: the trainable biases are not counted")
+    lora = LoraConfig(
+        rank=int(cfg.r), alpha=float(cfg.lora_alpha), targets=target_names,
+        target_parameters=tuple(getattr(cfg, "target_parameters", None) or ()),
+        dropout=float(cfg.lora_dropout), dora=bool(getattr(cfg, "use_dora", False)), adapter_dtype=a_dtype,
+        lora_bias=bool(getattr(cfg, "lora_bias", False)),
+        modules_to_save=tuple(getattr(cfg, "modules_to_save", None) or ()),
+    )  # fmt: skip
+    read.append(("lora", f"r={lora.rank} alpha={lora.alpha:g} targets={','.join(target_names)} "
+                 f"dropout={lora.dropout:g} adapters {a_dtype}", where))  # fmt: skip
+    return lora
+
+
+def _quant(model: Any, base: Any, float_dtype: str, read: Read) -> Any:
+    """peakmem's QuantConfig for a bitsandbytes-quantized base, else None."""
+    from peakmem.formulas.qlora import QuantConfig
+
+    qc = getattr(getattr(base, "config", None), "quantization_config", None)
+    to_dict = getattr(qc, "to_dict", None)  # a transformers BitsAndBytesConfig, or a plain dict
+    q: Mapping[str, Any] = to_dict() if callable(to_dict) else (qc if isinstance(qc, Mapping) else {})
+    four = bool(getattr(base, "is_loaded_in_4bit", False) or q.get("load_in_4bit"))
+    eight = bool(getattr(base, "is_loaded_in_8bit", False) or q.get("load_in_8bit"))
+    if not (four or eight):
+        if q:
+            method = q.get("quant_method", "?")
+            raise InputError(f"model.config.quantization_config.quant_method={method!r}: only bitsandbytes "
+                             "4-bit/8-bit bases are modelled")  # fmt: skip
+        return None
+    if not _is_peft(model):
+        raise InputError("model is quantized with bitsandbytes but has no LoRA adapter: peakmem models a "
+                         "quantized base only under LoRA (QLoRA)")  # fmt: skip
+    if eight:
+        quant = QuantConfig(quant="int8", float_dtype=float_dtype)
+    else:
+        quant = QuantConfig(quant=str(q.get("bnb_4bit_quant_type", "nf4")),
+                            double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
+                            float_dtype=float_dtype)  # fmt: skip
+    read.append(("quant", quant.label, "model.config.quantization_config (bitsandbytes)"))
+    return quant
+
+
+def _precision(args: Any, weights: torch.dtype, deepspeed: bool, method: Method) -> Precision:
+    """HF Trainer's precision regimes (peakmem.training): bf16/fp16 flags on fp32 weights are autocast
+    (accelerate's mixed_precision); 16-bit weights are trained as they are; DeepSpeed keeps 16-bit
+    weights and fp32 masters."""
+    bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
+    if deepspeed and (bf16 or fp16):
+        return Precision.MIXED_BF16 if bf16 else Precision.MIXED_FP16
+    if weights == torch.float32:
+        return Precision.AMP_BF16 if bf16 else Precision.AMP_FP16 if fp16 else Precision.FP32
+    if weights == torch.bfloat16:
+        return Precision.BF16
+    if weights == torch.float16 and method is not Method.FULL:
+        return Precision.MIXED_FP16  # fp16 base, fp32 adapters: no master copy of anything
+    raise InputError(
+        f"model weights {weights}: pure {_DTYPE_NAMES.get(weights, str(weights))} full fine-tuning is not a "
+        "regime peakmem models (HF Trainer's fp16=True needs fp32 weights)"
+    )
+
+
+def _optimizer(
+    args: Any, ds: dict[str, Any] | None, read: Read, notes: list[str]
+) -> tuple[OptimizerName, OptimizerImpl]:
+    ds_optimizer = (ds or {}).get("optimizer")
+    if isinstance(ds_optimizer, Mapping):  # DeepSpeed builds its own; TrainingArguments.optim is unused
+        kind = str(ds_optimizer.get("type", "")).lower()
+        if kind not in DS_OPTIMIZERS:
+            raise InputError(f"DeepSpeed optimizer.type={ds_optimizer.get('type')!r}: not modelled "
+                             f"(modelled: {', '.join(DS_OPTIMIZERS)})")  # fmt: skip
+        where = "DeepSpeed optimizer.type: FusedAdam / DeepSpeedCPUAdam, one kernel per group"
+        read.append(("optimizer", f"{DS_OPTIMIZERS[kind].value} (fused)", where))
+        return DS_OPTIMIZERS[kind], OptimizerImpl.FUSED
+    raw = getattr(args, "optim", "adamw_torch")  # an OptimizerNames member once TrainingArguments parsed it
+    optim = str(getattr(raw, "value", raw))
+    found = HF_OPTIMIZERS.get(optim)
+    if found is None:
+        raise InputError(f"TrainingArguments.optim={optim!r}: not modelled by peakmem "
+                         f"(modelled: {', '.join(HF_OPTIMIZERS)})")  # fmt: skip
+    name, impl, source = found
+    if name is OptimizerName.SGD and _optim_args(args).get("momentum", "0") not in ("0", "0.0"):
+        name = OptimizerName.SGD_MOMENTUM
+    if optim == "adamw_torch_4bit":
+        notes.append(TORCHAO_NOTE)
+    read.append(("optimizer", f"{name.value} ({impl.value})", f"TrainingArguments.optim={optim}: {source}"))
+    return name, impl
+
+
+def _optim_args(args: Any) -> dict[str, str]:
+    """``optim_args="momentum=0.9,nesterov=True"`` as transformers parses it (trainer_optimizer.py)."""
+    text = getattr(args, "optim_args", None) or ""
+    out: dict[str, str] = {}
+    for part in str(text).replace(" ", "").split(","):
+        if "=" in part:
+            key, value = part.split("=", 1)
+            out[key] = value
+    return out
+
+
+def _attention(config: Any, read: Read) -> AttentionKernel:
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    kernel = HF_ATTENTION.get(str(impl))
+    if kernel is None and "flash" in str(impl):  # a Hub kernel ("kernels-community/flash-attn")
+        kernel = AttentionKernel.FLASH
+    if kernel is None:
+        raise InputError(f"model.config._attn_implementation={impl!r}: not modelled "
+                         f"(modelled: {', '.join(HF_ATTENTION)})")  # fmt: skip
+    read.append(("attention", kernel.value, f"model.config._attn_implementation={impl}"))
+    return kernel
+
+
+def _deepspeed_config(args: Any) -> dict[str, Any] | None:
+    """The DeepSpeed config with transformers' "auto" values filled in when the Trainer has done so
+    (``args.hf_deepspeed_config.config``), else ``args.deepspeed`` (a dict or a JSON file)."""
+    hf = getattr(args, "hf_deepspeed_config", None)
+    if hf is not None and isinstance(getattr(hf, "config", None), dict):
+        return dict(hf.config)
+    ds = getattr(args, "deepspeed", None)
+    if not ds:
+        return None
+    if isinstance(ds, Mapping):
+        return dict(ds)
+    try:
+        loaded = json.loads(Path(str(ds)).read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"TrainingArguments.deepspeed={ds!r}: cannot read it ({e})") from None
+    if not isinstance(loaded, dict):
+        raise InputError(f"TrainingArguments.deepspeed={ds!r}: not a JSON object")
+    return loaded
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A DeepSpeed size (int, or a float such as 5e8); "auto" and anything else -> None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _parallelism(args: Any, ds: dict[str, Any] | None, read: Read,
+                 notes: list[str]) -> Parallelism | None:  # fmt: skip
+    gpus = int(getattr(args, "world_size", 1) or 1)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or min(gpus, DEFAULT_GPUS_PER_NODE)
+    kw: dict[str, Any] = {"gpus": gpus, "gpus_per_node": per_node}
+    if gpus > 1:
+        read.append(("gpus", str(gpus), "TrainingArguments.world_size"))
+    pc = getattr(args, "parallelism_config", None)
+    for attr, key in (("tp_size", "tp"), ("cp_size", "cp")):
+        size = getattr(pc, attr, 1) if pc is not None else 1
+        if isinstance(size, int) and size > 1:
+            kw[key] = size
+            read.append((key, str(size), f"TrainingArguments.parallelism_config.{attr}"))
+    if ds is not None:
+        zero = ds.get("zero_optimization") or {}
+        stage = _int_or_none(zero.get("stage", 0)) or 0
+        kw["zero_stage"] = stage
+        read.append(("zero", str(stage), "DeepSpeed zero_optimization.stage"))
+        for key, attr in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
+            device = str((zero.get(key) or {}).get("device", "none")).lower()
+            if device in ("cpu", "nvme"):
+                kw[attr] = Offload.parse(device, key)
+                read.append((attr, device, f"DeepSpeed zero_optimization.{key}.device"))
+        sizes = {"reduce_bucket_size": "reduce_bucket_size", "allgather_bucket_size": "allgather_bucket_size",
+                 "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+                 "stage3_max_live_parameters": "max_live_parameters",
+                 "stage3_param_persistence_threshold": "param_persistence_threshold"}  # fmt: skip
+        for key, attr in sizes.items():
+            value = _int_or_none(zero.get(key))
+            if value is not None:
+                kw[attr] = value
+        for key in ("overlap_comm", "contiguous_gradients"):
+            if isinstance(zero.get(key), bool):
+                kw[key] = zero[key]
+    fsdp = getattr(args, "fsdp", None) or []
+    options = [str(getattr(o, "value", o)) for o in (fsdp.split() if isinstance(fsdp, str) else fsdp)]
+    modes = [HF_FSDP[o] for o in options if o in HF_FSDP]
+    unknown = [o for o in options if o not in HF_FSDP and o not in ("offload", "auto_wrap", "no_shard")]
+    if unknown:
+        raise InputError(f"TrainingArguments.fsdp={' '.join(options)!r}: {', '.join(unknown)} not modelled")
+    if modes:
+        config = getattr(args, "fsdp_config", None) or {}
+        version = int(config.get("version", FSDP_DEFAULT_VERSION)) if isinstance(config, Mapping) else 2
+        kw.update(fsdp=modes[0], fsdp_version=version)
+        read.append(("fsdp", f"{modes[0].value} v{version}", "TrainingArguments.fsdp / fsdp_config.version"))
+        if "offload" in options:
+            kw.update(offload_optimizer=Offload.CPU, offload_params=Offload.CPU)
+            read.append(("offload", "cpu (params, grads, optimizer step)", "TrainingArguments.fsdp offload"))
+    par = Parallelism(**kw)
+    plain = par.gpus == 1 and par.zero_stage == 0 and par.fsdp is FsdpMode.NONE and par.tp == par.cp == 1
+    if plain and (par.offload_optimizer is not Offload.NONE or par.offload_params is not Offload.NONE):
+        plain = False
+    return None if plain else par
+
+
+def _liger(args: Any, read: Read, notes: list[str]) -> LossImpl:
+    if not getattr(args, "use_liger_kernel", False):
+        return LossImpl.STANDARD
+    read.append(("loss", LossImpl.FUSED.value, "TrainingArguments.use_liger_kernel (fused linear CE)"))
+    notes.append("use_liger_kernel: only Liger's fused linear cross-entropy is modelled; its RMSNorm, "
+                 "RoPE and SwiGLU kernels save a little more activation memory than counted")  # fmt: skip
+    return LossImpl.FUSED
+
+
+def first_batch(dataloader: Any) -> Any:
+    """The first batch of the Trainer's DataLoader, read from a fresh iterator on the underlying
+    ``torch.utils.data.DataLoader`` with every RNG state restored (see the module's docstring); None
+    for an IterableDataset or no DataLoader."""
+    loader = getattr(dataloader, "base_dataloader", dataloader)
+    if loader is None or not hasattr(loader, "__iter__"):
+        return None
+    if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        return None
+    with _rng_kept(_generators(loader)):
+        it = iter(loader)
+        try:
+            return next(it)
+        except StopIteration:
+            return None
+        finally:
+            del it  # shuts its workers down
+
+
+def _generators(loader: Any) -> list[torch.Generator]:
+    """The generators a fresh iterator draws from besides the global ones: the DataLoader's own (its
+    base seed) and its sampler's (a RandomSampler given one)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(loader, "sampler", None)
+    owners = (loader, sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: list[torch.Generator] = []
+    for owner in owners:
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
+@contextlib.contextmanager
+def _rng_kept(generators: list[torch.Generator]) -> Iterator[None]:
+    """Every RNG state as it was: Python's, NumPy's, torch's (CPU, CUDA once initialized), ``generators``."""
+    kept = [(g, g.get_state()) for g in generators]
+    py = random.getstate()
+    cpu = torch.get_rng_state()
+    initialized: Any = torch.cuda.is_initialized  # untyped in torch 2.13; never initialize CUDA just for this
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and initialized() else None
+    np_state = None
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np_state = np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if np is not None and np_state is not None:
+            np.random.set_state(np_state)
+        for g, state in kept:
+            g.set_state(state)
+
+
+def _batch_shape(batch: Any) -> tuple[int, int] | None:
+    """(batch, seq) of ``input_ids`` (or the first 2-D tensor) in a batch."""
+    if isinstance(batch, Mapping):
+        values = [batch.get("input_ids"), *batch.values()]
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        values = [batch]
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dim() == 2:
+            return int(v.shape[0]), int(v.shape[1])
+    return None
+
+
+def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | None = None) -> Job:
+    """The training job the Trainer will run: ``args`` (``TrainingArguments``), ``model`` (as the Trainer
+    holds it: a transformers model, a peft ``PeftModel``, possibly wrapped), ``batch`` (its first batch,
+    :func:`first_batch`) and ``seq`` (overrides the batch's length). Every field is echoed in
+    ``Job.read`` with the place it came from; what is not modelled raises :class:`InputError`."""
+    from peakmem.hf import spec_from_config
+
+    model = _unwrap(model)
+    read: Read = []
+    notes: list[str] = []
+    name, config = _config_dict(model)
+    spec = spec_from_config(config, name=name)
+    peft = _is_peft(model)
+    base = model.get_base_model() if peft else model
+    weights = _weight_dtype(model, frozen=peft)
+    weights_name = _DTYPE_NAMES.get(weights, str(weights))
+    read.append(("weights", weights_name, "the model's parameters"))
+    lora = _lora(model, read, notes) if peft else None
+    quant = _quant(model, base, _DTYPE_NAMES.get(weights, "bf16"), read)
+    method = Method.QLORA if quant is not None else Method.LORA if peft else Method.FULL
+    read.append(("method", method.value, "peft adapter / bitsandbytes base" if peft else "no peft adapter"))
+    ds = _deepspeed_config(args)
+    precision = _precision(args, weights, ds is not None, method)
+    flags = f"bf16={bool(getattr(args, 'bf16', False))} fp16={bool(getattr(args, 'fp16', False))}"
+    read.append(("precision", precision.value, f"TrainingArguments {flags}, {weights_name} weights"
+                 + (", DeepSpeed" if ds is not None else "")))  # fmt: skip
+    autocast = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    if autocast and weights != torch.float32 and ds is None:
+        notes.append(f"{flags} on {weights_name} weights: HF Trainer runs autocast over them; peakmem's "
+                     f"{precision.value} regime has none (ops autocast keeps in fp32, and under LoRA the "
+                     "adapters' input casts, are counted as without it)")  # fmt: skip
+    optimizer, impl = _optimizer(args, ds, read, notes)
+    if getattr(args, "torch_compile", False):
+        notes.append("torch_compile=True: activations are counted as eager transformers keeps them; "
+                     "inductor's fused kernels keep a different set")  # fmt: skip
+    micro_batch = int(args.per_device_train_batch_size)
+    shape = _batch_shape(batch)
+    if shape is not None and shape[0] != micro_batch:
+        notes.append(f"the first batch holds {shape[0]} rows, per_device_train_batch_size={micro_batch}: "
+                     f"counting {shape[0]} (what the model sees, e.g. a flattening collator)")  # fmt: skip
+        micro_batch = shape[0]
+    given = shape is None or shape[0] == args.per_device_train_batch_size
+    batch_from = "TrainingArguments.per_device_train_batch_size" if given else "the first batch"
+    read.append(("batch", str(micro_batch), batch_from))
+    if seq is not None:
+        seq_len, seq_from = seq, "seq= given to PeakmemCallback"
+    elif shape is not None:
+        seq_len, seq_from = shape[1], "the first batch's input_ids"
+    else:
+        raise InputError("seq=None: no first batch to read the sequence length from (an IterableDataset or "
+                         "no DataLoader); give PeakmemCallback(seq=...)")  # fmt: skip
+    read.append(("seq", str(seq_len), seq_from))
+    accum = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+    read.append(("grad_accum", str(accum), "TrainingArguments.gradient_accumulation_steps"))
+    # transformers 5.23 renamed is_gradient_checkpointing (deprecated, warns) to is_activation_checkpointing
+    flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else (
+        "is_gradient_checkpointing")  # fmt: skip
+    checkpointing = bool(getattr(args, "gradient_checkpointing", False) or getattr(base, flag, False))
+    read.append(("checkpointing", "full" if checkpointing else "none",
+                 f"TrainingArguments.gradient_checkpointing / model.{flag}"))  # fmt: skip
+    attention = _attention(base.config, read)
+    loss = _liger(args, read, notes)
+    par = _parallelism(args, ds, read, notes)
+    setup = TrainingSetup(
+        method=method, precision=precision, optimizer=optimizer, optimizer_impl=impl, micro_batch=micro_batch,
+        seq_len=seq_len, grad_accum=accum, attention=attention, lora=lora, quant=quant, loss=loss,
+        checkpointing=Checkpointing.FULL if checkpointing else Checkpointing.NONE,
+    )  # fmt: skip
+    return Job(name=name, config=config, spec=spec, setup=setup, parallelism=par, read=tuple(read),
+               notes=tuple(notes))  # fmt: skip
+
+
+def trainable_count(model: Any) -> int:
+    """Parameters the live model trains (``requires_grad``), ZeRO-3 partitions counted whole."""
+    return sum(_numel(p) for p in _unwrap(model).parameters() if p.requires_grad)
+
+
+def cuda_gpu(device: Any = None) -> Any:
+    """The CUDA device as an anonymous :class:`peakmem.catalog.Gpu` of its total memory."""
+    from dataclasses import replace
+
+    from peakmem.resolve import gpu_of_size
+
+    _free, total = torch.cuda.mem_get_info(device)
+    gpu = gpu_of_size(f"{total}B")
+    return replace(gpu, display_name=torch.cuda.get_device_name(device),
+                   memory_source="torch.cuda.mem_get_info() total")  # fmt: skip
+
+
+# --- the callback ------------------------------------------------------------------------------------
+class PeakmemCallback(TrainerCallback):
+    """Estimate the job at train begin; stop it before the first step when it will not fit; on CUDA, log
+    measured against predicted peaks after the first optimizer steps.
+
+    ``gpu``: a catalog GPU name or a size (``"H100"``, ``"24GB"``), as ``peakmem --gpu`` takes; default:
+    the CUDA device's total memory, or none on the CPU. ``stop_if_no_fit``: raise
+    :class:`DoesNotFitError` from ``on_train_begin`` when the job needs more than the device holds.
+    ``log``: add the ``peakmem/...`` keys to the Trainer's logs. ``seq``: the sequence length to size for
+    (default: the first batch's). ``measure_steps``: optimizer steps whose peaks are logged on CUDA.
+    ``strict``: a job peakmem cannot model raises instead of printing why and letting it run.
+    ``quiet``: print nothing (the answer stays in :attr:`json`)."""
+
+    def __init__(
+        self, gpu: str | None = None, stop_if_no_fit: bool = True, log: bool = True, *,
+        seq: int | None = None, measure_steps: int = DEFAULT_MEASURE_STEPS, strict: bool = False,
+        quiet: bool = False,
+    ) -> None:  # fmt: skip
+        from peakmem.resolve import resolve_gpu
+        from peakmem.validate import check_bool, check_int
+
+        for flag, value in (("stop_if_no_fit", stop_if_no_fit), ("log", log), ("strict", strict),
+                            ("quiet", quiet)):  # fmt: skip
+            check_bool(flag, value)
+        if seq is not None:
+            check_int("seq", seq)
+        check_int("measure_steps", measure_steps, minimum=0, maximum=100)
+        self.gpu = resolve_gpu(gpu) if gpu is not None else None
+        self.stop_if_no_fit = stop_if_no_fit
+        self.log = log
+        self.seq = seq
+        self.measure_steps = measure_steps
+        self.strict = strict
+        self.quiet = quiet
+        self.job: Job | None = None
+        self.answer: Any = None  # peakmem.planner.TrainAnswer
+        self.json: dict[str, Any] | None = None  # equals `peakmem train ... --json`
+        self.measured: list[dict[str, float]] = []
+        self._pending: dict[str, float] = {}
+        self._device: Any = None
+        self._start_step = 0
+
+    # The Trainer passes model, train_dataloader, ... as keywords (trainer_callback.CallbackHandler).
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+        from peakmem.formulas.overhead import Overheads
+        from peakmem.planner import train_answer
+        from peakmem.render import answer_json, print_estimate, train_headline
+
+        main = bool(getattr(state, "is_world_process_zero", True))
+        say = main and not self.quiet
+        try:
+            batch = first_batch(train_dataloader) if self.seq is None else None
+            job = job_from_trainer(args, model, batch, seq=self.seq)
+        except PeakmemError as e:
+            if self.strict:
+                raise
+            if say:
+                print(f"peakmem: cannot estimate this job, training goes on unchecked: {e}", file=sys.stderr)
+            return control
+        gpu = self.gpu
+        device = getattr(args, "device", None)
+        on_cuda = torch.cuda.is_available() and getattr(device, "type", None) == "cuda"
+        if gpu is None and on_cuda:
+            gpu = cuda_gpu(device)
+        gpus = [gpu] if gpu is not None else []
+        answer = train_answer(job.spec, job.setup, job.parallelism, overheads=Overheads(),
+                              capacity_bytes=gpu.usable_bytes if gpu is not None else None)  # fmt: skip
+        est = answer.estimate
+        self.job, self.answer = job, answer
+        self.json = answer_json(est, gpus, answer.ways)
+        notes = list(job.notes)
+        live = trainable_count(model)
+        if live != est.trainable_params:
+            notes.append(f"the model trains {live:,} parameters; peakmem counts {est.trainable_params:,} "
+                         "(frozen or added parameters it cannot see)")  # fmt: skip
+        if say:
+            from peakmem.breakdown import Verdict
+
+            read = ", ".join(f"{f}={v} ({w})" for f, v, w in job.read)
+            print(f"peakmem: read from the Trainer: {read}", file=sys.stderr)
+            for note in notes:
+                print(f"peakmem: note: {note}", file=sys.stderr)
+            need = est.device_total_bytes
+            verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=need) for g in gpus]
+            headline = train_headline(job.name, job.setup, est, par=job.parallelism)
+            print_estimate(est, headline, verdicts, answer.ways.pairs(), answer.ways.no_help)
+        self._start_step = int(getattr(state, "global_step", 0) or 0)
+        self._record(state, self._predicted(est))
+        if on_cuda:
+            self._device = device
+            torch.cuda.reset_peak_memory_stats(device)
+        if gpu is not None and est.device_total_bytes > gpu.usable_bytes and self.stop_if_no_fit:
+            control.should_training_stop = True
+            fitting = [w for w in answer.ways.ways if w.needed_bytes <= gpu.usable_bytes]
+            best = (f"changes that fit: {'; '.join(w.label for w in fitting[:3])}" if fitting else
+                    "no single change makes it fit; `peakmem fit` searches combinations")  # fmt: skip
+            raise DoesNotFitError(
+                f"{job.name}: the job needs ≈ {fmt_bytes(est.device_total_bytes)} on the device, "
+                f"{gpu.display_name} holds {fmt_bytes(gpu.usable_bytes)}; stopped before the first step "
+                f"({best}; the ways down are printed above and in error.ways)",
+                estimate=est,
+                ways=answer.ways,
+                capacity_bytes=gpu.usable_bytes,
+            )
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._device is None or self.answer is None:
+            return control
+        step = int(state.global_step) - self._start_step
+        if not 1 <= step <= self.measure_steps:
+            return control
+        est = self.answer.estimate
+        alloc = torch.cuda.max_memory_allocated(self._device)
+        reserved = torch.cuda.max_memory_reserved(self._device)
+        entry = {
+            **self._predicted(est),
+            f"{LOG_PREFIX}measured_allocated_gib": round(alloc / GiB, ERROR_DIGITS + 2),
+            f"{LOG_PREFIX}measured_reserved_gib": round(reserved / GiB, ERROR_DIGITS + 2),
+            f"{LOG_PREFIX}error_pct": _error_pct(est.peak_allocated_bytes, alloc),
+            f"{LOG_PREFIX}reserved_error_pct": _error_pct(est.peak_reserved_bytes, reserved),
+        }
+        self.measured.append(entry)
+        self._record(state, entry)
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
+        if self.log and isinstance(logs, dict) and self._pending:
+            logs.update(self._pending)
+            self._pending = {}
+        return control
+
+    def _predicted(self, est: Any) -> dict[str, float]:
+        return {
+            f"{LOG_PREFIX}predicted_allocated_gib": round(est.peak_allocated_bytes / GiB, ERROR_DIGITS + 2),
+            f"{LOG_PREFIX}predicted_reserved_gib": round(est.peak_reserved_bytes / GiB, ERROR_DIGITS + 2),
+            f"{LOG_PREFIX}predicted_device_gib": round(est.device_total_bytes / GiB, ERROR_DIGITS + 2),
+        }
+
+    def _record(self, state: Any, entry: Mapping[str, float]) -> None:
+        if not self.log:
+            return
+        history = getattr(state, "log_history", None)
+        if isinstance(history, list):
+            history.append({**entry, "step": int(getattr(state, "global_step", 0) or 0)})
+        self._pending.update(entry)
+
+
+def _error_pct(predicted: int, measured: int) -> float:
+    """(predicted - measured) / measured, in percent (positive: peakmem over-predicts)."""
+    return round(100.0 * (predicted - measured) / measured, ERROR_DIGITS) if measured else 0.0
+
+
+__all__ = ["DoesNotFitError", "Job", "PeakmemCallback", "first_batch", "job_from_trainer"]
