@@ -224,5 +224,6 @@ def test_an_unknown_model_offers_suggestions(page: Any, url: str) -> None:
 
 def test_docs_page_lists_the_endpoints(page: Any, url: str) -> None:
     page.goto(f"{url}/docs")
-    for path in ("POST /api/train", "POST /api/fit", "GET /api/models"):
-        expect(page.locator(".endpoint h2", has_text=path)).to_have_count(1)
+    for path in ("POST /api/train", "POST /api/infer", "POST /api/fit", "POST /api/fit_infer", "POST /api/plan",
+                 "GET /api/models"):  # fmt: skip
+        expect(page.locator(".endpoint h2").get_by_text(path, exact=True)).to_have_count(1)
