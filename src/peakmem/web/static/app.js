@@ -65,8 +65,9 @@ let last = null;  // [question, data]: re-rendered once the catalogs (GPU displa
 function fixed(x, digits) {
   return x.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
 }
-const fmtGB = (b, d = 2) => `${fixed(b / 1e9, d)} GB`;
-const fmtGiB = (b, d = 2) => `${fixed(b / 2 ** 30, d)} GiB`;
+// a no-break space between a number and its unit: a narrow table wraps "5.70 GB (5.31 GiB)" only before "("
+const fmtGB = (b, d = 2) => `${fixed(b / 1e9, d)}\u00a0GB`;
+const fmtGiB = (b, d = 2) => `${fixed(b / 2 ** 30, d)}\u00a0GiB`;
 const fmtBoth = (b) => `${fmtGB(b)} (${fmtGiB(b)})`;
 const fmtInt = (n) => n.toLocaleString("en-US");
 const fmtSigned = (b) => (b >= 0 ? "+" : "-") + fmtGB(Math.abs(b));  // peakmem.render_plan._signed
