@@ -297,6 +297,11 @@ def test_inference_with_an_engine(page: Any, url: str) -> None:
         expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
     expect(page.locator("#ways-view")).to_be_hidden()
     assert "q=infer" in page.url and "engine=vllm" in page.url
+    page.fill("#gpu_memory_utilization", "0.5")  # a smaller pool holds fewer sequences
+    expected = api(url, {**body, "gpu_memory_utilization": 0.5}, "/api/infer")
+    for v in expected["verdicts"]:
+        chip = page.locator(f'.verdict[data-gpu="{v["gpu"]}"]')
+        expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
 
 
 def test_fit_for_training(page: Any, url: str) -> None:

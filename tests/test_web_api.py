@@ -251,6 +251,8 @@ def test_fit_equals_cli_json(
          ["gpt2-xl", "--weights", "bf16", "--batch", "4", "--gpu", "rtx-4090"]),
         ({"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16, "gpus": ["rtx-4090"]},
          ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "16", "--gpu", "rtx-4090"]),
+        ({"model": "llama-3.1-8b", "engine": "sglang", "gpu_memory_utilization": 0.8, "gpus": ["h100-sxm"]},
+         ["llama-3.1-8b", "--engine", "sglang", "--gpu-memory-utilization", "0.8", "--gpu", "h100-sxm"]),
         ({"model": "llama-3.1-8b", "weights": "awq-4bit", "kv_cache": "fp8", "tp": 2, "context": 4096},
          ["llama-3.1-8b", "--weights", "awq-4bit", "--kv-cache", "fp8", "--tp", "2", "--context", "4096"]),
     ],

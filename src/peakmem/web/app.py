@@ -162,6 +162,9 @@ class InferRequest(ModelChoice):
     prompt: int | None = Field(None, ge=1, le=MAX_SEQ)
     engine: Engine = Engine.HF
     tp: int = Field(1, ge=1, le=MAX_TP)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM gpu_memory_utilization / SGLang mem_fraction_static"
+    )
 
 
 class FitRequest(TrainOptions):

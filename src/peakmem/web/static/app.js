@@ -45,6 +45,7 @@ const FIELDS = [
   { id: "infer_batch", key: "batch", def: "1", int: true, modes: INFER },
   { id: "context", def: "", int: true, modes: INFER },
   { id: "infer_tp", key: "tp", def: "1", int: true, modes: INFER },
+  { id: "gpu_memory_utilization", def: "", num: true, modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
 ];
@@ -211,7 +212,11 @@ function requestBody(question) {
       else if (raw.startsWith("fsdp-")) body.fsdp = raw.slice(5);
       continue;
     }
-    if (f.int) {
+    if (f.num) {
+      const x = Number(raw);
+      if (!Number.isFinite(x)) throw new Error(`${f.id}: must be a number`);
+      body[f.id] = x;
+    } else if (f.int) {
       if (!/^[0-9]+$/.test(raw)) throw new Error(`${f.key || f.id}: must be a positive whole number`);
       body[f.key || f.id] = Number(raw);
     } else {
