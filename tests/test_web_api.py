@@ -418,6 +418,11 @@ def test_plan_and_fit_refuse_what_their_command_has_no_option_for(client: TestCl
     # the CLI's fit searches single-GPU changes; a layout belongs to /api/train (per rank) or /api/plan
     assert_error(client.post("/api/fit", json={"model": "gpt2", "gpus": ["24GB"], "zero": 3}), 422, "zero")
     assert_error(client.post("/api/train", json={"model": "gpt2", "gpus": ["24GB,40GB"]}), 422, "gpus.0")
+    # an error the core finds in a layout names the request's field (gpu_count, the CLI's --gpus)
+    bad = {"model": "gpt2", "gpu_count": 6, "tp": 4}
+    assert_error(client.post("/api/train", json=bad), 422, "gpu_count", "not divisible")
+    huge = {"model": "gpt2", "gpus": ["h100-sxm"], "max_gpus": 8, "global_batch": 2**21}
+    assert_error(client.post("/api/plan", json=huge), 422, "global_batch", "less than or equal")
 
 
 def test_qlora_model_states_per_param_is_the_clis(client: TestClient) -> None:

@@ -26,7 +26,7 @@ MODELS = hs.sampled_from(["gpt2", "llama-3.2-1b", "qwen3-0.6b", "nope", ""])
 TRAIN_KEYS = ["batch", "seq", "grad_accum", "lora_rank", "lora_alpha", "gpu_count", "zero", "tp", "pp",
               "method", "precision", "optimizer", "checkpointing", "attention", "fsdp", "offload",
               "quant"]  # fmt: skip
-INFER_KEYS = ["batch", "context", "weights", "engine", "kv_cache", "tp"]
+INFER_KEYS = ["batch", "context", "weights", "engine", "kv_cache", "tp", "gpu_memory_utilization"]
 PLAN_KEYS = ["max_gpus", "global_batch"]
 CONFIGS = hs.dictionaries(
     hs.sampled_from(["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",

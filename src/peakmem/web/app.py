@@ -64,6 +64,9 @@ MAX_SEQ = 2**24  # 16 M tokens; the longest catalog context is 10 M (Llama 4 Sco
 MAX_GRAD_ACCUM = 2**16
 MAX_TP = 1024
 MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
+# Sequences per optimizer step: the largest published runs take ~4k (16 M tokens of 4k); at most 2**20
+# keeps plan's gradient accumulation within the core's limit of 1,048,576 steps on any layout.
+MAX_GLOBAL_BATCH = 2**20
 MAX_PLAN_GPUS = MAX_WORLD  # plan searches 405B on 65,536 H100s in under a second
 MAX_LORA_RANK = 4096
 MAX_GPUS_PER_REQUEST = 16
@@ -190,9 +193,7 @@ class PlanRequest(TrainOptions):
         examples=[["h100-sxm"]],
     )
     max_gpus: int = Field(..., ge=1, le=MAX_PLAN_GPUS, description="the most GPUs to use")
-    global_batch: int | None = Field(
-        None, ge=1, le=MAX_BATCH * MAX_GRAD_ACCUM, description="sequences per step"
-    )
+    global_batch: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH, description="sequences per step")
 
 
 # --- response models -------------------------------------------------------------------------------
@@ -367,6 +368,7 @@ def _gpus(names: list[str]) -> list[Any]:
 
 # A request field is the CLI option of the same name (its argparse dest), but for these.
 _CLI_DEST = {"gpu_count": "gpus"}
+_API_FIELD = {dest: name for name, dest in _CLI_DEST.items()}
 _NOT_CLI = frozenset({"model", "config", "name", "gpus"})  # the model and the GPUs are passed apart
 
 
@@ -399,7 +401,16 @@ def cli_answer(command: str, req: ModelChoice, detail: dict[str, Any] | None = N
 
     spec = _spec(req)
     _gpus(req.gpus)  # each unknown or bad GPU named by its place in the list
-    out, _code = json_answer(command, cli_args(command, req), spec=spec, detail=detail)
+    try:
+        out, _code = json_answer(command, cli_args(command, req), spec=spec, detail=detail)
+    except UnknownNameError:
+        raise
+    except PeakmemError as error:  # named by the request's field (gpu_count, not the CLI's --gpus)
+        field = field_of(error, "body")
+        api_field = _API_FIELD.get(field, field)
+        raise ApiError(
+            422, api_field if api_field in type(req).model_fields else field, str(error)
+        ) from error
     return out
 
 
