@@ -393,6 +393,11 @@ def test_no_horizontal_scroll_at_a_phones_width(page: Any, url: str, shots: Path
     page.goto(f"{url}/?model=gpt2-xxl")  # an error, too
     expect(page.locator("#error")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.goto(f"{url}/?model=gpt2-xl")  # the answer is below the form: the button brings it into view
+    wait_ready(page)
+    page.click("#submit")
+    page.locator("body[data-trigger=submit][data-state=ready]").wait_for(state="attached")
+    expect(page.locator("#answer")).to_be_in_viewport()
 
 
 def test_no_clipped_table_at_a_desktops_width(page: Any, url: str) -> None:

@@ -254,7 +254,11 @@ async function run(trigger) {
     const data = await resp.json().catch(() => ({ error: `HTTP ${resp.status}` }));
     if (id !== requestId) return;  // a newer request is on its way
     if (!resp.ok) showError(data.error || `HTTP ${resp.status}`, data.suggestions, data.field);
-    else render(question, data);
+    else {
+      render(question, data);
+      // on a phone the answer is below the form: show it when asked for with Enter or the button
+      if (trigger === "submit" && window.matchMedia("(max-width: 860px)").matches) $("result").scrollIntoView();
+    }
   } catch (e) {
     if (e.name !== "AbortError" && id === requestId) showError(`the server did not answer: ${e.message}`);
   } finally {
