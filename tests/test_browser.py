@@ -322,7 +322,10 @@ def test_fit_for_training(page: Any, url: str) -> None:
         expect(changes).to_have_count(len(row["candidates"]))
         if row["candidates"]:
             expect(changes.first).to_contain_text(row["candidates"][0]["label"])
+        singles = page.locator(f'details.singles table[data-gpu="{row["gpu"]}"] tbody tr')
+        expect(singles).to_have_count(0 if row["fits"] else len(row["singles"]))  # "why not X", as the CLI
     expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    expect(page.locator("#search-space li")).to_have_count(len(expected["search_space"]))
 
 
 def test_fit_for_serving(page: Any, url: str) -> None:
@@ -351,6 +354,7 @@ def test_plan(page: Any, url: str) -> None:
         f"{best['needed_bytes'] / 1e9:,.2f} GB"
     )
     expect(page.locator("#plan-fewest")).to_contain_text(expected["fewest_gpus"]["layout"])
+    expect(page.locator("#search-space li")).to_have_count(len(expected["search_space"]))
     expect(page.locator("#totals")).to_be_hidden()
     page.fill("#max_gpus", "2")
     expected = api(url, {"model": "llama-3.1-8b", "gpus": ["h100-sxm"], "max_gpus": 2}, "/api/plan")

@@ -304,7 +304,7 @@ function render(question, data) {
   last = [question, data];
   $("error").hidden = true;
   $("details").hidden = false;
-  for (const id of ["fit-view", "plan-view", "ranks-view"]) $(id).hidden = true;
+  for (const id of ["fit-view", "plan-view", "ranks-view", "search-box"]) $(id).hidden = true;
   $("estimate-view").hidden = false;
   $("totals").hidden = false;
   if (question === "plan") renderPlan(data);
@@ -396,6 +396,27 @@ function renderRanks(data) {
   $("cpu-line").textContent = cpu.join("; ");
 }
 
+// The changes that make a job fit (a fit answer's candidates or singles), as the CLI's tables.
+function changesTable(cands, serving, baseNeed, attrs) {
+  const head = serving
+    ? [["change"], ["per GPU", 1], ["fits"], ["GPUs", 1], ["sequences the pool holds", 1], ["note"]]
+    : [["change"], ["device total", 1], ["vs now", 1], ["fits"], ["headroom", 1], ["step", 1], ["cost", 1], ["note"]];
+  const rows = cands.map((c) => {
+    const note = [];
+    if (c.gpus > 1 && !serving) note.push(`${c.gpus} GPUs`);
+    if (c.cpu_bytes) note.push(`CPU ${fmtGB(c.cpu_bytes)}`);
+    if (c.changes_job) note.push("changes the job");
+    const fits = c.fits ? "yes" : "no";
+    const cells = serving
+      ? [c.label, fmtGB(c.needed_bytes), fits, fmtInt(c.gpus), c.max_concurrent == null ? "" : fmtInt(c.max_concurrent), note.join(", ")]
+      : [c.label, fmtGB(c.needed_bytes), fmtSigned(c.needed_bytes - baseNeed), fits, fmtSigned(c.headroom_bytes),
+        c.step_time ? fmtSeconds(c.step_time.total_s) : "", typeof c.relative_cost === "number" ? `${c.relative_cost.toFixed(2)}x` : "",
+        note.join(", ")];
+    return { cells, cls: c.fits ? "" : "nofit" };
+  });
+  return fillTable(el("table", attrs), head, rows);
+}
+
 // fit (training) and fit --infer: a verdict row per GPU, the changes that make it fit, and the
 // answer as asked (the API's `estimate`) below.
 function renderFit(question, data) {
@@ -430,25 +451,25 @@ function renderFit(question, data) {
   const box = $("fit-changes");
   box.replaceChildren();
   for (const g of data.gpus) {
+    if (g.fits) continue;  // as the CLI: the changes for each GPU it does not fit
     const cands = g.candidates || [];
-    if (!cands.length) continue;
     const title = `What makes it fit on ${gpuName(g.gpu)}`;
-    const chead = serving
-      ? [["change"], ["per GPU", 1], ["fits"], ["GPUs", 1], ["sequences the pool holds", 1], ["note"]]
-      : [["change"], ["needs", 1], ["headroom", 1], ["step", 1], ["cost", 1], ["note"]];
-    const rows = cands.map((c) => {
-      const note = [];
-      if (c.gpus > 1) note.push(`${c.gpus} GPUs`);
-      if (c.cpu_bytes) note.push(`CPU ${fmtGB(c.cpu_bytes)}`);
-      if (c.changes_job) note.push("changes the job");
-      const cells = serving
-        ? [c.label, fmtGB(c.needed_bytes), c.fits ? "yes" : "no", fmtInt(c.gpus), c.max_concurrent == null ? "" : fmtInt(c.max_concurrent), note.join(", ")]
-        : [c.label, fmtGB(c.needed_bytes), fmtSigned(c.headroom_bytes), c.step_time ? fmtSeconds(c.step_time.total_s) : "",
-          typeof c.relative_cost === "number" ? `${c.relative_cost.toFixed(2)}x` : "", note.join(", ")];
-      return { cells };
-    });
-    box.append(el("h3", {}, title), scrollBox(title, fillTable(el("table", { class: "changes", "data-gpu": g.gpu }), chead, rows)));
+    box.append(el("h3", {}, title));
+    if (cands.length) box.append(scrollBox(title, changesTable(cands, serving, g.needed_bytes, { class: "changes", "data-gpu": g.gpu })));
+    else box.append(el("p", { class: "note" }, "No combination of the searched changes fits."));
+    const singles = g.singles || [];
+    if (singles.length) {
+      const label = `Each change alone on ${gpuName(g.gpu)}`;
+      box.append(el("details", { class: "singles" }, el("summary", {}, `${label} (why not X)`),
+        scrollBox(label, changesTable(singles, serving, g.needed_bytes, { "data-gpu": g.gpu }))));
+    }
   }
+  const space = (data.search_space || []).map((f) => {
+    const options = f.options && f.options.length && f.status === "searched" ? `: ${f.options.join(", ")}` : "";
+    return el("li", {}, `${f.name}: ${f.status}${f.reason ? ` (${f.reason})` : ""}${options}`);
+  });
+  $("search-space").replaceChildren(...space);
+  $("search-box").hidden = !space.length;
   $("assumptions").replaceChildren(...[...(data.assumptions || []), ...(est.assumptions || [])].map((a) => el("li", {}, a)));
 }
 
@@ -476,6 +497,10 @@ function renderPlan(data) {
       perRank, fmtSigned(lay.headroom_bytes), fmtSeconds(lay.step_time.total_s),
       fmtInt(Math.round(lay.step_time.tokens_per_s / Math.max(1, lay.gpus)))] };
   }));
+  const space = (data.search_space || []).map((fam) => el("li", {},
+    `${fam.name}: ${fam.status}${fam.reason ? ` (${fam.reason})` : ""}${fam.options && fam.options.length ? `: ${fam.options.join(", ")}` : ""}`));
+  $("search-space").replaceChildren(...space);
+  $("search-box").hidden = !space.length;
   const f = data.fewest_gpus;
   $("plan-fewest").textContent = f
     ? `fewest GPUs: ${f.layout}; most loaded rank ${fmtGB(f.needed_bytes)}; ${fmtSeconds(f.step_time.total_s)} per step` : "";
