@@ -7,6 +7,8 @@ PEAKMEM_SCREENSHOT_DIR when set (CI keeps them), else to pytest's temporary fold
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -32,6 +34,7 @@ if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
     pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
+from _web_fake import with_band  # noqa: E402
 from _web_server import running_server  # noqa: E402
 from peakmem.units import fmt_both  # noqa: E402
 
@@ -96,8 +99,9 @@ def expect(locator: Any) -> Any:
     return sync_api.expect(locator)
 
 
-def wait_ready(page: Any) -> None:
-    page.locator("body[data-state]").wait_for(state="attached")  # (wait_for_function would need eval)
+def wait_ready(page: Any, mode: str = "train") -> None:
+    """Until the page shows an answer to ``mode`` (the question: train, fit, infer, fit_infer, plan)."""
+    page.locator(f"body[data-state=ready][data-mode={mode}]").wait_for(state="attached")
 
 
 def test_page_reproduces_the_gpt2_xl_answer(page: Any, url: str, shots: Path) -> None:
@@ -110,19 +114,14 @@ def test_page_reproduces_the_gpt2_xl_answer(page: Any, url: str, shots: Path) ->
     for v in expected["verdicts"]:
         cls = "fits" if v["fits"] else "nofit"
         expect(page.locator(f'.verdict[data-gpu="{v["gpu"]}"]')).to_have_class(f"verdict {cls}")
-    fit = api(url, {"model": "gpt2-xl", "gpus": DEFAULT_GPUS}, "/api/fit")
-    assert fit["estimate"] == expected
-    for row in fit["gpus"]:
-        if row["fits"]:
-            expect(page.locator(f'.verdict[data-gpu="{row["gpu"]}"]')).to_contain_text(
-                f"batch up to {row['limits']['largest_micro_batch']:,}"
-            )
+    expect(page.locator("#band")).to_be_hidden()  # no band in the JSON: none drawn
     expect(page.locator("#chart svg g.bar")).to_have_count(len(expected["chart"]))
     expect(page.locator("#ways tbody tr")).to_have_count(len(expected["ways_down"]))
     if expected["ways_down_note"]:  # the usual changes that save nothing here, and why
         expect(page.locator("#ways-note")).to_have_text(f"Not listed: {expected['ways_down_note']}.")
     expect(page.locator("#per-param tbody tr")).to_have_count(len(expected["bytes_per_param"]) + 1)
     expect(page.locator("#per-param")).to_contain_text(fmt_both(expected["model_state_bytes"]))
+    expect(page.locator("#per-param tr.total")).to_contain_text("16")  # the seed's 16 bytes/param
     expect(page.locator("#breakdown")).to_contain_text(fmt_both(expected["peak_allocated_bytes"]))
     page.locator("#model-list option").first.wait_for(state="attached")
     expect(page.locator("#model-info")).to_contain_text("1,557,611,200")
@@ -224,5 +223,317 @@ def test_an_unknown_model_offers_suggestions(page: Any, url: str) -> None:
 
 def test_docs_page_lists_the_endpoints(page: Any, url: str) -> None:
     page.goto(f"{url}/docs")
-    for path in ("POST /api/train", "POST /api/fit", "GET /api/models"):
-        expect(page.locator(".endpoint h2", has_text=path)).to_have_count(1)
+    posts = ("train", "infer", "fit", "fit_infer", "plan")
+    for path in (*(f"POST /api/{p}" for p in posts), "GET /api/models"):
+        expect(page.locator(".endpoint h2").get_by_text(path, exact=True)).to_have_count(1)
+
+
+# --- every question the CLI answers, answered on the page ------------------------------------------
+def test_lora_with_rank_and_targets(page: Any, url: str) -> None:
+    page.goto(f"{url}/?model=llama-3.2-1b&seq=512")
+    wait_ready(page)
+    expect(page.locator("#lora_rank")).to_be_hidden()  # adapter fields only with an adapter
+    page.select_option("#method", "lora")
+    expect(page.locator("#lora_rank")).to_be_visible()
+    expect(page.locator("#quant")).to_be_hidden()  # the QLoRA base only with QLoRA
+    page.fill("#lora_rank", "16")
+    page.fill("#lora_targets", "q_proj,v_proj")
+    body = {"model": "llama-3.2-1b", "seq": 512, "method": "lora", "lora_rank": 16,
+            "lora_targets": "q_proj,v_proj", "gpus": DEFAULT_GPUS}  # fmt: skip
+    expected = api(url, body)
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    expect(page.locator("#answer")).to_have_text(expected["headline"])
+    trainable = expected["model"]["trainable_params"]
+    assert trainable < expected["model"]["params"] // 100
+    expect(page.locator("#per-param")).to_contain_text(f"{trainable:,}")
+
+
+def test_multi_gpu_answer_is_per_rank(page: Any, url: str) -> None:
+    page.goto(f"{url}/?model=llama-3.1-8b&gpus=h100-sxm")
+    wait_ready(page)
+    expect(page.locator("#ranks-view")).to_be_hidden()
+    page.fill("#gpu_count", "8")
+    page.select_option("#sharding", "zero-3")
+    page.select_option("#offload", "cpu")
+    body = {"model": "llama-3.1-8b", "gpu_count": 8, "zero": 3, "offload": "cpu", "gpus": ["h100-sxm"]}
+    expected = api(url, body)
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    expect(page.locator("#answer")).to_contain_text("Layout: 8 GPUs")
+    expect(page.locator("#ranks tbody tr")).to_have_count(len(expected["ranks"]))
+    rank = expected["ranks"][0]
+    expect(page.locator("#ranks tbody tr").first).to_contain_text(fmt_both(rank["device_total_bytes"]))
+    expect(page.locator("#cpu-line")).to_contain_text(fmt_both(expected["cpu_per_node_bytes"]))
+    # tensor and pipeline parallel: one row per kind of rank (first, last stage)
+    page.select_option("#sharding", "zero-1")
+    page.select_option("#offload", "none")
+    page.fill("#tp", "2")
+    page.fill("#pp", "2")
+    body = {"model": "llama-3.1-8b", "gpu_count": 8, "zero": 1, "tp": 2, "pp": 2, "gpus": ["h100-sxm"]}
+    expected = api(url, body)
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    expect(page.locator("#ranks tbody tr")).to_have_count(len(expected["ranks"]))
+    assert len(expected["ranks"]) >= 2
+
+
+def test_inference_with_an_engine(page: Any, url: str) -> None:
+    page.goto(f"{url}/?model=llama-3.1-8b&gpus=rtx-4090,h100-sxm")
+    wait_ready(page)
+    expect(page.locator("#infer-box")).to_be_hidden()
+    page.check("input[name=question][value=infer]")
+    expect(page.locator("#infer-box")).to_be_visible()
+    expect(page.locator("#train-box")).to_be_hidden()
+    page.select_option("#engine", "vllm")
+    page.fill("#context", "8192")
+    page.fill("#infer_batch", "16")
+    page.select_option("#kv_cache", "fp8")
+    body = {"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16, "kv_cache": "fp8",
+            "gpus": ["rtx-4090", "h100-sxm"]}  # fmt: skip
+    expected = api(url, body, "/api/infer")
+    expect(page.locator("#answer")).to_have_text(expected["headline"])
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    for v in expected["verdicts"]:
+        chip = page.locator(f'.verdict[data-gpu="{v["gpu"]}"]')
+        expect(chip).to_have_class(f"verdict {'fits' if v['fits'] else 'nofit'}")
+        expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
+    expect(page.locator("#ways-view")).to_be_hidden()
+    assert "q=infer" in page.url and "engine=vllm" in page.url
+    page.fill("#gpu_memory_utilization", "0.5")  # a smaller pool holds fewer sequences
+    expected = api(url, {**body, "gpu_memory_utilization": 0.5}, "/api/infer")
+    for v in expected["verdicts"]:
+        chip = page.locator(f'.verdict[data-gpu="{v["gpu"]}"]')
+        expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
+
+
+def test_fit_for_training(page: Any, url: str) -> None:
+    page.goto(f"{url}/?q=fit&model=gpt2-xl")
+    wait_ready(page, "fit")
+    expected = api(url, {"model": "gpt2-xl", "gpus": DEFAULT_GPUS}, "/api/fit")
+    expect(page.locator("#parallel-box")).to_be_hidden()  # the CLI's fit has no layout options
+    expect(page.locator("#fit-table tbody tr")).to_have_count(len(expected["gpus"]))
+    for i, row in enumerate(expected["gpus"]):
+        tr = page.locator("#fit-table tbody tr").nth(i)
+        expect(tr).to_contain_text("fits" if row["fits"] else "does not fit")
+        if row["limits"]["largest_micro_batch"]:
+            expect(tr).to_contain_text(f"{row['limits']['largest_micro_batch']:,}")
+            expect(page.locator(f'.verdict[data-gpu="{row["gpu"]}"]')).to_contain_text(
+                f"batch up to {row['limits']['largest_micro_batch']:,}"
+            )
+        changes = page.locator(f'table.changes[data-gpu="{row["gpu"]}"] tbody tr')
+        expect(changes).to_have_count(len(row["candidates"]))
+        if row["candidates"]:
+            expect(changes.first).to_contain_text(row["candidates"][0]["label"])
+        singles = page.locator(f'details.singles table[data-gpu="{row["gpu"]}"] tbody tr')
+        expect(singles).to_have_count(0 if row["fits"] else len(row["singles"]))  # "why not X", as the CLI
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    expect(page.locator("#search-space li")).to_have_count(len(expected["search_space"]))
+
+
+def test_fit_for_serving(page: Any, url: str) -> None:
+    page.goto(f"{url}/?q=fit_infer&model=llama-3.1-8b&engine=vllm&context=8192&infer_batch=16")
+    wait_ready(page, "fit_infer")
+    body = {"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16, "gpus": DEFAULT_GPUS}
+    expected = api(url, body, "/api/fit_infer")
+    expect(page.locator("#fit-table tbody tr")).to_have_count(len(expected["gpus"]))
+    for i, row in enumerate(expected["gpus"]):
+        tr = page.locator("#fit-table tbody tr").nth(i)
+        expect(tr).to_contain_text(f"{row['max_context']:,}")
+        expect(tr).to_contain_text("fits" if row["fits"] else "does not fit")
+        changes = page.locator(f'table.changes[data-gpu="{row["gpu"]}"] tbody tr')
+        expect(changes).to_have_count(len(row["candidates"]))
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["estimate"]["device_total_bytes"]))
+
+
+def test_plan(page: Any, url: str) -> None:
+    page.goto(f"{url}/?q=plan&model=llama-3.1-8b&gpus=h100-sxm,rtx-4090&max_gpus=8")
+    wait_ready(page, "plan")
+    expected = api(url, {"model": "llama-3.1-8b", "gpus": ["h100-sxm"], "max_gpus": 8}, "/api/plan")
+    expect(page.locator("#plan-table tbody tr")).to_have_count(len(expected["layouts"]))
+    best = expected["layouts"][0]
+    expect(page.locator("#answer")).to_contain_text(f"fastest layout {best['layout']}")
+    expect(page.locator("#plan-table tbody tr").first).to_contain_text(
+        f"{best['needed_bytes'] / 1e9:,.2f} GB"
+    )
+    expect(page.locator("#plan-fewest")).to_contain_text(expected["fewest_gpus"]["layout"])
+    expect(page.locator("#search-space li")).to_have_count(len(expected["search_space"]))
+    expect(page.locator("#totals")).to_be_hidden()
+    page.fill("#max_gpus", "2")
+    expected = api(url, {"model": "llama-3.1-8b", "gpus": ["h100-sxm"], "max_gpus": 2}, "/api/plan")
+    expect(page.locator("#plan-table tbody tr")).to_have_count(len(expected["layouts"]))
+
+
+# --- layout: nothing wider than a phone, nothing clipped on a desktop --------------------------------
+VIEWS = {
+    "train": ("train", "/?model=gpt2-xl"),
+    "qlora": ("train", "/?model=llama-3.1-8b&method=qlora"),
+    "ranks": ("train", "/?model=llama-3.1-8b&gpu_count=8&tp=2&pp=2&sharding=zero-1"),
+    "infer": ("infer", "/?q=infer&model=llama-3.1-8b&engine=vllm&context=8192&infer_batch=16"),
+    "fit": ("fit", "/?q=fit&model=gpt2-xl"),
+    "fit_infer": ("fit_infer", "/?q=fit_infer&model=llama-3.1-8b&engine=vllm&context=8192"),
+    "plan": ("plan", "/?q=plan&model=llama-3.1-8b&gpus=h100-sxm"),
+}
+
+# Visible table boxes whose content is wider than the box (they would scroll: a clipped cell).
+OVERFLOWING = """() => [...document.querySelectorAll('.scroll')]
+  .filter((s) => s.offsetParent !== null && s.scrollWidth > s.clientWidth + 1)
+  .map((s) => `${s.getAttribute('aria-label')}: ${s.scrollWidth} > ${s.clientWidth}`)"""
+
+
+# Visible form controls and buttons that reach beyond the viewport's width.
+OFF_SCREEN = """(width) => [...document.querySelectorAll('#controls :is(input, select, textarea, button)')]
+  .filter((e) => e.offsetParent !== null)
+  .filter((e) => { const r = e.getBoundingClientRect(); return r.left < 0 || r.right > width; })
+  .map((e) => e.id || e.name || e.textContent)"""
+
+
+def test_no_horizontal_scroll_at_a_phones_width(page: Any, url: str, shots: Path) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    for name, (mode, path) in VIEWS.items():
+        page.goto(url + path)
+        wait_ready(page, mode)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, (name, width)
+        assert page.evaluate(OFF_SCREEN, 390) == [], name  # every control and button is on the screen
+        page.screenshot(path=str(shots / f"phone-{name}.png"), full_page=True)
+    page.goto(f"{url}/?model=gpt2-xxl")  # an error, too
+    expect(page.locator("#error")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.goto(f"{url}/?model=gpt2-xl")  # the answer is below the form: the button brings it into view
+    wait_ready(page)
+    page.click("#submit")
+    page.locator("body[data-trigger=submit][data-state=ready]").wait_for(state="attached")
+    expect(page.locator("#answer")).to_be_in_viewport()
+
+
+def test_no_clipped_table_at_a_desktops_width(page: Any, url: str) -> None:
+    page.set_viewport_size({"width": 1280, "height": 900})
+    for name, (mode, path) in VIEWS.items():
+        page.goto(url + path)
+        wait_ready(page, mode)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280, name
+        assert page.evaluate(OVERFLOWING) == [], name
+    page.goto(f"{url}/?model=gpt2-xl")
+    wait_ready(page)
+    share = page.locator("#breakdown thead th").last
+    expect(share).to_have_text("share")
+    box = page.locator("#breakdown").locator("xpath=..").bounding_box()
+    cell = share.bounding_box()
+    assert box is not None and cell is not None
+    assert cell["x"] + cell["width"] <= box["x"] + box["width"] + 0.5
+
+
+def cli_markdown(*argv: str) -> str:
+    from peakmem.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--markdown"]) == 0
+    return out.getvalue()
+
+
+def test_model_states_total_is_the_clis_for_qlora(page: Any, url: str) -> None:
+    """QLoRA Llama-3.1-8B: the rows cover 8 B frozen and 21 M trainable parameters; the total is the
+    CLI's 0.7519 bytes/param (model-state bytes over all parameters), not the rows' sum (16.71)."""
+    markdown = cli_markdown("train", "llama-3.1-8b", "--method", "qlora")
+    row = next(line for line in markdown.splitlines() if line.startswith("| **Model states**"))
+    cells = [c.strip().strip("*") for c in row.strip("|").split("|")]
+    per_param, total = cells[2], cells[3]
+    assert per_param == "0.7519"
+    page.goto(f"{url}/?model=llama-3.1-8b&method=qlora")
+    wait_ready(page)
+    total_row = page.locator("#per-param tr.total")
+    expect(total_row.locator("td").nth(1)).to_have_text(per_param)
+    expect(total_row.locator("td").nth(3)).to_have_text(total)
+
+
+# --- keyboard and screen reader ---------------------------------------------------------------------
+def test_keyboard_only_flow_submits(page: Any, url: str) -> None:
+    page.goto(f"{url}/")
+    wait_ready(page)
+    seen: list[str] = []
+    for _ in range(40):  # Tab through the form, in document order, to the micro-batch field
+        page.keyboard.press("Tab")
+        focused = page.evaluate("document.activeElement.id || document.activeElement.name || ''")
+        seen.append(focused)
+        if focused == "batch":
+            break
+    assert seen[-1] == "batch", seen
+    assert seen.index("question") < seen.index("model") < seen.index("method") < seen.index("batch")
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline not in ("", "none"), outline  # focus is visible
+    page.keyboard.press("Control+A")
+    page.keyboard.type("4")
+    page.keyboard.press("Enter")
+    page.locator("body[data-trigger=submit]").wait_for(state="attached")
+    wait_ready(page)
+    expected = api(url, {"model": "gpt2-xl", "batch": 4, "gpus": DEFAULT_GPUS})
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    # arrow keys move between the questions; the answer follows
+    page.focus("input[name=question][value=train]")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    wait_ready(page, "infer")
+    expect(page.locator("input[name=question][value=infer]")).to_be_checked()
+
+
+# Form controls without a label element or an aria-label.
+UNLABELLED = """() => [...document.querySelectorAll('#controls :is(input, select, textarea)')]
+  .filter((e) => !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+  .map((e) => e.id || e.name)"""
+
+
+def test_controls_are_labelled_and_results_announced(page: Any, url: str) -> None:
+    page.goto(f"{url}/?q=fit&method=qlora")
+    wait_ready(page, "fit")
+    unlabelled = page.evaluate(UNLABELLED)
+    assert unlabelled == []
+    for label in (
+        "micro-batch",
+        "sequence length",
+        "LoRA rank",
+        "QLoRA base",
+        "model name",
+        "or a memory size",
+    ):
+        expect(page.get_by_label(label, exact=True)).to_be_visible()
+    expect(page.locator("#summary")).to_have_attribute("aria-live", "polite")
+    expect(page.locator("#error")).to_have_attribute("role", "alert")
+    headers = page.locator("#result thead th")
+    assert headers.count() > 10
+    assert page.locator("#result thead th:not([scope=col])").count() == 0
+    assert page.locator("#result tbody th:not([scope=row])").count() == 0
+    for region in page.locator("#result .scroll").all():  # a table that scrolls is reachable by keyboard
+        assert region.get_attribute("tabindex") == "0" and region.get_attribute("aria-label")
+
+
+# --- the band and the three-state verdict, fed by the fake (tests/_web_fake.py) ----------------------
+def test_band_and_tight_verdict_are_drawn_when_the_json_has_them(page: Any, url: str, shots: Path) -> None:
+    def banded(route: Any) -> None:
+        route.fulfill(json=with_band(route.fetch().json()))
+
+    page.route("**/api/train", banded)
+    page.route("**/api/fit", banded)
+    gpus = ["rtx-4090", "38GB", "h100-sxm"]  # gpt2-xl needs 36.06 GB: 38 GB is within its band
+    page.goto(f"{url}/?model=gpt2-xl&gpus={','.join(gpus)}")
+    wait_ready(page)
+    plain = api(url, {"model": "gpt2-xl", "gpus": gpus})
+    expected = with_band(plain)
+    device = expected["band"]["device_total"]
+    low, likely, high = device["low_bytes"], device["likely_bytes"], device["high_bytes"]
+    text = f"needs ≈ {likely / 1e9:.1f} GB ({low / 1e9:.1f}–{high / 1e9:.1f} GB) on the device"
+    expect(page.locator("#band")).to_contain_text(text)
+    states = {v["gpu"]: v["verdict"] for v in expected["verdicts"]}
+    assert sorted(states.values()) == ["does not fit", "fits", "tight"]
+    for gpu, state in states.items():
+        chip = page.locator(f'.verdict[data-gpu="{gpu}"]')
+        expect(chip).to_have_attribute("data-verdict", state)
+        expect(chip).to_contain_text(state)
+    tight = page.locator(".verdict.tight")
+    expect(tight).to_have_count(1)
+    assert tight.evaluate("(e) => getComputedStyle(e).borderStyle") == "dashed"  # styled apart
+    expect(page.locator("#band-terms tbody tr")).to_have_count(len(expected["band"]["terms"]))
+    page.screenshot(path=str(shots / "page-band.png"))
+    # fit rows carry the verdict too
+    page.check("input[name=question][value=fit]")
+    wait_ready(page, "fit")
+    expect(page.locator("#fit-table tr.tight")).to_have_count(1)
+    expect(page.locator("#band")).to_be_visible()

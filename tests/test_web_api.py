@@ -251,6 +251,8 @@ def test_fit_equals_cli_json(
          ["gpt2-xl", "--weights", "bf16", "--batch", "4", "--gpu", "rtx-4090"]),
         ({"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16, "gpus": ["rtx-4090"]},
          ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "16", "--gpu", "rtx-4090"]),
+        ({"model": "llama-3.1-8b", "engine": "sglang", "gpu_memory_utilization": 0.8, "gpus": ["h100-sxm"]},
+         ["llama-3.1-8b", "--engine", "sglang", "--gpu-memory-utilization", "0.8", "--gpu", "h100-sxm"]),
         ({"model": "llama-3.1-8b", "weights": "awq-4bit", "kv_cache": "fp8", "tp": 2, "context": 4096},
          ["llama-3.1-8b", "--weights", "awq-4bit", "--kv-cache", "fp8", "--tp", "2", "--context", "4096"]),
     ],
@@ -321,7 +323,15 @@ def test_catalogs_match_the_cli(client: TestClient, capsys: pytest.CaptureFixtur
 
 def test_openapi_and_pages(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
-    for path in ("/api/train", "/api/infer", "/api/fit", "/api/models", "/api/gpus"):
+    for path in (
+        "/api/train",
+        "/api/infer",
+        "/api/fit",
+        "/api/fit_infer",
+        "/api/plan",
+        "/api/models",
+        "/api/gpus",
+    ):
         assert path in schema["paths"]
     train = schema["components"]["schemas"]["TrainRequest"]["properties"]
     assert train["batch"]["minimum"] == 1
@@ -346,3 +356,83 @@ def test_field_of() -> None:
         ValueError("config.json: missing key 'n_embd' (model_type=gpt2)"), "x", "config."
     ) == ("config.n_embd")
     assert web.field_of(ValueError("something else"), "x") == "x"
+
+
+@pytest.mark.parametrize(
+    ("body", "argv"),
+    [
+        ({"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "batch": 16,
+          "gpus": ["rtx-4090", "h100-sxm"]},
+         ["llama-3.1-8b", "--infer", "--engine", "vllm", "--context", "8192", "--batch", "16",
+          "--gpu", "rtx-4090,h100-sxm"]),
+        ({"model": "qwen3-0.6b", "weights": "awq-4bit", "kv_cache": "fp8", "context": 4096, "gpus": ["8GB"]},
+         ["qwen3-0.6b", "--infer", "--weights", "awq-4bit", "--kv-cache", "fp8", "--context", "4096",
+          "--gpu", "8GB"]),
+    ],
+)  # fmt: skip
+def test_fit_infer_equals_cli_json(
+    client: TestClient, capsys: pytest.CaptureFixture[str], body: dict[str, Any], argv: list[str]
+) -> None:
+    """/api/fit_infer is `peakmem fit --infer --json`, plus the /api/infer answer as `estimate`."""
+    resp = client.post("/api/fit_infer", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    expected = cli_json(capsys, "fit", *argv)
+    assert set(got) == set(expected) | FIT_EXTRA_KEYS
+    assert {k: v for k, v in got.items() if k not in FIT_EXTRA_KEYS | VARYING} == {
+        k: v for k, v in expected.items() if k not in VARYING
+    }
+    served = client.post("/api/infer", json=body).json()
+    assert got["estimate"] == served and got["headline"] == served["headline"]
+    assert_error(client.post("/api/fit_infer", json={**body, "gpus": []}), 422, "gpus")
+
+
+@pytest.mark.parametrize(
+    ("body", "argv"),
+    [
+        ({"model": "llama-3.1-8b", "gpus": ["h100-sxm"], "max_gpus": 8},
+         ["llama-3.1-8b", "--gpu", "h100-sxm", "--max-gpus", "8"]),
+        ({"model": "llama-3.2-1b", "gpus": ["24GB"], "max_gpus": 4, "global_batch": 64, "seq": 1024,
+          "method": "lora"},
+         ["llama-3.2-1b", "--gpu", "24GB", "--max-gpus", "4", "--global-batch", "64", "--seq", "1024",
+          "--method", "lora"]),
+    ],
+)  # fmt: skip
+def test_plan_equals_cli_json(
+    client: TestClient, capsys: pytest.CaptureFixture[str], body: dict[str, Any], argv: list[str]
+) -> None:
+    resp = client.post("/api/plan", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    expected = cli_json(capsys, "plan", *argv)
+    assert {k: v for k, v in got.items() if k not in VARYING} == {
+        k: v for k, v in expected.items() if k not in VARYING
+    }
+    assert got["layouts"], "some layout fits"
+
+
+def test_plan_and_fit_refuse_what_their_command_has_no_option_for(client: TestClient) -> None:
+    assert_error(client.post("/api/plan", json={"model": "gpt2", "gpus": ["h100-sxm"]}), 422, "max_gpus")
+    two = {"model": "gpt2", "gpus": ["h100-sxm", "a100-80gb"], "max_gpus": 8}
+    assert_error(client.post("/api/plan", json=two), 422, "gpus", "at most 1")
+    # the CLI's fit searches single-GPU changes; a layout belongs to /api/train (per rank) or /api/plan
+    assert_error(client.post("/api/fit", json={"model": "gpt2", "gpus": ["24GB"], "zero": 3}), 422, "zero")
+    assert_error(client.post("/api/train", json={"model": "gpt2", "gpus": ["24GB,40GB"]}), 422, "gpus.0")
+    # an error the core finds in a layout names the request's field (gpu_count, the CLI's --gpus)
+    bad = {"model": "gpt2", "gpu_count": 6, "tp": 4}
+    assert_error(client.post("/api/train", json=bad), 422, "gpu_count", "not divisible")
+    huge = {"model": "gpt2", "gpus": ["h100-sxm"], "max_gpus": 8, "global_batch": 2**21}
+    assert_error(client.post("/api/plan", json=huge), 422, "global_batch", "less than or equal")
+
+
+def test_qlora_model_states_per_param_is_the_clis(client: TestClient) -> None:
+    """The page's total row: model_state_bytes over the model's parameters (render.states_per_param),
+    not the sum of the rows' bytes/param (which cover different parameter sets with adapters)."""
+    from peakmem.render import fmt_per_param
+
+    got = client.post("/api/train", json={"model": "llama-3.1-8b", "method": "qlora"}).json()
+    rows = got["bytes_per_param"]
+    assert sum(r["total_bytes"] for r in rows) == got["model_state_bytes"]
+    per_param = got["model_state_bytes"] / got["model"]["params"]
+    assert fmt_per_param(per_param) == "0.7519"  # the CLI's total row: 6.04 GB over 8.03 B parameters
+    assert round(sum(r["bytes"] for r in rows), 2) == 16.71  # the wrong total the page used to show

@@ -26,7 +26,8 @@ MODELS = hs.sampled_from(["gpt2", "llama-3.2-1b", "qwen3-0.6b", "nope", ""])
 TRAIN_KEYS = ["batch", "seq", "grad_accum", "lora_rank", "lora_alpha", "gpu_count", "zero", "tp", "pp",
               "method", "precision", "optimizer", "checkpointing", "attention", "fsdp", "offload",
               "quant"]  # fmt: skip
-INFER_KEYS = ["batch", "context", "weights", "engine", "kv_cache", "tp"]
+INFER_KEYS = ["batch", "context", "weights", "engine", "kv_cache", "tp", "gpu_memory_utilization"]
+PLAN_KEYS = ["max_gpus", "global_batch"]
 CONFIGS = hs.dictionaries(
     hs.sampled_from(["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                      "intermediate_size", "max_position_embeddings", "num_key_value_heads"]),
@@ -55,10 +56,10 @@ def _body(model: str | None, config: dict[str, Any] | None, extra: dict[str, Any
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    endpoint=hs.sampled_from(["/api/train", "/api/fit", "/api/infer"]),
+    endpoint=hs.sampled_from(["/api/train", "/api/fit", "/api/infer", "/api/fit_infer", "/api/plan"]),
     model=hs.one_of(MODELS, hs.none()),
     config=hs.one_of(hs.none(), CONFIGS),
-    extra=hs.dictionaries(hs.sampled_from(TRAIN_KEYS + INFER_KEYS + ["gpus", "bogus"]),
+    extra=hs.dictionaries(hs.sampled_from(TRAIN_KEYS + INFER_KEYS + PLAN_KEYS + ["gpus", "bogus"]),
                           hs.one_of(SCALARS, hs.lists(hs.text(max_size=12), max_size=3)), max_size=5),
 )  # fmt: skip
 def test_no_body_makes_a_500(

@@ -414,14 +414,18 @@ def _overheads(args: argparse.Namespace) -> Any:
     return Overheads(**given)
 
 
-def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+def json_answer(
+    command: str, args: argparse.Namespace, *, spec: Any = None, detail: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], int]:
     """The ``--json`` answer of ``peakmem train|infer|fit|plan`` and its exit code: one function, which
-    the commands print and the Python API (:mod:`peakmem.api`) returns."""
+    the commands print, the Python API (:mod:`peakmem.api`) returns and the web API serves. ``spec``: a
+    ModelSpec already built (the web's pasted config.json) instead of resolving ``args.model``;
+    ``detail``: a dict that receives the objects behind a train/infer answer (the page's chart)."""
     from peakmem import planner
     from peakmem.render import answer_json, infer_answer
     from peakmem.resolve import resolve_gpu, resolve_model
 
-    spec = resolve_model(args.model)
+    spec = spec if spec is not None else resolve_model(args.model)
     if command == "plan":
         report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
                               resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
@@ -442,14 +446,19 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
         return fitted, EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
         served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+        if detail is not None:
+            detail.update(spec=spec, answer=served_answer)
         verdicts = served_answer.verdicts
         code = EXIT_DOES_NOT_FIT if verdicts and not any(v.fits for v in verdicts) else EXIT_OK
         return served_answer.json, code
     if command != "train":
         raise InputError(f"command={command!r}: one of train, infer, fit, plan")
     setup = _training_setup(args, spec.max_position_embeddings)
-    answer = planner.train_answer(spec, setup, _parallelism(args), overheads=_overheads(args),
+    par = _parallelism(args)
+    answer = planner.train_answer(spec, setup, par, overheads=_overheads(args),
                                   capacity_bytes=_capacity(gpus))  # fmt: skip
+    if detail is not None:
+        detail.update(spec=spec, setup=setup, par=par, answer=answer)
     out = answer_json(answer.estimate, gpus, answer.ways)
     if (block := _from_block(args)) is not None:
         out["from_file"] = block

@@ -2,11 +2,17 @@
 
 Endpoints (schema at ``/openapi.json``, read offline at ``/docs``):
 
+Every answer is :func:`peakmem.cli.json_answer`'s, the function behind the CLI's ``--json`` and the
+Python API, so the three say the same for the same question.
+
 - ``POST /api/train``: the CLI's ``peakmem train --json`` object, plus ``headline`` (the one-line
   answer) and ``chart`` (the stacked bars of :func:`peakmem.plot.chart_json`);
 - ``POST /api/infer``: the CLI's ``peakmem infer --json`` object, plus ``headline`` and ``chart``;
 - ``POST /api/fit``: the CLI's ``peakmem fit --json`` object (the planner's verdicts, ranked changes
   and limits per GPU), plus ``headline`` and ``estimate`` (the ``/api/train`` answer, for the page);
+- ``POST /api/fit_infer``: ``peakmem fit --infer --json`` (per GPU: longest context, most sequences,
+  ranked changes), plus ``headline`` and ``estimate`` (the ``/api/infer`` answer);
+- ``POST /api/plan``: ``peakmem plan --json`` (the fastest layouts that fit, per-rank memory);
 - ``GET /api/models``, ``GET /api/gpus``: the catalogs, as ``peakmem models|gpus --json``.
 
 A model is a catalog name (``model``) or a pasted ``config.json`` object (``config``); the server
@@ -58,6 +64,10 @@ MAX_SEQ = 2**24  # 16 M tokens; the longest catalog context is 10 M (Llama 4 Sco
 MAX_GRAD_ACCUM = 2**16
 MAX_TP = 1024
 MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
+# Sequences per optimizer step: the largest published runs take ~4k (16 M tokens of 4k); at most 2**20
+# keeps plan's gradient accumulation within the core's limit of 1,048,576 steps on any layout.
+MAX_GLOBAL_BATCH = 2**20
+MAX_PLAN_GPUS = MAX_WORLD  # plan searches 405B on 65,536 H100s in under a second
 MAX_LORA_RANK = 4096
 MAX_GPUS_PER_REQUEST = 16
 MAX_NAME_LEN = 200
@@ -86,7 +96,8 @@ class ApiError(Exception):
 
 
 # --- request models --------------------------------------------------------------------------------
-GpuArg = Annotated[str, Field(min_length=1, max_length=64, description="a catalog GPU name or a size: 24GB")]
+GpuArg = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^,]+$",
+                              description="a catalog GPU name or a size: 24GB")]  # fmt: skip
 
 
 class ModelChoice(BaseModel):
@@ -111,7 +122,9 @@ class ModelChoice(BaseModel):
         return self
 
 
-class TrainRequest(ModelChoice):
+class TrainOptions(ModelChoice):
+    """The training options ``peakmem train|fit|plan`` share (each the CLI option of the same name)."""
+
     method: Method = Method.FULL
     precision: Precision = Precision.MIXED_BF16
     optimizer: OptimizerName = OptimizerName.ADAMW
@@ -126,6 +139,11 @@ class TrainRequest(ModelChoice):
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
+
+
+class TrainRequest(TrainOptions):
+    """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
+
     gpu_count: int = Field(1, ge=1, le=MAX_WORLD, description="world size (the CLI's --gpus)")
     zero: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     fsdp: str = Field("none", max_length=20, description="none, full-shard, shard-grad-op, hybrid-shard")
@@ -133,10 +151,11 @@ class TrainRequest(ModelChoice):
     pp: int = Field(1, ge=1, le=MAX_TP, description="pipeline-parallel degree")
     offload: str = Field("none", max_length=10, description="optimizer states to none, cpu or nvme")
     offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
-    ways: bool = Field(True, description="also estimate the ways to bring it down")
 
 
 class InferRequest(ModelChoice):
+    """``peakmem infer``."""
+
     weights: str = Field(
         "bf16", min_length=1, max_length=40, description="bf16, fp8, nf4, gptq-4bit-g128, ..."
     )
@@ -146,10 +165,35 @@ class InferRequest(ModelChoice):
     prompt: int | None = Field(None, ge=1, le=MAX_SEQ)
     engine: Engine = Engine.HF
     tp: int = Field(1, ge=1, le=MAX_TP)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM gpu_memory_utilization / SGLang mem_fraction_static"
+    )
 
 
-class FitRequest(TrainRequest):
+class FitRequest(TrainOptions):
+    """``peakmem fit``: a single-GPU training job checked on each GPU."""
+
     gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
+
+
+class FitInferRequest(InferRequest):
+    """``peakmem fit --infer``: a serving job checked on each GPU."""
+
+    gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
+
+
+class PlanRequest(TrainOptions):
+    """``peakmem plan``: the fastest parallel layout on up to ``max_gpus`` of one GPU type."""
+
+    gpus: list[GpuArg] = Field(
+        ...,
+        min_length=1,
+        max_length=1,
+        description="the one GPU type (the CLI's --gpu)",
+        examples=[["h100-sxm"]],
+    )
+    max_gpus: int = Field(..., ge=1, le=MAX_PLAN_GPUS, description="the most GPUs to use")
+    global_batch: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH, description="sequences per step")
 
 
 # --- response models -------------------------------------------------------------------------------
@@ -192,6 +236,40 @@ class FitResponse(BaseModel):
     assumptions: list[str]
     headline: str
     estimate: EstimateResponse
+
+
+class FitInferResponse(BaseModel):
+    """``peakmem fit --infer --json`` (every key of it), plus ``headline`` and ``estimate`` (the
+    serving answer, as ``/api/infer``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: dict[str, Any]
+    setup: dict[str, Any]
+    fits_any: bool
+    smallest_sufficient: str | None
+    gpus: list[dict[str, Any]]
+    search_space: list[dict[str, Any]]
+    assumptions: list[str]
+    headline: str
+    estimate: EstimateResponse
+
+
+class PlanResponse(BaseModel):
+    """``peakmem plan --json`` (every key of it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: dict[str, Any]
+    gpu: str
+    capacity_bytes: int
+    max_gpus: int
+    global_batch: int
+    seq_len: int
+    layouts: list[dict[str, Any]]
+    fewest_gpus: dict[str, Any] | None
+    search_space: list[dict[str, Any]]
+    assumptions: list[str]
 
 
 class ModelEntry(BaseModel):
@@ -288,99 +366,102 @@ def _gpus(names: list[str]) -> list[Any]:
     return out
 
 
-# The request's fields that are the CLI's options of the same name (the CLI's parser gives the rest
-# their defaults, and the CLI's own functions build the setup: the same question, the same setup).
-_CLI_FIELDS = {
-    "train": ("method", "precision", "optimizer", "optimizer_impl", "batch", "seq", "grad_accum",
-              "checkpointing", "attention", "framework", "lora_rank", "lora_alpha", "lora_targets", "quant",
-              "zero", "fsdp", "tp", "pp", "offload", "offload_params"),
-    "infer": ("weights", "kv_cache", "batch", "context", "prompt", "engine", "tp"),
-}  # fmt: skip
+# A request field is the CLI option of the same name (its argparse dest), but for these.
+_CLI_DEST = {"gpu_count": "gpus"}
+_API_FIELD = {dest: name for name, dest in _CLI_DEST.items()}
+_NOT_CLI = frozenset({"model", "config", "name", "gpus"})  # the model and the GPUs are passed apart
 
 
-def _cli_args(command: str, req: BaseModel) -> argparse.Namespace:
-    """The Namespace ``peakmem COMMAND`` would parse for the same options."""
+def cli_args(command: str, req: ModelChoice) -> argparse.Namespace:
+    """The Namespace ``peakmem COMMAND ... --json`` parses for the same question: the CLI's parser gives
+    what the request leaves out its default, so the API asks exactly what the command line asks."""
     from peakmem.cli import build_parser
 
-    ns = build_parser().parse_args([command, "model"])
-    for name in _CLI_FIELDS["infer" if command == "infer" else "train"]:
+    argv = [command, "model", "--json"]
+    if command == "plan":
+        argv += ["--gpu", req.gpus[0], "--max-gpus", "1"]
+    ns = build_parser().parse_args(argv)
+    for name in type(req).model_fields:
+        if name in _NOT_CLI:
+            continue
+        dest = _CLI_DEST.get(name, name)
+        if not hasattr(ns, dest):  # a field that the command's parser does not have: a bug here
+            raise AssertionError(f"peakmem {command} has no option for the request field {name}")
         value = getattr(req, name)
-        setattr(ns, name, value.value if isinstance(value, Enum) else value)
-    if isinstance(req, TrainRequest):
-        ns.gpus = req.gpu_count
+        setattr(ns, dest, value.value if isinstance(value, Enum) else value)
+    ns.gpu = ",".join(req.gpus) or None
+    ns.infer = isinstance(req, InferRequest)
     return ns
 
 
-def _capacity(gpus: list[Any]) -> int | None:
-    return min((g.usable_bytes for g in gpus), default=None)
-
-
-def training_setup(req: TrainRequest, max_positions: int) -> Any:
-    """The TrainingSetup the CLI builds from the same options (seq defaults to min(context, 2048))."""
-    from peakmem.cli import _training_setup
-
-    try:
-        return _training_setup(_cli_args("train", req), max_positions)
-    except PeakmemError as error:
-        raise ApiError(422, field_of(error, "body"), str(error)) from error
-
-
-def _parallel(req: TrainRequest) -> Any:
-    from peakmem.cli import _parallelism
-
-    try:
-        return _parallelism(_cli_args("train", req))
-    except PeakmemError as error:
-        raise ApiError(422, field_of(error, "body"), str(error)) from error
-
-
-def train_answer(req: TrainRequest) -> dict[str, Any]:
-    """``peakmem train --json`` for the request (planner.train_answer + render.answer_json, as the
-    CLI), plus ``headline`` and ``chart``."""
-    from peakmem.planner import WaysDown, train_answer
-    from peakmem.plot import chart_json
-    from peakmem.render import answer_json, train_headline
+def cli_answer(command: str, req: ModelChoice, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``peakmem COMMAND --json`` for the request: :func:`peakmem.cli.json_answer`, the one function
+    the CLI and the Python API answer with (a pasted config is passed as the model it builds)."""
+    from peakmem.cli import json_answer
 
     spec = _spec(req)
-    gpus = _gpus(req.gpus)
-    setup = training_setup(req, spec.max_position_embeddings)
-    par = _parallel(req)
-    answer = train_answer(spec, setup, par, capacity_bytes=_capacity(gpus))
-    ways = answer.ways if req.ways else WaysDown(ways=(), no_help="")
-    out = answer_json(answer.estimate, gpus, ways)
-    out["headline"] = train_headline(spec.name, setup, answer.estimate, par=par)
-    out["chart"] = chart_json(answer.estimate, ways.pairs())
+    _gpus(req.gpus)  # each unknown or bad GPU named by its place in the list
+    try:
+        out, _code = json_answer(command, cli_args(command, req), spec=spec, detail=detail)
+    except UnknownNameError:
+        raise
+    except PeakmemError as error:  # named by the request's field (gpu_count, not the CLI's --gpus)
+        field = field_of(error, "body")
+        api_field = _API_FIELD.get(field, field)
+        raise ApiError(
+            422, api_field if api_field in type(req).model_fields else field, str(error)
+        ) from error
+    return out
+
+
+def train_answer(req: TrainOptions) -> dict[str, Any]:
+    """``peakmem train --json`` for the request, plus ``headline`` (the CLI's first line) and ``chart``
+    (the bars of :func:`peakmem.plot.chart_json`)."""
+    from peakmem.plot import chart_json
+    from peakmem.render import train_headline
+
+    detail: dict[str, Any] = {}
+    out = cli_answer("train", req, detail)
+    est = detail["answer"].estimate
+    out["headline"] = train_headline(detail["spec"].name, detail["setup"], est, par=detail["par"])
+    out["chart"] = chart_json(est, detail["answer"].ways.pairs())
     return out
 
 
 def infer_answer(req: InferRequest) -> dict[str, Any]:
-    """``peakmem infer --json`` for the request (the CLI's setup and render.answer_json), plus
-    ``headline`` and ``chart``."""
-    from peakmem.cli import _inference_setup
+    """``peakmem infer --json`` for the request, plus ``headline`` and ``chart``."""
     from peakmem.plot import chart_json
-    from peakmem.render import infer_answer
 
-    spec = _spec(req)
-    gpus = _gpus(req.gpus)
-    answer = infer_answer(spec, _inference_setup(_cli_args("infer", req), gpus), gpus)
-    out = dict(answer.json)
-    out["headline"] = answer.headline
-    out["chart"] = chart_json(answer.estimate)
+    detail: dict[str, Any] = {}
+    out = cli_answer("infer", req, detail)
+    out["headline"] = detail["answer"].headline
+    out["chart"] = chart_json(detail["answer"].estimate)
     return out
 
 
 def fit_answer(req: FitRequest) -> dict[str, Any]:
-    """``peakmem fit --json`` for the request (planner.fit + planner.fit_json, as the CLI), plus
-    ``headline`` and ``estimate`` (the training answer, for the page)."""
-    from peakmem import planner
-
+    """``peakmem fit --json`` for the request, plus ``headline`` and ``estimate`` (the ``/api/train``
+    answer to the same question, for the page's chart and tables)."""
+    out = cli_answer("fit", req)
     estimate = train_answer(req)
-    spec = _spec(req)
-    gpus = _gpus(req.gpus)
-    out = planner.fit_json(planner.fit(spec, training_setup(req, spec.max_position_embeddings), gpus))
     out["headline"] = estimate["headline"]
     out["estimate"] = estimate
     return out
+
+
+def fit_infer_answer(req: FitInferRequest) -> dict[str, Any]:
+    """``peakmem fit --infer --json`` for the request, plus ``headline`` and ``estimate`` (the
+    ``/api/infer`` answer to the same question)."""
+    out = cli_answer("fit", req)
+    estimate = infer_answer(req)
+    out["headline"] = estimate["headline"]
+    out["estimate"] = estimate
+    return out
+
+
+def plan_answer(req: PlanRequest) -> dict[str, Any]:
+    """``peakmem plan --json`` for the request."""
+    return cli_answer("plan", req)
 
 
 @cache
@@ -551,6 +632,17 @@ def create_app() -> FastAPI:
     def api_fit(req: FitRequest) -> dict[str, Any]:
         """Per GPU: does it fit, the largest batch and seq that fit, and the changes that make it fit."""
         return fit_answer(req)
+
+    @app.post("/api/fit_infer", response_model=FitInferResponse, tags=["estimate"])
+    def api_fit_infer(req: FitInferRequest) -> dict[str, Any]:
+        """Serving, per GPU: does it fit, the longest context and most sequences that fit, and the
+        changes that make it fit: the CLI's `peakmem fit --infer --json`, plus headline and estimate."""
+        return fit_infer_answer(req)
+
+    @app.post("/api/plan", response_model=PlanResponse, tags=["estimate"])
+    def api_plan(req: PlanRequest) -> dict[str, Any]:
+        """The fastest parallel layouts that fit on up to max_gpus of one GPU: `peakmem plan --json`."""
+        return plan_answer(req)
 
     @app.get("/api/models", response_model=list[ModelEntry], tags=["catalog"])
     def api_models() -> list[dict[str, Any]]:
