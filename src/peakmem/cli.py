@@ -317,10 +317,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
     """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables."""
-    from peakmem.render import answer_json, markdown_estimate, print_estimate
+    from peakmem.render import answer_json, markdown_estimate, print_estimate, verdicts_of
 
     gpus = _gpus(getattr(args, "gpu", None))
-    verdicts = _verdicts(gpus, est.device_total_bytes)
+    verdicts = verdicts_of(est, gpus)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
@@ -343,11 +343,13 @@ def _overheads(args: argparse.Namespace) -> Any:
     from peakmem.units import MiB
 
     given: dict[str, Any] = {}
-    if args.cuda_context_mib is not None:
+    if getattr(args, "cuda_context_mib", None) is not None:
         given["context_bytes"] = int(args.cuda_context_mib * MiB)
         given["context_source"] = "--cuda-context-mib"
-    if args.fragmentation is not None:
+    if getattr(args, "fragmentation", None) is not None:
         given["fragmentation"] = args.fragmentation
+    if getattr(args, "expandable_segments", False):
+        given["expandable_segments"] = True
     return Overheads(**given)
 
 
@@ -361,7 +363,8 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
     spec = resolve_model(args.model)
     if command == "plan":
         report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
-                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch)  # fmt: skip
+                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
+                              overheads=_overheads(args))  # fmt: skip
         return planner.plan_json(report), EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
     gpus = _gpus(args.gpu)
     if command == "fit":
@@ -370,7 +373,8 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
         if args.infer:
             served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
-        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
+                            overheads=_overheads(args))  # fmt: skip
         return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
         served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
@@ -619,6 +623,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------------
+def _add_expandable_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--expandable-segments", action="store_true",
+        help="model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (reserved grows by pages; "
+        "little fragmentation)",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="peakmem",
@@ -655,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fragmentation", type=float, default=None,
         help="allocator fragmentation, a fraction of the per-step churn (default 0.10)",
     )  # fmt: skip
+    _add_expandable_option(p)
     _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
@@ -693,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_train_options(p)
     p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
+    _add_expandable_option(p)
     _add_infer_options(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_fit)
@@ -707,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     p.add_argument("--max-gpus", type=int, required=True, help="the most GPUs to use")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step")
+    _add_expandable_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--gpu", required=True, help="GPU name or size")
     p.set_defaults(handler=cmd_plan)

@@ -27,6 +27,7 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
+from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
@@ -476,9 +477,10 @@ def _estimate(
     optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=memo.bytes, items=memo.items)
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
+    churn = peak.bytes - st.persistent
     reserved = allocator.reserved_bytes(
         resident=st.persistent, resident_rounding=st.resident_rounding,
-        churn=peak.bytes - st.persistent, fragmentation=ov.fragmentation,
+        churn=churn, fragmentation=ov.fragmentation, expandable=ov.expandable_segments,
     )  # fmt: skip
     notes = st.notes.get(ov)
     if notes is None:
@@ -494,6 +496,8 @@ def _estimate(
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
         "fragmentation": ov.fragmentation,
         **st.state_extra,
+        **({"expandable_segments": True} if ov.expandable_segments else {}),
+        **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:
         extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
@@ -508,13 +512,49 @@ def _estimate(
     out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
     for name in st.setup_json_nested:
         out[name] = asdict(getattr(setup, name))
+    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl
+    # the other phase's churn: forward/backward's when the optimizer step peaks, and the reverse
+    other = (max(forward.bytes, backward.bytes) if peak is optimizer else optimizer.bytes) - st.persistent
+    band = training_band(
+        allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
+        other_churn=max(0, other), ov=ov, communicators=sharding.communicators(par), nccl_bytes=nccl,
+    )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
         trainable_params=tech.trainable, per_param=st.table, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
-        device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl,
+        device_total_bytes=device_total,
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
+        band=band,
     )  # fmt: skip
+
+
+def training_band(
+    *,
+    allocated: int,
+    reserved: int,
+    device_total: int,
+    churn: int,
+    other_churn: int,
+    ov: Overheads,
+    communicators: int = 0,
+    nccl_bytes: int = 0,
+) -> _band.Band:
+    """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
+    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
+    terms = [
+        _band.residual_term(allocated),
+        _band.context_term(ov.context_bytes, assumed=ov.context_assumed, profile=ov.profile),
+        _band.fragmentation_term(churn=churn, fragmentation=ov.fragmentation, profile=ov.profile,
+                                 expandable=ov.expandable_segments),
+        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fragmentation,
+                                  expandable=ov.expandable_segments),
+    ]  # fmt: skip
+    if communicators:
+        terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
+    return _band.build_band(
+        allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
+    )
 
 
 _BYTES = attrgetter("bytes")
@@ -596,7 +636,10 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         f"framework profile {sh.profile.name}: {sh.profile.source}",
         f"training mode: dropout active where the config sets it ({dropout})",
         "the loop drops the model output (logits) before loss.backward(), as HF Trainer and torchtune do",
-        f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
+        "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
+        "reserved rounded to 20 MiB pages"
+        if ov.expandable_segments
+        else f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
         "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",

@@ -32,6 +32,7 @@ from fractions import Fraction
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak, Verdict
 from peakmem.errors import InputError
+from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION, reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import (
     cache_kind,
@@ -599,6 +600,7 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
             "replicated; NCCL buffers not modelled",
         )
     return Estimate(
+        band=_serving_band(setup, peak, reserved, device_total, churn),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -618,6 +620,28 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
 
 
 POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
+
+
+def _serving_band(
+    setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int
+) -> _band.Band:
+    """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
+    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
+    for the engines that capture them."""
+    terms = [
+        _band.residual_term(peak.bytes),
+        _band.context_term(CUDA_CONTEXT_BYTES, assumed=True),
+        _band.fragmentation_term(churn=churn, fragmentation=DEFAULT_FRAGMENTATION),
+    ]
+    if setup.engine is Engine.HF and peak.phase is Phase.DECODE:
+        transient = sum(i.bytes for i in peak.items if i.category is Category.TEMPORARIES)
+        terms.append(_band.decode_transients_term(transient))
+    if setup.tp > 1:
+        terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
+    if setup.engine in POOLED_ENGINES:
+        terms.append(_band.cuda_graphs_term())
+    return _band.build_band(allocated=peak.bytes, reserved=reserved, device_total=device_total,
+                            terms=tuple(terms))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -646,8 +670,10 @@ class ServingFit:
     estimate: Estimate
 
     def verdict(self, gpu: str) -> ServingVerdict:
+        band = self.estimate.band
+        high = band.device_total.high if band is not None else None
         return ServingVerdict(gpu=gpu, capacity_bytes=self.capacity_bytes, needed_bytes=self.needed_bytes,
-                              serving=self)  # fmt: skip
+                              high_bytes=high, serving=self)  # fmt: skip
 
     def json(self) -> dict[str, object]:
         return {

@@ -288,7 +288,10 @@ def fit(
     for gpu in gpus:
         rates = st.rates_for(gpu)
         base_step = search.base_step(rates)
-        verdict = Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes, needed_bytes=search.base.needed)
+        band = search.base.estimate.band
+        high = band.device_total.high if band is not None else None
+        verdict = Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes, needed_bytes=search.base.needed,
+                          high_bytes=high)  # fmt: skip
         cap = gpu.usable_bytes
         single_cfgs = list(singles_cfgs) if not verdict.fits else []
         for fin in (search.finish_micro_batch, search.finish_shard, search.finish_seq):
@@ -404,11 +407,14 @@ def fit_json(report: FitReport) -> dict[str, object]:
         "step_time": _step_json(report.baseline_step),
         "smallest_sufficient": report.smallest_sufficient,
         "fits_any": report.any_fits,
+        **({"verdict": report.gpus[0].verdict.state} if len(report.gpus) == 1 else {}),
+        **({"band": report.baseline.band.json()} if report.baseline.band is not None else {}),
         "gpus": [
             {
                 "gpu": g.gpu.name, "display_name": g.gpu.display_name,
                 "capacity_bytes": g.verdict.capacity_bytes,
-                "needed_bytes": g.verdict.needed_bytes, "fits": g.verdict.fits,
+                "needed_bytes": g.verdict.needed_bytes, "fits": g.verdict.fits, "verdict": g.verdict.state,
+                "high_bytes": g.verdict.high_bytes,
                 "headroom_bytes": g.verdict.headroom_bytes,
                 "candidates": [_candidate_json(c) for c in g.candidates],
                 "singles": [_candidate_json(c) for c in g.singles],
