@@ -251,3 +251,17 @@ def test_replayed_reserved_inside_band(name: str) -> None:
     assert analytic.band is not None
     r = analytic.band.reserved
     assert r.low <= sim.peak_reserved_bytes <= r.high, (name, r, sim.peak_reserved_bytes)
+
+
+def test_fit_margin_ranks_changes_when_tight() -> None:
+    spec = resolve_model("gpt2-xl")
+    e = estimate_training(spec, TrainingSetup(seq_len=1024))
+    assert e.band is not None
+    inside = (e.band.device_total.likely + e.band.device_total.high) // 2
+    plain = api.run("fit", "gpt2-xl", {"gpu": f"{inside}B"})
+    assert plain.data["verdict"] == "tight" and plain.exit_code == 0
+    assert plain.data["gpus"][0]["candidates"] == []  # the likely value fits: nothing to change
+    margin = api.run("fit", "gpt2-xl", {"gpu": f"{inside}B", "margin": True})
+    cands = margin.data["gpus"][0]["candidates"]
+    assert cands, "with --margin a tight job gets the changes that make its high end fit"
+    assert all(c["needed_bytes"] <= inside for c in cands)

@@ -374,7 +374,7 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
             served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
         found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                            overheads=_overheads(args))  # fmt: skip
+                            overheads=_overheads(args), margin=args.margin)  # fmt: skip
         return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
         served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
@@ -595,7 +595,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         else:
             print_fit_inference(report)
     else:
-        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus)
+        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
+                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
         if args.json:
             _emit_json(planner.fit_json(report))
         else:
@@ -706,6 +707,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_train_options(p)
     p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
+    p.add_argument(
+        "--margin", action="store_true",
+        help="rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')",
+    )  # fmt: skip
     _add_expandable_option(p)
     _add_infer_options(p)
     _add_output_options(p)

@@ -513,11 +513,16 @@ def _estimate(
     for name in st.setup_json_nested:
         out[name] = asdict(getattr(setup, name))
     device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl
-    # the other phase's churn: forward/backward's when the optimizer step peaks, and the reverse
-    other = (max(forward.bytes, backward.bytes) if peak is optimizer else optimizer.bytes) - st.persistent
+    # what the other phases freed before the peak phase (forward/backward's activations and temporaries
+    # when the optimizer step peaks, the step's temporaries when forward or backward does), and the
+    # optimizer states step 1 creates lazily (torch.optim: zeros_like in _init_group) into cached blocks
+    others = (forward, backward) if peak is optimizer else (optimizer,)
+    freed = max(_transient_bytes(p) for p in others)
+    lazy = st.states_bytes if not par.zero_stage else 0  # DeepSpeed builds its states at initialize()
     band = training_band(
         allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
-        other_churn=max(0, other), ov=ov, communicators=sharding.communicators(par), nccl_bytes=nccl,
+        other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
+        communicators=sharding.communicators(par), nccl_bytes=nccl,
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
@@ -527,6 +532,13 @@ def _estimate(
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
+
+
+_TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
+
+
+def _transient_bytes(phase: PhasePeak) -> int:
+    return sum([i.bytes for i in phase.items if i.category in _TRANSIENT])
 
 
 def training_band(
