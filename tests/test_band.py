@@ -265,3 +265,13 @@ def test_fit_margin_ranks_changes_when_tight() -> None:
     cands = margin.data["gpus"][0]["candidates"]
     assert cands, "with --margin a tight job gets the changes that make its high end fit"
     assert all(c["needed_bytes"] <= inside for c in cands)
+
+
+def test_infer_expandable_segments_cli_equals_api() -> None:
+    plain = api.run("infer", "qwen3-0.6b", {"context": 4096})
+    exp = api.run("infer", "qwen3-0.6b", {"context": 4096, "expandable_segments": True})
+    assert exp.data["peak_allocated_bytes"] == plain.data["peak_allocated_bytes"]
+    assert exp.data["peak_reserved_bytes"] % (20 * MiB) == 0
+    assert exp.data["peak_reserved_bytes"] <= plain.data["peak_reserved_bytes"] + 20 * MiB
+    data, code = _cli_json("infer", "qwen3-0.6b", "--context", "4096", "--expandable-segments")
+    assert code == 0 and data["band"] == exp.data["band"]

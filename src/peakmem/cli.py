@@ -377,7 +377,7 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
         return planner.fit_json(found), EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
-        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
         verdicts = served_answer.verdicts
         code = EXIT_DOES_NOT_FIT if verdicts and not any(v.fits for v in verdicts) else EXIT_OK
         return served_answer.json, code
@@ -556,7 +556,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     gpus = _gpus(args.gpu)
     _notices(gpus)
-    answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+    answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
     est, verdicts = answer.estimate, list(answer.verdicts)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
@@ -700,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     _add_infer_options(p)
+    _add_expandable_option(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_infer)
 

@@ -200,15 +200,17 @@ class InferAnswer:
     json: dict[str, Any]
 
 
-def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = ()) -> InferAnswer:
+def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overheads: Any = None) -> InferAnswer:
     """Estimate ``setup`` (without the GPU: what it needs does not depend on it) and judge it on each
-    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit`."""
+    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments,
+    fragmentation, a calibrated profile)."""
     from dataclasses import replace
 
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
-    est = estimate_inference(spec, replace(setup, gpu_bytes=None))
-    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes) for g in gpus]
+    est = estimate_inference(spec, replace(setup, gpu_bytes=None), overheads=overheads)
+    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
+            for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
     headline = (
