@@ -535,6 +535,7 @@ def _estimate(
 
 
 _TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
+_CONTEXT_TERMS: dict[Overheads, _band.BandTerm] = {}  # the context term depends on the Overheads only
 
 
 def _transient_bytes(phase: PhasePeak) -> int:
@@ -554,9 +555,15 @@ def training_band(
 ) -> _band.Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
+    context = _CONTEXT_TERMS.get(ov)
+    if context is None:
+        if len(_CONTEXT_TERMS) >= _MEMO_MAX:
+            _CONTEXT_TERMS.clear()
+        context = _CONTEXT_TERMS[ov] = _band.context_term(ov.context_bytes, assumed=ov.context_assumed,
+                                                          profile=ov.profile)  # fmt: skip
     terms = [
         _band.residual_term(allocated),
-        _band.context_term(ov.context_bytes, assumed=ov.context_assumed, profile=ov.profile),
+        context,
         _band.fragmentation_term(churn=churn, fragmentation=ov.fragmentation, profile=ov.profile,
                                  expandable=ov.expandable_segments),
         _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fragmentation,

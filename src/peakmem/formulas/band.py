@@ -27,7 +27,9 @@ Level = Literal["allocated", "reserved", "device_total"]
 LEVELS: tuple[Level, ...] = ("allocated", "reserved", "device_total")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+# Results, not inputs: not frozen (a planner builds one band per estimate, and a frozen dataclass's
+# __init__ costs twice as much; see breakdown.MemoryItem). Treat them as read-only.
+@dataclass(kw_only=True, slots=True)
 class Range:
     """low <= likely <= high, in bytes."""
 
@@ -36,8 +38,8 @@ class Range:
     high: int
 
     def __post_init__(self) -> None:
-        require(self.low <= self.likely <= self.high, "range", (self.low, self.likely, self.high),
-                "must satisfy low <= likely <= high")  # fmt: skip
+        if not self.low <= self.likely <= self.high:
+            require(False, "range", (self.low, self.likely, self.high), "must satisfy low <= likely <= high")
 
     @property
     def width(self) -> int:
@@ -47,7 +49,7 @@ class Range:
         return {"low_bytes": self.low, "likely_bytes": self.likely, "high_bytes": self.high}
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True)
 class BandTerm:
     """One named unknown: how far it may move the ``level`` below (low) and above (high) the likely value."""
 
@@ -58,16 +60,17 @@ class BandTerm:
     source: str
 
     def __post_init__(self) -> None:
-        require(self.level in LEVELS, "level", self.level, f"one of {', '.join(LEVELS)}")
-        require(self.low_bytes <= 0, "low_bytes", self.low_bytes, "must be <= 0 (a delta below likely)")
-        require(self.high_bytes >= 0, "high_bytes", self.high_bytes, "must be >= 0 (a delta above likely)")
+        if self.level not in LEVELS or self.low_bytes > 0 or self.high_bytes < 0:
+            require(self.level in LEVELS, "level", self.level, f"one of {', '.join(LEVELS)}")
+            require(self.low_bytes <= 0, "low_bytes", self.low_bytes, "must be <= 0 (a delta below likely)")
+            require(self.high_bytes >= 0, "high_bytes", self.high_bytes, "must be >= 0 (a delta above)")
 
     def json(self) -> dict[str, object]:
         return {"name": self.name, "applies_to": self.level, "low_bytes": self.low_bytes,
                 "high_bytes": self.high_bytes, "source": self.source}  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True)
 class Band:
     allocated: Range
     reserved: Range
@@ -85,15 +88,20 @@ class Band:
 
 def build_band(*, allocated: int, reserved: int, device_total: int, terms: tuple[BandTerm, ...]) -> Band:
     """The band of the three likely values under ``terms`` (zero-width terms are dropped)."""
-    kept = tuple(t for t in terms if t.low_bytes or t.high_bytes)
-    lo = {lv: 0 for lv in LEVELS}
-    hi = {lv: 0 for lv in LEVELS}
+    kept = tuple([t for t in terms if t.low_bytes or t.high_bytes])
+    a_lo = a_hi = r_lo = r_hi = d_lo = d_hi = 0
     for t in kept:
-        lo[t.level] += t.low_bytes
-        hi[t.level] += t.high_bytes
-    a_lo, a_hi = lo["allocated"], hi["allocated"]
-    r_lo, r_hi = a_lo + lo["reserved"], a_hi + hi["reserved"]
-    d_lo, d_hi = r_lo + lo["device_total"], r_hi + hi["device_total"]
+        if t.level == "allocated":
+            a_lo += t.low_bytes
+            a_hi += t.high_bytes
+        elif t.level == "reserved":
+            r_lo += t.low_bytes
+            r_hi += t.high_bytes
+        else:
+            d_lo += t.low_bytes
+            d_hi += t.high_bytes
+    r_lo, r_hi = a_lo + r_lo, a_hi + r_hi
+    d_lo, d_hi = r_lo + d_lo, r_hi + d_hi
     return Band(
         allocated=Range(low=max(0, allocated + a_lo), likely=allocated, high=allocated + a_hi),
         reserved=Range(low=max(0, reserved + r_lo), likely=reserved, high=reserved + r_hi),
