@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -21,7 +22,7 @@ from peakmem.hf import spec_from_config
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.parallel import Parallelism
 from peakmem.resolve import resolve_model
-from peakmem.training import Checkpointing, Precision, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
 from peakmem.units import MiB
 from tiny_models import LLAMA
 
@@ -294,3 +295,21 @@ def test_replayed_reserved_of_the_catalog_inside_the_band() -> None:
         if not e.band.reserved.low <= row["simulated_reserved"] <= e.band.reserved.high:
             outside.append(row["model"])
     assert outside == []
+
+
+def test_pre_ampere_gpu_adds_the_attention_kernel_term() -> None:
+    """Before Ampere SDPA has no flash kernel and may run the math kernel (scores materialised): the band
+    gains the eager estimate's difference; an Ampere GPU does not."""
+    args = {"precision": "mixed-fp16", "batch": 8}
+    volta = api.run("train", "gpt2", {**args, "gpu": "v100-32gb"}).data
+    ampere = api.run("train", "gpt2", {**args, "gpu": "a100-40gb"}).data
+    spec = resolve_model("gpt2")
+    base = TrainingSetup(precision=Precision.MIXED_FP16, micro_batch=8, seq_len=1024)
+    eager = estimate_training(spec, replace(base, attention=AttentionKernel.EAGER))
+    sdpa = estimate_training(spec, base)
+    terms = {t["name"]: t for t in volta["band"]["terms"]}
+    assert (
+        terms["attention_kernel"]["high_bytes"] == eager.peak_allocated_bytes - sdpa.peak_allocated_bytes > 0
+    )
+    assert "attention_kernel" not in {t["name"] for t in ampere["band"]["terms"]}
+    assert volta["band"]["allocated"]["likely_bytes"] == ampere["band"]["allocated"]["likely_bytes"]

@@ -384,10 +384,15 @@ def json_answer(command: str, args: argparse.Namespace) -> tuple[dict[str, Any],
     if command != "train":
         raise InputError(f"command={command!r}: one of train, infer, fit, plan")
     setup = _training_setup(args, spec.max_position_embeddings)
-    answer = planner.train_answer(spec, setup, _parallelism(args), overheads=_overheads(args),
-                                  capacity_bytes=_capacity(gpus))  # fmt: skip
-    out = answer_json(answer.estimate, gpus, answer.ways)
-    fits = [v.fits for v in _verdicts(gpus, answer.estimate.device_total_bytes)]
+    from peakmem.estimate import with_kernel_alternatives
+
+    par = _parallelism(args)
+    answer = planner.train_answer(
+        spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus)
+    )
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
+    out = answer_json(est, gpus, answer.ways)
+    fits = [v.fits for v in _verdicts(gpus, est.device_total_bytes)]
     return out, EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
 
 
@@ -405,8 +410,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_OK
     gpus = _gpus(args.gpu)
     _notices(gpus, setup)
+    from peakmem.estimate import with_kernel_alternatives
+
     answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
-    est = answer.estimate
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
     if args.plot:
         from peakmem.plot import plot_training
 

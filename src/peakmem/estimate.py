@@ -534,6 +534,30 @@ def _estimate(
     )  # fmt: skip
 
 
+def with_kernel_alternatives(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    est: Estimate,
+    gpus: Iterable[object],
+    *,
+    overheads: Overheads | None = None,
+    par: Parallelism | None = None,
+) -> Estimate:
+    """``est`` with an ``attention_kernel`` band term when a named GPU predates Ampere (``Gpu.pre_ampere``)
+    and the setup asks for SDPA or flash: there SDPA may fall back to the math kernel (the scores
+    materialised, as eager attention does). The term spans the eager estimate's allocated difference."""
+    if est.band is None or setup.attention is AttentionKernel.EAGER:
+        return est
+    if not any(getattr(g, "pre_ampere", False) for g in gpus):
+        return est
+    alt = TrainingEstimator(spec, overheads).estimate(replace(setup, attention=AttentionKernel.EAGER), par)
+    delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
+    if par is not None and est.extra.get("role") != alt.extra.get("role"):
+        delta = max(0, delta)
+    term = _band.kernel_term(low_delta=delta, high_delta=delta, source=_band.SRC_KERNEL_PRE_AMPERE)
+    return replace(est, band=_band.with_terms(est.band, (term,)))
+
+
 _TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
 _CONTEXT_TERMS: dict[Overheads, _band.BandTerm] = {}  # the context term depends on the Overheads only
 

@@ -276,6 +276,20 @@ def decode_transients_term(transient_bytes: int) -> BandTerm:
                     source=SRC_KV_GROWTH)  # fmt: skip
 
 
+def with_terms(band: Band, terms: tuple[BandTerm, ...]) -> Band:
+    """``band`` with more terms (the likely values unchanged)."""
+    return build_band(allocated=band.allocated.likely, reserved=band.reserved.likely,
+                      device_total=band.device_total.likely, terms=band.terms + terms)  # fmt: skip
+
+
+SRC_KERNEL_PRE_AMPERE = (
+    "torch sdp_utils.cpp: the flash kernel needs sm80+ (Ampere); before Ampere SDPA runs the "
+    "memory-efficient kernel where its constraints hold and the math kernel otherwise, which "
+    "materialises the T x T scores like eager attention; flash-attn 2 needs Ampere too (its README). "
+    "High = the setup estimated with eager attention"
+)
+
+
 def kernel_term(*, low_delta: int, high_delta: int, source: str) -> BandTerm:
     """Attention-kernel alternatives on the named GPU: the allocated difference of the alternative
     kernels to the one estimated (computed by the estimator, which knows the kernels)."""
