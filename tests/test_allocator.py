@@ -57,3 +57,13 @@ def test_device_total_is_reserved_plus_context() -> None:
     assert est.peak_reserved_bytes >= est.peak_allocated_bytes
     assert any("fragmentation 0%" in a for a in est.assumptions)
     assert est.setup["precision"] == "mixed-bf16"
+
+
+def test_reserved_bytes_expandable_segments() -> None:
+    # expandable segments: no fragmentation slack; 100 + 50 MiB = 150 MiB -> next 20 MiB page = 160 MiB
+    got = allocator.reserved_bytes(
+        resident=100 * MiB, resident_rounding=0, churn=50 * MiB, fragmentation=0.1, expandable=True
+    )
+    assert got == 160 * MiB
+    with pytest.raises(InputError, match="expandable_segments"):
+        Overheads(expandable_segments="yes")  # type: ignore[arg-type]

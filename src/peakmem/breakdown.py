@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from peakmem.formulas.band import Band
 
 
 class Category(str, Enum):
@@ -94,6 +98,7 @@ class Estimate:
     assumptions: tuple[str, ...] = ()
     setup: dict[str, object] = field(default_factory=dict)  # echo of the inputs, JSON-ready
     extra: dict[str, object] = field(default_factory=dict)  # per-rank, CPU RAM, limits, ...
+    band: Band | None = None  # low / likely / high per quantity from named unknowns (formulas/band.py)
 
     def by_category(self) -> dict[Category, int]:
         out: dict[Category, int] = {}
@@ -106,17 +111,32 @@ class Estimate:
         return sum(r.bytes for r in self.per_param)
 
 
+FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
-    """Whether a job fits on one GPU (or a plain memory size)."""
+    """Whether a job fits on one GPU (or a plain memory size).
+
+    Three states: "fits" (the high end of the device-total band fits), "tight" (the likely value fits,
+    the high end does not), "does not fit" (the likely value does not). ``fits`` (the likely value
+    fits) stays for compatibility; without a band (``high_bytes`` None) the high end is the likely one."""
 
     gpu: str
     capacity_bytes: int
     needed_bytes: int
+    high_bytes: int | None = None  # the high end of the device-total band
 
     @property
     def fits(self) -> bool:
         return self.needed_bytes <= self.capacity_bytes
+
+    @property
+    def state(self) -> str:
+        if not self.fits:
+            return DOES_NOT_FIT
+        high = self.needed_bytes if self.high_bytes is None else self.high_bytes
+        return FITS if high <= self.capacity_bytes else TIGHT
 
     @property
     def headroom_bytes(self) -> int:

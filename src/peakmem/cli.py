@@ -370,10 +370,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
     """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables."""
-    from peakmem.render import answer_json, markdown_estimate, print_estimate
+    from peakmem.render import answer_json, markdown_estimate, print_estimate, verdicts_of
 
     gpus = _gpus(getattr(args, "gpu", None))
-    verdicts = _verdicts(gpus, est.device_total_bytes)
+    verdicts = verdicts_of(est, gpus)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
@@ -407,6 +407,8 @@ def _overheads(args: argparse.Namespace) -> Any:
         given["context_source"] = "--cuda-context-mib"
     if getattr(args, "fragmentation", None) is not None:
         given["fragmentation"] = args.fragmentation
+    if getattr(args, "expandable_segments", False):
+        given["expandable_segments"] = True
     if getattr(args, "profile", None):
         from peakmem.calibrate import load_profile
 
@@ -439,13 +441,13 @@ def json_answer(
             served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
         found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                            overheads=_overheads(args))  # fmt: skip
+                            overheads=_overheads(args), margin=args.margin)  # fmt: skip
         fitted = planner.fit_json(found)
         if (block := _from_block(args)) is not None:
             fitted["from_file"] = block
         return fitted, EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
     if command == "infer":
-        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
         if detail is not None:
             detail.update(spec=spec, answer=served_answer)
         verdicts = served_answer.verdicts
@@ -454,15 +456,18 @@ def json_answer(
     if command != "train":
         raise InputError(f"command={command!r}: one of train, infer, fit, plan")
     setup = _training_setup(args, spec.max_position_embeddings)
+    from peakmem.estimate import with_kernel_alternatives
+
     par = _parallelism(args)
     answer = planner.train_answer(spec, setup, par, overheads=_overheads(args),
                                   capacity_bytes=_capacity(gpus))  # fmt: skip
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
     if detail is not None:
         detail.update(spec=spec, setup=setup, par=par, answer=answer)
-    out = answer_json(answer.estimate, gpus, answer.ways)
+    out = answer_json(est, gpus, answer.ways)
     if (block := _from_block(args)) is not None:
         out["from_file"] = block
-    fits = [v.fits for v in _verdicts(gpus, answer.estimate.device_total_bytes)]
+    fits = [v.fits for v in _verdicts(gpus, est.device_total_bytes)]
     return out, EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
 
 
@@ -480,8 +485,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_OK
     gpus = _gpus(args.gpu)
     _notices(gpus, setup)
+    from peakmem.estimate import with_kernel_alternatives
+
     answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
-    est = answer.estimate
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
     if args.plot:
         from peakmem.plot import plot_training
 
@@ -633,7 +640,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     gpus = _gpus(args.gpu)
     _notices(gpus)
-    answer = infer_answer(spec, _inference_setup(args, gpus), gpus)
+    answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
     est, verdicts = answer.estimate, list(answer.verdicts)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
@@ -673,7 +680,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             print_fit_inference(report)
     else:
         report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                             overheads=_overheads(args))  # fmt: skip
+                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
         if args.json:
             _emit_json(planner.fit_json(report))
         else:
@@ -796,6 +803,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------------
+def _add_expandable_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--expandable-segments", action="store_true",
+        help="model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (reserved grows by pages; "
+        "little fragmentation)",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="peakmem",
@@ -834,6 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allocator fragmentation, a fraction of the per-step churn (default 0.10)",
     )  # fmt: skip
     p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
+    _add_expandable_option(p)
     _add_parallel_options(p)
     p.set_defaults(handler=cmd_train)
 
@@ -865,6 +881,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     _add_infer_options(p)
+    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
+    _add_expandable_option(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_infer)
 
@@ -874,6 +892,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
     p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate; training)")
+    p.add_argument(
+        "--margin", action="store_true",
+        help="rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')",
+    )  # fmt: skip
+    _add_expandable_option(p)
     _add_infer_options(p)
     _add_output_options(p)
     p.set_defaults(handler=cmd_fit)
@@ -888,6 +911,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     p.add_argument("--max-gpus", type=int, required=True, help="the most GPUs to use")
     p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step")
+    _add_expandable_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--gpu", required=True, help="GPU name or size")
     p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")

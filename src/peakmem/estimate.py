@@ -27,6 +27,7 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
+from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
@@ -476,9 +477,10 @@ def _estimate(
     optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=memo.bytes, items=memo.items)
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
+    churn = peak.bytes - st.persistent
     reserved = allocator.reserved_bytes(
         resident=st.persistent, resident_rounding=st.resident_rounding,
-        churn=peak.bytes - st.persistent, fragmentation=ov.fragmentation,
+        churn=churn, fragmentation=ov.fragmentation, expandable=ov.expandable_segments,
     )  # fmt: skip
     notes = st.notes.get(ov)
     if notes is None:
@@ -494,6 +496,8 @@ def _estimate(
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
         "fragmentation": ov.fragmentation,
         **st.state_extra,
+        **({"expandable_segments": True} if ov.expandable_segments else {}),
+        **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:
         extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
@@ -508,13 +512,92 @@ def _estimate(
     out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
     for name in st.setup_json_nested:
         out[name] = asdict(getattr(setup, name))
+    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl
+    # what the other phases freed before the peak phase (forward/backward's activations and temporaries
+    # when the optimizer step peaks, the step's temporaries when forward or backward does), and the
+    # optimizer states step 1 creates lazily (torch.optim: zeros_like in _init_group) into cached blocks
+    others = (forward, backward) if peak is optimizer else (optimizer,)
+    freed = max(_transient_bytes(p) for p in others)
+    lazy = st.states_bytes if not par.zero_stage else 0  # DeepSpeed builds its states at initialize()
+    band = training_band(
+        allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
+        other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
+        communicators=sharding.communicators(par), nccl_bytes=nccl,
+    )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
         trainable_params=tech.trainable, per_param=st.table, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
-        device_total_bytes=reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl,
+        device_total_bytes=device_total,
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
+        band=band,
     )  # fmt: skip
+
+
+def with_kernel_alternatives(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    est: Estimate,
+    gpus: Iterable[object],
+    *,
+    overheads: Overheads | None = None,
+    par: Parallelism | None = None,
+) -> Estimate:
+    """``est`` with an ``attention_kernel`` band term when a named GPU predates Ampere (``Gpu.pre_ampere``)
+    and the setup asks for SDPA or flash: there SDPA may fall back to the math kernel (the scores
+    materialised, as eager attention does). The term spans the eager estimate's allocated difference."""
+    if est.band is None or setup.attention is AttentionKernel.EAGER:
+        return est
+    if not any(getattr(g, "pre_ampere", False) for g in gpus):
+        return est
+    alt = TrainingEstimator(spec, overheads).estimate(replace(setup, attention=AttentionKernel.EAGER), par)
+    delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
+    if par is not None and est.extra.get("role") != alt.extra.get("role"):
+        delta = max(0, delta)
+    term = _band.kernel_term(low_delta=delta, high_delta=delta, source=_band.SRC_KERNEL_PRE_AMPERE)
+    return replace(est, band=_band.with_terms(est.band, (term,)))
+
+
+_TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
+_CONTEXT_TERMS: dict[Overheads, _band.BandTerm] = {}  # the context term depends on the Overheads only
+
+
+def _transient_bytes(phase: PhasePeak) -> int:
+    return sum([i.bytes for i in phase.items if i.category in _TRANSIENT])
+
+
+def training_band(
+    *,
+    allocated: int,
+    reserved: int,
+    device_total: int,
+    churn: int,
+    other_churn: int,
+    ov: Overheads,
+    communicators: int = 0,
+    nccl_bytes: int = 0,
+) -> _band.Band:
+    """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
+    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
+    context = _CONTEXT_TERMS.get(ov)
+    if context is None:
+        if len(_CONTEXT_TERMS) >= _MEMO_MAX:
+            _CONTEXT_TERMS.clear()
+        context = _CONTEXT_TERMS[ov] = _band.context_term(ov.context_bytes, assumed=ov.context_assumed,
+                                                          profile=ov.profile)  # fmt: skip
+    terms = [
+        _band.residual_term(allocated),
+        context,
+        _band.fragmentation_term(churn=churn, fragmentation=ov.fragmentation, profile=ov.profile,
+                                 expandable=ov.expandable_segments),
+        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fragmentation,
+                                  expandable=ov.expandable_segments),
+    ]  # fmt: skip
+    if communicators:
+        terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
+    return _band.build_band(
+        allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
+    )
 
 
 _BYTES = attrgetter("bytes")
@@ -596,7 +679,10 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         f"framework profile {sh.profile.name}: {sh.profile.source}",
         f"training mode: dropout active where the config sets it ({dropout})",
         "the loop drops the model output (logits) before loss.backward(), as HF Trainer and torchtune do",
-        f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
+        "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
+        "reserved rounded to 20 MiB pages"
+        if ov.expandable_segments
+        else f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
         "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",

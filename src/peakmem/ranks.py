@@ -110,6 +110,7 @@ class RankReport:
                     "peak_allocated_bytes": r.estimate.peak_allocated_bytes,
                     "peak_reserved_bytes": r.estimate.peak_reserved_bytes,
                     "device_total_bytes": r.estimate.device_total_bytes,
+                    "device_total_band": r.estimate.band.device_total.json() if r.estimate.band else None,
                     "model_state_bytes": r.estimate.model_state_bytes,
                     "breakdown": {c.value: b for c, b in r.estimate.by_category().items()},
                     "phases": {p.phase.value: p.bytes for p in r.estimate.phases},

@@ -108,16 +108,21 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
         "assumptions": list(est.assumptions),
     }
     out.update(est.extra)
+    if est.band is not None:
+        out["band"] = est.band.json()
     if verdicts:
         out["verdicts"] = [
             {
                 "gpu": v.gpu,
                 "capacity_bytes": v.capacity_bytes,
                 "fits": v.fits,
+                "verdict": v.state,
                 "headroom_bytes": v.headroom_bytes,
             }
             for v in verdicts
         ]
+        if len(verdicts) == 1:
+            out["verdict"] = verdicts[0].state
     if ways is not None:
         out["ways_down"] = [
             {
@@ -138,9 +143,23 @@ def answer_json(est: Estimate, gpus: Sequence[Any] = (), ways: Any = None) -> di
     """The JSON answer to ``peakmem train|infer|measure|simulate --json`` and to ``/api/train`` and
     ``/api/infer`` (one function, so the CLI and the web say the same): the estimate, a verdict per
     GPU (``gpus``: catalog GPUs) and, for training, the ways down."""
-    verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=est.device_total_bytes)
-                for g in gpus]  # fmt: skip
-    return estimate_json(est, verdicts, ways)
+    return estimate_json(est, verdicts_of(est, gpus), ways)
+
+
+def verdicts_of(est: Estimate, gpus: Sequence[Any]) -> list[Verdict]:
+    """The three-state verdict of ``est`` on each GPU: its likely device total and the band's high end."""
+    high = est.band.device_total.high if est.band is not None else None
+    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=est.device_total_bytes,
+                    high_bytes=high) for g in gpus]  # fmt: skip
+
+
+def band_text(est: Any) -> str:
+    """' (likely range 33.6-39.9 GB)': the device-total band after the headline's number."""
+    band = getattr(est, "band", None)
+    if band is None:
+        return ""
+    r = band.device_total
+    return f" (range {fmt_gb(r.low, 1).removesuffix(' GB')}-{fmt_gb(r.high, 1)})"
 
 
 def fits_on(needed: int) -> str:
@@ -163,8 +182,8 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
-        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)} "
-        f"on the device; {fits_on(est.device_total_bytes)}."
+        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)}"
+        f"{band_text(est)} on the device; {fits_on(est.device_total_bytes)}."
     )
     if par is not None:
         line += f" Layout: {par.describe()}; most loaded rank shown."
@@ -181,21 +200,23 @@ class InferAnswer:
     json: dict[str, Any]
 
 
-def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = ()) -> InferAnswer:
+def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overheads: Any = None) -> InferAnswer:
     """Estimate ``setup`` (without the GPU: what it needs does not depend on it) and judge it on each
-    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit`."""
+    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments,
+    fragmentation, a calibrated profile)."""
     from dataclasses import replace
 
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
-    est = estimate_inference(spec, replace(setup, gpu_bytes=None))
-    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes) for g in gpus]
+    est = estimate_inference(spec, replace(setup, gpu_bytes=None), overheads=overheads)
+    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
+            for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
     headline = (
         f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
-        f"{fmt_both(est.device_total_bytes)} per GPU"
+        f"{fmt_both(est.device_total_bytes)}{band_text(est)} per GPU"
     )
     for g, f in zip(gpus, fits, strict=True):
         if f.pool_bytes is not None and f.budget_bytes is not None:
@@ -203,7 +224,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = ()) -> Infer
                 f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
                 f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)} that holds "
                 f"{f.max_concurrent} sequences of {context} tokens ({setup.batch} asked): "
-                f"{'fits' if f.fits else 'does not fit'}"
+                f"{f.verdict(g.name).state}"
             )
     if not gpus:
         headline += f"; {_smallest_serving_gpu(spec, setup)}"
@@ -328,7 +349,14 @@ def print_estimate(
     table.add_row("peak reserved (caching allocator)", fmt_both(est.peak_reserved_bytes), "")
     table.add_row("[bold]device total (nvidia-smi)[/bold]",
                   f"[bold]{fmt_both(est.device_total_bytes)}[/bold]", "")  # fmt: skip
+    if est.band is not None:
+        span = est.band.device_total
+        table.add_row("device total range (low-high)", f"{fmt_gb(span.low)} - {fmt_gb(span.high)}", "")
     out.print(table)
+    if est.band is not None and est.band.terms:
+        terms = "; ".join(f"{t.name} {fmt_bytes(t.low_bytes)}..+{fmt_bytes(t.high_bytes)} ({t.level})"
+                          for t in est.band.terms)  # fmt: skip
+        out.print(f"[dim]range from: {terms}[/dim]")
     if est.phases:
         table = Table(title="by phase (allocated at each phase's peak)", title_justify="left")
         table.add_column("phase")
@@ -345,7 +373,7 @@ def print_estimate(
         table.add_column("headroom", justify="right")
         for v in verdicts:
             table.add_row(
-                v.gpu, fmt_both(v.capacity_bytes), "[green]yes[/green]" if v.fits else "[red]no[/red]",
+                v.gpu, fmt_both(v.capacity_bytes), _STATE_MARKUP.get(v.state, v.state),
                 fmt_bytes(v.headroom_bytes),
             )  # fmt: skip
         out.print(table)
@@ -364,6 +392,10 @@ def print_estimate(
         out.print("[dim]assumptions:[/dim]")
         for a in est.assumptions:
             out.print(f"[dim]- {a}[/dim]")
+
+
+_STATE_MARKUP = {"fits": "[green]fits[/green]", "tight": "[yellow]tight[/yellow]",
+                 "does not fit": "[red]does not fit[/red]"}  # fmt: skip
 
 
 def markdown_estimate(
@@ -389,12 +421,14 @@ def markdown_estimate(
     lines.append(f"| **Peak allocated** | **{fmt_both(est.peak_allocated_bytes)}** |")
     lines.append(f"| Peak reserved | {fmt_both(est.peak_reserved_bytes)} |")
     lines.append(f"| **Device total (nvidia-smi)** | **{fmt_both(est.device_total_bytes)}** |")
+    if est.band is not None:
+        span = est.band.device_total
+        lines.append(f"| Device total range (low-high) | {fmt_gb(span.low)} - {fmt_gb(span.high)} |")
     if verdicts:
         lines += ["", "| GPU | Memory | Fits | Headroom |", "|---|---:|---|---:|"]
         for v in verdicts:
             lines.append(
-                f"| {v.gpu} | {fmt_both(v.capacity_bytes)} | {'yes' if v.fits else 'no'} | "
-                f"{fmt_bytes(v.headroom_bytes)} |"
+                f"| {v.gpu} | {fmt_both(v.capacity_bytes)} | {v.state} | {fmt_bytes(v.headroom_bytes)} |"
             )
     if ways:
         lines += ["", "Ways to bring it down:", "", "| Change | Device total | Saving |", "|---|---:|---:|"]

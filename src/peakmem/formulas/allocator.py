@@ -55,8 +55,18 @@ def tensor_rounding(numel_list_bytes: tuple[int, ...]) -> int:
     return sum(round_request(b) - b for b in numel_list_bytes)
 
 
-def reserved_bytes(*, resident: int, resident_rounding: int, churn: int, fragmentation: float) -> int:
+def reserved_bytes(
+    *, resident: int, resident_rounding: int, churn: int, fragmentation: float, expandable: bool = False
+) -> int:
     """Reserved at the peak: long-lived tensors packed in their segments (plus block rounding),
-    and the churning part with its fragmentation slack; the total rounded to kRoundLarge."""
+    and the churning part with its fragmentation slack; the total rounded to kRoundLarge.
+
+    ``expandable``: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. Each pool has one segment
+    that grows by mapping pages (``ExpandableSegment``: 2 MiB pages for the small pool, kLargeBuffer
+    = 20 MiB for the large one); freed blocks of the segment merge with their neighbours and serve any
+    later request, so the churn carries no fragmentation slack and the total is rounded to a page."""
+    if expandable:
+        total = resident + resident_rounding + churn
+        return -(-total // K_LARGE_BUFFER) * K_LARGE_BUFFER
     total = resident + resident_rounding + churn + int(churn * fragmentation)
     return -(-total // K_ROUND_LARGE) * K_ROUND_LARGE

@@ -56,6 +56,9 @@ class Overheads:
     context_source: str = CONTEXT_SIZES[DEFAULT_CONTEXT].source
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
     fragmentation: float = DEFAULT_FRAGMENTATION
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: reserved grows by pages, freed blocks merge
+    # (formulas/allocator.py reserved_bytes; formulas/band.py SRC_EXPANDABLE)
+    expandable_segments: bool = False
     profile: str | None = None  # name of a calibrated profile (peakmem calibrate) these figures come from
 
     def __post_init__(self) -> None:
@@ -64,6 +67,20 @@ class Overheads:
             check_int(name, value, minimum=0, maximum=MAX_DEVICE_BYTES, what="bytes; no GPU holds more")
         check_str("context_source", self.context_source)
         check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
+        require(isinstance(self.expandable_segments, bool), "expandable_segments", self.expandable_segments,
+                "must be True or False")  # fmt: skip
+        if self.profile is not None:
+            check_str("profile", self.profile)
+
+    @property
+    def context_assumed(self) -> bool:
+        """Whether the context is peakmem's assumed default row (not measured on the user's machine)."""
+        default = CONTEXT_SIZES[DEFAULT_CONTEXT]
+        return (
+            self.profile is None
+            and self.context_bytes == default.bytes
+            and self.context_source == default.source
+        )
 
     @classmethod
     def for_context(cls, key: str, fragmentation: float = DEFAULT_FRAGMENTATION) -> Overheads:

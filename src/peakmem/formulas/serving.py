@@ -32,7 +32,8 @@ from fractions import Fraction
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak, Verdict
 from peakmem.errors import InputError
-from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION, reserved_bytes, tensor_rounding
+from peakmem.formulas import band as _band
+from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import (
     cache_kind,
     interleaved_windows,
@@ -42,7 +43,7 @@ from peakmem.formulas.kv_cache import (
     layer_kv_bytes,
     round_to_block,
 )
-from peakmem.formulas.overhead import CONTEXT_SIZES, CUBLAS_WORKSPACE_BYTES
+from peakmem.formulas.overhead import CONTEXT_SIZES, CUBLAS_WORKSPACE_BYTES, Overheads
 from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
 from peakmem.formulas.weights import WeightRow, largest_quantized_linear, per_layer_weight_bytes, weight_rows
 from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
@@ -50,6 +51,7 @@ from peakmem.model import ModelSpec
 
 # CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
 CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
+_DEFAULT_OVERHEADS = Overheads()
 CUDA_CONTEXT_SOURCE = "formulas/overhead.py " + DEFAULT_CONTEXT_SIZE
 # vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
@@ -545,8 +547,13 @@ def _llamacpp(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
 
 
 # --- public API -----------------------------------------------------------------------------------
-def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
-    """Memory of one GPU (one tensor-parallel rank) serving ``spec`` as ``setup`` describes."""
+def estimate_inference(
+    spec: ModelSpec, setup: InferenceSetup, *, overheads: Overheads | None = None
+) -> Estimate:
+    """Memory of one GPU (one tensor-parallel rank) serving ``spec`` as ``setup`` describes.
+    ``overheads``: the allocator's fragmentation, expandable segments and a calibrated profile (the
+    CUDA context of a serving job stays :data:`CUDA_CONTEXT_BYTES`)."""
+    ov = overheads or _DEFAULT_OVERHEADS
     c = _resolve(spec, setup)
     rows = weight_rows(spec, setup.weight_format)
     if setup.engine is Engine.HF:
@@ -572,7 +579,8 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
             tuple(i.bytes for i in peak.items if i.category not in churn_categories)
         ),
         churn=churn,
-        fragmentation=DEFAULT_FRAGMENTATION,
+        fragmentation=ov.fragmentation,
+        expandable=ov.expandable_segments,
     )
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
@@ -599,6 +607,7 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
             "replicated; NCCL buffers not modelled",
         )
     return Estimate(
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -618,6 +627,30 @@ def estimate_inference(spec: ModelSpec, setup: InferenceSetup) -> Estimate:
 
 
 POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
+
+
+def _serving_band(
+    setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads
+) -> _band.Band:
+    """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
+    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
+    for the engines that capture them."""
+    terms = [
+        _band.residual_term(peak.bytes),
+        _band.context_term(CUDA_CONTEXT_BYTES, assumed=True, profile=ov.profile),
+        _band.fragmentation_term(
+            churn=churn, fragmentation=ov.fragmentation, profile=ov.profile, expandable=ov.expandable_segments
+        ),
+    ]
+    if setup.engine is Engine.HF and peak.phase is Phase.DECODE:
+        transient = sum(i.bytes for i in peak.items if i.category is Category.TEMPORARIES)
+        terms.append(_band.decode_transients_term(transient))
+    if setup.tp > 1:
+        terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
+    if setup.engine in POOLED_ENGINES:
+        terms.append(_band.cuda_graphs_term())
+    return _band.build_band(allocated=peak.bytes, reserved=reserved, device_total=device_total,
+                            terms=tuple(terms))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -646,8 +679,10 @@ class ServingFit:
     estimate: Estimate
 
     def verdict(self, gpu: str) -> ServingVerdict:
+        band = self.estimate.band
+        high = band.device_total.high if band is not None else None
         return ServingVerdict(gpu=gpu, capacity_bytes=self.capacity_bytes, needed_bytes=self.needed_bytes,
-                              serving=self)  # fmt: skip
+                              high_bytes=high, serving=self)  # fmt: skip
 
     def json(self) -> dict[str, object]:
         return {
@@ -673,11 +708,13 @@ class ServingVerdict(Verdict):
         return self.serving.headroom_bytes
 
 
-def serving_fit(spec: ModelSpec, setup: InferenceSetup, capacity_bytes: int) -> ServingFit:
+def serving_fit(
+    spec: ModelSpec, setup: InferenceSetup, capacity_bytes: int, *, overheads: Overheads | None = None
+) -> ServingFit:
     """The one verdict of serving ``setup`` on a GPU of ``capacity_bytes`` (``infer`` and ``fit --infer``)."""
     if setup.gpu_bytes != capacity_bytes:
         setup = _with(setup, gpu_bytes=capacity_bytes)
-    est = estimate_inference(spec, setup)
+    est = estimate_inference(spec, setup, overheads=overheads)
     needed = est.device_total_bytes
     context = _int(est, "context")
     fits, headroom = needed <= capacity_bytes, capacity_bytes - needed

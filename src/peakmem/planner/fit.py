@@ -263,13 +263,15 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
 
 def fit(
     spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...] | list[Gpu], *,
-    overheads: Overheads | None = None, top: int = TOP_CANDIDATES,
+    overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False,
 ) -> FitReport:  # fmt: skip
-    """Verdicts for ``setup`` on each GPU, and the ranked changes that make it fit where it does not."""
+    """Verdicts for ``setup`` on each GPU, and the ranked changes that make it fit where it does not.
+    ``margin``: a change makes it fit only when the high end of its band fits (verdict "fits", not
+    "tight"); the candidates' ``needed_bytes`` are then those high ends."""
     require(len(gpus) > 0, "gpu", "", "give at least one GPU")
     t0 = time.perf_counter()
     gpus = tuple(gpus)
-    est = _Estimator(spec, overheads)
+    est = _Estimator(spec, overheads, margin=margin)
     search = _Search(spec, setup, gpus, est)
     ctx = _Ctx(spec=spec, setup=setup, gpus=gpus, estimator=est)
     families: list[Family] = []
@@ -288,17 +290,21 @@ def fit(
     for gpu in gpus:
         rates = st.rates_for(gpu)
         base_step = search.base_step(rates)
-        verdict = Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes, needed_bytes=search.base.needed)
+        band = search.base.estimate.band
+        high = band.device_total.high if band is not None else None
+        verdict = Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes,
+                          needed_bytes=search.base.estimate.device_total_bytes, high_bytes=high)  # fmt: skip
         cap = gpu.usable_bytes
-        single_cfgs = list(singles_cfgs) if not verdict.fits else []
+        settled = search.base.needed <= cap  # the likely value fits (under margin: the high end)
+        single_cfgs = list(singles_cfgs) if not settled else []
         for fin in (search.finish_micro_batch, search.finish_shard, search.finish_seq):
-            c = fin(base_cfg, cap) if not verdict.fits else None
+            c = fin(base_cfg, cap) if not settled else None
             if c is not None:
                 single_cfgs.append(c)
         made = (search.candidate(cfg, gpu, rates, base_step) for cfg in single_cfgs)
         singles = [c for c in made if c is not None]
         cands: list[Candidate] = []
-        if not verdict.fits:
+        if not settled:
             for cfg in discrete[1:]:
                 n = search.needed(cfg)
                 if n is None:
@@ -404,11 +410,14 @@ def fit_json(report: FitReport) -> dict[str, object]:
         "step_time": _step_json(report.baseline_step),
         "smallest_sufficient": report.smallest_sufficient,
         "fits_any": report.any_fits,
+        **({"verdict": report.gpus[0].verdict.state} if len(report.gpus) == 1 else {}),
+        **({"band": report.baseline.band.json()} if report.baseline.band is not None else {}),
         "gpus": [
             {
                 "gpu": g.gpu.name, "display_name": g.gpu.display_name,
                 "capacity_bytes": g.verdict.capacity_bytes,
-                "needed_bytes": g.verdict.needed_bytes, "fits": g.verdict.fits,
+                "needed_bytes": g.verdict.needed_bytes, "fits": g.verdict.fits, "verdict": g.verdict.state,
+                "high_bytes": g.verdict.high_bytes,
                 "headroom_bytes": g.verdict.headroom_bytes,
                 "candidates": [_candidate_json(c) for c in g.candidates],
                 "singles": [_candidate_json(c) for c in g.singles],

@@ -110,9 +110,10 @@ class _Result:
 class _Estimator:
     """Estimates (setup, parallelism) once; an invalid combination is remembered as None."""
 
-    def __init__(self, spec: ModelSpec, overheads: Overheads | None) -> None:
+    def __init__(self, spec: ModelSpec, overheads: Overheads | None, *, margin: bool = False) -> None:
         self.spec = spec
         self.overheads = overheads
+        self.margin = margin  # judge by the band's high end: a change must make it "fit", not "tight"
         self.memo: dict[tuple[TrainingSetup, Any], _Result | None] = {}
         self.calls = 0
         self.ranks = _ranks_module()
@@ -127,14 +128,14 @@ class _Estimator:
         try:
             if par is None:
                 est = self.engine.estimate(setup)
-                result = _Result(estimate=est, needed=est.device_total_bytes, cpu_bytes=0,
+                result = _Result(estimate=est, needed=self._need(est), cpu_bytes=0,
                                  ranks=(("all ranks", 1, est.device_total_bytes, 0),))  # fmt: skip
             else:
                 assert self.ranks is not None
                 rep = self.ranks.estimate_ranks(self.spec, setup, par, estimator=self.engine)
                 top = rep.most_loaded
                 result = _Result(
-                    estimate=top.estimate, needed=top.estimate.device_total_bytes,
+                    estimate=top.estimate, needed=self._need(top.estimate),
                     cpu_bytes=rep.cpu_pinned_per_node_bytes,
                     ranks=tuple((r.role, r.ranks, r.estimate.device_total_bytes, r.cpu_bytes)
                                 for r in rep.ranks), report=rep,
@@ -143,6 +144,12 @@ class _Estimator:
             result = None
         self.memo[key] = result
         return result
+
+    def _need(self, est: Estimate) -> int:
+        """The device total a GPU must hold: the likely value, or the band's high end under ``margin``."""
+        if self.margin and est.band is not None:
+            return est.band.device_total.high
+        return est.device_total_bytes
 
 
 def _value(v: object) -> str:

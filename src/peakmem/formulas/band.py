@@ -1,0 +1,297 @@
+"""How sure is the answer: a low / likely / high band from named unknowns.
+
+Three things an estimate rests on are unknown until a GPU runs: the CUDA context (driver, CUDA
+version, lazy module loading), the caching allocator's fragmentation (it depends on the order and
+sizes of every request), and, for multi-GPU or serving jobs, memory outside PyTorch's allocator
+(NCCL buffers, CUDA graphs). Each is a :class:`BandTerm`: a signed range *relative to the likely
+value* (``low_bytes <= 0 <= high_bytes``) with its source, applying at one of three levels:
+
+* ``allocated`` (what ``max_memory_allocated`` shows) - it shifts reserved and device total too;
+* ``reserved`` (``max_memory_reserved``) - it shifts the device total too;
+* ``device_total`` (``nvidia-smi``) only.
+
+A quantity's low (high) end is its likely value plus every low (high) delta at its level and
+above: the terms are independent unknowns and the band is their worst corner, not a statistical
+interval. Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from peakmem.errors import require
+from peakmem.units import MiB
+
+Level = Literal["allocated", "reserved", "device_total"]
+LEVELS: tuple[Level, ...] = ("allocated", "reserved", "device_total")
+
+
+# Results, not inputs: not frozen (a planner builds one band per estimate, and a frozen dataclass's
+# __init__ costs twice as much; see breakdown.MemoryItem). Treat them as read-only.
+@dataclass(kw_only=True, slots=True)
+class Range:
+    """low <= likely <= high, in bytes."""
+
+    low: int
+    likely: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.likely <= self.high:
+            require(False, "range", (self.low, self.likely, self.high), "must satisfy low <= likely <= high")
+
+    @property
+    def width(self) -> int:
+        return self.high - self.low
+
+    def json(self) -> dict[str, int]:
+        return {"low_bytes": self.low, "likely_bytes": self.likely, "high_bytes": self.high}
+
+
+@dataclass(kw_only=True, slots=True)
+class BandTerm:
+    """One named unknown: how far it may move the ``level`` below (low) and above (high) the likely value."""
+
+    name: str
+    level: Level
+    low_bytes: int  # <= 0
+    high_bytes: int  # >= 0
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS or self.low_bytes > 0 or self.high_bytes < 0:
+            require(self.level in LEVELS, "level", self.level, f"one of {', '.join(LEVELS)}")
+            require(self.low_bytes <= 0, "low_bytes", self.low_bytes, "must be <= 0 (a delta below likely)")
+            require(self.high_bytes >= 0, "high_bytes", self.high_bytes, "must be >= 0 (a delta above)")
+
+    def json(self) -> dict[str, object]:
+        return {"name": self.name, "applies_to": self.level, "low_bytes": self.low_bytes,
+                "high_bytes": self.high_bytes, "source": self.source}  # fmt: skip
+
+
+@dataclass(kw_only=True, slots=True)
+class Band:
+    allocated: Range
+    reserved: Range
+    device_total: Range
+    terms: tuple[BandTerm, ...]
+
+    def json(self) -> dict[str, object]:
+        return {
+            "allocated": self.allocated.json(),
+            "reserved": self.reserved.json(),
+            "device_total": self.device_total.json(),
+            "terms": [t.json() for t in self.terms],
+        }
+
+
+def build_band(*, allocated: int, reserved: int, device_total: int, terms: tuple[BandTerm, ...]) -> Band:
+    """The band of the three likely values under ``terms`` (zero-width terms are dropped)."""
+    kept = tuple([t for t in terms if t.low_bytes or t.high_bytes])
+    a_lo = a_hi = r_lo = r_hi = d_lo = d_hi = 0
+    for t in kept:
+        if t.level == "allocated":
+            a_lo += t.low_bytes
+            a_hi += t.high_bytes
+        elif t.level == "reserved":
+            r_lo += t.low_bytes
+            r_hi += t.high_bytes
+        else:
+            d_lo += t.low_bytes
+            d_hi += t.high_bytes
+    r_lo, r_hi = a_lo + r_lo, a_hi + r_hi
+    d_lo, d_hi = r_lo + d_lo, r_hi + d_hi
+    return Band(
+        allocated=Range(low=max(0, allocated + a_lo), likely=allocated, high=allocated + a_hi),
+        reserved=Range(low=max(0, reserved + r_lo), likely=reserved, high=reserved + r_hi),
+        device_total=Range(low=max(0, device_total + d_lo), likely=device_total, high=device_total + d_hi),
+        terms=kept,
+    )
+
+
+# --- the formulas' own residual -----------------------------------------------------------------
+# benchmarks/simulate_vs_analytic.md: analytic peak allocated vs simulate (the real transformers model
+# under fake tensors, CUDA-faithful kernels) over the 65 catalog models at their defaults: all within
+# 3 %, worst -2.06 % (gpt2-large, gpt2-xl). The GPU's own kernel picks (flash / memory-efficient /
+# math attention, cuBLAS and cuDNN workspaces) move allocations either way, so the term is symmetric.
+FORMULA_RESIDUAL = 0.021
+SRC_RESIDUAL = (
+    "analytic vs simulate (fake-tensor run of the transformers model) over the 65 catalog models: worst "
+    "-2.06 % (benchmarks/simulate_vs_analytic.md); +-2.1 %, kernels on the GPU move it either way"
+)
+
+
+def residual_term(allocated: int) -> BandTerm:
+    d = int(allocated * FORMULA_RESIDUAL)
+    return BandTerm(
+        name="formula_residual", level="allocated", low_bytes=-d, high_bytes=d, source=SRC_RESIDUAL
+    )
+
+
+# --- the CUDA context ------------------------------------------------------------------------------
+# torch 2.x + CUDA 12 with lazy module loading: "typically 400-600 MiB on A100/H100" (the row
+# formulas/overhead.py CONTEXT_SIZES["cuda12-lazy-loading"] cites); the assumed 512 MiB sits inside.
+CONTEXT_LOW_BYTES = 400 * MiB
+CONTEXT_HIGH_BYTES = 600 * MiB
+SRC_CONTEXT = (
+    "CUDA 12 + lazy module loading: 400-600 MiB on A100/H100 (formulas/overhead.py CONTEXT_SIZES); "
+    "CUDA 11 without lazy loading measured 1,343 MiB on a V100 (HF docs 'Model training anatomy'): "
+    "pass --cuda-context-mib or a calibrated profile for such a stack"
+)
+# A context measured on the machine (a CONTEXT_SIZES row that is a measurement, --cuda-context-mib, or
+# a calibrated profile): what remains is what loads after the measurement (cuDNN, NCCL and kernel
+# images loaded lazily at their first use) and run-to-run driver variation; +-5 % of the measured
+# value (1,343 MiB +- 67 MiB) covers the spread the HF-docs V100 runs show around their measurement.
+MEASURED_CONTEXT_SPREAD = 0.05
+SRC_CONTEXT_MEASURED = (
+    "context measured on the machine (CONTEXT_SIZES row, --cuda-context-mib or a calibrated profile): "
+    "+-5 % for kernels loaded lazily after the measurement and driver variation"
+)
+
+
+def context_term(context_bytes: int, *, assumed: bool, profile: str | None = None) -> BandTerm:
+    """The CUDA context: the CUDA 12 lazy-loading range when ``assumed`` (peakmem's default row),
+    +-5 % of a measured one (``profile``: a calibrated profile, named in the source)."""
+    if assumed and profile is None:
+        low, high = min(0, CONTEXT_LOW_BYTES - context_bytes), max(0, CONTEXT_HIGH_BYTES - context_bytes)
+        return BandTerm(name="cuda_context", level="device_total", low_bytes=low, high_bytes=high,
+                        source=SRC_CONTEXT)  # fmt: skip
+    spread = int(context_bytes * MEASURED_CONTEXT_SPREAD)
+    src = SRC_CONTEXT_MEASURED + (f" (profile {profile!r})" if profile else "")
+    return BandTerm(
+        name="cuda_context", level="device_total", low_bytes=-spread, high_bytes=spread, source=src
+    )
+
+
+# --- the caching allocator -------------------------------------------------------------------------
+# The calibration of formulas/allocator.py DEFAULT_FRAGMENTATION: fractions 0.10-0.15 of the churn fit
+# the 7 HF-docs V100 points best; 0.15 is the upper end of that fit.
+FRAGMENTATION_HIGH = 0.15
+# With a calibrated profile the fraction was fitted on the user's own runs: the band keeps a third of
+# the default term's width around it (the spread the 7 V100 points leave around their best fit:
+# 0.10-0.15 is a third of the 0-0.15 range the uncalibrated term spans).
+PROFILE_FRAGMENTATION_SHARE = 1 / 3
+SRC_FRAGMENTATION = (
+    "c10/cuda/CUDACachingAllocator.cpp: low = no fragmentation (reserved = blocks in use, rounded); "
+    "high = 15 % of the per-step churn (the upper end of DEFAULT_FRAGMENTATION's calibration, "
+    "formulas/allocator.py)"
+)
+SRC_PHASE_SEGMENTS = (
+    "c10/cuda/CUDACachingAllocator.cpp: segments are released only on OOM or empty_cache(), and "
+    "get_free_block reuses a cached block only for a request no larger than it. (1) Blocks cut for one "
+    "phase (forward/backward activations: < 10 MiB requests share 20 MiB kLargeBuffer segments) may not "
+    "serve the other phase's larger requests (the optimizer step's parameter-sized fp32 temporaries); "
+    "(2) optimizer states created lazily in step 1 (torch/optim/adamw.py _init_group: zeros_like) land "
+    "by best fit in blocks backward freed, so step 2's activations need new segments. High = the larger "
+    "of the two with fragmentation. simulate's replay (simulate/allocator_model.py) of the default "
+    "setups lies inside: GPT-2 XL +10.9 %, Llama-3.2-1B +0.9 %, Qwen3-0.6B -0.5 %, Gemma-3-1B +24 % "
+    "reserved over the analytic likely value"
+)
+SRC_EXPANDABLE = (
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (c10/cuda/CUDACachingAllocator.cpp, Note "
+    "[Expandable Segments]): one segment per pool grows by mapping pages (2 MiB small pool, 20 MiB "
+    "kLargeBuffer large pool), so freed blocks merge and serve any later request; what remains is "
+    "the last page's slack"
+)
+
+
+def fragmentation_term(
+    *, churn: int, fragmentation: float, profile: str | None = None, expandable: bool = False
+) -> BandTerm:
+    """Fragmentation inside the peak phase: from none to FRAGMENTATION_HIGH of the churn (a calibrated
+    profile keeps a third of that width around its fitted fraction)."""
+    likely = int(churn * fragmentation)
+    if expandable:
+        return BandTerm(name="allocator_fragmentation", level="reserved", low_bytes=-likely,
+                        high_bytes=0, source=SRC_EXPANDABLE)  # fmt: skip
+    high = int(churn * max(fragmentation, FRAGMENTATION_HIGH))
+    if profile is not None:
+        half = int(churn * FRAGMENTATION_HIGH * PROFILE_FRAGMENTATION_SHARE / 2)
+        share = PROFILE_FRAGMENTATION_SHARE / 2 * FRAGMENTATION_HIGH
+        src = f"fragmentation calibrated in profile {profile!r}; +-{share:.1%} of the churn"
+        return BandTerm(name="allocator_fragmentation", level="reserved", low_bytes=-min(likely, half),
+                        high_bytes=half, source=src)  # fmt: skip
+    return BandTerm(name="allocator_fragmentation", level="reserved", low_bytes=-likely,
+                    high_bytes=high - likely, source=SRC_FRAGMENTATION)  # fmt: skip
+
+
+def phase_segments_term(*, other_churn: int, fragmentation: float, expandable: bool = False) -> BandTerm:
+    """Segments one phase reserved that the peak phase cannot reuse: up to ``other_churn`` (the other
+    phase's churn) with its fragmentation, on top of the peak phase's own segments; nothing with
+    expandable segments (freed blocks of the one segment merge)."""
+    high = 0 if expandable else other_churn + int(other_churn * max(fragmentation, FRAGMENTATION_HIGH))
+    return BandTerm(name="allocator_segments_of_other_phases", level="reserved", low_bytes=0,
+                    high_bytes=high, source=SRC_PHASE_SEGMENTS)  # fmt: skip
+
+
+# --- multi-GPU and serving ------------------------------------------------------------------------
+# NCCL docs "Environment Variables": NCCL_BUFFSIZE default 4 MiB per channel and peer for the Simple
+# protocol; LL and LL128 buffers add to it; NCCL_MAX_NCHANNELS up to 32 (NVLink/NVSwitch systems
+# open 16-32 channels, PCIe 2-4). peakmem's likely figure is sharding.nccl_communicator_bytes();
+# the band spans 2 channels x 4 MiB x 2 peers (low) to 32 channels x (4 MiB + LL128 ~4.6 MiB) x 2
+# peers (high), per communicator.
+NCCL_LOW_PER_COMMUNICATOR = 2 * 4 * MiB * 2
+NCCL_HIGH_PER_COMMUNICATOR = 32 * (4 * MiB + 4_718_592) * 2
+SRC_NCCL = (
+    "NCCL docs 'Environment Variables': NCCL_BUFFSIZE 4 MiB default per channel and peer (Simple), "
+    "LL128 buffers on top, 2 (PCIe) to 32 (NVSwitch, NCCL_MAX_NCHANNELS) channels per communicator"
+)
+
+
+def nccl_term(*, communicators: int, likely_bytes: int) -> BandTerm:
+    low = communicators * NCCL_LOW_PER_COMMUNICATOR
+    high = communicators * NCCL_HIGH_PER_COMMUNICATOR
+    return BandTerm(name="nccl_buffers", level="device_total", low_bytes=min(0, low - likely_bytes),
+                    high_bytes=max(0, high - likely_bytes), source=SRC_NCCL)  # fmt: skip
+
+
+# vLLM captures CUDA graphs for batch sizes up to max_num_seqs (vllm/config: cudagraph capture sizes
+# 1, 2, 4, 8, ... 512); its logs print "Graph capturing finished in N secs, took 0.2-1.5 GiB"
+# (vLLM docs "Optimization and Tuning": --enforce-eager saves it). peakmem's likely figure does not
+# include it (formulas/serving.py notes so); the band adds 0 (enforce_eager) to 1.5 GiB.
+CUDA_GRAPHS_HIGH_BYTES = 1536 * MiB
+SRC_CUDA_GRAPHS = (
+    "vLLM CUDA graph capture ('Graph capturing finished ... took 0.2-1.5 GiB' in its logs; vLLM docs "
+    "'Optimization and Tuning': --enforce-eager skips it); not in the likely value"
+)
+
+
+def cuda_graphs_term() -> BandTerm:
+    return BandTerm(name="cuda_graphs", level="device_total", low_bytes=0, high_bytes=CUDA_GRAPHS_HIGH_BYTES,
+                    source=SRC_CUDA_GRAPHS)  # fmt: skip
+
+
+SRC_KV_GROWTH = (
+    "transformers cache_utils.py: DynamicCache grows each layer by torch.cat (a copy of one layer's "
+    "cache at every step, counted in the likely value); StaticCache (cache_implementation='static') "
+    "and a held-after-generate reading have no copy and no decode logits: low drops them"
+)
+
+
+def decode_transients_term(transient_bytes: int) -> BandTerm:
+    """HF generate: the cache growth copy and decode logits (likely) vs a static cache / memory held
+    after generation (low)."""
+    return BandTerm(name="decode_transients", level="allocated", low_bytes=-transient_bytes, high_bytes=0,
+                    source=SRC_KV_GROWTH)  # fmt: skip
+
+
+def with_terms(band: Band, terms: tuple[BandTerm, ...]) -> Band:
+    """``band`` with more terms (the likely values unchanged)."""
+    return build_band(allocated=band.allocated.likely, reserved=band.reserved.likely,
+                      device_total=band.device_total.likely, terms=band.terms + terms)  # fmt: skip
+
+
+SRC_KERNEL_PRE_AMPERE = (
+    "torch sdp_utils.cpp: the flash kernel needs sm80+ (Ampere); before Ampere SDPA runs the "
+    "memory-efficient kernel where its constraints hold and the math kernel otherwise, which "
+    "materialises the T x T scores like eager attention; flash-attn 2 needs Ampere too (its README). "
+    "High = the setup estimated with eager attention"
+)
+
+
+def kernel_term(*, low_delta: int, high_delta: int, source: str) -> BandTerm:
+    """Attention-kernel alternatives on the named GPU: the allocated difference of the alternative
+    kernels to the one estimated (computed by the estimator, which knows the kernels)."""
+    return BandTerm(name="attention_kernel", level="allocated", low_bytes=min(0, low_delta),
+                    high_bytes=max(0, high_delta), source=source)  # fmt: skip
