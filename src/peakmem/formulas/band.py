@@ -262,18 +262,20 @@ def cuda_graphs_term() -> BandTerm:
                     source=SRC_CUDA_GRAPHS)  # fmt: skip
 
 
-SRC_KV_GROWTH = (
-    "transformers cache_utils.py: DynamicCache grows each layer by torch.cat (a copy of one layer's "
-    "cache at every step, counted in the likely value); StaticCache (cache_implementation='static') "
-    "and a held-after-generate reading have no copy and no decode logits: low drops them"
+SRC_TRANSIENTS = (
+    "transformers generation/utils.py + cache_utils.py: the peak of generate() holds the prompt's "
+    "activations and logits in prefill, and in decode DynamicCache's torch.cat copy of one layer and the "
+    "step's logits (all in the likely value). Memory read when generate() has returned "
+    "(torch.cuda.memory_allocated(), nvidia-smi after the call: Qwen's speed benchmark, "
+    "benchmarks/accuracy_infer.py) holds only the weights and the KV cache: low drops every transient"
 )
 
 
-def decode_transients_term(transient_bytes: int) -> BandTerm:
-    """HF generate: the cache growth copy and decode logits (likely) vs a static cache / memory held
-    after generation (low)."""
-    return BandTerm(name="decode_transients", level="allocated", low_bytes=-transient_bytes, high_bytes=0,
-                    source=SRC_KV_GROWTH)  # fmt: skip
+def transients_term(transient_bytes: int) -> BandTerm:
+    """HF generate: the peak's transients (prefill activations and logits, the cache-growth copy and
+    decode logits; likely) vs memory held once generation returned (low: weights + KV cache)."""
+    return BandTerm(name="generate_transients", level="allocated", low_bytes=-transient_bytes,
+                    high_bytes=0, source=SRC_TRANSIENTS)  # fmt: skip
 
 
 def with_terms(band: Band, terms: tuple[BandTerm, ...]) -> Band:

@@ -607,7 +607,7 @@ def estimate_inference(
             "replicated; NCCL buffers not modelled",
         )
     return Estimate(
-        band=_serving_band(setup, peak, reserved, device_total, churn, ov),
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -630,7 +630,8 @@ POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 
 
 def _serving_band(
-    setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads
+    setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
+    extra: dict[str, object],
 ) -> _band.Band:
     """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
     transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
@@ -642,9 +643,9 @@ def _serving_band(
             churn=churn, fragmentation=ov.fragmentation, profile=ov.profile, expandable=ov.expandable_segments
         ),
     ]
-    if setup.engine is Engine.HF and peak.phase is Phase.DECODE:
-        transient = sum(i.bytes for i in peak.items if i.category is Category.TEMPORARIES)
-        terms.append(_band.decode_transients_term(transient))
+    steady = extra.get("steady_state_bytes")
+    if setup.engine is Engine.HF and isinstance(steady, int):
+        terms.append(_band.transients_term(max(0, peak.bytes - steady)))
     if setup.tp > 1:
         terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
     if setup.engine in POOLED_ENGINES:
