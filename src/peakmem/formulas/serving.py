@@ -632,7 +632,7 @@ POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 def _serving_band(
     setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
     extra: dict[str, object],
-) -> _band.Band:
+) -> _band.Band:  # fmt: skip
     """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
     transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
     for the engines that capture them."""
