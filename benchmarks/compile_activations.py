@@ -208,28 +208,71 @@ GRID = (
 )
 
 
+def llama_config(d: Dims) -> dict[str, Any]:
+    """A transformers Llama config.json of the layer's dimensions (for peakmem's formulas)."""
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d.hidden,
+        "num_attention_heads": d.heads, "num_key_value_heads": d.kv_heads, "intermediate_size": d.inter,
+        "num_hidden_layers": 1, "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_dropout": 0.0, "rope_theta": 500000.0,
+    }  # fmt: skip
+
+
+def formula(d: Dims, style: str, compiled: bool, dtype: torch.dtype) -> tuple[int, int]:
+    """peakmem's (saved bytes of one layer less its input when kept, the kept input's bytes)."""
+    from peakmem.formulas import activations as act
+    from peakmem.hf import spec_from_config
+    from peakmem.training import Framework, KernelPolicy, Precision, TrainingSetup
+
+    spec = spec_from_config(llama_config(d))
+    setup = TrainingSetup(
+        precision=Precision.BF16 if dtype == torch.bfloat16 else Precision.FP32, micro_batch=d.batch,
+        seq_len=d.seq, framework=Framework(style), compiled=compiled, kernel_policy=KernelPolicy.CPU,
+    )  # fmt: skip
+    la = act.layer_activations(spec, spec.groups[0].layer, act.shapes(spec, setup))
+    return la.saved_bytes - la.input_saved, la.input_saved
+
+
+def rows(grid: tuple[Dims, ...], styles: list[str], dtypes: list[torch.dtype]) -> list[tuple[Any, ...]]:
+    """(style, dtype, dims, mode, measured, predicted) for every case."""
+    out = []
+    for style in styles:
+        for dtype in dtypes:
+            for d in grid:
+                for mode in ("eager", "inductor"):
+                    measured = measure(d, style, mode, dtype)
+                    predicted, _ = formula(d, style, mode != "eager", dtype)
+                    out.append((style, dtype, d, mode, measured, predicted))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--quick", action="store_true", help="two shapes, bf16 only")
     ap.add_argument("--style", default="torchtune,hf")
-    ap.add_argument("--show", action="store_true", help="list the saved tensors (eager and aot_eager)")
+    ap.add_argument("--show", action="store_true", help="list the saved tensors (eager and compiled)")
     args = ap.parse_args(argv)
     grid = GRID[:2] if args.quick else GRID
-    print(f"{'style':9} {'h':>4} {'a/g':>5} {'I':>5} {'b x s':>7} {'eager B/tok':>11} {'compiled B/tok':>14}")
-    for style in args.style.split(","):
-        for d in grid:
-            t = d.batch * d.seq
-            eager = measure(d, style, "eager")
-            comp = measure(d, style, "inductor")
-            print(f"{style:9} {d.hidden:4} {d.heads:2}/{d.kv_heads:<2} {d.inter:5} {d.batch:2}x{d.seq:<4} "
-                  f"{eager / t:11.1f} {comp / t:14.1f}")  # fmt: skip
-            if args.show:
-                torch.manual_seed(0)
-                layer = Layer(d, style).to(torch.bfloat16)
-                x = torch.randn(d.batch, d.seq, d.hidden, dtype=torch.bfloat16, requires_grad=True)
-                print("  eager:", saved_shapes(layer, x))
-                torch._dynamo.reset()
-                print("  compiled:", saved_shapes(torch.compile(layer, backend="inductor"), x))  # type: ignore[arg-type]
+    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
+    print("bytes per token per layer kept from forward to backward (input and output not counted)")
+    print(f"{'style':9} {'dtype':8} {'h':>4} {'a/g':>5} {'I':>5} {'b x s':>7} {'mode':8} "
+          f"{'measured':>9} {'peakmem':>9} {'error':>7}")  # fmt: skip
+    worst = 0.0
+    for style, dtype, d, mode, measured, predicted in rows(grid, args.style.split(","), dtypes):
+        t = d.batch * d.seq
+        err = predicted / measured - 1
+        worst = max(worst, abs(err))
+        print(f"{style:9} {str(dtype).removeprefix('torch.'):8} {d.hidden:4} {d.heads:2}/{d.kv_heads:<2} "
+              f"{d.inter:5} {d.batch:2}x{d.seq:<4} {mode:8} {measured / t:9.1f} {predicted / t:9.1f} "
+              f"{err:+7.2%}")  # fmt: skip
+        if args.show and mode == "inductor":
+            torch.manual_seed(0)
+            layer = Layer(d, style).to(dtype)
+            x = torch.randn(d.batch, d.seq, d.hidden, dtype=dtype, requires_grad=True)
+            print("  eager:", saved_shapes(layer, x))
+            torch._dynamo.reset()
+            print("  compiled:", saved_shapes(torch.compile(layer), x))  # type: ignore[arg-type]
+    print(f"worst {worst:.2%}")
     return 0
 
 
