@@ -185,11 +185,13 @@ SRC_COMPILED = (
 )
 # Liger kernels (linkedin/Liger-Kernel src/liger_kernel/ops/rms_norm.py ``LigerRMSNormFunction``: saves X,
 # W, RSTD (fp32); ops/swiglu.py ``LigerSiLUMulFunction``: saves a, b, recomputes silu in backward;
-# ops/rope.py ``LigerRopeFunction``: rotates q, k in place, saves cos, sin) and unsloth's (unsloth/kernels/
-# rms_layernorm.py ``Fast_RMS_Layernorm``: saves X, W, r; unsloth/kernels/swiglu.py): the same tensors.
+# ops/rope.py ``LigerRopeFunction``: rotates q, k in place, saves cos, sin). unsloth's RMSNorm (unsloth/
+# kernels/rms_layernorm.py ``Fast_RMS_Layernorm``: saves X, W, r) is the same; its LoRA MLP (unsloth/kernels/
+# fast_lora.py ``LoRA_MLP``: ``ctx.save_for_backward(gateA, gateB, upA, upB, downA, downB, X, e, g)``) keeps
+# gate and up only and recomputes their SwiGLU product in backward.
 SRC_FUSED_KERNELS = (
-    "Liger ops/rms_norm.py, ops/swiglu.py; unsloth kernels/rms_layernorm.py, kernels/swiglu.py: "
-    "RMSNorm saves its input + fp32 rstd; SwiGLU saves gate and up"
+    "Liger ops/rms_norm.py, ops/swiglu.py; unsloth kernels/rms_layernorm.py, kernels/fast_lora.py LoRA_MLP: "
+    "RMSNorm saves its input + fp32 rstd; SwiGLU recomputes act (unsloth: and the product)"
 )
 
 
@@ -200,9 +202,14 @@ def fused_rmsnorm_saved(sh: Shapes, width: int) -> int:
 
 def fused_swiglu_item(sh: Shapes, numel: int) -> MemoryItem:
     """A gated MLP's interior under torch.compile or a fused SwiGLU: gate, up and their product (the
-    down projection's input); act(gate) is recomputed in backward."""
-    src = SRC_COMPILED if sh.compiled else SRC_FUSED_KERNELS
-    return _item("mlp.gate, up, product (act recomputed)", 3 * numel * sh.c, src, "mlp.interior")
+    down projection's input); act(gate) is recomputed in backward. unsloth's LoRA MLP keeps gate and up
+    only (``Profile.fused_mlp_saves`` = 2)."""
+    if sh.compiled or not sh.profile.fused_kernels:
+        src = SRC_COMPILED if sh.compiled else SRC_FUSED_KERNELS
+        return _item("mlp.gate, up, product (act recomputed)", 3 * numel * sh.c, src, "mlp.interior")
+    n = sh.profile.fused_mlp_saves
+    return _item(f"mlp.gate, up (product recomputed) [{n} saved]", n * numel * sh.c, SRC_FUSED_KERNELS,
+                 "mlp.interior")  # fmt: skip
 
 
 def compiled_output_copy(sh: Shapes, numel: int) -> MemoryItem:

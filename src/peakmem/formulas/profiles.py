@@ -18,8 +18,8 @@
     working layer's on the device - modelled as checkpointing + activation offloading;
   - kernels/cross_entropy_loss.py ``Fast_CrossEntropyLoss``: the Triton kernel reads the 16-bit logits,
     saves them with the fp32 logsumexp and writes dlogits in place (no fp32 copy, no log-softmax);
-  - kernels/rms_layernorm.py ``Fast_RMS_Layernorm`` (saves X, W, r) and the SwiGLU kernels
-    (kernels/swiglu.py; models/_utils.py LoRA_MLP saves gate and up): as Liger's.
+  - kernels/rms_layernorm.py ``Fast_RMS_Layernorm`` (saves X, W, r): as Liger's RMSNorm;
+    kernels/fast_lora.py ``LoRA_MLP`` saves X, gate and up (e, g) and recomputes their SwiGLU product.
 * HF Trainer + peft (axolotl, LLaMA-Factory, TRL's SFTTrainer) run transformers' model code:
   ``Framework.HF``. Their Liger option (``use_liger_kernel`` / ``liger_kernel``) is
   ``TrainingSetup.liger``; ``torch_compile`` is ``TrainingSetup.compiled``.
@@ -41,6 +41,7 @@ class Profile:
     # Triton RMSNorm / SwiGLU kernels (unsloth; Liger with ``TrainingSetup.liger``): see
     # peakmem.formulas.activations.fused_rmsnorm_saved / fused_swiglu_item
     fused_kernels: bool = False
+    fused_mlp_saves: int = 3  # T x I tensors a fused gated MLP keeps (unsloth's LoRA_MLP: gate, up)
     # full checkpointing keeps each layer's input in CPU RAM, not on the device (unsloth
     # ``use_gradient_checkpointing="unsloth"``)
     offloaded_checkpointing: bool = False
@@ -60,10 +61,10 @@ PROFILES: dict[Framework, Profile] = {
     ),
     Framework.UNSLOTH: Profile(
         name="unsloth", rmsnorm_normed_fp32=False, sdpa_repeats_kv=False, fused_kernels=True,
-        offloaded_checkpointing=True, in_place_ce=True,
+        fused_mlp_saves=2, offloaded_checkpointing=True, in_place_ce=True,
         source=(
-            "unsloth models/_utils.py Unsloth_Offloaded_Gradient_Checkpointer (layer inputs to CPU), "
-            "kernels/cross_entropy_loss.py Fast_CrossEntropyLoss, kernels/rms_layernorm.py, kernels/swiglu.py"
+            "unsloth models/_utils.py Unsloth_Offloaded_Gradient_Checkpointer (layer inputs to CPU), kernels/"
+            "cross_entropy_loss.py Fast_CrossEntropyLoss, kernels/rms_layernorm.py, kernels/fast_lora.py"
         ),
     ),
 }  # fmt: skip
@@ -104,7 +105,7 @@ def profile_assumptions(setup: TrainingSetup) -> tuple[str, ...]:
             "fused linear cross-entropy: no full logits, grads of the head computed in forward"
         )
     if prof.fused_kernels and not setup.liger:
-        out.append("unsloth kernels: RMSNorm saves its input + fp32 rstd, SwiGLU saves gate and up")
+        out.append("unsloth kernels: RMSNorm saves its input + fp32 rstd; the MLP saves gate and up only")
     if prof.offloaded_checkpointing and setup.checkpointing is Checkpointing.FULL:
         out.append("unsloth offloaded gradient checkpointing: layer inputs in CPU RAM, one on the device")
     if prof.in_place_ce and not setup.liger:
