@@ -70,6 +70,14 @@ def test_compiled_torchtune_expands_kv() -> None:
     assert la.saved_bytes == 15808 + 1024
 
 
+def test_torchtune_mqa_keeps_one_kv_head() -> None:
+    # one kv head: torchtune's expand(...).flatten(1, 2) is a view, SDPA keeps k, v of one head
+    spec = spec_from_config({**LLAMA, "num_key_value_heads": 1})
+    sh = act.shapes(spec, _setup(framework=Framework.TORCHTUNE))
+    la = act.layer_activations(spec, spec.groups[0].layer, sh)
+    assert _by_key(la)["attn.qkv"] == 8 * (64 + 16 + 16) * 2
+
+
 def test_compiled_full_checkpointing_recomputes_the_compiled_layer() -> None:
     la = act.checkpointed(_layer(compiled=True), Checkpointing.FULL)
     assert la.saved_bytes == 8 * 64 * 2  # the layer input

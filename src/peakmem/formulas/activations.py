@@ -322,7 +322,9 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
-    if sh.profile.sdpa_repeats_kv:
+    if sh.profile.sdpa_repeats_kv and g > 1:
+        # torchtune's expand + flatten copies k, v to all heads; with one kv head (MQA) it is a view
+        # (merging a size-1 dim with a stride-0 one): measured, benchmarks/compile_activations.py
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
     fused = _layer_structure(layer)[1] == 1 and not att.is_mla

@@ -7,7 +7,8 @@
     scale).type_as(x)`` - the product with the fp32 ``scale`` keeps ``x_normed`` in fp32
     (4 B instead of transformers' 16-bit y);
   - ``MultiHeadAttention``: for GQA, k and v are expanded to all heads
-    (``k.unsqueeze(2).expand(...).flatten(1, 2)``) before SDPA, so SDPA saves full-head k, v;
+    (``k.unsqueeze(2).expand(...).flatten(1, 2)``) before SDPA, so SDPA saves full-head k, v (with one
+    kv head the flatten is a view: nothing is copied);
   - ``TransformerDecoder``: ``output = self.output(h).float()`` and the recipe's
     ``CEWithChunkedOutputLoss``/``CrossEntropyLoss`` on fp32 logits; the recipe deletes the
     logits before ``loss.backward()``.
