@@ -162,8 +162,9 @@ def _live_after(fn: Any, x: torch.Tensor) -> tuple[int, int]:
     return net - out_bytes, out_bytes
 
 
-def saved_shapes(layer: nn.Module, x: torch.Tensor) -> list[tuple[tuple[int, ...], str, int]]:
-    """The tensors saved for backward (shape, dtype, bytes), one per storage, parameters left out."""
+def saved_shapes(fn: Any, x: torch.Tensor, layer: nn.Module) -> list[tuple[tuple[int, ...], str, int]]:
+    """The tensors ``fn(x)`` saves for backward (shape, dtype, bytes), one per storage, ``layer``'s
+    parameters and buffers left out; its input shows as "layer input"."""
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     params |= {b.untyped_storage().data_ptr() for b in layer.buffers()}
     seen: dict[int, tuple[tuple[int, ...], str, int]] = {}
@@ -177,22 +178,37 @@ def saved_shapes(layer: nn.Module, x: torch.Tensor) -> list[tuple[tuple[int, ...
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
+        fn(x)
     return list(seen.values())
 
 
-def measure(d: Dims, style: str, mode: str, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes one layer keeps from forward to backward (its input and output not counted)."""
+PRECISIONS = ("bf16", "fp32", "amp-bf16")  # peakmem's names: pure bf16, fp32, CPU autocast over fp32
+
+
+def build(d: Dims, style: str, mode: str, precision: str) -> tuple[Any, torch.Tensor, nn.Module]:
+    """(the callable forward, its input, the layer) for one case."""
     torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     layer = Layer(d, style).to(dtype)
     fn: Any = layer
-    if mode == "inductor":
+    if mode != "eager":
         torch._dynamo.reset()
-        fn = torch.compile(layer, backend="inductor", dynamic=False)
-    elif mode == "aot_eager":
-        torch._dynamo.reset()
-        fn = torch.compile(layer, backend="aot_eager", dynamic=False)
+        fn = torch.compile(layer, backend=mode, dynamic=False)
+    if precision == "amp-bf16":
+        compiled = fn
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return compiled(x)  # type: ignore[no-any-return]
+
     x = torch.randn(d.batch, d.seq, d.hidden, dtype=dtype, requires_grad=True)
+    return fn, x, layer
+
+
+def measure(d: Dims, style: str, mode: str, precision: str = "bf16") -> int:
+    """Bytes one layer keeps from forward to backward (its input and output not counted); ``mode`` is
+    "eager" or a torch.compile backend ("inductor")."""
+    fn, x, layer = build(d, style, mode, precision)
     _live_after(fn, x)  # warm-up: compile, first-call caches
     layer.zero_grad(set_to_none=True)
     saved, _ = _live_after(fn, x)
@@ -218,7 +234,7 @@ def llama_config(d: Dims) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def formula(d: Dims, style: str, compiled: bool, dtype: torch.dtype) -> tuple[int, int]:
+def formula(d: Dims, style: str, compiled: bool, precision: str = "bf16") -> tuple[int, int]:
     """peakmem's (saved bytes of one layer less its input when kept, the kept input's bytes)."""
     from peakmem.formulas import activations as act
     from peakmem.hf import spec_from_config
@@ -226,23 +242,19 @@ def formula(d: Dims, style: str, compiled: bool, dtype: torch.dtype) -> tuple[in
 
     spec = spec_from_config(llama_config(d))
     setup = TrainingSetup(
-        precision=Precision.BF16 if dtype == torch.bfloat16 else Precision.FP32, micro_batch=d.batch,
-        seq_len=d.seq, framework=Framework(style), compiled=compiled, kernel_policy=KernelPolicy.CPU,
+        precision=Precision(precision), micro_batch=d.batch, seq_len=d.seq, framework=Framework(style),
+        compiled=compiled, kernel_policy=KernelPolicy.CPU,
     )  # fmt: skip
     la = act.layer_activations(spec, spec.groups[0].layer, act.shapes(spec, setup))
     return la.saved_bytes - la.input_saved, la.input_saved
 
 
-def rows(grid: tuple[Dims, ...], styles: list[str], dtypes: list[torch.dtype]) -> list[tuple[Any, ...]]:
-    """(style, dtype, dims, mode, measured, predicted) for every case."""
-    out = []
-    for style in styles:
-        for dtype in dtypes:
-            for d in grid:
-                for mode in ("eager", "inductor"):
-                    measured = measure(d, style, mode, dtype)
-                    predicted, _ = formula(d, style, mode != "eager", dtype)
-                    out.append((style, dtype, d, mode, measured, predicted))
+def cases(quick: bool, styles: list[str]) -> list[tuple[str, str, Dims]]:
+    """(style, precision, dims): every shape in bf16 and fp32, two in amp-bf16 (transformers style)."""
+    grid = GRID[:2] if quick else GRID
+    out = [(st, p, d) for st in styles for p in (("bf16",) if quick else ("bf16", "fp32")) for d in grid]
+    if not quick and "hf" in styles:
+        out += [("hf", "amp-bf16", d) for d in GRID[1:3]]
     return out
 
 
@@ -252,26 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--style", default="torchtune,hf")
     ap.add_argument("--show", action="store_true", help="list the saved tensors (eager and compiled)")
     args = ap.parse_args(argv)
-    grid = GRID[:2] if args.quick else GRID
-    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
     print("bytes per token per layer kept from forward to backward (input and output not counted)")
-    print(f"{'style':9} {'dtype':8} {'h':>4} {'a/g':>5} {'I':>5} {'b x s':>7} {'mode':8} "
+    print(f"{'style':9} {'precision':9} {'h':>4} {'a/g':>5} {'I':>5} {'b x s':>7} {'mode':8} "
           f"{'measured':>9} {'peakmem':>9} {'error':>7}")  # fmt: skip
     worst = 0.0
-    for style, dtype, d, mode, measured, predicted in rows(grid, args.style.split(","), dtypes):
-        t = d.batch * d.seq
-        err = predicted / measured - 1
-        worst = max(worst, abs(err))
-        print(f"{style:9} {str(dtype).removeprefix('torch.'):8} {d.hidden:4} {d.heads:2}/{d.kv_heads:<2} "
-              f"{d.inter:5} {d.batch:2}x{d.seq:<4} {mode:8} {measured / t:9.1f} {predicted / t:9.1f} "
-              f"{err:+7.2%}")  # fmt: skip
-        if args.show and mode == "inductor":
-            torch.manual_seed(0)
-            layer = Layer(d, style).to(dtype)
-            x = torch.randn(d.batch, d.seq, d.hidden, dtype=dtype, requires_grad=True)
-            print("  eager:", saved_shapes(layer, x))
-            torch._dynamo.reset()
-            print("  compiled:", saved_shapes(torch.compile(layer), x))  # type: ignore[arg-type]
+    for style, precision, d in cases(args.quick, args.style.split(",")):
+        for mode in ("eager", "inductor"):
+            measured = measure(d, style, mode, precision)
+            predicted, _ = formula(d, style, mode != "eager", precision)
+            t = d.batch * d.seq
+            err = predicted / measured - 1
+            worst = max(worst, abs(err))
+            print(f"{style:9} {precision:9} {d.hidden:4} {d.heads:2}/{d.kv_heads:<2} {d.inter:5} "
+                  f"{d.batch:2}x{d.seq:<4} {mode:8} {measured / t:9.1f} {predicted / t:9.1f} {err:+7.2%}",
+                  flush=True)  # fmt: skip
+            if args.show:
+                fn, x, layer = build(d, style, mode, precision)
+                print("  saved:", saved_shapes(fn, x, layer))
     print(f"worst {worst:.2%}")
     return 0
 

@@ -33,7 +33,8 @@ T = 8
 
 
 def _setup(**kw: object) -> TrainingSetup:
-    return TrainingSetup(precision=Precision.BF16, micro_batch=1, seq_len=T, **kw)  # type: ignore[arg-type]
+    options: dict[str, object] = {"precision": Precision.BF16, "micro_batch": 1, "seq_len": T, **kw}
+    return TrainingSetup(**options)  # type: ignore[arg-type]
 
 
 def _layer(**kw: object) -> act.LayerActivations:
@@ -57,11 +58,25 @@ def test_eager_layer_is_unchanged() -> None:
 def test_compiled_layer_terms() -> None:
     la = _layer(compiled=True)
     assert _by_key(la) == {
-        "norms": 2 * 1056, "input.attn": 1024, "attn.qkv": 2048, "attn.sdpa_output": 1024,
-        "attn.output_copy": 1024, "attn.logsumexp": 128, "mlp.interior": 8448,
+        "norms": 2 * 8 * 4, "compiled.layer_input": 1024, "input.attn": 1024, "input.mlp": 1024,
+        "attn.qkv": 2048, "attn.sdpa_output": 1024, "attn.output_copy": 1024, "attn.logsumexp": 128,
+        "mlp.interior": 8448,
     }  # fmt: skip
     assert la.saved_bytes == 15808
     assert la.input_saved == 1024  # the compiled graph keeps the layer's input itself
+
+
+def test_compiled_under_autocast_casts_each_norm_output_once() -> None:
+    # amp-bf16 (fp32 weights and residual, r = 4): the layer input 8*64*4; one bf16 cast per norm output
+    # (eager: one per Linear reading it, 3 for q/k/v); the bf16 weight casts as in eager
+    la = _layer(compiled=True, precision=Precision.AMP_BF16)
+    keys = _by_key(la)
+    assert keys["compiled.layer_input"] == 8 * 64 * 4 and la.input_saved == 8 * 64 * 4
+    assert keys["input.attn"] == keys["input.mlp"] == 8 * 64 * 2
+    assert keys["norms"] == 2 * 8 * 4
+    eager = _by_key(_layer(precision=Precision.AMP_BF16))
+    assert eager["input.attn"] == 3 * 8 * 64 * 2
+    assert keys["autocast.weight_casts"] == eager["autocast.weight_casts"]
 
 
 def test_compiled_torchtune_expands_kv() -> None:

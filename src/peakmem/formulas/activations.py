@@ -173,12 +173,13 @@ def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
 # torch.compile, measured (benchmarks/compile_activations.py, torch 2.13 Inductor, its default training
 # partitioner ``min_cut_rematerialization_partition``, one Llama layer compiled on its own as torchtune's
 # ``compile_model`` does): the partitioner keeps matmul inputs and outputs and recomputes pointwise chains
-# in backward. Per layer, against the eager list above: each RMSNorm keeps only its rstd (T x fp32) and its
-# input, which for the first norm is the layer's input itself (kept alive by the compiled graph; in eager
-# only the fp32 copy is); the MLP's norm output is recomputed from that residual; the gated MLP keeps
-# gate, up and their product (act(gate) recomputed); SDPA's
-# output and o_proj's input become two buffers. Measured on pure bf16 layers, torchtune-style and
-# transformers-style (hidden 128-512, GQA 2-4, batch x seq 64-256): exact to the byte.
+# in backward. Per layer, against the eager list above: each block RMSNorm keeps only its rstd (T x fp32);
+# the layer's input itself stays alive (the first norm's backward reads it; in eager only its fp32 copy
+# is kept); each norm output is kept once in the compute dtype (under autocast one cast, not one per
+# Linear); the gated MLP keeps gate, up and their product (act(gate) recomputed); SDPA's
+# output and o_proj's input become two buffers. Measured on bf16 and fp32 layers, torchtune-style and
+# transformers-style (hidden 128-512, 2-8 heads, 1-2 kv heads, batch x seq 64-256): exact to the byte;
+# under CPU autocast (amp-bf16, one case) exact as well.
 SRC_COMPILED = (
     "torch.compile (Inductor min_cut_rematerialization_partition): pointwise ops recomputed in backward; "
     "measured by benchmarks/compile_activations.py"
@@ -210,6 +211,13 @@ def fused_swiglu_item(sh: Shapes, numel: int) -> MemoryItem:
     n = sh.profile.fused_mlp_saves
     return _item(f"mlp.gate, up (product recomputed) [{n} saved]", n * numel * sh.c, SRC_FUSED_KERNELS,
                  "mlp.interior")  # fmt: skip
+
+
+def compiled_layer_input(sh: Shapes, numel: int) -> MemoryItem:
+    """Under torch.compile the layer keeps its own input (residual dtype): measured (``input_saved``)."""
+    return _item(
+        "layer input (kept by the compiled graph)", numel * sh.r, SRC_COMPILED, "compiled.layer_input"
+    )
 
 
 def compiled_output_copy(sh: Shapes, numel: int) -> MemoryItem:
@@ -521,6 +529,9 @@ def layer_activations(
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
     norm_one = norm_saved(spec, sh, h)
+    compiled_block = sh.compiled and spec.norm == "rmsnorm"
+    if compiled_block:
+        norm_one = t * 4  # compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
     n_norms, att_readers = _layer_structure(layer)
     items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms"))
     att = layer.attention
@@ -533,8 +544,11 @@ def layer_activations(
         )
     att_in = _linear_inputs(sh, t * h, att_readers)
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
-    if sh.compiled and spec.norm == "rmsnorm" and not sh.plan.autocast:
-        mlp_in = 0  # measured: compiled, the MLP's norm output is recomputed from the kept residual + rstd
+    if compiled_block:
+        # one 16-bit copy of each norm output (autocast's per-Linear casts are one node in the graph),
+        # and the layer's input itself, which the compiled graph keeps for the first norm's backward
+        att_in = mlp_in = t * h * c
+        items.append(compiled_layer_input(sh, t * h))
     if layer.parallel_residual and n_norms == 1 and not sh.plan.autocast:
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
         items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR, "input.attn_mlp"))
