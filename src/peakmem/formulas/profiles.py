@@ -89,8 +89,9 @@ def profile_setup(setup: TrainingSetup) -> TrainingSetup:
 
 
 SRC_COMPILE_NOTE = (
-    "torch.compile: each layer's saved tensors as Inductor's partitioner leaves them, measured on Llama "
-    "layers (RMSNorm keeps input + rstd, SwiGLU recomputes act(gate); benchmarks/compile_activations.py)"
+    "torch.compile: each layer's saved tensors as Inductor's partitioner leaves them (measured on Llama "
+    "layers, bf16/fp32/CPU amp-bf16: norms keep their rstd, the layer input stays, SwiGLU recomputes act; "
+    "benchmarks/compile_activations.py)"
 )
 
 
