@@ -70,7 +70,7 @@ UNSUPPORTED = {
     "8-bit": "8-bit optimizer states",
     "8bit": "8-bit optimizer states",
 }
-# Those techniques other than compile are modelled by peakmem.formulas.lora / lowbit_optim and
+# Those techniques are modelled by peakmem.formulas.lora / lowbit_optim / activations (compile) and
 # reported, with these same points, by benchmarks/accuracy_finetune.py.
 FINETUNE_REPORT = "benchmarks/accuracy_finetune.py"
 
@@ -91,8 +91,7 @@ def _not_covered(point: dict[str, Any], features: set[str]) -> str | None:
     if "lora" in method:
         return f"{point['method']} adapters: see {FINETUNE_REPORT}"
     if features:
-        elsewhere = any("compile" not in f for f in features)
-        return "; ".join(sorted(features)) + (f" (see {FINETUNE_REPORT})" if elsewhere else "")
+        return "; ".join(sorted(features)) + f" (see {FINETUNE_REPORT})"
     if point.get("seq_len") is None:
         return "sequence length not given by the source"
     if _model(point) is None:

@@ -83,6 +83,8 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", default="standard", help=choices(LossImpl))
     g.add_argument("--optimizer-in-backward", action="store_true", help="step each parameter in backward")
     g.add_argument("--activation-offload", action="store_true", help="saved activations to CPU RAM")
+    g.add_argument("--compile", action="store_true", help="torch.compile each layer")
+    g.add_argument("--liger", action="store_true", help="Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)")
 
 
 def _add_parallel_options(p: argparse.ArgumentParser) -> None:
@@ -244,6 +246,8 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
         loss=LossImpl.parse(args.loss, "loss"),
         optimizer_in_backward=args.optimizer_in_backward,
         activation_offload=args.activation_offload,
+        compiled=args.compile,
+        liger=args.liger,
     )
 
 

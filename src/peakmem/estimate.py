@@ -31,15 +31,16 @@ from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
-from peakmem.formulas.loss import head_activations
+from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.profiles import profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism
-from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, LossImpl, Method, TrainingSetup
 
 METHOD = "analytic"
 
@@ -149,6 +150,7 @@ class TrainingEstimator:
         fallback = _attention_fallback(self.spec, setup)
         if fallback is not None:
             setup = fallback
+        setup = profile_setup(setup)
         st = self._static_of(setup, par, stage)
         return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
 
@@ -424,6 +426,8 @@ def _estimate(
         head = head_activations(spec, sh, _head_weight_numel(spec))
         if tech.adapter:
             head = _lora.adapt_head(spec, head, sh, setup)
+        if setup.loss is LossImpl.STANDARD:  # the framework's own loss (peakmem.formulas.profiles)
+            head = framework_head(spec, head, sh, liger=setup.liger, head_trains=setup.method is Method.FULL)
         head = mp.tp_head_activations(_lowbit.adapt_head_loss(spec, head, sh, setup), par)
         head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient
         logits_grad = head.logits_grad
@@ -698,5 +702,6 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
             "mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
             "master weight (master.grad = p.grad.float(); p.grad = None)"
         )
+    out.extend(profile_assumptions(setup))
     out.extend(spec.notes)
     return tuple(out)

@@ -82,6 +82,9 @@ class Method(Choice):
 class Framework(Choice):
     HF = "hf"  # transformers model code and loss, HF Trainer / plain PyTorch loop
     TORCHTUNE = "torchtune"  # torchtune's own model code and loss
+    # unsloth's patched transformers models: offloaded gradient checkpointing (layer inputs in CPU
+    # RAM) and its fused cross-entropy (peakmem.formulas.profiles)
+    UNSLOTH = "unsloth"
 
 
 class KernelPolicy(Choice):
@@ -126,6 +129,12 @@ class TrainingSetup:
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading
+    # torch.compile of each decoder layer (torchtune compile=True, HF Trainer torch_compile=True):
+    # Inductor's partitioner recomputes pointwise ops in backward (peakmem.formulas.activations)
+    compiled: bool = False
+    # Liger kernels (liger_kernel.transformers.apply_liger_kernel_to_*; HF Trainer use_liger_kernel,
+    # axolotl/LLaMA-Factory liger options): RMSNorm, SwiGLU, RoPE and fused linear cross-entropy
+    liger: bool = False
 
     def __post_init__(self) -> None:
         # Types first (the Python API passes anything): enums from their spelling, no bool or
@@ -142,7 +151,7 @@ class TrainingSetup:
                 f"tokens: too large (more than {MAX_TOKENS:,} tokens in one micro-batch; "
                 "no cluster holds them)"
             )
-        for attr in ("grads_set_to_none", "optimizer_in_backward", "activation_offload"):
+        for attr in ("grads_set_to_none", "optimizer_in_backward", "activation_offload", "compiled", "liger"):
             check_bool(attr, getattr(self, attr))
         self._check_budget_configs()
         if self.method is Method.FULL and self.lora is not None:

@@ -85,6 +85,8 @@ class Shapes:
     math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
     kernel_note: str = ""  # why the kernel differs from the one requested
     profile: Profile = PROFILES[Framework.HF]
+    compiled: bool = False  # torch.compile per layer (see compiled_* below)
+    fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     # derived, set once (the formulas read them a dozen times per layer)
     tokens: int = field(init=False)  # batch x seq
     c: int = field(init=False)  # compute bytes per element
@@ -158,12 +160,69 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
-        profile=PROFILES[setup.framework],
+        profile=PROFILES[setup.framework], compiled=setup.compiled,
+        fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels,
     )  # fmt: skip
 
 
 def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
     return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key)  # by position: the hot path
+
+
+# --- fused and compiled kernels (peakmem.formulas.profiles) -----------------------------------------------
+# torch.compile, measured (benchmarks/compile_activations.py, torch 2.13 Inductor, its default training
+# partitioner ``min_cut_rematerialization_partition``, one Llama layer compiled on its own as torchtune's
+# ``compile_model`` does): the partitioner keeps matmul inputs and outputs and recomputes pointwise chains
+# in backward. Per layer, against the eager list above: each block RMSNorm keeps only its rstd (T x fp32);
+# the layer's input itself stays alive (the first norm's backward reads it; in eager only its fp32 copy
+# is kept); each norm output is kept once in the compute dtype (under autocast one cast, not one per
+# Linear); the gated MLP keeps gate, up and their product (act(gate) recomputed); SDPA's
+# output and o_proj's input become two buffers. Measured on bf16 and fp32 layers, torchtune-style and
+# transformers-style (hidden 128-512, 2-8 heads, 1-2 kv heads, batch x seq 64-256): exact to the byte;
+# under CPU autocast (amp-bf16, one case) exact as well.
+SRC_COMPILED = (
+    "torch.compile (Inductor min_cut_rematerialization_partition): pointwise ops recomputed in backward; "
+    "measured by benchmarks/compile_activations.py"
+)
+# Liger kernels (linkedin/Liger-Kernel src/liger_kernel/ops/rms_norm.py ``LigerRMSNormFunction``: saves X,
+# W, RSTD (fp32); ops/swiglu.py ``LigerSiLUMulFunction``: saves a, b, recomputes silu in backward;
+# ops/rope.py ``LigerRopeFunction``: rotates q, k in place, saves cos, sin). unsloth's RMSNorm (unsloth/
+# kernels/rms_layernorm.py ``Fast_RMS_Layernorm``: saves X, W, r) is the same; its LoRA MLP (unsloth/kernels/
+# fast_lora.py ``LoRA_MLP``: ``ctx.save_for_backward(gateA, gateB, upA, upB, downA, downB, X, e, g)``) keeps
+# gate and up only and recomputes their SwiGLU product in backward.
+SRC_FUSED_KERNELS = (
+    "Liger ops/rms_norm.py, ops/swiglu.py; unsloth kernels/rms_layernorm.py, kernels/fast_lora.py LoRA_MLP: "
+    "RMSNorm saves its input + fp32 rstd; SwiGLU recomputes act (unsloth: and the product)"
+)
+
+
+def fused_rmsnorm_saved(sh: Shapes, width: int) -> int:
+    """An RMSNorm under torch.compile or a fused kernel: its input (residual dtype) and the fp32 rstd."""
+    return sh.tokens * width * sh.r + sh.tokens * 4
+
+
+def fused_swiglu_item(sh: Shapes, numel: int) -> MemoryItem:
+    """A gated MLP's interior under torch.compile or a fused SwiGLU: gate, up and their product (the
+    down projection's input); act(gate) is recomputed in backward. unsloth's LoRA MLP keeps gate and up
+    only (``Profile.fused_mlp_saves`` = 2)."""
+    if sh.compiled or not sh.profile.fused_kernels:
+        src = SRC_COMPILED if sh.compiled else SRC_FUSED_KERNELS
+        return _item("mlp.gate, up, product (act recomputed)", 3 * numel * sh.c, src, "mlp.interior")
+    n = sh.profile.fused_mlp_saves
+    return _item(f"mlp.gate, up (product recomputed) [{n} saved]", n * numel * sh.c, SRC_FUSED_KERNELS,
+                 "mlp.interior")  # fmt: skip
+
+
+def compiled_layer_input(sh: Shapes, numel: int) -> MemoryItem:
+    """Under torch.compile the layer keeps its own input (residual dtype): measured (``input_saved``)."""
+    return _item(
+        "layer input (kept by the compiled graph)", numel * sh.r, SRC_COMPILED, "compiled.layer_input"
+    )
+
+
+def compiled_output_copy(sh: Shapes, numel: int) -> MemoryItem:
+    """Under torch.compile the attention output and o_proj's input are two buffers (measured)."""
+    return _item("attn.output copy (o_proj input, compiled)", numel * sh.c, SRC_COMPILED, "attn.output_copy")
 
 
 def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
@@ -174,6 +233,8 @@ def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int
 def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     """Bytes one norm saves for ``tokens x width`` inputs (its output is counted by its readers)."""
     t = sh.tokens
+    if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
+        return fused_rmsnorm_saved(sh, width)
     if spec.norm == "rmsnorm":
         # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
         # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
@@ -192,6 +253,8 @@ def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
     t, h = sh.tokens, spec.hidden_size
     if spec.post_norm:
         return 0 if sh.plan.autocast else t * h * sh.c
+    if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
+        return t * h * sh.r  # the fused / compiled norm keeps its input itself
     if spec.norm == "rmsnorm" and sh.r != 4:
         return 0
     return t * h * sh.r
@@ -267,7 +330,9 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
-    if sh.profile.sdpa_repeats_kv:
+    if sh.profile.sdpa_repeats_kv and g > 1:
+        # torchtune's expand + flatten copies k, v to all heads; with one kv head (MQA) it is a view
+        # (merging a size-1 dim with a stride-0 one): measured, benchmarks/compile_activations.py
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
     fused = _layer_structure(layer)[1] == 1 and not att.is_mla
@@ -293,7 +358,9 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     else:
         items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA, "attn.qkv"))
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
-    if fused and sh.policy is KernelPolicy.CPU:
+    if sh.compiled and spec.norm == "rmsnorm":
+        items.append(compiled_output_copy(sh, t * a * dv))
+    elif fused and sh.policy is KernelPolicy.CPU:
         # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout
         items.append(
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
@@ -405,7 +472,9 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         routed_tokens = k * t
     width = mlp.intermediate_size
     n = routed_tokens * width
-    if mlp.gated:
+    if mlp.gated and (sh.compiled or sh.fused_kernels):
+        items.append(fused_swiglu_item(sh, n))
+    elif mlp.gated:
         items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior"))
     elif mlp.activation in PYTHON_ACTIVATIONS:
         if sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
@@ -460,6 +529,9 @@ def layer_activations(
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
     norm_one = norm_saved(spec, sh, h)
+    compiled_block = sh.compiled and spec.norm == "rmsnorm"
+    if compiled_block:
+        norm_one = t * 4  # compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
     n_norms, att_readers = _layer_structure(layer)
     items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms"))
     att = layer.attention
@@ -472,6 +544,11 @@ def layer_activations(
         )
     att_in = _linear_inputs(sh, t * h, att_readers)
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
+    if compiled_block:
+        # one 16-bit copy of each norm output (autocast's per-Linear casts are one node in the graph),
+        # and the layer's input itself, which the compiled graph keeps for the first norm's backward
+        att_in = mlp_in = t * h * c
+        items.append(compiled_layer_input(sh, t * h))
     if layer.parallel_residual and n_norms == 1 and not sh.plan.autocast:
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
         items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR, "input.attn_mlp"))
@@ -591,6 +668,7 @@ def activation_dtype_note(sh: Shapes) -> str:
 
 
 __all__ = [
+    "SRC_COMPILED",
     "LayerActivations",
     "Shapes",
     "checkpointed",

@@ -67,3 +67,71 @@ def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> Hea
         backward_transient=2 * logits * 4,
         logits_grad=logits * c,
     )
+
+
+# --- framework losses (peakmem.formulas.profiles) ---------------------------------------------------------
+# Liger (linkedin/Liger-Kernel src/liger_kernel/ops/fused_linear_cross_entropy.py
+# ``fused_linear_cross_entropy_forward``): the LM head and the CE run chunk by chunk over the tokens, with
+# ``inc_factor = cdiv(V, H)``, ``chunk_size = min(next_power_of_2(cdiv(BT, inc_factor)), BT)`` (transient
+# logits bounded by about BT x H); each chunk's logits (input dtype) are overwritten by their gradient in
+# place; ``grad_input`` (BT x H, input dtype) and, when the head's weight trains, ``grad_weight`` (V x H,
+# weight dtype) are computed in forward and saved (``ctx.save_for_backward(grad_input, grad_weight,
+# grad_bias)``); the head's input is not saved.
+SRC_LIGER_FLCE = (
+    "Liger ops/fused_linear_cross_entropy.py: chunked logits, grads computed in forward and saved"
+)
+# unsloth (unslothai/unsloth unsloth/kernels/cross_entropy_loss.py ``Fast_CrossEntropyLoss``): the Triton
+# kernel reads the 16-bit logits, saves them with the fp32 logsumexp, and its backward writes dlogits into
+# the logits' storage in place; no fp32 copy, no log-softmax output.
+SRC_IN_PLACE_CE = (
+    "unsloth kernels/cross_entropy_loss.py Fast_CrossEntropyLoss: 16-bit logits + fp32 logsumexp"
+)
+
+
+def liger_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
+    """Rows of one Liger fused-linear-CE chunk (see SRC_LIGER_FLCE)."""
+    inc = -(-vocab // hidden)
+    rows = -(-tokens // inc)
+    return min(1 << (rows - 1).bit_length(), tokens)
+
+
+def liger_fused_linear_ce(
+    spec: ModelSpec, head: HeadActivations, sh: Shapes, *, head_trains: bool
+) -> HeadActivations:
+    """The head under Liger's fused linear cross-entropy (``TrainingSetup.liger``)."""
+    t, h, v, c = sh.tokens, spec.head_in_features, spec.vocab_size, sh.c
+    drop = {"loss.log_softmax", "head.lm_head_input", "head.softcap"}
+    items = [i for i in head.saved if i.key not in drop]
+    items.append(_act("fused CE: grad of the head input (computed in forward)", t * h * c, SRC_LIGER_FLCE,
+                      "loss.liger_grad_input"))  # fmt: skip
+    if head_trains:
+        w = sh.plan.weight.bits // 8
+        items.append(_act("fused CE: lm_head weight grad (computed in forward)", v * h * w, SRC_LIGER_FLCE,
+                          "loss.liger_grad_weight"))  # fmt: skip
+    chunk = liger_chunk_rows(t, v, h) * v * c
+    return HeadActivations(saved=tuple(items), forward_transient=chunk + t * 4, backward_transient=0,
+                           logits_grad=0)  # fmt: skip
+
+
+def in_place_ce(spec: ModelSpec, head: HeadActivations, sh: Shapes) -> HeadActivations:
+    """The head under a CE kernel that keeps the 16-bit logits and overwrites them with their gradient
+    (unsloth ``Fast_CrossEntropyLoss``)."""
+    t, v, c = sh.tokens, spec.vocab_size, sh.c
+    items = [i for i in head.saved if i.key != "loss.log_softmax"]
+    items.append(_act("loss: 16-bit logits + fp32 logsumexp (in-place CE kernel)", t * v * c + t * 4,
+                      SRC_IN_PLACE_CE, "loss.in_place_ce"))  # fmt: skip
+    return HeadActivations(saved=tuple(items), forward_transient=t * 4, backward_transient=0,
+                           logits_grad=t * v * c)  # fmt: skip
+
+
+def framework_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, *, liger: bool,
+                   head_trains: bool) -> HeadActivations:  # fmt: skip
+    """The head as the framework's loss keeps it, when the setup asks for the standard loss: Liger's fused
+    linear CE, unsloth's in-place CE, else ``head`` unchanged. An explicit ``TrainingSetup.loss`` wins."""
+    if spec.task != "causal-lm":
+        return head
+    if liger:
+        return liger_fused_linear_ce(spec, head, sh, head_trains=head_trains)
+    if sh.profile.in_place_ce:
+        return in_place_ce(spec, head, sh)
+    return head

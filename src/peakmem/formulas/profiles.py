@@ -7,17 +7,30 @@
     scale).type_as(x)`` - the product with the fp32 ``scale`` keeps ``x_normed`` in fp32
     (4 B instead of transformers' 16-bit y);
   - ``MultiHeadAttention``: for GQA, k and v are expanded to all heads
-    (``k.unsqueeze(2).expand(...).flatten(1, 2)``) before SDPA, so SDPA saves full-head k, v;
+    (``k.unsqueeze(2).expand(...).flatten(1, 2)``) before SDPA, so SDPA saves full-head k, v (with one
+    kv head the flatten is a view: nothing is copied);
   - ``TransformerDecoder``: ``output = self.output(h).float()`` and the recipe's
     ``CEWithChunkedOutputLoss``/``CrossEntropyLoss`` on fp32 logits; the recipe deletes the
     logits before ``loss.backward()``.
+* ``Framework.UNSLOTH`` - transformers models patched by unsloth (unslothai/unsloth):
+  - ``use_gradient_checkpointing="unsloth"`` (models/_utils.py ``Unsloth_Offloaded_Gradient_Checkpointer``:
+    ``saved_hidden_states = hidden_states.to("cpu", non_blocking=True)`` in forward, moved back and the
+    layer recomputed in backward): under full checkpointing the layer inputs live in CPU RAM, only the
+    working layer's on the device - modelled as checkpointing + activation offloading;
+  - kernels/cross_entropy_loss.py ``Fast_CrossEntropyLoss``: the Triton kernel reads the 16-bit logits,
+    saves them with the fp32 logsumexp and writes dlogits in place (no fp32 copy, no log-softmax);
+  - kernels/rms_layernorm.py ``Fast_RMS_Layernorm`` (saves X, W, r): as Liger's RMSNorm;
+    kernels/fast_lora.py ``LoRA_MLP`` saves X, gate and up (e, g) and recomputes their SwiGLU product.
+* HF Trainer + peft (axolotl, LLaMA-Factory, TRL's SFTTrainer) run transformers' model code:
+  ``Framework.HF``. Their Liger option (``use_liger_kernel`` / ``liger_kernel``) is
+  ``TrainingSetup.liger``; ``torch_compile`` is ``TrainingSetup.compiled``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from peakmem.training import Framework
+from peakmem.training import Checkpointing, Framework, TrainingSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +39,16 @@ class Profile:
     rmsnorm_normed_fp32: bool  # RMSNorm keeps the normalised x in fp32 (torchtune)
     sdpa_repeats_kv: bool  # GQA k/v expanded to all heads before SDPA
     source: str
+    # Triton RMSNorm / SwiGLU kernels (unsloth; Liger with ``TrainingSetup.liger``): see
+    # peakmem.formulas.activations.fused_rmsnorm_saved / fused_swiglu_item
+    fused_kernels: bool = False
+    fused_mlp_saves: int = 3  # T x I tensors a fused gated MLP keeps (unsloth's LoRA_MLP: gate, up)
+    # full checkpointing keeps each layer's input in CPU RAM, not on the device (unsloth
+    # ``use_gradient_checkpointing="unsloth"``)
+    offloaded_checkpointing: bool = False
+    # the loss saves the 16-bit logits + fp32 logsumexp and writes their gradient in place
+    # (peakmem.formulas.loss.in_place_ce)
+    in_place_ce: bool = False
 
 
 PROFILES: dict[Framework, Profile] = {
@@ -37,8 +60,56 @@ PROFILES: dict[Framework, Profile] = {
         name="torchtune", rmsnorm_normed_fp32=True, sdpa_repeats_kv=True,
         source="torchtune modules/rms_norm.py, modules/attention.py, modules/transformer.py",
     ),
+    Framework.UNSLOTH: Profile(
+        name="unsloth", rmsnorm_normed_fp32=False, sdpa_repeats_kv=False, fused_kernels=True,
+        fused_mlp_saves=2, offloaded_checkpointing=True, in_place_ce=True,
+        source=(
+            "unsloth models/_utils.py Unsloth_Offloaded_Gradient_Checkpointer (layer inputs to CPU), kernels/"
+            "cross_entropy_loss.py Fast_CrossEntropyLoss, kernels/rms_layernorm.py, kernels/fast_lora.py"
+        ),
+    ),
 }  # fmt: skip
 
 
 def profile(framework: Framework) -> Profile:
     return PROFILES[framework]
+
+
+def profile_setup(setup: TrainingSetup) -> TrainingSetup:
+    """The setup as the framework runs it: unsloth's offloaded gradient checkpointing is full
+    checkpointing with the layer inputs in CPU RAM (``activation_offload``); ``setup`` itself otherwise
+    (no copy: the planner calls this for every candidate)."""
+    if (
+        setup.checkpointing is Checkpointing.FULL
+        and not setup.activation_offload
+        and PROFILES[setup.framework].offloaded_checkpointing
+    ):
+        return replace(setup, activation_offload=True)
+    return setup
+
+
+SRC_COMPILE_NOTE = (
+    "torch.compile: each layer's saved tensors as Inductor's partitioner leaves them (measured on Llama "
+    "layers, bf16/fp32/CPU amp-bf16: norms keep their rstd, the layer input stays, SwiGLU recomputes act; "
+    "benchmarks/compile_activations.py)"
+)
+
+
+def profile_assumptions(setup: TrainingSetup) -> tuple[str, ...]:
+    """What the framework options change, echoed in ``Estimate.assumptions``."""
+    out = []
+    prof = PROFILES[setup.framework]
+    if setup.compiled:
+        out.append(SRC_COMPILE_NOTE + "; LayerNorm/GELU models are estimated as eager")
+    if setup.liger:
+        out.append(
+            "Liger kernels: RMSNorm saves its input + fp32 rstd, SwiGLU recomputes silu, RoPE in place; "
+            "fused linear cross-entropy: no full logits, grads of the head computed in forward"
+        )
+    if prof.fused_kernels and not setup.liger:
+        out.append("unsloth kernels: RMSNorm saves its input + fp32 rstd; the MLP saves gate and up only")
+    if prof.offloaded_checkpointing and setup.checkpointing is Checkpointing.FULL:
+        out.append("unsloth offloaded gradient checkpointing: layer inputs in CPU RAM, one on the device")
+    if prof.in_place_ce and not setup.liger:
+        out.append("unsloth cross-entropy: 16-bit logits + fp32 logsumexp kept, gradient written in place")
+    return tuple(out)
