@@ -318,3 +318,21 @@ def test_pre_ampere_gpu_adds_the_attention_kernel_term() -> None:
     )
     assert "attention_kernel" not in {t["name"] for t in ampere["band"]["terms"]}
     assert volta["band"]["allocated"]["likely_bytes"] == ampere["band"]["allocated"]["likely_bytes"]
+
+
+def test_optimizer_kernel_term_is_the_step_without_foreach_temporaries() -> None:
+    from peakmem.breakdown import Category, Phase
+    from peakmem.training import OptimizerImpl
+
+    spec = resolve_model("gpt2-xl")  # mixed-fp16 AdamW at seq 1024 peaks in the optimizer step
+    est = estimate_training(spec, TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024))
+    assert est.peak_phase is Phase.OPTIMIZER and est.band is not None
+    term = {t.name: t for t in est.band.terms}["optimizer_kernel"]
+    phases = {p.phase: p for p in est.phases}
+    temps = sum(i.bytes for i in phases[Phase.OPTIMIZER].items if i.category is Category.TEMPORARIES)
+    rest = max(phases[Phase.FORWARD].bytes, phases[Phase.BACKWARD].bytes, est.peak_allocated_bytes - temps)
+    assert term.low_bytes == rest - est.peak_allocated_bytes < 0 and term.high_bytes == 0
+    fused = estimate_training(
+        spec, TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024, optimizer_impl=OptimizerImpl.FUSED)
+    )
+    assert fused.band is not None and "optimizer_kernel" not in {t.name for t in fused.band.terms}

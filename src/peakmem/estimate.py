@@ -40,7 +40,7 @@ from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism
-from peakmem.training import AttentionKernel, Checkpointing, LossImpl, Method, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, LossImpl, Method, OptimizerImpl, TrainingSetup
 
 METHOD = "analytic"
 
@@ -527,6 +527,7 @@ def _estimate(
         allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
         communicators=sharding.communicators(par), nccl_bytes=nccl,
+        fused_step_delta=_fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0,
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
@@ -570,6 +571,17 @@ def _transient_bytes(phase: PhasePeak) -> int:
     return sum([i.bytes for i in phase.items if i.category in _TRANSIENT])
 
 
+def _fused_step_delta(
+    setup: TrainingSetup, forward: PhasePeak, backward: PhasePeak, optimizer: PhasePeak
+) -> int:
+    """How much lower the peak is when the step runs as one fused kernel rather than the foreach
+    implementation estimated (<= 0): its temporaries gone, the peak is the larger of the rest."""
+    if setup.optimizer_impl is not OptimizerImpl.FOREACH:
+        return 0
+    temps = sum([i.bytes for i in optimizer.items if i.category is Category.TEMPORARIES])
+    return min(0, max(forward.bytes, backward.bytes, optimizer.bytes - temps) - optimizer.bytes)
+
+
 def training_band(
     *,
     allocated: int,
@@ -580,6 +592,7 @@ def training_band(
     ov: Overheads,
     communicators: int = 0,
     nccl_bytes: int = 0,
+    fused_step_delta: int = 0,
 ) -> _band.Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
@@ -599,6 +612,8 @@ def training_band(
     ]  # fmt: skip
     if communicators:
         terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
+    if fused_step_delta:
+        terms.append(_band.optimizer_impl_term(fused_step_delta))
     return _band.build_band(
         allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
     )

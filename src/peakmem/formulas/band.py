@@ -278,6 +278,22 @@ def transients_term(transient_bytes: int) -> BandTerm:
                     high_bytes=0, source=SRC_TRANSIENTS)  # fmt: skip
 
 
+# --- which optimizer kernel runs ------------------------------------------------------------------
+SRC_OPTIMIZER_IMPL = (
+    "torch/optim/adamw.py: with neither foreach nor fused given, torch picks foreach on CUDA "
+    "(_default_to_fused_or_foreach), whose _foreach_sqrt/_foreach_div allocate a step temporary per "
+    "parameter group (the likely value); fused=True runs one kernel without them, and transformers 5.23 "
+    "TrainingArguments defaults to optim='adamw_torch_fused' on torch >= 2.8 (training_args.py "
+    "default_optim): low = the peak without the step's temporaries"
+)
+
+
+def optimizer_impl_term(delta_bytes: int) -> BandTerm:
+    """The step's peak with a fused optimizer (``delta_bytes <= 0``) instead of the foreach estimated."""
+    return BandTerm(name="optimizer_kernel", level="allocated", low_bytes=min(0, delta_bytes), high_bytes=0,
+                    source=SRC_OPTIMIZER_IMPL)  # fmt: skip
+
+
 def with_terms(band: Band, terms: tuple[BandTerm, ...]) -> Band:
     """``band`` with more terms (the likely values unchanged)."""
     return build_band(allocated=band.allocated.likely, reserved=band.reserved.likely,
