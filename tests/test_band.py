@@ -336,3 +336,21 @@ def test_optimizer_kernel_term_is_the_step_without_foreach_temporaries() -> None
         spec, TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024, optimizer_impl=OptimizerImpl.FUSED)
     )
     assert fused.band is not None and "optimizer_kernel" not in {t.name for t in fused.band.terms}
+
+
+def test_fit_text_shows_the_three_states_and_the_range() -> None:
+    spec = resolve_model("llama-3.2-1b")
+    est = estimate_training(spec, TrainingSetup())
+    assert est.band is not None
+    r = est.band.device_total
+    inside = (est.device_total_bytes + r.high) // 2  # likely fits, the high end does not
+    out = subprocess.run(
+        [sys.executable, "-m", "peakmem", "fit", "llama-3.2-1b", "--gpu", f"{inside}B,{r.high + MiB}B"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("│")]
+    assert (
+        "tight" in rows[0] and "fits" in rows[1] and "does not fit" not in out.stdout.split("what makes")[0]
+    )
+    assert "(range " in out.stdout

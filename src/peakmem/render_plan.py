@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from peakmem.breakdown import Verdict
 from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, Limits, PlanReport
+from peakmem.render import band_text
 from peakmem.render import console as _console
 from peakmem.units import fmt_gb
 
@@ -21,6 +23,14 @@ def _fits(ok: bool) -> str:
     return "[green]yes[/green]" if ok else "[red]no[/red]"
 
 
+_STATE_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+
+
+def _state(v: Verdict) -> str:
+    """A verdict's three states: fits (the band's high end fits), tight, does not fit."""
+    return f"[{_STATE_STYLE[v.state]}]{v.state}[/{_STATE_STYLE[v.state]}]"
+
+
 def _signed(n: int) -> str:
     return ("+" if n >= 0 else "-") + fmt_gb(abs(n))
 
@@ -30,7 +40,7 @@ def fit_headline(report: FitReport) -> str:
     job = (f"{report.model} {s.method.value} ({s.precision.value}, {s.optimizer.value}, "
            f"batch {s.micro_batch} x "
            f"seq {s.seq_len}, checkpointing {s.checkpointing.value})")  # fmt: skip
-    need = fmt_gb(report.baseline.device_total_bytes)
+    need = fmt_gb(report.baseline.device_total_bytes) + band_text(report.baseline)
     if report.smallest_sufficient is None:
         return f"{job} needs ≈ {need}: it fits none of the GPUs given; changes that make it fit are below."
     return f"{job} needs ≈ {need}: the smallest sufficient option is {report.smallest_sufficient}."
@@ -108,11 +118,11 @@ def print_fit(report: FitReport) -> None:
     console = _console()
     console.print(fit_headline(report))
     table = Table(title="verdict", title_justify="left")
-    for name in ("GPU", "memory", "fits", "headroom"):
-        table.add_column(name, justify="left" if name in ("GPU", "fits") else "right")
+    for name in ("GPU", "memory", "verdict", "headroom"):
+        table.add_column(name, justify="left" if name in ("GPU", "verdict") else "right")
     for g in report.gpus:
         v = g.verdict
-        table.add_row(g.gpu.name, fmt_gb(v.capacity_bytes), _fits(v.fits), _signed(v.headroom_bytes))
+        table.add_row(g.gpu.name, fmt_gb(v.capacity_bytes), _state(v), _signed(v.headroom_bytes))
     console.print(table)
     base_need = report.baseline.device_total_bytes
     for g in report.gpus:
