@@ -283,6 +283,15 @@ def test_infer_expandable_segments_cli_equals_api() -> None:
     assert code == 0 and data["band"] == exp.data["band"]
 
 
+def test_fit_infer_takes_the_same_overheads_as_infer() -> None:
+    """`fit --infer` asks serving_fit with the command's Overheads: its needed bytes equal infer's
+    device total with and without expandable segments."""
+    for extra in ((), ("--expandable-segments",)):
+        fit, _ = _cli_json("fit", "qwen3-0.6b", "--infer", "--context", "4096", "--gpu", "L4", *extra)
+        inf, _ = _cli_json("infer", "qwen3-0.6b", "--context", "4096", "--gpu", "L4", *extra)
+        assert fit["gpus"][0]["needed_bytes"] == inf["device_total_bytes"]
+
+
 def test_replayed_reserved_of_the_catalog_inside_the_band() -> None:
     """benchmarks/simulate_vs_analytic.json holds simulate's allocator replay of every catalog model at
     its default setup (mixed-bf16 AdamW foreach, batch 1, seq = min(context, 2048)): each replayed

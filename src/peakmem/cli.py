@@ -442,7 +442,9 @@ def json_answer(
         if not gpus:
             raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
         if args.infer:
-            served = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
+            served = planner.fit_inference(
+                spec, _inference_setup(args, gpus), gpus, overheads=_overheads(args)
+            )
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
         found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
@@ -677,7 +679,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     gpus = _gpus(args.gpu)
     if args.infer:
-        report: Any = planner.fit_inference(spec, _inference_setup(args, gpus), gpus)
+        report: Any = planner.fit_inference(
+            spec, _inference_setup(args, gpus), gpus, overheads=_overheads(args)
+        )
         if args.json:
             _emit_json(planner.fit_inference_json(report))
         else:

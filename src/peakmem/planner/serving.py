@@ -82,10 +82,10 @@ def _infer_with(setup: Any, **changes: Any) -> Any:
 
 
 class _InferEstimator:
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, overheads: Any = None) -> None:
         from peakmem.formulas import serving
 
-        self.spec, self.serving = spec, serving
+        self.spec, self.serving, self.overheads = spec, serving, overheads
         self.memo: dict[Any, tuple[Estimate, int, bool, int | None] | None] = {}
         self.calls = 0
 
@@ -96,7 +96,7 @@ class _InferEstimator:
             return self.memo[key]
         self.calls += 1
         try:
-            f = self.serving.serving_fit(self.spec, setup, capacity)
+            f = self.serving.serving_fit(self.spec, setup, capacity, overheads=self.overheads)
         except (InputError, NotImplementedError):
             self.memo[key] = None
             return None
@@ -143,7 +143,12 @@ def _kv_options(setup: Any) -> tuple[Any, ...]:
 
 
 def fit_inference(
-    spec: ModelSpec, setup: Any, gpus: tuple[Gpu, ...] | list[Gpu], *, top: int = TOP_CANDIDATES
+    spec: ModelSpec,
+    setup: Any,
+    gpus: tuple[Gpu, ...] | list[Gpu],
+    *,
+    top: int = TOP_CANDIDATES,
+    overheads: Any = None,
 ) -> InferFitReport:
     """``peakmem fit MODEL --infer``: verdicts for serving ``setup`` on each GPU, limits (longest context,
     most concurrent sequences) and the changes that make it fit: a smaller weight format, a smaller
@@ -153,7 +158,7 @@ def fit_inference(
     require(len(gpus) > 0, "gpu", "", "give at least one GPU")
     t0 = time.perf_counter()
     gpus = tuple(gpus)
-    est = _InferEstimator(spec)
+    est = _InferEstimator(spec, overheads)  # a calibrated profile, expandable segments
     weights = _weight_options(setup)
     kvs = _kv_options(setup)
     families = [
