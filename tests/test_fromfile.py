@@ -384,6 +384,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "4096",
                 "--optimizer",
                 "adamw-8bit",
+                "--optimizer-impl",
+                "fused",  # bitsandbytes: one fused kernel per tensor (the unified HF_OPTIMIZERS)
                 "--attention",
                 "flash",
                 "--checkpointing",
@@ -615,12 +617,26 @@ def test_hf_precision_rules() -> None:
 
 
 def test_fsdp_spellings() -> None:
+    # transformers 5.23 training_args.py builds FSDP fsdp_config.get("version", 2): FSDP2 unless stated
     o = _options({"output_dir": "o", "fsdp": "full_shard auto_wrap offload"})
     assert (o["fsdp"], o["offload_params"], o["offload"], o["fsdp_version"]) == (
         "full-shard",
         "cpu",
         "cpu",
-        1,
+        2,
+    )
+    # ... and rewrites those legacy options into fsdp=True + fsdp_config (what to_dict() writes)
+    live = {
+        "output_dir": "o",
+        "fsdp": True,
+        "fsdp_config": {"reshard_after_forward": False, "cpu_offload": True},
+    }
+    o = _options(live)
+    assert (o["fsdp"], o["offload_params"], o["offload"], o["fsdp_version"]) == (
+        "shard-grad-op",
+        "cpu",
+        "cpu",
+        2,
     )
     acc = {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
            "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False,
