@@ -351,3 +351,25 @@ def test_fp16_flag_on_fp16_weights_in_full_fine_tuning_is_an_error() -> None:
     args = SimpleNamespace(per_device_train_batch_size=1, fp16=True)
     with pytest.raises(InputError, match="fp16=True on fp16 weights"):
         job_from_trainer(args, _model().to(torch.float16), seq=SEQ)
+
+
+def test_a_deepspeed_json_file_named_by_the_arguments_is_read(tmp_path: Any) -> None:
+    ds = {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "bf16": {"enabled": True},
+    }
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    args = SimpleNamespace(
+        per_device_train_batch_size=1, bf16=True, world_size=2, deepspeed=str(tmp_path / "ds.json")
+    )
+    job = job_from_trainer(args, _model(), seq=SEQ)
+    assert job.parallelism is not None
+    par = job.parallelism
+    assert (par.zero_stage, par.offload_optimizer.value, job.setup.precision.value) == (
+        2,
+        "cpu",
+        "mixed-bf16",
+    )
+    args.deepspeed = str(tmp_path / "missing.json")
+    with pytest.raises(InputError, match=r"TrainingArguments\.deepspeed=.*no such file"):
+        job_from_trainer(args, _model(), seq=SEQ)

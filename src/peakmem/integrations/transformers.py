@@ -9,7 +9,11 @@
 
 **At train begin** the callback reads the job from the live objects (:func:`job_from_trainer`: the model's
 config, its peft adapter and bitsandbytes quantization, the ``TrainingArguments``, the first batch) and
-asks the question ``peakmem train`` asks, through the same function
+asks the question ``peakmem train`` asks. The arguments go through the mapping ``peakmem train --from``
+uses (:func:`peakmem.fromfile.map_training_arguments` on ``args.to_dict()`` with the resolved DeepSpeed
+config): one table of optimizer names, one precision rule, one reading of DeepSpeed and FSDP; this module
+adds only what the live objects know (peft config, bitsandbytes state, weight dtype, attention
+implementation, the first batch's shape, the number of processes). It answers through the same function
 (:func:`peakmem.planner.train_answer`), so its answer (:attr:`PeakmemCallback.json`) equals
 ``peakmem train MODEL <the same flags> --json``. It prints the same headline and tables
 (:func:`peakmem.render.print_estimate`), with the ranked ways down, on the main process.
@@ -46,13 +50,11 @@ the prediction is logged (step 0).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -265,13 +267,12 @@ def _deepspeed_config(args: Any) -> dict[str, Any] | None:
         return None
     if isinstance(ds, Mapping):
         return dict(ds)
+    from peakmem.fromfile import load_document  # the one config reader (size cap, errors naming the file)
+
     try:
-        loaded = json.loads(Path(str(ds)).read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"TrainingArguments.deepspeed={ds!r}: cannot read it ({e})") from None
-    if not isinstance(loaded, dict):
-        raise InputError(f"TrainingArguments.deepspeed={ds!r}: not a JSON object")
-    return loaded
+        return load_document(str(ds))
+    except InputError as e:
+        raise InputError(f"TrainingArguments.deepspeed={ds!r}: {e}") from None
 
 
 def first_batch(dataloader: Any) -> Any:
@@ -426,7 +427,9 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     notes.extend(found.notes)
     notes.extend(f"not modelled: {item}" for item in found.not_modelled)
     shown = {"model", "method", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "dora", "quant"}
-    read.extend((f.field, str(f.value), f.source) for f in found.mapped if f.field not in shown)
+    live = {"attention": f"model.config._attn_implementation={attention}"}  # set into doc above
+    read.extend((f.field, str(f.value), live.get(f.field, f.source) + (f": {f.note}" if f.note else ""))
+                for f in found.mapped if f.field not in shown)  # fmt: skip
     micro_batch = int(args.per_device_train_batch_size)
     shape = _batch_shape(batch)
     if shape is not None and shape[0] != micro_batch:
