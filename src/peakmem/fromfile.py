@@ -1253,16 +1253,20 @@ def map_training_arguments(
     model: str,
     method: str,
     weights: tuple[str, str] | None,
+    gpus: tuple[int, str] | None = None,
     strict: bool = False,
 ) -> FromFile:
     """A live ``TrainingArguments.to_dict()`` (with ``deepspeed`` the resolved config dict and
     ``attn_implementation`` the model's) through the same mapping ``--from`` uses. What only the live
     objects know is given: ``model`` (its name), ``method`` (peft adapter / quantized base), ``weights``
-    (the dtype the parameters are in, and where that was read). ``strict``: an optimizer or attention
+    (the dtype the parameters are in, and where that was read), ``gpus`` (the number of processes and
+    where that was read; it checks DeepSpeed's global batch). ``strict``: an optimizer or attention
     kernel peakmem has no model of is an error instead of a skip."""
     m = _Mapper(name, strict=strict)
     m.set("model", model, "(the Trainer's model)")
     m.set("method", method, "(the Trainer's model)")
+    if gpus is not None:
+        m.set("gpus", gpus[0], f"({gpus[1]})")
     _training_arguments(m, doc, weights)
     return _merge([(name, doc)], [HF_TRAINER], [m])
 

@@ -416,8 +416,10 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     doc = _arguments_doc(args, ds, attention, bool(getattr(base, flag, False)))
     if weights_name not in ("fp32", "bf16", "fp16"):
         raise InputError(f"model weights {weights}: not a dtype peakmem trains in (fp32, bf16, fp16)")
+    parallel = _live_parallel(args, read)
     found = map_training_arguments(doc, model=name, method=method.value, strict=True,
-                                   weights=(weights_name, "the model's parameters"))  # fmt: skip
+                                   weights=(weights_name, "the model's parameters"),
+                                   gpus=(parallel["gpus"], "TrainingArguments.world_size"))  # fmt: skip
     autocast = bool(doc.get("bf16") or doc.get("fp16"))
     if autocast and weights != torch.float32 and ds is None:
         notes.append(f"bf16={bool(doc.get('bf16'))} fp16={bool(doc.get('fp16'))} on {weights_name} weights: "
@@ -426,7 +428,17 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
                      "counted as without it)")  # fmt: skip
     notes.extend(found.notes)
     notes.extend(f"not modelled: {item}" for item in found.not_modelled)
-    shown = {"model", "method", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "dora", "quant"}
+    shown = {
+        "model",
+        "method",
+        "gpus",
+        "lora-rank",
+        "lora-alpha",
+        "lora-targets",
+        "lora-dropout",
+        "dora",
+        "quant",
+    }
     live = {"attention": f"model.config._attn_implementation={attention}"}  # set into doc above
     read.extend((f.field, str(f.value), live.get(f.field, f.source) + (f": {f.note}" if f.note else ""))
                 for f in found.mapped if f.field not in shown)  # fmt: skip
@@ -448,7 +460,7 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     ns = build_parser().parse_args(["train", name])
     apply(ns, found, explicit=set())
     ns.method, ns.batch, ns.seq = Method.FULL.value, micro_batch, seq_len  # the adapter is set below
-    for key, value in _live_parallel(args, read).items():
+    for key, value in parallel.items():
         setattr(ns, key, value)
     setup = replace(_training_setup(ns, spec.max_position_embeddings), method=method, lora=lora, quant=quant)
     return Job(name=name, config=config, spec=spec, setup=setup, parallelism=_parallelism(ns),
