@@ -311,9 +311,11 @@ def _cli_json(tmp_path: Any, cb: PeakmemCallback) -> Any:
         (dict(optim="adamw_torch", bf16=True), torch.bfloat16, ("bf16", "adamw", "foreach", "none", 1)),
         # fp16 weights, no flag, full fine-tuning: HF Trainer trains them as they are (pure 16-bit bytes)
         (dict(), torch.float16, ("bf16", "adamw", "fused", "none", 1)),
+        # transformers 5.23 rewrites the legacy options into fsdp=True + fsdp_config; FSDP2 by default
+        (dict(fsdp="full_shard offload", bf16=True), None, ("amp-bf16", "adamw", "fused", "none", 1)),
     ],
     ids=["amp-ckpt-accum", "adafactor", "lion32", "paged32", "paged-lion8", "torchao8", "sgd-m", "bf16-w",
-         "fp16-w"],
+         "fp16-w", "fsdp"],
 )  # fmt: skip
 def test_the_callback_and_from_file_read_the_same_arguments(
     tmp_path: Any, kw: dict[str, Any], dtype: Any, expected: tuple[Any, ...]
@@ -339,11 +341,18 @@ def test_the_callback_and_from_file_read_the_same_arguments(
     (folder / "config.json").write_text(json.dumps(cb.job.config))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), "--gpu", "80GB", "--json"])
+        # processes per node are live only (LOCAL_WORLD_SIZE, else min(gpus, 8)); a file does not say
+        per_node = ["--gpus-per-node", "1"] if "fsdp" in kw else []
+        code = main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), *per_node, "--gpu", "80GB",
+                     "--json"])  # fmt: skip
     assert code == 0
     from_file = json.loads(out.getvalue())
     assert from_file.pop("from_file")["format"] == "transformers/trl"
     assert from_file == json.loads(json.dumps(cb.json))
+    if "fsdp" in kw:
+        par = cb.job.parallelism
+        assert par is not None and (par.fsdp.value, par.fsdp_version, par.offload_params.value) == (
+            "full-shard", 2, "cpu")  # fmt: skip
 
 
 def test_fp16_flag_on_fp16_weights_in_full_fine_tuning_is_an_error() -> None:

@@ -103,7 +103,8 @@ HF_OPTIMIZERS: dict[str, tuple[str, str | None, str]] = {
     "galore_adamw": (
         "galore-adamw",
         "for-loop",
-        "GaLore projection rank/targets from optim_args as peakmem's",
+        "optim_args rank / optim_target_modules not read: galore-torch's rank 128 on the attention and MLP "
+        "matrices counted (formulas/lowbit_optim.py)",
     ),
     "galore_adamw_layerwise": ("galore-adamw", "for-loop", "layer-wise GaLore counted as plain GaLore"),
 }
