@@ -292,3 +292,93 @@ def _cli_json(tmp_path: Any, cb: PeakmemCallback) -> Any:
         code = main(["train", str(folder), *cb.job.flags(), "--gpu", "80GB", "--json"])
     assert code == 0
     return json.loads(out.getvalue())
+
+
+# The one TrainingArguments mapping: transformers' own TrainingArguments(...).to_dict() written to JSON and
+# read by `peakmem train --from` gives the setup the callback reads from the live arguments (the file states
+# the weights' dtype as torch_dtype where the model is not fp32: a JSON dump cannot see the model).
+@pytest.mark.parametrize(
+    ("kw", "dtype", "expected"),
+    [
+        (dict(bf16=True, gradient_accumulation_steps=2, gradient_checkpointing=True), None,
+         ("amp-bf16", "adamw", "fused", "full", 2)),
+        (dict(optim="adafactor"), None, ("fp32", "adafactor", "for-loop", "none", 1)),
+        (dict(optim="lion_32bit", bf16=True), None, ("amp-bf16", "lion", "fused", "none", 1)),
+        (dict(optim="paged_adamw_32bit"), None, ("fp32", "adamw", "fused", "none", 1)),
+        (dict(optim="paged_lion_8bit"), None, ("fp32", "lion-8bit", "fused", "none", 1)),
+        (dict(optim="adamw_torch_8bit"), None, ("fp32", "adamw-8bit", "fused", "none", 1)),
+        (dict(optim="sgd", optim_args="momentum=0.9"), None, ("fp32", "sgd-momentum", "foreach", "none", 1)),
+        (dict(optim="adamw_torch", bf16=True), torch.bfloat16, ("bf16", "adamw", "foreach", "none", 1)),
+        # fp16 weights, no flag, full fine-tuning: HF Trainer trains them as they are (pure 16-bit bytes)
+        (dict(), torch.float16, ("bf16", "adamw", "fused", "none", 1)),
+        # transformers 5.23 rewrites the legacy options into fsdp=True + fsdp_config; FSDP2 by default
+        (dict(fsdp="full_shard offload", bf16=True), None, ("amp-bf16", "adamw", "fused", "none", 1)),
+    ],
+    ids=["amp-ckpt-accum", "adafactor", "lion32", "paged32", "paged-lion8", "torchao8", "sgd-m", "bf16-w",
+         "fp16-w", "fsdp"],
+)  # fmt: skip
+def test_the_callback_and_from_file_read_the_same_arguments(
+    tmp_path: Any, kw: dict[str, Any], dtype: Any, expected: tuple[Any, ...]
+) -> None:
+    from peakmem.cli import main
+
+    args = _args(tmp_path, **kw)
+    model = _model() if dtype is None else _model().to(dtype)
+    cb = PeakmemCallback(gpu="80GB", seq=SEQ, quiet=True)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0, log_history=[])
+    cb.on_train_begin(args, state, SimpleNamespace(should_training_stop=False), model=model)
+    assert cb.job is not None and cb.json is not None
+    s = cb.job.setup
+    assert (s.precision.value, s.optimizer.value, s.optimizer_impl.value, s.checkpointing.value,
+            s.grad_accum) == expected  # fmt: skip
+    doc = args.to_dict()
+    if dtype is not None:
+        doc["torch_dtype"] = str(dtype).removeprefix("torch.")
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(doc))
+    folder = tmp_path / "cli" / cb.job.name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cb.job.config))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        # processes per node are live only (LOCAL_WORLD_SIZE, else min(gpus, 8)); a file does not say
+        per_node = ["--gpus-per-node", "1"] if "fsdp" in kw else []
+        code = main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), *per_node, "--gpu", "80GB",
+                     "--json"])  # fmt: skip
+    assert code == 0
+    from_file = json.loads(out.getvalue())
+    assert from_file.pop("from_file")["format"] == "transformers/trl"
+    assert from_file == json.loads(json.dumps(cb.json))
+    if "fsdp" in kw:
+        par = cb.job.parallelism
+        assert par is not None and (par.fsdp.value, par.fsdp_version, par.offload_params.value) == (
+            "full-shard", 2, "cpu")  # fmt: skip
+
+
+def test_fp16_flag_on_fp16_weights_in_full_fine_tuning_is_an_error() -> None:
+    """torch's GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients") at step one."""
+    args = SimpleNamespace(per_device_train_batch_size=1, fp16=True)
+    with pytest.raises(InputError, match="fp16=True on fp16 weights"):
+        job_from_trainer(args, _model().to(torch.float16), seq=SEQ)
+
+
+def test_a_deepspeed_json_file_named_by_the_arguments_is_read(tmp_path: Any) -> None:
+    ds = {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "bf16": {"enabled": True},
+    }
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    args = SimpleNamespace(
+        per_device_train_batch_size=1, bf16=True, world_size=2, deepspeed=str(tmp_path / "ds.json")
+    )
+    job = job_from_trainer(args, _model(), seq=SEQ)
+    assert job.parallelism is not None
+    par = job.parallelism
+    assert (par.zero_stage, par.offload_optimizer.value, job.setup.precision.value) == (
+        2,
+        "cpu",
+        "mixed-bf16",
+    )
+    args.deepspeed = str(tmp_path / "missing.json")
+    with pytest.raises(InputError, match=r"TrainingArguments\.deepspeed=.*no such file"):
+        job_from_trainer(args, _model(), seq=SEQ)

@@ -384,6 +384,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "4096",
                 "--optimizer",
                 "adamw-8bit",
+                "--optimizer-impl",
+                "fused",  # bitsandbytes: one fused kernel per tensor (the unified HF_OPTIMIZERS)
                 "--attention",
                 "flash",
                 "--checkpointing",
@@ -615,12 +617,26 @@ def test_hf_precision_rules() -> None:
 
 
 def test_fsdp_spellings() -> None:
+    # transformers 5.23 training_args.py builds FSDP fsdp_config.get("version", 2): FSDP2 unless stated
     o = _options({"output_dir": "o", "fsdp": "full_shard auto_wrap offload"})
     assert (o["fsdp"], o["offload_params"], o["offload"], o["fsdp_version"]) == (
         "full-shard",
         "cpu",
         "cpu",
-        1,
+        2,
+    )
+    # ... and rewrites those legacy options into fsdp=True + fsdp_config (what to_dict() writes)
+    live = {
+        "output_dir": "o",
+        "fsdp": True,
+        "fsdp_config": {"reshard_after_forward": False, "cpu_offload": True},
+    }
+    o = _options(live)
+    assert (o["fsdp"], o["offload_params"], o["offload"], o["fsdp_version"]) == (
+        "shard-grad-op",
+        "cpu",
+        "cpu",
+        2,
     )
     acc = {"distributed_type": "FSDP", "num_processes": 8, "mixed_precision": "bf16",
            "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False,
@@ -682,3 +698,67 @@ def test_a_full_training_arguments_dump() -> None:
     assert "fsdp" not in o and "zero" not in o
     assert any(":per_device_eval_batch_size = 8" in item for item in found.not_modelled)
     assert any(":use_cpu = True" in item for item in found.not_modelled)
+
+
+def test_optimizer_names_and_their_implementations() -> None:
+    """The one HF_OPTIMIZERS table (``--from`` and PeakmemCallback): transformers' Adafactor has no foreach
+    version (for-loop); bitsandbytes and torchao step one fused kernel per tensor."""
+    cases = {
+        "adafactor": ("adafactor", "for-loop"),
+        "lion_32bit": ("lion", "fused"),
+        "paged_lion_32bit": ("lion", "fused"),
+        "paged_lion_8bit": ("lion-8bit", "fused"),
+        "paged_adamw_32bit": ("adamw", "fused"),
+        "adamw_bnb_8bit": ("adamw-8bit", "fused"),
+        "adamw_torch_8bit": ("adamw-8bit", "fused"),
+        "adamw_torch_4bit": ("adamw-4bit", "fused"),
+        "galore_adamw": ("galore-adamw", "for-loop"),
+        "adamw_torch": ("adamw", "foreach"),
+        "adamw_torch_fused": ("adamw", "fused"),
+    }
+    for optim, expected in cases.items():
+        o = _options({"output_dir": "o", "optim": optim})
+        assert (o["optimizer"], o["optimizer_impl"]) == expected, optim
+    o = _options({"output_dir": "o", "optim": "sgd", "optim_args": "momentum=0.9,nesterov=True"})
+    assert (o["optimizer"], o["optimizer_impl"]) == ("sgd-momentum", "foreach")
+
+
+def test_a_deepspeed_optimizer_section_wins_over_optim() -> None:
+    """transformers integrations/deepspeed.py deepspeed_optim_sched: with an "optimizer" section DeepSpeed
+    builds its own (FusedAdam) and TrainingArguments.optim is unused, inline or in a separate file."""
+    ds = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+    inline = _options({"output_dir": "o", "optim": "adafactor", "deepspeed": ds})
+    separate = _options({"output_dir": "o", "optim": "adafactor"}, ds)
+    for o in (inline, separate):
+        assert (o["optimizer"], o["optimizer_impl"], o["zero"]) == ("adamw", "fused", 2)
+
+
+def test_precision_follows_the_weights_dtype() -> None:
+    """HF Trainer never casts the model: the loaded dtype decides, for every method."""
+    full = {"output_dir": "o"}
+    assert _options({**full, "torch_dtype": "float16"})["precision"] == "bf16"  # pure fp16: same bytes
+    assert _options({**full, "torch_dtype": "bfloat16", "bf16": True})["precision"] == "bf16"
+    assert _options({**full, "torch_dtype": "float32", "bf16": True})["precision"] == "amp-bf16"
+    lora = {"output_dir": "o", "use_peft": True}
+    assert _options({**lora, "torch_dtype": "float32", "bf16": True})["precision"] == "amp-bf16"
+    assert _options({**lora, "torch_dtype": "float16", "bf16": True})["precision"] == "mixed-fp16"
+    assert _options({**lora, "fp16": True})["precision"] == "mixed-fp16"
+    with pytest.raises(InputError, match="Attempting to unscale FP16 gradients"):
+        _options({**full, "torch_dtype": "float16", "fp16": True})
+
+
+def test_map_training_arguments_strict_names_what_is_not_modelled() -> None:
+    from peakmem.fromfile import map_training_arguments
+
+    doc = {"per_device_train_batch_size": 2, "optim": "lomo"}
+    found = map_training_arguments(doc, model="m", method="full", weights=None)
+    assert "optimizer" not in found.options and any("optim = lomo" in i for i in found.not_modelled)
+    with pytest.raises(InputError, match=r"TrainingArguments.optim='lomo': not modelled"):
+        map_training_arguments(doc, model="m", method="full", weights=None, strict=True)
+    doc = {"per_device_train_batch_size": 2, "attn_implementation": "kernels-community/some-flash-kernel"}
+    found = map_training_arguments(doc, model="m", method="full", weights=("bf16", "live"))
+    assert (found.options["attention"], found.options["precision"], found.options["batch"]) == (
+        "flash",
+        "bf16",
+        2,
+    )

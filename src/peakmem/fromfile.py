@@ -63,39 +63,50 @@ AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py Axolot
 TRL_LORA_R, TRL_LORA_ALPHA, TRL_LORA_DROPOUT = 16, 32, 0.05  # trl/trainer/model_config.py ModelConfig
 TRL_MAX_LENGTH = 1024  # trl/trainer/sft_config.py SFTConfig.max_length
 
-# HF TrainingArguments.optim (transformers/training_args.py OptimizerNames) and axolotl's additions ->
-# peakmem optimizer, implementation, note.
-_HF_OPTIMIZERS: dict[str, tuple[str, str | None, str]] = {
-    "adamw_torch": ("adamw", "foreach", ""),
+# HF TrainingArguments.optim (transformers 5.23 training_args.py OptimizerNames) and axolotl's additions ->
+# peakmem optimizer, implementation (whose step temporaries it has, as transformers/trainer_optimizer.py
+# builds it; None: the command line's default), note. The ONE table: ``--from`` and PeakmemCallback use it.
+_BNB = "bitsandbytes: one fused kernel per tensor (trainer_optimizer.py _get_bitsandbytes_optimizer)"
+_PAGED_32 = _BNB + "; paged 32-bit states (CUDA unified memory) counted as device fp32 states"
+_TORCHAO = "torchao low-bit AdamW (trainer_optimizer.py _get_torchao_optimizer): one kernel per tensor"
+TORCHAO_4BIT_NOTE = (
+    "transformers passes torchao block_size=256; peakmem counts torchao's default 128 (two fp32 scales per "
+    "block: over-counted by 2 x (4/128 - 4/256) = 1/32 byte per parameter)"
+)
+HF_OPTIMIZERS: dict[str, tuple[str, str | None, str]] = {
+    "adamw_torch": ("adamw", "foreach", ""),  # torch.optim.AdamW: foreach is torch's default on CUDA
     "adamw_hf": ("adamw", "for-loop", ""),
-    "adamw_torch_fused": ("adamw", "fused", ""),
+    "adamw_torch_fused": ("adamw", "fused", ""),  # trainer_optimizer.py _get_adamw_torch: fused=True
     "adamw_apex_fused": ("adamw", "fused", ""),
     "adamw_torch_xla": ("adamw", None, ""),
     "adamw_torch_npu_fused": ("adamw", "fused", ""),
     "adamw_anyprecision": ("adamw", None, ""),
     "adam": ("adam", None, ""),
-    "adamw_bnb_8bit": ("adamw-8bit", None, ""),
-    "adamw_8bit": ("adamw-8bit", None, ""),
-    "adam_8bit": ("adamw-8bit", None, ""),
-    "bnb_8bit": ("adamw-8bit", None, ""),
-    "paged_adamw_8bit": ("paged-adamw-8bit", None, ""),
-    "paged_adam_8bit": ("paged-adamw-8bit", None, ""),
-    "paged_adamw_32bit": (
-        "adamw",
-        None,
-        "paged 32-bit states (CUDA unified memory) counted as device fp32 states",
+    "adamw_bnb_8bit": ("adamw-8bit", "fused", _BNB),
+    "adamw_8bit": ("adamw-8bit", "fused", _BNB),
+    "adam_8bit": ("adamw-8bit", "fused", _BNB),
+    "bnb_8bit": ("adamw-8bit", "fused", _BNB),
+    "paged_adamw_8bit": ("paged-adamw-8bit", "fused", _BNB),
+    "paged_adam_8bit": ("paged-adamw-8bit", "fused", _BNB),
+    "paged_adamw_32bit": ("adamw", "fused", _PAGED_32),
+    "paged_adamw": ("adamw", "fused", _PAGED_32),
+    "adamw_torch_4bit": ("adamw-4bit", "fused", f"{_TORCHAO}; {TORCHAO_4BIT_NOTE}"),
+    "adamw_torch_8bit": ("adamw-8bit", "fused", f"{_TORCHAO}; 8-bit states counted as bitsandbytes 8-bit"),
+    "lion_8bit": ("lion-8bit", "fused", _BNB),
+    "paged_lion_8bit": ("lion-8bit", "fused", _BNB + "; paged states counted on the device"),
+    "lion_32bit": ("lion", "fused", _BNB + "; one fp32 state"),
+    "paged_lion_32bit": ("lion", "fused", _BNB + "; one fp32 state, paged: counted on the device"),
+    "sgd": ("sgd", "foreach", ""),  # torch.optim.SGD; optim_args momentum=... -> sgd-momentum
+    # transformers/optimization.py Adafactor steps tensor by tensor and has no foreach version
+    "adafactor": ("adafactor", "for-loop", "transformers.optimization.Adafactor, tensor by tensor"),
+    # galore_torch GaLoreAdamW.step: a Python loop over the parameters
+    "galore_adamw": (
+        "galore-adamw",
+        "for-loop",
+        "optim_args rank / optim_target_modules not read: galore-torch's rank 128 on the attention and MLP "
+        "matrices counted (formulas/lowbit_optim.py)",
     ),
-    "paged_adamw": ("adamw", None, "paged 32-bit states (CUDA unified memory) counted as device fp32 states"),
-    "adamw_torch_4bit": ("adamw-4bit", None, ""),
-    "adamw_torch_8bit": ("adamw-8bit", None, "torchao 8-bit states counted as bitsandbytes 8-bit"),
-    "lion_8bit": ("lion-8bit", None, ""),
-    "paged_lion_8bit": ("lion-8bit", None, ""),
-    "lion_32bit": ("lion", None, ""),
-    "paged_lion_32bit": ("lion", None, ""),
-    "sgd": ("sgd", None, ""),
-    "adafactor": ("adafactor", None, ""),
-    "galore_adamw": ("galore-adamw", None, ""),
-    "galore_adamw_layerwise": ("galore-adamw", None, "layer-wise GaLore counted as plain GaLore"),
+    "galore_adamw_layerwise": ("galore-adamw", "for-loop", "layer-wise GaLore counted as plain GaLore"),
 }
 # torchtune optimizer._component_ -> peakmem optimizer (and a note)
 _COMPONENT_OPTIMIZERS: dict[str, tuple[str, str]] = {
@@ -111,8 +122,17 @@ _COMPONENT_OPTIMIZERS: dict[str, tuple[str, str]] = {
     "torchao.optim.AdamW4bit": ("adamw-4bit", ""),
     "torchao.prototype.low_bit_optim.AdamW4bit": ("adamw-4bit", ""),
 }
-# DeepSpeed "optimizer.type" (deepspeed/runtime/config.py: ADAM, ADAMW, ... names, lower-cased)
-_DEEPSPEED_OPTIMIZERS = {"adam": "adamw", "adamw": "adamw", "sgd": "sgd", "lion": "lion"}
+# DeepSpeed "optimizer.type" (deepspeed/runtime/config.py names, lower-cased) -> peakmem optimizer and
+# implementation: deepspeed/runtime/engine.py _configure_basic_optimizer builds FusedAdam / FusedLion
+# (DeepSpeedCPUAdam / DeepSpeedCPULion when offloaded): one kernel per group; other names are torch.optim's.
+# With an "optimizer" section DeepSpeed builds its own and TrainingArguments.optim is unused
+# (transformers integrations/deepspeed.py deepspeed_optim_sched: DummyOptim).
+_DEEPSPEED_OPTIMIZERS = {
+    "adam": ("adamw", "fused"),
+    "adamw": ("adamw", "fused"),
+    "lion": ("lion", "fused"),
+    "sgd": ("sgd", "foreach"),
+}
 _ATTENTION = {  # transformers attn_implementation -> peakmem --attention
     "eager": "eager",
     "sdpa": "sdpa",
@@ -120,7 +140,7 @@ _ATTENTION = {  # transformers attn_implementation -> peakmem --attention
     "flash_attention_3": "flash",
     "kernels-community/flash-attn": "flash",
     "kernels-community/vllm-flash-attn3": "flash",
-}
+}  # other Hub kernels whose name says flash ("kernels-community/...flash...") count as flash too
 _FSDP_STRATEGIES = {  # torch FSDP ShardingStrategy (name or accelerate's 1-based number)
     "full_shard": "full-shard",
     "1": "full-shard",
@@ -454,8 +474,9 @@ QUANT_DESTS = ("quant", "no_double_quant")
 class _Mapper:
     """Collects options with their sources for one document (``name``), then merges."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, strict: bool = False) -> None:
         self.name = name
+        self.strict = strict  # a value peakmem cannot model is an error (PeakmemCallback), not a skip
         self.options: dict[str, Any] = {}
         self.fields: dict[str, Field] = {}
         self.extra_fields: list[Field] = []
@@ -487,6 +508,14 @@ class _Mapper:
 
     def skip(self, key: str, value: Any, why: str = "") -> None:
         self.not_modelled.append(f"{self.src(key)} = {_short(value)}" + (f": {why}" if why else ""))
+
+    def unknown(self, key: str, value: Any, why: str, modelled: Sequence[str]) -> None:
+        """A value the setup depends on that peakmem has no model of: skipped (peakmem's default counted
+        instead) or, ``strict``, an error naming the field, the value and what is modelled."""
+        if self.strict:
+            raise InputError(f"{self.name}.{key}={value!r}: not modelled by peakmem "
+                             f"(modelled: {', '.join(modelled)})")  # fmt: skip
+        self.skip(key, value, why)
 
     def kernel(self, name: str, flag: Any) -> None:
         if isinstance(flag, str):
@@ -562,24 +591,38 @@ def _names_list(value: Any) -> list[str]:
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
-def _hf_optimizer(m: _Mapper, key: str, value: Any) -> None:
-    name = str(value).strip().lower()
-    found = _HF_OPTIMIZERS.get(name)
+def _hf_optimizer(m: _Mapper, key: str, value: Any, optim_args: Any = None) -> None:
+    name = str(getattr(value, "value", value)).strip().lower()  # an OptimizerNames member, live
+    found = HF_OPTIMIZERS.get(name)
     if found is None:
-        m.skip(key, value, "an optimizer peakmem has no model of; peakmem's default AdamW counted instead")
+        m.unknown(key, name, "an optimizer peakmem has no model of; peakmem's default AdamW counted instead",
+                  list(HF_OPTIMIZERS))  # fmt: skip
         return
     opt, impl, note = found
+    if opt == "sgd" and parse_optim_args(optim_args).get("momentum", "0") not in ("0", "0.0"):
+        opt = "sgd-momentum"
     m.set("optimizer", opt, key, note)
     if impl is not None:
         m.set("optimizer_impl", impl, key)
 
 
+def parse_optim_args(text: Any) -> dict[str, str]:
+    """``optim_args="momentum=0.9,nesterov=True"`` as transformers trainer_optimizer.py parses it."""
+    out: dict[str, str] = {}
+    for part in str(text or "").replace(" ", "").split(","):
+        if "=" in part:
+            key, value = part.split("=", 1)
+            out[key] = value
+    return out
+
+
 def _attention_impl(m: _Mapper, key: str, value: Any) -> None:
     name = str(value).strip()
-    if name in _ATTENTION:
-        m.set("attention", _ATTENTION[name], key)
+    kernel = _ATTENTION.get(name) or ("flash" if "flash" in name else None)
+    if kernel is not None:
+        m.set("attention", kernel, key)
     else:
-        m.skip(key, value, "an attention kernel peakmem has no model of")
+        m.unknown(key, name, "an attention kernel peakmem has no model of", list(_ATTENTION))
 
 
 def _precision_flags(m: _Mapper, doc: Mapping[str, Any]) -> None:
@@ -612,31 +655,58 @@ def _weights_dtype(value: Any) -> str | None:
     }.get(name)
 
 
+PURE_FP16_NOTE = (
+    "fp16 weights trained as they are (no fp32 master, fp16 gradients and optimizer states): the bytes of "
+    "peakmem's pure 16-bit regime"
+)
+
+
 def _hf_precision(m: _Mapper, method: str, weights: tuple[str, str] | None, upcast_full: bool) -> None:
-    """HF Trainer precision: ``bf16=True`` is autocast over the weights' own dtype. A model loaded in
-    bf16 trains bf16 weights, gradients and AdamW states (torch keeps states in the parameter's dtype);
-    LoRA/QLoRA bases are loaded in the half dtype and the adapters kept in fp32 (peft's default).
+    """HF Trainer precision (transformers 5.23 trainer.py + accelerate): ``bf16``/``fp16=True`` turn on
+    autocast (and, for fp16, torch's GradScaler) over the weights in the dtype they were loaded in; the
+    Trainer never casts the model itself. So the weights' dtype decides, for every method:
+
+    * fp32 weights (or none stated, full fine-tuning): ``amp-*`` with a flag, else ``fp32``;
+    * bf16 weights: ``bf16`` (weights, gradients and optimizer states in bf16: torch keeps the states in
+      the parameter's dtype), with or without the flag;
+    * fp16 weights under LoRA/QLoRA: ``mixed-fp16`` (fp16 base, fp32 adapters, no master copy);
+    * fp16 weights in full fine-tuning: without ``fp16=True`` the Trainer trains them as they are (pure
+      fp16: counted as ``bf16``, the same bytes, with a note); with it, GradScaler.unscale_ raises
+      "Attempting to unscale FP16 gradients" (torch/amp/grad_scaler.py) at the first step: an error.
+
+    LoRA/QLoRA with no dtype stated: the base is loaded in the flag's dtype (peft's adapters in fp32).
     ``upcast_full``: full fine-tuning with fp32 trainable weights (LLaMA-Factory without pure_bf16)."""
-    if m.half is None:
-        if weights is not None and weights[0] != "fp32":
+    if method == "full" and upcast_full and m.half is not None:
+        weights = None
+    dtype = weights[0] if weights is not None else "fp32"
+    source = m.half[1] if m.half is not None else (weights[1] if weights is not None else "")
+    if dtype == "fp32":
+        if m.half is None:
+            m.fp32_default = m.src("(no bf16/fp16 flag)")
+        else:
             m.set(
                 "precision",
-                weights[0] if weights[0] == "bf16" else "mixed-fp16",
-                weights[1],
-                "weights loaded in a 16-bit dtype without autocast",
+                f"amp-{m.half[0]}",
+                source,
+                "fp32 trainable weights, autocast compute (HF Trainer amp)",
             )
-        else:
-            m.fp32_default = m.src("(no bf16/fp16 flag)")
-        return
-    half, source = m.half
-    if method == "full" and (upcast_full or weights is None or weights[0] == "fp32"):
-        why = "fp32 trainable weights, autocast compute (HF Trainer amp)"
-        m.set("precision", f"amp-{half}", source, why)
-        return
-    if half == "bf16":
-        m.set("precision", "bf16", source, "bf16 weights (loaded in bf16), autocast compute")
-    else:
+    elif dtype == "bf16":
+        m.set(
+            "precision",
+            "bf16",
+            source,
+            "bf16 weights" + (", autocast compute" if m.half else ", no autocast"),
+        )
+    elif method != "full":
         m.set("precision", "mixed-fp16", source, "fp16 base weights, fp32 adapters")
+    elif m.half is not None and m.half[0] == "fp16":
+        raise InputError(
+            f"{m.half[1]}: fp16=True on fp16 weights ({weights[1] if weights else ''}) in full "
+            'fine-tuning: torch\'s GradScaler refuses it ("Attempting to unscale FP16 gradients") at the '
+            "first step; load the model in fp32 (HF Trainer amp) or bf16"
+        )
+    else:
+        m.set("precision", "bf16", source, PURE_FP16_NOTE)
 
 
 def _lora_from(m: _Mapper, doc: Mapping[str, Any], rank_key: str, defaults: Mapping[str, Any]) -> None:
@@ -717,19 +787,25 @@ def _deepspeed(m: _Mapper, ds: Mapping[str, Any], prefix: str) -> None:
             m.half = (key, m.src(f"{p}{key}.enabled"))
     opt = _get(ds, "optimizer.type")
     if isinstance(opt, str):
-        name = _DEEPSPEED_OPTIMIZERS.get(opt.lower())
-        if name is None:
-            m.skip(p + "optimizer.type", opt, "a DeepSpeed optimizer peakmem has no model of")
+        found = _DEEPSPEED_OPTIMIZERS.get(opt.lower())
+        if found is None:
+            m.unknown(p + "optimizer.type", opt, "a DeepSpeed optimizer peakmem has no model of",
+                      list(_DEEPSPEED_OPTIMIZERS))  # fmt: skip
         else:
-            m.set("optimizer", name, p + "optimizer.type", keep=True)
+            note = "DeepSpeed builds its own optimizer; TrainingArguments.optim is unused"
+            m.set("optimizer", found[0], p + "optimizer.type", note)
+            m.set("optimizer_impl", found[1], p + "optimizer.type")
     if _truthy(_get(ds, "activation_checkpointing.cpu_checkpointing")):
         m.skip(p + "activation_checkpointing.cpu_checkpointing", True, "Megatron-style CPU checkpointing")
 
 
-def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
-    """TrainingArguments / axolotl ``fsdp`` (a string or list of options) + ``fsdp_config``."""
+def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any], default_version: int) -> None:
+    """TrainingArguments / axolotl ``fsdp`` (``True``, or the legacy string or list of options) +
+    ``fsdp_config``. transformers 5.23 rewrites the legacy options into ``fsdp=True`` with
+    ``fsdp_config`` ``reshard_after_forward`` / ``cpu_offload`` (training_args.py
+    ``_process_fsdp_args``) and builds FSDP ``fsdp_config.get("version", 2)``."""
     value = doc.get("fsdp")
-    words = [w.lower() for w in _names_list(value)] if value not in (None, False, "") else []
+    words = [w.lower() for w in _names_list(value)] if value not in (None, False, True, "") else []
     for word in words:
         if word in _FSDP_STRATEGIES:
             m.set("fsdp", _FSDP_STRATEGIES[word], "fsdp")
@@ -743,6 +819,8 @@ def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
     # axolotl's newer style, an fsdp_version or a sharding key inside the config)
     sharding_keys = {
         "fsdp_version",
+        "version",
+        "cpu_offload",
         "reshard_after_forward",
         "fsdp_reshard_after_forward",
         "sharding_strategy",
@@ -750,17 +828,23 @@ def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
         "offload_params",
         "fsdp_offload_params",
     }
-    uses_fsdp = bool(words) or (
-        isinstance(config, Mapping)
-        and (doc.get("fsdp_version") is not None or bool(sharding_keys & set(config)))
+    uses_fsdp = (
+        bool(words)
+        or value is True
+        or (
+            isinstance(config, Mapping)
+            and (doc.get("fsdp_version") is not None or bool(sharding_keys & set(config)))
+        )
     )
     if isinstance(config, Mapping) and uses_fsdp:
         version = doc.get("fsdp_version")
         if version is not None and "fsdp_version" not in config:
             config = {**config, "fsdp_version": version}
-        _fsdp_config(m, config, "fsdp_config", default_version=1)
-    elif words:
-        m.set("fsdp_version", 1, "(transformers: FSDP1 unless fsdp_config says version 2)")
+        _fsdp_config(m, config, "fsdp_config", default_version=default_version)
+    elif words or value is True:
+        m.set("fsdp_version", default_version, f"(FSDP{default_version} unless fsdp_config says otherwise)")
+        if "fsdp" not in m.options:
+            m.set("fsdp", "full-shard", "(FSDP's default sharding: FULL_SHARD)")
 
 
 def _fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_version: int) -> None:
@@ -798,6 +882,8 @@ def _fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_ver
     if "fsdp" not in m.options:
         m.set("fsdp", "full-shard", "(FSDP's default sharding: FULL_SHARD)")
     key, offload = get("fsdp_offload_params")
+    if not key:
+        key, offload = get("cpu_offload")  # transformers 5.23 fsdp_config (CPUOffload / OffloadPolicy)
     if key and _truthy(offload):
         m.set("offload_params", "cpu", k(key), "FSDP CPUOffload: parameters, gradients and the step on CPU")
         m.set("offload", "cpu", k(key))
@@ -815,8 +901,14 @@ def _liger(m: _Mapper, key: str) -> None:
     )
 
 
-def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
-    """TrainingArguments keys shared by axolotl, LLaMA-Factory and TRL files."""
+# transformers 5.23 training_args.py: FSDP version fsdp_config.get("version", 2)
+HF_FSDP_DEFAULT_VERSION = 2
+AXOLOTL_FSDP_DEFAULT_VERSION = 1  # axolotl fsdp_config without fsdp_version: accelerate's FSDP1 plugin
+
+
+def _common_hf(m: _Mapper, doc: Mapping[str, Any], fsdp_version: int = HF_FSDP_DEFAULT_VERSION) -> None:
+    """TrainingArguments keys shared by axolotl, LLaMA-Factory and TRL files (and PeakmemCallback's live
+    ``args.to_dict()``)."""
     if "per_device_train_batch_size" in doc:
         value = _int(m, "per_device_train_batch_size", doc["per_device_train_batch_size"])
         if value is not None:
@@ -845,7 +937,7 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
     elif gc is not None:
         m.set("checkpointing", "none", gc_key)
     if "optim" in doc and doc["optim"] is not None:
-        _hf_optimizer(m, "optim", doc["optim"])
+        _hf_optimizer(m, "optim", doc["optim"], doc.get("optim_args"))
     if doc.get("attn_implementation"):
         _attention_impl(m, "attn_implementation", doc["attn_implementation"])
     elif _truthy(doc.get("use_flash_attention_2")):
@@ -857,7 +949,7 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
     ds = doc.get("deepspeed")
     if isinstance(ds, Mapping):
         _deepspeed(m, ds, "deepspeed")
-    _fsdp_hf(m, doc)
+    _fsdp_hf(m, doc, fsdp_version)
     for key in sorted(doc):
         if key in _NOT_MODELLED and doc[key] not in (None, False, "", [], 0):
             if key in ("use_dora", "lora_modules_to_save", "optim_target_modules"):
@@ -976,7 +1068,7 @@ def _map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     if weights is None and _truthy(doc.get("float32")):
         weights = ("fp32", m.src("float32"))
     _precision_flags(m, doc)
-    _common_hf(m, {k: v for k, v in doc.items() if k not in ("optimizer",)})
+    _common_hf(m, {k: v for k, v in doc.items() if k not in ("optimizer",)}, AXOLOTL_FSDP_DEFAULT_VERSION)
     _finish_precision(m, weights, upcast_full=False)
 
 
@@ -1127,6 +1219,7 @@ def _map_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
             "peakmem's default applies unless --seq is given"
         )
     _packing(m, doc, ("packing",))
+    _precision_flags(m, doc)
     weights = None
     for key in ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype"):
         value = _get(doc, key)
@@ -1140,11 +1233,43 @@ def _map_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
             else:
                 weights = (dtype, m.src(key))
             break
+    _training_arguments(m, doc, weights)
+
+
+def _training_arguments(m: _Mapper, doc: Mapping[str, Any], weights: tuple[str, str] | None) -> None:
+    """The TrainingArguments-level fields: precision flags (with the weights' dtype), batch, accumulation,
+    checkpointing, optimizer, attention, Liger, DeepSpeed, FSDP. The one mapping of them, for ``--from``
+    (:func:`_map_hf`) and for PeakmemCallback's live arguments (:func:`map_training_arguments`)."""
     _precision_flags(m, doc)
     if weights is None and m.options.get("method") in ("lora", "qlora") and m.half:
         weights = (m.half[0], m.half[1])
     _common_hf(m, doc)
     _finish_precision(m, weights, upcast_full=False)
+
+
+def map_training_arguments(
+    doc: Mapping[str, Any],
+    *,
+    name: str = "TrainingArguments",
+    model: str,
+    method: str,
+    weights: tuple[str, str] | None,
+    gpus: tuple[int, str] | None = None,
+    strict: bool = False,
+) -> FromFile:
+    """A live ``TrainingArguments.to_dict()`` (with ``deepspeed`` the resolved config dict and
+    ``attn_implementation`` the model's) through the same mapping ``--from`` uses. What only the live
+    objects know is given: ``model`` (its name), ``method`` (peft adapter / quantized base), ``weights``
+    (the dtype the parameters are in, and where that was read), ``gpus`` (the number of processes and
+    where that was read; it checks DeepSpeed's global batch). ``strict``: an optimizer or attention
+    kernel peakmem has no model of is an error instead of a skip."""
+    m = _Mapper(name, strict=strict)
+    m.set("model", model, "(the Trainer's model)")
+    m.set("method", method, "(the Trainer's model)")
+    if gpus is not None:
+        m.set("gpus", gpus[0], f"({gpus[1]})")
+    _training_arguments(m, doc, weights)
+    return _merge([(name, doc)], [HF_TRAINER], [m])
 
 
 _TORCHTUNE_TARGETS = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -1366,7 +1491,8 @@ def _merge(
         for dest, value in m.options.items():
             # A DeepSpeed file's batch, accumulation and optimizer never override the training file's
             # own (HF Trainer fills DeepSpeed's values from its arguments and refuses a mismatch).
-            if dest in options and fmt == DEEPSPEED and dest in ("batch", "grad_accum", "optimizer"):
+            # Its optimizer section does win: DeepSpeed builds that optimizer (see _DEEPSPEED_OPTIMIZERS).
+            if dest in options and fmt == DEEPSPEED and dest in ("batch", "grad_accum"):
                 if options[dest] != value:
                     notes.append(
                         f"{m.fields[dest].source} = {value} differs from {fields[dest].source} = "
@@ -1389,7 +1515,7 @@ def _merge(
         deepspeed = deepspeed or m.deepspeed
         global_batch = m.global_batch or global_batch
         fp32_default = fp32_default or m.fp32_default
-    if deepspeed and half is not None and options.get("zero") is not None:
+    if deepspeed and half is not None:
         # DeepSpeed's bf16/fp16 engine: 16-bit weights and grads, fp32 master weights and optimizer states
         # (deepspeed/runtime/bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py).
         precision = f"mixed-{half[0]}"

@@ -9,7 +9,11 @@
 
 **At train begin** the callback reads the job from the live objects (:func:`job_from_trainer`: the model's
 config, its peft adapter and bitsandbytes quantization, the ``TrainingArguments``, the first batch) and
-asks the question ``peakmem train`` asks, through the same function
+asks the question ``peakmem train`` asks. The arguments go through the mapping ``peakmem train --from``
+uses (:func:`peakmem.fromfile.map_training_arguments` on ``args.to_dict()`` with the resolved DeepSpeed
+config): one table of optimizer names, one precision rule, one reading of DeepSpeed and FSDP; this module
+adds only what the live objects know (peft config, bitsandbytes state, weight dtype, attention
+implementation, the first batch's shape, the number of processes). It answers through the same function
 (:func:`peakmem.planner.train_answer`), so its answer (:attr:`PeakmemCallback.json`) equals
 ``peakmem train MODEL <the same flags> --json``. It prints the same headline and tables
 (:func:`peakmem.render.print_estimate`), with the ranked ways down, on the main process.
@@ -46,13 +50,11 @@ the prediction is logged (step 0).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,15 +62,9 @@ from transformers import TrainerCallback
 
 from peakmem.errors import EXIT_DOES_NOT_FIT, InputError, PeakmemError
 from peakmem.model import ModelSpec
-from peakmem.parallel import DEFAULT_GPUS_PER_NODE, FsdpMode, Offload, Parallelism
+from peakmem.parallel import DEFAULT_GPUS_PER_NODE, Parallelism
 from peakmem.training import (
-    AttentionKernel,
-    Checkpointing,
-    LossImpl,
     Method,
-    OptimizerImpl,
-    OptimizerName,
-    Precision,
     TrainingSetup,
 )
 from peakmem.units import GiB, fmt_bytes
@@ -78,47 +74,9 @@ LOG_PREFIX = "peakmem/"
 DEFAULT_MEASURE_STEPS = 2  # the peak settles by step 2: optimizer states appear at step 1 (as measure's)
 ERROR_DIGITS = 2  # decimals of the logged GiB and percentages
 
-# transformers 5.23 training_args.py OptimizerNames -> peakmem's optimizer and the implementation whose
-# step temporaries it has, as transformers/trainer_optimizer.py builds each.
-_BNB = "bitsandbytes optim (one in-place kernel per tensor)"
-HF_OPTIMIZERS: dict[str, tuple[OptimizerName, OptimizerImpl, str]] = {
-    "adamw_torch": (OptimizerName.ADAMW, OptimizerImpl.FOREACH,
-                    "torch.optim.AdamW, foreach (torch's default on CUDA)"),
-    "adamw_torch_fused": (OptimizerName.ADAMW, OptimizerImpl.FUSED, "torch.optim.AdamW(fused=True)"),
-    "adafactor": (OptimizerName.ADAFACTOR, OptimizerImpl.FOR_LOOP,
-                  "transformers.optimization.Adafactor, tensor by tensor"),
-    "sgd": (OptimizerName.SGD, OptimizerImpl.FOREACH, "torch.optim.SGD, foreach"),
-    "adamw_bnb_8bit": (OptimizerName.ADAMW_8BIT, OptimizerImpl.FUSED, _BNB),
-    "adamw_8bit": (OptimizerName.ADAMW_8BIT, OptimizerImpl.FUSED, _BNB + "; alias of adamw_bnb_8bit"),
-    "paged_adamw_8bit": (OptimizerName.PAGED_ADAMW_8BIT, OptimizerImpl.FUSED, _BNB),
-    "lion_8bit": (OptimizerName.LION_8BIT, OptimizerImpl.FUSED, _BNB),
-    "lion_32bit": (OptimizerName.LION, OptimizerImpl.FUSED, _BNB + "; one fp32 state"),
-    "adamw_torch_4bit": (OptimizerName.ADAMW_4BIT, OptimizerImpl.FUSED, "torchao AdamW4bit"),
-}  # fmt: skip
-# deepspeed/runtime/engine.py _configure_basic_optimizer: "Adam"/"AdamW" -> FusedAdam (DeepSpeedCPUAdam
-# when the optimizer is offloaded); both keep exp_avg and exp_avg_sq.
-DS_OPTIMIZERS = {"adam": OptimizerName.ADAM, "adamw": OptimizerName.ADAMW}
-# The 4-bit optimizer as transformers builds it: trainer_optimizer.py _get_torchao_optimizer passes
-# block_size=256 (optim_args) where peakmem models torchao's own 128: the scales are over-counted.
-TORCHAO_NOTE = (
-    "optim=adamw_torch_4bit: transformers passes torchao block_size=256; peakmem counts torchao's default "
-    "128 (two fp32 scales per block: over-counted by 2 x (4/128 - 4/256) = 1/32 byte per parameter)"
-)
-# transformers 5.23 config._attn_implementation -> peakmem's attention kernel (eager keeps the S x S
-# probabilities; SDPA's memory-efficient/flash backends and flash-attn keep O(S) per head).
-HF_ATTENTION = {
-    "eager": AttentionKernel.EAGER,
-    "sdpa": AttentionKernel.SDPA,
-    "flash_attention_2": AttentionKernel.FLASH,
-    "flash_attention_3": AttentionKernel.FLASH,
-}
-# transformers trainer_utils.py FSDPOption -> Parallelism.fsdp
-HF_FSDP = {
-    "full_shard": FsdpMode.FULL_SHARD,
-    "shard_grad_op": FsdpMode.SHARD_GRAD_OP,
-    "hybrid_shard": FsdpMode.HYBRID_SHARD,
-}
-FSDP_DEFAULT_VERSION = 2  # transformers 5.23 training_args.py: fsdp_config.get("version", 2)
+# The TrainingArguments-level fields (optimizer names, precision flags, checkpointing, attention, Liger,
+# DeepSpeed, FSDP, batch, accumulation) map through peakmem.fromfile.map_training_arguments, the one
+# mapping `peakmem train --from` uses; this module adds what only the live objects know.
 # peft LoraConfig fields that change which modules are adapted or their rank: not modelled (an error,
 # never a silent default).
 PEFT_UNMODELLED = ("rank_pattern", "layers_to_transform", "exclude_modules", "layer_replication",
@@ -298,75 +256,6 @@ def _quant(model: Any, base: Any, float_dtype: str, read: Read) -> Any:
     return quant
 
 
-def _precision(args: Any, weights: torch.dtype, deepspeed: bool, method: Method) -> Precision:
-    """HF Trainer's precision regimes (peakmem.training): bf16/fp16 flags on fp32 weights are autocast
-    (accelerate's mixed_precision); 16-bit weights are trained as they are; DeepSpeed keeps 16-bit
-    weights and fp32 masters."""
-    bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
-    if deepspeed and (bf16 or fp16):
-        return Precision.MIXED_BF16 if bf16 else Precision.MIXED_FP16
-    if weights == torch.float32:
-        return Precision.AMP_BF16 if bf16 else Precision.AMP_FP16 if fp16 else Precision.FP32
-    if weights == torch.bfloat16:
-        return Precision.BF16
-    if weights == torch.float16 and method is not Method.FULL:
-        return Precision.MIXED_FP16  # fp16 base, fp32 adapters: no master copy of anything
-    raise InputError(
-        f"model weights {weights}: pure {_DTYPE_NAMES.get(weights, str(weights))} full fine-tuning is not a "
-        "regime peakmem models (HF Trainer's fp16=True needs fp32 weights)"
-    )
-
-
-def _optimizer(
-    args: Any, ds: dict[str, Any] | None, read: Read, notes: list[str]
-) -> tuple[OptimizerName, OptimizerImpl]:
-    ds_optimizer = (ds or {}).get("optimizer")
-    if isinstance(ds_optimizer, Mapping):  # DeepSpeed builds its own; TrainingArguments.optim is unused
-        kind = str(ds_optimizer.get("type", "")).lower()
-        if kind not in DS_OPTIMIZERS:
-            raise InputError(f"DeepSpeed optimizer.type={ds_optimizer.get('type')!r}: not modelled "
-                             f"(modelled: {', '.join(DS_OPTIMIZERS)})")  # fmt: skip
-        where = "DeepSpeed optimizer.type: FusedAdam / DeepSpeedCPUAdam, one kernel per group"
-        read.append(("optimizer", f"{DS_OPTIMIZERS[kind].value} (fused)", where))
-        return DS_OPTIMIZERS[kind], OptimizerImpl.FUSED
-    raw = getattr(args, "optim", "adamw_torch")  # an OptimizerNames member once TrainingArguments parsed it
-    optim = str(getattr(raw, "value", raw))
-    found = HF_OPTIMIZERS.get(optim)
-    if found is None:
-        raise InputError(f"TrainingArguments.optim={optim!r}: not modelled by peakmem "
-                         f"(modelled: {', '.join(HF_OPTIMIZERS)})")  # fmt: skip
-    name, impl, source = found
-    if name is OptimizerName.SGD and _optim_args(args).get("momentum", "0") not in ("0", "0.0"):
-        name = OptimizerName.SGD_MOMENTUM
-    if optim == "adamw_torch_4bit":
-        notes.append(TORCHAO_NOTE)
-    read.append(("optimizer", f"{name.value} ({impl.value})", f"TrainingArguments.optim={optim}: {source}"))
-    return name, impl
-
-
-def _optim_args(args: Any) -> dict[str, str]:
-    """``optim_args="momentum=0.9,nesterov=True"`` as transformers parses it (trainer_optimizer.py)."""
-    text = getattr(args, "optim_args", None) or ""
-    out: dict[str, str] = {}
-    for part in str(text).replace(" ", "").split(","):
-        if "=" in part:
-            key, value = part.split("=", 1)
-            out[key] = value
-    return out
-
-
-def _attention(config: Any, read: Read) -> AttentionKernel:
-    impl = getattr(config, "_attn_implementation", None) or "eager"
-    kernel = HF_ATTENTION.get(str(impl))
-    if kernel is None and "flash" in str(impl):  # a Hub kernel ("kernels-community/flash-attn")
-        kernel = AttentionKernel.FLASH
-    if kernel is None:
-        raise InputError(f"model.config._attn_implementation={impl!r}: not modelled "
-                         f"(modelled: {', '.join(HF_ATTENTION)})")  # fmt: skip
-    read.append(("attention", kernel.value, f"model.config._attn_implementation={impl}"))
-    return kernel
-
-
 def _deepspeed_config(args: Any) -> dict[str, Any] | None:
     """The DeepSpeed config with transformers' "auto" values filled in when the Trainer has done so
     (``args.hf_deepspeed_config.config``), else ``args.deepspeed`` (a dict or a JSON file)."""
@@ -378,88 +267,12 @@ def _deepspeed_config(args: Any) -> dict[str, Any] | None:
         return None
     if isinstance(ds, Mapping):
         return dict(ds)
+    from peakmem.fromfile import load_document  # the one config reader (size cap, errors naming the file)
+
     try:
-        loaded = json.loads(Path(str(ds)).read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"TrainingArguments.deepspeed={ds!r}: cannot read it ({e})") from None
-    if not isinstance(loaded, dict):
-        raise InputError(f"TrainingArguments.deepspeed={ds!r}: not a JSON object")
-    return loaded
-
-
-def _int_or_none(value: Any) -> int | None:
-    """A DeepSpeed size (int, or a float such as 5e8); "auto" and anything else -> None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _parallelism(args: Any, ds: dict[str, Any] | None, read: Read,
-                 notes: list[str]) -> Parallelism | None:  # fmt: skip
-    gpus = int(getattr(args, "world_size", 1) or 1)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or min(gpus, DEFAULT_GPUS_PER_NODE)
-    kw: dict[str, Any] = {"gpus": gpus, "gpus_per_node": per_node}
-    if gpus > 1:
-        read.append(("gpus", str(gpus), "TrainingArguments.world_size"))
-    pc = getattr(args, "parallelism_config", None)
-    for attr, key in (("tp_size", "tp"), ("cp_size", "cp")):
-        size = getattr(pc, attr, 1) if pc is not None else 1
-        if isinstance(size, int) and size > 1:
-            kw[key] = size
-            read.append((key, str(size), f"TrainingArguments.parallelism_config.{attr}"))
-    if ds is not None:
-        zero = ds.get("zero_optimization") or {}
-        stage = _int_or_none(zero.get("stage", 0)) or 0
-        kw["zero_stage"] = stage
-        read.append(("zero", str(stage), "DeepSpeed zero_optimization.stage"))
-        for key, attr in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
-            device = str((zero.get(key) or {}).get("device", "none")).lower()
-            if device in ("cpu", "nvme"):
-                kw[attr] = Offload.parse(device, key)
-                read.append((attr, device, f"DeepSpeed zero_optimization.{key}.device"))
-        sizes = {"reduce_bucket_size": "reduce_bucket_size", "allgather_bucket_size": "allgather_bucket_size",
-                 "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-                 "stage3_max_live_parameters": "max_live_parameters",
-                 "stage3_param_persistence_threshold": "param_persistence_threshold"}  # fmt: skip
-        for key, attr in sizes.items():
-            value = _int_or_none(zero.get(key))
-            if value is not None:
-                kw[attr] = value
-        for key in ("overlap_comm", "contiguous_gradients"):
-            if isinstance(zero.get(key), bool):
-                kw[key] = zero[key]
-    fsdp = getattr(args, "fsdp", None) or []
-    options = [str(getattr(o, "value", o)) for o in (fsdp.split() if isinstance(fsdp, str) else fsdp)]
-    modes = [HF_FSDP[o] for o in options if o in HF_FSDP]
-    unknown = [o for o in options if o not in HF_FSDP and o not in ("offload", "auto_wrap", "no_shard")]
-    if unknown:
-        raise InputError(f"TrainingArguments.fsdp={' '.join(options)!r}: {', '.join(unknown)} not modelled")
-    if modes:
-        config = getattr(args, "fsdp_config", None) or {}
-        version = int(config.get("version", FSDP_DEFAULT_VERSION)) if isinstance(config, Mapping) else 2
-        kw.update(fsdp=modes[0], fsdp_version=version)
-        read.append(("fsdp", f"{modes[0].value} v{version}", "TrainingArguments.fsdp / fsdp_config.version"))
-        if "offload" in options:
-            kw.update(offload_optimizer=Offload.CPU, offload_params=Offload.CPU)
-            read.append(("offload", "cpu (params, grads, optimizer step)", "TrainingArguments.fsdp offload"))
-    par = Parallelism(**kw)
-    plain = par.gpus == 1 and par.zero_stage == 0 and par.fsdp is FsdpMode.NONE and par.tp == par.cp == 1
-    if plain and (par.offload_optimizer is not Offload.NONE or par.offload_params is not Offload.NONE):
-        plain = False
-    return None if plain else par
-
-
-def _liger(args: Any, read: Read, notes: list[str]) -> LossImpl:
-    if not getattr(args, "use_liger_kernel", False):
-        return LossImpl.STANDARD
-    read.append(("loss", LossImpl.FUSED.value, "TrainingArguments.use_liger_kernel (fused linear CE)"))
-    notes.append("use_liger_kernel: only Liger's fused linear cross-entropy is modelled; its RMSNorm, "
-                 "RoPE and SwiGLU kernels save a little more activation memory than counted")  # fmt: skip
-    return LossImpl.FUSED
+        return load_document(str(ds))
+    except InputError as e:
+        raise InputError(f"TrainingArguments.deepspeed={ds!r}: {e}") from None
 
 
 def first_batch(dataloader: Any) -> Any:
@@ -534,11 +347,51 @@ def _batch_shape(batch: Any) -> tuple[int, int] | None:
     return None
 
 
+def _arguments_doc(
+    args: Any, ds: dict[str, Any] | None, attention: str, checkpointing: bool
+) -> dict[str, Any]:
+    """``args`` as the dict ``--from`` reads from a TrainingArguments JSON (``to_dict()``; a plain object's
+    attributes), with the resolved DeepSpeed config inline, the model's attention implementation and
+    the model's own checkpointing switch."""
+    to_dict = getattr(args, "to_dict", None)
+    doc = dict(to_dict()) if callable(to_dict) else {k: v for k, v in vars(args).items() if k[0] != "_"}
+    doc["deepspeed"] = ds
+    doc["attn_implementation"] = attention
+    if checkpointing:
+        doc["gradient_checkpointing"] = True
+    for key in ("parallelism_config", "world_size", "device", "hf_deepspeed_config"):
+        doc.pop(key, None)  # read live below (tp/cp, processes), or not an argument
+    return doc
+
+
+def _live_parallel(args: Any, read: Read) -> dict[str, int]:
+    """What only the running job knows: the number of processes, per node, and tp/cp sizes."""
+    gpus = int(getattr(args, "world_size", 1) or 1)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or min(gpus, DEFAULT_GPUS_PER_NODE)
+    out = {"gpus": gpus, "gpus_per_node": per_node}
+    if gpus > 1:
+        read.append(("gpus", str(gpus), "TrainingArguments.world_size"))
+    pc = getattr(args, "parallelism_config", None)
+    for attr, key in (("tp_size", "tp"), ("cp_size", "cp")):
+        size = getattr(pc, attr, 1) if pc is not None else 1
+        if isinstance(size, int) and size > 1:
+            out[key] = size
+            read.append((key, str(size), f"TrainingArguments.parallelism_config.{attr}"))
+    return out
+
+
 def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | None = None) -> Job:
     """The training job the Trainer will run: ``args`` (``TrainingArguments``), ``model`` (as the Trainer
     holds it: a transformers model, a peft ``PeftModel``, possibly wrapped), ``batch`` (its first batch,
-    :func:`first_batch`) and ``seq`` (overrides the batch's length). Every field is echoed in
-    ``Job.read`` with the place it came from; what is not modelled raises :class:`InputError`."""
+    :func:`first_batch`) and ``seq`` (overrides the batch's length). The arguments map through
+    :func:`peakmem.fromfile.map_training_arguments` (what ``peakmem train --from`` does with the same
+    arguments written to JSON); the model adds its peft adapter, bitsandbytes quantization, weight dtype
+    and attention implementation, the first batch its shape. Every field is echoed in ``Job.read`` with
+    the place it came from; what is not modelled raises :class:`InputError`."""
+    from dataclasses import replace
+
+    from peakmem.cli import _parallelism, _training_setup, build_parser  # the CLI's own flags -> setup
+    from peakmem.fromfile import apply, map_training_arguments
     from peakmem.hf import spec_from_config
 
     model = _unwrap(model)
@@ -556,28 +409,46 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     method = Method.QLORA if quant is not None else Method.LORA if peft else Method.FULL
     read.append(("method", method.value, "peft adapter / bitsandbytes base" if peft else "no peft adapter"))
     ds = _deepspeed_config(args)
-    precision = _precision(args, weights, ds is not None, method)
-    flags = f"bf16={bool(getattr(args, 'bf16', False))} fp16={bool(getattr(args, 'fp16', False))}"
-    read.append(("precision", precision.value, f"TrainingArguments {flags}, {weights_name} weights"
-                 + (", DeepSpeed" if ds is not None else "")))  # fmt: skip
-    autocast = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    # transformers 5.23 renamed is_gradient_checkpointing (deprecated, warns) to is_activation_checkpointing
+    flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else (
+        "is_gradient_checkpointing")  # fmt: skip
+    attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
+    doc = _arguments_doc(args, ds, attention, bool(getattr(base, flag, False)))
+    if weights_name not in ("fp32", "bf16", "fp16"):
+        raise InputError(f"model weights {weights}: not a dtype peakmem trains in (fp32, bf16, fp16)")
+    parallel = _live_parallel(args, read)
+    found = map_training_arguments(doc, model=name, method=method.value, strict=True,
+                                   weights=(weights_name, "the model's parameters"),
+                                   gpus=(parallel["gpus"], "TrainingArguments.world_size"))  # fmt: skip
+    autocast = bool(doc.get("bf16") or doc.get("fp16"))
     if autocast and weights != torch.float32 and ds is None:
-        notes.append(f"{flags} on {weights_name} weights: HF Trainer runs autocast over them; peakmem's "
-                     f"{precision.value} regime has none (ops autocast keeps in fp32, and under LoRA the "
-                     "adapters' input casts, are counted as without it)")  # fmt: skip
-    optimizer, impl = _optimizer(args, ds, read, notes)
-    if getattr(args, "torch_compile", False):
-        notes.append("torch_compile=True: activations are counted as eager transformers keeps them; "
-                     "inductor's fused kernels keep a different set")  # fmt: skip
+        notes.append(f"bf16={bool(doc.get('bf16'))} fp16={bool(doc.get('fp16'))} on {weights_name} weights: "
+                     f"HF Trainer runs autocast over them; peakmem's {found.options.get('precision')} regime "
+                     "has none (ops autocast keeps in fp32, and under LoRA the adapters' input casts, are "
+                     "counted as without it)")  # fmt: skip
+    notes.extend(found.notes)
+    notes.extend(f"not modelled: {item}" for item in found.not_modelled)
+    shown = {
+        "model",
+        "method",
+        "gpus",
+        "lora-rank",
+        "lora-alpha",
+        "lora-targets",
+        "lora-dropout",
+        "dora",
+        "quant",
+    }
+    live = {"attention": f"model.config._attn_implementation={attention}"}  # set into doc above
+    read.extend((f.field, str(f.value), live.get(f.field, f.source) + (f": {f.note}" if f.note else ""))
+                for f in found.mapped if f.field not in shown)  # fmt: skip
     micro_batch = int(args.per_device_train_batch_size)
     shape = _batch_shape(batch)
     if shape is not None and shape[0] != micro_batch:
         notes.append(f"the first batch holds {shape[0]} rows, per_device_train_batch_size={micro_batch}: "
                      f"counting {shape[0]} (what the model sees, e.g. a flattening collator)")  # fmt: skip
         micro_batch = shape[0]
-    given = shape is None or shape[0] == args.per_device_train_batch_size
-    batch_from = "TrainingArguments.per_device_train_batch_size" if given else "the first batch"
-    read.append(("batch", str(micro_batch), batch_from))
+        read.append(("batch", str(micro_batch), "the first batch"))
     if seq is not None:
         seq_len, seq_from = seq, "seq= given to PeakmemCallback"
     elif shape is not None:
@@ -586,24 +457,14 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
         raise InputError("seq=None: no first batch to read the sequence length from (an IterableDataset or "
                          "no DataLoader); give PeakmemCallback(seq=...)")  # fmt: skip
     read.append(("seq", str(seq_len), seq_from))
-    accum = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
-    read.append(("grad_accum", str(accum), "TrainingArguments.gradient_accumulation_steps"))
-    # transformers 5.23 renamed is_gradient_checkpointing (deprecated, warns) to is_activation_checkpointing
-    flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else (
-        "is_gradient_checkpointing")  # fmt: skip
-    checkpointing = bool(getattr(args, "gradient_checkpointing", False) or getattr(base, flag, False))
-    read.append(("checkpointing", "full" if checkpointing else "none",
-                 f"TrainingArguments.gradient_checkpointing / model.{flag}"))  # fmt: skip
-    attention = _attention(base.config, read)
-    loss = _liger(args, read, notes)
-    par = _parallelism(args, ds, read, notes)
-    setup = TrainingSetup(
-        method=method, precision=precision, optimizer=optimizer, optimizer_impl=impl, micro_batch=micro_batch,
-        seq_len=seq_len, grad_accum=accum, attention=attention, lora=lora, quant=quant, loss=loss,
-        checkpointing=Checkpointing.FULL if checkpointing else Checkpointing.NONE,
-    )  # fmt: skip
-    return Job(name=name, config=config, spec=spec, setup=setup, parallelism=par, read=tuple(read),
-               notes=tuple(notes))  # fmt: skip
+    ns = build_parser().parse_args(["train", name])
+    apply(ns, found, explicit=set())
+    ns.method, ns.batch, ns.seq = Method.FULL.value, micro_batch, seq_len  # the adapter is set below
+    for key, value in parallel.items():
+        setattr(ns, key, value)
+    setup = replace(_training_setup(ns, spec.max_position_embeddings), method=method, lora=lora, quant=quant)
+    return Job(name=name, config=config, spec=spec, setup=setup, parallelism=_parallelism(ns),
+               read=tuple(read), notes=tuple(notes))  # fmt: skip
 
 
 def trainable_count(model: Any) -> int:
