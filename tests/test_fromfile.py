@@ -88,7 +88,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "seq": 4096,
             "optimizer": "adamw",
             "optimizer_impl": "fused",
-            "loss": "fused",
+            "liger": True,  # liger_rms_norm, liger_glu_activation and liger_fused_linear_cross_entropy
             "fsdp": "full-shard",
             "fsdp_version": 1,
             "offload_params": "cpu",
@@ -241,7 +241,6 @@ def test_echo_names_file_and_key() -> None:
     ("path", "named"),
     [
         (AXOLOTL_LORA, "lora_modules_to_save"),  # trainable embed_tokens/lm_head copies
-        (AXOLOTL_FSDP, "liger_rms_norm"),
         (LF_LORA, "per_device_eval_batch_size"),
         (DS_ZENFLOW, "zero_optimization.zenflow"),
         (DS_LEAF, "zero_optimization.leaf_module"),
@@ -255,13 +254,16 @@ def test_memory_fields_not_modelled_are_named(path: Path, named: str) -> None:
 
 def test_kernel_flags_are_returned_for_framework_profiles() -> None:
     assert read_from_files([AXOLOTL_FSDP]).kernels == {
-        "liger": ["fused_linear_cross_entropy", "rope", "rms_norm", "swiglu"]
+        "liger": ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
     }
     doc = {"base_model": "x", "gradient_checkpointing": "offload", "torch_compile": True}
     found = map_documents([("a.yml", doc)])
     assert found.options["checkpointing"] == "full" and found.options["activation_offload"] is True
     assert found.kernels == {"offloaded_checkpointing": True, "compile": True}
-    assert any("torch_compile" in item for item in found.not_modelled)
+    assert found.options["compile"] is True  # torch_compile: the compiled profile (formulas/profiles.py)
+    partial = map_documents([("a.yml", {"base_model": "x", "liger_rms_norm": True})])
+    assert "liger" not in partial.options  # one kernel alone is named, not modelled as all of Liger
+    assert any("liger_rms_norm" in item for item in partial.not_modelled)
 
 
 def test_deepspeed_global_batch_gives_the_micro_batch_per_gpu() -> None:
@@ -668,9 +670,20 @@ def test_quantization_and_optimizer_names() -> None:
 
 def test_liger_through_training_arguments() -> None:
     found = map_documents([("a.json", {"output_dir": "o", "use_liger_kernel": True})])
-    assert found.options["loss"] == "fused"
+    assert found.options["liger"] is True and "loss" not in found.options  # Liger's own loss rule
     assert found.kernels["liger"] == ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
-    assert any("use_liger_kernel" in item for item in found.not_modelled)
+    assert not any("use_liger_kernel" in item for item in found.not_modelled)
+
+
+def test_liger_and_compile_from_a_file_equal_the_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "args.json"
+    cfg.write_text(
+        json.dumps({"output_dir": "o", "use_liger_kernel": True, "torch_compile": True, "bf16": True})
+    )
+    got = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg)])
+    flags = _cli_json(["train", "llama-3.2-1b", "--precision", "amp-bf16", "--liger", "--compile"])
+    assert got["peak_allocated_bytes"] == flags["peak_allocated_bytes"]
+    assert got["setup"]["liger"] is True and got["setup"]["compiled"] is True
 
 
 def test_axolotl_defaults_and_spellings() -> None:

@@ -177,21 +177,16 @@ _NOT_MODELLED: dict[str, str] = {
     "eval_batch_size": "evaluation batches (peakmem estimates the training step)",
     "eval_accumulation_steps": "evaluation logits kept on the device between steps",
     "auto_find_batch_size": "the batch size is searched at run time",
-    "torch_compile": "torch.compile's activation memory (framework profiles: kernels['compile'])",
     "neftune_noise_alpha": "",
     "unfrozen_parameters": "partial fine-tuning: only the named parameters train",
     "freeze_trainable_layers": "freeze fine-tuning: only some layers train",
     "lora_modules_to_save": "",
     "optim_target_modules": "",
-    "liger_rope": "Liger fused RoPE (kernels['liger'])",
-    "liger_rms_norm": "Liger fused RMSNorm saves fewer activations (kernels['liger'])",
-    "liger_glu_activation": "Liger fused SwiGLU saves fewer activations (kernels['liger'])",
     "liger_layer_norm": "Liger fused LayerNorm (kernels['liger'])",
     "unsloth_cross_entropy_loss": "unsloth fused cross-entropy (kernels['unsloth'])",
     "unsloth_lora_mlp": "unsloth fused LoRA MLP kernels (kernels['unsloth'])",
     "unsloth_lora_qkv": "unsloth fused LoRA QKV kernels (kernels['unsloth'])",
     "unsloth_lora_o": "unsloth fused LoRA O kernels (kernels['unsloth'])",
-    "use_unsloth": "unsloth's patched model and kernels (kernels['unsloth'])",
     "xformers_attention": "xformers attention counted as flash attention's memory",
     "flex_attention": "flex attention",
     "s2_attention": "shifted sparse attention",
@@ -892,13 +887,13 @@ def _fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_ver
         m.set("checkpointing", "full", k(key))
 
 
+LIGER_NOTE = "Liger RMSNorm, SwiGLU, RoPE and fused linear cross-entropy (formulas/profiles.py)"
+
+
 def _liger(m: _Mapper, key: str) -> None:
-    m.set("loss", "fused", key, "Liger fused linear cross-entropy: no full logits")
+    m.set("liger", True, key, LIGER_NOTE)
     for kernel in ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"):
         m.kernel("liger", kernel)
-    m.not_modelled.append(
-        f"{m.src(key)}: Liger RMSNorm/SwiGLU/RoPE kernels save fewer activations (kernels['liger'])"
-    )
 
 
 # transformers 5.23 training_args.py: FSDP version fsdp_config.get("version", 2)
@@ -945,6 +940,12 @@ def _common_hf(m: _Mapper, doc: Mapping[str, Any], fsdp_version: int = HF_FSDP_D
     if _truthy(doc.get("use_liger_kernel")):
         _liger(m, "use_liger_kernel")
     if _truthy(doc.get("torch_compile")):
+        m.set(
+            "compile",
+            True,
+            "torch_compile",
+            "compiled layers save what Inductor keeps (formulas/profiles.py)",
+        )
         m.kernel("compile", True)
     ds = doc.get("deepspeed")
     if isinstance(ds, Mapping):
@@ -1036,7 +1037,10 @@ def _map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     elif _truthy(doc.get("eager_attention")):
         m.set("attention", "eager", "eager_attention")
     plugins = [str(p) for p in doc.get("plugins") or []]
-    if _truthy(doc.get("liger_fused_linear_cross_entropy")) or _truthy(doc.get("liger_cross_entropy")):
+    liger_flags = ("liger_fused_linear_cross_entropy", "liger_rms_norm", "liger_glu_activation")
+    if all(_truthy(doc.get(flag)) for flag in liger_flags):
+        _liger(m, "liger_fused_linear_cross_entropy")  # the kernels --liger models, all on
+    elif _truthy(doc.get("liger_fused_linear_cross_entropy")) or _truthy(doc.get("liger_cross_entropy")):
         key = (
             "liger_fused_linear_cross_entropy"
             if "liger_fused_linear_cross_entropy" in doc
@@ -1051,6 +1055,8 @@ def _map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     ):
         if _truthy(doc.get(flag)):
             m.kernel("liger", name)
+            if not m.options.get("liger"):
+                m.skip(flag, True, "one Liger kernel alone: peakmem models them together (--liger)")
     if any("CutCrossEntropy" in p for p in plugins) or _truthy(doc.get("cut_cross_entropy")):
         m.set(
             "loss",
@@ -1148,6 +1154,7 @@ def _map_llama_factory(m: _Mapper, doc: Mapping[str, Any]) -> None:
     if _truthy(doc.get("enable_liger_kernel")):
         _liger(m, "enable_liger_kernel")
     if _truthy(doc.get("use_unsloth")):
+        m.set("framework", "unsloth", "use_unsloth", "unsloth's kernels and loss (formulas/profiles.py)")
         m.kernel("unsloth", "model")
     if _truthy(doc.get("use_unsloth_gc")):
         m.set("checkpointing", "full", "use_unsloth_gc")
@@ -1372,17 +1379,13 @@ def _map_torchtune(m: _Mapper, doc: Mapping[str, Any], local_dirs: Mapping[str, 
                 m.set("optimizer_impl", "for-loop", "optimizer.foreach")
     compiled = _truthy(doc.get("compile"))
     if compiled:
+        m.set("compile", True, "compile", "compiled layers save what Inductor keeps (formulas/profiles.py)")
         m.kernel("compile", True)
     loss = str(_get(doc, "loss._component_") or "")
     if loss.endswith("CEWithChunkedOutputLoss") or loss.endswith("LinearCrossEntropyLoss"):
         m.set("loss", "chunked-compiled" if compiled else "chunked", "loss._component_")
     elif loss and not loss.endswith("CrossEntropyLoss"):
         m.skip("loss._component_", loss, "a loss peakmem has no model of")
-    if compiled:
-        m.not_modelled.append(
-            f"{m.src('compile')} = True: torch.compile's activation memory (only the "
-            "chunked loss is modelled compiled; kernels['compile'])"
-        )
     for key, dest in (
         ("enable_activation_checkpointing", "checkpointing"),
         ("enable_activation_offloading", "activation_offload"),
