@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.derived import costs_for, family_key
 from peakmem.model import Attention, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
 
@@ -85,6 +86,7 @@ class Shapes:
     math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
     kernel_note: str = ""  # why the kernel differs from the one requested
     profile: Profile = PROFILES[Framework.HF]
+    family: str = ""  # derived specs: the setup family their measured block costs are looked up in
     # derived, set once (the formulas read them a dozen times per layer)
     tokens: int = field(init=False)  # batch x seq
     c: int = field(init=False)  # compute bytes per element
@@ -155,10 +157,15 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
     kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
     fallback = why.startswith(MATH) and plan.compute.bits < 32
+    family = ""
+    if spec.derived_from:
+        # the kernel transformers is asked for (its own fallbacks then run inside the measured model)
+        family = family_key(precision=setup.precision.value, kernel=setup.attention.value,
+                            policy=setup.kernel_policy.value, method="full")  # fmt: skip
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
-        profile=PROFILES[setup.framework],
+        profile=PROFILES[setup.framework], family=family,
     )  # fmt: skip
 
 
@@ -453,6 +460,8 @@ def layer_activations(
 ) -> LayerActivations:
     """``grad_bytes``: bytes of this layer's weight gradients (written during its backward);
     ``mlp_params``/``linear_params``: precomputed sums over the layer's tensors (or computed here)."""
+    if layer.derived is not None:
+        return derived_activations(spec, layer, sh, grad_bytes)
     if mlp_params is None:
         mlp_params = sum(t.numel for t in layer.tensors if t.component in MLP_COMPONENTS)
     if linear_params is None:
@@ -513,6 +522,35 @@ def layer_activations(
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
+    )  # fmt: skip
+
+
+SRC_DERIVED = (
+    "measured: the block's saved and transient bytes in a fake-tensor training step of transformers' "
+    "model at 3 small shapes, fitted per token, per sequence squared and constant (peakmem.simulate.derive)"
+)
+
+
+def derived_activations(spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int = 0) -> LayerActivations:
+    """A derived block's activations: its measured costs (:mod:`peakmem.derived`) at the setup's shape.
+    Its weight gradients (``grad_bytes``, as many as the method trains) are added to the backward
+    transient as the formulas do (all written at the block's backward peak)."""
+    assert layer.derived is not None
+    cost = costs_for(spec.derived_from, sh.family).get(layer.derived.key)
+    b, s, t = sh.batch, sh.seq, sh.tokens
+    saved = bwd = fwd = freed = 0
+    if cost is not None:
+        saved = cost.saved.at(b, s)
+        fwd = cost.forward_transient.at(b, s)
+        bwd = cost.backward_transient.at(b, s)
+        freed = cost.freed.at(b, s)
+    what = layer.derived.mixer + ("" if layer.derived.ffn == "none" else f" + {layer.derived.ffn} ffn")
+    items = (_item(f"{what} block (measured)", saved, SRC_DERIVED, "derived.saved"),) if saved else ()
+    layer_input = t * spec.hidden_size * sh.r
+    return LayerActivations(
+        saved=items, core=0, layer_input=layer_input, forward_transient=fwd,
+        backward_transient=bwd + grad_bytes, backward_freed=freed, backward_grads=grad_bytes,
+        interior=saved + fwd, input_saved=min(saved, layer_input), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
 
 
