@@ -161,7 +161,10 @@ def _text_config(model: torch.nn.Module) -> Any:
 
 def _attr(cfg: Any, *names: str) -> Any:
     for n in names:
-        v = getattr(cfg, n, None)
+        try:
+            v = getattr(cfg, n, None)
+        except Exception:  # per-layer attributes (Gemma 4, dots3) refuse a global read: not one value
+            continue
         if v is not None:
             return v
     return None
