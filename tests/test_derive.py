@@ -18,18 +18,18 @@ from tiny_models import GPT2, LLAMA
 
 
 def test_fit_recovers_hand_coefficients() -> None:
-    # bytes = 10 per token + 3 per (batch x seq^2) + 100
+    # bytes = 10 per token + 3 per (batch x seq^2) + 8 per seq^2 (a mask the batch shares) + 100
     def f(b: int, s: int) -> int:
-        return 10 * b * s + 3 * b * s * s + 100
+        return 10 * b * s + 3 * b * s * s + 8 * s * s + 100
 
-    fitted = derived.fit([(1, 32, f(1, 32)), (1, 64, f(1, 64)), (2, 64, f(2, 64))])
-    assert (fitted.per_token, fitted.per_seq2, fitted.const) == (Fraction(10), Fraction(3), Fraction(100))
-    assert fitted.at(4, 1000) == 10 * 4000 + 3 * 4 * 10**6 + 100
+    fitted = derived.fit([(b, s, f(b, s)) for b, s in ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))])
+    assert fitted.coefficients == (Fraction(10), Fraction(3), Fraction(8), Fraction(0), Fraction(100))
+    assert fitted.at(4, 1000) == 10 * 4000 + 3 * 4 * 10**6 + 8 * 10**6 + 100
 
 
 def test_fit_refuses_shapes_that_do_not_separate() -> None:
     with pytest.raises(ValueError, match="do not separate"):
-        derived.fit([(1, 32, 1), (2, 16, 2), (4, 8, 3)])  # B*s equal, B*s^2 not independent of it
+        derived.fit([(1, 32, 1), (1, 32, 2), (1, 64, 3), (2, 64, 4), (1, 128, 5)])  # a shape twice
 
 
 def test_spec_json_round_trip_is_exact() -> None:

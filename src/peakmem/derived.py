@@ -36,7 +36,7 @@ from typing import Any
 
 from peakmem.errors import ConfigError
 
-FORMAT = 1  # the JSON layout written below; bumped when it changes
+FORMAT = 2  # the JSON layout written below; bumped when it changes
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
@@ -45,49 +45,59 @@ TORCH_HINT = "pip install 'peakmem[torch]'"
 # --- fitted costs ------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    """Bytes as ``per_token * B*s + per_seq2 * B*s^2 + const`` (exact fractions of measured ints)."""
+    """Bytes as ``per_token*B*s + per_seq2*B*s^2 + seq2*s^2 + seq*s + const`` (exact fractions of
+    measured ints). ``seq2``/``seq``: tensors shared by the batch (a causal mask broadcast over it)."""
 
     per_token: Fraction = Fraction(0)
     per_seq2: Fraction = Fraction(0)
+    seq2: Fraction = Fraction(0)
+    seq: Fraction = Fraction(0)
     const: Fraction = Fraction(0)
 
     def at(self, batch: int, seq: int) -> int:
-        value = self.per_token * batch * seq + self.per_seq2 * batch * seq * seq + self.const
+        terms = _terms(batch, seq)
+        value = sum((c * t for c, t in zip(self.coefficients, terms, strict=True)), Fraction(0))
         return max(0, round(value))
 
+    @property
+    def coefficients(self) -> tuple[Fraction, ...]:
+        return (self.per_token, self.per_seq2, self.seq2, self.seq, self.const)
+
     def to_json(self) -> list[str]:
-        return [str(self.per_token), str(self.per_seq2), str(self.const)]
+        return [str(c) for c in self.coefficients]
 
     @classmethod
     def from_json(cls, value: Any) -> Fit:
-        a, b, c = (Fraction(str(v)) for v in value)
-        return cls(per_token=a, per_seq2=b, const=c)
+        a, b, c, d, e = (Fraction(str(v)) for v in value)
+        return cls(per_token=a, per_seq2=b, seq2=c, seq=d, const=e)
+
+
+def _terms(batch: int, seq: int) -> tuple[int, ...]:
+    return (batch * seq, batch * seq * seq, seq * seq, seq, 1)
+
+
+N_TERMS = 5
 
 
 def fit(points: list[tuple[int, int, int]]) -> Fit:
-    """The exact :class:`Fit` through three ``(batch, seq, bytes)`` measurements (Cramer's rule);
-    with more points, the three first solve it and the others must agree (else a ValueError)."""
-    if len(points) < 3:
-        raise ValueError(f"fit needs 3 measurements, got {len(points)}")
-    rows = [(Fraction(b * s), Fraction(b * s * s), Fraction(1), Fraction(y)) for b, s, y in points[:3]]
-
-    def det(m: list[list[Fraction]]) -> Fraction:
-        return (
-            m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-        )
-
-    a = [[r[0], r[1], r[2]] for r in rows]
-    y = [r[3] for r in rows]
-    d = det(a)
-    if d == 0:
-        raise ValueError(f"fit: the shapes {[(b, s) for b, s, _ in points[:3]]} do not separate the terms")
-    coef = []
-    for col in range(3):
-        m = [[y[i] if j == col else a[i][j] for j in range(3)] for i in range(3)]
-        coef.append(det(m) / d)
-    return Fit(per_token=coef[0], per_seq2=coef[1], const=coef[2])
+    """The exact :class:`Fit` through five ``(batch, seq, bytes)`` measurements (Gaussian
+    elimination over fractions); a ValueError when the shapes do not separate the terms."""
+    if len(points) < N_TERMS:
+        raise ValueError(f"fit needs {N_TERMS} measurements, got {len(points)}")
+    rows = [[Fraction(t) for t in _terms(b, s)] + [Fraction(y)] for b, s, y in points[:N_TERMS]]
+    n = N_TERMS
+    for col in range(n):
+        pivot = next((r for r in range(col, n) if rows[r][col] != 0), None)
+        if pivot is None:
+            shapes = [(b, s) for b, s, _ in points[:n]]
+            raise ValueError(f"fit: the shapes {shapes} do not separate the terms")
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(n):
+            if r != col and rows[r][col] != 0:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [x - factor * y for x, y in zip(rows[r], rows[col], strict=True)]
+    coef = [rows[i][n] / rows[i][i] for i in range(n)]
+    return Fit(per_token=coef[0], per_seq2=coef[1], seq2=coef[2], seq=coef[3], const=coef[4])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -465,10 +465,10 @@ def _short_hash(sig: tuple[Any, ...]) -> str:
 # ------------------------------------------------------------------------------------------------
 # measured costs
 # ------------------------------------------------------------------------------------------------
-# (batch, seq) of the three fake-tensor runs: two sequence lengths separate per-token from
-# per-sequence-squared bytes, two batches separate both from the constant. Short, so a run is cheap;
-# long enough that every kernel's tiles are whole (see assumptions: chunked scans).
-SHAPES = ((1, 32), (1, 64), (2, 64))
+# (batch, seq) of the five fake-tensor runs: three sequence lengths separate per-token, per-sequence-
+# squared and constant bytes, two batches separate what scales with the batch from what the batch
+# shares (a broadcast causal mask). Short, so a run is cheap.
+SHAPES = ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))
 
 
 def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
