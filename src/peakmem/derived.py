@@ -190,6 +190,8 @@ def costs_for(chash: str, family: str) -> Costs:
         found = _read_cache(chash, family)
     if found is None:
         config = _CONFIGS.get(chash)
+        if not _PROVIDER:
+            _load_oracle()
         if not _PROVIDER or config is None:
             raise ConfigError(
                 f"no measured block costs for this derived model (config {chash}) in setup family "
@@ -199,6 +201,43 @@ def costs_for(chash: str, family: str) -> Costs:
         _write_cache(chash, family, found)
     _MEMORY[(chash, family)] = found
     return found
+
+
+def _load_oracle() -> None:
+    """Import :mod:`peakmem.simulate.derive` (it registers the provider) when torch and transformers
+    are installed; by name, lazily: the core never imports an oracle at module level."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        return
+    importlib.import_module("peakmem.simulate.derive")
+
+
+def cached_spec(config: Mapping[str, Any], name: str | None = None) -> Any:
+    """The derived spec of ``config`` from the disk cache (written by :func:`cache_spec`), or None:
+    a second ``train`` of a new family then needs neither torch nor transformers."""
+    chash = config_hash(config)
+    try:
+        data = json.loads((cache_dir() / f"{chash}--spec.json").read_text())
+        if data.get("format") != FORMAT:
+            return None
+        spec = spec_from_json(data["spec"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    register_config(config)
+    return dataclasses.replace(spec, name=name) if name else spec
+
+
+def cache_spec(config: Mapping[str, Any], spec: Any) -> None:
+    path = cache_dir() / f"{config_hash(config)}--spec.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"format": FORMAT, "spec": spec_to_json(spec)}))
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _read_cache(chash: str, family: str) -> Costs | None:

@@ -59,8 +59,9 @@ def spec_for_config(config: dict[str, Any], *, name: str | None = None) -> Model
         return spec_from_config(config, name=name)
     from peakmem import derived
 
-    shipped = derived.shipped_spec(config, name)
+    shipped = derived.shipped_spec(config, name) or derived.cached_spec(config, name)
     if shipped is not None:
+        derived.register_config(config)
         return shipped  # type: ignore[no-any-return]
     derive = _derive_hook()
     if derive is None:

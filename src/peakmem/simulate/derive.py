@@ -145,6 +145,7 @@ def derive_spec(config: Mapping[str, Any], *, name: str | None = None) -> ModelS
     model = build_meta(config)
     spec = spec_from_model(model, config, name=name)
     derived.register_config(config)
+    derived.cache_spec(config, spec)
     return spec
 
 
