@@ -103,3 +103,47 @@ def test_resolve_falls_back_to_derived(derive) -> None:  # type: ignore[no-untyp
     assert spec.derived_from
     assert spec.params == derive.model_params(derive.build_meta(config))
     assert any("derived from transformers" in n for n in spec.notes)
+
+
+@torch_only
+@pytest.mark.slow
+def test_shipped_data_answers_without_the_oracle(derive, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14 item 4: a shipped file (spec + costs) answers with no provider, and regenerating it
+    gives the same document."""
+    import json
+
+    from peakmem.estimate import estimate_training
+    from peakmem.resolve import spec_for_config
+    from peakmem.training import TrainingSetup
+
+    config = derive.tiny_config("smollm3")
+    family = "fp32|sdpa|cpu|full"
+    doc = derive.shipped_document(config, "tiny-smollm3", (family,))
+    (tmp_path / "tiny-smollm3.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(derived, "SHIPPED", tmp_path)
+    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)
+    monkeypatch.setattr(derived, "_MEMORY", {})
+    monkeypatch.setattr(derived, "_PROVIDER", [])
+    monkeypatch.setattr(derived, "_load_oracle", lambda: None)
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path / "empty-cache"))
+    spec = spec_for_config(config, name="tiny-smollm3")
+    assert spec.params == derive.model_params(derive.build_meta(config))
+    setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
+    assert estimate_training(spec, setup).peak_allocated_bytes > 0
+    again = derive.shipped_document(config, "tiny-smollm3", (family,))
+    assert json.loads(json.dumps(again)) == json.loads((tmp_path / "tiny-smollm3.json").read_text())
+
+
+@torch_only
+def test_shipped_files_regenerate(derive) -> None:  # type: ignore[no-untyped-def]
+    """Every shipped file's spec is what transformers builds from its config today (costs: the slow
+    benchmark ``benchmarks/derive_catalog.py`` regenerates them)."""
+    import json
+
+    files = sorted(derived.SHIPPED.glob("*.json"))
+    if not files:
+        pytest.skip("no shipped derived data yet (benchmarks/derive_catalog.py writes it)")
+    for path in files:
+        doc = json.loads(path.read_text())
+        spec = derive.derive_spec(doc["config"], name=doc["spec"]["name"])
+        assert derived.spec_to_json(spec) == doc["spec"], path.name

@@ -730,6 +730,29 @@ def _why(err: BaseException) -> str:
     return text[:160]
 
 
+# ------------------------------------------------------------------------------------------------
+# shipped data (benchmarks/derive_catalog.py)
+# ------------------------------------------------------------------------------------------------
+# The families shipped for catalog models: every precision on CUDA's SDPA kernels, full fine-tuning
+# (the defaults of `peakmem train`); others are measured on demand where torch is installed.
+SHIPPED_FAMILIES = tuple(
+    derived.family_key(precision=p, kernel="sdpa", policy="cuda", method="full")
+    for p in ("mixed-bf16", "amp-bf16", "bf16", "fp32")
+)
+
+
+def shipped_document(
+    config: Mapping[str, Any], name: str, families: tuple[str, ...] = SHIPPED_FAMILIES
+) -> dict[str, Any]:
+    """The JSON document of ``peakmem/catalog/derived/<name>.json``: the derived spec, its costs in
+    ``families`` and the config they came from (so that a test can regenerate it)."""
+    spec = derive_spec(config, name=name)
+    costs = {fam: measure_costs(config, fam) for fam in families}
+    doc = derived.shipped_document(spec, costs)
+    doc["config"] = dict(config)
+    return doc
+
+
 derived.set_provider(measure_costs)
 
 __all__ = ["build_meta", "derive_spec", "measure_costs", "model_params", "spec_from_model"]
