@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -67,11 +68,17 @@ def main() -> int:
             config.pop("architectures", None)
             t1 = time.perf_counter()
             spec = derive.derive_spec(config)
-            est = estimate_training(spec, setup).peak_allocated_bytes
+            run = setup if "sdpa" in spec.attention_kernels else replace(setup, attention="eager")
+            try:
+                real = measure_training(config, run, device="cpu").peak_allocated_bytes
+            except RuntimeError:  # CPU grouped_mm (MoE experts) takes bf16 only
+                run = replace(run, precision="bf16")
+                real = measure_training(config, run, device="cpu").peak_allocated_bytes
+            t1 = time.perf_counter()
+            est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
             t2 = time.perf_counter()
-            estimate_training(derive.derive_spec(config), setup)
+            estimate_training(derive.derive_spec(config), run)
             t3 = time.perf_counter()
-            real = measure_training(config, setup, device="cpu").peak_allocated_bytes
         except Exception as err:
             prow.append(f"| {mt} | failed: {type(err).__name__}: {str(err)[:100]} | | | | |")
             continue

@@ -234,10 +234,13 @@ def _block_component(segs: list[str], module: torch.nn.Module, moe: bool) -> Com
 
 
 def _mixer(block: torch.nn.Module, layer_type: str | None) -> str:
-    if layer_type is not None and layer_type in _LAYER_TYPES:
-        return _LAYER_TYPES[layer_type]
     names = " ".join(type(m).__name__ for m in block.modules())
-    if re.search(r"Mamba|SSM|Ssm|Mixer(?!tral)", names) and "Attention" not in names:
+    ssm = bool(re.search(r"Mamba|SSM|Ssm|Mixer(?!tral)", names)) and "Attention" not in names
+    if layer_type is not None and layer_type in _LAYER_TYPES:
+        kind = _LAYER_TYPES[layer_type]
+        # transformers 5 labels Mamba layers "linear_attention" (MambaConfig.layer_types): an SSM here
+        return "ssm" if kind == "linear_attention" and ssm else kind
+    if ssm:
         return "ssm"
     if re.search(r"DeltaNet|LinearAttention|Lightning|Rwkv|RWKV|Retention", names):
         return "linear_attention"
@@ -263,11 +266,17 @@ def _has_ffn(block: torch.nn.Module) -> bool:
     )
 
 
+# A block that keeps no per-token cache (SSM, linear attention, a vision block): a window of 0 tokens,
+# so formulas/kv_cache.py's ``cached_tokens`` caches nothing for it. Its constant recurrent state
+# (conv + SSM state per sequence) is not counted (see the spec's notes).
+NO_KV_CACHE = Attention(num_heads=1, num_kv_heads=1, head_dim=1, v_head_dim=1, sliding_window=0)
+
+
 def _attention(tc: Any, mixer: str) -> Attention:
     hidden = _int(tc, "hidden_size", "d_model", "n_embd") or 1
     heads = _int(tc, "num_attention_heads", "n_head", "num_heads", "n_heads")
-    if heads is None or mixer in ("ssm", "other"):
-        return Attention(num_heads=1, num_kv_heads=1, head_dim=1, v_head_dim=1)
+    if heads is None or mixer in ("ssm", "linear_attention", "other"):
+        return NO_KV_CACHE
     kv = _int(tc, "num_key_value_heads", "num_kv_heads", "n_head_kv", "num_key_value_groups")
     if getattr(tc, "multi_query", False) is True:
         kv = 1
@@ -381,11 +390,7 @@ def spec_from_model(
         mixer = _mixer(block, lt)
         moe = moe_blocks[path]
         ffn = "moe" if moe else ("dense" if _has_ffn(block) else "none")
-        att = (
-            _attention(tc, mixer)
-            if in_main
-            else Attention(num_heads=1, num_kv_heads=1, head_dim=1, v_head_dim=1)
-        )
+        att = _attention(tc, mixer) if in_main else NO_KV_CACHE
         sig = (
             path.rsplit(".", 1)[0], type(block).__name__, mixer, ffn, lt,
             tuple((t.name, t.shape) for t in tensors),
@@ -424,6 +429,9 @@ def spec_from_model(
         f"derived from transformers' {type(model).__name__} (built on the meta device): exact parameter "
         "count; block activations measured under fake tensors, not computed by the formulas"
     ]
+    notes += kernel_notes(
+        str(config.get("model_type")), {g.layer.derived.mixer for g in groups if g.layer.derived}
+    )
     if context is None:
         notes.append(f"the config names no context length; assuming up to {DEFAULT_CONTEXT:,} tokens")
     kernels = ["eager"]
@@ -632,6 +640,38 @@ def _analyse(ledger: Any, paths: list[str], keys: list[str]) -> dict[str, tuple[
             bwd = max(0, bwd)
         result.setdefault(key, []).append((saved, fwd, bwd, freed_at))
     return {key: vals[len(vals) // 2] for key, vals in result.items()}
+
+
+def kernel_notes(model_type: str, mixers: set[str]) -> list[str]:
+    """What the measured costs assume about kernels the training path may swap (issue 14, item 6)."""
+    out: list[str] = []
+    if "ssm" in mixers:
+        out.append(
+            "SSM blocks measured with transformers' torch fallback (torch_forward: the selective scan's "
+            "per-chunk states materialised and saved); with the mamba-ssm/causal-conv1d CUDA kernels "
+            "(selective_scan_fn, mamba_chunk_scan_combined) the scan saves only its inputs and recomputes "
+            "states in backward: real CUDA runs need less. Inference: the constant conv + SSM state per "
+            "sequence is not counted in the KV cache"
+        )
+    if "linear_attention" in mixers:
+        out.append(
+            "linear-attention (gated delta-net) blocks measured with transformers' torch chunked fallback "
+            "(torch_chunk_gated_delta_rule); fla's Triton kernels (chunk_gated_delta_rule) save less. "
+            "Inference: the recurrent state per sequence is not counted in the KV cache"
+        )
+    if "chunked_attention" in mixers:
+        out.append(
+            "chunked attention (Llama 4) measured with the requested kernel and transformers' chunked "
+            "causal mask; the KV cache keeps attention_chunk_size tokens for those layers"
+        )
+    if model_type == "gpt_oss":
+        out.append(
+            "gpt-oss attention sinks measured on the eager/SDPA path (sink logits concatenated to the "
+            "scores, so scores are materialised); flash-attn 3 sink kernels (vLLM) do not. MXFP4 experts: "
+            "counted as the bf16 weights transformers builds for training (dequantized); MXFP4 storage "
+            "(4-bit values + e8m0 scale per 32) applies only to inference weights"
+        )
+    return out
 
 
 def model_params(model: torch.nn.Module) -> int:
