@@ -440,6 +440,16 @@ def spec_from_model(
     if getattr(model, "_supports_flash_attn", False) or getattr(model, "_supports_flash_attn_2", False):
         kernels.append("flash")
     final_cap = _attr(tc, "final_logit_softcapping")
+    # what the embedding module itself runs (BERT-style decoders: a LayerNorm and a dropout over the
+    # summed embeddings), read from the modules outside the blocks whose path names an embedding
+    emb_norm, emb_dropout = False, 0.0
+    for mpath, mod in modules.items():
+        if owner(mpath + ".x") is not None or "embed" not in mpath.lower():
+            continue
+        if "norm" in type(mod).__name__.lower():
+            emb_norm = True
+        if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
+            emb_dropout = max(emb_dropout, float(mod.p))
     return ModelSpec(
         name=name or str(config.get("_name_or_path") or config.get("model_type")),
         model_type=str(config.get("model_type")),
@@ -455,7 +465,8 @@ def spec_from_model(
         tie_word_embeddings=bool(tied),
         attention_dropout=_float(tc, "attention_dropout", "attn_pdrop"),
         hidden_dropout=_float(tc, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob"),
-        embedding_dropout=_float(tc, "embd_pdrop", "embedding_dropout"),
+        embedding_dropout=emb_dropout or _float(tc, "embd_pdrop", "embedding_dropout"),
+        embedding_norm=emb_norm,
         attention_kernels=tuple(kernels),
         final_logit_softcap=float(final_cap) if isinstance(final_cap, (int, float)) and final_cap else None,
         conv1d_modules=tuple(sorted(conv1d_modules)),
