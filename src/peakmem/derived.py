@@ -129,12 +129,26 @@ class BlockCost:
 Costs = dict[str, BlockCost]  # DerivedBlock.key -> its cost
 
 
-def family_key(*, precision: str, kernel: str, policy: str, method: str, adapter: str = "") -> str:
-    """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA)."""
+_ADAPTERS: dict[str, tuple[Any, Any]] = {}  # adapter key -> (LoraConfig, QuantConfig) it stands for
+
+
+def family_key(
+    *, precision: str, kernel: str, policy: str, method: str, adapter: str = "", objects: Any = None
+) -> str:
+    """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA:
+    the adapter's settings; ``objects``, the (LoraConfig, QuantConfig) pair, is remembered for the
+    provider, which builds the same adapters)."""
     parts = [precision, kernel, policy, method]
     if adapter:
         parts.append(adapter)
+        if objects is not None:
+            _ADAPTERS[adapter] = objects
     return "|".join(parts)
+
+
+def adapter_objects(adapter: str) -> Any:
+    """The (LoraConfig, QuantConfig) an adapter key was made from in this process (None if unknown)."""
+    return _ADAPTERS.get(adapter)
 
 
 # --- where costs come from ---------------------------------------------------------------------------
@@ -175,8 +189,8 @@ def cache_dir() -> Path:
 
 
 def _cache_file(chash: str, family: str) -> Path:
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in family)
-    return cache_dir() / f"{chash}--{safe}.json"
+    """One file per (config, family); the family (with a LoRA config, long) hashed into the name."""
+    return cache_dir() / f"{chash}--{hashlib.sha256(family.encode()).hexdigest()[:16]}.json"
 
 
 def costs_for(chash: str, family: str) -> Costs:
@@ -211,7 +225,7 @@ def _load_oracle() -> None:
 
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         return
-    importlib.import_module("peakmem.simulate.derive")
+    set_provider(importlib.import_module("peakmem.simulate.derive").measure_costs)
 
 
 def cached_spec(config: Mapping[str, Any], name: str | None = None) -> Any:
@@ -246,7 +260,7 @@ def _read_cache(chash: str, family: str) -> Costs | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("family") != family:
         return None
     try:
         return {k: BlockCost.from_json(v) for k, v in data["costs"].items()}

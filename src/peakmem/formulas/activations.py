@@ -159,14 +159,28 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
     fallback = why.startswith(MATH) and plan.compute.bits < 32
     family = ""
     if spec.derived_from:
-        # the kernel transformers is asked for (its own fallbacks then run inside the measured model)
-        family = family_key(precision=setup.precision.value, kernel=setup.attention.value,
-                            policy=setup.kernel_policy.value, method="full")  # fmt: skip
+        family = derived_family(setup)
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], family=family,
     )  # fmt: skip
+
+
+def derived_family(setup: TrainingSetup) -> str:
+    """The setup family a derived spec's block costs are measured in: the precision, the kernel
+    transformers is asked for (its own fallbacks then run inside the measured model), the kernel
+    policy and the method, with the adapter's settings for LoRA/QLoRA."""
+    adapter, objects = "", None
+    if setup.method.value != "full":
+        from peakmem.formulas.lora import lora_of  # lora imports this module: at call time
+
+        lora = lora_of(setup)
+        adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
+        objects = (lora, setup.quant)
+    return family_key(precision=setup.precision.value, kernel=setup.attention.value,
+                      policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
+                      objects=objects)  # fmt: skip
 
 
 def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:

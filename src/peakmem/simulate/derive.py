@@ -494,14 +494,23 @@ SHAPES = ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))
 def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
     (``precision|kernel|policy|method``), fitted over :data:`SHAPES`."""
-    from peakmem.training import AttentionKernel, KernelPolicy, Precision, TrainingSetup
+    from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
 
-    precision, kernel, policy = family.split("|")[:3]
+    parts = family.split("|", 4)
+    precision, kernel, policy = parts[:3]
+    method = parts[3] if len(parts) > 3 else "full"
+    lora = quant = None
+    if method != "full":
+        objects = derived.adapter_objects(parts[4] if len(parts) > 4 else "")
+        if objects is None:
+            raise InputError(f"setup family {family!r}: the adapter is not known in this process")
+        lora, quant = objects
     points: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {}
     for batch, seq in SHAPES:
         setup = TrainingSetup(
             precision=Precision(precision), attention=AttentionKernel(kernel),
             kernel_policy=KernelPolicy(policy), micro_batch=batch, seq_len=seq,
+            method=Method(method), lora=lora, quant=quant,
         )  # fmt: skip
         for key, values in _measure_once(dict(config), setup).items():
             points.setdefault(key, []).append((batch, seq, values))
@@ -532,7 +541,7 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    quant = prepare_adapters(model, setup, None)
+    quant = prepare_adapters(model, setup, setup.lora)
     mode = runner._fake_mode()
     fakeify_module(model, mode)
     model.train()
