@@ -37,6 +37,14 @@ def test_spec_json_round_trip_is_exact() -> None:
     assert derived.spec_from_json(derived.spec_to_json(spec)) == spec
 
 
+def test_info_says_which_path_answered() -> None:
+    from peakmem.render import spec_json
+
+    out = spec_json(spec_from_config(LLAMA))
+    assert out["answered_by"] == "formulas"
+    assert out["blocks"] is None
+
+
 def test_costs_without_provider_name_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(derived, "_PROVIDER", [])
