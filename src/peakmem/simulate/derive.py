@@ -551,7 +551,7 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
     gc.collect()
     gc.disable()
     try:
-        runner._run(model, setup, 1, tracker, mode, setup.kernel_policy, log, quant)
+        _forward_backward(model, setup, tracker, mode, log, quant)
     except runner._fake_limits() as err:
         raise InputError(
             f"model_type={config.get('model_type')!r}: its blocks cannot be measured with fake tensors "
@@ -563,6 +563,50 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
     paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
     keys = [layer.derived.key for layer in spec.layers() if layer.derived is not None]
     return _analyse(tracker.ledger, paths, keys)
+
+
+def _forward_backward(model: Any, setup: Any, tracker: Any, mode: Any, log: Any, quant: Any) -> None:
+    """One forward and backward of a training step as :func:`peakmem.simulate.runner._run` runs
+    them (same trainer, modes and tracker), without the optimizer step the costs do not need."""
+    import contextlib
+
+    from peakmem.breakdown import Phase
+    from peakmem.measure.tracker import INPUT
+    from peakmem.measure.trainer import make_trainer
+    from peakmem.simulate import attribution, runner
+    from peakmem.simulate import kernels as kern
+
+    policy = setup.kernel_policy
+    tracker.register_module(model)
+    quant.register(tracker)
+    fmode = kern.function_mode(policy, log)
+    dmode = kern.dispatch_mode(policy, log)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(runner._transformers_patches())
+        stack.enter_context(mode)
+        stack.enter_context(kern.ScalarValueMode())
+        stack.enter_context(tracker)
+        stack.enter_context(attribution.BackwardModuleMode(tracker))
+        stack.enter_context(attribution.ForwardNodeTagger(tracker))
+        if dmode is not None:
+            stack.enter_context(dmode)
+        if fmode is not None:
+            stack.enter_context(fmode)
+        tracker.set_phase(Phase.LOAD, 0)
+        trainer = make_trainer(model, setup, torch.device("cpu"), tracker)
+        tracker.watch_gradients(model.named_parameters())
+        tracker.set_phase(Phase.FORWARD, 1)
+        batch = runner._batch(model, (setup.micro_batch, setup.seq_len))
+        for t in batch.values():
+            tracker.tag(t, INPUT)
+        with trainer.autocast():
+            out = model(**batch, use_cache=False) if runner._takes_use_cache(model) else model(**batch)
+        loss = out.loss
+        del out
+        tracker.set_phase(Phase.BACKWARD, 1)
+        trainer.backward(loss)
+        del loss, batch
+        tracker.set_phase(Phase.LOAD, 2)  # closes the backward segment
 
 
 def _analyse(ledger: Any, paths: list[str], keys: list[str]) -> dict[str, tuple[int, int, int, int]]:
