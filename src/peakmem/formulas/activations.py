@@ -178,7 +178,10 @@ def derived_family(setup: TrainingSetup) -> str:
         lora = lora_of(setup)
         adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
         objects = (lora, setup.quant)
-    return family_key(precision=setup.precision.value, kernel=setup.attention.value,
+    # flash-attn is CUDA-only: a fake-tensor run measures it as SDPA's flash kernel, which allocates
+    # the same (simulate/runner.py build_meta_model), so the two share one measurement
+    kernel = "sdpa" if setup.attention is AttentionKernel.FLASH else setup.attention.value
+    return family_key(precision=setup.precision.value, kernel=kernel,
                       policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
                       objects=objects)  # fmt: skip
 
