@@ -70,17 +70,19 @@ def main() -> int:
             spec = derive.derive_spec(config)
             run = setup if "sdpa" in spec.attention_kernels else replace(setup, attention="eager")
             try:
-                real = measure_training(config, run, device="cpu").peak_allocated_bytes
-            except RuntimeError:  # CPU grouped_mm (MoE experts) takes bf16 only
+                t1 = time.perf_counter()
+                est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
+            except RuntimeError:  # torch's meta grouped_mm (MoE experts) takes bf16 only
                 run = replace(run, precision="bf16")
-                real = measure_training(config, run, device="cpu").peak_allocated_bytes
-            t1 = time.perf_counter()
-            est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
+                t1 = time.perf_counter()
+                est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
             t2 = time.perf_counter()
             estimate_training(derive.derive_spec(config), run)
             t3 = time.perf_counter()
+            real = measure_training(config, run, device="cpu").peak_allocated_bytes
         except Exception as err:
-            prow.append(f"| {mt} | failed: {type(err).__name__}: {str(err)[:100]} | | | | |")
+            why = " ".join(str(err).split()).replace("|", "/")[:100]
+            prow.append(f"| {mt} | failed: {type(err).__name__}: {why} | | | | |")
             continue
         ratios.append(est / real)
         prow.append(f"| {mt} | {est:,} | {real:,} | {est / real:.4f} | {t2 - t1:.1f} | {t3 - t2:.1f} |")

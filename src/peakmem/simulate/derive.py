@@ -830,7 +830,7 @@ def check_type(model_type: str) -> tuple[str, str, int]:
 
 
 def _why(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".replace("\n", " ").replace("|", "/")
+    text = " ".join(f"{type(err).__name__}: {err}".split()).replace("|", "/")
     return text[:160]
 
 
