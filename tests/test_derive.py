@@ -186,3 +186,21 @@ def test_derived_estimate_matches_a_real_cpu_step(derive, model_type) -> None:  
     real = measure_training(config, setup, device="cpu").peak_allocated_bytes
     est = estimate_training(spec, setup).peak_allocated_bytes
     assert abs(est - real) <= 0.10 * real, (est, real)
+
+
+@torch_only
+@pytest.mark.slow
+def test_every_causal_lm_type_that_builds_gets_its_exact_count(derive, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14: iterate over transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES; every type whose default
+    config (shrunk where that still builds) builds gets the built model's exact parameter count; the
+    ones that cannot build are listed with why (benchmarks/derive_coverage.md holds the same table)."""
+    rows = [(t, *derive.check_type(t)) for t in derive.causal_lm_types()]
+    wrong = [(t, why) for t, status, why, _ in rows if status in ("mismatch", "error")]
+    cannot = [(t, why) for t, status, why, _ in rows if status == "cannot build"]
+    with capsys.disabled():
+        ok = len(rows) - len(cannot) - len(wrong)
+        print(f"\n{ok} of {len(rows)} causal-LM model types: exact parameter count; cannot build:")
+        for t, why in cannot:
+            print(f"  {t}: {why}")
+    assert not wrong
+    assert len(cannot) <= len(rows) // 10  # transformers' own default configs that do not build
