@@ -204,3 +204,17 @@ def test_every_causal_lm_type_that_builds_gets_its_exact_count(derive, capsys) -
             print(f"  {t}: {why}")
     assert not wrong
     assert len(cannot) <= len(rows) // 10  # transformers' own default configs that do not build
+
+
+@torch_only
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_cut_model_measures_what_the_whole_one_does(derive, method) -> None:  # type: ignore[no-untyped-def]
+    """Measuring 3 blocks of each kind gives the costs of the 8-block model (depth does not change a
+    block's bytes; the cut only saves time)."""
+    from peakmem.training import TrainingSetup
+
+    setup = TrainingSetup(precision="mixed-bf16", method=method, seq_len=64, micro_batch=2)
+    config = dict(LLAMA, num_hidden_layers=8)
+    assert derive._measure_one(config, setup, truncate=True) == derive._measure_one(
+        config, setup, truncate=False
+    )

@@ -524,7 +524,52 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     return out
 
 
+KEEP_PER_KIND = 3  # blocks of each kind a truncated measurement keeps (the middle one is measured)
+
+
+def _truncate(model: torch.nn.Module, path_keys: dict[str, str]) -> bool:
+    """Cut the main block list after the third block of every kind (and the config's layer count and
+    per-layer lists with it): a block's costs do not depend on how many follow it, and a fake run's
+    time is linear in depth. False when nothing was cut."""
+    lists = _block_lists(model)
+    if not lists:
+        return False
+    main_path, main = max(lists, key=lambda x: sum(p.numel() for p in x[1].parameters()))
+    n = len(main)
+    seen: dict[str, int] = {}
+    keep = 0
+    for i in range(n):
+        key = path_keys.get(f"{main_path}.{i}", "")
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= KEEP_PER_KIND:
+            keep = i + 1
+    if keep >= n:
+        return False
+    parent_path, _, attr = main_path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, attr, torch.nn.ModuleList(list(main)[:keep]))
+    configs = [model.config, _text_config(model)]
+    for cfg in configs:
+        for name, value in list(vars(cfg).items()):
+            if name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers") and value == n:
+                setattr(cfg, name, keep)
+            elif isinstance(value, list) and len(value) == n:
+                setattr(cfg, name, value[:keep])
+    return True
+
+
 def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, int, int, int]]:
+    """:func:`_measure_one` on the model cut to a few blocks of each kind; on the whole model if the
+    cut one does not run (a model that reads its depth elsewhere)."""
+    try:
+        return _measure_one(config, setup, truncate=True)
+    except Exception:
+        return _measure_one(config, setup, truncate=False)
+
+
+def _measure_one(
+    config: dict[str, Any], setup: Any, *, truncate: bool
+) -> dict[str, tuple[int, int, int, int]]:
     """One fake-tensor training step; per block kind (saved, forward transient, backward transient,
     freed at the backward peak) of a representative block (the middle one of its kind)."""
     import gc
@@ -538,6 +583,14 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
     attn = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}[setup.attention.value]
     model = build_meta(config, attn=attn)
     spec = spec_from_model(model, config)
+    all_paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
+    path_keys = {
+        path: layer.derived.key
+        for path, layer in zip(all_paths, spec.layers(), strict=True)
+        if layer.derived is not None
+    }
+    if truncate and not _truncate(model, path_keys):
+        truncate = False
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
@@ -561,8 +614,15 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
         if was:
             gc.enable()
     paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
-    keys = [layer.derived.key for layer in spec.layers() if layer.derived is not None]
-    return _analyse(tracker.ledger, paths, keys)
+    paths = [p.removeprefix("base_model.model.") if p not in path_keys else p for p in paths]
+    keys = [path_keys[p] for p in paths]
+    return _analyse(tracker.ledger, _tracked(model, paths), keys)
+
+
+def _tracked(model: torch.nn.Module, paths: list[str]) -> list[str]:
+    """The block paths as the tracker names modules (a peft wrapper prefixes them)."""
+    names = {name for name, _ in model.named_modules()}
+    return [p if p in names else f"base_model.model.{p}" for p in paths]
 
 
 def _forward_backward(model: Any, setup: Any, tracker: Any, mode: Any, log: Any, quant: Any) -> None:
