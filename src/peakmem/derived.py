@@ -36,7 +36,7 @@ from typing import Any
 
 from peakmem.errors import ConfigError
 
-FORMAT = 2  # the JSON layout written below; bumped when it changes
+FORMAT = 3  # the JSON layout written below; bumped when it changes
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"

@@ -246,6 +246,9 @@ class ModelSpec:
     # The hash of the config a derived spec was built from (peakmem.derived.config_hash); "" for
     # specs of the formulas (peakmem.hf). Its blocks' measured costs are looked up under it.
     derived_from: str = ""
+    # Derived specs: the buffers' bytes as transformers stores them (a bool causal-mask buffer is one
+    # byte per element); 0: every buffer fp32 (formulas/model_states.py ``buffer_bytes``).
+    derived_buffer_bytes: int = 0
 
     def __post_init__(self) -> None:
         require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")

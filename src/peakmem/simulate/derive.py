@@ -419,6 +419,11 @@ def spec_from_model(
                component="positions" if "rotary" in bname or "inv_freq" in bname else "other", kind="other")
         for bname, b in model.named_buffers(remove_duplicate=True)
     )  # fmt: skip
+    # floating buffers are fp32 (RoPE inv_freq: formulas/model_states.py); others keep their dtype
+    buffer_bytes = sum(
+        b.numel() * (4 if b.is_floating_point() else b.element_size())
+        for _, b in model.named_buffers(remove_duplicate=True)
+    )
     names = " ".join({type(m).__name__ for m in model.modules()})
     hidden = _int(tc, "hidden_size", "d_model", "n_embd", "dim") or (
         in_emb.weight.shape[1] if in_emb is not None else 1
@@ -473,6 +478,7 @@ def spec_from_model(
         buffers=buffers,
         notes=tuple(notes),
         derived_from=chash,
+        derived_buffer_bytes=buffer_bytes,
     )
 
 
