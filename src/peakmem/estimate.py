@@ -365,7 +365,7 @@ def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[
                 spec, layer, sh, written, mlp_params=facts.mlp_params[i],
                 linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
-            if tech.adapter:
+            if tech.adapter and layer.derived is None:  # a derived block's costs measured the adapters
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
             if not par.is_single_gpu:
                 ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, sh.c, par)

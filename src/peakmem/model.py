@@ -22,7 +22,7 @@ from peakmem.errors import require
 
 Component = Literal[
     "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
-    "norms", "head", "pooler", "classifier",
+    "norms", "head", "pooler", "classifier", "other",
 ]  # fmt: skip
 TensorKind = Literal["linear_weight", "linear_bias", "norm", "embedding", "expert_weight", "other"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -32,7 +32,11 @@ QkNorm = Literal["none", "per_head", "full"]
 
 COMPONENTS: tuple[Component, ...] = (
     "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
-    "norms", "head", "pooler", "classifier",
+    "norms", "head", "pooler", "classifier", "other",
+)  # fmt: skip
+# Block kinds of a derived spec (peakmem.simulate.derive): what a repeated block computes.
+BLOCK_KINDS = (
+    "attention", "sliding_attention", "chunked_attention", "linear_attention", "ssm", "other",
 )  # fmt: skip
 
 
@@ -142,6 +146,29 @@ class Mlp:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DerivedBlock:
+    """A block the formulas do not describe: its activation bytes are measured, not computed.
+
+    Set on the layers of a spec derived from transformers' own modules (:mod:`peakmem.simulate.derive`);
+    ``None`` on every spec :mod:`peakmem.hf` builds. ``key`` names the block's measured costs in
+    :mod:`peakmem.derived` (config hash and kind signature); ``mixer`` is what mixes tokens (one of
+    ``BLOCK_KINDS``), ``ffn`` "dense", "moe" or "none". KV cache: attention mixers cache
+    ``kv_elements_per_token`` elements per token (from their ``Attention``); SSM and linear attention
+    keep ``state_elements`` per sequence instead, whatever the context.
+    """
+
+    key: str
+    mixer: str
+    ffn: str
+    kv_elements_per_token: int = 0
+    state_elements: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.mixer in BLOCK_KINDS, "mixer", self.mixer, f"must be one of {', '.join(BLOCK_KINDS)}")
+        require(self.ffn in ("dense", "moe", "none"), "ffn", self.ffn, "must be dense, moe or none")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layer:
     """One transformer block: semantics plus its parameter tensors (paths relative to the block)."""
 
@@ -149,6 +176,7 @@ class Layer:
     mlp: Mlp
     tensors: tuple[Tensor, ...]
     parallel_residual: bool = False  # GPT-NeoX, Falcon, Phi-2: attention and MLP read the same input
+    derived: DerivedBlock | None = None  # measured costs instead of the formulas (derived specs only)
 
     @property
     def params(self) -> int:
@@ -215,6 +243,12 @@ class ModelSpec:
     conv1d_modules: tuple[str, ...] = ()
     buffers: tuple[Tensor, ...] = field(default=())  # persistent/non-persistent buffers (e.g. RoPE inv_freq)
     notes: tuple[str, ...] = field(default=())  # what hf.py assumed, echoed in estimates
+    # The hash of the config a derived spec was built from (peakmem.derived.config_hash); "" for
+    # specs of the formulas (peakmem.hf). Its blocks' measured costs are looked up under it.
+    derived_from: str = ""
+    # Derived specs: the buffers' bytes as transformers stores them (a bool causal-mask buffer is one
+    # byte per element); 0: every buffer fp32 (formulas/model_states.py ``buffer_bytes``).
+    derived_buffer_bytes: int = 0
 
     def __post_init__(self) -> None:
         require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")

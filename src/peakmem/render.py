@@ -72,7 +72,20 @@ def spec_json(spec: ModelSpec) -> dict[str, Any]:
         if spec.is_moe
         else None,
         "notes": list(spec.notes),
+        "answered_by": answered_by(spec),
+        "blocks": [
+            {"count": g.count, "mixer": g.layer.derived.mixer, "ffn": g.layer.derived.ffn}
+            for g in spec.groups
+            if g.layer.derived is not None
+        ]
+        or None,
     }
+
+
+def answered_by(spec: ModelSpec) -> str:
+    """Which path built the spec: the formulas (peakmem.hf) or the derived path (transformers' own
+    modules, measured block costs: peakmem.simulate.derive / shipped data)."""
+    return "derived" if spec.derived_from else "formulas"
 
 
 def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = None) -> dict[str, Any]:
@@ -302,6 +315,16 @@ def print_info(spec: ModelSpec) -> None:
         f"16-bit weights {fmt_both(2 * spec.params)}",
     ]
     out.print("; ".join(facts))
+    if spec.derived_from:
+        blocks = ", ".join(
+            f"{g.count} x {g.layer.derived.mixer}"
+            + ("" if g.layer.derived.ffn == "none" else f"+{g.layer.derived.ffn}")
+            for g in spec.groups
+            if g.layer.derived is not None
+        )
+        out.print(f"answered by: derived path (transformers' modules; blocks measured): {blocks}")
+    else:
+        out.print("answered by: formulas (peakmem.hf)")
     for note in spec.notes:
         out.print(f"note: {note}")
 

@@ -44,10 +44,46 @@ ACCEPTED_MODEL_FORMS = (
 
 def resolve_model(arg: str) -> ModelSpec:
     """The ModelSpec a MODEL argument names; errors say which forms are accepted."""
-    from peakmem.hf import spec_from_config
-
     name, config = resolve_config(arg)
-    return spec_from_config(config, name=name)
+    return spec_for_config(config, name=name)
+
+
+def spec_for_config(config: dict[str, Any], *, name: str | None = None) -> ModelSpec:
+    """The formulas' spec (:func:`peakmem.hf.spec_from_config`) when they know the ``model_type``;
+    else a *derived* one: shipped with the package for catalog models (:mod:`peakmem.derived`), or
+    built from transformers' own modules when torch and transformers are installed
+    (:mod:`peakmem.simulate.derive`, imported only then). Derived specs say so in their notes."""
+    from peakmem.hf import SUPPORTED_MODEL_TYPES, spec_from_config
+
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES or not isinstance(config.get("model_type"), str):
+        return spec_from_config(config, name=name)
+    from peakmem import derived
+
+    shipped = derived.shipped_spec(config, name) or derived.cached_spec(config, name)
+    if shipped is not None:
+        derived.register_config(config)
+        return shipped  # type: ignore[no-any-return]
+    derive = _derive_hook()
+    if derive is None:
+        try:
+            return spec_from_config(config, name=name)
+        except ConfigError as err:
+            raise ConfigError(
+                f"{err.args[0]}; `{derived.TORCH_HINT}` answers it: peakmem then derives the spec from "
+                "transformers' own model (exact parameter count) and measures its blocks"
+            ) from None
+    return derive(config, name=name)  # type: ignore[no-any-return]
+
+
+def _derive_hook() -> Any:
+    """:func:`peakmem.simulate.derive.derive_spec` when torch and transformers are importable, else None
+    (the oracle is imported lazily, by name: the core never imports it at module level)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        return None
+    return importlib.import_module("peakmem.simulate.derive").derive_spec
 
 
 def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.derived import costs_for, family_key
 from peakmem.model import Attention, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
 
@@ -87,6 +88,7 @@ class Shapes:
     profile: Profile = PROFILES[Framework.HF]
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
+    family: str = ""  # derived specs: the setup family their measured block costs are looked up in
     # derived, set once (the formulas read them a dozen times per layer)
     tokens: int = field(init=False)  # batch x seq
     c: int = field(init=False)  # compute bytes per element
@@ -157,12 +159,34 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
     kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
     fallback = why.startswith(MATH) and plan.compute.bits < 32
+    family = ""
+    if spec.derived_from:
+        family = derived_family(setup)
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], compiled=setup.compiled,
-        fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels,
+        fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
     )  # fmt: skip
+
+
+def derived_family(setup: TrainingSetup) -> str:
+    """The setup family a derived spec's block costs are measured in: the precision, the kernel
+    transformers is asked for (its own fallbacks then run inside the measured model), the kernel
+    policy and the method, with the adapter's settings for LoRA/QLoRA."""
+    adapter, objects = "", None
+    if setup.method.value != "full":
+        from peakmem.formulas.lora import lora_of  # lora imports this module: at call time
+
+        lora = lora_of(setup)
+        adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
+        objects = (lora, setup.quant)
+    # flash-attn is CUDA-only: a fake-tensor run measures it as SDPA's flash kernel, which allocates
+    # the same (simulate/runner.py build_meta_model), so the two share one measurement
+    kernel = "sdpa" if setup.attention is AttentionKernel.FLASH else setup.attention.value
+    return family_key(precision=setup.precision.value, kernel=kernel,
+                      policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
+                      objects=objects)  # fmt: skip
 
 
 def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
@@ -522,6 +546,8 @@ def layer_activations(
 ) -> LayerActivations:
     """``grad_bytes``: bytes of this layer's weight gradients (written during its backward);
     ``mlp_params``/``linear_params``: precomputed sums over the layer's tensors (or computed here)."""
+    if layer.derived is not None:
+        return derived_activations(spec, layer, sh, grad_bytes)
     if mlp_params is None:
         mlp_params = sum(t.numel for t in layer.tensors if t.component in MLP_COMPONENTS)
     if linear_params is None:
@@ -590,6 +616,35 @@ def layer_activations(
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
+    )  # fmt: skip
+
+
+SRC_DERIVED = (
+    "measured: the block's saved and transient bytes in a fake-tensor training step of transformers' "
+    "model at 3 small shapes, fitted per token, per sequence squared and constant (peakmem.simulate.derive)"
+)
+
+
+def derived_activations(spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int = 0) -> LayerActivations:
+    """A derived block's activations: its measured costs (:mod:`peakmem.derived`) at the setup's shape.
+    Its weight gradients (``grad_bytes``, as many as the method trains) are added to the backward
+    transient as the formulas do (all written at the block's backward peak)."""
+    assert layer.derived is not None
+    cost = costs_for(spec.derived_from, sh.family).get(layer.derived.key)
+    b, s, t = sh.batch, sh.seq, sh.tokens
+    saved = bwd = fwd = freed = 0
+    if cost is not None:
+        saved = cost.saved.at(b, s)
+        fwd = cost.forward_transient.at(b, s)
+        bwd = cost.backward_transient.at(b, s)
+        freed = cost.freed.at(b, s)
+    what = layer.derived.mixer + ("" if layer.derived.ffn == "none" else f" + {layer.derived.ffn} ffn")
+    items = (_item(f"{what} block (measured)", saved, SRC_DERIVED, "derived.saved"),) if saved else ()
+    layer_input = t * spec.hidden_size * sh.r
+    return LayerActivations(
+        saved=items, core=0, layer_input=layer_input, forward_transient=fwd,
+        backward_transient=bwd + grad_bytes, backward_freed=freed, backward_grads=grad_bytes,
+        interior=saved + fwd, input_saved=min(saved, layer_input), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
 
 

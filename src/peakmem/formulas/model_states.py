@@ -107,6 +107,8 @@ def weight_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, ...
 def buffer_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Registered buffers (e.g. RoPE inv_freq) are kept in fp32 by transformers' RoPE init."""
     del setup
+    if spec.derived_buffer_bytes:
+        return spec.derived_buffer_bytes
     return dtypes.FP32.nbytes(spec.buffer_numel)
 
 

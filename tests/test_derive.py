@@ -1,0 +1,220 @@
+"""Derived specs and measured block costs (peakmem.derived: no torch; peakmem.simulate.derive: torch).
+
+Hand-derived: the fit through three measurements; the JSON round trip of a spec. Torch tier: a
+derived spec's parameter count equals the meta-built model's, and its measured costs give the same
+peak as the formulas (the formulas' own tiny families) and as ``simulate`` (an exact-step oracle).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from peakmem import derived
+from peakmem.errors import ConfigError
+from peakmem.hf import spec_from_config
+from tiny_models import GPT2, LLAMA
+
+
+def test_fit_recovers_hand_coefficients() -> None:
+    # bytes = 10 per token + 3 per (batch x seq^2) + 8 per seq^2 (a mask the batch shares) + 100
+    def f(b: int, s: int) -> int:
+        return 10 * b * s + 3 * b * s * s + 8 * s * s + 100
+
+    fitted = derived.fit([(b, s, f(b, s)) for b, s in ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))])
+    assert fitted.coefficients == (Fraction(10), Fraction(3), Fraction(8), Fraction(0), Fraction(100))
+    assert fitted.at(4, 1000) == 10 * 4000 + 3 * 4 * 10**6 + 8 * 10**6 + 100
+
+
+def test_fit_refuses_shapes_that_do_not_separate() -> None:
+    with pytest.raises(ValueError, match="do not separate"):
+        derived.fit([(1, 32, 1), (1, 32, 2), (1, 64, 3), (2, 64, 4), (1, 128, 5)])  # a shape twice
+
+
+def test_spec_json_round_trip_is_exact() -> None:
+    spec = spec_from_config(LLAMA)
+    assert derived.spec_from_json(derived.spec_to_json(spec)) == spec
+
+
+def test_info_says_which_path_answered() -> None:
+    from peakmem.render import spec_json
+
+    out = spec_json(spec_from_config(LLAMA))
+    assert out["answered_by"] == "formulas"
+    assert out["blocks"] is None
+
+
+def test_costs_without_provider_name_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(derived, "_PROVIDER", [])
+    monkeypatch.setattr(derived, "_load_oracle", lambda: None)  # as without torch
+    with pytest.raises(ConfigError, match=r"pip install 'peakmem\[torch\]'"):
+        derived.costs_for("0" * 16, "fp32|sdpa|cpu|full")
+
+
+def test_cache_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
+    cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(7, 2)), forward_transient=derived.Fit(),
+                             backward_transient=derived.Fit(const=Fraction(5)))  # fmt: skip
+    derived._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
+    assert derived._read_cache("abc", "fp32|sdpa|cpu|full") == {"k": cost}
+
+
+# --- torch tier ----------------------------------------------------------------------------------
+torch_only = pytest.mark.torch
+
+
+@pytest.fixture
+def derive(monkeypatch: pytest.MonkeyPatch, tmp_path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
+    from peakmem.simulate import derive as mod
+
+    return mod
+
+
+@torch_only
+@pytest.mark.parametrize("config", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_derived_count_is_the_models(derive, config) -> None:  # type: ignore[no-untyped-def]
+    spec = derive.derive_spec(config)
+    model = derive.build_meta(config)
+    assert spec.params == derive.model_params(model) == spec_from_config(config).params
+    assert spec.params_by_component() == spec_from_config(config).params_by_component()
+    assert spec.tie_word_embeddings == spec_from_config(config).tie_word_embeddings
+    assert [g.count for g in spec.groups] == [2]
+    assert spec.groups[0].layer.derived is not None
+    assert spec.groups[0].layer.derived.mixer == "attention"
+
+
+@torch_only
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("precision", "method"),
+    [("mixed-bf16", "full"), ("amp-bf16", "full"), ("mixed-bf16", "lora"), ("mixed-bf16", "qlora")],
+)
+@pytest.mark.parametrize("config", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_derived_peak_agrees_with_formulas(derive, config, precision, method) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14 item 5: within 2% of the formulas (tolerance from the issue)."""
+    from peakmem.estimate import estimate_training
+    from peakmem.training import TrainingSetup
+
+    setup = TrainingSetup(precision=precision, method=method, seq_len=128, micro_batch=2, kernel_policy="cpu")
+    d = estimate_training(derive.derive_spec(config), setup).peak_allocated_bytes
+    f = estimate_training(spec_from_config(config), setup).peak_allocated_bytes
+    assert abs(d - f) <= 0.02 * f
+
+
+@torch_only
+def test_resolve_falls_back_to_derived(derive) -> None:  # type: ignore[no-untyped-def]
+    from peakmem.resolve import spec_for_config
+
+    config = derive.tiny_config("smollm3")
+    spec = spec_for_config(config, name="tiny-smollm3")
+    assert spec.derived_from
+    assert spec.params == derive.model_params(derive.build_meta(config))
+    assert any("derived from transformers" in n for n in spec.notes)
+
+
+@torch_only
+@pytest.mark.slow
+def test_shipped_data_answers_without_the_oracle(derive, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14 item 4: a shipped file (spec + costs) answers with no provider, and regenerating it
+    gives the same document."""
+    import json
+
+    from peakmem.estimate import estimate_training
+    from peakmem.resolve import spec_for_config
+    from peakmem.training import TrainingSetup
+
+    config = derive.tiny_config("smollm3")
+    family = "fp32|sdpa|cpu|full"
+    doc = derive.shipped_document(config, "tiny-smollm3", (family,))
+    (tmp_path / "tiny-smollm3.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(derived, "SHIPPED", tmp_path)
+    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)
+    monkeypatch.setattr(derived, "_MEMORY", {})
+    monkeypatch.setattr(derived, "_PROVIDER", [])
+    monkeypatch.setattr(derived, "_load_oracle", lambda: None)
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path / "empty-cache"))
+    spec = spec_for_config(config, name="tiny-smollm3")
+    assert spec.params == derive.model_params(derive.build_meta(config))
+    setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
+    assert estimate_training(spec, setup).peak_allocated_bytes > 0
+    again = derive.shipped_document(config, "tiny-smollm3", (family,))
+    assert json.loads(json.dumps(again)) == json.loads((tmp_path / "tiny-smollm3.json").read_text())
+
+
+@torch_only
+def test_shipped_files_regenerate(derive) -> None:  # type: ignore[no-untyped-def]
+    """Every shipped file's spec is what transformers builds from its config today (costs: the slow
+    benchmark ``benchmarks/derive_catalog.py`` regenerates them)."""
+    import json
+
+    files = sorted(derived.SHIPPED.glob("*.json"))
+    if not files:
+        pytest.skip("no shipped derived data yet (benchmarks/derive_catalog.py writes it)")
+    for path in files:
+        doc = json.loads(path.read_text())
+        spec = derive.derive_spec(doc["config"], name=doc["spec"]["name"])
+        assert derived.spec_to_json(spec) == doc["spec"], path.name
+
+
+# A sample of model types outside the formulas (an SSM + attention hybrid, interleaved sliding attention);
+# benchmarks/derive_coverage.py runs the full table (issue 14: 3% median, 10% worst).
+PARITY_SAMPLE = ("bamba", "cohere2")
+
+
+@torch_only
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", PARITY_SAMPLE)
+def test_derived_estimate_matches_a_real_cpu_step(derive, model_type) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from peakmem.estimate import estimate_training
+    from peakmem.measure.runner import measure_training
+    from peakmem.training import TrainingSetup
+
+    config = derive.tiny_config(model_type)
+    config.pop("architectures", None)
+    spec = derive.derive_spec(config)
+    assert spec.params == derive.model_params(derive.build_meta(config))
+    setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
+    if "sdpa" not in spec.attention_kernels:
+        setup = replace(setup, attention="eager")
+    real = measure_training(config, setup, device="cpu").peak_allocated_bytes
+    est = estimate_training(spec, setup).peak_allocated_bytes
+    assert abs(est - real) <= 0.10 * real, (est, real)
+
+
+@torch_only
+@pytest.mark.slow
+def test_every_causal_lm_type_that_builds_gets_its_exact_count(derive, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14: iterate over transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES; every type whose default
+    config (shrunk where that still builds) builds gets the built model's exact parameter count; the
+    ones that cannot build are listed with why (benchmarks/derive_coverage.md holds the same table)."""
+    rows = [(t, *derive.check_type(t)) for t in derive.causal_lm_types()]
+    wrong = [(t, why) for t, status, why, _ in rows if status in ("mismatch", "error")]
+    cannot = [(t, why) for t, status, why, _ in rows if status == "cannot build"]
+    with capsys.disabled():
+        ok = len(rows) - len(cannot) - len(wrong)
+        print(f"\n{ok} of {len(rows)} causal-LM model types: exact parameter count; cannot build:")
+        for t, why in cannot:
+            print(f"  {t}: {why}")
+    assert not wrong
+    assert len(cannot) <= len(rows) // 10  # transformers' own default configs that do not build
+
+
+@torch_only
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_cut_model_measures_what_the_whole_one_does(derive, method) -> None:  # type: ignore[no-untyped-def]
+    """Measuring 3 blocks of each kind gives the costs of the 8-block model (depth does not change a
+    block's bytes; the cut only saves time)."""
+    from peakmem.training import TrainingSetup
+
+    setup = TrainingSetup(precision="mixed-bf16", method=method, seq_len=64, micro_batch=2)
+    config = dict(LLAMA, num_hidden_layers=8)
+    assert derive._measure_one(config, setup, truncate=True) == derive._measure_one(
+        config, setup, truncate=False
+    )
