@@ -43,6 +43,7 @@ def main() -> int:
     families = tuple(f for f in args.families.split(",") if f) or derive.SHIPPED_FAMILIES
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in names if args.models or not (out / file_name(n)).exists()]  # resume
     for arg in names:
         name, config = resolve_config(arg)
         t0 = time.perf_counter()

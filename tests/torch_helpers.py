@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoConfig, PretrainedConfig
+from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from peakmem.model import ModelSpec
 
@@ -29,6 +29,8 @@ def hf_config(config: Mapping[str, Any]) -> PretrainedConfig:
         cfg = {**(cfg.get("text_config") or {}), "model_type": "gemma3_text"}
         model_type = "gemma3_text"
     kwargs = {k: v for k, v in cfg.items() if k not in _DROP}
+    if model_type not in CONFIG_MAPPING and cfg.get("architectures"):  # remote-code types (kimi_k2)
+        return getattr(transformers, cfg["architectures"][0]).config_class(**kwargs)
     return AutoConfig.for_model(model_type, **kwargs)
 
 

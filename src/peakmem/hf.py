@@ -1396,6 +1396,9 @@ _FAMILIES: dict[str, tuple[str, _Builder]] = {
     "olmo2": ("Olmo2Config", lambda r, n: _olmo(r, n, 2)),
     "deepseek_v2": ("DeepseekV2Config", lambda r, n: _deepseek(r, n, 2)),
     "deepseek_v3": ("DeepseekV3Config", lambda r, n: _deepseek(r, n, 3)),
+    # Kimi-K2's config.json (moonshotai/Kimi-K2-Instruct) says model_type "kimi_k2", maps AutoConfig to
+    # remote code whose class is DeepseekV3Config and names DeepseekV3ForCausalLM: DeepSeek-V3's modules
+    "kimi_k2": ("DeepseekV3Config", lambda r, n: _deepseek(r, n, 3)),
     "bert": ("BertConfig", _bert),
 }
 MULTIMODAL = ("gemma3",)  # read through their text_config

@@ -67,8 +67,27 @@ def _models() -> tuple[CatalogModel, ...]:
 
     # A read-only view: lookups hand out the shared dict, callers copy it (dict(entry.config)).
     return tuple(
-        CatalogModel(**{**entry, "config": MappingProxyType(entry["config"])}) for entry in MODEL_ENTRIES
+        CatalogModel(**{**entry, "config": MappingProxyType(entry["config"])})
+        for entry in (*MODEL_ENTRIES, *_config_entries())
     )
+
+
+# Entries kept as whole config.json files (catalog/configs/<name>.json: this year's flagships, many of
+# model types the formulas do not know, answered through the derived path); keys beyond CatalogModel's
+# (``reported_params_text``: the card's rounding, for tests) are dropped.
+_CONFIG_KEYS = ("name", "family", "hub_id", "config", "source", "aliases", "reported_params", "note")
+
+
+def _config_entries() -> list[dict[str, Any]]:
+    import json
+    from importlib.resources import files
+
+    out = []
+    for path in sorted(files("peakmem.catalog").joinpath("configs").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".json"):
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            out.append({k: tuple(v) if k == "aliases" else v for k, v in doc.items() if k in _CONFIG_KEYS})
+    return out
 
 
 @functools.cache

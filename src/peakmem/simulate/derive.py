@@ -25,6 +25,7 @@ module registers it as :mod:`peakmem.derived`'s cost provider.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -80,7 +81,9 @@ def config_object(config: Mapping[str, Any]) -> Any:
         raise InputError(
             f"model_type={model_type!r}: transformers {transformers.__version__} does not know it{remote}"
         )
-    kwargs = {k: v for k, v in config.items() if k not in _DROP}
+    # a deep copy: transformers normalises nested dicts (rope_scaling) in place, which would change the
+    # caller's config (a catalog entry) and so its hash
+    kwargs = copy.deepcopy({k: v for k, v in config.items() if k not in _DROP})
     try:
         return transformers.AutoConfig.for_model(model_type, **kwargs)
     except (KeyError, ValueError, TypeError, AttributeError) as err:
@@ -917,9 +920,17 @@ def shipped_document(
     """The JSON document of ``peakmem/catalog/derived/<name>.json``: the derived spec, its costs in
     ``families`` and the config they came from (so that a test can regenerate it)."""
     spec = derive_spec(config, name=name)
-    costs = {fam: measure_costs(config, fam) for fam in families}
+    costs: dict[str, Any] = {}
+    unmeasured: dict[str, str] = {}
+    for fam in families:
+        try:
+            costs[fam] = measure_costs(config, fam)
+        except RuntimeError as err:  # fp32 MoE: torch's meta grouped_mm takes bf16 only
+            unmeasured[fam] = str(err).splitlines()[0][:200]
     doc = derived.shipped_document(spec, costs)
     doc["config"] = dict(config)
+    if unmeasured:
+        doc["unmeasured_families"] = unmeasured  # measured on demand where torch is installed
     return doc
 
 
