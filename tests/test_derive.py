@@ -218,3 +218,19 @@ def test_cut_model_measures_what_the_whole_one_does(derive, method) -> None:  # 
     assert derive._measure_one(config, setup, truncate=True) == derive._measure_one(
         config, setup, truncate=False
     )
+
+
+@torch_only
+def test_fp32_experts_on_grouped_mm_are_a_named_input_error(derive) -> None:  # type: ignore[no-untyped-def]
+    """OLMoE's experts run torch._grouped_mm, which takes bf16 only: fp32 expert weights (fp32,
+    amp-bf16) are an InputError naming the precision and the model type, not a traceback."""
+    from peakmem.errors import InputError
+
+    tiny = {"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"], "vocab_size": 128,
+            "hidden_size": 32, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
+    with pytest.raises(InputError, match=r"precision='fp32'.*olmoe.*grouped_mm"):
+        derive.measure_costs(tiny, derived.family_key(precision="fp32", kernel="sdpa", policy="cuda",
+                                                      method="full"))  # fmt: skip
+    assert derive.measure_costs(tiny, derived.family_key(precision="bf16", kernel="sdpa", policy="cuda",
+                                                         method="full"))  # fmt: skip

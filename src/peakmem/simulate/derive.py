@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import re
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -521,7 +522,19 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
             kernel_policy=KernelPolicy(policy), micro_batch=batch, seq_len=seq,
             method=Method(method), lora=lora, quant=quant,
         )  # fmt: skip
-        for key, values in _measure_once(dict(config), setup).items():
+        try:
+            measured = _measure_once(dict(config), setup)
+        except RuntimeError as err:
+            if "grouped_mm" not in "".join(traceback.format_exception(err)):
+                raise
+            # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts'
+            # dtype, and torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
+            raise InputError(
+                f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts "
+                "through torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights "
+                "transformers cannot run it. Use --precision bf16 or mixed-bf16"
+            ) from None
+        for key, values in measured.items():
             points.setdefault(key, []).append((batch, seq, values))
     out: derived.Costs = {}
     for key, pts in points.items():
@@ -925,7 +938,7 @@ def shipped_document(
     for fam in families:
         try:
             costs[fam] = measure_costs(config, fam)
-        except RuntimeError as err:  # fp32 MoE: torch's meta grouped_mm takes bf16 only
+        except InputError as err:  # fp32 experts: torch's grouped_mm takes bf16 only
             unmeasured[fam] = str(err).splitlines()[0][:200]
     doc = derived.shipped_document(spec, costs)
     doc["config"] = dict(config)
