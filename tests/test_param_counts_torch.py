@@ -246,7 +246,8 @@ def _check(config: dict[str, Any] | Any, name: str) -> None:
 
 def test_every_supported_family_has_a_tiny_config() -> None:
     covered = {c["model_type"] for c in TINY.values()}
-    assert covered == set(SUPPORTED_MODEL_TYPES)
+    # kimi_k2 is DeepSeek-V3's builder under Kimi-K2's model_type (hf.py): the deepseek_v3 config covers it
+    assert covered == set(SUPPORTED_MODEL_TYPES) - {"kimi_k2"}
 
 
 @pytest.mark.parametrize("key", list(TINY))
@@ -259,7 +260,9 @@ def _catalog_entries() -> list[Any]:
         from peakmem.catalog import MODELS
     except ImportError:
         return []
-    return list(MODELS)
+    # entries of types the formulas do not know are answered by the derived path, whose counts
+    # tests/test_flagship_configs.py and tests/test_derive.py check against transformers
+    return [m for m in MODELS if m.config["model_type"] in SUPPORTED_MODEL_TYPES]
 
 
 @pytest.mark.parametrize("entry", _catalog_entries(), ids=lambda e: e.name)
