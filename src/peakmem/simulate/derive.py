@@ -655,8 +655,8 @@ def _forward_backward(model: Any, setup: Any, tracker: Any, mode: Any, log: Any,
     from peakmem.breakdown import Phase
     from peakmem.measure.tracker import INPUT
     from peakmem.measure.trainer import make_trainer
-    from peakmem.simulate import attribution, runner
     from peakmem.simulate import kernels as kern
+    from peakmem.simulate import runner
 
     policy = setup.kernel_policy
     tracker.register_module(model)
@@ -664,16 +664,7 @@ def _forward_backward(model: Any, setup: Any, tracker: Any, mode: Any, log: Any,
     fmode = kern.function_mode(policy, log)
     dmode = kern.dispatch_mode(policy, log)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(runner._transformers_patches())
-        stack.enter_context(mode)
-        stack.enter_context(kern.ScalarValueMode())
-        stack.enter_context(tracker)
-        stack.enter_context(attribution.BackwardModuleMode(tracker))
-        stack.enter_context(attribution.ForwardNodeTagger(tracker))
-        if dmode is not None:
-            stack.enter_context(dmode)
-        if fmode is not None:
-            stack.enter_context(fmode)
+        runner.enter_fake_modes(stack, mode, tracker, dmode, fmode)
         tracker.set_phase(Phase.LOAD, 0)
         trainer = make_trainer(model, setup, torch.device("cpu"), tracker)
         tracker.watch_gradients(model.named_parameters())

@@ -196,6 +196,22 @@ def _fake_mode() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=False)
 
 
+def enter_fake_modes(stack: Any, mode: Any, tracker: Any, dmode: Any, fmode: Any) -> None:
+    """The modes a fake training run executes under, in order (simulate and the derived path's block
+    measurement): transformers' patches, the fake mode, scalar values, the tracker, backward/forward
+    attribution, then the kernel dispatch and function modes when the policy has them."""
+    stack.enter_context(_transformers_patches())
+    stack.enter_context(mode)
+    stack.enter_context(kern.ScalarValueMode())
+    stack.enter_context(tracker)
+    stack.enter_context(attribution.BackwardModuleMode(tracker))
+    stack.enter_context(attribution.ForwardNodeTagger(tracker))
+    if dmode is not None:
+        stack.enter_context(dmode)
+    if fmode is not None:
+        stack.enter_context(fmode)
+
+
 @contextlib.contextmanager
 def _transformers_patches() -> Iterator[None]:
     """transformers treats fake tensors as tracing and then builds explicit attention masks for
@@ -255,16 +271,7 @@ def _run(
     dmode = kern.dispatch_mode(policy, log)
     shape = (setup.micro_batch, setup.seq_len)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_transformers_patches())
-        stack.enter_context(mode)
-        stack.enter_context(kern.ScalarValueMode())
-        stack.enter_context(tracker)
-        stack.enter_context(attribution.BackwardModuleMode(tracker))
-        stack.enter_context(attribution.ForwardNodeTagger(tracker))
-        if dmode is not None:
-            stack.enter_context(dmode)
-        if fmode is not None:
-            stack.enter_context(fmode)
+        enter_fake_modes(stack, mode, tracker, dmode, fmode)
         tracker.set_phase(Phase.LOAD, 0)
         trainer = make_trainer(model, setup, dev, tracker)
         result.trainer = trainer
