@@ -101,6 +101,29 @@ def test_tiny_training_band_terms_hand_derived() -> None:
     assert e.band.reserved.likely == e.peak_reserved_bytes
 
 
+def test_compiled_chunked_loss_order_term_hand_derived() -> None:
+    """Pure bf16, compiled chunked CE, batch 4 x 256 on the tiny Llama (vocab 1000): one chunk's 16-bit
+    gradient is 1024 / 8 tokens x 1000 x 2 B = 256,000 B. High: the other 7 chunks' gradients alive at
+    once, on top of the backward phase's peak. Low: without checkpointing the peak is the backward's
+    start, and falls by that one gradient; with full checkpointing it is the first layer's recompute,
+    after the loss's gradients are gone, so it does not move."""
+    from peakmem.training import LossImpl
+
+    chunk = 1024 // 8 * 1000 * 2
+    for ckpt, at_start in ((Checkpointing.NONE, True), (Checkpointing.FULL, False)):
+        setup = TrainingSetup(precision=Precision.BF16, micro_batch=4, seq_len=256, checkpointing=ckpt,
+                              loss=LossImpl.CHUNKED_COMPILED)  # fmt: skip
+        e = estimate_training(TINY, setup)
+        assert e.band is not None and e.peak_phase.value == "backward"
+        term = {t.name: t for t in e.band.terms}["loss_backward_order"]
+        fwd, bwd, opt = (p.bytes for p in e.phases)
+        assert term.high_bytes == bwd + 7 * chunk - e.peak_allocated_bytes == 7 * chunk
+        assert term.low_bytes == (max(-chunk, max(fwd, opt) - e.peak_allocated_bytes) if at_start else 0)
+        assert term.low_bytes == (-chunk if at_start else 0)  # the other phases are lower by more
+        plain = estimate_training(TINY, replace(setup, loss=LossImpl.STANDARD))
+        assert plain.band is not None and "loss_backward_order" not in {t.name for t in plain.band.terms}
+
+
 def test_gpt2_xl_likely_strictly_inside() -> None:
     spec = resolve_model("gpt2-xl")
     e = estimate_training(spec, TrainingSetup(seq_len=1024))

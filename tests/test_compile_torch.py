@@ -46,3 +46,64 @@ def test_compiled_layer_matches_the_formula(style: str, precision: str) -> None:
         saved = ca.saved_shapes(fn, x, layer)
         input_kept = any(dtype == "layer input" for _, dtype, _ in saved)
         assert input_kept == (kept_input > 0), (style, precision, mode, saved)
+
+
+def _allocated_peak(fn: Any) -> tuple[int, int, Any]:
+    """(peak, net) bytes of the CPU allocator's events while ``fn()`` runs, and its result."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    cur = peak = 0
+    for _, n in events:
+        cur += n
+        peak = max(peak, cur)
+    return peak, cur, out
+
+
+def test_compiled_chunked_cross_entropy_allocates_no_fp32_chunk() -> None:
+    """torchtune's compiled chunked CE (``compute_cross_entropy = torch.compile(...)`` over
+    ``F.cross_entropy(logits.float(), labels)``): the forward allocates only the per-token logsumexp
+    and the loss, the backward only the chunk's 16-bit gradient, as ``adapt_head_loss`` counts them.
+    Over 8 chunks from a frozen head (``loss = sum(ce(chunk))``, the logits list deleted, as torchtune's
+    recipes do), every chunk's gradient is alive at once before the head's backward consumes them: the
+    high end of ``band.loss_backward_term``."""
+    import torch.nn.functional as F
+
+    from peakmem.formulas.loss import HeadActivations
+    from peakmem.formulas.lowbit_optim import CE_CHUNKS, adapt_head_loss
+
+    t, v, h = 256, 4000, 32
+    chunk_bf16 = t * v * 2
+
+    def ce(logits: Any, labels: Any) -> Any:
+        return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+    compiled = torch.compile(ce)
+    labels = torch.randint(0, v, (t,))
+    x = torch.randn(t, v, dtype=torch.bfloat16, requires_grad=True)
+    compiled(x, labels).backward()  # compile outside the measured window
+    x.grad = None
+    fwd_peak, _, loss = _allocated_peak(lambda: compiled(x, labels))
+    bwd_peak, _, _ = _allocated_peak(lambda: loss.backward())
+    head = HeadActivations(saved=(), forward_transient=0, backward_transient=0, logits_grad=0)
+    spec = type("S", (), {"task": "causal-lm", "vocab_size": v})()
+    sh = type("Sh", (), {"tokens": t * CE_CHUNKS, "c": 2})()
+    predicted = adapt_head_loss(spec, head, sh, type("Setup", (), {"loss": "chunked-compiled"})())
+    assert fwd_peak <= 2 * t * 4 + 1024 < chunk_bf16 // 100  # logsumexp + loss (allocator alignment)
+    assert predicted.forward_transient == 0
+    assert abs(bwd_peak - predicted.backward_transient) <= 4096, (bwd_peak, predicted)  # + scalars
+
+    weight = torch.randn(v, h, dtype=torch.bfloat16)  # frozen head
+    hidden = torch.randn(t * CE_CHUNKS, h, dtype=torch.bfloat16, requires_grad=True)
+    logits = [c @ weight.T for c in hidden.chunk(CE_CHUNKS)]
+    total = sum(
+        compiled(lg, y)
+        for lg, y in zip(logits, torch.randint(0, v, (t * CE_CHUNKS,)).chunk(CE_CHUNKS), strict=True)
+    )
+    del logits
+    all_peak, _, _ = _allocated_peak(lambda: total.backward())
+    assert abs(all_peak / (CE_CHUNKS * chunk_bf16) - 1) <= 0.01, all_peak / chunk_bf16

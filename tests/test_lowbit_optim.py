@@ -93,6 +93,8 @@ def test_chunked_and_fused_loss_heads() -> None:
     assert chunked.backward_transient == 2 * (t // 8) * v * 4 + (t // 8) * v * 2
     compiled = O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="chunked-compiled"))
     assert any(i.bytes == t * v * 2 + t * 4 for i in compiled.saved)
+    assert compiled.forward_transient == 0  # the upcast is fused: no fp32 chunk (tests/test_compile_torch.py)
+    assert compiled.backward_transient == compiled.logits_grad == (t // 8) * v * 2
     fused = O.adapt_head_loss(spec, head, sh, SimpleNamespace(loss="fused"))
     assert all(i.bytes < t * v for i in fused.saved)
 

@@ -528,6 +528,7 @@ def _estimate(
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
         communicators=sharding.communicators(par), nccl_bytes=nccl,
         fused_step_delta=_fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0,
+        loss_order=_loss_order_deltas(setup, logits_grad, bp, phases, peak) if last else (0, 0),
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
@@ -582,6 +583,21 @@ def _fused_step_delta(
     return min(0, max(forward.bytes, backward.bytes, optimizer.bytes - temps) - optimizer.bytes)
 
 
+def _loss_order_deltas(
+    setup: TrainingSetup, chunk_grad: int, bp: BackwardPeak, phases: tuple[PhasePeak, ...], peak: PhasePeak
+) -> tuple[int, int]:
+    """(low, high) change of the peak from the order of a compiled chunked loss's backward
+    (``band.loss_backward_term``): each chunk's gradient in its saved chunk's place (low), or all
+    ``CE_CHUNKS`` gradients alive at once (high, bounded with the backward phase's own peak)."""
+    if setup.loss is not LossImpl.CHUNKED_COMPILED or not chunk_grad:
+        return 0, 0
+    forward, backward, optimizer = phases
+    high = max(0, backward.bytes + (_lowbit.CE_CHUNKS - 1) * chunk_grad - peak.bytes)
+    at_start = peak is backward and bp.at_start
+    low = max(-chunk_grad, max(forward.bytes, optimizer.bytes) - peak.bytes) if at_start else 0
+    return low, high
+
+
 def training_band(
     *,
     allocated: int,
@@ -593,6 +609,7 @@ def training_band(
     communicators: int = 0,
     nccl_bytes: int = 0,
     fused_step_delta: int = 0,
+    loss_order: tuple[int, int] = (0, 0),
 ) -> _band.Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
@@ -614,6 +631,8 @@ def training_band(
         terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
     if fused_step_delta:
         terms.append(_band.optimizer_impl_term(fused_step_delta))
+    if loss_order != (0, 0):
+        terms.append(_band.loss_backward_term(low_delta=loss_order[0], high_delta=loss_order[1]))
     return _band.build_band(
         allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
     )

@@ -294,6 +294,25 @@ def optimizer_impl_term(delta_bytes: int) -> BandTerm:
                     source=SRC_OPTIMIZER_IMPL)  # fmt: skip
 
 
+# --- the order of a chunked loss's backward -------------------------------------------------------------
+SRC_LOSS_ORDER = (
+    "torchtune CEWithChunkedOutputLoss under compile_loss: the likely value has every 16-bit logits chunk "
+    "saved and one chunk's gradient alive at the start of backward. High: autograd's ready queue runs the "
+    "node with the highest sequence number first (torch/csrc/autograd/engine.cpp ReadyQueue), so all the "
+    "chunks' CE backwards run before any of the head's matmul backwards, and on torch 2.13's CPU Inductor "
+    "the saved chunks stay alive meanwhile: every chunk's gradient is alive at once (measured, "
+    "tests/test_compile_torch.py). Low: each gradient takes the place of its freed saved chunk"
+)
+
+
+def loss_backward_term(*, low_delta: int, high_delta: int) -> BandTerm:
+    """The allocated peak if the chunked loss's gradients replace their saved chunks (``low_delta <= 0``)
+    or all live at once next to them (``high_delta >= 0``); computed by the estimator, which knows the
+    phases."""
+    return BandTerm(name="loss_backward_order", level="allocated", low_bytes=min(0, low_delta),
+                    high_bytes=max(0, high_delta), source=SRC_LOSS_ORDER)  # fmt: skip
+
+
 def with_terms(band: Band, terms: tuple[BandTerm, ...]) -> Band:
     """``band`` with more terms (the likely values unchanged)."""
     return build_band(allocated=band.allocated.likely, reserved=band.reserved.likely,
