@@ -63,6 +63,25 @@ def test_llama_bf16_eager_layer() -> None:
     assert la.saved_bytes == norms + linear_inputs + qkv + softmax + mlp == 213_504
 
 
+def test_llama_eager_one_kv_head_at_batch_1_keeps_it_as_a_view() -> None:
+    """MQA (one kv head): repeat_kv's expand + reshape is a view, and at micro-batch 1 matmul folds it
+    without a copy, so the saved k and v are one head each (real CPU step: tests/test_parity's grid,
+    qwen2 b1 x 128); at batch 2 matmul's reshape copies all heads, and autocast's casts copy them too."""
+    mqa = {**LLAMA, "num_key_value_heads": 1}
+    a, d = 4, 16
+
+    def qkv(batch: int, precision: Precision) -> int:
+        spec = spec_from_config(dict(mqa))
+        setup = TrainingSetup(micro_batch=batch, seq_len=S, precision=precision,
+                              attention=AttentionKernel.EAGER, kernel_policy=KernelPolicy.CPU)  # fmt: skip
+        la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+        return sum(i.bytes for i in la.saved if i.key == "attn.qkv")
+
+    assert qkv(1, Precision.BF16) == S * (a * d + 2 * d) * 2
+    assert qkv(2, Precision.BF16) == 2 * S * 3 * a * d * 2
+    assert qkv(1, Precision.AMP_BF16) == S * 3 * a * d * 2
+
+
 def test_llama_bf16_sdpa_layer_keeps_kv_heads() -> None:
     _, la = _layer(
         LLAMA, precision=Precision.BF16, attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU

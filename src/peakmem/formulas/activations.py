@@ -415,15 +415,22 @@ def _eager_terms(
     a, d, dv = att.num_heads, att.head_dim, att.v_head_dim
     # SDPA's math fallback on CPU upcasts 16-bit q, k, v and the scores to fp32 (measured).
     inner = 4 if sh.math_fallback else c
-    # q, and k, v expanded to all heads (repeat_kv copies; matmul folds to bmm on contiguous copies)
+    # q, and k, v expanded to all heads (repeat_kv copies; matmul folds to bmm on contiguous copies).
+    # With one kv head, repeat_kv's expand + reshape is a view (a stride-0 head dim), and at micro-batch 1
+    # matmul folds it into bmm's batch without a copy, so k and v stay one head each (measured: the parity
+    # grid's qwen2 MQA case, b1 x 128, fp32 eager: -196,608 B over its 2 layers). Autocast's casts of the
+    # view are contiguous copies of every head (measured, amp-bf16), as is SDPA's math fallback's upcast.
+    shared = att.num_kv_heads == 1 and sh.batch == 1 and not sh.math_fallback and not sh.plan.autocast
+    kv = att.num_kv_heads if shared else a
     items.append(
         _item(
-            "attn.q,k,v (eager, kv repeated to all heads)",
-            t * a * (2 * d + dv) * inner,
+            "attn.q,k,v (eager, one kv head shared as views)" if shared and a > 1
+            else "attn.q,k,v (eager, kv repeated to all heads)",
+            t * (a * d + kv * (d + dv)) * inner,
             SRC_EAGER,
             "attn.qkv",
         )
-    )
+    )  # fmt: skip
     # fp32 softmax: ``softmax(..., dtype=float32)`` (Llama family); under CUDA autocast (softmax is
     # on its fp32 list); under any autocast when an fp32 additive mask (the causal mask of decoders)
     # promotes the 16-bit scores. Encoders fed without a padding mask add none.
