@@ -352,3 +352,23 @@ def test_long_unknown_name_is_cut_in_the_message(capsys: pytest.CaptureFixture[s
     code, err = _main(["train", "q" * 3000], capsys)
     assert code == 3
     assert err.startswith("peakmem: error: unknown model 'qqqq") and len(err) < 300
+
+
+def test_one_reader_of_user_files(tmp_path: Path) -> None:
+    """validate.read_user_file / read_user_text: config.json, --from, calibrate's inputs and snapshots
+    all read through it, so each failure names the file, how it was given and what was expected."""
+    from peakmem.validate import read_user_file, read_user_text
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * 11)
+    with pytest.raises(InputError, match=r"--from .*big.json: 11 bytes is too large for a thing \(at most"):
+        read_user_file(big, what="a thing", max_bytes=10, label="--from")
+    with pytest.raises(InputError, match=r"nope.json: no such file"):
+        read_user_file(tmp_path / "nope.json", what="a thing", max_bytes=10)
+    with pytest.raises(InputError, match=r": a folder, not a thing"):
+        read_user_file(tmp_path, what="a thing", max_bytes=10**6)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"caf\xe9")
+    with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text .*; expected a thing"):
+        read_user_text(latin, what="a thing", max_bytes=10, error=ConfigError)
+    assert read_user_text(big, what="a thing", max_bytes=11) == "x" * 11

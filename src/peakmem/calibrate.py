@@ -35,7 +35,7 @@ from peakmem.errors import InputError, suggest
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES, Overheads
 from peakmem.units import MiB, parse_size
-from peakmem.validate import MAX_DEVICE_BYTES
+from peakmem.validate import MAX_DEVICE_BYTES, read_user_text
 
 PROFILE_FORMAT = 1  # "peakmem_profile" in the file: bump when its fields change meaning
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -295,19 +295,7 @@ def _smi_value(value: str) -> int:
 
 def read_json_file(path: Path, what: str) -> Any:
     """A JSON file the user named, or an InputError naming the problem (exit 2)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise InputError(f"{path}: {size:,} bytes is too large for {what}")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: a folder, not {what}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file; expected {what}") from None
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+    text = read_user_text(path, what=what, max_bytes=MAX_INPUT_BYTES)
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.errors import InputError, MissingExtraError
+from peakmem.validate import read_user_text
 
 AXOLOTL = "axolotl"
 LLAMA_FACTORY = "llama-factory"
@@ -290,19 +291,7 @@ class FromFile:
 def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A config file's top-level mapping: JSON, or YAML (needs PyYAML). Errors name the file."""
     p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise InputError(f"--from {p}: {size:,} bytes; a training config is at most {MAX_FILE_BYTES:,}")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"--from {p}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"--from {p}: a folder; give the config file") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"--from {p}: not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise InputError(f"--from {p}: cannot read it ({e.strerror or e})") from None
+    text = read_user_text(p, what="a training config", max_bytes=MAX_FILE_BYTES, label="--from")
     return parse_document(text, str(p))
 
 

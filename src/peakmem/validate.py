@@ -134,20 +134,41 @@ def coerce_choice(obj: object, attr: str, enum: type[_C], field: str | None = No
 
 
 # --- config.json ------------------------------------------------------------------------------------------
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Read and parse a config.json within the bounds above; errors name the file."""
+def read_user_file(
+    path: Path, *, what: str, max_bytes: int, label: str = "", error: type[InputError] = InputError
+) -> bytes:
+    """The bytes of a file the user named, at most ``max_bytes`` (checked before reading); every failure
+    is ``error`` (exit 2) naming the file (``label``: how it was given, e.g. ``--from``) and ``what``
+    was expected. The one reader of user files: config.json, --from, calibrate's inputs, snapshots."""
+    name = f"{label} {path}" if label else str(path)
     try:
         size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{name}: {size:,} bytes is too large for {what} (at most {max_bytes:,})")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{name}: a folder, not {what}") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    if size > MAX_CONFIG_FILE_BYTES:
-        raise ConfigError(
-            f"{path}: {size:,} bytes is too large for a config.json (at most {MAX_CONFIG_FILE_BYTES:,})"
-        )
+        raise error(f"{name}: cannot read it ({e.strerror or e})") from None
+
+
+def read_user_text(
+    path: Path, *, what: str, max_bytes: int, label: str = "", error: type[InputError] = InputError
+) -> str:
+    """:func:`read_user_file` decoded as UTF-8; other bytes are ``error`` naming the file."""
+    data = read_user_file(path, what=what, max_bytes=max_bytes, label=label, error=error)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read ({e})") from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        name = f"{label} {path}" if label else str(path)
+        raise error(f"{name}: not UTF-8 text ({e.reason}); expected {what}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read and parse a config.json within the bounds above; errors name the file."""
+    text = read_user_text(path, what="a config.json", max_bytes=MAX_CONFIG_FILE_BYTES, error=ConfigError)
     depth = _text_depth(text)
     if depth > MAX_CONFIG_DEPTH:
         raise ConfigError(

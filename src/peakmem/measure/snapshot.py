@@ -37,6 +37,7 @@ from peakmem.breakdown import Category, Estimate
 from peakmem.calibrate import Measurement
 from peakmem.errors import InputError
 from peakmem.units import fmt_bytes
+from peakmem.validate import read_user_file
 
 MAX_SNAPSHOT_BYTES = 4 * 1000**3  # 4 GB: a 1M-event trace with deep stacks is ~1 GB
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 ID1 ID2
@@ -172,19 +173,7 @@ class _PlainUnpickler(pickle.Unpickler):
 def load_snapshot(path: Path) -> dict[str, Any]:
     """The snapshot at ``path`` as a dict with ``segments`` and ``device_traces``; an InputError names
     what is wrong with a file that is not one (exit 2)."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_SNAPSHOT_BYTES:
-            raise InputError(
-                f"{path}: {size:,} bytes is larger than a memory snapshot ({MAX_SNAPSHOT_BYTES:,})"
-            )
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: a folder, not a memory snapshot") from None
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+    data = read_user_file(path, what="a memory snapshot", max_bytes=MAX_SNAPSHOT_BYTES)
     return parse_snapshot(data, str(path))
 
 
