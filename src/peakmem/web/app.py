@@ -220,39 +220,31 @@ class EstimateResponse(BaseModel):
     chart: list[dict[str, Any]]
 
 
-class FitResponse(BaseModel):
-    """``peakmem fit --json`` (every key of it), plus ``headline`` and ``estimate`` (the training
-    answer, as ``/api/train``, for the page's chart and tables)."""
+class _FitAnswer(BaseModel):
+    """What ``peakmem fit --json`` and ``fit --infer --json`` share, plus ``headline`` and ``estimate``
+    (the training or serving answer, as ``/api/train`` / ``/api/infer``, for the page's chart)."""
 
     model_config = ConfigDict(extra="allow")
 
     model: dict[str, Any]
     setup: dict[str, Any]
+    fits_any: bool
+    smallest_sufficient: str | None
+    gpus: list[dict[str, Any]]
+    search_space: list[dict[str, Any]]
+    assumptions: list[str]
+    headline: str
+    estimate: EstimateResponse
+
+
+class FitResponse(_FitAnswer):
+    """``peakmem fit --json`` (every key of it), plus ``headline`` and ``estimate``."""
+
     device_total_bytes: int
-    fits_any: bool
-    smallest_sufficient: str | None
-    gpus: list[dict[str, Any]]
-    search_space: list[dict[str, Any]]
-    assumptions: list[str]
-    headline: str
-    estimate: EstimateResponse
 
 
-class FitInferResponse(BaseModel):
-    """``peakmem fit --infer --json`` (every key of it), plus ``headline`` and ``estimate`` (the
-    serving answer, as ``/api/infer``)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: dict[str, Any]
-    setup: dict[str, Any]
-    fits_any: bool
-    smallest_sufficient: str | None
-    gpus: list[dict[str, Any]]
-    search_space: list[dict[str, Any]]
-    assumptions: list[str]
-    headline: str
-    estimate: EstimateResponse
+class FitInferResponse(_FitAnswer):
+    """``peakmem fit --infer --json`` (every key of it), plus ``headline`` and ``estimate``."""
 
 
 class PlanResponse(BaseModel):
