@@ -302,6 +302,8 @@ def test_tracker_matches_the_cpu_allocator():
         ({"attention": AttentionKernel.FLASH}, "flash"),
         ({"method": Method.QLORA}, "not measurable"),
         ({"optimizer": OptimizerName.LION, "optimizer_impl": OptimizerImpl.FUSED}, "fused"),
+        ({"compiled": True, "liger": True}, r"^compiled=True, liger=True: measure does not run it"),
+        ({"optimizer_in_backward": True}, r"^optimizer_in_backward=True: measure does not run"),
     ],
 )
 def test_clear_errors(kw, message):

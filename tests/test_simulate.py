@@ -344,3 +344,14 @@ def test_scalar_mode_forgets_a_freed_overflow_flag() -> None:
             del flag
             step = torch.zeros(())  # often where the flag was
             assert step.item() == 1.0
+
+
+def test_options_simulate_does_not_run_are_refused_by_name() -> None:
+    """simulate executes the transformers model eagerly with its own loss: a chunked loss, activation
+    offloading or torch.compile would be labelled with a setup it did not run (CLI: exit 2)."""
+    from peakmem.cli import main
+    from peakmem.training import LossImpl
+
+    with pytest.raises(InputError, match=r"^loss='chunked', activation_offload=True: simulate does not run"):
+        setup(loss=LossImpl.CHUNKED, activation_offload=True).check_oracle_runs("simulate")
+    assert main(["simulate", "gpt2", "--compile"]) == 2

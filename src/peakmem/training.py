@@ -179,3 +179,21 @@ class TrainingSetup:
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
+
+    def check_oracle_runs(self, command: str) -> None:
+        """An InputError naming the options set here that ``peakmem measure`` and ``simulate``
+        (``command``) do not run: they execute the transformers model eagerly, with its own loss and
+        a torch optimizer stepping after backward, so their answer would carry a setup it did not run."""
+        flags = (
+            ("optimizer_in_backward", self.optimizer_in_backward),
+            ("activation_offload", self.activation_offload),
+            ("compiled", self.compiled),
+            ("liger", self.liger),
+        )
+        loss = () if self.loss is LossImpl.STANDARD else (f"loss={self.loss.value!r}",)
+        other = loss + tuple(f"{name}=True" for name, on in flags if on)
+        if other:
+            raise InputError(
+                f"{', '.join(other)}: {command} does not run it ({command} executes the transformers model "
+                "eagerly, with its own loss and the optimizer after backward); peakmem train estimates it"
+            )

@@ -95,6 +95,7 @@ def _check_measurable(setup: TrainingSetup, device: str, steps: int) -> None:
         raise InputError("method='qlora': not measurable here (bitsandbytes 4-bit training needs CUDA)")
     if setup.framework != Framework.HF:
         raise InputError(f"framework={setup.framework.value!r}: not measurable (transformers models only)")
+    setup.check_oracle_runs("measure")
     if setup.attention == AttentionKernel.FLASH and not device.startswith("cuda"):
         raise InputError("attention='flash': FlashAttention-2 runs on CUDA only; use eager or sdpa on CPU")
     if setup.precision == Precision.AMP_FP16 and device == "cpu" and not _cpu_autocast_fp16():

@@ -125,6 +125,7 @@ def _check(setup: TrainingSetup, steps: int) -> None:
         raise InputError(f"steps={steps!r}: must be a positive integer")
     if setup.framework != Framework.HF:
         raise InputError(f"framework={setup.framework.value!r}: not simulatable (transformers models only)")
+    setup.check_oracle_runs("simulate")
     if setup.checkpointing == Checkpointing.SELECTIVE:
         raise InputError("checkpointing='selective': not simulatable (transformers has no selective "
                          "recomputation of the attention core); use none or full")  # fmt: skip
