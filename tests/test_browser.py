@@ -251,6 +251,26 @@ def test_lora_with_rank_and_targets(page: Any, url: str) -> None:
     expect(page.locator("#per-param")).to_contain_text(f"{trainable:,}")
 
 
+def test_memory_saving_options_reach_the_answer(page: Any, url: str) -> None:
+    """The page's loss, optimizer-in-backward, offload, compile and Liger controls ask what the CLI's
+    --loss/--optimizer-in-backward/--activation-offload/--compile/--liger ask, and stay in the URL."""
+    page.goto(f"{url}/?model=llama-3.2-1b&seq=1024")
+    wait_ready(page)
+    page.select_option("#loss", "chunked-compiled")
+    page.select_option("#optimizer_in_backward", "true")
+    page.select_option("#compile", "true")
+    page.select_option("#liger", "true")
+    body = {"model": "llama-3.2-1b", "seq": 1024, "loss": "chunked-compiled", "optimizer_in_backward": True,
+            "compile": True, "liger": True, "gpus": DEFAULT_GPUS}  # fmt: skip
+    expected = api(url, body)
+    plain = api(url, {"model": "llama-3.2-1b", "seq": 1024, "gpus": DEFAULT_GPUS})
+    assert expected["device_total_bytes"] < plain["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    shared = page.locator("#share").get_attribute("href")
+    for part in ("loss=chunked-compiled", "optimizer_in_backward=true", "compile=true", "liger=true"):
+        assert part in shared
+
+
 def test_multi_gpu_answer_is_per_rank(page: Any, url: str) -> None:
     page.goto(f"{url}/?model=llama-3.1-8b&gpus=h100-sxm")
     wait_ready(page)

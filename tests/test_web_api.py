@@ -63,6 +63,13 @@ def gpt2_xl_config() -> dict[str, Any]:
           "--lora-targets", "q_proj,v_proj", "--gpus", "2", "--fsdp", "full-shard"]),
         ({"model": "llama-3.2-1b", "seq": 512, "method": "qlora"},
          ["llama-3.2-1b", "--seq", "512", "--method", "qlora"]),
+        # the memory-saving options: torchtune's and Liger's
+        ({"model": "llama-3.2-1b", "seq": 1024, "precision": "bf16", "loss": "chunked-compiled",
+          "optimizer_in_backward": True, "activation_offload": True, "compile": True,
+          "checkpointing": "full"},
+         ["llama-3.2-1b", "--seq", "1024", "--precision", "bf16", "--loss", "chunked-compiled",
+          "--optimizer-in-backward", "--activation-offload", "--compile", "--checkpointing", "full"]),
+        ({"model": "llama-3.2-1b", "seq": 1024, "liger": True}, ["llama-3.2-1b", "--seq", "1024", "--liger"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(

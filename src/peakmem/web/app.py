@@ -47,6 +47,7 @@ from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Framework,
+    LossImpl,
     Method,
     OptimizerImpl,
     OptimizerName,
@@ -139,6 +140,11 @@ class TrainOptions(ModelChoice):
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
+    loss: LossImpl = LossImpl.STANDARD
+    optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")
+    activation_offload: bool = Field(False, description="saved activations to CPU RAM (torchtune)")
+    compile: bool = Field(False, description="torch.compile each layer (the CLI's --compile)")
+    liger: bool = Field(False, description="Liger kernels: RMSNorm, SwiGLU, RoPE, fused CE")
 
 
 class TrainRequest(TrainOptions):

@@ -33,6 +33,11 @@ const FIELDS = [
   { id: "grad_accum", def: "1", int: true, modes: TRAIN },
   { id: "checkpointing", def: "none", modes: TRAIN },
   { id: "attention", def: "sdpa", modes: TRAIN },
+  { id: "loss", def: "standard", modes: TRAIN },
+  { id: "optimizer_in_backward", def: "", bool: true, modes: TRAIN },
+  { id: "activation_offload", def: "", bool: true, modes: TRAIN },
+  { id: "compile", def: "", bool: true, modes: TRAIN },
+  { id: "liger", def: "", bool: true, modes: TRAIN },
   { id: "gpu_count", def: "1", int: true, modes: ["train"] },
   { id: "sharding", def: "none", modes: ["train"] },  // -> zero (0-3) or fsdp (a mode)
   { id: "tp", def: "1", int: true, modes: ["train"] },
@@ -212,7 +217,9 @@ function requestBody(question) {
       else if (raw.startsWith("fsdp-")) body.fsdp = raw.slice(5);
       continue;
     }
-    if (f.num) {
+    if (f.bool) {
+      body[f.id] = raw === "true";
+    } else if (f.num) {
       const x = Number(raw);
       if (!Number.isFinite(x)) throw new Error(`${f.id}: must be a number`);
       body[f.id] = x;
