@@ -181,7 +181,10 @@ def test_shorter_sequence_is_last_and_flagged(tiny: ModelSpec) -> None:
 def test_search_space_lists_every_family(gpt2xl_report: planner.FitReport) -> None:
     names = {f.name for f in gpt2xl_report.search_space}
     assert {"activation checkpointing", "attention kernel", "8-bit optimizer", "LoRA / QLoRA", "CPU offload",
-            "micro-batch + accumulation", "shard over N GPUs", "shorter sequence"} <= names  # fmt: skip
+            "micro-batch + accumulation", "shard over N GPUs", "shorter sequence",
+            "fused kernels / torch.compile"} <= names  # fmt: skip
+    kernels = {f.name: f for f in gpt2xl_report.search_space}["fused kernels / torch.compile"]
+    assert kernels.options == ("torch.compile",)  # Liger does not patch gpt2
     for f in gpt2xl_report.search_space:
         assert f.status in ("searched", "not available", "not applicable")
         assert f.status == "searched" or f.reason
@@ -399,3 +402,12 @@ def test_train_answer_shards_and_keeps_ways(tiny: ModelSpec) -> None:
     assert answer.ranks is not None
     assert all(w.needed_bytes < answer.estimate.device_total_bytes for w in answer.ways.ways)
     assert all(w.parallelism is not None and w.parallelism.gpus == 8 for w in answer.ways.ways)
+
+
+def test_fit_suggests_liger_where_liger_patches_the_model() -> None:
+    spec = resolve_model("llama-3.2-1b")
+    report = planner.fit(spec, TrainingSetup(seq_len=2048), [resolve_gpu("rtx-4090")])
+    kernels = {f.name: f for f in report.search_space}["fused kernels / torch.compile"]
+    assert kernels.status == "searched" and kernels.options == ("Liger kernels", "torch.compile")
+    labels = {c.label for g in report.gpus for c in g.singles}
+    assert "Liger kernels" in labels

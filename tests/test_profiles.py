@@ -108,6 +108,22 @@ def test_liger_layer_terms() -> None:
     assert la.input_saved == 1024  # LigerRMSNorm saves X itself
 
 
+def test_liger_on_a_model_type_it_does_not_patch_changes_nothing_and_says_so() -> None:
+    """Liger's MODEL_TYPE_TO_APPLY_LIGER_FN has no gpt2: HF Trainer's use_liger_kernel applies nothing,
+    so the estimate is the plain one, with a note; on llama (patched) it changes the answer."""
+    gpt2_config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000}
+    gpt2 = spec_from_config(gpt2_config)
+    setup = TrainingSetup(micro_batch=2, seq_len=64)
+    plain = estimate_training(gpt2, setup)
+    liger = estimate_training(gpt2, TrainingSetup(micro_batch=2, seq_len=64, liger=True))
+    assert liger.peak_allocated_bytes == plain.peak_allocated_bytes
+    assert any("Liger does not patch gpt2" in a for a in liger.assumptions)
+    llama = spec_from_config(dict(LLAMA))
+    assert estimate_training(
+        llama, TrainingSetup(micro_batch=2, seq_len=64, liger=True)
+    ).peak_allocated_bytes < (estimate_training(llama, setup).peak_allocated_bytes)
+
+
 def test_unsloth_layer_uses_fused_kernels() -> None:
     # unsloth: Liger's RMSNorm terms; its LoRA_MLP keeps gate and up only: 2 * 1408 * 2
     assert _by_key(_layer(framework=Framework.UNSLOTH)) == {

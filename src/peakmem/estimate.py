@@ -35,7 +35,7 @@ from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.profiles import profile_assumptions, profile_setup
+from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import ModelSpec
@@ -146,10 +146,12 @@ class TrainingEstimator:
         self, setup: TrainingSetup, par: Parallelism | None = None, stage: int = 0, role: str = "all ranks"
     ) -> tuple[Estimate, sharding.RankStates, mp.StageParams]:
         _check_positions(self.spec, setup)
-        asked = setup.attention
+        asked = setup
         fallback = _attention_fallback(self.spec, setup)
         if fallback is not None:
             setup = fallback
+        if setup.liger and not liger_applies(self.spec.model_type):
+            setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
         setup = profile_setup(setup)
         st = self._static_of(setup, par, stage)
         return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
@@ -399,13 +401,21 @@ def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup 
     return replace(setup, attention=AttentionKernel.EAGER)
 
 
-def _fallback_note(spec: ModelSpec, asked: AttentionKernel, setup: TrainingSetup) -> tuple[str, ...]:
-    if asked is setup.attention:
-        return ()
-    return (
-        f"attention {asked.value} is not implemented by transformers for {spec.model_type} "
-        f"(kernels: {', '.join(spec.attention_kernels)}); it runs {setup.attention.value}, as estimated",
-    )
+def _fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) -> tuple[str, ...]:
+    """What runs instead of what was asked: an attention kernel the model lacks, Liger on a model type
+    Liger does not patch."""
+    notes: tuple[str, ...] = ()
+    if asked.attention is not setup.attention:
+        notes += (
+            f"attention {asked.attention.value} is not implemented by transformers for {spec.model_type} "
+            f"(kernels: {', '.join(spec.attention_kernels)}); it runs {setup.attention.value}, as estimated",
+        )
+    if asked.liger and not setup.liger:
+        notes += (
+            f"Liger kernels: Liger does not patch {spec.model_type} (liger_kernel monkey_patch.py "
+            "MODEL_TYPE_TO_APPLY_LIGER_FN): the model runs its own modules, as estimated",
+        )
+    return notes
 
 
 SRC_P2P = "Megatron p2p_communication: the received activation / sent output gradient of the stage"
@@ -413,7 +423,7 @@ SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
 def _estimate(
-    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: AttentionKernel
+    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup
 ) -> Estimate:
     tech, rs, sp = st.tech, st.states, st.sp
     spec = tech.spec

@@ -75,6 +75,25 @@ def profile(framework: Framework) -> Profile:
     return PROFILES[framework]
 
 
+# The model types Liger patches: linkedin/Liger-Kernel src/liger_kernel/transformers/monkey_patch.py
+# ``MODEL_TYPE_TO_APPLY_LIGER_FN`` (commit ead96b6, 2026-08-21). For any other type
+# ``_apply_liger_kernel`` logs that it applies nothing (HF Trainer ``use_liger_kernel`` included).
+LIGER_MODEL_TYPES = frozenset({
+    "deepseek_v4", "gemma", "gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4", "glm4", "glm4v",
+    "glm4v_moe", "gpt_oss", "internvl", "llama", "llama4_text", "llama4", "llava", "granite", "mllama",
+    "mllama_text_model", "ministral", "mistral", "mixtral", "nemotron", "olmo2", "pixtral", "olmo3", "qwen2",
+    "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next",
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe",
+    "qwen3_vl_moe_text", "smollm3", "phi3", "paligemma", "falcon_h1", "smolvlm", "hunyuan_v1_dense",
+    "hunyuan_v1_moe", "exaone4",
+})  # fmt: skip
+
+
+def liger_applies(model_type: str) -> bool:
+    """Whether Liger patches this model type (:data:`LIGER_MODEL_TYPES`)."""
+    return model_type in LIGER_MODEL_TYPES
+
+
 def profile_setup(setup: TrainingSetup) -> TrainingSetup:
     """The setup as the framework runs it: unsloth's offloaded gradient checkpointing is full
     checkpointing with the layer inputs in CPU RAM (``activation_offload``); ``setup`` itself otherwise

@@ -13,6 +13,7 @@ from peakmem.errors import require
 from peakmem.estimate import setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.profiles import liger_applies
 from peakmem.model import ModelSpec
 from peakmem.planner.search import (
     MAX_CHANGES,
@@ -40,6 +41,7 @@ from peakmem.planner.search import (
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
+    Framework,
     Method,
     OptimizerImpl,
     OptimizerName,
@@ -205,9 +207,30 @@ def _family_fused(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
 
 
+def _family_kernels(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
+    """Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear cross-entropy: HF Trainer
+    ``use_liger_kernel``) on the model types Liger patches, and ``torch.compile`` of each layer."""
+    fam = "fused kernels / torch.compile"
+    opts: list[_Option] = []
+    if (
+        ctx.setup.framework is Framework.HF
+        and not ctx.setup.liger
+        and ctx.spec.task == "causal-lm"
+        and liger_applies(ctx.spec.model_type)
+    ):
+        opts.append(_Option(label="Liger kernels", setup=(("liger", True),)))
+    if not ctx.setup.compiled:
+        opts.append(_Option(label="torch.compile", setup=(("compiled", True),)))
+    if not opts:
+        return Family(
+            name=fam, status="not applicable", reason="already compiled (and Liger, where it applies)"
+        ), ()
+    return Family(name=fam, status="searched", options=tuple(o.label for o in opts)), tuple(opts)
+
+
 FAMILIES: tuple[FamilyFn, ...] = (
     _family_checkpointing, _family_attention, _family_optimizer, _family_adapter, _family_offload,
-    _family_fused,
+    _family_fused, _family_kernels,
 )  # fmt: skip
 
 
