@@ -123,7 +123,6 @@ def _family_attention(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name="attention kernel", status="searched", options=tuple(o.label for o in opts)), opts
 
 
-_NO_8BIT = "8-bit optimizer states are not modelled yet (no *-8bit optimizer)"
 _NO_RANKS = "the multi-GPU/offload estimator (peakmem.ranks) is not installed"
 
 
@@ -140,8 +139,6 @@ def _family_optimizer(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
         return Family(name=fam, status="not applicable", reason=f"already {ctx.setup.optimizer.value}"), ()
     target = _eight_bit(ctx.setup.optimizer)
     if target is None:
-        if not any("8bit" in m.value for m in OptimizerName):
-            return Family(name=fam, status="not available", reason=_NO_8BIT), ()
         return Family(name=fam, status="not applicable",
                       reason=f"no 8-bit variant of {ctx.setup.optimizer.value}"), ()  # fmt: skip
     opt = _Option(label=f"optimizer {target.value}", setup=(("optimizer", target),))
