@@ -73,6 +73,14 @@ TINY: dict[str, tuple[dict[str, Any], tuple[int, int], int]] = {
              layer_types=["conv", "full_attention"]),
         (64 * 3, 0), 1,
     ),
+    # MiniMax lightning attention: a key-value state of 4 heads x 16 x 16 per layer, kept in the model's
+    # dtype (MiniMaxCache.linear_cache), no convolution
+    "minimax": (
+        dict(model_type="minimax", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+             num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
+        (4 * 16 * 16, 0), 1,
+    ),
 }  # fmt: skip
 
 
@@ -96,12 +104,15 @@ def _real_cache_elements(config: dict[str, Any]) -> list[tuple[int, int]]:
             out = model(input_ids=torch.randint(0, 128, (2, 8)), use_cache=True)
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
     found = []
-    for layer in cache.layers:
+    linear = list(getattr(cache, "linear_cache", None) or [])  # MiniMaxCache
+    layers = list(cache.layers)
+    for i in range(max(len(layers), len(linear))):
         b16 = f32 = 0
+        states = [linear[i]] if i < len(linear) else []
         for attr in ("conv_states", "recurrent_states"):
-            for t in (getattr(layer, attr, None) or {}).values():
-                if t is None:
-                    continue
+            states += list((getattr(layers[i], attr, None) or {}).values()) if i < len(layers) else []
+        for t in states:
+            if isinstance(t, torch.Tensor):
                 assert t.shape[0] == 2
                 if t.dtype == torch.float32:
                     f32 += t.numel() // 2

@@ -26,6 +26,7 @@ module registers it as :mod:`peakmem.derived`'s cost provider.
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 import traceback
 from collections.abc import Mapping
@@ -148,7 +149,10 @@ def derive_spec(config: Mapping[str, Any], *, name: str | None = None) -> ModelS
     config = dict(config)
     model = build_meta(config)
     spec = spec_from_model(model, config, name=name)
-    if _STATEFUL.search(" ".join({type(m).__name__ for m in model.modules()})):
+    mixers = {layer.derived.mixer for layer in spec.layers() if layer.derived is not None}
+    if mixers & {"ssm", "linear_attention"} or _STATEFUL.search(
+        " ".join({type(m).__name__ for m in model.modules()})
+    ):
         spec = with_recurrent_state(spec, config)
     derived.register_config(config)
     derived.cache_spec(config, spec)
@@ -498,8 +502,9 @@ def _short_hash(sig: tuple[Any, ...]) -> str:
 # recurrent state at inference (formulas/recurrent_state.py)
 # ------------------------------------------------------------------------------------------------
 # module classes of blocks that keep a recurrent state in transformers' cache (Mamba/Mamba-2 mixers,
-# gated delta-nets, LFM2's short convolution, ...): only their specs run the prefill below
-_STATEFUL = re.compile(r"Mamba|Mixer(?!tral)|SSM|Ssm|DeltaNet|ShortConv|LinearAttention|Lightning|Rwkv|RWKV")
+# gated delta-nets, LFM2's short convolution, ...) beside SSM / linear-attention mixers (Falcon-H1's
+# blocks run attention and Mamba-2 side by side): only their specs run the prefill below
+_STATEFUL = re.compile(r"Mamba|Mixer(?!tral)|SSM|Ssm|Delta|ShortConv|LinearAttention|Lightning|Rwkv|RWKV")
 STATE_PREFILL = (2, 8)  # (batch, tokens) of the fake prefill: longer than every conv kernel
 
 
@@ -531,20 +536,36 @@ def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     mode = runner._fake_mode()
     fakeify_module(model, mode)
     batch, tokens = STATE_PREFILL
+    # explicit positions: a cache of linear-attention layers only (a cut model) has no token count
+    # (``DynamicCache.get_seq_length`` raises), which a model reads when it makes positions itself
+    positions = "position_ids" in inspect.signature(model.forward).parameters
     with runner._transformers_patches(), mode, kern.ScalarValueMode(), torch.no_grad():
-        out = model(input_ids=torch.zeros((batch, tokens), dtype=torch.long), use_cache=True)
+        inputs: dict[str, Any] = {
+            "input_ids": torch.zeros((batch, tokens), dtype=torch.long),
+            "use_cache": True,
+        }
+        if positions:
+            inputs["position_ids"] = torch.arange(tokens).unsqueeze(0).expand(batch, -1)
+        out = model(**inputs)
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+    layers = list(getattr(cache, "layers", None) or ())
+    linear = list(getattr(cache, "linear_cache", None) or ())  # MiniMaxCache: lightning-attention state
     result: dict[str, tuple[int, int]] = {}
-    for i, layer in enumerate(getattr(cache, "layers", None) or ()):
+    for i in range(max(len(layers), len(linear))):
+        states: list[Any] = []
+        if i < len(layers):
+            for attr in ("conv_states", "recurrent_states"):
+                states += list((getattr(layers[i], attr, None) or {}).values())
+        if i < len(linear):
+            states.append(linear[i])
         model_dtype = fp32 = 0
-        for attr in ("conv_states", "recurrent_states"):
-            for state in (getattr(layer, attr, None) or {}).values():
-                if state is None:
-                    continue
-                if state.dtype == torch.float32:
-                    fp32 += state.numel()
-                else:
-                    model_dtype += state.numel()
+        for state in states:
+            if not isinstance(state, torch.Tensor):
+                continue
+            if state.dtype == torch.float32:
+                fp32 += state.numel()
+            else:
+                model_dtype += state.numel()
         key = path_keys.get(f"{main_path}.{i}")
         if key is not None and (model_dtype or fp32):
             result[key] = (model_dtype // batch, fp32 // batch)
