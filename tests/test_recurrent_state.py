@@ -182,6 +182,7 @@ def test_qwen3_next_hf_total_is_kv_plus_state() -> None:
     # layers cache no tokens
     kv = 12 * 2 * 512 * 2 * 8192 * 4
     assert kv_cache_bytes(spec, tokens=8192, batch=4, bits=16, latent=False) == kv
+    assert est.extra["kv_bytes_per_token"] == 12 * 2 * 512 * 2
     assert est.by_category()[Category.KV_CACHE] == kv + 4 * QWEN3_NEXT_STATE_PER_SEQ
 
 
