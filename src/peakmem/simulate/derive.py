@@ -896,8 +896,9 @@ def kernel_notes(model_type: str, mixers: set[str]) -> list[str]:
         out.append(
             "linear-attention (gated delta-net) blocks measured with transformers' torch chunked fallback "
             "(torch_chunk_gated_delta_rule); fla's Triton kernels (chunk_gated_delta_rule) save less. "
-            "Inference: the recurrent state per sequence (measured from transformers' cache: conv state in "
-            "the model dtype, delta-rule state fp32) is counted beside the KV cache, times the batch"
+            "Inference: the recurrent state per sequence (measured from transformers' cache after a prefill, "
+            "in the dtypes it keeps: conv state in the model dtype, delta-rule state fp32) is counted beside "
+            "the KV cache, times the batch"
         )
     if "chunked_attention" in mixers:
         out.append(
