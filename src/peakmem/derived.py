@@ -37,6 +37,9 @@ from typing import Any
 from peakmem.errors import ConfigError
 
 FORMAT = 3  # the JSON layout written below; bumped when it changes
+# the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
+# (specs cached before it lack the state of SSM / linear-attention blocks: derived again)
+SPEC_VERSION = 2
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
@@ -234,7 +237,7 @@ def cached_spec(config: Mapping[str, Any], name: str | None = None) -> Any:
     chash = config_hash(config)
     try:
         data = json.loads((cache_dir() / f"{chash}--spec.json").read_text())
-        if data.get("format") != FORMAT:
+        if data.get("format") != FORMAT or data.get("spec_version") != SPEC_VERSION:
             return None
         spec = spec_from_json(data["spec"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -248,7 +251,8 @@ def cache_spec(config: Mapping[str, Any], spec: Any) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"format": FORMAT, "spec": spec_to_json(spec)}))
+        body = {"format": FORMAT, "spec_version": SPEC_VERSION, "spec": spec_to_json(spec)}
+        tmp.write_text(json.dumps(body))
         tmp.replace(path)
     except OSError:
         pass

@@ -154,7 +154,9 @@ class DerivedBlock:
     :mod:`peakmem.derived` (config hash and kind signature); ``mixer`` is what mixes tokens (one of
     ``BLOCK_KINDS``), ``ffn`` "dense", "moe" or "none". KV cache: attention mixers cache
     ``kv_elements_per_token`` elements per token (from their ``Attention``); SSM and linear attention
-    keep ``state_elements`` per sequence instead, whatever the context.
+    keep a recurrent state per sequence instead, whatever the context: ``state_elements`` in the model's
+    dtype (conv states) and ``state_fp32_elements`` kept in fp32 (SSM / delta-rule states), as
+    transformers' cache allocates them after a prefill (measured: ``simulate/derive.py measure_state``).
     """
 
     key: str
@@ -162,8 +164,12 @@ class DerivedBlock:
     ffn: str
     kv_elements_per_token: int = 0
     state_elements: int = 0
+    state_fp32_elements: int = 0
 
     def __post_init__(self) -> None:
+        require(self.state_elements >= 0, "state_elements", self.state_elements, "must be >= 0")
+        fp32 = self.state_fp32_elements
+        require(fp32 >= 0, "state_fp32_elements", fp32, "must be >= 0")
         require(self.mixer in BLOCK_KINDS, "mixer", self.mixer, f"must be one of {', '.join(BLOCK_KINDS)}")
         require(self.ffn in ("dense", "moe", "none"), "ffn", self.ffn, "must be dense, moe or none")
 

@@ -73,9 +73,12 @@ def _nbytes(elements: int, bits: Fraction) -> int:
 
 
 def kv_bytes_per_token(spec: ModelSpec, *, bits: Fraction, latent: bool, tp: int = 1) -> int:
-    """Bytes one token adds to the cache over all layers (ignoring sliding windows), one rank."""
+    """Bytes one token adds to the cache over all layers (ignoring sliding windows), one rank. Layers
+    whose window is 0 tokens (a derived spec's SSM / linear-attention blocks) cache no token."""
     elements = sum(
-        kv_elements_per_token_layer(layer.attention, latent=latent, tp=tp) for layer in spec.layers()
+        kv_elements_per_token_layer(layer.attention, latent=latent, tp=tp)
+        for layer in spec.layers()
+        if layer.attention.sliding_window != 0
     )
     return _nbytes(elements, bits)
 

@@ -45,9 +45,11 @@ from peakmem.formulas.kv_cache import (
 )
 from peakmem.formulas.overhead import CONTEXT_SIZES, CUBLAS_WORKSPACE_BYTES, Overheads
 from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
+from peakmem.formulas.recurrent_state import recurrent_state_bytes, state_bytes_per_sequence
 from peakmem.formulas.weights import WeightRow, largest_quantized_linear, per_layer_weight_bytes, weight_rows
 from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
 from peakmem.model import ModelSpec
+from peakmem.units import fmt_bytes
 
 # CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
 CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
@@ -257,6 +259,22 @@ def _largest_layer_kv(c: _Ctx, tokens: int, batch: int) -> int:
     )
 
 
+def _state_items(c: _Ctx, batch: int) -> list[MemoryItem]:
+    """The recurrent state of SSM / linear-attention blocks for ``batch`` sequences, as its own item
+    (none for models without such blocks): constant per sequence, whatever the context."""
+    nbytes = recurrent_state_bytes(c.spec, batch=batch, act_bytes=c.act_bytes, tp=c.setup.tp)
+    if not nbytes:
+        return []
+    return [
+        MemoryItem(
+            path=f"recurrent state (SSM / linear attention, {batch} sequences)",
+            category=Category.KV_CACHE,
+            bytes=nbytes,
+            source="formulas/recurrent_state.py; transformers cache_utils.py LinearAttentionLayer",
+        )
+    ]
+
+
 # --- engines --------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class _Result:
@@ -313,6 +331,7 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             bytes=kv_prompt,
             source="formulas/kv_cache.py",
         ),
+        *_state_items(c, b),
         MemoryItem(
             path=f"prefill layer temporaries ({b} x {chunk} tokens)",
             category=Category.ACTIVATIONS,
@@ -339,6 +358,7 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             bytes=kv_full,
             source="formulas/kv_cache.py",
         ),
+        *_state_items(c, b),
         MemoryItem(
             path="cache growth (torch.cat copies one layer)",
             category=Category.TEMPORARIES,
@@ -367,7 +387,8 @@ def _hf(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             source="formulas/overhead.py CUBLAS_WORKSPACE_BYTES",
         ),
     ]
-    extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full}
+    state = sum(i.bytes for i in _state_items(c, b))
+    extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full + state}
     return _Result(prefill=prefill, decode=decode, overhead=overhead, extra=extra)
 
 
@@ -382,7 +403,10 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
     sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
     activations = max(act, sampler)
-    per_seq = _kv(c, c.context, 1, block)
+    # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
+    # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
+    state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.tp)
+    per_seq = _kv(c, c.context, 1, block) + state_per_seq
     needed = per_seq * b
     notes: list[str] = []
     extra: dict[str, object] = {
@@ -428,9 +452,10 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
     kv_item = MemoryItem(
         path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
         category=Category.KV_CACHE,
-        bytes=needed,
+        bytes=needed - state_per_seq * b,
         source="formulas/kv_cache.py",
     )
+    state_items = _state_items(c, b)
     act_item = MemoryItem(
         path=f"activations ({chunk}-token prefill chunk)",
         category=Category.ACTIVATIONS,
@@ -451,11 +476,11 @@ def _paged(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
             source=CUDA_CONTEXT_SOURCE,
         )
     ]
-    extra["steady_state_bytes"] = weights.bytes + kv_item.bytes
+    extra["steady_state_bytes"] = weights.bytes + needed
     notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
     return _Result(
-        prefill=[weights, kv_item, act_item],
-        decode=[weights, kv_item, decode_tmp],
+        prefill=[weights, kv_item, *state_items, act_item],
+        decode=[weights, kv_item, *state_items, decode_tmp],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
@@ -542,7 +567,9 @@ def _llamacpp(c: _Ctx, rows: tuple[WeightRow, ...]) -> _Result:
         "interleaved local/global layers)",
         "flash attention assumed (no n_ctx x n_ubatch score matrix in the compute buffer)",
     )
-    items = [weights, kv_item, comp]
+    # llama.cpp's recurrent memory (llama-memory-recurrent.cpp): one conv + SSM state per sequence,
+    # allocated at load beside the KV cache (all layers counted on the GPU)
+    items = [weights, kv_item, *_state_items(c, b), comp]
     return _Result(prefill=items, decode=list(items), overhead=overhead, extra=extra, notes=notes)
 
 
@@ -587,6 +614,9 @@ def estimate_inference(
     extra: dict[str, object] = {
         "engine": setup.engine.value,
         "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=setup.tp),
+        "recurrent_state_bytes_per_sequence": state_bytes_per_sequence(
+            spec, act_bytes=c.act_bytes, tp=setup.tp
+        ),
         "kv_cache_kind": kind,
         "kv_cache_dtype": c.kv_name,
         "context": c.context,
@@ -601,6 +631,14 @@ def estimate_inference(
         *r.notes,
         f"weights: {setup.weight_format.name}; KV cache {c.kv_name}; SDPA/flash attention (no score matrix)",
     )
+    state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=setup.tp)
+    if state_seq:
+        assumptions += (
+            f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
+            f"{setup.batch} = {fmt_bytes(state_seq * setup.batch)}, whatever the context, counted with the "
+            "KV cache (its own item); conv state in the compute dtype, scan state in fp32 as transformers "
+            "keeps it",
+        )
     if setup.tp > 1:
         assumptions += (
             f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "

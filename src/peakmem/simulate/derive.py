@@ -26,6 +26,7 @@ module registers it as :mod:`peakmem.derived`'s cost provider.
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 import traceback
 from collections.abc import Mapping
@@ -148,6 +149,11 @@ def derive_spec(config: Mapping[str, Any], *, name: str | None = None) -> ModelS
     config = dict(config)
     model = build_meta(config)
     spec = spec_from_model(model, config, name=name)
+    mixers = {layer.derived.mixer for layer in spec.layers() if layer.derived is not None}
+    if mixers & {"ssm", "linear_attention"} or _STATEFUL.search(
+        " ".join({type(m).__name__ for m in model.modules()})
+    ):
+        spec = with_recurrent_state(spec, config)
     derived.register_config(config)
     derived.cache_spec(config, spec)
     return spec
@@ -272,7 +278,7 @@ def _has_ffn(block: torch.nn.Module) -> bool:
 
 # A block that keeps no per-token cache (SSM, linear attention, a vision block): a window of 0 tokens,
 # so formulas/kv_cache.py's ``cached_tokens`` caches nothing for it. Its constant recurrent state
-# (conv + SSM state per sequence) is not counted (see the spec's notes).
+# (conv + SSM state per sequence) is measured by :func:`measure_state` (formulas/recurrent_state.py).
 NO_KV_CACHE = Attention(num_heads=1, num_kv_heads=1, head_dim=1, v_head_dim=1, sliding_window=0)
 
 
@@ -490,6 +496,101 @@ def _short_hash(sig: tuple[Any, ...]) -> str:
     import hashlib
 
     return hashlib.sha256(repr(sig).encode()).hexdigest()[:10]
+
+
+# ------------------------------------------------------------------------------------------------
+# recurrent state at inference (formulas/recurrent_state.py)
+# ------------------------------------------------------------------------------------------------
+# module classes of blocks that keep a recurrent state in transformers' cache (Mamba/Mamba-2 mixers,
+# gated delta-nets, LFM2's short convolution, ...) beside SSM / linear-attention mixers (Falcon-H1's
+# blocks run attention and Mamba-2 side by side): only their specs run the prefill below
+_STATEFUL = re.compile(r"Mamba|Mixer(?!tral)|SSM|Ssm|Delta|ShortConv|LinearAttention|Lightning|Rwkv|RWKV")
+STATE_PREFILL = (2, 8)  # (batch, tokens) of the fake prefill: longer than every conv kernel
+
+
+def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per block key: (elements in the model's dtype, elements in fp32) of the recurrent state one
+    sequence keeps in transformers' cache after a prefill of :data:`STATE_PREFILL` under fake tensors
+    (bf16 model, ``use_cache=True``): the ``conv_states`` and ``recurrent_states`` of each cache layer
+    (``cache_utils.py`` ``LinearAttentionLayer``; Mamba's ``cache_params``), divided by the batch.
+    The model is cut to a few blocks of each kind first (:func:`_truncate`: a prefix, so layer indices
+    keep their blocks)."""
+    from peakmem.simulate import kernels as kern
+    from peakmem.simulate import runner
+    from peakmem.simulate.fakeify import fakeify_module
+
+    config = dict(config)
+    model = build_meta(config)
+    spec = spec_from_model(model, config)
+    lists = _block_lists(model)
+    main_path = max(lists, key=lambda x: sum(p.numel() for p in x[1].parameters()))[0]
+    all_paths = [f"{lp}.{i}" for lp, lst in lists for i in range(len(lst))]
+    path_keys = {
+        path: layer.derived.key
+        for path, layer in zip(all_paths, spec.layers(), strict=True)
+        if layer.derived is not None
+    }
+    _truncate(model, path_keys)
+    model.to(dtype=torch.bfloat16)
+    model.eval()
+    mode = runner._fake_mode()
+    fakeify_module(model, mode)
+    batch, tokens = STATE_PREFILL
+    # explicit positions: a cache of linear-attention layers only (a cut model) has no token count
+    # (``DynamicCache.get_seq_length`` raises), which a model reads when it makes positions itself
+    positions = "position_ids" in inspect.signature(model.forward).parameters
+    with runner._transformers_patches(), mode, kern.ScalarValueMode(), torch.no_grad():
+        inputs: dict[str, Any] = {
+            "input_ids": torch.zeros((batch, tokens), dtype=torch.long),
+            "use_cache": True,
+        }
+        if positions:
+            inputs["position_ids"] = torch.arange(tokens).unsqueeze(0).expand(batch, -1)
+        out = model(**inputs)
+    cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+    layers = list(getattr(cache, "layers", None) or ())
+    linear = list(getattr(cache, "linear_cache", None) or ())  # MiniMaxCache: lightning-attention state
+    result: dict[str, tuple[int, int]] = {}
+    for i in range(max(len(layers), len(linear))):
+        states: list[Any] = []
+        if i < len(layers):
+            for attr in ("conv_states", "recurrent_states"):
+                states += list((getattr(layers[i], attr, None) or {}).values())
+        if i < len(linear):
+            states.append(linear[i])
+        model_dtype = fp32 = 0
+        for state in states:
+            if not isinstance(state, torch.Tensor):
+                continue
+            if state.dtype == torch.float32:
+                fp32 += state.numel()
+            else:
+                model_dtype += state.numel()
+        key = path_keys.get(f"{main_path}.{i}")
+        if key is not None and (model_dtype or fp32):
+            result[key] = (model_dtype // batch, fp32 // batch)
+    return result
+
+
+def with_recurrent_state(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpec:
+    """``spec`` with each block's measured recurrent state (:func:`measure_state`); a note, and no
+    state, when the prefill cannot run under fake tensors."""
+    import dataclasses
+
+    try:
+        state = measure_state(config)
+    except Exception as err:  # a model whose prefill needs tensor values: say so, keep the spec
+        note = f"inference: the recurrent state per sequence could not be measured ({_why(err)}); not counted"
+        return dataclasses.replace(spec, notes=(*spec.notes, note))
+    groups = []
+    for g in spec.groups:
+        info = g.layer.derived
+        if info is not None and info.key in state:
+            elems, fp32 = state[info.key]
+            info = dataclasses.replace(info, state_elements=elems, state_fp32_elements=fp32)
+            g = LayerGroup(count=g.count, layer=dataclasses.replace(g.layer, derived=info))
+        groups.append(g)
+    return dataclasses.replace(spec, groups=tuple(groups))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -788,13 +889,16 @@ def kernel_notes(model_type: str, mixers: set[str]) -> list[str]:
             "per-chunk states materialised and saved); with the mamba-ssm/causal-conv1d CUDA kernels "
             "(selective_scan_fn, mamba_chunk_scan_combined) the scan saves only its inputs and recomputes "
             "states in backward: real CUDA runs need less. Inference: the constant conv + SSM state per "
-            "sequence is not counted in the KV cache"
+            "sequence (measured from transformers' cache: conv state in the model dtype, SSM state fp32) "
+            "is counted beside the KV cache, times the batch"
         )
     if "linear_attention" in mixers:
         out.append(
             "linear-attention (gated delta-net) blocks measured with transformers' torch chunked fallback "
             "(torch_chunk_gated_delta_rule); fla's Triton kernels (chunk_gated_delta_rule) save less. "
-            "Inference: the recurrent state per sequence is not counted in the KV cache"
+            "Inference: the recurrent state per sequence (measured from transformers' cache after a prefill, "
+            "in the dtypes it keeps: conv state in the model dtype, delta-rule state fp32) is counted beside "
+            "the KV cache, times the batch"
         )
     if "chunked_attention" in mixers:
         out.append(
