@@ -58,8 +58,6 @@ def plan(model: str, **options: Any) -> Result:
 def info(model: str, *, cross_check: bool = False) -> dict[str, Any]:
     """Architecture, exact parameter breakdown and which path answered (``peakmem info --json``);
     ``cross_check``: also derive the spec from transformers' modules (torch) and compare."""
-    from peakmem.cli import info_answer
-    from peakmem.render import spec_json
+    from peakmem.api import info_json
 
-    spec, answered = info_answer(model, cross_check=cross_check)
-    return spec_json(spec, answered)
+    return info_json(model, cross_check=cross_check)
