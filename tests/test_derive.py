@@ -41,7 +41,7 @@ def test_info_says_which_path_answered() -> None:
     from peakmem.render import spec_json
 
     out = spec_json(spec_from_config(LLAMA))
-    assert out["answered_by"] == "formulas"
+    assert out["answered_by"]["path"] == "formulas"
     assert out["blocks"] is None
 
 

@@ -101,6 +101,7 @@ PACKAGE_API = {
     "peakmem imports peakmem.api",
     "peakmem imports peakmem.api.run",
     "peakmem imports peakmem.api.Result",
+    "peakmem imports peakmem.api.info_json",
 }
 
 

@@ -21,3 +21,42 @@ GPT2_P = (
     1000 * 64 + 128 * 64 + 2 * (4 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64) + 128
 )
 GPT2_TENSORS = 2 + 2 * 12 + 2  # wte, wpe, 12 per layer, ln_f weight and bias
+
+# One tiny config per family the formulas know (peakmem.hf's builders), for the formulas-vs-derived
+# agreement test (tests/test_derive_agreement.py, benchmarks/derive_agreement.py): 3 layers, hidden 64,
+# positions >= 256 so that seq 128 runs. Shapes as in tests/test_param_counts_torch.py's TINY.
+_T = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+      "intermediate_size": 96, "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
+      "pad_token_id": 0}  # fmt: skip
+_MLA = {"moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+        "first_k_dense_replace": 1}  # fmt: skip
+FAMILY_CONFIGS = {
+    "gpt2": {**GPT2, "n_positions": 256},
+    "gpt_neox": {"model_type": "gpt_neox", **_T},
+    "opt": {"model_type": "opt", **_T, "ffn_dim": 96, "word_embed_proj_dim": 64},
+    "bloom": {"model_type": "bloom", **_T, "n_layer": 3, "n_head": 4},
+    "falcon": {"model_type": "falcon", **_T},
+    "llama": {"model_type": "llama", **_T, "num_key_value_heads": 2},
+    "mistral": {"model_type": "mistral", **_T, "num_key_value_heads": 2, "sliding_window": None},
+    "mixtral": {"model_type": "mixtral", **_T, "num_key_value_heads": 2, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "qwen2": {"model_type": "qwen2", **_T, "num_key_value_heads": 2},
+    "qwen3": {"model_type": "qwen3", **_T, "num_key_value_heads": 2, "head_dim": 32},
+    "qwen2_moe": {"model_type": "qwen2_moe", **_T, "num_key_value_heads": 2, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2, "mlp_only_layers": [2]},
+    "qwen3_moe": {"model_type": "qwen3_moe", **_T, "num_key_value_heads": 2, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [0]},
+    "gemma": {"model_type": "gemma", **_T, "head_dim": 16, "num_key_value_heads": 2},
+    "gemma2": {"model_type": "gemma2", **_T, "head_dim": 16, "num_key_value_heads": 2},
+    "gemma3_text": {"model_type": "gemma3_text", **_T, "head_dim": 16, "num_key_value_heads": 2},
+    "phi3": {"model_type": "phi3", **_T, "num_key_value_heads": 2},
+    "starcoder2": {"model_type": "starcoder2", **_T},
+    "olmo": {"model_type": "olmo", **_T},
+    "olmo2": {"model_type": "olmo2", **_T, "num_key_value_heads": 2},
+    "deepseek_v2": {"model_type": "deepseek_v2", **_T, **_MLA, "q_lora_rank": None},
+    "deepseek_v3": {"model_type": "deepseek_v3", **_T, **_MLA, "q_lora_rank": 24, "n_group": 1,
+                    "topk_group": 1},
+    "bert": {"model_type": "bert", "architectures": ["BertForSequenceClassification"], **_T},
+}  # fmt: skip

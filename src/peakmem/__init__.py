@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from peakmem.api import Result
 
 __version__ = "0.1.0"
-__all__ = ["fit", "infer", "plan", "train"]
+__all__ = ["fit", "infer", "info", "plan", "train"]
 
 
 def train(model: str | None = None, **options: Any) -> Result:
@@ -53,3 +53,11 @@ def plan(model: str, **options: Any) -> Result:
     from peakmem.api import run
 
     return run("plan", model, options)
+
+
+def info(model: str, *, cross_check: bool = False) -> dict[str, Any]:
+    """Architecture, exact parameter breakdown and which path answered (``peakmem info --json``);
+    ``cross_check``: also derive the spec from transformers' modules (torch) and compare."""
+    from peakmem.api import info_json
+
+    return info_json(model, cross_check=cross_check)

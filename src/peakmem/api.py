@@ -83,3 +83,12 @@ def run(command: str, model: str | None, options: dict[str, Any]) -> Result:
         raise InputError("gpu, max_gpus: plan needs both (e.g. gpu='h100-80gb', max_gpus=64)")
     data, code = json_answer(command, args)
     return Result(command=command, model=str(args.model), exit_code=code, data=json.loads(json.dumps(data)))
+
+
+def info_json(model: str, *, cross_check: bool = False) -> dict[str, Any]:
+    """``peakmem info MODEL [--cross-check] --json``, through the command's own function."""
+    from peakmem.cli import info_answer
+    from peakmem.render import spec_json
+
+    spec, answered = info_answer(model, cross_check=cross_check)
+    return json.loads(json.dumps(spec_json(spec, answered)))  # type: ignore[no-any-return]

@@ -362,14 +362,23 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from peakmem.render import print_info, spec_json
-    from peakmem.resolve import resolve_model
 
-    spec = resolve_model(args.model)
+    spec, answered = info_answer(args.model, cross_check=args.cross_check)
     if args.json:
-        _emit_json(spec_json(spec))
+        _emit_json(spec_json(spec, answered))
     else:
-        print_info(spec)
+        print_info(spec, answered)
     return EXIT_OK
+
+
+def info_answer(model: str, *, cross_check: bool = False) -> tuple[Any, Any]:
+    """``peakmem info``'s spec and which path answered it (:func:`peakmem.resolve.answered_by`): one
+    function for the command and the Python API (``peakmem.info``)."""
+    from peakmem.resolve import answered_by, resolve_config, spec_for_config
+
+    name, config = resolve_config(model)
+    spec = spec_for_config(config, name=name)
+    return spec, answered_by(config, spec, name=name, cross_check=cross_check)
 
 
 def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
@@ -840,6 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="architecture and exact parameter breakdown")
     p.add_argument("model", help="catalog name, path to config.json (or its folder), or Hub id")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cross-check", action="store_true",
+                   help="for a family the formulas know, also derive the spec from transformers' modules "
+                        "and measure its blocks (needs torch), and say how the two paths agree")  # fmt: skip
     p.set_defaults(handler=cmd_info)
 
     p = sub.add_parser("train", help="GPU memory to train a model")

@@ -220,6 +220,15 @@ def costs_for(chash: str, family: str) -> Costs:
     return found
 
 
+def costs_ready(chash: str, family: str) -> bool:
+    """Whether :func:`costs_for` answers without measuring (memory, shipped data or the disk cache)."""
+    return (
+        (chash, family) in _MEMORY
+        or _shipped_costs(chash, family) is not None
+        or _read_cache(chash, family) is not None
+    )
+
+
 def _load_oracle() -> None:
     """Import :mod:`peakmem.simulate.derive` (it registers the provider) when torch and transformers
     are installed; by name, lazily: the core never imports an oracle at module level."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
-from peakmem.model import ModelSpec
+from peakmem.model import DerivedBlock, ModelSpec
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
+
+if TYPE_CHECKING:
+    from peakmem.resolve import AnsweredBy
 
 CATEGORY_LABELS = {
     Category.PARAMETERS: "parameters (weights)",
@@ -43,7 +46,9 @@ def states_per_param(est: Estimate) -> float:
 
 
 # --- JSON ----------------------------------------------------------------------------------------
-def spec_json(spec: ModelSpec) -> dict[str, Any]:
+def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, Any]:
+    """``peakmem info --json``; ``answered``: which path answered (:func:`peakmem.resolve.answered_by`;
+    by default read from the spec alone: formulas or derived)."""
     first = spec.first_layer
     return {
         "name": spec.name,
@@ -72,20 +77,90 @@ def spec_json(spec: ModelSpec) -> dict[str, Any]:
         if spec.is_moe
         else None,
         "notes": list(spec.notes),
-        "answered_by": answered_by(spec),
+        "answered_by": answered_by_json(answered or default_answered_by(spec)),
         "blocks": [
             {"count": g.count, "mixer": g.layer.derived.mixer, "ffn": g.layer.derived.ffn}
             for g in spec.groups
             if g.layer.derived is not None
         ]
         or None,
+        "block_pattern": block_pattern(spec) if spec.derived_from else None,
     }
 
 
-def answered_by(spec: ModelSpec) -> str:
-    """Which path built the spec: the formulas (peakmem.hf) or the derived path (transformers' own
-    modules, measured block costs: peakmem.simulate.derive / shipped data)."""
-    return "derived" if spec.derived_from else "formulas"
+def default_answered_by(spec: ModelSpec) -> AnsweredBy:
+    """Which path built the spec, read from the spec alone: the formulas (peakmem.hf) or the derived
+    path (transformers' own modules, measured block costs: peakmem.simulate.derive / shipped data)."""
+    from peakmem.resolve import AnsweredBy
+
+    return AnsweredBy(path="derived" if spec.derived_from else "formulas")
+
+
+def answered_by_json(a: AnsweredBy) -> dict[str, Any]:
+    """``path`` (formulas, derived or both); for ``both``, the comparison: parameter counts equal,
+    each path's peak allocated bytes on ``setup`` and ``peak_diff`` ((derived - formulas) / formulas)."""
+    out: dict[str, Any] = {"path": a.path}
+    if a.path == "both":
+        out.update(params_equal=a.params_equal, formulas_peak_allocated_bytes=a.formulas_peak_bytes,
+                   derived_peak_allocated_bytes=a.derived_peak_bytes, peak_diff=a.peak_diff,
+                   setup=a.setup)  # fmt: skip
+    if a.note:
+        out["note"] = a.note
+    return out
+
+
+def answered_by_line(a: AnsweredBy, spec: ModelSpec) -> str:
+    """The ``answered by:`` line of ``peakmem info``."""
+    if a.path == "derived":
+        return f"answered by: derived path (transformers' modules; blocks measured): {block_pattern(spec)}"
+    if a.path != "both" or a.peak_diff is None:
+        return "answered by: formulas (peakmem.hf)"
+    diff = abs(a.peak_diff)
+    pct = f"{100 * diff:.1f}%" if diff >= 0.001 else "0.1%"
+    verb = "agree within" if a.params_equal and diff <= AGREE else "differ by"
+    counts = "the same parameter count" if a.params_equal else "different parameter counts"
+    return (
+        f"answered by: both (formulas and derived {verb} {pct}: {counts}; peak allocated "
+        f"{fmt_bytes(a.formulas_peak_bytes or 0)} vs {fmt_bytes(a.derived_peak_bytes or 0)} on {a.setup})"
+    )
+
+
+AGREE = 0.02  # issue 14: the derived path agrees with the formulas within 2% on every catalog family
+
+
+def _block_label(d: DerivedBlock) -> str:
+    return d.mixer + ("" if d.ffn == "none" else f"+{d.ffn}")
+
+
+def block_pattern(spec: ModelSpec) -> str:
+    """A derived spec's blocks, compressed: runs of one kind (``24 x attention+dense``); a repeating
+    period as ``12 x [3 x linear_attention+moe, attention+moe]``; else counts per kind, in order."""
+    runs: list[tuple[str, int]] = []
+    for g in spec.groups:
+        if g.layer.derived is None:
+            continue
+        label = _block_label(g.layer.derived)
+        if runs and runs[-1][0] == label:
+            runs[-1] = (label, runs[-1][1] + g.count)
+        else:
+            runs.append((label, g.count))
+
+    def show(rs: Sequence[tuple[str, int]]) -> str:
+        return ", ".join(label if n == 1 else f"{n} x {label}" for label, n in rs)
+
+    if len(runs) <= PATTERN_RUNS:
+        return show(runs)
+    for period in range(1, len(runs) // 2 + 1):
+        if len(runs) % period == 0 and all(runs[i] == runs[i % period] for i in range(len(runs))):
+            return f"{len(runs) // period} x [{show(runs[:period])}]"
+    # not periodic as a whole: a periodic body with a different tail (or head) is still counted per kind
+    totals: dict[str, int] = {}
+    for label, n in runs:
+        totals[label] = totals.get(label, 0) + n
+    return show(list(totals.items())) + " (interleaved)"
+
+
+PATTERN_RUNS = 3  # up to this many runs of one kind are listed as they are
 
 
 def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = None) -> dict[str, Any]:
@@ -271,7 +346,7 @@ def console() -> Any:
     return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
-def print_info(spec: ModelSpec) -> None:
+def print_info(spec: ModelSpec, answered: AnsweredBy | None = None) -> None:
     from rich.table import Table
 
     out = console()
@@ -315,18 +390,12 @@ def print_info(spec: ModelSpec) -> None:
         f"16-bit weights {fmt_both(2 * spec.params)}",
     ]
     out.print("; ".join(facts))
-    if spec.derived_from:
-        blocks = ", ".join(
-            f"{g.count} x {g.layer.derived.mixer}"
-            + ("" if g.layer.derived.ffn == "none" else f"+{g.layer.derived.ffn}")
-            for g in spec.groups
-            if g.layer.derived is not None
-        )
-        out.print(f"answered by: derived path (transformers' modules; blocks measured): {blocks}")
-    else:
-        out.print("answered by: formulas (peakmem.hf)")
+    answered = answered or default_answered_by(spec)
+    out.print(answered_by_line(answered, spec), markup=False)
     for note in spec.notes:
         out.print(f"note: {note}")
+    if answered.note:
+        out.print(f"note: {answered.note}", markup=False)
 
 
 def print_estimate(

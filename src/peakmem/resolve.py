@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +43,44 @@ ACCEPTED_MODEL_FORMS = (
 )
 
 
-def resolve_model(arg: str) -> ModelSpec:
+# Which path builds the spec: "auto" (the formulas when they know the model_type, else the derived
+# path), or one of the two forced ("derived" for a known family: how tests and `info --cross-check`
+# compare the two; "formulas" for an unknown one: its ConfigError).
+PATHS = ("auto", "formulas", "derived")
+
+
+def resolve_model(arg: str, *, path: str = "auto") -> ModelSpec:
     """The ModelSpec a MODEL argument names; errors say which forms are accepted."""
     name, config = resolve_config(arg)
-    return spec_for_config(config, name=name)
+    return spec_for_config(config, name=name, path=path)
 
 
-def spec_for_config(config: dict[str, Any], *, name: str | None = None) -> ModelSpec:
+def spec_for_config(config: dict[str, Any], *, name: str | None = None, path: str = "auto") -> ModelSpec:
     """The formulas' spec (:func:`peakmem.hf.spec_from_config`) when they know the ``model_type``;
     else a *derived* one: shipped with the package for catalog models (:mod:`peakmem.derived`), or
     built from transformers' own modules when torch and transformers are installed
-    (:mod:`peakmem.simulate.derive`, imported only then). Derived specs say so in their notes."""
+    (:mod:`peakmem.simulate.derive`, imported only then). Derived specs say so in their notes.
+    ``path`` (:data:`PATHS`) forces one of the two."""
     from peakmem.hf import SUPPORTED_MODEL_TYPES, spec_from_config
 
-    if config.get("model_type") in SUPPORTED_MODEL_TYPES or not isinstance(config.get("model_type"), str):
+    if path not in PATHS:
+        raise InputError(f"path={path!r}: one of {', '.join(PATHS)}")
+    known = config.get("model_type") in SUPPORTED_MODEL_TYPES or not isinstance(config.get("model_type"), str)
+    if path == "formulas" or (path == "auto" and known):
         return spec_from_config(config, name=name)
     from peakmem import derived
 
-    shipped = derived.shipped_spec(config, name) or derived.cached_spec(config, name)
+    shipped = derived_spec_if_ready(config, name=name)
     if shipped is not None:
-        derived.register_config(config)
-        return shipped  # type: ignore[no-any-return]
+        return shipped
     derive = _derive_hook()
     if derive is None:
+        if path == "derived":
+            raise ConfigError(
+                f"model_type={config.get('model_type')!r}: no derived spec shipped or cached for this "
+                "config; "
+                f"`{derived.TORCH_HINT}` derives it from transformers' own model"
+            )
         try:
             return spec_from_config(config, name=name)
         except ConfigError as err:
@@ -73,6 +89,17 @@ def spec_for_config(config: dict[str, Any], *, name: str | None = None) -> Model
                 "transformers' own model (exact parameter count) and measures its blocks"
             ) from None
     return derive(config, name=name)  # type: ignore[no-any-return]
+
+
+def derived_spec_if_ready(config: dict[str, Any], *, name: str | None = None) -> ModelSpec | None:
+    """The derived spec of ``config`` if it answers without measuring (shipped with the package or in
+    the disk cache), else None; no torch needed."""
+    from peakmem import derived
+
+    spec = derived.shipped_spec(config, name) or derived.cached_spec(config, name)
+    if spec is not None:
+        derived.register_config(config)
+    return spec  # type: ignore[no-any-return]
 
 
 def _derive_hook() -> Any:
@@ -84,6 +111,72 @@ def _derive_hook() -> Any:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         return None
     return importlib.import_module("peakmem.simulate.derive").derive_spec
+
+
+# --- which path answered (peakmem info) ---------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AnsweredBy:
+    """Which path built a spec: ``formulas`` (:mod:`peakmem.hf`), ``derived`` (transformers' modules,
+    measured blocks) or ``both``: the formulas know the family and a derived answer was at hand (shipped,
+    cached, or derived now by ``info --cross-check``), so the two are compared on ``setup`` (the
+    defaults of ``peakmem train``)."""
+
+    path: str
+    params_equal: bool | None = None
+    formulas_peak_bytes: int | None = None
+    derived_peak_bytes: int | None = None
+    setup: str = ""
+    note: str = ""
+
+    @property
+    def peak_diff(self) -> float | None:
+        """(derived - formulas) / formulas of the peak allocated bytes; None unless ``both``."""
+        if self.formulas_peak_bytes is None or self.derived_peak_bytes is None:
+            return None
+        return (self.derived_peak_bytes - self.formulas_peak_bytes) / self.formulas_peak_bytes
+
+
+NO_DERIVED_NOTE = (
+    "no derived answer shipped or cached for this config; `peakmem info --cross-check` derives one "
+    "(needs torch) and compares the two"
+)
+
+
+def answered_by(
+    config: dict[str, Any], spec: ModelSpec, *, name: str | None = None, cross_check: bool = False
+) -> AnsweredBy:
+    """Which path answered ``spec`` (built from ``config``) and, for a family the formulas know, how the
+    derived path agrees: only from shipped or cached derived data (no torch, no wait) unless
+    ``cross_check``, which derives the spec and measures its blocks (torch and transformers)."""
+    from peakmem import derived
+    from peakmem.estimate import estimate_training
+    from peakmem.formulas.activations import derived_family
+    from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
+
+    if spec.derived_from:
+        return AnsweredBy(path="derived")
+    other = derived_spec_if_ready(config, name=name)
+    if other is None and cross_check:
+        derive = _derive_hook()
+        if derive is None:
+            raise InputError(
+                f"--cross-check: deriving the spec needs torch and transformers ({derived.TORCH_HINT})"
+            )
+        other = derive(config, name=name)
+    if other is None:
+        return AnsweredBy(path="formulas", note=NO_DERIVED_NOTE)
+    seq = min(spec.max_position_embeddings, DEFAULT_SEQ_LEN)
+    setup = TrainingSetup(seq_len=seq)
+    if not cross_check and not derived.costs_ready(other.derived_from, derived_family(setup)):
+        return AnsweredBy(path="formulas", note=NO_DERIVED_NOTE)
+    return AnsweredBy(
+        path="both",
+        params_equal=other.params == spec.params,
+        formulas_peak_bytes=estimate_training(spec, setup).peak_allocated_bytes,
+        derived_peak_bytes=estimate_training(other, setup).peak_allocated_bytes,
+        setup=f"peakmem train defaults (full, {setup.precision.value}, {setup.optimizer.value}, "
+        f"batch {setup.micro_batch} x seq {seq})",
+    )
 
 
 def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:

@@ -455,6 +455,7 @@ def spec_from_model(
     if getattr(model, "_supports_flash_attn", False) or getattr(model, "_supports_flash_attn_2", False):
         kernels.append("flash")
     final_cap = _attr(tc, "final_logit_softcapping")
+    classifier = type(model).__name__.endswith("ForSequenceClassification")
     # what the embedding module itself runs (BERT-style decoders: a LayerNorm and a dropout over the
     # summed embeddings), read from the modules outside the blocks whose path names an embedding
     emb_norm, emb_dropout = False, 0.0
@@ -469,7 +470,10 @@ def spec_from_model(
         name=name or str(config.get("_name_or_path") or config.get("model_type")),
         model_type=str(config.get("model_type")),
         architecture=type(model).__name__,
-        task="causal-lm",
+        # a classifier's loss reads a pooled token, not vocab-wide logits (formulas/loss.py): what the
+        # model class is (transformers names them <Model>ForSequenceClassification), not a causal LM
+        task="sequence-classification" if classifier else "causal-lm",
+        num_labels=int(getattr(model.config, "num_labels", 0) or 0) if classifier else 0,
         vocab_size=vocab,
         hidden_size=hidden,
         max_position_embeddings=context or DEFAULT_CONTEXT,
