@@ -37,7 +37,7 @@ typecheck: install-test
 	$(VENV)/bin/mypy
 
 pytest: install-test
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n auto --dist loadfile
 
 test: lint typecheck pytest
 

@@ -36,7 +36,12 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpro
 
 @pytest.fixture(scope="module")
 def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if importlib.util.find_spec("pip") is None:
+    # importlib.metadata, not find_spec("pip"): setuptools' distutils hack answers a pip lookup by
+    # clearing distutils, and a later `import setuptools` in the same process (torch.compile's C++
+    # builder) then fails its assertion: an order-dependent failure under pytest-xdist
+    try:
+        importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
         pytest.skip("pip is not installed in the test environment")
     try:  # the test extra pins it; read its version without importing it (distutils hack)
         version = importlib.metadata.version("setuptools")
