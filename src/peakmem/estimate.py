@@ -31,16 +31,25 @@ from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import step_sequence as _seq
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.model_states import precision_plan, spec_facts
-from peakmem.formulas.optimizer import state_dtype
+from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES, state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, Tensor
 from peakmem.parallel import Parallelism
-from peakmem.training import AttentionKernel, Checkpointing, LossImpl, Method, OptimizerImpl, TrainingSetup
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    LossImpl,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    TrainingSetup,
+)
 
 METHOD = "analytic"
 
@@ -482,10 +491,16 @@ def _estimate(
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent
-    reserved = allocator.reserved_bytes(
-        resident=st.persistent, resident_rounding=st.resident_rounding,
-        churn=churn, fragmentation=ov.fragmentation, expandable=ov.expandable_segments,
-    )  # fmt: skip
+    replayed = _replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    if replayed is None:  # the closed form (sharded and adapter setups; a given fraction; expandable)
+        reserved = allocator.reserved_bytes(
+            resident=st.persistent, resident_rounding=st.resident_rounding,
+            churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
+        )  # fmt: skip
+    else:  # never below the allocated peak's own blocks
+        floor = allocator.reserved_bytes(resident=peak.bytes, resident_rounding=st.resident_rounding,
+                                         churn=0, fragmentation=0.0)  # fmt: skip
+        reserved = max(replayed, floor)
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -498,7 +513,7 @@ def _estimate(
         "backward_peak_layers_done": bp.layers_done,
         "context_bytes": ov.context_bytes,
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
-        "fragmentation": ov.fragmentation,
+        "fragmentation": ov.fraction,
         **st.state_extra,
         **({"expandable_segments": True} if ov.expandable_segments else {}),
         **({"profile": ov.profile} if ov.profile is not None else {}),
@@ -537,6 +552,108 @@ def _estimate(
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
+
+
+# --- reserved: the step replayed through the caching-allocator model -------------------------------
+SRC_REPLAY = (
+    "formulas/step_sequence.py: two steps of the estimate's own tensors replayed through the "
+    "CUDACachingAllocator model (formulas/caching_allocator.py)"
+)
+
+
+def _replayable(st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
+    """Where the step can be written tensor by tensor: one GPU, full fine-tuning with a torch optimizer
+    whose states are shaped like the parameters, no step tricks, and no fraction or expandable
+    segments asked for (those keep the closed form of formulas/allocator.py)."""
+    return (
+        st.single and par.is_single_gpu and not st.tech.adapter and ov.replay_reserved
+        and not ov.expandable_segments and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
+        and not setup.activation_offload and setup.optimizer is not OptimizerName.ADAFACTOR
+    )  # fmt: skip
+
+
+def _pieces(items: Iterable[MemoryItem]) -> tuple[int, ...]:
+    """The tensor sizes of ``items`` (each item's bytes split into its ``tensors`` equal parts)."""
+    out: list[int] = []
+    for i in items:
+        if i.bytes > 0:
+            n = max(1, i.tensors)
+            out += [i.bytes // n] * n
+    return tuple(out)
+
+
+def _split(nbytes: int, unit: int) -> tuple[int, ...]:
+    """``nbytes`` as tensors of about ``unit`` bytes (a transient known by its sum only)."""
+    if nbytes <= 0:
+        return ()
+    n = max(1, -(-nbytes // max(1, unit)))
+    return (nbytes // n,) * n
+
+
+def _replayed_reserved(
+    st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads, parts: _Parts,
+    head_fwd: int, head_bwd: int, logits_grad: int,
+) -> int | None:  # fmt: skip
+    """``max_memory_reserved`` of two steps of this estimate's tensors (formulas/step_sequence.py);
+    None where :func:`_replayable` says the closed form answers."""
+    if not _replayable(st, setup, par, ov):
+        return None
+    tech = st.tech
+    spec = tech.spec
+    outer_first = [t for t in spec.outer if t.component in ("embeddings", "positions")]
+    outer_last = [t for t in spec.outer if t.component not in ("embeddings", "positions")]
+
+    def sizes(tensors: Iterable[Tensor], count: int = 1) -> list[int]:  # elements of each tensor
+        return [t.numel // t.copies for t in tensors for _ in range(t.copies * count)]
+
+    first, last = sizes(outer_first), sizes(outer_last)
+    layer_numel = [sizes(spec.groups[i].layer.tensors) for i, _ in st.groups]
+    numel = first + [n for (_, count), per in zip(st.groups, layer_numel, strict=True)
+                     for n in per * count] + last  # fmt: skip
+    weight, grad, master = tech.weight.nbytes, tech.grad.nbytes, tech.master
+    states = [r for r in tech.state_rows if r.params]
+    temps: list[int] = []
+    for item in st.states.step:
+        if item.key in PER_PARAM_TEMPORARIES:  # one per parameter, in proportion to its elements
+            temps += [item.bytes * n // tech.trainable for n in numel]
+        else:
+            temps += _pieces((item,))
+    layers = []
+    for g, la_items, per in zip(parts.groups, parts.layer_items, layer_numel, strict=True):
+        saved = _pieces(la_items[1])
+        unit = max(saved, default=0)
+        in_flight = g.grads_in_flight or 0
+        layers.append(_seq.LayerTensors(
+            count=g.count, saved=saved, forward_extra=_split(g.forward_transient, unit),
+            backward_extra=_split(g.recompute, unit)
+            + _split(g.backward_transient + g.freed - in_flight, unit),
+            grads=tuple(grad(n) for n in reversed(per)),
+        ))  # fmt: skip
+    backward_order = last[::-1] + [
+        n
+        for (_, count), per in zip(st.groups[::-1], layer_numel[::-1], strict=True)
+        for n in per[::-1] * count
+    ]
+    backward_order += first[::-1]  # fmt: skip
+    tied = st.outer[4]
+    step = _seq.StepTensors(
+        weights=(*(weight(n) for n in numel), tech.buffers),
+        masters=tuple(master.nbytes(n) for n in numel) if master else (),
+        states=tuple(r.bytes * n // r.params for n in numel for r in states),
+        embed_saved=_pieces(parts.embed_items), layers=tuple(layers),
+        head_saved=_pieces(i for i in parts.head_items if not i.key.startswith("loss.")),
+        loss_saved=_pieces(i for i in parts.head_items if i.key.startswith("loss.")),
+        # the logits (the size of their gradient) and their fp32 copy
+        loss_extra=(logits_grad, head_fwd - logits_grad) if 0 < logits_grad < head_fwd else (head_fwd,),
+        forward_held=_pieces(st.weight_cache),
+        loss_grads=(*_split(head_bwd, head_bwd // 2), *((logits_grad,) if logits_grad else ())),
+        head_grads=tuple(grad(n) for n in last[::-1]), end_grads=tuple(grad(n) for n in first[::-1]),
+        tied_hold=tied,
+        master_grads=tuple(master.nbytes(n) for n in backward_order) if master else (),
+        step_temporaries=tuple(temps), micro_batches=setup.grad_accum,
+        grads_resident=not setup.grads_set_to_none,
+    )  # fmt: skip
+    return _seq.replay_steps(step).reserved
 
 
 def with_kernel_alternatives(
@@ -605,9 +722,9 @@ def training_band(
     terms = [
         _band.residual_term(allocated),
         context,
-        _band.fragmentation_term(churn=churn, fragmentation=ov.fragmentation, profile=ov.profile,
+        _band.fragmentation_term(churn=churn, fragmentation=ov.fraction, profile=ov.profile,
                                  expandable=ov.expandable_segments),
-        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fragmentation,
+        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fraction,
                                   expandable=ov.expandable_segments),
     ]  # fmt: skip
     if communicators:
@@ -701,7 +818,7 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
         "reserved rounded to 20 MiB pages"
         if ov.expandable_segments
-        else f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
+        else f"allocator fragmentation {ov.fraction:.0%} of the per-step churn "
         "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
