@@ -70,7 +70,7 @@ def test_replayed_reserved_within_3_percent_of_simulate(name: str) -> None:
 
 def test_a_given_fraction_and_the_unreplayable_keep_the_closed_form() -> None:
     spec = resolve_model("gemma-3-1b")
-    setup = TrainingSetup(seq_len=512)
+    setup = TrainingSetup(seq_len=2048)
     ov = Overheads(fragmentation=0.10)
     given = estimate_training(spec, setup, overheads=ov)
     persistent = sum(r.bytes for r in given.per_param if r.category.value != "gradients")
