@@ -184,7 +184,7 @@ SRC_PHASE_SEGMENTS = (
     "serve the other phase's larger requests (the optimizer step's parameter-sized fp32 temporaries); "
     "(2) optimizer states created lazily in step 1 (torch/optim/adamw.py _init_group: zeros_like) land "
     "by best fit in blocks backward freed, so step 2's activations need new segments. High = the larger "
-    "of the two with fragmentation. simulate's replay (simulate/allocator_model.py) of the default "
+    "of the two with fragmentation. simulate's replay (formulas/caching_allocator.py) of the default "
     "setups lies inside: GPT-2 XL +10.9 %, Llama-3.2-1B +0.9 %, Qwen3-0.6B -0.5 %, Gemma-3-1B +24 % "
     "reserved over the analytic likely value"
 )
