@@ -69,12 +69,14 @@ class _Pool:
         del self.free[bisect.bisect_left(self.free, k)]
         del self.by_key[k]
 
-    def best_fit(self, size: int) -> _Block | None:
-        """The smallest free block of at least ``size`` (the lowest address among equal sizes)."""
-        i = bisect.bisect_left(self.free, size << _ADDR_BITS)
-        if i == len(self.free):
+    def take_best_fit(self, size: int) -> _Block | None:
+        """Remove and return the smallest free block of at least ``size`` (the lowest address among
+        equal sizes), or None."""
+        free = self.free
+        i = bisect.bisect_left(free, size << _ADDR_BITS)
+        if i == len(free):
             return None
-        return self.by_key[self.free[i]]
+        return self.by_key.pop(free.pop(i))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,10 +113,8 @@ class CachingAllocatorModel:
             self.free(key)
         size = max(K_MIN_BLOCK_SIZE, round_request(nbytes))
         pool = self.small if size <= K_SMALL_SIZE else self.large
-        block = pool.best_fit(size)
-        if block is not None:
-            pool.remove(block)
-        else:
+        block = pool.take_best_fit(size)
+        if block is None:
             seg = segment_size(size)
             block = _Block(segment=self.segments, small=pool.small, addr=self._next_addr, size=seg)
             self._next_addr += seg

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .allocator import K_SMALL_BUFFER, K_SMALL_SIZE, round_request
 from .caching_allocator import CachingAllocatorModel
 
 
@@ -77,18 +78,26 @@ class StepTensors:
 class Replayed:
     reserved: int  # max_memory_reserved over the two steps
     allocated: int  # max_memory_allocated over the two steps (blocks, rounded)
-    segments: int  # cudaMalloc calls
+    segments: int  # cudaMalloc calls of the large pool
 
 
 class _Run:
-    """The allocator model with fresh keys per tensor."""
+    """The allocator model with fresh keys per tensor.
 
-    __slots__ = ("model", "next_key", "peak_allocated")
+    Requests of the small pool (up to kSmallSize, 1 MiB: biases, norm weights, statistics) are counted,
+    not placed: they share 2 MiB segments of their own that no large request uses, so their segments
+    are their live peak rounded up to kSmallBuffer (their holes are at most a few blocks of 2 MiB).
+    Half of GPT-2's tensors are biases: this halves the replay's work there."""
+
+    __slots__ = ("model", "next_key", "peak_allocated", "small", "small_live", "small_peak")
 
     def __init__(self) -> None:
         self.model = CachingAllocatorModel()
         self.next_key = 0
         self.peak_allocated = 0
+        self.small: dict[int, int] = {}  # key -> rounded bytes of a live small-pool request
+        self.small_live = 0
+        self.small_peak = 0
 
     def alloc(self, sizes: tuple[int, ...]) -> list[int]:
         keys = []
@@ -97,15 +106,29 @@ class _Run:
             if nbytes <= 0:  # allocate(0) returns nullptr: no block
                 continue
             self.next_key += 1
-            model.malloc(self.next_key, nbytes)
+            if nbytes <= K_SMALL_SIZE:
+                size = round_request(nbytes)
+                self.small[self.next_key] = size
+                self.small_live += size
+            else:
+                model.malloc(self.next_key, nbytes)
             keys.append(self.next_key)
-        if model.allocated > self.peak_allocated:
-            self.peak_allocated = model.allocated
+        self.small_peak = max(self.small_peak, self.small_live)
+        self.peak_allocated = max(self.peak_allocated, model.allocated + self.small_live)
         return keys
 
     def free(self, keys: list[int]) -> None:
+        small = self.small
         for k in keys:
-            self.model.free(k)
+            size = small.pop(k, None)
+            if size is None:
+                self.model.free(k)
+            else:
+                self.small_live -= size
+
+    @property
+    def reserved(self) -> int:
+        return self.model.reserved + -(-self.small_peak // K_SMALL_BUFFER) * K_SMALL_BUFFER
 
 
 def replay_steps(step: StepTensors, steps: int = 2) -> Replayed:
@@ -122,7 +145,7 @@ def replay_steps(step: StepTensors, steps: int = 2) -> Replayed:
         if not step.grads_resident:  # zero_grad(set_to_none=True)
             run.free(grads)
             grads = []
-    return Replayed(reserved=run.model.reserved, allocated=run.peak_allocated, segments=run.model.segments)
+    return Replayed(reserved=run.reserved, allocated=run.peak_allocated, segments=run.model.segments)
 
 
 def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
@@ -187,7 +210,7 @@ def _optimizer(run: _Run, step: StepTensors, grads: list[int], *, first: bool) -
         for k, nbytes in zip(reversed(grads), reversed(step.master_grads), strict=False):
             fp32 += run.alloc((nbytes,))
             if not step.grads_resident:
-                run.model.free(k)
+                run.free([k])
         grads = fp32 if not step.grads_resident else grads + fp32
     if first:
         run.alloc(step.states)
