@@ -496,12 +496,14 @@ def _estimate(
         churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
     replayed = _replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    over_closed = 0  # what the replay adds to the closed form
     if replayed is not None:
         # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
         # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
         # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
         # replay adds the segments one phase cuts that another cannot reuse
-        reserved = max(reserved, replayed)
+        over_closed = max(0, replayed - reserved)
+        reserved += over_closed
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -544,6 +546,7 @@ def _estimate(
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
         communicators=sharding.communicators(par), nccl_bytes=nccl,
         fused_step_delta=_fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0,
+        replayed=over_closed,
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
@@ -711,9 +714,12 @@ def training_band(
     communicators: int = 0,
     nccl_bytes: int = 0,
     fused_step_delta: int = 0,
+    replayed: int = 0,
 ) -> _band.Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
-    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
+    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
+    ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
+    fragmentation term's low end removes, and segments of other phases the term for them no longer spans."""
     context = _CONTEXT_TERMS.get(ov)
     if context is None:
         if len(_CONTEXT_TERMS) >= _MEMO_MAX:
@@ -724,9 +730,9 @@ def training_band(
         _band.residual_term(allocated),
         context,
         _band.fragmentation_term(churn=churn, fragmentation=ov.fraction, profile=ov.profile,
-                                 expandable=ov.expandable_segments),
+                                 expandable=ov.expandable_segments, replayed=replayed),
         _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fraction,
-                                  expandable=ov.expandable_segments),
+                                  expandable=ov.expandable_segments, replayed=replayed),
     ]  # fmt: skip
     if communicators:
         terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))

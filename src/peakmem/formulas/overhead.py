@@ -93,8 +93,9 @@ class Overheads:
 
     @property
     def replay_reserved(self) -> bool:
-        """No fraction given: reserved is replayed where the step can be written tensor by tensor."""
-        return self.fragmentation is None
+        """No fraction given and no calibrated profile (which fits its own fraction): reserved is replayed
+        where the step can be written tensor by tensor."""
+        return self.fragmentation is None and self.profile is None
 
     @classmethod
     def for_context(cls, key: str, fragmentation: float | None = None) -> Overheads:
