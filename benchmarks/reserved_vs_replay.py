@@ -8,7 +8,10 @@ and the default estimate (the step replayed through the same allocator model whe
 formulas/step_sequence.py), each as its gap ``simulated / analytic - 1``, and the count within 3%.
 Pure Python, no torch: it reads simulate's figures from the JSON.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/reserved_vs_replay.py [--time]
+    PYTHONPATH=src .venv/bin/python benchmarks/reserved_vs_replay.py [--time] [--exact]
+
+``--exact`` also replays every layer (``estimate.REPLAY_LAYERS`` extrapolates long groups of identical
+layers from two shorter replays) and prints the difference.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
+from peakmem import estimate as estimate_module
 from peakmem.estimate import estimate_training
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION
 from peakmem.formulas.overhead import Overheads
@@ -31,9 +35,24 @@ DATA = Path(__file__).with_name("simulate_vs_analytic.json")
 GiB = 2**30
 
 
+def _exact(spec: object, setup: TrainingSetup) -> int:
+    """The default estimate's reserved with every layer replayed."""
+    original = estimate_module._replayed_reserved
+
+    def every_layer(*args: object, **kw: object) -> int | None:
+        return original(*args, **{**kw, "exact": True})  # type: ignore[arg-type]
+
+    estimate_module._replayed_reserved = every_layer  # type: ignore[assignment]
+    try:
+        return estimate_training(spec, setup).peak_reserved_bytes  # type: ignore[arg-type]
+    finally:
+        estimate_module._replayed_reserved = original
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time", action="store_true", help="also print the default estimate's time per model")
+    ap.add_argument("--exact", action="store_true", help="also replay every layer (no extrapolation)")
     args = ap.parse_args(argv)
     rows = json.loads(DATA.read_text())
     closed = Overheads(fragmentation=DEFAULT_FRAGMENTATION)
@@ -52,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         old_gaps.append(og)
         new_gaps.append(ng)
         mark = " *" if row["model"] in NAMED else ""
+        if args.exact:
+            exact = _exact(spec, setup)
+            mark = f" exact {sim / exact - 1:+.1%} (extrapolated {new / exact - 1:+.2%})" + mark
         print(f"{row['model']:<28} {sim / GiB:>9.2f}G {old / GiB:>9.2f}G {og:>+7.1%} {new / GiB:>9.2f}G "
               f"{ng:>+7.1%}" + (f" {ms:>5.0f}" if args.time else "") + mark)  # fmt: skip
     for label, gaps in (("closed form", old_gaps), ("replayed", new_gaps)):
