@@ -106,20 +106,24 @@ class _Run:
 
     def alloc(self, sizes: tuple[int, ...]) -> list[int]:
         keys = []
-        model = self.model
+        model, key = self.model, self.next_key
         for nbytes in sizes:
             if nbytes <= 0:  # allocate(0) returns nullptr: no block
                 continue
-            self.next_key += 1
+            key += 1
             if nbytes <= K_SMALL_SIZE:
                 size = round_request(nbytes)
-                self.small[self.next_key] = size
+                self.small[key] = size
                 self.small_live += size
+                if self.small_live > self.small_peak:
+                    self.small_peak = self.small_live
             else:
-                model.malloc(self.next_key, nbytes)
-            keys.append(self.next_key)
-        self.small_peak = max(self.small_peak, self.small_live)
-        self.peak_allocated = max(self.peak_allocated, model.allocated + self.small_live)
+                model.malloc(key, nbytes)
+            keys.append(key)
+        self.next_key = key
+        live = model.allocated + self.small_live
+        if live > self.peak_allocated:
+            self.peak_allocated = live
         return keys
 
     def free(self, keys: list[int]) -> None:
