@@ -26,22 +26,21 @@ def _tiny(states: tuple[int, ...] = ()) -> StepTensors:
 
 def test_tiny_step_hand_derived() -> None:
     # load: 4 MiB -> a 20 MiB segment A (16 MiB free after it); 30 MiB -> its own 30 MiB segment B.
-    # step 1 forward, layer 1: its 12 MiB saved tensor is made from a 12 MiB temporary, which takes A's
-    # 16 MiB (4 MiB left, > 1 MiB: split); the saved one fits nothing -> segment C of 12 MiB (>= 10 MiB:
-    # rounded to 2 MiB); the temporary freed (A's 16 MiB whole again). Layer 2 the same -> segment D.
-    # Reserved 20 + 30 + 12 + 12 = 74 MiB; allocated peaks while layer 2's temporary makes its saved
-    # tensor: 34 + 12 + 12 + 12 = 70 MiB. backward: layer 2's 4 MiB gradient splits A, D freed; layer 1's
-    # gradient takes A's 12 MiB (A and D tie at 12 MiB: the lower address), C freed. zero_grad frees
-    # both. Step 2 reuses A, C, D: no new segment.
+    # step 1 forward: layer 1's 12 MiB fits A's 16 MiB (4 MiB left, > 1 MiB: split); layer 2's 12 MiB
+    # fits nothing -> segment C of 12 MiB (>= 10 MiB: rounded to 2 MiB). Reserved 20 + 30 + 12 = 62 MiB.
+    # backward: layer 2's 4 MiB gradient takes A's 4 MiB tail (allocated 34 + 24 + 4 = 62 MiB, the peak),
+    # its 12 MiB in C freed; layer 1's gradient splits C; layer 1's saved block in A freed. zero_grad
+    # frees both: A's 16 MiB and C's 12 MiB merge back. Step 2 reuses them: no new segment.
     r = replay_steps(_tiny())
-    assert (r.reserved, r.allocated, r.segments) == (74 * MiB, 70 * MiB, 4)
+    assert (r.reserved, r.allocated, r.segments) == (62 * MiB, 62 * MiB, 3)
 
 
 def test_step1_states_need_a_segment_the_freed_blocks_cannot_give() -> None:
-    # at step 1's optimizer step the free blocks are A's 8 MiB tail, C's and D's 12 MiB: a 14 MiB state
-    # fits none -> segment E of 14 MiB; reserved 74 + 14 = 88 MiB, and step 2 fits in what exists
+    # at step 1's optimizer step the free blocks are A's 12 MiB (layer 1's saved) and C's 8 MiB tail:
+    # a 14 MiB state fits neither -> segment D of 14 MiB; reserved 62 + 14 = 76 MiB, and step 2 fits
+    # in what exists (A 16 MiB and C 12 MiB again after zero_grad)
     r = replay_steps(_tiny(states=(14 * MiB,)))
-    assert (r.reserved, r.segments) == (88 * MiB, 5)
+    assert (r.reserved, r.segments) == (76 * MiB, 4)
 
 
 # benchmarks/simulate_vs_analytic.json: produced by simulate (benchmarks/simulate_vs_analytic.py), whose

@@ -14,12 +14,11 @@ after step 2. The order within a step follows the timeline of :mod:`.timeline`:
 * load: weights (module order), buffers, then the fp32 master copies (the optimizer wrapper's);
 * forward: the embedding's saved tensors, each layer's momentary extra (freed) and saved tensors, the
   head's saved tensors, then the logits and their fp32 copy, the loss's saved output made from them,
-  and the two freed. A layer's interior allocates more than it saves: an RMSNorm's fp32 ``pow`` and
-  scaled copy next to the ``x.float()`` it keeps, a residual sum, a cast whose source dies. The
-  estimate lists the saved tensors only, so each saved tensor of a layer is made from a same-size
-  temporary that is freed once it is made: the short-lived requests land in the size classes of what
-  is kept (measured on the 65 catalog models against simulate's recorded traces, which hold about
-  three times as many 4-16 MiB requests as the saved tensors: 61 -> 64 of 65 within 3 %);
+  and the two freed. A layer's interior allocates more than it saves (an RMSNorm's fp32 ``pow``, a
+  residual sum, a cast whose source dies: simulate's recorded traces hold about three times as many
+  4-16 MiB requests as the saved tensors); the sequence has only what the estimate lists. Making each
+  saved tensor from a same-size temporary was tried: 64 instead of 61 of the 65 catalog defaults
+  within 3 % of simulate, but GPT-2 XL eager (the seed's setup) went from -0.8 % to +5.8 %: not kept;
 * backward: the loss's gradients, each replacing the one before; the head's gradients (a tied
   embedding's held to the end); per layer from the top its temporaries, its weight gradients (kept
   as ``.grad``), then its temporaries and saved tensors freed; the embedding's gradients at the end;
@@ -164,24 +163,13 @@ def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
     for g in step.layers:
         for _ in range(g.count):
             run.free(run.alloc(g.forward_extra))
-            saved.append(_made(run, g.saved))
+            saved.append(run.alloc(g.saved))
     saved.append(run.alloc(step.head_saved))
     extra = run.alloc(step.loss_extra)
     saved.append(run.alloc(step.loss_saved))
     run.free(extra)
     run.free(held)
     return saved
-
-
-def _made(run: _Run, sizes: tuple[int, ...]) -> list[int]:
-    """Saved tensors, each made by an op from a same-size tensor that dies once it is made (see the
-    module doc: the request sizes of a layer's interior, which the estimate does not list one by one)."""
-    keys: list[int] = []
-    for nbytes in sizes:
-        tmp = run.alloc((nbytes,))
-        keys += run.alloc((nbytes,))
-        run.free(tmp)
-    return keys
 
 
 def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulate: bool) -> list[int]:
