@@ -146,7 +146,9 @@ def replay_steps(step: StepTensors, steps: int = 2) -> Replayed:
     run.alloc(step.masters)
     grads: list[int] = []  # the live .grad tensors, in the order backward wrote them
     for n in range(steps):
-        for _ in range(step.micro_batches):
+        # the first micro-batch creates the gradients, every later one runs with them alive and adds
+        # into them: the second stands for the rest (same requests, same free blocks)
+        for _ in range(min(step.micro_batches, 2)):
             saved = _forward(run, step)
             grads += _backward(run, step, saved, accumulate=bool(grads))
         grads = _optimizer(run, step, grads, first=n == 0)
