@@ -76,7 +76,7 @@ def test_fit_takes_the_median_and_keeps_defaults_it_cannot_fit() -> None:
     bare = fit_profile(
         "y", [Measurement(source="s", peak_allocated_bytes=ALLOC, peak_reserved_bytes=RESERVED)]
     )
-    assert bare.context_bytes == Overheads().context_bytes and bare.fragmentation == Overheads().fragmentation
+    assert bare.context_bytes == Overheads().context_bytes and bare.fragmentation == Overheads().fraction
     assert any("default kept" in n for n in bare.notes)
 
 
@@ -142,7 +142,8 @@ def test_cli_calibrate_from_memory_stats_then_profile_changes_train(
     churn = at[1.0] - at[0.0]  # reserved_bytes: churn x fragmentation on top (within kRoundLarge, 2 MiB)
     assert tuned["peak_allocated_bytes"] == plain["peak_allocated_bytes"]
     assert abs(tuned["peak_reserved_bytes"] - (at[0.0] + 0.25 * churn)) <= 2 * MiB
-    assert abs(plain["peak_reserved_bytes"] - (at[0.0] + 0.10 * churn)) <= 2 * MiB
+    # no profile, no fraction: the step replayed through the allocator model (formulas/step_sequence.py)
+    assert plain["peak_reserved_bytes"] == estimate_training(spec, setup).peak_reserved_bytes
     assert (
         tuned["device_total_bytes"] - tuned["peak_reserved_bytes"]
         == 700 * MiB + tuned["cublas_workspace_bytes"]

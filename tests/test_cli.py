@@ -152,8 +152,8 @@ def test_fit_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit", "gpt2-xl", "--gpu", "8GB,16GB", "--seq", "1024", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert not report["fits_any"]
-    assert main(["fit", "gpt2-xl", "--gpu", "8GB,40GB", "--seq", "1024", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["smallest_sufficient"] == "40gb"
+    assert main(["fit", "gpt2-xl", "--gpu", "8GB,48GB", "--seq", "1024", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["smallest_sufficient"] == "48gb"
 
 
 def test_train_with_lora_and_bad_combinations(capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,17 +47,19 @@ def tiny() -> ModelSpec:
 @pytest.fixture(scope="module")
 def gpt2xl_report() -> planner.FitReport:
     spec = resolve_model("gpt2-xl")
-    return planner.fit(spec, TrainingSetup(seq_len=1024), resolve_gpus("8GB,16GB,24GB,40GB"))
+    # simulate's allocator replay puts this job at 39.93 GB on the device (reserved 36.68 GiB + context),
+    # within 0.2 % of a 40 GB card: 48 GB is the first size with a clear verdict
+    return planner.fit(spec, TrainingSetup(seq_len=1024), resolve_gpus("8GB,16GB,24GB,48GB"))
 
 
 # --- verdicts ----------------------------------------------------------------------------------------
-def test_gpt2_xl_smallest_sufficient_is_40gb(gpt2xl_report: planner.FitReport) -> None:
+def test_gpt2_xl_smallest_sufficient_is_48gb(gpt2xl_report: planner.FitReport) -> None:
     r = gpt2xl_report
-    assert r.smallest_sufficient == "40gb"
+    assert r.smallest_sufficient == "48gb"
     fits = {g.gpu.name: g.verdict.fits for g in r.gpus}
-    assert fits == {"8gb": False, "16gb": False, "24gb": False, "40gb": True}
+    assert fits == {"8gb": False, "16gb": False, "24gb": False, "48gb": True}
     g40 = r.gpus[3]
-    assert g40.verdict.headroom_bytes == 40 * GB - r.baseline.device_total_bytes > 0
+    assert g40.verdict.headroom_bytes == 48 * GB - r.baseline.device_total_bytes > 0
     assert g40.candidates == () and g40.singles == ()  # nothing to change where it fits
     assert r.any_fits
 
@@ -109,7 +111,7 @@ def test_none_fits_reports_it() -> None:
 def test_json_is_serialisable(gpt2xl_report: planner.FitReport) -> None:
     out = planner.fit_json(gpt2xl_report)
     text = json.dumps(out)
-    assert '"smallest_sufficient": "40gb"' in text
+    assert '"smallest_sufficient": "48gb"' in text
     g16 = out["gpus"][1]  # type: ignore[index]
     assert g16["fits"] is False and g16["candidates"][0]["changes"]
     # setups as estimate.setup_dict writes them: numbers stay numbers, an adapter config a dict
@@ -350,11 +352,14 @@ def test_gpt2_xl_ways_down_all_save_and_say_why_checkpointing_does_not() -> None
     assert got.ways and all(w.needed_bytes < base.device_total_bytes for w in got.ways)
     assert all(w.saving_bytes == base.device_total_bytes - w.needed_bytes for w in got.ways)
     labels = [w.label for w in got.ways]
-    assert not any("checkpointing" in label for label in labels)
+    # full checkpointing leaves the allocated peak alone but saves reserved bytes: forward's activation
+    # segments, which the step's larger fp32 temporaries cannot reuse, are not cut (the replayed reserved,
+    # formulas/step_sequence.py); selective checkpointing saves nothing
+    assert not any("checkpointing selective" in label for label in labels)
     assert "fused AdamW (no foreach temporaries)" in labels  # the foreach temporaries are at the peak
     assert {"method lora", "method qlora", "optimizer adamw-8bit"} <= set(labels)
     assert got.no_help == (
-        "activation checkpointing (selective or full) and flash attention save nothing here: the peak is in "
+        "activation checkpointing (selective) and flash attention save nothing here: the peak is in "
         "the optimizer step, after the backward pass has freed the activations"
     )
     assert [w.needed_bytes for w in got.ways] == sorted(w.needed_bytes for w in got.ways)

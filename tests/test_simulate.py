@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from peakmem.simulate.allocator_model import CachingAllocatorModel, replay, round_size
+from peakmem.formulas.allocator import round_request
+from peakmem.formulas.caching_allocator import CachingAllocatorModel, replay
 from peakmem.units import MiB
 
 # --- the caching-allocator model (c10/cuda/CUDACachingAllocator.cpp, default config) -------------
 
 
 def test_round_size_is_512_byte_blocks_at_least_one():
-    assert round_size(1) == 512
-    assert round_size(512) == 512
-    assert round_size(513) == 1024
-    assert round_size(0) == 512
+    assert round_request(1) == 512
+    assert round_request(512) == 512
+    assert round_request(513) == 1024
+    assert round_request(0) == 0  # allocate(0) returns nullptr: no block (replay skips it)
 
 
 def test_small_request_takes_a_2mib_segment_and_splits():

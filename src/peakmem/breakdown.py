@@ -54,6 +54,9 @@ class MemoryItem:
     bytes: int
     source: str = ""
     key: str = ""  # stable identifier (see above); "" for items nothing needs to find
+    # how many tensors of equal size the bytes are (one item per layer: a gated MLP's gate, act, up and
+    # product are 4): the allocator replay (formulas/step_sequence.py) needs request sizes, not sums
+    tensors: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)

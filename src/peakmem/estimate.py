@@ -31,16 +31,25 @@ from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import step_sequence as _seq
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.model_states import precision_plan, spec_facts
-from peakmem.formulas.optimizer import state_dtype
+from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES, state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, Tensor
 from peakmem.parallel import Parallelism
-from peakmem.training import AttentionKernel, Checkpointing, LossImpl, Method, OptimizerImpl, TrainingSetup
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    LossImpl,
+    Method,
+    OptimizerImpl,
+    OptimizerName,
+    TrainingSetup,
+)
 
 METHOD = "analytic"
 
@@ -494,13 +503,27 @@ def _estimate(
     churn = peak.bytes - st.persistent
     reserved = allocator.reserved_bytes(
         resident=st.persistent, resident_rounding=st.resident_rounding,
-        churn=churn, fragmentation=ov.fragmentation, expandable=ov.expandable_segments,
+        churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
+    replayed = _replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    over_closed = 0  # what the replay adds to the closed form
+    if replayed is not None:
+        # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
+        # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
+        # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
+        # replay adds the segments one phase cuts that another cannot reuse
+        over_closed = max(0, replayed - reserved)
+        reserved += over_closed
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
             st.notes.clear()
-        notes = st.notes[ov] = _assumptions(tech, setup, sh, ov) + st.assumptions + rs.notes
+        notes = st.notes[ov] = (
+            _assumptions(tech, setup, sh, ov)
+            + st.assumptions
+            + rs.notes
+            + (() if replayed is None else (REPLAY_NOTE,))
+        )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
     extra: dict[str, object] = {
@@ -508,7 +531,7 @@ def _estimate(
         "backward_peak_layers_done": bp.layers_done,
         "context_bytes": ov.context_bytes,
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
-        "fragmentation": ov.fragmentation,
+        "fragmentation": ov.fraction,
         **st.state_extra,
         **({"expandable_segments": True} if ov.expandable_segments else {}),
         **({"profile": ov.profile} if ov.profile is not None else {}),
@@ -539,6 +562,7 @@ def _estimate(
         communicators=sharding.communicators(par), nccl_bytes=nccl,
         fused_step_delta=_fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0,
         loss_order=_loss_order_deltas(setup, logits_grad, bp, phases, peak) if last else (0, 0),
+        replayed=over_closed,
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
@@ -547,6 +571,140 @@ def _estimate(
         device_total_bytes=device_total,
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
+    )  # fmt: skip
+
+
+# --- reserved: the step replayed through the caching-allocator model -------------------------------
+REPLAY_NOTE = (
+    "reserved: two steps of these tensors replayed through the CUDA caching-allocator model "
+    "(formulas/step_sequence.py: segments one phase cuts that another cannot reuse, optimizer states "
+    "created in step 1), never below the fragmentation fraction above; give --fragmentation to use the "
+    "fraction alone"
+)
+
+
+def _replayable(st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
+    """Where the step can be written tensor by tensor: one GPU, full fine-tuning with a torch optimizer
+    whose states are shaped like the parameters, no step tricks, and no fraction or expandable
+    segments asked for (those keep the closed form of formulas/allocator.py). Not replayed, closed form:
+    multi-GPU layouts (sharded or gathered buffers the sequence does not describe), LoRA/QLoRA (frozen
+    base, adapter tensors), 8-bit/paged/4-bit optimizers and optimizer-in-backward, activation offloading,
+    Adafactor (factored states, not shaped like the parameters)."""
+    return (
+        st.single and par.is_single_gpu and not st.tech.adapter and ov.replay_reserved
+        and not ov.expandable_segments and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
+        and not setup.activation_offload and setup.optimizer is not OptimizerName.ADAFACTOR
+    )  # fmt: skip
+
+
+def _pieces(items: Iterable[MemoryItem]) -> tuple[int, ...]:
+    """The tensor sizes of ``items`` (each item's bytes split into its ``tensors`` equal parts)."""
+    out: list[int] = []
+    for i in items:
+        if i.bytes > 0:
+            n = max(1, i.tensors)
+            out += [i.bytes // n] * n
+    return tuple(out)
+
+
+def _split(nbytes: int, unit: int) -> tuple[int, ...]:
+    """``nbytes`` as tensors of about ``unit`` bytes (a transient known by its sum only)."""
+    if nbytes <= 0:
+        return ()
+    n = max(1, -(-nbytes // max(1, unit)))
+    return (nbytes // n,) * n
+
+
+# Replaying costs time in proportion to the layers, and past a few identical layers each further one
+# cuts the same segments. A model of more than EXACT_LAYERS layers is replayed with its groups cut to
+# REPLAY_LAYERS and to twice that, and the reserved bytes extrapolated linearly to the real counts.
+# benchmarks/reserved_vs_replay.py --exact: on the catalog's models of more than 48 layers (llama-3.1-70b,
+# qwen2.5-72b, opt-66b, falcon-40b, gemma-3-27b, ...) the extrapolation moves reserved by at most 0.2 %;
+# on 24-36-layer models with large vocabularies it can move it by 5 % (the logits' blocks make the
+# per-layer increments uneven), so those are replayed whole.
+REPLAY_LAYERS = 8
+EXACT_LAYERS = 48
+
+
+def _replayed_reserved(
+    st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads, parts: _Parts,
+    head_fwd: int, head_bwd: int, logits_grad: int, *, exact: bool = False,
+) -> int | None:  # fmt: skip
+    """``max_memory_reserved`` of two steps of this estimate's tensors (formulas/step_sequence.py);
+    None where :func:`_replayable` says the closed form answers. ``exact``: replay every layer."""
+    if not _replayable(st, setup, par, ov):
+        return None
+
+    def replay(counts: tuple[int, ...]) -> int:
+        step = _step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts)
+        return _seq.replay_steps(step).reserved
+
+    counts = tuple(c for _, c in st.groups)
+    few = tuple(min(c, REPLAY_LAYERS) for c in counts)
+    more = tuple(min(c, 2 * REPLAY_LAYERS) for c in counts)
+    if exact or sum(counts) <= EXACT_LAYERS or more == counts:
+        return replay(counts)
+    r1, r2 = replay(few), replay(more)
+    extrapolated = r2 + (r2 - r1) * (sum(counts) - sum(more)) // (sum(more) - sum(few))
+    return -(-extrapolated // allocator.K_ROUND_LARGE) * allocator.K_ROUND_LARGE
+
+
+def _step_tensors(
+    st: _Static, setup: TrainingSetup, parts: _Parts, head_fwd: int, head_bwd: int, logits_grad: int,
+    counts: tuple[int, ...],
+) -> _seq.StepTensors:  # fmt: skip
+    """The step tensor by tensor, with ``counts`` layers in each of the stage's groups."""
+    tech = st.tech
+    spec = tech.spec
+    outer_first = [t for t in spec.outer if t.component in ("embeddings", "positions")]
+    outer_last = [t for t in spec.outer if t.component not in ("embeddings", "positions")]
+
+    def sizes(tensors: Iterable[Tensor], count: int = 1) -> list[int]:  # elements of each tensor
+        return [t.numel // t.copies for t in tensors for _ in range(t.copies * count)]
+
+    first, last = sizes(outer_first), sizes(outer_last)
+    layer_numel = [sizes(spec.groups[i].layer.tensors) for i, _ in st.groups]
+    numel = first + [n for count, per in zip(counts, layer_numel, strict=True) for n in per * count] + last
+    weight, grad, master = tech.weight.nbytes, tech.grad.nbytes, tech.master
+    states = [r for r in tech.state_rows if r.params]
+    temps: list[int] = []
+    for item in st.states.step:
+        if item.key in PER_PARAM_TEMPORARIES:  # one per parameter, in proportion to its elements
+            temps += [item.bytes * n // tech.trainable for n in numel]
+        else:
+            temps += _pieces((item,))
+    layers = []
+    for g, la_items, per, count in zip(parts.groups, parts.layer_items, layer_numel, counts, strict=True):
+        saved = _pieces(la_items[1])
+        unit = max(saved, default=0)
+        in_flight = g.grads_in_flight or 0
+        layers.append(_seq.LayerTensors(
+            count=count, saved=saved, forward_extra=_split(g.forward_transient, unit),
+            backward_extra=_split(g.recompute, unit)
+            + _split(g.backward_transient + g.freed - in_flight, unit),
+            grads=tuple(grad(n) for n in reversed(per)),
+        ))  # fmt: skip
+    backward_order = last[::-1] + [
+        n for count, per in zip(counts[::-1], layer_numel[::-1], strict=True) for n in per[::-1] * count
+    ]
+    backward_order += first[::-1]  # fmt: skip
+    tied = st.outer[4]
+    return _seq.StepTensors(
+        weights=(*(weight(n) for n in numel), tech.buffers),
+        masters=tuple(master.nbytes(n) for n in numel) if master else (),
+        states=tuple(r.bytes * n // r.params for n in numel for r in states),
+        embed_saved=_pieces(parts.embed_items), layers=tuple(layers),
+        head_saved=_pieces(i for i in parts.head_items if not i.key.startswith("loss.")),
+        loss_saved=_pieces(i for i in parts.head_items if i.key.startswith("loss.")),
+        # the logits (the size of their gradient) and their fp32 copy
+        loss_extra=(logits_grad, head_fwd - logits_grad) if 0 < logits_grad < head_fwd else (head_fwd,),
+        forward_held=_pieces(st.weight_cache),
+        loss_grads=(*_split(head_bwd, head_bwd // 2), *((logits_grad,) if logits_grad else ())),
+        head_grads=tuple(grad(n) for n in last[::-1]), end_grads=tuple(grad(n) for n in first[::-1]),
+        tied_hold=tied,
+        master_grads=tuple(master.nbytes(n) for n in backward_order) if master else (),
+        step_temporaries=tuple(temps), micro_batches=setup.grad_accum,
+        grads_resident=not setup.grads_set_to_none,
     )  # fmt: skip
 
 
@@ -620,9 +778,12 @@ def training_band(
     nccl_bytes: int = 0,
     fused_step_delta: int = 0,
     loss_order: tuple[int, int] = (0, 0),
+    replayed: int = 0,
 ) -> _band.Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
-    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates."""
+    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
+    ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
+    fragmentation term's low end removes, and segments of other phases the term for them no longer spans."""
     context = _CONTEXT_TERMS.get(ov)
     if context is None:
         if len(_CONTEXT_TERMS) >= _MEMO_MAX:
@@ -632,10 +793,10 @@ def training_band(
     terms = [
         _band.residual_term(allocated),
         context,
-        _band.fragmentation_term(churn=churn, fragmentation=ov.fragmentation, profile=ov.profile,
-                                 expandable=ov.expandable_segments),
-        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fragmentation,
-                                  expandable=ov.expandable_segments),
+        _band.fragmentation_term(churn=churn, fragmentation=ov.fraction, profile=ov.profile,
+                                 expandable=ov.expandable_segments, replayed=replayed),
+        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fraction,
+                                  expandable=ov.expandable_segments, replayed=replayed),
     ]  # fmt: skip
     if communicators:
         terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
@@ -730,7 +891,7 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
         "reserved rounded to 20 MiB pages"
         if ov.expandable_segments
-        else f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn "
+        else f"allocator fragmentation {ov.fraction:.0%} of the per-step churn "
         "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",

@@ -195,7 +195,7 @@ def _assumptions(par: Parallelism, ov: Overheads, nccl: int) -> tuple[str, ...]:
         f"{sharding.nccl_communicator_bytes() // 2**20} MiB "
         f"receive buffers ({sharding.NCCL_CHANNELS} channels x {sharding.NCCL_CONNECTIONS} connections x "
         "Simple+LL128+LL) outside PyTorch's allocator; set NCCL_BUFFSIZE/NCCL_MAX_NCHANNELS to change",
-        f"allocator fragmentation {ov.fragmentation:.0%} of the per-step churn; CUDA context "
+        f"allocator fragmentation {ov.fraction:.0%} of the per-step churn; CUDA context "
         f"{ov.context_bytes // 2**20} MiB",
         "CPU RAM per node: max(model loading on every local rank, pinned offload buffers)",
     ]

@@ -189,8 +189,9 @@ def derived_family(setup: TrainingSetup) -> str:
                       objects=objects)  # fmt: skip
 
 
-def _item(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
-    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key)  # by position: the hot path
+def _item(path: str, nbytes: int, source: str, key: str, tensors: int = 1) -> MemoryItem:
+    """``tensors``: how many equal tensors ``nbytes`` is (``MemoryItem.tensors``)."""
+    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key, tensors)  # by position: the hot path
 
 
 # --- fused and compiled kernels (peakmem.formulas.profiles) -----------------------------------------------
@@ -231,10 +232,10 @@ def fused_swiglu_item(sh: Shapes, numel: int) -> MemoryItem:
     only (``Profile.fused_mlp_saves`` = 2)."""
     if sh.compiled or not sh.profile.fused_kernels:
         src = SRC_COMPILED if sh.compiled else SRC_FUSED_KERNELS
-        return _item("mlp.gate, up, product (act recomputed)", 3 * numel * sh.c, src, "mlp.interior")
+        return _item("mlp.gate, up, product (act recomputed)", 3 * numel * sh.c, src, "mlp.interior", 3)
     n = sh.profile.fused_mlp_saves
     return _item(f"mlp.gate, up (product recomputed) [{n} saved]", n * numel * sh.c, SRC_FUSED_KERNELS,
-                 "mlp.interior")  # fmt: skip
+                 "mlp.interior", n)  # fmt: skip
 
 
 def compiled_layer_input(sh: Shapes, numel: int) -> MemoryItem:
@@ -364,7 +365,7 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
         # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
         nope = d - att.qk_rope_head_dim
-        items.append(_item("attn.q, k (MLA, all heads)", 2 * t * a * d * c, SRC_SDPA, "attn.mla_qk"))
+        items.append(_item("attn.q, k (MLA, all heads)", 2 * t * a * d * c, SRC_SDPA, "attn.mla_qk", 2))
         items.append(
             _item(
                 "attn.kv_b_proj output (kept by the v view)",
@@ -377,10 +378,10 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
         items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA, "attn.fused_qkv"))
         items.append(
-            _item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA, "attn.rotated_qk")
+            _item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA, "attn.rotated_qk", 2)
         )
     else:
-        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA, "attn.qkv"))
+        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA, "attn.qkv", 3))
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if sh.compiled and spec.norm == "rmsnorm":
         items.append(compiled_output_copy(sh, t * a * dv))
@@ -429,6 +430,7 @@ def _eager_terms(
             t * (a * d + kv * (d + dv)) * inner,
             SRC_EAGER,
             "attn.qkv",
+            3,
         )
     )  # fmt: skip
     # fp32 softmax: ``softmax(..., dtype=float32)`` (Llama family); under CUDA autocast (softmax is
@@ -493,7 +495,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         e, k = mlp.num_experts, mlp.experts_per_token
         items.append(_item("moe.router logits + probs (fp32)", 2 * t * e * 4,
                            "transformers MoE router: softmax(router_logits, dtype=float)",
-                           "moe.router"))  # fmt: skip
+                           "moe.router", 2))  # fmt: skip
         items.append(_item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
                            "expert inputs gathered per expert: top-k x tokens rows",
                            "moe.routed_inputs"))  # fmt: skip
@@ -506,7 +508,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     if mlp.gated and (sh.compiled or sh.fused_kernels):
         items.append(fused_swiglu_item(sh, n))
     elif mlp.gated:
-        items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior"))
+        items.append(_item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior", 4))
     elif mlp.activation in PYTHON_ACTIVATIONS:
         if sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
             per = sum(PYTHON_ACTIVATION_AUTOCAST_BYTES[mlp.activation]) + c
@@ -518,6 +520,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                 n * per,
                 SRC_MLP,
                 "mlp.interior",
+                PYTHON_ACTIVATIONS[mlp.activation] + 1,
             )
         )
     elif mlp.activation in OUTPUT_SAVING_ACTIVATIONS:
@@ -525,7 +528,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
             _item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP, "mlp.relu_output")
         )
     else:
-        items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP, "mlp.interior"))
+        items.append(_item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP, "mlp.interior", 2))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(
             _item(
@@ -533,6 +536,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                 4 * t * mlp.shared_intermediate_size * c,
                 SRC_MLP,
                 "mlp.shared_experts",
+                4,
             )
         )
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
@@ -566,13 +570,20 @@ def layer_activations(
     if compiled_block:
         norm_one = t * 4  # compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
     n_norms, att_readers = _layer_structure(layer)
-    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms"))
+    # per norm its big saved tensors: an unfused RMSNorm's fp32 x and normed y, else the input (stats: tiny)
+    per_norm = 2 if spec.norm == "rmsnorm" and not (compiled_block or sh.fused_kernels) else 1
+    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms",
+                       n_norms * per_norm))  # fmt: skip
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
         width = (att.num_heads + att.num_kv_heads) * att.head_dim
         items.append(
             _item(
-                "attn.q_norm, k_norm (input + stats)", norm_saved(spec, sh, width), SRC_NORM, "attn.qk_norm"
+                "attn.q_norm, k_norm (input + stats)",
+                norm_saved(spec, sh, width),
+                SRC_NORM,
+                "attn.qk_norm",
+                2 * per_norm,
             )
         )
     att_in = _linear_inputs(sh, t * h, att_readers)
@@ -586,18 +597,22 @@ def layer_activations(
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
         items.append(_item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR, "input.attn_mlp"))
     else:
-        items.append(_item("attn input (norm output)", att_in, SRC_LINEAR, "input.attn"))
-        items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR, "input.mlp"))
+        casts = sh.plan.autocast and not compiled_block  # one 16-bit cast per Linear that reads it
+        items.append(_item("attn input (norm output)", att_in, SRC_LINEAR, "input.attn",
+                           att_readers if casts else 1))  # fmt: skip
+        items.append(_item("mlp input (norm output)", mlp_in, SRC_LINEAR, "input.mlp",
+                           _mlp_readers(layer) if casts else 1))  # fmt: skip
     att_items, core, att_fwd, att_bwd = attention_terms(spec, layer, sh)
     items.extend(att_items)
     mlp_items, mlp_bwd = mlp_terms(spec, layer, sh)
     items.extend(mlp_items)
     if sh.plan.autocast:
+        n_casts = sum(t.copies for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
         items.append(_item("autocast weight casts (16-bit copies)", linear_params * c,
-                           SRC_WEIGHT_CAST, "autocast.weight_casts"))  # fmt: skip
+                           SRC_WEIGHT_CAST, "autocast.weight_casts", max(1, n_casts)))  # fmt: skip
     mask = dropout_mask_bytes(t * h, c, sh.policy) if spec.hidden_dropout > 0 else 0
     if mask:
-        items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT, "dropout.residual_masks"))
+        items.append(_item("residual dropout masks x2", 2 * mask, SRC_DROPOUT, "dropout.residual_masks", 2))
     saved = tuple([i for i in items if i.bytes])
     mlp_items_bytes = sum([i.bytes for i in mlp_items])
     # Backward runs the MLP half first, then attention; the MLP's saved tensors are freed in between.

@@ -55,7 +55,10 @@ class Overheads:
     context_bytes: int = CONTEXT_SIZES[DEFAULT_CONTEXT].bytes
     context_source: str = CONTEXT_SIZES[DEFAULT_CONTEXT].source
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
-    fragmentation: float = DEFAULT_FRAGMENTATION
+    # None: reserved is the estimate's own step replayed through the caching-allocator model where it can
+    # be (formulas/step_sequence.py), DEFAULT_FRAGMENTATION of the churn where not; a fraction (the
+    # user's, or a calibrated profile's): the closed form with that fraction everywhere
+    fragmentation: float | None = None
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: reserved grows by pages, freed blocks merge
     # (formulas/allocator.py reserved_bytes; formulas/band.py SRC_EXPANDABLE)
     expandable_segments: bool = False
@@ -66,7 +69,8 @@ class Overheads:
             value = getattr(self, name)
             check_int(name, value, minimum=0, maximum=MAX_DEVICE_BYTES, what="bytes; no GPU holds more")
         check_str("context_source", self.context_source)
-        check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
+        if self.fragmentation is not None:
+            check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
         require(isinstance(self.expandable_segments, bool), "expandable_segments", self.expandable_segments,
                 "must be True or False")  # fmt: skip
         if self.profile is not None:
@@ -82,8 +86,19 @@ class Overheads:
             and self.context_source == default.source
         )
 
+    @property
+    def fraction(self) -> float:
+        """The fragmentation fraction of the closed form: the given one, else DEFAULT_FRAGMENTATION."""
+        return DEFAULT_FRAGMENTATION if self.fragmentation is None else self.fragmentation
+
+    @property
+    def replay_reserved(self) -> bool:
+        """No fraction given and no calibrated profile (which fits its own fraction): reserved is replayed
+        where the step can be written tensor by tensor."""
+        return self.fragmentation is None and self.profile is None
+
     @classmethod
-    def for_context(cls, key: str, fragmentation: float = DEFAULT_FRAGMENTATION) -> Overheads:
+    def for_context(cls, key: str, fragmentation: float | None = None) -> Overheads:
         require(key in CONTEXT_SIZES, "context", key, f"choose one of {', '.join(CONTEXT_SIZES)}")
         ctx = CONTEXT_SIZES[key]
         return cls(context_bytes=ctx.bytes, context_source=ctx.source, fragmentation=fragmentation)

@@ -606,7 +606,7 @@ def estimate_inference(
             tuple(i.bytes for i in peak.items if i.category not in churn_categories)
         ),
         churn=churn,
-        fragmentation=ov.fragmentation,
+        fragmentation=ov.fraction,
         expandable=ov.expandable_segments,
     )
     device_total = reserved + overhead
@@ -678,7 +678,7 @@ def _serving_band(
         _band.residual_term(peak.bytes),
         _band.context_term(CUDA_CONTEXT_BYTES, assumed=True, profile=ov.profile),
         _band.fragmentation_term(
-            churn=churn, fragmentation=ov.fragmentation, profile=ov.profile, expandable=ov.expandable_segments
+            churn=churn, fragmentation=ov.fraction, profile=ov.profile, expandable=ov.expandable_segments
         ),
     ]
     steady = extra.get("steady_state_bytes")

@@ -15,7 +15,7 @@
    tensor values is a clear :class:`InputError`.
 3. With ``kernels="cuda"`` (default) :mod:`peakmem.simulate.kernels` makes the CPU step allocate
    what CUDA kernels allocate; ``kernels="cpu"`` keeps the CPU's kernels (parity with ``measure``).
-4. The recorded trace is replayed through :mod:`peakmem.simulate.allocator_model` (the CUDA caching
+4. The recorded trace is replayed through :mod:`peakmem.formulas.caching_allocator` (the CUDA caching
    allocator) for ``peak_reserved_bytes``; the CUDA context and cuBLAS workspace from
    :mod:`peakmem.formulas.overhead` give ``device_total_bytes``.
 """
@@ -33,6 +33,7 @@ import torch
 
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
+from peakmem.formulas.caching_allocator import AllocatorStats, replay
 from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import ATTN_IMPL, _per_param_rows, _unique_numel, config_and_class
@@ -40,7 +41,6 @@ from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snap
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.simulate import attribution
 from peakmem.simulate import kernels as kern
-from peakmem.simulate.allocator_model import AllocatorStats, replay
 from peakmem.simulate.fakeify import QuantInfo, fakeify_module, prepare_adapters
 from peakmem.training import (
     AttentionKernel,
@@ -530,7 +530,7 @@ def _rounding_item(nbytes: int) -> tuple[MemoryItem, ...]:
         return ()
     return (MemoryItem(path="caching-allocator block rounding (512 B blocks, unsplit remainders)",
                        category=Category.TEMPORARIES, bytes=nbytes,
-                       source="peakmem.simulate.allocator_model (CUDACachingAllocator.cpp)"),)  # fmt: skip
+                       source="peakmem.formulas.caching_allocator (CUDACachingAllocator.cpp)"),)  # fmt: skip
 
 
 def _top(snap: Snapshot) -> list[dict[str, Any]]:

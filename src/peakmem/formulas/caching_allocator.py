@@ -1,13 +1,15 @@
-# mypy: disable-error-code="no-untyped-call,no-any-return,unused-ignore"
-"""A model of PyTorch's CUDA caching allocator, replayed over a recorded allocation trace.
+"""A model of PyTorch's CUDA caching allocator, replayed over an allocation sequence.
 
-It turns the simulator's exact request trace (every storage allocated and freed, in order) into
-what ``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would show,
-by doing what ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.13, ``DeviceCachingAllocator``)
-does with the default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandable segments, no
+It turns a sequence of requests (every storage allocated and freed, in order: simulate's recorded
+trace, or the analytic estimate's own step in :mod:`.step_sequence`) into what
+``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would show, by doing
+what ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.13, ``DeviceCachingAllocator``) does with the
+default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandable segments, no
 ``max_split_size_mb``, no ``roundup_power2_divisions``, one stream):
 
-* ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B), at least 512;
+* ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B)
+  (:func:`.allocator.round_request`; a zero-byte request never reaches it: ``allocate(0)`` returns
+  nullptr, so :func:`replay` gives it no block);
 * ``get_pool``: rounded sizes up to ``kSmallSize`` (1 MiB) use the small pool, others the large pool;
 * ``get_free_block``: the smallest cached free block of the pool that is at least the size (the
   pool's ``std::set`` is ordered by (size, address); ``lower_bound`` finds it);
@@ -25,7 +27,8 @@ does with the default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandab
 Addresses of new segments increase monotonically (what the driver returns is not modelled); this
 only matters for ties between free blocks of equal size.
 
-The constants come from :mod:`peakmem.formulas.allocator`, which cites the same source.
+The constants come from :mod:`peakmem.formulas.allocator`, which cites the same source. Standard
+library only (the core's reserved estimate replays through it; simulate imports it from here).
 """
 
 from __future__ import annotations
@@ -34,20 +37,12 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from peakmem.formulas.allocator import (
-    K_MIN_BLOCK_SIZE,
-    K_SMALL_SIZE,
-    round_request,
-    segment_size,
-)
+from .allocator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_request, segment_size
+
+_ADDR_BITS = 48  # a free block's sort key is size << 48 | addr: one int, ordered as (size, addr)
 
 
-def round_size(nbytes: int) -> int:
-    """``round_size``: a multiple of 512 B, at least 512 B (a zero-byte tensor takes no block)."""
-    return max(K_MIN_BLOCK_SIZE, round_request(nbytes))
-
-
-@dataclass
+@dataclass(slots=True)
 class _Block:
     segment: int
     small: bool  # which pool the block's segment belongs to
@@ -57,32 +52,31 @@ class _Block:
     prev: _Block | None = None
     next: _Block | None = None
 
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.addr)
 
-
-@dataclass
+@dataclass(slots=True)
 class _Pool:
     small: bool
-    free: list[tuple[int, int]] = field(default_factory=list)  # sorted (size, addr)
-    by_key: dict[tuple[int, int], _Block] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)  # sorted keys (size << _ADDR_BITS | addr)
+    by_key: dict[int, _Block] = field(default_factory=dict)
 
     def insert(self, block: _Block) -> None:
-        k = block.key()
+        k = block.size << _ADDR_BITS | block.addr
         bisect.insort(self.free, k)
         self.by_key[k] = block
 
     def remove(self, block: _Block) -> None:
-        k = block.key()
-        i = bisect.bisect_left(self.free, k)
-        del self.free[i]
+        k = block.size << _ADDR_BITS | block.addr
+        del self.free[bisect.bisect_left(self.free, k)]
         del self.by_key[k]
 
-    def best_fit(self, size: int) -> _Block | None:
-        i = bisect.bisect_left(self.free, (size, -1))
-        if i == len(self.free):
+    def take_best_fit(self, size: int) -> _Block | None:
+        """Remove and return the smallest free block of at least ``size`` (the lowest address among
+        equal sizes), or None."""
+        free = self.free
+        i = bisect.bisect_left(free, size << _ADDR_BITS)
+        if i == len(free):
             return None
-        return self.by_key[self.free[i]]
+        return self.by_key.pop(free.pop(i))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,12 +111,10 @@ class CachingAllocatorModel:
     def malloc(self, key: int, nbytes: int) -> None:
         if key in self.live:
             self.free(key)
-        size = round_size(nbytes)
+        size = max(K_MIN_BLOCK_SIZE, round_request(nbytes))
         pool = self.small if size <= K_SMALL_SIZE else self.large
-        block = pool.best_fit(size)
-        if block is not None:
-            pool.remove(block)
-        else:
+        block = pool.take_best_fit(size)
+        if block is None:
             seg = segment_size(size)
             block = _Block(segment=self.segments, small=pool.small, addr=self._next_addr, size=seg)
             self._next_addr += seg

@@ -1,0 +1,228 @@
+"""The analytic estimate's own training steps as a sequence of allocations and frees, replayed through
+the caching-allocator model (:mod:`.caching_allocator`) to give ``max_memory_reserved``.
+
+Reserved memory depends on the order and the sizes of the requests, not only on their sum: blocks
+that forward's activations cut from 20 MiB segments cannot hold the optimizer step's larger
+temporaries, and optimizer states created lazily in step 1 land in blocks that step 2's logits then
+miss. A closed form over totals cannot see either, so the estimate describes its step tensor by
+tensor (:class:`StepTensors`: the sizes the timeline already has, per tensor) and this module walks
+two steps of it - step 1 creates the optimizer states inside ``optimizer.step()`` (torch/optim/adam.py
+``_init_group``), step 2 is the steady state - through :class:`.caching_allocator.CachingAllocatorModel`.
+Segments are never released (``empty_cache`` is not called), so the reserved peak is what is reserved
+after step 2. The order within a step follows the timeline of :mod:`.timeline`:
+
+* load: weights (module order), buffers, then the fp32 master copies (the optimizer wrapper's);
+* forward: the embedding's saved tensors, each layer's momentary extra (freed) and saved tensors, the
+  head's saved tensors, then the logits and their fp32 copy, the loss's saved output made from them,
+  and the two freed. A layer's interior allocates more than it saves (an RMSNorm's fp32 ``pow``, a
+  residual sum, a cast whose source dies: simulate's recorded traces hold about three times as many
+  4-16 MiB requests as the saved tensors); the sequence has only what the estimate lists. Making each
+  saved tensor from a same-size temporary was tried: 64 instead of 61 of the 65 catalog defaults
+  within 3 % of simulate, but GPT-2 XL eager (the seed's setup) went from -0.8 % to +5.8 %: not kept;
+* backward: the loss's gradients, each replacing the one before; the head's gradients (a tied
+  embedding's held to the end); per layer from the top its temporaries, its weight gradients (kept
+  as ``.grad``), then its temporaries and saved tensors freed; the embedding's gradients at the end;
+* optimizer: under mixed precision each 16-bit gradient replaced by its fp32 copy on the master
+  weight, one tensor at a time; in step 1 every state created (per parameter, its states in turn);
+  the step's temporaries (foreach: one per parameter, all alive together) then freed;
+* ``zero_grad(set_to_none=True)`` frees the gradients. With resident gradients (accumulation, or
+  ``set_to_none=False``) the first backward creates them and later ones add into them through a
+  temporary per tensor.
+
+Pure Python, standard library only; O(events x log(free blocks)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .allocator import K_SMALL_BUFFER, K_SMALL_SIZE, round_request
+from .caching_allocator import CachingAllocatorModel
+
+
+@dataclass(kw_only=True, slots=True)
+class LayerTensors:
+    """One group of ``count`` identical layers, per layer (built per estimate: slotted, not frozen)."""
+
+    count: int
+    saved: tuple[int, ...]  # activations saved in forward, in order (freed in its backward)
+    forward_extra: tuple[int, ...] = ()  # momentary tensors in its forward, freed before its saved ones
+    backward_extra: tuple[int, ...] = ()  # gradient temporaries (and recomputed tensors) of its backward
+    grads: tuple[int, ...] = ()  # its weight gradients (one per parameter tensor)
+
+
+@dataclass(kw_only=True, slots=True)
+class StepTensors:
+    """A training step, tensor by tensor (sizes in bytes; built per estimate)."""
+
+    weights: tuple[int, ...]  # parameters and buffers, in load order
+    masters: tuple[int, ...] = ()  # fp32 master copies (mixed precision), per trainable tensor
+    states: tuple[int, ...] = ()  # optimizer states, per parameter and state, in creation order
+    embed_saved: tuple[int, ...] = ()
+    layers: tuple[LayerTensors, ...] = ()  # groups in forward order
+    head_saved: tuple[int, ...] = ()
+    loss_extra: tuple[int, ...] = ()  # alive at the loss in forward (logits, their fp32 copy); then freed
+    loss_saved: tuple[int, ...] = ()  # saved by the loss, made from ``loss_extra`` (log_softmax output)
+    forward_held: tuple[int, ...] = ()  # alive from the start of forward until the loss (autocast cache)
+    # the loss's gradients at the start of backward, a chain: each node's output replaces its input
+    # (nll_loss -> log_softmax -> the fp32 upcast's backward), the last one read by the head's backward
+    loss_grads: tuple[int, ...] = ()
+    head_grads: tuple[int, ...] = ()  # weight gradients written at the start of backward (head, final norm)
+    end_grads: tuple[int, ...] = ()  # weight gradients written at the end (embeddings)
+    # a tied embedding: the LM head's gradient, held from the head's backward to the embedding's, where
+    # the embedding's own contribution arrives and their sum becomes .grad (input_buffer.cpp accumulate)
+    tied_hold: int = 0
+    master_grads: tuple[int, ...] = ()  # fp32 copies that replace ``grads`` at the step (mixed precision)
+    step_temporaries: tuple[int, ...] = ()  # the optimizer step's temporaries, all alive together
+    micro_batches: int = 1
+    grads_resident: bool = False  # gradients outlive zero_grad (set_to_none=False or accumulation)
+
+
+@dataclass(kw_only=True, slots=True)
+class Replayed:
+    reserved: int  # max_memory_reserved over the two steps
+    allocated: int  # max_memory_allocated over the two steps (blocks, rounded)
+    segments: int  # cudaMalloc calls of the large pool
+
+
+class _Run:
+    """The allocator model with fresh keys per tensor.
+
+    Requests of the small pool (up to kSmallSize, 1 MiB: biases, norm weights, statistics) are counted,
+    not placed: they share 2 MiB segments of their own that no large request uses, so their segments
+    are their live peak rounded up to kSmallBuffer (their holes are at most a few blocks of 2 MiB).
+    Half of GPT-2's tensors are biases: this halves the replay's work there."""
+
+    __slots__ = ("model", "next_key", "peak_allocated", "small", "small_live", "small_peak")
+
+    def __init__(self) -> None:
+        self.model = CachingAllocatorModel()
+        self.next_key = 0
+        self.peak_allocated = 0
+        self.small: dict[int, int] = {}  # key -> rounded bytes of a live small-pool request
+        self.small_live = 0
+        self.small_peak = 0
+
+    def alloc(self, sizes: tuple[int, ...]) -> list[int]:
+        keys = []
+        model, key = self.model, self.next_key
+        for nbytes in sizes:
+            if nbytes <= 0:  # allocate(0) returns nullptr: no block
+                continue
+            key += 1
+            if nbytes <= K_SMALL_SIZE:
+                size = round_request(nbytes)
+                self.small[key] = size
+                self.small_live += size
+                if self.small_live > self.small_peak:
+                    self.small_peak = self.small_live
+            else:
+                model.malloc(key, nbytes)
+            keys.append(key)
+        self.next_key = key
+        live = model.allocated + self.small_live
+        if live > self.peak_allocated:
+            self.peak_allocated = live
+        return keys
+
+    def free(self, keys: list[int]) -> None:
+        small = self.small
+        for k in keys:
+            size = small.pop(k, None)
+            if size is None:
+                self.model.free(k)
+            else:
+                self.small_live -= size
+
+    @property
+    def reserved(self) -> int:
+        return self.model.reserved + -(-self.small_peak // K_SMALL_BUFFER) * K_SMALL_BUFFER
+
+
+def replay_steps(step: StepTensors, steps: int = 2) -> Replayed:
+    """Reserved and allocated peaks of ``steps`` training steps of ``step`` (see the module doc)."""
+    run = _Run()
+    run.alloc(step.weights)
+    run.alloc(step.masters)
+    grads: list[int] = []  # the live .grad tensors, in the order backward wrote them
+    for n in range(steps):
+        # the first micro-batch creates the gradients, every later one runs with them alive and adds
+        # into them: the second stands for the rest (same requests, same free blocks)
+        for _ in range(min(step.micro_batches, 2)):
+            saved = _forward(run, step)
+            grads += _backward(run, step, saved, accumulate=bool(grads))
+        grads = _optimizer(run, step, grads, first=n == 0)
+        if not step.grads_resident:  # zero_grad(set_to_none=True)
+            run.free(grads)
+            grads = []
+    return Replayed(reserved=run.reserved, allocated=run.peak_allocated, segments=run.model.segments)
+
+
+def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
+    """The forward pass; returns the saved tensors' keys per layer (embedding first, head last)."""
+    held = run.alloc(step.forward_held)
+    saved = [run.alloc(step.embed_saved)]
+    for g in step.layers:
+        for _ in range(g.count):
+            run.free(run.alloc(g.forward_extra))
+            saved.append(run.alloc(g.saved))
+    saved.append(run.alloc(step.head_saved))
+    extra = run.alloc(step.loss_extra)
+    saved.append(run.alloc(step.loss_saved))
+    run.free(extra)
+    run.free(held)
+    return saved
+
+
+def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulate: bool) -> list[int]:
+    """The backward pass; returns the gradients it created (none when they accumulate into .grad)."""
+    loss_saved, head_saved = saved.pop(), saved.pop()
+    loss: list[int] = []
+    for i, nbytes in enumerate(step.loss_grads):
+        new = run.alloc((nbytes,))
+        run.free(loss)
+        loss = new
+        if i == 1:  # log_softmax's backward ran: its saved output goes
+            run.free(loss_saved)
+    run.free(loss_saved)
+    created = _grads(run, step.head_grads, accumulate)
+    held = run.alloc((step.tied_hold,))
+    run.free(loss)
+    run.free(head_saved)
+    for g in reversed(step.layers):
+        for _ in range(g.count):
+            tmp = run.alloc(g.backward_extra)
+            created += _grads(run, g.grads, accumulate)
+            run.free(tmp)
+            run.free(saved.pop())
+    contribution = run.alloc((step.tied_hold,))
+    created += _grads(run, step.end_grads, accumulate)
+    run.free(contribution)
+    run.free(held)
+    run.free(saved.pop())
+    return created
+
+
+def _grads(run: _Run, sizes: tuple[int, ...], accumulate: bool) -> list[int]:
+    keys = run.alloc(sizes)
+    if accumulate:  # written as a temporary, added into the existing .grad, freed
+        run.free(keys)
+        return []
+    return keys
+
+
+def _optimizer(run: _Run, step: StepTensors, grads: list[int], *, first: bool) -> list[int]:
+    """The optimizer step; returns the gradients alive after it (zero_grad's to free)."""
+    if step.master_grads and (first or not step.grads_resident):
+        # master.grad = p.grad.float(); p.grad = None, tensor by tensor in parameter order (backward
+        # wrote them top-down). Resident gradients keep both, the fp32 ones created once.
+        fp32: list[int] = []
+        for k, nbytes in zip(reversed(grads), reversed(step.master_grads), strict=False):
+            fp32 += run.alloc((nbytes,))
+            if not step.grads_resident:
+                run.free([k])
+        grads = fp32 if not step.grads_resident else grads + fp32
+    if first:
+        run.alloc(step.states)
+    run.free(run.alloc(step.step_temporaries))
+    return grads
