@@ -20,7 +20,10 @@ from _web_server import running_server
 
 REQUESTS = 500
 CLIENTS = 16
-TIME_LIMIT_S = 90.0  # typically a few seconds; bounded so a hang fails instead of stalling CI
+# A hang guard, not a speed target (speed lives in benchmarks/): with the reserved replay
+# (formulas/step_sequence.py) each fit replays ~50 candidate steps, and the 500 requests took 100 s
+# alone on this 2-core machine, more beside another pytest worker
+TIME_LIMIT_S = 400.0
 TEN_MB = 10 * 1000 * 1000
 
 
