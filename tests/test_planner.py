@@ -416,3 +416,20 @@ def test_fit_suggests_liger_where_liger_patches_the_model() -> None:
     assert kernels.status == "searched" and kernels.options == ("Liger kernels", "torch.compile")
     labels = {c.label for g in report.gpus for c in g.singles}
     assert "Liger kernels" in labels
+
+
+def test_the_closed_form_floor_never_exceeds_the_replayed_answer() -> None:
+    """The planner rules jobs out by the closed-form reserved (planner/search.py floor_needed) before
+    replaying their step: sound only while that floor is at most the answer (estimate.py takes the
+    larger of the closed form and the replay)."""
+    from peakmem.planner.search import _Estimator
+
+    for name in ("gpt2-xl", "qwen3-0.6b", "gemma-3-1b"):
+        est = _Estimator(resolve_model(name), None)
+        assert est.floor is not None
+        for batch, ckpt in ((1, Checkpointing.NONE), (4, Checkpointing.FULL)):
+            setup = TrainingSetup(micro_batch=batch, seq_len=512, checkpointing=ckpt)
+            floor = est.floor_needed(setup)
+            result = est(setup)
+            assert floor is not None and result is not None and floor <= result.needed, (name, batch)
+    assert _Estimator(resolve_model("gpt2-xl"), None, margin=True).floor is None  # the band's high end

@@ -236,8 +236,7 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
     est = search.est
 
     def fits(setup: TrainingSetup, par: Any = None) -> bool:
-        r = est(setup, par)
-        return r is not None and r.needed <= cap
+        return est.fits(setup, par, cap)
 
     # largest micro-batch: double, then bisect
     mb = 0
@@ -326,10 +325,9 @@ def fit(
         cands: list[Candidate] = []
         if not settled:
             for cfg in discrete[1:]:
-                n = search.needed(cfg)
-                if n is None:
+                if search.est.floor_needed(cfg.setup, cfg.par) is None:
                     continue
-                if n <= cap:
+                if search.est.fits(cfg.setup, cfg.par, cap):
                     cand = search.candidate(cfg, gpu, rates, base_step)
                     if cand is not None:
                         cands.append(cand)

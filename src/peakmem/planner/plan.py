@@ -293,8 +293,7 @@ def _time_engine(engine: str, dp: int) -> str:
 
 def _plan_fits(est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Any, cap: int) -> bool:
     s = replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt)
-    r = est(s, par)
-    return r is not None and r.needed <= cap
+    return est.fits(s, par, cap)
 
 
 def _plan_layout(

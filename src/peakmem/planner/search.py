@@ -118,6 +118,15 @@ class _Estimator:
         self.calls = 0
         self.ranks = _ranks_module()
         self.engine = TrainingEstimator(spec, overheads)  # its memo serves every setup and layout asked
+        # the same estimates with the closed-form reserved: a floor of the replayed one (estimate.py takes
+        # the larger), so a job whose floor exceeds the GPU is out without replaying its step
+        ov = overheads or Overheads()
+        self.floor = (
+            TrainingEstimator(spec, replace(ov, fragmentation=ov.fraction))
+            if ov.replay_reserved and not margin
+            else None
+        )
+        self.floor_memo: dict[tuple[TrainingSetup, Any], int | None] = {}
 
     def __call__(self, setup: TrainingSetup, par: Any = None) -> _Result | None:
         key = (setup, par)
@@ -144,6 +153,28 @@ class _Estimator:
             result = None
         self.memo[key] = result
         return result
+
+    def floor_needed(self, setup: TrainingSetup, par: Any = None) -> int | None:
+        """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
+        reserved's device total on one GPU, before any replay; the answer itself otherwise."""
+        key = (setup, par)
+        if self.floor is None or par is not None or key in self.memo:
+            r = self(setup, par)
+            return None if r is None else r.needed
+        if key not in self.floor_memo:
+            try:
+                self.floor_memo[key] = self.floor.estimate(setup).device_total_bytes
+            except (InputError, NotImplementedError):
+                self.floor_memo[key] = None
+        return self.floor_memo[key]
+
+    def fits(self, setup: TrainingSetup, par: Any, capacity: int) -> bool:
+        """Whether (setup, par) needs at most ``capacity``; a floor above it rules it out unreplayed."""
+        floor = self.floor_needed(setup, par)
+        if floor is None or floor > capacity:
+            return False
+        r = self(setup, par)
+        return r is not None and r.needed <= capacity
 
     def _need(self, est: Estimate) -> int:
         """The device total a GPU must hold: the likely value, or the band's high end under ``margin``."""
@@ -232,10 +263,6 @@ class _Search:
         return st.step_time(self.sf, self.setup, rates, st.Layout(),
                             trainable_params=self.base.estimate.trainable_params,
                             params=self.spec.params)  # fmt: skip
-
-    def needed(self, cfg: _Config) -> int | None:
-        res = self.est(cfg.setup, cfg.par)
-        return None if res is None else res.needed
 
     def candidate(self, cfg: _Config, gpu: Gpu, rates: st.Rates, base_step: st.StepTime) -> Candidate | None:
         res = self.est(cfg.setup, cfg.par)
@@ -327,8 +354,7 @@ class _Search:
         return None if k is None else make(k)
 
     def _fits(self, cfg: _Config, capacity: int) -> bool:
-        n = self.needed(cfg)
-        return n is not None and n <= capacity
+        return self.est.fits(cfg.setup, cfg.par, capacity)
 
 
 def _first_fit(n: int, ok: Callable[[int], bool]) -> int | None:
