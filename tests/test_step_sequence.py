@@ -4,6 +4,7 @@ hand-derived tiny step, and the named catalog models against simulate's replay."
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,9 @@ QWEN3_GAP = pytest.mark.xfail(
     reason=(
         "qwen3-0.6b: replayed 16.30 GiB vs simulate 15.75 GiB (-3.4 %), one 594 MiB segment: step 1's "
         "fp32 master gradients (4-12 MiB) split a freed logits-sized block that simulate's trace keeps whole "
-        "(its 55 free 16 MiB segments from q/k-norm transients take them), so step 2's logits miss it"
+        "(its 55 free 16 MiB segments from q/k-norm transients take them), so step 2's logits miss it. "
+        "A sweep (reserved_sweep.json) puts 2048 on simulate's own step: gaps at seq 1536-3072 are "
+        "+0.8, +0.5, -3.4, -0.3, +1.2, -0.9 %"
     ),
 )
 
@@ -68,6 +71,31 @@ def test_replayed_reserved_within_3_percent_of_simulate(name: str) -> None:
     row = ROWS[name]
     est = estimate_training(resolve_model(name), TrainingSetup(seq_len=row["seq"]))
     assert abs(row["simulated_reserved"] / est.peak_reserved_bytes - 1) <= 0.03, est.peak_reserved_bytes
+
+
+# benchmarks/reserved_sweep.json (benchmarks/reserved_sweep.py): simulate's reserved for the four named
+# models over a sweep of sequence lengths. The reserved peak is a step function of the request sizes
+# (a freed block fits the next large request or a segment is cut), and simulate's own curve jumps where
+# the analytic one is smooth: qwen3-0.6b +0.35 GiB from seq 1792 to 2048, then +1.46 GiB to 2304
+# (analytic: +0.97, +0.96). Per model the typical gap is inside 3 % and every point inside the band.
+SWEEP = json.loads((Path(__file__).parents[1] / "benchmarks" / "reserved_sweep.json").read_text())
+
+
+@pytest.mark.parametrize("row", SWEEP, ids=[f"{r['model']}-{r['seq']}" for r in SWEEP])
+def test_simulated_reserved_inside_the_band_over_a_sweep(row: dict[str, int]) -> None:
+    est = estimate_training(resolve_model(str(row["model"])), TrainingSetup(seq_len=row["seq"]))
+    assert est.band is not None
+    band = est.band.reserved
+    assert band.low <= row["simulated_reserved"] <= band.high, (band, row["simulated_reserved"])
+
+
+@pytest.mark.parametrize("name", sorted({str(r["model"]) for r in SWEEP}))
+def test_median_reserved_gap_over_the_sweep_within_3_percent(name: str) -> None:
+    gaps = []
+    for row in (r for r in SWEEP if r["model"] == name):
+        est = estimate_training(resolve_model(name), TrainingSetup(seq_len=row["seq"]))
+        gaps.append(abs(row["simulated_reserved"] / est.peak_reserved_bytes - 1))
+    assert len(gaps) >= 3 and statistics.median(gaps) <= 0.03, gaps
 
 
 def test_a_given_fraction_and_the_unreplayable_keep_the_closed_form() -> None:
