@@ -161,25 +161,10 @@ def test_peak_agrees_within_two_percent(specs, family: str, setup: str) -> None:
     assert abs(d - f) <= TOLERANCE * f, f"derived {d:,} vs formulas {f:,}: {(d - f) / f:+.2%}"
 
 
-# Families whose per-component split differs (same total): the derived path files attention-internal
-# norms (q_norm/k_norm, MLA's q_a/kv_a layernorms) under "attention" where the formulas say "norms",
-# an attention output projection named "dense" (gpt_neox, bloom, falcon, bert) under "mlp", OPT's
-# fc1/fc2 (no mlp submodule) and BERT's pooler/classifier under "other" (simulate/derive.py
-# _block_component). A fix changes the shipped derived specs too (benchmarks/derive_catalog.py).
-COMPONENTS_DIFFER = {"bert", "bloom", "deepseek_v2", "deepseek_v3", "falcon", "gemma3_text", "gpt_neox",
-                     "olmo2", "opt", "qwen3", "qwen3_moe"}  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(f, marks=[pytest.mark.xfail(reason="component labels differ", strict=True)])
-        if f in COMPONENTS_DIFFER
-        else f
-        for f in SUPPORTED_MODEL_TYPES
-        if f not in EXCLUDED
-    ],
-)
+# The per-component split too: the derived path labels a block's parameters as hf.py does (a norm is
+# "norms" wherever it sits, the outermost module name decides attention vs MLP: simulate/derive.py
+# _block_component; a sequence classifier's head and pooler by name). Before, 11 families differed.
+@pytest.mark.parametrize("family", [f for f in SUPPORTED_MODEL_TYPES if f not in EXCLUDED])
 def test_same_parameters_per_component(specs, family: str) -> None:  # type: ignore[no-untyped-def]
     formulas, derived_spec = specs(family)
     assert derived_spec.params_by_component() == formulas.params_by_component()

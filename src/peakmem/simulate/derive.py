@@ -36,6 +36,7 @@ import torch
 
 from peakmem import derived
 from peakmem.errors import InputError
+from peakmem.formulas.lora import SEQ_CLS_HEAD_NAMES
 from peakmem.model import (
     Attention,
     Component,
@@ -53,7 +54,8 @@ _DROP = ("model_type", "transformers_version", "_name_or_path", "auto_map", "arc
 # module-path segments that name a block's parts (transformers' module names across families)
 _ATTN_SEGS = {"self_attn", "attn", "attention", "self_attention", "mixer", "linear_attn", "mamba",
               "ssm", "temporal_block", "linear_attention", "token_mixer", "mamba_mixer", "conv"}  # fmt: skip
-_MLP_SEGS = {"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "dense", "channel_mixer"}
+_MLP_SEGS = {"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "dense", "channel_mixer",
+             "intermediate", "fc1", "fc2"}  # fmt: skip
 _LAYER_TYPES = {
     "full_attention": "attention", "attention": "attention", "global": "attention",
     "sliding_attention": "sliding_attention", "sliding": "sliding_attention", "local": "sliding_attention",
@@ -227,6 +229,11 @@ def _kind(module: torch.nn.Module, pname: str, shape: tuple[int, ...], in_expert
 
 
 def _block_component(segs: list[str], module: torch.nn.Module, moe: bool) -> Component:
+    """The component of a block's parameter from its module path (``segs``, outermost first), labelled
+    as :mod:`peakmem.hf` labels the families it knows: a norm is "norms" wherever it sits (Qwen3 /
+    OLMo-2 q_norm and k_norm, MLA's q_a / kv_a layernorms, BERT's attention.output.LayerNorm), and
+    otherwise the outermost named part decides (gpt_neox's attention.dense is attention's output
+    projection, not an MLP's dense)."""
     lower = [s.lower() for s in segs]
     if any(s == "experts" for s in lower):
         return "experts"
@@ -234,12 +241,13 @@ def _block_component(segs: list[str], module: torch.nn.Module, moe: bool) -> Com
         return "shared_experts"
     if moe and any(s in ("router", "gate") for s in lower[-2:]) and not isinstance(module, torch.nn.Linear):
         return "router"
-    if any(s in _MLP_SEGS or s.startswith("mlp") for s in lower):
-        return "mlp"
-    if any(s in _ATTN_SEGS for s in lower):
-        return "attention"
     if "norm" in type(module).__name__.lower() or "norm" in lower[-1]:
         return "norms"
+    for s in lower:
+        if s in _ATTN_SEGS:
+            return "attention"
+        if s in _MLP_SEGS or s.startswith("mlp"):
+            return "mlp"
     return "other"
 
 
@@ -374,6 +382,10 @@ def spec_from_model(
                 comp = "positions" if re.search(r"pos|wpe", leaf) else "embeddings"
             elif kind == "norm" and not any(s in mod_path for s in ("vision", "visual", "audio")):
                 comp = "norms"
+            elif mod_path.split(".")[0] in SEQ_CLS_HEAD_NAMES:  # a sequence classifier's head
+                comp = "classifier"
+            elif "pooler" in mod_path.split("."):
+                comp = "pooler"
             else:
                 comp = "other"
             outer.append(Tensor(name=pname, module=leaf, shape=shape, component=comp, kind=kind))
