@@ -38,8 +38,9 @@ from peakmem.errors import ConfigError
 
 FORMAT = 3  # the JSON layout written below; bumped when it changes
 # the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
-# (specs cached before it lack the state of SSM / linear-attention blocks: derived again)
-SPEC_VERSION = 2
+# (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
+# labelled as hf.py labels them (simulate/derive.py _block_component: q/k norms are norms)
+SPEC_VERSION = 3
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
