@@ -210,6 +210,19 @@ def test_capacity_inside_band_is_tight_cli_equals_api() -> None:
     assert above["verdict"] == "fits" and code == 0
 
 
+def test_fit_text_says_tight_for_a_capacity_inside_the_band() -> None:
+    """The per-GPU line of `fit` names the same state as its verdict table (it said "fits" for tight)."""
+    e = estimate_training(resolve_model("gpt2-xl"), TrainingSetup(seq_len=1024))
+    assert e.band is not None
+    r = e.band.device_total
+    proc = subprocess.run([sys.executable, "-m", "peakmem", "fit", "gpt2-xl", "--seq", "1024", "--gpu",
+                           f"{(r.likely + r.high) // 2}B"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert ": tight, headroom +" in text and "--margin ranks changes" in text
+    assert ": fits, headroom" not in text
+
+
 def test_fit_json_has_verdict_and_band() -> None:
     res = api.run("fit", "gpt2-xl", {"gpu": "a100-40gb"})
     assert res.data["verdict"] in ("fits", "tight", "does not fit")

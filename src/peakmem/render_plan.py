@@ -87,10 +87,15 @@ def _candidate_table(title: str, cands: tuple[Candidate, ...], base_need: int) -
 def _print_gpu(console: Any, g: GpuFit, base_need: int) -> None:
     v = g.verdict
     lim = g.limits
+    tight = (
+        " (the likely value fits, the high end of its range does not:"
+        " --margin ranks changes that fit with margin)"
+        if v.state == "tight"
+        else ""
+    )
     console.print(
-        f"\n[bold]{g.gpu.display_name}[/bold] ({fmt_gb(v.capacity_bytes)}): "
-        + ("[green]fits[/green]" if v.fits else "[red]does not fit[/red]")
-        + f", headroom {_signed(v.headroom_bytes)}"
+        f"\n[bold]{g.gpu.display_name}[/bold] ({fmt_gb(v.capacity_bytes)}): {_state(v)}"
+        + f", headroom {_signed(v.headroom_bytes)}{tight}"
     )
     if not v.fits:
         if g.candidates:
