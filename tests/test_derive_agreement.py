@@ -48,17 +48,19 @@ EXCLUDED = {
 # Most are the formulas' (attention-heavy tiny shapes: bloom/falcon/olmo*/deepseek's attention
 # temporaries, LoRA on gemma*/qwen3/gpt_neox, full checkpointing's recomputation peak); the derived
 # side's are full checkpointing of gemma/phi3/qwen3 (its recompute peak, low) and mixtral (high).
-# Falcon (found): its multi-query attention calls SDPA with 1 k/v head against 4 q heads and no
-# enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (scores and softmax saved:
-# simulate/kernels.py cuda_sdpa_backend); the formulas assume the flash kernel (formulas/activations.py
-# kernel_choice), hence their -19% at seq 128.
+# Falcon (fixed in the formulas): its multi-query attention calls SDPA with 1 k/v head against 4 q heads
+# and no enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (formulas/activations.py
+# cuda_sdpa_backend, the rule simulate/kernels.py applies too).
 DISAGREE: dict[tuple[str, str], str] = {
     ("gpt_neox", "lora"): "formulas high (-4.72%; vs simulate: formulas 1.061, derived 1.011)",
     ("bloom", "full"): "formulas low (+5.13%; vs simulate: formulas 0.952, derived 1.001)",
     ("bloom", "full+ckpt"): "formulas low (+10.25%; vs simulate: formulas 0.907, derived 1.000)",
-    ("falcon", "full"): "formulas low (+23.72%; vs simulate: formulas 0.806, derived 0.997)",
-    ("falcon", "full+ckpt"): "both, formulas more low (+4.46%; vs simulate: formulas 0.930, derived 0.971)",
-    ("falcon", "lora"): "formulas low (+13.93%; vs simulate: formulas 0.883, derived 1.007)",
+    # after the math-kernel fix (formulas and simulate's math kernel now upcast as attention.cpp does):
+    # the derived side is low; likely its fit over batch-1 and batch-2 shapes (derive.py SHAPES), while
+    # the math kernel's broadcast k/v are one-head views at micro-batch 1 and copies above (not checked)
+    ("falcon", "full"): "derived low (-4.87%; vs simulate: formulas 1.005, derived 0.956)",
+    ("falcon", "full+ckpt"): "derived low (-7.19%; vs simulate: formulas 1.003, derived 0.931)",
+    ("falcon", "lora"): "formulas high (-8.68%; vs simulate: formulas 1.080, derived 0.986)",
     ("mixtral", "full"): "derived high (+2.87%; vs simulate: formulas 0.991, derived 1.019)",
     ("mixtral", "lora"): "both, formulas more low (+11.76%; vs simulate: formulas 0.924, derived 1.032)",
     ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",

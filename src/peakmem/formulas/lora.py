@@ -617,11 +617,12 @@ def adapt_layer(
     down_dropped = 0
     for item in la.saved:
         nbytes = item.bytes
-        # Falcon-7B's one shared norm output (key "input.attn_mlp") is kept whole, as before keys existed
-        # (the old branch matched a path prefix, "attn+mlp inputs", that no item had). Not yet modelled:
-        # one storage read by both halves is freed only when neither the attention nor the MLP readers
-        # keep it (``_kept``), so LoRA would drop all of it or none.
-        if item.key == "norms" and spec.norm == "rmsnorm":
+        # Falcon-7B's one shared norm output (key "input.attn_mlp"): one storage read by both halves,
+        # kept while either the attention or the MLP readers keep it (``_kept``), else all of it goes
+        if item.key == "input.attn_mlp":
+            kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
+            nbytes = nbytes if kept else 0
+        elif item.key == "norms" and spec.norm == "rmsnorm":
             nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
