@@ -373,3 +373,31 @@ def test_falcon_multi_query_sdpa_runs_the_math_kernel_on_cuda() -> None:
     assert act.sdpa_call_backend(llama, setup) == "flash"
     fp32 = TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.FP32)
     assert act.sdpa_call_backend(llama, fp32) == "math"  # fp32 GQA: efficient has no grouped heads
+
+
+OLMO2: dict[str, Any] = {
+    "model_type": "olmo2", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 1000, "max_position_embeddings": 256,
+}  # fmt: skip
+
+
+def test_olmo2_norms_save_fp32_normed_and_q_k_norms_each_their_rstd() -> None:
+    """Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
+    multiplies the fp32 normalised x, so each norm saves x.float() and y in fp32 and its rstd; q_norm
+    and k_norm are two norms over the whole q (4 x 16) and k (2 x 16) widths. Mixed-bf16."""
+    spec = spec_from_config(dict(OLMO2))
+    assert spec.rmsnorm_normed_fp32
+    setup = TrainingSetup(micro_batch=B, seq_len=S)
+    la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+    by_key = {i.key: i.bytes for i in la.saved}
+    h = 64
+    assert by_key["norms"] == 2 * (T * h * (4 + 4) + T * 4)  # post-attention and post-feedforward norms
+    assert by_key["attn.qk_norm"] == T * (64 + 32) * (4 + 4) + 2 * T * 4
+    # LoRA: the frozen norm weights keep no normalised y (only x.float() and rstd)
+    from peakmem.formulas.lora import adapt_layer
+
+    lora = TrainingSetup(micro_batch=B, seq_len=S, method="lora")  # type: ignore[arg-type]
+    sh = act.shapes(spec, lora)
+    adapted = adapt_layer(spec, 0, act.layer_activations(spec, spec.first_layer, sh), sh, lora)
+    by_key = {i.key: i.bytes for i in adapted.saved}
+    assert by_key["attn.qk_norm"] == T * (64 + 32) * 4 + 2 * T * 4

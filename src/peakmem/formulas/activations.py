@@ -655,10 +655,13 @@ def layer_activations(
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
         width = (att.num_heads + att.num_kv_heads) * att.head_dim
+        # full width (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads): two norms, each its own
+        # T x fp32 rstd (norm_saved counts one)
+        full_rstd = t * 4 if att.qk_norm == "full" and spec.norm == "rmsnorm" else 0
         items.append(
             _item(
                 "attn.q_norm, k_norm (input + stats)",
-                norm_saved(spec, sh, width),
+                norm_saved(spec, sh, width) + full_rstd,
                 SRC_NORM,
                 "attn.qk_norm",
                 2 * per_norm,
