@@ -328,3 +328,76 @@ def test_every_activation_item_has_a_stable_key(config: dict[str, Any], attentio
     selective = act.checkpointed(la, Checkpointing.SELECTIVE)
     assert not {i.key for i in selective.saved} & act.CORE_KEYS
     assert [i.key for i in act.checkpointed(la, Checkpointing.FULL).saved] == ["checkpoint.layer_input"]
+
+
+def test_cuda_sdpa_backend_rule() -> None:
+    """torch sdp_utils.cpp select_sdp_backend, as the simulator applies it to real calls' tensors."""
+    rule = act.cuda_sdpa_backend
+    base = {"half": True, "q_heads": 8, "kv_heads": 8, "enable_gqa": False, "mask": False,
+            "qk_head_dim": 64, "v_head_dim": 64}  # fmt: skip
+    assert rule(**base) == "flash"
+    assert rule(**{**base, "kv_heads": 2, "enable_gqa": True}) == "flash"  # GQA native in flash
+    assert rule(**{**base, "mask": True}) == "efficient"
+    assert rule(**{**base, "half": False}) == "efficient"
+    assert rule(**{**base, "half": False, "kv_heads": 2, "enable_gqa": True}) == "math"  # no GQA in efficient
+    assert rule(**{**base, "kv_heads": 1}) == "math"  # Falcon-7B: 1 k/v head, no enable_gqa
+    assert rule(**{**base, "qk_head_dim": 512, "v_head_dim": 512}) == "efficient"
+
+
+def test_falcon_multi_query_sdpa_runs_the_math_kernel_on_cuda() -> None:
+    """modeling_falcon.py FalconAttention.forward calls SDPA with 1 k/v head against 4 q heads, no
+    enable_gqa, and the causal mask FalconModel materialises: CUDA runs the math kernel, which keeps
+    16-bit q, k, v in fp32 (attention.cpp ``_scaled_dot_product_attention_math``): it saves q scaled
+    (4 heads), k and v broadcast to 4 heads by matmul (copies at batch 2), the fp32 softmax; the output
+    is cast back to bf16 and copied into dense's input layout."""
+    spec = spec_from_config(dict(FALCON))
+    assert (spec.sdpa_kv, spec.sdpa_mask) == ("broadcast", True)
+    setup = TrainingSetup(micro_batch=B, seq_len=S)  # mixed-bf16, SDPA, CUDA policy
+    kernel, why = act.kernel_choice(spec, setup)
+    assert kernel is AttentionKernel.EAGER and why.startswith(act.MATH) and "without enable_gqa" in why
+    sh = act.shapes(spec, setup)
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    by_key = {i.key: i.bytes for i in la.saved}
+    h, a = 64, 4
+    scores = B * a * S * S
+    assert by_key["attn.qkv"] == 3 * T * h * 4  # fp32 q, k, v at 4 heads
+    assert by_key["attn.softmax"] == scores * 4
+    assert by_key["attn.output"] == T * h * 2
+    assert "attn.logsumexp" not in by_key
+    # backward: _safe_softmax's dS is written while dP is alive, both fp32 scores
+    assert act.attention_terms(spec, spec.first_layer, sh)[3] == 2 * scores * 4
+    # the same call in fp32 or with the new decoder architecture's k/v copies is not the math kernel
+    new_arch = spec_from_config({**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2})
+    assert new_arch.sdpa_kv == "repeated" and act.sdpa_call_backend(new_arch, setup) == "efficient"
+    llama = spec_from_config(dict(LLAMA))  # shared sdpa_attention_forward: enable_gqa, no mask
+    assert act.sdpa_call_backend(llama, setup) == "flash"
+    fp32 = TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.FP32)
+    assert act.sdpa_call_backend(llama, fp32) == "math"  # fp32 GQA: efficient has no grouped heads
+
+
+OLMO2: dict[str, Any] = {
+    "model_type": "olmo2", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 1000, "max_position_embeddings": 256,
+}  # fmt: skip
+
+
+def test_olmo2_norms_save_fp32_normed_and_q_k_norms_each_their_rstd() -> None:
+    """Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
+    multiplies the fp32 normalised x, so each norm saves x.float() and y in fp32 and its rstd; q_norm
+    and k_norm are two norms over the whole q (4 x 16) and k (2 x 16) widths. Mixed-bf16."""
+    spec = spec_from_config(dict(OLMO2))
+    assert spec.rmsnorm_normed_fp32
+    setup = TrainingSetup(micro_batch=B, seq_len=S)
+    la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+    by_key = {i.key: i.bytes for i in la.saved}
+    h = 64
+    assert by_key["norms"] == 2 * (T * h * (4 + 4) + T * 4)  # post-attention and post-feedforward norms
+    assert by_key["attn.qk_norm"] == T * (64 + 32) * (4 + 4) + 2 * T * 4
+    # LoRA: the frozen norm weights keep no normalised y (only x.float() and rstd)
+    from peakmem.formulas.lora import adapt_layer
+
+    lora = TrainingSetup(micro_batch=B, seq_len=S, method="lora")  # type: ignore[arg-type]
+    sh = act.shapes(spec, lora)
+    adapted = adapt_layer(spec, 0, act.layer_activations(spec, spec.first_layer, sh), sh, lora)
+    by_key = {i.key: i.bytes for i in adapted.saved}
+    assert by_key["attn.qk_norm"] == T * (64 + 32) * 4 + 2 * T * 4

@@ -48,27 +48,27 @@ EXCLUDED = {
 # Most are the formulas' (attention-heavy tiny shapes: bloom/falcon/olmo*/deepseek's attention
 # temporaries, LoRA on gemma*/qwen3/gpt_neox, full checkpointing's recomputation peak); the derived
 # side's are full checkpointing of gemma/phi3/qwen3 (its recompute peak, low) and mixtral (high).
-# Falcon (found): its multi-query attention calls SDPA with 1 k/v head against 4 q heads and no
-# enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (scores and softmax saved:
-# simulate/kernels.py cuda_sdpa_backend); the formulas assume the flash kernel (formulas/activations.py
-# kernel_choice), hence their -19% at seq 128.
+# Falcon (fixed in the formulas): its multi-query attention calls SDPA with 1 k/v head against 4 q heads
+# and no enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (formulas/activations.py
+# cuda_sdpa_backend, the rule simulate/kernels.py applies too).
 DISAGREE: dict[tuple[str, str], str] = {
     ("gpt_neox", "lora"): "formulas high (-4.72%; vs simulate: formulas 1.061, derived 1.011)",
     ("bloom", "full"): "formulas low (+5.13%; vs simulate: formulas 0.952, derived 1.001)",
     ("bloom", "full+ckpt"): "formulas low (+10.25%; vs simulate: formulas 0.907, derived 1.000)",
-    ("falcon", "full"): "formulas low (+23.72%; vs simulate: formulas 0.806, derived 0.997)",
-    ("falcon", "full+ckpt"): "both, formulas more low (+4.46%; vs simulate: formulas 0.930, derived 0.971)",
-    ("falcon", "lora"): "formulas low (+13.93%; vs simulate: formulas 0.883, derived 1.007)",
+    # after the math-kernel fix (formulas and simulate's math kernel now upcast as attention.cpp does):
+    # the derived side is low; likely its fit over batch-1 and batch-2 shapes (derive.py SHAPES), while
+    # the math kernel's broadcast k/v are one-head views at micro-batch 1 and copies above (not checked)
+    ("falcon", "full"): "derived low (-4.87%; vs simulate: formulas 1.005, derived 0.956)",
+    ("falcon", "full+ckpt"): "derived low (-7.19%; vs simulate: formulas 1.003, derived 0.931)",
+    ("falcon", "lora"): "formulas high (-8.68%; vs simulate: formulas 1.080, derived 0.986)",
     ("mixtral", "full"): "derived high (+2.87%; vs simulate: formulas 0.991, derived 1.019)",
     ("mixtral", "lora"): "both, formulas more low (+11.76%; vs simulate: formulas 0.924, derived 1.032)",
     ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
-    ("qwen3", "lora"): "formulas high (-4.09%; vs simulate: formulas 1.055, derived 1.011)",
     ("qwen2_moe", "full+ckpt"): "formulas low (+8.97%; vs simulate: formulas 0.927, derived 1.010)",
     (
         "qwen3_moe",
         "full+ckpt",
     ): "both, formulas more low (+2.98%; vs simulate: formulas 0.946, derived 0.974)",
-    ("qwen3_moe", "lora"): "formulas high (-2.71%; vs simulate: formulas 1.024, derived 0.996)",
     ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
     ("gemma", "lora"): "formulas high (-3.32%; vs simulate: formulas 1.050, derived 1.015)",
     ("gemma2", "full+ckpt"): "formulas low (+4.37%; vs simulate: formulas 0.951, derived 0.993)",
@@ -79,8 +79,7 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("phi3", "full+ckpt"): "derived low (-2.71%; vs simulate: formulas 0.981, derived 0.955)",
     ("olmo", "full"): "formulas low (+5.52%; vs simulate: formulas 0.936, derived 0.988)",
     ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
-    ("olmo2", "full"): "formulas low (+8.27%; vs simulate: formulas 0.911, derived 0.986)",
-    ("olmo2", "full+ckpt"): "formulas low (+10.23%; vs simulate: formulas 0.906, derived 0.999)",
+    ("olmo2", "full+ckpt"): "formulas low (+5.47%; vs simulate: formulas 0.947, derived 0.999)",
     ("deepseek_v2", "full"): "formulas low (+3.45%; vs simulate: formulas 0.963, derived 0.996)",
     (
         "deepseek_v2",

@@ -356,3 +356,22 @@ def test_options_simulate_does_not_run_are_refused_by_name() -> None:
     with pytest.raises(InputError, match=r"^loss='chunked', activation_offload=True: simulate does not run"):
         setup(loss=LossImpl.CHUNKED, activation_offload=True).check_oracle_runs("simulate")
     assert main(["simulate", "gpt2", "--compile"]) == 2
+
+
+@pytest.mark.torch
+def test_math_attention_upcasts_16_bit_and_saves_no_mask():
+    """attention.cpp ``_scaled_dot_product_attention_math`` (Falcon-7B's call: 1 k/v head, no enable_gqa,
+    a bool mask): q, k, v kept in fp32, the fp32 softmax saved, the mask added in place (not saved)."""
+
+    def fn():
+        q = torch.empty(2, 4, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+        kv = torch.empty(2, 1, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+        mask = torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+        out = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+        assert out.dtype == torch.bfloat16
+        out.sum().backward()
+
+    saved, log = _saved_under_cuda_policy(fn)
+    assert log.counts == {"sdpa: math": 1}
+    assert ((2, 4, 16, 16), torch.float32) in saved  # softmax
+    assert not any(dt in (torch.bool, torch.bfloat16) for _, dt in saved)

@@ -30,6 +30,7 @@ from peakmem.model import (
     NormKind,
     PositionKind,
     QkNorm,
+    SdpaKv,
     Tensor,
     linear,
     norm,
@@ -685,8 +686,12 @@ def _falcon(r: _Reader, name: str | None) -> ModelSpec:
         dropout=_Dropout(r.get_float("attention_dropout"), r.get_float("hidden_dropout"), 0.0),
         buffers=_rope_buffers("transformer.rotary_emb", head_dim),
     )
-    # FalconAttention eager: ``F.softmax(scores + mask, dim=-1, dtype=hidden_states.dtype)``.
-    return replace(spec, attn_softmax_fp32=False)
+    # FalconAttention eager: ``F.softmax(scores + mask, dim=-1, dtype=hidden_states.dtype)``. Its SDPA call
+    # (``FalconAttention.forward``) gets the mask FalconModel materialises (``create_causal_mask(...,
+    # allow_is_causal_skip=False)``) and k/v as ``_split_heads`` makes them: copied to every head (new
+    # decoder architecture), one head without ``enable_gqa`` (multi-query), or all heads.
+    sdpa_kv: SdpaKv = "repeated" if new_arch else "broadcast" if multi_query else "shared"
+    return replace(spec, attn_softmax_fp32=False, sdpa_kv=sdpa_kv, sdpa_mask=True)
 
 
 # --- Llama-style decoders ----------------------------------------------------------------------------
@@ -1188,6 +1193,9 @@ def _olmo(r: _Reader, name: str | None, version: int) -> ModelSpec:
         d = _Decoder(
             **c, windows=(None,) * c["n_layers"], qkv_bias=bias, o_bias=bias, qk_norm="full", layout="post"
         )
+        # Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
+        # multiplies the fp32 normalised x, which is what it saves
+        return replace(_decoder_spec(r, d, name), rmsnorm_normed_fp32=True)
     return _decoder_spec(r, d, name)
 
 

@@ -29,6 +29,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "alibi"]
 Task = Literal["causal-lm", "sequence-classification", "masked-lm"]
 QkNorm = Literal["none", "per_head", "full"]
+SdpaKv = Literal["shared", "repeated", "broadcast"]
 
 COMPONENTS: tuple[Component, ...] = (
     "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
@@ -217,6 +218,17 @@ class ModelSpec:
     embedding_dropout: float = 0.0
     # The attention kernels transformers implements for this architecture ("eager", "sdpa", "flash").
     attention_kernels: tuple[str, ...] = ("eager", "sdpa", "flash")
+    # How the model calls SDPA (which kernel CUDA then runs: formulas/activations.py sdpa_call_backend).
+    # ``sdpa_kv``: how k/v with fewer heads than q reach it. "shared": transformers'
+    # ``sdpa_attention_forward`` (integrations/sdpa_attention.py: the kv heads with
+    # ``enable_gqa=True`` when ``use_gqa_in_sdpa``, else ``repeat_kv`` copies); "repeated": copied
+    # to every query head by the model (modeling_falcon.py ``_split_heads``, new decoder
+    # architecture: ``broadcast_to`` + ``flatten``); "broadcast": the kv heads without
+    # ``enable_gqa`` (modeling_falcon.py multi-query: 1 k/v head), which only the math kernel takes.
+    sdpa_kv: SdpaKv = "shared"
+    # An explicit ``attn_mask`` is passed (Falcon: ``create_causal_mask(..., allow_is_causal_skip=False)``
+    # materialises it); False: causal LMs get None and the kernel's ``is_causal`` (masking_utils.py).
+    sdpa_mask: bool = False
     # --- how transformers computes it: behaviours the activation formulas need, set per family by
     # peakmem.hf (the one module that knows model types). Defaults are the Llama-style standard.
     # Eager attention's softmax runs in fp32: ``softmax(attn_weights, dim=-1, dtype=torch.float32)``

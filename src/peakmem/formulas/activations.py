@@ -128,6 +128,67 @@ class LayerActivations:
 
 MATH = "SDPA's math kernel"
 
+# --- which SDPA kernel CUDA runs (simulate/kernels.py applies this same rule to the real call's tensors) ---
+# torch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``select_sdp_backend`` (sm80+, torch 2.13
+# default priority flash > memory-efficient > math): flash needs 16-bit inputs, no ``attn_mask``, equal
+# q/k/v head sizes of at most 256, and the same heads for q and k/v unless ``enable_gqa``
+# (``check_batch_size_and_num_heads_dense<true>``); memory-efficient takes fp32 and masks but no grouped
+# heads (``check_batch_size_and_num_heads_dense<false>``); math runs the rest - e.g. Falcon-7B's
+# multi-query call (1 k/v head against all query heads, no ``enable_gqa``, an explicit mask) or fp32
+# grouped-query attention.
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash: head_dim <= 256
+
+
+def cuda_sdpa_backend(
+    *,
+    half: bool,
+    q_heads: int,
+    kv_heads: int,
+    enable_gqa: bool,
+    mask: bool,
+    qk_head_dim: int,
+    v_head_dim: int,
+) -> str:
+    """The SDPA kernel CUDA runs for one call: "flash", "efficient" or "math" (see above).
+
+    ``half``: q/k/v are fp16/bf16; ``kv_heads``: the heads of the k/v the call receives;
+    ``mask``: an explicit ``attn_mask`` is passed."""
+    grouped = q_heads != kv_heads
+    if grouped and not (enable_gqa and q_heads % kv_heads == 0):
+        return "math"
+    if half and not mask and qk_head_dim == v_head_dim <= FLASH_MAX_HEAD_DIM:
+        return "flash"
+    if not grouped:
+        return "efficient"
+    return "math"
+
+
+def sdpa_call_heads(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, bool]:
+    """The k/v heads ``spec``'s SDPA call hands the kernel, and whether it passes ``enable_gqa``
+    (``ModelSpec.sdpa_kv``): transformers' shared ``sdpa_attention_forward`` passes the k/v heads with
+    ``enable_gqa=True`` when ``use_gqa_in_sdpa`` holds (integrations/sdpa_attention.py: no mask, equal
+    k/v head sizes <= 256), else ``repeat_kv`` copies to all heads; torchtune's attention expands them
+    (``Profile.sdpa_repeats_kv``)."""
+    att = spec.first_layer.attention
+    a, g = att.num_heads, att.num_kv_heads
+    if spec.sdpa_kv == "broadcast":
+        return g, False
+    if spec.sdpa_kv == "repeated" or PROFILES[setup.framework].sdpa_repeats_kv:
+        return a, False
+    if not spec.sdpa_mask and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
+        return g, g < a
+    return a, False
+
+
+def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention makes under ``setup``."""
+    att = spec.first_layer.attention
+    kv, gqa = sdpa_call_heads(spec, setup)
+    return cuda_sdpa_backend(
+        half=precision_plan(setup.precision).compute.bits < 32, q_heads=att.num_heads, kv_heads=kv,
+        enable_gqa=gqa, mask=spec.sdpa_mask, qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
+    )  # fmt: skip
+
 
 def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKernel, str]:
     """The kernel that really runs, and why when it is not the one asked for ("" otherwise).
@@ -148,6 +209,14 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
         return AttentionKernel.EAGER, f"{MATH} on CPU with attention dropout {spec.attention_dropout}"
     if cpu and att.head_dim != att.v_head_dim:
         return AttentionKernel.EAGER, f"{MATH} on CPU: q/k head size {att.head_dim} != v {att.v_head_dim}"
+    if not cpu and setup.attention is AttentionKernel.SDPA and sdpa_call_backend(spec, setup) == "math":
+        kv, gqa = sdpa_call_heads(spec, setup)
+        return AttentionKernel.EAGER, (
+            f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
+            + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
+            + (", an explicit mask" if spec.sdpa_mask else "")
+            + f", {precision_plan(setup.precision).compute.name} inputs (sdp_utils.cpp select_sdp_backend)"
+        )
     return setup.attention, ""
 
 
@@ -422,6 +491,10 @@ def _eager_terms(
     # grid's qwen2 MQA case, b1 x 128, fp32 eager: -196,608 B over its 2 layers). Autocast's casts of the
     # view are contiguous copies of every head (measured, amp-bf16), as is SDPA's math fallback's upcast.
     shared = att.num_kv_heads == 1 and sh.batch == 1 and not sh.math_fallback and not sh.plan.autocast
+    if spec.sdpa_kv == "broadcast" and sh.kernel_note.startswith(MATH):
+        # SDPA's math kernel on one k/v head without enable_gqa (Falcon-7B): the fp32 upcast comes
+        # first, then matmul broadcasts the one head - a view at micro-batch 1 (attention.cpp)
+        shared = att.num_kv_heads == 1 and sh.batch == 1
     kv = att.num_kv_heads if shared else a
     items.append(
         _item(
@@ -475,6 +548,11 @@ def _eager_terms(
     # tensors when done, so next to the saved ones one gradient of the scores is alive at a time
     fwd = scores * max(2 * inner, inner + sm)
     bwd = scores * sm
+    if sh.kernel_note.startswith(MATH) and sh.policy is KernelPolicy.CUDA:
+        # SDPA's math kernel (attention.cpp ``_scaled_dot_product_attention_math``): ``_safe_softmax``'s
+        # backward writes dS while the incoming dP (from ``matmul(attn, value)``'s backward) is alive, both
+        # scores-sized in the softmax dtype (measured under the simulator's CUDA policy: falcon, b2 x s128)
+        bwd = 2 * scores * sm
     return items, core, fwd, bwd
 
 
@@ -577,10 +655,13 @@ def layer_activations(
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
         width = (att.num_heads + att.num_kv_heads) * att.head_dim
+        # full width (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads): two norms, each its own
+        # T x fp32 rstd (norm_saved counts one)
+        full_rstd = t * 4 if att.qk_norm == "full" and spec.norm == "rmsnorm" else 0
         items.append(
             _item(
                 "attn.q_norm, k_norm (input + stats)",
-                norm_saved(spec, sh, width),
+                norm_saved(spec, sh, width) + full_rstd,
                 SRC_NORM,
                 "attn.qk_norm",
                 2 * per_norm,

@@ -612,17 +612,22 @@ def adapt_layer(
     mods = [m for m in resolve_targets(spec, lora) if m.group == group]
     t, c, h = sh.tokens, sh.c, spec.hidden_size
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
-    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else c
+    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32 else c
     out: list[MemoryItem] = []
     down_dropped = 0
     for item in la.saved:
         nbytes = item.bytes
-        # Falcon-7B's one shared norm output (key "input.attn_mlp") is kept whole, as before keys existed
-        # (the old branch matched a path prefix, "attn+mlp inputs", that no item had). Not yet modelled:
-        # one storage read by both halves is freed only when neither the attention nor the MLP readers
-        # keep it (``_kept``), so LoRA would drop all of it or none.
-        if item.key == "norms" and spec.norm == "rmsnorm":
+        # Falcon-7B's one shared norm output (key "input.attn_mlp"): one storage read by both halves,
+        # kept while either the attention or the MLP readers keep it (``_kept``), else all of it goes
+        if item.key == "input.attn_mlp":
+            kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
+            nbytes = nbytes if kept else 0
+        elif item.key == "norms" and spec.norm == "rmsnorm":
             nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
+        elif item.key == "attn.qk_norm" and spec.norm == "rmsnorm" and not (sh.compiled or sh.fused_kernels):
+            # q_norm / k_norm likewise (frozen weights): their normalised q and k are not saved
+            att = layer.attention
+            nbytes -= t * (att.num_heads + att.num_kv_heads) * att.head_dim * y_bytes
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
         elif item.key == "input.mlp":

@@ -29,9 +29,14 @@ so PyTorch picks the CPU's kernels. Where the CPU and CUDA kernels allocate diff
      the mask, the output and the fp32 log-sum-exp ``[B, H, round32(S)]`` (+ philox state). Its
      backward (``mem_eff_attention/kernel_backward.h``) allocates ``delta`` fp32 ``[B, H, S]`` and,
      for 16-bit inputs, an fp32 gradient-of-q accumulator ``[B, H, S, D]`` (``kNeedsAccumGradQ``);
-   * **math** otherwise (e.g. fp32 with grouped-query ``enable_gqa``, head dim > 256 with a mask):
-     the math composite (k/v repeated, scores and softmax saved); its dropout draws a bool mask
-     (``native_dropout``), as on CUDA.
+   * **math** otherwise (e.g. fp32 with grouped-query ``enable_gqa``, head dim > 256 with a mask,
+     Falcon-7B's one k/v head without ``enable_gqa``): the math composite (attention.cpp
+     ``_scaled_dot_product_attention_math``: 16-bit q, k, v upcast to fp32, k/v repeated or broadcast,
+     fp32 scores and softmax saved, a bool mask made additive and added in place); its dropout draws
+     a bool mask (``native_dropout``), as on CUDA.
+
+   The choice is the formulas' rule (``peakmem.formulas.activations.cuda_sdpa_backend``), applied
+   here to the call's tensors.
 
 2. **Dropout** (``F.dropout`` in training, 0 < p < 1). ``aten::dropout`` takes the fused
    ``native_dropout`` only for CUDA tensors (``is_fused_kernel_acceptable`` in
@@ -70,11 +75,11 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from peakmem.formulas.activations import cuda_sdpa_backend as rule_sdpa_backend
 from peakmem.training import KernelPolicy
 
 aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)
-FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash: head_dim <= 256
 FLASH_SEQ_ROUND = 128  # flash_api.cpp mha_bwd: seqlen_q_rounded = round_multiple(seqlen_q, 128)
 FLASH_HEAD_ROUND = 32  # flash_api.cpp: head_size_rounded = round_multiple(head_size, 32) (<= 192)
 EFFICIENT_SEQ_ROUND = 32  # mem-efficient logsumexp rows are padded to a multiple of 32 (kAlignLSE)
@@ -93,29 +98,17 @@ def _round(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _head_dims_equal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    return q.shape[-1] == k.shape[-1] == v.shape[-1]
-
-
 def cuda_sdpa_backend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, enable_gqa: bool
 ) -> str:
-    """Which SDPA kernel CUDA would run (sm80+, torch 2.13 default priority): flash, efficient or math."""
-    if q.dim() != 4 or k.dim() != 4:
+    """Which SDPA kernel CUDA would run (sm80+, torch 2.13 default priority): flash, efficient or math.
+    The rule is the formulas' (formulas/activations.py ``cuda_sdpa_backend``), applied to these tensors."""
+    if q.dim() != 4 or k.dim() != 4 or q.dtype not in (*HALF, torch.float32) or q.shape[-1] != k.shape[-1]:
         return "math"
-    gqa = q.shape[1] != k.shape[1]
-    if gqa and not (enable_gqa and q.shape[1] % k.shape[1] == 0):
-        return "math"
-    if (
-        q.dtype in HALF
-        and attn_mask is None
-        and _head_dims_equal(q, k, v)
-        and q.shape[-1] <= FLASH_MAX_HEAD_DIM
-    ):
-        return "flash"
-    if q.dtype in (*HALF, torch.float32) and not gqa and q.shape[-1] == k.shape[-1]:
-        return "efficient"
-    return "math"
+    return rule_sdpa_backend(
+        half=q.dtype in HALF, q_heads=q.shape[1], kv_heads=k.shape[1], enable_gqa=enable_gqa,
+        mask=attn_mask is not None, qk_head_dim=q.shape[-1], v_head_dim=v.shape[-1],
+    )  # fmt: skip
 
 
 class KernelLog:
@@ -234,26 +227,34 @@ def _math_sdpa(
     scale: float | None,
     enable_gqa: bool,
 ) -> torch.Tensor:
-    """``_scaled_dot_product_attention_math`` as CUDA runs it, dropout through ``native_dropout``."""
-    if enable_gqa and q.shape[1] != k.shape[1]:
+    """``_scaled_dot_product_attention_math`` as CUDA runs it (aten/src/ATen/native/transformers/
+    attention.cpp, the same composite on every device), dropout through ``native_dropout``:
+    ``scaled_dot_product_attention`` first turns a bool mask into an additive one in q's dtype
+    (``convert_boolean_attn_mask``); the kernel keeps 16-bit q, k, v in fp32 (``query_acc = query_.to(
+    at::kFloat)``, unless ``allowFP16BF16ReductionMathSDP``), scales q and k by sqrt(scale) each, adds
+    the mask in place (``attn.add_``), saves the fp32 softmax and casts the output back."""
+    origin = q.dtype
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=origin).masked_fill_(~attn_mask, float("-inf"))
+    if origin in HALF and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+        q, k, v = q.float(), k.float(), v.float()
+    s = scale if scale is not None else q.shape[-1] ** -0.5
+    sq = s**0.5  # the math kernel scales q and k by sqrt(scale) each, for stability
+    q = q * sq
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        attn_mask = torch.zeros(keep.shape, dtype=q.dtype).masked_fill_(~keep, float("-inf"))
+    if enable_gqa and q.shape[1] != k.shape[1]:  # pre_process_group_query_attention_input
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    s = scale if scale is not None else q.shape[-1] ** -0.5
-    sq = s**0.5  # the math kernel scales q and k by sqrt(scale) each, for stability
-    scores = (q * sq) @ (k * sq).transpose(-2, -1)
-    if is_causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
+    attn = q @ (k.transpose(-2, -1) * sq)
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask
-    attn = torch.softmax(scores, dim=-1)
+        attn.add_(attn_mask)
+    attn = torch.softmax(attn, dim=-1)
     if dropout_p > 0.0:
         attn = torch.native_dropout(attn, dropout_p, True)[0]
-    return attn @ v
+    return (attn @ v).to(origin)
 
 
 class CudaDispatchMode(TorchDispatchMode):
