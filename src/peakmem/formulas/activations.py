@@ -261,13 +261,34 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
         return fused_rmsnorm_saved(sh, width)
     if spec.norm == "rmsnorm":
-        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
-        # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
-        fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
-        y_bytes = 4 if sh.plan.autocast or fp32_normed else sh.c
-        return t * width * (4 + y_bytes) + t * 4
+        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y
+        return t * width * 4 + rmsnorm_weight_side_bytes(spec, sh, width) + t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
+
+
+def rmsnorm_weight_side_bytes(spec: ModelSpec, sh: Shapes, width: int) -> int:
+    """Bytes of the normalised x an unfused RMSNorm saves only for its weight's gradient: ``weight * y``
+    (modeling_llama.py ``LlamaRMSNorm.forward``) keeps y, in the input dtype (fp32 under autocast's fp32
+    residual, else the compute dtype), or fp32 where the norm multiplies before casting back
+    (modeling_gemma.py ``GemmaRMSNorm.forward``: ``output * (1.0 + self.weight.float())``). A frozen
+    norm (LoRA) does not keep it (aten ``mul`` saves ``self`` only when ``other`` requires grad). 0 for
+    LayerNorm and for a fused / compiled RMSNorm (it saves its input and rstd whatever the weight)."""
+    if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
+        return 0
+    fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
+    return sh.tokens * width * (4 if sh.plan.autocast or fp32_normed else sh.c)
+
+
+def qk_norm_width(layer: Layer) -> int:
+    """Features per token a q/k norm pair normalises: all q and k heads (per-head or full width)."""
+    att = layer.attention
+    return (att.num_heads + att.num_kv_heads) * att.head_dim
+
+
+def block_norm_count(layer: Layer) -> int:
+    """Norms applied to the hidden state in one block (:func:`_block_norms`, memoised)."""
+    return _layer_structure(layer)[0]
 
 
 def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
@@ -576,11 +597,15 @@ def layer_activations(
                        n_norms * per_norm))  # fmt: skip
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
-        width = (att.num_heads + att.num_kv_heads) * att.head_dim
+        width = qk_norm_width(layer)
+        # a per-head RMSNorm (Qwen3, Gemma 3: over head_dim) keeps one fp32 rstd per head and token,
+        # (heads + kv_heads) x T, where norm_saved counts one per token (a full-width norm: OLMo 2)
+        per_head = att.qk_norm == "per_head" and spec.norm == "rmsnorm"
+        extra_rstd = (att.num_heads + att.num_kv_heads - 1) * t * 4 if per_head else 0
         items.append(
             _item(
                 "attn.q_norm, k_norm (input + stats)",
-                norm_saved(spec, sh, width),
+                norm_saved(spec, sh, width) + extra_rstd,
                 SRC_NORM,
                 "attn.qk_norm",
                 2 * per_norm,
@@ -752,5 +777,6 @@ __all__ = [
     "effective_kernel",
     "embedding_items",
     "layer_activations",
+    "rmsnorm_weight_side_bytes",
     "shapes",
 ]
