@@ -330,3 +330,34 @@ def test_every_activation_item_has_a_stable_key(config: dict[str, Any], attentio
     selective = act.checkpointed(la, Checkpointing.SELECTIVE)
     assert not {i.key for i in selective.saved} & act.CORE_KEYS
     assert [i.key for i in act.checkpointed(la, Checkpointing.FULL).saved] == ["checkpoint.layer_input"]
+
+
+GEMMA2: dict[str, Any] = {
+    "model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "vocab_size": 128,
+    "max_position_embeddings": 128,
+}  # fmt: skip
+
+
+def test_block_ending_with_a_norm_starts_its_backward_in_it() -> None:
+    """Gemma 2's post_feedforward_layernorm ends the block: its backward runs first, with every saved
+    tensor alive, the bf16 incoming gradient and 5 fp32 T x h temporaries (pow, 2 mul of PowBackward;
+    MeanBackward's div; the x-side mul), its fp32 weight-side y freed by then. Llama's block ends with
+    the MLP's down projection: no such stage."""
+    spec, la = _layer(GEMMA2, precision=Precision.MIXED_BF16)
+    h = 64
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.MIXED_BF16))
+    assert act.post_mlp_norm_backward(spec, spec.first_layer, sh) == 5 * T * h * 4 + T * h * 2
+    assert la.backward_transient == 5 * T * h * 4 + T * h * 2 - T * h * 4
+    assert la.backward_freed == T * h * 4
+    llama, _ = _layer(LLAMA, precision=Precision.MIXED_BF16)
+    assert act.post_mlp_norm_backward(llama, llama.first_layer, act.shapes(llama, TrainingSetup())) == 0
+
+
+def test_gemma2_eager_builds_a_full_and_a_sliding_mask() -> None:
+    # Gemma2Model.forward: causal_mask_mapping has "full_attention" and "sliding_attention", each
+    # B x 1 x S x S in bf16 for eager attention (layers alternate sliding and full)
+    _, la = _layer(GEMMA2, precision=Precision.MIXED_BF16)
+    assert la.mask_arg == 2 * B * S * S * 2
+    _, la_l = _layer(LLAMA, precision=Precision.MIXED_BF16, attention=AttentionKernel.EAGER)
+    assert la_l.mask_arg == B * S * S * 2

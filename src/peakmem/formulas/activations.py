@@ -63,6 +63,16 @@ QK_NORM_MODULES = frozenset(
     {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm"}
 )
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
+# The norm over the MLP's output that ends a Gemma 2/3 sandwich block (modeling_gemma2.py
+# ``Gemma2DecoderLayer.forward``: ``post_feedforward_layernorm`` then the residual add) and an OLMo 2
+# post-norm block (modeling_olmo2.py ``Olmo2DecoderLayer.forward``): the block's backward starts in it.
+POST_MLP_NORM_MODULES = frozenset({"post_feedforward_layernorm"})
+# fp32 T x h tensors alive at once inside an unfused RMSNorm's backward (``x * rsqrt(x.pow(2).mean(-1))``
+# on x.float(), aten derivatives.yaml): at PowBackward, ``grad * 2 * self.pow(1)`` (pow, mul, mul) while
+# MeanBackward's ``grad.expand(...) / n`` (div) and the x-side gradient of ``x * rsqrt`` (mul, waiting to
+# be summed with the pow branch) are alive. Counted with simulate (tiny Gemma 2/3, full checkpointing:
+# ``post_feedforward_layernorm (backward)``: 3 mul + div + pow, each B x S x h fp32).
+RMSNORM_BACKWARD_FP32 = 5
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
 SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ philox seed/offset)"
@@ -280,6 +290,19 @@ def rmsnorm_weight_side_bytes(spec: ModelSpec, sh: Shapes, width: int) -> int:
     return sh.tokens * width * (4 if sh.plan.autocast or fp32_normed else sh.c)
 
 
+def post_mlp_norm_backward(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
+    """Bytes beyond the saved tensors at the start of the backward of a block that ends with an
+    unfused RMSNorm of the MLP output (:data:`POST_MLP_NORM_MODULES`): every saved tensor of the block
+    is still alive, next to the incoming gradient (residual dtype) and the norm's fp32 backward
+    temporaries (:data:`RMSNORM_BACKWARD_FP32`). 0 for other blocks and fused / compiled norms."""
+    if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
+        return 0
+    if not any(t.kind == "norm" and t.module in POST_MLP_NORM_MODULES for t in layer.tensors):
+        return 0
+    t, h = sh.tokens, spec.hidden_size
+    return RMSNORM_BACKWARD_FP32 * t * h * 4 + t * h * sh.r
+
+
 def qk_norm_width(layer: Layer) -> int:
     """Features per token a q/k norm pair normalises: all q and k heads (per-head or full width)."""
     att = layer.attention
@@ -312,7 +335,11 @@ def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
     dtype for eager attention; for SDPA it returns None and the kernel runs ``is_causal``."""
     if spec.task != "causal-lm" or sh.kernel is not AttentionKernel.EAGER or sh.kernel_note.startswith(MATH):
         return 0
-    return sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
+    # one mask per kind of layer: a model mixing full and sliding-window layers builds both
+    # (modeling_gemma2.py Gemma2Model.forward ``causal_mask_mapping``; Qwen2/3 when ``has_sliding_layers``);
+    # all-sliding Mistral builds its sliding mask only
+    kinds = len({g.layer.attention.sliding_window is None for g in spec.groups})
+    return kinds * sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
 
 
 def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
@@ -655,6 +682,10 @@ def layer_activations(
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
     att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
     stage = max(mlp_stage, att_stage)
+    post_norm = post_mlp_norm_backward(spec, layer, sh)
+    if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
+        y = rmsnorm_weight_side_bytes(spec, sh, h)
+        stage = max(stage, (post_norm - y, y, 0))
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask

@@ -50,6 +50,7 @@ from peakmem.formulas.activations import (
     Shapes,
     block_norm_count,
     norm_saved,
+    post_mlp_norm_backward,
     qk_norm_width,
     rmsnorm_weight_side_bytes,
 )
@@ -671,6 +672,9 @@ def adapt_layer(
     # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
+    # a block ending with a norm (Gemma 2/3, OLMo 2) starts its backward in it: a frozen norm kept no
+    # weight-side y, so nothing of the block is freed yet (activations.py post_mlp_norm_backward)
+    bwd = max(bwd, post_mlp_norm_backward(spec, layer, sh))
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
