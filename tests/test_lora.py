@@ -178,3 +178,47 @@ def test_lora_estimate_rows() -> None:
     assert est.setup["lora"]["rank"] == 4
     full = estimate_training(s, replace(setup, method=Method.FULL, lora=None))
     assert est.peak_allocated_bytes < full.peak_allocated_bytes
+
+
+# --- frozen norms: what a norm keeps when its weight does not require grad ------------------------------
+GEMMA2 = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "vocab_size": 128,
+          "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16}  # fmt: skip
+
+
+def _lora_items(cfg: dict[str, object]) -> tuple[dict[str, int], dict[str, int]]:
+    """(saved bytes by key of the second layer, of the head) under LoRA, mixed-bf16, 2 x 16 tokens."""
+    from peakmem.formulas import activations as act
+    from peakmem.formulas import loss
+    from peakmem.training import Method, Precision, TrainingSetup
+
+    s = L.split_first_layer(spec(cfg))  # type: ignore[arg-type]
+    setup = TrainingSetup(method=Method.LORA, precision=Precision.MIXED_BF16, micro_batch=2, seq_len=16)
+    sh = act.shapes(s, setup)
+    la = L.adapt_layer(s, 1, act.layer_activations(s, s.groups[1].layer, sh), sh, setup)
+    head = L.adapt_head(s, loss.head_activations(s, sh, 0), sh, setup)
+    return {i.key: i.bytes for i in la.saved}, {i.key: i.bytes for i in head.saved}
+
+
+def test_frozen_gemma2_sandwich_norms_keep_input_and_rstd_only() -> None:
+    # GemmaRMSNorm: output = _norm(x.float()) * (1.0 + weight.float()): x.float() (fp32) for pow and mul,
+    # rsqrt (fp32, one per token); the fp32 normalised x is kept by the weight multiply only for the
+    # weight's gradient: not when frozen. Four norms per Gemma-2 block (input, post-attention,
+    # pre- and post-feedforward), T = 32 tokens, h = 64.
+    t, h = 2 * 16, 64
+    layer, head = _lora_items(GEMMA2)
+    assert layer["norms"] == 4 * (t * h * 4 + t * 4)
+    assert head["head.final_norm"] == t * h * 4 + t * 4
+
+
+def test_frozen_qwen3_qk_norms_keep_input_and_per_head_rstd() -> None:
+    # Qwen3RMSNorm over head_dim on q (4 heads) and k (2 heads): x.float() (fp32) of all 6 x 16 features,
+    # one fp32 rstd per head and token; the bf16 y kept by weight * y goes with the frozen weight
+    t = 2 * 16
+    layer, head = _lora_items(QWEN3)
+    assert layer["attn.qk_norm"] == t * 6 * 16 * 4 + t * 6 * 4
+    assert layer["norms"] == 2 * (t * 64 * 4 + t * 4)
+    assert head["head.final_norm"] == t * 64 * 4 + t * 4

@@ -63,6 +63,16 @@ QK_NORM_MODULES = frozenset(
     {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "q_a_layernorm", "kv_a_layernorm"}
 )
 SRC_NORM = "aten native_layer_norm saves input, mean, rstd; LlamaRMSNorm saves x.float(), y, rstd"
+# The norm over the MLP's output that ends a Gemma 2/3 sandwich block (modeling_gemma2.py
+# ``Gemma2DecoderLayer.forward``: ``post_feedforward_layernorm`` then the residual add) and an OLMo 2
+# post-norm block (modeling_olmo2.py ``Olmo2DecoderLayer.forward``): the block's backward starts in it.
+POST_MLP_NORM_MODULES = frozenset({"post_feedforward_layernorm"})
+# fp32 T x h tensors alive at once inside an unfused RMSNorm's backward (``x * rsqrt(x.pow(2).mean(-1))``
+# on x.float(), aten derivatives.yaml): at PowBackward, ``grad * 2 * self.pow(1)`` (pow, mul, mul) while
+# MeanBackward's ``grad.expand(...) / n`` (div) and the x-side gradient of ``x * rsqrt`` (mul, waiting to
+# be summed with the pow branch) are alive. Counted with simulate (tiny Gemma 2/3, full checkpointing:
+# ``post_feedforward_layernorm (backward)``: 3 mul + div + pow, each B x S x h fp32).
+RMSNORM_BACKWARD_FP32 = 5
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
 SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ philox seed/offset)"
@@ -330,13 +340,47 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
         return fused_rmsnorm_saved(sh, width)
     if spec.norm == "rmsnorm":
-        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y;
-        # the input dtype is fp32 under autocast (fp32 residual), else the compute dtype.
-        fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
-        y_bytes = 4 if sh.plan.autocast or fp32_normed else sh.c
-        return t * width * (4 + y_bytes) + t * 4
+        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y
+        return t * width * 4 + rmsnorm_weight_side_bytes(spec, sh, width) + t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
+
+
+def rmsnorm_weight_side_bytes(spec: ModelSpec, sh: Shapes, width: int) -> int:
+    """Bytes of the normalised x an unfused RMSNorm saves only for its weight's gradient: ``weight * y``
+    (modeling_llama.py ``LlamaRMSNorm.forward``) keeps y, in the input dtype (fp32 under autocast's fp32
+    residual, else the compute dtype), or fp32 where the norm multiplies before casting back
+    (modeling_gemma.py ``GemmaRMSNorm.forward``: ``output * (1.0 + self.weight.float())``). A frozen
+    norm (LoRA) does not keep it (aten ``mul`` saves ``self`` only when ``other`` requires grad). 0 for
+    LayerNorm and for a fused / compiled RMSNorm (it saves its input and rstd whatever the weight)."""
+    if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
+        return 0
+    fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
+    return sh.tokens * width * (4 if sh.plan.autocast or fp32_normed else sh.c)
+
+
+def post_mlp_norm_backward(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
+    """Bytes beyond the saved tensors at the start of the backward of a block that ends with an
+    unfused RMSNorm of the MLP output (:data:`POST_MLP_NORM_MODULES`): every saved tensor of the block
+    is still alive, next to the incoming gradient (residual dtype) and the norm's fp32 backward
+    temporaries (:data:`RMSNORM_BACKWARD_FP32`). 0 for other blocks and fused / compiled norms."""
+    if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
+        return 0
+    if not any(t.kind == "norm" and t.module in POST_MLP_NORM_MODULES for t in layer.tensors):
+        return 0
+    t, h = sh.tokens, spec.hidden_size
+    return RMSNORM_BACKWARD_FP32 * t * h * 4 + t * h * sh.r
+
+
+def qk_norm_width(layer: Layer) -> int:
+    """Features per token a q/k norm pair normalises: all q and k heads (per-head or full width)."""
+    att = layer.attention
+    return (att.num_heads + att.num_kv_heads) * att.head_dim
+
+
+def block_norm_count(layer: Layer) -> int:
+    """Norms applied to the hidden state in one block (:func:`_block_norms`, memoised)."""
+    return _layer_structure(layer)[0]
 
 
 def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
@@ -360,7 +404,11 @@ def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
     dtype for eager attention; for SDPA it returns None and the kernel runs ``is_causal``."""
     if spec.task != "causal-lm" or sh.kernel is not AttentionKernel.EAGER or sh.kernel_note.startswith(MATH):
         return 0
-    return sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
+    # one mask per kind of layer: a model mixing full and sliding-window layers builds both
+    # (modeling_gemma2.py Gemma2Model.forward ``causal_mask_mapping``; Qwen2/3 when ``has_sliding_layers``);
+    # all-sliding Mistral builds its sliding mask only
+    kinds = len({g.layer.attention.sliding_window is None for g in spec.groups})
+    return kinds * sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
 
 
 def _linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
@@ -460,9 +508,40 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
     items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA, "attn.logsumexp"))
-    # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
-    bwd = t * (a * d + g * d + g * dv) * c
+    # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
+    bwd = t * (a * d + g * d + g * dv) * c + flash_backward_scratch(layer, sh)
     return items, b * a * s * 4, 0, bwd
+
+
+# FlashAttention-2's backward (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_bwd``)
+# pads its fp32 scratch: rows to a multiple of 128 (``seqlen_q_rounded``), the head size to a multiple of 32
+# up to 192, else 256 (``head_size_rounded``). simulate/kernels.py ``_flash_bwd_scratch`` allocates the same.
+FLASH_BWD_SEQ_ROUND = 128
+FLASH_BWD_HEAD_ROUND = 32
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash
+
+
+def flash_backward_scratch(layer: Layer, sh: Shapes) -> int:
+    """Bytes FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``): ``softmax_d``
+    fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, round32(D)] and, with fewer k/v heads
+    than q heads, ``dk_expanded`` and ``dv_expanded`` [B, S, H, D] in the input dtype (summed into dk, dv
+    at the end). CUDA picks flash for 16-bit q/k/v without a mask and equal head sizes up to 256
+    (sdp_utils.cpp ``select_sdp_backend``; simulate/kernels.py ``cuda_sdpa_backend``); 0 otherwise (the
+    memory-efficient kernel for fp32, a CPU step, eager attention)."""
+    att = layer.attention
+    a, g, d = att.num_heads, att.num_kv_heads, att.head_dim
+    flash = (
+        sh.policy is KernelPolicy.CUDA and sh.kernel is not AttentionKernel.EAGER and sh.c < 4
+        and d == att.v_head_dim and d <= FLASH_MAX_HEAD_DIM and not att.is_mla
+    )  # fmt: skip
+    if not flash:
+        return 0
+    rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND
+    d_round = -(-d // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND if d <= 192 else 256
+    scratch = sh.batch * a * rows * 4 + sh.batch * rows * a * d_round * 4
+    if g != a:
+        scratch += 2 * sh.tokens * a * d * sh.c
+    return scratch
 
 
 def _mla_latent_terms(spec: ModelSpec, att: Attention, sh: Shapes) -> list[MemoryItem]:
@@ -654,14 +733,19 @@ def layer_activations(
                        n_norms * per_norm))  # fmt: skip
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
-        width = (att.num_heads + att.num_kv_heads) * att.head_dim
-        # full width (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads): two norms, each its own
-        # T x fp32 rstd (norm_saved counts one)
-        full_rstd = t * 4 if att.qk_norm == "full" and spec.norm == "rmsnorm" else 0
+        width = qk_norm_width(layer)
+        # fp32 rstd beyond the one per token norm_saved counts: a per-head RMSNorm (Qwen3, Gemma 3: over
+        # head_dim) keeps one per head and token, (heads + kv_heads) x T; a full-width pair
+        # (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads) is two norms with one each, 2 x T
+        extra_rstd = 0
+        if spec.norm == "rmsnorm" and att.qk_norm == "per_head":
+            extra_rstd = (att.num_heads + att.num_kv_heads - 1) * t * 4
+        elif spec.norm == "rmsnorm" and att.qk_norm == "full":
+            extra_rstd = t * 4
         items.append(
             _item(
                 "attn.q_norm, k_norm (input + stats)",
-                norm_saved(spec, sh, width) + full_rstd,
+                norm_saved(spec, sh, width) + extra_rstd,
                 SRC_NORM,
                 "attn.qk_norm",
                 2 * per_norm,
@@ -709,8 +793,14 @@ def layer_activations(
     # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
     mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
-    att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
+    # the incoming gradient and o_proj's input gradient (heads x v_head_dim wide: wider than h for Qwen3)
+    att_out = t * layer.attention.num_heads * layer.attention.v_head_dim * c
+    att_stage = (att_bwd + t * h * c + att_out + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
     stage = max(mlp_stage, att_stage)
+    post_norm = post_mlp_norm_backward(spec, layer, sh)
+    if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
+        y = rmsnorm_weight_side_bytes(spec, sh, h)
+        stage = max(stage, (post_norm - y, y, 0))
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
@@ -833,5 +923,6 @@ __all__ = [
     "effective_kernel",
     "embedding_items",
     "layer_activations",
+    "rmsnorm_weight_side_bytes",
     "shapes",
 ]

@@ -45,7 +45,15 @@ from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.errors import InputError, require
-from peakmem.formulas.activations import LayerActivations, Shapes, norm_saved
+from peakmem.formulas.activations import (
+    LayerActivations,
+    Shapes,
+    block_norm_count,
+    norm_saved,
+    post_mlp_norm_backward,
+    qk_norm_width,
+    rmsnorm_weight_side_bytes,
+)
 from peakmem.formulas.loss import HeadActivations
 from peakmem.formulas.model_states import PrecisionPlan, precision_plan
 from peakmem.formulas.qlora import QuantConfig, base_bytes, dequant_temporaries
@@ -612,7 +620,8 @@ def adapt_layer(
     mods = [m for m in resolve_targets(spec, lora) if m.group == group]
     t, c, h = sh.tokens, sh.c, spec.hidden_size
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
-    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32 else c
+    # the normalised x each frozen RMSNorm kept only for its weight's gradient (0 for LayerNorm)
+    y_norm = rmsnorm_weight_side_bytes(spec, sh, h)
     out: list[MemoryItem] = []
     down_dropped = 0
     for item in la.saved:
@@ -622,12 +631,10 @@ def adapt_layer(
         if item.key == "input.attn_mlp":
             kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
             nbytes = nbytes if kept else 0
-        elif item.key == "norms" and spec.norm == "rmsnorm":
-            nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
-        elif item.key == "attn.qk_norm" and spec.norm == "rmsnorm" and not (sh.compiled or sh.fused_kernels):
-            # q_norm / k_norm likewise (frozen weights): their normalised q and k are not saved
-            att = layer.attention
-            nbytes -= t * (att.num_heads + att.num_kv_heads) * att.head_dim * y_bytes
+        elif item.key == "norms":
+            nbytes -= block_norm_count(layer) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
+        elif item.key == "attn.qk_norm":  # Qwen3 / Gemma 3 / OLMo 2 q_norm, k_norm: frozen weights too
+            nbytes -= rmsnorm_weight_side_bytes(spec, sh, qk_norm_width(layer))
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
         elif item.key == "input.mlp":
@@ -656,7 +663,7 @@ def adapt_layer(
                         "lora.a_outputs"))  # fmt: skip
     if group == 0 and spec.groups[0].count == 1 and not _embeddings_adapted(spec, lora):
         # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
-        first_norm = norm_saved(spec, sh, h) - (t * h * y_bytes if spec.norm == "rmsnorm" else 0)
+        first_norm = norm_saved(spec, sh, h) - y_norm
         out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
     saved = tuple(i for i in out if i.bytes)
     fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
@@ -666,6 +673,9 @@ def adapt_layer(
     # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
+    # a block ending with a norm (Gemma 2/3, OLMo 2) starts its backward in it: a frozen norm kept no
+    # weight-side y, so nothing of the block is freed yet (activations.py post_mlp_norm_backward)
+    bwd = max(bwd, post_mlp_norm_backward(spec, layer, sh))
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
@@ -765,15 +775,14 @@ def _roles(
 def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -> HeadActivations:
     """The frozen head keeps neither its input nor the final norm's weight-side output."""
     del setup
-    t, h = sh.tokens, spec.hidden_size
-    y_bytes = 4 if sh.plan.autocast or sh.profile.rmsnorm_normed_fp32 else sh.c
+    h = spec.hidden_size
     out = []
     for item in head.saved:
         nbytes = item.bytes
         if item.key == "head.lm_head_input":
             nbytes = 0
-        elif item.key == "head.final_norm" and spec.norm == "rmsnorm":
-            nbytes -= t * h * y_bytes
+        elif item.key == "head.final_norm":
+            nbytes -= rmsnorm_weight_side_bytes(spec, sh, h)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     return replace(head, saved=tuple(i for i in out if i.bytes))
 
