@@ -74,7 +74,6 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("phi3", "full+ckpt"): "derived low (-2.71%; vs simulate: formulas 0.981, derived 0.955)",
     ("olmo", "full"): "formulas low (+5.52%; vs simulate: formulas 0.936, derived 0.988)",
     ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
-    ("olmo2", "full+ckpt"): "formulas low (+5.47%; vs simulate: formulas 0.947, derived 0.999)",
     ("deepseek_v2", "full"): "formulas low (+3.45%; vs simulate: formulas 0.963, derived 0.996)",
     (
         "deepseek_v2",
