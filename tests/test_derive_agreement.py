@@ -59,16 +59,19 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("falcon", "full"): "formulas low (+23.72%; vs simulate: formulas 0.806, derived 0.997)",
     ("falcon", "full+ckpt"): "both, formulas more low (+4.46%; vs simulate: formulas 0.930, derived 0.971)",
     ("falcon", "lora"): "formulas low (+13.93%; vs simulate: formulas 0.883, derived 1.007)",
-    ("mixtral", "full"): "derived high (+2.87%; vs simulate: formulas 0.991, derived 1.019)",
-    ("mixtral", "lora"): "both, formulas more low (+11.76%; vs simulate: formulas 0.924, derived 1.032)",
+    # derived high: its measured MoE backward peak (the fp32 gradients at the routed experts' weighted
+    # output, before any expert weight gradient exists) gets all the block's weight gradients added
+    # (formulas/activations.py derived_activations)
+    ("mixtral", "full"): "derived high (+2.12%; vs simulate: formulas 0.998, derived 1.019)",
+    ("mixtral", "lora"): "derived high (+3.40%; vs simulate: formulas 0.999, derived 1.032)",
     ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
-    ("qwen3", "lora"): "formulas high (-4.09%; vs simulate: formulas 1.055, derived 1.011)",
-    ("qwen2_moe", "full+ckpt"): "formulas low (+8.97%; vs simulate: formulas 0.927, derived 1.010)",
+    ("qwen2_moe", "full+ckpt"): "formulas low (+7.10%; vs simulate: formulas 0.943, derived 1.010)",
     (
         "qwen3_moe",
         "full+ckpt",
-    ): "both, formulas more low (+2.98%; vs simulate: formulas 0.946, derived 0.974)",
-    ("qwen3_moe", "lora"): "formulas high (-2.71%; vs simulate: formulas 1.024, derived 0.996)",
+    ): "both, formulas more low (+2.53%; vs simulate: formulas 0.950, derived 0.974)",
+    ("deepseek_v2", "full+ckpt"): "formulas low (+9.41%; vs simulate: formulas 0.935, derived 1.023)",
+    ("deepseek_v3", "full+ckpt"): "formulas low (+12.22%; vs simulate: formulas 0.910, derived 1.021)",
     ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
     ("gemma", "lora"): "formulas high (-3.32%; vs simulate: formulas 1.050, derived 1.015)",
     ("gemma2", "full+ckpt"): "formulas low (+4.37%; vs simulate: formulas 0.951, derived 0.993)",
@@ -81,16 +84,6 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
     ("olmo2", "full"): "formulas low (+8.27%; vs simulate: formulas 0.911, derived 0.986)",
     ("olmo2", "full+ckpt"): "formulas low (+10.23%; vs simulate: formulas 0.906, derived 0.999)",
-    ("deepseek_v2", "full"): "formulas low (+3.45%; vs simulate: formulas 0.963, derived 0.996)",
-    (
-        "deepseek_v2",
-        "full+ckpt",
-    ): "both, formulas more low (+12.43%; vs simulate: formulas 0.910, derived 1.023)",
-    ("deepseek_v3", "full"): "formulas low (+3.72%; vs simulate: formulas 0.959, derived 0.994)",
-    (
-        "deepseek_v3",
-        "full+ckpt",
-    ): "both, formulas more low (+15.62%; vs simulate: formulas 0.883, derived 1.021)",
 }
 
 
