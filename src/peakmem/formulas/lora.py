@@ -650,6 +650,10 @@ def adapt_layer(
         # keep it (``_kept``), so LoRA would drop all of it or none.
         if item.key == "norms" and spec.norm == "rmsnorm":
             nbytes -= 2 * t * h * y_bytes  # weight * y: y saved only for the frozen weight's grad
+        elif item.key == "attn.qk_norm" and spec.norm == "rmsnorm" and not (sh.compiled or sh.fused_kernels):
+            # q_norm / k_norm likewise (frozen weights): their normalised q and k are not saved
+            att = layer.attention
+            nbytes -= t * (att.num_heads + att.num_kv_heads) * att.head_dim * y_bytes
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
         elif item.key == "input.mlp":
@@ -664,10 +668,6 @@ def adapt_layer(
             nbytes -= down_dropped
         elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
             nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, int8_base, y_bytes)
-        elif item.key == "attn.qk_norm" and spec.norm == "rmsnorm":
-            # Qwen3/OLMo-2 q_norm/k_norm: weight * y saves y only for the frozen norm weight's gradient
-            att = layer.attention
-            nbytes -= t * (att.num_heads + att.num_kv_heads) * att.head_dim * y_bytes
         elif layer.mlp.is_moe:
             nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, int8_base)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
