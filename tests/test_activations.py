@@ -324,6 +324,17 @@ def test_qwen2_moe_gated_shared_expert_keeps_its_output_and_gate() -> None:
     assert _moe_item(lan, "moe.router_norm") == T * k * 4 + T * 4
 
 
+def test_moe_backward_crosses_the_fp32_weighted_expert_output() -> None:
+    """grouped_mm experts: proj_out * fp32 routing weights is fp32, so backward holds three S x H fp32
+    gradients at once (sum's contiguous copy, index backward's zeros and index_put: measured under fake
+    tensors), above the incoming T x H gradient; Mixtral (no shared experts)."""
+    spec, la = _layer(MIXTRAL)
+    h, k = 64, 2
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))
+    assert act.moe_weighting_backward(spec, spec.first_layer.mlp, sh) == k * T * h * (3 * 4 + 2)
+    assert la.backward_transient == k * T * h * (3 * 4 + 2) + T * h * 2
+
+
 def test_gemma2_softcaps_scores_and_logits_and_runs_eager() -> None:
     cfg = {**LLAMA, "model_type": "gemma2", "head_dim": 16}
     spec = spec_from_config(cfg)

@@ -65,13 +65,9 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("mixtral", "full"): "derived high (+2.12%; vs simulate: formulas 0.998, derived 1.019)",
     ("mixtral", "lora"): "derived high (+3.40%; vs simulate: formulas 0.999, derived 1.032)",
     ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
-    ("qwen2_moe", "full+ckpt"): "formulas low (+7.10%; vs simulate: formulas 0.943, derived 1.010)",
-    (
-        "qwen3_moe",
-        "full+ckpt",
-    ): "both, formulas more low (+2.53%; vs simulate: formulas 0.950, derived 0.974)",
-    ("deepseek_v2", "full+ckpt"): "formulas low (+9.41%; vs simulate: formulas 0.935, derived 1.023)",
-    ("deepseek_v3", "full+ckpt"): "formulas low (+12.22%; vs simulate: formulas 0.910, derived 1.021)",
+    # formulas exact on simulate's requested bytes (2,949,072 vs 2,949,712); simulate adds 28,592 B of
+    # allocator block rounding; derived as mixtral (its MoE backward peak plus all the block's gradients)
+    ("qwen2_moe", "full+ckpt"): "derived high (+2.04%; vs simulate: formulas 0.990, derived 1.010)",
     ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
     ("gemma", "lora"): "formulas high (-3.32%; vs simulate: formulas 1.050, derived 1.015)",
     ("gemma2", "full+ckpt"): "formulas low (+4.37%; vs simulate: formulas 0.951, derived 0.993)",

@@ -709,6 +709,7 @@ class _Moe:
     norm_topk: bool = False  # top-k weights renormalised in place (Mixtral always; norm_topk_prob)
     group_mask: bool = False  # DeepSeek-V2 topk_method group_limited_greedy masks the scores
     weights_fp32: bool = True  # Qwen-MoE routers cast the top-k weights back to the logits' dtype
+    shared_after_routed: bool = False  # DeepSeek: hidden_states + self.shared_experts(residuals), last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -824,6 +825,7 @@ def _decoder_layer(d: _Decoder, i: int, attention: Attention, attn_tensors: tupl
             router_group_mask=m.group_mask,
             routing_weights_fp32=m.weights_fp32,
             shared_gate=m.shared_gate,
+            shared_after_routed=m.shared_after_routed,
         )
         mlp_tensors = _moe_tensors(d, m)
     else:
@@ -1254,6 +1256,7 @@ def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:
         # DeepseekV3Config norm_topk_prob defaults to True; V2's router never renormalises
         norm_topk=version == 3 and r.get_bool("norm_topk_prob", True),
         group_mask=version == 2 and r.get_str("topk_method", default="greedy") == "group_limited_greedy",
+        shared_after_routed=True,  # DeepseekV{2,3}Moe.forward: experts(...), then + shared_experts(residuals)
     )
     freq = r.raw.get("moe_layer_freq", 1)
     if freq != 1:

@@ -137,6 +137,7 @@ class Mlp:
     router_group_mask: bool = False  # DeepSeek-V2 group_limited_greedy: scores.masked_fill(mask)
     routing_weights_fp32: bool = True  # False: Qwen-MoE cast them back to the logits' dtype
     shared_gate: bool = False  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    shared_after_routed: bool = False  # DeepSeek: shared experts run after the routed ones in forward
 
     def __post_init__(self) -> None:
         require(self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "must be positive")

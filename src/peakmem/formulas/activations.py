@@ -610,6 +610,22 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     return items, alive * n * c
 
 
+def moe_weighting_backward(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> int:
+    """The gradients alive while backward crosses the grouped_mm experts' output (S = tokens x top-k):
+    ``weighted_out = proj_out * sample_weights_g`` promotes to the routing weights' dtype (fp32 for
+    Mixtral/DeepSeek), so the gradient of ``weighted_out[inv_perm].view(T, k, H).sum(1)`` is S x H in that
+    dtype three times at once: the contiguous copy of the expanded sum gradient (``clone``), the ``index``
+    backward's zeros and its ``index_put`` (measured under fake tensors); the mul's two gradients and the
+    cast back to ``proj_out``'s dtype follow once the first two are freed. Shared experts run their
+    backward first (DeepSeek; Qwen2-MoE's gated shared output waits for it instead): a T x H gradient
+    waits for the routed branch's."""
+    s, h, c = sh.tokens * mlp.experts_per_token, spec.hidden_size, sh.c
+    w = 4 if mlp.routing_weights_fp32 else c
+    grads = s * h * (3 * w + (c if w != c else 0))
+    shared = sh.tokens * h * c if mlp.shared_intermediate_size else 0
+    return grads + shared
+
+
 def layer_activations(
     spec: ModelSpec,
     layer: Layer,
@@ -695,6 +711,8 @@ def layer_activations(
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
     att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
     stage = max(mlp_stage, att_stage)
+    if layer.mlp.is_moe:
+        stage = max(stage, _moe_stage(spec, layer, sh, grad_bytes, total, mlp_in))
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
@@ -704,6 +722,26 @@ def layer_activations(
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
+
+
+def _moe_stage(
+    spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int, layer_params: int, mlp_in: int
+) -> tuple[int, int, int]:
+    """An MoE layer's backward at its routed experts' output (:func:`moe_weighting_backward`): (net bytes
+    above the layer's saved tensors, saved bytes already freed, weight gradients written). Where the
+    shared experts run after the routed ones in forward (DeepSeek: ``hidden + shared_experts(residuals)``)
+    their backward has run: their saved interior is freed and their weight gradients written, and so is
+    the MLP input when only they read it (the router reads its own fp32 copy, the experts gather rows)."""
+    mlp, t, h = layer.mlp, sh.tokens, spec.hidden_size
+    freed = grads = 0
+    if mlp.shared_after_routed and mlp.shared_intermediate_size:
+        freed = 4 * t * mlp.shared_intermediate_size * sh.c
+        if mlp.router_fp32 and sh.c != 4 and not sh.plan.autocast and not mlp.shared_gate:
+            freed += mlp_in
+        shared = sum(x.numel for x in layer.tensors if x.component == "shared_experts")
+        grads = int(grad_bytes * shared / layer_params) if layer_params else 0
+    net = moe_weighting_backward(spec, mlp, sh) + t * h * sh.r + grads - freed
+    return net, freed, grads
 
 
 SRC_DERIVED = (
