@@ -274,10 +274,71 @@ def test_moe_routes_top_k_copies_of_each_token() -> None:
     inputs = 3 * T * h * 4  # q/k/v input, o_proj input (= SDPA output), router/experts input
     qkv = T * (a + 2 * g) * d * 4
     lse = B * a * S * 4
-    router = 2 * T * e * 4  # router logits and fp32 probabilities
+    # MixtralTopKRouter: fp32 softmax output, int64 top-k indices, and the in-place renormalisation's
+    # clone of the top-k weights (fp32) and their sum (the logits themselves are not kept)
+    router = T * e * 4 + T * k * 8 + T * k * 4 + T * 4
+    # grouped_mm dispatch: perm, perm // k, inv_perm (int64), fp32 routing weights sorted, int32 offsets
+    dispatch = 3 * k * T * 8 + k * T * 4 + e * 4
     routed = 2 * k * T * h * 4  # gathered expert inputs and the expert outputs scaled by routing weights
     experts = 4 * k * T * inner * 4  # gate, act, up, product over the routed rows
-    assert la.saved_bytes == norms + inputs + qkv + lse + router + routed + experts
+    assert la.saved_bytes == norms + inputs + qkv + lse + router + dispatch + routed + experts
+
+
+def _moe_item(la: act.LayerActivations, key: str) -> int:
+    return sum(i.bytes for i in la.saved if i.key == key)
+
+
+DEEPSEEK_V2: dict[str, Any] = {
+    "model_type": "deepseek_v2", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "q_lora_rank": None,
+    "first_k_dense_replace": 0, "vocab_size": 128, "max_position_embeddings": 256,
+}  # fmt: skip
+
+
+def test_deepseek_router_keeps_fp32_copies_of_its_input_and_weight() -> None:
+    """DeepseekV2TopkRouter: F.linear(x.type(float32), weight.type(float32)) under mixed-bf16 saves both
+    fp32 copies (measured under fake tensors: mlp.gate _to_copy [T, 64] and [4, 64] fp32)."""
+    _, la = _layer(DEEPSEEK_V2)
+    h, e, k = 64, 4, 2
+    assert _moe_item(la, "moe.router_fp32") == T * h * 4 + e * h * 4
+    assert _moe_item(la, "moe.router") == T * e * 4 and _moe_item(la, "moe.router_indices") == T * k * 8
+    assert _moe_item(la, "moe.router_norm") == 0  # V2's router never renormalises
+    # its routing weights stay fp32: sample_weights[perm] is S x 4 B
+    assert _moe_item(la, "moe.dispatch_weights") == k * T * 4 + e * 4
+    # fp32 training: .type(float32) returns the tensors themselves, nothing new
+    _, la32 = _layer(DEEPSEEK_V2, precision=Precision.FP32)
+    assert _moe_item(la32, "moe.router_fp32") == 0
+    # group_limited_greedy: masked_fill keeps a bool T x E mask
+    _, lag = _layer({**DEEPSEEK_V2, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1})
+    assert _moe_item(lag, "moe.router_group_mask") == T * e
+
+
+def test_qwen2_moe_gated_shared_expert_keeps_its_output_and_gate() -> None:
+    """Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(x)) * shared_expert(x) saves both factors;
+    Qwen2MoeTopKRouter casts the top-k weights to the logits' dtype (bf16: S x 2 B sorted weights)."""
+    cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "vocab_size": 128,
+           "max_position_embeddings": 256}  # fmt: skip
+    _, la = _layer(cfg)
+    h, k, e = 64, 2, 4
+    assert _moe_item(la, "mlp.shared_gate") == T * h * 2 + T * 2
+    assert _moe_item(la, "moe.dispatch_weights") == k * T * 2 + e * 4
+    assert _moe_item(la, "moe.router_norm") == 0  # norm_topk_prob defaults to False
+    _, lan = _layer({**cfg, "norm_topk_prob": True})
+    assert _moe_item(lan, "moe.router_norm") == T * k * 4 + T * 4
+
+
+def test_moe_backward_crosses_the_fp32_weighted_expert_output() -> None:
+    """grouped_mm experts: proj_out * fp32 routing weights is fp32, so backward holds three S x H fp32
+    gradients at once (sum's contiguous copy, index backward's zeros and index_put: measured under fake
+    tensors), above the incoming T x H gradient; Mixtral (no shared experts)."""
+    spec, la = _layer(MIXTRAL)
+    h, k = 64, 2
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))
+    assert act.moe_weighting_backward(spec, spec.first_layer.mlp, sh) == k * T * h * (3 * 4 + 2)
+    assert la.backward_transient == k * T * h * (3 * 4 + 2) + T * h * 2
 
 
 def test_gemma2_softcaps_scores_and_logits_and_runs_eager() -> None:

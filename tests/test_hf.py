@@ -450,6 +450,7 @@ BEHAVIOURS: dict[str, dict[str, Any]] = {
     "gemma2": {"rmsnorm_normed_fp32": True, "attn_logit_softcap": 50.0, "final_logit_softcap": 30.0},
     "gemma3_text": {"rmsnorm_normed_fp32": True},  # Gemma3TextConfig: both soft-caps None
     "gemma3": {"rmsnorm_normed_fp32": True},
+    "olmo2": {"rmsnorm_normed_fp32": True},  # Olmo2RMSNorm: (self.weight * x_normed_fp32).to(input_dtype)
 }  # fmt: skip
 
 

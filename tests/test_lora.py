@@ -94,6 +94,51 @@ def test_moe_all_linear_follows_peft_conversion() -> None:
     assert got == 2 * (2 * attn + 2 * router + gate_up + down)
 
 
+def test_param_wrapper_saves_the_merged_weight_and_the_cast_factors() -> None:
+    """peft ParamWrapper on the fused experts (E=4, gate_up_proj (4, 64, 64), rank 2r = 4): the merged
+    W + BA in the parameter's dtype (bf16), which grouped_mm saves, and the two factors cast to bf16 for
+    _LoraFactorsProxy's baddbmm (fp32 adapters); a 2-D router weight (E=1): the merged weight only."""
+    experts = L.AdaptedModule(path="mlp.experts.gate_up_proj", kind="param", in_features=64, out_features=64,
+                              experts=4, group=0, component="experts", rank_factor=2)  # fmt: skip
+    cfg = L.LoraConfig(rank=2)
+    merged, factors = 4 * 64 * 64 * 2, (2 * 4 * 2) * (64 + 64) * 2
+    assert L.param_wrapper_saved(experts, cfg, 2, 4) == merged + factors
+    assert L.param_wrapper_saved(experts, cfg, 2, 2) == merged  # same dtype: the factors are views
+    assert L.adapter_saved_per_module(experts, cfg, tokens=99, x_bytes=2, a_bytes=4, cuda=True) == (
+        0,
+        merged + factors,
+    )  # nothing per token
+    router = L.AdaptedModule(path="mlp.gate.weight", kind="param", in_features=64, out_features=4, experts=1,
+                             group=0, component="router")  # fmt: skip
+    assert L.param_wrapper_saved(router, cfg, 2, 4) == 64 * 4 * 2
+    assert L.param_wrapper_saved(router, cfg, 2, 4, merged_saved=False) == 0  # DeepSeek: its fp32 copy
+
+
+def test_frozen_moe_pieces_drop_what_only_weight_gradients_needed() -> None:
+    """Qwen3-MoE, mixed-bf16: with the experts and router adapted (peft's conversion of all-linear) the
+    grouped_mm inputs stay saved and the router keeps the norm output; with q_proj only, the frozen
+    experts keep neither the gathered rows (S x h) nor the down input (S x I), and the MLP input goes."""
+    from peakmem.formulas.activations import layer_activations, shapes
+    from peakmem.training import Method, TrainingSetup
+
+    s = spec(QWEN3_MOE)
+    g = next(i for i, grp in enumerate(s.groups) if grp.layer.mlp.is_moe)
+    t, h, inner, k = 2 * 32, 64, 32, 2
+
+    def saved(lora: L.LoraConfig) -> dict[str, int]:
+        setup = TrainingSetup(micro_batch=2, seq_len=32, method=Method.LORA, lora=lora)
+        sh = shapes(s, setup)
+        la = layer_activations(s, s.groups[g].layer, sh)
+        return {i.key: i.bytes for i in L.adapt_layer(s, g, la, sh, setup).saved}
+
+    full = saved(L.LoraConfig())
+    assert full["moe.routed_inputs"] == k * t * h * 2 and full["input.mlp"] == t * h * 2
+    assert full["mlp.interior"] == 4 * k * t * inner * 2
+    q_only = saved(L.LoraConfig(targets=("q_proj",)))
+    assert "moe.routed_inputs" not in q_only and "input.mlp" not in q_only
+    assert q_only["mlp.interior"] == 3 * k * t * inner * 2  # gate_up output, act(gate), up; not the product
+
+
 def test_moe_fused_needs_both_halves() -> None:
     with pytest.raises(InputError, match="up_proj"):
         L.resolve_targets(spec(QWEN3_MOE), L.LoraConfig(targets=("gate_proj",)))

@@ -710,6 +710,11 @@ class _Moe:
     shared_path: str = "mlp.shared_experts"
     shared_gate: bool = False  # Qwen2-MoE: shared_expert_gate, a (1, H) Linear
     router_buffer: bool = False  # DeepSeek-V3: gate.e_score_correction_bias is an nn.Buffer
+    router_fp32: bool = False  # DeepSeek-V2/V3 routers: an fp32 Linear over upcast input and weight
+    norm_topk: bool = False  # top-k weights renormalised in place (Mixtral always; norm_topk_prob)
+    group_mask: bool = False  # DeepSeek-V2 topk_method group_limited_greedy masks the scores
+    weights_fp32: bool = True  # Qwen-MoE routers cast the top-k weights back to the logits' dtype
+    shared_after_routed: bool = False  # DeepSeek: hidden_states + self.shared_experts(residuals), last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -820,6 +825,12 @@ def _decoder_layer(d: _Decoder, i: int, attention: Attention, attn_tensors: tupl
             num_experts=m.experts,
             experts_per_token=m.top_k,
             shared_intermediate_size=m.shared_width,
+            router_fp32=m.router_fp32,
+            router_norm_topk=m.norm_topk,
+            router_group_mask=m.group_mask,
+            routing_weights_fp32=m.weights_fp32,
+            shared_gate=m.shared_gate,
+            shared_after_routed=m.shared_after_routed,
         )
         mlp_tensors = _moe_tensors(d, m)
     else:
@@ -1000,6 +1011,7 @@ def _mixtral(r: _Reader, name: str | None) -> ModelSpec:
         experts=r.get_int("num_local_experts", "num_experts"),
         top_k=r.get_int("num_experts_per_tok"),
         width=c["intermediate"],
+        norm_topk=True,  # MixtralTopKRouter: router_top_value /= router_top_value.sum(...), always
     )
     return _decoder_spec(r, _Decoder(**c, windows=_windows_all(r, n, None), moe=moe), name)
 
@@ -1038,6 +1050,8 @@ def _qwen2_moe(r: _Reader, name: str | None) -> ModelSpec:
         shared_width=r.get_int("shared_expert_intermediate_size"),
         shared_path="mlp.shared_expert",
         shared_gate=True,
+        norm_topk=r.get_bool("norm_topk_prob", False),  # Qwen2MoeConfig default
+        weights_fp32=False,  # Qwen2MoeTopKRouter: router_top_value.to(router_logits.dtype)
     )
     use = r.get_bool("use_sliding_window", False)
     window = r.int_or_none("sliding_window", 4096) if use else None
@@ -1059,6 +1073,8 @@ def _qwen3_moe(r: _Reader, name: str | None) -> ModelSpec:
         experts=r.get_int("num_experts", "num_local_experts"),
         top_k=r.get_int("num_experts_per_tok"),
         width=r.get_int("moe_intermediate_size"),
+        norm_topk=r.get_bool("norm_topk_prob", False),  # Qwen3MoeConfig default
+        weights_fp32=False,  # Qwen3MoeTopKRouter: router_top_value.to(router_logits.dtype)
     )
     window = r.int_or_none("sliding_window", 4096) if r.get_bool("use_sliding_window", False) else None
     bias = r.get_bool("attention_bias", False)
@@ -1244,6 +1260,11 @@ def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:
         width=width,
         shared_width=width * shared,
         router_buffer=version == 3,
+        router_fp32=True,  # DeepseekV{2,3}TopkRouter: F.linear(x.type(float32), weight.type(float32))
+        # DeepseekV3Config norm_topk_prob defaults to True; V2's router never renormalises
+        norm_topk=version == 3 and r.get_bool("norm_topk_prob", True),
+        group_mask=version == 2 and r.get_str("topk_method", default="greedy") == "group_limited_greedy",
+        shared_after_routed=True,  # DeepseekV{2,3}Moe.forward: experts(...), then + shared_experts(residuals)
     )
     freq = r.raw.get("moe_layer_freq", 1)
     if freq != 1:

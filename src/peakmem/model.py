@@ -132,6 +132,13 @@ class Mlp:
     experts_per_token: int = 0
     shared_intermediate_size: int = 0  # total width of always-on shared experts
     fused_gate_up: bool = False  # Phi-3: one gate_up_proj
+    # MoE router, as each family's transformers code writes it (what its backward keeps differs):
+    router_fp32: bool = False  # DeepSeek-V2/V3: F.linear(x.type(float32), weight.type(float32))
+    router_norm_topk: bool = False  # top-k weights renormalised in place (``/=`` their sum)
+    router_group_mask: bool = False  # DeepSeek-V2 group_limited_greedy: scores.masked_fill(mask)
+    routing_weights_fp32: bool = True  # False: Qwen-MoE cast them back to the logits' dtype
+    shared_gate: bool = False  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    shared_after_routed: bool = False  # DeepSeek: shared experts run after the routed ones in forward
 
     def __post_init__(self) -> None:
         require(self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "must be positive")

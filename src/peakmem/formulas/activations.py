@@ -21,8 +21,11 @@ h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r resid
   the output and the logsumexp (a x s x fp32). The attention output feeds o_proj (c). A fused
   qkv projection with RoPE keeps its whole output alive through the v view next to the rotated
   q, k; MLA keeps kv_b_proj's output the same way.
-* MoE: router logits and probabilities (fp32), top-k x T gathered expert inputs and scaled
-  outputs, and each expert's MLP interior over the routed rows.
+* MoE (transformers' default grouped_mm experts, ``integrations/moe.py``): the router's fp32 scores
+  and int64 top-k indices (DeepSeek: its fp32 Linear's input and weight copies; in-place top-k
+  renormalisation: a clone and the sum), the dispatch's int64 permutations and sorted routing
+  weights, top-k x T gathered expert inputs and scaled outputs, each expert's MLP interior over the
+  routed rows; Qwen2-MoE's gated shared expert keeps its output and the sigmoid gate.
 * MLP: fused ``F.gelu``/``F.silu`` save their input; the python ``gelu_new`` formula saves x,
   tanh(.), 1 + tanh(.) and 0.5 x; gated MLPs keep gate, act(gate), up and their product.
 * dropout: CUDA's fused ``native_dropout`` saves a bool mask (1 B/elem); CPU's ``_dropout_impl``
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.derived import costs_for, family_key
-from peakmem.model import Attention, Layer, ModelSpec
+from peakmem.model import Attention, Layer, Mlp, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
 
 from .model_states import PrecisionPlan, precision_plan
@@ -635,6 +638,63 @@ def _eager_terms(
     return items, core, fwd, bwd
 
 
+SRC_GROUPED_MM = "transformers integrations/moe.py grouped_mm_experts_forward (the default experts)"
+SRC_ROUTER = "transformers Mixtral/Qwen*Moe/DeepseekV{2,3} TopkRouter.forward"
+
+
+def moe_router_items(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> list[MemoryItem]:
+    """What an MoE router's backward keeps (T tokens, E experts, top-k): its scores (softmax, DeepSeek-V3's
+    sigmoid: they save their fp32 output; the logits themselves are not kept) and the top-k indices
+    (``topk`` / ``gather`` backward, int64). DeepSeek's fp32 router Linear (``F.linear(x.type(float32),
+    weight.type(float32))``) saves an fp32 copy of its input and of its weight; an in-place renormalisation
+    of the top-k weights (``/=`` their sum: Mixtral, ``norm_topk_prob``) makes autograd clone them and
+    keeps the sum; DeepSeek-V2's group_limited_greedy ``masked_fill`` keeps its bool mask."""
+    t, h, c = sh.tokens, spec.hidden_size, sh.c
+    e, k = mlp.num_experts, mlp.experts_per_token
+    items = [
+        _item("moe.router scores (fp32)", t * e * 4, SRC_ROUTER + ": softmax/sigmoid saves its output",
+              "moe.router"),
+        _item("moe.router top-k indices (int64)", t * k * 8, SRC_ROUTER + ": topk/gather saves the indices",
+              "moe.router_indices"),
+    ]  # fmt: skip
+    if mlp.router_fp32 and sh.plan.autocast:
+        # the fp32 upcasts are no-ops on autocast's fp32 norm output and weight; autocast casts the input
+        # to 16 bits for the Linear (its weight's cast is counted with the autocast weight casts)
+        items.append(_item("moe.router input (autocast cast)", t * h * c, SRC_WEIGHT_CAST, "moe.router_fp32"))
+    elif mlp.router_fp32 and c != 4:
+        weight = 0 if sh.plan.weight.bits == 32 else e * h * 4
+        items.append(_item("moe.router fp32 input + weight copies", t * h * 4 + weight,
+                           "modeling_deepseek_v3.py DeepseekV3TopkRouter.forward: "
+                           "F.linear(hidden_states.type(float32), self.weight.type(float32))",
+                           "moe.router_fp32", 2 if weight else 1))  # fmt: skip
+    if mlp.router_norm_topk:
+        items.append(_item("moe.router top-k weights clone + sum (in-place renormalisation)",
+                           t * k * 4 + t * 4, SRC_ROUTER + ": topk_weights /= topk_weights.sum(...): "
+                           "autograd saves the original (a clone) and the divisor", "moe.router_norm",
+                           2))  # fmt: skip
+    if mlp.router_group_mask:
+        items.append(_item("moe.router group mask (bool)", t * e,
+                           "modeling_deepseek_v2.py DeepseekV2TopkRouter: scores.masked_fill(~score_mask, 0)",
+                           "moe.router_group_mask"))  # fmt: skip
+    return items
+
+
+def moe_dispatch_items(mlp: Mlp, sh: Shapes) -> list[MemoryItem]:
+    """The grouped_mm experts' bookkeeping (S = tokens x top-k routed rows): ``perm`` from ``torch.sort``,
+    ``perm // top_k`` (the gather's index) and ``inv_perm`` (int64, each saved by an ``index`` backward),
+    the routing weights sorted by expert (``sample_weights[perm]``, saved by the weighting mul: fp32, or
+    the compute dtype where the router casts them) and the int32 ``offsets`` (``cumsum``, saved by the
+    grouped_mm)."""
+    s = sh.tokens * mlp.experts_per_token
+    w = 4 if mlp.routing_weights_fp32 else sh.c
+    return [
+        _item("moe.dispatch indices (perm, perm // k, inv_perm; int64)", 3 * s * 8, SRC_GROUPED_MM,
+              "moe.dispatch", 3),
+        _item("moe.routing weights sorted by expert + offsets", s * w + mlp.num_experts * 4, SRC_GROUPED_MM,
+              "moe.dispatch_weights", 2),
+    ]  # fmt: skip
+
+
 def routed_width_bytes(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
     """Bytes of one (routed) tokens x MLP-width tensor: the down projection's input."""
     mlp = layer.mlp
@@ -649,15 +709,14 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     items: list[MemoryItem] = []
     routed_tokens = t
     if mlp.is_moe:
-        e, k = mlp.num_experts, mlp.experts_per_token
-        items.append(_item("moe.router logits + probs (fp32)", 2 * t * e * 4,
-                           "transformers MoE router: softmax(router_logits, dtype=float)",
-                           "moe.router", 2))  # fmt: skip
+        k = mlp.experts_per_token
+        items.extend(moe_router_items(spec, mlp, sh))
+        items.extend(moe_dispatch_items(mlp, sh))
         items.append(_item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
-                           "expert inputs gathered per expert: top-k x tokens rows",
+                           SRC_GROUPED_MM + ": hidden_states[perm // top_k], saved by the up grouped_mm",
                            "moe.routed_inputs"))  # fmt: skip
         items.append(_item("moe.expert outputs (scaled by the routing weights)", k * t * spec.hidden_size * c,
-                           "transformers MoE experts: out * routing_weights saves out",
+                           SRC_GROUPED_MM + ": proj_out * sample_weights_g saves proj_out",
                            "moe.expert_outputs"))  # fmt: skip
         routed_tokens = k * t
     width = mlp.intermediate_size
@@ -696,10 +755,32 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                 4,
             )
         )
+    if mlp.is_moe and mlp.shared_gate:
+        # Qwen2MoeSparseMoeBlock: F.sigmoid(shared_expert_gate(x)) * shared_expert_output; the mul saves
+        # both, the sigmoid its output (the same tensor)
+        items.append(_item("mlp.shared expert output + its sigmoid gate", t * (spec.hidden_size + 1) * c,
+                           "modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward", "mlp.shared_gate",
+                           2))  # fmt: skip
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
     return items, alive * n * c
+
+
+def moe_weighting_backward(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> int:
+    """The gradients alive while backward crosses the grouped_mm experts' output (S = tokens x top-k):
+    ``weighted_out = proj_out * sample_weights_g`` promotes to the routing weights' dtype (fp32 for
+    Mixtral/DeepSeek), so the gradient of ``weighted_out[inv_perm].view(T, k, H).sum(1)`` is S x H in that
+    dtype three times at once: the contiguous copy of the expanded sum gradient (``clone``), the ``index``
+    backward's zeros and its ``index_put`` (measured under fake tensors); the mul's two gradients and the
+    cast back to ``proj_out``'s dtype follow once the first two are freed. Shared experts run their
+    backward first (DeepSeek; Qwen2-MoE's gated shared output waits for it instead): a T x H gradient
+    waits for the routed branch's."""
+    s, h, c = sh.tokens * mlp.experts_per_token, spec.hidden_size, sh.c
+    w = 4 if mlp.routing_weights_fp32 else c
+    grads = s * h * (3 * w + (c if w != c else 0))
+    shared = sh.tokens * h * c if mlp.shared_intermediate_size else 0
+    return grads + shared
 
 
 def layer_activations(
@@ -801,6 +882,8 @@ def layer_activations(
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
         y = rmsnorm_weight_side_bytes(spec, sh, h)
         stage = max(stage, (post_norm - y, y, 0))
+    if layer.mlp.is_moe:
+        stage = max(stage, _moe_stage(spec, layer, sh, grad_bytes, total, mlp_in))
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
@@ -810,6 +893,26 @@ def layer_activations(
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
+
+
+def _moe_stage(
+    spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int, layer_params: int, mlp_in: int
+) -> tuple[int, int, int]:
+    """An MoE layer's backward at its routed experts' output (:func:`moe_weighting_backward`): (net bytes
+    above the layer's saved tensors, saved bytes already freed, weight gradients written). Where the
+    shared experts run after the routed ones in forward (DeepSeek: ``hidden + shared_experts(residuals)``)
+    their backward has run: their saved interior is freed and their weight gradients written, and so is
+    the MLP input when only they read it (the router reads its own fp32 copy, the experts gather rows)."""
+    mlp, t, h = layer.mlp, sh.tokens, spec.hidden_size
+    freed = grads = 0
+    if mlp.shared_after_routed and mlp.shared_intermediate_size:
+        freed = 4 * t * mlp.shared_intermediate_size * sh.c
+        if mlp.router_fp32 and sh.c != 4 and not sh.plan.autocast and not mlp.shared_gate:
+            freed += mlp_in
+        shared = sum(x.numel for x in layer.tensors if x.component == "shared_experts")
+        grads = int(grad_bytes * shared / layer_params) if layer_params else 0
+    net = moe_weighting_backward(spec, mlp, sh) + t * h * sh.r + grads - freed
+    return net, freed, grads
 
 
 SRC_DERIVED = (

@@ -459,6 +459,28 @@ def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
     return MemoryItem(path=path, category=Category.ACTIVATIONS, bytes=nbytes, source=source, key=key)
 
 
+SRC_PARAM_WRAPPER = (
+    "peft/tuners/lora/layer.py ParamWrapper._activate_lora: the parameter becomes W + scaling * lhs @ rhs "
+    "(_LoraFactorsProxy: one baddbmm over the factors cast to W's dtype, when E > 1; else "
+    "_LoraParameterProxy: W + delta), which its consumer (grouped_mm, F.linear) saves for the input gradient"
+)
+
+
+def param_wrapper_saved(
+    m: AdaptedModule, lora: LoraConfig, param_bytes: int, a_bytes: int, *, merged_saved: bool = True
+) -> int:
+    """What an adapted bare parameter (peft ``ParamWrapper``, ``target_parameters``) keeps per forward:
+    the merged weight ``W + scaling * B A`` (the parameter's size and dtype: its consumer saves it), and,
+    for a 3-D expert stack (``_LoraFactorsProxy``'s ``baddbmm``), the two factors cast to the parameter's
+    dtype when the adapter's differs (``baddbmm`` saves both). Nothing per token: the adapter never sees
+    the input (:data:`SRC_PARAM_WRAPPER`)."""
+    merged = m.experts * m.in_features * m.out_features * param_bytes if merged_saved else 0
+    rr = lora.rank * m.experts * m.rank_factor
+    cast = m.experts > 1 and a_bytes != param_bytes
+    factors = rr * (m.in_features + m.out_features) * param_bytes if cast else 0
+    return merged + factors
+
+
 def adapter_saved_per_module(
     m: AdaptedModule,
     lora: LoraConfig,
@@ -468,17 +490,22 @@ def adapter_saved_per_module(
     a_bytes: int,
     cuda: bool,
     autocast_bytes: int = 0,
+    param_bytes: int = 0,
+    merged_saved: bool = True,
 ) -> tuple[int, int]:
     """(bytes lora_A's input costs beyond the shared x, bytes of the other saved adapter tensors).
 
     ``x_bytes``: element size of the module input; ``a_bytes``: of the adapter weights;
     ``autocast_bytes``: under torch autocast the 16-bit compute size (the adapter matmuls run on casts).
+    ``param_bytes``: element size of an adapted bare parameter (``target_parameters``; ``x_bytes`` when 0);
+    ``merged_saved``: whether its consumer saves the merged weight itself (False: DeepSeek's router saves
+    an fp32 copy of it instead, counted with the router).
     """
     if m.kind in ("saved", "embedding"):
         return 0, 0
     r, t, n_in, n_out = lora.rank * m.experts * m.rank_factor, tokens, m.in_features, m.out_features
     if m.kind == "param":
-        return 0, t * r * max(a_bytes, autocast_bytes)  # peft ParamWrapper: A(x) saved (approximation)
+        return 0, param_wrapper_saved(m, lora, param_bytes or x_bytes, a_bytes, merged_saved=merged_saved)
     lin = autocast_bytes or a_bytes  # dtype lora_A computes in
     input_cost = 0
     if lora.dropout > 0:
@@ -638,13 +665,19 @@ def adapt_layer(
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
         elif item.key == "input.mlp":
-            nbytes = nbytes if _kept(mlp_readers, lora, sh, int8_base) else 0
+            # an adapted router that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves it too
+            router = _router_adapted(mods) and not layer.mlp.router_fp32
+            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, int8_base) else 0
         elif item.key == "attn.output" and not _kept(o_proj, lora, sh, int8_base):
             # eager's o_proj input (SDPA keeps its own output for its backward: "attn.sdpa_output")
             nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
         elif _drops_down_input(item.key, layer, down, lora, sh, int8_base):
             down_dropped = t * layer.mlp.intermediate_size * c
             nbytes -= down_dropped
+        elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
+            nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, int8_base)
+        elif layer.mlp.is_moe:
+            nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, int8_base)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
@@ -652,8 +685,11 @@ def adapt_layer(
     inputs = others = 0
     for m in mods:
         x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
+        merged = not (m.component == "router" and layer.mlp.router_fp32)
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
-                                                  cuda=cuda, autocast_bytes=ac)  # fmt: skip
+                                                  cuda=cuda, autocast_bytes=ac,
+                                                  param_bytes=sh.plan.weight.bits // 8,
+                                                  merged_saved=merged)  # fmt: skip
         inputs += i_cost
         others += o_cost
     if inputs:
@@ -742,6 +778,64 @@ def _drops_down_input(
     if key != "mlp.interior" or _kept(down, lora, sh, int8_base):
         return False
     return layer.mlp.activation != "relu" and not layer.mlp.is_moe
+
+
+def _router_adapted(mods: list[AdaptedModule]) -> bool:
+    return any(m.component == "router" for m in mods)
+
+
+def _expert_adapted(mods: list[AdaptedModule], leaf: str) -> bool:
+    return any(m.component == "experts" and m.leaf == leaf for m in mods)
+
+
+def _mla_latent_drop(
+    key: str,
+    spec: ModelSpec,
+    layer: Layer,
+    mods: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+    int8_base: bool,
+) -> int:
+    """MLA's latent RMSNorm (kv_a_layernorm / q_a_layernorm) under LoRA: its normed ``y`` is saved only for
+    the frozen norm weight's gradient, and the normed latent only for the frozen kv_b_proj / q_b_proj
+    weight's (unless lora_A keeps that same tensor: ``_kept``). Its fp32 upcast and rstd stay."""
+    att = layer.attention
+    kv = key == "attn.mla_kv_latent"
+    rank, reader = (att.kv_lora_rank, "kv_b_proj") if kv else (att.q_lora_rank or 0, "q_b_proj")
+    t = sh.tokens
+    drop = rmsnorm_weight_side_bytes(spec, sh, rank)
+    if not _kept([m for m in mods if m.leaf == reader], lora, sh, int8_base):
+        drop += t * rank * sh.c
+    return drop
+
+
+def _moe_frozen_drop(
+    key: str,
+    spec: ModelSpec,
+    layer: Layer,
+    mods: list[AdaptedModule],
+    down: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+    int8_base: bool,
+) -> int:
+    """Bytes of an MoE layer's saved tensor that only a frozen weight's gradient needed (derivatives.yaml:
+    mm / grouped_mm save their input only when the weight requires grad). Frozen experts: the up
+    grouped_mm's gathered input and the down grouped_mm's input (the act * up product) are not kept; a
+    frozen DeepSeek router keeps its fp32 weight copy but not its fp32 input copy; a frozen shared
+    experts' down projection does not keep the gated product (``_drops_down_input`` for dense MLPs)."""
+    mlp, t, c = layer.mlp, sh.tokens, sh.c
+    s = t * mlp.experts_per_token
+    if key == "moe.routed_inputs" and not _expert_adapted(mods, "gate_up_proj"):
+        return s * spec.hidden_size * c
+    if key == "mlp.interior" and not _expert_adapted(mods, "down_proj"):
+        return s * mlp.intermediate_size * c
+    if key == "moe.router_fp32" and not _router_adapted(mods) and not sh.plan.autocast and c != 4:
+        return t * spec.hidden_size * 4
+    if key == "mlp.shared_experts" and not _kept(down, lora, sh, int8_base):
+        return t * mlp.shared_intermediate_size * c
+    return 0
 
 
 def _roles(
