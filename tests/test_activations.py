@@ -401,3 +401,23 @@ def test_olmo2_norms_save_fp32_normed_and_q_k_norms_each_their_rstd() -> None:
     adapted = adapt_layer(spec, 0, act.layer_activations(spec, spec.first_layer, sh), sh, lora)
     by_key = {i.key: i.bytes for i in adapted.saved}
     assert by_key["attn.qk_norm"] == T * (64 + 32) * 4 + 2 * T * 4
+
+
+def test_lora_attention_stage_frees_the_mlp_and_o_proj_adapters_first() -> None:
+    """All-linear LoRA (rank 8, fp32 adapters) on the Falcon-7B layout, mixed-bf16, b2 x s128 (CUDA math
+    kernel): the attention core's backward runs after the MLP half's and dense's, so their adapters'
+    fp32 input casts and A outputs are freed by then (measured under the simulator: the peak's layer)."""
+    from peakmem.formulas.lora import adapt_layer
+
+    spec = spec_from_config(dict(FALCON))
+    setup = TrainingSetup(micro_batch=2, seq_len=128, method="lora")  # type: ignore[arg-type]
+    sh = act.shapes(spec, setup)
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    t, h, i, r = 256, 64, 256, 8
+    scores = 2 * 4 * 128 * 128
+    mlp_saved = t * h * 2 + 2 * t * i * 2 + (t * h * 2 + 2 * t * 4) // 2  # input, fc + gelu, norm/2
+    assert la.backward_stages[1][0] == 2 * scores * 4 + 2 * t * h * 2 - mlp_saved
+    down_dropped = t * i * 2  # the frozen dense_4h_to_h never saved its input
+    early = (t * h * 4 + t * r * 4) * 2 + (t * i * 4 + t * r * 4)  # dense, dense_h_to_4h; dense_4h_to_h
+    adapted = adapt_layer(spec, 0, la, sh, setup)
+    assert adapted.backward_transient == la.backward_stages[1][0] + down_dropped - early == 515_072

@@ -60,7 +60,6 @@ DISAGREE: dict[tuple[str, str], str] = {
     # the math kernel's broadcast k/v are one-head views at micro-batch 1 and copies above (not checked)
     ("falcon", "full"): "derived low (-4.87%; vs simulate: formulas 1.005, derived 0.956)",
     ("falcon", "full+ckpt"): "derived low (-7.19%; vs simulate: formulas 1.003, derived 0.931)",
-    ("falcon", "lora"): "formulas high (-8.68%; vs simulate: formulas 1.080, derived 0.986)",
     ("mixtral", "full"): "derived high (+2.87%; vs simulate: formulas 0.991, derived 1.019)",
     ("mixtral", "lora"): "both, formulas more low (+11.76%; vs simulate: formulas 0.924, derived 1.032)",
     ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
@@ -70,13 +69,14 @@ DISAGREE: dict[tuple[str, str], str] = {
         "full+ckpt",
     ): "both, formulas more low (+2.98%; vs simulate: formulas 0.946, derived 0.974)",
     ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
-    ("gemma", "lora"): "formulas high (-3.32%; vs simulate: formulas 1.050, derived 1.015)",
     ("gemma2", "full+ckpt"): "formulas low (+4.37%; vs simulate: formulas 0.951, derived 0.993)",
     ("gemma2", "lora"): "formulas high (-6.62%; vs simulate: formulas 1.079, derived 1.008)",
     ("gemma3_text", "full+ckpt"): "formulas low (+6.55%; vs simulate: formulas 0.936, derived 0.997)",
     ("gemma3_text", "lora"): "formulas high (-15.22%; vs simulate: formulas 1.192, derived 1.011)",
     ("phi3", "full"): "formulas low (+2.52%; vs simulate: formulas 0.972, derived 0.997)",
     ("phi3", "full+ckpt"): "derived low (-2.71%; vs simulate: formulas 0.981, derived 0.955)",
+    # the formulas moved to 0.998 (LoRA backward stages, formulas/lora.py adapt_layer): derived now farther
+    ("phi3", "lora"): "derived high (+2.14%; vs simulate: formulas 0.998, derived 1.019)",
     ("olmo", "full"): "formulas low (+5.52%; vs simulate: formulas 0.936, derived 0.988)",
     ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
     ("olmo2", "full+ckpt"): "formulas low (+5.47%; vs simulate: formulas 0.947, derived 0.999)",

@@ -120,6 +120,9 @@ class LayerActivations:
     input_saved: int = 0
     # the materialised attention mask every layer receives (full checkpointing keeps it for backward)
     mask_arg: int = 0
+    # the two backward stages ``backward_*`` is the larger of, each (net, freed, grads): the MLP half's
+    # and the attention core's (LoRA re-weighs them: formulas/lora.py adapt_layer); () where not built so
+    backward_stages: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -719,6 +722,7 @@ def layer_activations(
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
+        backward_stages=(mlp_stage, att_stage),
     )  # fmt: skip
 
 

@@ -642,13 +642,15 @@ def adapt_layer(
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
-    inputs = others = 0
+    inputs = others = early = 0
     for m in mods:
         x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
                                                   cuda=cuda, autocast_bytes=ac)  # fmt: skip
         inputs += i_cost
         others += o_cost
+        if m in mlp_readers or m in down or m in o_proj:
+            early += i_cost + o_cost
     if inputs:
         out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
     if others:
@@ -659,13 +661,30 @@ def adapt_layer(
         first_norm = norm_saved(spec, sh, h) - (t * h * y_bytes if spec.norm == "rmsnorm" else 0)
         out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
     saved = tuple(i for i in out if i.bytes)
-    fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
+    # an adapter's forward temporaries come before what its layer saves after that module: net of it, as
+    # under recomputation (the last layer's all-linear LoRA on tiny Falcon peaked 5% high without it);
+    # at the down projection, last, its input (not saved when the frozen base dropped it) and the
+    # residual stream are alive next to them (tiny BERT's peak, measured under the simulator)
+    fwd = max(
+        la.forward_transient, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh)
+    )
+    if down:
+        fwd = max(fwd, adapter_forward_transient(down, lora, sh) + down_dropped + t * h * sh.r)
     # activations.py's backward transient is net of the down projection's input, freed once that
     # Linear's backward ran; a frozen down projection never saved it, so nothing is freed: its input
     # gradient and the activation's gradients (gelu_new: grad of 0.5x and of 1 + tanh; gated: of
     # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
+    freed = la.backward_freed
+    if len(la.backward_stages) == 2:
+        # the attention core's backward runs after the MLP half's and the output projection's: their
+        # adapters' saved inputs and A outputs are freed by then (measured under the simulator: tiny
+        # Falcon, all-linear LoRA, the last layer's softmax backward)
+        (m_net, m_freed, m_grads), (a_net, a_freed, a_grads) = la.backward_stages
+        mlp_stage = (m_net + down_dropped, m_freed - down_dropped, m_grads)
+        att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
+        bwd, freed, _ = max(mlp_stage, att_stage)
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
@@ -674,7 +693,9 @@ def adapt_layer(
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
         fwd = max(fwd, tmp.forward)
         bwd = bwd + tmp.backward
-    return replace(la, saved=saved, forward_transient=fwd, backward_transient=bwd)
+    return replace(
+        la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
+    )
 
 
 def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: Shapes) -> int:
