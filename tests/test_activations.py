@@ -421,3 +421,14 @@ def test_lora_attention_stage_frees_the_mlp_and_o_proj_adapters_first() -> None:
     early = (t * h * 4 + t * r * 4) * 2 + (t * i * 4 + t * r * 4)  # dense, dense_h_to_4h; dense_4h_to_h
     adapted = adapt_layer(spec, 0, la, sh, setup)
     assert adapted.backward_transient == la.backward_stages[1][0] + down_dropped - early == 515_072
+
+
+def test_bloom_gelu_backward_holds_six_intermediates() -> None:
+    """modeling_bloom.py ``bloom_gelu_back``: g, tanh_out, 0.5 x, 1 - tanh_out**2, the polynomial and their
+    product alive at once (6 T x I in bf16); net of the freed down-projection input (the gelu output): 5."""
+    spec = spec_from_config({"model_type": "bloom", "n_layer": 1, "hidden_size": 64, "n_head": 4,
+                             "vocab_size": 1000})  # fmt: skip
+    assert spec.first_layer.mlp.activation == "bloom_gelu"
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))  # mixed-bf16
+    _, bwd = act.mlp_terms(spec, spec.first_layer, sh)
+    assert bwd == 5 * T * 4 * 64 * 2

@@ -56,6 +56,14 @@ PYTHON_ACTIVATIONS = {"gelu_new": 4, "gelu_fast": 4}
 # x (fp32 cast), tanh (fp32), 1 + tanh (fp32) and 0.5 x (16-bit).
 PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4, 4, 2)}
 
+# Activations whose autograd Function computes its gradient in python: the most T x I tensors alive at
+# once in that backward, net of the down projection's input freed just before (``mlp_terms``' unit: a
+# fused F.gelu's g and its result, 2, count 1). modeling_bloom.py ``bloom_gelu_back`` (via
+# ``GeLUFunction.backward``): at ``(1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * x * x)`` the
+# incoming g, tanh_out, ``0.5 * x``, ``1 - tanh_out**2``, ``0.79788456 + ...`` and their product are alive:
+# 6, net 5 (traced op by op; the simulator's peak on tiny BLOOM holds these six).
+CUSTOM_BACKWARD_ALIVE = {"bloom_gelu": 5}
+
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
 # Norms inside attention (q/k norms, MLA latent norms): not norms of the block's hidden state.
@@ -623,6 +631,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
+    alive = CUSTOM_BACKWARD_ALIVE.get(mlp.activation, alive)
     return items, alive * n * c
 
 

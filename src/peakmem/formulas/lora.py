@@ -642,7 +642,7 @@ def adapt_layer(
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
-    inputs = others = early = 0
+    inputs = others = early = down_early = 0
     for m in mods:
         x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
@@ -651,6 +651,8 @@ def adapt_layer(
         others += o_cost
         if m in mlp_readers or m in down or m in o_proj:
             early += i_cost + o_cost
+        if m in down:
+            down_early += i_cost + o_cost
     if inputs:
         out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
     if others:
@@ -680,9 +682,10 @@ def adapt_layer(
     if len(la.backward_stages) == 2:
         # the attention core's backward runs after the MLP half's and the output projection's: their
         # adapters' saved inputs and A outputs are freed by then (measured under the simulator: tiny
-        # Falcon, all-linear LoRA, the last layer's softmax backward)
+        # Falcon, all-linear LoRA, the last layer's softmax backward); the MLP stage's peak comes after
+        # the down projection's backward, which freed its adapter's
         (m_net, m_freed, m_grads), (a_net, a_freed, a_grads) = la.backward_stages
-        mlp_stage = (m_net + down_dropped, m_freed - down_dropped, m_grads)
+        mlp_stage = (m_net + down_dropped - down_early, m_freed - down_dropped + down_early, m_grads)
         att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
         bwd, freed, _ = max(mlp_stage, att_stage)
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
