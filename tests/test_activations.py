@@ -432,3 +432,16 @@ def test_bloom_gelu_backward_holds_six_intermediates() -> None:
     sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))  # mixed-bf16
     _, bwd = act.mlp_terms(spec, spec.first_layer, sh)
     assert bwd == 5 * T * 4 * 64 * 2
+
+
+def test_olmo_layernorm_saves_its_fp32_upcast() -> None:
+    """modeling_olmo.py ``OlmoLayerNorm``: ``F.layer_norm(x.to(float32), ...).to(orig_dtype)`` saves the
+    fp32 copy and fp32 mean/rstd (no weight, no bias); the bf16 residual itself is not saved."""
+    olmo = {"model_type": "olmo", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 96, "vocab_size": 1000}  # fmt: skip
+    spec = spec_from_config(olmo)
+    assert spec.layernorm_fp32
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))  # mixed-bf16
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    assert {i.key: i.bytes for i in la.saved}["norms"] == 2 * (T * 64 * 4 + 2 * T * 4)
+    assert la.input_saved == 0

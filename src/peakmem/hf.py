@@ -1189,14 +1189,14 @@ def _olmo(r: _Reader, name: str | None, version: int) -> ModelSpec:
             norm_kind="layernorm",
             layout="nonparametric",
         )
-    else:
-        d = _Decoder(
-            **c, windows=(None,) * c["n_layers"], qkv_bias=bias, o_bias=bias, qk_norm="full", layout="post"
-        )
-        # Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
-        # multiplies the fp32 normalised x, which is what it saves
-        return replace(_decoder_spec(r, d, name), rmsnorm_normed_fp32=True)
-    return _decoder_spec(r, d, name)
+        # OlmoLayerNorm (modeling_olmo.py) normalises an fp32 upcast: that is what layer_norm saves
+        return replace(_decoder_spec(r, d, name), layernorm_fp32=True)
+    d = _Decoder(
+        **c, windows=(None,) * c["n_layers"], qkv_bias=bias, o_bias=bias, qk_norm="full", layout="post"
+    )
+    # Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
+    # multiplies the fp32 normalised x, which is what it saves
+    return replace(_decoder_spec(r, d, name), rmsnorm_normed_fp32=True)
 
 
 def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:

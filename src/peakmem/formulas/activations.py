@@ -346,6 +346,8 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
         fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
         y_bytes = 4 if sh.plan.autocast or fp32_normed else sh.c
         return t * width * (4 + y_bytes) + t * 4
+    if spec.layernorm_fp32:  # OlmoLayerNorm: layer_norm saves its fp32 upcast input and fp32 mean/rstd
+        return t * width * 4 + 2 * t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
 
@@ -360,8 +362,8 @@ def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
         return 0 if sh.plan.autocast else t * h * sh.c
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
         return t * h * sh.r  # the fused / compiled norm keeps its input itself
-    if spec.norm == "rmsnorm" and sh.r != 4:
-        return 0
+    if (spec.norm == "rmsnorm" or spec.layernorm_fp32) and sh.r != 4:
+        return 0  # the norm saves an fp32 copy of a 16-bit residual, not the residual itself
     return t * h * sh.r
 
 
