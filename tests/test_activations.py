@@ -445,3 +445,20 @@ def test_olmo_layernorm_saves_its_fp32_upcast() -> None:
     la = act.layer_activations(spec, spec.first_layer, sh)
     assert {i.key: i.bytes for i in la.saved}["norms"] == 2 * (T * 64 * 4 + 2 * T * 4)
     assert la.input_saved == 0
+
+
+def test_rope_cat_makes_sdpa_output_need_a_copy_and_parallel_norms_share_their_input() -> None:
+    """Phi-3 / GPT-NeoX: apply_rotary_pos_emb ends in torch.cat, so q is contiguous per head, SDPA's output
+    takes q's layout and ``transpose(1, 2).contiguous()`` copies it for o_proj (T x h bf16); GPT-NeoX's
+    parallel block feeds one input to both LayerNorms (saved once). Mixed-bf16, CUDA policy."""
+    setup = TrainingSetup(micro_batch=B, seq_len=S)
+    phi3 = spec_from_config({**LLAMA, "model_type": "phi3", "num_key_value_heads": 4})
+    neox_config = {"model_type": "gpt_neox", "num_hidden_layers": 1, "hidden_size": 64,
+                   "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 1000}  # fmt: skip
+    neox = spec_from_config(neox_config)
+    assert phi3.rope_concat and neox.rope_concat
+    for spec in (phi3, neox):
+        la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+        assert {i.key: i.bytes for i in la.saved}["attn.output_copy"] == T * 64 * 2
+    la = act.layer_activations(neox, neox.first_layer, act.shapes(neox, setup))
+    assert {i.key: i.bytes for i in la.saved}["norms"] == T * 64 * 2 + 2 * (2 * T * 4)

@@ -485,7 +485,7 @@ def _gpt_neox(r: _Reader, name: str | None) -> ModelSpec:
         *_head(vocab, hidden, tied),
     )
     drop = r.get_float("hidden_dropout")
-    return _spec(
+    spec = _spec(
         r,
         name=name,
         architecture="GPTNeoXForCausalLM",
@@ -500,6 +500,8 @@ def _gpt_neox(r: _Reader, name: str | None) -> ModelSpec:
         dropout=_Dropout(r.get_float("attention_dropout"), drop, drop),
         buffers=_rope_buffers("gpt_neox.rotary_emb", rotary),
     )
+    # modeling_gpt_neox.py apply_rotary_pos_emb: ``torch.cat([q_embed, q_pass], dim=-1)``
+    return replace(spec, rope_concat=True)
 
 
 # --- OPT ---------------------------------------------------------------------------------------------
@@ -1142,7 +1144,9 @@ def _phi3(r: _Reader, name: str | None) -> ModelSpec:
     c["rotary_dim"] = int(c["head_dim"] * _partial_rotary(r, 1.0))
     drop = r.get_float("resid_pdrop")
     c["dropout"] = _Dropout(r.get_float("attention_dropout"), drop, r.get_float("embd_pdrop"))
-    return _decoder_spec(r, _Decoder(**c, windows=_windows_all(r, c["n_layers"], None), fused=True), name)
+    spec = _decoder_spec(r, _Decoder(**c, windows=_windows_all(r, c["n_layers"], None), fused=True), name)
+    # modeling_phi3.py apply_rotary_pos_emb: ``torch.cat([(q_rot * cos) + ..., q_pass], dim=-1)``
+    return replace(spec, rope_concat=True)
 
 
 def _starcoder2(r: _Reader, name: str | None) -> ModelSpec:

@@ -467,8 +467,9 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if sh.compiled and spec.norm == "rmsnorm":
         items.append(compiled_output_copy(sh, t * a * dv))
-    elif fused and sh.policy is KernelPolicy.CPU:
-        # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout
+    elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat:
+        # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout; nor is
+        # it where the rotary embedding's cat made q contiguous per head (``ModelSpec.rope_concat``)
         items.append(
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
@@ -664,7 +665,13 @@ def layer_activations(
     n_norms, att_readers = _layer_structure(layer)
     # per norm its big saved tensors: an unfused RMSNorm's fp32 x and normed y, else the input (stats: tiny)
     per_norm = 2 if spec.norm == "rmsnorm" and not (compiled_block or sh.fused_kernels) else 1
-    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms",
+    norms_bytes = n_norms * norm_one
+    if layer.parallel_residual and n_norms == 2 and spec.norm == "layernorm" and not spec.layernorm_fp32:
+        # GPT-NeoX's parallel block (modeling_gpt_neox.py: ``input_layernorm(hidden_states)`` and
+        # ``post_attention_layernorm(hidden_states)``), Falcon-40B's ln_attn / ln_mlp: both LayerNorms save
+        # the same block input, one storage
+        norms_bytes -= t * h * sh.r
+    items.append(_item(f"norms (input + stats) x{n_norms}", norms_bytes, SRC_NORM, "norms",
                        n_norms * per_norm))  # fmt: skip
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
