@@ -514,3 +514,64 @@ def test_flash_backward_scratch() -> None:
     cpu = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, kernel_policy=KernelPolicy.CPU))
     assert act.flash_backward_scratch(spec.first_layer, fp32) == 0
     assert act.flash_backward_scratch(spec.first_layer, cpu) == 0
+
+
+def test_lora_attention_stage_frees_the_mlp_and_o_proj_adapters_first() -> None:
+    """All-linear LoRA (rank 8, fp32 adapters) on the Falcon-7B layout, mixed-bf16, b2 x s128 (CUDA math
+    kernel): the attention core's backward runs after the MLP half's and dense's, so their adapters'
+    fp32 input casts and A outputs are freed by then (measured under the simulator: the peak's layer)."""
+    from peakmem.formulas.lora import adapt_layer
+
+    spec = spec_from_config(dict(FALCON))
+    setup = TrainingSetup(micro_batch=2, seq_len=128, method="lora")  # type: ignore[arg-type]
+    sh = act.shapes(spec, setup)
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    t, h, i, r = 256, 64, 256, 8
+    scores = 2 * 4 * 128 * 128
+    mlp_saved = t * h * 2 + 2 * t * i * 2 + (t * h * 2 + 2 * t * 4) // 2  # input, fc + gelu, norm/2
+    assert la.backward_stages[1][0] == 2 * scores * 4 + 2 * t * h * 2 - mlp_saved
+    down_dropped = t * i * 2  # the frozen dense_4h_to_h never saved its input
+    early = (t * h * 4 + t * r * 4) * 2 + (t * i * 4 + t * r * 4)  # dense, dense_h_to_4h; dense_4h_to_h
+    adapted = adapt_layer(spec, 0, la, sh, setup)
+    assert adapted.backward_transient == la.backward_stages[1][0] + down_dropped - early == 515_072
+
+
+def test_bloom_gelu_backward_holds_six_intermediates() -> None:
+    """modeling_bloom.py ``bloom_gelu_back``: g, tanh_out, 0.5 x, 1 - tanh_out**2, the polynomial and their
+    product alive at once (6 T x I in bf16); net of the freed down-projection input (the gelu output): 5."""
+    spec = spec_from_config({"model_type": "bloom", "n_layer": 1, "hidden_size": 64, "n_head": 4,
+                             "vocab_size": 1000})  # fmt: skip
+    assert spec.first_layer.mlp.activation == "bloom_gelu"
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))  # mixed-bf16
+    _, bwd = act.mlp_terms(spec, spec.first_layer, sh)
+    assert bwd == 5 * T * 4 * 64 * 2
+
+
+def test_olmo_layernorm_saves_its_fp32_upcast() -> None:
+    """modeling_olmo.py ``OlmoLayerNorm``: ``F.layer_norm(x.to(float32), ...).to(orig_dtype)`` saves the
+    fp32 copy and fp32 mean/rstd (no weight, no bias); the bf16 residual itself is not saved."""
+    olmo = {"model_type": "olmo", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 96, "vocab_size": 1000}  # fmt: skip
+    spec = spec_from_config(olmo)
+    assert spec.layernorm_fp32
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))  # mixed-bf16
+    la = act.layer_activations(spec, spec.first_layer, sh)
+    assert {i.key: i.bytes for i in la.saved}["norms"] == 2 * (T * 64 * 4 + 2 * T * 4)
+    assert la.input_saved == 0
+
+
+def test_rope_cat_makes_sdpa_output_need_a_copy_and_parallel_norms_share_their_input() -> None:
+    """Phi-3 / GPT-NeoX: apply_rotary_pos_emb ends in torch.cat, so q is contiguous per head, SDPA's output
+    takes q's layout and ``transpose(1, 2).contiguous()`` copies it for o_proj (T x h bf16); GPT-NeoX's
+    parallel block feeds one input to both LayerNorms (saved once). Mixed-bf16, CUDA policy."""
+    setup = TrainingSetup(micro_batch=B, seq_len=S)
+    phi3 = spec_from_config({**LLAMA, "model_type": "phi3", "num_key_value_heads": 4})
+    neox_config = {"model_type": "gpt_neox", "num_hidden_layers": 1, "hidden_size": 64,
+                   "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 1000}  # fmt: skip
+    neox = spec_from_config(neox_config)
+    assert phi3.rope_concat and neox.rope_concat
+    for spec in (phi3, neox):
+        la = act.layer_activations(spec, spec.first_layer, act.shapes(spec, setup))
+        assert {i.key: i.bytes for i in la.saved}["attn.output_copy"] == T * 64 * 2
+    la = act.layer_activations(neox, neox.first_layer, act.shapes(neox, setup))
+    assert {i.key: i.bytes for i in la.saved}["norms"] == T * 64 * 2 + 2 * (2 * T * 4)

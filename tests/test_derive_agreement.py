@@ -52,15 +52,11 @@ EXCLUDED = {
 # and no enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (formulas/activations.py
 # cuda_sdpa_backend, the rule simulate/kernels.py applies too).
 DISAGREE: dict[tuple[str, str], str] = {
-    ("gpt_neox", "lora"): "formulas high (-4.72%; vs simulate: formulas 1.061, derived 1.011)",
-    ("bloom", "full"): "formulas low (+5.13%; vs simulate: formulas 0.952, derived 1.001)",
-    ("bloom", "full+ckpt"): "formulas low (+10.25%; vs simulate: formulas 0.907, derived 1.000)",
     # after the math-kernel fix (formulas and simulate's math kernel now upcast as attention.cpp does):
     # the derived side is low; likely its fit over batch-1 and batch-2 shapes (derive.py SHAPES), while
     # the math kernel's broadcast k/v are one-head views at micro-batch 1 and copies above (not checked)
     ("falcon", "full"): "derived low (-4.87%; vs simulate: formulas 1.005, derived 0.956)",
     ("falcon", "full+ckpt"): "derived low (-7.19%; vs simulate: formulas 1.003, derived 0.931)",
-    ("falcon", "lora"): "formulas high (-8.68%; vs simulate: formulas 1.080, derived 0.986)",
     # derived high: its measured MoE backward peak (the fp32 gradients at the routed experts' weighted
     # output, before any expert weight gradient exists) gets all the block's weight gradients added
     # (formulas/activations.py derived_activations)
@@ -71,10 +67,9 @@ DISAGREE: dict[tuple[str, str], str] = {
     # allocator block rounding; derived as mixtral (its MoE backward peak plus all the block's gradients)
     ("qwen2_moe", "full+ckpt"): "derived high (+2.04%; vs simulate: formulas 0.990, derived 1.010)",
     ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
-    ("phi3", "full"): "formulas low (+2.52%; vs simulate: formulas 0.972, derived 0.997)",
-    ("phi3", "full+ckpt"): "derived low (-2.71%; vs simulate: formulas 0.981, derived 0.955)",
-    ("olmo", "full"): "formulas low (+5.52%; vs simulate: formulas 0.936, derived 0.988)",
-    ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
+    ("phi3", "full+ckpt"): "derived low (-3.98%; vs simulate: formulas 0.994, derived 0.955)",
+    # the formulas moved to 0.998 (LoRA backward stages, formulas/lora.py adapt_layer): derived now farther
+    ("phi3", "lora"): "derived high (+2.14%; vs simulate: formulas 0.998, derived 1.019)",
 }
 
 

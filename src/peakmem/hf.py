@@ -485,7 +485,7 @@ def _gpt_neox(r: _Reader, name: str | None) -> ModelSpec:
         *_head(vocab, hidden, tied),
     )
     drop = r.get_float("hidden_dropout")
-    return _spec(
+    spec = _spec(
         r,
         name=name,
         architecture="GPTNeoXForCausalLM",
@@ -500,6 +500,8 @@ def _gpt_neox(r: _Reader, name: str | None) -> ModelSpec:
         dropout=_Dropout(r.get_float("attention_dropout"), drop, drop),
         buffers=_rope_buffers("gpt_neox.rotary_emb", rotary),
     )
+    # modeling_gpt_neox.py apply_rotary_pos_emb: ``torch.cat([q_embed, q_pass], dim=-1)``
+    return replace(spec, rope_concat=True)
 
 
 # --- OPT ---------------------------------------------------------------------------------------------
@@ -1158,7 +1160,9 @@ def _phi3(r: _Reader, name: str | None) -> ModelSpec:
     c["rotary_dim"] = int(c["head_dim"] * _partial_rotary(r, 1.0))
     drop = r.get_float("resid_pdrop")
     c["dropout"] = _Dropout(r.get_float("attention_dropout"), drop, r.get_float("embd_pdrop"))
-    return _decoder_spec(r, _Decoder(**c, windows=_windows_all(r, c["n_layers"], None), fused=True), name)
+    spec = _decoder_spec(r, _Decoder(**c, windows=_windows_all(r, c["n_layers"], None), fused=True), name)
+    # modeling_phi3.py apply_rotary_pos_emb: ``torch.cat([(q_rot * cos) + ..., q_pass], dim=-1)``
+    return replace(spec, rope_concat=True)
 
 
 def _starcoder2(r: _Reader, name: str | None) -> ModelSpec:
@@ -1205,14 +1209,14 @@ def _olmo(r: _Reader, name: str | None, version: int) -> ModelSpec:
             norm_kind="layernorm",
             layout="nonparametric",
         )
-    else:
-        d = _Decoder(
-            **c, windows=(None,) * c["n_layers"], qkv_bias=bias, o_bias=bias, qk_norm="full", layout="post"
-        )
-        # Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
-        # multiplies the fp32 normalised x, which is what it saves
-        return replace(_decoder_spec(r, d, name), rmsnorm_normed_fp32=True)
-    return _decoder_spec(r, d, name)
+        # OlmoLayerNorm (modeling_olmo.py) normalises an fp32 upcast: that is what layer_norm saves
+        return replace(_decoder_spec(r, d, name), layernorm_fp32=True)
+    d = _Decoder(
+        **c, windows=(None,) * c["n_layers"], qkv_bias=bias, o_bias=bias, qk_norm="full", layout="post"
+    )
+    # Olmo2RMSNorm (modeling_olmo2.py): ``(self.weight * hidden_states).to(input_dtype)``: the weight
+    # multiplies the fp32 normalised x, which is what it saves
+    return replace(_decoder_spec(r, d, name), rmsnorm_normed_fp32=True)
 
 
 def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:

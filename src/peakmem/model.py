@@ -256,6 +256,14 @@ class ModelSpec:
     # normalised x saved for backward is fp32 (modeling_gemma*.py ``GemmaRMSNorm``); False: LlamaRMSNorm
     # casts the normalised x to the input dtype before the weight multiply.
     rmsnorm_normed_fp32: bool = False
+    # LayerNorm run on an fp32 upcast and cast back (modeling_olmo.py ``OlmoLayerNorm``:
+    # ``F.layer_norm(hidden_states.to(torch.float32), ...).to(orig_dtype)``): it saves the fp32 copy.
+    layernorm_fp32: bool = False
+    # ``apply_rotary_pos_emb`` ends in ``torch.cat([rotated, pass-through], dim=-1)`` (modeling_phi3.py,
+    # modeling_gpt_neox.py: partial rotary), so q and k come out contiguous in [b, heads, s, d]; SDPA's
+    # output takes q's layout (``empty_like(query)``), and ``attn_output.transpose(1, 2).contiguous()``
+    # (integrations/sdpa_attention.py) copies it for o_proj. False: q, k keep the projection's layout.
+    rope_concat: bool = False
     # Post-norm blocks (modeling_bert.py ``BertLayer``): the block's input feeds attention directly and
     # the norms follow each residual sum; False: pre-norm blocks.
     post_norm: bool = False

@@ -59,6 +59,14 @@ PYTHON_ACTIVATIONS = {"gelu_new": 4, "gelu_fast": 4}
 # x (fp32 cast), tanh (fp32), 1 + tanh (fp32) and 0.5 x (16-bit).
 PYTHON_ACTIVATION_AUTOCAST_BYTES = {"gelu_new": (4, 4, 4, 2), "gelu_fast": (4, 4, 4, 2)}
 
+# Activations whose autograd Function computes its gradient in python: the most T x I tensors alive at
+# once in that backward, net of the down projection's input freed just before (``mlp_terms``' unit: a
+# fused F.gelu's g and its result, 2, count 1). modeling_bloom.py ``bloom_gelu_back`` (via
+# ``GeLUFunction.backward``): at ``(1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * x * x)`` the
+# incoming g, tanh_out, ``0.5 * x``, ``1 - tanh_out**2``, ``0.79788456 + ...`` and their product are alive:
+# 6, net 5 (traced op by op; the simulator's peak on tiny BLOOM holds these six).
+CUSTOM_BACKWARD_ALIVE = {"bloom_gelu": 5}
+
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
 # Norms inside attention (q/k norms, MLA latent norms): not norms of the block's hidden state.
@@ -133,6 +141,9 @@ class LayerActivations:
     input_saved: int = 0
     # the materialised attention mask every layer receives (full checkpointing keeps it for backward)
     mask_arg: int = 0
+    # the two backward stages ``backward_*`` is the larger of, each (net, freed, grads): the MLP half's
+    # and the attention core's (LoRA re-weighs them: formulas/lora.py adapt_layer); () where not built so
+    backward_stages: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -345,6 +356,8 @@ def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     if spec.norm == "rmsnorm":
         # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y
         return t * width * 4 + rmsnorm_weight_side_bytes(spec, sh, width) + t * 4
+    if spec.layernorm_fp32:  # OlmoLayerNorm: layer_norm saves its fp32 upcast input and fp32 mean/rstd
+        return t * width * 4 + 2 * t * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
     return t * width * sh.r + 2 * t * stat_bytes
 
@@ -396,8 +409,8 @@ def input_saved_by_layer(spec: ModelSpec, sh: Shapes) -> int:
         return 0 if sh.plan.autocast else t * h * sh.c
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
         return t * h * sh.r  # the fused / compiled norm keeps its input itself
-    if spec.norm == "rmsnorm" and sh.r != 4:
-        return 0
+    if (spec.norm == "rmsnorm" or spec.layernorm_fp32) and sh.r != 4:
+        return 0  # the norm saves an fp32 copy of a 16-bit residual, not the residual itself
     return t * h * sh.r
 
 
@@ -505,8 +518,9 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if sh.compiled and spec.norm == "rmsnorm":
         items.append(compiled_output_copy(sh, t * a * dv))
-    elif fused and sh.policy is KernelPolicy.CPU:
-        # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout
+    elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat:
+        # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout; nor is
+        # it where the rotary embedding's cat made q contiguous per head (``ModelSpec.rope_concat``)
         items.append(
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
@@ -764,6 +778,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
+    alive = CUSTOM_BACKWARD_ALIVE.get(mlp.activation, alive)
     return items, alive * n * c
 
 
@@ -810,7 +825,13 @@ def layer_activations(
     n_norms, att_readers = _layer_structure(layer)
     # per norm its big saved tensors: an unfused RMSNorm's fp32 x and normed y, else the input (stats: tiny)
     per_norm = 2 if spec.norm == "rmsnorm" and not (compiled_block or sh.fused_kernels) else 1
-    items.append(_item(f"norms (input + stats) x{n_norms}", n_norms * norm_one, SRC_NORM, "norms",
+    norms_bytes = n_norms * norm_one
+    if layer.parallel_residual and n_norms == 2 and spec.norm == "layernorm" and not spec.layernorm_fp32:
+        # GPT-NeoX's parallel block (modeling_gpt_neox.py: ``input_layernorm(hidden_states)`` and
+        # ``post_attention_layernorm(hidden_states)``), Falcon-40B's ln_attn / ln_mlp: both LayerNorms save
+        # the same block input, one storage
+        norms_bytes -= t * h * sh.r
+    items.append(_item(f"norms (input + stats) x{n_norms}", norms_bytes, SRC_NORM, "norms",
                        n_norms * per_norm))  # fmt: skip
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
@@ -892,6 +913,7 @@ def layer_activations(
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
+        backward_stages=(mlp_stage, att_stage),
     )  # fmt: skip
 
 

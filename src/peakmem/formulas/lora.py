@@ -668,6 +668,8 @@ def adapt_layer(
             # an adapted router that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves it too
             router = _router_adapted(mods) and not layer.mlp.router_fp32
             nbytes = nbytes if router or _kept(mlp_readers, lora, sh, int8_base) else 0
+        elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, int8_base):
+            nbytes = 0  # the contiguous copy is o_proj's input only, saved for its frozen weight's grad
         elif item.key == "attn.output" and not _kept(o_proj, lora, sh, int8_base):
             # eager's o_proj input (SDPA keeps its own output for its backward: "attn.sdpa_output")
             nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
@@ -682,7 +684,7 @@ def adapt_layer(
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
-    inputs = others = 0
+    inputs = others = early = down_early = 0
     for m in mods:
         x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
         merged = not (m.component == "router" and layer.mlp.router_fp32)
@@ -692,6 +694,10 @@ def adapt_layer(
                                                   merged_saved=merged)  # fmt: skip
         inputs += i_cost
         others += o_cost
+        if m in mlp_readers or m in down or m in o_proj:
+            early += i_cost + o_cost
+        if m in down:
+            down_early += i_cost + o_cost
     if inputs:
         out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
     if others:
@@ -702,16 +708,42 @@ def adapt_layer(
         first_norm = norm_saved(spec, sh, h) - y_norm
         out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
     saved = tuple(i for i in out if i.bytes)
-    fwd = max(la.forward_transient, adapter_forward_transient(mods, lora, sh))
+    # an adapter's forward temporaries come before what its layer saves after that module: net of it, as
+    # under recomputation (the last layer's all-linear LoRA on tiny Falcon peaked 5% high without it);
+    # at the down projection, last, its input (not saved when the frozen base dropped it) and the
+    # residual stream are alive next to them (tiny BERT's peak, measured under the simulator)
+    fwd = max(
+        la.forward_transient, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh)
+    )
+    if down:
+        fwd = max(fwd, adapter_forward_transient(down, lora, sh) + down_dropped + t * h * sh.r)
     # activations.py's backward transient is net of the down projection's input, freed once that
     # Linear's backward ran; a frozen down projection never saved it, so nothing is freed: its input
     # gradient and the activation's gradients (gelu_new: grad of 0.5x and of 1 + tanh; gated: of
     # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
+    freed = la.backward_freed
+    if len(la.backward_stages) == 2:
+        # the attention core's backward runs after the MLP half's and the output projection's: their
+        # adapters' saved inputs and A outputs are freed by then (measured under the simulator: tiny
+        # Falcon, all-linear LoRA, the last layer's softmax backward); the MLP stage's peak comes after
+        # the down projection's backward, which freed its adapter's
+        (m_net, m_freed, m_grads), (a_net, a_freed, a_grads) = la.backward_stages
+        mlp_stage = (m_net + down_dropped - down_early, m_freed - down_dropped + down_early, m_grads)
+        if down_early:
+            # while the adapted down projection runs its backward, nothing of the layer is freed yet: the
+            # incoming gradient, the frozen base's input gradient and lora_A's gradient of the cast input
+            # (the activation's backward comes after): the parity grid's gpt2 LoRA peaks here (CPU)
+            during = sum(t * m.in_features for m in down) * (c + a_bytes)
+            mlp_stage = max(mlp_stage, (t * h * sh.r + m_grads + during, 0, m_grads))
+        att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
+        bwd, freed, _ = max(mlp_stage, att_stage)
     # a block ending with a norm (Gemma 2/3, OLMo 2) starts its backward in it: a frozen norm kept no
     # weight-side y, so nothing of the block is freed yet (activations.py post_mlp_norm_backward)
-    bwd = max(bwd, post_mlp_norm_backward(spec, layer, sh))
+    post_norm = post_mlp_norm_backward(spec, layer, sh)
+    if post_norm > bwd:
+        bwd, freed = post_norm, 0
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
@@ -720,7 +752,9 @@ def adapt_layer(
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
         fwd = max(fwd, tmp.forward)
         bwd = bwd + tmp.backward
-    return replace(la, saved=saved, forward_transient=fwd, backward_transient=bwd)
+    return replace(
+        la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
+    )
 
 
 def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: Shapes) -> int:
