@@ -173,8 +173,12 @@ def test_full_checkpointing_keeps_the_eager_causal_mask_through_backward() -> No
 def test_mlp_backward_stage_one_incoming_gradient() -> None:
     """Llama bf16, MLP half of a layer's backward (measured with the tracker): the down projection's
     input gradient and the two gradients of the gated product (3 x T x I) next to one T x h incoming
-    gradient (the residual's is the same tensor); the product (T x I) is already freed."""
-    _, la = _layer(LLAMA, precision=Precision.BF16, attention=AttentionKernel.SDPA)
+    gradient (the residual's is the same tensor); the product (T x I) is already freed. On the CPU, where
+    it was measured: CUDA's flash backward pads its scratch to 128 rows, which at 32 tokens makes the
+    attention half the larger (test_flash_backward_scratch)."""
+    _, la = _layer(
+        LLAMA, precision=Precision.BF16, attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU
+    )
     n = T * 128 * 2
     assert la.backward_freed == n
     assert la.backward_transient - la.backward_grads + la.backward_freed == 3 * n + T * 64 * 2
@@ -361,3 +365,18 @@ def test_gemma2_eager_builds_a_full_and_a_sliding_mask() -> None:
     assert la.mask_arg == 2 * B * S * S * 2
     _, la_l = _layer(LLAMA, precision=Precision.MIXED_BF16, attention=AttentionKernel.EAGER)
     assert la_l.mask_arg == B * S * S * 2
+
+
+def test_flash_backward_scratch() -> None:
+    """FlashAttention-2's backward (flash_api.cpp mha_bwd) on CUDA, bf16, 4 q heads over 2 k/v heads of
+    16, B = 2, S = 32: softmax_d fp32 [2, 4, 128] (rows padded to 128), dq_accum fp32 [2, 128, 4, 32]
+    (head size padded to 32), dk/dv_expanded bf16 [2, 32, 4, 16] each (grouped-query)."""
+    spec = spec_from_config(dict(QWEN3))
+    sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.MIXED_BF16))
+    expected = 2 * 4 * 128 * 4 + 2 * 128 * 4 * 32 * 4 + 2 * (2 * 32 * 4 * 16 * 2)
+    assert act.flash_backward_scratch(spec.first_layer, sh) == expected
+    # fp32 runs the memory-efficient kernel, a CPU step its own: no flash scratch
+    fp32 = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.FP32))
+    cpu = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, kernel_policy=KernelPolicy.CPU))
+    assert act.flash_backward_scratch(spec.first_layer, fp32) == 0
+    assert act.flash_backward_scratch(spec.first_layer, cpu) == 0

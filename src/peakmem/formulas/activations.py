@@ -439,9 +439,40 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
     items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA, "attn.logsumexp"))
-    # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved
-    bwd = t * (a * d + g * d + g * dv) * c
+    # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
+    bwd = t * (a * d + g * d + g * dv) * c + flash_backward_scratch(layer, sh)
     return items, b * a * s * 4, 0, bwd
+
+
+# FlashAttention-2's backward (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_bwd``)
+# pads its fp32 scratch: rows to a multiple of 128 (``seqlen_q_rounded``), the head size to a multiple of 32
+# up to 192, else 256 (``head_size_rounded``). simulate/kernels.py ``_flash_bwd_scratch`` allocates the same.
+FLASH_BWD_SEQ_ROUND = 128
+FLASH_BWD_HEAD_ROUND = 32
+FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash
+
+
+def flash_backward_scratch(layer: Layer, sh: Shapes) -> int:
+    """Bytes FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``): ``softmax_d``
+    fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, round32(D)] and, with fewer k/v heads
+    than q heads, ``dk_expanded`` and ``dv_expanded`` [B, S, H, D] in the input dtype (summed into dk, dv
+    at the end). CUDA picks flash for 16-bit q/k/v without a mask and equal head sizes up to 256
+    (sdp_utils.cpp ``select_sdp_backend``; simulate/kernels.py ``cuda_sdpa_backend``); 0 otherwise (the
+    memory-efficient kernel for fp32, a CPU step, eager attention)."""
+    att = layer.attention
+    a, g, d = att.num_heads, att.num_kv_heads, att.head_dim
+    flash = (
+        sh.policy is KernelPolicy.CUDA and sh.kernel is not AttentionKernel.EAGER and sh.c < 4
+        and d == att.v_head_dim and d <= FLASH_MAX_HEAD_DIM and not att.is_mla
+    )  # fmt: skip
+    if not flash:
+        return 0
+    rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND
+    d_round = -(-d // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND if d <= 192 else 256
+    scratch = sh.batch * a * rows * 4 + sh.batch * rows * a * d_round * 4
+    if g != a:
+        scratch += 2 * sh.tokens * a * d * sh.c
+    return scratch
 
 
 def _mla_latent_terms(spec: ModelSpec, att: Attention, sh: Shapes) -> list[MemoryItem]:
@@ -680,7 +711,9 @@ def layer_activations(
     # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
     mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
-    att_stage = (att_bwd + 2 * t * h * c + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
+    # the incoming gradient and o_proj's input gradient (heads x v_head_dim wide: wider than h for Qwen3)
+    att_out = t * layer.attention.num_heads * layer.attention.v_head_dim * c
+    att_stage = (att_bwd + t * h * c + att_out + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
     stage = max(mlp_stage, att_stage)
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
