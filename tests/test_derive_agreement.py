@@ -52,6 +52,10 @@ EXCLUDED = {
 # enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (scores and softmax saved:
 # simulate/kernels.py cuda_sdpa_backend); the formulas assume the flash kernel (formulas/activations.py
 # kernel_choice), hence their -19% at seq 128.
+# GPT-NeoX LoRA (traced): its parallel block's two LayerNorms read the same block input, one storage,
+# which the formulas count twice (norms x2: T x h per layer; ~100 kB of the tiny case's 161 kB over);
+# under full fine-tuning that double count hides the missing o_proj input copy of its torch.cat rotary
+# (the Phi-3 note), so fixing one without the other moves full fine-tuning to 0.964.
 DISAGREE: dict[tuple[str, str], str] = {
     ("gpt_neox", "lora"): "formulas high (-4.72%; vs simulate: formulas 1.061, derived 1.011)",
     ("bloom", "full"): "formulas low (+5.13%; vs simulate: formulas 0.952, derived 1.001)",
@@ -61,15 +65,19 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("falcon", "lora"): "formulas low (+13.93%; vs simulate: formulas 0.883, derived 1.007)",
     ("mixtral", "full"): "derived high (+2.87%; vs simulate: formulas 0.991, derived 1.019)",
     ("mixtral", "lora"): "both, formulas more low (+11.76%; vs simulate: formulas 0.924, derived 1.032)",
-    ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
     ("qwen2_moe", "full+ckpt"): "formulas low (+8.97%; vs simulate: formulas 0.927, derived 1.010)",
     (
         "qwen3_moe",
         "full+ckpt",
     ): "both, formulas more low (+2.98%; vs simulate: formulas 0.946, derived 0.974)",
-    ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
     ("phi3", "full"): "formulas low (+2.52%; vs simulate: formulas 0.972, derived 0.997)",
-    ("phi3", "full+ckpt"): "derived low (-2.71%; vs simulate: formulas 0.981, derived 0.955)",
+    # Phi-3, full and full+ckpt (traced): its apply_rotary_pos_emb cats the rotated and pass-through
+    # halves, so q is a contiguous [B, H, S, D] tensor, flash's output is one too, and o_proj reads a
+    # transpose(1, 2).contiguous() copy of it (simulate: "self_attn: clone", T x heads x head_dim per
+    # layer, 98,304 B over the 3 tiny layers = the whole full-setup gap) that the formulas do not count.
+    # The fix needs a spec field (a rotary written with torch.cat: GPT-NeoX, Phi-3; not Llama's or
+    # Falcon's, which keep q's strided layout). The derived recompute peak is fixed (0.955 -> 1.001).
+    ("phi3", "full+ckpt"): "formulas low (+2.01%; vs simulate: formulas 0.981, derived 1.001)",
     ("olmo", "full"): "formulas low (+5.52%; vs simulate: formulas 0.936, derived 0.988)",
     ("olmo", "lora"): "formulas low (+6.37%; vs simulate: formulas 0.945, derived 1.006)",
     ("olmo2", "full"): "formulas low (+8.27%; vs simulate: formulas 0.911, derived 0.986)",
