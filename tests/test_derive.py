@@ -234,3 +234,35 @@ def test_fp32_experts_on_grouped_mm_are_a_named_input_error(derive) -> None:  # 
                                                       method="full"))  # fmt: skip
     assert derive.measure_costs(tiny, derived.family_key(precision="bf16", kernel="sdpa", policy="cuda",
                                                          method="full"))  # fmt: skip
+
+
+def test_costs_cached_by_an_older_measurement_are_measured_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Costs fitted over the old shapes (no ``costs_version``) are not read back: measured again."""
+    import json
+
+    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
+    cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(3)), forward_transient=derived.Fit(),
+                             backward_transient=derived.Fit())  # fmt: skip
+    derived._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
+    path = derived._cache_file("abc", "fp32|sdpa|cpu|full")
+    body = json.loads(path.read_text())
+    assert body["costs_version"] == derived.COSTS_VERSION
+    del body["costs_version"]
+    path.write_text(json.dumps(body))
+    assert derived._read_cache("abc", "fp32|sdpa|cpu|full") is None
+
+
+def test_flash_scratch_is_measured_unpadded_for_the_fit() -> None:
+    """The block measurement sees flash's backward scratch at S rows (a per-token term the fit can
+    carry); simulate keeps CUDA's padding to 128 rows. B = 2, 4 q heads over 2 k/v heads of 16, S = 32."""
+    torch = pytest.importorskip("torch")
+    from peakmem.simulate import kernels
+
+    q, k = torch.empty(2, 4, 32, 16, dtype=torch.bfloat16), torch.empty(2, 2, 32, 16, dtype=torch.bfloat16)
+    padded = kernels._flash_bwd_scratch(q, k)
+    unpadded = kernels._flash_bwd_scratch(q, k, pad_rows=False)
+    expanded = 2 * (2 * 32 * 4 * 16 * 2)  # dk/dv_expanded, bf16
+    assert sum(t.nbytes for t in padded) == 2 * 4 * 128 * 4 + 2 * 128 * 4 * 32 * 4 + expanded
+    assert sum(t.nbytes for t in unpadded) == 2 * 4 * 32 * 4 + 2 * 32 * 4 * 32 * 4 + expanded

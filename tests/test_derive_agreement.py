@@ -70,6 +70,10 @@ DISAGREE: dict[tuple[str, str], str] = {
     ("phi3", "full+ckpt"): "derived low (-3.98%; vs simulate: formulas 0.994, derived 0.955)",
     # the formulas moved to 0.998 (LoRA backward stages, formulas/lora.py adapt_layer): derived now farther
     ("phi3", "lora"): "derived high (+2.14%; vs simulate: formulas 0.998, derived 1.019)",
+    # BERT full: the formulas' attention backward now holds flash's scratch (0.978 -> 1.010; simulate's
+    # peak is inside layer 2's flash backward, whose temporaries the formulas now match byte for byte,
+    # 299,008 B); the derived side (0.971 -> 0.982) frees 84 kB more of the layer's saved tensors by then.
+    ("bert", "full"): "derived low (-2.79%; vs simulate: formulas 1.010, derived 0.982)",
 }
 
 

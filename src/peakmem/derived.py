@@ -41,6 +41,9 @@ FORMAT = 3  # the JSON layout written below; bumped when it changes
 # (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
 # labelled as hf.py labels them (simulate/derive.py _block_component: q/k norms are norms)
 SPEC_VERSION = 3
+# the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
+# (simulate/derive.py _forward_backward); costs cached before it are measured again
+COSTS_VERSION = 2
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
@@ -276,6 +279,8 @@ def _read_cache(chash: str, family: str) -> Costs | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("family") != family:
         return None
+    if data.get("costs_version") != COSTS_VERSION:
+        return None
     try:
         return {k: BlockCost.from_json(v) for k, v in data["costs"].items()}
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
@@ -287,7 +292,7 @@ def _write_cache(chash: str, family: str, costs: Costs) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        body = {"format": FORMAT, "config": chash, "family": family,
+        body = {"format": FORMAT, "costs_version": COSTS_VERSION, "config": chash, "family": family,
                 "costs": {k: v.to_json() for k, v in costs.items()}}  # fmt: skip
         tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
         tmp.replace(path)

@@ -127,9 +127,10 @@ class KernelLog:
 class CudaFunctionMode(TorchFunctionMode):
     """The ``cuda`` policy at the torch-function level: SDPA backend, dropout, autocast lists."""
 
-    def __init__(self, log: KernelLog) -> None:
+    def __init__(self, log: KernelLog, *, pad_rows: bool = True) -> None:
         super().__init__()
         self.log = log
+        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive.py's fit)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -262,15 +263,16 @@ class CudaDispatchMode(TorchDispatchMode):
     kernels allocate for their own duration (see the module docstring), as fake tensors the
     tracker records as temporaries."""
 
-    def __init__(self, log: KernelLog) -> None:
+    def __init__(self, log: KernelLog, *, pad_rows: bool = True) -> None:
         super().__init__()
         self.log = log
+        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive.py's fit)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         scratch: list[torch.Tensor] = []
         if func is aten._scaled_dot_product_flash_attention_backward.default:
-            scratch = _flash_bwd_scratch(args[1], args[2])
+            scratch = _flash_bwd_scratch(args[1], args[2], pad_rows=self.pad_rows)
         elif func is aten._scaled_dot_product_efficient_attention_backward.default:
             scratch = _efficient_bwd_scratch(args[1])
         out = func(*args, **kwargs)
@@ -278,13 +280,14 @@ class CudaDispatchMode(TorchDispatchMode):
         return out
 
 
-def _flash_bwd_scratch(q: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+def _flash_bwd_scratch(q: torch.Tensor, k: torch.Tensor, *, pad_rows: bool = True) -> list[torch.Tensor]:
     b, h, s, d = q.shape
     s_k, h_k = k.shape[2], k.shape[1]
     d_round = _round(d, FLASH_HEAD_ROUND) if d <= 192 else 256
+    rows = _round(s, FLASH_SEQ_ROUND) if pad_rows else s
     out = [
-        torch.empty((b, h, _round(s, FLASH_SEQ_ROUND)), dtype=torch.float32),  # softmax_d
-        torch.empty((b, _round(s, FLASH_SEQ_ROUND), h, d_round), dtype=torch.float32),  # dq_accum
+        torch.empty((b, h, rows), dtype=torch.float32),  # softmax_d
+        torch.empty((b, rows, h, d_round), dtype=torch.float32),  # dq_accum
     ]
     if h_k != h:
         out += [torch.empty((b, s_k, h, d), dtype=q.dtype) for _ in range(2)]  # dk/dv_expanded
@@ -303,8 +306,8 @@ def function_mode(policy: KernelPolicy, log: KernelLog) -> TorchFunctionMode | N
     return CudaFunctionMode(log) if policy == KernelPolicy.CUDA else None
 
 
-def dispatch_mode(policy: KernelPolicy, log: KernelLog) -> TorchDispatchMode | None:
-    return CudaDispatchMode(log) if policy == KernelPolicy.CUDA else None
+def dispatch_mode(policy: KernelPolicy, log: KernelLog, *, pad_rows: bool = True) -> TorchDispatchMode | None:
+    return CudaDispatchMode(log, pad_rows=pad_rows) if policy == KernelPolicy.CUDA else None
 
 
 def describe(policy: KernelPolicy, log: KernelLog) -> str:
