@@ -62,12 +62,9 @@ DISAGREE: dict[tuple[str, str], str] = {
     # (formulas/activations.py derived_activations)
     ("mixtral", "full"): "derived high (+2.12%; vs simulate: formulas 0.998, derived 1.019)",
     ("mixtral", "lora"): "derived high (+3.40%; vs simulate: formulas 0.999, derived 1.032)",
-    ("qwen3", "full+ckpt"): "both, derived more low (-2.50%; vs simulate: formulas 0.969, derived 0.945)",
     # formulas exact on simulate's requested bytes (2,949,072 vs 2,949,712); simulate adds 28,592 B of
     # allocator block rounding; derived as mixtral (its MoE backward peak plus all the block's gradients)
     ("qwen2_moe", "full+ckpt"): "derived high (+2.04%; vs simulate: formulas 0.990, derived 1.010)",
-    ("gemma", "full+ckpt"): "derived low (-4.81%; vs simulate: formulas 0.993, derived 0.946)",
-    ("phi3", "full+ckpt"): "derived low (-3.98%; vs simulate: formulas 0.994, derived 0.955)",
     # the formulas moved to 0.998 (LoRA backward stages, formulas/lora.py adapt_layer): derived now farther
     ("phi3", "lora"): "derived high (+2.14%; vs simulate: formulas 0.998, derived 1.019)",
     # BERT full: the formulas' attention backward now holds flash's scratch (0.978 -> 1.010; simulate's
