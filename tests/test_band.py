@@ -255,6 +255,21 @@ def test_low_likely_high_ordered(
     assert e.band.allocated.low <= e.band.reserved.low <= e.band.device_total.low
 
 
+def test_reserved_low_end_never_below_allocated_low_end() -> None:
+    """The case hypothesis found: expandable segments' slack term (up to 0.49 MB) is wider than the
+    tiny model's likely reserved-minus-allocated gap (0.39 MB), so reserved's low end fell 97 kB below
+    allocated's. A level holds the one below it: the low ends are clamped in order."""
+    setup = TrainingSetup(
+        precision=Precision.MIXED_BF16, seq_len=128, micro_batch=3, checkpointing=Checkpointing.FULL
+    )
+    e = TrainingEstimator(TINY, Overheads(expandable_segments=True)).estimate(setup, LAYOUTS[2])
+    assert e.band is not None
+    b = e.band
+    frag = next(t for t in b.terms if t.name == "allocator_fragmentation")
+    assert -frag.low_bytes > b.reserved.likely - b.allocated.likely  # the term does exceed the gap
+    assert b.reserved.low == b.allocated.low <= b.device_total.low
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     context=st.sampled_from([64, 256, 1024]),

@@ -102,10 +102,16 @@ def build_band(*, allocated: int, reserved: int, device_total: int, terms: tuple
             d_hi += t.high_bytes
     r_lo, r_hi = a_lo + r_lo, a_hi + r_hi
     d_lo, d_hi = r_lo + d_lo, r_hi + d_hi
+    # each level holds the one below it (the allocator reserves at least what it hands out; the device
+    # holds the reserved segments): a reserved-level term wider than the likely gap to allocated (the
+    # expandable segments' slack on a tiny model) cannot put reserved's low end below allocated's
+    a_low = max(0, allocated + a_lo)
+    r_low = min(reserved, max(a_low, reserved + r_lo))
+    d_low = min(device_total, max(r_low, device_total + d_lo))
     return Band(
-        allocated=Range(low=max(0, allocated + a_lo), likely=allocated, high=allocated + a_hi),
-        reserved=Range(low=max(0, reserved + r_lo), likely=reserved, high=reserved + r_hi),
-        device_total=Range(low=max(0, device_total + d_lo), likely=device_total, high=device_total + d_hi),
+        allocated=Range(low=a_low, likely=allocated, high=allocated + a_hi),
+        reserved=Range(low=r_low, likely=reserved, high=reserved + r_hi),
+        device_total=Range(low=d_low, likely=device_total, high=device_total + d_hi),
         terms=kept,
     )
 
