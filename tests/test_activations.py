@@ -15,7 +15,7 @@ from peakmem.formulas import activations as act
 from peakmem.formulas.loss import head_activations
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, Checkpointing, KernelPolicy, Precision, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, Precision, TrainingSetup
 
 B, S = 2, 32
 T = B * S  # 64 tokens
@@ -508,12 +508,21 @@ def test_flash_backward_scratch() -> None:
     spec = spec_from_config(dict(QWEN3))
     sh = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.MIXED_BF16))
     expected = 2 * 4 * 128 * 4 + 2 * 128 * 4 * 32 * 4 + 2 * (2 * 32 * 4 * 16 * 2)
-    assert act.flash_backward_scratch(spec.first_layer, sh) == expected
+    assert act.flash_backward_scratch(spec, spec.first_layer, sh) == expected
     # fp32 runs the memory-efficient kernel, a CPU step its own: no flash scratch
     fp32 = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.FP32))
     cpu = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, kernel_policy=KernelPolicy.CPU))
-    assert act.flash_backward_scratch(spec.first_layer, fp32) == 0
-    assert act.flash_backward_scratch(spec.first_layer, cpu) == 0
+    assert act.flash_backward_scratch(spec, spec.first_layer, fp32) == 0
+    assert act.flash_backward_scratch(spec, spec.first_layer, cpu) == 0
+    # torchtune expands k/v to all heads before SDPA: the same flash call, no dk/dv_expanded
+    tt = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, framework=Framework.TORCHTUNE))
+    assert act.flash_backward_scratch(spec, spec.first_layer, tt) == 2 * 4 * 128 * 4 + 2 * 128 * 4 * 32 * 4
+    # an explicit mask (Falcon's new decoder architecture, k/v repeated) sends bf16 to the
+    # memory-efficient kernel (sdp_utils.cpp): no flash scratch
+    masked = spec_from_config({**FALCON, "new_decoder_architecture": True, "num_kv_heads": 2})
+    msh = act.shapes(masked, TrainingSetup(micro_batch=B, seq_len=S))
+    assert act.sdpa_call_backend(masked, TrainingSetup(micro_batch=B, seq_len=S)) == "efficient"
+    assert act.flash_backward_scratch(masked, masked.first_layer, msh) == 0
 
 
 def test_lora_attention_stage_frees_the_mlp_and_o_proj_adapters_first() -> None:

@@ -187,27 +187,28 @@ def cuda_sdpa_backend(
     return "math"
 
 
-def sdpa_call_heads(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, bool]:
-    """The k/v heads ``spec``'s SDPA call hands the kernel, and whether it passes ``enable_gqa``
-    (``ModelSpec.sdpa_kv``): transformers' shared ``sdpa_attention_forward`` passes the k/v heads with
-    ``enable_gqa=True`` when ``use_gqa_in_sdpa`` holds (integrations/sdpa_attention.py: no mask, equal
-    k/v head sizes <= 256), else ``repeat_kv`` copies to all heads; torchtune's attention expands them
-    (``Profile.sdpa_repeats_kv``)."""
-    att = spec.first_layer.attention
+def sdpa_call_heads(spec: ModelSpec, profile: Profile, att: Attention | None = None) -> tuple[int, bool]:
+    """The k/v heads ``spec``'s SDPA call (of ``att``, the first layer's by default) hands the kernel,
+    and whether it passes ``enable_gqa`` (``ModelSpec.sdpa_kv``): transformers' shared
+    ``sdpa_attention_forward`` passes the k/v heads with ``enable_gqa=True`` when ``use_gqa_in_sdpa``
+    holds (integrations/sdpa_attention.py: no mask, equal k/v head sizes <= 256), else ``repeat_kv``
+    copies to all heads; torchtune's attention expands them (``Profile.sdpa_repeats_kv``)."""
+    att = att or spec.first_layer.attention
     a, g = att.num_heads, att.num_kv_heads
     if spec.sdpa_kv == "broadcast":
         return g, False
-    if spec.sdpa_kv == "repeated" or PROFILES[setup.framework].sdpa_repeats_kv:
+    if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv:
         return a, False
     if not spec.sdpa_mask and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
         return g, g < a
     return a, False
 
 
-def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup) -> str:
-    """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention makes under ``setup``."""
-    att = spec.first_layer.attention
-    kv, gqa = sdpa_call_heads(spec, setup)
+def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup, att: Attention | None = None) -> str:
+    """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention (``att``, the first layer's by
+    default) makes under ``setup``."""
+    att = att or spec.first_layer.attention
+    kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], att)
     return cuda_sdpa_backend(
         half=precision_plan(setup.precision).compute.bits < 32, q_heads=att.num_heads, kv_heads=kv,
         enable_gqa=gqa, mask=spec.sdpa_mask, qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
@@ -234,7 +235,7 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
     if cpu and att.head_dim != att.v_head_dim:
         return AttentionKernel.EAGER, f"{MATH} on CPU: q/k head size {att.head_dim} != v {att.v_head_dim}"
     if not cpu and setup.attention is AttentionKernel.SDPA and sdpa_call_backend(spec, setup) == "math":
-        kv, gqa = sdpa_call_heads(spec, setup)
+        kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework])
         return AttentionKernel.EAGER, (
             f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
             + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
@@ -526,7 +527,7 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         )
     items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA, "attn.logsumexp"))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
-    bwd = t * (a * d + g * d + g * dv) * c + flash_backward_scratch(layer, sh)
+    bwd = t * (a * d + g * d + g * dv) * c + flash_backward_scratch(spec, layer, sh)
     return items, b * a * s * 4, 0, bwd
 
 
@@ -535,28 +536,42 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
 # up to 192, else 256 (``head_size_rounded``). simulate/kernels.py ``_flash_bwd_scratch`` allocates the same.
 FLASH_BWD_SEQ_ROUND = 128
 FLASH_BWD_HEAD_ROUND = 32
-FLASH_MAX_HEAD_DIM = 256  # sdp_utils.cpp check_head_dim_size_flash
+FLASH_BWD_HEAD_ROUND_UP_TO = 192  # above it, head_size_rounded is FLASH_MAX_HEAD_DIM
 
 
-def flash_backward_scratch(layer: Layer, sh: Shapes) -> int:
+def flash_bwd_head_rounded(head_dim: int) -> int:
+    """``mha_bwd``'s ``head_size_rounded`` (flash_api.cpp)."""
+    if head_dim > FLASH_BWD_HEAD_ROUND_UP_TO:
+        return FLASH_MAX_HEAD_DIM
+    return -(-head_dim // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND
+
+
+def flash_backward_scratch(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
     """Bytes FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``): ``softmax_d``
-    fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, round32(D)] and, with fewer k/v heads
-    than q heads, ``dk_expanded`` and ``dv_expanded`` [B, S, H, D] in the input dtype (summed into dk, dv
-    at the end). CUDA picks flash for 16-bit q/k/v without a mask and equal head sizes up to 256
-    (sdp_utils.cpp ``select_sdp_backend``; simulate/kernels.py ``cuda_sdpa_backend``); 0 otherwise (the
-    memory-efficient kernel for fp32, a CPU step, eager attention)."""
+    fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, :func:`flash_bwd_head_rounded` (D)] and,
+    when the call hands fewer k/v heads than q heads (``enable_gqa``), ``dk_expanded`` and ``dv_expanded``
+    [B, S, H, D] in the input dtype (summed into dk, dv at the end). On CUDA under SDPA only where
+    :func:`cuda_sdpa_backend` picks flash for the call (:func:`sdpa_call_heads`); with the flash-attn
+    kernel for 16-bit inputs and equal head sizes up to 256; 0 otherwise (the memory-efficient or math
+    kernel, a CPU step, eager attention, MLA)."""
     att = layer.attention
-    a, g, d = att.num_heads, att.num_kv_heads, att.head_dim
-    flash = (
-        sh.policy is KernelPolicy.CUDA and sh.kernel is not AttentionKernel.EAGER and sh.c < 4
-        and d == att.v_head_dim and d <= FLASH_MAX_HEAD_DIM and not att.is_mla
-    )  # fmt: skip
-    if not flash:
+    a, d = att.num_heads, att.head_dim
+    if sh.policy is not KernelPolicy.CUDA or att.is_mla:
+        return 0
+    kv = att.num_kv_heads
+    if sh.kernel is AttentionKernel.SDPA:
+        kv, gqa = sdpa_call_heads(spec, sh.profile, att)
+        backend = cuda_sdpa_backend(
+            half=sh.c < 4, q_heads=a, kv_heads=kv, enable_gqa=gqa, mask=spec.sdpa_mask, qk_head_dim=d,
+            v_head_dim=att.v_head_dim,
+        )  # fmt: skip
+        if backend != "flash":
+            return 0
+    elif sh.kernel is not AttentionKernel.FLASH or sh.c == 4 or d != att.v_head_dim or d > FLASH_MAX_HEAD_DIM:
         return 0
     rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND
-    d_round = -(-d // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND if d <= 192 else 256
-    scratch = sh.batch * a * rows * 4 + sh.batch * rows * a * d_round * 4
-    if g != a:
+    scratch = sh.batch * a * rows * 4 + sh.batch * rows * a * flash_bwd_head_rounded(d) * 4
+    if kv != a:
         scratch += 2 * sh.tokens * a * d * sh.c
     return scratch
 

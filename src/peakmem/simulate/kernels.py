@@ -75,13 +75,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from peakmem.formulas.activations import FLASH_BWD_SEQ_ROUND, flash_bwd_head_rounded
 from peakmem.formulas.activations import cuda_sdpa_backend as rule_sdpa_backend
 from peakmem.training import KernelPolicy
 
 aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)
-FLASH_SEQ_ROUND = 128  # flash_api.cpp mha_bwd: seqlen_q_rounded = round_multiple(seqlen_q, 128)
-FLASH_HEAD_ROUND = 32  # flash_api.cpp: head_size_rounded = round_multiple(head_size, 32) (<= 192)
 EFFICIENT_SEQ_ROUND = 32  # mem-efficient logsumexp rows are padded to a multiple of 32 (kAlignLSE)
 
 # CUDA autocast's fp32 list (autocast_mode.cpp, KERNEL_CUDA(..., fp32)) that CPU autocast lacks,
@@ -283,8 +282,8 @@ class CudaDispatchMode(TorchDispatchMode):
 def _flash_bwd_scratch(q: torch.Tensor, k: torch.Tensor, *, pad_rows: bool = True) -> list[torch.Tensor]:
     b, h, s, d = q.shape
     s_k, h_k = k.shape[2], k.shape[1]
-    d_round = _round(d, FLASH_HEAD_ROUND) if d <= 192 else 256
-    rows = _round(s, FLASH_SEQ_ROUND) if pad_rows else s
+    d_round = flash_bwd_head_rounded(d)
+    rows = _round(s, FLASH_BWD_SEQ_ROUND) if pad_rows else s
     out = [
         torch.empty((b, h, rows), dtype=torch.float32),  # softmax_d
         torch.empty((b, rows, h, d_round), dtype=torch.float32),  # dq_accum
