@@ -40,6 +40,7 @@ ENTRIES = _entries()
 EXACT: dict[str, int] = {
     "command-r7b": 8_028_033_024,
     "deepseek-v3.2": 671_877_929_216,
+    "falcon-h1-34b": 33_642_516_224,
     "gemma-4-26b-a4b": 25_805_933_872,
     "glm-4.5-air": 106_852_245_504,
     "glm-4.7": 352_797_814_784,
