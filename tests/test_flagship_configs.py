@@ -49,6 +49,7 @@ EXACT: dict[str, int] = {
     "gpt-oss-20b": 20_914_757_184,
     "granite-3.1-8b": 8_170_848_256,
     "granite-3.3-8b": 8_170_864_640,
+    "granite-4.0-h-small": 32_207_337_984,
     "kimi-k2": 1_026_408_209_408,
     "llama-4-maverick": 401_583_781_376,
     "llama-4-scout": 108_641_793_536,
