@@ -60,3 +60,13 @@ FAMILY_CONFIGS = {
                     "topk_group": 1},
     "bert": {"model_type": "bert", "architectures": ["BertForSequenceClassification"], **_T},
 }  # fmt: skip
+
+# Vision towers transformers builds with the timm library (TimmWrapperModel: transformers/models/
+# timm_wrapper/modeling_timm_wrapper.py; Gemma 3n's MobileNet-V5 is a TimmWrapperConfig): a config with
+# one cannot be built where timm is not installed (it is not among the test extras: timm needs a
+# torchvision built for the installed torch).
+TIMM_VISION_TYPES = frozenset({"timm_wrapper", "gemma3n_vision"})
+
+
+def needs_timm(config: dict) -> bool:  # type: ignore[type-arg]
+    return (config.get("vision_config") or {}).get("model_type") in TIMM_VISION_TYPES
