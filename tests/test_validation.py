@@ -226,6 +226,15 @@ def test_check_config_names_the_key(changes: dict[str, Any], match: str) -> None
         check_config({**GPT2_XL, **changes})
 
 
+def test_check_config_allows_transformers_unbounded_time_step_limit() -> None:
+    # Falcon-H1 / Granite 4 / Mamba-2 configs saved by transformers hold its default (0.0, inf)
+    check_config({**GPT2_XL, "time_step_limit": [0.0, float("inf")]})
+    with pytest.raises(ConfigError, match=r"time_step_limit\[1\]=nan: must be a finite number"):
+        check_config({**GPT2_XL, "time_step_limit": [0.0, float("nan")]})
+    with pytest.raises(ConfigError, match="rope_theta=inf: must be a finite number"):
+        check_config({**GPT2_XL, "rope_theta": float("inf")})
+
+
 def test_check_config_allows_nulls_and_int_lists() -> None:
     check_config({**GPT2_XL, "n_inner": None, "intermediate_size": [64, 128], "sliding_window": None})
 

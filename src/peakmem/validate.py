@@ -238,6 +238,8 @@ def check_config(config: Mapping[str, Any], int_limits: Mapping[str, int] | None
                 where = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and key in limits:
                     _check_config_int(where, item, limits[key])
+                if key in UNBOUNDED_KEYS and _is_bounds(item):
+                    continue
                 stack.append((where, item, depth + 1))
         elif isinstance(value, (list, tuple)):
             if depth > MAX_CONFIG_DEPTH:
@@ -247,6 +249,20 @@ def check_config(config: Mapping[str, Any], int_limits: Mapping[str, int] | None
             raise ConfigError(f"config.json: {path}={value!r}: must be a finite number")
         elif not (value is None or isinstance(value, (str, int, float, bool))):
             raise ConfigError(f"config.json: {path}={value!r}: not a JSON value ({type(value).__name__})")
+
+
+# Keys whose values are (low, high) bounds where transformers writes +Infinity for "no bound": the
+# Mamba-2 family's ``time_step_limit`` defaults to (0.0, float("inf")) (transformers/models/mamba2/
+# configuration_mamba2.py; bamba, falcon_h1, granitemoehybrid and nemotron_h copy it), and every config
+# those classes save holds it (json.dumps writes Infinity). Elsewhere a float must be finite.
+UNBOUNDED_KEYS = frozenset({"time_step_limit"})
+
+
+def _is_bounds(value: Any) -> bool:
+    """A list of numbers, none NaN (infinite ones allowed)."""
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in value
+    )
 
 
 def _check_config_int(where: str, value: Any, limit: int) -> None:
