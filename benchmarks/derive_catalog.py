@@ -42,7 +42,7 @@ def main() -> int:
     names = list(args.models)
     if args.all_unsupported:
         names += [m.name for m in MODELS if m.config.get("model_type") not in SUPPORTED_MODEL_TYPES]
-    families = tuple(f for f in args.families.split(",") if f) or derive.SHIPPED_FAMILIES
+    families = tuple(f for f in args.families.split(",") if f) or None  # None: derive.shipped_families()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in names if args.models or not (out / file_name(n)).exists()]  # resume

@@ -1038,21 +1038,30 @@ def _why(err: BaseException) -> str:
 # ------------------------------------------------------------------------------------------------
 # The families shipped for catalog models: every precision on CUDA's SDPA kernels, full fine-tuning
 # (the defaults of `peakmem train`); others are measured on demand where torch is installed.
-SHIPPED_FAMILIES = tuple(
-    derived.family_key(precision=p, kernel="sdpa", policy="cuda", method="full")
-    for p in ("mixed-bf16", "amp-bf16", "bf16", "fp32")
-)
+def shipped_families() -> tuple[str, ...]:
+    """The setup families shipped per model: full training in each precision, and LoRA and QLoRA
+    with their default adapters at the default precision, which ``train`` and ``fit`` estimate for
+    the changes that make a setup fit (planner/fit.py ``_family_adapter``): shipped, a catalog model
+    answers them without torch, and with torch without measuring first."""
+    from peakmem.formulas.activations import derived_family
+    from peakmem.training import Method, TrainingSetup
+
+    full = tuple(
+        derived.family_key(precision=p, kernel="sdpa", policy="cuda", method="full")
+        for p in ("mixed-bf16", "amp-bf16", "bf16", "fp32")
+    )
+    return full + tuple(derived_family(TrainingSetup(method=m)) for m in (Method.LORA, Method.QLORA))
 
 
 def shipped_document(
-    config: Mapping[str, Any], name: str, families: tuple[str, ...] = SHIPPED_FAMILIES
+    config: Mapping[str, Any], name: str, families: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
     """The JSON document of ``peakmem/catalog/derived/<name>.json``: the derived spec, its costs in
     ``families`` and the config they came from (so that a test can regenerate it)."""
     spec = derive_spec(config, name=name)
     costs: dict[str, Any] = {}
     unmeasured: dict[str, str] = {}
-    for fam in families:
+    for fam in shipped_families() if families is None else families:
         try:
             costs[fam] = measure_costs(config, fam)
         except InputError as err:  # fp32 experts: torch's grouped_mm takes bf16 only
