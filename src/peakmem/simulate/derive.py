@@ -793,14 +793,16 @@ def _measure_one(config: dict[str, Any], setup: Any, *, truncate: bool) -> dict[
 
 
 def _output_hook(tracker: Any, sids: set[int]) -> Any:
-    """A forward hook recording the ledger ids of a block's output tensors (its hidden states, which the
-    next block or the final norm may keep for backward)."""
+    """A forward hook recording the ledger id of a block's output hidden states (which the next block or
+    the final norm may keep for backward): the first tensor it returns (transformers' decoder layers
+    return the hidden states first; BLOOM's also returns its attention probabilities, which its own
+    backward keeps)."""
     from torch.utils._pytree import tree_flatten
 
     def hook(module: Any, args: Any, out: Any) -> None:
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                sids.add(tracker.sid_of(t))
+        first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            sids.add(tracker.sid_of(first))
 
     return hook
 
