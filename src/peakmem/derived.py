@@ -3,7 +3,8 @@
 A *derived* spec is one :mod:`peakmem.simulate.derive` built from transformers' own modules for an
 architecture :mod:`peakmem.hf` does not know. Its repeated blocks carry a
 :class:`~peakmem.model.DerivedBlock` whose activation bytes are *measured* (fake-tensor runs of the
-real model at a few small shapes) and fitted here as ``per_token * B*s + per_seq2 * B*s^2 + const``.
+real model at a few small shapes) and fitted here as ``per_token * B*s + per_seq2 * B*s^2 + const``,
+instant by instant (:class:`BlockCost`: a peak is the largest of a block's candidate instants).
 
 Costs depend on the setup's *family* (:func:`family_key`: precision, attention kernel, kernel
 policy, method and adapter); sharding, checkpointing, accumulation and the optimizer are applied by

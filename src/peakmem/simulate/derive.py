@@ -17,10 +17,11 @@ encoder-decoder configs, since that is what ``from_pretrained`` loads) and reads
 * which weights peft's ``all-linear`` adapts: every ``nn.Linear`` / transformers ``Conv1D``
   (``kind="linear_weight"``) except the output layer (peft ``_maybe_include_all_linear_layers``).
 
-:func:`measure_costs` runs the real model's training step under fake tensors at three small shapes
-(:mod:`peakmem.simulate.runner`'s machinery and tracker) and fits, per block kind, what each block
-saves for backward and its forward and backward transients (:mod:`peakmem.derived`). Importing this
-module registers it as :mod:`peakmem.derived`'s cost provider.
+:func:`measure_costs` runs the real model's training step under fake tensors at five small shapes
+(:data:`SHAPES`; micro-batch 1 apart where it differs) with :mod:`peakmem.simulate.runner`'s machinery and
+tracker, and fits, per block kind, what each block saves for backward and, instant by instant, its
+forward and backward bytes (:func:`peakmem.derived.block_cost`: the peak is the largest instant at the
+shape asked). Importing this module registers it as :mod:`peakmem.derived`'s cost provider.
 """
 
 from __future__ import annotations
