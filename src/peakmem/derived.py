@@ -3,7 +3,8 @@
 A *derived* spec is one :mod:`peakmem.simulate.derive` built from transformers' own modules for an
 architecture :mod:`peakmem.hf` does not know. Its repeated blocks carry a
 :class:`~peakmem.model.DerivedBlock` whose activation bytes are *measured* (fake-tensor runs of the
-real model at a few small shapes) and fitted here as ``per_token * B*s + per_seq2 * B*s^2 + const``.
+real model at a few small shapes) and fitted here as ``per_token * B*s + per_seq2 * B*s^2 + const``,
+instant by instant (:class:`BlockCost`: a peak is the largest of a block's candidate instants).
 
 Costs depend on the setup's *family* (:func:`family_key`: precision, attention kernel, kernel
 policy, method and adapter); sharding, checkpointing, accumulation and the optimizer are applied by
@@ -42,9 +43,22 @@ FORMAT = 3  # the JSON layout written below; bumped when it changes
 # labelled as hf.py labels them (simulate/derive.py _block_component: q/k norms are norms)
 SPEC_VERSION = 3
 # the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
-# (simulate/derive.py _forward_backward); costs cached before it are measured again
-COSTS_VERSION = 2
+# (simulate/derive.py _forward_backward); 3 = every candidate peak instant fitted on its own, over
+# micro-batch 2 and 4, with its weight gradients written by then, and micro-batch 1's costs of their own
+# where they differ (BlockCost; simulate/derive.py SHAPES). Costs cached before it are measured again
+COSTS_VERSION = 3
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
+# Under LoRA/QLoRA nothing before the first adapter requires grad (frozen embeddings), so the model's first
+# block saves less than the others (its first norm keeps nothing for backward): measured on that block
+# itself, its costs are kept under its key plus this suffix (formulas/lora.py split_first_layer puts the
+# first layer in a group of its own with that key; costs without it fall back to the key's)
+FIRST_BLOCK = ":first"
+# The model's last block runs its backward first, with every other block's activations alive (where the
+# backward usually peaks), and its output feeds the final norm or a classifier's pooler instead of a block:
+# its gradient arrives, and its saved output is released, differently (BERT's pooler: the incoming gradient
+# lives through the top block's backward, 32 kB more at its peak on the tiny config). Measured on that block
+# itself, under its key plus this suffix (:func:`split_last_block`), where it differs from the others.
+LAST_BLOCK = ":last"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
 
@@ -62,9 +76,12 @@ class Fit:
     const: Fraction = Fraction(0)
 
     def at(self, batch: int, seq: int) -> int:
+        return max(0, self.at_signed(batch, seq))
+
+    def at_signed(self, batch: int, seq: int) -> int:
+        """The polynomial's value, not clamped at 0 (a net byte count can be negative)."""
         terms = _terms(batch, seq)
-        value = sum((c * t for c, t in zip(self.coefficients, terms, strict=True)), Fraction(0))
-        return max(0, round(value))
+        return round(sum((c * t for c, t in zip(self.coefficients, terms, strict=True)), Fraction(0)))
 
     @property
     def coefficients(self) -> tuple[Fraction, ...]:
@@ -107,30 +124,260 @@ def fit(points: list[tuple[int, int, int]]) -> Fit:
     return Fit(per_token=coef[0], per_seq2=coef[1], seq2=coef[2], seq=coef[3], const=coef[4])
 
 
+def fit_single(points: list[tuple[int, int, int]]) -> Fit:
+    """The :class:`Fit` at micro-batch 1 through three ``(1, seq, bytes)`` measurements: at one sequence
+    the per-token and per-sequence terms coincide, so three lengths give ``s^2``, ``s`` and a constant
+    (carried in ``seq2``, ``seq`` and ``const``); a ValueError when they do not separate them."""
+    if len(points) < 3 or any(b != 1 for b, _, _ in points):
+        raise ValueError(f"fit_single needs three micro-batch-1 measurements, got {points}")
+    (_, s1, y1), (_, s2, y2), (_, s3, y3) = points[:3]
+    if len({s1, s2, s3}) < 3:
+        raise ValueError(f"fit_single: the lengths {[s1, s2, s3]} do not separate the terms")
+    # Lagrange's interpolation in s: exact over fractions
+    a = b = c = Fraction(0)
+    for si, yi, others in ((s1, y1, (s2, s3)), (s2, y2, (s1, s3)), (s3, y3, (s1, s2))):
+        den = Fraction((si - others[0]) * (si - others[1]))
+        a += yi / den
+        b -= yi * (others[0] + others[1]) / den
+        c += yi * others[0] * others[1] / den
+    return Fit(seq2=a, seq=b, const=c)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """One block's bytes in one fake-tensor step (:func:`peakmem.simulate.derive._analyse`), event by
+    event: ``forward[i]``, beyond its saved bytes, what its forward holds after its i-th event;
+    ``backward[i]``, after the i-th event of its backward, (bytes alive above what was there when it
+    started - the incoming gradient included, its weight gradients not - net of its saved bytes freed
+    by then; those freed; its weight-gradient bytes written by then); ``grads``: all it writes;
+    ``output``: of ``saved``, its output, kept by what follows it (the next block's first Linear or norm)
+    and still alive when its own backward starts: under checkpointing, the next block's kept input."""
+
+    saved: int
+    forward: tuple[int, ...]
+    backward: tuple[tuple[int, int, int], ...]
+    grads: int = 0
+    output: int = 0
+
+    @property
+    def peaks(self) -> tuple[int, int, int, int]:
+        """(saved, forward transient, backward transient with the gradients written by then, freed
+        then): the block's own peaks at this shape, what a :class:`BlockCost` must give back."""
+        fwd = max(0, max(self.forward, default=0))
+        bwd, freed = 0, 0
+        for x, f, g in self.backward:
+            if x + g > bwd:
+                bwd, freed = x + g, f
+        return self.saved, fwd, bwd, freed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instant:
+    """One instant of a block's backward that can be its peak: ``transient``, the bytes alive then above
+    what was there when its backward started, net of its saved bytes ``freed`` by then and without its
+    weight gradients; ``grads``, the share of its weight gradients written by then (the estimate scales
+    what the setup's method trains by it)."""
+
+    transient: Fit
+    freed: Fit = Fit()
+    grads: Fraction = Fraction(1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transient": self.transient.to_json(),
+            "freed": self.freed.to_json(),
+            "grads": str(self.grads),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Instant:
+        return cls(transient=Fit.from_json(value["transient"]), freed=Fit.from_json(value["freed"]),
+                   grads=Fraction(str(value["grads"])))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostAt:
+    """A :class:`BlockCost` at one shape: what the estimate reads (``backward_transient`` includes the
+    ``grads_in_flight``, its weight gradients written by its backward's peak)."""
+
+    saved: int
+    forward_transient: int
+    backward_transient: int
+    freed: int
+    grads_in_flight: int
+    output_kept: int | None = None  # of ``saved``, the block's output (None: not measured, costs v2)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BlockCost:
     """One block kind's measured activation bytes in one setup family (per block, per step).
 
-    ``saved``: what its forward leaves for backward; ``forward_transient``: beyond ``saved``, the most
-    alive at once during its forward; ``backward_transient``: during its backward, the most alive above
-    what was there when it started (the incoming gradient included), net of its saved bytes freed by
-    then and *without* its weight gradients (the estimate adds those, as many as the method trains);
-    ``freed``: of its saved bytes, those freed at that instant.
+    ``saved``: what its forward leaves for backward. A block's transient peak is the largest of a few
+    instants, each of whose bytes is a polynomial in the shape, and which one is largest changes with
+    the shape (attention's s^2 scores overtake per-token temporaries as sequences grow; an MoE block
+    peaks at its experts' output gradients, before any weight gradient exists, at short ones): one fit
+    through the peaks of five small shapes mixes instants and extrapolates wrongly. So every instant
+    that can be a peak is fitted on its own (event by event: the same code runs the same events at every
+    shape) and the cost at a shape is their maximum. ``forward``: beyond ``saved``, what its forward
+    holds at each candidate instant; ``backward``: its backward's candidate instants (:class:`Instant`).
+    ``output``: of ``saved``, the block's output that what follows keeps and that is still alive when the
+    block's own backward starts (under checkpointing the next block's kept input, which its recomputation
+    does not rebuild; None in costs measured before it).
+    ``batch1``: the costs at micro-batch 1 where they are not the batch-linear ones (a tensor broadcast
+    over heads is a view at batch 1 and a copy above: matmul's ``expand`` + ``reshape``,
+    ATen/native/LinearAlgebra.cpp ``_matmul_impl``), measured at micro-batch 1 on their own.
     """
 
     saved: Fit
-    forward_transient: Fit
-    backward_transient: Fit
-    freed: Fit = Fit()
+    forward: tuple[Fit, ...] = ()
+    backward: tuple[Instant, ...] = ()
+    output: Fit | None = None
+    batch1: BlockCost | None = None
+
+    def at(self, batch: int, seq: int, grad_bytes: int = 0) -> CostAt:
+        """The costs at ``batch`` x ``seq``, ``grad_bytes`` being the block's weight gradients the setup
+        writes: the backward peak is the instant with the most bytes, gradients written by then included."""
+        if batch == 1 and self.batch1 is not None:
+            return self.batch1.at(batch, seq, grad_bytes)
+        fwd = max((f.at(batch, seq) for f in self.forward), default=0)
+        bwd = freed = grads = 0
+        for inst in self.backward:
+            g = round(grad_bytes * inst.grads)
+            x = inst.transient.at(batch, seq) + g
+            if x > bwd:
+                bwd, freed, grads = x, inst.freed.at(batch, seq), g
+        output = None if self.output is None else self.output.at(batch, seq)
+        return CostAt(saved=self.saved.at(batch, seq), forward_transient=fwd, backward_transient=bwd,
+                      freed=freed, grads_in_flight=grads, output_kept=output)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name).to_json() for f in dataclasses.fields(self)}
+        out: dict[str, Any] = {
+            "saved": self.saved.to_json(),
+            "forward": [f.to_json() for f in self.forward],
+            "backward": [i.to_json() for i in self.backward],
+        }
+        if self.output is not None:
+            out["output"] = self.output.to_json()
+        if self.batch1 is not None:
+            out["batch1"] = self.batch1.to_json()
+        return out
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> BlockCost:
+        if "forward_transient" in value:  # COSTS_VERSION <= 2 (shipped data): one fit of each peak
+            return cls(
+                saved=Fit.from_json(value["saved"]),
+                forward=(Fit.from_json(value["forward_transient"]),),
+                backward=(Instant(transient=Fit.from_json(value["backward_transient"]),
+                                  freed=Fit.from_json(value.get("freed", Fit().to_json()))),),
+            )  # fmt: skip
+        batch1 = value.get("batch1")
         return cls(
-            **{f.name: Fit.from_json(value[f.name]) for f in dataclasses.fields(cls) if f.name in value}
+            saved=Fit.from_json(value["saved"]),
+            forward=tuple(Fit.from_json(f) for f in value["forward"]),
+            backward=tuple(Instant.from_json(i) for i in value["backward"]),
+            output=Fit.from_json(value["output"]) if "output" in value else None,
+            batch1=cls.from_json(batch1) if batch1 is not None else None,
         )
+
+
+# Shapes a block's candidate instants are compared at, to drop those that are never the largest: every
+# micro-batch and sequence length a training setup plausibly runs (powers of two; the polynomials are
+# smooth, so an instant that is largest only between grid points is within rounding of one that is
+# largest at them), with no and with all weight gradients written.
+PRUNE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+PRUNE_SEQS = tuple(2**k for k in range(4, 21))  # 16 .. 1,048,576 tokens
+
+
+def block_cost(points: list[tuple[int, int, Measured]], *, single: bool = False) -> BlockCost:
+    """A :class:`BlockCost` from one block's measurements at five shapes (:data:`N_TERMS`; with
+    ``single``, three micro-batch-1 shapes): every event that can be a peak (the last before a
+    decrease) is fitted across the shapes on its own; the candidates never largest on the
+    :data:`PRUNE_BATCHES` x :data:`PRUNE_SEQS` grid are dropped. Shapes whose events do not line up
+    (a kernel chosen by shape) are fitted through their peaks instead (one instant each)."""
+    fitter = fit_single if single else fit
+    pts = [(b, s, m) for b, s, m in points]
+    saved = fitter([(b, s, m.saved) for b, s, m in pts])
+    batches = (1,) if single else PRUNE_BATCHES
+    grid = [(b, s) for b in batches for s in PRUNE_SEQS]
+    total = pts[0][2].grads
+    aligned_fwd = len({len(m.forward) for _, _, m in pts}) == 1
+    aligned_bwd = len({len(m.backward) for _, _, m in pts}) == 1 and all(m.grads == total for _, _, m in pts)
+    if aligned_fwd:
+        idx = _candidates([list(m.forward) for _, _, m in pts])
+        fwd_fits = [fitter([(b, s, m.forward[i]) for b, s, m in pts]) for i in idx]
+        forward = _prune(fwd_fits, lambda f, b, s, w: f.at(b, s), grid, (0,))
+    else:
+        forward = [fitter([(b, s, m.peaks[1]) for b, s, m in pts])]
+    if aligned_bwd:
+        idx = _candidates([[x for x, _, _ in m.backward] for _, _, m in pts])
+        instants = [
+            Instant(transient=fitter([(b, s, m.backward[i][0]) for b, s, m in pts]),
+                    freed=fitter([(b, s, m.backward[i][1]) for b, s, m in pts]),
+                    grads=Fraction(pts[0][2].backward[i][2], total) if total else Fraction(0))
+            for i in idx
+        ]  # fmt: skip
+        backward = _prune(
+            instants, lambda c, b, s, w: c.transient.at(b, s) + round(w * c.grads), grid, (0, total)
+        )
+    else:  # through the peaks (all the block's weight gradients added to them: the formulas' convention)
+        at_peak = [(b, s, max(m.backward, default=(0, 0, 0))) for b, s, m in pts]
+        backward = [Instant(transient=fitter([(b, s, x) for b, s, (x, _, _) in at_peak]),
+                            freed=fitter([(b, s, f) for b, s, (_, f, _) in at_peak]))]  # fmt: skip
+    output = fitter([(b, s, m.output) for b, s, m in pts])
+    return BlockCost(saved=saved, forward=tuple(forward), backward=tuple(backward), output=output)
+
+
+def batch_linear_at(points: list[tuple[int, int, Measured]], batch: int, seq: int, other: Measured) -> bool:
+    """Whether the costs fitted over ``points`` give back ``other``, measured at ``batch`` x ``seq``,
+    event by event at every instant that can be a peak (so not only at the peak this shape happens to
+    have): the same events, and each candidate's fit equal to its bytes there."""
+    everything = [*points, (batch, seq, other)]
+    if (
+        len({len(m.forward) for _, _, m in everything}) != 1
+        or len({len(m.backward) for _, _, m in everything}) != 1
+    ):
+        return False
+    for name in ("saved", "output"):
+        if fit([(b, s, getattr(m, name)) for b, s, m in points]).at(batch, seq) != getattr(other, name):
+            return False
+    for i in _candidates([list(m.forward) for _, _, m in everything]):
+        if fit([(b, s, m.forward[i]) for b, s, m in points]).at_signed(batch, seq) != other.forward[i]:
+            return False
+    for i in _candidates([[x for x, _, _ in m.backward] for _, _, m in everything]):
+        for j in range(3):
+            if (
+                fit([(b, s, m.backward[i][j]) for b, s, m in points]).at_signed(batch, seq)
+                != other.backward[i][j]
+            ):
+                return False
+    return True
+
+
+def _candidates(series: list[list[int]]) -> list[int]:
+    """Indices that can hold a peak in any of the aligned ``series``: the last event before a decrease,
+    and the last one."""
+    n = len(series[0])
+    if n == 0:
+        return []
+    out = {n - 1}
+    for vals in series:
+        out |= {i for i in range(n - 1) if vals[i + 1] < vals[i]}
+    return sorted(out)
+
+
+def _prune(cands: list[Any], value: Callable[[Any, int, int, int], int], grid: list[tuple[int, int]],
+           weights: tuple[int, ...]) -> list[Any]:  # fmt: skip
+    """The candidates that are the largest (the first, on ties) at some grid shape for some gradient
+    bytes in ``weights`` (``value(candidate, batch, seq, grad_bytes)``), in their order."""
+    if len(cands) <= 1:
+        return cands
+    keep: set[int] = set()
+    for b, s in grid:
+        for w in weights:
+            values = [value(c, b, s, w) for c in cands]
+            keep.add(values.index(max(values)))
+    return [c for i, c in enumerate(cands) if i in keep]
 
 
 Costs = dict[str, BlockCost]  # DerivedBlock.key -> its cost
@@ -156,6 +403,35 @@ def family_key(
 def adapter_objects(adapter: str) -> Any:
     """The (LoraConfig, QuantConfig) an adapter key was made from in this process (None if unknown)."""
     return _ADAPTERS.get(adapter)
+
+
+def split_last_block(spec: Any) -> Any:
+    """A derived spec with its last layer in a group of its own, keyed :data:`LAST_BLOCK` (its own
+    measured costs; :func:`block_key_costs` falls back to the key's); other specs unchanged."""
+    if not spec.derived_from or not spec.groups or spec.groups[-1].layer.derived is None:
+        return spec
+    last = spec.groups[-1]
+    info = last.layer.derived
+    layer = dataclasses.replace(last.layer, derived=dataclasses.replace(info, key=info.key + LAST_BLOCK))
+    tail: tuple[Any, ...] = (dataclasses.replace(last, count=1, layer=layer),)
+    if last.count > 1:
+        tail = (dataclasses.replace(last, count=last.count - 1), *tail)
+    return dataclasses.replace(spec, groups=(*spec.groups[:-1], *tail))
+
+
+def block_key_costs(costs: Costs, key: str) -> BlockCost | None:
+    """The cost of a block key, an edge block's (:data:`FIRST_BLOCK`, :data:`LAST_BLOCK`) falling back
+    to its kind's when it was not measured apart (it did not differ, or shipped data predates it)."""
+    while True:
+        cost = costs.get(key)
+        if cost is not None:
+            return cost
+        for suffix in (FIRST_BLOCK, LAST_BLOCK):
+            if key.endswith(suffix):
+                key = key.removesuffix(suffix)
+                break
+        else:
+            return None
 
 
 # --- where costs come from ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.derived import costs_for, family_key
+from peakmem.derived import block_key_costs, costs_for, family_key
 from peakmem.model import Attention, Layer, Mlp, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing, Framework, KernelPolicy, TrainingSetup
 
@@ -960,24 +960,32 @@ SRC_DERIVED = (
 
 def derived_activations(spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int = 0) -> LayerActivations:
     """A derived block's activations: its measured costs (:mod:`peakmem.derived`) at the setup's shape.
-    Its weight gradients (``grad_bytes``, as many as the method trains) are added to the backward
-    transient as the formulas do (all written at the block's backward peak)."""
+    Its backward peak is the measured instant with the most bytes once its weight gradients written by
+    then are counted (``grad_bytes``, as many as the method trains, times the share measured written at
+    that instant: an MoE block's peak at its experts' output gradients comes before any of its weight
+    gradients exist, an attention block's after its MLP's)."""
     assert layer.derived is not None
-    cost = costs_for(spec.derived_from, sh.family).get(layer.derived.key)
+    cost = block_key_costs(costs_for(spec.derived_from, sh.family), layer.derived.key)
     b, s, t = sh.batch, sh.seq, sh.tokens
-    saved = bwd = fwd = freed = 0
+    layer_input = t * spec.hidden_size * sh.r
+    saved = bwd = fwd = freed = grads = 0
+    kept = None
     if cost is not None:
-        saved = cost.saved.at(b, s)
-        fwd = cost.forward_transient.at(b, s)
-        bwd = cost.backward_transient.at(b, s)
-        freed = cost.freed.at(b, s)
+        at = cost.at(b, s, grad_bytes)
+        kept = at.output_kept
+        saved, fwd, bwd, freed, grads = (at.saved, at.forward_transient, at.backward_transient, at.freed,
+                                         at.grads_in_flight)  # fmt: skip
     what = layer.derived.mixer + ("" if layer.derived.ffn == "none" else f" + {layer.derived.ffn} ffn")
     items = (_item(f"{what} block (measured)", saved, SRC_DERIVED, "derived.saved"),) if saved else ()
-    layer_input = t * spec.hidden_size * sh.r
+    # of its saved bytes, its output kept by what follows and alive when its backward starts: under
+    # checkpointing its recomputation does not rebuild it (the next block's kept input). What of the output
+    # the next block's backward frees before (its Linears' saved input) is in the measured transients, net:
+    # the recomputation must rebuild it for them to add up. Measured; costs before it: one layer input
+    input_saved = kept if kept is not None else min(saved, layer_input)
     return LayerActivations(
         saved=items, core=0, layer_input=layer_input, forward_transient=fwd,
-        backward_transient=bwd + grad_bytes, backward_freed=freed, backward_grads=grad_bytes,
-        interior=saved + fwd, input_saved=min(saved, layer_input), mask_arg=causal_mask_bytes(spec, sh),
+        backward_transient=bwd, backward_freed=freed, backward_grads=grads,
+        interior=saved + fwd, input_saved=input_saved, mask_arg=causal_mask_bytes(spec, sh),
     )  # fmt: skip
 
 

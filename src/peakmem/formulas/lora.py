@@ -43,6 +43,7 @@ from typing import Any, cast
 
 from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
+from peakmem.derived import FIRST_BLOCK
 from peakmem.dtypes import DType
 from peakmem.errors import InputError, require
 from peakmem.formulas.activations import (
@@ -970,9 +971,16 @@ def split_first_layer(spec: ModelSpec) -> ModelSpec:
     """The same spec with its first layer as a group of its own: under LoRA nothing before the first
     adapter requires grad, so the first layer saves less than the others (see :func:`adapt_layer`)."""
     first = spec.groups[0]
+    layer = first.layer
+    if layer.derived is not None:  # a derived block: its costs measured on the first block itself
+        layer = replace(layer, derived=replace(layer.derived, key=layer.derived.key + FIRST_BLOCK))
     if first.count == 1:
-        return spec
-    groups = (LayerGroup(count=1, layer=first.layer), replace(first, count=first.count - 1), *spec.groups[1:])
+        return (
+            spec
+            if layer is first.layer
+            else replace(spec, groups=(replace(first, layer=layer), *spec.groups[1:]))
+        )
+    groups = (LayerGroup(count=1, layer=layer), replace(first, count=first.count - 1), *spec.groups[1:])
     return replace(spec, groups=groups)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peakmem.breakdown import MemoryItem, PerParamRow
+from peakmem.derived import split_last_block
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.training import TrainingSetup
@@ -53,6 +54,7 @@ class Technique:
 def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
     """Apply ``setup``'s method, precision and optimizer to ``spec``."""
     adapter = _lora.is_adapter_method(setup)
+    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (derived.LAST_BLOCK)
     if adapter:
         spec = _lora.split_first_layer(spec)
     tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)

@@ -17,15 +17,17 @@ encoder-decoder configs, since that is what ``from_pretrained`` loads) and reads
 * which weights peft's ``all-linear`` adapts: every ``nn.Linear`` / transformers ``Conv1D``
   (``kind="linear_weight"``) except the output layer (peft ``_maybe_include_all_linear_layers``).
 
-:func:`measure_costs` runs the real model's training step under fake tensors at three small shapes
-(:mod:`peakmem.simulate.runner`'s machinery and tracker) and fits, per block kind, what each block
-saves for backward and its forward and backward transients (:mod:`peakmem.derived`). Importing this
-module registers it as :mod:`peakmem.derived`'s cost provider.
+:func:`measure_costs` runs the real model's training step under fake tensors at five small shapes
+(:data:`SHAPES`; micro-batch 1 apart where it differs) with :mod:`peakmem.simulate.runner`'s machinery and
+tracker, and fits, per block kind, what each block saves for backward and, instant by instant, its
+forward and backward bytes (:func:`peakmem.derived.block_cost`: the peak is the largest instant at the
+shape asked). Importing this module registers it as :mod:`peakmem.derived`'s cost provider.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import re
 import traceback
@@ -612,15 +614,24 @@ def with_recurrent_state(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpe
 # ------------------------------------------------------------------------------------------------
 # measured costs
 # ------------------------------------------------------------------------------------------------
-# (batch, seq) of the five fake-tensor runs: three sequence lengths separate per-token, per-sequence-
-# squared and constant bytes, two batches separate what scales with the batch from what the batch
-# shares (a broadcast causal mask). Short, so a run is cheap.
-SHAPES = ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))
+# (batch, seq) of the five fake-tensor runs the costs are fitted over: three sequence lengths separate
+# per-token, per-sequence-squared and constant bytes, two batches separate what scales with the batch from
+# what the batch shares (a broadcast causal mask). Short, so a run is cheap; micro-batch 2 and 4, not 1:
+# at micro-batch 1 a tensor broadcast over a size-1 batch can stay a view where a larger batch copies it
+# (matmul's expand + reshape of a one-head k/v against every query head: Falcon's multi-query attention on
+# SDPA's math kernel, ATen/native/LinearAlgebra.cpp ``_matmul_impl``), which no term of the fit can carry:
+# fitted over batch-1 and batch-2 shapes together, tiny Falcon's costs came out 4-7% low at batch 2.
+SHAPES = ((2, 32), (2, 64), (4, 64), (2, 128), (4, 32))
+# micro-batch 1 is checked at BATCH1_CHECK; where the batch-linear costs do not give it back, the costs at
+# micro-batch 1 are measured on their own at BATCH1_SHAPES (three lengths: s^2, s and a constant)
+BATCH1_CHECK = (1, 64)
+BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, 128))
 
 
 def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
-    (``precision|kernel|policy|method``), fitted over :data:`SHAPES`."""
+    (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.derived.block_cost`),
+    with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`)."""
     from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
 
     parts = family.split("|", 4)
@@ -632,34 +643,51 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
         if objects is None:
             raise InputError(f"setup family {family!r}: the adapter is not known in this process")
         lora, quant = objects
-    points: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {}
-    for batch, seq in SHAPES:
-        setup = TrainingSetup(
-            precision=Precision(precision), attention=AttentionKernel(kernel),
-            kernel_policy=KernelPolicy(policy), micro_batch=batch, seq_len=seq,
-            method=Method(method), lora=lora, quant=quant,
-        )  # fmt: skip
-        try:
-            measured = _measure_once(dict(config), setup)
-        except RuntimeError as err:
-            if "grouped_mm" not in "".join(traceback.format_exception(err)):
-                raise
-            # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts'
-            # dtype, and torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
-            raise InputError(
-                f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts "
-                "through torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights "
-                "transformers cannot run it. Use --precision bf16 or mixed-bf16"
-            ) from None
-        for key, values in measured.items():
-            points.setdefault(key, []).append((batch, seq, values))
-    out: derived.Costs = {}
-    for key, pts in points.items():
-        if len(pts) < len(SHAPES):
-            continue
-        fits = [derived.fit([(b, s, v[i]) for b, s, v in pts]) for i in range(4)]
-        out[key] = derived.BlockCost(saved=fits[0], forward_transient=fits[1], backward_transient=fits[2],
-                                     freed=fits[3])  # fmt: skip
+
+    def measure(shapes: tuple[tuple[int, int], ...]) -> dict[str, list[tuple[int, int, derived.Measured]]]:
+        points: dict[str, list[tuple[int, int, derived.Measured]]] = {}
+        for batch, seq in shapes:
+            setup = TrainingSetup(
+                precision=Precision(precision), attention=AttentionKernel(kernel),
+                kernel_policy=KernelPolicy(policy), micro_batch=batch, seq_len=seq,
+                method=Method(method), lora=lora, quant=quant,
+            )  # fmt: skip
+            try:
+                measured = _measure_once(dict(config), setup)
+            except RuntimeError as err:
+                if "grouped_mm" not in "".join(traceback.format_exception(err)):
+                    raise
+                # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts'
+                # dtype, and torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
+                raise InputError(
+                    f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts "
+                    "through torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights "
+                    "transformers cannot run it. Use --precision bf16 or mixed-bf16"
+                ) from None
+            for key, values in measured.items():
+                points.setdefault(key, []).append((batch, seq, values))
+        return points
+
+    points = measure(SHAPES)
+    out: derived.Costs = {
+        key: derived.block_cost(pts) for key, pts in points.items() if len(pts) == len(SHAPES)
+    }
+    check = measure((BATCH1_CHECK,))
+    b1, s1 = BATCH1_CHECK
+    differ = [
+        key for key, pts in points.items()
+        if key in out and key in check and not derived.batch_linear_at(pts, b1, s1, check[key][0][2])
+    ]  # fmt: skip
+    if differ:
+        rest = measure(tuple(shape for shape in BATCH1_SHAPES if shape != BATCH1_CHECK))
+        for key in differ:
+            pts = sorted([*check[key], *rest.get(key, [])], key=lambda p: p[1])
+            if len(pts) == len(BATCH1_SHAPES):
+                out[key] = dataclasses.replace(out[key], batch1=derived.block_cost(pts, single=True))
+    # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
+    for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
+        if out[key] == derived.block_key_costs(out, key.rsplit(":", 1)[0]):
+            del out[key]
     return out
 
 
@@ -697,7 +725,7 @@ def _truncate(model: torch.nn.Module, path_keys: dict[str, str]) -> bool:
     return True
 
 
-def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, int, int, int]]:
+def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, derived.Measured]:
     """:func:`_measure_one` on the model cut to a few blocks of each kind; on the whole model if the
     cut one does not run (a model that reads its depth elsewhere)."""
     try:
@@ -706,9 +734,7 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, tuple[int, in
         return _measure_one(config, setup, truncate=False)
 
 
-def _measure_one(
-    config: dict[str, Any], setup: Any, *, truncate: bool
-) -> dict[str, tuple[int, int, int, int]]:
+def _measure_one(config: dict[str, Any], setup: Any, *, truncate: bool) -> dict[str, derived.Measured]:
     """One fake-tensor training step; per block kind (saved, forward transient, backward transient,
     freed at the backward peak) of a representative block (the middle one of its kind)."""
     import gc
@@ -739,6 +765,12 @@ def _measure_one(
     model.train()
     tracker = LiveStorageTracker()
     log = kern.KernelLog()
+    block_paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
+    outputs: dict[str, set[int]] = {}  # block module path -> the storages of its forward's output
+    hooks = [
+        model.get_submodule(p).register_forward_hook(_output_hook(tracker, outputs.setdefault(p, set())))
+        for p in block_paths
+    ]
     was = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -750,12 +782,30 @@ def _measure_one(
             f"({type(err).__name__}: {err})"
         ) from err
     finally:
+        for h in hooks:
+            h.remove()
         if was:
             gc.enable()
-    paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
-    paths = [p.removeprefix("base_model.model.") if p not in path_keys else p for p in paths]
+    paths = [p.removeprefix("base_model.model.") if p not in path_keys else p for p in block_paths]
     keys = [path_keys[p] for p in paths]
-    return _analyse(tracker.ledger, _tracked(model, paths), keys)
+    tracked = _tracked(model, paths)
+    outs = [outputs[b] for b in block_paths]
+    return _analyse(tracker.ledger, tracked, keys, outs, adapters=setup.method.value != "full")
+
+
+def _output_hook(tracker: Any, sids: set[int]) -> Any:
+    """A forward hook recording the ledger id of a block's output hidden states (which the next block or
+    the final norm may keep for backward): the first tensor it returns (transformers' decoder layers
+    return the hidden states first; BLOOM's also returns its attention probabilities, which its own
+    backward keeps)."""
+    from torch.utils._pytree import tree_flatten
+
+    def hook(module: Any, args: Any, out: Any) -> None:
+        first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            sids.add(tracker.sid_of(first))
+
+    return hook
 
 
 def _tracked(model: torch.nn.Module, paths: list[str]) -> list[str]:
@@ -805,7 +855,17 @@ def _forward_backward(model: Any, setup: Any, tracker: Any, mode: Any, log: Any,
         tracker.set_phase(Phase.LOAD, 2)  # closes the backward segment
 
 
-def _analyse(ledger: Any, paths: list[str], keys: list[str]) -> dict[str, tuple[int, int, int, int]]:
+def _analyse(
+    ledger: Any,
+    paths: list[str],
+    keys: list[str],
+    outputs: list[set[int]] | None = None,
+    *,
+    adapters: bool = False,
+) -> dict[str, derived.Measured]:
+    """Per block kind, the middle block's :class:`~peakmem.derived.Measured`; the last block's too, under
+    its key plus :data:`~peakmem.derived.LAST_BLOCK`, and with ``adapters`` (LoRA/QLoRA) the first block's,
+    under :data:`~peakmem.derived.FIRST_BLOCK`."""
     from peakmem.breakdown import Phase
     from peakmem.measure.tracker import BUFFER, GRAD, MASTER, OPTIM_STATE, PARAM
 
@@ -865,10 +925,10 @@ def _analyse(ledger: Any, paths: list[str], keys: list[str]) -> dict[str, tuple[
     live_at_fwd_end = set(live)
     fr = ranges(f0, f1)
     br = ranges(b0, b1)
-    result: dict[str, list[tuple[int, int, int, int]]] = {}
+    result: dict[str, list[derived.Measured]] = {}
     for path, key in zip(paths, keys, strict=True):
         if path not in fr:
-            result.setdefault(key, []).append((0, 0, 0, 0))
+            result.setdefault(key, []).append(derived.Measured(saved=0, forward=(), backward=()))
             continue
         a, b, _ = fr[path]
         mine = [
@@ -877,29 +937,46 @@ def _analyse(ledger: Any, paths: list[str], keys: list[str]) -> dict[str, tuple[
         ]  # fmt: skip
         saved_sids = {sid for sid in mine if sid in live_at_fwd_end}
         saved = sum(live.get(sid, 0) for sid in saved_sids)
-        fwd = max(0, max(totals[a : b + 1]) - totals[a] - saved)
-        bwd = freed_at = 0
+        # of those, the block's output that what follows keeps (the next block's first Linear or norm)
+        # and that is still alive when this block's backward starts (the next block's backward frees what
+        # its Linears kept): under checkpointing the next block's kept input, not rebuilt by recomputation
+        out_sids = saved_sids & (outputs[paths.index(path)] if outputs else set())
+        output = sum(live.get(sid, 0) for sid in out_sids)
+        forward = tuple(totals[k] - totals[a] - saved for k in range(a, b + 1))
+        backward: list[tuple[int, int, int]] = []
+        grads = 0
         if path in br:
             c, d, prev = br[path]
             # X(k): backward temporaries allocated since the run before this block's backward
-            # (the incoming gradient included), minus this block's saved bytes freed so far
-            cur = 0
-            freed = 0
-            alive: dict[int, int] = {}
+            # (the incoming gradient included), minus this block's saved bytes freed so far; G(k): its
+            # weight gradients written so far (tagged by parameter name: tracker.watch_gradients)
+            cur = freed = 0
             for k in range(prev, d):
                 sid, delta = events[k]
                 rec = ledger.records[sid]
+                if sid in out_sids and delta < 0 and k < c:
+                    output += delta
                 if sid in saved_sids:
                     if delta < 0:
                         freed -= delta
+                elif GRAD in rec.tags and rec.name.startswith(path + "."):
+                    if delta > 0 and first.get(sid) == k:
+                        grads += delta
                 elif first.get(sid, -1) >= prev and not (rec.tags & persistent):
-                    alive[sid] = alive.get(sid, 0) + delta
                     cur += delta
-                if k >= c and cur - freed > bwd:
-                    bwd, freed_at = cur - freed, freed
-            bwd = max(0, bwd)
-        result.setdefault(key, []).append((saved, fwd, bwd, freed_at))
-    return {key: vals[len(vals) // 2] for key, vals in result.items()}
+                if k >= c:
+                    backward.append((cur - freed, freed, grads))
+        result.setdefault(key, []).append(
+            derived.Measured(
+                saved=saved, forward=forward, backward=tuple(backward), grads=grads, output=output
+            )
+        )
+    out = {key: vals[len(vals) // 2] for key, vals in result.items()}
+    if keys:
+        out[keys[-1] + derived.LAST_BLOCK] = result[keys[-1]][-1]
+    if adapters and keys:
+        out[keys[0] + derived.FIRST_BLOCK] = result[keys[0]][0]
+    return out
 
 
 def kernel_notes(model_type: str, mixers: set[str]) -> list[str]:
