@@ -264,13 +264,6 @@ class BlockCost:
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> BlockCost:
-        if "forward_transient" in value:  # COSTS_VERSION <= 2 (shipped data): one fit of each peak
-            return cls(
-                saved=Fit.from_json(value["saved"]),
-                forward=(Fit.from_json(value["forward_transient"]),),
-                backward=(Instant(transient=Fit.from_json(value["backward_transient"]),
-                                  freed=Fit.from_json(value.get("freed", Fit().to_json()))),),
-            )  # fmt: skip
         batch1 = value.get("batch1")
         return cls(
             saved=Fit.from_json(value["saved"]),
@@ -599,7 +592,7 @@ def _shipped_costs(chash: str, family: str) -> Costs | None:
         return None
     data = json.loads(path.read_text())
     fam = data.get("costs", {}).get(family)
-    if fam is None:
+    if fam is None or data.get("costs_version") != COSTS_VERSION:  # measured in another layout: stale
         return None
     return {k: BlockCost.from_json(v) for k, v in fam.items()}
 
@@ -617,6 +610,7 @@ def shipped_document(spec: Any, costs: Mapping[str, Costs]) -> dict[str, Any]:
     """The JSON document ``benchmarks/derive_catalog.py`` writes for one model."""
     return {
         "format": FORMAT,
+        "costs_version": COSTS_VERSION,
         "config_hash": spec.derived_from,
         "spec": spec_to_json(spec),
         "costs": {fam: {k: v.to_json() for k, v in c.items()} for fam, c in sorted(costs.items())},

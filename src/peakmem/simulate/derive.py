@@ -654,9 +654,17 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
             )  # fmt: skip
             try:
                 measured = _measure_once(dict(config), setup)
-            except RuntimeError as err:
-                if "grouped_mm" not in "".join(traceback.format_exception(err)):
-                    raise
+            except InputError:
+                raise
+            except Exception as err:
+                trace = "".join(traceback.format_exception(err))
+                if not (isinstance(err, RuntimeError) and "grouped_mm" in trace):
+                    # transformers / peft code that does not run under this method (peft's LoRA Linear on
+                    # Llama 4's router, which returns a tuple): a named error, not a traceback
+                    raise InputError(
+                        f"model_type={config.get('model_type')!r}: a fake-tensor training step of its blocks "
+                        f"failed under {method} ({precision}): {type(err).__name__}: {str(err)[:300]}"
+                    ) from err
                 # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts'
                 # dtype, and torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
                 raise InputError(
@@ -759,13 +767,19 @@ def _measure_one(config: dict[str, Any], setup: Any, *, truncate: bool) -> dict[
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
+    # the blocks, before peft turns Linears into modules with children (a ModuleList of Linears, such as
+    # Gemma 3n's altup_projections, would then look like a block list)
+    blocks = {f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))}
     quant = prepare_adapters(model, setup, setup.lora)
     mode = runner._fake_mode()
     fakeify_module(model, mode)
     model.train()
     tracker = LiveStorageTracker()
     log = kern.KernelLog()
-    block_paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
+    block_paths = [
+        f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))
+        if f"{lp}.{i}".removeprefix("base_model.model.") in blocks
+    ]  # fmt: skip
     outputs: dict[str, set[int]] = {}  # block module path -> the storages of its forward's output
     hooks = [
         model.get_submodule(p).register_forward_hook(_output_hook(tracker, outputs.setdefault(p, set())))
