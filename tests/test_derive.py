@@ -113,6 +113,7 @@ def test_shipped_costs_of_another_layout_are_not_read(tmp_path, monkeypatch) -> 
     (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": derived.COSTS_VERSION - 1}))
     assert derived._shipped_costs("h" * 16, "fam") is None
     (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": derived.COSTS_VERSION}))
+    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)  # the files are parsed once per process
     assert derived._shipped_costs("h" * 16, "fam") == {"block": cost}
 
 

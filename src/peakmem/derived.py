@@ -432,7 +432,7 @@ Provider = Callable[[Mapping[str, Any], str], Costs]
 _PROVIDER: list[Provider] = []
 _CONFIGS: dict[str, Mapping[str, Any]] = {}  # config hash -> the config (for the provider)
 _MEMORY: dict[tuple[str, str], Costs] = {}
-_SHIPPED_INDEX: dict[str, Path] | None = None
+_SHIPPED_INDEX: dict[str, dict[str, Any]] | None = None  # config hash -> its parsed shipped file
 
 
 def set_provider(provider: Provider | None) -> None:
@@ -570,10 +570,11 @@ def _write_cache(chash: str, family: str, costs: Costs) -> None:
 
 
 # --- shipped data: spec + costs per catalog model ----------------------------------------------------
-def _shipped_index() -> dict[str, Path]:
+def _shipped_index() -> dict[str, dict[str, Any]]:
+    """The shipped files, parsed once per process, by config hash."""
     global _SHIPPED_INDEX
     if _SHIPPED_INDEX is None:
-        index: dict[str, Path] = {}
+        index: dict[str, dict[str, Any]] = {}
         if SHIPPED.is_dir():
             for path in sorted(SHIPPED.glob("*.json")):
                 try:
@@ -581,16 +582,15 @@ def _shipped_index() -> dict[str, Path]:
                 except (OSError, ValueError):
                     continue
                 if isinstance(data, dict) and isinstance(data.get("config_hash"), str):
-                    index[data["config_hash"]] = path
+                    index[data["config_hash"]] = data
         _SHIPPED_INDEX = index
     return _SHIPPED_INDEX
 
 
 def _shipped_costs(chash: str, family: str) -> Costs | None:
-    path = _shipped_index().get(chash)
-    if path is None:
+    data = _shipped_index().get(chash)
+    if data is None:
         return None
-    data = json.loads(path.read_text())
     fam = data.get("costs", {}).get(family)
     if fam is None or data.get("costs_version") != COSTS_VERSION:  # measured in another layout: stale
         return None
@@ -599,10 +599,10 @@ def _shipped_costs(chash: str, family: str) -> Costs | None:
 
 def shipped_spec(config: Mapping[str, Any], name: str | None = None) -> Any:
     """The shipped derived :class:`~peakmem.model.ModelSpec` for ``config``, or None."""
-    path = _shipped_index().get(config_hash(config))
-    if path is None:
+    data = _shipped_index().get(config_hash(config))
+    if data is None:
         return None
-    spec = spec_from_json(json.loads(path.read_text())["spec"])
+    spec = spec_from_json(data["spec"])
     return dataclasses.replace(spec, name=name) if name else spec
 
 
