@@ -359,9 +359,30 @@ def test_cut_model_measures_what_the_whole_one_does(derive, method) -> None:  # 
 
     setup = TrainingSetup(precision="mixed-bf16", method=method, seq_len=64, micro_batch=2)
     config = dict(LLAMA, num_hidden_layers=8)
-    assert derive._measure_one(config, setup, truncate=True) == derive._measure_one(
-        config, setup, truncate=False
-    )
+    assert derive._measure_one(config, setup, cut="select") == derive._measure_one(config, setup, cut="none")
+
+
+@torch_only
+def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type: ignore[no-untyped-def]
+    """A hybrid whose attention blocks sit deep (Granite 4.0-H: at 5, 15, 25, 35 of 40) is cut to the
+    first three blocks of each kind, not to everything before the third attention block: the costs
+    are those of the whole model, measured on 5 of its 8 blocks."""
+    from peakmem.training import TrainingSetup
+
+    kinds = ["linear_attention"] * 5 + ["full_attention", "linear_attention", "full_attention"]
+    config = dict(derive.tiny_config("granitemoehybrid"), num_hidden_layers=8, layer_types=kinds)
+    model = derive.build_meta(config)
+    spec = derive.spec_from_model(model, config)
+    keys = {f"model.layers.{i}": layer.derived.key for i, layer in enumerate(spec.layers())}
+    kept = derive._truncate(model, keys)
+    assert kept is not None and len(model.model.layers) == 5
+    chosen = (0, 1, 2, 5, 7)
+    assert [kept[f"model.layers.{j}"] for j in range(5)] == [keys[f"model.layers.{i}"] for i in chosen]
+    assert model.config.layer_types == [kinds[i] for i in chosen]
+    # renumbered as the config's lists are cut (a cache is indexed by layer_idx)
+    assert [m.layer_idx for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)][-1] == 4
+    setup = TrainingSetup(precision="mixed-bf16", seq_len=64, micro_batch=2)
+    assert derive._measure_one(config, setup, cut="select") == derive._measure_one(config, setup, cut="none")
 
 
 @torch_only
@@ -386,7 +407,7 @@ def test_a_step_that_fails_under_a_method_is_a_named_input_error(derive, monkeyp
     records it as unmeasured, and ``train``'s ranked changes leave that method out instead of failing."""
     from peakmem.errors import InputError
 
-    def broken(config, setup, *, truncate):  # type: ignore[no-untyped-def]
+    def broken(config, setup, *, cut):  # type: ignore[no-untyped-def]
         raise AttributeError("'tuple' object has no attribute 'dtype'")
 
     monkeypatch.setattr(derive, "_measure_one", broken)
@@ -446,3 +467,36 @@ def test_costs_give_back_shapes_they_were_not_fitted_at(derive) -> None:  # type
         for key, m in measured.items():
             at = derived.block_key_costs(costs, key).at(b, s, m.grads)  # type: ignore[union-attr]
             assert (at.saved, at.forward_transient, at.backward_transient) == m.peaks[:3], (key, b, s)
+
+
+@torch_only
+def test_train_measures_only_its_own_family(derive, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 14 (first train <= 60 s): ``train`` of a new family measures the block costs of the setup
+    asked for only; the ways in other setup families are named as not measured yet, and are
+    estimated once their costs are cached."""
+    from dataclasses import replace
+
+    from peakmem.formulas.activations import derived_family
+    from peakmem.planner.ways import NOT_MEASURED_WHY, train_answer
+    from peakmem.resolve import spec_for_config
+    from peakmem.training import TrainingSetup
+
+    measured: list[str] = []
+
+    def provider(config, family):  # type: ignore[no-untyped-def]
+        measured.append(family)
+        return derive.measure_costs(config, family)
+
+    monkeypatch.setattr(derived, "_PROVIDER", [provider])
+    monkeypatch.setattr(derived, "_MEMORY", {})
+    spec = spec_for_config(derive.tiny_config("smollm3"), name="tiny-smollm3")
+    setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
+    answer = train_answer(spec, setup)
+    assert measured == ["fp32|sdpa|cpu|full"]
+    assert answer.ways.not_measured == ("method lora", "method qlora")
+    assert not any(w.setup.method.value != "full" for w in answer.ways.ways)
+    assert answer.ways.note.endswith(f"method lora, method qlora: {NOT_MEASURED_WHY}")
+    train_answer(spec, replace(setup, method="lora"))  # measures LoRA's costs, and caches them
+    again = train_answer(spec, setup)
+    assert again.ways.not_measured == ("method qlora",)  # LoRA estimated from the cache, measured once
+    assert measured == ["fp32|sdpa|cpu|full", derived_family(replace(setup, method="lora"))]

@@ -391,7 +391,7 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None)
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
     pairs = ways.pairs() if ways is not None else []
-    note = ways.no_help if ways is not None else ""
+    note = ways.note if ways is not None else ""
     if args.json:
         out = answer_json(est, gpus, ways)
         if (block := _from_block(args)) is not None:

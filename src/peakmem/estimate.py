@@ -156,14 +156,20 @@ class TrainingEstimator:
     ) -> tuple[Estimate, sharding.RankStates, mp.StageParams]:
         _check_positions(self.spec, setup)
         asked = setup
-        fallback = _attention_fallback(self.spec, setup)
-        if fallback is not None:
-            setup = fallback
-        if setup.liger and not liger_applies(self.spec.model_type):
-            setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
-        setup = profile_setup(setup)
+        setup = setup_that_runs(self.spec, setup)
         st = self._static_of(setup, par, stage)
         return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
+
+
+def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
+    """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
+    asked for, no Liger where Liger patches nothing, the framework profile's settings."""
+    fallback = _attention_fallback(spec, setup)
+    if fallback is not None:
+        setup = fallback
+    if setup.liger and not liger_applies(spec.model_type):
+        setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
+    return profile_setup(setup)
 
 
 def _check_positions(spec: ModelSpec, setup: TrainingSetup) -> None:

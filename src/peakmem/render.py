@@ -223,7 +223,8 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
             }
             for w in ways.ways
         ]
-        out["ways_down_note"] = ways.no_help
+        out["ways_down_note"] = ways.note
+        out["ways_not_measured"] = list(ways.not_measured)
     return out
 
 

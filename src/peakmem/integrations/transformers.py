@@ -570,7 +570,7 @@ class PeakmemCallback(TrainerCallback):
             need = est.device_total_bytes
             verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=need) for g in gpus]
             headline = train_headline(job.name, job.setup, est, par=job.parallelism)
-            print_estimate(est, headline, verdicts, answer.ways.pairs(), answer.ways.no_help)
+            print_estimate(est, headline, verdicts, answer.ways.pairs(), answer.ways.note)
         self._start_step = int(getattr(state, "global_step", 0) or 0)
         self._record(state, self._predicted(est))
         if on_cuda:

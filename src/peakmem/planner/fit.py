@@ -158,6 +158,9 @@ def _family_adapter(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     missing: list[str] = []
     for m in methods:
         changed = replace(ctx.setup, method=m)
+        if ctx.estimator.unmeasured(changed):  # listed, and named as not measured yet (planner.ways)
+            opts.append(_Option(label=f"method {m.value}", setup=(("method", m),)))
+            continue
         res = ctx.estimator(changed)
         if res is None or res.estimate.trainable_params >= ctx.spec.params:
             missing.append(m.value)

@@ -13,7 +13,7 @@ from typing import Any
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError
-from peakmem.estimate import TrainingEstimator, setup_dict
+from peakmem.estimate import TrainingEstimator, setup_dict, setup_that_runs
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
@@ -110,10 +110,15 @@ class _Result:
 class _Estimator:
     """Estimates (setup, parallelism) once; an invalid combination is remembered as None."""
 
-    def __init__(self, spec: ModelSpec, overheads: Overheads | None, *, margin: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, overheads: Overheads | None, *, margin: bool = False, lazy: bool = False
+    ) -> None:
         self.spec = spec
         self.overheads = overheads
         self.margin = margin  # judge by the band's high end: a change must make it "fit", not "tight"
+        # lazy: a derived spec's setup family whose block costs are not measured yet is not measured
+        # for a change (``train``'s ways: a family takes a minute or more to measure on a CPU)
+        self.lazy = lazy
         self.memo: dict[tuple[TrainingSetup, Any], _Result | None] = {}
         self.calls = 0
         self.ranks = _ranks_module()
@@ -153,6 +158,18 @@ class _Estimator:
             result = None
         self.memo[key] = result
         return result
+
+    def unmeasured(self, setup: TrainingSetup) -> bool:
+        """Whether estimating ``setup`` would first measure block costs and this estimator is lazy:
+        never for the formulas' families; for a derived spec, when its costs in the setup's family
+        are neither shipped, cached nor already measured."""
+        if not self.lazy or not self.spec.derived_from:
+            return False
+        from peakmem import derived
+        from peakmem.formulas.activations import derived_family
+
+        family = derived_family(setup_that_runs(self.spec, setup))
+        return not derived.costs_ready(self.spec.derived_from, family)
 
     def floor_needed(self, setup: TrainingSetup, par: Any = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form

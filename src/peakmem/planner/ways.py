@@ -47,10 +47,23 @@ class Way:
 class WaysDown:
     ways: tuple[Way, ...]  # each saves memory; smallest need first
     no_help: str  # one line: the usual changes that save nothing here, and why ("" when none)
+    # the ways of a derived model left out because its block costs in their setup family are not
+    # measured yet (measuring one family takes a minute or more on a laptop's CPU: ``train`` would
+    # otherwise measure every family it lists before answering)
+    not_measured: tuple[str, ...] = ()
 
     def pairs(self) -> list[tuple[str, Estimate]]:
         """(label, estimate) per way, as the tables and pictures draw them."""
         return [(w.label, w.estimate) for w in self.ways]
+
+    @property
+    def note(self) -> str:
+        """The line under the ways: what saves nothing here, and what was not measured yet."""
+        parts = [self.no_help] if self.no_help else []
+        if self.not_measured:
+            what = ", ".join(self.not_measured)
+            parts.append(f"{what}: {NOT_MEASURED_WHY}")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +82,7 @@ def ways_down(
 ) -> WaysDown:  # fmt: skip
     """The changes that bring ``setup`` (on ``par``) down. With ``capacity_bytes`` the finishers pick
     the least invasive value that fits it (as ``fit`` does); without, micro-batch 1 and one node."""
-    est = estimator if estimator is not None else _Estimator(spec, overheads)
+    est = estimator if estimator is not None else _Estimator(spec, overheads, lazy=True)
     base = est(setup, par)
     if base is None:
         raise InputError(f"the setup cannot be estimated for {spec.name}")
@@ -84,7 +97,11 @@ def ways_down(
     configs += _finished(spec, setup, par, est, base_cfg, capacity_bytes)
     ways: list[Way] = []
     idle: dict[str, list[str]] = {}  # usual field -> its values that save nothing
+    unmeasured: list[str] = []
     for cfg in configs:
+        if est.unmeasured(cfg.setup):
+            unmeasured.append(" + ".join(cfg.labels))
+            continue
         res = est(cfg.setup, cfg.par)
         if res is None:
             continue
@@ -98,7 +115,15 @@ def ways_down(
                 if c.field in _USUAL and c.new not in idle.setdefault(c.field, []):
                     idle[c.field].append(c.new)
     ways.sort(key=lambda w: (w.needed_bytes, w.label))
-    return WaysDown(ways=tuple(ways), no_help=_no_help(idle, base.estimate.peak_phase))
+    return WaysDown(ways=tuple(ways), no_help=_no_help(idle, base.estimate.peak_phase),
+                    not_measured=tuple(unmeasured))  # fmt: skip
+
+
+NOT_MEASURED_WHY = (
+    "not estimated: this model's block costs in that setup are not measured yet (asking for the setup "
+    "itself, e.g. `peakmem train MODEL --method lora`, measures and caches them; `peakmem fit` measures "
+    "every change it tries)"
+)
 
 
 def _finished(
@@ -162,7 +187,7 @@ def train_answer(
 ) -> TrainAnswer:  # fmt: skip
     """``peakmem train``'s answer: the estimate (the most loaded rank's when sharded, with the per-rank
     report) and the ways down, from one memoised search."""
-    est = _Estimator(spec, overheads)
+    est = _Estimator(spec, overheads, lazy=True)  # measures the job's own setup family only
     res = est(setup, par)
     if res is None:  # the public estimator says why
         if par is None:

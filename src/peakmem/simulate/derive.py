@@ -531,8 +531,8 @@ def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     sequence keeps in transformers' cache after a prefill of :data:`STATE_PREFILL` under fake tensors
     (bf16 model, ``use_cache=True``): the ``conv_states`` and ``recurrent_states`` of each cache layer
     (``cache_utils.py`` ``LinearAttentionLayer``; Mamba's ``cache_params``), divided by the batch.
-    The model is cut to a few blocks of each kind first (:func:`_truncate`: a prefix, so layer indices
-    keep their blocks)."""
+    The model is cut to a few blocks of each kind first (:func:`_truncate`: a prefix, so the cache's
+    layer indices keep their blocks)."""
     from peakmem.simulate import kernels as kern
     from peakmem.simulate import runner
     from peakmem.simulate.fakeify import fakeify_module
@@ -548,7 +548,7 @@ def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         for path, layer in zip(all_paths, spec.layers(), strict=True)
         if layer.derived is not None
     }
-    _truncate(model, path_keys)
+    _truncate(model, path_keys, prefix=True)
     model.to(dtype=torch.bfloat16)
     model.eval()
     mode = runner._fake_mode()
@@ -702,47 +702,82 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
 KEEP_PER_KIND = 3  # blocks of each kind a truncated measurement keeps (the middle one is measured)
 
 
-def _truncate(model: torch.nn.Module, path_keys: dict[str, str]) -> bool:
-    """Cut the main block list after the third block of every kind (and the config's layer count and
-    per-layer lists with it): a block's costs do not depend on how many follow it, and a fake run's
-    time is linear in depth. False when nothing was cut."""
+def _truncate(
+    model: torch.nn.Module, path_keys: dict[str, str], *, prefix: bool = False
+) -> dict[str, str] | None:
+    """Keep the first :data:`KEEP_PER_KIND` blocks of every kind of the main block list, in their order,
+    and drop the rest (with the config's layer count and per-layer lists): a block's costs do not
+    depend on how many follow it, and a fake run's time is linear in depth. Granite 4.0-H's four
+    attention blocks sit at 5, 15, 25 and 35 among 36 Mamba-2 ones: 6 blocks run instead of the 26 a
+    cut after the third of every kind kept. The kept blocks' ``layer_idx`` are renumbered as the
+    config's per-layer lists are cut (the decoder loop reads the lists by position; a cache, which a
+    vision-language model whose text config keeps ``use_cache`` builds in training too, by
+    ``layer_idx``); ``prefix`` keeps every block up to the last one needed instead. Returns ``path_keys``
+    for the kept blocks at their new positions; None when nothing was cut."""
     lists = _block_lists(model)
     if not lists:
-        return False
+        return None
     main_path, main = max(lists, key=lambda x: sum(p.numel() for p in x[1].parameters()))
     n = len(main)
     seen: dict[str, int] = {}
-    keep = 0
+    kept: list[int] = []
     for i in range(n):
         key = path_keys.get(f"{main_path}.{i}", "")
         seen[key] = seen.get(key, 0) + 1
         if seen[key] <= KEEP_PER_KIND:
-            keep = i + 1
-    if keep >= n:
-        return False
+            kept.append(i)
+    if prefix:
+        kept = list(range(kept[-1] + 1))
+    if len(kept) == n:
+        return None
     parent_path, _, attr = main_path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
-    setattr(parent, attr, torch.nn.ModuleList(list(main)[:keep]))
+    setattr(parent, attr, torch.nn.ModuleList([main[i] for i in kept]))
+    for j, i in enumerate(kept):
+        for module in main[i].modules():
+            if getattr(module, "layer_idx", None) == i:
+                setattr(module, "layer_idx", j)  # noqa: B010 (a torch Module attribute: typed as one)
     configs = [model.config, _text_config(model)]
     for cfg in configs:
         for name, value in list(vars(cfg).items()):
             if name in ("num_hidden_layers", "n_layer", "num_layers", "n_layers") and value == n:
-                setattr(cfg, name, keep)
+                setattr(cfg, name, len(kept))
             elif isinstance(value, list) and len(value) == n:
-                setattr(cfg, name, value[:keep])
-    return True
+                setattr(cfg, name, [value[i] for i in kept])
+    head = f"{main_path}."
+    out = {p: k for p, k in path_keys.items() if not p.startswith(head)}
+    for j, i in enumerate(kept):
+        if f"{head}{i}" in path_keys:
+            out[f"{head}{j}"] = path_keys[f"{head}{i}"]
+    return out
+
+
+# how a model is cut for its measurement (:func:`_truncate`), tried in this order: the first that runs is
+# remembered per config for the process's later shapes
+CUTS = ("select", "prefix", "none")
+_CUT_THAT_RUNS: dict[str, str] = {}
 
 
 def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, derived.Measured]:
-    """:func:`_measure_one` on the model cut to a few blocks of each kind; on the whole model if the
-    cut one does not run (a model that reads its depth elsewhere)."""
-    try:
-        return _measure_one(config, setup, truncate=True)
-    except Exception:
-        return _measure_one(config, setup, truncate=False)
+    """:func:`_measure_one` on the model cut to a few blocks of each kind; cut to a prefix if that one
+    does not run (Qwen3.5's blocks index the config's per-layer list by their own ``layer_idx``), on the
+    whole model if neither does (a model that reads its depth elsewhere)."""
+    chash = derived.config_hash(config)
+    known = _CUT_THAT_RUNS.get(chash)
+    tries = CUTS[CUTS.index(known) :] if known else CUTS
+    for cut in tries[:-1]:
+        try:
+            out = _measure_one(config, setup, cut=cut)
+        except Exception:
+            continue
+        _CUT_THAT_RUNS[chash] = cut
+        return out
+    out = _measure_one(config, setup, cut=tries[-1])
+    _CUT_THAT_RUNS[chash] = tries[-1]
+    return out
 
 
-def _measure_one(config: dict[str, Any], setup: Any, *, truncate: bool) -> dict[str, derived.Measured]:
+def _measure_one(config: dict[str, Any], setup: Any, *, cut: str) -> dict[str, derived.Measured]:
     """One fake-tensor training step; per block kind (saved, forward transient, backward transient,
     freed at the backward peak) of a representative block (the middle one of its kind)."""
     import gc
@@ -762,8 +797,9 @@ def _measure_one(config: dict[str, Any], setup: Any, *, truncate: bool) -> dict[
         for path, layer in zip(all_paths, spec.layers(), strict=True)
         if layer.derived is not None
     }
-    if truncate and not _truncate(model, path_keys):
-        truncate = False
+    if cut != "none":
+        kept = _truncate(model, path_keys, prefix=cut == "prefix")
+        path_keys = kept if kept is not None else path_keys
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
