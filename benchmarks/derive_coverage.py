@@ -28,6 +28,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("PEAKMEM_DERIVED_CACHE", tempfile.mkdtemp(prefix="peakmem-derived-"))
     warnings.filterwarnings("ignore")
+    from peakmem.errors import InputError
     from peakmem.estimate import estimate_training
     from peakmem.hf import SUPPORTED_MODEL_TYPES
     from peakmem.measure.runner import measure_training
@@ -72,7 +73,9 @@ def main() -> int:
             try:
                 t1 = time.perf_counter()
                 est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
-            except RuntimeError:  # torch's meta grouped_mm (MoE experts) takes bf16 only
+            except InputError as err:  # torch's meta grouped_mm (MoE experts) takes bf16 only
+                if "grouped_mm" not in str(err):
+                    raise
                 run = replace(run, precision="bf16")
                 t1 = time.perf_counter()
                 est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes

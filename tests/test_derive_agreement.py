@@ -52,13 +52,10 @@ EXCLUDED = {
 # and 2 shapes, where the math kernel's broadcast k/v are views at batch 1 and copies above), mixtral full /
 # lora and qwen2_moe full+ckpt (1.019-1.032: all the block's weight gradients added at an MoE backward peak
 # that comes before any of them), phi3 lora (1.019: the first block under LoRA saves less, measured apart).
-DISAGREE: dict[tuple[str, str], str] = {
-    # derived exact on simulate's requested bytes (3,005,800 vs 3,005,564 B; the top block, whose incoming
-    # gradient from the pooler lives through its backward, measured apart: derived.LAST_BLOCK); simulate's
-    # allocated peak adds 47,492 B of allocator block rounding, which neither side models; the formulas are
-    # 2.6% above the requested bytes (their peak: the top layer's backward), 1.0% above the allocated
-    ("bert", "full"): "derived low (-2.53%; vs simulate: formulas 1.010, derived 0.985; derived = requested)",
-}
+# BERT full (fixed in the formulas): -2.53%, the formulas 2.6% above simulate's requested bytes at the top
+# layer's attention core backward, where they still counted q/k/v's weight gradients (written after
+# the core's), the attention's residual dropout mask and its post-norm's saved input (both freed before).
+DISAGREE: dict[tuple[str, str], str] = {}
 
 
 def test_every_formula_family_is_covered() -> None:

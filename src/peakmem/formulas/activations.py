@@ -451,17 +451,32 @@ def _attention_readers(layer: Layer) -> int:
     return max(1, n - 1)
 
 
-_STRUCTURE: dict[int, tuple[Layer, int, int]] = {}
+# the attention's output projection, as each family's transformers code names it (o_proj; GPT-2's
+# attn.c_proj; BERT's attention.output.dense, GPT-NeoX/BLOOM/Falcon/Phi's dense; OPT's out_proj)
+OUTPUT_PROJECTIONS = frozenset({"o_proj", "c_proj", "dense", "out_proj"})
+
+
+def _attention_input_params(layer: Layer) -> int:
+    """Parameters of the attention's Linears before its core (q, k, v; MLA's down and up projections):
+    all the attention's parameters but the output projection's. Their gradients are written after the
+    core's backward."""
+    return sum(
+        t.numel for t in layer.tensors if t.component == "attention" and t.module not in OUTPUT_PROJECTIONS
+    )
+
+
+_STRUCTURE: dict[int, tuple[Layer, int, int, int]] = {}
 _STRUCTURE_MAX = 1024
 
 
-def _layer_structure(layer: Layer) -> tuple[int, int]:
-    """(:func:`_block_norms`, :func:`_attention_readers`) of ``layer``, memoised by identity (the layer
-    kept alive in the memo): both scan the layer's tensors, and a planner asks them thousands of times."""
+def _layer_structure(layer: Layer) -> tuple[int, int, int]:
+    """(:func:`_block_norms`, :func:`_attention_readers`, :func:`_attention_input_params`) of ``layer``,
+    memoised by identity (the layer kept alive in the memo): they scan the layer's tensors, and a
+    planner asks them thousands of times."""
     hit = _STRUCTURE.get(id(layer))
     if hit is not None and hit[0] is layer:
-        return hit[1], hit[2]
-    found = _block_norms(layer), _attention_readers(layer)
+        return hit[1], hit[2], hit[3]
+    found = _block_norms(layer), _attention_readers(layer), _attention_input_params(layer)
     if len(_STRUCTURE) >= _STRUCTURE_MAX:
         _STRUCTURE.clear()
     _STRUCTURE[id(layer)] = (layer, *found)
@@ -837,7 +852,7 @@ def layer_activations(
     compiled_block = sh.compiled and spec.norm == "rmsnorm"
     if compiled_block:
         norm_one = t * 4  # compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
-    n_norms, att_readers = _layer_structure(layer)
+    n_norms, att_readers, att_in_params = _layer_structure(layer)
     # per norm its big saved tensors: an unfused RMSNorm's fp32 x and normed y, else the input (stats: tiny)
     per_norm = 2 if spec.norm == "rmsnorm" and not (compiled_block or sh.fused_kernels) else 1
     norms_bytes = n_norms * norm_one
@@ -910,9 +925,16 @@ def layer_activations(
     # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
     mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
-    # the incoming gradient and o_proj's input gradient (heads x v_head_dim wide: wider than h for Qwen3)
+    # At the attention core's backward: the incoming gradient and o_proj's input gradient (heads x
+    # v_head_dim wide: wider than h for Qwen3). The output projection and the residual dropout after it
+    # have run their backward (the dropout's mask freed), and so has, in a post-norm block (BERT), the
+    # norm after the attention's residual sum (its saved input freed); q, k and v have not: their weight
+    # gradients come after the core's. Measured under the simulator (tiny BERT, the top layer's SDPA
+    # backward: 76 kB of those three above its peak, 2.6%).
     att_out = t * layer.attention.num_heads * layer.attention.v_head_dim * c
-    att_stage = (att_bwd + t * h * c + att_out + grad_bytes - mlp_saved, mlp_saved, grad_bytes)
+    att_grads = grad_bytes - int(grad_bytes * att_in_params / total) if total else grad_bytes
+    att_freed = mlp_saved + mask + (norm_one if spec.post_norm and n_norms == 2 else 0)
+    att_stage = (att_bwd + t * h * c + att_out + att_grads - att_freed, att_freed, att_grads)
     stage = max(mlp_stage, att_stage)
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
