@@ -37,7 +37,7 @@ typecheck: install-test
 	$(VENV)/bin/mypy
 
 pytest: install-test
-	$(VENV)/bin/pytest -n auto --dist loadfile
+	$(VENV)/bin/pytest -n auto --dist loadfile --durations=15
 
 test: lint typecheck pytest
 

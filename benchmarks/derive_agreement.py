@@ -4,7 +4,7 @@ For each model type :mod:`peakmem.hf` builds a spec for, the same tiny config
 (``tests/tiny_models.py`` ``FAMILY_CONFIGS``) goes through both paths
 (:func:`peakmem.resolve.spec_for_config` with ``path="formulas"`` and ``path="derived"``) and through
 ``peakmem simulate`` (fake tensors, an exact training step: the arbiter where the two disagree), in the
-setups of ``tests/test_derive_agreement.py``. Writes a Markdown table.
+setups of the tests (``tests/_derive_agreement.py``). Writes a Markdown table.
 
     PYTHONPATH=src python benchmarks/derive_agreement.py [--no-simulate] [--out FILE.md] [FAMILY ...]
 """
@@ -23,14 +23,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-SEQ, BATCH = 128, 2
-TOLERANCE = 0.02  # issue 14
-SETUPS = {  # name -> TrainingSetup keywords (mixed-bf16 AdamW, peakmem's defaults otherwise)
-    "full": {"method": "full"},
-    "full+ckpt": {"method": "full", "checkpointing": "full"},
-    "lora": {"method": "lora"},
-}
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -41,6 +33,7 @@ def main() -> int:
     os.environ.setdefault("PEAKMEM_DERIVED_CACHE", tempfile.mkdtemp(prefix="peakmem-derived-"))
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    from _derive_agreement import BATCH, SEQ, SETUPS, TOLERANCE
     from peakmem.estimate import estimate_training
     from peakmem.hf import SUPPORTED_MODEL_TYPES
     from peakmem.resolve import spec_for_config

@@ -45,6 +45,17 @@ def test_step1_states_need_a_segment_the_freed_blocks_cannot_give() -> None:
     assert (r.reserved, r.segments) == (76 * MiB, 4)
 
 
+def test_the_same_requests_replay_once() -> None:
+    """Two steps with the same requests share one replay; a changed request is replayed anew, with the
+    hand-derived results above."""
+    from peakmem.formulas import step_sequence
+
+    first = replay_steps(_tiny())
+    assert replay_steps(_tiny()) is first
+    assert step_sequence._replay(_tiny(), 2) == first
+    assert replay_steps(_tiny(states=(14 * MiB,))).reserved == 76 * MiB
+
+
 # benchmarks/simulate_vs_analytic.json: produced by simulate (benchmarks/simulate_vs_analytic.py), whose
 # recorded allocation trace of the full-size model runs through the same allocator model; default setups
 # (mixed-bf16, AdamW foreach, batch 1, seq = min(context, 2048)).
