@@ -179,7 +179,10 @@ def test_cache_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     b1 = derived.BlockCost(saved=derived.Fit(seq=Fraction(3)))
     cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(7, 2)), forward=(derived.Fit(),),
                              backward=(derived.Instant(transient=derived.Fit(const=Fraction(5)),
-                                                       grads=Fraction(1, 3)),), batch1=b1)  # fmt: skip
+                                                       grads=Fraction(1, 3)),), batch1=b1,
+                           long=derived.BlockCost(saved=derived.Fit(per_token=Fraction(9, 2))))  # fmt: skip
+    assert cost.at(2, derived.SHORT_MAX_SEQ + 1).saved == 9 * (derived.SHORT_MAX_SEQ + 1)  # 2 x 129 x 9/2
+    assert cost.at(2, derived.SHORT_MAX_SEQ).saved == 7 * derived.SHORT_MAX_SEQ
     derived._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
     assert derived._read_cache("abc", "fp32|sdpa|cpu|full") == {"k": cost}
 
@@ -500,3 +503,27 @@ def test_train_measures_only_its_own_family(derive, monkeypatch) -> None:  # typ
     again = train_answer(spec, setup)
     assert again.ways.not_measured == ("method qlora",)  # LoRA estimated from the cache, measured once
     assert measured == ["fp32|sdpa|cpu|full", derived_family(replace(setup, method="lora"))]
+
+
+@torch_only
+@pytest.mark.slow
+def test_a_chunked_kernel_gets_costs_of_its_own_for_long_sequences(derive) -> None:  # type: ignore[no-untyped-def]
+    """Mamba-2's torch path pads the sequence to whole chunks (``mamba_chunk_size`` 256), so below a few
+    chunks a block's bytes are a step function of the sequence and the short shapes' fit extrapolates
+    wrongly (Granite 4.0-H's Mamba-2 block: 0.68x its saved bytes at 2 x 512). The block gets costs
+    fitted over whole chunks (``BlockCost.long``) that give back 2 x 2048 and 1 x 2048 exactly."""
+    import dataclasses
+
+    from peakmem.formulas.activations import derived_family
+    from peakmem.training import TrainingSetup
+
+    config = derive.tiny_config("granitemoehybrid")
+    costs = derive.measure_costs(config, derived_family(TrainingSetup()))
+    longs = [k for k, c in costs.items() if c.long is not None]
+    assert longs
+    for batch in (2, 1):
+        measured = derive._measure_once(config, TrainingSetup(micro_batch=batch, seq_len=2048))
+        for key in longs:
+            assert costs[key].at(batch, 2048).saved == measured[key].saved
+            short_only = dataclasses.replace(costs[key], long=None)
+            assert short_only.at(batch, 2048).saved != measured[key].saved

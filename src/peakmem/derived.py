@@ -45,8 +45,15 @@ SPEC_VERSION = 3
 # the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
 # (simulate/derive.py _forward_backward); 3 = every candidate peak instant fitted on its own, over
 # micro-batch 2 and 4, with its weight gradients written by then, and micro-batch 1's costs of their own
-# where they differ (BlockCost; simulate/derive.py SHAPES). Costs cached before it are measured again
+# where they differ (BlockCost; simulate/derive.py SHAPES). Costs cached before it are measured again.
+# Within 3, costs of their own beyond SHORT_MAX_SEQ tokens where the short fit does not give back a longer
+# sequence (BlockCost.long; simulate/derive.py SEQ_CHECK) came later: costs measured before them lack
+# them (the shipped files of the models with chunked kernels - Mamba-2, gated delta-nets - were measured
+# again; a disk cache of such a model from before is not, and extrapolates from the short shapes)
 COSTS_VERSION = 3
+# the longest sequence of the short shapes a block is fitted over (simulate/derive.py SHAPES): its
+# ``long`` costs, where it has them, answer beyond it
+SHORT_MAX_SEQ = 128
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 # Under LoRA/QLoRA nothing before the first adapter requires grad (frozen embeddings), so the model's first
 # block saves less than the others (its first norm keeps nothing for backward): measured on that block
@@ -226,6 +233,9 @@ class BlockCost:
     ``batch1``: the costs at micro-batch 1 where they are not the batch-linear ones (a tensor broadcast
     over heads is a view at batch 1 and a copy above: matmul's ``expand`` + ``reshape``,
     ATen/native/LinearAlgebra.cpp ``_matmul_impl``), measured at micro-batch 1 on their own.
+    ``long``: the costs beyond :data:`SHORT_MAX_SEQ` tokens where the short fit does not give back a
+    longer sequence's bytes (a kernel working in chunks pads the sequence to whole chunks: Mamba-2's 256
+    tokens, a gated delta-net's 64), fitted over longer sequences of whole chunks.
     """
 
     saved: Fit
@@ -233,10 +243,13 @@ class BlockCost:
     backward: tuple[Instant, ...] = ()
     output: Fit | None = None
     batch1: BlockCost | None = None
+    long: BlockCost | None = None
 
     def at(self, batch: int, seq: int, grad_bytes: int = 0) -> CostAt:
         """The costs at ``batch`` x ``seq``, ``grad_bytes`` being the block's weight gradients the setup
         writes: the backward peak is the instant with the most bytes, gradients written by then included."""
+        if seq > SHORT_MAX_SEQ and self.long is not None:
+            return self.long.at(batch, seq, grad_bytes)
         if batch == 1 and self.batch1 is not None:
             return self.batch1.at(batch, seq, grad_bytes)
         fwd = max((f.at(batch, seq) for f in self.forward), default=0)
@@ -260,17 +273,20 @@ class BlockCost:
             out["output"] = self.output.to_json()
         if self.batch1 is not None:
             out["batch1"] = self.batch1.to_json()
+        if self.long is not None:
+            out["long"] = self.long.to_json()
         return out
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> BlockCost:
-        batch1 = value.get("batch1")
+        batch1, long = value.get("batch1"), value.get("long")
         return cls(
             saved=Fit.from_json(value["saved"]),
             forward=tuple(Fit.from_json(f) for f in value["forward"]),
             backward=tuple(Instant.from_json(i) for i in value["backward"]),
             output=Fit.from_json(value["output"]) if "output" in value else None,
             batch1=cls.from_json(batch1) if batch1 is not None else None,
+            long=cls.from_json(long) if long is not None else None,
         )
 
 

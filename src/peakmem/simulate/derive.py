@@ -621,17 +621,33 @@ def with_recurrent_state(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpe
 # (matmul's expand + reshape of a one-head k/v against every query head: Falcon's multi-query attention on
 # SDPA's math kernel, ATen/native/LinearAlgebra.cpp ``_matmul_impl``), which no term of the fit can carry:
 # fitted over batch-1 and batch-2 shapes together, tiny Falcon's costs came out 4-7% low at batch 2.
-SHAPES = ((2, 32), (2, 64), (4, 64), (2, 128), (4, 32))
+SHAPES = ((2, 32), (2, 64), (4, 64), (2, derived.SHORT_MAX_SEQ), (4, 32))
 # micro-batch 1 is checked at BATCH1_CHECK; where the batch-linear costs do not give it back, the costs at
 # micro-batch 1 are measured on their own at BATCH1_SHAPES (three lengths: s^2, s and a constant)
 BATCH1_CHECK = (1, 64)
 BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, 128))
+# The fit is checked at SEQ_CHECK, four times the longest fitted sequence. A block whose kernel works in
+# chunks pads the sequence to a multiple of its chunk (transformers' Mamba-2 torch path: mamba_chunk_size
+# 256; the gated delta-net's torch_chunk_gated_delta_rule: chunk_size 64), so its bytes are a step
+# function below a few chunks and the polynomial through SHAPES extrapolates wrongly: Granite 4.0-H's
+# Mamba-2 block saved 0.68x, Qwen3-Next's gated delta-net block 2.7x its measured bytes at 2 x 512. Where
+# the fit does not give SEQ_CHECK back, the block gets costs fitted over LONG_SHAPES (sixteen times as
+# long: at least two whole chunks of 256, since a single chunk skips the passing of states between
+# chunks: Granite 4.0-H's Mamba-2 block runs 194 events at 2 x 256 and 199 from 2 x 512 on, its saved
+# bytes linear in the sequence from there), used beyond the short shapes (BlockCost.long), and checked at
+# micro-batch 1 at LONG_BATCH1_CHECK.
+SEQ_CHECK = (2, 512)
+LONG = 16
+LONG_SHAPES = tuple((b, LONG * s) for b, s in SHAPES)
+LONG_BATCH1_CHECK = (1, LONG * BATCH1_CHECK[1])
+LONG_BATCH1_SHAPES = tuple((b, LONG * s) for b, s in BATCH1_SHAPES)
 
 
 def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
     (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.derived.block_cost`),
-    with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`)."""
+    with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`) and beyond the short
+    shapes where a longer sequence's bytes are not given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`)."""
     from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
 
     parts = family.split("|", 4)
@@ -676,22 +692,42 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
                 points.setdefault(key, []).append((batch, seq, values))
         return points
 
+    def refit(
+        keys: list[str], check: tuple[int, int], shapes: tuple[tuple[int, int], ...], *, single: bool = False
+    ) -> dict[str, derived.BlockCost]:
+        """The costs of ``keys`` whose fit does not give back the bytes measured at ``check``, fitted
+        over ``shapes`` (``check`` among them) instead."""
+        if not keys:
+            return {}
+        at = measure((check,))
+        b, s = check
+        differ = [k for k in keys if k in at and not derived.batch_linear_at(points[k], b, s, at[k][0][2])]
+        if not differ:
+            return {}
+        rest = measure(tuple(shape for shape in shapes if shape != check))
+        found = {}
+        for key in differ:
+            pts = sorted([*at[key], *rest.get(key, [])], key=lambda p: (p[0], p[1]))
+            if len(pts) == len(shapes):
+                found[key] = derived.block_cost(pts, single=single)
+                if not single:
+                    points[key] = pts
+        return found
+
     points = measure(SHAPES)
     out: derived.Costs = {
         key: derived.block_cost(pts) for key, pts in points.items() if len(pts) == len(SHAPES)
     }
-    check = measure((BATCH1_CHECK,))
-    b1, s1 = BATCH1_CHECK
-    differ = [
-        key for key, pts in points.items()
-        if key in out and key in check and not derived.batch_linear_at(pts, b1, s1, check[key][0][2])
-    ]  # fmt: skip
-    if differ:
-        rest = measure(tuple(shape for shape in BATCH1_SHAPES if shape != BATCH1_CHECK))
-        for key in differ:
-            pts = sorted([*check[key], *rest.get(key, [])], key=lambda p: p[1])
-            if len(pts) == len(BATCH1_SHAPES):
-                out[key] = dataclasses.replace(out[key], batch1=derived.block_cost(pts, single=True))
+    long = refit(list(out), SEQ_CHECK, LONG_SHAPES)  # points[key] now the long shapes' for these
+    for key, b1 in refit(list(long), LONG_BATCH1_CHECK, LONG_BATCH1_SHAPES, single=True).items():
+        long[key] = dataclasses.replace(long[key], batch1=b1)
+    # micro-batch 1 under the short shapes only for blocks without long costs: for the others (a chunked
+    # kernel, a step function of the sequence below a few chunks) it would take three more steps for
+    # sequences of at most SHORT_MAX_SEQ tokens at micro-batch 1, where the batch-linear costs answer
+    for key, b1 in refit([k for k in out if k not in long], BATCH1_CHECK, BATCH1_SHAPES, single=True).items():
+        out[key] = dataclasses.replace(out[key], batch1=b1)
+    for key, cost in long.items():
+        out[key] = dataclasses.replace(out[key], long=cost)
     # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
     for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
         if out[key] == derived.block_key_costs(out, key.rsplit(":", 1)[0]):
@@ -777,6 +813,37 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, derived.Measu
     return out
 
 
+# the meta model cut for measuring, per (config, attention kernel, cut), with its blocks' keys: built once
+# per process and copied for each step (building a 40-block, 32 B-parameter model on the meta device takes
+# 4 s on this machine, copying the 6 blocks kept of it a fraction of that; a family measures 7 to 16 steps)
+_CUT_MODELS: dict[tuple[str, str, str], tuple[torch.nn.Module, dict[str, str]]] = {}
+_CUT_MODELS_MAX = 4
+
+
+def _cut_model(config: dict[str, Any], attn: str, cut: str) -> tuple[torch.nn.Module, dict[str, str]]:
+    """The model ``config`` builds with ``attn``, cut as ``cut`` says (:func:`_truncate`), and its
+    blocks' paths -> kind keys; remembered (not to be changed by the caller: copy it)."""
+    key = (derived.config_hash(config), attn, cut)
+    hit = _CUT_MODELS.get(key)
+    if hit is not None:
+        return hit
+    model = build_meta(config, attn=attn)
+    spec = spec_from_model(model, config)
+    all_paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
+    path_keys = {
+        path: layer.derived.key
+        for path, layer in zip(all_paths, spec.layers(), strict=True)
+        if layer.derived is not None
+    }
+    if cut != "none":
+        kept = _truncate(model, path_keys, prefix=cut == "prefix")
+        path_keys = kept if kept is not None else path_keys
+    if len(_CUT_MODELS) >= _CUT_MODELS_MAX:
+        _CUT_MODELS.clear()
+    _CUT_MODELS[key] = (model, path_keys)
+    return model, path_keys
+
+
 def _measure_one(config: dict[str, Any], setup: Any, *, cut: str) -> dict[str, derived.Measured]:
     """One fake-tensor training step; per block kind (saved, forward transient, backward transient,
     freed at the backward peak) of a representative block (the middle one of its kind)."""
@@ -789,17 +856,8 @@ def _measure_one(config: dict[str, Any], setup: Any, *, cut: str) -> dict[str, d
     from peakmem.simulate.fakeify import fakeify_module, prepare_adapters
 
     attn = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}[setup.attention.value]
-    model = build_meta(config, attn=attn)
-    spec = spec_from_model(model, config)
-    all_paths = [f"{lp}.{i}" for lp, lst in _block_lists(model) for i in range(len(lst))]
-    path_keys = {
-        path: layer.derived.key
-        for path, layer in zip(all_paths, spec.layers(), strict=True)
-        if layer.derived is not None
-    }
-    if cut != "none":
-        kept = _truncate(model, path_keys, prefix=cut == "prefix")
-        path_keys = kept if kept is not None else path_keys
+    template, path_keys = _cut_model(config, attn, cut)
+    model = copy.deepcopy(template)  # each step prepares, fakes and converts its own copy
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
