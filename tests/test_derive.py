@@ -10,6 +10,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from peakmem import derived
 from peakmem.errors import ConfigError
@@ -25,6 +27,24 @@ def test_fit_recovers_hand_coefficients() -> None:
     fitted = derived.fit([(b, s, f(b, s)) for b, s in ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))])
     assert fitted.coefficients == (Fraction(10), Fraction(3), Fraction(8), Fraction(0), Fraction(100))
     assert fitted.at(4, 1000) == 10 * 4000 + 3 * 4 * 10**6 + 8 * 10**6 + 100
+
+
+_FRACTIONS = st.fractions(min_value=-(10**9), max_value=10**9, max_denominator=10**6)
+
+
+@given(coefficients=st.tuples(*[_FRACTIONS] * 5), batch=st.integers(1, 512), seq=st.integers(1, 10**6))
+@settings(max_examples=300, deadline=None)
+def test_fit_in_integers_is_the_fractions_value(coefficients, batch: int, seq: int) -> None:  # type: ignore[no-untyped-def]
+    """A fit's value computed over the coefficients' common denominator is round() of the exact
+    fraction, half to even as Fraction rounds it."""
+    a, b, c, d, e = coefficients
+    fit = derived.Fit(per_token=a, per_seq2=b, seq2=c, seq=d, const=e)
+    exact = a * batch * seq + b * batch * seq * seq + c * seq * seq + d * seq + e
+    assert fit.at_signed(batch, seq) == round(exact)
+
+
+def test_fit_in_integers_rounds_half_to_even() -> None:
+    assert [derived.Fit(const=Fraction(k, 2)).at_signed(1, 1) for k in (1, 3, 5, -1, -3)] == [0, 2, 2, 0, -2]
 
 
 def test_fit_refuses_shapes_that_do_not_separate() -> None:
@@ -385,7 +405,54 @@ def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type
     # renumbered as the config's lists are cut (a cache is indexed by layer_idx)
     assert [m.layer_idx for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)][-1] == 4
     setup = TrainingSetup(precision="mixed-bf16", seq_len=64, micro_batch=2)
-    assert derive._measure_one(config, setup, cut="select") == derive._measure_one(config, setup, cut="none")
+    whole = derive._measure_one(config, setup, cut="none")
+    assert derive._measure_one(config, setup, cut="select") == whole
+    # a long step keeps two blocks of its kinds (the second measured, and followed by one) and the first
+    # of every other kind: 0, 1 and 5 here; the measured block's bytes are the same
+    linear = keys["model.layers.0"]
+    model = derive.build_meta(config)
+    kept = derive._truncate(model, keys, kinds=frozenset({linear}))
+    assert kept is not None and list(kept.values())[-3:] == [keys[f"model.layers.{i}"] for i in (0, 1, 5)]
+    only = derive._measure_one(config, setup, cut="select", kinds=frozenset({linear}))
+    assert only[linear] == whole[linear]
+
+
+@torch_only
+def test_steps_run_side_by_side_measure_what_one_after_another_do(derive, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A family's fake steps run in forked processes, one per CPU: each gives what it gives run in this
+    process, in the order asked (the longest runs first)."""
+    from peakmem.training import TrainingSetup
+
+    tasks = [(TrainingSetup(micro_batch=b, seq_len=s), None) for b, s in ((2, 32), (1, 64), (2, 64))]
+    monkeypatch.setattr(derive, "_workers", lambda: 2)
+    side_by_side = derive._measure_steps(dict(LLAMA), tasks)
+    assert side_by_side == [derive._measure_once(dict(LLAMA), *task) for task in tasks]
+    assert side_by_side[0] != side_by_side[2]
+
+
+class _LibraryError(Exception):
+    """An exception type with arguments of its own: pickled, it would not unpickle in the parent."""
+
+    def __init__(self, what: str, where: int) -> None:
+        super().__init__(f"{what} at {where}")
+
+
+def test_a_forked_step_that_fails_is_a_named_input_error(derive, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A step that fails in a forked process with a library's own exception comes back as the same
+    named InputError a step in this process gives."""
+    from peakmem.errors import InputError
+
+    def broken(config, setup, *, cut, kinds=None):  # type: ignore[no-untyped-def]
+        raise _LibraryError("no kernel", 3)
+
+    monkeypatch.setattr(derive, "_measure_one", broken)
+    monkeypatch.setattr(derive, "_workers", lambda: 2)
+    monkeypatch.setattr(derive, "_CUT_THAT_RUNS", {})
+    family = derived.family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
+    with pytest.raises(
+        InputError, match=r"failed under full \(bf16\): RuntimeError: _LibraryError: no kernel at 3"
+    ):
+        derive.measure_costs(dict(LLAMA), family)
 
 
 @torch_only
@@ -410,7 +477,7 @@ def test_a_step_that_fails_under_a_method_is_a_named_input_error(derive, monkeyp
     records it as unmeasured, and ``train``'s ranked changes leave that method out instead of failing."""
     from peakmem.errors import InputError
 
-    def broken(config, setup, *, cut):  # type: ignore[no-untyped-def]
+    def broken(config, setup, *, cut, kinds=None):  # type: ignore[no-untyped-def]
         raise AttributeError("'tuple' object has no attribute 'dtype'")
 
     monkeypatch.setattr(derive, "_measure_one", broken)

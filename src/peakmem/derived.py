@@ -24,8 +24,10 @@ Standard library only (the core imports it); the only I/O is the cache and the s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import os
 import types
 import typing
@@ -86,9 +88,20 @@ class Fit:
         return max(0, self.at_signed(batch, seq))
 
     def at_signed(self, batch: int, seq: int) -> int:
-        """The polynomial's value, not clamped at 0 (a net byte count can be negative)."""
-        terms = _terms(batch, seq)
-        return round(sum((c * t for c, t in zip(self.coefficients, terms, strict=True)), Fraction(0)))
+        """The polynomial's value, not clamped at 0 (a net byte count can be negative), rounded half to
+        even as ``round(Fraction)`` rounds it; in integers over the coefficients' common denominator."""
+        numerators, den = self._over_common_denominator
+        total = sum(n * t for n, t in zip(numerators, _terms(batch, seq), strict=True))
+        whole, rest = divmod(total, den)
+        return whole + (2 * rest > den or (2 * rest == den and whole % 2 == 1))
+
+    @functools.cached_property
+    def _over_common_denominator(self) -> tuple[tuple[int, ...], int]:
+        """The coefficients' numerators over their least common denominator, and that denominator: a
+        block's fit picks its candidate peaks by evaluating each at 136 shapes (:func:`_prune`), which in
+        fractions took 4.2 s for Qwen3-Next's blocks per measured family, in integers 0.4 s."""
+        den = math.lcm(*(c.denominator for c in self.coefficients))
+        return tuple(c.numerator * (den // c.denominator) for c in self.coefficients), den
 
     @property
     def coefficients(self) -> tuple[Fraction, ...]:

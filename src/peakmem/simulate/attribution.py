@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from peakmem.measure.tracker import LiveStorageTracker
+from peakmem.simulate.kernels import DEVICE_QUERY
 
 KEY = "peakmem_module"
 MAX_WALK = 16  # nodes tagged per call: a composite makes a few; a first call may reach older ones
@@ -66,7 +67,8 @@ class BackwardModuleMode(TorchDispatchMode):
         self.stack: list[str] = tracker._module_stack
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.tracker.recomputing:  # checkpointing's recomputed forward: module hooks name it
+        # checkpointing's recomputed forward: module hooks name it
+        if func is DEVICE_QUERY or self.tracker.recomputing:
             return func(*args, **(kwargs or {}))
         node = torch._C._current_autograd_node()
         module = node.metadata.get(KEY) if node is not None else None  # type: ignore[attr-defined]

@@ -26,12 +26,17 @@ shape asked). Importing this module registers it as :mod:`peakmem.derived`'s cos
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
+import multiprocessing
+import os
 import re
+import sys
 import traceback
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import torch
@@ -643,6 +648,11 @@ LONG_BATCH1_CHECK = (1, LONG * BATCH1_CHECK[1])
 LONG_BATCH1_SHAPES = tuple((b, LONG * s) for b, s in BATCH1_SHAPES)
 
 
+Shape = tuple[int, int]  # (micro-batch, sequence)
+Steps = dict[str, derived.Measured]  # block key -> its bytes in one step
+Point = tuple[int, int, derived.Measured]
+
+
 def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
     (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.derived.block_cost`),
@@ -660,79 +670,80 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
             raise InputError(f"setup family {family!r}: the adapter is not known in this process")
         lora, quant = objects
 
-    def measure(shapes: tuple[tuple[int, int], ...]) -> dict[str, list[tuple[int, int, derived.Measured]]]:
-        points: dict[str, list[tuple[int, int, derived.Measured]]] = {}
-        for batch, seq in shapes:
-            setup = TrainingSetup(
+    def measure(
+        shapes: tuple[Shape, ...],
+        *,
+        optional: bool = False,
+        only: Mapping[Shape, frozenset[str]] | None = None,
+    ) -> dict[Shape, Steps]:
+        """Each shape's bytes per block key, the steps side by side (:func:`_measure_steps`), the model cut
+        to blocks of the kinds ``only`` names for a shape; with ``optional``, a shape the model cannot run
+        (tiny BERT's 256 learned positions at 512 tokens) is left out, and the costs it would have
+        checked stay as they are."""
+        tasks: list[Task] = [
+            (TrainingSetup(
                 precision=Precision(precision), attention=AttentionKernel(kernel),
                 kernel_policy=KernelPolicy(policy), micro_batch=batch, seq_len=seq,
                 method=Method(method), lora=lora, quant=quant,
-            )  # fmt: skip
-            try:
-                measured = _measure_once(dict(config), setup)
-            except InputError:
-                raise
-            except Exception as err:
-                trace = "".join(traceback.format_exception(err))
-                if not (isinstance(err, RuntimeError) and "grouped_mm" in trace):
-                    # transformers / peft code that does not run under this method (peft's LoRA Linear on
-                    # Llama 4's router, which returns a tuple): a named error, not a traceback
-                    raise InputError(
-                        f"model_type={config.get('model_type')!r}: a fake-tensor training step of its blocks "
-                        f"failed under {method} ({precision}): {type(err).__name__}: {str(err)[:300]}"
-                    ) from err
-                # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts'
-                # dtype, and torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
-                raise InputError(
-                    f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts "
-                    "through torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights "
-                    "transformers cannot run it. Use --precision bf16 or mixed-bf16"
-                ) from None
-            for key, values in measured.items():
-                points.setdefault(key, []).append((batch, seq, values))
-        return points
-
-    def refit(
-        keys: list[str], check: tuple[int, int], shapes: tuple[tuple[int, int], ...], *, single: bool = False
-    ) -> dict[str, derived.BlockCost]:
-        """The costs of ``keys`` whose fit does not give back the bytes measured at ``check``, fitted
-        over ``shapes`` (``check`` among them) instead."""
-        if not keys:
-            return {}
-        try:
-            at = measure((check,))
-        except InputError:  # a model that cannot run that long (learned positions: tiny BERT's 256)
-            return {}
-        b, s = check
-        differ = [k for k in keys if k in at and not derived.batch_linear_at(points[k], b, s, at[k][0][2])]
-        if not differ:
-            return {}
-        try:
-            rest = measure(tuple(shape for shape in shapes if shape != check))
-        except InputError:  # the short costs stay, as for a block whose check passes
-            return {}
-        found = {}
-        for key in differ:
-            pts = sorted([*at[key], *rest.get(key, [])], key=lambda p: (p[0], p[1]))
-            if len(pts) == len(shapes):
-                found[key] = derived.block_cost(pts, single=single)
-                if not single:
-                    points[key] = pts
+            ), (only or {}).get((batch, seq)))
+            for batch, seq in shapes
+        ]  # fmt: skip
+        found: dict[Shape, Steps] = {}
+        for shape, step in zip(shapes, _measure_steps(dict(config), tasks), strict=True):
+            if isinstance(step, Exception) and optional:
+                continue
+            if isinstance(step, InputError):
+                raise step
+            if isinstance(step, Exception):
+                raise _step_error(step, config, method, precision) from step
+            found[shape] = step
         return found
 
-    points = measure(SHAPES)
-    out: derived.Costs = {
-        key: derived.block_cost(pts) for key, pts in points.items() if len(pts) == len(SHAPES)
-    }
-    long = refit(list(out), SEQ_CHECK, LONG_SHAPES)  # points[key] now the long shapes' for these
-    for key, b1 in refit(list(long), LONG_BATCH1_CHECK, LONG_BATCH1_SHAPES, single=True).items():
-        long[key] = dataclasses.replace(long[key], batch1=b1)
+    def points(at: dict[Shape, Steps], key: str, shapes: tuple[Shape, ...]) -> list[Point] | None:
+        """``key``'s measurements at ``shapes``, in their order; None unless all of them were measured."""
+        pts = [(b, s, at[(b, s)][key]) for b, s in shapes if key in at.get((b, s), {})]
+        return pts if len(pts) == len(shapes) else None
+
+    def differs(pts: list[Point] | None, at: dict[Shape, Steps], key: str, shape: Shape) -> bool:
+        """Whether the costs fitted over ``pts`` miss the bytes measured at ``shape`` (False where that
+        shape, or the key in it, was not measured)."""
+        there = at.get(shape, {}).get(key)
+        return pts is not None and there is not None and not derived.batch_linear_at(pts, *shape, there)
+
+    at = measure(SHAPES)
+    short = {key: pts for key in at[SHAPES[0]] if (pts := points(at, key, SHAPES)) is not None}
+    out: derived.Costs = {key: derived.block_cost(pts) for key, pts in short.items()}
+    # the two checks in one round of steps (the fit at a longer sequence, and at micro-batch 1)
+    at |= measure((SEQ_CHECK, BATCH1_CHECK), optional=True)
+    long = [key for key in out if differs(short[key], at, key, SEQ_CHECK)]
     # micro-batch 1 under the short shapes only for blocks without long costs: for the others (a chunked
     # kernel, a step function of the sequence below a few chunks) it would take three more steps for
     # sequences of at most SHORT_MAX_SEQ tokens at micro-batch 1, where the batch-linear costs answer
-    for key, b1 in refit([k for k in out if k not in long], BATCH1_CHECK, BATCH1_SHAPES, single=True).items():
-        out[key] = dataclasses.replace(out[key], batch1=b1)
-    for key, cost in long.items():
+    batch1 = [key for key in out if key not in long and differs(short[key], at, key, BATCH1_CHECK)]
+    # the shapes those need, in one more round: a long block's micro-batch-1 shapes with its long ones
+    # (its micro-batch 1 is checked at LONG_BATCH1_CHECK, one of them: a round of its own for the check
+    # would cost more time than the two steps it may save). The long shapes run two blocks of each long
+    # kind (the measured second one followed by another) and one of every other kind (:func:`_truncate`;
+    # one, since a model may need each: Qwen3.5's training forward builds a cache that wants an attention
+    # layer): Qwen3.5-27B's step at 2 x 1024 takes 4.2 s instead of 6.3 s (three of each kind), and the
+    # six shipped models with long costs regenerate to the same bytes
+    long_shapes = (*LONG_SHAPES, *LONG_BATCH1_SHAPES) if long else ()
+    kinds = frozenset(k.removesuffix(derived.LAST_BLOCK).removesuffix(derived.FIRST_BLOCK) for k in long)
+    more = (*long_shapes, *(BATCH1_SHAPES if batch1 else ()))
+    at |= measure(
+        tuple(shape for shape in more if shape not in at),
+        optional=True,
+        only=dict.fromkeys(long_shapes, kinds),
+    )
+    for key in batch1:
+        if (pts := points(at, key, BATCH1_SHAPES)) is not None:
+            out[key] = dataclasses.replace(out[key], batch1=derived.block_cost(pts, single=True))
+    for key in long:
+        if (pts := points(at, key, tuple(sorted(LONG_SHAPES)))) is None:
+            continue
+        cost = derived.block_cost(pts)
+        if differs(pts, at, key, LONG_BATCH1_CHECK) and (b1 := points(at, key, LONG_BATCH1_SHAPES)):
+            cost = dataclasses.replace(cost, batch1=derived.block_cost(b1, single=True))
         out[key] = dataclasses.replace(out[key], long=cost)
     # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
     for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
@@ -741,21 +752,48 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     return out
 
 
+def _step_error(err: Exception, config: Mapping[str, Any], method: str, precision: str) -> InputError:
+    """The user's error for a fake step that failed in transformers' or peft's code."""
+    trace = "".join(traceback.format_exception(err))
+    if not (isinstance(err, RuntimeError) and "grouped_mm" in trace):
+        # transformers / peft code that does not run under this method (peft's LoRA Linear on Llama 4's
+        # router, which returns a tuple): a named error, not a traceback
+        return InputError(
+            f"model_type={config.get('model_type')!r}: a fake-tensor training step of its blocks "
+            f"failed under {method} ({precision}): {type(err).__name__}: {str(err)[:300]}"
+        )
+    # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts' dtype, and
+    # torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
+    return InputError(
+        f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts through "
+        "torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights transformers cannot "
+        "run it. Use --precision bf16 or mixed-bf16"
+    )
+
+
 KEEP_PER_KIND = 3  # blocks of each kind a truncated measurement keeps (the middle one is measured)
+# blocks of a long kind a long step keeps (the second is measured), with the first of every other kind
+LONG_KEEP = 2
 
 
 def _truncate(
-    model: torch.nn.Module, path_keys: dict[str, str], *, prefix: bool = False
+    model: torch.nn.Module,
+    path_keys: dict[str, str],
+    *,
+    prefix: bool = False,
+    kinds: frozenset[str] | None = None,
 ) -> dict[str, str] | None:
-    """Keep the first :data:`KEEP_PER_KIND` blocks of every kind of the main block list, in their order,
-    and drop the rest (with the config's layer count and per-layer lists): a block's costs do not
-    depend on how many follow it, and a fake run's time is linear in depth. Granite 4.0-H's four
-    attention blocks sit at 5, 15, 25 and 35 among 36 Mamba-2 ones: 6 blocks run instead of the 26 a
-    cut after the third of every kind kept. The kept blocks' ``layer_idx`` are renumbered as the
-    config's per-layer lists are cut (the decoder loop reads the lists by position; a cache, which a
-    vision-language model whose text config keeps ``use_cache`` builds in training too, by
-    ``layer_idx``); ``prefix`` keeps every block up to the last one needed instead. Returns ``path_keys``
-    for the kept blocks at their new positions; None when nothing was cut."""
+    """Keep the first :data:`KEEP_PER_KIND` blocks of every kind of the main block list (with ``kinds``,
+    :data:`LONG_KEEP` of those kinds and the first block of every other kind, and the block after the
+    last if that one is of those kinds), in their order, and drop the rest (with the config's layer
+    count and per-layer lists): a block's costs do not depend on how many follow it, and a fake run's
+    time is linear in depth. Granite 4.0-H's four attention blocks sit at 5, 15, 25
+    and 35 among 36 Mamba-2 ones: 6 blocks run instead of the 26 a cut after the third of every kind
+    kept. The kept blocks' ``layer_idx`` are renumbered as the config's per-layer lists are cut (the
+    decoder loop reads the lists by position; a cache, which a vision-language model whose text config
+    keeps ``use_cache`` builds in training too, by ``layer_idx``); ``prefix`` keeps every block up to
+    the last one needed instead. Returns ``path_keys`` for the kept blocks at their new positions; None
+    when nothing was cut."""
     lists = _block_lists(model)
     if not lists:
         return None
@@ -766,8 +804,10 @@ def _truncate(
     for i in range(n):
         key = path_keys.get(f"{main_path}.{i}", "")
         seen[key] = seen.get(key, 0) + 1
-        if seen[key] <= KEEP_PER_KIND:
+        if seen[key] <= (KEEP_PER_KIND if kinds is None else LONG_KEEP if key in kinds else 1):
             kept.append(i)
+    if kinds is not None and path_keys.get(f"{main_path}.{kept[-1]}") in kinds and kept[-1] + 1 < n:
+        kept.append(kept[-1] + 1)  # the measured block is followed by one, as in the cut of every kind
     if prefix:
         kept = list(range(kept[-1] + 1))
     if len(kept) == n:
@@ -800,12 +840,20 @@ CUTS = ("select", "prefix", "none")
 _CUT_THAT_RUNS: dict[str, str] = {}
 
 
-def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, derived.Measured]:
+def _measure_once(
+    config: dict[str, Any], setup: Any, kinds: frozenset[str] | None = None
+) -> dict[str, derived.Measured]:
     """:func:`_measure_one` on the model cut to a few blocks of each kind; cut to a prefix if that one
     does not run (Qwen3.5's blocks index the config's per-layer list by their own ``layer_idx``), on the
-    whole model if neither does (a model that reads its depth elsewhere)."""
+    whole model if neither does (a model that reads its depth elsewhere). With ``kinds``, on the cut that
+    runs reduced to fewer blocks of the other kinds (:func:`_truncate`) where that runs too."""
     chash = derived.config_hash(config)
     known = _CUT_THAT_RUNS.get(chash)
+    if kinds is not None and known is not None:
+        try:
+            return _measure_one(config, setup, cut=known, kinds=kinds)
+        except Exception:
+            pass
     tries = CUTS[CUTS.index(known) :] if known else CUTS
     for cut in tries[:-1]:
         try:
@@ -819,17 +867,87 @@ def _measure_once(config: dict[str, Any], setup: Any) -> dict[str, derived.Measu
     return out
 
 
-# the meta model cut for measuring, per (config, attention kernel, cut), with its blocks' keys: built once
-# per process and copied for each step (building a 40-block, 32 B-parameter model on the meta device takes
-# 4 s on this machine, copying the 6 blocks kept of it a fraction of that; a family measures 7 to 16 steps)
-_CUT_MODELS: dict[tuple[str, str, str], tuple[torch.nn.Module, dict[str, str]]] = {}
+def _workers() -> int:
+    """How many fake steps run side by side: one per CPU this process may use, where a process can be
+    forked (Linux); one elsewhere."""
+    if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return len(os.sched_getaffinity(0))
+
+
+Task = tuple[Any, frozenset[str] | None]  # a step's TrainingSetup, and the block kinds it keeps (all: None)
+
+
+def _measure_steps(config: dict[str, Any], tasks: list[Task]) -> list[Steps | Exception]:
+    """:func:`_measure_once` for every task (a step that fails gives its error in its place), side by
+    side in processes forked from this one (:func:`_workers`), the longest sequences first: the steps
+    are independent and each is single-threaded Python (Qwen3-Next-80B's default family measures 14 of
+    2.3-12 s). The cut models are built here first (:func:`_cut_model`; the first build of a family
+    imports its transformers code, 4 s for Qwen3-Next), which the forked processes then share."""
+    jobs = min(_workers(), len(tasks))
+    if jobs < 2:
+        return [_step_or_error(config, task) for task in tasks]
+    chash = derived.config_hash(config)
+    cut = _CUT_THAT_RUNS.get(chash, CUTS[0])
+    for attn, kinds in {(_attn(setup), kinds) for setup, kinds in tasks}:
+        with contextlib.suppress(Exception):  # where it does not build, the step says why
+            _cut_model(config, attn, cut, kinds)
+    by_length = sorted(
+        range(len(tasks)), key=lambda i: (tasks[i][0].seq_len, tasks[i][0].micro_batch), reverse=True
+    )
+    done: list[Steps | Exception] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {i: pool.submit(_forked_step, config, tasks[i]) for i in by_length}
+        for i in range(len(tasks)):
+            err = futures[i].exception()
+            if isinstance(err, Exception):
+                done.append(err)
+                continue
+            steps, ran = futures[i].result()
+            _CUT_THAT_RUNS.setdefault(chash, ran)
+            done.append(steps)
+    return done
+
+
+def _step_or_error(config: dict[str, Any], task: Task) -> Steps | Exception:
+    try:
+        return _measure_once(config, *task)
+    except Exception as err:
+        return err
+
+
+def _forked_step(config: dict[str, Any], task: Task) -> tuple[Steps, str]:
+    """:func:`_measure_once` in a forked process, and the cut that ran; an error whose type may not
+    unpickle in the parent (a library's exception with arguments of its own) comes back as a
+    RuntimeError naming it, its traceback kept as the error's cause (sent along as text)."""
+    try:
+        return _measure_once(config, *task), _CUT_THAT_RUNS[derived.config_hash(config)]
+    except Exception as err:
+        if isinstance(err, InputError) or type(err).__module__ == "builtins":
+            raise
+        raise RuntimeError(f"{type(err).__name__}: {err}") from err
+
+
+def _attn(setup: Any) -> str:
+    """The attention implementation a step builds the model with (flash's fake step runs SDPA)."""
+    return {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}[setup.attention.value]
+
+
+# the meta model cut for measuring, per (config, attention kernel, cut, kinds), with its blocks' keys: built
+# once per process, before the steps are forked (:func:`_measure_steps`), and copied for each step (Qwen3-
+# Next-80B: the first build 4.3 s with the import of its transformers code, later ones 0.2 s, a copy of
+# the cut 0.02 s; a family measures 7 to 14 steps)
+_CUT_MODELS: dict[tuple[str, str, str, frozenset[str] | None], tuple[torch.nn.Module, dict[str, str]]] = {}
 _CUT_MODELS_MAX = 4
 
 
-def _cut_model(config: dict[str, Any], attn: str, cut: str) -> tuple[torch.nn.Module, dict[str, str]]:
-    """The model ``config`` builds with ``attn``, cut as ``cut`` says (:func:`_truncate`), and its
-    blocks' paths -> kind keys; remembered (not to be changed by the caller: copy it)."""
-    key = (derived.config_hash(config), attn, cut)
+def _cut_model(
+    config: dict[str, Any], attn: str, cut: str, kinds: frozenset[str] | None = None
+) -> tuple[torch.nn.Module, dict[str, str]]:
+    """The model ``config`` builds with ``attn``, cut as ``cut`` says (:func:`_truncate`; to blocks of
+    ``kinds`` when given), and its blocks' paths -> kind keys; remembered (not to be changed by the
+    caller: copy it)."""
+    key = (derived.config_hash(config), attn, cut, kinds)
     hit = _CUT_MODELS.get(key)
     if hit is not None:
         return hit
@@ -842,7 +960,7 @@ def _cut_model(config: dict[str, Any], attn: str, cut: str) -> tuple[torch.nn.Mo
         if layer.derived is not None
     }
     if cut != "none":
-        kept = _truncate(model, path_keys, prefix=cut == "prefix")
+        kept = _truncate(model, path_keys, prefix=cut == "prefix", kinds=kinds)
         path_keys = kept if kept is not None else path_keys
     if len(_CUT_MODELS) >= _CUT_MODELS_MAX:
         _CUT_MODELS.clear()
@@ -850,7 +968,9 @@ def _cut_model(config: dict[str, Any], attn: str, cut: str) -> tuple[torch.nn.Mo
     return model, path_keys
 
 
-def _measure_one(config: dict[str, Any], setup: Any, *, cut: str) -> dict[str, derived.Measured]:
+def _measure_one(
+    config: dict[str, Any], setup: Any, *, cut: str, kinds: frozenset[str] | None = None
+) -> dict[str, derived.Measured]:
     """One fake-tensor training step; per block kind (saved, forward transient, backward transient,
     freed at the backward peak) of a representative block (the middle one of its kind)."""
     import gc
@@ -861,8 +981,7 @@ def _measure_one(config: dict[str, Any], setup: Any, *, cut: str) -> dict[str, d
     from peakmem.simulate import runner
     from peakmem.simulate.fakeify import fakeify_module, prepare_adapters
 
-    attn = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}[setup.attention.value]
-    template, path_keys = _cut_model(config, attn, cut)
+    template, path_keys = _cut_model(config, _attn(setup), cut, kinds)
     model = copy.deepcopy(template)  # each step prepares, fakes and converts its own copy
     model.to(dtype=model_dtype(setup.precision))
     if hasattr(model.config, "use_cache"):
