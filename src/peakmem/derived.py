@@ -98,8 +98,9 @@ class Fit:
     @functools.cached_property
     def _over_common_denominator(self) -> tuple[tuple[int, ...], int]:
         """The coefficients' numerators over their least common denominator, and that denominator: a
-        block's fit picks its candidate peaks by evaluating each at 136 shapes (:func:`_prune`), which in
-        fractions took 4.2 s for Qwen3-Next's blocks per measured family, in integers 0.4 s."""
+        block's fit picks its candidate peaks by evaluating each at 136 shapes (:func:`_prune`);
+        :func:`block_cost` of Qwen3-Next-80B's blocks took 4.2 s per measured family in fractions, 1.2 s
+        so."""
         den = math.lcm(*(c.denominator for c in self.coefficients))
         return tuple(c.numerator * (den // c.denominator) for c in self.coefficients), den
 
@@ -439,6 +440,11 @@ def split_last_block(spec: Any) -> Any:
     if last.count > 1:
         tail = (dataclasses.replace(last, count=last.count - 1), *tail)
     return dataclasses.replace(spec, groups=(*spec.groups[:-1], *tail))
+
+
+def block_kind(key: str) -> str:
+    """A block key without its edge suffix (:data:`FIRST_BLOCK`, :data:`LAST_BLOCK`): its kind's key."""
+    return key.removesuffix(LAST_BLOCK).removesuffix(FIRST_BLOCK)
 
 
 def block_key_costs(costs: Costs, key: str) -> BlockCost | None:

@@ -630,7 +630,7 @@ SHAPES = ((2, 32), (2, 64), (4, 64), (2, derived.SHORT_MAX_SEQ), (4, 32))
 # micro-batch 1 is checked at BATCH1_CHECK; where the batch-linear costs do not give it back, the costs at
 # micro-batch 1 are measured on their own at BATCH1_SHAPES (three lengths: s^2, s and a constant)
 BATCH1_CHECK = (1, 64)
-BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, 128))
+BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, derived.SHORT_MAX_SEQ))
 # The fit is checked at SEQ_CHECK, four times the longest fitted sequence. A block whose kernel works in
 # chunks pads the sequence to a multiple of its chunk (transformers' Mamba-2 torch path: mamba_chunk_size
 # 256; the gated delta-net's torch_chunk_gated_delta_rule: chunk_size 64), so its bytes are a step
@@ -641,7 +641,7 @@ BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, 128))
 # chunks: Granite 4.0-H's Mamba-2 block runs 194 events at 2 x 256 and 199 from 2 x 512 on, its saved
 # bytes linear in the sequence from there), used beyond the short shapes (BlockCost.long), and checked at
 # micro-batch 1 at LONG_BATCH1_CHECK.
-SEQ_CHECK = (2, 512)
+SEQ_CHECK = (2, 4 * derived.SHORT_MAX_SEQ)
 LONG = 16
 LONG_SHAPES = tuple((b, LONG * s) for b, s in SHAPES)
 LONG_BATCH1_CHECK = (1, LONG * BATCH1_CHECK[1])
@@ -728,7 +728,7 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     # layer): Qwen3.5-27B's step at 2 x 1024 takes 4.2 s instead of 6.3 s (three of each kind), and the
     # six shipped models with long costs regenerate to the same bytes
     long_shapes = (*LONG_SHAPES, *LONG_BATCH1_SHAPES) if long else ()
-    kinds = frozenset(k.removesuffix(derived.LAST_BLOCK).removesuffix(derived.FIRST_BLOCK) for k in long)
+    kinds = frozenset(derived.block_kind(k) for k in long)
     more = (*long_shapes, *(BATCH1_SHAPES if batch1 else ()))
     at |= measure(
         tuple(shape for shape in more if shape not in at),
@@ -747,7 +747,7 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
         out[key] = dataclasses.replace(out[key], long=cost)
     # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
     for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
-        if out[key] == derived.block_key_costs(out, key.rsplit(":", 1)[0]):
+        if out[key] == derived.block_key_costs(out, derived.block_kind(key)):
             del out[key]
     return out
 
