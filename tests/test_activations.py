@@ -584,3 +584,75 @@ def test_rope_cat_makes_sdpa_output_need_a_copy_and_parallel_norms_share_their_i
         assert {i.key: i.bytes for i in la.saved}["attn.output_copy"] == T * 64 * 2
     la = act.layer_activations(neox, neox.first_layer, act.shapes(neox, setup))
     assert {i.key: i.bytes for i in la.saved}["norms"] == T * 64 * 2 + 2 * (2 * T * 4)
+
+
+GEMMA3: dict[str, Any] = {
+    "model_type": "gemma3_text", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 96, "vocab_size": 128,
+    "max_position_embeddings": 256, "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"],
+}  # fmt: skip
+
+
+def _items(spec: ModelSpec, layer_index: int, setup: TrainingSetup) -> dict[str, act.MemoryItem]:
+    la = act.layer_activations(spec, spec.groups[layer_index].layer, act.shapes(spec, setup))
+    return {i.key: i for i in la.saved}
+
+
+def test_a_sliding_layer_past_its_window_hands_sdpa_a_mask_it_keeps_additive() -> None:
+    """Gemma 3, mixed-bf16 on CUDA, B = 2, S = 32, window 16: the sliding layer's call gets masking_utils'
+    bool mask (S >= window), so k/v are not passed with enable_gqa but repeated (one k/v head: a view),
+    CUDA runs the memory-efficient kernel, SDPA saves the mask made additive in bf16 (B x 1 x S x S) and
+    the log-sum-exp rows padded to 32. The full layer runs flash with no mask; a window longer than the
+    sequence takes no mask either."""
+    spec = spec_from_config(dict(GEMMA3))
+    assert [g.layer.attention.sliding_window for g in spec.groups] == [16, None]
+    setup = TrainingSetup(micro_batch=B, seq_len=S)
+    sliding, full = spec.groups[0].layer.attention, spec.groups[1].layer.attention
+    assert act.sdpa_call_backend(spec, setup, sliding) == "efficient"
+    assert act.sdpa_call_backend(spec, setup, full) == "flash"
+    items = _items(spec, 0, setup)
+    assert items["attn.sdpa_bias"].bytes == B * S * S * 2
+    assert items["attn.qkv"].sizes == (T * 64 * 2, T * 16 * 2, T * 16 * 2)  # k, v: one head (a view)
+    assert items["attn.logsumexp"].bytes == B * 4 * 32 * 4
+    assert "attn.sdpa_bias" not in _items(spec, 1, setup)
+    assert "attn.sdpa_bias" not in _items(spec_from_config({**GEMMA3, "sliding_window": 64}), 0, setup)
+    # two k/v heads: repeat_kv copies them to all four, and those copies are what SDPA saves
+    two = spec_from_config({**GEMMA3, "num_key_value_heads": 2})
+    assert _items(two, 0, setup)["attn.qkv"].sizes == (T * 64 * 2,) * 3
+    # the CPU's SDPA also converts the mask and keeps it (its log-sum-exp rows are not padded)
+    cpu = TrainingSetup(micro_batch=B, seq_len=S, kernel_policy=KernelPolicy.CPU)
+    assert _items(spec, 0, cpu)["attn.sdpa_bias"].bytes == B * S * S * 2
+
+
+def test_efficient_backward_scratch() -> None:
+    """The memory-efficient kernel's backward (mem_eff_attention/kernel_backward.h), as simulate/kernels.py
+    allocates it: delta fp32 [B, H, S] and, for 16-bit inputs, the fp32 grad-q accumulator [B, H, S, D]."""
+    spec = spec_from_config(dict(GEMMA3))
+    att = spec.first_layer.attention
+    bf16 = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S))
+    fp32 = act.shapes(spec, TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.FP32))
+    assert act.efficient_backward_scratch(att, bf16) == B * 4 * S * 4 + B * 4 * S * 16 * 4
+    assert act.efficient_backward_scratch(att, fp32) == B * 4 * S * 4
+    dq_dk_dv = T * (64 + 16 + 16) * 2
+    scratch = B * 4 * S * 4 + B * 4 * S * 16 * 4
+    assert act.attention_terms(spec, spec.first_layer, bf16)[3] == dq_dk_dv + scratch
+
+
+def test_unequal_tensors_reach_the_replay_in_their_sizes() -> None:
+    """Qwen3's per-head q/k norms, bf16: q's x.float() (4 B), its rstd (one per head and token), its bf16
+    y; then k's. The replay's request sizes are these, not the sum in equal parts; an item whose bytes a
+    technique changed afterwards falls back to equal parts."""
+    from dataclasses import replace
+
+    from peakmem.estimate import _pieces
+
+    _, la = _layer(QWEN3, precision=Precision.BF16)
+    item = {i.key: i for i in la.saved}["attn.qk_norm"]
+    q, k = 4 * 16, 2 * 16
+    assert item.sizes == (T * q * 4, T * 4 * 4, T * q * 2, T * k * 4, T * 2 * 4, T * k * 2)
+    assert item.bytes == sum(item.sizes) and _pieces([item]) == item.sizes
+    norms = {i.key: i for i in la.saved}["norms"]
+    assert norms.sizes == (T * 64 * 4, T * 4, T * 64 * 2) * 2
+    changed = replace(item, bytes=item.bytes - T * q * 2)
+    assert _pieces([changed]) == (changed.bytes // item.tensors,) * item.tensors

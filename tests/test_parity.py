@@ -38,3 +38,28 @@ def test_analytic_matches_measured(case):
     if not result.ok and case.name in CATEGORY_GAPS:
         pytest.xfail(f"{CATEGORY_GAPS[case.name]}: " + "; ".join(result.failures()))
     assert result.ok, f"{case.name}: " + "; ".join(result.failures())
+
+
+# A sliding-window model past its window (masking_utils hands SDPA a bool mask; SDPA keeps it additive at
+# every layer): before the formulas counted that mask, tiny Gemma 3 below was 10.4 % (fp32) and 7.3 % (bf16)
+# under the measured peak; with it, 0.25 % and 0.19 %.
+GEMMA3_SLIDING = {
+    "model_type": "gemma3_text", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 96,
+    "max_position_embeddings": 1024, "sliding_window": 32, "bos_token_id": 0, "eos_token_id": 0,
+    "pad_token_id": 0, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sliding_window_mask_matches_measured(precision):
+    from peakmem.estimate import estimate_training
+    from peakmem.hf import spec_from_config
+    from peakmem.measure import measure_training
+    from peakmem.training import KernelPolicy, Precision, TrainingSetup
+
+    cpu = KernelPolicy.CPU
+    setup = TrainingSetup(seq_len=256, micro_batch=2, kernel_policy=cpu, precision=Precision(precision))
+    real = measure_training(dict(GEMMA3_SLIDING), setup).peak_allocated_bytes
+    analytic = estimate_training(spec_from_config(dict(GEMMA3_SLIDING)), setup).peak_allocated_bytes
+    assert abs(analytic / real - 1) <= 0.01, (analytic, real)

@@ -4,7 +4,6 @@ hand-derived tiny step, and the named catalog models against simulate's replay."
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import pytest
@@ -63,21 +62,13 @@ ROWS = {r["model"]: r for r in json.loads(
     (Path(__file__).parents[1] / "benchmarks" / "simulate_vs_analytic.json").read_text())}  # fmt: skip
 
 
-QWEN3_GAP = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "qwen3-0.6b: replayed 16.30 GiB vs simulate 15.75 GiB (-3.4 %), one 594 MiB segment: step 1's "
-        "fp32 master gradients (4-12 MiB) split a freed logits-sized block that simulate's trace keeps whole "
-        "(its 55 free 16 MiB segments from q/k-norm transients take them), so step 2's logits miss it. "
-        "A sweep (reserved_sweep.json) puts 2048 on simulate's own step: gaps at seq 1536-3072 are "
-        "+0.8, +0.5, -3.4, -0.3, +1.2, -0.9 %"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "name", ["gpt2-xl", "llama-3.2-1b", pytest.param("qwen3-0.6b", marks=QWEN3_GAP), "gemma-3-1b"]
-)
+# Qwen3-0.6B at 2,048 tokens was -3.4 % (one 594 MiB segment) while the replay cut its q/k-norm, norm and
+# q/k/v items into equal parts (9.05 MiB x 4 for 16, 8, 8 and 4 MiB tensors): the parts left 230 MiB of
+# 1.3-4 MiB holes in the small segments that simulate's trace packs full, so step 2's logits spilled into
+# a new segment. With the tensors' own sizes (``MemoryItem.sizes``) it is -0.6 %. Gemma-3-1B, +0.5 % before,
+# went to +7.1 % with the sizes alone: its sliding layers' SDPA keeps the mask made additive (8 MiB a
+# layer at 2,048 tokens), which the formulas did not count; with it, +0.1 %.
+@pytest.mark.parametrize("name", ["gpt2-xl", "llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b"])
 def test_replayed_reserved_within_3_percent_of_simulate(name: str) -> None:
     row = ROWS[name]
     est = estimate_training(resolve_model(name), TrainingSetup(seq_len=row["seq"]))
@@ -85,28 +76,20 @@ def test_replayed_reserved_within_3_percent_of_simulate(name: str) -> None:
 
 
 # benchmarks/reserved_sweep.json (benchmarks/reserved_sweep.py): simulate's reserved for the four named
-# models over a sweep of sequence lengths. The reserved peak is a step function of the request sizes
-# (a freed block fits the next large request or a segment is cut), and simulate's own curve jumps where
-# the analytic one is smooth: qwen3-0.6b +0.35 GiB from seq 1792 to 2048, then +1.46 GiB to 2304
-# (analytic: +0.97, +0.96). Per model the typical gap is inside 3 % and every point inside the band.
+# models over a sweep of sequence lengths. The reserved peak is a step function of the request sizes (a
+# freed block fits the next large request or a segment is cut): one request size off, and a whole logits
+# segment moves. All 17 points are within 1.5 % (the worst: llama-3.2-1b at 1,536, -1.5 %); every point
+# is inside the band.
 SWEEP = json.loads((Path(__file__).parents[1] / "benchmarks" / "reserved_sweep.json").read_text())
 
 
 @pytest.mark.parametrize("row", SWEEP, ids=[f"{r['model']}-{r['seq']}" for r in SWEEP])
-def test_simulated_reserved_inside_the_band_over_a_sweep(row: dict[str, int]) -> None:
+def test_simulated_reserved_within_3_percent_and_inside_the_band_over_a_sweep(row: dict[str, int]) -> None:
     est = estimate_training(resolve_model(str(row["model"])), TrainingSetup(seq_len=row["seq"]))
+    assert abs(row["simulated_reserved"] / est.peak_reserved_bytes - 1) <= 0.03, est.peak_reserved_bytes
     assert est.band is not None
     band = est.band.reserved
     assert band.low <= row["simulated_reserved"] <= band.high, (band, row["simulated_reserved"])
-
-
-@pytest.mark.parametrize("name", sorted({str(r["model"]) for r in SWEEP}))
-def test_median_reserved_gap_over_the_sweep_within_3_percent(name: str) -> None:
-    gaps = []
-    for row in (r for r in SWEEP if r["model"] == name):
-        est = estimate_training(resolve_model(name), TrainingSetup(seq_len=row["seq"]))
-        gaps.append(abs(row["simulated_reserved"] / est.peak_reserved_bytes - 1))
-    assert len(gaps) >= 3 and statistics.median(gaps) <= 0.03, gaps
 
 
 def test_a_given_fraction_and_the_unreplayable_keep_the_closed_form() -> None:

@@ -57,6 +57,11 @@ class MemoryItem:
     # how many tensors of equal size the bytes are (one item per layer: a gated MLP's gate, act, up and
     # product are 4): the allocator replay (formulas/step_sequence.py) needs request sizes, not sums
     tensors: int = 1
+    # the tensors' sizes in the order they are made, where they are not equal (an RMSNorm's fp32 input,
+    # its fp32 rstd and its 16-bit normed y); they add up to ``bytes``. Equal parts of a sum leave holes
+    # that real sizes do not: Qwen3-0.6B's q/k-norm item as four 9.05 MiB parts left 2.95 MiB of each
+    # 12 MiB block free, 230 MiB over the model, and cost its second step's logits a 594 MiB segment
+    sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -604,10 +604,13 @@ def _replayable(st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overhea
 
 
 def _pieces(items: Iterable[MemoryItem]) -> tuple[int, ...]:
-    """The tensor sizes of ``items`` (each item's bytes split into its ``tensors`` equal parts)."""
+    """The tensor sizes of ``items``: an item's ``sizes`` where they add up to its bytes, else its bytes
+    split into its ``tensors`` equal parts (an item whose bytes a technique changed: LoRA's frozen norms)."""
     out: list[int] = []
     for i in items:
-        if i.bytes > 0:
+        if i.sizes and sum(i.sizes) == i.bytes:
+            out += i.sizes
+        elif i.bytes > 0:
             n = max(1, i.tensors)
             out += [i.bytes // n] * n
     return tuple(out)

@@ -187,19 +187,37 @@ def cuda_sdpa_backend(
     return "math"
 
 
-def sdpa_call_heads(spec: ModelSpec, profile: Profile, att: Attention | None = None) -> tuple[int, bool]:
-    """The k/v heads ``spec``'s SDPA call (of ``att``, the first layer's by default) hands the kernel,
-    and whether it passes ``enable_gqa`` (``ModelSpec.sdpa_kv``): transformers' shared
-    ``sdpa_attention_forward`` passes the k/v heads with ``enable_gqa=True`` when ``use_gqa_in_sdpa``
-    holds (integrations/sdpa_attention.py: no mask, equal k/v head sizes <= 256), else ``repeat_kv``
-    copies to all heads; torchtune's attention expands them (``Profile.sdpa_repeats_kv``)."""
+def sliding_mask(att: Attention, seq: int) -> bool:
+    """Whether a sliding-window layer hands SDPA an explicit mask at ``seq`` tokens: transformers skips
+    the mask for ``is_causal`` only while the keys are fewer than the window (masking_utils.py
+    ``_ignore_causal_mask_sdpa``: ``local_attention_size is not None and kv_length >=
+    local_attention_size`` keeps it). Gemma 3's sliding layers at 2,048 tokens (window 512) run the
+    memory-efficient kernel in simulate's trace, its global layers flash."""
+    return att.sliding_window is not None and seq >= att.sliding_window
+
+
+def sdpa_mask(spec: ModelSpec, att: Attention, seq: int) -> bool:
+    """Whether ``att``'s SDPA call at ``seq`` tokens passes an explicit ``attn_mask``: always for a model
+    whose mask is materialised (``ModelSpec.sdpa_mask``: Falcon), else where :func:`sliding_mask` holds."""
+    return spec.sdpa_mask or sliding_mask(att, seq)
+
+
+def sdpa_call_heads(
+    spec: ModelSpec, profile: Profile, att: Attention | None = None, seq: int = 0
+) -> tuple[int, bool]:
+    """The k/v heads ``spec``'s SDPA call (of ``att``, the first layer's by default; at ``seq`` tokens,
+    which decides a sliding window's mask) hands the kernel, and whether it passes ``enable_gqa``
+    (``ModelSpec.sdpa_kv``): transformers' shared ``sdpa_attention_forward`` passes the k/v heads with
+    ``enable_gqa=True`` when ``use_gqa_in_sdpa`` holds (integrations/sdpa_attention.py: no mask, equal
+    k/v head sizes <= 256), else ``repeat_kv`` copies to all heads; torchtune's attention expands them
+    (``Profile.sdpa_repeats_kv``)."""
     att = att or spec.first_layer.attention
     a, g = att.num_heads, att.num_kv_heads
     if spec.sdpa_kv == "broadcast":
         return g, False
     if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv:
         return a, False
-    if not spec.sdpa_mask and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
+    if not sdpa_mask(spec, att, seq) and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
         return g, g < a
     return a, False
 
@@ -208,10 +226,11 @@ def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup, att: Attention | No
     """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention (``att``, the first layer's by
     default) makes under ``setup``."""
     att = att or spec.first_layer.attention
-    kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], att)
+    kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], att, setup.seq_len)
     return cuda_sdpa_backend(
         half=precision_plan(setup.precision).compute.bits < 32, q_heads=att.num_heads, kv_heads=kv,
-        enable_gqa=gqa, mask=spec.sdpa_mask, qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
+        enable_gqa=gqa, mask=sdpa_mask(spec, att, setup.seq_len), qk_head_dim=att.head_dim,
+        v_head_dim=att.v_head_dim,
     )  # fmt: skip
 
 
@@ -235,11 +254,11 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
     if cpu and att.head_dim != att.v_head_dim:
         return AttentionKernel.EAGER, f"{MATH} on CPU: q/k head size {att.head_dim} != v {att.v_head_dim}"
     if not cpu and setup.attention is AttentionKernel.SDPA and sdpa_call_backend(spec, setup) == "math":
-        kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework])
+        kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], seq=setup.seq_len)
         return AttentionKernel.EAGER, (
             f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
             + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
-            + (", an explicit mask" if spec.sdpa_mask else "")
+            + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len) else "")
             + f", {precision_plan(setup.precision).compute.name} inputs (sdp_utils.cpp select_sdp_backend)"
         )
     return setup.attention, ""
@@ -288,6 +307,11 @@ def _item(path: str, nbytes: int, source: str, key: str, tensors: int = 1) -> Me
     return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key, tensors)  # by position: the hot path
 
 
+def _sized(path: str, sizes: tuple[int, ...], source: str, key: str) -> MemoryItem:
+    """An item of unequal tensors, ``sizes`` in the order they are made (``MemoryItem.sizes``)."""
+    return MemoryItem(path, Category.ACTIVATIONS, sum(sizes), source, key, len(sizes), sizes)
+
+
 # --- fused and compiled kernels (peakmem.formulas.profiles) -----------------------------------------------
 # torch.compile, measured (benchmarks/compile_activations.py, torch 2.13 Inductor, its default training
 # partitioner ``min_cut_rematerialization_partition``, one Llama layer compiled on its own as torchtune's
@@ -317,7 +341,11 @@ SRC_FUSED_KERNELS = (
 
 def fused_rmsnorm_saved(sh: Shapes, width: int) -> int:
     """An RMSNorm under torch.compile or a fused kernel: its input (residual dtype) and the fp32 rstd."""
-    return sh.tokens * width * sh.r + sh.tokens * 4
+    return sum(_fused_rmsnorm_pieces(sh, width))
+
+
+def _fused_rmsnorm_pieces(sh: Shapes, width: int, rows: int = 1) -> tuple[int, int]:
+    return sh.tokens * width * sh.r, sh.tokens * rows * 4
 
 
 def fused_swiglu_item(sh: Shapes, numel: int) -> MemoryItem:
@@ -351,16 +379,23 @@ def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int
 
 def norm_saved(spec: ModelSpec, sh: Shapes, width: int) -> int:
     """Bytes one norm saves for ``tokens x width`` inputs (its output is counted by its readers)."""
+    return sum(norm_pieces(spec, sh, width))
+
+
+def norm_pieces(spec: ModelSpec, sh: Shapes, width: int, rows: int = 1) -> tuple[int, ...]:
+    """The tensors one norm saves for ``tokens x width`` inputs, in the order it makes them; ``rows``
+    statistics per token (a per-head q/k norm: one per head)."""
     t = sh.tokens
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
-        return fused_rmsnorm_saved(sh, width)
+        return _fused_rmsnorm_pieces(sh, width, rows)
     if spec.norm == "rmsnorm":
-        # x.to(float32) is kept by pow and mul (4 B); y = (x * rstd).to(input dtype) by weight * y
-        return t * width * 4 + rmsnorm_weight_side_bytes(spec, sh, width) + t * 4
+        # x.to(float32) is kept by pow and mul (4 B), then the fp32 rstd; y = (x * rstd).to(input dtype)
+        # by weight * y (recorded order in simulate's trace of Qwen3: 16 MiB, 0.125 MiB, 8 MiB for q)
+        return t * width * 4, t * rows * 4, rmsnorm_weight_side_bytes(spec, sh, width)
     if spec.layernorm_fp32:  # OlmoLayerNorm: layer_norm saves its fp32 upcast input and fp32 mean/rstd
-        return t * width * 4 + 2 * t * 4
+        return t * width * 4, t * rows * 4, t * rows * 4
     stat_bytes = 4 if sh.policy is KernelPolicy.CUDA or sh.r == 4 else sh.r
-    return t * width * sh.r + 2 * t * stat_bytes
+    return t * width * sh.r, t * rows * stat_bytes, t * rows * stat_bytes
 
 
 def rmsnorm_weight_side_bytes(spec: ModelSpec, sh: Shapes, width: int) -> int:
@@ -387,6 +422,22 @@ def post_mlp_norm_backward(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
         return 0
     t, h = sh.tokens, spec.hidden_size
     return RMSNORM_BACKWARD_FP32 * t * h * 4 + t * h * sh.r
+
+
+def qk_norm_item(spec: ModelSpec, layer: Layer, sh: Shapes) -> MemoryItem:
+    """What a q/k norm pair saves. An RMSNorm keeps one fp32 rstd per token and norm: per head
+    (Qwen3, Gemma 3: over head_dim) ``heads`` of them for q and ``kv_heads`` for k; a full-width pair
+    (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads) one each. A LayerNorm pair is counted as
+    one norm over both widths (its statistics are a few kB)."""
+    att = layer.attention
+    path = "attn.q_norm, k_norm (input + stats)"
+    if spec.norm != "rmsnorm":
+        return _item(path, norm_saved(spec, sh, qk_norm_width(layer)), SRC_NORM, "attn.qk_norm", 2)
+    q, k = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
+    per_head = att.qk_norm == "per_head"
+    q_rows, k_rows = (att.num_heads, att.num_kv_heads) if per_head else (1, 1)
+    pieces = norm_pieces(spec, sh, q, q_rows) + norm_pieces(spec, sh, k, k_rows)
+    return _sized(path, pieces, SRC_NORM, "attn.qk_norm")
 
 
 def qk_norm_width(layer: Layer) -> int:
@@ -504,12 +555,16 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
-    if sh.profile.sdpa_repeats_kv and g > 1:
-        # torchtune's expand + flatten copies k, v to all heads; with one kv head (MQA) it is a view
-        # (merging a size-1 dim with a stride-0 one): measured, benchmarks/compile_activations.py
+    fused = _layer_structure(layer)[1] == 1 and not att.is_mla
+    sdpa = sh.kernel is AttentionKernel.SDPA and not att.is_mla
+    efficient = sdpa and sh.policy is KernelPolicy.CUDA and _sdpa_backend(spec, att, sh) == "efficient"
+    # torchtune's expand + flatten, or transformers' ``repeat_kv`` where the call passes a mask, copies
+    # k, v to all heads; with one kv head (MQA) it is a view (merging a size-1 dim with a stride-0 one):
+    # measured, benchmarks/compile_activations.py
+    repeated = sdpa and not fused and sdpa_call_heads(spec, sh.profile, att, s)[0] == a
+    if g > 1 and (sh.profile.sdpa_repeats_kv or repeated):
         g = a
     qkv = t * (a * d + g * d + g * dv) * c
-    fused = _layer_structure(layer)[1] == 1 and not att.is_mla
     if att.is_mla:
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
         # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
@@ -526,11 +581,11 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     elif fused and spec.position == "rope":
         # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
         items.append(_item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA, "attn.fused_qkv"))
-        items.append(
-            _item("attn.rotated q, k (saved by SDPA)", t * (a + g) * d * c, SRC_SDPA, "attn.rotated_qk", 2)
-        )
+        rotated = (t * a * d * c, t * g * d * c)
+        items.append(_sized("attn.rotated q, k (saved by SDPA)", rotated, SRC_SDPA, "attn.rotated_qk"))
     else:
-        items.append(_item("attn.q,k,v (saved by SDPA)", qkv, SRC_SDPA, "attn.qkv", 3))
+        items.append(_sized("attn.q,k,v (saved by SDPA)", (t * a * d * c, t * g * d * c, t * g * dv * c),
+                            SRC_SDPA, "attn.qkv"))  # fmt: skip
     items.append(_item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if sh.compiled and spec.norm == "rmsnorm":
         items.append(compiled_output_copy(sh, t * a * dv))
@@ -540,10 +595,23 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
         items.append(
             _item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
-    items.append(_item("attn.logsumexp (fp32)", b * a * s * 4, SRC_SDPA, "attn.logsumexp"))
+    lse = b * a * s * 4
+    scratch = flash_backward_scratch(spec, layer, sh)
+    if efficient:
+        lse = b * a * -(-s // EFFICIENT_LSE_ROUND) * EFFICIENT_LSE_ROUND * 4
+        scratch = efficient_backward_scratch(att, sh)
+    if sh.kernel is AttentionKernel.SDPA and sliding_mask(att, s):
+        # SDPA makes masking_utils' bool mask additive in the inputs' dtype (attention.cpp
+        # ``convert_boolean_attn_mask``: zeros_like, masked_fill) at every call, and the kernel saves it:
+        # CUDA's memory-efficient one and the CPU's (measured: tiny Gemma 3, window 32, 2 x 256 tokens on
+        # CPU, 0.5 MiB a sliding layer; the estimate went from -10.4 % to -0.25 %). Falcon's own mask
+        # (``ModelSpec.sdpa_mask``) is one tensor every layer shares
+        items.append(_item("attn.mask made additive (saved by SDPA)", b * s * s * c, SRC_SDPA,
+                           "attn.sdpa_bias"))  # fmt: skip
+    items.append(_item("attn.logsumexp (fp32)", lse, SRC_SDPA, "attn.logsumexp"))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
-    bwd = t * (a * d + g * d + g * dv) * c + flash_backward_scratch(spec, layer, sh)
-    return items, b * a * s * 4, 0, bwd
+    bwd = t * (a * d + g * d + g * dv) * c + scratch
+    return items, lse, 0, bwd
 
 
 # FlashAttention-2's backward (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_bwd``)
@@ -561,6 +629,27 @@ def flash_bwd_head_rounded(head_dim: int) -> int:
     return -(-head_dim // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND
 
 
+def _sdpa_backend(spec: ModelSpec, att: Attention, sh: Shapes) -> str:
+    """:func:`cuda_sdpa_backend` for ``att``'s SDPA call at ``sh``'s shape (CUDA policy)."""
+    kv, gqa = sdpa_call_heads(spec, sh.profile, att, sh.seq)
+    return cuda_sdpa_backend(
+        half=sh.c < 4, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa, mask=sdpa_mask(spec, att, sh.seq),
+        qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
+    )  # fmt: skip
+
+
+# The memory-efficient kernel (simulate/kernels.py): its log-sum-exp rows are padded to a multiple of 32
+# (``kAlignLSE``); its backward (mem_eff_attention/kernel_backward.h) allocates ``delta`` fp32 [B, H, S]
+# and, for 16-bit inputs, an fp32 gradient-of-q accumulator [B, H, S, D] (``kNeedsAccumGradQ``).
+EFFICIENT_LSE_ROUND = 32
+
+
+def efficient_backward_scratch(att: Attention, sh: Shapes) -> int:
+    """Bytes the memory-efficient kernel's backward allocates for its duration (see above)."""
+    rows = sh.batch * att.num_heads * sh.seq
+    return rows * 4 + (rows * att.head_dim * 4 if sh.c < 4 else 0)
+
+
 def flash_backward_scratch(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
     """Bytes FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``): ``softmax_d``
     fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, :func:`flash_bwd_head_rounded` (D)] and,
@@ -575,13 +664,9 @@ def flash_backward_scratch(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
         return 0
     kv = att.num_kv_heads
     if sh.kernel is AttentionKernel.SDPA:
-        kv, gqa = sdpa_call_heads(spec, sh.profile, att)
-        backend = cuda_sdpa_backend(
-            half=sh.c < 4, q_heads=a, kv_heads=kv, enable_gqa=gqa, mask=spec.sdpa_mask, qk_head_dim=d,
-            v_head_dim=att.v_head_dim,
-        )  # fmt: skip
-        if backend != "flash":
+        if _sdpa_backend(spec, att, sh) != "flash":
             return 0
+        kv = sdpa_call_heads(spec, sh.profile, att, sh.seq)[0]
     elif sh.kernel is not AttentionKernel.FLASH or sh.c == 4 or d != att.v_head_dim or d > FLASH_MAX_HEAD_DIM:
         return 0
     rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND
@@ -848,41 +933,21 @@ def layer_activations(
         linear_params = sum(t.numel for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
-    norm_one = norm_saved(spec, sh, h)
     compiled_block = sh.compiled and spec.norm == "rmsnorm"
-    if compiled_block:
-        norm_one = t * 4  # compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
+    # each norm's saved tensors; compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
+    norm_each = (t * 4,) if compiled_block else norm_pieces(spec, sh, h)
+    norm_one = sum(norm_each)
     n_norms, att_readers, att_in_params = _layer_structure(layer)
-    # per norm its big saved tensors: an unfused RMSNorm's fp32 x and normed y, else the input (stats: tiny)
-    per_norm = 2 if spec.norm == "rmsnorm" and not (compiled_block or sh.fused_kernels) else 1
-    norms_bytes = n_norms * norm_one
+    norms = norm_each * n_norms
     if layer.parallel_residual and n_norms == 2 and spec.norm == "layernorm" and not spec.layernorm_fp32:
         # GPT-NeoX's parallel block (modeling_gpt_neox.py: ``input_layernorm(hidden_states)`` and
         # ``post_attention_layernorm(hidden_states)``), Falcon-40B's ln_attn / ln_mlp: both LayerNorms save
         # the same block input, one storage
-        norms_bytes -= t * h * sh.r
-    items.append(_item(f"norms (input + stats) x{n_norms}", norms_bytes, SRC_NORM, "norms",
-                       n_norms * per_norm))  # fmt: skip
+        norms = norm_each + norm_each[1:]
+    items.append(_sized(f"norms (input + stats) x{n_norms}", norms, SRC_NORM, "norms"))
     att = layer.attention
     if att.qk_norm != "none":  # Qwen3/OLMo-2: RMSNorm over q and k (per head or full width)
-        width = qk_norm_width(layer)
-        # fp32 rstd beyond the one per token norm_saved counts: a per-head RMSNorm (Qwen3, Gemma 3: over
-        # head_dim) keeps one per head and token, (heads + kv_heads) x T; a full-width pair
-        # (modeling_olmo2.py ``q_norm``/``k_norm`` over all heads) is two norms with one each, 2 x T
-        extra_rstd = 0
-        if spec.norm == "rmsnorm" and att.qk_norm == "per_head":
-            extra_rstd = (att.num_heads + att.num_kv_heads - 1) * t * 4
-        elif spec.norm == "rmsnorm" and att.qk_norm == "full":
-            extra_rstd = t * 4
-        items.append(
-            _item(
-                "attn.q_norm, k_norm (input + stats)",
-                norm_saved(spec, sh, width) + extra_rstd,
-                SRC_NORM,
-                "attn.qk_norm",
-                2 * per_norm,
-            )
-        )
+        items.append(qk_norm_item(spec, layer, sh))
     att_in = _linear_inputs(sh, t * h, att_readers)
     mlp_in = _linear_inputs(sh, t * h, _mlp_readers(layer))
     if compiled_block:
