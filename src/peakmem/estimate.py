@@ -704,6 +704,7 @@ def _step_tensors(
         states=tuple(r.bytes * n // r.params for n in numel for r in states),
         embed_saved=_pieces(parts.embed_items), layers=tuple(layers),
         head_saved=_pieces(i for i in parts.head_items if not i.key.startswith("loss.")),
+        head_extra=tuple(i.bytes for i in parts.head_items if i.key == "head.softcap") * 2,
         loss_saved=_pieces(i for i in parts.head_items if i.key.startswith("loss.")),
         # the logits (the size of their gradient) and their fp32 copy
         loss_extra=(logits_grad, head_fwd - logits_grad) if 0 < logits_grad < head_fwd else (head_fwd,),

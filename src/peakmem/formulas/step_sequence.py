@@ -13,12 +13,14 @@ after step 2. The order within a step follows the timeline of :mod:`.timeline`:
 
 * load: weights (module order), buffers, then the fp32 master copies (the optimizer wrapper's);
 * forward: the embedding's saved tensors, each layer's momentary extra (freed) and saved tensors, the
-  head's saved tensors, then the logits and their fp32 copy, the loss's saved output made from them,
-  and the two freed. A layer's interior allocates more than it saves (an RMSNorm's fp32 ``pow``, a
-  residual sum, a cast whose source dies: simulate's recorded traces hold about three times as many
-  4-16 MiB requests as the saved tensors); the sequence has only what the estimate lists. Making each
-  saved tensor from a same-size temporary was tried: 64 instead of 61 of the 65 catalog defaults
-  within 3 % of simulate, but GPT-2 XL eager (the seed's setup) went from -0.8 % to +5.8 %: not kept;
+  head's momentary extra (a soft-capped head's logits before tanh, freed) and saved tensors, then the
+  logits and their fp32 copy, the loss's saved output made from them, and the two freed. A layer's
+  interior allocates more than it saves (an RMSNorm's fp32 ``pow``, a residual sum, a cast whose
+  source dies: simulate's recorded traces hold about three times as many 4-16 MiB requests as the saved
+  tensors); the sequence has only what the estimate lists, each tensor at its own size
+  (``MemoryItem.sizes``): cut into equal parts, Qwen3-0.6B's norm, q/k-norm and q/k/v items left
+  230 MiB of 1-4 MiB holes that simulate's trace does not have (reserved -3.4 % against simulate's,
+  -0.6 % at their sizes);
 * backward: the loss's gradients, each replacing the one before; the head's gradients (a tied
   embedding's held to the end); per layer from the top its temporaries, its weight gradients (kept
   as ``.grad``), then its temporaries and saved tensors freed; the embedding's gradients at the end;
@@ -61,6 +63,9 @@ class StepTensors:
     embed_saved: tuple[int, ...] = ()
     layers: tuple[LayerTensors, ...] = ()  # groups in forward order
     head_saved: tuple[int, ...] = ()
+    # alive together in the head's forward before its saved tensors, then freed: a soft-capped head's
+    # logits and logits / cap (modeling_gemma2.py: each freed once the next exists; tanh saves its output)
+    head_extra: tuple[int, ...] = ()
     loss_extra: tuple[int, ...] = ()  # alive at the loss in forward (logits, their fp32 copy); then freed
     loss_saved: tuple[int, ...] = ()  # saved by the loss, made from ``loss_extra`` (log_softmax output)
     forward_held: tuple[int, ...] = ()  # alive from the start of forward until the loss (autocast cache)
@@ -189,6 +194,7 @@ def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
         for _ in range(g.count):
             run.free(run.alloc(g.forward_extra))
             saved.append(run.alloc(g.saved))
+    run.free(run.alloc(step.head_extra))
     saved.append(run.alloc(step.head_saved))
     extra = run.alloc(step.loss_extra)
     saved.append(run.alloc(step.loss_saved))
