@@ -59,8 +59,9 @@ class MemoryItem:
     tensors: int = 1
     # the tensors' sizes in the order they are made, where they are not equal (an RMSNorm's fp32 input,
     # its fp32 rstd and its 16-bit normed y); they add up to ``bytes``. Equal parts of a sum leave holes
-    # that real sizes do not: Qwen3-0.6B's q/k-norm item as four 9.05 MiB parts left 2.95 MiB of each
-    # 12 MiB block free, 230 MiB over the model, and cost its second step's logits a 594 MiB segment
+    # that real sizes do not: Qwen3-0.6B's norm, q/k-norm and q/k/v items in equal parts (the q/k norms
+    # as four 9.05 MiB parts, each leaving 2.95 MiB of a 12 MiB block) left 230 MiB of such holes, and
+    # its second step's logits a new 594 MiB segment (formulas/step_sequence.py)
     sizes: tuple[int, ...] = ()
 
 
