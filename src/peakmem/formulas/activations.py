@@ -226,12 +226,21 @@ def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup, att: Attention | No
     """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention (``att``, the first layer's by
     default) makes under ``setup``."""
     att = att or spec.first_layer.attention
-    kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], att, setup.seq_len)
-    return cuda_sdpa_backend(
-        half=precision_plan(setup.precision).compute.bits < 32, q_heads=att.num_heads, kv_heads=kv,
-        enable_gqa=gqa, mask=sdpa_mask(spec, att, setup.seq_len), qk_head_dim=att.head_dim,
-        v_head_dim=att.v_head_dim,
+    half = precision_plan(setup.precision).compute.bits < 32
+    return _call_backend(spec, att, PROFILES[setup.framework], half=half, seq=setup.seq_len)[0]
+
+
+def _call_backend(
+    spec: ModelSpec, att: Attention, profile: Profile, *, half: bool, seq: int
+) -> tuple[str, int]:
+    """:func:`cuda_sdpa_backend` for ``att``'s SDPA call at ``seq`` tokens, and the k/v heads it hands
+    the kernel (:func:`sdpa_call_heads`)."""
+    kv, gqa = sdpa_call_heads(spec, profile, att, seq)
+    backend = cuda_sdpa_backend(
+        half=half, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa, mask=sdpa_mask(spec, att, seq),
+        qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
     )  # fmt: skip
+    return backend, kv
 
 
 def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKernel, str]:
@@ -557,7 +566,8 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
     fused = _layer_structure(layer)[1] == 1 and not att.is_mla
     sdpa = sh.kernel is AttentionKernel.SDPA and not att.is_mla
-    efficient = sdpa and sh.policy is KernelPolicy.CUDA and _sdpa_backend(spec, att, sh) == "efficient"
+    efficient = sdpa and sh.policy is KernelPolicy.CUDA
+    efficient = efficient and _call_backend(spec, att, sh.profile, half=sh.c < 4, seq=s)[0] == "efficient"
     # torchtune's expand + flatten, or transformers' ``repeat_kv`` where the call passes a mask, copies
     # k, v to all heads; with one kv head (MQA) it is a view (merging a size-1 dim with a stride-0 one):
     # measured, benchmarks/compile_activations.py
@@ -631,18 +641,10 @@ def flash_bwd_head_rounded(head_dim: int) -> int:
     return -(-head_dim // FLASH_BWD_HEAD_ROUND) * FLASH_BWD_HEAD_ROUND
 
 
-def _sdpa_backend(spec: ModelSpec, att: Attention, sh: Shapes) -> str:
-    """:func:`cuda_sdpa_backend` for ``att``'s SDPA call at ``sh``'s shape (CUDA policy)."""
-    kv, gqa = sdpa_call_heads(spec, sh.profile, att, sh.seq)
-    return cuda_sdpa_backend(
-        half=sh.c < 4, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa, mask=sdpa_mask(spec, att, sh.seq),
-        qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
-    )  # fmt: skip
-
-
-# The memory-efficient kernel (simulate/kernels.py): its log-sum-exp rows are padded to a multiple of 32
-# (``kAlignLSE``); its backward (mem_eff_attention/kernel_backward.h) allocates ``delta`` fp32 [B, H, S]
-# and, for 16-bit inputs, an fp32 gradient-of-q accumulator [B, H, S, D] (``kNeedsAccumGradQ``).
+# The memory-efficient kernel (simulate/kernels.py allocates the same): its log-sum-exp rows are padded to
+# a multiple of 32 (``kAlignLSE``); its backward (mem_eff_attention/kernel_backward.h) allocates ``delta``
+# fp32 [B, H, S] and, for 16-bit inputs, an fp32 gradient-of-q accumulator [B, H, S, D]
+# (``kNeedsAccumGradQ``).
 EFFICIENT_LSE_ROUND = 32
 
 
@@ -666,9 +668,9 @@ def flash_backward_scratch(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
         return 0
     kv = att.num_kv_heads
     if sh.kernel is AttentionKernel.SDPA:
-        if _sdpa_backend(spec, att, sh) != "flash":
+        backend, kv = _call_backend(spec, att, sh.profile, half=sh.c < 4, seq=sh.seq)
+        if backend != "flash":
             return 0
-        kv = sdpa_call_heads(spec, sh.profile, att, sh.seq)[0]
     elif sh.kernel is not AttentionKernel.FLASH or sh.c == 4 or d != att.v_head_dim or d > FLASH_MAX_HEAD_DIM:
         return 0
     rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND

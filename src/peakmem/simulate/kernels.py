@@ -85,7 +85,6 @@ aten = torch.ops.aten
 # straight on (that step 10% faster: 2.56 -> 2.30 s; the tracker's mode doing the same gained nothing)
 DEVICE_QUERY = torch.ops.prim.device.default
 HALF = (torch.float16, torch.bfloat16)
-EFFICIENT_SEQ_ROUND = 32  # mem-efficient logsumexp rows are padded to a multiple of 32 (kAlignLSE)
 
 # CUDA autocast's fp32 list (autocast_mode.cpp, KERNEL_CUDA(..., fp32)) that CPU autocast lacks,
 # as torch function names (torch.* and Tensor.* methods share names).
