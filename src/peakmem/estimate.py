@@ -107,6 +107,7 @@ class _Static:
     notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
     setup_json: dict[str, object]
     setup_json_nested: tuple[str, ...]
+    in_backward_step: int = 0  # optimizer-in-backward: one tensor's step temporaries, inside backward
 
 
 class TrainingEstimator:
@@ -249,6 +250,7 @@ def _compute_static(
         assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
+        in_backward_step=_lowbit.one_tensor_step_bytes(tech) if in_bwd else 0,
     )  # fmt: skip
 
 
@@ -391,7 +393,7 @@ def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[
             la = seen[memo] = act.checkpointed(la, setup.checkpointing)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         if setup.activation_offload or setup.optimizer_in_backward:
-            la, kept = _lowbit.step_tricks(la, kept, setup)
+            la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,

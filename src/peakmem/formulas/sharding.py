@@ -196,6 +196,11 @@ def _temporaries(tech: Technique, numel: int, largest: int, label: str) -> list[
     return out
 
 
+def one_tensor_temporaries(tech: Technique) -> list[MemoryItem]:
+    """The step temporaries of an optimizer over the largest trainable tensor alone."""
+    return _temporaries(tech, tech.largest_trainable, tech.largest_trainable, " (one tensor)")
+
+
 def rank_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
     """Model states and engine buffers of one rank of pipeline stage ``sp.stage``: the technique's
     tensors (:func:`.technique.technique`), partitioned by the engine."""

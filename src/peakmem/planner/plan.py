@@ -138,6 +138,10 @@ def plan(
     tps = [t for t in PLAN_TP if t <= per_node and _divides_heads(spec, t)]
     cps = plan_cp_options(sf, setup)
     ckpts = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+    # optimizer-in-backward cannot accumulate: unless a global batch is asked, it is the data-parallel
+    # ranks x the job's own micro-batch, and layouts are ranked by time per sequence
+    free_batch = setup.optimizer_in_backward and global_batch is None
+    micro_batches = (setup.micro_batch,) if free_batch else PLAN_MICRO_BATCHES
     shaped: dict[tuple[int, int, Checkpointing], TrainingSetup] = {}
     for n, tp, pp, cp in itertools.product(counts, tps, pp_options, cps):
         if tp * pp * cp > n or n % (tp * pp * cp):
@@ -147,10 +151,10 @@ def plan(
         engines = ["zero-0", "zero-1"] if pp > 1 else ["zero-0", "zero-1", "zero-2", "zero-3", "fsdp"]
         if shard == 1:
             engines = ["zero-0"]
-        for ep, mb in itertools.product(plan_ep_options(spec, shard), PLAN_MICRO_BATCHES):
-            if gb % (dp * mb):
+        for ep, mb in itertools.product(plan_ep_options(spec, shard), micro_batches):
+            accum = _accumulation(setup, global_batch, gb, dp * mb)
+            if accum is None:
                 continue
-            accum = gb // (dp * mb)
             for engine, ck in itertools.product(engines, ckpts):
                 s = shaped.get((mb, accum, ck))
                 if s is None:  # one validated setup per shape, whatever the layout
@@ -162,7 +166,7 @@ def plan(
                 step = st.step_time(sf, s, rates, lay, trainable_params=trainable_params, params=spec.params)
                 items.append(_PlanItem(time_s=step.total_s, gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, engine=engine,
                                        ckpt=ck, mb=mb, accum=accum, step=step))  # fmt: skip
-    items.sort(key=_plan_order)
+    items.sort(key=_plan_order_per_sequence if free_batch else _plan_order)
 
     # 2. estimate memory in order of step time until ``top`` layouts fit
     floor_ok: dict[tuple[int, int, int, int, int], bool] = {}
@@ -186,7 +190,8 @@ def plan(
             shard = dp * cp
             engine = "zero-0" if shard == 1 else "zero-3" if pp == 1 else "zero-1"
             it = _PlanItem(time_s=0, gpus=n, tp=tp, pp=pp, cp=cp, ep=ep, engine=engine,
-                           ckpt=Checkpointing.FULL, mb=1, accum=max(1, gb // max(1, dp)),
+                           ckpt=Checkpointing.FULL, mb=1,
+                           accum=1 if setup.optimizer_in_backward else max(1, gb // max(1, dp)),
                            step=items[0].step)  # fmt: skip
             floor_ok[key] = _plan_fits(est, setup, it, make_par(it) if multi else None, cap)
         return floor_ok[key]
@@ -202,7 +207,7 @@ def plan(
         rank = _CKPT_RANK[it.ckpt]
         if any(r >= rank and mb <= it.mb for r, mb in failed.get(key, ())):
             return None
-        got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, gb)
+        got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, _sequences(it))
         if got is None:
             failed.setdefault(key, []).append((rank, it.mb))
         return got
@@ -240,7 +245,13 @@ def plan(
         "so no sharding is searched")  # fmt: skip
     assumptions = (
         *rates.notes(),
-        f"global batch {gb} sequences of {setup.seq_len} tokens"
+        (
+            f"global batch = data-parallel ranks x micro-batch {setup.micro_batch} sequences of "
+            f"{setup.seq_len} tokens (optimizer-in-backward steps at every micro-batch: no accumulation); "
+            "ranked by time per sequence"
+        )
+        if free_batch
+        else f"global batch {gb} sequences of {setup.seq_len} tokens"
         + ("" if global_batch else f" (default: ~{DEFAULT_GLOBAL_BATCH_TOKENS:,} tokens per step)"),
         "layouts are scored by the step-time model first; memory is estimated in that order until "
         f"{top} fit; a (GPUs, tp, pp, cp, ep) whose most frugal variant (ZeRO-3 or ZeRO-1, full "
@@ -249,7 +260,8 @@ def plan(
         "sequence parallelism on with tp > 1 (Korthikanti et al. 2022)",
     )
     return PlanReport(
-        model=spec.name, params=spec.params, gpu=gpu, max_gpus=max_gpus, global_batch=gb,
+        model=spec.name, params=spec.params, gpu=gpu, max_gpus=max_gpus,
+        global_batch=found[0].global_batch if free_batch and found else gb,
         seq_len=setup.seq_len, layouts=tuple(found), fewest_gpus=fewest, scope=scope,
         search_space=tuple(families), assumptions=assumptions, scored=len(items), estimates=est.calls,
         elapsed_s=time.perf_counter() - t0,
@@ -262,8 +274,28 @@ _CKPT_RANK = {Checkpointing.NONE: 0, Checkpointing.SELECTIVE: 1, Checkpointing.F
 _ENGINE_ORDER = {"zero-1": 0, "zero-2": 1, "zero-0": 2, "zero-3": 3, "fsdp": 4}
 
 
+def _accumulation(setup: TrainingSetup, asked: int | None, gb: int, per_step: int) -> int | None:
+    """Micro-batches per optimizer step for ``per_step`` sequences a step over the data-parallel
+    ranks, or None when that shape cannot make the global batch ``gb``. Optimizer-in-backward steps at
+    every micro-batch (no accumulation, as torchtune's recipes require): its global batch is
+    ``per_step`` itself, which must equal ``gb`` only when the user asked for one (``asked``)."""
+    if setup.optimizer_in_backward:
+        return 1 if asked is None or asked == per_step else None
+    return None if gb % per_step else gb // per_step
+
+
+def _sequences(it: _PlanItem) -> int:
+    """Sequences per optimizer step: data-parallel ranks x micro-batch x accumulation."""
+    return it.gpus // (it.tp * it.pp * it.cp) * it.mb * it.accum
+
+
 def _plan_order(it: _PlanItem) -> tuple[float, int, int, bool]:
     return (round(it.time_s, 9), it.gpus, _ENGINE_ORDER[it.engine], it.ckpt is not Checkpointing.NONE)
+
+
+def _plan_order_per_sequence(it: _PlanItem) -> tuple[float, int, int, bool]:
+    """Layouts whose global batches differ (optimizer-in-backward): by time per sequence."""
+    return (round(it.time_s / _sequences(it), 12), *_plan_order(it)[1:])
 
 
 def plan_cp_options(sf: st.SpecFlops, setup: TrainingSetup) -> tuple[int, ...]:

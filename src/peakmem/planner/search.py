@@ -264,6 +264,27 @@ def _apply(base: _Config, opt: _Option) -> _Config | None:
                    changes_job=base.changes_job)  # fmt: skip
 
 
+def smaller_micro_batch(cfg: _Config, mb: int) -> _Config:
+    """The job at micro-batch ``mb``. Accumulation keeps the global batch, except under
+    optimizer-in-backward, which steps at every micro-batch and cannot accumulate (torchtune's
+    recipes refuse ``gradient_accumulation_steps > 1`` with ``optimizer_in_bwd``): there the global
+    batch shrinks, a different job."""
+    s = cfg.setup
+    if s.optimizer_in_backward:
+        ch: tuple[Change, ...] = (Change(field="micro_batch", old=str(s.micro_batch), new=str(mb)),)
+        label = (
+            f"micro-batch {mb} (global batch /{s.micro_batch // mb}: optimizer-in-backward cannot accumulate)"
+        )
+        return _Config(setup=replace(s, micro_batch=mb), par=cfg.par, changes=cfg.changes + ch,
+                       labels=(*cfg.labels, label), changes_job=True)  # fmt: skip
+    accum = s.grad_accum * s.micro_batch // mb
+    ch = (Change(field="micro_batch", old=str(s.micro_batch), new=str(mb)),
+          Change(field="grad_accum", old=str(s.grad_accum), new=str(accum)))  # fmt: skip
+    return _Config(setup=replace(s, micro_batch=mb, grad_accum=accum), par=cfg.par, changes=cfg.changes + ch,
+                   labels=(*cfg.labels, f"micro-batch {mb} x accumulation {accum}"),
+                   changes_job=cfg.changes_job)  # fmt: skip
+
+
 # --- the search ------------------------------------------------------------------------------------
 class _Search:
     def __init__(
@@ -304,18 +325,8 @@ class _Search:
         if s.micro_batch == 1:
             return None
         divisors = [d for d in range(s.micro_batch - 1, 0, -1) if s.micro_batch % d == 0]
-
-        def make(mb: int) -> _Config:
-            accum = s.grad_accum * s.micro_batch // mb
-            ch = (Change(field="micro_batch", old=str(s.micro_batch), new=str(mb)),
-                  Change(field="grad_accum", old=str(s.grad_accum), new=str(accum)))  # fmt: skip
-            return _Config(setup=replace(s, micro_batch=mb, grad_accum=accum), par=cfg.par,
-                           changes=cfg.changes + ch,
-                           labels=(*cfg.labels, f"micro-batch {mb} x accumulation {accum}"),
-                           changes_job=cfg.changes_job)  # fmt: skip
-
-        idx = _first_fit(len(divisors), lambda i: self._fits(make(divisors[i]), capacity))
-        return None if idx is None else make(divisors[idx])
+        idx = _first_fit(len(divisors), lambda i: self._fits(smaller_micro_batch(cfg, divisors[i]), capacity))
+        return None if idx is None else smaller_micro_batch(cfg, divisors[idx])
 
     def finish_shard(self, cfg: _Config, capacity: int, max_gpus: int = MAX_NODE_GPUS) -> _Config | None:
         if self.est.ranks is None:

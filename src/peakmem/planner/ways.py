@@ -18,7 +18,15 @@ from peakmem.errors import InputError
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
 from peakmem.planner.fit import FAMILIES, _Ctx
-from peakmem.planner.search import MAX_NODE_GPUS, Change, _apply, _Config, _Estimator, _Search
+from peakmem.planner.search import (
+    MAX_NODE_GPUS,
+    Change,
+    _apply,
+    _Config,
+    _Estimator,
+    _Search,
+    smaller_micro_batch,
+)
 from peakmem.training import TrainingSetup
 
 # Why a change that shrinks activations saves nothing, by the phase where the peak sits.
@@ -137,13 +145,7 @@ def _finished(
     if fit_mb is not None:
         out.append(fit_mb)
     elif setup.micro_batch > 1:
-        mb, accum = 1, setup.grad_accum * setup.micro_batch
-        out.append(_Config(
-            setup=replace(setup, micro_batch=mb, grad_accum=accum), par=par,
-            changes=(Change(field="micro_batch", old=str(setup.micro_batch), new=str(mb)),
-                     Change(field="grad_accum", old=str(setup.grad_accum), new=str(accum))),
-            labels=(f"micro-batch {mb} x accumulation {accum}",),
-        ))  # fmt: skip
+        out.append(smaller_micro_batch(_Config(setup=setup, par=par, changes=(), labels=()), 1))
     if fit_shard is not None:
         out.append(fit_shard)
     elif est.ranks is not None and (par is None or par.gpus == 1):
