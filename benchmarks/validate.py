@@ -140,15 +140,14 @@ def gpu_fixtures() -> Iterator[Case]:
     record holds (``peak_allocated_bytes``, ``peak_reserved_bytes``, ``device_total_bytes``)."""
     import shlex
 
-    from peakmem.cli import build_parser, json_answer
+    from peakmem.cli import answer_argv
 
     for path in sorted(FIXTURES.glob("*.json")):
         fx: dict[str, Any] = json.loads(path.read_text())
         if "command" not in fx or "error" in fx:
             continue
         argv = shlex.split(fx["command"])[1:]
-        args = build_parser().parse_args(argv)
-        out, _ = json_answer(argv[0], args)
+        out = answer_argv(argv).json
         for quantity, (attr, key) in QUANTITIES.items():
             measured = fx.get(attr)
             if not isinstance(measured, int):

@@ -12,7 +12,7 @@ import pytest
 
 import peakmem
 from peakmem.errors import InputError
-from peakmem.formulas.lowbit_optim import one_tensor_step_bytes
+from peakmem.formulas.sharding import one_tensor_step_bytes
 from peakmem.formulas.technique import technique
 from peakmem.hf import spec_from_config
 from peakmem.training import OptimizerImpl, OptimizerName, Precision, TrainingSetup

@@ -422,8 +422,11 @@ def test_plan_and_fit_refuse_what_their_command_has_no_option_for(client: TestCl
     assert_error(client.post("/api/plan", json={"model": "gpt2", "gpus": ["h100-sxm"]}), 422, "max_gpus")
     two = {"model": "gpt2", "gpus": ["h100-sxm", "a100-80gb"], "max_gpus": 8}
     assert_error(client.post("/api/plan", json=two), 422, "gpus", "at most 1")
-    # the CLI's fit searches single-GPU changes; a layout belongs to /api/train (per rank) or /api/plan
-    assert_error(client.post("/api/fit", json={"model": "gpt2", "gpus": ["24GB"], "zero": 3}), 422, "zero")
+    # fit takes the job's layout as train does, and judges its most loaded rank as train reports it
+    sharded = {"model": "gpt2", "gpus": ["24GB"], "gpu_count": 8, "zero": 3}
+    fit, train = client.post("/api/fit", json=sharded), client.post("/api/train", json=sharded)
+    assert fit.status_code == train.status_code == 200, fit.text
+    assert fit.json()["gpus"][0]["needed_bytes"] == train.json()["device_total_bytes"]
     assert_error(client.post("/api/train", json={"model": "gpt2", "gpus": ["24GB,40GB"]}), 422, "gpus.0")
     # an error the core finds in a layout names the request's field (gpu_count, the CLI's --gpus)
     bad = {"model": "gpt2", "gpu_count": 6, "tp": 4}

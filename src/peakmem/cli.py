@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from peakmem import __version__
-from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_INPUT_ERROR, EXIT_OK, InputError, PeakmemError
+from peakmem.errors import EXIT_INPUT_ERROR, EXIT_OK, InputError, PeakmemError
 from peakmem.render import train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
 from peakmem.validate import MAX_TOKENS
@@ -44,66 +44,23 @@ def _emit_json(obj: object) -> None:
     sys.stdout.write("\n")
 
 
-# --- shared option groups --------------------------------------------------------------------------
-def _add_train_options(p: argparse.ArgumentParser) -> None:
-    from peakmem.training import (
-        AttentionKernel,
-        Checkpointing,
-        Framework,
-        LossImpl,
-        Method,
-        OptimizerImpl,
-        OptimizerName,
-        Precision,
-    )
+# --- options: built from the one table (peakmem.options) ---------------------------------------------
+def _add_options(p: argparse.ArgumentParser, command: str, *, required: tuple[str, ...] = ()) -> None:
+    """The flags of ``command``, from :data:`peakmem.options.OPTIONS` (grouped as the table groups them)."""
+    from peakmem import options
 
-    def choices(enum: Any) -> str:
-        return "|".join(m.value for m in enum)
-
-    p.add_argument("--method", default="full", help=choices(Method))
-    p.add_argument("--precision", default="mixed-bf16", help=choices(Precision))
-    p.add_argument("--optimizer", default="adamw", help=choices(OptimizerName))
-    p.add_argument("--optimizer-impl", default="foreach", help=choices(OptimizerImpl))
-    p.add_argument("--batch", type=int, default=1, help="micro-batch size per GPU")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(context, 2048))")
-    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
-    p.add_argument("--checkpointing", default="none", help=choices(Checkpointing))
-    p.add_argument("--attention", default="sdpa", help=choices(AttentionKernel))
-    p.add_argument("--framework", default="hf", help=choices(Framework))
-    g = p.add_argument_group("LoRA / QLoRA (with --method lora|qlora)")
-    g.add_argument("--lora-rank", type=int, default=None, help="adapter rank r (default 8, as peft)")
-    g.add_argument("--lora-alpha", type=float, default=None, help="scaling alpha (default 8)")
-    g.add_argument("--lora-targets", default=None, help="all-linear (default) or module names: q_proj,v_proj")
-    g.add_argument("--lora-dropout", type=float, default=None, help="dropout on the adapter input")
-    g.add_argument("--dora", action="store_true", help="DoRA: weight-decomposed LoRA")
-    g.add_argument("--adapter-dtype", default=None, help="fp32 (peft's default) or base")
-    g.add_argument("--quant", default=None, help="qlora base: nf4 (default)|fp4|int8")
-    g.add_argument("--no-double-quant", action="store_true", help="qlora: plain fp32 absmax per block")
-    g = p.add_argument_group("memory-saving options")
-    g.add_argument("--loss", default="standard", help=choices(LossImpl))
-    g.add_argument("--optimizer-in-backward", action="store_true", help="step each parameter in backward")
-    g.add_argument("--activation-offload", action="store_true", help="saved activations to CPU RAM")
-    g.add_argument("--compile", action="store_true", help="torch.compile each layer")
-    g.add_argument("--liger", action="store_true", help="Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)")
+    groups: dict[str, Any] = {}
+    for o in options.of(command):
+        target = p if not o.group else groups.setdefault(o.group, p.add_argument_group(o.group))
+        if o.kind is bool:
+            target.add_argument(o.flag, action="store_true", help=o.help)
+            continue
+        target.add_argument(o.flag, type=o.kind, default=o.default, help=o.help,
+                            choices=o.choices or None, required=o.name in required)  # fmt: skip
 
 
-def _add_parallel_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("multi-GPU (per-rank memory)")
-    g.add_argument("--gpus", type=int, default=1, help="world size")
-    g.add_argument("--gpus-per-node", type=int, default=8)
-    g.add_argument("--zero", type=int, default=0, help="DeepSpeed ZeRO stage 0|1|2|3")
-    g.add_argument("--fsdp", default="none", help="none|full-shard|shard-grad-op|hybrid-shard")
-    g.add_argument("--fsdp-version", type=int, default=2, help="1 (flat params) or 2 (fully_shard)")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--cp", type=int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
-    g.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (with --tp)")
-    g.add_argument("--pp-schedule", default="1f1b", help="1f1b|interleaved")
-    g.add_argument("--virtual-stages", type=int, default=1, help="interleaved schedule: chunks per rank")
-    g.add_argument("--offload", default="none", help="optimizer states to none|cpu|nvme")
-    g.add_argument("--offload-params", default="none", help="parameters to none|cpu|nvme (ZeRO-3/FSDP)")
-    g.add_argument(
+def _add_emit_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--emit", default=None, choices=("deepspeed", "fsdp"),
         help="print the engine's configuration for this setup instead of the estimate",
     )  # fmt: skip
@@ -133,157 +90,55 @@ def _explicit_dests(argv: Sequence[str]) -> set[str]:
     return set(vars(parser.parse_args(list(argv))))
 
 
-def _apply_from(args: argparse.Namespace, explicit: set[str]) -> None:
-    """--from FILE: the file's options where the command line gave none (peakmem.fromfile)."""
-    from peakmem.fromfile import load_and_apply
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags as the options mapping of the command (peakmem.options)."""
+    from peakmem import options
 
-    load_and_apply(args, explicit)
-
-
-def _from_block(args: argparse.Namespace) -> dict[str, Any] | None:
-    found = getattr(args, "from_result", None)
-    if found is None:
-        return None
-    block: dict[str, Any] = found.json(getattr(args, "from_overridden", ()))
-    return block
+    return {o.name: getattr(args, o.name) for o in options.of(args.command)}
 
 
-def _print_from_echo(args: argparse.Namespace) -> None:
+def _question(args: argparse.Namespace, explicit: set[str] | None = None) -> Any:
+    """The typed question the command line asks (``--from`` files read first, the flags typed over them)."""
+    from peakmem.question import ask, read_from
+
+    given = _given(args)
+    read, model = None, args.model
+    if getattr(args, "from_file", None):
+        read, model = read_from(given, args.from_file, explicit or set(), model)
+    return ask(args.command, given, model=model, from_file=read)
+
+
+def answer_argv(argv: Sequence[str]) -> Any:
+    """The answer (:class:`peakmem.question.Answer`) to ``peakmem train|infer|fit|plan ...`` given as
+    its arguments, without printing: for scripts that hold recorded commands against the CLI."""
+    from peakmem.question import answer
+
+    args = build_parser().parse_args(list(argv))
+    return answer(_question(args, _explicit_dests(argv) if getattr(args, "from_file", None) else None))
+
+
+def _training(args: argparse.Namespace, max_positions: int | None) -> Any:
+    """The TrainingSetup of a command that runs or draws one setup (measure, simulate, plot, explain)."""
+    from peakmem import options
+    from peakmem.question import training_setup
+
+    return training_setup(options.convert(args.command, _given(args)), max_positions)[0]
+
+
+def _print_from_echo(q: Any, markdown: bool = False) -> None:
     """The echo of what --from read: on stdout before the tables, on stderr beside Markdown."""
-    found = getattr(args, "from_result", None)
-    if found is None:
+    if q.from_file is None:
         return
-    out = sys.stderr if getattr(args, "markdown", False) else sys.stdout
-    for line in found.echo_lines(getattr(args, "from_overridden", ())):
+    out = sys.stderr if markdown else sys.stdout
+    for line in q.from_file.found.echo_lines(q.from_file.overridden):
         print(line, file=out)
     print(file=out)
 
 
-def _parallelism(args: argparse.Namespace) -> Any:
-    """The Parallelism the flags ask for, or None for a plain single-GPU job."""
-    from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
+def _gpus(arg: str | None) -> tuple[Any, ...]:
+    from peakmem.resolve import resolve_gpus
 
-    plain = (
-        args.gpus == 1 and args.zero == 0 and args.fsdp == "none" and args.offload == "none"
-        and args.offload_params == "none" and args.tp == args.pp == args.cp == args.ep == 1
-        and args.emit is None
-    )  # fmt: skip
-    if plain:
-        return None
-    return Parallelism(
-        gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node,
-        tp=args.tp,
-        pp=args.pp,
-        cp=args.cp,
-        ep=args.ep,
-        sequence_parallel=args.sp,
-        zero_stage=args.zero,
-        fsdp=FsdpMode.parse(args.fsdp, "fsdp"),
-        fsdp_version=args.fsdp_version,
-        offload_optimizer=Offload.parse(args.offload, "offload"),
-        offload_params=Offload.parse(args.offload_params, "offload-params"),
-        pp_schedule=PipelineSchedule.parse(args.pp_schedule, "pp-schedule"),
-        virtual_stages=args.virtual_stages,
-        **getattr(args, "from_parallel", {}),  # DeepSpeed bucket sizes read with --from
-    )
-
-
-def _add_infer_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", default="bf16",
-                   help="bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|...")  # fmt: skip
-    p.add_argument("--kv-cache", default="auto", help="auto|bf16|fp16|fp8|int8|int4")
-    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: model limit)")
-    p.add_argument("--prompt", type=int, default=None, help="prefill tokens (default: the whole context)")
-    p.add_argument("--engine", default="hf", help="hf|vllm|sglang|llamacpp")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)",
-    )
-    p.add_argument("--n-gpu-layers", type=int, default=None, help="llama.cpp -ngl")
-    p.add_argument("--keep-all-logits", action="store_true", help="logits for every prompt position")
-    p.add_argument("--strict", action="store_true", help="context beyond the model's limit is an error")
-
-
-def _add_output_options(p: argparse.ArgumentParser, gpu: bool = True) -> None:
-    if gpu:
-        p.add_argument("--gpu", default=None, help="GPU name(s) or size(s), comma-separated: rtx-4090,40GB")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--markdown", action="store_true", help="print Markdown, ready to paste")
-
-
-def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
-    from peakmem.training import (
-        AttentionKernel,
-        Checkpointing,
-        Framework,
-        LossImpl,
-        Method,
-        OptimizerImpl,
-        OptimizerName,
-        Precision,
-        TrainingSetup,
-    )
-
-    seq = args.seq if args.seq is not None else min(max_positions, DEFAULT_SEQ_LEN)
-    return TrainingSetup(
-        method=Method.parse(args.method, "method"),
-        precision=Precision.parse(args.precision, "precision"),
-        optimizer=OptimizerName.parse(args.optimizer, "optimizer"),
-        optimizer_impl=OptimizerImpl.parse(args.optimizer_impl, "optimizer-impl"),
-        micro_batch=args.batch,
-        seq_len=seq,
-        grad_accum=args.grad_accum,
-        checkpointing=Checkpointing.parse(args.checkpointing, "checkpointing"),
-        attention=AttentionKernel.parse(args.attention, "attention"),
-        framework=Framework.parse(args.framework, "framework"),
-        lora=_lora_config(args),
-        quant=_quant_config(args),
-        loss=LossImpl.parse(args.loss, "loss"),
-        optimizer_in_backward=args.optimizer_in_backward,
-        activation_offload=args.activation_offload,
-        compiled=args.compile,
-        liger=args.liger,
-    )
-
-
-def _lora_config(args: argparse.Namespace) -> Any:
-    """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with --method full)."""
-    from peakmem.formulas.lora import LoraConfig, parse_targets
-
-    given = {
-        "rank": args.lora_rank,
-        "alpha": args.lora_alpha,
-        "targets": parse_targets(args.lora_targets) if args.lora_targets is not None else None,
-        "dropout": args.lora_dropout,
-        "dora": True if args.dora else None,
-        "adapter_dtype": args.adapter_dtype,
-    }
-    options = {k: v for k, v in given.items() if v is not None}
-    return LoraConfig(**options) if options else None
-
-
-def _quant_config(args: argparse.Namespace) -> Any:
-    """A QuantConfig when --quant or --no-double-quant is given; None keeps NF4 + double quant."""
-    from peakmem.formulas.qlora import QuantConfig
-
-    if args.quant is None and not args.no_double_quant:
-        return None
-    quant = args.quant or "nf4"
-    # double quantization is a 4-bit feature (bitsandbytes bnb_4bit_use_double_quant): int8 has none
-    return QuantConfig(quant=quant, double_quant=not args.no_double_quant and quant != "int8")
-
-
-def _gpus(arg: str | None) -> list[Any]:
-    if not arg:
-        return []
-    from peakmem.resolve import resolve_gpu
-
-    return [resolve_gpu(part.strip()) for part in arg.split(",") if part.strip()]
+    return resolve_gpus(arg) if arg else ()
 
 
 def _notices(gpus: Sequence[Any], setup: Any = None) -> None:
@@ -304,12 +159,6 @@ def _notices(gpus: Sequence[Any], setup: Any = None) -> None:
         if attention is not None and attention.value == "flash":
             print(f"peakmem: warning: {g.display_name} cannot run flash-attn 2 ({g.architecture}; it needs "
                   "Ampere or newer): --attention sdpa runs there", file=sys.stderr)  # fmt: skip
-
-
-def _verdicts(gpus: Sequence[Any], needed: int) -> list[Any]:
-    from peakmem.breakdown import Verdict
-
-    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=needed) for g in gpus]
 
 
 # --- commands --------------------------------------------------------------------------------------
@@ -362,6 +211,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from peakmem.render import print_info, spec_json
+    from peakmem.resolve import info_answer
 
     spec, answered = info_answer(args.model, cross_check=args.cross_check)
     if args.json:
@@ -371,18 +221,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def info_answer(model: str, *, cross_check: bool = False) -> tuple[Any, Any]:
-    """``peakmem info``'s spec and which path answered it (:func:`peakmem.resolve.answered_by`): one
-    function for the command and the Python API (``peakmem.info``)."""
-    from peakmem.resolve import answered_by, resolve_config, spec_for_config
-
-    name, config = resolve_config(model)
-    spec = spec_for_config(config, name=name)
-    return spec, answered_by(config, spec, name=name, cross_check=cross_check)
-
-
-def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
-    """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables."""
+def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None, out: Any = None) -> int:
+    """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables; ``out``:
+    the answer's JSON when there is one (train), else the estimate's."""
+    from peakmem.question import verdict_code
     from peakmem.render import answer_json, markdown_estimate, print_estimate, verdicts_of
 
     gpus = _gpus(getattr(args, "gpu", None))
@@ -393,139 +235,48 @@ def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None)
     pairs = ways.pairs() if ways is not None else []
     note = ways.note if ways is not None else ""
     if args.json:
-        out = answer_json(est, gpus, ways)
-        if (block := _from_block(args)) is not None:
-            out["from_file"] = block
-        _emit_json(out)
+        _emit_json(out if out is not None else answer_json(est, gpus, ways))
     elif args.markdown:
         sys.stdout.write(markdown_estimate(est, headline, verdicts, pairs, note))
     else:
         print_estimate(est, headline, verdicts, pairs, note)
-    if verdicts and not any(v.fits for v in verdicts):
-        return EXIT_DOES_NOT_FIT
-    return EXIT_OK
-
-
-def _overheads(args: argparse.Namespace) -> Any:
-    """The device overheads: peakmem's named defaults, or a calibrated --profile, unless
-    --cuda-context / --fragmentation say."""
-    from dataclasses import replace
-
-    from peakmem.formulas.overhead import Overheads
-    from peakmem.units import MiB
-
-    given: dict[str, Any] = {}
-    if getattr(args, "cuda_context_mib", None) is not None:
-        given["context_bytes"] = int(args.cuda_context_mib * MiB)
-        given["context_source"] = "--cuda-context-mib"
-    if getattr(args, "fragmentation", None) is not None:
-        given["fragmentation"] = args.fragmentation
-    if getattr(args, "expandable_segments", False):
-        given["expandable_segments"] = True
-    if getattr(args, "profile", None):
-        from peakmem.calibrate import load_profile
-
-        return replace(load_profile(args.profile).overheads(), **given)
-    return Overheads(**given)
-
-
-def json_answer(
-    command: str, args: argparse.Namespace, *, spec: Any = None, detail: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], int]:
-    """The ``--json`` answer of ``peakmem train|infer|fit|plan`` and its exit code: one function, which
-    the commands print, the Python API (:mod:`peakmem.api`) returns and the web API serves. ``spec``: a
-    ModelSpec already built (the web's pasted config.json) instead of resolving ``args.model``;
-    ``detail``: a dict that receives the objects behind a train/infer answer (the page's chart)."""
-    from peakmem import planner
-    from peakmem.render import answer_json, infer_answer
-    from peakmem.resolve import resolve_gpu, resolve_model
-
-    spec = spec if spec is not None else resolve_model(args.model)
-    if command == "plan":
-        report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
-                              resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
-                              overheads=_overheads(args))  # fmt: skip
-        return planner.plan_json(report), EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
-    gpus = _gpus(args.gpu)
-    if command == "fit":
-        if not gpus:
-            raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
-        if args.infer:
-            served = planner.fit_inference(
-                spec, _inference_setup(args, gpus), gpus, overheads=_overheads(args)
-            )
-            return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
-        found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                            overheads=_overheads(args), margin=args.margin)  # fmt: skip
-        fitted = planner.fit_json(found)
-        if (block := _from_block(args)) is not None:
-            fitted["from_file"] = block
-        return fitted, EXIT_OK if found.any_fits else EXIT_DOES_NOT_FIT
-    if command == "infer":
-        served_answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
-        if detail is not None:
-            detail.update(spec=spec, answer=served_answer)
-        verdicts = served_answer.verdicts
-        code = EXIT_DOES_NOT_FIT if verdicts and not any(v.fits for v in verdicts) else EXIT_OK
-        return served_answer.json, code
-    if command != "train":
-        raise InputError(f"command={command!r}: one of train, infer, fit, plan")
-    setup = _training_setup(args, spec.max_position_embeddings)
-    from peakmem.estimate import with_kernel_alternatives
-
-    par = _parallelism(args)
-    answer = planner.train_answer(spec, setup, par, overheads=_overheads(args),
-                                  capacity_bytes=_capacity(gpus))  # fmt: skip
-    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
-    if detail is not None:
-        detail.update(spec=spec, setup=setup, par=par, answer=answer)
-    out = answer_json(est, gpus, answer.ways)
-    if (block := _from_block(args)) is not None:
-        out["from_file"] = block
-    fits = [v.fits for v in _verdicts(gpus, est.device_total_bytes)]
-    return out, EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
+    return verdict_code([v.fits for v in verdicts])
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from peakmem.planner import train_answer
-    from peakmem.resolve import resolve_model
+    from peakmem.question import answer
 
-    spec = resolve_model(args.model)
-    setup = _training_setup(args, spec.max_position_embeddings)
-    par = _parallelism(args)
-    if par is not None and args.emit:
+    q = _question(args, getattr(args, "explicit", None))
+    assert q.training is not None
+    if args.emit:
         from peakmem.emit import emit
+        from peakmem.parallel import Parallelism
 
-        sys.stdout.write(emit(args.emit, spec, setup, par))
+        par = q.parallel or Parallelism(**dict(q.from_file.parallel if q.from_file else {}))
+        sys.stdout.write(emit(args.emit, q.spec, q.training, par))
         return EXIT_OK
-    gpus = _gpus(args.gpu)
-    _notices(gpus, setup)
-    from peakmem.estimate import with_kernel_alternatives
-
-    answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
-    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
+    _notices(q.gpus, q.training)
+    got = answer(q)
+    assert got.estimate is not None
     if args.plot:
         from peakmem.plot import plot_training
 
-        path = plot_training(spec, setup, args.plot, gpus=gpus, est=est, ways=answer.ways.pairs())
+        path = plot_training(
+            q.spec, q.training, args.plot, gpus=q.gpus, est=got.estimate, ways=got.ways.pairs()
+        )
         print(f"peakmem: wrote {path}", file=sys.stderr)
-    headline = train_headline(spec.name, setup, est, par=par)
+    headline = train_headline(q.spec.name, q.training, got.estimate, par=q.parallel)
     if not args.json:
-        _print_from_echo(args)
-    code = _report(args, est, headline, answer.ways)
-    if answer.ranks is not None and not (args.json or args.markdown):
+        _print_from_echo(q, args.markdown)
+    code = _report(args, got.estimate, headline, got.ways, got.json)
+    if got.ranks is not None and not (args.json or args.markdown):
         from peakmem.render import console
 
         out = console()
         out.print("[bold]per rank[/bold]")
-        for line in answer.ranks.summary_lines():
+        for line in got.ranks.summary_lines():
             out.print(f"- {line}")
     return code
-
-
-def _capacity(gpus: Sequence[Any]) -> int | None:
-    """The smallest GPU asked about: the ways down close the gap to it (None: no GPU given)."""
-    return min((g.usable_bytes for g in gpus), default=None)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -533,7 +284,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from peakmem.resolve import resolve_model
 
     spec = resolve_model(args.model)
-    setup = _training_setup(args, spec.max_position_embeddings)
+    setup = _training(args, spec.max_position_embeddings)
     path = plot_training(spec, setup, args.out, gpus=_gpus(args.gpu), kind=args.kind)
     print(f"peakmem: wrote {path}")
     return EXIT_OK
@@ -600,7 +351,7 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
     from peakmem.resolve import resolve_config
 
     name, config = resolve_config(args.model)
-    return name, config, _training_setup(args, context_length(config) or DEFAULT_SEQ_LEN)
+    return name, config, _training(args, context_length(config) or DEFAULT_SEQ_LEN)
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -629,101 +380,53 @@ def _check_steps(steps: int) -> None:
     check_int("--steps", steps, maximum=MAX_STEPS, what="steps; the memory peak settles by step 2")
 
 
-def _inference_setup(args: argparse.Namespace, gpus: Sequence[Any]) -> Any:
-    from peakmem.inference import InferenceSetup
-
-    return InferenceSetup(
-        weights=args.weights,
-        kv_cache=args.kv_cache,
-        batch=args.batch,
-        context=args.context,
-        prompt=args.prompt,
-        engine=args.engine,
-        tp=args.tp,
-        gpu_bytes=gpus[0].usable_bytes if gpus else None,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        n_gpu_layers=args.n_gpu_layers,
-        keep_all_logits=args.keep_all_logits,
-        strict=args.strict,
-    )
-
-
 def cmd_infer(args: argparse.Namespace) -> int:
-    from peakmem.render import infer_answer, markdown_estimate, print_estimate
-    from peakmem.resolve import resolve_model
+    from peakmem.question import answer
+    from peakmem.render import markdown_estimate, print_estimate
 
-    spec = resolve_model(args.model)
-    gpus = _gpus(args.gpu)
-    _notices(gpus)
-    answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
-    est, verdicts = answer.estimate, list(answer.verdicts)
+    q = _question(args)
+    _notices(q.gpus)
+    got = answer(q)
+    est, verdicts = got.served.estimate, list(got.served.verdicts)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
             print(f"peakmem: {note}", file=sys.stderr)
     if args.json:
-        _emit_json(answer.json)
+        _emit_json(got.json)
     elif args.markdown:
-        sys.stdout.write(markdown_estimate(est, answer.headline, verdicts))
+        sys.stdout.write(markdown_estimate(est, got.served.headline, verdicts))
     else:
-        print_estimate(est, answer.headline, verdicts)
-    if verdicts and not any(v.fits for v in verdicts):
-        return EXIT_DOES_NOT_FIT
-    return EXIT_OK
+        print_estimate(est, got.served.headline, verdicts)
+    return int(got.exit_code)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from peakmem import planner
-    from peakmem.errors import InputError
+    from peakmem.question import answer
     from peakmem.render_plan import print_fit, print_fit_inference
-    from peakmem.resolve import resolve_model
 
-    if args.gpu:
-        _notices(_gpus(args.gpu), None if args.infer else _training_setup(args, DEFAULT_SEQ_LEN))
+    q = _question(args, getattr(args, "explicit", None))
+    _notices(q.gpus, q.training)
+    got = answer(q)
     if args.json:
-        out, code = json_answer("fit", args)
-        _emit_json(out)
-        return code
-    if not args.gpu:
-        raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
-    spec = resolve_model(args.model)
-    gpus = _gpus(args.gpu)
-    if args.infer:
-        report: Any = planner.fit_inference(
-            spec, _inference_setup(args, gpus), gpus, overheads=_overheads(args)
-        )
-        if args.json:
-            _emit_json(planner.fit_inference_json(report))
-        else:
-            print_fit_inference(report)
+        _emit_json(got.json)
+    elif q.search.infer:
+        print_fit_inference(got.report)
     else:
-        report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
-        if args.json:
-            _emit_json(planner.fit_json(report))
-        else:
-            _print_from_echo(args)
-            print_fit(report)
-    return EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT
+        _print_from_echo(q)
+        print_fit(got.report)
+    return int(got.exit_code)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from peakmem import planner
+    from peakmem.question import answer
     from peakmem.render_plan import print_plan
-    from peakmem.resolve import resolve_gpu, resolve_model
 
+    got = answer(_question(args))
     if args.json:
-        out, code = json_answer("plan", args)
-        _emit_json(out)
-        return code
-    spec = resolve_model(args.model)
-    setup = _training_setup(args, spec.max_position_embeddings)
-    report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
-                          overheads=_overheads(args))  # fmt: skip
-    if args.json:
-        _emit_json(planner.plan_json(report))
+        _emit_json(got.json)
     else:
-        print_plan(report)
-    return EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
+        print_plan(got.report)
+    return int(got.exit_code)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -798,16 +501,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rep = replay(load_snapshot(Path(args.snapshot)), device=args.device)
     est, ways, capacity = None, [], None
     if args.model:
+        from peakmem import options
         from peakmem.planner import train_answer
+        from peakmem.question import overheads as overheads_of
+        from peakmem.question import parallelism, training_setup
         from peakmem.resolve import resolve_model
 
         spec = resolve_model(args.model)
-        setup = _training_setup(args, spec.max_position_embeddings)
-        overheads = _overheads(args)
+        o = options.convert("explain", _given(args))
+        setup = training_setup(o, spec.max_position_embeddings)[0]
+        overheads = overheads_of(o)
         gpus = _gpus(args.gpu)
         if rep.oom is not None:
-            capacity = _capacity(gpus) or rep.oom.capacity_bytes(overheads.context_bytes)
-        answer = train_answer(spec, setup, _parallelism(args), overheads=overheads, capacity_bytes=capacity)
+            capacity = min((g.usable_bytes for g in gpus), default=None) or rep.oom.capacity_bytes(
+                overheads.context_bytes
+            )
+        answer = train_answer(spec, setup, parallelism(o), overheads=overheads, capacity_bytes=capacity)
         est = answer.estimate
         if capacity is not None:
             ways = [w for w in answer.ways.ways if w.needed_bytes <= capacity]
@@ -820,12 +529,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------------
-def _add_expandable_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--expandable-segments", action="store_true",
-        help="model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (reserved grows by pages; "
-        "little fragmentation)",
-    )  # fmt: skip
+def _add_output_format(p: argparse.ArgumentParser) -> None:
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--markdown", action="store_true", help="print Markdown, ready to paste")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -857,69 +564,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="GPU memory to train a model")
     p.add_argument("model", nargs="?", default=None, help="optional with --from FILE naming the model")
     _add_from_option(p)
-    _add_train_options(p)
-    _add_output_options(p)
+    _add_options(p, "train")
+    _add_output_format(p)
     p.add_argument("--plot", metavar="FILE", help="also draw the ways down: .png, .svg or .pdf")
-    p.add_argument(
-        "--cuda-context-mib", type=float, default=None,
-        help="CUDA context as nvidia-smi shows it after torch.ones(1, device='cuda')",
-    )  # fmt: skip
-    p.add_argument(
-        "--fragmentation", type=float, default=None,
-        help="allocator fragmentation, a fraction of the per-step churn (default: one-GPU full fine-tuning "
-        "replays the step through the caching-allocator model, at least 0.10; elsewhere 0.10)",
-    )  # fmt: skip
-    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
-    _add_expandable_option(p)
-    _add_parallel_options(p)
+    _add_emit_option(p)
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser("plot", help="memory by technique, or against batch or sequence length")
     p.add_argument("model")
-    _add_train_options(p)
-    p.add_argument("--gpu", default=None, help="GPU name(s) or size(s) to draw as lines")
+    _add_options(p, "plot")
     p.add_argument("--kind", default="ways", choices=("ways", "batch", "seq"))
     p.add_argument("-o", "--out", required=True, metavar="FILE", help=".png, .svg or .pdf")
     p.set_defaults(handler=cmd_plot)
 
     p = sub.add_parser("measure", help="run real training steps and measure their memory")
     p.add_argument("model")
-    _add_train_options(p)
+    _add_options(p, "measure")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--steps", type=int, default=2)
-    _add_output_options(p)
+    _add_output_format(p)
     p.set_defaults(handler=cmd_measure)
 
     p = sub.add_parser("simulate", help="run the real model under fake tensors: exact, no GPU needed")
     p.add_argument("model")
-    _add_train_options(p)
-    p.add_argument("--kernels", default="cuda", choices=("cuda", "cpu"), help="whose kernels allocate")
+    _add_options(p, "simulate")
     p.add_argument("--steps", type=int, default=2)
-    _add_output_options(p)
+    _add_output_format(p)
     p.set_defaults(handler=cmd_simulate)
 
     p = sub.add_parser("infer", help="GPU memory to serve a model")
     p.add_argument("model")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
-    _add_infer_options(p)
-    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
-    _add_expandable_option(p)
-    _add_output_options(p)
+    _add_options(p, "infer")
+    _add_output_format(p)
     p.set_defaults(handler=cmd_infer)
 
     p = sub.add_parser("fit", help="verdict per GPU and the ranked changes that make it fit")
     p.add_argument("model", nargs="?", default=None, help="optional with --from FILE naming the model")
     _add_from_option(p)
-    _add_train_options(p)
-    p.add_argument("--infer", action="store_true", help="fit a serving job instead of training")
-    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate; training)")
-    p.add_argument(
-        "--margin", action="store_true",
-        help="rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')",
-    )  # fmt: skip
-    _add_expandable_option(p)
-    _add_infer_options(p)
-    _add_output_options(p)
+    _add_options(p, "fit")
+    _add_output_format(p)
     p.set_defaults(handler=cmd_fit)
 
     p = sub.add_parser(
@@ -929,13 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
         "step-time model and show the fastest that fit, with per-rank memory.",
     )  # fmt: skip
     p.add_argument("model")
-    _add_train_options(p)
-    p.add_argument("--max-gpus", type=int, required=True, help="the most GPUs to use")
-    p.add_argument("--global-batch", type=int, default=None, help="sequences per optimizer step")
-    _add_expandable_option(p)
+    _add_options(p, "plan", required=("gpu", "max_gpus"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--gpu", required=True, help="GPU name or size")
-    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
@@ -963,12 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("snapshot", metavar="SNAPSHOT")
     p.add_argument("--model", default=None, help="the job's model: predict it with the train options")
-    _add_train_options(p)
+    _add_options(p, "explain")
     p.add_argument("--device", type=int, default=None, help="which CUDA device (default: busiest trace)")
-    p.add_argument("--gpu", default=None, help="the GPU it ran on (OOM: the capacity to fit)")
-    p.add_argument("--profile", default=None, help="a calibrated profile (peakmem calibrate)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_parallel_options(p)
     p.set_defaults(handler=cmd_explain)
 
     p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
@@ -1014,8 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INPUT_ERROR
     try:
-        if getattr(args, "from_file", None):
-            _apply_from(args, _explicit_dests(sys.argv[1:] if argv is None else argv))
+        if getattr(args, "from_file", None):  # the options typed win over the files' (peakmem.question)
+            args.explicit = _explicit_dests(sys.argv[1:] if argv is None else argv)
         elif getattr(args, "command", None) in ("train", "fit") and args.model is None:
             raise InputError(f"MODEL: peakmem {args.command} needs a model (or --from FILE naming one)")
         _check_numbers(args)

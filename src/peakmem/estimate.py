@@ -250,7 +250,7 @@ def _compute_static(
         assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
-        in_backward_step=_lowbit.one_tensor_step_bytes(tech) if in_bwd else 0,
+        in_backward_step=sharding.one_tensor_step_bytes(tech) if in_bwd else 0,
     )  # fmt: skip
 
 

@@ -40,6 +40,8 @@ def fit_headline(report: FitReport) -> str:
     job = (f"{report.model} {s.method.value} ({s.precision.value}, {s.optimizer.value}, "
            f"batch {s.micro_batch} x "
            f"seq {s.seq_len}, checkpointing {s.checkpointing.value})")  # fmt: skip
+    if report.parallelism is not None:
+        job += f" on {report.parallelism.describe()}, per GPU (the most loaded rank)"
     need = fmt_gb(report.baseline.device_total_bytes) + band_text(report.baseline)
     if report.smallest_sufficient is None:
         return f"{job} needs ≈ {need}: it fits none of the GPUs given; changes that make it fit are below."

@@ -343,3 +343,11 @@ def gpu_of_size(text: str) -> Gpu:
         note=note,
         rates_from=get_gpu(REFERENCE_GPU),  # no rates of its own: step time borrows the reference GPU's
     )
+
+
+def info_answer(model: str, *, cross_check: bool = False) -> tuple[ModelSpec, Any]:
+    """``peakmem info``'s spec and which path answered it (:func:`answered_by`): one function for the
+    command and the Python API (``peakmem.info``)."""
+    name, config = resolve_config(model)
+    spec = spec_for_config(config, name=name)
+    return spec, answered_by(config, spec, name=name, cross_check=cross_check)

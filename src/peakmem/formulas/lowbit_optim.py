@@ -478,21 +478,11 @@ def cpu_activation_bytes(spec: ModelSpec, setup: Any) -> int:
     return total
 
 
-def one_tensor_step_bytes(tech: Any) -> int:
-    """Optimizer-in-backward builds one optimizer per parameter (torchtune ``optimizer_in_bwd``:
-    ``{p: AdamW([p]) for p in model.parameters()}``, stepped in the parameter's post-accumulate-grad
-    hook), so a step's temporaries are those of one tensor, at most the largest trainable one: a
-    foreach ``exp_avg_sq_sqrt`` of that tensor, or the for-loop/Lion/Adafactor largest-tensor ones.
-    ``tech`` is the :class:`~peakmem.formulas.technique.Technique` (its step temporaries and sizes)."""
-    from peakmem.formulas.sharding import one_tensor_temporaries
-
-    return sum(i.bytes for i in one_tensor_temporaries(tech))
-
-
 def step_tricks(la: Any, layer_grads: int, setup: Any, step_bytes: int = 0) -> tuple[Any, int]:
     """One layer under activation offloading and optimizer-in-backward: (its activations as the device
     sees them, the gradient bytes it leaves behind in backward). ``step_bytes``: under
-    optimizer-in-backward, one tensor's optimizer-step temporaries (:func:`one_tensor_step_bytes`),
+    optimizer-in-backward, one tensor's optimizer-step temporaries
+    (:func:`peakmem.formulas.sharding.one_tensor_step_bytes`),
     alive in backward next to the layer's gradients."""
     from dataclasses import replace
 

@@ -196,9 +196,13 @@ def _temporaries(tech: Technique, numel: int, largest: int, label: str) -> list[
     return out
 
 
-def one_tensor_temporaries(tech: Technique) -> list[MemoryItem]:
-    """The step temporaries of an optimizer over the largest trainable tensor alone."""
-    return _temporaries(tech, tech.largest_trainable, tech.largest_trainable, " (one tensor)")
+def one_tensor_step_bytes(tech: Technique) -> int:
+    """Optimizer-in-backward builds one optimizer per parameter (torchtune ``optimizer_in_bwd``:
+    ``{p: AdamW([p]) for p in model.parameters()}``, stepped in the parameter's post-accumulate-grad
+    hook), so a step's temporaries are those of one tensor, at most the largest trainable one: a
+    foreach ``exp_avg_sq_sqrt`` of that tensor, or the for-loop/Lion/Adafactor largest-tensor ones."""
+    largest = tech.largest_trainable
+    return sum(i.bytes for i in _temporaries(tech, largest, largest, ""))
 
 
 def rank_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:

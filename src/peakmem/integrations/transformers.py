@@ -389,10 +389,12 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     and attention implementation, the first batch its shape. Every field is echoed in ``Job.read`` with
     the place it came from; what is not modelled raises :class:`InputError`."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
-    from peakmem.cli import _parallelism, _training_setup, build_parser  # the CLI's own flags -> setup
+    from peakmem import options
     from peakmem.fromfile import apply, map_training_arguments
     from peakmem.hf import spec_from_config
+    from peakmem.question import parallelism, training_setup
 
     model = _unwrap(model)
     read: Read = []
@@ -457,13 +459,16 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
         raise InputError("seq=None: no first batch to read the sequence length from (an IterableDataset or "
                          "no DataLoader); give PeakmemCallback(seq=...)")  # fmt: skip
     read.append(("seq", str(seq_len), seq_from))
-    ns = build_parser().parse_args(["train", name])
+    ns = SimpleNamespace(**options.defaults("train"), model=name)  # the options `peakmem train` takes
     apply(ns, found, explicit=set())
     ns.method, ns.batch, ns.seq = Method.FULL.value, micro_batch, seq_len  # the adapter is set below
     for key, value in parallel.items():
         setattr(ns, key, value)
-    setup = replace(_training_setup(ns, spec.max_position_embeddings), method=method, lora=lora, quant=quant)
-    return Job(name=name, config=config, spec=spec, setup=setup, parallelism=_parallelism(ns),
+    o = options.convert("train", {k: getattr(ns, k) for k in options.defaults("train")})
+    setup, _ = training_setup(o, spec.max_position_embeddings)
+    setup = replace(setup, method=method, lora=lora, quant=quant)
+    extra = getattr(ns, "from_parallel", None)
+    return Job(name=name, config=config, spec=spec, setup=setup, parallelism=parallelism(o, extra),
                read=tuple(read), notes=tuple(notes))  # fmt: skip
 
 

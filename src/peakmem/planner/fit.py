@@ -81,6 +81,7 @@ class FitReport:
     assumptions: tuple[str, ...]
     estimates: int  # how many setups were estimated
     elapsed_s: float
+    parallelism: Any = None  # the job's layout (Parallelism) or None: one GPU
 
     @property
     def any_fits(self) -> bool:
@@ -285,16 +286,17 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
 
 def fit(
     spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...] | list[Gpu], *,
-    overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False,
+    overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False, par: Any = None,
 ) -> FitReport:  # fmt: skip
     """Verdicts for ``setup`` on each GPU, and the ranked changes that make it fit where it does not.
     ``margin``: a change makes it fit only when the high end of its band fits (verdict "fits", not
-    "tight"); the candidates' ``needed_bytes`` are then those high ends."""
+    "tight"); the candidates' ``needed_bytes`` are then those high ends. ``par``: the job's parallel
+    layout (a :class:`peakmem.parallel.Parallelism`; None: one GPU), whose most loaded rank is judged."""
     require(len(gpus) > 0, "gpu", "", "give at least one GPU")
     t0 = time.perf_counter()
     gpus = tuple(gpus)
     est = _Estimator(spec, overheads, margin=margin)
-    search = _Search(spec, setup, gpus, est)
+    search = _Search(spec, setup, gpus, est, par)
     ctx = _Ctx(spec=spec, setup=setup, gpus=gpus, estimator=est)
     families: list[Family] = []
     options: list[tuple[str, tuple[_Option, ...]]] = []
@@ -304,7 +306,7 @@ def fit(
         if opts:
             options.append((fam.name, opts))
     families += _finisher_families(est, setup)
-    base_cfg = _Config(setup=setup, par=None, changes=(), labels=())
+    base_cfg = _Config(setup=setup, par=par, changes=(), labels=())
     discrete = list(_discrete_configs(base_cfg, options))
     singles_cfgs = [c for c in discrete if len(c.labels) == 1]
 
@@ -356,7 +358,7 @@ def fit(
         model=spec.name, params=spec.params, setup=setup, baseline=search.base.estimate,
         baseline_step=base_step0,
         gpus=tuple(results), smallest_sufficient=smallest, search_space=tuple(families),
-        assumptions=assumptions, estimates=est.calls, elapsed_s=time.perf_counter() - t0,
+        assumptions=assumptions, estimates=est.calls, elapsed_s=time.perf_counter() - t0, parallelism=par,
     )  # fmt: skip
 
 
@@ -426,6 +428,7 @@ def fit_json(report: FitReport) -> dict[str, object]:
     return {
         "model": {"name": report.model, "params": report.params},
         "setup": setup_dict(report.setup),
+        "parallelism": report.parallelism.describe() if report.parallelism is not None else None,
         "device_total_bytes": report.baseline.device_total_bytes,
         "peak_allocated_bytes": report.baseline.peak_allocated_bytes,
         "step_time": _step_json(report.baseline_step),

@@ -290,7 +290,7 @@ class _Search:
     def __init__(
         self, spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...], est: _Estimator, par: Any = None
     ) -> None:
-        self.spec, self.setup, self.gpus, self.est = spec, setup, gpus, est
+        self.spec, self.setup, self.gpus, self.est, self.par = spec, setup, gpus, est, par
         self.sf = st.spec_flops(spec)
         base = est(setup, par)
         if base is None:
@@ -298,7 +298,7 @@ class _Search:
         self.base = base
 
     def base_step(self, rates: st.Rates) -> st.StepTime:
-        return st.step_time(self.sf, self.setup, rates, st.Layout(),
+        return st.step_time(self.sf, self.setup, rates, _layout_of(self.par),
                             trainable_params=self.base.estimate.trainable_params,
                             params=self.spec.params)  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 Endpoints (schema at ``/openapi.json``, read offline at ``/docs``):
 
-Every answer is :func:`peakmem.cli.json_answer`'s, the function behind the CLI's ``--json`` and the
+Every answer is :func:`peakmem.question.answer`'s, the function behind the CLI's ``--json`` and the
 Python API, so the three say the same for the same question.
 
 - ``POST /api/train``: the CLI's ``peakmem train --json`` object, plus ``headline`` (the one-line
@@ -23,7 +23,6 @@ a body over :data:`MAX_BODY_BYTES` is answered 413 before it is parsed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import threading
@@ -32,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,13 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from peakmem import __version__
 from peakmem.errors import PeakmemError, UnknownNameError
 from peakmem.inference import Engine, KvDtype
+from peakmem.question import Answer, Question
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Framework,
     LossImpl,
     Method,
-    OptimizerImpl,
     OptimizerName,
     Precision,
 )  # fmt: skip
@@ -129,7 +128,9 @@ class TrainOptions(ModelChoice):
     method: Method = Method.FULL
     precision: Precision = Precision.MIXED_BF16
     optimizer: OptimizerName = OptimizerName.ADAMW
-    optimizer_impl: OptimizerImpl = OptimizerImpl.FOREACH
+    optimizer_impl: Literal["auto", "foreach", "fused", "for-loop"] = Field(
+        "auto", description="the optimizer step: auto (the framework's default, peakmem.defaults) or a kernel"
+    )
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batch size per GPU")
     seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="sequence length; default min(context, 2048)")
     grad_accum: int = Field(1, ge=1, le=MAX_GRAD_ACCUM)
@@ -147,8 +148,8 @@ class TrainOptions(ModelChoice):
     liger: bool = Field(False, description="Liger kernels: RMSNorm, SwiGLU, RoPE, fused CE")
 
 
-class TrainRequest(TrainOptions):
-    """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
+class ParallelOptions(BaseModel):
+    """The multi-GPU layout ``peakmem train|fit`` take (per-rank answer)."""
 
     gpu_count: int = Field(1, ge=1, le=MAX_WORLD, description="world size (the CLI's --gpus)")
     zero: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
@@ -157,6 +158,10 @@ class TrainRequest(TrainOptions):
     pp: int = Field(1, ge=1, le=MAX_TP, description="pipeline-parallel degree")
     offload: str = Field("none", max_length=10, description="optimizer states to none, cpu or nvme")
     offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
+
+
+class TrainRequest(TrainOptions, ParallelOptions):
+    """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
 
 
 class InferRequest(ModelChoice):
@@ -176,8 +181,8 @@ class InferRequest(ModelChoice):
     )
 
 
-class FitRequest(TrainOptions):
-    """``peakmem fit``: a single-GPU training job checked on each GPU."""
+class FitRequest(TrainOptions, ParallelOptions):
+    """``peakmem fit``: a training job (on one GPU, or its most loaded rank) checked on each GPU."""
 
     gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
 
@@ -370,37 +375,36 @@ _API_FIELD = {dest: name for name, dest in _CLI_DEST.items()}
 _NOT_CLI = frozenset({"model", "config", "name", "gpus"})  # the model and the GPUs are passed apart
 
 
-def cli_args(command: str, req: ModelChoice) -> argparse.Namespace:
-    """The Namespace ``peakmem COMMAND ... --json`` parses for the same question: the CLI's parser gives
-    what the request leaves out its default, so the API asks exactly what the command line asks."""
-    from peakmem.cli import build_parser
+def question_of(command: str, req: ModelChoice) -> Question:
+    """The question ``peakmem COMMAND ... --json`` asks for the same request: the request's fields are
+    the options of the same names (:mod:`peakmem.options`), what it leaves out their defaults."""
+    from peakmem import options
+    from peakmem.question import ask
 
-    argv = [command, "model", "--json"]
-    if command == "plan":
-        argv += ["--gpu", req.gpus[0], "--max-gpus", "1"]
-    ns = build_parser().parse_args(argv)
+    takes = {o.name for o in options.of(command)}
+    given: dict[str, Any] = {}
     for name in type(req).model_fields:
         if name in _NOT_CLI:
             continue
         dest = _CLI_DEST.get(name, name)
-        if not hasattr(ns, dest):  # a field that the command's parser does not have: a bug here
+        if dest not in takes:  # a field that the command does not take: a bug here
             raise AssertionError(f"peakmem {command} has no option for the request field {name}")
         value = getattr(req, name)
-        setattr(ns, dest, value.value if isinstance(value, Enum) else value)
-    ns.gpu = ",".join(req.gpus) or None
-    ns.infer = isinstance(req, InferRequest)
-    return ns
+        given[dest] = value.value if isinstance(value, Enum) else value
+    given["gpu"] = ",".join(req.gpus) or None
+    if command == "fit":
+        given["infer"] = isinstance(req, InferRequest)
+    return ask(command, given, spec=_spec(req))
 
 
-def cli_answer(command: str, req: ModelChoice, detail: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``peakmem COMMAND --json`` for the request: :func:`peakmem.cli.json_answer`, the one function
+def cli_answer(command: str, req: ModelChoice) -> Answer:
+    """``peakmem COMMAND --json`` for the request: :func:`peakmem.question.answer`, the one function
     the CLI and the Python API answer with (a pasted config is passed as the model it builds)."""
-    from peakmem.cli import json_answer
+    from peakmem.question import answer
 
-    spec = _spec(req)
     _gpus(req.gpus)  # each unknown or bad GPU named by its place in the list
     try:
-        out, _code = json_answer(command, cli_args(command, req), spec=spec, detail=detail)
+        return answer(question_of(command, req))
     except UnknownNameError:
         raise
     except PeakmemError as error:  # named by the request's field (gpu_count, not the CLI's --gpus)
@@ -409,7 +413,6 @@ def cli_answer(command: str, req: ModelChoice, detail: dict[str, Any] | None = N
         raise ApiError(
             422, api_field if api_field in type(req).model_fields else field, str(error)
         ) from error
-    return out
 
 
 def train_answer(req: TrainOptions) -> dict[str, Any]:
@@ -418,11 +421,12 @@ def train_answer(req: TrainOptions) -> dict[str, Any]:
     from peakmem.plot import chart_json
     from peakmem.render import train_headline
 
-    detail: dict[str, Any] = {}
-    out = cli_answer("train", req, detail)
-    est = detail["answer"].estimate
-    out["headline"] = train_headline(detail["spec"].name, detail["setup"], est, par=detail["par"])
-    out["chart"] = chart_json(est, detail["answer"].ways.pairs())
+    got = cli_answer("train", req)
+    q, est = got.question, got.estimate
+    assert est is not None and q.training is not None
+    out = got.json
+    out["headline"] = train_headline(q.spec.name, q.training, est, par=q.parallel)
+    out["chart"] = chart_json(est, got.ways.pairs())
     return out
 
 
@@ -430,17 +434,17 @@ def infer_answer(req: InferRequest) -> dict[str, Any]:
     """``peakmem infer --json`` for the request, plus ``headline`` and ``chart``."""
     from peakmem.plot import chart_json
 
-    detail: dict[str, Any] = {}
-    out = cli_answer("infer", req, detail)
-    out["headline"] = detail["answer"].headline
-    out["chart"] = chart_json(detail["answer"].estimate)
+    got = cli_answer("infer", req)
+    out = got.json
+    out["headline"] = got.served.headline
+    out["chart"] = chart_json(got.served.estimate)
     return out
 
 
 def fit_answer(req: FitRequest) -> dict[str, Any]:
     """``peakmem fit --json`` for the request, plus ``headline`` and ``estimate`` (the ``/api/train``
     answer to the same question, for the page's chart and tables)."""
-    out = cli_answer("fit", req)
+    out = cli_answer("fit", req).json
     estimate = train_answer(req)
     out["headline"] = estimate["headline"]
     out["estimate"] = estimate
@@ -450,7 +454,7 @@ def fit_answer(req: FitRequest) -> dict[str, Any]:
 def fit_infer_answer(req: FitInferRequest) -> dict[str, Any]:
     """``peakmem fit --infer --json`` for the request, plus ``headline`` and ``estimate`` (the
     ``/api/infer`` answer to the same question)."""
-    out = cli_answer("fit", req)
+    out = cli_answer("fit", req).json
     estimate = infer_answer(req)
     out["headline"] = estimate["headline"]
     out["estimate"] = estimate
@@ -459,7 +463,7 @@ def fit_infer_answer(req: FitInferRequest) -> dict[str, Any]:
 
 def plan_answer(req: PlanRequest) -> dict[str, Any]:
     """``peakmem plan --json`` for the request."""
-    return cli_answer("plan", req)
+    return cli_answer("plan", req).json
 
 
 @cache

@@ -38,12 +38,12 @@ const FIELDS = [
   { id: "activation_offload", def: "", bool: true, modes: TRAIN },
   { id: "compile", def: "", bool: true, modes: TRAIN },
   { id: "liger", def: "", bool: true, modes: TRAIN },
-  { id: "gpu_count", def: "1", int: true, modes: ["train"] },
-  { id: "sharding", def: "none", modes: ["train"] },  // -> zero (0-3) or fsdp (a mode)
-  { id: "tp", def: "1", int: true, modes: ["train"] },
-  { id: "pp", def: "1", int: true, modes: ["train"] },
-  { id: "offload", def: "none", modes: ["train"] },
-  { id: "offload_params", def: "none", modes: ["train"] },
+  { id: "gpu_count", def: "1", int: true, modes: ["train", "fit"] },
+  { id: "sharding", def: "none", modes: ["train", "fit"] },  // -> zero (0-3) or fsdp (a mode)
+  { id: "tp", def: "1", int: true, modes: ["train", "fit"] },
+  { id: "pp", def: "1", int: true, modes: ["train", "fit"] },
+  { id: "offload", def: "none", modes: ["train", "fit"] },
+  { id: "offload_params", def: "none", modes: ["train", "fit"] },
   { id: "engine", def: "hf", modes: INFER },
   { id: "weights", def: "bf16", modes: INFER },
   { id: "kv_cache", def: "auto", modes: INFER },

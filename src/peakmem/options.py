@@ -1,0 +1,208 @@
+"""The options of a question, in one table, and the one conversion of their values.
+
+Every face asks with the same option names (the CLI's flags without dashes, with underscores:
+``lora_rank``, ``gpu``, ``zero``): the CLI builds its argparse flags from :data:`OPTIONS`, the Python
+API passes keyword arguments, the web its request body, ``--from`` the fields it read from a
+framework's file and the Trainer callback the TrainingArguments it read. :func:`convert` checks and
+converts each value the same way for all of them (an error names the field and the value), and
+:func:`peakmem.question.ask` builds the typed question from the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from peakmem.errors import InputError
+from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
+
+JOB_COMMANDS = ("train", "infer", "fit", "plan")
+MAX_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size a question holds is larger
+MAX_TEXT_CHARS = 10_000  # a name, a list of GPUs or LoRA targets: real ones are well under 1,000 chars
+AUTO = "auto"  # a default the framework that the setup implies decides (peakmem.defaults)
+
+_ORACLES = frozenset({"measure", "simulate"})  # run the real model on a training setup (torch)
+_TRAINING = frozenset({"train", "fit", "plan", "plot", "explain"}) | _ORACLES  # take a training setup
+_SHARDED = frozenset({"train", "fit", "explain"})  # ... and its parallel layout (plan searches it)
+_SERVING = frozenset({"infer", "fit"})  # fit --infer sizes a serving job
+_JOBS = frozenset(JOB_COMMANDS)
+_GPU = _JOBS | _TRAINING  # a GPU to judge the answer on
+_DEVICE_OVERHEADS = _JOBS | {"explain"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One option: its name (the argparse dest), the type of its value, its default, the commands that
+    take it and its help. ``kind`` is int, float, bool or str; a None default means "not given"."""
+
+    name: str
+    kind: type
+    default: Any
+    commands: frozenset[str]
+    help: str
+    group: str = ""
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _o(name: str, kind: type, default: Any, commands: frozenset[str], help: str, **kw: Any) -> Option:
+    return Option(name=name, kind=kind, default=default, commands=commands, help=help, **kw)
+
+
+_LORA = "LoRA / QLoRA (with --method lora|qlora)"
+_SAVING = "memory-saving options"
+_MULTI = "multi-GPU (per-rank memory)"
+_DEVICE = "device overheads"
+T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
+_KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
+
+OPTIONS: tuple[Option, ...] = (
+    # the training setup (peakmem.training.TrainingSetup)
+    _o("method", str, "full", T, "full|lora|qlora"),
+    _o("precision", str, "mixed-bf16", T, "fp32|amp-bf16|amp-fp16|mixed-bf16|mixed-fp16|bf16"),
+    _o("optimizer", str, "adamw", T, "adamw|adam|sgd|sgd-momentum|adafactor|lion|adamw-8bit|..."),
+    _o("optimizer_impl", str, AUTO, T,
+       "auto (what the framework the setup implies runs: peakmem.defaults)|foreach|fused|for-loop"),
+    _o("batch", int, 1, T | SV, "micro-batch size per GPU (infer: concurrent sequences)"),
+    _o("seq", int, None, T, "sequence length (default: min(context, 2048))"),
+    _o("grad_accum", int, 1, T, "gradient accumulation steps"),
+    _o("checkpointing", str, "none", T, "none|selective|full"),
+    _o("attention", str, "sdpa", T, "eager|sdpa|flash"),
+    _o("framework", str, "hf", T, "hf|torchtune|unsloth"),
+    _o("kernels", str, "cuda", _KERNELS, "whose kernels decide the bytes: cuda|cpu (to hold against "
+       "`peakmem measure --device cpu`)", choices=("cuda", "cpu")),
+    _o("lora_rank", int, None, T, "adapter rank r (default 8, as peft)", group=_LORA),
+    _o("lora_alpha", float, None, T, "scaling alpha (default 8)", group=_LORA),
+    _o("lora_targets", str, None, T, "all-linear (default) or module names: q_proj,v_proj", group=_LORA),
+    _o("lora_dropout", float, None, T, "dropout on the adapter input", group=_LORA),
+    _o("dora", bool, False, T, "DoRA: weight-decomposed LoRA", group=_LORA),
+    _o("adapter_dtype", str, None, T, "fp32 (peft's default) or base", group=_LORA),
+    _o("quant", str, None, T, "qlora base: nf4 (default)|fp4|int8", group=_LORA),
+    _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
+    _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused", group=_SAVING),
+    _o("optimizer_in_backward", bool, False, T, "step each parameter in backward", group=_SAVING),
+    _o("activation_offload", bool, False, T, "saved activations to CPU RAM", group=_SAVING),
+    _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),
+    _o("liger", bool, False, T, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)", group=_SAVING),
+    # the parallel layout (peakmem.parallel.Parallelism)
+    _o("gpus", int, 1, S, "world size", group=_MULTI),
+    _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI),
+    _o("zero", int, 0, S, "DeepSpeed ZeRO stage 0|1|2|3", group=_MULTI),
+    _o("fsdp", str, "none", S, "none|full-shard|shard-grad-op|hybrid-shard", group=_MULTI),
+    _o("fsdp_version", int, 2, S, "1 (flat params) or 2 (fully_shard)", group=_MULTI),
+    _o("tp", int, 1, S | SV, "tensor-parallel degree (infer: tensor-parallel GPUs)", group=_MULTI),
+    _o("pp", int, 1, S, "pipeline-parallel degree", group=_MULTI),
+    _o("cp", int, 1, S, "context-parallel degree", group=_MULTI),
+    _o("ep", int, 1, S, "expert-parallel degree", group=_MULTI),
+    _o("sp", bool, False, S, "Megatron sequence parallelism (with --tp)", group=_MULTI),
+    _o("pp_schedule", str, "1f1b", S, "1f1b|interleaved", group=_MULTI),
+    _o("virtual_stages", int, 1, S, "interleaved schedule: chunks per rank", group=_MULTI),
+    _o("offload", str, "none", S, "optimizer states to none|cpu|nvme", group=_MULTI),
+    _o("offload_params", str, "none", S, "parameters to none|cpu|nvme (ZeRO-3/FSDP)", group=_MULTI),
+    # the serving setup (peakmem.inference.InferenceSetup)
+    _o("weights", str, "bf16", SV, "bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|..."),
+    _o("kv_cache", str, "auto", SV, "auto|bf16|fp16|fp8|int8|int4"),
+    _o("context", int, None, SV, "tokens per sequence (default: model limit)"),
+    _o("prompt", int, None, SV, "prefill tokens (default: the whole context)"),
+    _o("engine", str, "hf", SV, "hf|vllm|sglang|llamacpp"),
+    _o("gpu_memory_utilization", float, None, SV,
+       "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)"),
+    _o("n_gpu_layers", int, None, SV, "llama.cpp -ngl"),
+    _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
+    _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
+    # the GPUs, the device overheads and the search
+    _o("gpu", str, None, _GPU, "GPU name(s) or size(s), comma-separated: rtx-4090,40GB"),
+    _o("cuda_context_mib", float, None, _DEVICE_OVERHEADS,
+       "CUDA context as nvidia-smi shows it after torch.ones(1, device='cuda')", group=_DEVICE),
+    _o("fragmentation", float, None, _DEVICE_OVERHEADS,
+       "allocator fragmentation, a fraction of the per-step churn (default: one-GPU full fine-tuning "
+       "replays the step through the caching-allocator model, at least 0.10; elsewhere 0.10)", group=_DEVICE),
+    _o("profile", str, None, _DEVICE_OVERHEADS, "a calibrated profile (peakmem calibrate)", group=_DEVICE),
+    _o("expandable_segments", bool, False, _DEVICE_OVERHEADS,
+       "model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (reserved grows by pages; little "
+       "fragmentation)", group=_DEVICE),
+    _o("infer", bool, False, frozenset({"fit"}), "fit a serving job instead of training"),
+    _o("margin", bool, False, frozenset({"fit"}),
+       "rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')"),
+    _o("max_gpus", int, None, frozenset({"plan"}), "the most GPUs to use"),
+    _o("global_batch", int, None, frozenset({"plan"}), "sequences per optimizer step"),
+)  # fmt: skip
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def of(command: str) -> tuple[Option, ...]:
+    """The options ``command`` takes, in the table's order."""
+    return tuple(o for o in OPTIONS if command in o.commands)
+
+
+def defaults(command: str) -> dict[str, Any]:
+    return {o.name: o.default for o in of(command)}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_VALUE else f"{text[:MAX_SHOWN_VALUE]}..."
+
+
+def convert_value(opt: Option, value: Any) -> Any:
+    """``value`` as ``opt`` holds it, or an InputError naming the field: no bool where a number
+    belongs, finite numbers no larger than :data:`MAX_NUMBER`, lists of names joined with commas, an
+    enum member as its spelling, text of at most :data:`MAX_TEXT_CHARS`."""
+    name = opt.name
+    if value is None:
+        if opt.default is None:
+            return None
+        raise InputError(f"{name}=None: give a value (default {opt.default!r})")
+    if opt.kind is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"{name}={_shown(value)}: must be True or False")
+        return value
+    if opt.kind in (int, float):
+        integral = isinstance(value, int) and not isinstance(value, bool)
+        if opt.kind is int and not integral:
+            raise InputError(f"{name}={_shown(value)}: must be an integer")
+        if opt.kind is float and not (integral or isinstance(value, float)):
+            raise InputError(f"{name}={_shown(value)}: must be a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{name}={value!r}: must be a finite number")
+        if abs(value) > MAX_NUMBER:
+            raise InputError(f"{name}={_shown(value)}: too large (more than {MAX_NUMBER:,})")
+        return float(value) if opt.kind is float else value
+    if isinstance(value, (list, tuple)):
+        value = ",".join(_text(opt, v) for v in value)
+    text = _text(opt, value)
+    if opt.choices and text not in opt.choices:
+        raise InputError(f"{name}={text!r}: unknown; choose one of {', '.join(opt.choices)}")
+    return text
+
+
+def _text(opt: Option, value: Any) -> str:
+    if isinstance(value, Enum):
+        value = value.value
+    if not isinstance(value, str):
+        raise InputError(f"{opt.name}={_shown(value)}: must be a string")
+    if len(value) > MAX_TEXT_CHARS:
+        raise InputError(f"{opt.name}={_shown(value)}: too long (more than {MAX_TEXT_CHARS:,} characters)")
+    return value
+
+
+def convert(command: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of ``command``: the given ones converted (:func:`convert_value`), the rest at
+    their defaults. A name ``command`` does not take is an InputError listing the ones it does."""
+    out = defaults(command)
+    if not out:
+        raise InputError(f"command={command!r}: one of {', '.join(JOB_COMMANDS)}")
+    for name, value in given.items():
+        if name not in out:
+            raise InputError(
+                f"{name}={_shown(value)}: not an option of peakmem {command} "
+                f"(options: {', '.join(sorted(out))})"
+            )
+        out[name] = convert_value(BY_NAME[name], value)
+    return out

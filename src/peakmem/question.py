@@ -1,0 +1,337 @@
+"""The typed question and the one answer to it.
+
+A :class:`Question` is what a user asks (``train``, ``infer``, ``fit`` or ``plan``): the model, the
+training or serving setup, the parallel layout, the GPUs, the device overheads and the search
+knobs, each a typed value. :func:`ask` builds it from options (:mod:`peakmem.options`: the CLI's
+parsed flags, the API's keyword arguments, the web's request body, ``--from``'s fields, the
+callback's TrainingArguments all arrive as such a mapping); :func:`answer` answers it with typed
+results, their JSON and the exit code, for every face alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from peakmem import options as opt
+from peakmem.breakdown import Estimate
+from peakmem.catalog import Gpu
+from peakmem.defaults import optimizer_step
+from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
+from peakmem.formulas.overhead import Overheads
+from peakmem.inference import InferenceSetup
+from peakmem.model import ModelSpec
+from peakmem.parallel import Parallelism
+from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
+
+
+@dataclass(frozen=True, kw_only=True)
+class Search:
+    """How far fit and plan look: fit's margin and serving mode, plan's GPUs and global batch."""
+
+    margin: bool = False
+    infer: bool = False
+    max_gpus: int | None = None
+    global_batch: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FromFiles:
+    """What ``--from`` read: the files' fields (``found``: a :class:`peakmem.fromfile.FromFile`, for
+    the echo and the JSON block), those the options given overrode, and engine fields of the layout
+    that no option names (DeepSpeed bucket sizes)."""
+
+    found: Any
+    overridden: tuple[Any, ...] = ()
+    parallel: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    """One question. ``training`` for train, fit and plan (None for ``fit --infer``); ``inference`` for
+    infer and ``fit --infer``; ``parallel`` None for a plain one-GPU job; ``defaults`` the defaults
+    the framework decided (:mod:`peakmem.defaults`), as the answer's assumptions; ``from_file`` what
+    ``--from`` read (its echo and JSON block), if anything."""
+
+    command: str
+    spec: ModelSpec
+    training: TrainingSetup | None = None
+    parallel: Parallelism | None = None
+    inference: InferenceSetup | None = None
+    gpus: tuple[Gpu, ...] = ()
+    overheads: Overheads = field(default_factory=Overheads)
+    search: Search = field(default_factory=Search)
+    defaults: tuple[str, ...] = ()
+    from_file: FromFiles | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """The answer: its JSON (what ``--json`` prints), its exit code, and the typed results behind it
+    (``estimate`` and ``ways`` for train and infer, ``report`` for fit and plan)."""
+
+    question: Question
+    json: dict[str, Any]
+    exit_code: int
+    estimate: Estimate | None = None
+    ways: Any = None  # peakmem.planner.WaysDown (train)
+    ranks: Any = None  # the per-rank report of a sharded train
+    report: Any = None  # FitReport | FitInferenceReport | PlanReport
+    served: Any = None  # render.InferAnswer (infer)
+
+
+def verdict_code(fits: Sequence[bool]) -> int:
+    """The exit code of an answer with one verdict per GPU: 1 when GPUs were given and none fits."""
+    return EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
+
+
+# --- options -> question ---------------------------------------------------------------------------------
+def read_from(
+    given: dict[str, Any], paths: Sequence[Any], explicit: set[str], model: str | None
+) -> tuple[FromFiles, str | None]:
+    """``--from`` ``paths``: the files' options set into ``given`` where ``explicit`` (the options the
+    user gave) has none, and the model they name unless ``model`` is given."""
+    import os
+    from types import SimpleNamespace
+
+    from peakmem.fromfile import load_and_apply
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise InputError(f"from_file={paths!r}: a path, or a list of paths, of framework config files")
+    ns = SimpleNamespace(**given, model=model, from_file=[os.fspath(p) for p in paths])
+    load_and_apply(ns, explicit | ({"model"} if model is not None else set()))
+    given.update({name: getattr(ns, name) for name in given})
+    read = FromFiles(found=ns.from_result, overridden=tuple(ns.from_overridden),
+                     parallel=dict(getattr(ns, "from_parallel", {})))  # fmt: skip
+    return read, ns.model
+
+
+def ask(
+    command: str, given: Mapping[str, Any], *, model: str | None = None, spec: ModelSpec | None = None,
+    from_file: FromFiles | None = None,
+) -> Question:  # fmt: skip
+    """The question ``command`` with the options ``given`` (:func:`peakmem.options.convert` checks
+    them): the model named by ``model`` (or ``spec``, one built already), the setups, the layout, the
+    GPUs and the overheads, each validated where it is built."""
+    from peakmem.resolve import resolve_gpus, resolve_model
+
+    if command not in opt.JOB_COMMANDS:
+        raise InputError(f"command={command!r}: one of {', '.join(opt.JOB_COMMANDS)}")
+    o = opt.convert(command, given)
+    if spec is None:
+        if not isinstance(model, str):
+            raise InputError(f"model={model!r}: a catalog name, a config.json path or a Hub id (a string)")
+        spec = resolve_model(model)
+    gpus = resolve_gpus(o["gpu"]) if o.get("gpu") else ()
+    search = Search(margin=o.get("margin", False), infer=o.get("infer", False),
+                    max_gpus=o.get("max_gpus"), global_batch=o.get("global_batch"))  # fmt: skip
+    if command == "plan":
+        if not gpus or search.max_gpus is None:
+            raise InputError("gpu, max_gpus: plan needs both (e.g. gpu='h100-80gb', max_gpus=64)")
+        if len(gpus) > 1:
+            raise InputError(f"gpu={o['gpu']!r}: plan takes one GPU")
+    if command == "fit" and not gpus:
+        raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
+    serving = command == "infer" or search.infer
+    training, defaults = (None, ()) if serving else training_setup(o, spec.max_position_embeddings)
+    extra = from_file.parallel if from_file is not None else None
+    return Question(
+        command=command, spec=spec, training=training,
+        parallel=None if serving or command == "plan" else parallelism(o, extra),
+        inference=inference_setup(o, gpus) if serving else None, gpus=gpus, overheads=overheads(o),
+        search=search, defaults=defaults, from_file=from_file,
+    )  # fmt: skip
+
+
+def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[TrainingSetup, tuple[str, ...]]:
+    """The TrainingSetup the options ask for, and the defaults the framework decided for it."""
+    from peakmem.training import (
+        AttentionKernel,
+        Checkpointing,
+        Framework,
+        KernelPolicy,
+        LossImpl,
+        Method,
+        OptimizerImpl,
+        OptimizerName,
+        Precision,
+    )
+
+    seq = o["seq"] if o.get("seq") is not None else min(max_positions or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
+    precision = Precision.parse(o["precision"], "precision")
+    optimizer = OptimizerName.parse(o["optimizer"], "optimizer")
+    framework = Framework.parse(o["framework"], "framework")
+    taken: tuple[str, ...] = ()
+    impl = o.get("optimizer_impl", opt.AUTO)
+    if impl == opt.AUTO:
+        row = optimizer_step(optimizer, precision, framework)
+        impl, taken = row.value, (row.assumption,)
+    setup = TrainingSetup(
+        method=Method.parse(o["method"], "method"), precision=precision, optimizer=optimizer,
+        optimizer_impl=OptimizerImpl.parse(impl, "optimizer-impl"), micro_batch=o["batch"], seq_len=seq,
+        grad_accum=o["grad_accum"], checkpointing=Checkpointing.parse(o["checkpointing"], "checkpointing"),
+        attention=AttentionKernel.parse(o["attention"], "attention"), framework=framework,
+        kernel_policy=KernelPolicy.parse(o.get("kernels", "cuda"), "kernels"),
+        lora=_lora_config(o), quant=_quant_config(o), loss=LossImpl.parse(o["loss"], "loss"),
+        optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
+        compiled=o["compile"], liger=o["liger"],
+    )  # fmt: skip
+    return setup, taken
+
+
+def _lora_config(o: Mapping[str, Any]) -> Any:
+    """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with method full)."""
+    from peakmem.formulas.lora import LoraConfig, parse_targets
+
+    given = {
+        "rank": o["lora_rank"], "alpha": o["lora_alpha"],
+        "targets": parse_targets(o["lora_targets"]) if o["lora_targets"] is not None else None,
+        "dropout": o["lora_dropout"], "dora": True if o["dora"] else None,
+        "adapter_dtype": o["adapter_dtype"],
+    }  # fmt: skip
+    options = {k: v for k, v in given.items() if v is not None}
+    return LoraConfig(**options) if options else None
+
+
+def _quant_config(o: Mapping[str, Any]) -> Any:
+    """A QuantConfig when quant or no_double_quant is given; None keeps NF4 + double quant."""
+    from peakmem.formulas.qlora import QuantConfig
+
+    if o["quant"] is None and not o["no_double_quant"]:
+        return None
+    quant = o["quant"] or "nf4"
+    # double quantization is a 4-bit feature (bitsandbytes bnb_4bit_use_double_quant): int8 has none
+    return QuantConfig(quant=quant, double_quant=not o["no_double_quant"] and quant != "int8")
+
+
+def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Parallelism | None:
+    """The Parallelism the options ask for, or None for a plain single-GPU job. ``extra``: engine
+    fields read from a framework's file (DeepSpeed bucket sizes)."""
+    from peakmem.parallel import FsdpMode, Offload, PipelineSchedule
+
+    plain = (
+        o["gpus"] == 1 and o["zero"] == 0 and o["fsdp"] == "none" and o["offload"] == "none"
+        and o["offload_params"] == "none" and o["tp"] == o["pp"] == o["cp"] == o["ep"] == 1
+    )  # fmt: skip
+    if plain:
+        return None
+    return Parallelism(
+        gpus=o["gpus"], gpus_per_node=o["gpus_per_node"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"],
+        sequence_parallel=o["sp"], zero_stage=o["zero"], fsdp=FsdpMode.parse(o["fsdp"], "fsdp"),
+        fsdp_version=o["fsdp_version"], offload_optimizer=Offload.parse(o["offload"], "offload"),
+        offload_params=Offload.parse(o["offload_params"], "offload-params"),
+        pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp-schedule"),
+        virtual_stages=o["virtual_stages"], **dict(extra or {}),
+    )  # fmt: skip
+
+
+def inference_setup(o: Mapping[str, Any], gpus: Sequence[Gpu]) -> InferenceSetup:
+    return InferenceSetup(
+        weights=o["weights"], kv_cache=o["kv_cache"], batch=o["batch"], context=o["context"],
+        prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
+        gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
+        keep_all_logits=o["keep_all_logits"], strict=o["strict"],
+    )  # fmt: skip
+
+
+def overheads(o: Mapping[str, Any]) -> Overheads:
+    """The device overheads: peakmem's named defaults, or a calibrated profile, unless the CUDA
+    context, fragmentation or expandable segments are given."""
+    from peakmem.units import MiB
+
+    given: dict[str, Any] = {}
+    if o.get("cuda_context_mib") is not None:
+        given["context_bytes"] = int(o["cuda_context_mib"] * MiB)
+        given["context_source"] = "--cuda-context-mib"
+    if o.get("fragmentation") is not None:
+        given["fragmentation"] = o["fragmentation"]
+    if o.get("expandable_segments"):
+        given["expandable_segments"] = True
+    if o.get("profile"):
+        from peakmem.calibrate import load_profile
+
+        return replace(load_profile(o["profile"]).overheads(), **given)
+    return Overheads(**given)
+
+
+# --- the answer ------------------------------------------------------------------------------------------
+def answer(q: Question) -> Answer:
+    """The answer to ``q``: one function, which the CLI prints, the Python API returns, the web serves
+    and the Trainer callback checks."""
+    if q.command == "plan":
+        return _plan(q)
+    if q.command == "fit":
+        return _fit_infer(q) if q.search.infer else _fit(q)
+    if q.command == "infer":
+        return _infer(q)
+    return _train(q)
+
+
+def _with_from(q: Question, out: dict[str, Any]) -> dict[str, Any]:
+    if q.from_file is not None:
+        out["from_file"] = q.from_file.found.json(q.from_file.overridden)
+    return out
+
+
+def _plan(q: Question) -> Answer:
+    from peakmem import planner
+
+    assert q.training is not None and q.search.max_gpus is not None
+    report = planner.plan(q.spec, q.training, q.gpus[0], q.search.max_gpus, q.search.global_batch,
+                          overheads=q.overheads)  # fmt: skip
+    out = planner.plan_json(report)
+    out["defaults"] = list(q.defaults)
+    return Answer(question=q, json=out, exit_code=EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT,
+                  report=report)  # fmt: skip
+
+
+def _fit(q: Question) -> Answer:
+    from peakmem import planner
+
+    assert q.training is not None
+    report = planner.fit(q.spec, q.training, q.gpus, overheads=q.overheads, margin=q.search.margin,
+                         par=q.parallel)  # fmt: skip
+    out = _with_from(q, planner.fit_json(report))
+    out["defaults"] = list(q.defaults)
+    return Answer(question=q, json=out, exit_code=EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT,
+                  report=report)  # fmt: skip
+
+
+def _fit_infer(q: Question) -> Answer:
+    from peakmem import planner
+
+    assert q.inference is not None
+    report = planner.fit_inference(q.spec, q.inference, q.gpus, overheads=q.overheads)
+    code = EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT
+    return Answer(question=q, json=planner.fit_inference_json(report), exit_code=code, report=report)
+
+
+def _infer(q: Question) -> Answer:
+    from peakmem.render import infer_answer
+
+    assert q.inference is not None
+    served = infer_answer(q.spec, q.inference, q.gpus, q.overheads)
+    code = verdict_code([v.fits for v in served.verdicts])
+    return Answer(question=q, json=served.json, exit_code=code, estimate=served.estimate, served=served)
+
+
+def _train(q: Question) -> Answer:
+    from peakmem import planner
+    from peakmem.estimate import with_kernel_alternatives
+    from peakmem.render import answer_json, verdicts_of
+
+    assert q.training is not None
+    capacity = min((g.usable_bytes for g in q.gpus), default=None)
+    found = planner.train_answer(
+        q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity
+    )
+    est = with_kernel_alternatives(q.spec, q.training, found.estimate, q.gpus, overheads=q.overheads,
+                                   par=q.parallel)  # fmt: skip
+    if q.defaults:
+        est = replace(est, assumptions=(*est.assumptions, *q.defaults))
+    out = _with_from(q, answer_json(est, q.gpus, found.ways))
+    code = verdict_code([v.fits for v in verdicts_of(est, q.gpus)])
+    return Answer(question=q, json=out, exit_code=code, estimate=est, ways=found.ways, ranks=found.ranks)
