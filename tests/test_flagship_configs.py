@@ -81,7 +81,7 @@ def test_entry_is_complete(entry: dict[str, Any]) -> None:
     config = entry["config"]
     assert isinstance(config["model_type"], str) and config["architectures"]
     # whole files: mostly types the formulas do not know (answered by the shipped derived data); kimi_k2
-    # is read by the formulas as DeepSeek-V3 (hf.py), and is kept whole like the others
+    # is read by the formulas as DeepSeek-V3 (peakmem.hf), and is kept whole like the others
     assert config["model_type"] not in SUPPORTED_MODEL_TYPES or config["model_type"] == "kimi_k2"
     if entry["reported_params"] is not None:
         assert entry["reported_params_text"] and entry["note"]

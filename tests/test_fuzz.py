@@ -6,7 +6,7 @@
   10 s and 4 GB of address space, and must exit 2 or 3 with exactly one line on stderr and no
   traceback;
 * property-based fuzzing (hypothesis) of config parsing (random JSON-like dicts through
-  :func:`peakmem.validate.check_config` and :func:`peakmem.hf.spec_from_config`), of the CLI
+  :func:`peakmem.hf.check_config` and :func:`peakmem.hf.spec_from_config`), of the CLI
   (``peakmem.cli.main`` with random flag values) and of TrainingSetup / Parallelism / Overheads
   construction: nothing but the project's own :class:`~peakmem.errors.PeakmemError` escapes, and
   each case stays within a time bound.
@@ -36,9 +36,9 @@ from peakmem.catalog import find_model
 from peakmem.cli import main
 from peakmem.errors import PeakmemError
 from peakmem.formulas.overhead import Overheads
+from peakmem.hf import check_config
 from peakmem.parallel import Parallelism
 from peakmem.training import TrainingSetup
-from peakmem.validate import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_LIMIT_S = 10  # the issue: no case over 10 s ...

@@ -429,7 +429,7 @@ def test_every_supported_type_builds() -> None:
         assert spec.params > 0 and spec.name == "x" and spec.num_layers == L
 
 
-# --- behaviours the formulas read (ModelSpec fields that hf.py sets per family) --------------------------
+# --- behaviours the formulas read (ModelSpec fields that peakmem.hf sets per family) ------------------------
 STANDARD = {
     "attn_softmax_fp32": True, "attn_dropout_before_cast": False, "attn_logit_softcap": None,
     "final_logit_softcap": None, "rmsnorm_normed_fp32": False, "post_norm": False, "final_norm": True,

@@ -246,7 +246,7 @@ def _check(config: dict[str, Any] | Any, name: str) -> None:
 
 def test_every_supported_family_has_a_tiny_config() -> None:
     covered = {c["model_type"] for c in TINY.values()}
-    # kimi_k2 is DeepSeek-V3's builder under Kimi-K2's model_type (hf.py): the deepseek_v3 config covers it
+    # kimi_k2 is DeepSeek-V3's builder under Kimi-K2's model_type (peakmem.hf): deepseek_v3's config covers it
     assert covered == set(SUPPORTED_MODEL_TYPES) - {"kimi_k2"}
 
 

@@ -20,22 +20,17 @@ from peakmem.cli import main
 from peakmem.errors import ConfigError, InputError, MissingExtraError, PeakmemError
 from peakmem.formulas.lora import LoraConfig
 from peakmem.formulas.overhead import Overheads
+from peakmem.hf.reader import (
+    MAX_CONFIG_DEPTH,
+    MAX_CONFIG_FILE_BYTES,
+    _text_depth,
+    check_config,
+    read_config_file,
+)
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
 from peakmem.resolve import resolve_model
 from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
-from peakmem.validate import (
-    MAX_CONFIG_DEPTH,
-    MAX_CONFIG_FILE_BYTES,
-    MAX_DEVICE_BYTES,
-    MAX_GPUS,
-    MAX_LAYERS,
-    MAX_TOKENS,
-    _text_depth,
-    check_config,
-    check_int,
-    check_real,
-    read_config_file,
-)
+from peakmem.validate import MAX_DEVICE_BYTES, MAX_GPUS, MAX_LAYERS, MAX_TOKENS, check_int, check_real
 
 GPT2_XL: dict[str, Any] = dict(find_model("gpt2-xl").config)  # type: ignore[union-attr]
 

@@ -24,9 +24,10 @@ from typing import Any
 from peakmem.catalog import GPUS, Gpu, find_gpu, find_model, get_gpu, unknown_gpu, unknown_model
 from peakmem.errors import ConfigError, InputError, UnknownNameError
 from peakmem.formulas.step_time import REFERENCE_GPU
+from peakmem.hf import check_config, read_config_file
 from peakmem.model import ModelSpec
 from peakmem.units import ACCEPTED_SIZE_FORMS, looks_like_size, parse_size
-from peakmem.validate import MAX_DEVICE_BYTES, check_config, read_config_file, too_large
+from peakmem.validate import MAX_DEVICE_BYTES, too_large
 
 CONFIG_FILE = "config.json"
 # A Hub repository id: "owner/name", letters, digits, '-', '_', '.' (huggingface_hub's
@@ -182,7 +183,7 @@ def answered_by(
 def resolve_config(arg: str) -> tuple[str, dict[str, Any]]:
     """The name and the ``config.json`` dict a MODEL argument names (a copy: callers may change it).
 
-    The dict is within :func:`peakmem.validate.check_config`'s bounds (nesting, sizes, key types),
+    The dict is within :func:`peakmem.hf.check_config`'s bounds (nesting, sizes, key types),
     so no caller (spec building, simulate, measure) starts work on a model no cluster holds.
     """
     name, config = _find_config(arg)

@@ -9,20 +9,19 @@ layers would otherwise build 10^9 layer objects; ``hidden_size`` 10^30 would pri
 figure). They are deliberately far above every published model and job, so no real question is
 refused; each names what it exceeds.
 
-``config.json`` reading is bounded here too (:func:`read_config_file`, :func:`check_config`):
-file size, nesting depth, node count, and the type and size of the architecture keys.
+User files are read here within a size bound (:func:`read_user_file`, :func:`read_user_text`). A
+``config.json``'s own bounds (nesting, node count, its architecture keys' sizes) are checked in
+:mod:`peakmem.hf.reader`, the one place that knows HF key names, with the limits below.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from peakmem.choice import Choice
-from peakmem.errors import ConfigError, InputError
+from peakmem.errors import InputError
 
 _C = TypeVar("_C", bound=Choice)
 
@@ -42,15 +41,9 @@ MAX_DEVICE_BYTES = 2**50
 MAX_ELEMENTS = 2**50
 MAX_SHOWN_VALUE = 80  # an error shows at most this much of a value, so that it stays one line
 
-# --- config.json bounds ---------------------------------------------------------------------------------
-MAX_CONFIG_FILE_BYTES = 10 * 1000 * 1000  # 10 MB; the largest real config.json files are ~100 KB
-MAX_CONFIG_DEPTH = 32  # real configs nest 3-4 levels (text_config.rope_scaling.{...})
-MAX_CONFIG_NODES = 200_000  # values in the whole tree (per-layer lists of ~100 layers x a few keys)
-# Architecture keys and the largest value any model could plausibly have, each ~10-100x above
+# Architecture sizes: the largest value any model could plausibly have, each ~10-100x above
 # the largest published one (GPT-3: 96 layers, hidden 12288; PaLM 540B: 118 layers, hidden 18432;
 # vocabularies <= ~262k (Gemma 3); contexts <= 10M (Llama 4 Scout); experts <= 384 (Kimi K2)).
-# These are the Hugging Face key names peakmem.hf reads (and their GPT-2/T5-style aliases); a
-# key found anywhere in the tree (top level or a nested text_config) is checked.
 MAX_LAYERS = 10_000
 MAX_WIDTH = 2**20  # hidden / intermediate / head sizes: ~1e6
 MAX_HEADS = 2**16
@@ -133,7 +126,7 @@ def coerce_choice(obj: object, attr: str, enum: type[_C], field: str | None = No
     return member
 
 
-# --- config.json ------------------------------------------------------------------------------------------
+# --- user files -------------------------------------------------------------------------------------------
 def read_user_file(
     path: Path, *, what: str, max_bytes: int, label: str = "", error: type[InputError] = InputError
 ) -> bytes:
@@ -164,115 +157,3 @@ def read_user_text(
     except UnicodeDecodeError as e:
         name = f"{label} {path}" if label else str(path)
         raise error(f"{name}: not UTF-8 text ({e.reason}); expected {what}") from None
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Read and parse a config.json within the bounds above; errors name the file."""
-    text = read_user_text(path, what="a config.json", max_bytes=MAX_CONFIG_FILE_BYTES, error=ConfigError)
-    depth = _text_depth(text)
-    if depth > MAX_CONFIG_DEPTH:
-        raise ConfigError(
-            f"{path}: nested {depth} levels deep; a config.json nests at most {MAX_CONFIG_DEPTH}"
-        )
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError, ValueError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-        raise ConfigError(f"{path}: not valid JSON{where}: {msg}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object, not {type(data).__name__}")
-    return data
-
-
-def _text_depth(text: str) -> int:
-    """The deepest bracket nesting of a JSON text (strings skipped), without parsing it."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def check_config(config: Mapping[str, Any], int_limits: Mapping[str, int] | None = None) -> None:
-    """Bounds of a config dict (from a file, the catalog, the Hub or a web request):
-
-    nesting depth and node count; keys are strings; floats finite; every architecture key of
-    :data:`peakmem.hf.CONFIG_INT_LIMITS` (or ``int_limits``), wherever it appears, an integer (or a list
-    of integers, or null) no larger than its limit. Errors name the key and the value.
-    """
-    if int_limits is None:
-        from peakmem.hf import CONFIG_INT_LIMITS  # the HF key names live in hf.py
-
-        int_limits = CONFIG_INT_LIMITS
-    limits = int_limits
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"config: must be a JSON object, not {type(config).__name__}")
-    nodes = 0
-    stack: list[tuple[str, Any, int]] = [("", config, 1)]
-    while stack:
-        path, value, depth = stack.pop()
-        nodes += 1
-        if nodes > MAX_CONFIG_NODES:
-            raise ConfigError(f"config.json: more than {MAX_CONFIG_NODES:,} values; too large for a config")
-        if isinstance(value, Mapping):
-            if depth > MAX_CONFIG_DEPTH:
-                raise ConfigError(f"config.json: {path} nested more than {MAX_CONFIG_DEPTH} levels deep")
-            for key, item in value.items():
-                if not isinstance(key, (str, int)) or isinstance(key, bool):  # transformers' to_dict(): int
-                    where = path or "the top level"  # label keys (id2label); JSON has only strings
-                    raise ConfigError(f"config.json: key {key!r} in {where} must be a string")
-                where = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and key in limits:
-                    _check_config_int(where, item, limits[key])
-                if key in UNBOUNDED_KEYS and _is_bounds(item):
-                    continue
-                stack.append((where, item, depth + 1))
-        elif isinstance(value, (list, tuple)):
-            if depth > MAX_CONFIG_DEPTH:
-                raise ConfigError(f"config.json: {path} nested more than {MAX_CONFIG_DEPTH} levels deep")
-            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"config.json: {path}={value!r}: must be a finite number")
-        elif not (value is None or isinstance(value, (str, int, float, bool))):
-            raise ConfigError(f"config.json: {path}={value!r}: not a JSON value ({type(value).__name__})")
-
-
-# Keys whose values are (low, high) bounds where transformers writes +Infinity for "no bound": the
-# Mamba-2 family's ``time_step_limit`` defaults to (0.0, float("inf")) (transformers/models/mamba2/
-# configuration_mamba2.py; bamba, falcon_h1, granitemoehybrid and nemotron_h copy it), and every config
-# those classes save holds it (json.dumps writes Infinity). Elsewhere a float must be finite.
-UNBOUNDED_KEYS = frozenset({"time_step_limit"})
-
-
-def _is_bounds(value: Any) -> bool:
-    """A list of numbers, none NaN (infinite ones allowed)."""
-    return isinstance(value, (list, tuple)) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in value
-    )
-
-
-def _check_config_int(where: str, value: Any, limit: int) -> None:
-    items = value if isinstance(value, list) else [value]
-    for item in items:
-        if item is None:
-            continue
-        if isinstance(item, bool) or not isinstance(item, int):
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-            raise ConfigError(f"config.json: {where}={shown}: must be an integer")
-        if item > limit:
-            error = too_large(where, item, limit, "for this key; no model has that")
-            raise ConfigError(f"config.json: {error}")
