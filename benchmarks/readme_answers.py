@@ -14,11 +14,14 @@ Answers it finds (everything else in the README is prose and is left alone):
   same block of the form ``name = expression`` are run first, so the expression may use their names.
   Only expressions made of names, attributes (none starting with ``_``), subscripts, calls and
   literals are run, with ``peakmem`` the one name given; a line with anything else is not an answer.
-  Today: ``v = peakmem.infer(...)`` and ``v.fits, v["verdicts"][0]["max_concurrent"]`` in the Python
-  API section.
 
-``--check`` (the default) prints each answer: README line, what the README says, what peakmem says,
-ok; it exits 1 on a mismatch. ``--write`` rewrites those README lines from what peakmem says now.
+Today: ``$ peakmem train gpt2-xl --precision mixed-fp16 --seq 1024`` (the seed's answer), and in the
+Python API section ``v.fits, v["verdicts"][0]["max_concurrent"]`` (after its block's ``r = ...`` and
+``v = ...`` lines run); the lines without a value comment (``peakmem.fit``, ``peakmem.plan``) are not run.
+
+``--check`` (the default) prints one row per answer (its README line, ok or DIFFERS) and, for each
+line that differs, what the README says and what peakmem says; it exits 1 on a mismatch. ``--write``
+rewrites those README lines from what peakmem says now.
 tests/test_readme.py runs the check.
 """
 
