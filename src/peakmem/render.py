@@ -339,12 +339,15 @@ def _smallest_serving_gpu(spec: ModelSpec, setup: Any) -> str:
 
 # --- terminal ------------------------------------------------------------------------------------
 def console() -> Any:
+    import os
     import sys
 
     from rich.console import Console
 
-    # Piped output (scripts, CI logs) gets a fixed, wide-enough width instead of rich's 80.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    # Piped output (scripts, CI logs) gets a fixed, wide-enough width instead of rich's 80, unless an
+    # exported COLUMNS names one (rich reads it; benchmarks/readme_answers.py sets it so nothing wraps).
+    fixed = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    return Console(highlight=False, width=PIPE_WIDTH if fixed else None)
 
 
 def print_info(spec: ModelSpec, answered: AnsweredBy | None = None) -> None:
