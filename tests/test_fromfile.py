@@ -290,7 +290,7 @@ def test_recipe_plus_accelerate_deepspeed() -> None:
 
 
 def test_torchtune_builder_names() -> None:
-    from peakmem.fromfile import _torchtune_model_name
+    from peakmem.fromfile.torchtune import _torchtune_model_name
 
     assert _torchtune_model_name("lora_llama3_2_1b") == "llama-3.2-1b"
     assert _torchtune_model_name("qlora_llama3_1_8b") == "llama-3.1-8b"

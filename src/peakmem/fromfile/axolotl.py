@@ -1,0 +1,124 @@
+"""axolotl YAML (axolotl ``src/axolotl/utils/schemas/config.py`` ``AxolotlInputConfig``): ``base_model``,
+``adapter``, ``load_in_4bit/8bit``, ``lora_*``, ``micro_batch_size``, ``sequence_len``, ``sample_packing``,
+``gradient_checkpointing`` (``true`` or ``offload``), ``optimizer``, ``flash_attention``, ``sdp_attention``,
+Liger plugin keys, ``deepspeed``, ``fsdp``/``fsdp_config``; the rest of its keys are TrainingArguments'
+(axolotl hands them to the HF Trainer: :func:`peakmem.fromfile.hf_trainer.common_hf`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from peakmem.fromfile.hf_trainer import (
+    common_hf,
+    finish_precision,
+    hf_optimizer,
+    liger,
+    lora_from,
+    packing,
+    precision_flags,
+    quant_hf,
+)
+from peakmem.fromfile.mapper import Row, _Mapper, as_int, names_list, take, truthy
+
+AXOLOTL_FSDP_DEFAULT_VERSION = 1  # axolotl fsdp_config without fsdp_version: accelerate's FSDP1 plugin
+AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.sequence_len
+_BATCH_ROWS = (
+    Row("micro_batch_size", "batch", as_int),
+    Row("gradient_accumulation_steps", "grad_accum", as_int),
+)
+
+
+def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
+    if doc.get("base_model"):
+        m.set("model", str(doc["base_model"]), "base_model")
+    adapter = str(doc.get("adapter") or "").lower()
+    quant_key = None
+    if adapter in ("lora", "qlora"):
+        quant_key = quant_hf(m, doc, double_quant_default=True, who="axolotl")
+        method = "qlora" if adapter == "qlora" or quant_key else "lora"
+        m.set("method", method, "adapter", f"with {quant_key}" if quant_key and adapter == "lora" else "")
+        lora_from(m, doc, "lora_r", None)
+        if truthy(doc.get("lora_target_linear")):
+            m.set("lora_targets", "all-linear", "lora_target_linear")
+        elif doc.get("lora_target_modules"):
+            m.set("lora_targets", ",".join(names_list(doc["lora_target_modules"])), "lora_target_modules")
+        if doc.get("lora_modules_to_save"):
+            m.skip(
+                "lora_modules_to_save",
+                doc["lora_modules_to_save"],
+                "trainable copies of these modules (embeddings, LM head) are not counted",
+            )
+    elif adapter:
+        m.skip("adapter", adapter, "an adapter peakmem has no model of; counted as full fine-tuning")
+        m.set("method", "full", "adapter")
+    else:
+        m.set("method", "full", "(no adapter: full fine-tuning)")
+    take(m, doc, _BATCH_ROWS)
+    micro, accum = m.options.get("batch"), m.options.get("grad_accum")
+    total = as_int(m, "batch_size", doc.get("batch_size"))
+    # axolotl: two of micro_batch_size, gradient_accumulation_steps and batch_size give the third
+    if accum is not None and micro is None and total is not None:
+        m.set(
+            "batch",
+            max(1, total // accum),
+            "batch_size",
+            "axolotl: batch_size // gradient_accumulation_steps",
+        )
+    elif accum is None and micro and total is not None:
+        m.set("grad_accum", max(1, total // micro), "batch_size", "axolotl: batch_size // micro_batch_size")
+    seq = as_int(m, "sequence_len", doc.get("sequence_len"))
+    m.set(
+        "seq",
+        seq if seq is not None else AXOLOTL_SEQUENCE_LEN,
+        "sequence_len" if seq is not None else "(axolotl default sequence_len)",
+    )
+    packing(m, doc, ("sample_packing", "pad_to_sequence_len"))
+    if doc.get("optimizer"):
+        hf_optimizer(m, "optimizer", doc["optimizer"])
+    if truthy(doc.get("flash_attention")):
+        m.set("attention", "flash", "flash_attention")
+    elif truthy(doc.get("sdp_attention")):
+        m.set("attention", "sdpa", "sdp_attention")
+    elif truthy(doc.get("eager_attention")):
+        m.set("attention", "eager", "eager_attention")
+    plugins = [str(p) for p in doc.get("plugins") or []]
+    liger_flags = ("liger_fused_linear_cross_entropy", "liger_rms_norm", "liger_glu_activation")
+    if all(truthy(doc.get(flag)) for flag in liger_flags):
+        liger(m, "liger_fused_linear_cross_entropy")  # the kernels --liger models, all on
+    elif truthy(doc.get("liger_fused_linear_cross_entropy")) or truthy(doc.get("liger_cross_entropy")):
+        key = (
+            "liger_fused_linear_cross_entropy"
+            if "liger_fused_linear_cross_entropy" in doc
+            else "liger_cross_entropy"
+        )
+        m.set("loss", "fused", key, "Liger fused linear cross-entropy: no full logits")
+        m.kernel("liger", "fused_linear_cross_entropy")
+    for flag, name in (
+        ("liger_rope", "rope"),
+        ("liger_rms_norm", "rms_norm"),
+        ("liger_glu_activation", "swiglu"),
+    ):
+        if truthy(doc.get(flag)):
+            m.kernel("liger", name)
+            if not m.options.get("liger"):
+                m.skip(flag, True, "one Liger kernel alone: peakmem models them together (--liger)")
+    if any("CutCrossEntropy" in p for p in plugins) or truthy(doc.get("cut_cross_entropy")):
+        m.set(
+            "loss",
+            "fused",
+            "plugins" if plugins else "cut_cross_entropy",
+            "cut-cross-entropy: no full logits",
+        )
+        m.kernel("cut_cross_entropy", True)
+    for flag in ("unsloth_cross_entropy_loss", "unsloth_lora_mlp", "unsloth_lora_qkv", "unsloth_lora_o"):
+        if truthy(doc.get(flag)):
+            m.kernel("unsloth", flag.removeprefix("unsloth_"))
+    weights = ("bf16", m.src("bf16")) if truthy(doc.get("bf16")) else None
+    if weights is None and truthy(doc.get("fp16")):
+        weights = ("fp16", m.src("fp16"))
+    if weights is None and truthy(doc.get("float32")):
+        weights = ("fp32", m.src("float32"))
+    precision_flags(m, doc)
+    common_hf(m, {k: v for k, v in doc.items() if k not in ("optimizer",)}, AXOLOTL_FSDP_DEFAULT_VERSION)
+    finish_precision(m, weights, upcast_full=False)
