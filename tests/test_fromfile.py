@@ -555,6 +555,25 @@ def test_missing_referenced_deepspeed_file(tmp_path: Path) -> None:
     assert str(recipe) in err and "deepspeed='configs/ds_z9.json'" in err and "no such file" in err
 
 
+def test_missing_referenced_deepspeed_file_matched_to_the_one_given(tmp_path: Path) -> None:
+    """`--from recipe.yaml --from ds_z3.json`: the recipe's deepspeed path (written for another machine)
+    does not resolve; the DeepSpeed file given is the one meant, and the echo says so."""
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(
+        "model_name_or_path: gpt2\nfinetuning_type: full\ncutoff_len: 512\ndeepspeed: configs/ds_z9.json\n"
+    )
+    out = _cli_json(["train", "--from", str(recipe), "--from", str(LF_Z3_OFFLOAD), "--gpus", "2"])
+    block = out["from_file"]
+    assert block["files"] == [str(recipe), str(LF_Z3_OFFLOAD)]
+    assert block["format"] == "llama-factory + deepspeed"
+    assert (out["setup"]["method"], out["parallelism"]["zero_stage"]) == ("full", 3)
+    assert any(
+        f"{recipe}:deepspeed = configs/ds_z9.json: no such file; matched to the DeepSpeed file given: "
+        f"{LF_Z3_OFFLOAD}" in note
+        for note in block["notes"]
+    ), block["notes"]
+
+
 def test_bad_value_names_the_key(tmp_path: Path) -> None:
     f = tmp_path / "a.yml"
     f.write_text("base_model: gpt2\nmicro_batch_size: two\n")

@@ -41,25 +41,39 @@ from peakmem.fromfile.torchtune import map_torchtune
 
 
 def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
-    """Read each file (and the DeepSpeed JSON each names), then map them all (:func:`map_documents`)."""
+    """Read each file (and the DeepSpeed JSON each names), then map them all (:func:`map_documents`).
+    A DeepSpeed path a file names that does not resolve is an error unless a DeepSpeed JSON was given
+    with another ``--from``: then that one is the file meant (a recipe names the path on the machine it
+    was written for), and the echo says so."""
+    given = [(Path(path), load_document(path)) for path in paths]
+    ds_given = [str(p) for p, doc in given if _is_deepspeed(doc)]
     docs: list[tuple[str, dict[str, Any]]] = []
-    for path in paths:
-        p = Path(path)
-        doc = load_document(p)
+    notes: list[str] = []
+    for p, doc in given:
         docs.append((str(p), doc))
-
-        def load(ref: str, key: str, p: Path = p) -> tuple[str, dict[str, Any]]:
+        for key, ref in deepspeed_refs(doc):
             found = find_referenced(ref, p.parent)
-            if found is None:
+            if found is not None:
+                docs.append((str(found), load_document(found)))
+            elif ds_given:
+                notes.append(
+                    f"{p}:{key} = {ref}: no such file; matched to the DeepSpeed file given: "
+                    + ", ".join(ds_given)
+                )
+            else:
                 raise InputError(
                     f"--from {p}: {key}={ref!r}: no such file (looked relative to {p.parent}, "
                     "the folders above it and the current directory)"
                 )
-            return str(found), load_document(found)
+    found = map_documents(docs, local_model_dirs(docs))
+    return replace(found, notes=(*found.notes, *notes)) if notes else found
 
-        for key, ref in deepspeed_refs(doc):
-            docs.append(load(ref, key))
-    return map_documents(docs, local_model_dirs(docs))
+
+def _is_deepspeed(doc: Mapping[str, Any]) -> bool:
+    try:
+        return detect_format(doc) == DEEPSPEED
+    except InputError:
+        return False  # map_documents names the file it cannot place
 
 
 def map_training_arguments(
