@@ -794,3 +794,35 @@ def test_map_training_arguments_strict_names_what_is_not_modelled() -> None:
         "bf16",
         2,
     )
+
+
+def test_axolotl_context_parallel_size_is_cp(tmp_path: Path) -> None:
+    """axolotl schemas/config.py context_parallel_size: each sequence split over that many GPUs (a divisor
+    of the world; utils/distributed.py gives the rest to data parallelism): peakmem's --cp, and the GPUs
+    it implies where no file says how many."""
+    cfg = tmp_path / "cp.yml"
+    cfg.write_text(
+        "base_model: x\nsequence_len: 8192\nflash_attention: true\noptimizer: adamw_torch_fused\n"
+        "context_parallel_size: 4\n"
+    )
+    out = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg)])
+    par = out["parallelism"]
+    assert (par["cp"], par["gpus"], par["dp"]) == (4, 4, 1)
+    mapped = {f["field"]: f for f in out["from_file"]["mapped"]}
+    assert mapped["cp"]["value"] == 4 and mapped["cp"]["from"] == f"{cfg}:context_parallel_size"
+    assert mapped["gpus"]["value"] == 4 and mapped["gpus"]["from"] == f"{cfg}:context_parallel_size"
+    assert not any("context_parallel_size" in item for item in out["from_file"]["not_modelled"])
+    assert out["setup"]["seq_len"] == 8192
+    flags = _cli_json(["train", "llama-3.2-1b", "--seq", "8192", "--attention", "flash", "--cp", "4",
+                       "--gpus", "4", "--precision", "fp32", "--optimizer-impl", "fused"])  # fmt: skip
+    assert out["peak_allocated_bytes"] == flags["peak_allocated_bytes"]
+    # the command line's GPUs win; the deprecated sequence_parallel_degree is read where cp is unset
+    # (schemas/validation.py check_context_parallel_size)
+    wide = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg), "--gpus", "8"])
+    assert (wide["parallelism"]["cp"], wide["parallelism"]["dp"]) == (4, 2)
+    old = map_documents([("a.yml", {"base_model": "x", "sequence_parallel_degree": 2})])
+    assert (old.options["cp"], old.options["gpus"]) == (2, 2)
+    # another file's number of GPUs is kept (accelerate num_processes: all processes)
+    both = map_documents([("a.yml", {"base_model": "x", "context_parallel_size": 2}),
+                          ("acc.yaml", {"distributed_type": "MULTI_GPU", "num_processes": 8})])  # fmt: skip
+    assert (both.options["cp"], both.options["gpus"]) == (2, 8)

@@ -19,7 +19,7 @@ from peakmem.fromfile.hf_trainer import (
     precision_flags,
     quant_hf,
 )
-from peakmem.fromfile.mapper import Row, _Mapper, as_int, names_list, take, truthy
+from peakmem.fromfile.mapper import Field, Row, _Mapper, as_int, names_list, take, truthy
 
 AXOLOTL_FSDP_DEFAULT_VERSION = 1  # axolotl fsdp_config without fsdp_version: accelerate's FSDP1 plugin
 AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.sequence_len
@@ -27,6 +27,27 @@ _BATCH_ROWS = (
     Row("micro_batch_size", "batch", as_int),
     Row("gradient_accumulation_steps", "grad_accum", as_int),
 )
+
+# keys read here that TrainingArguments does not take (common_hf reads the rest)
+_OWN_KEYS = ("optimizer", "context_parallel_size", "sequence_parallel_degree")
+# axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.context_parallel_size: "a divisor of the
+# number of GPUs available to split sequences into chunks of equal size" (ring-flash-attn across the
+# group; utils/schemas/validation.py check_context_parallel_size takes the deprecated
+# sequence_parallel_degree where context_parallel_size is unset). utils/distributed.py
+# _get_parallel_config_kwargs: the world is tp x cp x the data-parallel rest, so cp GPUs at the least.
+_CP_KEYS = ("context_parallel_size", "sequence_parallel_degree")
+CP_NOTE = "context parallelism: each sequence split into cp equal chunks across cp GPUs, ring attention"
+CP_GPUS_NOTE = "the context-parallel group and no data parallelism; give --gpus for more"
+
+
+def _context_parallel(m: _Mapper, doc: Mapping[str, Any]) -> None:
+    key = next((k for k in _CP_KEYS if doc.get(k)), None)
+    cp = as_int(m, key, doc[key]) if key else None
+    if key is None or cp is None:
+        return
+    m.set("cp", cp, key, CP_NOTE)
+    if cp > 1:
+        m.implied_gpus = Field("gpus", cp, m.src(key), CP_GPUS_NOTE)
 
 
 def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
@@ -120,5 +141,6 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     if weights is None and truthy(doc.get("float32")):
         weights = ("fp32", m.src("float32"))
     precision_flags(m, doc)
-    common_hf(m, {k: v for k, v in doc.items() if k not in ("optimizer",)}, AXOLOTL_FSDP_DEFAULT_VERSION)
+    _context_parallel(m, doc)
+    common_hf(m, {k: v for k, v in doc.items() if k not in _OWN_KEYS}, AXOLOTL_FSDP_DEFAULT_VERSION)
     finish_precision(m, weights, upcast_full=False)

@@ -144,6 +144,7 @@ def _merge(
     half: tuple[str, str] | None = None
     deepspeed = False
     global_batch: tuple[int, str] | None = None
+    implied_gpus: Field | None = None
     fp32_default: str | None = None
     for m, fmt in zip(mappers, formats, strict=True):
         for dest, value in m.options.items():
@@ -172,6 +173,7 @@ def _merge(
         half = half or m.half
         deepspeed = deepspeed or m.deepspeed
         global_batch = m.global_batch or global_batch
+        implied_gpus = m.implied_gpus or implied_gpus
         fp32_default = fp32_default or m.fp32_default
     if deepspeed and half is not None:
         # DeepSpeed's bf16/fp16 engine: 16-bit weights and grads, fp32 master weights and optimizer states
@@ -193,6 +195,9 @@ def _merge(
         fields["precision"] = Field("precision", "fp32", fp32_default, "fp32 weights, no autocast")
     if global_batch is not None:
         _split_global_batch(global_batch, options, fields, notes)
+    if implied_gpus is not None and "gpus" not in options:  # no file gives them otherwise
+        options["gpus"] = implied_gpus.value
+        fields["gpus"] = implied_gpus
     if "gpus" not in options and (options.get("zero") or options.get("fsdp") not in (None, "none")):
         notes.append("the number of GPUs is not in the file(s): give --gpus N (1 is assumed)")
     if "model" not in options:
