@@ -52,9 +52,9 @@ def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
     for p, doc in given:
         docs.append((str(p), doc))
         for key, ref in deepspeed_refs(doc):
-            found = find_referenced(ref, p.parent)
-            if found is not None:
-                docs.append((str(found), load_document(found)))
+            named = find_referenced(ref, p.parent)
+            if named is not None:
+                docs.append((str(named), load_document(named)))
             elif ds_given:
                 notes.append(
                     f"{p}:{key} = {ref}: no such file; matched to the DeepSpeed file given: "
