@@ -11,6 +11,7 @@ from typing import Any
 
 from peakmem.fromfile.hf_trainer import (
     common_hf,
+    default_optimizer,
     finish_precision,
     hf_optimizer,
     liger,
@@ -22,6 +23,13 @@ from peakmem.fromfile.hf_trainer import (
 from peakmem.fromfile.mapper import Field, Row, _Mapper, as_int, names_list, take, truthy
 
 AXOLOTL_FSDP_DEFAULT_VERSION = 1  # axolotl fsdp_config without fsdp_version: accelerate's FSDP1 plugin
+# axolotl src/axolotl/utils/schemas/training.py HyperparametersConfig.optimizer: default "adamw_torch_fused"
+# (handed to TrainingArguments.optim; the same as transformers' own default on torch >= 2.8)
+AXOLOTL_DEFAULT_OPTIMIZER = "adamw_torch_fused"
+AXOLOTL_DEFAULT_OPTIMIZER_SOURCE = (
+    "(axolotl default optimizer=adamw_torch_fused: "
+    "src/axolotl/utils/schemas/training.py HyperparametersConfig.optimizer)"
+)
 AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.sequence_len
 _BATCH_ROWS = (
     Row("micro_batch_size", "batch", as_int),
@@ -97,6 +105,8 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     packing(m, doc, ("sample_packing", "pad_to_sequence_len"))
     if doc.get("optimizer"):
         hf_optimizer(m, "optimizer", doc["optimizer"])
+    else:
+        default_optimizer(m, AXOLOTL_DEFAULT_OPTIMIZER, AXOLOTL_DEFAULT_OPTIMIZER_SOURCE)
     if truthy(doc.get("flash_attention")):
         m.set("attention", "flash", "flash_attention")
     elif truthy(doc.get("sdp_attention")):
@@ -142,5 +152,5 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
         weights = ("fp32", m.src("float32"))
     precision_flags(m, doc)
     _context_parallel(m, doc)
-    common_hf(m, {k: v for k, v in doc.items() if k not in _OWN_KEYS}, AXOLOTL_FSDP_DEFAULT_VERSION)
+    common_hf(m, {k: v for k, v in doc.items() if k not in _OWN_KEYS}, AXOLOTL_FSDP_DEFAULT_VERSION, None)
     finish_precision(m, weights, upcast_full=False)

@@ -124,6 +124,22 @@ _NOT_MODELLED: dict[str, str] = {
 }
 
 
+# A file that leaves ``optim`` out gets TrainingArguments' default: transformers 5.23 training_args.py
+# lines 806-813, default_optim = "adamw_torch", "adamw_torch_fused" where is_torch_greater_or_equal_than_2_8
+# (peakmem assumes a current torch, as the installed one). Counted as a field of its own, so the echo
+# shows it; another file's optimizer (a DeepSpeed "optimizer" section) wins over it in either order.
+HF_DEFAULT_OPTIM = "adamw_torch_fused"
+HF_DEFAULT_OPTIM_SOURCE = (
+    "(transformers default optim=adamw_torch_fused on torch >= 2.8: transformers/training_args.py:806-813)"
+)
+
+
+def default_optimizer(m: _Mapper, name: str, source: str) -> None:
+    """The framework's default ``optim`` (``source``: where it is defined), weaker than any file's value."""
+    hf_optimizer(m, source, name)
+    m.defaults.update(("optimizer", "optimizer_impl"))
+
+
 def hf_optimizer(m: _Mapper, key: str, value: Any, optim_args: Any = None) -> None:
     name = str(getattr(value, "value", value)).strip().lower()  # an OptimizerNames member, live
     found = HF_OPTIMIZERS.get(name)
@@ -330,9 +346,15 @@ _BATCH_ROWS = (
 )
 
 
-def common_hf(m: _Mapper, doc: Mapping[str, Any], fsdp_version: int = HF_FSDP_DEFAULT_VERSION) -> None:
+def common_hf(
+    m: _Mapper,
+    doc: Mapping[str, Any],
+    fsdp_version: int = HF_FSDP_DEFAULT_VERSION,
+    default_optim: str | None = HF_DEFAULT_OPTIM_SOURCE,
+) -> None:
     """TrainingArguments keys shared by axolotl, LLaMA-Factory and TRL files (and PeakmemCallback's live
-    ``args.to_dict()``)."""
+    ``args.to_dict()``). ``default_optim``: the source of transformers' default optimizer where ``doc``
+    has no ``optim`` (None: the caller read the optimizer itself)."""
     take(m, doc, _BATCH_ROWS)
     # transformers 5 renames gradient_checkpointing to activation_checkpointing (both are written)
     present = [k for k in ("gradient_checkpointing", "activation_checkpointing") if doc.get(k) is not None]
@@ -353,8 +375,10 @@ def common_hf(m: _Mapper, doc: Mapping[str, Any], fsdp_version: int = HF_FSDP_DE
         m.set("checkpointing", "full", gc_key)
     elif gc is not None:
         m.set("checkpointing", "none", gc_key)
-    if "optim" in doc and doc["optim"] is not None:
+    if doc.get("optim") is not None:
         hf_optimizer(m, "optim", doc["optim"], doc.get("optim_args"))
+    elif default_optim is not None:
+        default_optimizer(m, HF_DEFAULT_OPTIM, default_optim)
     if doc.get("attn_implementation"):
         _attention_impl(m, "attn_implementation", doc["attn_implementation"])
     elif truthy(doc.get("use_flash_attention_2")):

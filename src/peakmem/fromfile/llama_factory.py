@@ -23,6 +23,12 @@ from peakmem.fromfile.mapper import _Mapper, as_int, names_list, truthy
 
 LLAMA_FACTORY_LORA_RANK = 8  # llamafactory/hparams/finetuning_args.py LoraArguments.lora_rank
 LLAMA_FACTORY_CUTOFF_LEN = 2048  # llamafactory/hparams/data_args.py DataArguments.cutoff_len
+# llamafactory/hparams/training_args.py TrainingArguments subclasses transformers' Seq2SeqTrainingArguments
+# without an optim field: transformers' default optimizer stands (hf_trainer.HF_DEFAULT_OPTIM)
+LLAMA_FACTORY_DEFAULT_OPTIM_SOURCE = (
+    "(transformers default optim=adamw_torch_fused on torch >= 2.8, transformers/training_args.py:806-813; "
+    "LLaMA-Factory's hparams/training_args.py keeps it)"
+)
 
 
 def _twice(rank: int) -> float:
@@ -113,5 +119,5 @@ def map_llama_factory(m: _Mapper, doc: Mapping[str, Any]) -> None:
             "disable_gradient_checkpointing" if off else "(LLaMA-Factory default: gradient checkpointing on)",
             keep=True,
         )
-    common_hf(m, doc)
+    common_hf(m, doc, default_optim=LLAMA_FACTORY_DEFAULT_OPTIM_SOURCE)
     finish_precision(m, weights, upcast_full=not pure)

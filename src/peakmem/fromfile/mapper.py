@@ -146,6 +146,9 @@ class _Mapper:
         # GPUs a parallel degree in the file implies (axolotl context_parallel_size): used by the merge
         # only where no file gives the number of GPUs
         self.implied_gpus: Field | None = None
+        # dests set from a framework's default (the optimizer a file leaves out): another file's value
+        # wins over them, whichever comes first
+        self.defaults: set[str] = set()
 
     def src(self, key: str) -> str:
         return f"{self.name}:{key}"

@@ -151,6 +151,8 @@ def _merge(
             # A DeepSpeed file's batch, accumulation and optimizer never override the training file's
             # own (HF Trainer fills DeepSpeed's values from its arguments and refuses a mismatch).
             # Its optimizer section does win: DeepSpeed builds that optimizer (deepspeed.py).
+            if dest in options and dest in m.defaults:
+                continue  # a framework's default never overrides another file's value
             if dest in options and fmt == DEEPSPEED and dest in ("batch", "grad_accum"):
                 if options[dest] != value:
                     notes.append(
