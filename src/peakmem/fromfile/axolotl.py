@@ -31,9 +31,10 @@ AXOLOTL_DEFAULT_OPTIMIZER_SOURCE = (
     "src/axolotl/utils/schemas/training.py HyperparametersConfig.optimizer)"
 )
 AXOLOTL_SEQUENCE_LEN = 512  # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.sequence_len
-_BATCH_ROWS = (
+_ROWS = (
     Row("micro_batch_size", "batch", as_int),
     Row("gradient_accumulation_steps", "grad_accum", as_int),
+    Row("sequence_len", "seq", as_int),
 )
 
 # keys read here that TrainingArguments does not take (common_hf reads the rest)
@@ -83,7 +84,7 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
         m.set("method", "full", "adapter")
     else:
         m.set("method", "full", "(no adapter: full fine-tuning)")
-    take(m, doc, _BATCH_ROWS)
+    take(m, doc, _ROWS)
     micro, accum = m.options.get("batch"), m.options.get("grad_accum")
     total = as_int(m, "batch_size", doc.get("batch_size"))
     # axolotl: two of micro_batch_size, gradient_accumulation_steps and batch_size give the third
@@ -96,12 +97,7 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
         )
     elif accum is None and micro and total is not None:
         m.set("grad_accum", max(1, total // micro), "batch_size", "axolotl: batch_size // micro_batch_size")
-    seq = as_int(m, "sequence_len", doc.get("sequence_len"))
-    m.set(
-        "seq",
-        seq if seq is not None else AXOLOTL_SEQUENCE_LEN,
-        "sequence_len" if seq is not None else "(axolotl default sequence_len)",
-    )
+    m.set("seq", AXOLOTL_SEQUENCE_LEN, "(axolotl default sequence_len)", keep=True)
     packing(m, doc, ("sample_packing", "pad_to_sequence_len"))
     if doc.get("optimizer"):
         hf_optimizer(m, "optimizer", doc["optimizer"])

@@ -19,7 +19,7 @@ from peakmem.fromfile.hf_trainer import (
     packing,
     precision_flags,
 )
-from peakmem.fromfile.mapper import _Mapper, as_int, names_list, truthy
+from peakmem.fromfile.mapper import Row, _Mapper, as_int, names_list, take, truthy
 
 LLAMA_FACTORY_LORA_RANK = 8  # llamafactory/hparams/finetuning_args.py LoraArguments.lora_rank
 LLAMA_FACTORY_CUTOFF_LEN = 2048  # llamafactory/hparams/data_args.py DataArguments.cutoff_len
@@ -74,12 +74,8 @@ def map_llama_factory(m: _Mapper, doc: Mapping[str, Any]) -> None:
     else:
         m.set("method", "full", "finetuning_type", "counted as full fine-tuning (an upper bound)")
         m.skip("finetuning_type", kind, "only some layers train")
-    seq = as_int(m, "cutoff_len", doc.get("cutoff_len"))
-    m.set(
-        "seq",
-        seq if seq is not None else LLAMA_FACTORY_CUTOFF_LEN,
-        "cutoff_len" if seq is not None else "(LLaMA-Factory default cutoff_len)",
-    )
+    take(m, doc, (Row("cutoff_len", "seq", as_int),))
+    m.set("seq", LLAMA_FACTORY_CUTOFF_LEN, "(LLaMA-Factory default cutoff_len)", keep=True)
     packing(m, doc, ("packing", "neat_packing"))
     fa = str(doc.get("flash_attn") or "").lower()
     if fa in ("fa2", "fa3"):
