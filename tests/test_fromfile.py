@@ -25,6 +25,7 @@ AXOLOTL_QLORA = FIX / "axolotl" / "qlora.yml"
 AXOLOTL_FSDP = FIX / "axolotl" / "fft-8b-liger-fsdp.yaml"
 LF_LORA = FIX / "llama-factory" / "examples" / "train_lora" / "llama3_lora_sft.yaml"
 LF_DS3 = FIX / "llama-factory" / "examples" / "train_lora" / "llama3_lora_sft_ds3.yaml"
+LF_QWEN3_FULL = FIX / "llama-factory" / "examples" / "train_full" / "qwen3_full_sft.yaml"
 LF_Z3_OFFLOAD = FIX / "llama-factory" / "examples" / "deepspeed" / "ds_z3_offload_config.json"
 TT_LORA = FIX / "torchtune" / "1B_lora_single_device.yaml"
 TT_QLORA = FIX / "torchtune" / "1B_qlora_single_device.yaml"
@@ -114,6 +115,8 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "seq": 1024,
             "checkpointing": "full",
             "precision": "bf16",
+            "optimizer": "adamw",  # no optim: transformers' default adamw_torch_fused
+            "optimizer_impl": "fused",
         },
     ),
     (
@@ -193,6 +196,8 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "seq": 2048,
             "attention": "flash",
             "precision": "bf16",
+            "optimizer": "adamw",  # no optim: transformers' default adamw_torch_fused
+            "optimizer_impl": "fused",
         },
     ),
     (
@@ -290,7 +295,7 @@ def test_recipe_plus_accelerate_deepspeed() -> None:
 
 
 def test_torchtune_builder_names() -> None:
-    from peakmem.fromfile import _torchtune_model_name
+    from peakmem.fromfile.torchtune import _torchtune_model_name
 
     assert _torchtune_model_name("lora_llama3_2_1b") == "llama-3.2-1b"
     assert _torchtune_model_name("qlora_llama3_1_8b") == "llama-3.1-8b"
@@ -358,6 +363,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "full",
                 "--precision",
                 "bf16",
+                "--optimizer-impl",
+                "fused",  # no optim in the file: transformers' default adamw_torch_fused
             ],
         ),
         # NousResearch/Meta-Llama-3-8B is not in the catalog: the command line names the same model
@@ -424,6 +431,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "flash",
                 "--precision",
                 "bf16",
+                "--optimizer-impl",
+                "fused",  # no optim in the file: transformers' default adamw_torch_fused
             ],
         ),
         (
@@ -476,6 +485,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "3",
                 "--gpus",
                 "4",
+                "--optimizer-impl",
+                "fused",  # no optim, and no optimizer section in ds_z3_config.json: transformers' default
             ],
         ),
     ],
@@ -553,6 +564,25 @@ def test_missing_referenced_deepspeed_file(tmp_path: Path) -> None:
     code, err = _cli_error(["train", "--from", str(recipe)])
     assert code == 2
     assert str(recipe) in err and "deepspeed='configs/ds_z9.json'" in err and "no such file" in err
+
+
+def test_missing_referenced_deepspeed_file_matched_to_the_one_given(tmp_path: Path) -> None:
+    """`--from recipe.yaml --from ds_z3.json`: the recipe's deepspeed path (written for another machine)
+    does not resolve; the DeepSpeed file given is the one meant, and the echo says so."""
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(
+        "model_name_or_path: gpt2\nfinetuning_type: full\ncutoff_len: 512\ndeepspeed: configs/ds_z9.json\n"
+    )
+    out = _cli_json(["train", "--from", str(recipe), "--from", str(LF_Z3_OFFLOAD), "--gpus", "2"])
+    block = out["from_file"]
+    assert block["files"] == [str(recipe), str(LF_Z3_OFFLOAD)]
+    assert block["format"] == "llama-factory + deepspeed"
+    assert (out["setup"]["method"], out["parallelism"]["zero_stage"]) == ("full", 3)
+    assert any(
+        f"{recipe}:deepspeed = configs/ds_z9.json: no such file; matched to the DeepSpeed file given: "
+        f"{LF_Z3_OFFLOAD}" in note
+        for note in block["notes"]
+    ), block["notes"]
 
 
 def test_bad_value_names_the_key(tmp_path: Path) -> None:
@@ -681,7 +711,18 @@ def test_liger_and_compile_from_a_file_equal_the_flags(tmp_path: Path) -> None:
         json.dumps({"output_dir": "o", "use_liger_kernel": True, "torch_compile": True, "bf16": True})
     )
     got = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg)])
-    flags = _cli_json(["train", "llama-3.2-1b", "--precision", "amp-bf16", "--liger", "--compile"])
+    flags = _cli_json(
+        [
+            "train",
+            "llama-3.2-1b",
+            "--precision",
+            "amp-bf16",
+            "--liger",
+            "--compile",
+            "--optimizer-impl",
+            "fused",
+        ]
+    )  # no optim in the file: transformers' default adamw_torch_fused
     assert got["peak_allocated_bytes"] == flags["peak_allocated_bytes"]
     assert got["setup"]["liger"] is True and got["setup"]["compiled"] is True
 
@@ -775,3 +816,67 @@ def test_map_training_arguments_strict_names_what_is_not_modelled() -> None:
         "bf16",
         2,
     )
+
+
+def test_axolotl_context_parallel_size_is_cp(tmp_path: Path) -> None:
+    """axolotl schemas/config.py context_parallel_size: each sequence split over that many GPUs (a divisor
+    of the world; utils/distributed.py gives the rest to data parallelism): peakmem's --cp, and the GPUs
+    it implies where no file says how many."""
+    cfg = tmp_path / "cp.yml"
+    cfg.write_text(
+        "base_model: x\nsequence_len: 8192\nflash_attention: true\noptimizer: adamw_torch_fused\n"
+        "context_parallel_size: 4\n"
+    )
+    out = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg)])
+    par = out["parallelism"]
+    assert (par["cp"], par["gpus"], par["dp"]) == (4, 4, 1)
+    mapped = {f["field"]: f for f in out["from_file"]["mapped"]}
+    assert mapped["cp"]["value"] == 4 and mapped["cp"]["from"] == f"{cfg}:context_parallel_size"
+    assert mapped["gpus"]["value"] == 4 and mapped["gpus"]["from"] == f"{cfg}:context_parallel_size"
+    assert not any("context_parallel_size" in item for item in out["from_file"]["not_modelled"])
+    assert out["setup"]["seq_len"] == 8192
+    flags = _cli_json(["train", "llama-3.2-1b", "--seq", "8192", "--attention", "flash", "--cp", "4",
+                       "--gpus", "4", "--precision", "fp32", "--optimizer-impl", "fused"])  # fmt: skip
+    assert out["peak_allocated_bytes"] == flags["peak_allocated_bytes"]
+    # the command line's GPUs win; the deprecated sequence_parallel_degree is read where cp is unset
+    # (schemas/validation.py check_context_parallel_size)
+    wide = _cli_json(["train", "llama-3.2-1b", "--from", str(cfg), "--gpus", "8"])
+    assert (wide["parallelism"]["cp"], wide["parallelism"]["dp"]) == (4, 2)
+    old = map_documents([("a.yml", {"base_model": "x", "sequence_parallel_degree": 2})])
+    assert (old.options["cp"], old.options["gpus"]) == (2, 2)
+    # another file's number of GPUs is kept (accelerate num_processes: all processes)
+    both = map_documents([("a.yml", {"base_model": "x", "context_parallel_size": 2}),
+                          ("acc.yaml", {"distributed_type": "MULTI_GPU", "num_processes": 8})])  # fmt: skip
+    assert (both.options["cp"], both.options["gpus"]) == (2, 8)
+
+
+def test_optim_left_out_is_the_frameworks_default() -> None:
+    """transformers 5.23 training_args.py:806-813: optim defaults to adamw_torch_fused on torch >= 2.8
+    (LLaMA-Factory's TrainingArguments keeps it; axolotl's schemas/training.py sets the same): --from maps
+    the file that leaves optim out to fused AdamW, echoed with where the default is defined."""
+    for doc, where in (
+        ({"output_dir": "o"}, "transformers/training_args.py:806-813"),
+        ({"finetuning_type": "full"}, "LLaMA-Factory's hparams/training_args.py keeps it"),
+        ({"base_model": "x"}, "src/axolotl/utils/schemas/training.py HyperparametersConfig.optimizer"),
+    ):
+        found = map_documents([("a.yaml", doc)])
+        assert (found.options["optimizer"], found.options["optimizer_impl"]) == ("adamw", "fused")
+        mapped = {f.field: f.source for f in found.mapped}
+        assert where in mapped["optimizer"] and mapped["optimizer"] == mapped["optimizer-impl"], mapped
+        assert any(f"optimizer = adamw  <- {mapped['optimizer']}" in line for line in found.echo_lines())
+    # a DeepSpeed optimizer section wins over the default, in either order of the files
+    ds = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lion"}}
+    for docs in (({"output_dir": "o"}, ds), (ds, {"output_dir": "o"})):
+        assert _options(*docs)["optimizer"] == "lion"
+
+
+def test_llama_factory_full_sft_steps_with_fused_adamw() -> None:
+    """LLaMA-Factory's qwen3_full_sft.yaml leaves optim out: the Trainer steps fused AdamW (no foreach
+    temporaries), so on one GPU the peak is the backward, not the optimizer step (foreach: 88.01 GB)."""
+    argv = ["train", "qwen3-4b", "--from", str(LF_QWEN3_FULL)]
+    out = _cli_json(argv)
+    assert (out["setup"]["optimizer"], out["setup"]["optimizer_impl"]) == ("adamw", "fused")
+    assert out["peak_phase"] == "backward"
+    foreach = _cli_json([*argv, "--optimizer-impl", "foreach"])  # what --from counted before
+    assert foreach["peak_phase"] == "optimizer"
+    assert out["device_total_bytes"] < foreach["device_total_bytes"]

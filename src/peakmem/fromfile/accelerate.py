@@ -1,0 +1,98 @@
+"""accelerate config YAML (accelerate ``commands/config/config_args.py``): ``distributed_type``,
+``num_processes``, ``mixed_precision``, ``fsdp_config``, ``deepspeed_config``. Its ``fsdp_config`` reader
+is also the one for TrainingArguments' and axolotl's ``fsdp_config``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from peakmem.fromfile.mapper import Row, _Mapper, as_int, as_offload_device, take, truthy
+
+FSDP_STRATEGIES = {  # torch FSDP ShardingStrategy (name or accelerate's 1-based number)
+    "full_shard": "full-shard",
+    "1": "full-shard",
+    "shard_grad_op": "shard-grad-op",
+    "2": "shard-grad-op",
+    "no_shard": "none",
+    "3": "none",
+    "hybrid_shard": "hybrid-shard",
+    "4": "hybrid-shard",
+    "hybrid_shard_zero2": "hybrid-shard",
+    "5": "hybrid-shard",
+}
+FSDP_OFFLOAD_NOTE = "FSDP CPUOffload: parameters, gradients and the step on CPU"
+_DEEPSPEED_ROWS = (
+    Row("zero_stage", "zero", as_int),
+    Row("offload_optimizer_device", "offload", as_offload_device),
+    Row("offload_param_device", "offload_params", as_offload_device),
+    Row("gradient_accumulation_steps", "grad_accum", as_int, keep=True),
+)
+
+
+def map_accelerate(m: _Mapper, doc: Mapping[str, Any]) -> None:
+    kind = str(doc.get("distributed_type") or "NO").upper()
+    take(m, doc, (Row("num_processes", "gpus", as_int, "all processes, all machines"),))
+    mp = str(doc.get("mixed_precision") or "no").lower()
+    if mp in ("bf16", "fp16"):
+        m.half = (mp, m.src("mixed_precision"))
+    elif mp == "fp8":
+        m.skip("mixed_precision", mp, "fp8 training")
+    if kind == "FSDP":
+        cfg = doc.get("fsdp_config")
+        fsdp_config(m, cfg if isinstance(cfg, Mapping) else {}, "fsdp_config", default_version=1)
+    elif kind == "DEEPSPEED":
+        m.deepspeed = True
+        cfg = doc.get("deepspeed_config")
+        take(m, cfg if isinstance(cfg, Mapping) else {}, _DEEPSPEED_ROWS, "deepspeed_config.")
+    elif kind == "MEGATRON_LM":
+        m.skip("distributed_type", kind, "give --tp/--pp for Megatron-LM layouts")
+    if truthy(doc.get("use_cpu")):
+        m.skip("use_cpu", True, "a CPU run")
+
+
+def fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_version: int) -> None:
+    """An FSDP plugin config (keys with or without accelerate's ``fsdp_`` prefix)."""
+
+    def k(key: str) -> str:
+        return f"{prefix}.{key}"
+
+    def lookup(*names: str) -> tuple[str, Any]:
+        for name in names:
+            for key in (name, name.removeprefix("fsdp_")):
+                if key in cfg:
+                    return key, cfg[key]
+        return "", None
+
+    key, version = lookup("fsdp_version")
+    v = as_int(m, k(key), version) if key else None
+    m.set(
+        "fsdp_version",
+        v or default_version,
+        k(key) if key else f"(FSDP{default_version}: accelerate's default)",
+    )
+    key, strategy = lookup("fsdp_sharding_strategy")
+    if key and strategy is not None:
+        mode = FSDP_STRATEGIES.get(str(strategy).strip().lower())
+        if mode is None:
+            m.skip(k(key), strategy, "an FSDP sharding strategy peakmem does not know")
+        else:
+            m.set("fsdp", mode, k(key))
+    key, reshard = lookup("fsdp_reshard_after_forward")
+    if key and isinstance(reshard, bool):
+        m.set("fsdp", "full-shard" if reshard else "shard-grad-op", k(key))
+    elif key and isinstance(reshard, str):
+        mode = FSDP_STRATEGIES.get(reshard.strip().lower())
+        if mode is not None:
+            m.set("fsdp", mode, k(key))
+    if "fsdp" not in m.options:
+        m.set("fsdp", "full-shard", "(FSDP's default sharding: FULL_SHARD)")
+    key, offload = lookup("fsdp_offload_params")
+    if not key:
+        key, offload = lookup("cpu_offload")  # transformers 5.23 fsdp_config (CPUOffload / OffloadPolicy)
+    if key and truthy(offload):
+        m.set("offload_params", "cpu", k(key), FSDP_OFFLOAD_NOTE)
+        m.set("offload", "cpu", k(key))
+    key, ckpt = lookup("fsdp_activation_checkpointing")
+    if key and truthy(ckpt):
+        m.set("checkpointing", "full", k(key))
