@@ -25,8 +25,8 @@ CASES = sampled_grid()[::2]
 
 def _flags(case: Case) -> dict[str, Any]:
     s = case.setup
-    return {"precision": s.precision.value, "attention": s.attention.value, "checkpointing": s.checkpointing.value,
-            "batch": s.micro_batch, "seq": s.seq_len}  # fmt: skip
+    return {"precision": s.precision.value, "attention": s.attention.value,
+            "checkpointing": s.checkpointing.value, "batch": s.micro_batch, "seq": s.seq_len}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
