@@ -355,6 +355,32 @@ def test_the_callback_and_from_file_read_the_same_arguments(
             "full-shard", 2, "cpu")  # fmt: skip
 
 
+def test_a_file_that_leaves_optim_out_answers_what_the_callback_answers(tmp_path: Any) -> None:
+    """transformers 5.23 on torch >= 2.8 defaults optim to adamw_torch_fused: the callback reads it from the
+    live arguments, --from a TrainingArguments file without the key takes the same default."""
+    from peakmem.cli import main
+
+    args = _args(tmp_path, bf16=True)
+    cb = PeakmemCallback(gpu="80GB", seq=SEQ, quiet=True)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0, log_history=[])
+    cb.on_train_begin(args, state, SimpleNamespace(should_training_stop=False), model=_model())
+    assert cb.job is not None and cb.job.setup.optimizer_impl.value == "fused"
+    doc = args.to_dict()
+    del doc["optim"]
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(doc))
+    folder = tmp_path / "cli" / cb.job.name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cb.job.config))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), "--gpu", "80GB", "--json"]) == 0
+    from_file = json.loads(out.getvalue())
+    block = from_file.pop("from_file")
+    assert any(m["field"] == "optimizer-impl" and m["value"] == "fused" for m in block["mapped"]), block
+    assert from_file == json.loads(json.dumps(cb.json))
+
+
 def test_fp16_flag_on_fp16_weights_in_full_fine_tuning_is_an_error() -> None:
     """torch's GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients") at step one."""
     args = SimpleNamespace(per_device_train_batch_size=1, fp16=True)

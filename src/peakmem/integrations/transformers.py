@@ -524,7 +524,7 @@ class PeakmemCallback(TrainerCallback):
         self.strict = strict
         self.quiet = quiet
         self.job: Job | None = None
-        self.answer: Any = None  # peakmem.planner.TrainAnswer
+        self.answer: Any = None  # peakmem.question.Answer
         self.json: dict[str, Any] | None = None  # equals `peakmem train ... --json`
         self.measured: list[dict[str, float]] = []
         self._pending: dict[str, float] = {}
@@ -534,9 +534,8 @@ class PeakmemCallback(TrainerCallback):
     # The Trainer passes model, train_dataloader, ... as keywords (trainer_callback.CallbackHandler).
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        from peakmem.formulas.overhead import Overheads
-        from peakmem.planner import train_answer
-        from peakmem.render import answer_json, print_estimate, train_headline
+        from peakmem.question import Question, answer
+        from peakmem.render import print_estimate, train_headline
 
         main = bool(getattr(state, "is_world_process_zero", True))
         say = main and not self.quiet
@@ -555,11 +554,12 @@ class PeakmemCallback(TrainerCallback):
         if gpu is None and on_cuda:
             gpu = cuda_gpu(device)
         gpus = [gpu] if gpu is not None else []
-        answer = train_answer(job.spec, job.setup, job.parallelism, overheads=Overheads(),
-                              capacity_bytes=gpu.usable_bytes if gpu is not None else None)  # fmt: skip
-        est = answer.estimate
-        self.job, self.answer = job, answer
-        self.json = answer_json(est, gpus, answer.ways)
+        got = answer(Question(command="train", spec=job.spec, training=job.setup, parallel=job.parallelism,
+                              gpus=tuple(gpus)))  # the one answer, as `peakmem train` gives it  # fmt: skip
+        est = got.estimate
+        assert est is not None
+        self.job, self.answer = job, got
+        self.json = got.json
         notes = list(job.notes)
         live = trainable_count(model)
         if live != est.trainable_params:
@@ -575,7 +575,7 @@ class PeakmemCallback(TrainerCallback):
             need = est.device_total_bytes
             verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=need) for g in gpus]
             headline = train_headline(job.name, job.setup, est, par=job.parallelism)
-            print_estimate(est, headline, verdicts, answer.ways.pairs(), answer.ways.note)
+            print_estimate(est, headline, verdicts, got.ways.pairs(), got.ways.note)
         self._start_step = int(getattr(state, "global_step", 0) or 0)
         self._record(state, self._predicted(est))
         if on_cuda:
@@ -583,7 +583,7 @@ class PeakmemCallback(TrainerCallback):
             torch.cuda.reset_peak_memory_stats(device)
         if gpu is not None and est.device_total_bytes > gpu.usable_bytes and self.stop_if_no_fit:
             control.should_training_stop = True
-            fitting = [w for w in answer.ways.ways if w.needed_bytes <= gpu.usable_bytes]
+            fitting = [w for w in got.ways.ways if w.needed_bytes <= gpu.usable_bytes]
             best = (f"changes that fit: {'; '.join(w.label for w in fitting[:3])}" if fitting else
                     "no single change makes it fit; `peakmem fit` searches combinations")  # fmt: skip
             raise DoesNotFitError(
@@ -591,7 +591,7 @@ class PeakmemCallback(TrainerCallback):
                 f"{gpu.display_name} holds {fmt_bytes(gpu.usable_bytes)}; stopped before the first step "
                 f"({best}; the ways down are printed above and in error.ways)",
                 estimate=est,
-                ways=answer.ways,
+                ways=got.ways,
                 capacity_bytes=gpu.usable_bytes,
             )
         return control
