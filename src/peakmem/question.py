@@ -82,7 +82,8 @@ class Answer:
 
 
 def verdict_code(fits: Sequence[bool]) -> int:
-    """The exit code of an answer with one verdict per GPU: 1 when GPUs were given and none fits."""
+    """The exit code of an answer (the one rule, DESIGN.md): 1 when there are verdicts (a GPU per
+    verdict, or fit's and plan's one "does anything fit") and none fits, else 0."""
     return EXIT_DOES_NOT_FIT if fits and not any(fits) else EXIT_OK
 
 
@@ -284,7 +285,7 @@ def _plan(q: Question) -> Answer:
                           overheads=q.overheads)  # fmt: skip
     out = planner.plan_json(report)
     out["defaults"] = list(q.defaults)
-    return Answer(question=q, json=out, exit_code=EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT,
+    return Answer(question=q, json=out, exit_code=verdict_code([bool(report.layouts)]),
                   report=report)  # fmt: skip
 
 
@@ -296,7 +297,7 @@ def _fit(q: Question) -> Answer:
                          par=q.parallel)  # fmt: skip
     out = _with_from(q, planner.fit_json(report))
     out["defaults"] = list(q.defaults)
-    return Answer(question=q, json=out, exit_code=EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT,
+    return Answer(question=q, json=out, exit_code=verdict_code([report.any_fits]),
                   report=report)  # fmt: skip
 
 
@@ -305,7 +306,7 @@ def _fit_infer(q: Question) -> Answer:
 
     assert q.inference is not None
     report = planner.fit_inference(q.spec, q.inference, q.gpus, overheads=q.overheads)
-    code = EXIT_OK if report.any_fits else EXIT_DOES_NOT_FIT
+    code = verdict_code([report.any_fits])
     return Answer(question=q, json=planner.fit_inference_json(report), exit_code=code, report=report)
 
 
