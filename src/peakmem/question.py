@@ -24,6 +24,7 @@ from peakmem.inference import InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
+from peakmem.validate import check_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +137,14 @@ def ask(
             raise InputError(f"gpu={o['gpu']!r}: plan takes one GPU")
     if command == "fit" and not gpus:
         raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
+    if search.global_batch is not None:
+        check_int("global_batch", search.global_batch)
     serving = command == "infer" or search.infer
     training, defaults = (None, ()) if serving else training_setup(o, spec.max_position_embeddings)
+    if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
+        training_setup(o, spec.max_position_embeddings)
+    elif command == "fit":
+        inference_setup(o, gpus)
     extra = from_file.parallel if from_file is not None else None
     return Question(
         command=command, spec=spec, training=training,
@@ -172,7 +179,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         impl, taken = row.value, (row.assumption,)
     setup = TrainingSetup(
         method=Method.parse(o["method"], "method"), precision=precision, optimizer=optimizer,
-        optimizer_impl=OptimizerImpl.parse(impl, "optimizer-impl"), micro_batch=o["batch"], seq_len=seq,
+        optimizer_impl=OptimizerImpl.parse(impl, "optimizer_impl"), micro_batch=o["batch"], seq_len=seq,
         grad_accum=o["grad_accum"], checkpointing=Checkpointing.parse(o["checkpointing"], "checkpointing"),
         attention=AttentionKernel.parse(o["attention"], "attention"), framework=framework,
         kernel_policy=KernelPolicy.parse(o.get("kernels", "cuda"), "kernels"),
@@ -217,16 +224,15 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
         o["gpus"] == 1 and o["zero"] == 0 and o["fsdp"] == "none" and o["offload"] == "none"
         and o["offload_params"] == "none" and o["tp"] == o["pp"] == o["cp"] == o["ep"] == 1
     )  # fmt: skip
-    if plain:
-        return None
-    return Parallelism(
+    layout = Parallelism(
         gpus=o["gpus"], gpus_per_node=o["gpus_per_node"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"],
         sequence_parallel=o["sp"], zero_stage=o["zero"], fsdp=FsdpMode.parse(o["fsdp"], "fsdp"),
         fsdp_version=o["fsdp_version"], offload_optimizer=Offload.parse(o["offload"], "offload"),
-        offload_params=Offload.parse(o["offload_params"], "offload-params"),
-        pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp-schedule"),
+        offload_params=Offload.parse(o["offload_params"], "offload_params"),
+        pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp_schedule"),
         virtual_stages=o["virtual_stages"], **dict(extra or {}),
     )  # fmt: skip
+    return None if plain else layout  # built either way: every value is checked
 
 
 def inference_setup(o: Mapping[str, Any], gpus: Sequence[Gpu]) -> InferenceSetup:
@@ -245,6 +251,8 @@ def overheads(o: Mapping[str, Any]) -> Overheads:
 
     given: dict[str, Any] = {}
     if o.get("cuda_context_mib") is not None:
+        if o["cuda_context_mib"] < 0:
+            raise InputError(f"cuda_context_mib={o['cuda_context_mib']!r}: must be >= 0")
         given["context_bytes"] = int(o["cuda_context_mib"] * MiB)
         given["context_source"] = "--cuda-context-mib"
     if o.get("fragmentation") is not None:
