@@ -38,11 +38,11 @@ import accuracy  # noqa: E402
 import accuracy_finetune  # noqa: E402
 import accuracy_infer  # noqa: E402
 from _validation import VALIDATION_FILE  # noqa: E402
+from peakmem.answers import estimate_json  # noqa: E402
 from peakmem.breakdown import Estimate  # noqa: E402
 from peakmem.catalog import get_model  # noqa: E402
 from peakmem.estimate import estimate_training  # noqa: E402
 from peakmem.hf import spec_from_config  # noqa: E402
-from peakmem.render import estimate_json  # noqa: E402
 from peakmem.units import GiB, MiB  # noqa: E402
 
 README = HERE.parent / "README.md"

@@ -22,7 +22,7 @@ from peakmem.hf import spec_from_config
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.parallel import Parallelism
 from peakmem.resolve import resolve_model
-from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, OptimizerImpl, Precision, TrainingSetup
 from peakmem.units import MiB
 from tiny_models import LLAMA
 
@@ -186,6 +186,10 @@ def test_verdict_three_states() -> None:
     assert Verdict(gpu="g", capacity_bytes=100, needed_bytes=80).state == "fits"  # no band
 
 
+# what `peakmem train gpt2-xl` asks: mixed-bf16 AdamW, whose step the framework runs fused (peakmem.defaults)
+CLI_DEFAULT = TrainingSetup(seq_len=1024, optimizer_impl=OptimizerImpl.FUSED)
+
+
 def _cli_json(*argv: str) -> tuple[dict[str, object], int]:
     proc = subprocess.run([sys.executable, "-m", "peakmem", *argv, "--json"], capture_output=True, text=True)
     return json.loads(proc.stdout), proc.returncode
@@ -193,7 +197,7 @@ def _cli_json(*argv: str) -> tuple[dict[str, object], int]:
 
 def test_capacity_inside_band_is_tight_cli_equals_api() -> None:
     spec = resolve_model("gpt2-xl")
-    e = estimate_training(spec, TrainingSetup(seq_len=1024))
+    e = estimate_training(spec, CLI_DEFAULT)
     assert e.band is not None
     r = e.band.device_total
     inside = (r.likely + r.high) // 2
@@ -212,7 +216,7 @@ def test_capacity_inside_band_is_tight_cli_equals_api() -> None:
 
 def test_fit_text_says_tight_for_a_capacity_inside_the_band() -> None:
     """The per-GPU line of `fit` names the same state as its verdict table (it said "fits" for tight)."""
-    e = estimate_training(resolve_model("gpt2-xl"), TrainingSetup(seq_len=1024))
+    e = estimate_training(resolve_model("gpt2-xl"), CLI_DEFAULT)
     assert e.band is not None
     r = e.band.device_total
     proc = subprocess.run([sys.executable, "-m", "peakmem", "fit", "gpt2-xl", "--seq", "1024", "--gpu",
@@ -291,7 +295,7 @@ def test_context_rows_are_measured_or_assumed() -> None:
 
 def test_fit_margin_ranks_changes_when_tight() -> None:
     spec = resolve_model("gpt2-xl")
-    e = estimate_training(spec, TrainingSetup(seq_len=1024))
+    e = estimate_training(spec, CLI_DEFAULT)
     assert e.band is not None
     inside = (e.band.device_total.likely + e.band.device_total.high) // 2
     plain = api.run("fit", "gpt2-xl", {"gpu": f"{inside}B"})

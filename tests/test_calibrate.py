@@ -31,7 +31,7 @@ from peakmem.estimate import estimate_training
 from peakmem.formulas.overhead import Overheads
 from peakmem.measure.snapshot import replay
 from peakmem.resolve import resolve_model
-from peakmem.training import TrainingSetup
+from peakmem.training import OptimizerImpl, TrainingSetup
 from peakmem.units import GiB, MiB
 
 ALLOC, PERSIST, RESERVED, SMI = 10240 * MiB, 6144 * MiB, 11264 * MiB, 11964 * MiB
@@ -132,7 +132,7 @@ def test_cli_calibrate_from_memory_stats_then_profile_changes_train(
 
     # --profile: the estimate with the profile's Overheads, as predicted from the allocator formula
     spec = resolve_model("gpt2")
-    setup = TrainingSetup(seq_len=512)
+    setup = TrainingSetup(seq_len=512, optimizer_impl=OptimizerImpl.FUSED)  # the CLI's (peakmem.defaults)
     assert main(["train", "gpt2", "--seq", "512", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main(["train", "gpt2", "--seq", "512", "--profile", "h200-test", "--json"]) == 0

@@ -179,7 +179,7 @@ def test_spec_json_round_trip_is_exact() -> None:
 
 
 def test_info_says_which_path_answered() -> None:
-    from peakmem.render import spec_json
+    from peakmem.answers import spec_json
 
     out = spec_json(spec_from_config(LLAMA))
     assert out["answered_by"]["path"] == "formulas"

@@ -16,10 +16,10 @@ import pytest
 
 import peakmem
 from peakmem import derived
+from peakmem.answers import AGREE, answered_by_json, answered_by_line, block_pattern
 from peakmem.cli import main
 from peakmem.hf import spec_from_config
 from peakmem.model import DerivedBlock, LayerGroup
-from peakmem.render import AGREE, answered_by_json, answered_by_line, block_pattern
 from peakmem.resolve import NO_DERIVED_NOTE, AnsweredBy
 from tiny_models import LLAMA
 

@@ -438,7 +438,7 @@ def test_plan_and_fit_refuse_what_their_command_has_no_option_for(client: TestCl
 def test_qlora_model_states_per_param_is_the_clis(client: TestClient) -> None:
     """The page's total row: model_state_bytes over the model's parameters (render.states_per_param),
     not the sum of the rows' bytes/param (which cover different parameter sets with adapters)."""
-    from peakmem.render import fmt_per_param
+    from peakmem.answers import fmt_per_param
 
     got = client.post("/api/train", json={"model": "llama-3.1-8b", "method": "qlora"}).json()
     rows = got["bytes_per_param"]

@@ -68,7 +68,7 @@ def run(command: str, model: str | None, options: dict[str, Any]) -> Result:
 
 def info_json(model: str, *, cross_check: bool = False) -> dict[str, Any]:
     """``peakmem info MODEL [--cross-check] --json``, through the command's own function."""
-    from peakmem.render import spec_json
+    from peakmem.answers import spec_json
     from peakmem.resolve import info_answer
 
     spec, answered = info_answer(model, cross_check=cross_check)

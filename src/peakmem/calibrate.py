@@ -216,7 +216,7 @@ def fit_profile(name: str, measurements: Sequence[Measurement]) -> Profile:
 
 # --- readers of what users measured ----------------------------------------------------------------
 def measurement_from_measure_json(obj: Mapping[str, Any], source: str) -> Measurement:
-    """The JSON of ``peakmem measure --json`` (render.estimate_json of a measured Estimate)."""
+    """The JSON of ``peakmem measure --json`` (answers.estimate_json of a measured Estimate)."""
     try:
         if obj.get("method") != "measured":
             raise InputError(

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from peakmem import __version__
+from peakmem.answers import train_headline
 from peakmem.errors import EXIT_INPUT_ERROR, EXIT_OK, InputError, PeakmemError
-from peakmem.render import train_headline
 from peakmem.training import DEFAULT_SEQ_LEN
 from peakmem.validate import MAX_TOKENS
 
@@ -210,7 +210,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from peakmem.render import print_info, spec_json
+    from peakmem.answers import spec_json
+    from peakmem.render import print_info
     from peakmem.resolve import info_answer
 
     spec, answered = info_answer(args.model, cross_check=args.cross_check)
@@ -224,8 +225,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None, out: Any = None) -> int:
     """Print an estimate (and the ways down, a planner.WaysDown) as JSON, Markdown or tables; ``out``:
     the answer's JSON when there is one (train), else the estimate's."""
+    from peakmem.answers import answer_json, verdicts_of
     from peakmem.question import verdict_code
-    from peakmem.render import answer_json, markdown_estimate, print_estimate, verdicts_of
+    from peakmem.render import markdown_estimate, print_estimate
 
     gpus = _gpus(getattr(args, "gpu", None))
     verdicts = verdicts_of(est, gpus)

@@ -319,7 +319,7 @@ def _fit_infer(q: Question) -> Answer:
 
 
 def _infer(q: Question) -> Answer:
-    from peakmem.render import infer_answer
+    from peakmem.answers import infer_answer
 
     assert q.inference is not None
     served = infer_answer(q.spec, q.inference, q.gpus, q.overheads)
@@ -329,8 +329,8 @@ def _infer(q: Question) -> Answer:
 
 def _train(q: Question) -> Answer:
     from peakmem import planner
+    from peakmem.answers import answer_json, verdicts_of
     from peakmem.estimate import with_kernel_alternatives
-    from peakmem.render import answer_json, verdicts_of
 
     assert q.training is not None
     capacity = min((g.usable_bytes for g in q.gpus), default=None)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from peakmem.answers import band_text
 from peakmem.breakdown import Verdict
 from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, Limits, PlanReport
-from peakmem.render import band_text
 from peakmem.render import console as _console
 from peakmem.units import fmt_gb
 

@@ -534,8 +534,9 @@ class PeakmemCallback(TrainerCallback):
     # The Trainer passes model, train_dataloader, ... as keywords (trainer_callback.CallbackHandler).
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+        from peakmem.answers import train_headline
         from peakmem.question import Question, answer
-        from peakmem.render import print_estimate, train_headline
+        from peakmem.render import print_estimate
 
         main = bool(getattr(state, "is_world_process_zero", True))
         say = main and not self.quiet

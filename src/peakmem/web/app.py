@@ -418,8 +418,8 @@ def cli_answer(command: str, req: ModelChoice) -> Answer:
 def train_answer(req: TrainOptions) -> dict[str, Any]:
     """``peakmem train --json`` for the request, plus ``headline`` (the CLI's first line) and ``chart``
     (the bars of :func:`peakmem.plot.chart_json`)."""
+    from peakmem.answers import train_headline
     from peakmem.plot import chart_json
-    from peakmem.render import train_headline
 
     got = cli_answer("train", req)
     q, est = got.question, got.estimate
