@@ -7,7 +7,7 @@ for the others, when what the request needs fits the GPU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Estimate, Verdict
 from peakmem.formulas.overhead import Overheads
@@ -77,7 +77,7 @@ def serving_fit(
 ) -> ServingFit:
     """The one verdict of serving ``setup`` on a GPU of ``capacity_bytes`` (``infer`` and ``fit --infer``)."""
     if setup.gpu_bytes != capacity_bytes:
-        setup = _with(setup, gpu_bytes=capacity_bytes)
+        setup = replace(setup, gpu_bytes=capacity_bytes)
     est = estimate_inference(spec, setup, overheads=overheads)
     needed = est.device_total_bytes
     context = _int(est, "context")
@@ -111,28 +111,22 @@ def _fits(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> bool:
     return serving_fit(spec, setup, gpu_bytes).fits
 
 
-def _with(setup: InferenceSetup, **changes: object) -> InferenceSetup:
-    fields = {f: getattr(setup, f) for f in setup.__dataclass_fields__}
-    fields.update(changes)
-    return InferenceSetup(**fields)
-
-
 def max_concurrent(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> int:
     """Most sequences of ``setup.context`` tokens that run at once on a GPU of ``gpu_bytes``
     (per rank with tensor parallelism); 0 when not even one fits."""
-    base = _with(setup, gpu_bytes=gpu_bytes, batch=1)
+    base = replace(setup, gpu_bytes=gpu_bytes, batch=1)
     if setup.engine in POOLED_ENGINES:
         conc = estimate_inference(spec, base).extra.get("max_concurrent_sequences", 0)
         return conc if isinstance(conc, int) else 0
-    return _largest(lambda n: _fits(spec, _with(base, batch=n), gpu_bytes), 1, 1 << 20)
+    return _largest(lambda n: _fits(spec, replace(base, batch=n), gpu_bytes), 1, 1 << 20)
 
 
 def max_context(spec: ModelSpec, setup: InferenceSetup, gpu_bytes: int) -> int:
     """Longest context (prompt + generated, up to the model's limit) for ``setup.batch`` sequences
     that fits on a GPU of ``gpu_bytes``; 0 when not even one token fits."""
     limit = spec.max_position_embeddings
-    base = _with(setup, gpu_bytes=gpu_bytes, prompt=None, strict=False)
-    return _largest(lambda n: _fits(spec, _with(base, context=n), gpu_bytes), 1, limit)
+    base = replace(setup, gpu_bytes=gpu_bytes, prompt=None, strict=False)
+    return _largest(lambda n: _fits(spec, replace(base, context=n), gpu_bytes), 1, limit)
 
 
 def _largest(ok: Callable[[int], bool], lo: int, hi: int) -> int:
