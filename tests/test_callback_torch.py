@@ -374,7 +374,8 @@ def test_a_file_that_leaves_optim_out_answers_what_the_callback_answers(tmp_path
     (folder / "config.json").write_text(json.dumps(cb.job.config))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), "--gpu", "80GB", "--json"]) == 0
+        code = main(["train", str(folder), "--from", str(path), "--seq", str(SEQ), "--gpu", "80GB", "--json"])
+    assert code == 0
     from_file = json.loads(out.getvalue())
     block = from_file.pop("from_file")
     assert any(m["field"] == "optimizer-impl" and m["value"] == "fused" for m in block["mapped"]), block
