@@ -10,13 +10,9 @@ import pytest
 from _infer_specs import DEEPSEEK_V3, LLAMA_3_8B, MISTRAL_7B, QWEN3, build_spec, tiny
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
-from peakmem.formulas.serving import (
-    CUDA_CONTEXT_BYTES,
-    VLLM_MAX_NUM_BATCHED_TOKENS,
-    estimate_inference,
-    max_concurrent,
-    max_context,
-)
+from peakmem.formulas.serving import estimate_inference, max_concurrent, max_context
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
 from peakmem.formulas.weights import weight_bytes
 from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format, sglang_mem_fraction_static
 from peakmem.units import GiB, MiB

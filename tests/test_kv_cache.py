@@ -13,7 +13,6 @@ from peakmem.formulas.kv_cache import (
     kv_cache_bytes,
     kv_elements_per_token_layer,
     kv_heads_per_rank,
-    max_tokens_in_pool,
     round_to_block,
 )
 from peakmem.inference import KV_BITS, KvDtype
@@ -105,11 +104,3 @@ def test_paged_block_rounding() -> None:
     assert (
         kv_cache_bytes(spec, tokens=17, batch=2, bits=B16, latent=True, block_size=16) == per_token * 32 * 2
     )
-
-
-def test_max_tokens_in_pool() -> None:
-    spec = tiny()
-    per_token = kv_bytes_per_token(spec, bits=B16, latent=True)  # 256
-    assert max_tokens_in_pool(spec, pool_bytes=per_token * 100 + 5, bits=B16, latent=True) == 100
-    assert max_tokens_in_pool(spec, pool_bytes=per_token * 100, bits=B16, latent=True, block_size=16) == 96
-    assert max_tokens_in_pool(spec, pool_bytes=per_token - 1, bits=B16, latent=True) == 0

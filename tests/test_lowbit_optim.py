@@ -62,15 +62,6 @@ def test_galore() -> None:
     assert g.full_states == 2 * 64 * 4
 
 
-def test_step_structure() -> None:
-    assert O.optimizer_in_backward_grads([(T(10, 10), 5), (T(20, 30), 1)], 2) == 600 * 2
-    split = O.cpu_offload_optimizer(states=80, masters=40, grads=20, offload_gradients=True)
-    assert (split.gpu, split.cpu) == (0, 140)
-    ce = O.chunked_ce_bytes(tokens=16, vocab=10, compute_bytes=2, chunks=8)
-    assert ce["fp32 upcast of one chunk"] == 2 * 10 * 4
-    assert O.activation_offload(100, 28).gpu == 200
-
-
 def test_chunked_and_fused_loss_heads() -> None:
     from types import SimpleNamespace
 

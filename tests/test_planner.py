@@ -323,21 +323,6 @@ def test_fit_inference_vllm_70b_needs_tensor_parallel() -> None:
     assert all(_infer_fits(spec, c) for c in g.candidates)
 
 
-def test_without_the_multi_gpu_estimator_families_say_so(
-    monkeypatch: pytest.MonkeyPatch, tiny: ModelSpec
-) -> None:
-    monkeypatch.setattr(planner.search, "_ranks_module", lambda: None)
-    setup = TrainingSetup(micro_batch=4, seq_len=2048)
-    cap = estimate_training(tiny, replace(setup, micro_batch=1)).device_total_bytes
-    r = planner.fit(tiny, setup, [_gpu(cap)])
-    fams = {f.name: f for f in r.search_space}
-    assert fams["CPU offload"].status == fams["shard over N GPUs"].status == "not available"
-    assert all(c.parallelism is None for c in r.gpus[0].candidates + r.gpus[0].singles)
-    assert r.gpus[0].limits.fewest_gpus is None and "not installed" in r.gpus[0].limits.note
-    p = planner.plan(tiny, setup, resolve_gpu("a100-80gb"), 64, global_batch=8)
-    assert p.scope.startswith("single GPU only") and all(lay.step.gpus == 1 for lay in p.layouts)
-
-
 # --- train's ways down: the same search --------------------------------------------------------------
 def test_gpt2_xl_ways_down_all_save_and_say_why_checkpointing_does_not() -> None:
     """Issue 13: GPT-2 XL mixed-fp16 seq 1024 peaks in the optimizer step, so activation checkpointing

@@ -9,7 +9,8 @@ import pytest
 
 from peakmem import planner
 from peakmem.cli import main
-from peakmem.formulas.serving import CUDA_CONTEXT_BYTES, estimate_inference, serving_fit
+from peakmem.formulas.serving import estimate_inference, serving_fit
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.inference import VLLM_GPU_MEMORY_UTILIZATION, InferenceSetup
 from peakmem.resolve import resolve_gpu, resolve_gpus, resolve_model
 from peakmem.units import GiB
@@ -19,7 +20,7 @@ EXAMPLE = ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "
 
 # Llama-3.1-8B by hand: 8,030,261,248 bf16 parameters; KV 32 layers x 8 KV heads x 128 x (K, V) x 2 B
 # = 131,072 B a token, so a 8192-token sequence is 1 GiB (512 blocks of 16). vLLM's profiled chunk of
-# 8192 tokens (formulas/serving.py layer_transient_bytes, fused): MLP 3 x 14336 x 2 B + residual
+# 8192 tokens (formulas/serving/forward.py layer_transient_bytes, fused): MLP 3 x 14336 x 2 B + residual
 # 2 x 4096 x 2 B = 102,400 B a token (more than the sampler's 256 x 128,256 x 8 B).
 WEIGHTS = 2 * 8_030_261_248
 KV_PER_SEQUENCE = 8192 * 32 * 8 * 128 * 2 * 2

@@ -299,8 +299,9 @@ def test_expert_parallel_split_and_dispatch() -> None:
     sp = mp.stage_params(moe, par, 0)
     experts = sum(t.numel * n for t, n in moe.tensors() if t.component == "experts")
     assert experts == 4 * 4 * 3 * 64 * 128  # 4 layers x 4 experts x (gate, up, down) of 64 x 128
-    assert sp.expert_numel == experts // 2  # half the experts per rank
-    assert sp.dense_numel == moe.params - experts  # attention, router, norms, embeddings: replicated
+    local_experts = sum(t.total for t in sp.tensors if t.expert)
+    assert local_experts == experts // 2  # half the experts per rank
+    assert sp.numel - local_experts == moe.params - experts  # attention, router, norms, embeddings
     assert par.shard_degree == 4 and par.expert_shard_degree == 2  # expert states over dp*cp/ep ranks
     assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, par) == 2 * 128 * 64 * 2  # top-2 copies, bf16
     assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, Parallelism(gpus=4, zero_stage=1)) == 0

@@ -23,8 +23,6 @@ from peakmem.parallel import Parallelism, validate_for
 from peakmem.training import AttentionKernel, TrainingSetup
 from peakmem.units import fmt_both
 
-METHOD = "analytic"
-
 
 @dataclass(frozen=True, kw_only=True)
 class RankEstimate:

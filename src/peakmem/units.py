@@ -44,14 +44,6 @@ def looks_like_size(text: str) -> bool:
     return bool(match and match.group(2) and match.group(2).lower() in _UNITS)
 
 
-def gb(n_bytes: int) -> float:
-    return n_bytes / GB
-
-
-def gib(n_bytes: int) -> float:
-    return n_bytes / GiB
-
-
 def fmt_gb(n_bytes: int, digits: int = 2) -> str:
     return f"{n_bytes / GB:,.{digits}f} GB"
 

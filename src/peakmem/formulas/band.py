@@ -266,7 +266,7 @@ def nccl_term(*, communicators: int, likely_bytes: int) -> BandTerm:
 # vLLM captures CUDA graphs for batch sizes up to max_num_seqs (vllm/config: cudagraph capture sizes
 # 1, 2, 4, 8, ... 512); its logs print "Graph capturing finished in N secs, took 0.2-1.5 GiB"
 # (vLLM docs "Optimization and Tuning": --enforce-eager saves it). peakmem's likely figure does not
-# include it (formulas/serving.py notes so); the band adds 0 (enforce_eager) to 1.5 GiB.
+# include it (formulas/serving/paged.py notes so); the band adds 0 (enforce_eager) to 1.5 GiB.
 CUDA_GRAPHS_HIGH_BYTES = 1536 * MiB
 SRC_CUDA_GRAPHS = (
     "vLLM CUDA graph capture ('Graph capturing finished ... took 0.2-1.5 GiB' in its logs; vLLM docs "

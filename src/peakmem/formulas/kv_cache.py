@@ -129,35 +129,3 @@ def layer_kv_bytes(
     """One layer's cache for ``batch`` sequences of ``tokens`` tokens (window-capped, whole blocks)."""
     kept = round_to_block(cached_tokens(att, tokens, windows=windows), block_size)
     return _nbytes(kv_elements_per_token_layer(att, latent=latent, tp=tp) * kept, bits) * batch
-
-
-def max_tokens_in_pool(
-    spec: ModelSpec, *, pool_bytes: int, bits: Fraction, latent: bool, tp: int = 1, block_size: int = 1
-) -> int:
-    """Tokens of one sequence whose cache fits in ``pool_bytes`` (sliding windows counted).
-
-    Monotone in tokens, so a binary search over ``kv_cache_bytes`` finds the largest.
-    """
-    if (
-        kv_cache_bytes(spec, tokens=1, batch=1, bits=bits, latent=latent, tp=tp, block_size=block_size)
-        > pool_bytes
-    ):
-        return 0
-    lo, hi = 1, 1
-    while (
-        kv_cache_bytes(spec, tokens=hi, batch=1, bits=bits, latent=latent, tp=tp, block_size=block_size)
-        <= pool_bytes
-    ):
-        lo, hi = hi, hi * 2
-        if hi > 1 << 40:  # only sliding-window layers: the cache stops growing
-            return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        fits = kv_cache_bytes(
-            spec, tokens=mid, batch=1, bits=bits, latent=latent, tp=tp, block_size=block_size
-        )
-        if fits <= pool_bytes:
-            lo = mid
-        else:
-            hi = mid
-    return lo

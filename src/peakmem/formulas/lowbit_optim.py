@@ -64,13 +64,11 @@ GALORE_DEFAULT_RANK = 128
 # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 CE_CHUNKS = 8
 # torchtune OffloadActivations(min_offload_size=1024)
-OFFLOAD_MIN_BYTES = 1024
 FP32 = 4
 
 SRC_BNB = (
     "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
 )
-SRC_PAGED = "bitsandbytes get_state_buffer: is_paged and numel >= 1e5 -> F.get_paged (cudaMallocManaged)"
 SRC_AO4 = "torchao optim OptimState4bit: codes numel/2 uint8, scale numel/128 fp32, qmap 16 fp32"
 SRC_GALORE = "galore-torch GaLoreProjector (std): ortho r x min(m,n); Adam on the max(m,n) x r projection"
 
@@ -198,86 +196,12 @@ def galore_states(
     return GaloreStates(projections=proj, low_rank_states=low, full_states=full, svd_temporary=svd)
 
 
-# --- step structure -------------------------------------------------------------------------------------
-def largest_tensor(tensors: Iterable[tuple[Tensor, int]]) -> int:
-    return max((math.prod(t.shape) for t, _ in tensors), default=0)
-
-
-def optimizer_in_backward_grads(tensors: Iterable[tuple[Tensor, int]], grad_bytes: int) -> int:
-    """Gradients alive at once when each parameter is stepped in its post-accumulate hook: one tensor."""
-    return largest_tensor(tensors) * grad_bytes
-
-
-@dataclass(frozen=True, kw_only=True)
-class OffloadSplit:
-    gpu: int
-    cpu: int
-
-
-def cpu_offload_optimizer(*, states: int, masters: int, grads: int, offload_gradients: bool) -> OffloadSplit:
-    """States and fp32 masters in CPU RAM; gradients copied to pinned CPU buffers (and freed on the device
-    when ``offload_gradients``)."""
-    return OffloadSplit(gpu=0 if offload_gradients else grads, cpu=states + masters + grads)
-
-
-def chunked_ce_bytes(
-    *, tokens: int, vocab: int, compute_bytes: int, chunks: int = CE_CHUNKS
-) -> dict[str, int]:
-    """torchtune CEWithChunkedOutputLoss: what the loss holds, in bytes (see the module docstring)."""
-    logits = tokens * vocab
-    per_chunk = math.ceil(tokens / chunks) * vocab
-    return {
-        "logits (16-bit chunks, all alive until the loss)": logits * compute_bytes,
-        "saved log_softmax outputs (fp32, all chunks)": logits * FP32,
-        "fp32 upcast of one chunk": per_chunk * FP32,
-        "backward: CE gradients of one chunk (2 x fp32)": 2 * per_chunk * FP32,
-    }
-
-
-def fused_ce_bytes(
-    *, tokens: int, vocab: int, hidden: int, compute_bytes: int, chunks: int = CE_CHUNKS
-) -> dict[str, int]:
-    """Fused linear cross-entropy (Liger / cut-cross-entropy): one chunk of logits and its gradient at a
-    time; the saved state is the gradient of the hidden states (T x h), computed in forward."""
-    per_chunk = math.ceil(tokens / chunks) * vocab
-    return {
-        "one chunk of logits (fp32) and its gradient": 2 * per_chunk * FP32,
-        "grad of the head input (computed in forward)": tokens * hidden * compute_bytes,
-    }
-
-
-def activation_offload(saved_per_layer: int, layers: int) -> OffloadSplit:
-    """torchtune OffloadActivations: saved tensors go to CPU; about two layers' worth stay (the one being
-    recomputed / used and the one being prefetched)."""
-    on_gpu = min(layers, 2) * saved_per_layer
-    return OffloadSplit(gpu=on_gpu, cpu=layers * saved_per_layer)
-
-
-def offload_items(split: OffloadSplit, what: str) -> tuple[MemoryItem, ...]:
-    return (
-        MemoryItem(
-            path=f"{what} (kept on the device)",
-            category=Category.ACTIVATIONS,
-            bytes=split.gpu,
-            source="torchtune OffloadActivations: saved tensors >= 1024 B move to pinned CPU memory",
-            key="offload.kept_on_device",
-        ),
-    )
-
-
 __all__ = [
     "GaloreStates",
-    "OffloadSplit",
     "QuantStates",
-    "activation_offload",
     "ao_4bit_states",
     "bnb_8bit_states",
-    "chunked_ce_bytes",
-    "cpu_offload_optimizer",
-    "fused_ce_bytes",
     "galore_states",
-    "largest_tensor",
-    "optimizer_in_backward_grads",
     "quant_state_rows",
 ]
 
@@ -399,9 +323,6 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
                    logits_grad=0)  # fmt: skip
 
 
-SRC_OFFLOAD = "torchtune training/_activation_offloading.py OffloadActivations: saved tensors to pinned CPU"
-
-
 def offload_layer(la: Any, setup: Any) -> Any:
     """Activation offloading (``setup.activation_offload``): a layer's saved tensors live in CPU RAM
     between its forward and its backward; during its backward they are back on the device, next to the
@@ -413,10 +334,6 @@ def offload_layer(la: Any, setup: Any) -> Any:
     on_gpu = la.saved_bytes
     return replace(la, saved=(), backward_transient=la.backward_transient + 2 * on_gpu,
                    forward_transient=la.forward_transient + on_gpu)  # fmt: skip
-
-
-def offloaded_cpu_bytes(la_saved_bytes: int, layers: int, setup: Any) -> int:
-    return la_saved_bytes * layers if getattr(setup, "activation_offload", False) else 0
 
 
 def in_backward(setup: Any) -> bool:

@@ -197,14 +197,6 @@ class StageParams:
         return sum(t.total for t in self.tensors)
 
     @property
-    def expert_numel(self) -> int:
-        return sum(t.total for t in self.tensors if t.expert)
-
-    @property
-    def dense_numel(self) -> int:
-        return self.numel - self.expert_numel
-
-    @property
     def largest_unit(self) -> int:
         return max((n for _, n in self.layer_units), default=0)
 

@@ -71,10 +71,6 @@ PROFILES: dict[Framework, Profile] = {
 }  # fmt: skip
 
 
-def profile(framework: Framework) -> Profile:
-    return PROFILES[framework]
-
-
 # The model types Liger patches: linkedin/Liger-Kernel src/liger_kernel/transformers/monkey_patch.py
 # ``MODEL_TYPE_TO_APPLY_LIGER_FN`` (commit ead96b6, 2026-08-21). For any other type
 # ``_apply_liger_kernel`` logs that it applies nothing (HF Trainer ``use_liger_kernel`` included).

@@ -41,9 +41,6 @@ DEFAULT_BLOCKSIZE = 64
 FLOAT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
 FP16 = 2
-SRC_4BIT_FWD = "bitsandbytes MatMul4Bit: gemm_4bit falls back to dequantize_4bit + F.linear for > 1536 rows"
-SRC_4BIT_BWD = "bitsandbytes MatMul4Bit.backward: grad_A = grad_output @ dequantize_4bit(B)"
-SRC_8BIT = "bitsandbytes MatMul8bitLt: saves A; backward CB.to(dtype) * SCB/127"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,19 +144,12 @@ def dequant_temporaries(
     return DequantTemporaries(forward=fwd, backward=w)
 
 
-def int8_saved_inputs(spec: ModelSpec, quant: QuantConfig) -> bool:
-    """LLM.int8 layers save their input for backward (4-bit layers do not)."""
-    del spec
-    return not quant.is_4bit
-
-
 __all__ = [
     "DequantTemporaries",
     "QuantConfig",
     "base_bytes",
     "base_rows",
     "dequant_temporaries",
-    "int8_saved_inputs",
     "is_quantized",
     "largest_quantized",
     "quantized_params",

@@ -41,7 +41,3 @@ def state_bytes_per_sequence(spec: ModelSpec, *, act_bytes: int, tp: int = 1) ->
 def recurrent_state_bytes(spec: ModelSpec, *, batch: int, act_bytes: int, tp: int = 1) -> int:
     """The recurrent state of ``batch`` sequences (independent of their length)."""
     return batch * state_bytes_per_sequence(spec, act_bytes=act_bytes, tp=tp)
-
-
-def has_recurrent_state(spec: ModelSpec) -> bool:
-    return state_bytes_per_sequence(spec, act_bytes=1) > 0

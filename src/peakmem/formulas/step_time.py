@@ -223,9 +223,6 @@ class SpecFlops:
             return float(seq_len)
         return w - w * w / (2.0 * seq_len)
 
-    def forward_flops_per_token(self, seq_len: int, kernel: AttentionKernel) -> float:
-        return 2.0 * self.matmul_params + self.attention_flops_per_token(seq_len, kernel)
-
     def kernel(self, setup: TrainingSetup) -> AttentionKernel:
         """The kernel that runs: the one asked for, or eager where transformers has none (BLOOM, Gemma 2)."""
         return setup.attention if setup.attention.value in self.kernels else AttentionKernel.EAGER

@@ -459,11 +459,3 @@ def largest_quantized_linear(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, i
 
 def weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> int:
     return sum(r.bytes for r in weight_rows(spec, fmt))
-
-
-def layer_weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, int]:
-    """(bytes of the outer tensors: embeddings, head, final norm; bytes of all decoder layers)."""
-    outer_names = {t.name for t in spec.outer}
-    rows = weight_rows(spec, fmt)
-    outer = sum(r.bytes for r in rows if r.name in outer_names)
-    return outer, sum(r.bytes for r in rows) - outer

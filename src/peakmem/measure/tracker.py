@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -478,6 +478,3 @@ def _make_mode(tracker: LiveStorageTracker) -> Any:
             return out
 
     return _StorageMode()  # type: ignore[no-untyped-call]
-
-
-ContextFn = Callable[[], tuple[Any, Any]]

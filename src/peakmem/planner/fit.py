@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from peakmem.breakdown import Estimate, Verdict
 from peakmem.catalog import Gpu
@@ -15,6 +14,7 @@ from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies
 from peakmem.model import ModelSpec
+from peakmem.parallel import Offload, Parallelism
 from peakmem.planner.search import (
     MAX_CHANGES,
     MAX_LIMIT_GPUS,
@@ -33,7 +33,6 @@ from peakmem.planner.search import (
     _largest_true,
     _minimal,
     _Option,
-    _parallel_module,
     _rank_key,
     _Search,
     _step_json,
@@ -54,7 +53,7 @@ class Limits:
     largest_micro_batch: int  # 0: not even micro-batch 1 fits
     longest_seq: int  # 0: not even the shortest fits
     seq_capped: bool  # longest_seq is the model's own context (it could go further)
-    fewest_gpus: int | None  # None: not found up to MAX_LIMIT_GPUS, or sharding not available
+    fewest_gpus: int | None  # None: not found up to MAX_LIMIT_GPUS
     fewest_gpus_layout: str
     note: str = ""
 
@@ -81,7 +80,7 @@ class FitReport:
     assumptions: tuple[str, ...]
     estimates: int  # how many setups were estimated
     elapsed_s: float
-    parallelism: Any = None  # the job's layout (Parallelism) or None: one GPU
+    parallelism: Parallelism | None = None  # the job's layout, or None: one GPU
 
     @property
     def any_fits(self) -> bool:
@@ -122,9 +121,6 @@ def _family_attention(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
         return Family(name="attention kernel", status="not applicable", reason="already flash attention"), ()
     opts = tuple(_Option(label=f"attention {k.value}", setup=(("attention", k),)) for k in better)
     return Family(name="attention kernel", status="searched", options=tuple(o.label for o in opts)), opts
-
-
-_NO_RANKS = "the multi-GPU/offload estimator (peakmem.ranks) is not installed"
 
 
 def _eight_bit(name: OptimizerName) -> OptimizerName | None:
@@ -178,12 +174,8 @@ def _family_adapter(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
 
 def _family_offload(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     fam = "CPU offload"
-    if ctx.estimator.ranks is None or _parallel_module() is None:
-        return Family(name=fam, status="not available", reason=_NO_RANKS), ()
     if ctx.gpus and all(g.unified_memory for g in ctx.gpus):
         return Family(name=fam, status="not applicable", reason="unified memory: the CPU shares it"), ()
-    from peakmem.parallel import Offload
-
     opts = (
         _Option(label="offload optimizer to CPU (ZeRO-2 Offload)",
                 par=(("zero_stage", 2), ("offload_optimizer", Offload.CPU))),
@@ -239,7 +231,7 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
     spec, s, cap = search.spec, search.setup, gpu.usable_bytes
     est = search.est
 
-    def fits(setup: TrainingSetup, par: Any = None) -> bool:
+    def fits(setup: TrainingSetup, par: Parallelism | None = None) -> bool:
         return est.fits(setup, par, cap)
 
     # largest micro-batch: double, then bisect
@@ -259,10 +251,7 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
     layout, note = "", ""
     if fits(s):
         fewest, layout = 1, "1 GPU"
-    elif est.ranks is None:
-        note = "the multi-GPU estimator (peakmem.ranks) is not installed"
     else:
-        from peakmem.parallel import Parallelism
 
         def ok(n: int) -> bool:
             return fits(s, Parallelism(gpus=n, zero_stage=3))
@@ -286,7 +275,8 @@ def _limits(search: _Search, gpu: Gpu) -> Limits:
 
 def fit(
     spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...] | list[Gpu], *,
-    overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False, par: Any = None,
+    overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False,
+    par: Parallelism | None = None,
 ) -> FitReport:  # fmt: skip
     """Verdicts for ``setup`` on each GPU, and the ranked changes that make it fit where it does not.
     ``margin``: a change makes it fit only when the high end of its band fits (verdict "fits", not
@@ -305,7 +295,7 @@ def fit(
         families.append(fam)
         if opts:
             options.append((fam.name, opts))
-    families += _finisher_families(est, setup)
+    families += _finisher_families(setup)
     base_cfg = _Config(setup=setup, par=par, changes=(), labels=())
     discrete = list(_discrete_configs(base_cfg, options))
     singles_cfgs = [c for c in discrete if len(c.labels) == 1]
@@ -373,7 +363,7 @@ def _dedupe(cands: list[Candidate]) -> list[Candidate]:
     return out
 
 
-def _finisher_families(est: _Estimator, setup: TrainingSetup) -> list[Family]:
+def _finisher_families(setup: TrainingSetup) -> list[Family]:
     out = [
         Family(name="micro-batch + accumulation",
                status="searched" if setup.micro_batch > 1 else "not applicable",
@@ -381,17 +371,13 @@ def _finisher_families(est: _Estimator, setup: TrainingSetup) -> list[Family]:
                options=("the largest divisor of the micro-batch that fits; accumulation keeps the "
                         "global batch",)),
     ]  # fmt: skip
-    if est.ranks is None:
-        out.append(Family(name="shard over N GPUs", status="not available",
-                          reason="the multi-GPU estimator (peakmem.ranks) is not installed"))  # fmt: skip
-    else:
-        out.append(
-            Family(
-                name="shard over N GPUs",
-                status="searched",
-                options=(f"ZeRO-3 over the fewest of 2..{MAX_NODE_GPUS} GPUs",),
-            )
+    out.append(
+        Family(
+            name="shard over N GPUs",
+            status="searched",
+            options=(f"ZeRO-3 over the fewest of 2..{MAX_NODE_GPUS} GPUs",),
         )
+    )
     out.append(Family(name="shorter sequence", status="searched",
                       reason="last resort: changes the job (flagged)",
                       options=(f"the longest multiple of {SEQ_STEP} that fits",)))  # fmt: skip

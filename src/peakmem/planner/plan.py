@@ -12,14 +12,8 @@ from peakmem.errors import require
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
-from peakmem.planner.search import (
-    MAX_NODE_GPUS,
-    Family,
-    _Estimator,
-    _family_json,
-    _parallel_module,
-    _step_json,
-)
+from peakmem.parallel import DEFAULT_GPUS_PER_NODE, FsdpMode, Parallelism
+from peakmem.planner.search import Family, _Estimator, _family_json, _step_json
 from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
 
 TOP_LAYOUTS = 10
@@ -42,7 +36,7 @@ PLAN_EP = (1, 2, 4, 8, 16, 32, 64)
 class Layout:
     """One parallel layout in a plan, estimated."""
 
-    parallelism: Any  # peakmem.parallel.Parallelism
+    parallelism: Parallelism
     setup: TrainingSetup
     description: str
     ranks: tuple[tuple[str, int, int, int], ...]  # (role, ranks, device_total_bytes, cpu_bytes)
@@ -123,16 +117,14 @@ def plan(
     cap = gpu.usable_bytes
     gb = global_batch or max(1, DEFAULT_GLOBAL_BATCH_TOKENS // setup.seq_len)
     require(gb >= 1, "global_batch", gb, "must be a positive integer")
-    par_mod = _parallel_module()
-    multi = est.ranks is not None and par_mod is not None
-    per_node = par_mod.DEFAULT_GPUS_PER_NODE if par_mod is not None else MAX_NODE_GPUS
-    families = _plan_families(multi)
+    per_node = DEFAULT_GPUS_PER_NODE
+    families = _plan_families()
     trainable = est(replace(setup, micro_batch=1, grad_accum=1))
     trainable_params = trainable.estimate.trainable_params if trainable is not None else spec.params
 
     # 1. score every layout with the time model (arithmetic only)
     items: list[_PlanItem] = []
-    counts = _gpu_counts(max_gpus, per_node) if multi else [1]
+    counts = _gpu_counts(max_gpus, per_node)
     layers = spec.num_layers
     pp_options = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= layers]
     tps = [t for t in PLAN_TP if t <= per_node and _divides_heads(spec, t)]
@@ -172,16 +164,14 @@ def plan(
     floor_ok: dict[tuple[int, int, int, int, int], bool] = {}
     found: list[Layout] = []
 
-    def make_par(it: _PlanItem) -> Any:
-        if par_mod is None:
-            return None
+    def make_par(it: _PlanItem) -> Parallelism:
         kw: dict[str, Any] = {"gpus": it.gpus, "tp": it.tp, "pp": it.pp, "cp": it.cp, "ep": it.ep,
                               "sequence_parallel": it.tp > 1}  # fmt: skip
         if it.engine == "fsdp":
-            kw["fsdp"] = par_mod.FsdpMode.FULL_SHARD
+            kw["fsdp"] = FsdpMode.FULL_SHARD
         else:
             kw["zero_stage"] = int(it.engine[-1])
-        return par_mod.Parallelism(**kw)
+        return Parallelism(**kw)
 
     def frugal_fits(n: int, tp: int, pp: int, cp: int, ep: int) -> bool:
         key = (n, tp, pp, cp, ep)
@@ -193,7 +183,7 @@ def plan(
                            ckpt=Checkpointing.FULL, mb=1,
                            accum=1 if setup.optimizer_in_backward else max(1, gb // max(1, dp)),
                            step=items[0].step)  # fmt: skip
-            floor_ok[key] = _plan_fits(est, setup, it, make_par(it) if multi else None, cap)
+            floor_ok[key] = _plan_fits(est, setup, it, make_par(it), cap)
         return floor_ok[key]
 
     # Layouts known not to fit: (shape, engine) -> (checkpointing rank, micro-batch) pairs. A layout
@@ -207,7 +197,7 @@ def plan(
         rank = _CKPT_RANK[it.ckpt]
         if any(r >= rank and mb <= it.mb for r, mb in failed.get(key, ())):
             return None
-        got = _plan_layout(est, setup, it, make_par(it) if multi else None, cap, _sequences(it))
+        got = _plan_layout(est, setup, it, make_par(it), cap, _sequences(it))
         if got is None:
             failed.setdefault(key, []).append((rank, it.mb))
         return got
@@ -240,9 +230,7 @@ def plan(
             break
     scope = (f"data x tensor x pipeline{' x context' if len(cps) > 1 else ''}"
              f"{' x expert' if len(plan_ep_options(spec, max_gpus)) > 1 else ''} parallel over up to "
-             f"{max_gpus} GPUs ({per_node} per node)") if multi else (
-        "single GPU only: the multi-GPU estimator (peakmem.ranks) is not installed, "
-        "so no sharding is searched")  # fmt: skip
+             f"{max_gpus} GPUs ({per_node} per node)")  # fmt: skip
     assumptions = (
         *rates.notes(),
         (
@@ -323,30 +311,25 @@ def _time_engine(engine: str, dp: int) -> str:
     return "ddp" if engine == "zero-0" else engine
 
 
-def _plan_fits(est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Any, cap: int) -> bool:
+def _plan_fits(est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parallelism, cap: int) -> bool:
     s = replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt)
     return est.fits(s, par, cap)
 
 
 def _plan_layout(
-    est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Any, cap: int, gb: int
+    est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parallelism, cap: int, gb: int
 ) -> Layout | None:
     s = replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt)
     r = est(s, par)
     if r is None or r.needed > cap:
         return None
-    desc = par.describe() if par is not None else "1 GPU"
+    desc = par.describe()
     desc += f"; micro-batch {it.mb} x {it.accum} micro-batches; checkpointing {it.ckpt.value}"
     return Layout(parallelism=par, setup=s, description=desc, ranks=r.ranks, needed_bytes=r.needed,
                   capacity_bytes=cap, step=it.step, global_batch=gb)  # fmt: skip
 
 
-def _plan_families(multi: bool) -> list[Family]:
-    if not multi:
-        return [Family(name="sharding / tensor / pipeline parallel", status="not available",
-                       reason="the multi-GPU estimator (peakmem.ranks) is not installed"),
-                Family(name="checkpointing x micro-batch", status="searched",
-                       options=("none/selective/full", f"micro-batch {PLAN_MICRO_BATCHES}"))]  # fmt: skip
+def _plan_families() -> list[Family]:
     return [
         Family(
             name="GPU count", status="searched", options=("powers of two up to --max-gpus, and --max-gpus",)

@@ -17,6 +17,8 @@ from peakmem.estimate import TrainingEstimator, setup_dict, setup_that_runs
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
+from peakmem.parallel import Parallelism
+from peakmem.ranks import RankReport, estimate_ranks
 from peakmem.training import TrainingSetup
 
 MAX_CHANGES = 3  # changes combined in one candidate
@@ -48,7 +50,7 @@ class Candidate:
     steps: tuple[str, ...]  # one label per change, as the user would apply them
     changes: tuple[Change, ...]  # every field touched (a micro-batch change also sets grad_accum)
     setup: TrainingSetup
-    parallelism: Any  # peakmem.parallel.Parallelism | None (None: plain single-GPU estimate)
+    parallelism: Parallelism | None  # None: plain single-GPU estimate
     estimate: Estimate  # the most loaded rank's when sharded
     needed_bytes: int  # device total of the most loaded rank
     capacity_bytes: int
@@ -81,30 +83,13 @@ class Family:
 
 
 # --- estimating, memoised ------------------------------------------------------------------------
-def _ranks_module() -> Any | None:
-    """peakmem.ranks, or None while the multi-GPU estimator is not there."""
-    try:
-        from peakmem import ranks
-    except ImportError:
-        return None
-    return ranks
-
-
-def _parallel_module() -> Any | None:
-    try:
-        from peakmem import parallel
-    except ImportError:
-        return None
-    return parallel
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Result:
     estimate: Estimate
     needed: int
     cpu_bytes: int
     ranks: tuple[tuple[str, int, int, int], ...]
-    report: Any = None  # peakmem.ranks.RankReport when sharded
+    report: RankReport | None = None  # when sharded
 
 
 class _Estimator:
@@ -119,9 +104,8 @@ class _Estimator:
         # lazy: a derived spec's setup family whose block costs are not measured yet is not measured
         # for a change (``train``'s ways: a family takes a minute or more to measure on a CPU)
         self.lazy = lazy
-        self.memo: dict[tuple[TrainingSetup, Any], _Result | None] = {}
+        self.memo: dict[tuple[TrainingSetup, Parallelism | None], _Result | None] = {}
         self.calls = 0
-        self.ranks = _ranks_module()
         self.engine = TrainingEstimator(spec, overheads)  # its memo serves every setup and layout asked
         # the same estimates with the closed-form reserved: a floor of the replayed one (estimate.py takes
         # the larger), so a job whose floor exceeds the GPU is out without replaying its step
@@ -131,9 +115,9 @@ class _Estimator:
             if ov.replay_reserved and not margin
             else None
         )
-        self.floor_memo: dict[tuple[TrainingSetup, Any], int | None] = {}
+        self.floor_memo: dict[tuple[TrainingSetup, Parallelism | None], int | None] = {}
 
-    def __call__(self, setup: TrainingSetup, par: Any = None) -> _Result | None:
+    def __call__(self, setup: TrainingSetup, par: Parallelism | None = None) -> _Result | None:
         key = (setup, par)
         if key in self.memo:
             return self.memo[key]
@@ -145,8 +129,7 @@ class _Estimator:
                 result = _Result(estimate=est, needed=self._need(est), cpu_bytes=0,
                                  ranks=(("all ranks", 1, est.device_total_bytes, 0),))  # fmt: skip
             else:
-                assert self.ranks is not None
-                rep = self.ranks.estimate_ranks(self.spec, setup, par, estimator=self.engine)
+                rep = estimate_ranks(self.spec, setup, par, estimator=self.engine)
                 top = rep.most_loaded
                 result = _Result(
                     estimate=top.estimate, needed=self._need(top.estimate),
@@ -171,7 +154,7 @@ class _Estimator:
         family = derived_family(setup_that_runs(self.spec, setup))
         return not derived.costs_ready(self.spec.derived_from, family)
 
-    def floor_needed(self, setup: TrainingSetup, par: Any = None) -> int | None:
+    def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
         reserved's device total on one GPU, before any replay; the answer itself otherwise."""
         key = (setup, par)
@@ -185,7 +168,7 @@ class _Estimator:
                 self.floor_memo[key] = None
         return self.floor_memo[key]
 
-    def fits(self, setup: TrainingSetup, par: Any, capacity: int) -> bool:
+    def fits(self, setup: TrainingSetup, par: Parallelism | None, capacity: int) -> bool:
         """Whether (setup, par) needs at most ``capacity``; a floor above it rules it out unreplayed."""
         floor = self.floor_needed(setup, par)
         if floor is None or floor > capacity:
@@ -204,7 +187,7 @@ def _value(v: object) -> str:
     return v.value if isinstance(v, Enum) else str(v)
 
 
-def _layout_of(par: Any) -> st.Layout:
+def _layout_of(par: Parallelism | None) -> st.Layout:
     if par is None:
         return st.Layout()
     engine = par.engine
@@ -232,7 +215,7 @@ class _Option:
 @dataclass(frozen=True, kw_only=True)
 class _Config:
     setup: TrainingSetup
-    par: Any  # Parallelism | None
+    par: Parallelism | None
     changes: tuple[Change, ...]
     labels: tuple[str, ...]
     changes_job: bool = False
@@ -248,8 +231,6 @@ def _apply(base: _Config, opt: _Option) -> _Config | None:
             setup = replace(setup, **dict(opt.setup))
         par = base.par
         if opt.par:
-            from peakmem.parallel import Parallelism
-
             cur = par if par is not None else Parallelism()
             fields = dict(opt.par)
             if "zero_stage" in fields:
@@ -288,7 +269,12 @@ def smaller_micro_batch(cfg: _Config, mb: int) -> _Config:
 # --- the search ------------------------------------------------------------------------------------
 class _Search:
     def __init__(
-        self, spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...], est: _Estimator, par: Any = None
+        self,
+        spec: ModelSpec,
+        setup: TrainingSetup,
+        gpus: tuple[Gpu, ...],
+        est: _Estimator,
+        par: Parallelism | None = None,
     ) -> None:
         self.spec, self.setup, self.gpus, self.est, self.par = spec, setup, gpus, est, par
         self.sf = st.spec_flops(spec)
@@ -329,10 +315,6 @@ class _Search:
         return None if idx is None else smaller_micro_batch(cfg, divisors[idx])
 
     def finish_shard(self, cfg: _Config, capacity: int, max_gpus: int = MAX_NODE_GPUS) -> _Config | None:
-        if self.est.ranks is None:
-            return None
-        from peakmem.parallel import Parallelism
-
         cur = cfg.par if cfg.par is not None else Parallelism()
         if cur.gpus > 1:
             return None
@@ -361,7 +343,7 @@ class _Search:
             c = make(counts[i])
             return c is not None and self._fits(c, capacity)
 
-        idx = _first_fit_monotone(len(counts), ok)
+        idx = _first_fit(len(counts), ok)
         return None if idx is None else make(counts[idx])
 
     def finish_seq(self, cfg: _Config, capacity: int) -> _Config | None:
@@ -397,9 +379,6 @@ def _first_fit(n: int, ok: Callable[[int], bool]) -> int | None:
         else:
             lo = mid + 1
     return lo
-
-
-_first_fit_monotone = _first_fit
 
 
 def _largest_true(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError, require
+from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.serving import max_concurrent, max_context, serving_fit
+from peakmem.inference import InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.planner.search import (
     MAX_CHANGES,
@@ -33,7 +36,7 @@ class InferCandidate:
     label: str
     steps: tuple[str, ...]
     changes: tuple[Change, ...]
-    setup: Any  # peakmem.inference.InferenceSetup
+    setup: InferenceSetup
     estimate: Estimate
     needed_bytes: int  # device total of one rank
     capacity_bytes: int
@@ -62,7 +65,7 @@ class InferGpuFit:
 class InferFitReport:
     model: str
     params: int
-    setup: Any  # InferenceSetup
+    setup: InferenceSetup
     gpus: tuple[InferGpuFit, ...]
     smallest_sufficient: str | None
     search_space: tuple[Family, ...]
@@ -75,28 +78,20 @@ class InferFitReport:
         return any(g.fits for g in self.gpus)
 
 
-def _infer_with(setup: Any, **changes: Any) -> Any:
-    fields = {f: getattr(setup, f) for f in setup.__dataclass_fields__}
-    fields.update(changes)
-    return type(setup)(**fields)
-
-
 class _InferEstimator:
-    def __init__(self, spec: ModelSpec, overheads: Any = None) -> None:
-        from peakmem.formulas import serving
-
-        self.spec, self.serving, self.overheads = spec, serving, overheads
-        self.memo: dict[Any, tuple[Estimate, int, bool, int | None] | None] = {}
+    def __init__(self, spec: ModelSpec, overheads: Overheads | None = None) -> None:
+        self.spec, self.overheads = spec, overheads
+        self.memo: dict[tuple[InferenceSetup, int], tuple[Estimate, int, bool, int | None] | None] = {}
         self.calls = 0
 
-    def __call__(self, setup: Any, capacity: int) -> tuple[Estimate, int, bool, int | None] | None:
+    def __call__(self, setup: InferenceSetup, capacity: int) -> tuple[Estimate, int, bool, int | None] | None:
         """(estimate, needed bytes, fits, max concurrent sequences) of ``setup`` on ``capacity`` bytes."""
         key = (setup, capacity)
         if key in self.memo:
             return self.memo[key]
         self.calls += 1
         try:
-            f = self.serving.serving_fit(self.spec, setup, capacity, overheads=self.overheads)
+            f = serving_fit(self.spec, setup, capacity, overheads=self.overheads)
         except (InputError, NotImplementedError):
             self.memo[key] = None
             return None
@@ -105,7 +100,7 @@ class _InferEstimator:
         return out
 
 
-def _weight_options(setup: Any) -> tuple[str, ...]:
+def _weight_options(setup: InferenceSetup) -> tuple[str, ...]:
     """Smaller weight formats the engine loads, least invasive first."""
     fmt = setup.weight_format
     engine = setup.engine.value
@@ -132,7 +127,7 @@ def _nominal_bits(name: str) -> int:
     return int(match.group(1)) if match else 16
 
 
-def _kv_options(setup: Any) -> tuple[Any, ...]:
+def _kv_options(setup: InferenceSetup) -> tuple[Any, ...]:
     from peakmem.inference import KV_BITS, KvDtype
 
     engine = setup.engine.value
@@ -144,11 +139,11 @@ def _kv_options(setup: Any) -> tuple[Any, ...]:
 
 def fit_inference(
     spec: ModelSpec,
-    setup: Any,
+    setup: InferenceSetup,
     gpus: tuple[Gpu, ...] | list[Gpu],
     *,
     top: int = TOP_CANDIDATES,
-    overheads: Any = None,
+    overheads: Overheads | None = None,
 ) -> InferFitReport:
     """``peakmem fit MODEL --infer``: verdicts for serving ``setup`` on each GPU, limits (longest context,
     most concurrent sequences) and the changes that make it fit: a smaller weight format, a smaller
@@ -202,14 +197,14 @@ _InferOptions = list[tuple[str, tuple[tuple[str, Any], ...]]]
 
 
 def _infer_configs(
-    base: Any, options: _InferOptions
-) -> list[tuple[Any, tuple[str, ...], tuple[Change, ...]]]:
+    base: InferenceSetup, options: _InferOptions
+) -> list[tuple[InferenceSetup, tuple[str, ...], tuple[Change, ...]]]:
     out = []
     for k in range(1, len(options) + 1):
         for combo in itertools.combinations(options, k):
             for picks in itertools.product(*(opts for _, opts in combo)):
                 try:
-                    s = _infer_with(base, **dict(picks))
+                    s = replace(base, **dict(picks))
                 except InputError:
                     continue
                 labels = tuple(f"{f.replace('_', '-')} {_value(v)}" for f, v in picks)
@@ -221,16 +216,16 @@ def _infer_configs(
 
 
 class _InferGpuSearch:
-    def __init__(self, spec: ModelSpec, setup: Any, gpu: Gpu, est: _InferEstimator) -> None:
+    def __init__(self, spec: ModelSpec, setup: InferenceSetup, gpu: Gpu, est: _InferEstimator) -> None:
         self.spec, self.setup, self.gpu, self.est = spec, setup, gpu, est
         self.cap = gpu.usable_bytes
-        self.base = _infer_with(setup, gpu_bytes=self.cap)
+        self.base = replace(setup, gpu_bytes=self.cap)
 
-    def ok(self, s: Any) -> bool:
+    def ok(self, s: InferenceSetup) -> bool:
         r = self.est(s, self.cap)
         return bool(r and r[2])
 
-    def cand(self, s: Any, labels: tuple[str, ...], changes: tuple[Change, ...], job: bool = False
+    def cand(self, s: InferenceSetup, labels: tuple[str, ...], changes: tuple[Change, ...], job: bool = False
              ) -> InferCandidate | None:  # fmt: skip
         r = self.est(s, self.cap)
         if r is None:
@@ -240,18 +235,18 @@ class _InferGpuSearch:
                               needed_bytes=need, capacity_bytes=self.cap, fits=ok, max_concurrent=conc,
                               changes_job=job)  # fmt: skip
 
-    def with_context(self, n: int) -> Any | None:
+    def with_context(self, n: int) -> InferenceSetup | None:
         prompt = self.base.prompt
         try:
-            return _infer_with(self.base, context=n, prompt=min(prompt, n) if prompt else None)
+            return replace(self.base, context=n, prompt=min(prompt, n) if prompt else None)
         except InputError:
             return None
 
     def fewer_sequences(self) -> InferCandidate | None:
-        b = _largest_true(1, self.setup.batch - 1, lambda k: self.ok(_infer_with(self.base, batch=k)))
+        b = _largest_true(1, self.setup.batch - 1, lambda k: self.ok(replace(self.base, batch=k)))
         if not b:
             return None
-        return self.cand(_infer_with(self.base, batch=b), (f"{b} concurrent sequences (changes the job)",),
+        return self.cand(replace(self.base, batch=b), (f"{b} concurrent sequences (changes the job)",),
                          (Change(field="batch", old=str(self.setup.batch), new=str(b)),), True)  # fmt: skip
 
     def shorter_context(self) -> InferCandidate | None:
@@ -271,11 +266,11 @@ class _InferGpuSearch:
                          (Change(field="context", old=str(ctx), new=str(n)),), True)  # fmt: skip
 
     def tensor_parallel(
-        self, s: Any, labels: tuple[str, ...], changes: tuple[Change, ...]
+        self, s: InferenceSetup, labels: tuple[str, ...], changes: tuple[Change, ...]
     ) -> InferCandidate | None:
         for n in range(2, INFER_MAX_TP + 1):
             try:
-                sn = _infer_with(s, tp=n)
+                sn = replace(s, tp=n)
             except InputError:
                 continue
             c = self.cand(sn, (*labels, f"tensor parallel over {n} GPUs"),
@@ -286,10 +281,8 @@ class _InferGpuSearch:
 
 
 def _infer_gpu(
-    spec: ModelSpec, setup: Any, gpu: Gpu, est: _InferEstimator, options: _InferOptions, top: int
+    spec: ModelSpec, setup: InferenceSetup, gpu: Gpu, est: _InferEstimator, options: _InferOptions, top: int
 ) -> InferGpuFit:
-    from peakmem.formulas.serving import max_concurrent, max_context
-
     g = _InferGpuSearch(spec, setup, gpu, est)
     got = est(g.base, g.cap)
     if got is None:

@@ -17,6 +17,7 @@ from peakmem.breakdown import Estimate, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import ModelSpec
+from peakmem.parallel import Parallelism
 from peakmem.planner.fit import FAMILIES, _Ctx
 from peakmem.planner.search import (
     MAX_NODE_GPUS,
@@ -27,6 +28,7 @@ from peakmem.planner.search import (
     _Search,
     smaller_micro_batch,
 )
+from peakmem.ranks import estimate_ranks
 from peakmem.training import TrainingSetup
 
 # Why a change that shrinks activations saves nothing, by the phase where the peak sits.
@@ -148,9 +150,7 @@ def _finished(
         out.append(smaller_micro_batch(_Config(setup=setup, par=par, changes=(), labels=()), 1))
     if fit_shard is not None:
         out.append(fit_shard)
-    elif est.ranks is not None and (par is None or par.gpus == 1):
-        from peakmem.parallel import Parallelism
-
+    elif par is None or par.gpus == 1:
         cur = par if par is not None else Parallelism()
         try:
             sharded = replace(cur, gpus=MAX_NODE_GPUS, dp=0, zero_stage=3)
@@ -197,8 +197,6 @@ def train_answer(
 
             estimate_training(spec, setup, overheads=overheads)
         else:
-            from peakmem.ranks import estimate_ranks
-
             estimate_ranks(spec, setup, par, overheads=overheads)
         raise InputError(f"the setup cannot be estimated for {spec.name}")
     estimate = res.report.as_estimate() if res.report is not None else res.estimate

@@ -1,0 +1,170 @@
+"""What every serving engine's model shares: the resolved request (context, prompt, compute and
+KV-cache dtypes), and the pieces of a breakdown built from it (weights on a tensor-parallel rank,
+KV cache, recurrent state, CUDA context)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.errors import InputError
+from peakmem.formulas.kv_cache import cache_kind, kv_cache_bytes, layer_kv_bytes
+from peakmem.formulas.overhead import CONTEXT_SIZES
+from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
+from peakmem.formulas.recurrent_state import recurrent_state_bytes
+from peakmem.formulas.weights import WeightRow
+from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
+from peakmem.model import ModelSpec
+
+# CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
+CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
+CUDA_CONTEXT_SOURCE = "formulas/overhead.py " + DEFAULT_CONTEXT_SIZE
+# Default context when neither the user nor the engine fixes one: llama.cpp common.h n_ctx = 4096;
+# transformers has no limit, so we use the same. vLLM/SGLang default max_model_len = the model's.
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingContext:
+    """Resolved inputs shared by the engine models."""
+
+    spec: ModelSpec
+    setup: InferenceSetup
+    context: int
+    prompt: int
+    act_bytes: int  # bytes per activation element (compute dtype)
+    kv_bits: Fraction
+    kv_name: str
+    latent: bool
+    assumptions: tuple[str, ...]
+
+
+def _compute_dtype(setup: InferenceSetup) -> tuple[str, int]:
+    fmt = setup.weight_format
+    if fmt.scheme is Scheme.FLOAT:
+        return fmt.float_dtype, 4 if fmt.float_dtype == "fp32" else 2
+    if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ, Scheme.GGUF):
+        return "fp16", 2  # AutoAWQ / auto-gptq run in fp16; llama.cpp CUDA kernels use f16/f32
+    return "bf16", 2
+
+
+def resolve_context(spec: ModelSpec, setup: InferenceSetup) -> ServingContext:
+    notes: list[str] = []
+    limit = spec.max_position_embeddings
+    if setup.context is not None:
+        context = setup.context
+    elif setup.engine in (Engine.VLLM, Engine.SGLANG):
+        context = limit
+        notes.append(f"context = the model's limit {limit} (max_model_len default)")
+    else:
+        context = min(limit, DEFAULT_CONTEXT)
+        notes.append(f"context = {context} tokens (default)")
+    if context > limit:
+        msg = f"context={context}: beyond the model's limit max_position_embeddings={limit}"
+        if setup.strict:
+            raise InputError(msg)
+        notes.append(f"warning: {msg}; quality degrades unless RoPE scaling extends it")
+    prompt = setup.prompt if setup.prompt is not None else context
+    prompt = min(prompt, context)
+    dtype_name, act_bytes = _compute_dtype(setup)
+    kv = setup.kv_cache
+    if kv is KvDtype.AUTO:
+        kv = KvDtype.FP16 if setup.engine is Engine.LLAMACPP else KvDtype(dtype_name)
+    latent = setup.mla_cache != "expanded"
+    kind = cache_kind(spec, latent=latent)
+    if kind != "standard":
+        if setup.mla_cache == "auto" and setup.engine is Engine.HF:
+            notes.append(
+                "MLA cache: transformers 5.x caches the latent (modeling_deepseek_v3.py updates the cache "
+                "with kv_nope, k_rot); transformers 4.x cached expanded K/V: mla_cache='expanded'"
+            )
+        notes.append(f"MLA cache kind: {kind}")
+    if any(g.layer.attention.sliding_window for g in spec.groups) and setup.engine is not Engine.LLAMACPP:
+        notes.append("sliding-window layers keep at most their window of tokens")
+    if setup.kv_cache in (KvDtype.INT8, KvDtype.INT4) and setup.engine is Engine.HF:
+        notes.append(
+            "quantized KV cache: the residual_length (128) newest tokens of QuantizedCache stay 16-bit"
+        )
+    heads = spec.first_layer.attention.num_heads
+    if heads % setup.tp:
+        raise InputError(f"tp={setup.tp}: must divide num_attention_heads={heads}")
+    return ServingContext(
+        spec=spec,
+        setup=setup,
+        context=context,
+        prompt=prompt,
+        act_bytes=act_bytes,
+        kv_bits=KV_BITS[kv],
+        kv_name=kv.value,
+        latent=latent,
+        assumptions=tuple(notes),
+    )
+
+
+def _shard(nbytes: int, tp: int) -> int:
+    return -(-nbytes // tp)
+
+
+def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int) -> int:
+    """Weights on one tensor-parallel rank: linears, embeddings, head and experts split ``tp`` ways
+    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated."""
+    total = 0
+    for r in rows:
+        replicated = r.component in ("norms", "router") or "norm" in r.name
+        total += r.bytes if replicated or tp == 1 else _shard(r.bytes, tp)
+    return total
+
+
+def cache_bytes(c: ServingContext, tokens: int, batch: int, block: int = 1) -> int:
+    """KV cache of ``batch`` sequences of ``tokens`` tokens on one rank, in ``block``-token pages."""
+    return kv_cache_bytes(
+        c.spec, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp, block_size=block
+    )
+
+
+def largest_layer_kv(c: ServingContext, tokens: int, batch: int) -> int:
+    """The largest one layer's KV cache (what ``torch.cat`` copies when the cache grows)."""
+    return max(
+        layer_kv_bytes(
+            g.layer.attention, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp
+        )
+        for g in c.spec.groups
+    )
+
+
+def state_items(c: ServingContext, batch: int) -> list[MemoryItem]:
+    """The recurrent state of SSM / linear-attention blocks for ``batch`` sequences, as its own item
+    (none for models without such blocks): constant per sequence, whatever the context."""
+    nbytes = recurrent_state_bytes(c.spec, batch=batch, act_bytes=c.act_bytes, tp=c.setup.tp)
+    if not nbytes:
+        return []
+    return [
+        MemoryItem(
+            path=f"recurrent state (SSM / linear attention, {batch} sequences)",
+            category=Category.KV_CACHE,
+            bytes=nbytes,
+            source="formulas/recurrent_state.py; transformers cache_utils.py LinearAttentionLayer",
+        )
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineMemory:
+    """One engine's model of a request: the items at prefill and at decode, what sits above allocated."""
+
+    prefill: list[MemoryItem]
+    decode: list[MemoryItem]
+    overhead: list[MemoryItem]  # above allocated: CUDA context, engine reserve
+    extra: dict[str, object]
+    notes: tuple[str, ...] = ()
+
+
+def weights_item(c: ServingContext, rows: tuple[WeightRow, ...]) -> MemoryItem:
+    fmt = c.setup.weight_format
+    return MemoryItem(
+        path=f"weights ({fmt.name})",
+        category=Category.PARAMETERS,
+        bytes=sharded_weight_bytes(rows, c.setup.tp),
+        source="formulas/weights.py",
+    )

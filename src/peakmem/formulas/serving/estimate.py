@@ -1,0 +1,165 @@
+"""Inference memory of one GPU (one tensor-parallel rank): weights + KV cache + runtime memory, per
+engine, with its allocator level, device total and band.
+
+What a request needs (weights, activations / the profiled peak, sampler buffers, the KV cache of
+``batch`` sequences of ``context`` tokens, context and allocator overheads) does not depend on the GPU:
+:func:`estimate_inference` reports it. Whether it fits one GPU is
+:func:`peakmem.formulas.serving.fit.serving_fit`'s answer.
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.formulas import band as _band
+from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
+from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
+from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.recurrent_state import state_bytes_per_sequence
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, resolve_context
+from peakmem.formulas.serving.generate import generate_memory
+from peakmem.formulas.serving.llamacpp import llamacpp_memory
+from peakmem.formulas.serving.paged import POOLED_ENGINES, paged_memory
+from peakmem.formulas.weights import WeightRow, weight_rows
+from peakmem.inference import Engine, InferenceSetup
+from peakmem.model import ModelSpec
+from peakmem.units import fmt_bytes
+
+_DEFAULT_OVERHEADS = Overheads()
+
+
+def _per_param(spec: ModelSpec, rows: tuple[WeightRow, ...]) -> tuple[PerParamRow, ...]:
+    by_storage: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        p, b = by_storage.get(r.storage, (0, 0))
+        by_storage[r.storage] = (p + r.params, b + r.bytes)
+    return tuple(
+        PerParamRow(
+            tensor="weights",
+            dtype=storage,
+            bytes_per_param=b / p if p else 0.0,
+            bytes=b,
+            params=p,
+            category=Category.PARAMETERS,
+            source="formulas/weights.py",
+        )
+        for storage, (p, b) in sorted(by_storage.items(), key=lambda kv: -kv[1][1])
+    )
+
+
+def _phase(phase: Phase, items: list[MemoryItem]) -> PhasePeak:
+    return PhasePeak(phase=phase, bytes=sum(i.bytes for i in items), items=tuple(items))
+
+
+def estimate_inference(
+    spec: ModelSpec, setup: InferenceSetup, *, overheads: Overheads | None = None
+) -> Estimate:
+    """Memory of one GPU (one tensor-parallel rank) serving ``spec`` as ``setup`` describes.
+    ``overheads``: the allocator's fragmentation, expandable segments and a calibrated profile (the
+    CUDA context of a serving job stays :data:`CUDA_CONTEXT_BYTES`)."""
+    ov = overheads or _DEFAULT_OVERHEADS
+    c = resolve_context(spec, setup)
+    rows = weight_rows(spec, setup.weight_format)
+    if setup.engine is Engine.HF:
+        r = generate_memory(c, rows)
+    elif setup.engine is Engine.LLAMACPP:
+        r = llamacpp_memory(c, rows)
+    else:
+        r = paged_memory(c, rows)
+    prefill, decode = _phase(Phase.PREFILL, r.prefill), _phase(Phase.DECODE, r.decode)
+    peak = prefill if prefill.bytes >= decode.bytes else decode
+    overhead = sum(i.bytes for i in r.overhead)
+    # Caching allocator (formulas/allocator.py): weights and a preallocated cache are resident;
+    # activations, temporaries and transformers' growing cache (re-allocated by torch.cat every
+    # step) churn and carry the fragmentation slack.
+    churn_categories = {Category.ACTIVATIONS, Category.TEMPORARIES}
+    if setup.engine is Engine.HF:
+        churn_categories.add(Category.KV_CACHE)
+    churn = sum(i.bytes for i in peak.items if i.category in churn_categories)
+    resident = peak.bytes - churn
+    reserved = reserved_bytes(
+        resident=resident,
+        resident_rounding=tensor_rounding(
+            tuple(i.bytes for i in peak.items if i.category not in churn_categories)
+        ),
+        churn=churn,
+        fragmentation=ov.fraction,
+        expandable=ov.expandable_segments,
+    )
+    device_total = reserved + overhead
+    kind = cache_kind(spec, latent=c.latent)
+    extra: dict[str, object] = {
+        "engine": setup.engine.value,
+        "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=setup.tp),
+        "recurrent_state_bytes_per_sequence": state_bytes_per_sequence(
+            spec, act_bytes=c.act_bytes, tp=setup.tp
+        ),
+        "kv_cache_kind": kind,
+        "kv_cache_dtype": c.kv_name,
+        "context": c.context,
+        "prompt": c.prompt,
+        "tp": setup.tp,
+        "per_rank": setup.tp > 1,
+        "weight_bytes": sum(rw.bytes for rw in rows),
+        **r.extra,
+    }
+    assumptions = (
+        *c.assumptions,
+        *r.notes,
+        f"weights: {setup.weight_format.name}; KV cache {c.kv_name}; SDPA/flash attention (no score matrix)",
+    )
+    state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=setup.tp)
+    if state_seq:
+        assumptions += (
+            f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
+            f"{setup.batch} = {fmt_bytes(state_seq * setup.batch)}, whatever the context, counted with the "
+            "KV cache (its own item); conv state in the compute dtype, scan state in fp32 as transformers "
+            "keeps it",
+        )
+    if setup.tp > 1:
+        assumptions += (
+            f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "
+            "replicated; NCCL buffers not modelled",
+        )
+    return Estimate(
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra),
+        method="analytic",
+        job="infer",
+        model_name=spec.name,
+        params=spec.params,
+        trainable_params=0,
+        per_param=_per_param(spec, rows),
+        items=peak.items,
+        phases=(prefill, decode),
+        peak_phase=peak.phase,
+        peak_allocated_bytes=peak.bytes,
+        peak_reserved_bytes=reserved,
+        device_total_bytes=device_total,
+        assumptions=assumptions,
+        setup=setup.echo(),
+        extra=extra,
+    )
+
+
+def _serving_band(
+    setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
+    extra: dict[str, object],
+) -> _band.Band:  # fmt: skip
+    """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
+    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
+    for the engines that capture them."""
+    terms = [
+        _band.residual_term(peak.bytes),
+        _band.context_term(CUDA_CONTEXT_BYTES, assumed=True, profile=ov.profile),
+        _band.fragmentation_term(
+            churn=churn, fragmentation=ov.fraction, profile=ov.profile, expandable=ov.expandable_segments
+        ),
+    ]
+    steady = extra.get("steady_state_bytes")
+    if setup.engine is Engine.HF and isinstance(steady, int):
+        terms.append(_band.transients_term(max(0, peak.bytes - steady)))
+    if setup.tp > 1:
+        terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
+    if setup.engine in POOLED_ENGINES:
+        terms.append(_band.cuda_graphs_term())
+    return _band.build_band(allocated=peak.bytes, reserved=reserved, device_total=device_total,
+                            terms=tuple(terms))  # fmt: skip

@@ -1,0 +1,127 @@
+"""transformers ``generate`` (engine ``hf``).
+
+The DynamicCache grows by ``torch.cat`` every step (``cache_utils.py`` ``DynamicLayer.update``).
+Peak is at prefill (the whole prompt's layer transients) or at the last decode step (full cache +
+one layer's cache being copied + logits). ``generate`` sets ``logits_to_keep=1``
+(``generation/utils.py``), so prefill computes logits for the last position only, then copies them
+to fp32 (``next_token_logits ... dtype=torch.float32``).
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
+from peakmem.formulas.serving.context import (
+    CUDA_CONTEXT_BYTES,
+    CUDA_CONTEXT_SOURCE,
+    EngineMemory,
+    ServingContext,
+    cache_bytes,
+    largest_layer_kv,
+    state_items,
+    weights_item,
+)
+from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.weights import WeightRow, largest_quantized_linear
+from peakmem.inference import Scheme
+
+# generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
+# processors / softmax produce (generation/utils.py _sample).
+GENERATE_LOGIT_COPIES_FP32 = 2
+
+
+def dequant_temporary_bytes(c: ServingContext, tokens: int) -> int:
+    """transformers' quantized linears for a multi-token input: bitsandbytes ``matmul_4bit``
+    dequantizes the weight to the compute dtype (bitsandbytes/autograd/_functions.py, the gemv
+    kernel only for one token); AutoAWQ GEMM (``WQLinear_GEMM``, >= 1024 tokens) and exllama v2
+    (GPTQ) reconstruct it too. LLM.int8 (``int8_linear_matmul``) keeps the int8 input and an int32
+    output instead. One linear at a time: the largest."""
+    fmt = c.setup.weight_format
+    in_f, out_f = largest_quantized_linear(c.spec, fmt)
+    if tokens <= 1 or not in_f:
+        return 0
+    out_f = -(-out_f // c.setup.tp)
+    if fmt.scheme is Scheme.BNB_INT8:
+        return tokens * (in_f + out_f * 4)
+    if fmt.scheme in (Scheme.BNB_4BIT, Scheme.GPTQ, Scheme.AWQ):
+        return in_f * out_f * c.act_bytes
+    return 0
+
+
+def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
+    s, b = c.setup, c.setup.batch
+    weights = weights_item(c, rows)
+    chunk = min(c.prompt, s.prefill_chunk) if s.prefill_chunk else c.prompt
+    vocab = -(-c.spec.vocab_size // s.tp)
+    kept = chunk if s.keep_all_logits else 1
+    logits = b * kept * vocab * c.act_bytes + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
+    prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
+    kv_prompt = cache_bytes(c, c.prompt, b)
+    dequant = dequant_temporary_bytes(c, b * chunk)
+    prefill = [
+        weights,
+        MemoryItem(
+            path=f"kv cache ({c.prompt} prompt tokens x {b})",
+            category=Category.KV_CACHE,
+            bytes=kv_prompt,
+            source="formulas/kv_cache.py",
+        ),
+        *state_items(c, b),
+        MemoryItem(
+            path=f"prefill layer temporaries ({b} x {chunk} tokens)",
+            category=Category.ACTIVATIONS,
+            bytes=max(prefill_layer, logits),
+            source="formulas/serving/forward.py layer_transient_bytes",
+        ),
+    ]
+    if dequant:
+        prefill.append(
+            MemoryItem(
+                path="quantized matmul temporaries (one linear)",
+                category=Category.TEMPORARIES,
+                bytes=dequant,
+                source="formulas/serving/generate.py dequant_temporary_bytes",
+            )
+        )
+    kv_full = cache_bytes(c, c.context, b)
+    grow = largest_layer_kv(c, c.context - 1, b) if c.context > c.prompt else 0
+    decode = [
+        weights,
+        MemoryItem(
+            path=f"kv cache ({c.context} tokens x {b})",
+            category=Category.KV_CACHE,
+            bytes=kv_full,
+            source="formulas/kv_cache.py",
+        ),
+        *state_items(c, b),
+        MemoryItem(
+            path="cache growth (torch.cat copies one layer)",
+            category=Category.TEMPORARIES,
+            bytes=grow,
+            source="transformers cache_utils.py DynamicLayer.update",
+        ),
+        MemoryItem(
+            path="decode logits (bf16 + fp32 copies)",
+            category=Category.TEMPORARIES,
+            bytes=b * vocab * (c.act_bytes + 4 * GENERATE_LOGIT_COPIES_FP32)
+            + layer_transient_bytes(c.spec, b, c.act_bytes, s.tp),
+            source="transformers generation/utils.py _sample",
+        ),
+    ]
+    overhead = [
+        MemoryItem(
+            path="CUDA context",
+            category=Category.OVERHEAD,
+            bytes=CUDA_CONTEXT_BYTES,
+            source=CUDA_CONTEXT_SOURCE,
+        ),
+        MemoryItem(
+            path="cuBLAS workspace",
+            category=Category.OVERHEAD,
+            bytes=CUBLAS_WORKSPACE_BYTES,
+            source="formulas/overhead.py CUBLAS_WORKSPACE_BYTES",
+        ),
+    ]
+    state = sum(i.bytes for i in state_items(c, b))
+    extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full + state}
+    return EngineMemory(prefill=prefill, decode=decode, overhead=overhead, extra=extra)

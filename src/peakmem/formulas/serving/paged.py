@@ -1,0 +1,127 @@
+"""vLLM and SGLang: a KV pool preallocated out of the GPU, in pages.
+
+* ``vllm``: preallocates ``gpu_memory_utilization x GPU`` minus weights, the profiled activation
+  peak (one chunk of ``max_num_batched_tokens``) and non-torch memory, as a paged KV pool
+  (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``); reports how many sequences
+  of ``context`` tokens fit in it.
+* ``sglang``: the same with ``mem_fraction_static`` (its default chosen by GPU size:
+  ``inference.sglang_mem_fraction_static``) and one-token pages; that fraction holds weights and pool.
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.recurrent_state import state_bytes_per_sequence
+from peakmem.formulas.serving.context import (
+    CUDA_CONTEXT_BYTES,
+    CUDA_CONTEXT_SOURCE,
+    EngineMemory,
+    ServingContext,
+    cache_bytes,
+    state_items,
+    weights_item,
+)
+from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.weights import WeightRow
+from peakmem.inference import Engine
+
+# vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+VLLM_MAX_NUM_SEQS = 256
+# The engines that preallocate a KV pool: a request fits when the pool holds it (serving_fit).
+POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
+
+
+def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
+    """vLLM / SGLang: a preallocated paged pool; without a GPU size, the cache the batch needs."""
+    s, b = c.setup, c.setup.batch
+    block = s.effective_block_size
+    weights = weights_item(c, rows)
+    chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
+    vocab = -(-c.spec.vocab_size // s.tp)
+    act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
+    # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
+    sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
+    activations = max(act, sampler)
+    # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
+    # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
+    state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.tp)
+    per_seq = cache_bytes(c, c.context, 1, block) + state_per_seq
+    needed = per_seq * b
+    notes: list[str] = []
+    extra: dict[str, object] = {
+        "kv_bytes_per_sequence": per_seq,
+        "kv_needed_bytes": needed,
+        "prefill_chunk_tokens": chunk,
+    }
+    if s.gpu_bytes is not None:
+        # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
+        budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
+        if s.engine is Engine.SGLANG:
+            # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
+            # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
+            pool = budget - weights.bytes
+        else:
+            # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch)
+            pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
+        pool = max(pool, 0)
+        concurrent = pool // per_seq if per_seq else 0
+        extra.update(
+            kv_pool_bytes=pool,
+            kv_pool_blocks=pool // max(1, cache_bytes(c, block, 1, block)),
+            max_concurrent_sequences=concurrent,
+            memory_budget_bytes=budget,
+            memory_fraction=s.memory_fraction(s.gpu_bytes),
+        )
+        if pool < per_seq:
+            notes.append(
+                f"does not start: the KV pool ({pool} B) cannot hold one {c.context}-token sequence "
+                f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
+            )
+        elif concurrent > VLLM_MAX_NUM_SEQS and s.engine is Engine.VLLM:
+            notes.append(
+                f"the KV pool holds {concurrent} sequences; vLLM runs at most max_num_seqs="
+                f"{VLLM_MAX_NUM_SEQS} at once unless raised"
+            )
+        elif concurrent < b:
+            notes.append(f"only {concurrent} sequences of {c.context} tokens fit; the rest wait in the queue")
+    notes.append(
+        f"{s.engine.value} preallocates a KV pool of gpu_memory_utilization x GPU less the rest; the KV "
+        "cache shown is what the batch needs (it fits when the pool holds it: serving_fit)"
+    )
+    kv_item = MemoryItem(
+        path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
+        category=Category.KV_CACHE,
+        bytes=needed - state_per_seq * b,
+        source="formulas/kv_cache.py",
+    )
+    states = state_items(c, b)
+    act_item = MemoryItem(
+        path=f"activations ({chunk}-token prefill chunk)",
+        category=Category.ACTIVATIONS,
+        bytes=activations,
+        source="formulas/serving/forward.py layer_transient_bytes",
+    )
+    decode_tmp = MemoryItem(
+        path="decode temporaries",
+        category=Category.TEMPORARIES,
+        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp, fused=True) + b * vocab * 8,
+        source="formulas/serving/paged.py",
+    )
+    overhead = [
+        MemoryItem(
+            path="CUDA context + non-torch",
+            category=Category.OVERHEAD,
+            bytes=CUDA_CONTEXT_BYTES,
+            source=CUDA_CONTEXT_SOURCE,
+        )
+    ]
+    extra["steady_state_bytes"] = weights.bytes + needed
+    notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
+    return EngineMemory(
+        prefill=[weights, kv_item, *states, act_item],
+        decode=[weights, kv_item, *states, decode_tmp],
+        overhead=overhead,
+        extra=extra,
+        notes=tuple(notes),
+    )
