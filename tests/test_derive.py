@@ -378,11 +378,12 @@ def test_every_causal_lm_type_that_builds_gets_its_exact_count(derive, capsys) -
 def test_cut_model_measures_what_the_whole_one_does(derive, method) -> None:  # type: ignore[no-untyped-def]
     """Measuring 3 blocks of each kind gives the costs of the 8-block model (depth does not change a
     block's bytes; the cut only saves time)."""
+    from peakmem.simulate.derive import step
     from peakmem.training import TrainingSetup
 
     setup = TrainingSetup(precision="mixed-bf16", method=method, seq_len=64, micro_batch=2)
     config = dict(LLAMA, num_hidden_layers=8)
-    assert derive._measure_one(config, setup, cut="select") == derive._measure_one(config, setup, cut="none")
+    assert step.measure_one(config, setup, cut="select") == step.measure_one(config, setup, cut="none")
 
 
 @torch_only
@@ -390,6 +391,7 @@ def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type
     """A hybrid whose attention blocks sit deep (Granite 4.0-H: at 5, 15, 25, 35 of 40) is cut to the
     first three blocks of each kind, not to everything before the third attention block: the costs
     are those of the whole model, measured on 5 of its 8 blocks."""
+    from peakmem.simulate.derive import build, step
     from peakmem.training import TrainingSetup
 
     kinds = ["linear_attention"] * 5 + ["full_attention", "linear_attention", "full_attention"]
@@ -397,7 +399,7 @@ def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type
     model = derive.build_meta(config)
     spec = derive.spec_from_model(model, config)
     keys = {f"model.layers.{i}": layer.derived.key for i, layer in enumerate(spec.layers())}
-    kept = derive._truncate(model, keys)
+    kept = build.truncate(model, keys)
     assert kept is not None and len(model.model.layers) == 5
     chosen = (0, 1, 2, 5, 7)
     assert [kept[f"model.layers.{j}"] for j in range(5)] == [keys[f"model.layers.{i}"] for i in chosen]
@@ -405,15 +407,15 @@ def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type
     # renumbered as the config's lists are cut (a cache is indexed by layer_idx)
     assert [m.layer_idx for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)][-1] == 4
     setup = TrainingSetup(precision="mixed-bf16", seq_len=64, micro_batch=2)
-    whole = derive._measure_one(config, setup, cut="none")
-    assert derive._measure_one(config, setup, cut="select") == whole
+    whole = step.measure_one(config, setup, cut="none")
+    assert step.measure_one(config, setup, cut="select") == whole
     # a long step keeps two blocks of its kinds (the second measured, and followed by one) and the first
     # of every other kind: 0, 1 and 5 here; the measured block's bytes are the same
     linear = keys["model.layers.0"]
     model = derive.build_meta(config)
-    kept = derive._truncate(model, keys, kinds=frozenset({linear}))
+    kept = build.truncate(model, keys, kinds=frozenset({linear}))
     assert kept is not None and list(kept.values())[-3:] == [keys[f"model.layers.{i}"] for i in (0, 1, 5)]
-    only = derive._measure_one(config, setup, cut="select", kinds=frozenset({linear}))
+    only = step.measure_one(config, setup, cut="select", kinds=frozenset({linear}))
     assert only[linear] == whole[linear]
 
 
@@ -421,12 +423,13 @@ def test_cut_keeps_the_blocks_of_each_kind_not_a_prefix(derive) -> None:  # type
 def test_steps_run_side_by_side_measure_what_one_after_another_do(derive, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A family's fake steps run in forked processes, one per CPU: each gives what it gives run in this
     process, in the order asked (the longest runs first)."""
+    from peakmem.simulate.derive import forked
     from peakmem.training import TrainingSetup
 
     tasks = [(TrainingSetup(micro_batch=b, seq_len=s), None) for b, s in ((2, 32), (1, 64), (2, 64))]
-    monkeypatch.setattr(derive, "_workers", lambda: 2)
-    side_by_side = derive._measure_steps(dict(LLAMA), tasks)
-    assert side_by_side == [derive._measure_once(dict(LLAMA), *task) for task in tasks]
+    monkeypatch.setattr(forked, "_workers", lambda: 2)
+    side_by_side = forked.measure_steps(dict(LLAMA), tasks)
+    assert side_by_side == [forked.measure_once(dict(LLAMA), *task) for task in tasks]
     assert side_by_side[0] != side_by_side[2]
 
 
@@ -441,13 +444,14 @@ def test_a_forked_step_that_fails_is_a_named_input_error(derive, monkeypatch) ->
     """A step that fails in a forked process with a library's own exception comes back as the same
     named InputError a step in this process gives."""
     from peakmem.errors import InputError
+    from peakmem.simulate.derive import forked
 
     def broken(config, setup, *, cut, kinds=None):  # type: ignore[no-untyped-def]
         raise _LibraryError("no kernel", 3)
 
-    monkeypatch.setattr(derive, "_measure_one", broken)
-    monkeypatch.setattr(derive, "_workers", lambda: 2)
-    monkeypatch.setattr(derive, "_CUT_THAT_RUNS", {})
+    monkeypatch.setattr(forked, "measure_one", broken)
+    monkeypatch.setattr(forked, "_workers", lambda: 2)
+    monkeypatch.setattr(forked, "_CUT_THAT_RUNS", {})
     family = derived.family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
     with pytest.raises(
         InputError, match=r"failed under full \(bf16\): RuntimeError: _LibraryError: no kernel at 3"
@@ -460,6 +464,7 @@ def test_fp32_experts_on_grouped_mm_are_a_named_input_error(derive) -> None:  # 
     """OLMoE's experts run torch._grouped_mm, which takes bf16 only: fp32 expert weights (fp32,
     amp-bf16) are an InputError naming the precision and the model type, not a traceback."""
     from peakmem.errors import InputError
+    from peakmem.simulate.derive import forked
 
     tiny = {"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"], "vocab_size": 128,
             "hidden_size": 32, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -470,7 +475,7 @@ def test_fp32_experts_on_grouped_mm_are_a_named_input_error(derive) -> None:  # 
         derive.measure_costs(tiny, derived.family_key(precision="fp32", kernel="sdpa", policy="cuda",
                                                       method="full"))  # fmt: skip
     # bf16 runs: one step of the family's (a whole family's costs took 20 s of the suite)
-    assert derive._measure_once(tiny, TrainingSetup(precision=Precision.BF16, micro_batch=1, seq_len=64))
+    assert forked.measure_once(tiny, TrainingSetup(precision=Precision.BF16, micro_batch=1, seq_len=64))
 
 
 def test_a_step_that_fails_under_a_method_is_a_named_input_error(derive, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -478,11 +483,12 @@ def test_a_step_that_fails_under_a_method_is_a_named_input_error(derive, monkeyp
     which returns a tuple) is an InputError naming the model type and the method: the shipped data
     records it as unmeasured, and ``train``'s ranked changes leave that method out instead of failing."""
     from peakmem.errors import InputError
+    from peakmem.simulate.derive import forked
 
     def broken(config, setup, *, cut, kinds=None):  # type: ignore[no-untyped-def]
         raise AttributeError("'tuple' object has no attribute 'dtype'")
 
-    monkeypatch.setattr(derive, "_measure_one", broken)
+    monkeypatch.setattr(forked, "measure_one", broken)
     family = derived.family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
     with pytest.raises(InputError, match=r"model_type='llama'.*failed under full \(bf16\): AttributeError"):
         derive.measure_costs(dict(LLAMA), family)
@@ -527,6 +533,7 @@ def test_costs_give_back_shapes_they_were_not_fitted_at(derive) -> None:  # type
     direct measurements at a longer sequence, a larger batch and micro-batch 1, peak for peak (a fit
     through the five peaks missed each: 0.956 of simulate's peak at batch 2 x 128, bloom and gemma2
     off at 8 x 256 too)."""
+    from peakmem.simulate.derive import forked
     from peakmem.training import TrainingSetup
     from tiny_models import FAMILY_CONFIGS
 
@@ -535,7 +542,7 @@ def test_costs_give_back_shapes_they_were_not_fitted_at(derive) -> None:  # type
     costs = derive.measure_costs(config, family)
     assert any(c.batch1 is not None for c in costs.values())
     for b, s in ((8, 256), (1, 256), (3, 96)):
-        measured = derive._measure_once(dict(config), TrainingSetup(micro_batch=b, seq_len=s))
+        measured = forked.measure_once(dict(config), TrainingSetup(micro_batch=b, seq_len=s))
         for key, m in measured.items():
             at = derived.block_key_costs(costs, key).at(b, s, m.grads)  # type: ignore[union-attr]
             assert (at.saved, at.forward_transient, at.backward_transient) == m.peaks[:3], (key, b, s)
@@ -587,6 +594,7 @@ def test_a_chunked_kernel_gets_costs_of_its_own_for_long_sequences(derive) -> No
     import dataclasses
 
     from peakmem.formulas.activations import derived_family
+    from peakmem.simulate.derive import forked
     from peakmem.training import TrainingSetup
 
     config = derive.tiny_config("granitemoehybrid")
@@ -594,7 +602,7 @@ def test_a_chunked_kernel_gets_costs_of_its_own_for_long_sequences(derive) -> No
     longs = [k for k, c in costs.items() if c.long is not None]
     assert longs
     for batch, seq in ((2, 4096), (1, 3072), (4, 2048)):
-        measured = derive._measure_once(config, TrainingSetup(micro_batch=batch, seq_len=seq))
+        measured = forked.measure_once(config, TrainingSetup(micro_batch=batch, seq_len=seq))
         for key in longs:
             m = measured[key]
             at = costs[key].at(batch, seq, m.grads)

@@ -35,7 +35,7 @@ def test_same_parameter_count(specs, family: str) -> None:  # type: ignore[no-un
     assert not formulas.derived_from and derived_spec.derived_from
     assert derived_spec.params == formulas.params
     # a classifier (BERT: BertForSequenceClassification) stays one: its loss reads a pooled token, not
-    # vocab-wide logits (the derived spec said causal-lm: +12% on the tiny BERT, fixed in derive.py)
+    # vocab-wide logits (the derived spec said causal-lm: +12% on the tiny BERT, fixed in from_model.py)
     assert (derived_spec.task, derived_spec.num_labels) == (formulas.task, formulas.num_labels)
 
 
@@ -45,8 +45,9 @@ def test_peak_agrees_within_two_percent(specs, family: str, setup: str) -> None:
 
 
 # The per-component split too: the derived path labels a block's parameters as hf.py does (a norm is
-# "norms" wherever it sits, the outermost module name decides attention vs MLP: simulate/derive.py
-# _block_component; a sequence classifier's head and pooler by name). Before, 11 families differed.
+# "norms" wherever it sits, the outermost module name decides attention vs MLP:
+# simulate/derive/from_model.py _block_component; a sequence classifier's head and pooler by name).
+# Before, 11 families differed.
 @pytest.mark.parametrize("family", [f for f in SUPPORTED_MODEL_TYPES if f not in EXCLUDED])
 def test_same_parameters_per_component(specs, family: str) -> None:  # type: ignore[no-untyped-def]
     formulas, derived_spec = specs(family)

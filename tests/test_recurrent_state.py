@@ -1,7 +1,7 @@
 """Recurrent state of SSM / linear-attention blocks at inference (formulas/recurrent_state.py).
 
 Hand-derived state sizes per family, checked three ways: the measured elements on the derived spec
-(``simulate/derive.py measure_state``, fake tensors), what transformers really allocates in its cache
+(``simulate/derive/spec.py measure_state``, fake tensors), what transformers really allocates in its cache
 for a real bf16 prefill of a tiny model on the CPU, and the bytes an inference estimate counts.
 """
 

@@ -164,7 +164,7 @@ class DerivedBlock:
     ``kv_elements_per_token`` elements per token (from their ``Attention``); SSM and linear attention
     keep a recurrent state per sequence instead, whatever the context: ``state_elements`` in the model's
     dtype (conv states) and ``state_fp32_elements`` kept in fp32 (SSM / delta-rule states), as
-    transformers' cache allocates them after a prefill (measured: ``simulate/derive.py measure_state``).
+    transformers' cache allocates them after a prefill (measured: ``simulate/derive/spec.py measure_state``).
     """
 
     key: str

@@ -132,7 +132,7 @@ class CudaFunctionMode(TorchFunctionMode):
     def __init__(self, log: KernelLog, *, pad_rows: bool = True) -> None:
         super().__init__()
         self.log = log
-        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive.py's fit)
+        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive/step.py's fit)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -268,7 +268,7 @@ class CudaDispatchMode(TorchDispatchMode):
     def __init__(self, log: KernelLog, *, pad_rows: bool = True) -> None:
         super().__init__()
         self.log = log
-        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive.py's fit)
+        self.pad_rows = pad_rows  # False: flash's scratch at S rows, not round128(S) (derive/step.py's fit)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is DEVICE_QUERY:

@@ -1,0 +1,202 @@
+"""Measured block costs: the fake steps of a family at a few shapes, and the fit over them.
+
+:func:`measure_costs` runs the real model's training step under fake tensors at five small shapes
+(:data:`SHAPES`; micro-batch 1 apart where it differs) with :mod:`peakmem.simulate.runner`'s machinery and
+tracker, and fits, per block kind, what each block saves for backward and, instant by instant, its
+forward and backward bytes (:func:`peakmem.derived.block_cost`: the peak is the largest instant at the
+shape asked), with costs of their own beyond the short shapes where a longer sequence's bytes are not
+given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from peakmem import derived
+from peakmem.errors import InputError
+from peakmem.simulate.derive.forked import Task, measure_steps
+from peakmem.simulate.derive.step import Steps
+
+# (batch, seq) of the five fake-tensor runs the costs are fitted over: three sequence lengths separate
+# per-token, per-sequence-squared and constant bytes, two batches separate what scales with the batch from
+# what the batch shares (a broadcast causal mask). Short, so a run is cheap; micro-batch 2 and 4, not 1:
+# at micro-batch 1 a tensor broadcast over a size-1 batch can stay a view where a larger batch copies it
+# (matmul's expand + reshape of a one-head k/v against every query head: Falcon's multi-query attention on
+# SDPA's math kernel, ATen/native/LinearAlgebra.cpp ``_matmul_impl``), which no term of the fit can carry:
+# fitted over batch-1 and batch-2 shapes together, tiny Falcon's costs came out 4-7% low at batch 2.
+SHAPES = ((2, 32), (2, 64), (4, 64), (2, derived.SHORT_MAX_SEQ), (4, 32))
+# micro-batch 1 is checked at BATCH1_CHECK; where the batch-linear costs do not give it back, the costs at
+# micro-batch 1 are measured on their own at BATCH1_SHAPES (three lengths: s^2, s and a constant)
+BATCH1_CHECK = (1, 64)
+BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, derived.SHORT_MAX_SEQ))
+# The fit is checked at SEQ_CHECK, four times the longest fitted sequence. A block whose kernel works in
+# chunks pads the sequence to a multiple of its chunk (transformers' Mamba-2 torch path: mamba_chunk_size
+# 256; the gated delta-net's torch_chunk_gated_delta_rule: chunk_size 64), so its bytes are a step
+# function below a few chunks and the polynomial through SHAPES extrapolates wrongly: Granite 4.0-H's
+# Mamba-2 block saved 0.68x, Qwen3-Next's gated delta-net block 2.7x its measured bytes at 2 x 512. Where
+# the fit does not give SEQ_CHECK back, the block gets costs fitted over LONG_SHAPES (sixteen times as
+# long: at least two whole chunks of 256, since a single chunk skips the passing of states between
+# chunks: Granite 4.0-H's Mamba-2 block runs 194 events at 2 x 256 and 199 from 2 x 512 on, its saved
+# bytes linear in the sequence from there), used beyond the short shapes (BlockCost.long), and checked at
+# micro-batch 1 at LONG_BATCH1_CHECK.
+SEQ_CHECK = (2, 4 * derived.SHORT_MAX_SEQ)
+LONG = 16
+LONG_SHAPES = tuple((b, LONG * s) for b, s in SHAPES)
+LONG_BATCH1_CHECK = (1, LONG * BATCH1_CHECK[1])
+LONG_BATCH1_SHAPES = tuple((b, LONG * s) for b, s in BATCH1_SHAPES)
+
+
+Shape = tuple[int, int]  # (micro-batch, sequence)
+Point = tuple[int, int, derived.Measured]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """A setup family (``precision|kernel|policy|method[|adapter]``) as the parts a step's setup takes."""
+
+    precision: str
+    kernel: str
+    policy: str
+    method: str
+    lora: Any
+    quant: Any
+
+    def setup(self, batch: int, seq: int) -> Any:
+        from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
+
+        return TrainingSetup(
+            precision=Precision(self.precision), attention=AttentionKernel(self.kernel),
+            kernel_policy=KernelPolicy(self.policy), micro_batch=batch, seq_len=seq,
+            method=Method(self.method), lora=self.lora, quant=self.quant,
+        )  # fmt: skip
+
+
+def _family(family: str) -> _Family:
+    parts = family.split("|", 4)
+    precision, kernel, policy = parts[:3]
+    method = parts[3] if len(parts) > 3 else "full"
+    lora = quant = None
+    if method != "full":
+        objects = derived.adapter_objects(parts[4] if len(parts) > 4 else "")
+        if objects is None:
+            raise InputError(f"setup family {family!r}: the adapter is not known in this process")
+        lora, quant = objects
+    return _Family(precision=precision, kernel=kernel, policy=policy, method=method, lora=lora, quant=quant)
+
+
+def _measure(
+    config: Mapping[str, Any],
+    fam: _Family,
+    shapes: tuple[Shape, ...],
+    *,
+    optional: bool = False,
+    only: Mapping[Shape, frozenset[str]] | None = None,
+) -> dict[Shape, Steps]:
+    """Each shape's bytes per block key, the steps side by side
+    (:func:`~peakmem.simulate.derive.forked.measure_steps`), the model cut to blocks of the kinds ``only``
+    names for a shape; with ``optional``, a shape the model cannot run (tiny BERT's 256 learned positions
+    at 512 tokens) is left out, and the costs it would have checked stay as they are."""
+    tasks: list[Task] = [(fam.setup(batch, seq), (only or {}).get((batch, seq))) for batch, seq in shapes]
+    found: dict[Shape, Steps] = {}
+    for shape, step in zip(shapes, measure_steps(dict(config), tasks), strict=True):
+        if isinstance(step, Exception) and optional:
+            continue
+        if isinstance(step, InputError):
+            raise step
+        if isinstance(step, Exception):
+            raise _step_error(step, config, fam.method, fam.precision) from step
+        found[shape] = step
+    return found
+
+
+def _points(at: dict[Shape, Steps], key: str, shapes: tuple[Shape, ...]) -> list[Point] | None:
+    """``key``'s measurements at ``shapes``, in their order; None unless all of them were measured."""
+    pts = [(b, s, at[(b, s)][key]) for b, s in shapes if key in at.get((b, s), {})]
+    return pts if len(pts) == len(shapes) else None
+
+
+def _differs(pts: list[Point] | None, at: dict[Shape, Steps], key: str, shape: Shape) -> bool:
+    """Whether the costs fitted over ``pts`` miss the bytes measured at ``shape`` (False where that
+    shape, or the key in it, was not measured)."""
+    there = at.get(shape, {}).get(key)
+    return pts is not None and there is not None and not derived.batch_linear_at(pts, *shape, there)
+
+
+def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
+    """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
+    (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.derived.block_cost`),
+    with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`) and beyond the short
+    shapes where a longer sequence's bytes are not given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`)."""
+    fam = _family(family)
+    at = _measure(config, fam, SHAPES)
+    short = {key: pts for key in at[SHAPES[0]] if (pts := _points(at, key, SHAPES)) is not None}
+    out: derived.Costs = {key: derived.block_cost(pts) for key, pts in short.items()}
+    # the two checks in one round of steps (the fit at a longer sequence, and at micro-batch 1)
+    at |= _measure(config, fam, (SEQ_CHECK, BATCH1_CHECK), optional=True)
+    long = [key for key in out if _differs(short[key], at, key, SEQ_CHECK)]
+    # micro-batch 1 under the short shapes only for blocks without long costs: for the others (a chunked
+    # kernel, a step function of the sequence below a few chunks) it would take three more steps for
+    # sequences of at most SHORT_MAX_SEQ tokens at micro-batch 1, where the batch-linear costs answer
+    batch1 = [key for key in out if key not in long and _differs(short[key], at, key, BATCH1_CHECK)]
+    # the shapes those need, in one more round: a long block's micro-batch-1 shapes with its long ones
+    # (its micro-batch 1 is checked at LONG_BATCH1_CHECK, one of them: a round of its own for the check
+    # would cost more time than the two steps it may save). The long shapes run two blocks of each long
+    # kind (the measured second one followed by another) and one of every other kind
+    # (:func:`peakmem.simulate.derive.build.truncate`; one, since a model may need each: Qwen3.5's
+    # training forward builds a cache that wants an attention layer): Qwen3.5-27B's step at 2 x 1024
+    # takes 4.2 s instead of 6.3 s (three of each kind), and the six shipped models with long costs
+    # regenerate to the same bytes
+    long_shapes = (*LONG_SHAPES, *LONG_BATCH1_SHAPES) if long else ()
+    kinds = frozenset(derived.block_kind(k) for k in long)
+    more = (*long_shapes, *(BATCH1_SHAPES if batch1 else ()))
+    at |= _measure(
+        config,
+        fam,
+        tuple(shape for shape in more if shape not in at),
+        optional=True,
+        only=dict.fromkeys(long_shapes, kinds),
+    )
+    for key in batch1:
+        if (pts := _points(at, key, BATCH1_SHAPES)) is not None:
+            out[key] = dataclasses.replace(out[key], batch1=derived.block_cost(pts, single=True))
+    for key in long:
+        if (long_cost := _long_cost(at, key)) is not None:
+            out[key] = dataclasses.replace(out[key], long=long_cost)
+    # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
+    for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
+        if out[key] == derived.block_key_costs(out, derived.block_kind(key)):
+            del out[key]
+    return out
+
+
+def _long_cost(at: dict[Shape, Steps], key: str) -> derived.BlockCost | None:
+    """``key``'s costs fitted over :data:`LONG_SHAPES`, with costs of their own at micro-batch 1 where
+    :data:`LONG_BATCH1_CHECK` differs; None unless every long shape was measured."""
+    if (pts := _points(at, key, tuple(sorted(LONG_SHAPES)))) is None:
+        return None
+    cost = derived.block_cost(pts)
+    if _differs(pts, at, key, LONG_BATCH1_CHECK) and (b1 := _points(at, key, LONG_BATCH1_SHAPES)):
+        cost = dataclasses.replace(cost, batch1=derived.block_cost(b1, single=True))
+    return cost
+
+
+def _step_error(err: Exception, config: Mapping[str, Any], method: str, precision: str) -> InputError:
+    """The user's error for a fake step that failed in transformers' or peft's code."""
+    trace = "".join(traceback.format_exception(err))
+    if not (isinstance(err, RuntimeError) and "grouped_mm" in trace):
+        # transformers / peft code that does not run under this method (peft's LoRA Linear on Llama 4's
+        # router, which returns a tuple): a named error, not a traceback
+        return InputError(
+            f"model_type={config.get('model_type')!r}: a fake-tensor training step of its blocks "
+            f"failed under {method} ({precision}): {type(err).__name__}: {str(err)[:300]}"
+        )
+    # transformers' grouped_mm experts (integrations/moe.py) cast the input to the experts' dtype, and
+    # torch 2.13's _grouped_mm (meta registration, as the CUDA kernel) takes bf16 only
+    return InputError(
+        f"precision={precision!r}: model_type={config.get('model_type')!r} runs its experts through "
+        "torch._grouped_mm, which takes bf16 weights only; with fp32 expert weights transformers cannot "
+        "run it. Use --precision bf16 or mixed-bf16"
+    )
