@@ -1,0 +1,95 @@
+"""The typed question and its one answer (peakmem.question): every face asks the same question, so the
+same job gets the same bytes whether it is asked with train or fit, and the defaults the framework
+decides are named in the answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import peakmem
+from peakmem import defaults, options
+from peakmem.cli import main
+from peakmem.question import ask, verdict_code
+from peakmem.training import Framework, OptimizerImpl, OptimizerName, Precision
+
+LAYOUTS = [
+    {"gpus": 8, "zero": 3},
+    {"gpus": 8, "zero": 2, "offload": "cpu"},
+    {"gpus": 8, "fsdp": "full-shard"},
+    {"gpus": 8, "tp": 2, "pp": 2},
+    {"gpus": 4, "cp": 2, "zero": 1},
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_fit_judges_the_per_rank_device_total_train_reports(layout: dict[str, Any]) -> None:
+    train = peakmem.train("llama-3.1-8b", seq=4096, **layout).to_dict()
+    fit = peakmem.fit("llama-3.1-8b", seq=4096, gpu="h100-80gb,24GB", **layout).to_dict()
+    assert [g["needed_bytes"] for g in fit["gpus"]] == [train["device_total_bytes"]] * 2
+    assert fit["parallelism"] == train["layout"]
+
+
+def test_fit_shards_an_moe_over_experts_as_train_does() -> None:
+    train = peakmem.train("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1).to_dict()
+    fit = peakmem.fit("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1, gpu="h100-80gb").to_dict()
+    assert fit["gpus"][0]["needed_bytes"] == train["device_total_bytes"]
+
+
+def test_the_cli_fit_takes_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["llama-3.1-8b", "--gpus", "8", "--zero", "3", "--seq", "4096", "--json"]
+    assert main(["train", *argv]) == 0
+    train = json.loads(capsys.readouterr().out)
+    main(["fit", *argv, "--gpu", "24GB"])
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["gpus"][0]["needed_bytes"] == train["device_total_bytes"]
+
+
+def test_the_seeds_question_names_the_40_gb_card(capsys: pytest.CaptureFixture[str]) -> None:
+    """The seed: GPT-2 XL, mixed-precision Adam, which of 8/16/24/40 GB holds it: D) 40 GB."""
+    seed = ["gpt2-xl", "--gpu", "8GB,16GB,24GB,40GB", "--precision", "mixed-fp16", "--seq", "1024"]
+    code = main(["fit", *seed, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["smallest_sufficient"] == "40gb"
+    assert [g["fits"] for g in out["gpus"]] == [False, False, False, True]
+    assert out["setup"]["optimizer_impl"] == "fused" and out["defaults"][0].startswith("optimizer-impl fused")
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "precision", "framework", "impl"),
+    [
+        (OptimizerName.ADAMW, Precision.MIXED_FP16, Framework.TORCHTUNE, OptimizerImpl.FUSED),  # fp32 masters
+        (OptimizerName.ADAM, Precision.AMP_BF16, Framework.HF, OptimizerImpl.FUSED),  # the HF Trainer's optim
+        (OptimizerName.ADAMW, Precision.BF16, Framework.TORCHTUNE, OptimizerImpl.FOREACH),  # torch.optim
+        (OptimizerName.SGD_MOMENTUM, Precision.MIXED_BF16, Framework.HF, OptimizerImpl.FOREACH),
+        (OptimizerName.ADAFACTOR, Precision.FP32, Framework.HF, OptimizerImpl.FOREACH),
+    ],
+)  # fmt: skip
+def test_the_optimizer_step_default_follows_the_framework(
+    optimizer: OptimizerName, precision: Precision, framework: Framework, impl: OptimizerImpl
+) -> None:
+    row = defaults.optimizer_step(optimizer, precision, framework)
+    assert row.value == impl.value
+    given = {"optimizer": optimizer.value, "precision": precision.value, "framework": framework.value}
+    q = ask("train", given, model="llama-3.2-1b")
+    assert q.training is not None and q.training.optimizer_impl is impl
+    assert q.defaults == (row.assumption,)
+    named = ask("train", {**given, "optimizer_impl": "for-loop"}, model="llama-3.2-1b")
+    assert named.defaults == () and named.training is not None
+    assert named.training.optimizer_impl is OptimizerImpl.FOR_LOOP  # a value given is never overridden
+
+
+def test_one_exit_code_rule() -> None:
+    assert (verdict_code([]), verdict_code([False]), verdict_code([False, True]), verdict_code([True])) == (
+        0, 1, 0, 0)  # fmt: skip
+    assert peakmem.train("gpt2-xl", gpu="8GB").exit_code == 1
+    assert peakmem.plan("gpt2", gpu="h100-80gb", max_gpus=1).exit_code == 0
+
+
+def test_every_job_command_takes_the_options_its_setups_need() -> None:
+    names = {c: {o.name for o in options.of(c)} for c in options.JOB_COMMANDS}
+    assert {"gpus", "zero", "fsdp", "tp", "pp", "cp", "ep", "offload", "kernels"} <= names["fit"]
+    assert {"weights", "kv_cache", "context", "engine", "infer"} <= names["fit"]
+    assert {"kernels", "cuda_context_mib", "fragmentation", "profile"} <= names["plan"]
