@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from peakmem.breakdown import MemoryItem
 from peakmem.formulas import activations as act
 from peakmem.formulas.loss import head_activations
 from peakmem.hf import spec_from_config
@@ -594,7 +595,7 @@ GEMMA3: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _items(spec: ModelSpec, layer_index: int, setup: TrainingSetup) -> dict[str, act.MemoryItem]:
+def _items(spec: ModelSpec, layer_index: int, setup: TrainingSetup) -> dict[str, MemoryItem]:
     la = act.layer_activations(spec, spec.groups[layer_index].layer, act.shapes(spec, setup))
     return {i.key: i for i in la.saved}
 

@@ -1,4 +1,4 @@
-"""The estimator's memos (a TrainingEstimator's, lora.resolve_targets, activations._STRUCTURE) never
+"""The estimator's memos (a TrainingEstimator's, lora.resolve_targets, activations' layer structure) never
 change a number: an estimate made cold equals the same estimate made after other shapes warmed them."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ from dataclasses import replace
 import pytest
 
 from peakmem import estimate
+from peakmem.adapters import LoraConfig
 from peakmem.catalog.models import MODEL_ENTRIES
 from peakmem.estimate import TrainingEstimator, estimate_training
-from peakmem.formulas import activations, lora
-from peakmem.formulas.lora import LoraConfig
+from peakmem.formulas.activations import structure
+from peakmem.formulas.lora import targets
 from peakmem.resolve import resolve_model
 from peakmem.training import Checkpointing, Method, OptimizerName, Precision, TrainingSetup
 
 
 def _clear() -> None:
-    lora._TARGETS_CACHE.clear()
-    activations._STRUCTURE.clear()
+    targets._TARGETS_CACHE.clear()
+    structure._STRUCTURE.clear()
 
 
 SETUPS = [

@@ -253,7 +253,7 @@ def _training_setup(args: argparse.Namespace, max_positions: int) -> Any:
 
 def _lora_config(args: argparse.Namespace) -> Any:
     """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with --method full)."""
-    from peakmem.formulas.lora import LoraConfig, parse_targets
+    from peakmem.adapters import LoraConfig, parse_targets
 
     given = {
         "rank": args.lora_rank,
@@ -269,7 +269,7 @@ def _lora_config(args: argparse.Namespace) -> Any:
 
 def _quant_config(args: argparse.Namespace) -> Any:
     """A QuantConfig when --quant or --no-double-quant is given; None keeps NF4 + double quant."""
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
 
     if args.quant is None and not args.no_double_quant:
         return None

@@ -59,7 +59,7 @@ SHORT_MAX_SEQ = 128
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
 # Under LoRA/QLoRA nothing before the first adapter requires grad (frozen embeddings), so the model's first
 # block saves less than the others (its first norm keeps nothing for backward): measured on that block
-# itself, its costs are kept under its key plus this suffix (formulas/lora.py split_first_layer puts the
+# itself, its costs are kept under its key plus this suffix (formulas/lora split_first_layer puts the
 # first layer in a group of its own with that key; costs without it fall back to the key's)
 FIRST_BLOCK = ":first"
 # The model's last block runs its backward first, with every other block's activations alive (where the

@@ -23,7 +23,7 @@ from enum import Enum
 from fractions import Fraction
 from operator import attrgetter
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
@@ -743,7 +743,7 @@ def with_kernel_alternatives(
 
 
 _TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
-_CONTEXT_TERMS: dict[Overheads, _band.BandTerm] = {}  # the context term depends on the Overheads only
+_CONTEXT_TERMS: dict[Overheads, BandTerm] = {}  # the context term depends on the Overheads only
 
 
 def _transient_bytes(phase: PhasePeak) -> int:
@@ -789,7 +789,7 @@ def training_band(
     fused_step_delta: int = 0,
     loss_order: tuple[int, int] = (0, 0),
     replayed: int = 0,
-) -> _band.Band:
+) -> Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
     ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the

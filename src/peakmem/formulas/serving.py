@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak, Verdict
+from peakmem.breakdown import Band, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak, Verdict
 from peakmem.errors import InputError
 from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
@@ -670,7 +670,7 @@ POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 def _serving_band(
     setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
     extra: dict[str, object],
-) -> _band.Band:  # fmt: skip
+) -> Band:  # fmt: skip
     """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
     transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
     for the engines that capture them."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.adapters import lora_of
 from peakmem.breakdown import MemoryItem, PerParamRow
 from peakmem.derived import split_last_block
 from peakmem.dtypes import DType
@@ -62,7 +63,7 @@ def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
     opt_rows = optimizer_rows(tspec, tsetup)
     if adapter:
         rows = _lora.finetune_weight_rows(spec, setup, plan) + opt_rows
-        weight = grad = _lora.train_dtype(_lora.lora_of(setup), plan)
+        weight = grad = _lora.train_dtype(lora_of(setup), plan)
         master = plan.master if weight.bits < 32 else None
         frozen: PerParamRow | None = rows[0]
         layer_grads = tuple(_lora.layer_grad_bytes(spec, setup, i) for i in range(len(spec.groups)))

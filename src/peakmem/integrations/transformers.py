@@ -188,7 +188,7 @@ def _numel(p: Any) -> int:
 def _lora(model: Any, read: Read, notes: list[str]) -> Any:
     """peakmem's LoraConfig from the active peft adapter (peft fills ``target_modules`` with the module
     names it adapted, ``all-linear`` included)."""
-    from peakmem.formulas.lora import LoraConfig
+    from peakmem.adapters import LoraConfig
 
     name = getattr(model, "active_adapter", None) or "default"
     if isinstance(name, (list, tuple)):
@@ -230,7 +230,7 @@ def _lora(model: Any, read: Read, notes: list[str]) -> Any:
 
 def _quant(model: Any, base: Any, float_dtype: str, read: Read) -> Any:
     """peakmem's QuantConfig for a bitsandbytes-quantized base, else None."""
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
 
     qc = getattr(getattr(base, "config", None), "quantization_config", None)
     to_dict = getattr(qc, "to_dict", None)  # a transformers BitsAndBytesConfig, or a plain dict
