@@ -371,14 +371,31 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _measuring() -> Any:
+    """What the face hands the estimators: the measuring block-cost lookup where torch and transformers
+    are installed (:func:`peakmem.simulate.measuring_lookup`), else None (stored costs only)."""
+    from peakmem.simulate import measuring_lookup
+
+    return measuring_lookup()
+
+
+def _deriver() -> Any:
+    """What the face hands :mod:`peakmem.resolve`: a spec deriver where torch and transformers are
+    installed (:func:`peakmem.simulate.deriver`), else None."""
+    from peakmem.simulate import deriver
+
+    return deriver()
+
+
 def info_answer(model: str, *, cross_check: bool = False) -> tuple[Any, Any]:
     """``peakmem info``'s spec and which path answered it (:func:`peakmem.resolve.answered_by`): one
     function for the command and the Python API (``peakmem.info``)."""
     from peakmem.resolve import answered_by, resolve_config, spec_for_config
 
     name, config = resolve_config(model)
-    spec = spec_for_config(config, name=name)
-    return spec, answered_by(config, spec, name=name, cross_check=cross_check)
+    spec = spec_for_config(config, name=name, derive=_deriver())
+    return spec, answered_by(config, spec, name=name, cross_check=cross_check, derive=_deriver(),
+                             costs=_measuring())  # fmt: skip
 
 
 def _report(args: argparse.Namespace, est: Any, headline: str, ways: Any = None) -> int:
@@ -440,11 +457,11 @@ def json_answer(
     from peakmem.render import answer_json, infer_answer
     from peakmem.resolve import resolve_gpu, resolve_model
 
-    spec = spec if spec is not None else resolve_model(args.model)
+    spec = spec if spec is not None else resolve_model(args.model, derive=_deriver())
     if command == "plan":
         report = planner.plan(spec, _training_setup(args, spec.max_position_embeddings),
                               resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
-                              overheads=_overheads(args))  # fmt: skip
+                              overheads=_overheads(args), costs=_measuring())  # fmt: skip
         return planner.plan_json(report), EXIT_OK if report.layouts else EXIT_DOES_NOT_FIT
     gpus = _gpus(args.gpu)
     if command == "fit":
@@ -456,7 +473,7 @@ def json_answer(
             )
             return planner.fit_inference_json(served), EXIT_OK if served.any_fits else EXIT_DOES_NOT_FIT
         found = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                            overheads=_overheads(args), margin=args.margin)  # fmt: skip
+                            overheads=_overheads(args), margin=args.margin, costs=_measuring())  # fmt: skip
         fitted = planner.fit_json(found)
         if (block := _from_block(args)) is not None:
             fitted["from_file"] = block
@@ -474,9 +491,11 @@ def json_answer(
     from peakmem.estimate import with_kernel_alternatives
 
     par = _parallelism(args)
+    costs = _measuring()
     answer = planner.train_answer(spec, setup, par, overheads=_overheads(args),
-                                  capacity_bytes=_capacity(gpus))  # fmt: skip
-    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
+                                  capacity_bytes=_capacity(gpus), costs=costs)  # fmt: skip
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par,
+                                   costs=costs)  # fmt: skip
     if detail is not None:
         detail.update(spec=spec, setup=setup, par=par, answer=answer)
     out = answer_json(est, gpus, answer.ways)
@@ -490,7 +509,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from peakmem.planner import train_answer
     from peakmem.resolve import resolve_model
 
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=_deriver())
     setup = _training_setup(args, spec.max_position_embeddings)
     par = _parallelism(args)
     if par is not None and args.emit:
@@ -502,8 +521,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     _notices(gpus, setup)
     from peakmem.estimate import with_kernel_alternatives
 
-    answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus))
-    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par)
+    costs = _measuring()
+    answer = train_answer(spec, setup, par, overheads=_overheads(args), capacity_bytes=_capacity(gpus),
+                          costs=costs)  # fmt: skip
+    est = with_kernel_alternatives(spec, setup, answer.estimate, gpus, overheads=_overheads(args), par=par,
+                                   costs=costs)  # fmt: skip
     if args.plot:
         from peakmem.plot import plot_training
 
@@ -532,7 +554,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from peakmem.plot import plot_training
     from peakmem.resolve import resolve_model
 
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=_deriver())
     setup = _training_setup(args, spec.max_position_embeddings)
     path = plot_training(spec, setup, args.out, gpus=_gpus(args.gpu), kind=args.kind)
     print(f"peakmem: wrote {path}")
@@ -652,7 +674,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from peakmem.render import infer_answer, markdown_estimate, print_estimate
     from peakmem.resolve import resolve_model
 
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=_deriver())
     gpus = _gpus(args.gpu)
     _notices(gpus)
     answer = infer_answer(spec, _inference_setup(args, gpus), gpus, _overheads(args))
@@ -685,7 +707,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         return code
     if not args.gpu:
         raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=_deriver())
     gpus = _gpus(args.gpu)
     if args.infer:
         report: Any = planner.fit_inference(
@@ -697,7 +719,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             print_fit_inference(report)
     else:
         report = planner.fit(spec, _training_setup(args, spec.max_position_embeddings), gpus,
-                             overheads=_overheads(args), margin=args.margin)  # fmt: skip
+                             overheads=_overheads(args), margin=args.margin, costs=_measuring())  # fmt: skip
         if args.json:
             _emit_json(planner.fit_json(report))
         else:
@@ -715,10 +737,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out, code = json_answer("plan", args)
         _emit_json(out)
         return code
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=_deriver())
     setup = _training_setup(args, spec.max_position_embeddings)
     report = planner.plan(spec, setup, resolve_gpu(args.gpu), args.max_gpus, args.global_batch,
-                          overheads=_overheads(args))  # fmt: skip
+                          overheads=_overheads(args), costs=_measuring())  # fmt: skip
     if args.json:
         _emit_json(planner.plan_json(report))
     else:
@@ -801,13 +823,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from peakmem.planner import train_answer
         from peakmem.resolve import resolve_model
 
-        spec = resolve_model(args.model)
+        spec = resolve_model(args.model, derive=_deriver())
         setup = _training_setup(args, spec.max_position_embeddings)
         overheads = _overheads(args)
         gpus = _gpus(args.gpu)
         if rep.oom is not None:
             capacity = _capacity(gpus) or rep.oom.capacity_bytes(overheads.context_bytes)
-        answer = train_answer(spec, setup, _parallelism(args), overheads=overheads, capacity_bytes=capacity)
+        answer = train_answer(spec, setup, _parallelism(args), overheads=overheads, capacity_bytes=capacity,
+                              costs=_measuring())  # fmt: skip
         est = answer.estimate
         if capacity is not None:
             ways = [w for w in answer.ways.ways if w.needed_bytes <= capacity]

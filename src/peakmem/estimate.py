@@ -23,6 +23,7 @@ from enum import Enum
 from fractions import Fraction
 from operator import attrgetter
 
+from peakmem import derived
 from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
@@ -39,7 +40,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
-from peakmem.model import ModelSpec, Tensor
+from peakmem.model import CostLookup, ModelSpec, Tensor
 from peakmem.parallel import Parallelism
 from peakmem.training import (
     AttentionKernel,
@@ -111,11 +112,18 @@ class _Static:
 
 class TrainingEstimator:
     """Training estimates of one spec. It memoises the shape-independent part of each (setup, layout,
-    stage); a search keeps one estimator per question, so the memo lives and dies with it."""
+    stage); a search keeps one estimator per question, so the memo lives and dies with it.
 
-    def __init__(self, spec: ModelSpec, overheads: Overheads | None = None) -> None:
+    ``costs``: where a derived spec's measured block costs come from (:data:`peakmem.model.CostLookup`);
+    by default the stored ones (:func:`peakmem.derived.stored_lookup`: shipped files, the disk cache).
+    The face hands in :func:`peakmem.simulate.measuring_lookup` where torch is installed."""
+
+    def __init__(
+        self, spec: ModelSpec, overheads: Overheads | None = None, *, costs: CostLookup | None = None
+    ) -> None:
         self.spec = spec
         self.overheads = overheads or _DEFAULT_OVERHEADS
+        self.costs: CostLookup = costs or derived.stored_lookup
         self._tech: dict[tuple[object, ...], Technique] = {}
         self._static: dict[tuple[object, ...], _Static] = {}
         self._stages: dict[tuple[object, ...], mp.StageParams] = {}
@@ -158,7 +166,8 @@ class TrainingEstimator:
         asked = setup
         setup = setup_that_runs(self.spec, setup)
         st = self._static_of(setup, par, stage)
-        return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
+        est = _estimate(st, setup, par or _SINGLE, role, self.overheads, asked, self.costs)
+        return est, st.states, st.sp
 
 
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
@@ -183,10 +192,15 @@ def _check_positions(spec: ModelSpec, setup: TrainingSetup) -> None:
 
 
 def estimate_training(
-    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    *,
+    overheads: Overheads | None = None,
+    costs: CostLookup | None = None,
 ) -> Estimate:
-    """Peak memory of one steady-state training step of ``spec`` under ``setup`` on one GPU."""
-    return TrainingEstimator(spec, overheads).estimate(setup)
+    """Peak memory of one steady-state training step of ``spec`` under ``setup`` on one GPU (``costs``:
+    see :class:`TrainingEstimator`)."""
+    return TrainingEstimator(spec, overheads, costs=costs).estimate(setup)
 
 
 # --- the shape-independent part -------------------------------------------------------------------
@@ -438,14 +452,15 @@ SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
 def _estimate(
-    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup
-) -> Estimate:
+    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup,
+    costs: CostLookup,
+) -> Estimate:  # fmt: skip
     tech, rs, sp = st.tech, st.states, st.sp
     spec = tech.spec
     first, last = sp.stage == 0, sp.stage == par.pp - 1
     in_bwd = _lowbit.in_backward(setup)
     local = setup if par.cp == 1 else replace(setup, seq_len=setup.seq_len // par.cp)
-    sh = act.shapes(spec, local)
+    sh = act.shapes(spec, local, costs)
     hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
     if last:
         head = head_activations(spec, sh, _head_weight_numel(spec))
@@ -543,7 +558,7 @@ def _estimate(
         **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:
-        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
+        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup, costs)
     rank_notes: tuple[str, ...] = ()
     if not st.single:
         extra.update(role=role, stage=sp.stage, local_params=sp.numel, in_flight_microbatches=in_flight,
@@ -726,6 +741,7 @@ def with_kernel_alternatives(
     *,
     overheads: Overheads | None = None,
     par: Parallelism | None = None,
+    costs: CostLookup | None = None,
 ) -> Estimate:
     """``est`` with an ``attention_kernel`` band term when a named GPU predates Ampere (``Gpu.pre_ampere``)
     and the setup asks for SDPA or flash: there SDPA may fall back to the math kernel (the scores
@@ -734,7 +750,8 @@ def with_kernel_alternatives(
         return est
     if not any(getattr(g, "pre_ampere", False) for g in gpus):
         return est
-    alt = TrainingEstimator(spec, overheads).estimate(replace(setup, attention=AttentionKernel.EAGER), par)
+    eager = replace(setup, attention=AttentionKernel.EAGER)
+    alt = TrainingEstimator(spec, overheads, costs=costs).estimate(eager, par)
     delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
     if par is not None and est.extra.get("role") != alt.extra.get("role"):
         delta = max(0, delta)

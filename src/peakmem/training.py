@@ -8,6 +8,7 @@ Names follow what people run (DESIGN.md): ``amp-*`` is PyTorch autocast as HF Tr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.choice import Choice
@@ -189,3 +190,26 @@ class TrainingSetup:
                 f"{', '.join(other)}: {command} does not run it ({command} executes the transformers model "
                 "eagerly, with its own loss and the optimizer after backward); peakmem train estimates it"
             )
+
+
+# --- setup families: what a derived spec's measured block costs depend on ------------------------------
+_ADAPTERS: dict[str, tuple[Any, Any]] = {}  # adapter key -> (LoraConfig, QuantConfig) it stands for
+
+
+def family_key(
+    *, precision: str, kernel: str, policy: str, method: str, adapter: str = "", objects: Any = None
+) -> str:
+    """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA:
+    the adapter's settings; ``objects``, the (LoraConfig, QuantConfig) pair, is remembered for the
+    oracle that measures them, which builds the same adapters)."""
+    parts = [precision, kernel, policy, method]
+    if adapter:
+        parts.append(adapter)
+        if objects is not None:
+            _ADAPTERS[adapter] = objects
+    return "|".join(parts)
+
+
+def adapter_objects(adapter: str) -> Any:
+    """The (LoraConfig, QuantConfig) an adapter key was made from in this process (None if unknown)."""
+    return _ADAPTERS.get(adapter)

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from peakmem.adapters import lora_of
 from peakmem.breakdown import MemoryItem, PerParamRow
-from peakmem.derived import split_last_block
 from peakmem.dtypes import DType
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, split_last_block
 from peakmem.training import TrainingSetup
 
 from . import lora as _lora
@@ -55,7 +54,7 @@ class Technique:
 def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
     """Apply ``setup``'s method, precision and optimizer to ``spec``."""
     adapter = _lora.is_adapter_method(setup)
-    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (derived.LAST_BLOCK)
+    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (model.LAST_BLOCK)
     if adapter:
         spec = _lora.split_first_layer(spec)
     tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)

@@ -532,6 +532,7 @@ class PeakmemCallback(TrainerCallback):
         from peakmem.formulas.overhead import Overheads
         from peakmem.planner import train_answer
         from peakmem.render import answer_json, print_estimate, train_headline
+        from peakmem.simulate import measuring_lookup
 
         main = bool(getattr(state, "is_world_process_zero", True))
         say = main and not self.quiet
@@ -551,7 +552,8 @@ class PeakmemCallback(TrainerCallback):
             gpu = cuda_gpu(device)
         gpus = [gpu] if gpu is not None else []
         answer = train_answer(job.spec, job.setup, job.parallelism, overheads=Overheads(),
-                              capacity_bytes=gpu.usable_bytes if gpu is not None else None)  # fmt: skip
+                              capacity_bytes=gpu.usable_bytes if gpu is not None else None,
+                              costs=measuring_lookup())  # fmt: skip
         est = answer.estimate
         self.job, self.answer = job, answer
         self.json = answer_json(est, gpus, answer.ways)

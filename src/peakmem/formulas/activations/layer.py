@@ -13,7 +13,7 @@ layer's activations during backward; ``selective`` (Korthikanti et al. 2022, arX
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.derived import block_key_costs, costs_for
+from peakmem.errors import ConfigError
 from peakmem.model import Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing
 
@@ -204,13 +204,16 @@ SRC_DERIVED = (
 
 
 def derived_activations(spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int = 0) -> LayerActivations:
-    """A derived block's activations: its measured costs (:mod:`peakmem.derived`) at the setup's shape.
+    """A derived block's activations: its measured costs (``sh.costs``, the lookup the estimator's caller
+    handed in) at the setup's shape.
     Its backward peak is the measured instant with the most bytes once its weight gradients written by
     then are counted (``grad_bytes``, as many as the method trains, times the share measured written at
     that instant: an MoE block's peak at its experts' output gradients comes before any of its weight
     gradients exist, an attention block's after its MLP's)."""
     assert layer.derived is not None
-    cost = block_key_costs(costs_for(spec.derived_from, sh.family), layer.derived.key)
+    if sh.costs is None:
+        raise ConfigError(f"{spec.name}: a derived spec's block costs need a cost lookup (shapes(costs=...))")
+    cost = sh.costs(spec, sh.family, layer.derived.key)
     b, s, t = sh.batch, sh.seq, sh.tokens
     layer_input = t * spec.hidden_size * sh.r
     saved = bwd = fwd = freed = grads = 0

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 from peakmem.adapters import lora_of
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.derived import family_key
-from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup
+from peakmem.model import CostLookup, ModelSpec
+from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
 
 from ..model_states import PrecisionPlan, precision_plan
 from ..profiles import PROFILES, Profile
@@ -43,6 +42,7 @@ class Shapes:
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     family: str = ""  # derived specs: the setup family their measured block costs are looked up in
+    costs: CostLookup | None = None  # derived specs: where their measured block costs are looked up
     # derived, set once (the formulas read them a dozen times per layer)
     tokens: int = field(init=False)  # batch x seq
     c: int = field(init=False)  # compute bytes per element
@@ -83,7 +83,9 @@ class LayerActivations:
         return sum(i.bytes for i in self.saved)
 
 
-def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
+def shapes(spec: ModelSpec, setup: TrainingSetup, costs: CostLookup | None = None) -> Shapes:
+    """The sizes of ``setup`` on ``spec``; ``costs``: the lookup of a derived spec's measured block costs
+    (handed in by the estimator's caller: formulas never look them up themselves)."""
     kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
     fallback = why.startswith(MATH) and plan.compute.bits < 32
@@ -95,6 +97,7 @@ def shapes(spec: ModelSpec, setup: TrainingSetup) -> Shapes:
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
+        costs=costs,
     )  # fmt: skip
 
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from peakmem.adapters import LoraConfig, lora_of, quant_of
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.derived import FIRST_BLOCK
-from peakmem.model import Layer, LayerGroup, ModelSpec
+from peakmem.model import FIRST_BLOCK, Layer, LayerGroup, ModelSpec
 
 from ..activations import (
     LayerActivations,
