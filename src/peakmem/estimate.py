@@ -34,6 +34,7 @@ from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas.loss import framework_head, head_activations
+from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
@@ -97,6 +98,8 @@ class TrainingEstimator:
         self.spec = spec
         self.overheads = overheads or _DEFAULT_OVERHEADS
         self.costs: CostLookup = costs or derived.stored_lookup
+        # what formulas compute from the spec's and its layers' tensors, by identity (formulas/memo.py)
+        self.memo = Memo()
         self._tech: dict[tuple[object, ...], Technique] = {}
         self._static: dict[tuple[object, ...], Static] = {}
         self._stages: dict[tuple[object, ...], mp.StageParams] = {}
@@ -107,7 +110,7 @@ class TrainingEstimator:
         if found is None:
             if len(self._tech) >= _MEMO_MAX:
                 self._tech.clear()
-            found = self._tech[key] = technique(self.spec, setup)
+            found = self._tech[key] = technique(self.spec, setup, self.memo)
         return found
 
     def _static_of(self, setup: TrainingSetup, par: Parallelism | None, stage: int) -> Static:
@@ -123,7 +126,7 @@ class TrainingEstimator:
             sp = self._stages.get(split)
             if sp is None:
                 sp = self._stages[split] = mp.stage_params(tech.spec, layout, stage)
-            found = self._static[key] = _compute_static(tech, setup, par, sp)
+            found = self._static[key] = _compute_static(tech, setup, par, sp, self.memo)
         return found
 
     def estimate(
@@ -139,7 +142,7 @@ class TrainingEstimator:
         asked = setup
         setup = setup_that_runs(self.spec, setup)
         st = self._static_of(setup, par, stage)
-        est = _estimate(st, setup, par or _SINGLE, role, self.overheads, asked, self.costs)
+        est = _estimate(st, setup, par or _SINGLE, role, self.overheads, asked, self.costs, self.memo)
         return est, st.states, st.sp
 
 
@@ -195,7 +198,7 @@ def _kept(nbytes: int, frac: Fraction) -> int:
 
 
 def _compute_static(
-    tech: Technique, setup: TrainingSetup, par: Parallelism | None, sp: mp.StageParams
+    tech: Technique, setup: TrainingSetup, par: Parallelism | None, sp: mp.StageParams, memo: Memo
 ) -> Static:
     layout = par or _SINGLE
     spec = tech.spec
@@ -208,7 +211,7 @@ def _compute_static(
     written = tuple(tech.layer_grads[i] if cap is None else min(tech.layer_grads[i], cap * layout.tp)
                     for i, _ in groups)  # fmt: skip
     kept = tuple(_kept(mp.cdiv(tech.layer_grads[i], layout.tp), rs.grads_kept) for i, _ in groups)
-    start, end, tied = _outer_grad_split(tech, setup)
+    start, end, tied = _outer_grad_split(tech, setup, memo)
     start, end = (mp.cdiv(start, layout.tp) if last else 0), (mp.cdiv(end, layout.tp) if first else 0)
     tied = tied if layout.pp == 1 else 0  # pipeline stages keep two tied copies: no shared InputBuffer
     if cap is not None:
@@ -229,11 +232,11 @@ def _compute_static(
         states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
-        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows))
+        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
-        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp)),
+        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
-        assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
+        assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
     )  # fmt: skip
@@ -244,7 +247,7 @@ def _whole(par: Parallelism) -> bool:
     return par.tp == par.pp == par.ep == 1 and par.engine in ("none", "ddp")
 
 
-def _outer_grad_split(tech: Technique, setup: TrainingSetup) -> tuple[int, int, int]:
+def _outer_grad_split(tech: Technique, setup: TrainingSetup, memo: Memo) -> tuple[int, int, int]:
     """(gradients written at the start of backward - head, final norm -, embedding gradients written
     at the end - a tied embedding's included -, the head's gradient of a tied embedding).
 
@@ -256,7 +259,7 @@ def _outer_grad_split(tech: Technique, setup: TrainingSetup) -> tuple[int, int, 
     backward, with both contributions and their sum alive together at the end. Under LoRA only
     the adapters outside the layers get gradients, all at the start."""
     if tech.adapter:
-        return _lora.outer_grad_split(tech.spec, setup), 0, 0
+        return _lora.outer_grad_split(tech.spec, setup, memo), 0, 0
     spec, grad_bytes = tech.spec, tech.grad.nbytes
     start = end = 0
     for t in spec.outer:
@@ -275,13 +278,13 @@ def _head_weight_numel(spec: ModelSpec) -> int:
     return spec.vocab_size * spec.hidden_size
 
 
-def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> int:
+def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int, memo: Memo) -> int:
     """kMinBlockSize (512 B) rounding of every weight, master copy and state tensor."""
     plan = precision_plan(setup.precision)
     per_elem = [plan.weight.bits // 8] + ([plan.master.bits // 8] if plan.master else [])
     per_elem += [state_dtype(setup).bits // 8] * n_states
     extra = 0
-    for numel, n in spec_facts(spec).sizes:
+    for numel, n in spec_facts(spec, memo).sizes:
         for size in per_elem:
             b = numel * size
             extra += (allocator.round_request(b) - b) * n
@@ -289,7 +292,7 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> 
 
 
 def _weight_cache(
-    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int
+    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int, memo: Memo
 ) -> list[MemoryItem]:
     """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
     loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
@@ -297,7 +300,7 @@ def _weight_cache(
     plan = precision_plan(setup.precision)
     if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
         return []
-    facts = spec_facts(spec)
+    facts = spec_facts(spec, memo)
     numel = mp.cdiv(sum(count * facts.linear_params[i] for i, count in groups), tp)
     return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
                        category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
@@ -336,7 +339,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
            par: Parallelism) -> Parts:  # fmt: skip
     tech = st.tech
     spec = tech.spec
-    facts = spec_facts(spec)
+    facts = spec_facts(spec, sh.memo)
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
     seen: dict[tuple[int, int], act.LayerActivations] = {}  # groups with equal layers share their formulas
@@ -369,7 +372,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
     if st.sp.stage == 0:
         embed = act.embedding_items(spec, sh)
         if tech.adapter:
-            embed = _lora.adapt_embedding_items(spec, embed, setup)
+            embed = _lora.adapt_embedding_items(spec, embed, setup, sh.memo)
     return Parts(layer_items=tuple(layer_items), groups=tuple(groups), head_items=head_items,
                   embed_items=embed)  # fmt: skip
 
@@ -406,14 +409,14 @@ SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 def _estimate(
     st: Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup,
-    costs: CostLookup,
+    costs: CostLookup, memo: Memo,
 ) -> Estimate:  # fmt: skip
     tech, rs, sp = st.tech, st.states, st.sp
     spec = tech.spec
     first, last = sp.stage == 0, sp.stage == par.pp - 1
     in_bwd = _lowbit.in_backward(setup)
     local = setup if par.cp == 1 else replace(setup, seq_len=setup.seq_len // par.cp)
-    sh = act.shapes(spec, local, costs)
+    sh = act.shapes(spec, local, costs, memo)
     hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
     if last:
         head = head_activations(spec, sh, _head_weight_numel(spec))
@@ -470,8 +473,8 @@ def _estimate(
                       base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
-    memo = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
-    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=memo.bytes, items=memo.items)
+    step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
+    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent

@@ -48,7 +48,7 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
-    fused = layer_structure(layer)[1] == 1 and not att.is_mla
+    fused = layer_structure(layer, sh.memo)[1] == 1 and not att.is_mla
     sdpa = sh.kernel is AttentionKernel.SDPA and not att.is_mla
     efficient = sdpa and sh.policy is KernelPolicy.CUDA
     efficient = efficient and call_backend(spec, att, sh.profile, half=sh.c < 4, seq=s)[0] == "efficient"

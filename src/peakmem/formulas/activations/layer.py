@@ -95,7 +95,7 @@ def layer_activations(
     # each norm's saved tensors; compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
     norm_each = (t * 4,) if compiled_block else norm_pieces(spec, sh, h)
     norm_one = sum(norm_each)
-    n_norms, att_readers, att_in_params = layer_structure(layer)
+    n_norms, att_readers, att_in_params = layer_structure(layer, sh.memo)
     norms = norm_each * n_norms
     if layer.parallel_residual and n_norms == 2 and spec.norm == "layernorm" and not spec.layernorm_fp32:
         # GPT-NeoX's parallel block (modeling_gpt_neox.py: ``input_layernorm(hidden_states)`` and

@@ -16,6 +16,7 @@ from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
 
+from ..memo import Memo
 from ..model_states import PrecisionPlan, precision_plan
 from ..profiles import PROFILES, Profile
 from .kernels import MATH, kernel_choice
@@ -43,6 +44,7 @@ class Shapes:
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     family: str = ""  # derived specs: the setup family their measured block costs are looked up in
     costs: CostLookup | None = None  # derived specs: where their measured block costs are looked up
+    memo: Memo | None = None  # the estimator's memo of what formulas compute from a layer's tensors
     # derived, set once (the formulas read them a dozen times per layer)
     tokens: int = field(init=False)  # batch x seq
     c: int = field(init=False)  # compute bytes per element
@@ -83,9 +85,12 @@ class LayerActivations:
         return sum(i.bytes for i in self.saved)
 
 
-def shapes(spec: ModelSpec, setup: TrainingSetup, costs: CostLookup | None = None) -> Shapes:
+def shapes(
+    spec: ModelSpec, setup: TrainingSetup, costs: CostLookup | None = None, memo: Memo | None = None
+) -> Shapes:
     """The sizes of ``setup`` on ``spec``; ``costs``: the lookup of a derived spec's measured block costs
-    (handed in by the estimator's caller: formulas never look them up themselves)."""
+    (handed in by the estimator's caller: formulas never look them up themselves); ``memo``: the
+    estimator's (:class:`peakmem.formulas.memo.Memo`)."""
     kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
     fallback = why.startswith(MATH) and plan.compute.bits < 32
@@ -97,7 +102,7 @@ def shapes(spec: ModelSpec, setup: TrainingSetup, costs: CostLookup | None = Non
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
-        costs=costs,
+        costs=costs, memo=memo,
     )  # fmt: skip
 
 

@@ -1,17 +1,18 @@
 """A block's structure as its tensors show it: how many norms act on the hidden state, how many Linears
-read the attention and MLP inputs, which parameters come before the attention core. Memoised by the
-layer's identity (a planner asks thousands of times)."""
+read the attention and MLP inputs, which parameters come before the attention core. An estimator's
+memo keeps them by the layer's identity (a planner asks thousands of times)."""
 
 from __future__ import annotations
 
 from peakmem.model import Layer
 
+from ..memo import Memo, memoised
 from .norms import QK_NORM_MODULES
 
 
-def block_norm_count(layer: Layer) -> int:
-    """Norms applied to the hidden state in one block (:func:`_block_norms`, memoised)."""
-    return layer_structure(layer)[0]
+def block_norm_count(layer: Layer, memo: Memo | None = None) -> int:
+    """Norms applied to the hidden state in one block (:func:`_block_norms`; ``memo``: an estimator's)."""
+    return layer_structure(layer, memo)[0]
 
 
 def _block_norms(layer: Layer) -> int:
@@ -44,22 +45,15 @@ def _attention_input_params(layer: Layer) -> int:
     )
 
 
-_STRUCTURE: dict[int, tuple[Layer, int, int, int]] = {}
-_STRUCTURE_MAX = 1024
+def layer_structure(layer: Layer, memo: Memo | None = None) -> tuple[int, int, int]:
+    """(:func:`_block_norms`, :func:`_attention_readers`, :func:`_attention_input_params`) of ``layer``:
+    they scan the layer's tensors, and a planner asks them thousands of times, so an estimator's ``memo``
+    keeps them by the layer's identity."""
+    return memoised(memo, "layer_structure", layer, lambda: _structure(layer))
 
 
-def layer_structure(layer: Layer) -> tuple[int, int, int]:
-    """(:func:`_block_norms`, :func:`_attention_readers`, :func:`_attention_input_params`) of ``layer``,
-    memoised by identity (the layer kept alive in the memo): they scan the layer's tensors, and a
-    planner asks them thousands of times."""
-    hit = _STRUCTURE.get(id(layer))
-    if hit is not None and hit[0] is layer:
-        return hit[1], hit[2], hit[3]
-    found = _block_norms(layer), _attention_readers(layer), _attention_input_params(layer)
-    if len(_STRUCTURE) >= _STRUCTURE_MAX:
-        _STRUCTURE.clear()
-    _STRUCTURE[id(layer)] = (layer, *found)
-    return found
+def _structure(layer: Layer) -> tuple[int, int, int]:
+    return _block_norms(layer), _attention_readers(layer), _attention_input_params(layer)
 
 
 def mlp_input_readers(layer: Layer) -> int:

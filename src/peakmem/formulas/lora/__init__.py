@@ -37,7 +37,6 @@ from .params import (
     train_dtype,
     trainable_params,
     trainable_spec,
-    trainable_spec_cached,
     weight_rows_for,
 )
 from .targets import (
@@ -79,6 +78,5 @@ __all__ = [
     "train_dtype",
     "trainable_params",
     "trainable_spec",
-    "trainable_spec_cached",
     "weight_rows_for",
 ]

@@ -27,6 +27,7 @@ from ..activations import (
     rmsnorm_weight_side_bytes,
 )
 from ..loss import HeadActivations
+from ..memo import Memo
 from ..model_states import precision_plan
 from ..qlora import dequant_temporaries
 from .params import SRC_LORA, is_adapter_method, train_dtype
@@ -128,7 +129,7 @@ def adapt_layer(
     quant = quant_of(setup)
     int8_base = quant is not None and not quant.is_4bit  # MatMul8bitLt saves its input
     layer = spec.groups[group].layer
-    mods = [m for m in resolve_targets(spec, lora) if m.group == group]
+    mods = [m for m in resolve_targets(spec, lora, sh.memo) if m.group == group]
     t, c, h = sh.tokens, sh.c, spec.hidden_size
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
     # the normalised x each frozen RMSNorm kept only for its weight's gradient (0 for LayerNorm)
@@ -143,7 +144,7 @@ def adapt_layer(
             kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
             nbytes = nbytes if kept else 0
         elif item.key == "norms":
-            nbytes -= block_norm_count(layer) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
+            nbytes -= block_norm_count(layer, sh.memo) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
         elif item.key == "attn.qk_norm":  # Qwen3 / Gemma 3 / OLMo 2 q_norm, k_norm: frozen weights too
             nbytes -= rmsnorm_weight_side_bytes(spec, sh, qk_norm_width(layer))
         elif item.key == "input.attn":
@@ -187,7 +188,7 @@ def adapt_layer(
     if others:
         out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA,
                         "lora.a_outputs"))  # fmt: skip
-    if group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora):
+    if group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora, sh.memo):
         # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
         first_norm = norm_saved(spec, sh, h) - y_norm
         out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
@@ -410,7 +411,7 @@ def split_first_layer(spec: ModelSpec) -> ModelSpec:
 
 
 def adapt_embedding_items(
-    spec: ModelSpec, items: tuple[MemoryItem, ...], setup: Any
+    spec: ModelSpec, items: tuple[MemoryItem, ...], setup: Any, memo: Memo | None = None
 ) -> tuple[MemoryItem, ...]:
     """Frozen embeddings: the embedding dropout records no autograd node, so it saves no mask.
 
@@ -422,7 +423,7 @@ def adapt_embedding_items(
     tracker on CPU (tiny GPT-2, c_attn LoRA, full checkpointing): both alive at the backward peak. The
     leaf is a tensor of its own only when something (learned positions added, dropout) runs between it
     and the first layer; otherwise (Llama, Qwen2) it is the first layer's checkpointed input itself."""
-    if not is_adapter_method(setup) or embeddings_adapted(spec, lora_of(setup)):
+    if not is_adapter_method(setup) or embeddings_adapted(spec, lora_of(setup), memo):
         return items
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         if spec.position != "learned" and spec.embedding_dropout <= 0:

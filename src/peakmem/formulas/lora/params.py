@@ -25,6 +25,7 @@ from peakmem.dtypes import DType
 from peakmem.model import Component, LayerGroup, ModelSpec, Tensor, TensorKind
 from peakmem.training import Method, Precision
 
+from ..memo import Memo, memoised
 from ..model_states import PrecisionPlan, precision_plan
 from ..qlora import base_bytes
 from .targets import AdaptedModule, resolve_targets
@@ -104,12 +105,17 @@ def is_adapter_method(setup: Any) -> bool:
     return str(getattr(setup.method, "value", setup.method)) != "full"
 
 
-def trainable_spec(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
+def trainable_spec(spec: ModelSpec, lora: LoraConfig, memo: Memo | None = None) -> ModelSpec:
     """The trainable tensors as a :class:`ModelSpec` (same layer groups and counts), so that optimizer
-    formulas written for full fine-tuning run unchanged over the adapters."""
+    formulas written for full fine-tuning run unchanged over the adapters (``memo``: an estimator's keeps
+    it by the spec's identity and the config; a planner asks thousands of times)."""
+    return memoised(memo, "trainable_spec", spec, lambda: _trainable_spec(spec, lora, memo), key=lora)
+
+
+def _trainable_spec(spec: ModelSpec, lora: LoraConfig, memo: Memo | None) -> ModelSpec:
     per_group: list[list[Tensor]] = [[] for _ in spec.groups]
     outer: list[Tensor] = []
-    for m in resolve_targets(spec, lora):
+    for m in resolve_targets(spec, lora, memo):
         for name, shape in module_adapter_tensors(m, lora):
             kind: TensorKind = "linear_weight" if len(shape) == 2 else "other"
             t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape,
@@ -135,10 +141,12 @@ def optimizer_precision(setup: Any, plan: PrecisionPlan) -> Precision:
     return cast(Precision, setup.precision)
 
 
-def finetune_weight_rows(spec: ModelSpec, setup: Any, plan: PrecisionPlan) -> tuple[PerParamRow, ...]:
+def finetune_weight_rows(
+    spec: ModelSpec, setup: Any, plan: PrecisionPlan, memo: Memo | None = None
+) -> tuple[PerParamRow, ...]:
     """Frozen base (16-bit, or quantized for QLoRA), adapters, their gradients (and master copies)."""
     lora = lora_of(setup)
-    tspec = trainable_spec(spec, lora)
+    tspec = trainable_spec(spec, lora, memo)
     trainable = tspec.params
     a_dtype = train_dtype(lora, plan)
     quant = quant_of(setup)
@@ -169,23 +177,7 @@ def finetune_weight_rows(spec: ModelSpec, setup: Any, plan: PrecisionPlan) -> tu
     return tuple(rows)
 
 
-_TRAINABLE_CACHE: dict[tuple[int, LoraConfig], tuple[ModelSpec, ModelSpec]] = {}
-
-
-def trainable_spec_cached(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
-    """:func:`trainable_spec`, memoised by the spec's identity (a planner asks thousands of times)."""
-    key = (id(spec), lora)
-    hit = _TRAINABLE_CACHE.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    if len(_TRAINABLE_CACHE) > 256:
-        _TRAINABLE_CACHE.clear()
-    out = trainable_spec(spec, lora)
-    _TRAINABLE_CACHE[key] = (spec, out)
-    return out
-
-
-def optimizer_view(spec: ModelSpec, setup: Any) -> tuple[ModelSpec, Any]:
+def optimizer_view(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[ModelSpec, Any]:
     """(the trainable tensors as a spec, a full fine-tuning setup that trains them in their dtype): the
     optimizer formulas of :mod:`peakmem.formulas.optimizer` run unchanged on this pair."""
     if not is_adapter_method(setup):
@@ -194,7 +186,7 @@ def optimizer_view(spec: ModelSpec, setup: Any) -> tuple[ModelSpec, Any]:
     names = {f.name for f in fields(setup)}
     changes: dict[str, Any] = {"method": Method.FULL, "precision": optimizer_precision(setup, plan)}
     changes.update({k: None for k in ("lora", "quant") if k in names})
-    return trainable_spec_cached(spec, lora_of(setup)), replace(setup, **changes)
+    return trainable_spec(spec, lora_of(setup), memo), replace(setup, **changes)
 
 
 def weight_rows_for(
@@ -205,27 +197,27 @@ def weight_rows_for(
     return finetune_weight_rows(spec, setup, precision_plan(setup.precision))
 
 
-def layer_grad_bytes(spec: ModelSpec, setup: Any, group: int) -> int:
+def layer_grad_bytes(spec: ModelSpec, setup: Any, group: int, memo: Memo | None = None) -> int:
     """Gradient bytes one layer of ``spec.groups[group]`` writes in backward: its adapters'."""
     lora = lora_of(setup)
     a_dtype = train_dtype(lora, precision_plan(setup.precision))
-    return a_dtype.nbytes(trainable_spec_cached(spec, lora).groups[group].layer.params)
+    return a_dtype.nbytes(trainable_spec(spec, lora, memo).groups[group].layer.params)
 
 
-def outer_grad_split(spec: ModelSpec, setup: Any) -> int:
+def outer_grad_split(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> int:
     """Gradients of trainable tensors outside the layers (modules_to_save copies, adapted embeddings or
     pooler), written at the start of backward."""
     lora = lora_of(setup)
     a_dtype = train_dtype(lora, precision_plan(setup.precision))
-    return a_dtype.nbytes(sum(t.numel for t in trainable_spec_cached(spec, lora).outer))
+    return a_dtype.nbytes(sum(t.numel for t in trainable_spec(spec, lora, memo).outer))
 
 
-def assumptions(spec: ModelSpec, setup: Any) -> tuple[str, ...]:
+def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[str, ...]:
     """What the LoRA / QLoRA estimate assumed, for ``Estimate.assumptions``."""
     if not is_adapter_method(setup):
         return ()
     lora = lora_of(setup)
-    mods = resolve_targets(spec, lora)
+    mods = resolve_targets(spec, lora, memo)
     names = sorted({m.leaf for m in mods if m.kind != "saved"})
     out = [
         f"LoRA (peft 0.21.2): r={lora.rank}, alpha={lora.alpha:g}, "

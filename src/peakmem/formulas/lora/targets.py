@@ -23,6 +23,8 @@ from peakmem.adapters import ALL_LINEAR, LoraConfig
 from peakmem.errors import InputError
 from peakmem.model import ModelSpec, Tensor
 
+from ..memo import Memo, memoised
+
 SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # peft/utils/constants.py SEQ_CLS_HEAD_NAMES
 # peft/peft_model.py PeftModelForSequenceClassification: classifier_module_names
 SEQ_CLS_MODULES_TO_SAVE = ("classifier", "score")
@@ -176,24 +178,12 @@ def _moe_convert(
     return tuple(remaining), tuple(out_params)
 
 
-_TARGETS_CACHE: dict[tuple[int, LoraConfig], tuple[ModelSpec, tuple[AdaptedModule, ...]]] = {}
-_TARGETS_CACHE_MAX = 256
-
-
-def resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, ...]:
+def resolve_targets(spec: ModelSpec, lora: LoraConfig, memo: Memo | None = None) -> tuple[AdaptedModule, ...]:
     """The modules and parameters peft adapts (and the modules_to_save copies), per occurrence.
 
-    Memoised by the spec's identity (kept alive in the memo) and the config: an estimate asks several
-    times, a planner thousands. Errors are not memoised (raised again on every call)."""
-    key = (id(spec), lora)
-    hit = _TARGETS_CACHE.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    out = _resolve_targets(spec, lora)
-    if len(_TARGETS_CACHE) >= _TARGETS_CACHE_MAX:
-        _TARGETS_CACHE.clear()
-    _TARGETS_CACHE[key] = (spec, out)
-    return out
+    An estimate asks several times, a planner thousands: an estimator's ``memo`` keeps the answer by the
+    spec's identity and the config. Errors are not memoised (raised again on every call)."""
+    return memoised(memo, "resolve_targets", spec, lambda: _resolve_targets(spec, lora), key=lora)
 
 
 def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, ...]:
@@ -284,8 +274,8 @@ def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) ->
     return out
 
 
-def embeddings_adapted(spec: ModelSpec, lora: LoraConfig) -> bool:
+def embeddings_adapted(spec: ModelSpec, lora: LoraConfig, memo: Memo | None = None) -> bool:
     return any(
         m.group is None and m.kind != "saved" and m.component in ("embeddings", "positions")
-        for m in resolve_targets(spec, lora)
+        for m in resolve_targets(spec, lora, memo)
     )
