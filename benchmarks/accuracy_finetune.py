@@ -27,10 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.catalog import get_model
 from peakmem.estimate import estimate_training
-from peakmem.formulas.lora import LoraConfig
-from peakmem.formulas.qlora import QuantConfig
 from peakmem.hf import spec_from_config
 from peakmem.training import (
     Checkpointing,

@@ -22,9 +22,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from peakmem.breakdown import Band
 from peakmem.catalog import get_model
 from peakmem.estimate import estimate_training
-from peakmem.formulas.band import Band
 from peakmem.formulas.serving import estimate_inference
 from peakmem.hf import spec_from_config
 from peakmem.inference import InferenceSetup

@@ -37,6 +37,7 @@ def main() -> int:
     from peakmem.estimate import estimate_training
     from peakmem.hf import SUPPORTED_MODEL_TYPES
     from peakmem.resolve import spec_for_config
+    from peakmem.simulate import deriver, measuring_lookup
     from peakmem.simulate.runner import simulate_training
     from peakmem.training import TrainingSetup
     from tiny_models import FAMILY_CONFIGS
@@ -66,12 +67,12 @@ def main() -> int:
             continue
         t0 = time.perf_counter()
         f = spec_for_config(dict(config), path="formulas")
-        d = spec_for_config(dict(config), path="derived")
+        d = spec_for_config(dict(config), path="derived", derive=deriver())
         cells = [family, "yes" if f.params == d.params else f"**no** ({f.params:,} vs {d.params:,})"]
         for kw in SETUPS.values():
             setup = TrainingSetup(seq_len=SEQ, micro_batch=BATCH, **kw)
             pf = estimate_training(f, setup).peak_allocated_bytes
-            pd = estimate_training(d, setup).peak_allocated_bytes
+            pd = estimate_training(d, setup, costs=measuring_lookup()).peak_allocated_bytes
             diff = (pd - pf) / pf
             cells.append(f"**{diff:+.2%}**" if abs(diff) > TOLERANCE else f"{diff:+.2%}")
             if args.no_simulate:

@@ -32,8 +32,10 @@ def main() -> int:
     from peakmem.estimate import estimate_training
     from peakmem.hf import SUPPORTED_MODEL_TYPES
     from peakmem.measure.runner import measure_training
-    from peakmem.simulate import derive
+    from peakmem.simulate import derive, measuring_lookup
     from peakmem.training import TrainingSetup
+
+    costs = measuring_lookup()
 
     rows = []
     t0 = time.perf_counter()
@@ -72,15 +74,15 @@ def main() -> int:
             run = setup if "sdpa" in spec.attention_kernels else replace(setup, attention="eager")
             try:
                 t1 = time.perf_counter()
-                est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
+                est = estimate_training(derive.derive_spec(config), run, costs=costs).peak_allocated_bytes
             except InputError as err:  # torch's meta grouped_mm (MoE experts) takes bf16 only
                 if "grouped_mm" not in str(err):
                     raise
                 run = replace(run, precision="bf16")
                 t1 = time.perf_counter()
-                est = estimate_training(derive.derive_spec(config), run).peak_allocated_bytes
+                est = estimate_training(derive.derive_spec(config), run, costs=costs).peak_allocated_bytes
             t2 = time.perf_counter()
-            estimate_training(derive.derive_spec(config), run)
+            estimate_training(derive.derive_spec(config), run, costs=costs)
             t3 = time.perf_counter()
             real = measure_training(config, run, device="cpu").peak_allocated_bytes
         except Exception as err:

@@ -10,7 +10,7 @@ Pure Python, no torch: it reads simulate's figures from the JSON.
 
     PYTHONPATH=src .venv/bin/python benchmarks/reserved_vs_replay.py [--time] [--exact]
 
-``--exact`` also replays every layer (``estimate.REPLAY_LAYERS`` extrapolates long groups of identical
+``--exact`` also replays every layer (``step_parts.REPLAY_LAYERS`` extrapolates long groups of identical
 layers from two shorter replays) and prints the difference.
 """
 
@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from peakmem import estimate as estimate_module
+from peakmem import step_parts
 from peakmem.estimate import estimate_training
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION
 from peakmem.formulas.overhead import Overheads
@@ -37,16 +37,16 @@ GiB = 2**30
 
 def _exact(spec: object, setup: TrainingSetup) -> int:
     """The default estimate's reserved with every layer replayed."""
-    original = estimate_module._replayed_reserved
+    original = step_parts.replayed_reserved
 
     def every_layer(*args: object, **kw: object) -> int | None:
         return original(*args, **{**kw, "exact": True})  # type: ignore[arg-type]
 
-    estimate_module._replayed_reserved = every_layer  # type: ignore[assignment]
+    step_parts.replayed_reserved = every_layer  # type: ignore[assignment]
     try:
         return estimate_training(spec, setup).peak_reserved_bytes  # type: ignore[arg-type]
     finally:
-        estimate_module._replayed_reserved = original
+        step_parts.replayed_reserved = original
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from peakmem.adapters import LoraConfig
 from peakmem.estimate import estimate_training
 from peakmem.formulas import step_time as st
-from peakmem.formulas.lora import LoraConfig
 from peakmem.resolve import resolve_gpu, resolve_model
 from peakmem.training import Checkpointing, LossImpl, Method, OptimizerName, Precision, TrainingSetup
 

@@ -58,6 +58,7 @@ def specs_fixture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     mp = pytest.MonkeyPatch()
     mp.setenv(derived.CACHE_ENV, str(tmp_path_factory.mktemp("derived-cache")))
     from peakmem.resolve import spec_for_config
+    from peakmem.simulate import deriver
 
     cache: dict[str, tuple[Any, Any]] = {}
 
@@ -68,7 +69,7 @@ def specs_fixture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
                 warnings.simplefilter("ignore")
                 cache[family] = (
                     spec_for_config(dict(config), path="formulas"),
-                    spec_for_config(dict(config), path="derived"),
+                    spec_for_config(dict(config), path="derived", derive=deriver()),
                 )
         return cache[family]
 
@@ -102,10 +103,11 @@ def cases(setups: tuple[str, ...], families: tuple[str, ...] | None = None) -> l
 def check_peak(specs: Any, family: str, setup: str) -> None:
     """Derived and formulas peaks within :data:`TOLERANCE` of each other in ``setup``."""
     from peakmem.estimate import estimate_training
+    from peakmem.simulate import measuring_lookup
     from peakmem.training import TrainingSetup
 
     formulas, derived_spec = specs(family)
     run = TrainingSetup(seq_len=SEQ, micro_batch=BATCH, **SETUPS[setup])
     f = estimate_training(formulas, run).peak_allocated_bytes
-    d = estimate_training(derived_spec, run).peak_allocated_bytes
+    d = estimate_training(derived_spec, run, costs=measuring_lookup()).peak_allocated_bytes
     assert abs(d - f) <= TOLERANCE * f, f"derived {d:,} vs formulas {f:,}: {(d - f) / f:+.2%}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from peakmem.breakdown import MemoryItem
 from peakmem.formulas import activations as act
 from peakmem.formulas.loss import head_activations
 from peakmem.hf import spec_from_config
@@ -594,7 +595,7 @@ GEMMA3: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _items(spec: ModelSpec, layer_index: int, setup: TrainingSetup) -> dict[str, act.MemoryItem]:
+def _items(spec: ModelSpec, layer_index: int, setup: TrainingSetup) -> dict[str, MemoryItem]:
     la = act.layer_activations(spec, spec.groups[layer_index].layer, act.shapes(spec, setup))
     return {i.key: i for i in la.saved}
 
@@ -645,14 +646,14 @@ def test_unequal_tensors_reach_the_replay_in_their_sizes() -> None:
     technique changed afterwards falls back to equal parts."""
     from dataclasses import replace
 
-    from peakmem.estimate import _pieces
+    from peakmem.step_parts import pieces
 
     _, la = _layer(QWEN3, precision=Precision.BF16)
     item = {i.key: i for i in la.saved}["attn.qk_norm"]
     q, k = 4 * 16, 2 * 16
     assert item.sizes == (T * q * 4, T * 4 * 4, T * q * 2, T * k * 4, T * 2 * 4, T * k * 2)
-    assert item.bytes == sum(item.sizes) and _pieces([item]) == item.sizes
+    assert item.bytes == sum(item.sizes) and pieces([item]) == item.sizes
     norms = {i.key: i for i in la.saved}["norms"]
     assert norms.sizes == (T * 64 * 4, T * 4, T * 64 * 2) * 2
     changed = replace(item, bytes=item.bytes - T * q * 2)
-    assert _pieces([changed]) == (changed.bytes // item.tensors,) * item.tensors
+    assert pieces([changed]) == (changed.bytes // item.tensors,) * item.tensors

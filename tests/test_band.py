@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peakmem import api
-from peakmem.breakdown import Verdict
+from peakmem.breakdown import BandTerm, Verdict
 from peakmem.estimate import TrainingEstimator, estimate_training
 from peakmem.formulas import band
 from peakmem.formulas.overhead import CONTEXT_SIZES, Overheads
@@ -32,10 +32,10 @@ TINY = spec_from_config(LLAMA)
 # --- the pure band ---------------------------------------------------------------------------------
 def test_build_band_sums_terms_down_the_levels() -> None:
     terms = (
-        band.BandTerm(name="a", level="allocated", low_bytes=-10, high_bytes=20, source="s"),
-        band.BandTerm(name="r", level="reserved", low_bytes=-5, high_bytes=100, source="s"),
-        band.BandTerm(name="d", level="device_total", low_bytes=-1, high_bytes=7, source="s"),
-        band.BandTerm(name="zero", level="device_total", low_bytes=0, high_bytes=0, source="s"),
+        BandTerm(name="a", level="allocated", low_bytes=-10, high_bytes=20, source="s"),
+        BandTerm(name="r", level="reserved", low_bytes=-5, high_bytes=100, source="s"),
+        BandTerm(name="d", level="device_total", low_bytes=-1, high_bytes=7, source="s"),
+        BandTerm(name="zero", level="device_total", low_bytes=0, high_bytes=0, source="s"),
     )
     b = band.build_band(allocated=1000, reserved=1200, device_total=1500, terms=terms)
     assert (b.allocated.low, b.allocated.likely, b.allocated.high) == (990, 1000, 1020)
@@ -50,9 +50,9 @@ def test_terms_validate() -> None:
     from peakmem.errors import InputError
 
     with pytest.raises(InputError, match="low_bytes"):
-        band.BandTerm(name="x", level="reserved", low_bytes=5, high_bytes=0, source="")
+        BandTerm(name="x", level="reserved", low_bytes=5, high_bytes=0, source="")
     with pytest.raises(InputError, match="level"):
-        band.BandTerm(name="x", level="bogus", low_bytes=0, high_bytes=0, source="")  # type: ignore[arg-type]
+        BandTerm(name="x", level="bogus", low_bytes=0, high_bytes=0, source="")  # type: ignore[arg-type]
 
 
 def test_context_term_hand_derived() -> None:

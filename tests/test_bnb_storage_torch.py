@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from peakmem.formulas.qlora import QuantConfig, base_bytes
+from peakmem.adapters import QuantConfig
+from peakmem.formulas.qlora import base_bytes
 from peakmem.formulas.weights import bnb_4bit_bytes, bnb_int8_bytes
 from peakmem.hf import spec_from_config
 

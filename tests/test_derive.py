@@ -154,13 +154,13 @@ def test_edge_blocks_fall_back_to_their_kind() -> None:
     kind's; a LoRA first block of a one-layer model is ``:last:first`` and falls back twice."""
     from dataclasses import replace
 
-    from peakmem.model import DerivedBlock
+    from peakmem.model import DerivedBlock, split_last_block
 
     spec = spec_from_config(LLAMA)
-    assert derived.split_last_block(spec) is spec  # not a derived spec
+    assert split_last_block(spec) is spec  # not a derived spec
     layer = replace(spec.groups[0].layer, derived=DerivedBlock(key="h:k", mixer="attention", ffn="dense"))
     spec = replace(spec, groups=(replace(spec.groups[0], layer=layer),), derived_from="h")
-    split = derived.split_last_block(spec)
+    split = split_last_block(spec)
     assert [(g.count, g.layer.derived.key) for g in split.groups] == [(1, "h:k"), (1, "h:k:last")]
     assert split.params == spec.params
     kind, last = (
@@ -187,11 +187,15 @@ def test_info_says_which_path_answered() -> None:
 
 
 def test_costs_without_provider_name_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from dataclasses import replace
+
     monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(derived, "_PROVIDER", [])
-    monkeypatch.setattr(derived, "_load_oracle", lambda: None)  # as without torch
+    monkeypatch.setattr(derived, "_PROVIDER", [])  # as without torch
     with pytest.raises(ConfigError, match=r"pip install 'peakmem\[torch\]'"):
         derived.costs_for("0" * 16, "fp32|sdpa|cpu|full")
+    spec = replace(spec_from_config(LLAMA), derived_from="0" * 16)
+    with pytest.raises(ConfigError, match=r"pip install 'peakmem\[torch\]'"):
+        derived.stored_lookup(spec, "fp32|sdpa|cpu|full", "k")  # what an estimator reads by default
 
 
 def test_cache_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -247,7 +251,9 @@ def test_derived_peak_agrees_with_formulas(derive, config, precision, method) ->
     from peakmem.training import TrainingSetup
 
     setup = TrainingSetup(precision=precision, method=method, seq_len=128, micro_batch=2, kernel_policy="cpu")
-    d = estimate_training(derive.derive_spec(config), setup).peak_allocated_bytes
+    d = estimate_training(
+        derive.derive_spec(config), setup, costs=derived.provided_lookup
+    ).peak_allocated_bytes
     f = estimate_training(spec_from_config(config), setup).peak_allocated_bytes
     assert abs(d - f) <= 0.02 * f
 
@@ -257,7 +263,7 @@ def test_resolve_falls_back_to_derived(derive) -> None:  # type: ignore[no-untyp
     from peakmem.resolve import spec_for_config
 
     config = derive.tiny_config("smollm3")
-    spec = spec_for_config(config, name="tiny-smollm3")
+    spec = spec_for_config(config, name="tiny-smollm3", derive=derive.derive_spec)
     assert spec.derived_from
     assert spec.params == derive.model_params(derive.build_meta(config))
     assert any("derived from transformers" in n for n in spec.notes)
@@ -282,7 +288,6 @@ def test_shipped_data_answers_without_the_oracle(derive, monkeypatch, tmp_path) 
     monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)
     monkeypatch.setattr(derived, "_MEMORY", {})
     monkeypatch.setattr(derived, "_PROVIDER", [])
-    monkeypatch.setattr(derived, "_load_oracle", lambda: None)
     monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path / "empty-cache"))
     spec = spec_for_config(config, name="tiny-smollm3")
     assert spec.params == derive.model_params(derive.build_meta(config))
@@ -351,7 +356,7 @@ def test_derived_estimate_matches_a_real_cpu_step(derive, model_type) -> None:  
     if "sdpa" not in spec.attention_kernels:
         setup = replace(setup, attention="eager")
     real = measure_training(config, setup, device="cpu").peak_allocated_bytes
-    est = estimate_training(spec, setup).peak_allocated_bytes
+    est = estimate_training(spec, setup, costs=derived.provided_lookup).peak_allocated_bytes
     assert abs(est - real) <= 0.10 * real, (est, real)
 
 
@@ -568,15 +573,15 @@ def test_train_measures_only_its_own_family(derive, monkeypatch) -> None:  # typ
 
     monkeypatch.setattr(derived, "_PROVIDER", [provider])
     monkeypatch.setattr(derived, "_MEMORY", {})
-    spec = spec_for_config(derive.tiny_config("smollm3"), name="tiny-smollm3")
+    spec = spec_for_config(derive.tiny_config("smollm3"), name="tiny-smollm3", derive=derive.derive_spec)
     setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
-    answer = train_answer(spec, setup)
+    answer = train_answer(spec, setup, costs=derived.provided_lookup)
     assert measured == ["fp32|sdpa|cpu|full"]
     assert answer.ways.not_measured == ("method lora", "method qlora")
     assert not any(w.setup.method.value != "full" for w in answer.ways.ways)
     assert answer.ways.note.endswith(f"method lora, method qlora: {NOT_MEASURED_WHY}")
-    train_answer(spec, replace(setup, method="lora"))  # measures LoRA's costs, and caches them
-    again = train_answer(spec, setup)
+    train_answer(spec, replace(setup, method="lora"), costs=derived.provided_lookup)  # measures, caches
+    again = train_answer(spec, setup, costs=derived.provided_lookup)
     assert again.ways.not_measured == ("method qlora",)  # LoRA estimated from the cache, measured once
     assert measured == ["fp32|sdpa|cpu|full", derived_family(replace(setup, method="lora"))]
 

@@ -217,7 +217,7 @@ def test_answer_ai_fsdp_qlora_70b_recipe_is_explained() -> None:
     Llama-3.1-70B: every term of the per-rank estimate names its source; the packed NF4 base and the
     optimizer states live in pinned CPU RAM; the GPU holds the gathered units, the root unit, the
     checkpointed inputs and one recomputed layer, under 24 GB."""
-    from peakmem.formulas.lora import LoraConfig
+    from peakmem.adapters import LoraConfig
     from peakmem.parallel import Offload
     from peakmem.resolve import resolve_model
     from peakmem.training import Precision

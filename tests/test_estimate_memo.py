@@ -1,5 +1,6 @@
-"""The estimator's memos (a TrainingEstimator's, lora.resolve_targets, activations._STRUCTURE) never
-change a number: an estimate made cold equals the same estimate made after other shapes warmed them."""
+"""The estimator's memos (a TrainingEstimator's static parts, and its formulas memo: lora.resolve_targets,
+activations' layer structure, spec facts) never change a number: an estimate made cold equals the same
+estimate made after other shapes warmed them."""
 
 from __future__ import annotations
 
@@ -8,18 +9,11 @@ from dataclasses import replace
 import pytest
 
 from peakmem import estimate
+from peakmem.adapters import LoraConfig
 from peakmem.catalog.models import MODEL_ENTRIES
 from peakmem.estimate import TrainingEstimator, estimate_training
-from peakmem.formulas import activations, lora
-from peakmem.formulas.lora import LoraConfig
 from peakmem.resolve import resolve_model
 from peakmem.training import Checkpointing, Method, OptimizerName, Precision, TrainingSetup
-
-
-def _clear() -> None:
-    lora._TARGETS_CACHE.clear()
-    activations._STRUCTURE.clear()
-
 
 SETUPS = [
     TrainingSetup(micro_batch=2, seq_len=256, grad_accum=4, checkpointing=Checkpointing.SELECTIVE),
@@ -39,13 +33,12 @@ def test_warm_equals_cold(model: str, setup: TrainingSetup) -> None:
     assert any(e["name"] == model for e in MODEL_ENTRIES)
     spec = resolve_model(model)
     setup = replace(setup, seq_len=min(setup.seq_len, spec.max_position_embeddings))  # gpt2: 1,024 learned
-    _clear()
-    cold = estimate_training(spec, setup)
-    _clear()
+    cold = estimate_training(spec, setup)  # a fresh estimator: its memos empty
     est = TrainingEstimator(spec)
     for mb, seq in ((7, 33), (1, spec.max_position_embeddings)):  # other shapes fill the memos first
         est.estimate(replace(setup, micro_batch=mb, seq_len=seq))
     warm = est.estimate(setup)
+    assert len(est.memo) > 0  # the formulas' memo lives on the estimator
     assert warm == cold
     assert warm.setup == estimate.setup_dict(setup)
     assert warm.setup is not cold.setup
@@ -67,7 +60,6 @@ def test_setup_json_not_shared() -> None:
 def test_shape_independent_parts_are_memoised_per_spec_and_setup() -> None:
     """The paged-state bytes and the optimizer phase come from the memo and still match each setup."""
     spec = resolve_model("gpt2")
-    _clear()
     paged = TrainingSetup(precision=Precision.BF16, optimizer=OptimizerName.PAGED_ADAMW_8BIT, seq_len=1024)
     plain = replace(paged, optimizer=OptimizerName.ADAMW)
     est = TrainingEstimator(spec)

@@ -158,10 +158,9 @@ def test_cross_check_then_cached_both(
 def test_cross_check_without_torch_names_the_extra(
     monkeypatch: pytest.MonkeyPatch, empty_cache: Path
 ) -> None:
-    from peakmem import resolve
     from peakmem.errors import InputError
 
-    monkeypatch.setattr(resolve, "_derive_hook", lambda: None)
+    monkeypatch.setattr("peakmem.simulate.deriver", lambda: None)  # as without torch
     with pytest.raises(InputError, match=r"--cross-check: .*pip install 'peakmem\[torch\]'"):
         peakmem.info("llama-3.1-8b", cross_check=True)
 
@@ -173,6 +172,5 @@ def test_forced_paths(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert not resolve.spec_for_config(dict(LLAMA), path="formulas").derived_from
     with pytest.raises(InputError, match="path='other'"):
         resolve.spec_for_config(dict(LLAMA), path="other")
-    monkeypatch.setattr(resolve, "_derive_hook", lambda: None)
-    with pytest.raises(ConfigError, match=r"no derived spec shipped or cached"):
+    with pytest.raises(ConfigError, match=r"no derived spec shipped or cached"):  # no deriver handed in
         resolve.spec_for_config(dict(LLAMA), path="derived")

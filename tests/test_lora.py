@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from peakmem.adapters import LoraConfig, parse_targets
 from peakmem.errors import InputError
 from peakmem.formulas import lora as L
 from peakmem.hf import spec_from_config
@@ -33,7 +34,7 @@ LLAMA_IN_OUT = (64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 96) + (96 + 64)
 
 def test_all_linear_llama_excludes_the_head() -> None:
     s = spec(LLAMA)
-    mods = L.resolve_targets(s, L.LoraConfig(rank=4))
+    mods = L.resolve_targets(s, LoraConfig(rank=4))
     assert {m.leaf for m in mods} == {
         "q_proj",
         "k_proj",
@@ -43,50 +44,50 @@ def test_all_linear_llama_excludes_the_head() -> None:
         "up_proj",
         "down_proj",
     }
-    assert L.trainable_params(s, L.LoraConfig(rank=4)) == 2 * 4 * LLAMA_IN_OUT
+    assert L.trainable_params(s, LoraConfig(rank=4)) == 2 * 4 * LLAMA_IN_OUT
 
 
 def test_names_are_suffix_matched_and_rank_scales() -> None:
     s = spec(LLAMA)
-    qv = L.LoraConfig(rank=8, targets=("q_proj", "v_proj"))
+    qv = LoraConfig(rank=8, targets=("q_proj", "v_proj"))
     assert L.trainable_params(s, qv) == 2 * 8 * ((64 + 64) + (64 + 32))
-    dotted = L.LoraConfig(rank=8, targets=("self_attn.q_proj", "self_attn.v_proj"))
+    dotted = LoraConfig(rank=8, targets=("self_attn.q_proj", "self_attn.v_proj"))
     assert L.trainable_params(s, dotted) == L.trainable_params(s, qv)
     assert L.layer_trainable_params(s, qv, 0) == 8 * ((64 + 64) + (64 + 32))
 
 
 def test_peft_default_targets_and_dora_magnitude() -> None:
     s = spec(LLAMA)
-    default = L.LoraConfig(rank=2, targets=())
+    default = LoraConfig(rank=2, targets=())
     assert L.trainable_params(s, default) == 2 * 2 * ((64 + 64) + (64 + 32))
-    dora = L.LoraConfig(rank=2, targets=("q_proj",), dora=True)
+    dora = LoraConfig(rank=2, targets=("q_proj",), dora=True)
     assert L.trainable_params(s, dora) == 2 * (2 * 128 + 64)  # + magnitude (out features)
 
 
 def test_gpt2_conv1d_in_out() -> None:
     s = spec(GPT2)
-    mods = {m.path: m for m in L.resolve_targets(s, L.LoraConfig(rank=1, targets=("c_attn", "mlp.c_fc")))}
+    mods = {m.path: m for m in L.resolve_targets(s, LoraConfig(rank=1, targets=("c_attn", "mlp.c_fc")))}
     assert (mods["attn.c_attn"].in_features, mods["attn.c_attn"].out_features) == (64, 192)
     assert (mods["mlp.c_fc"].in_features, mods["mlp.c_fc"].out_features) == (64, 256)
     # all-linear: c_attn, attn.c_proj, c_fc, mlp.c_proj; the tied head is the output layer
     per_layer = (64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)
-    assert L.trainable_params(s, L.LoraConfig(rank=1)) == 2 * per_layer
+    assert L.trainable_params(s, LoraConfig(rank=1)) == 2 * per_layer
 
 
 def test_bert_sequence_classification_saves_the_classifier() -> None:
     s = spec(BERT)
-    counts = L.trainable_params(s, L.LoraConfig(rank=2, targets=("query", "value")))
+    counts = L.trainable_params(s, LoraConfig(rank=2, targets=("query", "value")))
     classifier = 3 * 64 + 3  # modules_to_save copy of classifier (weight + bias)
     assert counts == 2 * 2 * 2 * (64 + 64) + classifier
-    assert L.saved_copy_params(s, L.LoraConfig(rank=2, targets=("query",))) == classifier
+    assert L.saved_copy_params(s, LoraConfig(rank=2, targets=("query",))) == classifier
     # all-linear adapts the pooler dense too (not the classifier: SEQ_CLS excludes it)
     per_layer = 4 * (64 + 64) + (64 + 96) + (96 + 64)
-    assert L.trainable_params(s, L.LoraConfig(rank=1)) == 2 * per_layer + (64 + 64) + classifier
+    assert L.trainable_params(s, LoraConfig(rank=1)) == 2 * per_layer + (64 + 64) + classifier
 
 
 def test_moe_all_linear_follows_peft_conversion() -> None:
     s = spec(QWEN3_MOE)
-    got = L.trainable_params(s, L.LoraConfig(rank=2))
+    got = L.trainable_params(s, LoraConfig(rank=2))
     attn = (64 + 64) + 2 * (64 + 32) + (64 + 64)
     router = 64 + 4  # gate.weight (E x h) as a 2-D target parameter
     gate_up = 2 * 2 * 4 * (64 + 64)  # rank 2r (fused gate+up), E experts, (h + 2I)
@@ -100,7 +101,7 @@ def test_param_wrapper_saves_the_merged_weight_and_the_cast_factors() -> None:
     _LoraFactorsProxy's baddbmm (fp32 adapters); a 2-D router weight (E=1): the merged weight only."""
     experts = L.AdaptedModule(path="mlp.experts.gate_up_proj", kind="param", in_features=64, out_features=64,
                               experts=4, group=0, component="experts", rank_factor=2)  # fmt: skip
-    cfg = L.LoraConfig(rank=2)
+    cfg = LoraConfig(rank=2)
     merged, factors = 4 * 64 * 64 * 2, (2 * 4 * 2) * (64 + 64) * 2
     assert L.param_wrapper_saved(experts, cfg, 2, 4) == merged + factors
     assert L.param_wrapper_saved(experts, cfg, 2, 2) == merged  # same dtype: the factors are views
@@ -125,34 +126,34 @@ def test_frozen_moe_pieces_drop_what_only_weight_gradients_needed() -> None:
     g = next(i for i, grp in enumerate(s.groups) if grp.layer.mlp.is_moe)
     t, h, inner, k = 2 * 32, 64, 32, 2
 
-    def saved(lora: L.LoraConfig) -> dict[str, int]:
+    def saved(lora: LoraConfig) -> dict[str, int]:
         setup = TrainingSetup(micro_batch=2, seq_len=32, method=Method.LORA, lora=lora)
         sh = shapes(s, setup)
         la = layer_activations(s, s.groups[g].layer, sh)
         return {i.key: i.bytes for i in L.adapt_layer(s, g, la, sh, setup).saved}
 
-    full = saved(L.LoraConfig())
+    full = saved(LoraConfig())
     assert full["moe.routed_inputs"] == k * t * h * 2 and full["input.mlp"] == t * h * 2
     assert full["mlp.interior"] == 4 * k * t * inner * 2
-    q_only = saved(L.LoraConfig(targets=("q_proj",)))
+    q_only = saved(LoraConfig(targets=("q_proj",)))
     assert "moe.routed_inputs" not in q_only and "input.mlp" not in q_only
     assert q_only["mlp.interior"] == 3 * k * t * inner * 2  # gate_up output, act(gate), up; not the product
 
 
 def test_moe_fused_needs_both_halves() -> None:
     with pytest.raises(InputError, match="up_proj"):
-        L.resolve_targets(spec(QWEN3_MOE), L.LoraConfig(targets=("gate_proj",)))
+        L.resolve_targets(spec(QWEN3_MOE), LoraConfig(targets=("gate_proj",)))
 
 
 @pytest.mark.parametrize("rank", [0, -1])
 def test_rank_must_be_positive(rank: int) -> None:
     with pytest.raises(InputError, match=f"lora_rank={rank}"):
-        L.LoraConfig(rank=rank)
+        LoraConfig(rank=rank)
 
 
 def test_unknown_target_names_existing_modules() -> None:
     with pytest.raises(InputError) as err:
-        L.resolve_targets(spec(GPT2), L.LoraConfig(targets=("q_proj", "v_proj")))
+        L.resolve_targets(spec(GPT2), LoraConfig(targets=("q_proj", "v_proj")))
     msg = str(err.value)
     assert "q_proj" in msg and "c_attn" in msg and "c_fc" in msg and "\n" not in msg
 
@@ -161,24 +162,24 @@ def test_experts_need_target_parameters() -> None:
     cfg = {**QWEN3_MOE, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
            "shared_expert_intermediate_size": 48}  # fmt: skip
     with pytest.raises(InputError, match="target_parameters"):
-        L.resolve_targets(spec(cfg), L.LoraConfig(targets=("experts",)))
+        L.resolve_targets(spec(cfg), LoraConfig(targets=("experts",)))
 
 
 def test_bad_options() -> None:
     with pytest.raises(InputError, match="lora_dropout"):
-        L.LoraConfig(dropout=1.5)
+        LoraConfig(dropout=1.5)
     with pytest.raises(InputError, match="adapter_dtype"):
-        L.LoraConfig(adapter_dtype="int8")
+        LoraConfig(adapter_dtype="int8")
     with pytest.raises(InputError, match="all-linear"):
-        L.LoraConfig(targets=("all-linear", "q_proj"))
-    assert L.parse_targets("q_proj, v_proj") == ("q_proj", "v_proj")
-    assert L.parse_targets("ALL-LINEAR") == ("all-linear",)
+        LoraConfig(targets=("all-linear", "q_proj"))
+    assert parse_targets("q_proj, v_proj") == ("q_proj", "v_proj")
+    assert parse_targets("ALL-LINEAR") == ("all-linear",)
 
 
 def test_adapter_saved_tensors() -> None:
     m = L.AdaptedModule(path="q", kind="linear", in_features=64, out_features=32, experts=1, group=0,
                         component="attention")  # fmt: skip
-    cfg = L.LoraConfig(rank=4)
+    cfg = LoraConfig(rank=4)
     # fp32 adapter on a bf16 input: x.to(fp32) (T x in x 4) and lora_A's output (T x r x 4)
     assert L.adapter_saved_per_module(m, cfg, tokens=10, x_bytes=2, a_bytes=4, cuda=True) == (
         10 * 64 * 4,
@@ -187,7 +188,7 @@ def test_adapter_saved_tensors() -> None:
     # same dtype: lora_A keeps x itself (no new storage)
     assert L.adapter_saved_per_module(m, cfg, tokens=10, x_bytes=4, a_bytes=4, cuda=True) == (0, 10 * 4 * 4)
     # dropout: its output and mask (bool on CUDA)
-    drop = L.LoraConfig(rank=4, dropout=0.1)
+    drop = LoraConfig(rank=4, dropout=0.1)
     assert L.adapter_saved_per_module(m, drop, tokens=10, x_bytes=2, a_bytes=2, cuda=True) == (
         10 * 64 * 2 + 10 * 64,
         10 * 4 * 2,
@@ -196,11 +197,11 @@ def test_adapter_saved_tensors() -> None:
 
 # --- the estimator (peakmem.estimate) with LoRA -----------------------------------------------------------
 def test_setup_rejects_lora_options_on_full_finetuning() -> None:
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
     from peakmem.training import Method, TrainingSetup
 
     with pytest.raises(InputError, match="method='full'") as err:
-        TrainingSetup(lora=L.LoraConfig(rank=16))
+        TrainingSetup(lora=LoraConfig(rank=16))
     assert "\n" not in str(err.value)
     with pytest.raises(InputError, match="qlora"):
         TrainingSetup(method=Method.LORA, quant=QuantConfig())
@@ -213,7 +214,7 @@ def test_lora_estimate_rows() -> None:
     from peakmem.training import Method, Precision, TrainingSetup
 
     s = spec(LLAMA)
-    lora = L.LoraConfig(rank=4)
+    lora = LoraConfig(rank=4)
     setup = TrainingSetup(method=Method.LORA, lora=lora, precision=Precision.BF16, seq_len=32)
     est = estimate_training(s, setup)
     assert est.trainable_params == 2 * 4 * LLAMA_IN_OUT

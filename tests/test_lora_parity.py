@@ -22,9 +22,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from peakmem.adapters import LoraConfig  # noqa: E402
 from peakmem.breakdown import Estimate  # noqa: E402
 from peakmem.estimate import estimate_training  # noqa: E402
-from peakmem.formulas.lora import LoraConfig  # noqa: E402
 from peakmem.hf import spec_from_config  # noqa: E402
 from peakmem.measure import runner  # noqa: E402
 from peakmem.measure.parity import FAMILIES  # noqa: E402
@@ -159,7 +159,7 @@ def test_qlora_on_cpu_matches_measurement(quant: str, double_quant: bool, tmp_pa
     import torch
     import transformers
 
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
     from peakmem.measure.adapter import apply_adapter
 
     cfg = FAMILIES["llama"]

@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from peakmem.adapters import LoraConfig  # noqa: E402
 from peakmem.formulas import lora as L  # noqa: E402
 from peakmem.hf import spec_from_config  # noqa: E402
 from torch_helpers import build_meta  # noqa: E402
@@ -107,7 +108,7 @@ def test_trainable_counts_equal_peft(entry: Any) -> None:
                 requires_grad = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
             else:
                 peft_model.add_adapter(name, config)
-            mine = L.LoraConfig(rank=rank, targets=(targets,) if isinstance(targets, str) else tuple(targets))
+            mine = LoraConfig(rank=rank, targets=(targets,) if isinstance(targets, str) else tuple(targets))
             got[name] = (_count(peft_model, name), L.trainable_params(spec, mine))
     assert all(a == b for a, b in got.values()), got
     assert requires_grad == got["a8"][0]
@@ -132,7 +133,7 @@ def test_dora_and_dropout_counts_equal_peft() -> None:
             peft.LoraConfig(r=4, target_modules="all-linear", use_dora=True, lora_dropout=0.1),
         )
     got = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert got == L.trainable_params(spec, L.LoraConfig(rank=4, dora=True, dropout=0.1))
+    assert got == L.trainable_params(spec, LoraConfig(rank=4, dora=True, dropout=0.1))
     # by hand: per layer q (64->64), k, v (64->32), o (64->64), gate/up (64->96), down (96->64)
     per_layer = 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 96) + (96 + 64))
     per_layer += 64 + 32 + 32 + 64 + 96 + 96 + 64  # DoRA magnitude: out features
@@ -166,7 +167,7 @@ def test_target_parameters_on_fused_experts_equal_peft() -> None:
             ),
         )
     got = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    mine = L.LoraConfig(
+    mine = LoraConfig(
         rank=4, targets=("q_proj",), target_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
     )
     assert got == L.trainable_params(spec, mine)

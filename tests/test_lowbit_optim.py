@@ -106,9 +106,9 @@ def test_step_tricks() -> None:
 
 def test_gpt2_xl_seed_claims_through_the_estimator() -> None:
     """Seed: 8-bit AdamW ~ 10 bytes/param of model states; QLoRA at batch 1 x 1024 under 10 GB."""
+    from peakmem.adapters import LoraConfig
     from peakmem.catalog import get_model
     from peakmem.estimate import estimate_training
-    from peakmem.formulas.lora import LoraConfig
     from peakmem.hf import spec_from_config
     from peakmem.training import Method, OptimizerName, Precision, TrainingSetup
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from peakmem.adapters import QuantConfig
 from peakmem.errors import InputError
-from peakmem.formulas.qlora import QuantConfig, base_bytes, base_rows, dequant_temporaries, quantized_params
+from peakmem.formulas.qlora import base_bytes, base_rows, dequant_temporaries, quantized_params
 from peakmem.hf import spec_from_config
 
 LLAMA = {

@@ -233,7 +233,7 @@ def test_unbuildable_configs_give_a_clear_error(config, needle):
 @pytest.mark.torch
 @pytest.mark.slow  # importing peft (and bitsandbytes through it) takes seconds
 def test_lora_and_qlora_trainable_params_and_quantized_base():
-    from peakmem.formulas.lora import LoraConfig
+    from peakmem.adapters import LoraConfig
     from peakmem.simulate import simulate_training
 
     r = 4

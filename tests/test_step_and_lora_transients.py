@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from peakmem.adapters import LoraConfig
 from peakmem.formulas import activations as act
 from peakmem.formulas import lora as _lora
-from peakmem.formulas.lora import LoraConfig
 from peakmem.formulas.optimizer import step_temporaries
 from peakmem.hf import spec_from_config
 from peakmem.measure.parity import FAMILIES

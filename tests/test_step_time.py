@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from peakmem.adapters import QuantConfig
 from peakmem.catalog import get_gpu
 from peakmem.formulas import step_time as st
-from peakmem.formulas.qlora import QuantConfig
 from peakmem.hf import spec_from_config
 from peakmem.resolve import gpu_of_size, resolve_model
 from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup

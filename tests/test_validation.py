@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from peakmem.adapters import LoraConfig
 from peakmem.catalog import MODELS, find_model
 from peakmem.cli import main
 from peakmem.errors import ConfigError, InputError, MissingExtraError, PeakmemError
-from peakmem.formulas.lora import LoraConfig
 from peakmem.formulas.overhead import Overheads
 from peakmem.hf.reader import (
     MAX_CONFIG_DEPTH,

@@ -60,7 +60,9 @@ def run(command: str, model: str | None, options: dict[str, Any]) -> Result:
     read = None
     if from_file is not None:
         read, model = read_from(converted, from_file, set(given), model)
-    got = answer(ask(command, converted, model=model, from_file=read))
+    from peakmem.simulate import oracles
+
+    got = answer(ask(command, converted, model=model, from_file=read, **oracles()))
     name = got.question.spec.name if model is None else model
     return Result(command=command, model=str(name), exit_code=got.exit_code,
                   data=json.loads(json.dumps(got.json)))  # fmt: skip
@@ -70,6 +72,7 @@ def info_json(model: str, *, cross_check: bool = False) -> dict[str, Any]:
     """``peakmem info MODEL [--cross-check] --json``, through the command's own function."""
     from peakmem.answers import spec_json
     from peakmem.resolve import info_answer
+    from peakmem.simulate import oracles
 
-    spec, answered = info_answer(model, cross_check=cross_check)
+    spec, answered = info_answer(model, cross_check=cross_check, **oracles())
     return json.loads(json.dumps(spec_json(spec, answered)))  # type: ignore[no-any-return]

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Literal
 
-if TYPE_CHECKING:
-    from peakmem.formulas.band import Band
+from peakmem.errors import require
 
 
 class Category(str, Enum):
@@ -83,6 +82,71 @@ class PhasePeak:
     phase: Phase
     bytes: int  # allocated bytes at this phase's own peak
     items: tuple[MemoryItem, ...] = ()
+
+
+# --- the band: low / likely / high per quantity from named unknowns (its terms and formulas:
+# formulas/band.py) ---
+Level = Literal["allocated", "reserved", "device_total"]
+LEVELS: tuple[Level, ...] = ("allocated", "reserved", "device_total")
+
+
+# Results, not inputs: not frozen (a planner builds one band per estimate, and a frozen dataclass's
+# __init__ costs twice as much; see MemoryItem). Treat them as read-only.
+@dataclass(kw_only=True, slots=True)
+class Range:
+    """low <= likely <= high, in bytes."""
+
+    low: int
+    likely: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.likely <= self.high:
+            require(False, "range", (self.low, self.likely, self.high), "must satisfy low <= likely <= high")
+
+    @property
+    def width(self) -> int:
+        return self.high - self.low
+
+    def json(self) -> dict[str, int]:
+        return {"low_bytes": self.low, "likely_bytes": self.likely, "high_bytes": self.high}
+
+
+@dataclass(kw_only=True, slots=True)
+class BandTerm:
+    """One named unknown: how far it may move the ``level`` below (low) and above (high) the likely value."""
+
+    name: str
+    level: Level
+    low_bytes: int  # <= 0
+    high_bytes: int  # >= 0
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS or self.low_bytes > 0 or self.high_bytes < 0:
+            require(self.level in LEVELS, "level", self.level, f"one of {', '.join(LEVELS)}")
+            require(self.low_bytes <= 0, "low_bytes", self.low_bytes, "must be <= 0 (a delta below likely)")
+            require(self.high_bytes >= 0, "high_bytes", self.high_bytes, "must be >= 0 (a delta above)")
+
+    def json(self) -> dict[str, object]:
+        return {"name": self.name, "applies_to": self.level, "low_bytes": self.low_bytes,
+                "high_bytes": self.high_bytes, "source": self.source}  # fmt: skip
+
+
+@dataclass(kw_only=True, slots=True)
+class Band:
+    allocated: Range
+    reserved: Range
+    device_total: Range
+    terms: tuple[BandTerm, ...]
+
+    def json(self) -> dict[str, object]:
+        return {
+            "allocated": self.allocated.json(),
+            "reserved": self.reserved.json(),
+            "device_total": self.device_total.json(),
+            "terms": [t.json() for t in self.terms],
+        }
 
 
 @dataclass(kw_only=True, slots=True)

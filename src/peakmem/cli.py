@@ -105,7 +105,9 @@ def _question(args: argparse.Namespace, explicit: set[str] | None = None) -> Any
     read, model = None, args.model
     if getattr(args, "from_file", None):
         read, model = read_from(given, args.from_file, explicit or set(), model)
-    return ask(args.command, given, model=model, from_file=read)
+    from peakmem.simulate import oracles
+
+    return ask(args.command, given, model=model, from_file=read, **oracles())
 
 
 def answer_argv(argv: Sequence[str]) -> Any:
@@ -213,8 +215,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     from peakmem.answers import spec_json
     from peakmem.render import print_info
     from peakmem.resolve import info_answer
+    from peakmem.simulate import oracles
 
-    spec, answered = info_answer(args.model, cross_check=args.cross_check)
+    spec, answered = info_answer(args.model, cross_check=args.cross_check, **oracles())
     if args.json:
         _emit_json(spec_json(spec, answered))
     else:
@@ -284,8 +287,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from peakmem.plot import plot_training
     from peakmem.resolve import resolve_model
+    from peakmem.simulate import deriver
 
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, derive=deriver())
     setup = _training(args, spec.max_position_embeddings)
     path = plot_training(spec, setup, args.out, gpus=_gpus(args.gpu), kind=args.kind)
     print(f"peakmem: wrote {path}")
@@ -508,8 +512,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from peakmem.question import overheads as overheads_of
         from peakmem.question import parallelism, training_setup
         from peakmem.resolve import resolve_model
+        from peakmem.simulate import deriver, measuring_lookup
 
-        spec = resolve_model(args.model)
+        spec = resolve_model(args.model, derive=deriver())
         o = options.convert("explain", _given(args))
         setup = training_setup(o, spec.max_position_embeddings)[0]
         overheads = overheads_of(o)
@@ -518,7 +523,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             capacity = min((g.usable_bytes for g in gpus), default=None) or rep.oom.capacity_bytes(
                 overheads.context_bytes
             )
-        answer = train_answer(spec, setup, parallelism(o), overheads=overheads, capacity_bytes=capacity)
+        answer = train_answer(spec, setup, parallelism(o), overheads=overheads, capacity_bytes=capacity,
+                              costs=measuring_lookup())  # fmt: skip
         est = answer.estimate
         if capacity is not None:
             ways = [w for w in answer.ways.ways if w.needed_bytes <= capacity]

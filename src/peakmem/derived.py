@@ -15,8 +15,10 @@ the formulas on top, so one family serves every layout. Where the costs come fro
    ``benchmarks/derive_catalog.py``): catalog models answer without torch;
 3. the on-disk cache, ``$PEAKMEM_DERIVED_CACHE`` or ``$XDG_CACHE_HOME/peakmem/derived/``
    (``~/.cache/peakmem/derived/``), one file per (config hash, family);
-4. the *provider*, a function the oracle registers (:func:`set_provider`) that measures them; without
-   torch there is none, and the error says which extra installs it.
+4. the *provider*, a function the oracle registers (:func:`set_provider`) that measures them, asked
+   only by :func:`provided_lookup`, the lookup the face hands an estimator when torch is installed
+   (:func:`peakmem.simulate.measuring_lookup`); estimators read :func:`stored_lookup` otherwise, whose
+   error says which extra installs torch. The store never imports an oracle.
 
 Standard library only (the core imports it); the only I/O is the cache and the shipped files.
 """
@@ -39,6 +41,14 @@ from typing import Any
 
 from peakmem.errors import ConfigError
 
+# the block-key suffixes are used here; simulate/derive.py (left as it is while it is split into a package)
+# reads them, family_key and adapter_objects as ``derived.*``
+from peakmem.model import FIRST_BLOCK as FIRST_BLOCK
+from peakmem.model import LAST_BLOCK as LAST_BLOCK
+from peakmem.model import ModelSpec
+from peakmem.training import adapter_objects as adapter_objects
+from peakmem.training import family_key as family_key
+
 FORMAT = 3  # the JSON layout written below; bumped when it changes
 # the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
 # (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
@@ -57,17 +67,6 @@ COSTS_VERSION = 3
 # ``long`` costs, where it has them, answer beyond it
 SHORT_MAX_SEQ = 128
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
-# Under LoRA/QLoRA nothing before the first adapter requires grad (frozen embeddings), so the model's first
-# block saves less than the others (its first norm keeps nothing for backward): measured on that block
-# itself, its costs are kept under its key plus this suffix (formulas/lora.py split_first_layer puts the
-# first layer in a group of its own with that key; costs without it fall back to the key's)
-FIRST_BLOCK = ":first"
-# The model's last block runs its backward first, with every other block's activations alive (where the
-# backward usually peaks), and its output feeds the final norm or a classifier's pooler instead of a block:
-# its gradient arrives, and its saved output is released, differently (BERT's pooler: the incoming gradient
-# lives through the top block's backward, 32 kB more at its peak on the tiny config). Measured on that block
-# itself, under its key plus this suffix (:func:`split_last_block`), where it differs from the others.
-LAST_BLOCK = ":last"
 SHIPPED = Path(__file__).parent / "catalog" / "derived"
 TORCH_HINT = "pip install 'peakmem[torch]'"
 
@@ -406,42 +405,6 @@ def _prune(cands: list[Any], value: Callable[[Any, int, int, int], int], grid: l
 Costs = dict[str, BlockCost]  # DerivedBlock.key -> its cost
 
 
-_ADAPTERS: dict[str, tuple[Any, Any]] = {}  # adapter key -> (LoraConfig, QuantConfig) it stands for
-
-
-def family_key(
-    *, precision: str, kernel: str, policy: str, method: str, adapter: str = "", objects: Any = None
-) -> str:
-    """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA:
-    the adapter's settings; ``objects``, the (LoraConfig, QuantConfig) pair, is remembered for the
-    provider, which builds the same adapters)."""
-    parts = [precision, kernel, policy, method]
-    if adapter:
-        parts.append(adapter)
-        if objects is not None:
-            _ADAPTERS[adapter] = objects
-    return "|".join(parts)
-
-
-def adapter_objects(adapter: str) -> Any:
-    """The (LoraConfig, QuantConfig) an adapter key was made from in this process (None if unknown)."""
-    return _ADAPTERS.get(adapter)
-
-
-def split_last_block(spec: Any) -> Any:
-    """A derived spec with its last layer in a group of its own, keyed :data:`LAST_BLOCK` (its own
-    measured costs; :func:`block_key_costs` falls back to the key's); other specs unchanged."""
-    if not spec.derived_from or not spec.groups or spec.groups[-1].layer.derived is None:
-        return spec
-    last = spec.groups[-1]
-    info = last.layer.derived
-    layer = dataclasses.replace(last.layer, derived=dataclasses.replace(info, key=info.key + LAST_BLOCK))
-    tail: tuple[Any, ...] = (dataclasses.replace(last, count=1, layer=layer),)
-    if last.count > 1:
-        tail = (dataclasses.replace(last, count=last.count - 1), *tail)
-    return dataclasses.replace(spec, groups=(*spec.groups[:-1], *tail))
-
-
 def block_kind(key: str) -> str:
     """A block key without its edge suffix (:data:`FIRST_BLOCK`, :data:`LAST_BLOCK`): its kind's key."""
     return key.removesuffix(LAST_BLOCK).removesuffix(FIRST_BLOCK)
@@ -471,7 +434,8 @@ _SHIPPED_INDEX: dict[str, dict[str, Any]] | None = None  # config hash -> its pa
 
 
 def set_provider(provider: Provider | None) -> None:
-    """Register the function that measures costs (``peakmem.simulate.derive`` does, when imported)."""
+    """Register the function that measures costs (``peakmem.simulate.derive`` does, when imported: the
+    store never imports an oracle; :func:`provided_lookup` calls it)."""
     _PROVIDER.clear()
     if provider is not None:
         _PROVIDER.append(provider)
@@ -504,48 +468,59 @@ def _cache_file(chash: str, family: str) -> Path:
     return cache_dir() / f"{chash}--{hashlib.sha256(family.encode()).hexdigest()[:16]}.json"
 
 
-def costs_for(chash: str, family: str) -> Costs:
-    """The measured costs of a derived spec's blocks in ``family`` (memory, shipped data, disk cache,
-    then the provider, which also writes the cache)."""
+def stored_costs(chash: str, family: str) -> Costs | None:
+    """The stored costs of a derived spec's blocks in ``family`` (memory, shipped data, disk cache), or
+    None: nothing here measures."""
     hit = _MEMORY.get((chash, family))
     if hit is not None:
         return hit
     found = _shipped_costs(chash, family)
     if found is None:
         found = _read_cache(chash, family)
+    if found is not None:
+        _MEMORY[(chash, family)] = found
+    return found
+
+
+def _not_stored(chash: str, family: str) -> ConfigError:
+    return ConfigError(
+        f"no measured block costs for this derived model (config {chash}) in setup family "
+        f"{family!r}: measuring them needs torch and transformers ({TORCH_HINT})"
+    )
+
+
+def costs_for(chash: str, family: str) -> Costs:
+    """The stored costs (:func:`stored_costs`), else those the registered provider measures (it also
+    writes the cache); a ConfigError naming the extra that installs torch where there is no provider."""
+    found = stored_costs(chash, family)
     if found is None:
         config = _CONFIGS.get(chash)
-        if not _PROVIDER:
-            _load_oracle()
         if not _PROVIDER or config is None:
-            raise ConfigError(
-                f"no measured block costs for this derived model (config {chash}) in setup family "
-                f"{family!r}: measuring them needs torch and transformers ({TORCH_HINT})"
-            )
+            raise _not_stored(chash, family)
         found = _PROVIDER[0](config, family)
         _write_cache(chash, family, found)
-    _MEMORY[(chash, family)] = found
+        _MEMORY[(chash, family)] = found
     return found
 
 
 def costs_ready(chash: str, family: str) -> bool:
-    """Whether :func:`costs_for` answers without measuring (memory, shipped data or the disk cache)."""
-    return (
-        (chash, family) in _MEMORY
-        or _shipped_costs(chash, family) is not None
-        or _read_cache(chash, family) is not None
-    )
+    """Whether :func:`stored_costs` answers (memory, shipped data or the disk cache): nothing to measure."""
+    return stored_costs(chash, family) is not None
 
 
-def _load_oracle() -> None:
-    """Import :mod:`peakmem.simulate.derive` (it registers the provider) when torch and transformers
-    are installed; by name, lazily: the core never imports an oracle at module level."""
-    import importlib
-    import importlib.util
+def stored_lookup(spec: ModelSpec, family: str, key: str) -> BlockCost | None:
+    """A :data:`~peakmem.model.CostLookup` over the stored costs only (what an estimator reads unless its
+    caller hands it a measuring one): a ConfigError where ``family`` is not stored for ``spec``."""
+    costs = stored_costs(spec.derived_from, family)
+    if costs is None:
+        raise _not_stored(spec.derived_from, family)
+    return block_key_costs(costs, key)
 
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-        return
-    set_provider(importlib.import_module("peakmem.simulate.derive").measure_costs)
+
+def provided_lookup(spec: ModelSpec, family: str, key: str) -> BlockCost | None:
+    """A :data:`~peakmem.model.CostLookup` that measures what is not stored through the registered
+    provider (:func:`peakmem.simulate.measuring_lookup` registers the oracle and hands this out)."""
+    return block_key_costs(costs_for(spec.derived_from, family), key)
 
 
 def cached_spec(config: Mapping[str, Any], name: str | None = None) -> Any:

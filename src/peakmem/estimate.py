@@ -18,12 +18,14 @@ one spec; a search keeps one per question (the caches belong to it, not to this 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, is_dataclass, replace
 from enum import Enum
 from fractions import Fraction
 from operator import attrgetter
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem import derived
+from peakmem import step_parts as _steps
+from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
@@ -31,23 +33,23 @@ from peakmem.formulas import band as _band
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
-from peakmem.formulas import step_sequence as _seq
 from peakmem.formulas.loss import framework_head, head_activations
+from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
-from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES, state_dtype
+from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
-from peakmem.model import ModelSpec, Tensor
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
+from peakmem.step_parts import Parts, Static
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     LossImpl,
     Method,
     OptimizerImpl,
-    OptimizerName,
     TrainingSetup,
 )
 
@@ -82,43 +84,24 @@ _STATE_KEY = attrgetter(*(f for f in _SETUP_FIELDS if f not in _SHAPE_FIELDS))
 _MEMO_MAX = 1024
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Static:
-    """What a rank's step needs that depends on the spec, the setup and the layout but not on the shapes."""
-
-    tech: Technique
-    states: sharding.RankStates
-    sp: mp.StageParams
-    single: bool  # one GPU (the estimate without per-rank figures)
-    groups: tuple[tuple[int, int], ...]  # (group index of tech.spec, layers on this stage) per stage group
-    written: tuple[int, ...]  # per stage group: gradient bytes one layer writes (before the TP split)
-    kept: tuple[int, ...]  # per stage group: of them, bytes kept until the step (TP-local)
-    outer: tuple[int, int, int, int, int]  # written start, kept start, written end, kept end, tied hold
-    table: tuple[PerParamRow, ...]  # the rank's bytes-per-parameter table
-    persistent: int  # alive through the whole step: weights, buffers, master weights, states, engine buffers
-    states_bytes: int  # optimizer states on the GPU (created inside step 1's optimizer step)
-    resident_items: tuple[MemoryItem, ...]  # alive in forward and backward (persistent + kept gradients)
-    resident_bytes: int
-    optimizer_phase: PhasePeak
-    resident_rounding: int
-    weight_cache: tuple[MemoryItem, ...]
-    state_extra: dict[str, int]
-    assumptions: tuple[str, ...]
-    notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
-    setup_json: dict[str, object]
-    setup_json_nested: tuple[str, ...]
-    in_backward_step: int = 0  # optimizer-in-backward: one tensor's step temporaries, inside backward
-
-
 class TrainingEstimator:
     """Training estimates of one spec. It memoises the shape-independent part of each (setup, layout,
-    stage); a search keeps one estimator per question, so the memo lives and dies with it."""
+    stage); a search keeps one estimator per question, so the memo lives and dies with it.
 
-    def __init__(self, spec: ModelSpec, overheads: Overheads | None = None) -> None:
+    ``costs``: where a derived spec's measured block costs come from (:data:`peakmem.model.CostLookup`);
+    by default the stored ones (:func:`peakmem.derived.stored_lookup`: shipped files, the disk cache).
+    The face hands in :func:`peakmem.simulate.measuring_lookup` where torch is installed."""
+
+    def __init__(
+        self, spec: ModelSpec, overheads: Overheads | None = None, *, costs: CostLookup | None = None
+    ) -> None:
         self.spec = spec
         self.overheads = overheads or _DEFAULT_OVERHEADS
+        self.costs: CostLookup = costs or derived.stored_lookup
+        # what formulas compute from the spec's and its layers' tensors, by identity (formulas/memo.py)
+        self.memo = Memo()
         self._tech: dict[tuple[object, ...], Technique] = {}
-        self._static: dict[tuple[object, ...], _Static] = {}
+        self._static: dict[tuple[object, ...], Static] = {}
         self._stages: dict[tuple[object, ...], mp.StageParams] = {}
 
     def technique(self, setup: TrainingSetup) -> Technique:
@@ -127,10 +110,10 @@ class TrainingEstimator:
         if found is None:
             if len(self._tech) >= _MEMO_MAX:
                 self._tech.clear()
-            found = self._tech[key] = technique(self.spec, setup)
+            found = self._tech[key] = technique(self.spec, setup, self.memo)
         return found
 
-    def _static_of(self, setup: TrainingSetup, par: Parallelism | None, stage: int) -> _Static:
+    def _static_of(self, setup: TrainingSetup, par: Parallelism | None, stage: int) -> Static:
         key = (_STATE_KEY(setup) if type(setup) is TrainingSetup else (setup,), par, stage)
         found = self._static.get(key)
         if found is None:
@@ -143,7 +126,7 @@ class TrainingEstimator:
             sp = self._stages.get(split)
             if sp is None:
                 sp = self._stages[split] = mp.stage_params(tech.spec, layout, stage)
-            found = self._static[key] = _compute_static(tech, setup, par, sp)
+            found = self._static[key] = _compute_static(tech, setup, par, sp, self.memo)
         return found
 
     def estimate(
@@ -159,7 +142,8 @@ class TrainingEstimator:
         asked = setup
         setup = setup_that_runs(self.spec, setup)
         st = self._static_of(setup, par, stage)
-        return _estimate(st, setup, par or _SINGLE, role, self.overheads, asked), st.states, st.sp
+        est = _estimate(st, setup, par or _SINGLE, role, self.overheads, asked, self.costs, self.memo)
+        return est, st.states, st.sp
 
 
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
@@ -184,10 +168,15 @@ def _check_positions(spec: ModelSpec, setup: TrainingSetup) -> None:
 
 
 def estimate_training(
-    spec: ModelSpec, setup: TrainingSetup, *, overheads: Overheads | None = None
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    *,
+    overheads: Overheads | None = None,
+    costs: CostLookup | None = None,
 ) -> Estimate:
-    """Peak memory of one steady-state training step of ``spec`` under ``setup`` on one GPU."""
-    return TrainingEstimator(spec, overheads).estimate(setup)
+    """Peak memory of one steady-state training step of ``spec`` under ``setup`` on one GPU (``costs``:
+    see :class:`TrainingEstimator`)."""
+    return TrainingEstimator(spec, overheads, costs=costs).estimate(setup)
 
 
 # --- the shape-independent part -------------------------------------------------------------------
@@ -209,8 +198,8 @@ def _kept(nbytes: int, frac: Fraction) -> int:
 
 
 def _compute_static(
-    tech: Technique, setup: TrainingSetup, par: Parallelism | None, sp: mp.StageParams
-) -> _Static:
+    tech: Technique, setup: TrainingSetup, par: Parallelism | None, sp: mp.StageParams, memo: Memo
+) -> Static:
     layout = par or _SINGLE
     spec = tech.spec
     stage = sp.stage
@@ -222,7 +211,7 @@ def _compute_static(
     written = tuple(tech.layer_grads[i] if cap is None else min(tech.layer_grads[i], cap * layout.tp)
                     for i, _ in groups)  # fmt: skip
     kept = tuple(_kept(mp.cdiv(tech.layer_grads[i], layout.tp), rs.grads_kept) for i, _ in groups)
-    start, end, tied = _outer_grad_split(tech, setup)
+    start, end, tied = _outer_grad_split(tech, setup, memo)
     start, end = (mp.cdiv(start, layout.tp) if last else 0), (mp.cdiv(end, layout.tp) if first else 0)
     tied = tied if layout.pp == 1 else 0  # pipeline stages keep two tied copies: no shared InputBuffer
     if cap is not None:
@@ -237,17 +226,17 @@ def _compute_static(
     single = par is None or par == _SINGLE
     paged = _lowbit.paged_bytes(tech.tspec, tech.tsetup)
     setup_json = setup_dict(setup)
-    return _Static(
+    return Static(
         tech=tech, states=rs, sp=sp, single=single, groups=groups, written=written, kept=kept, outer=outer,
         table=rs.table, persistent=persistent,
         states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
-        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows))
+        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
-        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp)),
+        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
-        assumptions=_lora.assumptions(spec, setup) + _lowbit.assumptions(setup),
+        assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
         in_backward_step=sharding.one_tensor_step_bytes(tech) if in_bwd else 0,
@@ -259,7 +248,7 @@ def _whole(par: Parallelism) -> bool:
     return par.tp == par.pp == par.ep == 1 and par.engine in ("none", "ddp")
 
 
-def _outer_grad_split(tech: Technique, setup: TrainingSetup) -> tuple[int, int, int]:
+def _outer_grad_split(tech: Technique, setup: TrainingSetup, memo: Memo) -> tuple[int, int, int]:
     """(gradients written at the start of backward - head, final norm -, embedding gradients written
     at the end - a tied embedding's included -, the head's gradient of a tied embedding).
 
@@ -271,7 +260,7 @@ def _outer_grad_split(tech: Technique, setup: TrainingSetup) -> tuple[int, int, 
     backward, with both contributions and their sum alive together at the end. Under LoRA only
     the adapters outside the layers get gradients, all at the start."""
     if tech.adapter:
-        return _lora.outer_grad_split(tech.spec, setup), 0, 0
+        return _lora.outer_grad_split(tech.spec, setup, memo), 0, 0
     spec, grad_bytes = tech.spec, tech.grad.nbytes
     start = end = 0
     for t in spec.outer:
@@ -290,23 +279,13 @@ def _head_weight_numel(spec: ModelSpec) -> int:
     return spec.vocab_size * spec.hidden_size
 
 
-def scaled_items(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:
-    if not count:
-        return []
-    return [
-        MemoryItem(f"{prefix}.{i.path}", i.category, i.bytes * count, i.source, i.key)  # by position: hot
-        for i in items
-        if i.bytes
-    ]
-
-
-def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> int:
+def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int, memo: Memo) -> int:
     """kMinBlockSize (512 B) rounding of every weight, master copy and state tensor."""
     plan = precision_plan(setup.precision)
     per_elem = [plan.weight.bits // 8] + ([plan.master.bits // 8] if plan.master else [])
     per_elem += [state_dtype(setup).bits // 8] * n_states
     extra = 0
-    for numel, n in spec_facts(spec).sizes:
+    for numel, n in spec_facts(spec, memo).sizes:
         for size in per_elem:
             b = numel * size
             extra += (allocator.round_request(b) - b) * n
@@ -314,7 +293,7 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int) -> 
 
 
 def _weight_cache(
-    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int
+    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int, memo: Memo
 ) -> list[MemoryItem]:
     """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
     loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
@@ -322,7 +301,7 @@ def _weight_cache(
     plan = precision_plan(setup.precision)
     if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
         return []
-    facts = spec_facts(spec)
+    facts = spec_facts(spec, memo)
     numel = mp.cdiv(sum(count * facts.linear_params[i] for i, count in groups), tp)
     return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
                        category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
@@ -357,21 +336,11 @@ def _phase(
 
 
 # --- the step, at the setup's shapes --------------------------------------------------------------
-@dataclass(kw_only=True, slots=True)
-class _Parts:
-    """Per-step activations of the rank (per estimate: slotted, not frozen)."""
-
-    layer_items: tuple[tuple[int, tuple[MemoryItem, ...]], ...]  # (count, per-layer saved) per group
-    groups: tuple[GroupCost, ...]
-    embed_items: tuple[MemoryItem, ...]
-    head_items: tuple[MemoryItem, ...]
-
-
-def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[MemoryItem, ...],
-           par: Parallelism) -> _Parts:  # fmt: skip
+def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[MemoryItem, ...],
+           par: Parallelism) -> Parts:  # fmt: skip
     tech = st.tech
     spec = tech.spec
-    facts = spec_facts(spec)
+    facts = spec_facts(spec, sh.memo)
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
     seen: dict[tuple[int, int], act.LayerActivations] = {}  # groups with equal layers share their formulas
@@ -404,8 +373,8 @@ def _parts(st: _Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[
     if st.sp.stage == 0:
         embed = act.embedding_items(spec, sh)
         if tech.adapter:
-            embed = _lora.adapt_embedding_items(spec, embed, setup)
-    return _Parts(layer_items=tuple(layer_items), groups=tuple(groups), head_items=head_items,
+            embed = _lora.adapt_embedding_items(spec, embed, setup, sh.memo)
+    return Parts(layer_items=tuple(layer_items), groups=tuple(groups), head_items=head_items,
                   embed_items=embed)  # fmt: skip
 
 
@@ -440,14 +409,15 @@ SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
 def _estimate(
-    st: _Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup
-) -> Estimate:
+    st: Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup,
+    costs: CostLookup, memo: Memo,
+) -> Estimate:  # fmt: skip
     tech, rs, sp = st.tech, st.states, st.sp
     spec = tech.spec
     first, last = sp.stage == 0, sp.stage == par.pp - 1
     in_bwd = _lowbit.in_backward(setup)
     local = setup if par.cp == 1 else replace(setup, seq_len=setup.seq_len // par.cp)
-    sh = act.shapes(spec, local)
+    sh = act.shapes(spec, local, costs, memo)
     hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
     if last:
         head = head_activations(spec, sh, _head_weight_numel(spec))
@@ -476,7 +446,7 @@ def _estimate(
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     layer_fwd = max([g.forward_transient for g in parts.groups], default=0)
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
-    all_saved = _activation_items(parts, layers_left=None)
+    all_saved = _steps.activation_items(parts, layers_left=None)
     forward = _phase(Phase.FORWARD, [
         *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
@@ -500,12 +470,12 @@ def _estimate(
     )  # fmt: skip
     engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
     backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline,
-                                       *_backward_items(parts, bp, resident, all_saved)],
+                                       *_steps.backward_items(parts, bp, resident, all_saved)],
                       base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
-    memo = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
-    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=memo.bytes, items=memo.items)
+    step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
+    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent
@@ -513,7 +483,7 @@ def _estimate(
         resident=st.persistent, resident_rounding=st.resident_rounding,
         churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
-    replayed = _replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
     over_closed = 0  # what the replay adds to the closed form
     if replayed is not None:
         # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
@@ -530,7 +500,7 @@ def _estimate(
             _assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
-            + (() if replayed is None else (REPLAY_NOTE,))
+            + (() if replayed is None else (_steps.REPLAY_NOTE,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
@@ -545,7 +515,7 @@ def _estimate(
         **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:
-        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup)
+        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup, costs)
     rank_notes: tuple[str, ...] = ()
     if not st.single:
         extra.update(role=role, stage=sp.stage, local_params=sp.numel, in_flight_microbatches=in_flight,
@@ -582,144 +552,6 @@ def _estimate(
     )  # fmt: skip
 
 
-# --- reserved: the step replayed through the caching-allocator model -------------------------------
-REPLAY_NOTE = (
-    "reserved: two steps of these tensors replayed through the CUDA caching-allocator model "
-    "(formulas/step_sequence.py: segments one phase cuts that another cannot reuse, optimizer states "
-    "created in step 1), never below the fragmentation fraction above; give --fragmentation to use the "
-    "fraction alone"
-)
-
-
-def _replayable(st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
-    """Where the step can be written tensor by tensor: one GPU, full fine-tuning with a torch optimizer
-    whose states are shaped like the parameters, no step tricks, and no fraction or expandable
-    segments asked for (those keep the closed form of formulas/allocator.py). Not replayed, closed form:
-    multi-GPU layouts (sharded or gathered buffers the sequence does not describe), LoRA/QLoRA (frozen
-    base, adapter tensors), 8-bit/paged/4-bit optimizers and optimizer-in-backward, activation offloading,
-    Adafactor (factored states, not shaped like the parameters)."""
-    return (
-        st.single and par.is_single_gpu and not st.tech.adapter and ov.replay_reserved
-        and not ov.expandable_segments and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
-        and not setup.activation_offload and setup.optimizer is not OptimizerName.ADAFACTOR
-    )  # fmt: skip
-
-
-def _pieces(items: Iterable[MemoryItem]) -> tuple[int, ...]:
-    """The tensor sizes of ``items``: an item's ``sizes`` where they add up to its bytes, else its bytes
-    split into its ``tensors`` equal parts (an item whose bytes a technique changed: LoRA's frozen norms)."""
-    out: list[int] = []
-    for i in items:
-        if i.sizes and sum(i.sizes) == i.bytes:
-            out += i.sizes
-        elif i.bytes > 0:
-            n = max(1, i.tensors)
-            out += [i.bytes // n] * n
-    return tuple(out)
-
-
-def _split(nbytes: int, unit: int) -> tuple[int, ...]:
-    """``nbytes`` as tensors of about ``unit`` bytes (a transient known by its sum only)."""
-    if nbytes <= 0:
-        return ()
-    n = max(1, -(-nbytes // max(1, unit)))
-    return (nbytes // n,) * n
-
-
-# Replaying costs time in proportion to the layers, and past a few identical layers each further one
-# cuts the same segments. A model of more than EXACT_LAYERS layers is replayed with its groups cut to
-# REPLAY_LAYERS and to twice that, and the reserved bytes extrapolated linearly to the real counts.
-# benchmarks/reserved_vs_replay.py --exact: on the catalog's models of more than 48 layers (llama-3.1-70b,
-# qwen2.5-72b, opt-66b, falcon-40b, gemma-3-27b, ...) the extrapolation moves reserved by at most 0.2 %;
-# on 24-36-layer models with large vocabularies it can move it by 5 % (the logits' blocks make the
-# per-layer increments uneven), so those are replayed whole.
-REPLAY_LAYERS = 8
-EXACT_LAYERS = 48
-
-
-def _replayed_reserved(
-    st: _Static, setup: TrainingSetup, par: Parallelism, ov: Overheads, parts: _Parts,
-    head_fwd: int, head_bwd: int, logits_grad: int, *, exact: bool = False,
-) -> int | None:  # fmt: skip
-    """``max_memory_reserved`` of two steps of this estimate's tensors (formulas/step_sequence.py);
-    None where :func:`_replayable` says the closed form answers. ``exact``: replay every layer."""
-    if not _replayable(st, setup, par, ov):
-        return None
-
-    def replay(counts: tuple[int, ...]) -> int:
-        step = _step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts)
-        return _seq.replay_steps(step).reserved
-
-    counts = tuple(c for _, c in st.groups)
-    few = tuple(min(c, REPLAY_LAYERS) for c in counts)
-    more = tuple(min(c, 2 * REPLAY_LAYERS) for c in counts)
-    if exact or sum(counts) <= EXACT_LAYERS or more == counts:
-        return replay(counts)
-    r1, r2 = replay(few), replay(more)
-    extrapolated = r2 + (r2 - r1) * (sum(counts) - sum(more)) // (sum(more) - sum(few))
-    return -(-extrapolated // allocator.K_ROUND_LARGE) * allocator.K_ROUND_LARGE
-
-
-def _step_tensors(
-    st: _Static, setup: TrainingSetup, parts: _Parts, head_fwd: int, head_bwd: int, logits_grad: int,
-    counts: tuple[int, ...],
-) -> _seq.StepTensors:  # fmt: skip
-    """The step tensor by tensor, with ``counts`` layers in each of the stage's groups."""
-    tech = st.tech
-    spec = tech.spec
-    outer_first = [t for t in spec.outer if t.component in ("embeddings", "positions")]
-    outer_last = [t for t in spec.outer if t.component not in ("embeddings", "positions")]
-
-    def sizes(tensors: Iterable[Tensor], count: int = 1) -> list[int]:  # elements of each tensor
-        return [t.numel // t.copies for t in tensors for _ in range(t.copies * count)]
-
-    first, last = sizes(outer_first), sizes(outer_last)
-    layer_numel = [sizes(spec.groups[i].layer.tensors) for i, _ in st.groups]
-    numel = first + [n for count, per in zip(counts, layer_numel, strict=True) for n in per * count] + last
-    weight, grad, master = tech.weight.nbytes, tech.grad.nbytes, tech.master
-    states = [r for r in tech.state_rows if r.params]
-    temps: list[int] = []
-    for item in st.states.step:
-        if item.key in PER_PARAM_TEMPORARIES:  # one per parameter, in proportion to its elements
-            temps += [item.bytes * n // tech.trainable for n in numel]
-        else:
-            temps += _pieces((item,))
-    layers = []
-    for g, la_items, per, count in zip(parts.groups, parts.layer_items, layer_numel, counts, strict=True):
-        saved = _pieces(la_items[1])
-        unit = max(saved, default=0)
-        in_flight = g.grads_in_flight or 0
-        layers.append(_seq.LayerTensors(
-            count=count, saved=saved, forward_extra=_split(g.forward_transient, unit),
-            backward_extra=_split(g.recompute, unit)
-            + _split(g.backward_transient + g.freed - in_flight, unit),
-            grads=tuple(grad(n) for n in reversed(per)),
-        ))  # fmt: skip
-    backward_order = last[::-1] + [
-        n for count, per in zip(counts[::-1], layer_numel[::-1], strict=True) for n in per[::-1] * count
-    ]
-    backward_order += first[::-1]  # fmt: skip
-    tied = st.outer[4]
-    return _seq.StepTensors(
-        weights=(*(weight(n) for n in numel), tech.buffers),
-        masters=tuple(master.nbytes(n) for n in numel) if master else (),
-        states=tuple(r.bytes * n // r.params for n in numel for r in states),
-        embed_saved=_pieces(parts.embed_items), layers=tuple(layers),
-        head_saved=_pieces(i for i in parts.head_items if not i.key.startswith("loss.")),
-        head_extra=tuple(i.bytes for i in parts.head_items if i.key == "head.softcap") * 2,
-        loss_saved=_pieces(i for i in parts.head_items if i.key.startswith("loss.")),
-        # the logits (the size of their gradient) and their fp32 copy
-        loss_extra=(logits_grad, head_fwd - logits_grad) if 0 < logits_grad < head_fwd else (head_fwd,),
-        forward_held=_pieces(st.weight_cache),
-        loss_grads=(*_split(head_bwd, head_bwd // 2), *((logits_grad,) if logits_grad else ())),
-        head_grads=tuple(grad(n) for n in last[::-1]), end_grads=tuple(grad(n) for n in first[::-1]),
-        tied_hold=tied,
-        master_grads=tuple(master.nbytes(n) for n in backward_order) if master else (),
-        step_temporaries=tuple(temps), micro_batches=setup.grad_accum,
-        grads_resident=not setup.grads_set_to_none,
-    )  # fmt: skip
-
-
 def with_kernel_alternatives(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -728,6 +560,7 @@ def with_kernel_alternatives(
     *,
     overheads: Overheads | None = None,
     par: Parallelism | None = None,
+    costs: CostLookup | None = None,
 ) -> Estimate:
     """``est`` with an ``attention_kernel`` band term when a named GPU predates Ampere (``Gpu.pre_ampere``)
     and the setup asks for SDPA or flash: there SDPA may fall back to the math kernel (the scores
@@ -736,7 +569,8 @@ def with_kernel_alternatives(
         return est
     if not any(getattr(g, "pre_ampere", False) for g in gpus):
         return est
-    alt = TrainingEstimator(spec, overheads).estimate(replace(setup, attention=AttentionKernel.EAGER), par)
+    eager = replace(setup, attention=AttentionKernel.EAGER)
+    alt = TrainingEstimator(spec, overheads, costs=costs).estimate(eager, par)
     delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
     if par is not None and est.extra.get("role") != alt.extra.get("role"):
         delta = max(0, delta)
@@ -745,7 +579,7 @@ def with_kernel_alternatives(
 
 
 _TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
-_CONTEXT_TERMS: dict[Overheads, _band.BandTerm] = {}  # the context term depends on the Overheads only
+_CONTEXT_TERMS: dict[Overheads, BandTerm] = {}  # the context term depends on the Overheads only
 
 
 def _transient_bytes(phase: PhasePeak) -> int:
@@ -791,7 +625,7 @@ def training_band(
     fused_step_delta: int = 0,
     loss_order: tuple[int, int] = (0, 0),
     replayed: int = 0,
-) -> _band.Band:
+) -> Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
     ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
@@ -822,71 +656,6 @@ def training_band(
 
 
 _BYTES = attrgetter("bytes")
-
-
-def _activation_items(parts: _Parts, layers_left: int | None, current_freed: int = 0) -> list[MemoryItem]:
-    """Saved activations; ``layers_left`` keeps only the first N layers and drops the head's
-    (backward in progress; the top kept layer is the one running, ``current_freed`` of its saved
-    bytes already freed); None: everything (forward, and backward at the loss)."""
-    items: list[MemoryItem] = list(parts.embed_items)
-    start = 0
-    for count, per_layer in parts.layer_items:
-        keep = count if layers_left is None else max(0, min(count, layers_left - start))
-        if current_freed and keep and layers_left is not None and start + keep == layers_left:
-            top = start + keep - 1
-            items += scaled_items(per_layer, keep - 1, f"layers[{start}:{top}]")
-            items.append(MemoryItem(
-                path=f"layers[{top}] in backward (saved tensors not yet freed)",
-                category=Category.ACTIVATIONS, bytes=sum(i.bytes for i in per_layer) - current_freed,
-                source=SRC_FREED,
-            ))  # fmt: skip
-        else:
-            items += scaled_items(per_layer, keep, f"layers[{start}:{start + keep}]")
-        start += count
-    if layers_left is None:
-        items += list(parts.head_items)
-    return items
-
-
-def _backward_items(
-    parts: _Parts, bp: BackwardPeak, resident: bool, all_saved: list[MemoryItem]
-) -> list[MemoryItem]:
-    """``all_saved``: ``_activation_items(parts, layers_left=None)``, built once for the forward."""
-    n_layers = sum(c for c, _ in parts.layer_items)
-    items: list[MemoryItem] = []
-    # the running layer's new weight gradients become .grad (AccumulateGrad steals them) unless
-    # gradients are resident (accumulation), where they are temporaries added in place
-    in_flight = 0 if resident else bp.grads_in_flight
-    if bp.grads_so_far + in_flight:
-        items.append(MemoryItem(
-            path=f"gradients (written so far, {bp.layers_done} of {n_layers} layers done)",
-            category=Category.GRADIENTS, bytes=bp.grads_so_far + in_flight, source=SRC_GRADS,
-            key="backward.grads_so_far",
-        ))  # fmt: skip
-    freed_saved = 0 if bp.recompute else bp.freed
-    left = None if bp.at_start else n_layers - bp.layers_done
-    items += (
-        all_saved if left is None else _activation_items(parts, layers_left=left, current_freed=freed_saved)
-    )
-    if bp.recompute:
-        items.append(MemoryItem(path="recomputed activations of the layer in backward (not yet freed)",
-                                bytes=bp.recompute - bp.freed, category=Category.ACTIVATIONS,
-                                source=SRC_RECOMPUTE))  # fmt: skip
-    items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
-                            bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP,
-                            key="backward.temporaries"))  # fmt: skip
-    if bp.held:
-        items.append(MemoryItem(path="tied embedding: the LM head's gradient, held until the embedding's",
-                                category=Category.TEMPORARIES, bytes=bp.held, source=SRC_TIED,
-                                key="backward.tied_hold"))  # fmt: skip
-    return items
-
-
-SRC_TIED = "torch/csrc/autograd/input_buffer.cpp: accumulate() sums both contributions at the end"
-SRC_GRADS = "AccumulateGrad: param.grad appears as backward reaches the parameter"
-SRC_FREED = "autograd frees a node's saved tensors once its backward ran"
-SRC_RECOMPUTE = "torch.utils.checkpoint recomputes the layer's forward at its backward"
-SRC_BACKWARD_TMP = "CE gradients at the start; a layer's activation and weight gradients later"
 
 
 def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:

@@ -12,11 +12,12 @@ A spec has two faces that :mod:`peakmem.hf` fills in together from one ``config.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Literal, Protocol
 
 from peakmem.errors import require
 
@@ -353,3 +354,61 @@ class ModelSpec:
             if t.component in ("head", "classifier") and t.kind == "linear_weight":
                 return t.shape[1]
         return self.hidden_size
+
+
+# --- a derived spec's measured block costs, as the formulas read them -----------------------------------
+# Under LoRA/QLoRA nothing before the first adapter requires grad (frozen embeddings), so the model's first
+# block saves less than the others (its first norm keeps nothing for backward): measured on that block
+# itself, its costs are kept under its key plus this suffix (formulas/lora split_first_layer puts the
+# first layer in a group of its own with that key; costs without it fall back to the key's)
+FIRST_BLOCK = ":first"
+# The model's last block runs its backward first, with every other block's activations alive (where the
+# backward usually peaks), and its output feeds the final norm or a classifier's pooler instead of a block:
+# its gradient arrives, and its saved output is released, differently (BERT's pooler: the incoming gradient
+# lives through the top block's backward, 32 kB more at its peak on the tiny config). Measured on that block
+# itself, under its key plus this suffix (:func:`split_last_block`), where it differs from the others.
+LAST_BLOCK = ":last"
+
+
+def split_last_block(spec: ModelSpec) -> ModelSpec:
+    """A derived spec with its last layer in a group of its own, keyed :data:`LAST_BLOCK` (its own
+    measured costs; the block-cost store falls back to the key's); other specs unchanged."""
+    last = spec.groups[-1] if spec.groups else None
+    info = last.layer.derived if last is not None else None
+    if not spec.derived_from or last is None or info is None:
+        return spec
+    layer = dataclasses.replace(last.layer, derived=dataclasses.replace(info, key=info.key + LAST_BLOCK))
+    tail: tuple[LayerGroup, ...] = (dataclasses.replace(last, count=1, layer=layer),)
+    if last.count > 1:
+        tail = (dataclasses.replace(last, count=last.count - 1), *tail)
+    return dataclasses.replace(spec, groups=(*spec.groups[:-1], *tail))
+
+
+class BlockCostAt(Protocol):
+    """A derived block's measured bytes at one shape (:class:`peakmem.derived.CostAt`)."""
+
+    @property
+    def saved(self) -> int: ...
+    @property
+    def forward_transient(self) -> int: ...
+    @property
+    def backward_transient(self) -> int: ...
+    @property
+    def freed(self) -> int: ...
+    @property
+    def grads_in_flight(self) -> int: ...
+    @property
+    def output_kept(self) -> int | None: ...
+
+
+class BlockCosts(Protocol):
+    """A derived block kind's measured costs in one setup family (:class:`peakmem.derived.BlockCost`)."""
+
+    def at(self, batch: int, seq: int, grad_bytes: int = 0) -> BlockCostAt: ...
+
+
+# (derived spec, setup family, DerivedBlock.key) -> that block's costs, or None where the family's costs
+# hold no such block; an error where the family has none. The estimator's caller hands one in
+# (:func:`peakmem.derived.stored_lookup` reads the shipped files and the disk cache;
+# :func:`peakmem.simulate.measuring_lookup` measures what is missing): formulas never look costs up.
+CostLookup = Callable[[ModelSpec, str, str], BlockCosts | None]

@@ -21,8 +21,9 @@ from peakmem.defaults import optimizer_step
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
 from peakmem.formulas.overhead import Overheads
 from peakmem.inference import InferenceSetup
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
+from peakmem.resolve import Deriver
 from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
 from peakmem.validate import check_int
 
@@ -53,7 +54,9 @@ class Question:
     """One question. ``training`` for train, fit and plan (None for ``fit --infer``); ``inference`` for
     infer and ``fit --infer``; ``parallel`` None for a plain one-GPU job; ``defaults`` the defaults
     the framework decided (:mod:`peakmem.defaults`), as the answer's assumptions; ``from_file`` what
-    ``--from`` read (its echo and JSON block), if anything."""
+    ``--from`` read (its echo and JSON block), if anything; ``costs`` the block-cost lookup of a derived
+    spec that the face hands in (:func:`peakmem.simulate.measuring_lookup` where torch is installed;
+    None: the shipped and cached costs only), since no core module starts a fake-tensor run."""
 
     command: str
     spec: ModelSpec
@@ -65,6 +68,7 @@ class Question:
     search: Search = field(default_factory=Search)
     defaults: tuple[str, ...] = ()
     from_file: FromFiles | None = None
+    costs: CostLookup | None = None  # a derived spec's block costs: the face's measuring lookup, or stored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,11 +117,12 @@ def read_from(
 
 def ask(
     command: str, given: Mapping[str, Any], *, model: str | None = None, spec: ModelSpec | None = None,
-    from_file: FromFiles | None = None,
+    from_file: FromFiles | None = None, derive: Deriver | None = None, costs: CostLookup | None = None,
 ) -> Question:  # fmt: skip
     """The question ``command`` with the options ``given`` (:func:`peakmem.options.convert` checks
     them): the model named by ``model`` (or ``spec``, one built already), the setups, the layout, the
-    GPUs and the overheads, each validated where it is built."""
+    GPUs and the overheads, each validated where it is built. ``derive`` and ``costs``: what the face
+    hands in for a model the formulas do not know (:func:`peakmem.simulate.deriver`, ``measuring_lookup``)."""
     from peakmem.resolve import resolve_gpus, resolve_model
 
     if command not in opt.JOB_COMMANDS:
@@ -126,7 +131,7 @@ def ask(
     if spec is None:
         if not isinstance(model, str):
             raise InputError(f"model={model!r}: a catalog name, a config.json path or a Hub id (a string)")
-        spec = resolve_model(model)
+        spec = resolve_model(model, derive=derive)
     gpus = resolve_gpus(o["gpu"]) if o.get("gpu") else ()
     search = Search(margin=o.get("margin", False), infer=o.get("infer", False),
                     max_gpus=o.get("max_gpus"), global_batch=o.get("global_batch"))  # fmt: skip
@@ -150,7 +155,7 @@ def ask(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
         inference=inference_setup(o, gpus) if serving else None, gpus=gpus, overheads=overheads(o),
-        search=search, defaults=defaults, from_file=from_file,
+        search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
 
 
@@ -192,7 +197,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
 
 def _lora_config(o: Mapping[str, Any]) -> Any:
     """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with method full)."""
-    from peakmem.formulas.lora import LoraConfig, parse_targets
+    from peakmem.adapters import LoraConfig, parse_targets
 
     given = {
         "rank": o["lora_rank"], "alpha": o["lora_alpha"],
@@ -206,7 +211,7 @@ def _lora_config(o: Mapping[str, Any]) -> Any:
 
 def _quant_config(o: Mapping[str, Any]) -> Any:
     """A QuantConfig when quant or no_double_quant is given; None keeps NF4 + double quant."""
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
 
     if o["quant"] is None and not o["no_double_quant"]:
         return None
@@ -290,7 +295,7 @@ def _plan(q: Question) -> Answer:
 
     assert q.training is not None and q.search.max_gpus is not None
     report = planner.plan(q.spec, q.training, q.gpus[0], q.search.max_gpus, q.search.global_batch,
-                          overheads=q.overheads)  # fmt: skip
+                          overheads=q.overheads, costs=q.costs)  # fmt: skip
     out = planner.plan_json(report)
     out["defaults"] = list(q.defaults)
     return Answer(question=q, json=out, exit_code=verdict_code([bool(report.layouts)]),
@@ -302,7 +307,7 @@ def _fit(q: Question) -> Answer:
 
     assert q.training is not None
     report = planner.fit(q.spec, q.training, q.gpus, overheads=q.overheads, margin=q.search.margin,
-                         par=q.parallel)  # fmt: skip
+                         par=q.parallel, costs=q.costs)  # fmt: skip
     out = _with_from(q, planner.fit_json(report))
     out["defaults"] = list(q.defaults)
     return Answer(question=q, json=out, exit_code=verdict_code([report.any_fits]),
@@ -335,10 +340,10 @@ def _train(q: Question) -> Answer:
     assert q.training is not None
     capacity = min((g.usable_bytes for g in q.gpus), default=None)
     found = planner.train_answer(
-        q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity
+        q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity, costs=q.costs
     )
     est = with_kernel_alternatives(q.spec, q.training, found.estimate, q.gpus, overheads=q.overheads,
-                                   par=q.parallel)  # fmt: skip
+                                   par=q.parallel, costs=q.costs)  # fmt: skip
     if q.defaults:
         est = replace(est, assumptions=(*est.assumptions, *q.defaults))
     out = _with_from(q, answer_json(est, q.gpus, found.ways))

@@ -18,7 +18,7 @@ from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
 from peakmem.formulas import sharding
 from peakmem.formulas.overhead import Overheads
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, validate_for
 from peakmem.training import AttentionKernel, TrainingSetup
 from peakmem.units import fmt_both
@@ -154,9 +154,11 @@ def estimate_ranks(
     *,
     overheads: Overheads | None = None,
     estimator: TrainingEstimator | None = None,
+    costs: CostLookup | None = None,
 ) -> RankReport:
     """Per-rank memory of ``spec`` trained under ``setup`` with layout ``par`` (``estimator``: one a
-    search keeps for ``spec``, whose memo then serves every layout it asks about)."""
+    search keeps for ``spec``, whose memo then serves every layout it asks about; else one is made with
+    ``costs``, a derived spec's block-cost lookup)."""
     validate_for(spec, par)
     if par.cp > 1 and setup.attention is AttentionKernel.EAGER:
         raise InputError(
@@ -165,7 +167,7 @@ def estimate_ranks(
         )
     if setup.seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide seq={setup.seq_len}: each rank takes an equal chunk")
-    est = estimator or TrainingEstimator(spec, overheads)
+    est = estimator or TrainingEstimator(spec, overheads, costs=costs)
     ov = est.overheads
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
     ranks = [_rank(est, setup, par, stage, role, nccl) for stage, role in _stages(par)]

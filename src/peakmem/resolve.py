@@ -17,15 +17,16 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from peakmem.catalog import GPUS, Gpu, find_gpu, find_model, get_gpu, unknown_gpu, unknown_model
 from peakmem.errors import ConfigError, InputError, UnknownNameError
 from peakmem.formulas.step_time import REFERENCE_GPU
 from peakmem.hf import check_config, read_config_file
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.units import ACCEPTED_SIZE_FORMS, looks_like_size, parse_size
 from peakmem.validate import MAX_DEVICE_BYTES, too_large
 
@@ -50,18 +51,28 @@ ACCEPTED_MODEL_FORMS = (
 PATHS = ("auto", "formulas", "derived")
 
 
-def resolve_model(arg: str, *, path: str = "auto") -> ModelSpec:
-    """The ModelSpec a MODEL argument names; errors say which forms are accepted."""
+class Deriver(Protocol):
+    """Builds a derived spec from transformers' own modules (:func:`peakmem.simulate.derive.derive_spec`;
+    :func:`peakmem.simulate.deriver` hands it out where torch and transformers are installed)."""
+
+    def __call__(self, config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec: ...
+
+
+def resolve_model(arg: str, *, path: str = "auto", derive: Deriver | None = None) -> ModelSpec:
+    """The ModelSpec a MODEL argument names; errors say which forms are accepted. ``derive``: see
+    :func:`spec_for_config`."""
     name, config = resolve_config(arg)
-    return spec_for_config(config, name=name, path=path)
+    return spec_for_config(config, name=name, path=path, derive=derive)
 
 
-def spec_for_config(config: dict[str, Any], *, name: str | None = None, path: str = "auto") -> ModelSpec:
+def spec_for_config(
+    config: dict[str, Any], *, name: str | None = None, path: str = "auto", derive: Deriver | None = None
+) -> ModelSpec:
     """The formulas' spec (:func:`peakmem.hf.spec_from_config`) when they know the ``model_type``;
     else a *derived* one: shipped with the package for catalog models (:mod:`peakmem.derived`), or
-    built from transformers' own modules when torch and transformers are installed
-    (:mod:`peakmem.simulate.derive`, imported only then). Derived specs say so in their notes.
-    ``path`` (:data:`PATHS`) forces one of the two."""
+    built from transformers' own modules by ``derive``, which the face hands in where torch and
+    transformers are installed (:func:`peakmem.simulate.deriver`; this module never imports an oracle).
+    Derived specs say so in their notes. ``path`` (:data:`PATHS`) forces one of the two."""
     from peakmem.hf import SUPPORTED_MODEL_TYPES, spec_from_config
 
     if path not in PATHS:
@@ -74,7 +85,6 @@ def spec_for_config(config: dict[str, Any], *, name: str | None = None, path: st
     shipped = derived_spec_if_ready(config, name=name)
     if shipped is not None:
         return shipped
-    derive = _derive_hook()
     if derive is None:
         if path == "derived":
             raise ConfigError(
@@ -89,7 +99,7 @@ def spec_for_config(config: dict[str, Any], *, name: str | None = None, path: st
                 f"{err.args[0]}; `{derived.TORCH_HINT}` answers it: peakmem then derives the spec from "
                 "transformers' own model (exact parameter count) and measures its blocks"
             ) from None
-    return derive(config, name=name)  # type: ignore[no-any-return]
+    return derive(config, name=name)
 
 
 def derived_spec_if_ready(config: dict[str, Any], *, name: str | None = None) -> ModelSpec | None:
@@ -101,17 +111,6 @@ def derived_spec_if_ready(config: dict[str, Any], *, name: str | None = None) ->
     if spec is not None:
         derived.register_config(config)
     return spec  # type: ignore[no-any-return]
-
-
-def _derive_hook() -> Any:
-    """:func:`peakmem.simulate.derive.derive_spec` when torch and transformers are importable, else None
-    (the oracle is imported lazily, by name: the core never imports it at module level)."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-        return None
-    return importlib.import_module("peakmem.simulate.derive").derive_spec
 
 
 # --- which path answered (peakmem info) ---------------------------------------------------------------
@@ -144,11 +143,13 @@ NO_DERIVED_NOTE = (
 
 
 def answered_by(
-    config: dict[str, Any], spec: ModelSpec, *, name: str | None = None, cross_check: bool = False
-) -> AnsweredBy:
+    config: dict[str, Any], spec: ModelSpec, *, name: str | None = None, cross_check: bool = False,
+    derive: Deriver | None = None, costs: CostLookup | None = None,
+) -> AnsweredBy:  # fmt: skip
     """Which path answered ``spec`` (built from ``config``) and, for a family the formulas know, how the
     derived path agrees: only from shipped or cached derived data (no torch, no wait) unless
-    ``cross_check``, which derives the spec and measures its blocks (torch and transformers)."""
+    ``cross_check``, which derives the spec (``derive``) and measures its blocks (``costs``): the face
+    hands both in where torch and transformers are installed (:mod:`peakmem.simulate`)."""
     from peakmem import derived
     from peakmem.estimate import estimate_training
     from peakmem.formulas.activations import derived_family
@@ -158,7 +159,6 @@ def answered_by(
         return AnsweredBy(path="derived")
     other = derived_spec_if_ready(config, name=name)
     if other is None and cross_check:
-        derive = _derive_hook()
         if derive is None:
             raise InputError(
                 f"--cross-check: deriving the spec needs torch and transformers ({derived.TORCH_HINT})"
@@ -174,7 +174,7 @@ def answered_by(
         path="both",
         params_equal=other.params == spec.params,
         formulas_peak_bytes=estimate_training(spec, setup).peak_allocated_bytes,
-        derived_peak_bytes=estimate_training(other, setup).peak_allocated_bytes,
+        derived_peak_bytes=estimate_training(other, setup, costs=costs).peak_allocated_bytes,
         setup=f"peakmem train defaults (full, {setup.precision.value}, {setup.optimizer.value}, "
         f"batch {setup.micro_batch} x seq {seq})",
     )
@@ -346,9 +346,11 @@ def gpu_of_size(text: str) -> Gpu:
     )
 
 
-def info_answer(model: str, *, cross_check: bool = False) -> tuple[ModelSpec, Any]:
+def info_answer(
+    model: str, *, cross_check: bool = False, derive: Deriver | None = None, costs: CostLookup | None = None
+) -> tuple[ModelSpec, Any]:
     """``peakmem info``'s spec and which path answered it (:func:`answered_by`): one function for the
-    command and the Python API (``peakmem.info``)."""
+    command and the Python API (``peakmem.info``); ``derive`` and ``costs`` as the face hands them in."""
     name, config = resolve_config(model)
-    spec = spec_for_config(config, name=name)
-    return spec, answered_by(config, spec, name=name, cross_check=cross_check)
+    spec = spec_for_config(config, name=name, derive=derive)
+    return spec, answered_by(config, spec, name=name, cross_check=cross_check, derive=derive, costs=costs)

@@ -8,16 +8,12 @@ Names follow what people run (DESIGN.md): ``amp-*`` is PyTorch autocast as HF Tr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.choice import Choice
 from peakmem.errors import InputError
 from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
-
-if TYPE_CHECKING:  # only annotations: formulas.lora imports this module
-    from peakmem.formulas.lora import LoraConfig
-    from peakmem.formulas.qlora import QuantConfig
-
 
 DEFAULT_SEQ_LEN = 2048  # DESIGN.md: seq = min(model context, 2048) unless the user gives one
 
@@ -123,7 +119,7 @@ class TrainingSetup:
     # optimizer.zero_grad(set_to_none=...): True is torch >= 2.0's default (grads freed between
     # steps); False (torch < 2.0, e.g. HF Trainer in 2022) keeps zeroed grads alive all the time.
     grads_set_to_none: bool = True
-    # Fine-tuning on a budget (peakmem.formulas.lora / qlora / lowbit_optim):
+    # Fine-tuning on a budget (peakmem.adapters; formulas lora / qlora / lowbit_optim):
     lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
     quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant
     loss: LossImpl = LossImpl.STANDARD
@@ -168,9 +164,6 @@ class TrainingSetup:
             )
 
     def _check_budget_configs(self) -> None:
-        from peakmem.formulas.lora import LoraConfig
-        from peakmem.formulas.qlora import QuantConfig
-
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
             raise InputError(f"lora={self.lora!r}: must be a LoraConfig or None")
         if self.quant is not None and not isinstance(self.quant, QuantConfig):
@@ -197,3 +190,26 @@ class TrainingSetup:
                 f"{', '.join(other)}: {command} does not run it ({command} executes the transformers model "
                 "eagerly, with its own loss and the optimizer after backward); peakmem train estimates it"
             )
+
+
+# --- setup families: what a derived spec's measured block costs depend on ------------------------------
+_ADAPTERS: dict[str, tuple[Any, Any]] = {}  # adapter key -> (LoraConfig, QuantConfig) it stands for
+
+
+def family_key(
+    *, precision: str, kernel: str, policy: str, method: str, adapter: str = "", objects: Any = None
+) -> str:
+    """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA:
+    the adapter's settings; ``objects``, the (LoraConfig, QuantConfig) pair, is remembered for the
+    oracle that measures them, which builds the same adapters)."""
+    parts = [precision, kernel, policy, method]
+    if adapter:
+        parts.append(adapter)
+        if objects is not None:
+            _ADAPTERS[adapter] = objects
+    return "|".join(parts)
+
+
+def adapter_objects(adapter: str) -> Any:
+    """The (LoraConfig, QuantConfig) an adapter key was made from in this process (None if unknown)."""
+    return _ADAPTERS.get(adapter)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
-from peakmem.model import ModelSpec, Tensor
+from peakmem.model import CostLookup, ModelSpec, Tensor
 
 # bitsandbytes 0.50.2 optim/optimizer.py
 BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
@@ -377,15 +377,16 @@ def assumptions(setup: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def cpu_activation_bytes(spec: ModelSpec, setup: Any) -> int:
+def cpu_activation_bytes(spec: ModelSpec, setup: Any, costs: CostLookup | None = None) -> int:
     """Pinned CPU RAM that activation offloading fills: every layer's saved tensors (as checkpointing
-    leaves them), which is what would otherwise stay on the device."""
+    leaves them), which is what would otherwise stay on the device. ``costs``: a derived spec's block-cost
+    lookup (:data:`peakmem.model.CostLookup`)."""
     if not getattr(setup, "activation_offload", False):
         return 0
     from peakmem.formulas import activations as act
     from peakmem.formulas import lora
 
-    sh = act.shapes(spec, setup)
+    sh = act.shapes(spec, setup, costs)
     total = 0
     for i, g in enumerate(spec.groups):
         la = act.layer_activations(spec, g.layer, sh)

@@ -25,6 +25,8 @@ from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.training import Precision, TrainingSetup
 
+from .memo import Memo, memoised
+
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionPlan:
@@ -75,10 +77,10 @@ def precision_plan(precision: Precision) -> PrecisionPlan:
     return _PLANS[precision]
 
 
-def trainable_params(spec: ModelSpec, setup: TrainingSetup) -> int:
+def trainable_params(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> int:
     """Parameters that get gradients and optimizer states (all of them in full fine-tuning)."""
     del setup  # adapters (LoRA/QLoRA) extend this; full fine-tuning trains everything
-    return spec_facts(spec).params
+    return spec_facts(spec, memo).params
 
 
 def _row(tensor: str, dtype: DType, params: int, category: Category, source: str) -> PerParamRow:
@@ -88,12 +90,12 @@ def _row(tensor: str, dtype: DType, params: int, category: Category, source: str
     )  # fmt: skip
 
 
-def weight_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, ...]:
+def weight_rows(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> tuple[PerParamRow, ...]:
     """Weights, gradients and master weights (optimizer rows come from :mod:`.optimizer`)."""
     plan = precision_plan(setup.precision)
-    trainable = trainable_params(spec, setup)
+    trainable = trainable_params(spec, setup, memo)
     rows = [
-        _row("weights", plan.weight, spec_facts(spec).params, Category.PARAMETERS,
+        _row("weights", plan.weight, spec_facts(spec, memo).params, Category.PARAMETERS,
              f"{setup.precision.value}: model parameters in {plan.weight.name}"),
         _row("gradients", plan.grad, trainable, Category.GRADIENTS,
              "param.grad has the parameter's dtype (torch AccumulateGrad)"),
@@ -126,17 +128,17 @@ class SpecFacts:
     same_as: tuple[int, ...]  # per group: the first group whose layer is equal (reuse its formulas)
 
 
-_FACTS: dict[int, tuple[ModelSpec, SpecFacts]] = {}
-_FACTS_MAX = 256
 _LINEAR_KINDS = ("linear_weight", "expert_weight")
 _MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
 
 
-def spec_facts(spec: ModelSpec) -> SpecFacts:
-    """Memoised by identity: a planner estimates one spec thousands of times."""
-    hit = _FACTS.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
+def spec_facts(spec: ModelSpec, memo: Memo | None = None) -> SpecFacts:
+    """The sums (``memo``: an estimator's keeps them by the spec's identity: a planner estimates one spec
+    thousands of times)."""
+    return memoised(memo, "spec_facts", spec, lambda: _spec_facts(spec))
+
+
+def _spec_facts(spec: ModelSpec) -> SpecFacts:
     params = largest = factored = 0
     sizes: dict[int, int] = {}
     for t, n in spec.tensors():
@@ -159,7 +161,4 @@ def spec_facts(spec: ModelSpec) -> SpecFacts:
         linear_params=tuple(sum(t.numel for t in g.layer.tensors if t.kind in _LINEAR_KINDS)
                             for g in spec.groups),
     )  # fmt: skip
-    if len(_FACTS) >= _FACTS_MAX:
-        _FACTS.clear()
-    _FACTS[id(spec)] = (spec, facts)
     return facts

@@ -41,6 +41,7 @@ from peakmem.model import ModelSpec
 from peakmem.training import OptimizerImpl, OptimizerName, TrainingSetup
 
 from . import lowbit_optim
+from .memo import Memo
 from .model_states import SpecFacts, precision_plan, spec_facts, trainable_params
 
 SOURCE_ADAM = "torch/optim/adam.py _init_group: exp_avg, exp_avg_sq = zeros_like(param)"
@@ -67,8 +68,8 @@ KEY_ADAFACTOR_FOREACH = "optimizer.adafactor_foreach"
 PER_PARAM_TEMPORARIES = frozenset({KEY_FOREACH_SQRT, KEY_ADAFACTOR_FOREACH})
 
 
-def _shapes(spec: ModelSpec) -> SpecFacts:
-    return spec_facts(spec)
+def _shapes(spec: ModelSpec, memo: Memo | None) -> SpecFacts:
+    return spec_facts(spec, memo)
 
 
 def state_dtype(setup: TrainingSetup) -> DType:
@@ -86,11 +87,13 @@ def _state_row(tensor: str, dtype: DType, numel: int, params: int, source: str) 
     )  # fmt: skip
 
 
-def optimizer_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, ...]:
-    """The optimizer-state rows of the bytes/param table."""
+def optimizer_rows(
+    spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None
+) -> tuple[PerParamRow, ...]:
+    """The optimizer-state rows of the bytes/param table (``memo``: an estimator's)."""
     if lowbit_optim.handles(setup):
         return lowbit_optim.optimizer_rows(spec, setup)
-    params = trainable_params(spec, setup)
+    params = trainable_params(spec, setup, memo)
     dt = state_dtype(setup)
     name = setup.optimizer
     if name in (OptimizerName.ADAMW, OptimizerName.ADAM):
@@ -104,18 +107,20 @@ def optimizer_rows(spec: ModelSpec, setup: TrainingSetup) -> tuple[PerParamRow, 
     if name is OptimizerName.LION:
         return (_state_row("Lion momentum (exp_avg)", dt, params, params, SOURCE_LION),)
     if name is OptimizerName.ADAFACTOR:
-        factored = _shapes(spec).factored
+        factored = _shapes(spec, memo).factored
         return (_state_row("Adafactor v (factored row/col)", dt, factored, params, SOURCE_ADAFACTOR),)
     return ()  # plain SGD keeps no state
 
 
-def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem, ...]:
+def step_temporaries(
+    spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None
+) -> tuple[MemoryItem, ...]:
     """Tensors the optimizer step allocates beyond the states (its own peak, all at once)."""
     if lowbit_optim.handles(setup):
         return lowbit_optim.step_temporaries(spec, setup)
     plan = precision_plan(setup.precision)
-    shapes = _shapes(spec)
-    params = trainable_params(spec, setup)
+    shapes = _shapes(spec, memo)
+    params = trainable_params(spec, setup, memo)
     dt = state_dtype(setup)
     items: list[MemoryItem] = []
     name, impl = setup.optimizer, setup.optimizer_impl
@@ -156,11 +161,11 @@ def step_temporaries(spec: ModelSpec, setup: TrainingSetup) -> tuple[MemoryItem,
     return tuple(items)
 
 
-def optimizer_phase_grads(spec: ModelSpec, setup: TrainingSetup) -> MemoryItem:
+def optimizer_phase_grads(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> MemoryItem:
     """The gradients the optimizer step reads: the model's own, or (mixed-*) their fp32 copies on
     the master weights, which replace the 16-bit ones one tensor at a time."""
     plan = precision_plan(setup.precision)
-    params = trainable_params(spec, setup)
+    params = trainable_params(spec, setup, memo)
     if plan.master is not None:
         return MemoryItem(path="gradients (fp32, on the master weights)", category=Category.GRADIENTS,
                           bytes=plan.master.nbytes(params), source=SOURCE_MASTER_GRAD,

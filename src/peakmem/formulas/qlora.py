@@ -28,56 +28,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from peakmem.errors import InputError, require
+from peakmem.adapters import FLOAT_BYTES, QuantConfig
 from peakmem.formulas.weights import WeightRow, tensor_storage
-from peakmem.inference import Scheme, WeightFormat
 from peakmem.model import ModelSpec, Tensor
 
-QUANTS = ("nf4", "fp4", "int8")
-# bitsandbytes functional.quantize_4bit accepts blocksize in {4096, 2048, 1024, 512, 256, 128, 64, 32}
-# (functional.py); transformers' BitsAndBytesConfig uses the default 64.
-BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
-DEFAULT_BLOCKSIZE = 64
-FLOAT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
 FP16 = 2
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuantConfig:
-    """``BitsAndBytesConfig`` as far as memory goes: ``--quant nf4|fp4|int8 [--double-quant]``."""
-
-    quant: str = "nf4"
-    double_quant: bool = False
-    blocksize: int = DEFAULT_BLOCKSIZE
-    float_dtype: str = "bf16"  # bnb_4bit_compute_dtype / torch_dtype of the unquantized tensors
-
-    def __post_init__(self) -> None:
-        require(self.quant in QUANTS, "quant", self.quant, f"choose one of {', '.join(QUANTS)}")
-        require(self.blocksize in BNB_BLOCKSIZES, "quant_blocksize", self.blocksize,
-                f"bitsandbytes supports {', '.join(map(str, BNB_BLOCKSIZES))}")  # fmt: skip
-        require(self.float_dtype in FLOAT_BYTES, "float_dtype", self.float_dtype,
-                f"choose one of {', '.join(FLOAT_BYTES)}")  # fmt: skip
-        if self.double_quant and self.quant == "int8":
-            raise InputError(
-                "double_quant=True: double quantization applies to 4-bit (nf4/fp4) bases, not int8"
-            )
-
-    @property
-    def is_4bit(self) -> bool:
-        return self.quant != "int8"
-
-    @property
-    def weight_format(self) -> WeightFormat:
-        if self.quant == "int8":
-            return WeightFormat(name="int8", scheme=Scheme.BNB_INT8, bits=8, float_dtype=self.float_dtype)
-        name = f"{self.quant}-dq" if self.double_quant else self.quant
-        return WeightFormat(name=name, scheme=Scheme.BNB_4BIT, bits=4, group_size=self.blocksize,
-                            double_quant=self.double_quant, float_dtype=self.float_dtype)  # fmt: skip
-
-    @property
-    def label(self) -> str:
-        return f"{self.quant}{' + double quant' if self.double_quant else ''}"
 
 
 def is_quantized(spec: ModelSpec, t: Tensor) -> bool:
@@ -146,7 +102,6 @@ def dequant_temporaries(
 
 __all__ = [
     "DequantTemporaries",
-    "QuantConfig",
     "base_bytes",
     "base_rows",
     "dequant_temporaries",

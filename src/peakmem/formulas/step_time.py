@@ -58,9 +58,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.adapters import quant_of
 from peakmem.device import Gpu
 from peakmem.errors import InputError
-from peakmem.formulas.lora import quant_of
 from peakmem.formulas.qlora import quantized_params
 from peakmem.formulas.weights import bnb_4bit_bytes
 from peakmem.model import ModelSpec

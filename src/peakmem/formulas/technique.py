@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.adapters import lora_of
 from peakmem.breakdown import MemoryItem, PerParamRow
-from peakmem.derived import split_last_block
 from peakmem.dtypes import DType
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, split_last_block
 from peakmem.training import TrainingSetup
 
 from . import lora as _lora
+from .memo import Memo
 from .model_states import buffer_bytes, precision_plan, spec_facts, trainable_params, weight_rows
 from .optimizer import optimizer_phase_grads, optimizer_rows, step_temporaries
 
@@ -51,32 +52,33 @@ class Technique:
     layer_grads: tuple[int, ...]  # per group of ``spec``: gradient bytes one layer writes in backward
 
 
-def technique(spec: ModelSpec, setup: TrainingSetup) -> Technique:
-    """Apply ``setup``'s method, precision and optimizer to ``spec``."""
+def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> Technique:
+    """Apply ``setup``'s method, precision and optimizer to ``spec`` (``memo``: an estimator's)."""
     adapter = _lora.is_adapter_method(setup)
-    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (derived.LAST_BLOCK)
+    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (model.LAST_BLOCK)
     if adapter:
         spec = _lora.split_first_layer(spec)
-    tspec, tsetup = _lora.optimizer_view(spec, setup)  # the trainable tensors (LoRA: the adapters)
+    tspec, tsetup = _lora.optimizer_view(spec, setup, memo)  # the trainable tensors (LoRA: the adapters)
     plan = precision_plan(setup.precision)
-    opt_rows = optimizer_rows(tspec, tsetup)
+    opt_rows = optimizer_rows(tspec, tsetup, memo)
     if adapter:
-        rows = _lora.finetune_weight_rows(spec, setup, plan) + opt_rows
-        weight = grad = _lora.train_dtype(_lora.lora_of(setup), plan)
+        rows = _lora.finetune_weight_rows(spec, setup, plan, memo) + opt_rows
+        weight = grad = _lora.train_dtype(lora_of(setup), plan)
         master = plan.master if weight.bits < 32 else None
         frozen: PerParamRow | None = rows[0]
-        layer_grads = tuple(_lora.layer_grad_bytes(spec, setup, i) for i in range(len(spec.groups)))
+        layer_grads = tuple(_lora.layer_grad_bytes(spec, setup, i, memo) for i in range(len(spec.groups)))
     else:
-        rows = weight_rows(spec, setup) + opt_rows
+        rows = weight_rows(spec, setup, memo) + opt_rows
         weight, grad, master, frozen = plan.weight, plan.grad, plan.master, None
-        layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec).layer_params)
+        layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec, memo).layer_params)
     root = sum(t.numel for t in spec.outer)
     return Technique(
         base_dtype=plan.weight, root_numel=root, frozen_root_bytes=plan.weight.nbytes(root) if adapter else 0,
         spec=spec, tspec=tspec, tsetup=tsetup, adapter=adapter, rows=rows,
-        params=spec_facts(spec).params, trainable=trainable_params(tspec, tsetup), frozen=frozen,
+        params=spec_facts(spec, memo).params, trainable=trainable_params(tspec, tsetup, memo), frozen=frozen,
         weight=weight, grad=grad, master=master, state_rows=opt_rows,
-        step_grads=optimizer_phase_grads(tspec, tsetup), temporaries=step_temporaries(tspec, tsetup),
-        largest_trainable=spec_facts(tspec).largest, buffers=buffer_bytes(spec, setup),
+        step_grads=optimizer_phase_grads(tspec, tsetup, memo),
+        temporaries=step_temporaries(tspec, tsetup, memo),
+        largest_trainable=spec_facts(tspec, memo).largest, buffers=buffer_bytes(spec, setup),
         layer_grads=layer_grads,
     )  # fmt: skip

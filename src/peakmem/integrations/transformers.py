@@ -188,7 +188,7 @@ def _numel(p: Any) -> int:
 def _lora(model: Any, read: Read, notes: list[str]) -> Any:
     """peakmem's LoraConfig from the active peft adapter (peft fills ``target_modules`` with the module
     names it adapted, ``all-linear`` included)."""
-    from peakmem.formulas.lora import LoraConfig
+    from peakmem.adapters import LoraConfig
 
     name = getattr(model, "active_adapter", None) or "default"
     if isinstance(name, (list, tuple)):
@@ -230,7 +230,7 @@ def _lora(model: Any, read: Read, notes: list[str]) -> Any:
 
 def _quant(model: Any, base: Any, float_dtype: str, read: Read) -> Any:
     """peakmem's QuantConfig for a bitsandbytes-quantized base, else None."""
-    from peakmem.formulas.qlora import QuantConfig
+    from peakmem.adapters import QuantConfig
 
     qc = getattr(getattr(base, "config", None), "quantization_config", None)
     to_dict = getattr(qc, "to_dict", None)  # a transformers BitsAndBytesConfig, or a plain dict
@@ -537,6 +537,7 @@ class PeakmemCallback(TrainerCallback):
         from peakmem.answers import train_headline
         from peakmem.question import Question, answer
         from peakmem.render import print_estimate
+        from peakmem.simulate import measuring_lookup
 
         main = bool(getattr(state, "is_world_process_zero", True))
         say = main and not self.quiet
@@ -555,8 +556,9 @@ class PeakmemCallback(TrainerCallback):
         if gpu is None and on_cuda:
             gpu = cuda_gpu(device)
         gpus = [gpu] if gpu is not None else []
+        # the one answer, as `peakmem train` gives it
         got = answer(Question(command="train", spec=job.spec, training=job.setup, parallel=job.parallelism,
-                              gpus=tuple(gpus)))  # the one answer, as `peakmem train` gives it  # fmt: skip
+                              gpus=tuple(gpus), costs=measuring_lookup()))  # fmt: skip
         est = got.estimate
         assert est is not None
         self.job, self.answer = job, got

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from peakmem.adapters import ALL_LINEAR, lora_of
 from peakmem.errors import InputError
-from peakmem.formulas.lora import ALL_LINEAR, PEFT_DEFAULT_TARGETS, lora_of
+from peakmem.formulas.lora import PEFT_DEFAULT_TARGETS
 from peakmem.training import Method, TrainingSetup
 
 

@@ -13,7 +13,7 @@ from peakmem.estimate import setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Offload, Parallelism
 from peakmem.planner.search import (
     MAX_CHANGES,
@@ -277,15 +277,17 @@ def fit(
     spec: ModelSpec, setup: TrainingSetup, gpus: tuple[Gpu, ...] | list[Gpu], *,
     overheads: Overheads | None = None, top: int = TOP_CANDIDATES, margin: bool = False,
     par: Parallelism | None = None,
+    costs: CostLookup | None = None,
 ) -> FitReport:  # fmt: skip
     """Verdicts for ``setup`` on each GPU, and the ranked changes that make it fit where it does not.
     ``margin``: a change makes it fit only when the high end of its band fits (verdict "fits", not
     "tight"); the candidates' ``needed_bytes`` are then those high ends. ``par``: the job's parallel
-    layout (a :class:`peakmem.parallel.Parallelism`; None: one GPU), whose most loaded rank is judged."""
+    layout (a :class:`peakmem.parallel.Parallelism`; None: one GPU), whose most loaded rank is judged.
+    ``costs``: a derived spec's block-cost lookup (:class:`peakmem.estimate.TrainingEstimator`)."""
     require(len(gpus) > 0, "gpu", "", "give at least one GPU")
     t0 = time.perf_counter()
     gpus = tuple(gpus)
-    est = _Estimator(spec, overheads, margin=margin)
+    est = _Estimator(spec, overheads, margin=margin, costs=costs)
     search = _Search(spec, setup, gpus, est, par)
     ctx = _Ctx(spec=spec, setup=setup, gpus=gpus, estimator=est)
     families: list[Family] = []

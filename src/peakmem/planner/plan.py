@@ -11,7 +11,7 @@ from peakmem.catalog import Gpu
 from peakmem.errors import require
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import DEFAULT_GPUS_PER_NODE, FsdpMode, Parallelism
 from peakmem.planner.search import Family, _Estimator, _family_json, _step_json
 from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
@@ -106,12 +106,13 @@ def _gpu_counts(max_gpus: int, per_node: int) -> list[int]:
 
 def plan(
     spec: ModelSpec, setup: TrainingSetup, gpu: Gpu, max_gpus: int, global_batch: int | None = None, *,
-    overheads: Overheads | None = None, top: int = TOP_LAYOUTS,
+    overheads: Overheads | None = None, top: int = TOP_LAYOUTS, costs: CostLookup | None = None,
 ) -> PlanReport:  # fmt: skip
-    """The fastest layouts of ``setup`` on up to ``max_gpus`` of ``gpu``, ranked by step time."""
+    """The fastest layouts of ``setup`` on up to ``max_gpus`` of ``gpu``, ranked by step time (``costs``:
+    a derived spec's block-cost lookup)."""
     require(max_gpus >= 1, "max_gpus", max_gpus, "must be a positive integer")
     t0 = time.perf_counter()
-    est = _Estimator(spec, overheads)
+    est = _Estimator(spec, overheads, costs=costs)
     sf = st.spec_flops(spec)
     rates = st.rates_for(gpu)
     cap = gpu.usable_bytes

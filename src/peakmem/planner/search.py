@@ -16,7 +16,7 @@ from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator, setup_dict, setup_that_runs
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.ranks import RankReport, estimate_ranks
 from peakmem.training import TrainingSetup
@@ -96,8 +96,9 @@ class _Estimator:
     """Estimates (setup, parallelism) once; an invalid combination is remembered as None."""
 
     def __init__(
-        self, spec: ModelSpec, overheads: Overheads | None, *, margin: bool = False, lazy: bool = False
-    ) -> None:
+        self, spec: ModelSpec, overheads: Overheads | None, *, margin: bool = False, lazy: bool = False,
+        costs: CostLookup | None = None,
+    ) -> None:  # fmt: skip
         self.spec = spec
         self.overheads = overheads
         self.margin = margin  # judge by the band's high end: a change must make it "fit", not "tight"
@@ -106,12 +107,13 @@ class _Estimator:
         self.lazy = lazy
         self.memo: dict[tuple[TrainingSetup, Parallelism | None], _Result | None] = {}
         self.calls = 0
-        self.engine = TrainingEstimator(spec, overheads)  # its memo serves every setup and layout asked
+        # its memo serves every setup and layout asked; ``costs``: a derived spec's block-cost lookup
+        self.engine = TrainingEstimator(spec, overheads, costs=costs)
         # the same estimates with the closed-form reserved: a floor of the replayed one (estimate.py takes
         # the larger), so a job whose floor exceeds the GPU is out without replaying its step
         ov = overheads or Overheads()
         self.floor = (
-            TrainingEstimator(spec, replace(ov, fragmentation=ov.fraction))
+            TrainingEstimator(spec, replace(ov, fragmentation=ov.fraction), costs=costs)
             if ov.replay_reserved and not margin
             else None
         )

@@ -16,7 +16,7 @@ from typing import Any
 from peakmem.breakdown import Estimate, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.overhead import Overheads
-from peakmem.model import ModelSpec
+from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.planner.fit import FAMILIES, _Ctx
 from peakmem.planner.search import (
@@ -88,11 +88,11 @@ class TrainAnswer:
 
 def ways_down(
     spec: ModelSpec, setup: TrainingSetup, par: Any = None, *, overheads: Overheads | None = None,
-    capacity_bytes: int | None = None, estimator: _Estimator | None = None,
+    capacity_bytes: int | None = None, estimator: _Estimator | None = None, costs: CostLookup | None = None,
 ) -> WaysDown:  # fmt: skip
     """The changes that bring ``setup`` (on ``par``) down. With ``capacity_bytes`` the finishers pick
     the least invasive value that fits it (as ``fit`` does); without, micro-batch 1 and one node."""
-    est = estimator if estimator is not None else _Estimator(spec, overheads, lazy=True)
+    est = estimator if estimator is not None else _Estimator(spec, overheads, lazy=True, costs=costs)
     base = est(setup, par)
     if base is None:
         raise InputError(f"the setup cannot be estimated for {spec.name}")
@@ -185,19 +185,20 @@ def _no_help(idle: dict[str, list[str]], phase: Phase) -> str:
 
 def train_answer(
     spec: ModelSpec, setup: TrainingSetup, par: Any = None, *, overheads: Overheads | None = None,
-    capacity_bytes: int | None = None,
+    capacity_bytes: int | None = None, costs: CostLookup | None = None,
 ) -> TrainAnswer:  # fmt: skip
     """``peakmem train``'s answer: the estimate (the most loaded rank's when sharded, with the per-rank
-    report) and the ways down, from one memoised search."""
-    est = _Estimator(spec, overheads, lazy=True)  # measures the job's own setup family only
+    report) and the ways down, from one memoised search. ``costs``: a derived spec's block-cost lookup
+    (:class:`peakmem.estimate.TrainingEstimator`; the face hands in a measuring one where torch runs)."""
+    est = _Estimator(spec, overheads, lazy=True, costs=costs)  # measures the job's own setup family only
     res = est(setup, par)
     if res is None:  # the public estimator says why
         if par is None:
             from peakmem.estimate import estimate_training
 
-            estimate_training(spec, setup, overheads=overheads)
+            estimate_training(spec, setup, overheads=overheads, costs=costs)
         else:
-            estimate_ranks(spec, setup, par, overheads=overheads)
+            estimate_ranks(spec, setup, par, overheads=overheads, costs=costs)
         raise InputError(f"the setup cannot be estimated for {spec.name}")
     estimate = res.report.as_estimate() if res.report is not None else res.estimate
     ways = ways_down(spec, setup, par, overheads=overheads, capacity_bytes=capacity_bytes, estimator=est)

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from peakmem.adapters import ALL_LINEAR
+from peakmem.adapters import LoraConfig as LoraSpec
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.errors import InputError
-from peakmem.formulas.lora import ALL_LINEAR
-from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.measure.tracker import PARAM, LiveStorageTracker
 from peakmem.training import Method, TrainingSetup
 
@@ -175,7 +175,7 @@ class Fake4bitLinear(torch.nn.Module):
 
 def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpec | None) -> QuantInfo:
     """Apply LoRA/DoRA (peft) to the meta model for ``lora``/``qlora`` as ``lora`` describes
-    (:class:`peakmem.formulas.lora.LoraConfig`; its defaults are peft's); for ``qlora`` swap the
+    (:class:`peakmem.adapters.LoraConfig`; its defaults are peft's); for ``qlora`` swap the
     base Linears for 4-bit stand-ins."""
     info = QuantInfo(method=setup.method.value)
     if setup.method == Method.FULL:

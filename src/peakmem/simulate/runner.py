@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
+from peakmem.adapters import LoraConfig as LoraSpec
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas.caching_allocator import AllocatorStats, replay
-from peakmem.formulas.lora import LoraConfig as LoraSpec
 from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import ATTN_IMPL, _per_param_rows, _unique_numel, config_and_class
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord

@@ -394,7 +394,9 @@ def question_of(command: str, req: ModelChoice) -> Question:
     given["gpu"] = ",".join(req.gpus) or None
     if command == "fit":
         given["infer"] = isinstance(req, InferRequest)
-    return ask(command, given, spec=_spec(req))
+    from peakmem.simulate import measuring_lookup
+
+    return ask(command, given, spec=_spec(req), costs=measuring_lookup())
 
 
 def cli_answer(command: str, req: ModelChoice) -> Answer:

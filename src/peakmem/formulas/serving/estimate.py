@@ -9,7 +9,7 @@ What a request needs (weights, activations / the profiled peak, sampler buffers,
 
 from __future__ import annotations
 
-from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.breakdown import Band, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
@@ -143,7 +143,7 @@ def estimate_inference(
 def _serving_band(
     setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
     extra: dict[str, object],
-) -> _band.Band:  # fmt: skip
+) -> Band:  # fmt: skip
     """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
     transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
     for the engines that capture them."""

@@ -1,0 +1,145 @@
+"""The sizes a layer formula needs (:class:`Shapes`), what one layer keeps (:class:`LayerActivations`),
+and the saved-tensor items every part of :mod:`peakmem.formulas.activations` builds.
+
+* dropout: CUDA's fused ``native_dropout`` saves a bool mask (1 B/elem); CPU's ``_dropout_impl``
+  saves a noise tensor of the input dtype (``aten/src/ATen/native/Dropout.cpp``).
+* autocast (``autocast_mode.cpp``): the 16-bit cast of every weight is cached and saved by its Linear
+  (the autocast weight cache, freed layer by layer in backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from peakmem.adapters import lora_of
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.model import CostLookup, ModelSpec
+from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
+
+from ..memo import Memo
+from ..model_states import PrecisionPlan, precision_plan
+from ..profiles import PROFILES, Profile
+from .kernels import MATH, kernel_choice
+
+SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
+SRC_DROPOUT = "aten/src/ATen/native/Dropout.cpp: CUDA native_dropout bool mask; CPU input-dtype noise"
+
+
+@dataclass(kw_only=True, slots=True)
+class Shapes:
+    """The sizes a layer formula needs: tokens, sequence, batch and the dtype plan.
+
+    Built once per estimate, so slotted and not frozen (a frozen ``__init__`` costs 2.5x: see
+    :class:`peakmem.breakdown.MemoryItem`): read-only by convention, like every per-estimate value."""
+
+    batch: int
+    seq: int
+    plan: PrecisionPlan
+    policy: KernelPolicy
+    kernel: AttentionKernel  # the kernel that really runs (after CPU dropout fallback)
+    math_fallback: bool = False  # SDPA requested, math kernel runs (CPU with attention dropout)
+    kernel_note: str = ""  # why the kernel differs from the one requested
+    profile: Profile = PROFILES[Framework.HF]
+    compiled: bool = False  # torch.compile per layer (see compiled_* below)
+    fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
+    family: str = ""  # derived specs: the setup family their measured block costs are looked up in
+    costs: CostLookup | None = None  # derived specs: where their measured block costs are looked up
+    memo: Memo | None = None  # the estimator's memo of what formulas compute from a layer's tensors
+    # derived, set once (the formulas read them a dozen times per layer)
+    tokens: int = field(init=False)  # batch x seq
+    c: int = field(init=False)  # compute bytes per element
+    r: int = field(init=False)  # residual-stream bytes per element
+
+    def __post_init__(self) -> None:
+        self.tokens = self.batch * self.seq
+        self.c = self.plan.compute.bits // 8
+        self.r = self.plan.residual.bits // 8
+
+
+@dataclass(kw_only=True, slots=True)
+class LayerActivations:
+    """One layer's saved tensors and the largest extra tensors alive while it runs (per estimate:
+    slotted, not frozen, read-only by convention; derive changed ones with ``dataclasses.replace``)."""
+
+    saved: tuple[MemoryItem, ...]
+    core: int  # bytes of the attention core (what selective checkpointing drops)
+    layer_input: int  # what full checkpointing keeps per layer
+    forward_transient: int  # beyond ``saved``, the largest momentary extra in forward
+    backward_transient: int  # the largest gradient temporaries (incl. its weight grads) in its backward
+    recompute: int = 0  # activations rebuilt during its backward (checkpointing)
+    interior: int = 0  # the larger of the attention core and the MLP interior (alive mid-layer)
+    # how ``backward_transient`` (net) splits at that peak: saved bytes of this layer already freed,
+    # and weight gradients written (temporaries = net - grads + freed)
+    backward_freed: int = 0
+    backward_grads: int = 0
+    # of ``saved``: the layer's input itself (the same storage), which full checkpointing keeps anyway
+    input_saved: int = 0
+    # the materialised attention mask every layer receives (full checkpointing keeps it for backward)
+    mask_arg: int = 0
+    # the two backward stages ``backward_*`` is the larger of, each (net, freed, grads): the MLP half's
+    # and the attention core's (LoRA re-weighs them: lora/deltas.py adapt_layer); () where not built so
+    backward_stages: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(i.bytes for i in self.saved)
+
+
+def shapes(
+    spec: ModelSpec, setup: TrainingSetup, costs: CostLookup | None = None, memo: Memo | None = None
+) -> Shapes:
+    """The sizes of ``setup`` on ``spec``; ``costs``: the lookup of a derived spec's measured block costs
+    (handed in by the estimator's caller: formulas never look them up themselves); ``memo``: the
+    estimator's (:class:`peakmem.formulas.memo.Memo`)."""
+    kernel, why = kernel_choice(spec, setup)
+    plan = precision_plan(setup.precision)
+    fallback = why.startswith(MATH) and plan.compute.bits < 32
+    family = ""
+    if spec.derived_from:
+        family = derived_family(setup)
+    return Shapes(
+        batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
+        kernel=kernel, math_fallback=fallback, kernel_note=why,
+        profile=PROFILES[setup.framework], compiled=setup.compiled,
+        fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
+        costs=costs, memo=memo,
+    )  # fmt: skip
+
+
+def derived_family(setup: TrainingSetup) -> str:
+    """The setup family a derived spec's block costs are measured in: the precision, the kernel
+    transformers is asked for (its own fallbacks then run inside the measured model), the kernel
+    policy and the method, with the adapter's settings for LoRA/QLoRA."""
+    adapter, objects = "", None
+    if setup.method.value != "full":
+        lora = lora_of(setup)
+        adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
+        objects = (lora, setup.quant)
+    # flash-attn is CUDA-only: a fake-tensor run measures it as SDPA's flash kernel, which allocates
+    # the same (simulate/runner.py build_meta_model), so the two share one measurement
+    kernel = "sdpa" if setup.attention is AttentionKernel.FLASH else setup.attention.value
+    return family_key(precision=setup.precision.value, kernel=kernel,
+                      policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
+                      objects=objects)  # fmt: skip
+
+
+def item(path: str, nbytes: int, source: str, key: str, tensors: int = 1) -> MemoryItem:
+    """``tensors``: how many equal tensors ``nbytes`` is (``MemoryItem.tensors``)."""
+    return MemoryItem(path, Category.ACTIVATIONS, nbytes, source, key, tensors)  # by position: the hot path
+
+
+def sized(path: str, sizes: tuple[int, ...], source: str, key: str) -> MemoryItem:
+    """An item of unequal tensors, ``sizes`` in the order they are made (``MemoryItem.sizes``)."""
+    return MemoryItem(path, Category.ACTIVATIONS, sum(sizes), source, key, len(sizes), sizes)
+
+
+def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
+    """Bytes a training-mode dropout saves for backward (see SRC_DROPOUT)."""
+    return numel if policy is KernelPolicy.CUDA else numel * elem_bytes
+
+
+def activation_dtype_note(sh: Shapes) -> str:
+    return (
+        f"activations in {sh.plan.compute.name}, residual stream in {sh.plan.residual.name}; "
+        f"attention kernel {sh.kernel.value} ({sh.policy.value} kernels)"
+    )

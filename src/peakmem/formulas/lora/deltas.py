@@ -1,0 +1,437 @@
+"""What the adapters change in the base's activations (base formulas: :mod:`peakmem.formulas.activations`).
+
+peft ``lora.Linear.forward``: ``result = base_layer(x)``; ``x = x.to(lora_A.weight.dtype)``
+(a new tensor per adapted module when the dtypes differ); ``lora_B(lora_A(dropout(x))) * scaling``
+added to ``result``; ``result.to(result_dtype)``. Autograd saves (aten derivatives.yaml: ``mm`` keeps
+``mat1`` only when ``mat2`` requires grad): lora_A's input (the cast, or the dropout output plus its
+mask), lora_A's output (T x r) for lora_B. The frozen base no longer keeps what only its weight
+gradients needed: Linear inputs, the RMSNorm output that multiplies the norm weight, the LM head input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from peakmem.adapters import LoraConfig, lora_of, quant_of
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.model import FIRST_BLOCK, Layer, LayerGroup, ModelSpec
+
+from ..activations import (
+    LayerActivations,
+    Shapes,
+    block_norm_count,
+    norm_saved,
+    post_mlp_norm_backward,
+    qk_norm_width,
+    rmsnorm_weight_side_bytes,
+)
+from ..loss import HeadActivations
+from ..memo import Memo
+from ..model_states import precision_plan
+from ..qlora import dequant_temporaries
+from .params import SRC_LORA, is_adapter_method, train_dtype
+from .targets import AdaptedModule, embeddings_adapted, resolve_targets
+
+SRC_SAVE = "aten mm/addmm save mat1 only when the weight requires grad (derivatives.yaml)"
+
+
+# --- activations ----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AdapterActivations:
+    """Per layer of a group: what the adapters add, and what the frozen base stops saving."""
+
+    saved: tuple[MemoryItem, ...]  # added by the adapter path
+    removed: int  # bytes full fine-tuning saves only for the frozen weights' gradients
+    forward_transient: int  # the largest adapter temporary in forward (B output, sum, cast back)
+
+
+def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
+    return MemoryItem(path=path, category=Category.ACTIVATIONS, bytes=nbytes, source=source, key=key)
+
+
+SRC_PARAM_WRAPPER = (
+    "peft/tuners/lora/layer.py ParamWrapper._activate_lora: the parameter becomes W + scaling * lhs @ rhs "
+    "(_LoraFactorsProxy: one baddbmm over the factors cast to W's dtype, when E > 1; else "
+    "_LoraParameterProxy: W + delta), which its consumer (grouped_mm, F.linear) saves for the input gradient"
+)
+
+
+def param_wrapper_saved(
+    m: AdaptedModule, lora: LoraConfig, param_bytes: int, a_bytes: int, *, merged_saved: bool = True
+) -> int:
+    """What an adapted bare parameter (peft ``ParamWrapper``, ``target_parameters``) keeps per forward:
+    the merged weight ``W + scaling * B A`` (the parameter's size and dtype: its consumer saves it), and,
+    for a 3-D expert stack (``_LoraFactorsProxy``'s ``baddbmm``), the two factors cast to the parameter's
+    dtype when the adapter's differs (``baddbmm`` saves both). Nothing per token: the adapter never sees
+    the input (:data:`SRC_PARAM_WRAPPER`)."""
+    merged = m.experts * m.in_features * m.out_features * param_bytes if merged_saved else 0
+    rr = lora.rank * m.experts * m.rank_factor
+    cast = m.experts > 1 and a_bytes != param_bytes
+    factors = rr * (m.in_features + m.out_features) * param_bytes if cast else 0
+    return merged + factors
+
+
+def adapter_saved_per_module(
+    m: AdaptedModule,
+    lora: LoraConfig,
+    *,
+    tokens: int,
+    x_bytes: int,
+    a_bytes: int,
+    cuda: bool,
+    autocast_bytes: int = 0,
+    param_bytes: int = 0,
+    merged_saved: bool = True,
+) -> tuple[int, int]:
+    """(bytes lora_A's input costs beyond the shared x, bytes of the other saved adapter tensors).
+
+    ``x_bytes``: element size of the module input; ``a_bytes``: of the adapter weights;
+    ``autocast_bytes``: under torch autocast the 16-bit compute size (the adapter matmuls run on casts).
+    ``param_bytes``: element size of an adapted bare parameter (``target_parameters``; ``x_bytes`` when 0);
+    ``merged_saved``: whether its consumer saves the merged weight itself (False: DeepSeek's router saves
+    an fp32 copy of it instead, counted with the router).
+    """
+    if m.kind in ("saved", "embedding"):
+        return 0, 0
+    r, t, n_in, n_out = lora.rank * m.experts * m.rank_factor, tokens, m.in_features, m.out_features
+    if m.kind == "param":
+        return 0, param_wrapper_saved(m, lora, param_bytes or x_bytes, a_bytes, merged_saved=merged_saved)
+    lin = autocast_bytes or a_bytes  # dtype lora_A computes in
+    input_cost = 0
+    if lora.dropout > 0:
+        mask = t * n_in if cuda else t * n_in * (a_bytes if a_bytes != x_bytes else x_bytes)
+        input_cost = t * n_in * lin + mask  # dropout output (cast when autocast) + its mask
+    elif autocast_bytes or a_bytes != x_bytes:
+        input_cost = t * n_in * lin  # x.to(adapter dtype) (or autocast's cast), one per adapted module
+    other = t * r * lin  # lora_A output, saved by lora_B
+    if lora.dora:
+        other += t * n_out * (x_bytes + lin)  # base_result and lora_result saved by the DoRA muls
+    return input_cost, other
+
+
+def _module_dtypes_same(lora: LoraConfig, sh: Shapes) -> bool:
+    """lora_A keeps the module input itself (no new storage): same dtype, no dropout, no autocast."""
+    a = train_dtype(lora, sh.plan)
+    return lora.dropout == 0 and not sh.plan.autocast and a.bits // 8 == sh.c
+
+
+def _kept(readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool) -> bool:
+    return int8_base or (any(m.kind == "linear" for m in readers) and _module_dtypes_same(lora, sh))
+
+
+def adapt_layer(
+    spec: ModelSpec, group: int, la: LayerActivations, sh: Shapes, setup: Any
+) -> LayerActivations:
+    """One layer's saved tensors under LoRA: the frozen base drops what only its weight gradients needed
+    (Linear inputs, the RMSNorm output multiplying the norm weight); the adapters add theirs."""
+    lora = lora_of(setup)
+    quant = quant_of(setup)
+    int8_base = quant is not None and not quant.is_4bit  # MatMul8bitLt saves its input
+    layer = spec.groups[group].layer
+    mods = [m for m in resolve_targets(spec, lora, sh.memo) if m.group == group]
+    t, c, h = sh.tokens, sh.c, spec.hidden_size
+    att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
+    # the normalised x each frozen RMSNorm kept only for its weight's gradient (0 for LayerNorm)
+    y_norm = rmsnorm_weight_side_bytes(spec, sh, h)
+    out: list[MemoryItem] = []
+    down_dropped = 0
+    for item in la.saved:
+        nbytes = item.bytes
+        # Falcon-7B's one shared norm output (key "input.attn_mlp"): one storage read by both halves,
+        # kept while either the attention or the MLP readers keep it (``_kept``), else all of it goes
+        if item.key == "input.attn_mlp":
+            kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
+            nbytes = nbytes if kept else 0
+        elif item.key == "norms":
+            nbytes -= block_norm_count(layer, sh.memo) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
+        elif item.key == "attn.qk_norm":  # Qwen3 / Gemma 3 / OLMo 2 q_norm, k_norm: frozen weights too
+            nbytes -= rmsnorm_weight_side_bytes(spec, sh, qk_norm_width(layer))
+        elif item.key == "input.attn":
+            nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
+        elif item.key == "input.mlp":
+            # an adapted router that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves it too
+            router = _router_adapted(mods) and not layer.mlp.router_fp32
+            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, int8_base) else 0
+        elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, int8_base):
+            nbytes = 0  # the contiguous copy is o_proj's input only, saved for its frozen weight's grad
+        elif item.key == "attn.output" and not _kept(o_proj, lora, sh, int8_base):
+            # eager's o_proj input (SDPA keeps its own output for its backward: "attn.sdpa_output")
+            nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
+        elif _drops_down_input(item.key, layer, down, lora, sh, int8_base):
+            down_dropped = t * layer.mlp.intermediate_size * c
+            nbytes -= down_dropped
+        elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
+            nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, int8_base)
+        elif layer.mlp.is_moe:
+            nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, int8_base)
+        out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
+    a_bytes = train_dtype(lora, sh.plan).bits // 8
+    cuda = sh.policy.value == "cuda"
+    ac = c if sh.plan.autocast else 0
+    inputs = others = early = down_early = 0
+    for m in mods:
+        x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
+        merged = not (m.component == "router" and layer.mlp.router_fp32)
+        i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
+                                                  cuda=cuda, autocast_bytes=ac,
+                                                  param_bytes=sh.plan.weight.bits // 8,
+                                                  merged_saved=merged)  # fmt: skip
+        inputs += i_cost
+        others += o_cost
+        if m in mlp_readers or m in down or m in o_proj:
+            early += i_cost + o_cost
+        if m in down:
+            down_early += i_cost + o_cost
+    if inputs:
+        out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
+    if others:
+        out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA,
+                        "lora.a_outputs"))  # fmt: skip
+    if group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora, sh.memo):
+        # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
+        first_norm = norm_saved(spec, sh, h) - y_norm
+        out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
+    saved = tuple(i for i in out if i.bytes)
+    # an adapter's forward temporaries come before what its layer saves after that module: net of it, as
+    # under recomputation (the last layer's all-linear LoRA on tiny Falcon peaked 5% high without it);
+    # at the down projection, last, its input (not saved when the frozen base dropped it) and the
+    # residual stream are alive next to them (tiny BERT's peak, measured under the simulator)
+    fwd = max(
+        la.forward_transient, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh)
+    )
+    if down:
+        fwd = max(fwd, adapter_forward_transient(down, lora, sh) + down_dropped + t * h * sh.r)
+    # activations/layer.py's backward transient is net of the down projection's input, freed once that
+    # Linear's backward ran; a frozen down projection never saved it, so nothing is freed: its input
+    # gradient and the activation's gradients (gelu_new: grad of 0.5x and of 1 + tanh; gated: of
+    # act(gate) and up) sit next to every saved tensor. Measured with the tracker on CPU (tiny GPT-2,
+    # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
+    bwd = la.backward_transient + down_dropped
+    freed = la.backward_freed
+    if len(la.backward_stages) == 2:
+        # the attention core's backward runs after the MLP half's and the output projection's: their
+        # adapters' saved inputs and A outputs are freed by then (measured under the simulator: tiny
+        # Falcon, all-linear LoRA, the last layer's softmax backward); the MLP stage's peak comes after
+        # the down projection's backward, which freed its adapter's
+        (m_net, m_freed, m_grads), (a_net, a_freed, a_grads) = la.backward_stages
+        mlp_stage = (m_net + down_dropped - down_early, m_freed - down_dropped + down_early, m_grads)
+        if down_early:
+            # while the adapted down projection runs its backward, nothing of the layer is freed yet: the
+            # incoming gradient, the frozen base's input gradient and lora_A's gradient of the cast input
+            # (the activation's backward comes after): the parity grid's gpt2 LoRA peaks here (CPU)
+            during = sum(t * m.in_features for m in down) * (c + a_bytes)
+            mlp_stage = max(mlp_stage, (t * h * sh.r + m_grads + during, 0, m_grads))
+        att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
+        bwd, freed, _ = max(mlp_stage, att_stage)
+    # a block ending with a norm (Gemma 2/3, OLMo 2) starts its backward in it: a frozen norm kept no
+    # weight-side y, so nothing of the block is freed yet (activations/norms.py post_mlp_norm_backward)
+    post_norm = post_mlp_norm_backward(spec, layer, sh)
+    if post_norm > bwd:
+        bwd, freed = post_norm, 0
+    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+        # the recomputation in backward runs the adapters' forward again: at each adapted module, its
+        # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
+        bwd = max(bwd, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh))
+    if quant is not None:
+        tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
+        fwd = max(fwd, tmp.forward)
+        bwd = bwd + tmp.backward
+    return replace(
+        la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
+    )
+
+
+def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: Shapes) -> int:
+    """While one adapted module runs forward (peft ``result + lora_B(lora_A(x)) * scaling``): the base
+    output (compute dtype), lora_B's output and its scaled copy (adapter dtype) at once; the largest
+    module. Matters when little else is alive: under checkpointing, while a layer is recomputed."""
+    a = sh.c if sh.plan.autocast else train_dtype(lora, sh.plan).bits // 8
+    best = 0
+    for m in mods:
+        if m.kind == "linear":
+            best = max(best, sh.tokens * m.out_features * (2 * a + sh.c))
+            if lora.dora:  # DoRA builds B @ A through lora_B(lora_A(eye(in))) and W + s * BA each forward
+                best = max(best, (m.in_features**2 + 3 * m.in_features * m.out_features) * a)
+    return best
+
+
+def _recompute_transient(
+    saved: tuple[MemoryItem, ...],
+    att: list[AdaptedModule],
+    o_proj: list[AdaptedModule],
+    mlp: list[AdaptedModule],
+    down: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+) -> int:
+    """The most alive beyond the full recomputation while an adapted module recomputes its forward."""
+
+    def total(prefixes: tuple[str, ...]) -> int:
+        return sum(i.bytes for i in saved if i.key.startswith(prefixes))
+
+    s_mlp = total(("mlp.", "moe."))
+    s_mlp_in = total(("input.mlp",)) + total(("norms",)) // 2
+    s_attn = total(("attn.",))
+    best = 0
+    for mods, after in ((att, s_attn + s_mlp_in + s_mlp), (o_proj, s_mlp_in + s_mlp), (down, 0)):
+        best = max(best, adapter_forward_transient(mods, lora, sh) - after)
+    for m in mlp:  # gated MLPs run gate_proj and its activation before up_proj
+        after = s_mlp // 2 if m.leaf in ("up_proj", "w3") else s_mlp
+        best = max(best, adapter_forward_transient([m], lora, sh) - after)
+    return best
+
+
+def _drops_down_input(
+    key: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool
+) -> bool:
+    """The MLP's down-projection input (act * up, or act(fc)) is saved only for the frozen weight's grad;
+    ReLU saves its own output, and MoE experts are left as full fine-tuning counts them."""
+    if key != "mlp.interior" or _kept(down, lora, sh, int8_base):
+        return False
+    return layer.mlp.activation != "relu" and not layer.mlp.is_moe
+
+
+def _router_adapted(mods: list[AdaptedModule]) -> bool:
+    return any(m.component == "router" for m in mods)
+
+
+def _expert_adapted(mods: list[AdaptedModule], leaf: str) -> bool:
+    return any(m.component == "experts" and m.leaf == leaf for m in mods)
+
+
+def _mla_latent_drop(
+    key: str,
+    spec: ModelSpec,
+    layer: Layer,
+    mods: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+    int8_base: bool,
+) -> int:
+    """MLA's latent RMSNorm (kv_a_layernorm / q_a_layernorm) under LoRA: its normed ``y`` is saved only for
+    the frozen norm weight's gradient, and the normed latent only for the frozen kv_b_proj / q_b_proj
+    weight's (unless lora_A keeps that same tensor: ``_kept``). Its fp32 upcast and rstd stay."""
+    att = layer.attention
+    kv = key == "attn.mla_kv_latent"
+    rank, reader = (att.kv_lora_rank, "kv_b_proj") if kv else (att.q_lora_rank or 0, "q_b_proj")
+    t = sh.tokens
+    drop = rmsnorm_weight_side_bytes(spec, sh, rank)
+    if not _kept([m for m in mods if m.leaf == reader], lora, sh, int8_base):
+        drop += t * rank * sh.c
+    return drop
+
+
+def _moe_frozen_drop(
+    key: str,
+    spec: ModelSpec,
+    layer: Layer,
+    mods: list[AdaptedModule],
+    down: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+    int8_base: bool,
+) -> int:
+    """Bytes of an MoE layer's saved tensor that only a frozen weight's gradient needed (derivatives.yaml:
+    mm / grouped_mm save their input only when the weight requires grad). Frozen experts: the up
+    grouped_mm's gathered input and the down grouped_mm's input (the act * up product) are not kept; a
+    frozen DeepSeek router keeps its fp32 weight copy but not its fp32 input copy; a frozen shared
+    experts' down projection does not keep the gated product (``_drops_down_input`` for dense MLPs)."""
+    mlp, t, c = layer.mlp, sh.tokens, sh.c
+    s = t * mlp.experts_per_token
+    if key == "moe.routed_inputs" and not _expert_adapted(mods, "gate_up_proj"):
+        return s * spec.hidden_size * c
+    if key == "mlp.interior" and not _expert_adapted(mods, "down_proj"):
+        return s * mlp.intermediate_size * c
+    if key == "moe.router_fp32" and not _router_adapted(mods) and not sh.plan.autocast and c != 4:
+        return t * spec.hidden_size * 4
+    if key == "mlp.shared_experts" and not _kept(down, lora, sh, int8_base):
+        return t * mlp.shared_intermediate_size * c
+    return 0
+
+
+def _roles(
+    spec: ModelSpec, layer: Layer, mods: list[AdaptedModule]
+) -> tuple[list[AdaptedModule], list[AdaptedModule], list[AdaptedModule], list[AdaptedModule]]:
+    """Adapted modules by what they read: attention input, MLP input, attention output, MLP interior."""
+    att_in_names = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key",
+                    "value", "q_a_proj", "kv_a_proj_with_mqa"}  # fmt: skip
+    mlp_in_names = {"gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1", "dense_h_to_4h", "w1", "w3"}
+    o_names = {"o_proj", "out_proj", "dense"}
+    down_names = {"down_proj", "fc2", "dense_4h_to_h", "w2"}
+    att, mlp, o, down = [], [], [], []
+    for m in mods:
+        leaf, comp = m.leaf, m.component
+        if comp == "attention" and leaf in att_in_names:
+            att.append(m)
+        elif comp == "attention" and (leaf in o_names or (leaf == "c_proj")):
+            o.append(m)
+        elif comp in ("mlp", "shared_experts") and (
+            leaf in mlp_in_names or m.path.endswith("intermediate.dense")
+        ):
+            mlp.append(m)
+        elif comp in ("mlp", "shared_experts") and (
+            leaf in down_names or leaf == "c_proj" or leaf == "dense"
+        ):
+            down.append(m)
+    del spec, layer
+    return att, mlp, o, down
+
+
+def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -> HeadActivations:
+    """The frozen head keeps neither its input nor the final norm's weight-side output."""
+    del setup
+    h = spec.hidden_size
+    out = []
+    for item in head.saved:
+        nbytes = item.bytes
+        if item.key == "head.lm_head_input":
+            nbytes = 0
+        elif item.key == "head.final_norm":
+            nbytes -= rmsnorm_weight_side_bytes(spec, sh, h)
+        out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
+    return replace(head, saved=tuple(i for i in out if i.bytes))
+
+
+def split_first_layer(spec: ModelSpec) -> ModelSpec:
+    """The same spec with its first layer as a group of its own: under LoRA nothing before the first
+    adapter requires grad, so the first layer saves less than the others (see :func:`adapt_layer`)."""
+    first = spec.groups[0]
+    layer = first.layer
+    if layer.derived is not None:  # a derived block: its costs measured on the first block itself
+        layer = replace(layer, derived=replace(layer.derived, key=layer.derived.key + FIRST_BLOCK))
+    if first.count == 1:
+        return (
+            spec
+            if layer is first.layer
+            else replace(spec, groups=(replace(first, layer=layer), *spec.groups[1:]))
+        )
+    groups = (LayerGroup(count=1, layer=layer), replace(first, count=first.count - 1), *spec.groups[1:])
+    return replace(spec, groups=groups)
+
+
+def adapt_embedding_items(
+    spec: ModelSpec, items: tuple[MemoryItem, ...], setup: Any, memo: Memo | None = None
+) -> tuple[MemoryItem, ...]:
+    """Frozen embeddings: the embedding dropout records no autograd node, so it saves no mask.
+
+    Except under full checkpointing: transformers' ``_activation_checkpointing_enable``
+    (modeling_utils.py; peft's ``_prepare_model_for_gradient_checkpointing`` too) calls
+    ``enable_input_require_grads``, whose hook runs ``output.requires_grad_(True)`` on the input
+    embeddings' output. That output becomes a leaf requiring grad: its ``AccumulateGrad`` node holds it
+    for the whole backward, and the embedding dropout after it saves its mask again. Measured with the
+    tracker on CPU (tiny GPT-2, c_attn LoRA, full checkpointing): both alive at the backward peak. The
+    leaf is a tensor of its own only when something (learned positions added, dropout) runs between it
+    and the first layer; otherwise (Llama, Qwen2) it is the first layer's checkpointed input itself."""
+    if not is_adapter_method(setup) or embeddings_adapted(spec, lora_of(setup), memo):
+        return items
+    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+        if spec.position != "learned" and spec.embedding_dropout <= 0:
+            return items
+        tokens = setup.micro_batch * setup.seq_len
+        leaf = precision_plan(setup.precision).weight.nbytes(tokens * spec.hidden_size)
+        src = "transformers enable_input_require_grads: embedding output.requires_grad_(True), a leaf"
+        return (*items, MemoryItem(path="embeddings output (leaf requiring grad)",
+                                   category=Category.ACTIVATIONS, bytes=leaf, source=src,
+                                   key="embed.leaf_output"))  # fmt: skip
+    return tuple(i for i in items if i.key != "embed.dropout_mask")
