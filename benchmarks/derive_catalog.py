@@ -3,7 +3,7 @@
 For each MODEL (a catalog name, a path to a config.json or a folder holding one, or a Hub id, as
 ``peakmem train`` takes it), derive the spec from transformers' own modules and measure its blocks'
 costs in the shipped setup families, and write ``src/peakmem/catalog/derived/<name>.json``. Without
-torch, ``peakmem`` then answers these models from the file (``peakmem.derived``). The spec carries each
+torch, ``peakmem`` then answers these models from the file (``peakmem.block_costs``). The spec carries each
 SSM / linear-attention block's recurrent state per sequence (``derive.measure_state``), which inference
 estimates count beside the KV cache.
 

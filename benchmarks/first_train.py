@@ -41,7 +41,7 @@ FIRST_TARGET_S = 60.0
 CACHED_TARGET_S = 2.0
 # hide the shipped data: the run is then a model peakmem has never seen
 _RUN = (
-    "import pathlib, sys; import peakmem.derived as d; d.SHIPPED = pathlib.Path(sys.argv[1]); "
+    "import pathlib, sys; import peakmem.block_costs as d; d.SHIPPED = pathlib.Path(sys.argv[1]); "
     "from peakmem.cli import main; sys.exit(main(sys.argv[2:]))"
 )
 

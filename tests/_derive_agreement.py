@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.hf import SUPPORTED_MODEL_TYPES
 from tiny_models import FAMILY_CONFIGS
 
@@ -41,7 +41,7 @@ EXCLUDED = {
 # Falcon (fixed in the formulas): its multi-query attention calls SDPA with 1 k/v head against 4 q heads
 # and no enable_gqa, plus an explicit mask, so CUDA runs SDPA's math kernel (formulas/activations.py
 # cuda_sdpa_backend, the rule simulate/kernels.py applies too). Fixed on the derived side (COSTS_VERSION 3,
-# peakmem.derived BlockCost): falcon full / full+ckpt (0.956 / 0.931 of simulate: a fit over micro-batch 1
+# peakmem.block_costs BlockCost): falcon full / full+ckpt (0.956 / 0.931 of simulate: a fit over micro-batch 1
 # and 2 shapes, where the math kernel's broadcast k/v are views at batch 1 and copies above), mixtral full /
 # lora and qwen2_moe full+ckpt (1.019-1.032: all the block's weight gradients added at an MoE backward peak
 # that comes before any of them), phi3 lora (1.019: the first block under LoRA saves less, measured apart).
@@ -56,7 +56,7 @@ def specs_fixture(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     mp = pytest.MonkeyPatch()
-    mp.setenv(derived.CACHE_ENV, str(tmp_path_factory.mktemp("derived-cache")))
+    mp.setenv(block_costs.CACHE_ENV, str(tmp_path_factory.mktemp("derived-cache")))
     from peakmem.resolve import spec_for_config
     from peakmem.simulate import deriver
 

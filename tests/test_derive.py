@@ -1,4 +1,4 @@
-"""Derived specs and measured block costs (peakmem.derived: no torch; peakmem.simulate.derive: torch).
+"""Derived specs and measured block costs (peakmem.block_costs: no torch; peakmem.simulate.derive: torch).
 
 Hand-derived: the fit through three measurements; the JSON round trip of a spec. Torch tier: a
 derived spec's parameter count equals the meta-built model's, and its measured costs give the same
@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import ConfigError
 from peakmem.hf import spec_from_config
+from peakmem.training import family_key
 from tiny_models import GPT2, LLAMA, needs_timm
 
 
@@ -24,7 +25,7 @@ def test_fit_recovers_hand_coefficients() -> None:
     def f(b: int, s: int) -> int:
         return 10 * b * s + 3 * b * s * s + 8 * s * s + 100
 
-    fitted = derived.fit([(b, s, f(b, s)) for b, s in ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))])
+    fitted = block_costs.fit([(b, s, f(b, s)) for b, s in ((1, 32), (1, 64), (2, 64), (1, 128), (2, 32))])
     assert fitted.coefficients == (Fraction(10), Fraction(3), Fraction(8), Fraction(0), Fraction(100))
     assert fitted.at(4, 1000) == 10 * 4000 + 3 * 4 * 10**6 + 8 * 10**6 + 100
 
@@ -38,23 +39,29 @@ def test_fit_in_integers_is_the_fractions_value(coefficients, batch: int, seq: i
     """A fit's value computed over the coefficients' common denominator is round() of the exact
     fraction, half to even as Fraction rounds it."""
     a, b, c, d, e = coefficients
-    fit = derived.Fit(per_token=a, per_seq2=b, seq2=c, seq=d, const=e)
+    fit = block_costs.Fit(per_token=a, per_seq2=b, seq2=c, seq=d, const=e)
     exact = a * batch * seq + b * batch * seq * seq + c * seq * seq + d * seq + e
     assert fit.at_signed(batch, seq) == round(exact)
 
 
 def test_fit_in_integers_rounds_half_to_even() -> None:
-    assert [derived.Fit(const=Fraction(k, 2)).at_signed(1, 1) for k in (1, 3, 5, -1, -3)] == [0, 2, 2, 0, -2]
+    assert [block_costs.Fit(const=Fraction(k, 2)).at_signed(1, 1) for k in (1, 3, 5, -1, -3)] == [
+        0,
+        2,
+        2,
+        0,
+        -2,
+    ]
 
 
 def test_fit_refuses_shapes_that_do_not_separate() -> None:
     with pytest.raises(ValueError, match="do not separate"):
-        derived.fit([(1, 32, 1), (1, 32, 2), (1, 64, 3), (2, 64, 4), (1, 128, 5)])  # a shape twice
+        block_costs.fit([(1, 32, 1), (1, 32, 2), (1, 64, 3), (2, 64, 4), (1, 128, 5)])  # a shape twice
 
 
 def _series(values: dict[tuple[int, int], tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]],
-            grads: int = 0) -> list[tuple[int, int, derived.Measured]]:  # fmt: skip
-    return [(b, s, derived.Measured(saved=4 * b * s, forward=f, backward=bw, grads=grads))
+            grads: int = 0) -> list[tuple[int, int, block_costs.Measured]]:  # fmt: skip
+    return [(b, s, block_costs.Measured(saved=4 * b * s, forward=f, backward=bw, grads=grads))
             for (b, s), (f, bw) in values.items()]  # fmt: skip
 
 
@@ -69,12 +76,12 @@ def test_each_peak_instant_is_fitted_on_its_own() -> None:
     def fwd(b: int, s: int) -> tuple[int, ...]:
         return (100 * b * s, 0, 2 * b * s * s, 0)  # each a peak: the next event frees
 
-    cost = derived.block_cost(_series({(b, s): (fwd(b, s), ()) for b, s in SHAPES5}))
+    cost = block_costs.block_cost(_series({(b, s): (fwd(b, s), ()) for b, s in SHAPES5}))
     assert len(cost.forward) == 2  # the trailing 0 is never the largest: pruned
     for b, s in ((1, 16), (2, 32), (8, 1024), (64, 8192)):
         assert cost.at(b, s).forward_transient == max(100 * b * s, 2 * b * s * s)
         assert cost.at(b, s).saved == 4 * b * s
-    peaks = derived.fit([(b, s, max(100 * b * s, 2 * b * s * s)) for b, s in SHAPES5])
+    peaks = block_costs.fit([(b, s, max(100 * b * s, 2 * b * s * s)) for b, s in SHAPES5])
     assert peaks.at(8, 1024) != 2 * 8 * 1024 * 1024  # what one fit through the peaks said
 
 
@@ -87,7 +94,7 @@ def test_backward_peak_counts_the_weight_gradients_written_by_then() -> None:
         t = b * s
         return ((60 * t, 0, 0), (20 * t, 40 * t, 0), (20 * t, 40 * t, 1000), (10 * t, 50 * t, 1000))
 
-    cost = derived.block_cost(_series({(b, s): ((0,), bwd(b, s)) for b, s in SHAPES5}, grads=1000))
+    cost = block_costs.block_cost(_series({(b, s): ((0,), bwd(b, s)) for b, s in SHAPES5}, grads=1000))
     at = cost.at(2, 64, 1000)
     assert (at.backward_transient, at.grads_in_flight, at.freed) == (60 * 128, 0, 0)
     at = cost.at(1, 16, 1000)
@@ -98,9 +105,11 @@ def test_backward_peak_counts_the_weight_gradients_written_by_then() -> None:
 
 def test_micro_batch_one_fitted_on_its_own() -> None:
     """Three micro-batch-1 lengths give s^2, s and a constant: 3 s^2 + 5 s + 7."""
-    one = derived.fit_single([(1, s, 3 * s * s + 5 * s + 7) for s in (32, 64, 128)])
+    one = block_costs.fit_single([(1, s, 3 * s * s + 5 * s + 7) for s in (32, 64, 128)])
     assert (one.seq2, one.seq, one.const) == (3, 5, 7)
-    cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(10)), batch1=derived.BlockCost(saved=one))
+    cost = block_costs.BlockCost(
+        saved=block_costs.Fit(per_token=Fraction(10)), batch1=block_costs.BlockCost(saved=one)
+    )
     assert cost.at(1, 1000).saved == 3 * 10**6 + 5 * 1000 + 7
     assert cost.at(2, 1000).saved == 10 * 2000
 
@@ -114,11 +123,13 @@ def test_batch_linear_check_compares_every_candidate_instant() -> None:
         return (100 * b * s, 0, (2 - (1 if view else 0)) * b * s * s // 64, 0)
 
     pts = _series({(b, s): (fwd(b, s), ()) for b, s in SHAPES5})
-    same = derived.Measured(saved=4 * 64, forward=fwd(1, 64), backward=())
-    view = derived.Measured(saved=4 * 64, forward=fwd(1, 64, view=True), backward=())
-    assert derived.batch_linear_at(pts, 1, 64, same)
-    assert not derived.batch_linear_at(pts, 1, 64, view)
-    assert not derived.batch_linear_at(pts, 1, 64, derived.Measured(saved=4 * 64, forward=(0,), backward=()))
+    same = block_costs.Measured(saved=4 * 64, forward=fwd(1, 64), backward=())
+    view = block_costs.Measured(saved=4 * 64, forward=fwd(1, 64, view=True), backward=())
+    assert block_costs.batch_linear_at(pts, 1, 64, same)
+    assert not block_costs.batch_linear_at(pts, 1, 64, view)
+    assert not block_costs.batch_linear_at(
+        pts, 1, 64, block_costs.Measured(saved=4 * 64, forward=(0,), backward=())
+    )
 
 
 def test_shipped_costs_of_another_layout_are_not_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -126,27 +137,29 @@ def test_shipped_costs_of_another_layout_are_not_read(tmp_path, monkeypatch) -> 
     they are measured again; without, the error says torch is needed)."""
     import json
 
-    cost = derived.BlockCost(saved=derived.Fit())
+    cost = block_costs.BlockCost(saved=block_costs.Fit())
     doc = {"config_hash": "h" * 16, "costs": {"fam": {"block": cost.to_json()}}}
-    monkeypatch.setattr(derived, "SHIPPED", tmp_path)
-    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)
-    (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": derived.COSTS_VERSION - 1}))
-    assert derived._shipped_costs("h" * 16, "fam") is None
-    (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": derived.COSTS_VERSION}))
-    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)  # the files are parsed once per process
-    assert derived._shipped_costs("h" * 16, "fam") == {"block": cost}
+    monkeypatch.setattr(block_costs, "SHIPPED", tmp_path)
+    monkeypatch.setattr(block_costs, "_SHIPPED_INDEX", None)
+    (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": block_costs.COSTS_VERSION - 1}))
+    assert block_costs._shipped_costs("h" * 16, "fam") is None
+    (tmp_path / "m.json").write_text(json.dumps({**doc, "costs_version": block_costs.COSTS_VERSION}))
+    monkeypatch.setattr(block_costs, "_SHIPPED_INDEX", None)  # the files are parsed once per process
+    assert block_costs._shipped_costs("h" * 16, "fam") == {"block": cost}
 
 
 def test_output_kept_is_fitted_and_read_back() -> None:
     """The block's output kept into its backward (under checkpointing not rebuilt): 2 bytes a token."""
     pts = [
-        (b, s, derived.Measured(saved=6 * b * s, forward=(0,), backward=(), output=2 * b * s))
+        (b, s, block_costs.Measured(saved=6 * b * s, forward=(0,), backward=(), output=2 * b * s))
         for b, s in SHAPES5
     ]
-    cost = derived.block_cost(pts)
+    cost = block_costs.block_cost(pts)
     assert cost.at(8, 512).output_kept == 2 * 8 * 512
-    assert derived.BlockCost.from_json(cost.to_json()) == cost
-    assert derived.BlockCost(saved=derived.Fit()).at(2, 8).output_kept is None  # not measured (costs v2)
+    assert block_costs.BlockCost.from_json(cost.to_json()) == cost
+    assert (
+        block_costs.BlockCost(saved=block_costs.Fit()).at(2, 8).output_kept is None
+    )  # not measured (costs v2)
 
 
 def test_edge_blocks_fall_back_to_their_kind() -> None:
@@ -164,18 +177,18 @@ def test_edge_blocks_fall_back_to_their_kind() -> None:
     assert [(g.count, g.layer.derived.key) for g in split.groups] == [(1, "h:k"), (1, "h:k:last")]
     assert split.params == spec.params
     kind, last = (
-        derived.BlockCost(saved=derived.Fit(const=Fraction(1))),
-        derived.BlockCost(saved=derived.Fit()),
+        block_costs.BlockCost(saved=block_costs.Fit(const=Fraction(1))),
+        block_costs.BlockCost(saved=block_costs.Fit()),
     )
-    assert derived.block_key_costs({"h:k": kind}, "h:k:last") is kind
-    assert derived.block_key_costs({"h:k": kind}, "h:k:last:first") is kind
-    assert derived.block_key_costs({"h:k": kind, "h:k:last": last}, "h:k:last") is last
-    assert derived.block_key_costs({}, "h:k:last") is None
+    assert block_costs.block_key_costs({"h:k": kind}, "h:k:last") is kind
+    assert block_costs.block_key_costs({"h:k": kind}, "h:k:last:first") is kind
+    assert block_costs.block_key_costs({"h:k": kind, "h:k:last": last}, "h:k:last") is last
+    assert block_costs.block_key_costs({}, "h:k:last") is None
 
 
 def test_spec_json_round_trip_is_exact() -> None:
     spec = spec_from_config(LLAMA)
-    assert derived.spec_from_json(derived.spec_to_json(spec)) == spec
+    assert block_costs.spec_from_json(block_costs.spec_to_json(spec)) == spec
 
 
 def test_info_says_which_path_answered() -> None:
@@ -189,26 +202,28 @@ def test_info_says_which_path_answered() -> None:
 def test_costs_without_provider_name_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from dataclasses import replace
 
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(derived, "_PROVIDER", [])  # as without torch
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(block_costs, "_PROVIDER", [])  # as without torch
     with pytest.raises(ConfigError, match=r"pip install 'peakmem\[torch\]'"):
-        derived.costs_for("0" * 16, "fp32|sdpa|cpu|full")
+        block_costs.costs_for("0" * 16, "fp32|sdpa|cpu|full")
     spec = replace(spec_from_config(LLAMA), derived_from="0" * 16)
     with pytest.raises(ConfigError, match=r"pip install 'peakmem\[torch\]'"):
-        derived.stored_lookup(spec, "fp32|sdpa|cpu|full", "k")  # what an estimator reads by default
+        block_costs.stored_lookup(spec, "fp32|sdpa|cpu|full", "k")  # what an estimator reads by default
 
 
 def test_cache_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
-    b1 = derived.BlockCost(saved=derived.Fit(seq=Fraction(3)))
-    cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(7, 2)), forward=(derived.Fit(),),
-                             backward=(derived.Instant(transient=derived.Fit(const=Fraction(5)),
-                                                       grads=Fraction(1, 3)),), batch1=b1,
-                           long=derived.BlockCost(saved=derived.Fit(per_token=Fraction(9, 2))))  # fmt: skip
-    assert cost.at(2, derived.SHORT_MAX_SEQ + 1).saved == 9 * (derived.SHORT_MAX_SEQ + 1)  # 2 x 129 x 9/2
-    assert cost.at(2, derived.SHORT_MAX_SEQ).saved == 7 * derived.SHORT_MAX_SEQ
-    derived._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
-    assert derived._read_cache("abc", "fp32|sdpa|cpu|full") == {"k": cost}
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path))
+    b1 = block_costs.BlockCost(saved=block_costs.Fit(seq=Fraction(3)))
+    bc = block_costs
+    cost = bc.BlockCost(saved=bc.Fit(per_token=Fraction(7, 2)), forward=(bc.Fit(),),
+                        backward=(bc.Instant(transient=bc.Fit(const=Fraction(5)), grads=Fraction(1, 3)),),
+                        batch1=b1, long=bc.BlockCost(saved=bc.Fit(per_token=Fraction(9, 2))))  # fmt: skip
+    assert cost.at(2, block_costs.SHORT_MAX_SEQ + 1).saved == 9 * (
+        block_costs.SHORT_MAX_SEQ + 1
+    )  # 2 x 129 x 9/2
+    assert cost.at(2, block_costs.SHORT_MAX_SEQ).saved == 7 * block_costs.SHORT_MAX_SEQ
+    block_costs._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
+    assert block_costs._read_cache("abc", "fp32|sdpa|cpu|full") == {"k": cost}
 
 
 # --- torch tier ----------------------------------------------------------------------------------
@@ -219,7 +234,7 @@ torch_only = pytest.mark.torch
 def derive(monkeypatch: pytest.MonkeyPatch, tmp_path):  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path))
     from peakmem.simulate import derive as mod
 
     return mod
@@ -252,7 +267,7 @@ def test_derived_peak_agrees_with_formulas(derive, config, precision, method) ->
 
     setup = TrainingSetup(precision=precision, method=method, seq_len=128, micro_batch=2, kernel_policy="cpu")
     d = estimate_training(
-        derive.derive_spec(config), setup, costs=derived.provided_lookup
+        derive.derive_spec(config), setup, costs=block_costs.provided_lookup
     ).peak_allocated_bytes
     f = estimate_training(spec_from_config(config), setup).peak_allocated_bytes
     assert abs(d - f) <= 0.02 * f
@@ -284,11 +299,11 @@ def test_shipped_data_answers_without_the_oracle(derive, monkeypatch, tmp_path) 
     family = "fp32|sdpa|cpu|full"
     doc = derive.shipped_document(config, "tiny-smollm3", (family,))
     (tmp_path / "tiny-smollm3.json").write_text(json.dumps(doc))
-    monkeypatch.setattr(derived, "SHIPPED", tmp_path)
-    monkeypatch.setattr(derived, "_SHIPPED_INDEX", None)
-    monkeypatch.setattr(derived, "_MEMORY", {})
-    monkeypatch.setattr(derived, "_PROVIDER", [])
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(block_costs, "SHIPPED", tmp_path)
+    monkeypatch.setattr(block_costs, "_SHIPPED_INDEX", None)
+    monkeypatch.setattr(block_costs, "_MEMORY", {})
+    monkeypatch.setattr(block_costs, "_PROVIDER", [])
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path / "empty-cache"))
     spec = spec_for_config(config, name="tiny-smollm3")
     assert spec.params == derive.model_params(derive.build_meta(config))
     setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
@@ -297,7 +312,7 @@ def test_shipped_data_answers_without_the_oracle(derive, monkeypatch, tmp_path) 
     assert json.loads(json.dumps(again)) == json.loads((tmp_path / "tiny-smollm3.json").read_text())
 
 
-SHIPPED_FILES = sorted(derived.SHIPPED.glob("*.json"), key=lambda p: p.name)
+SHIPPED_FILES = sorted(block_costs.SHIPPED.glob("*.json"), key=lambda p: p.name)
 
 
 @torch_only
@@ -311,7 +326,7 @@ def test_shipped_files_regenerate(derive, path) -> None:  # type: ignore[no-unty
     if needs_timm(doc["config"]):
         pytest.importorskip("timm")
     spec = derive.derive_spec(doc["config"], name=doc["spec"]["name"])
-    assert derived.spec_to_json(spec) == doc["spec"]
+    assert block_costs.spec_to_json(spec) == doc["spec"]
 
 
 def test_there_is_shipped_data() -> None:
@@ -328,7 +343,7 @@ def test_shipped_files_hold_every_shipped_family(derive, path) -> None:  # type:
 
     doc = json.loads(path.read_text())
     families = set(doc["costs"]) | set(doc.get("unmeasured_families", {}))
-    assert doc["costs_version"] == derived.COSTS_VERSION
+    assert doc["costs_version"] == block_costs.COSTS_VERSION
     assert families == set(derive.shipped_families())
     assert "mixed-bf16|sdpa|cuda|full" in doc["costs"]
 
@@ -356,7 +371,7 @@ def test_derived_estimate_matches_a_real_cpu_step(derive, model_type) -> None:  
     if "sdpa" not in spec.attention_kernels:
         setup = replace(setup, attention="eager")
     real = measure_training(config, setup, device="cpu").peak_allocated_bytes
-    est = estimate_training(spec, setup, costs=derived.provided_lookup).peak_allocated_bytes
+    est = estimate_training(spec, setup, costs=block_costs.provided_lookup).peak_allocated_bytes
     assert abs(est - real) <= 0.10 * real, (est, real)
 
 
@@ -457,7 +472,7 @@ def test_a_forked_step_that_fails_is_a_named_input_error(derive, monkeypatch) ->
     monkeypatch.setattr(forked, "measure_one", broken)
     monkeypatch.setattr(forked, "_workers", lambda: 2)
     monkeypatch.setattr(forked, "_CUT_THAT_RUNS", {})
-    family = derived.family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
+    family = family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
     with pytest.raises(
         InputError, match=r"failed under full \(bf16\): RuntimeError: _LibraryError: no kernel at 3"
     ):
@@ -477,7 +492,7 @@ def test_fp32_experts_on_grouped_mm_are_a_named_input_error(derive) -> None:  # 
     from peakmem.training import Precision, TrainingSetup
 
     with pytest.raises(InputError, match=r"precision='fp32'.*olmoe.*grouped_mm"):
-        derive.measure_costs(tiny, derived.family_key(precision="fp32", kernel="sdpa", policy="cuda",
+        derive.measure_costs(tiny, family_key(precision="fp32", kernel="sdpa", policy="cuda",
                                                       method="full"))  # fmt: skip
     # bf16 runs: one step of the family's (a whole family's costs took 20 s of the suite)
     assert forked.measure_once(tiny, TrainingSetup(precision=Precision.BF16, micro_batch=1, seq_len=64))
@@ -494,7 +509,7 @@ def test_a_step_that_fails_under_a_method_is_a_named_input_error(derive, monkeyp
         raise AttributeError("'tuple' object has no attribute 'dtype'")
 
     monkeypatch.setattr(forked, "measure_one", broken)
-    family = derived.family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
+    family = family_key(precision="bf16", kernel="sdpa", policy="cuda", method="full")
     with pytest.raises(InputError, match=r"model_type='llama'.*failed under full \(bf16\): AttributeError"):
         derive.measure_costs(dict(LLAMA), family)
 
@@ -505,15 +520,15 @@ def test_costs_cached_by_an_older_measurement_are_measured_again(
     """Costs fitted over the old shapes (no ``costs_version``) are not read back: measured again."""
     import json
 
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path))
-    cost = derived.BlockCost(saved=derived.Fit(per_token=Fraction(3)))
-    derived._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
-    path = derived._cache_file("abc", "fp32|sdpa|cpu|full")
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path))
+    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(3)))
+    block_costs._write_cache("abc", "fp32|sdpa|cpu|full", {"k": cost})
+    path = block_costs._cache_file("abc", "fp32|sdpa|cpu|full")
     body = json.loads(path.read_text())
-    assert body["costs_version"] == derived.COSTS_VERSION
+    assert body["costs_version"] == block_costs.COSTS_VERSION
     del body["costs_version"]
     path.write_text(json.dumps(body))
-    assert derived._read_cache("abc", "fp32|sdpa|cpu|full") is None
+    assert block_costs._read_cache("abc", "fp32|sdpa|cpu|full") is None
 
 
 def test_flash_scratch_is_measured_unpadded_for_the_fit() -> None:
@@ -543,13 +558,13 @@ def test_costs_give_back_shapes_they_were_not_fitted_at(derive) -> None:  # type
     from tiny_models import FAMILY_CONFIGS
 
     config = FAMILY_CONFIGS["falcon"]
-    family = derived.family_key(precision="mixed-bf16", kernel="sdpa", policy="cuda", method="full")
+    family = family_key(precision="mixed-bf16", kernel="sdpa", policy="cuda", method="full")
     costs = derive.measure_costs(config, family)
     assert any(c.batch1 is not None for c in costs.values())
     for b, s in ((8, 256), (1, 256), (3, 96)):
         measured = forked.measure_once(dict(config), TrainingSetup(micro_batch=b, seq_len=s))
         for key, m in measured.items():
-            at = derived.block_key_costs(costs, key).at(b, s, m.grads)  # type: ignore[union-attr]
+            at = block_costs.block_key_costs(costs, key).at(b, s, m.grads)  # type: ignore[union-attr]
             assert (at.saved, at.forward_transient, at.backward_transient) == m.peaks[:3], (key, b, s)
 
 
@@ -571,17 +586,17 @@ def test_train_measures_only_its_own_family(derive, monkeypatch) -> None:  # typ
         measured.append(family)
         return derive.measure_costs(config, family)
 
-    monkeypatch.setattr(derived, "_PROVIDER", [provider])
-    monkeypatch.setattr(derived, "_MEMORY", {})
+    monkeypatch.setattr(block_costs, "_PROVIDER", [provider])
+    monkeypatch.setattr(block_costs, "_MEMORY", {})
     spec = spec_for_config(derive.tiny_config("smollm3"), name="tiny-smollm3", derive=derive.derive_spec)
     setup = TrainingSetup(precision="fp32", seq_len=64, micro_batch=2, kernel_policy="cpu")
-    answer = train_answer(spec, setup, costs=derived.provided_lookup)
+    answer = train_answer(spec, setup, costs=block_costs.provided_lookup)
     assert measured == ["fp32|sdpa|cpu|full"]
     assert answer.ways.not_measured == ("method lora", "method qlora")
     assert not any(w.setup.method.value != "full" for w in answer.ways.ways)
     assert answer.ways.note.endswith(f"method lora, method qlora: {NOT_MEASURED_WHY}")
-    train_answer(spec, replace(setup, method="lora"), costs=derived.provided_lookup)  # measures, caches
-    again = train_answer(spec, setup, costs=derived.provided_lookup)
+    train_answer(spec, replace(setup, method="lora"), costs=block_costs.provided_lookup)  # measures, caches
+    again = train_answer(spec, setup, costs=block_costs.provided_lookup)
     assert again.ways.not_measured == ("method qlora",)  # LoRA estimated from the cache, measured once
     assert measured == ["fp32|sdpa|cpu|full", derived_family(replace(setup, method="lora"))]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import peakmem
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.answers import AGREE, answered_by_json, answered_by_line, block_pattern
 from peakmem.cli import main
 from peakmem.hf import spec_from_config
@@ -28,8 +28,8 @@ WIDE = {"COLUMNS": "400"}  # rich's width when piped is fixed; the tests read wh
 
 @pytest.fixture
 def empty_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.setenv(derived.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(derived, "_MEMORY", {})
+    monkeypatch.setenv(block_costs.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(block_costs, "_MEMORY", {})
     return tmp_path / "cache"
 
 
@@ -149,7 +149,7 @@ def test_cross_check_then_cached_both(
     )
     import os
 
-    env = {**os.environ, derived.CACHE_ENV: str(empty_cache), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, block_costs.CACHE_ENV: str(empty_cache), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,
                           env=env, timeout=60, check=True)  # fmt: skip
     assert json.loads(proc.stdout) == got

@@ -23,7 +23,7 @@ from enum import Enum
 from fractions import Fraction
 from operator import attrgetter
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem import step_parts as _steps
 from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
@@ -89,7 +89,7 @@ class TrainingEstimator:
     stage); a search keeps one estimator per question, so the memo lives and dies with it.
 
     ``costs``: where a derived spec's measured block costs come from (:data:`peakmem.model.CostLookup`);
-    by default the stored ones (:func:`peakmem.derived.stored_lookup`: shipped files, the disk cache).
+    by default the stored ones (:func:`peakmem.block_costs.stored_lookup`: shipped files, the disk cache).
     The face hands in :func:`peakmem.simulate.measuring_lookup` where torch is installed."""
 
     def __init__(
@@ -97,7 +97,7 @@ class TrainingEstimator:
     ) -> None:
         self.spec = spec
         self.overheads = overheads or _DEFAULT_OVERHEADS
-        self.costs: CostLookup = costs or derived.stored_lookup
+        self.costs: CostLookup = costs or block_costs.stored_lookup
         # what formulas compute from the spec's and its layers' tensors, by identity (formulas/memo.py)
         self.memo = Memo()
         self._tech: dict[tuple[object, ...], Technique] = {}

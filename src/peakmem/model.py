@@ -160,7 +160,7 @@ class DerivedBlock:
 
     Set on the layers of a spec derived from transformers' own modules (:mod:`peakmem.simulate.derive`);
     ``None`` on every spec :mod:`peakmem.hf` builds. ``key`` names the block's measured costs in
-    :mod:`peakmem.derived` (config hash and kind signature); ``mixer`` is what mixes tokens (one of
+    :mod:`peakmem.block_costs` (config hash and kind signature); ``mixer`` is what mixes tokens (one of
     ``BLOCK_KINDS``), ``ffn`` "dense", "moe" or "none". KV cache: attention mixers cache
     ``kv_elements_per_token`` elements per token (from their ``Attention``); SSM and linear attention
     keep a recurrent state per sequence instead, whatever the context: ``state_elements`` in the model's
@@ -226,7 +226,7 @@ class ModelSpec:
     embedding_dropout: float = 0.0
     # The attention kernels transformers implements for this architecture ("eager", "sdpa", "flash").
     attention_kernels: tuple[str, ...] = ("eager", "sdpa", "flash")
-    # How the model calls SDPA (which kernel CUDA then runs: formulas/activations.py sdpa_call_backend).
+    # How the model calls SDPA (which kernel CUDA then runs: formulas/activations/ sdpa_call_backend).
     # ``sdpa_kv``: how k/v with fewer heads than q reach it. "shared": transformers'
     # ``sdpa_attention_forward`` (integrations/sdpa_attention.py: the kv heads with
     # ``enable_gqa=True`` when ``use_gqa_in_sdpa``, else ``repeat_kv`` copies); "repeated": copied
@@ -276,8 +276,8 @@ class ModelSpec:
     # not ``nn.Linear`` (``out x in``): GPT-2's c_attn, c_proj, c_fc.
     conv1d_modules: tuple[str, ...] = ()
     buffers: tuple[Tensor, ...] = field(default=())  # persistent/non-persistent buffers (e.g. RoPE inv_freq)
-    notes: tuple[str, ...] = field(default=())  # what hf.py assumed, echoed in estimates
-    # The hash of the config a derived spec was built from (peakmem.derived.config_hash); "" for
+    notes: tuple[str, ...] = field(default=())  # what peakmem.hf assumed, echoed in estimates
+    # The hash of the config a derived spec was built from (peakmem.block_costs.config_hash); "" for
     # specs of the formulas (peakmem.hf). Its blocks' measured costs are looked up under it.
     derived_from: str = ""
     # Derived specs: the buffers' bytes as transformers stores them (a bool causal-mask buffer is one
@@ -385,7 +385,7 @@ def split_last_block(spec: ModelSpec) -> ModelSpec:
 
 
 class BlockCostAt(Protocol):
-    """A derived block's measured bytes at one shape (:class:`peakmem.derived.CostAt`)."""
+    """A derived block's measured bytes at one shape (:class:`peakmem.block_costs.CostAt`)."""
 
     @property
     def saved(self) -> int: ...
@@ -402,13 +402,13 @@ class BlockCostAt(Protocol):
 
 
 class BlockCosts(Protocol):
-    """A derived block kind's measured costs in one setup family (:class:`peakmem.derived.BlockCost`)."""
+    """A derived block kind's measured costs in one setup family (:class:`peakmem.block_costs.BlockCost`)."""
 
     def at(self, batch: int, seq: int, grad_bytes: int = 0) -> BlockCostAt: ...
 
 
 # (derived spec, setup family, DerivedBlock.key) -> that block's costs, or None where the family's costs
 # hold no such block; an error where the family has none. The estimator's caller hands one in
-# (:func:`peakmem.derived.stored_lookup` reads the shipped files and the disk cache;
+# (:func:`peakmem.block_costs.stored_lookup` reads the shipped files and the disk cache;
 # :func:`peakmem.simulate.measuring_lookup` measures what is missing): formulas never look costs up.
 CostLookup = Callable[[ModelSpec, str, str], BlockCosts | None]

@@ -69,7 +69,7 @@ def spec_for_config(
     config: dict[str, Any], *, name: str | None = None, path: str = "auto", derive: Deriver | None = None
 ) -> ModelSpec:
     """The formulas' spec (:func:`peakmem.hf.spec_from_config`) when they know the ``model_type``;
-    else a *derived* one: shipped with the package for catalog models (:mod:`peakmem.derived`), or
+    else a *derived* one: shipped with the package for catalog models (:mod:`peakmem.block_costs`), or
     built from transformers' own modules by ``derive``, which the face hands in where torch and
     transformers are installed (:func:`peakmem.simulate.deriver`; this module never imports an oracle).
     Derived specs say so in their notes. ``path`` (:data:`PATHS`) forces one of the two."""
@@ -80,7 +80,7 @@ def spec_for_config(
     known = config.get("model_type") in SUPPORTED_MODEL_TYPES or not isinstance(config.get("model_type"), str)
     if path == "formulas" or (path == "auto" and known):
         return spec_from_config(config, name=name)
-    from peakmem import derived
+    from peakmem import block_costs
 
     shipped = derived_spec_if_ready(config, name=name)
     if shipped is not None:
@@ -90,13 +90,13 @@ def spec_for_config(
             raise ConfigError(
                 f"model_type={config.get('model_type')!r}: no derived spec shipped or cached for this "
                 "config; "
-                f"`{derived.TORCH_HINT}` derives it from transformers' own model"
+                f"`{block_costs.TORCH_HINT}` derives it from transformers' own model"
             )
         try:
             return spec_from_config(config, name=name)
         except ConfigError as err:
             raise ConfigError(
-                f"{err.args[0]}; `{derived.TORCH_HINT}` answers it: peakmem then derives the spec from "
+                f"{err.args[0]}; `{block_costs.TORCH_HINT}` answers it: peakmem then derives the spec from "
                 "transformers' own model (exact parameter count) and measures its blocks"
             ) from None
     return derive(config, name=name)
@@ -105,11 +105,11 @@ def spec_for_config(
 def derived_spec_if_ready(config: dict[str, Any], *, name: str | None = None) -> ModelSpec | None:
     """The derived spec of ``config`` if it answers without measuring (shipped with the package or in
     the disk cache), else None; no torch needed."""
-    from peakmem import derived
+    from peakmem import block_costs
 
-    spec = derived.shipped_spec(config, name) or derived.cached_spec(config, name)
+    spec = block_costs.shipped_spec(config, name) or block_costs.cached_spec(config, name)
     if spec is not None:
-        derived.register_config(config)
+        block_costs.register_config(config)
     return spec  # type: ignore[no-any-return]
 
 
@@ -150,7 +150,7 @@ def answered_by(
     derived path agrees: only from shipped or cached derived data (no torch, no wait) unless
     ``cross_check``, which derives the spec (``derive``) and measures its blocks (``costs``): the face
     hands both in where torch and transformers are installed (:mod:`peakmem.simulate`)."""
-    from peakmem import derived
+    from peakmem import block_costs
     from peakmem.estimate import estimate_training
     from peakmem.formulas.activations import derived_family
     from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
@@ -161,14 +161,14 @@ def answered_by(
     if other is None and cross_check:
         if derive is None:
             raise InputError(
-                f"--cross-check: deriving the spec needs torch and transformers ({derived.TORCH_HINT})"
+                f"--cross-check: deriving the spec needs torch and transformers ({block_costs.TORCH_HINT})"
             )
         other = derive(config, name=name)
     if other is None:
         return AnsweredBy(path="formulas", note=NO_DERIVED_NOTE)
     seq = min(spec.max_position_embeddings, DEFAULT_SEQ_LEN)
     setup = TrainingSetup(seq_len=seq)
-    if not cross_check and not derived.costs_ready(other.derived_from, derived_family(setup)):
+    if not cross_check and not block_costs.costs_ready(other.derived_from, derived_family(setup)):
         return AnsweredBy(path="formulas", note=NO_DERIVED_NOTE)
     return AnsweredBy(
         path="both",

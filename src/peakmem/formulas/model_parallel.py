@@ -53,10 +53,10 @@ ROW_PARALLEL_MODULES = frozenset(
 )
 TP_SPLIT_COMPONENTS = frozenset({"attention", "mlp", "shared_experts"})
 
-# Activation items (paths from formulas/activations.py and formulas/loss.py) that Megatron keeps
+# Activation items (paths from formulas/activations/ and formulas/loss.py) that Megatron keeps
 # replicated over the TP group without sequence parallelism (Korthikanti et al. 2022 Eq. 2: LN
 # inputs, first-Linear inputs, dropout masks); everything else is split by tp.
-# Item keys (MemoryItem.key, set where the items are made: formulas/activations.py, formulas/loss.py).
+# Item keys (MemoryItem.key, set where the items are made: formulas/activations/, formulas/loss.py).
 # Falcon-7B's one shared norm output ("input.attn_mlp") is split, as before keys existed (the old path
 # prefix "attn+mlp inputs" matched no item); by Eq. 2 it is replicated like "input.attn".
 REPLICATED_ACTIVATIONS = frozenset(

@@ -150,11 +150,11 @@ class _Estimator:
         are neither shipped, cached nor already measured."""
         if not self.lazy or not self.spec.derived_from:
             return False
-        from peakmem import derived
+        from peakmem import block_costs
         from peakmem.formulas.activations import derived_family
 
         family = derived_family(setup_that_runs(self.spec, setup))
-        return not derived.costs_ready(self.spec.derived_from, family)
+        return not block_costs.costs_ready(self.spec.derived_from, family)
 
     def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form

@@ -30,18 +30,18 @@ def available() -> bool:
 
 def measuring_lookup() -> CostLookup | None:
     """The block-cost lookup that measures what is neither shipped nor cached, and caches it
-    (:func:`peakmem.derived.provided_lookup` over :func:`peakmem.simulate.derive.measure_costs`: fake-tensor
-    runs of the real model); None without torch and transformers (estimators read stored costs only).
-    torch is imported only when a lookup finds nothing stored."""
+    (:func:`peakmem.block_costs.provided_lookup` over :func:`peakmem.simulate.derive.measure_costs`:
+    fake-tensor runs of the real model); None without torch and transformers (estimators read stored
+    costs only). torch is imported only when a lookup finds nothing stored."""
     return _measuring if available() else None
 
 
 def _measuring(spec: ModelSpec, family: str, key: str) -> BlockCosts | None:
-    from peakmem import derived
+    from peakmem import block_costs
 
-    if not derived.costs_ready(spec.derived_from, family):
+    if not block_costs.costs_ready(spec.derived_from, family):
         import peakmem.simulate.derive  # noqa: F401  (importing it registers it as the store's provider)
-    return derived.provided_lookup(spec, family, key)
+    return block_costs.provided_lookup(spec, family, key)
 
 
 def deriver() -> Deriver | None:

@@ -104,7 +104,7 @@ def cuda_sdpa_backend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, enable_gqa: bool
 ) -> str:
     """Which SDPA kernel CUDA would run (sm80+, torch 2.13 default priority): flash, efficient or math.
-    The rule is the formulas' (formulas/activations.py ``cuda_sdpa_backend``), applied to these tensors."""
+    The rule is the formulas' (formulas/activations/ ``cuda_sdpa_backend``), applied to these tensors."""
     if q.dim() != 4 or k.dim() != 4 or q.dtype not in (*HALF, torch.float32) or q.shape[-1] != k.shape[-1]:
         return "math"
     return rule_sdpa_backend(

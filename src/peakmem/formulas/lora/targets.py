@@ -30,7 +30,7 @@ SEQ_CLS_HEAD_NAMES = ("score", "classifier")  # peft/utils/constants.py SEQ_CLS_
 SEQ_CLS_MODULES_TO_SAVE = ("classifier", "score")
 # The two peft tables below stay keyed by ``model_type`` on purpose: peft itself looks them up by
 # ``model.config.model_type``, so the key is peft's behaviour, not a property of the architecture that
-# a ModelSpec field should carry (every other model-type behaviour is a ModelSpec field set by hf.py).
+# a ModelSpec field should carry (every other model-type behaviour is a ModelSpec field set by peakmem.hf).
 # peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING (the model types peakmem
 # knows): what ``LoraConfig(target_modules=None)`` adapts.
 PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {

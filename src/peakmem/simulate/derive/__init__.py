@@ -13,12 +13,12 @@ For a ``config.json`` the formulas do not know:
 * :mod:`~peakmem.simulate.derive.coverage` checks every causal-LM type transformers maps, and
   :mod:`~peakmem.simulate.derive.shipped` regenerates the catalog's shipped files.
 
-Importing this package registers :func:`measure_costs` as :mod:`peakmem.derived`'s cost provider.
+Importing this package registers :func:`measure_costs` as :mod:`peakmem.block_costs`'s cost provider.
 """
 
 from __future__ import annotations
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.simulate.derive.build import build_meta, config_object, model_class, model_params
 from peakmem.simulate.derive.costs import measure_costs
 from peakmem.simulate.derive.coverage import causal_lm_types, check_type, tiny_config
@@ -26,7 +26,7 @@ from peakmem.simulate.derive.from_model import kernel_notes, spec_from_model
 from peakmem.simulate.derive.shipped import shipped_document, shipped_families
 from peakmem.simulate.derive.spec import derive_spec, measure_state, with_recurrent_state
 
-derived.set_provider(measure_costs)
+block_costs.set_provider(measure_costs)
 
 __all__ = [
     "build_meta",

@@ -1,8 +1,8 @@
 """Each block kind's bytes in one fake step, read off the tracker's ledger of allocation events.
 
 :func:`analyse` gives, per block kind, what a representative block (the middle one of its kind) saves
-for backward and, event by event, its forward and backward bytes (:class:`peakmem.derived.Measured`),
-which :func:`peakmem.derived.block_cost` fits over the shapes of
+for backward and, event by event, its forward and backward bytes (:class:`peakmem.block_costs.Measured`),
+which :func:`peakmem.block_costs.block_cost` fits over the shapes of
 :mod:`peakmem.simulate.derive.costs`.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.breakdown import Phase
 from peakmem.measure.tracker import BUFFER, GRAD, MASTER, OPTIM_STATE, PARAM
+from peakmem.model import FIRST_BLOCK, LAST_BLOCK
 
 _PERSISTENT = {PARAM, BUFFER, GRAD, MASTER, OPTIM_STATE}
 Span = tuple[int, int, int]  # (start, end, start of the run before its first) of a block's events
@@ -114,7 +115,9 @@ def _backward(
     return tuple(backward), grads, output
 
 
-def _measured(view: _View, path: str, span: Span, back: Span | None, outputs: set[int]) -> derived.Measured:
+def _measured(
+    view: _View, path: str, span: Span, back: Span | None, outputs: set[int]
+) -> block_costs.Measured:
     """One block's bytes: those of its forward's ``span`` still live at the forward's end (saved), of
     which its output ones (``outputs``) that what follows keeps, and its forward and backward instants."""
     a, b, _ = span
@@ -135,7 +138,7 @@ def _measured(view: _View, path: str, span: Span, back: Span | None, outputs: se
     if back is not None:
         backward, grads, freed_output = _backward(view, path, back, saved_sids, out_sids)
         output += freed_output
-    return derived.Measured(saved=saved, forward=forward, backward=backward, grads=grads, output=output)
+    return block_costs.Measured(saved=saved, forward=forward, backward=backward, grads=grads, output=output)
 
 
 def analyse(
@@ -145,26 +148,26 @@ def analyse(
     outputs: list[set[int]] | None = None,
     *,
     adapters: bool = False,
-) -> dict[str, derived.Measured]:
-    """Per block kind, the middle block's :class:`~peakmem.derived.Measured`; the last block's too, under
-    its key plus :data:`~peakmem.derived.LAST_BLOCK`, and with ``adapters`` (LoRA/QLoRA) the first block's,
-    under :data:`~peakmem.derived.FIRST_BLOCK`."""
+) -> dict[str, block_costs.Measured]:
+    """Per block kind, the middle block's :class:`~peakmem.block_costs.Measured`; the last block's too, under
+    its key plus :data:`~peakmem.LAST_BLOCK`, and with ``adapters`` (LoRA/QLoRA) the first block's,
+    under :data:`~peakmem.FIRST_BLOCK`."""
     segs = {(step, phase): (a, b) for a, b, step, phase in ledger.segments() if step == 1}
     f0, f1 = segs[(1, Phase.FORWARD)]
     b0, b1 = segs[(1, Phase.BACKWARD)]
     view = _view(ledger, paths, f1)
     fr = _ranges(view, f0, f1)
     br = _ranges(view, b0, b1)
-    result: dict[str, list[derived.Measured]] = {}
+    result: dict[str, list[block_costs.Measured]] = {}
     for path, key in zip(paths, keys, strict=True):
         if path not in fr:
-            result.setdefault(key, []).append(derived.Measured(saved=0, forward=(), backward=()))
+            result.setdefault(key, []).append(block_costs.Measured(saved=0, forward=(), backward=()))
             continue
         mine = outputs[paths.index(path)] if outputs else set()
         result.setdefault(key, []).append(_measured(view, path, fr[path], br.get(path), mine))
     out = {key: vals[len(vals) // 2] for key, vals in result.items()}
     if keys:
-        out[keys[-1] + derived.LAST_BLOCK] = result[keys[-1]][-1]
+        out[keys[-1] + LAST_BLOCK] = result[keys[-1]][-1]
     if adapters and keys:
-        out[keys[0] + derived.FIRST_BLOCK] = result[keys[0]][0]
+        out[keys[0] + FIRST_BLOCK] = result[keys[0]][0]
     return out

@@ -3,7 +3,7 @@
 :func:`measure_costs` runs the real model's training step under fake tensors at five small shapes
 (:data:`SHAPES`; micro-batch 1 apart where it differs) with :mod:`peakmem.simulate.runner`'s machinery and
 tracker, and fits, per block kind, what each block saves for backward and, instant by instant, its
-forward and backward bytes (:func:`peakmem.derived.block_cost`: the peak is the largest instant at the
+forward and backward bytes (:func:`peakmem.block_costs.block_cost`: the peak is the largest instant at the
 shape asked), with costs of their own beyond the short shapes where a longer sequence's bytes are not
 given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`).
 """
@@ -15,10 +15,12 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import InputError
+from peakmem.model import FIRST_BLOCK, LAST_BLOCK
 from peakmem.simulate.derive.forked import Task, measure_steps
 from peakmem.simulate.derive.step import Steps
+from peakmem.training import adapter_objects
 
 # (batch, seq) of the five fake-tensor runs the costs are fitted over: three sequence lengths separate
 # per-token, per-sequence-squared and constant bytes, two batches separate what scales with the batch from
@@ -27,11 +29,11 @@ from peakmem.simulate.derive.step import Steps
 # (matmul's expand + reshape of a one-head k/v against every query head: Falcon's multi-query attention on
 # SDPA's math kernel, ATen/native/LinearAlgebra.cpp ``_matmul_impl``), which no term of the fit can carry:
 # fitted over batch-1 and batch-2 shapes together, tiny Falcon's costs came out 4-7% low at batch 2.
-SHAPES = ((2, 32), (2, 64), (4, 64), (2, derived.SHORT_MAX_SEQ), (4, 32))
+SHAPES = ((2, 32), (2, 64), (4, 64), (2, block_costs.SHORT_MAX_SEQ), (4, 32))
 # micro-batch 1 is checked at BATCH1_CHECK; where the batch-linear costs do not give it back, the costs at
 # micro-batch 1 are measured on their own at BATCH1_SHAPES (three lengths: s^2, s and a constant)
 BATCH1_CHECK = (1, 64)
-BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, derived.SHORT_MAX_SEQ))
+BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, block_costs.SHORT_MAX_SEQ))
 # The fit is checked at SEQ_CHECK, four times the longest fitted sequence. A block whose kernel works in
 # chunks pads the sequence to a multiple of its chunk (transformers' Mamba-2 torch path: mamba_chunk_size
 # 256; the gated delta-net's torch_chunk_gated_delta_rule: chunk_size 64), so its bytes are a step
@@ -42,7 +44,7 @@ BATCH1_SHAPES = ((1, 32), BATCH1_CHECK, (1, derived.SHORT_MAX_SEQ))
 # chunks: Granite 4.0-H's Mamba-2 block runs 194 events at 2 x 256 and 199 from 2 x 512 on, its saved
 # bytes linear in the sequence from there), used beyond the short shapes (BlockCost.long), and checked at
 # micro-batch 1 at LONG_BATCH1_CHECK.
-SEQ_CHECK = (2, 4 * derived.SHORT_MAX_SEQ)
+SEQ_CHECK = (2, 4 * block_costs.SHORT_MAX_SEQ)
 LONG = 16
 LONG_SHAPES = tuple((b, LONG * s) for b, s in SHAPES)
 LONG_BATCH1_CHECK = (1, LONG * BATCH1_CHECK[1])
@@ -50,7 +52,7 @@ LONG_BATCH1_SHAPES = tuple((b, LONG * s) for b, s in BATCH1_SHAPES)
 
 
 Shape = tuple[int, int]  # (micro-batch, sequence)
-Point = tuple[int, int, derived.Measured]
+Point = tuple[int, int, block_costs.Measured]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +82,7 @@ def _family(family: str) -> _Family:
     method = parts[3] if len(parts) > 3 else "full"
     lora = quant = None
     if method != "full":
-        objects = derived.adapter_objects(parts[4] if len(parts) > 4 else "")
+        objects = adapter_objects(parts[4] if len(parts) > 4 else "")
         if objects is None:
             raise InputError(f"setup family {family!r}: the adapter is not known in this process")
         lora, quant = objects
@@ -122,18 +124,18 @@ def _differs(pts: list[Point] | None, at: dict[Shape, Steps], key: str, shape: S
     """Whether the costs fitted over ``pts`` miss the bytes measured at ``shape`` (False where that
     shape, or the key in it, was not measured)."""
     there = at.get(shape, {}).get(key)
-    return pts is not None and there is not None and not derived.batch_linear_at(pts, *shape, there)
+    return pts is not None and there is not None and not block_costs.batch_linear_at(pts, *shape, there)
 
 
-def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
-    """Measured :class:`~peakmem.derived.BlockCost` of every block kind of ``config`` in ``family``
-    (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.derived.block_cost`),
+def measure_costs(config: Mapping[str, Any], family: str) -> block_costs.Costs:
+    """Measured :class:`~peakmem.block_costs.BlockCost` of every block kind of ``config`` in ``family``
+    (``precision|kernel|policy|method``), fitted over :data:`SHAPES` (:func:`peakmem.block_costs.block_cost`),
     with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`) and beyond the short
     shapes where a longer sequence's bytes are not given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`)."""
     fam = _family(family)
     at = _measure(config, fam, SHAPES)
     short = {key: pts for key in at[SHAPES[0]] if (pts := _points(at, key, SHAPES)) is not None}
-    out: derived.Costs = {key: derived.block_cost(pts) for key, pts in short.items()}
+    out: block_costs.Costs = {key: block_costs.block_cost(pts) for key, pts in short.items()}
     # the two checks in one round of steps (the fit at a longer sequence, and at micro-batch 1)
     at |= _measure(config, fam, (SEQ_CHECK, BATCH1_CHECK), optional=True)
     long = [key for key in out if _differs(short[key], at, key, SEQ_CHECK)]
@@ -150,7 +152,7 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     # takes 4.2 s instead of 6.3 s (three of each kind), and the six shipped models with long costs
     # regenerate to the same bytes
     long_shapes = (*LONG_SHAPES, *LONG_BATCH1_SHAPES) if long else ()
-    kinds = frozenset(derived.block_kind(k) for k in long)
+    kinds = frozenset(block_costs.block_kind(k) for k in long)
     more = (*long_shapes, *(BATCH1_SHAPES if batch1 else ()))
     at |= _measure(
         config,
@@ -161,25 +163,25 @@ def measure_costs(config: Mapping[str, Any], family: str) -> derived.Costs:
     )
     for key in batch1:
         if (pts := _points(at, key, BATCH1_SHAPES)) is not None:
-            out[key] = dataclasses.replace(out[key], batch1=derived.block_cost(pts, single=True))
+            out[key] = dataclasses.replace(out[key], batch1=block_costs.block_cost(pts, single=True))
     for key in long:
         if (long_cost := _long_cost(at, key)) is not None:
             out[key] = dataclasses.replace(out[key], long=long_cost)
-    # an edge block measured like the others of its kind is not kept apart (derived.block_key_costs)
-    for key in [k for k in out if k.endswith((derived.FIRST_BLOCK, derived.LAST_BLOCK))]:
-        if out[key] == derived.block_key_costs(out, derived.block_kind(key)):
+    # an edge block measured like the others of its kind is not kept apart (block_costs.block_key_costs)
+    for key in [k for k in out if k.endswith((FIRST_BLOCK, LAST_BLOCK))]:
+        if out[key] == block_costs.block_key_costs(out, block_costs.block_kind(key)):
             del out[key]
     return out
 
 
-def _long_cost(at: dict[Shape, Steps], key: str) -> derived.BlockCost | None:
+def _long_cost(at: dict[Shape, Steps], key: str) -> block_costs.BlockCost | None:
     """``key``'s costs fitted over :data:`LONG_SHAPES`, with costs of their own at micro-batch 1 where
     :data:`LONG_BATCH1_CHECK` differs; None unless every long shape was measured."""
     if (pts := _points(at, key, tuple(sorted(LONG_SHAPES)))) is None:
         return None
-    cost = derived.block_cost(pts)
+    cost = block_costs.block_cost(pts)
     if _differs(pts, at, key, LONG_BATCH1_CHECK) and (b1 := _points(at, key, LONG_BATCH1_SHAPES)):
-        cost = dataclasses.replace(cost, batch1=derived.block_cost(b1, single=True))
+        cost = dataclasses.replace(cost, batch1=block_costs.block_cost(b1, single=True))
     return cost
 
 

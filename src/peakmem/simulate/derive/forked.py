@@ -15,7 +15,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import InputError
 from peakmem.simulate.derive.step import Steps, attn_of, cut_model, measure_one
 
@@ -33,7 +33,7 @@ def measure_once(config: dict[str, Any], setup: Any, kinds: frozenset[str] | Non
     ``layer_idx``), on the whole model if neither does (a model that reads its depth elsewhere). With
     ``kinds``, on the cut that runs reduced to fewer blocks of the other kinds
     (:func:`~peakmem.simulate.derive.build.truncate`) where that runs too."""
-    chash = derived.config_hash(config)
+    chash = block_costs.config_hash(config)
     known = _CUT_THAT_RUNS.get(chash)
     if kinds is not None and known is not None:
         try:
@@ -71,7 +71,7 @@ def measure_steps(config: dict[str, Any], tasks: list[Task]) -> list[Steps | Exc
     jobs = min(_workers(), len(tasks))
     if jobs < 2:
         return [_step_or_error(config, task) for task in tasks]
-    chash = derived.config_hash(config)
+    chash = block_costs.config_hash(config)
     cut = _CUT_THAT_RUNS.get(chash, CUTS[0])
     for attn, kinds in {(attn_of(setup), kinds) for setup, kinds in tasks}:
         with contextlib.suppress(Exception):  # where it does not build, the step says why
@@ -105,7 +105,7 @@ def _forked_step(config: dict[str, Any], task: Task) -> tuple[Steps, str]:
     unpickle in the parent (a library's exception with arguments of its own) comes back as a
     RuntimeError naming it, its traceback kept as the error's cause (sent along as text)."""
     try:
-        return measure_once(config, *task), _CUT_THAT_RUNS[derived.config_hash(config)]
+        return measure_once(config, *task), _CUT_THAT_RUNS[block_costs.config_hash(config)]
     except Exception as err:
         if isinstance(err, InputError) or type(err).__module__ == "builtins":
             raise

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import InputError
 from peakmem.formulas.lora import SEQ_CLS_HEAD_NAMES
 from peakmem.model import (
@@ -404,7 +404,7 @@ def spec_from_model(
 ) -> ModelSpec:
     """``model`` (built on the meta device from ``config``) as a :class:`ModelSpec` (module doc)."""
     tc = text_config(model)
-    chash = derived.config_hash(config)
+    chash = block_costs.config_hash(config)
     heads = _heads(model)
     lists = block_lists(model)
     blocks: Blocks = [(f"{lp}.{i}", blk) for lp, lst in lists for i, blk in enumerate(lst)]

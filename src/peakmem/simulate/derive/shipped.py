@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import InputError
 from peakmem.simulate.derive.costs import measure_costs
 from peakmem.simulate.derive.spec import derive_spec
+from peakmem.training import family_key
 
 
 def shipped_families() -> tuple[str, ...]:
@@ -26,7 +27,7 @@ def shipped_families() -> tuple[str, ...]:
     from peakmem.training import Method, TrainingSetup
 
     full = tuple(
-        derived.family_key(precision=p, kernel="sdpa", policy="cuda", method="full")
+        family_key(precision=p, kernel="sdpa", policy="cuda", method="full")
         for p in ("mixed-bf16", "amp-bf16", "bf16", "fp32")
     )
     return full + tuple(derived_family(TrainingSetup(method=m)) for m in (Method.LORA, Method.QLORA))
@@ -45,7 +46,7 @@ def shipped_document(
             costs[fam] = measure_costs(config, fam)
         except InputError as err:  # fp32 experts: torch's grouped_mm takes bf16 only
             unmeasured[fam] = str(err).splitlines()[0][:200]
-    doc = derived.shipped_document(spec, costs)
+    doc = block_costs.shipped_document(spec, costs)
     doc["config"] = dict(config)
     if unmeasured:
         doc["unmeasured_families"] = unmeasured  # measured on demand where torch is installed

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.model import LayerGroup, ModelSpec
 from peakmem.simulate.derive.build import block_lists, build_meta, main_blocks, truncate, why
 from peakmem.simulate.derive.from_model import block_keys, spec_from_model
@@ -39,8 +39,8 @@ def derive_spec(config: Mapping[str, Any], *, name: str | None = None) -> ModelS
         " ".join({type(m).__name__ for m in model.modules()})
     ):
         spec = with_recurrent_state(spec, config)
-    derived.register_config(config)
-    derived.cache_spec(config, spec)
+    block_costs.register_config(config)
+    block_costs.cache_spec(config, spec)
     return spec
 
 

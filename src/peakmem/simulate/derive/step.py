@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from peakmem import derived
+from peakmem import block_costs
 from peakmem.errors import InputError
 from peakmem.simulate.derive.analyse import analyse
 from peakmem.simulate.derive.build import block_paths, build_meta, truncate
 from peakmem.simulate.derive.from_model import block_keys
 
-Steps = dict[str, derived.Measured]  # block key -> its bytes in one step
+Steps = dict[str, block_costs.Measured]  # block key -> its bytes in one step
 
 # the meta model cut for measuring, per (config, attention kernel, cut, kinds), with its blocks' keys: built
 # once per process, before the steps are forked (:func:`peakmem.simulate.derive.forked.measure_steps`), and
@@ -41,7 +41,7 @@ def cut_model(
     """The model ``config`` builds with ``attn``, cut as ``cut`` says
     (:func:`~peakmem.simulate.derive.build.truncate`; to blocks of ``kinds`` when given), and its blocks'
     paths -> kind keys; remembered (not to be changed by the caller: copy it)."""
-    key = (derived.config_hash(config), attn, cut, kinds)
+    key = (block_costs.config_hash(config), attn, cut, kinds)
     hit = _CUT_MODELS.get(key)
     if hit is not None:
         return hit

@@ -6,7 +6,7 @@ architecture :mod:`peakmem.hf` does not know. Its repeated blocks carry a
 real model at a few small shapes) and fitted here as ``per_token * B*s + per_seq2 * B*s^2 + const``,
 instant by instant (:class:`BlockCost`: a peak is the largest of a block's candidate instants).
 
-Costs depend on the setup's *family* (:func:`family_key`: precision, attention kernel, kernel
+Costs depend on the setup's *family* (:func:`peakmem.training.family_key`: precision, attention kernel, kernel
 policy, method and adapter); sharding, checkpointing, accumulation and the optimizer are applied by
 the formulas on top, so one family serves every layout. Where the costs come from, in order:
 
@@ -40,30 +40,23 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.errors import ConfigError
-
-# the block-key suffixes are used here; simulate/derive.py (left as it is while it is split into a package)
-# reads them, family_key and adapter_objects as ``derived.*``
-from peakmem.model import FIRST_BLOCK as FIRST_BLOCK
-from peakmem.model import LAST_BLOCK as LAST_BLOCK
-from peakmem.model import ModelSpec
-from peakmem.training import adapter_objects as adapter_objects
-from peakmem.training import family_key as family_key
+from peakmem.model import FIRST_BLOCK, LAST_BLOCK, ModelSpec
 
 FORMAT = 3  # the JSON layout written below; bumped when it changes
 # the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
 # (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
-# labelled as hf.py labels them (simulate/derive.py _block_component: q/k norms are norms)
+# labelled as peakmem.hf labels them (simulate/derive/from_model.py block components: q/k norms are norms)
 SPEC_VERSION = 3
 # the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
-# (simulate/derive.py _forward_backward); 3 = every candidate peak instant fitted on its own, over
+# (simulate/derive/step.py forward/backward); 3 = every candidate peak instant fitted on its own, over
 # micro-batch 2 and 4, with its weight gradients written by then, and micro-batch 1's costs of their own
-# where they differ (BlockCost; simulate/derive.py SHAPES). Costs cached before it are measured again.
+# where they differ (BlockCost; simulate/derive/costs.py SHAPES). Costs cached before it are measured again.
 # Within 3, costs of their own beyond SHORT_MAX_SEQ tokens where the short fit does not give back a longer
-# sequence (BlockCost.long; simulate/derive.py SEQ_CHECK) came later: costs measured before them lack
+# sequence (BlockCost.long; simulate/derive/costs.py SEQ_CHECK) came later: costs measured before them lack
 # them (the shipped files of the models with chunked kernels - Mamba-2, gated delta-nets - were measured
 # again; a disk cache of such a model from before is not, and extrapolates from the short shapes)
 COSTS_VERSION = 3
-# the longest sequence of the short shapes a block is fitted over (simulate/derive.py SHAPES): its
+# the longest sequence of the short shapes a block is fitted over (simulate/derive/costs.py SHAPES): its
 # ``long`` costs, where it has them, answer beyond it
 SHORT_MAX_SEQ = 128
 CACHE_ENV = "PEAKMEM_DERIVED_CACHE"
@@ -165,7 +158,7 @@ def fit_single(points: list[tuple[int, int, int]]) -> Fit:
 
 @dataclass(frozen=True, kw_only=True)
 class Measured:
-    """One block's bytes in one fake-tensor step (:func:`peakmem.simulate.derive._analyse`), event by
+    """One block's bytes in one fake-tensor step (:func:`peakmem.simulate.derive.analyse.analyse`), event by
     event: ``forward[i]``, beyond its saved bytes, what its forward holds after its i-th event;
     ``backward[i]``, after the i-th event of its backward, (bytes alive above what was there when it
     started - the incoming gradient included, its weight gradients not - net of its saved bytes freed
