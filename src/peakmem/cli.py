@@ -7,10 +7,12 @@ User errors print one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from peakmem import __version__
@@ -366,7 +368,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from peakmem.measure import measure_training
 
     name, config, setup = _config_and_setup(args)
-    est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
+    with _quiet() as notes:
+        est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
+    est = replace(est, assumptions=(*est.assumptions, *notes))
     return _report(args, est, train_headline(name, setup, est, verb="measured"))
 
 
@@ -376,8 +380,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from peakmem.simulate import simulate_training
 
     name, config, setup = _config_and_setup(args)
-    est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
+    with _quiet() as notes:
+        est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
+    est = replace(est, assumptions=(*est.assumptions, *notes))
     return _report(args, est, train_headline(name, setup, est, verb="simulated at"))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[list[str]]:
+    """The libraries' warnings and log lines while the real model runs: captured, not printed; those that
+    say a kernel falls back are yielded as notes for the answer (peakmem.simulate.quiet)."""
+    from peakmem.simulate.quiet import notes_that_matter, quiet_libraries
+
+    notes: list[str] = []
+    with quiet_libraries() as said:
+        yield notes
+    notes.extend(notes_that_matter(said))
 
 
 def _check_steps(steps: int) -> None:
@@ -541,6 +559,46 @@ def _add_output_format(p: argparse.ArgumentParser) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--markdown", action="store_true", help="print Markdown, ready to paste")
+    _add_quiet_option(p)
+
+
+def _add_quiet_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true",
+                   help="say nothing on stderr while a new model's blocks are measured")  # fmt: skip
+
+
+class _Stages:
+    """peakmem.progress's reporter on stderr: a live progress display on a terminal, one line per stage
+    otherwise (a log, a pipe); stdout keeps the answer alone."""
+
+    def __init__(self) -> None:
+        self.live: Any = None
+        self.task: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (TextColumn("peakmem: {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn())  # fmt: skip
+            self.live = Progress(*columns, console=Console(stderr=True), transient=True)
+
+    def stage(self, text: str, total: int) -> None:
+        if self.live is None:
+            print(f"peakmem: {text}" + (f" ({total} steps)" if total else ""), file=sys.stderr, flush=True)
+            return
+        if self.task is None:
+            self.live.start()
+        else:
+            self.live.remove_task(self.task)
+        self.task = self.live.add_task(text, total=total or None)
+
+    def advance(self, done: int) -> None:
+        if self.live is not None and self.task is not None:
+            self.live.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.live is not None and self.task is not None:
+            self.live.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -567,6 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cross-check", action="store_true",
                    help="for a family the formulas know, also derive the spec from transformers' modules "
                         "and measure its blocks (needs torch), and say how the two paths agree")  # fmt: skip
+    _add_quiet_option(p)
     p.set_defaults(handler=cmd_info)
 
     p = sub.add_parser("train", help="GPU memory to train a model")
@@ -622,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _add_options(p, "plan", required=("gpu", "max_gpus"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_quiet_option(p)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser(
@@ -652,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_options(p, "explain")
     p.add_argument("--device", type=int, default=None, help="which CUDA device (default: busiest trace)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_quiet_option(p)
     p.set_defaults(handler=cmd_explain)
 
     p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
@@ -702,7 +763,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif getattr(args, "command", None) in ("train", "fit") and args.model is None:
             raise InputError(f"MODEL: peakmem {args.command} needs a model (or --from FILE naming one)")
         _check_numbers(args)
-        return handler(args)
+        if getattr(args, "quiet", True):
+            return handler(args)
+        from peakmem import progress
+
+        with progress.reporting(_Stages()):
+            return handler(args)
     except PeakmemError as error:
         print(f"peakmem: error: {error}", file=sys.stderr)
         return error.exit_code

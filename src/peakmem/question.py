@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from peakmem import options as opt
+from peakmem import progress
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.defaults import optimizer_step
@@ -274,14 +275,24 @@ def overheads(o: Mapping[str, Any]) -> Overheads:
 # --- the answer ------------------------------------------------------------------------------------------
 def answer(q: Question) -> Answer:
     """The answer to ``q``: one function, which the CLI prints, the Python API returns, the web serves
-    and the Trainer callback checks."""
-    if q.command == "plan":
-        return _plan(q)
-    if q.command == "fit":
-        return _fit_infer(q) if q.search.infer else _fit(q)
-    if q.command == "infer":
-        return _infer(q)
-    return _train(q)
+    and the Trainer callback checks. Notes the measuring of a derived model's blocks left
+    (:mod:`peakmem.progress`: a kernel fallback the libraries announced) join its assumptions."""
+    with progress.collecting() as notes:
+        if q.command == "plan":
+            got = _plan(q)
+        elif q.command == "fit":
+            got = _fit_infer(q) if q.search.infer else _fit(q)
+        elif q.command == "infer":
+            got = _infer(q)
+        else:
+            got = _train(q)
+    if not notes:
+        return got
+    listed = got.json.get("assumptions")
+    if isinstance(listed, list):
+        listed.extend(notes)
+    est = replace(got.estimate, assumptions=(*got.estimate.assumptions, *notes)) if got.estimate else None
+    return replace(got, estimate=est)
 
 
 def _with_from(q: Question, out: dict[str, Any]) -> dict[str, Any]:

@@ -39,9 +39,20 @@ def measuring_lookup() -> CostLookup | None:
 def _measuring(spec: ModelSpec, family: str, key: str) -> BlockCosts | None:
     from peakmem import block_costs
 
-    if not block_costs.costs_ready(spec.derived_from, family):
+    if block_costs.costs_ready(spec.derived_from, family):
+        return block_costs.provided_lookup(spec, family, key)
+    from peakmem import progress
+    from peakmem.simulate.quiet import notes_that_matter, quiet_libraries
+
+    method = family.split("|")[3] if family.count("|") >= 3 else family
+    progress.stage(f"{spec.name}: loading transformers' code to measure its blocks ({method})")
+    with quiet_libraries() as said:
         import peakmem.simulate.derive  # noqa: F401  (importing it registers it as the store's provider)
-    return block_costs.provided_lookup(spec, family, key)
+
+        found = block_costs.provided_lookup(spec, family, key)
+    for text in notes_that_matter(said):
+        progress.note(text)
+    return found
 
 
 def deriver() -> Deriver | None:
@@ -51,9 +62,14 @@ def deriver() -> Deriver | None:
 
 
 def _derive(config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
-    from peakmem.simulate.derive import derive_spec
+    from peakmem import progress
+    from peakmem.simulate.quiet import quiet_libraries
 
-    return derive_spec(config, name=name)
+    progress.stage(f"{name or config.get('model_type')}: building transformers' model on the meta device")
+    with quiet_libraries():
+        from peakmem.simulate.derive import derive_spec
+
+        return derive_spec(config, name=name)
 
 
 def oracles() -> dict[str, Any]:

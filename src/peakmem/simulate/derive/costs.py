@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from peakmem import block_costs
+from peakmem import block_costs, progress
 from peakmem.errors import InputError
 from peakmem.model import FIRST_BLOCK, LAST_BLOCK
 from peakmem.simulate.derive.forked import Task, measure_steps
@@ -96,12 +96,16 @@ def _measure(
     *,
     optional: bool = False,
     only: Mapping[Shape, frozenset[str]] | None = None,
+    what: str = "fake-tensor steps of its blocks",
 ) -> dict[Shape, Steps]:
     """Each shape's bytes per block key, the steps side by side
     (:func:`~peakmem.simulate.derive.forked.measure_steps`), the model cut to blocks of the kinds ``only``
     names for a shape; with ``optional``, a shape the model cannot run (tiny BERT's 256 learned positions
     at 512 tokens) is left out, and the costs it would have checked stay as they are."""
     tasks: list[Task] = [(fam.setup(batch, seq), (only or {}).get((batch, seq))) for batch, seq in shapes]
+    if not tasks:
+        return {}
+    progress.stage(f"{config.get('model_type')}: {what} ({fam.method}, {fam.precision})", len(tasks))
     found: dict[Shape, Steps] = {}
     for shape, step in zip(shapes, measure_steps(dict(config), tasks), strict=True):
         if isinstance(step, Exception) and optional:
@@ -133,11 +137,13 @@ def measure_costs(config: Mapping[str, Any], family: str) -> block_costs.Costs:
     with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`) and beyond the short
     shapes where a longer sequence's bytes are not given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`)."""
     fam = _family(family)
-    at = _measure(config, fam, SHAPES)
+    at = _measure(config, fam, SHAPES, what="fake-tensor steps of its blocks at the fit shapes")
     short = {key: pts for key in at[SHAPES[0]] if (pts := _points(at, key, SHAPES)) is not None}
     out: block_costs.Costs = {key: block_costs.block_cost(pts) for key, pts in short.items()}
     # the two checks in one round of steps (the fit at a longer sequence, and at micro-batch 1)
-    at |= _measure(config, fam, (SEQ_CHECK, BATCH1_CHECK), optional=True)
+    kinds_seen = len({block_costs.block_kind(k) for k in out})
+    at |= _measure(config, fam, (SEQ_CHECK, BATCH1_CHECK), optional=True,
+                   what=f"checking the fit of its {kinds_seen} block kind(s) at other shapes")  # fmt: skip
     long = [key for key in out if _differs(short[key], at, key, SEQ_CHECK)]
     # micro-batch 1 under the short shapes only for blocks without long costs: for the others (a chunked
     # kernel, a step function of the sequence below a few chunks) it would take three more steps for
@@ -160,6 +166,7 @@ def measure_costs(config: Mapping[str, Any], family: str) -> block_costs.Costs:
         tuple(shape for shape in more if shape not in at),
         optional=True,
         only=dict.fromkeys(long_shapes, kinds),
+        what="longer shapes for the blocks the check missed",
     )
     for key in batch1:
         if (pts := _points(at, key, BATCH1_SHAPES)) is not None:

@@ -12,12 +12,13 @@ import contextlib
 import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
-from peakmem import block_costs
+from peakmem import block_costs, progress
 from peakmem.errors import InputError
 from peakmem.simulate.derive.step import Steps, attn_of, cut_model, measure_one
+from peakmem.simulate.quiet import notes_that_matter, quiet_libraries
 
 # how a model is cut for its measurement (:func:`peakmem.simulate.derive.build.truncate`), tried in this
 # order: the first that runs is remembered per config for the process's later shapes
@@ -70,7 +71,11 @@ def measure_steps(config: dict[str, Any], tasks: list[Task]) -> list[Steps | Exc
     processes then share."""
     jobs = min(_workers(), len(tasks))
     if jobs < 2:
-        return [_step_or_error(config, task) for task in tasks]
+        out: list[Steps | Exception] = []
+        for task in tasks:
+            out.append(_step_or_error(config, task))
+            progress.advance(len(out))
+        return out
     chash = block_costs.config_hash(config)
     cut = _CUT_THAT_RUNS.get(chash, CUTS[0])
     for attn, kinds in {(attn_of(setup), kinds) for setup, kinds in tasks}:
@@ -79,33 +84,45 @@ def measure_steps(config: dict[str, Any], tasks: list[Task]) -> list[Steps | Exc
     by_length = sorted(
         range(len(tasks)), key=lambda i: (tasks[i][0].seq_len, tasks[i][0].micro_batch), reverse=True
     )
-    done: list[Steps | Exception] = []
+    done: dict[int, Steps | Exception] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {i: pool.submit(_forked_step, config, tasks[i]) for i in by_length}
-        for i in range(len(tasks)):
-            err = futures[i].exception()
+        futures = {pool.submit(_forked_step, config, tasks[i]): i for i in by_length}
+        for future in as_completed(futures):
+            i = futures[future]
+            err = future.exception()
             if isinstance(err, Exception):
-                done.append(err)
-                continue
-            steps, ran = futures[i].result()
-            _CUT_THAT_RUNS.setdefault(chash, ran)
-            done.append(steps)
-    return done
+                done[i] = err
+            else:
+                steps, ran, notes = future.result()
+                _CUT_THAT_RUNS.setdefault(chash, ran)
+                done[i] = steps
+                for text in notes:
+                    progress.note(text)
+            progress.advance(len(done))
+    return [done[i] for i in range(len(tasks))]
 
 
 def _step_or_error(config: dict[str, Any], task: Task) -> Steps | Exception:
     try:
-        return measure_once(config, *task)
+        with quiet_libraries() as said:
+            steps = measure_once(config, *task)
     except Exception as err:
         return err
+    for text in notes_that_matter(said):
+        progress.note(text)
+    return steps
 
 
-def _forked_step(config: dict[str, Any], task: Task) -> tuple[Steps, str]:
-    """:func:`measure_once` in a forked process, and the cut that ran; an error whose type may not
+def _forked_step(config: dict[str, Any], task: Task) -> tuple[Steps, str, list[str]]:
+    """:func:`measure_once` in a forked process, the cut that ran and the notes its libraries' messages
+    make (:func:`~peakmem.simulate.quiet.notes_that_matter`, sent back: the child's own are lost with
+    it); an error whose type may not
     unpickle in the parent (a library's exception with arguments of its own) comes back as a
     RuntimeError naming it, its traceback kept as the error's cause (sent along as text)."""
     try:
-        return measure_once(config, *task), _CUT_THAT_RUNS[block_costs.config_hash(config)]
+        with quiet_libraries() as said:
+            steps = measure_once(config, *task)
+        return steps, _CUT_THAT_RUNS[block_costs.config_hash(config)], notes_that_matter(said)
     except Exception as err:
         if isinstance(err, InputError) or type(err).__module__ == "builtins":
             raise
