@@ -89,6 +89,9 @@ def hostile_files(tmp: Path) -> dict[str, str]:
             fh.truncate(size)
         files[name] = str(tmp / name)
     put("laughs.yaml", BILLION_LAUGHS)
+    # the same bomb where an HF Trainer config keeps its LoRA targets: unbounded, it ran for over a minute
+    lora = BILLION_LAUGHS.replace("i: &i", "lora_target_modules: &i")
+    put("laughs-lora.yaml", lora + "model_name_or_path: gpt2\nuse_peft: true\n")
     put("cycle.yaml", "a: &a [1, *a]\nmodel_name_or_path: gpt2\n")
     put("deep.yaml", "[" * 100_000)
     put("deep.json", "[" * 100_000 + "]" * 100_000)
@@ -124,8 +127,9 @@ def hostile_files(tmp: Path) -> dict[str, str]:
 
 
 FROM = [
-    "fifo.yaml", "fifo.json", "zero", "folder.json", "sock.json", "big.yaml", "laughs.yaml", "cycle.yaml",
-    "deep.yaml", "deep.json", "deep-obj.json", "truncated.yaml", "latin1.yaml",
+    "fifo.yaml", "fifo.json", "zero", "folder.json", "sock.json", "big.yaml", "laughs.yaml",
+    "laughs-lora.yaml", "cycle.yaml", "deep.yaml", "deep.json", "deep-obj.json", "truncated.yaml",
+    "latin1.yaml",
 ]  # fmt: skip
 SNAPSHOTS = [
     "fifo.pickle", "zero", "folder.pickle", "sock.json", "sparse.pickle", "zeros.pickle.gz",
