@@ -152,8 +152,9 @@ class Readable(Protocol):
 
 class CappedStream(io.RawIOBase):
     """``source`` read through a cap (rule 3): more than ``max_bytes`` in all (``note``: why that many),
-    or one request for more than ``max_request`` bytes, raises ``error`` naming the file; reads go at most ``READ_CHUNK_BYTES``
-    at a time into the source, so a compressed source inflates only what is asked for."""
+    or one request for more than ``max_request`` bytes, raises ``error`` naming the file; reads go at
+    most ``READ_CHUNK_BYTES`` at a time into the source, so a compressed source inflates only what is
+    asked for."""
 
     def __init__(
         self,

@@ -14,9 +14,9 @@ segment_unmap | oom | snapshot, with addr, size, stream, frames [{filename, line
 A snapshot pickle holds only dicts, lists, tuples, strings and numbers: it is read with an unpickler
 that refuses every global (no class is ever imported, no code run), and without torch. Its work is
 bounded by its size (:mod:`peakmem.userfiles`' rule): a gzip is inflated as the unpickler asks, at most
-``MAX_GZIP_RATIO`` times its size (and ``MAX_SNAPSHOT_BYTES``) in all and ``MAX_PICKLE_REQUEST`` at once; the objects built are at most one
-per opcode. Pickle memo references let a small file name one record many times, and the replay walks
-records and stacks: torch writes each segment, block and trace event once (torch/csrc/cuda/Module.cpp
+``MAX_GZIP_RATIO`` times its size (and ``MAX_SNAPSHOT_BYTES``) in all and ``MAX_PICKLE_REQUEST`` at
+once; the objects built are at most one per opcode. Pickle memo references let a small file name one
+record many times, and the replay walks records and stacks: torch writes each segment, block and trace event once (torch/csrc/cuda/Module.cpp
 ``THCPModule_memorySnapshot`` builds one dict per record), so a record met twice is refused; stacks are
 shared there (``py_symbolize`` returns one list per distinct traceback), so each distinct stack is read
 and classified once (:class:`_Stacks`), and the replay's work stays linear in the file's size; a stack
