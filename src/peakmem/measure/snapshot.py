@@ -16,11 +16,11 @@ that refuses every global (no class is ever imported, no code run), and without 
 bounded by its size (:mod:`peakmem.userfiles`' rule): a gzip is inflated as the unpickler asks, at most
 ``MAX_GZIP_RATIO`` times its size (and ``MAX_SNAPSHOT_BYTES``) in all and ``MAX_PICKLE_REQUEST`` at
 once; the objects built are at most one per opcode. Pickle memo references let a small file name one
-record many times, and the replay walks records and stacks: torch writes each segment, block and trace event once (torch/csrc/cuda/Module.cpp
-``THCPModule_memorySnapshot`` builds one dict per record), so a record met twice is refused; stacks are
-shared there (``py_symbolize`` returns one list per distinct traceback), so each distinct stack is read
-and classified once (:class:`_Stacks`), and the replay's work stays linear in the file's size; a stack
-longer than ``MAX_STACK_FRAMES`` is refused.
+record many times, and the replay walks records and stacks: torch writes each segment, block and trace
+event once (torch/csrc/cuda/Module.cpp ``THCPModule_memorySnapshot`` builds one dict per record), so a
+record met twice is refused; stacks are shared there (``py_symbolize`` returns one list per distinct
+traceback), so each distinct stack is read and classified once (:class:`_Stacks`), and the replay's work
+stays linear in the file's size; a stack longer than ``MAX_STACK_FRAMES`` is refused.
 
 Replay (as MemoryViz.js does): the trace is a ring buffer of the last ``max_entries`` events, so a
 free of an address the trace never allocated, and a block live at snapshot time that the trace never
