@@ -106,4 +106,11 @@ def test_compiled_chunked_cross_entropy_allocates_no_fp32_chunk() -> None:
     )
     del logits
     all_peak, _, _ = _allocated_peak(lambda: total.backward())
-    assert abs(all_peak / (CE_CHUNKS * chunk_bf16) - 1) <= 0.01, all_peak / chunk_bf16
+    # What this pins: every chunk's 16-bit gradient is alive at once (8 chunks' worth) and no fp32 copy
+    # of a whole chunk is kept. Inductor's generated code depends on the CPU (its vector width and
+    # tiling change the small buffers beside the gradients): this machine measures 8.00 chunks' worth,
+    # another x86-64 machine 8.26. An fp32 chunk (t x v x 4 bytes = 2 chunks' worth of bf16) kept
+    # alongside would make it >= 10, so the bound sits between: at least 8 chunks' worth (less 1% of
+    # allocator slack) and below 9, which holds across CPUs and still separates the two cases.
+    chunks_worth = all_peak / chunk_bf16
+    assert CE_CHUNKS * 0.99 <= chunks_worth < CE_CHUNKS + 1, chunks_worth

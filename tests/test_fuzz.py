@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +188,45 @@ MALFORMED: list[tuple[str, str]] = [
 ]
 
 
-def _limit_resources() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+def limit_address_space(limit: int = ADDRESS_SPACE_BYTES) -> Callable[[], None]:
+    """A ``preexec_fn`` that caps the child's address space at ``limit`` bytes."""
+
+    def limit_it() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return limit_it
+
+
+def run_cli(
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    address_space: int = ADDRESS_SPACE_BYTES,
+    stdin: Any = subprocess.DEVNULL,
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``python -m peakmem ARGS`` from this checkout, offline, within TIME_LIMIT_S and ``address_space``;
+    the finished process and the seconds it took."""
+    full = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full.update(PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1", **(env or {}))  # no network
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "peakmem", *args],
+        capture_output=True, text=True, timeout=TIME_LIMIT_S, env=full, cwd=cwd, stdin=stdin,
+        preexec_fn=limit_address_space(address_space), check=False,
+    )  # fmt: skip
+    return out, time.monotonic() - start
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess[str], codes: tuple[int, ...] = (2, 3)) -> str:
+    """No traceback, an exit code in ``codes``, exactly one short line on stderr; that line."""
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode in codes, (out.returncode, out.stderr[-500:], out.stdout[-500:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines[:5]
+    assert lines[0].startswith(("peakmem: error:", "usage:")), lines[0][:300]
+    assert len(lines[0]) < 1000, len(lines[0])
+    return lines[0]
 
 
 @contextlib.contextmanager
@@ -215,24 +252,9 @@ def test_the_table_is_large_enough() -> None:
 def test_malformed_invocation(name: str, command: str, files: dict[str, str], tmp_path: Path) -> None:
     import shlex
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["HF_HUB_OFFLINE"] = "1"  # a name that looks like a Hub id must not reach the network
     with _busy_port() as port:
-        args = shlex.split(command.format(**files, busy_port=port))
-        start = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-m", "peakmem", *args],
-            capture_output=True, text=True, timeout=TIME_LIMIT_S, env=env, cwd=tmp_path,
-            preexec_fn=_limit_resources, check=False,
-        )  # fmt: skip
-        took = time.monotonic() - start
-    assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert out.returncode in (2, 3), (out.returncode, out.stderr[-500:], out.stdout[-500:])
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1, lines[:5]
-    assert lines[0].startswith(("peakmem: error:", "usage:")), lines[0][:300]
-    assert len(lines[0]) < 1000, len(lines[0])
+        out, took = run_cli(shlex.split(command.format(**files, busy_port=port)), cwd=tmp_path)
+    assert_one_line_error(out)
     assert took < TIME_LIMIT_S
 
 

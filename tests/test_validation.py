@@ -359,9 +359,9 @@ def test_long_unknown_name_is_cut_in_the_message(capsys: pytest.CaptureFixture[s
 
 
 def test_one_reader_of_user_files(tmp_path: Path) -> None:
-    """validate.read_user_file / read_user_text: config.json, --from, calibrate's inputs and snapshots
+    """userfiles.read_user_file / read_user_text: config.json, --from, calibrate's inputs and snapshots
     all read through it, so each failure names the file, how it was given and what was expected."""
-    from peakmem.validate import read_user_file, read_user_text
+    from peakmem.userfiles import read_user_file, read_user_text
 
     big = tmp_path / "big.json"
     big.write_bytes(b"x" * 11)

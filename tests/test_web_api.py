@@ -446,3 +446,34 @@ def test_qlora_model_states_per_param_is_the_clis(client: TestClient) -> None:
     per_param = got["model_state_bytes"] / got["model"]["params"]
     assert fmt_per_param(per_param) == "0.7519"  # the CLI's total row: 6.04 GB over 8.03 B parameters
     assert round(sum(r["bytes"] for r in rows), 2) == 16.71  # the wrong total the page used to show
+
+
+def test_the_host_header_must_name_this_server(capsys: pytest.CaptureFixture[str]) -> None:
+    """DNS rebinding (issue 32): `peakmem serve` answers only a Host naming it; 400 says how to serve more."""
+    import uvicorn
+
+    from peakmem.web.hosts import ALLOW_HOST_FLAG
+
+    served: dict[str, Any] = {}
+    real_run = uvicorn.run
+    uvicorn.run = lambda app, **kw: served.update(app=app, **kw)  # type: ignore[assignment]
+    try:
+        web.serve("127.0.0.1", 8765, allow_hosts=["Box.LAN"])
+    finally:
+        uvicorn.run = real_run  # type: ignore[assignment]
+    assert (served["host"], served["port"]) == ("127.0.0.1", 8765)
+    with TestClient(served["app"], base_url="http://127.0.0.1:8765") as c:
+        for host in ("127.0.0.1:8765", "127.0.0.1", "localhost:8765", "[::1]:8765", "box.lan"):
+            assert c.get("/api/gpus", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example:8765", "localhost:9999", "127.0.0.1.evil.example", "[::1", "box.lan:x"):
+            got = c.get("/api/gpus", headers={"host": host})
+            assert got.status_code == 400 and got.json()["field"] == "host", host
+            assert f"peakmem serve {ALLOW_HOST_FLAG} NAME" in got.json()["error"]
+        evil = {"host": "evil.example"}
+        assert c.post("/api/train", json={"model": "gpt2"}, headers=evil).status_code == 400
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--allow-host NAME" in capsys.readouterr().out
+    assert main(["serve", "--allow-host", "evil.example:80"]) == 2
+    assert "not a host name" in capsys.readouterr().err

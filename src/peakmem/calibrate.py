@@ -35,7 +35,8 @@ from peakmem.errors import InputError, suggest
 from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES, Overheads
 from peakmem.units import MiB, parse_size
-from peakmem.validate import MAX_DEVICE_BYTES, read_user_text
+from peakmem.userfiles import parse_json, read_user_text
+from peakmem.validate import MAX_DEVICE_BYTES
 
 PROFILE_FORMAT = 1  # "peakmem_profile" in the file: bump when its fields change meaning
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -297,9 +298,11 @@ def read_json_file(path: Path, what: str) -> Any:
     """A JSON file the user named, or an InputError naming the problem (exit 2)."""
     text = read_user_text(path, what=what, max_bytes=MAX_INPUT_BYTES)
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not JSON ({err.msg} at line {err.lineno}); expected {what}") from None
+    except ValueError as err:  # nested too deeply, an integer of too many digits
+        raise InputError(f"{path}: not JSON ({err}); expected {what}") from None
 
 
 def measurement_from_json_file(
@@ -376,7 +379,7 @@ def load_profile(name: str, folder: Path | None = None) -> Profile:
     check_profile_name(name)
     folder = folder or profiles_dir()
     path = folder / f"{name}.json"
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder) is refused by the reader, by name
         known = [p.name for p in list_profiles(folder)]
         close = suggest(name, known)
         hint = f"; did you mean {', '.join(close)}?" if close else ""

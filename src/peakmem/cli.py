@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -27,6 +28,8 @@ MAX_ERROR_CHARS = 400  # a usage error quotes at most this much of what it got
 MIN_PORT, MAX_PORT = 1, 65535  # TCP ports (0 would pick a random one the user cannot know)
 MAX_STEPS = 100  # simulate/measure: the peak settles by step 2; more steps only cost time
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
+HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]")  # --allow-host
+MAX_SMI_CSV_BYTES = 1 << 20  # --nvidia-smi-used FILE: nvidia-smi's CSV is a line per GPU
 TORCH_EXTRA_MODULES = ("torch", "transformers")  # the 'torch' extra simulate and measure need
 WARNING_PREFIX = "warning:"  # assumptions a user must not miss are also printed on stderr
 
@@ -304,9 +307,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not MIN_PORT <= args.port <= MAX_PORT:
         raise InputError(f"--port={args.port}: must be in {MIN_PORT}..{MAX_PORT}")
+    for name in args.allow_host:
+        if not HOST_NAME.fullmatch(name):
+            raise InputError(f"--allow-host={name[:MAX_ERROR_CHARS]!r}: not a host name (letters, digits, "
+                             "'.', '-', or an IPv6 address in brackets; no port)")  # fmt: skip
     _check_port_free(args.host, args.port)
     try:
-        serve(host=args.host, port=args.port, open_browser=args.open)
+        serve(host=args.host, port=args.port, open_browser=args.open, allow_hosts=args.allow_host)
     except SystemExit as stop:  # uvicorn exits 3 when it cannot bind (3 means "unknown model" here)
         if stop.code in (None, 0):
             return EXIT_OK
@@ -507,12 +514,12 @@ def _file_or_text(value: str) -> str:
     """--nvidia-smi-used: a file holding nvidia-smi's CSV, or the value itself."""
     from pathlib import Path
 
+    from peakmem.userfiles import read_user_text
+
     path = Path(value)
-    if path.is_file():
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise InputError(f"--nvidia-smi-used={value!r}: cannot read it ({err})") from None
+    if path.exists():  # a FIFO or a device too: refused by name, unread
+        return read_user_text(path, what="nvidia-smi's CSV", max_bytes=MAX_SMI_CSV_BYTES,
+                              label="--nvidia-smi-used")  # fmt: skip
     return value
 
 
@@ -715,9 +722,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet_option(p)
     p.set_defaults(handler=cmd_explain)
 
-    p = sub.add_parser("serve", help="local web page and JSON API (needs peakmem[web])")
-    p.add_argument("--host", default="127.0.0.1")
+    p = sub.add_parser(
+        "serve", help="local web page and JSON API (needs peakmem[web])",
+        description="Serve the page and the JSON API. Only requests whose Host header names this server "
+        "(127.0.0.1, localhost, [::1] or --host, bare or with --port) are answered, a guard against DNS "
+        "rebinding; to serve another host name (a LAN name, a reverse proxy's), add --allow-host NAME.",
+    )  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allow_host",
+                   help="also answer requests for this host name (repeatable)")  # fmt: skip
     p.add_argument("--open", action="store_true", help="open the page in a browser")
     p.set_defaults(handler=cmd_serve)
 

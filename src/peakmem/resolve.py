@@ -224,13 +224,14 @@ def _existing_config_path(text: str) -> Path | None:
     """The config.json ``text`` points at, if it is an existing file or a folder holding one."""
     p = Path(os.path.expanduser(text))
     try:
-        is_file, is_dir = p.is_file(), p.is_dir()
+        exists, is_dir = p.exists(), p.is_dir()
+        holds_config = is_dir and (p / CONFIG_FILE).exists()
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte: no such file
         return None
-    if is_file:
+    if exists and not is_dir:  # a FIFO or a device too: the reader refuses it by name, unread
         return p
     if is_dir:
-        if (p / CONFIG_FILE).is_file():
+        if holds_config:
             return p / CONFIG_FILE
         raise ConfigError(f"MODEL={text!r}: the folder holds no {CONFIG_FILE}")
     return None

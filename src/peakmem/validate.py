@@ -9,15 +9,15 @@ layers would otherwise build 10^9 layer objects; ``hidden_size`` 10^30 would pri
 figure). They are deliberately far above every published model and job, so no real question is
 refused; each names what it exceeds.
 
-User files are read here within a size bound (:func:`read_user_file`, :func:`read_user_text`). A
-``config.json``'s own bounds (nesting, node count, its architecture keys' sizes) are checked in
-:mod:`peakmem.hf.reader`, the one place that knows HF key names, with the limits below.
+User files are read within bounds by :mod:`peakmem.userfiles` (regular files only, a size cap read
+incrementally, capped decompression, bounded YAML). A ``config.json``'s own bounds (nesting, node
+count, its architecture keys' sizes) are checked in :mod:`peakmem.hf.reader`, the one place that knows
+HF key names, with the limits below.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TypeVar
 
 from peakmem.choice import Choice
@@ -124,36 +124,3 @@ def coerce_choice(obj: object, attr: str, enum: type[_C], field: str | None = No
     member = enum.parse(value, name)
     object.__setattr__(obj, attr, member)
     return member
-
-
-# --- user files -------------------------------------------------------------------------------------------
-def read_user_file(
-    path: Path, *, what: str, max_bytes: int, label: str = "", error: type[InputError] = InputError
-) -> bytes:
-    """The bytes of a file the user named, at most ``max_bytes`` (checked before reading); every failure
-    is ``error`` (exit 2) naming the file (``label``: how it was given, e.g. ``--from``) and ``what``
-    was expected. The one reader of user files: config.json, --from, calibrate's inputs, snapshots."""
-    name = f"{label} {path}" if label else str(path)
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise error(f"{name}: {size:,} bytes is too large for {what} (at most {max_bytes:,})")
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise error(f"{name}: a folder, not {what}") from None
-    except OSError as e:
-        raise error(f"{name}: cannot read it ({e.strerror or e})") from None
-
-
-def read_user_text(
-    path: Path, *, what: str, max_bytes: int, label: str = "", error: type[InputError] = InputError
-) -> str:
-    """:func:`read_user_file` decoded as UTF-8; other bytes are ``error`` naming the file."""
-    data = read_user_file(path, what=what, max_bytes=max_bytes, label=label, error=error)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        name = f"{label} {path}" if label else str(path)
-        raise error(f"{name}: not UTF-8 text ({e.reason}); expected {what}") from None

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from peakmem.errors import InputError, MissingExtraError
+from peakmem.errors import InputError
 from peakmem.fromfile.mapper import (
     ACCELERATE,
     AXOLOTL,
@@ -20,7 +20,7 @@ from peakmem.fromfile.mapper import (
     LLAMA_FACTORY,
     TORCHTUNE,
 )
-from peakmem.validate import read_user_text
+from peakmem.userfiles import parse_json, parse_yaml, read_user_text
 
 MAX_FILE_BYTES = 1 << 20  # a training config is a few KiB; refuse anything past 1 MiB
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -38,23 +38,15 @@ def parse_document(text: str, name: str) -> dict[str, Any]:
     doc: Any
     if name.lower().endswith(".json") or text.lstrip().startswith("{"):
         try:
-            doc = json.loads(text)
+            doc = parse_json(text)
         except json.JSONDecodeError as e:
             raise InputError(
                 f"--from {name}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
             ) from None
+        except ValueError as e:  # nested too deeply, an integer of too many digits
+            raise InputError(f"--from {name}: invalid JSON: {e}") from None
     else:
-        try:
-            import yaml
-        except ImportError:
-            raise MissingExtraError("train --from FILE.yaml", "yaml", "pyyaml") from None
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise InputError(f"--from {name}: invalid YAML{where}: {problem}") from None
+        doc = parse_yaml(text, f"--from {name}")
     if not isinstance(doc, dict):
         raise InputError(f"--from {name}: the top level must be a mapping of keys, not {type(doc).__name__}")
     return doc

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.errors import ConfigError
+from peakmem.userfiles import parse_json, read_user_text
 from peakmem.validate import (
     MAX_EXPERTS,
     MAX_HEADS,
@@ -22,7 +23,6 @@ from peakmem.validate import (
     MAX_POSITIONS,
     MAX_VOCAB,
     MAX_WIDTH,
-    read_user_text,
     too_large,
 )
 
@@ -80,7 +80,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / CONFIG_FILE
-    if not p.is_file():
+    if not p.exists():  # anything else there (a FIFO, a device) is refused by the reader, by name
         raise ConfigError(f"{p}: no such file")
     return read_config_file(p)
 
@@ -94,8 +94,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
             f"{path}: nested {depth} levels deep; a config.json nests at most {MAX_CONFIG_DEPTH}"
         )
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        data = parse_json(text)
+    except ValueError as e:
         where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
         msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         raise ConfigError(f"{path}: not valid JSON{where}: {msg}") from None

@@ -12,7 +12,15 @@ segment_unmap | oom | snapshot, with addr, size, stream, frames [{filename, line
 ``device_free`` and no addr).
 
 A snapshot pickle holds only dicts, lists, tuples, strings and numbers: it is read with an unpickler
-that refuses every global (no class is ever imported, no code run), and without torch.
+that refuses every global (no class is ever imported, no code run), and without torch. Its work is
+bounded by its size (:mod:`peakmem.userfiles`' rule): a gzip is inflated as the unpickler asks, at most
+``MAX_GZIP_RATIO`` times its size (and ``MAX_SNAPSHOT_BYTES``) in all and ``MAX_PICKLE_REQUEST`` at
+once; the objects built are at most one per opcode. Pickle memo references let a small file name one
+record many times, and the replay walks records and stacks: torch writes each segment, block and trace
+event once (torch/csrc/cuda/Module.cpp ``THCPModule_memorySnapshot`` builds one dict per record), so a
+record met twice is refused; stacks are shared there (``py_symbolize`` returns one list per distinct
+traceback), so each distinct stack is read and classified once (:class:`_Stacks`), and the replay's work
+stays linear in the file's size; a stack longer than ``MAX_STACK_FRAMES`` is refused.
 
 Replay (as MemoryViz.js does): the trace is a ring buffer of the last ``max_entries`` events, so a
 free of an address the trace never allocated, and a block live at snapshot time that the trace never
@@ -28,6 +36,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,11 +46,25 @@ from peakmem.breakdown import Category, Estimate
 from peakmem.calibrate import Measurement
 from peakmem.errors import InputError
 from peakmem.units import fmt_bytes
-from peakmem.validate import read_user_file
+from peakmem.userfiles import CappedStream, is_regular_file, read_user_file
 
 MAX_SNAPSHOT_BYTES = 4 * 1000**3  # 4 GB: a 1M-event trace with deep stacks is ~1 GB
 GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952 ID1 ID2
 PICKLE_PROTO = b"\x80"  # pickle's PROTO opcode: the first byte of every protocol 2+ pickle
+# The most one read of the unpickler may ask of a gzip stream: pickle frames are 64 KiB
+# (pickle._FRAME_SIZE_TARGET), and a snapshot's largest single object, a file name or a frame's
+# source line, is far below 64 MiB; a request for more is a length field written to inflate a bomb.
+MAX_PICKLE_REQUEST = 64 * 2**20
+# A gzip snapshot inflates to at most this many times its own size (plus GZIP_SLACK_BYTES): a pickled
+# trace compresses ~3x (measured on a synthetic 200k-event trace with shared stacks: 10.5 MB -> 3.4 MB;
+# 10x margin), a bomb ~1000x. The worst pickle builds 8 bytes of stack per 2 bytes it holds (BININT1),
+# so a 4.5 MB gzip bomb stops at ~210 MB inflated, under 1 GB of memory, where 100x took 2 GB.
+MAX_GZIP_RATIO = 32
+GZIP_SLACK_BYTES = 64 * 2**20
+# Frames in one stack: Python's default recursion limit is 1,000 frames (sys.getrecursionlimit), and
+# a C++ stack adds some tens of frames per Python one; no real stack comes near 20,000.
+MAX_STACK_FRAMES = 20_000
+READ_BUFFER_BYTES = 1 << 20
 LIVE_STATES = ("active_allocated",)  # counted by allocated_bytes (awaiting-free blocks are not)
 # allocated_bytes drops at free_requested; free_completed (the block reusable) changes no count.
 FREE_ACTIONS = ("free_requested", "free")  # "free": older traces, one event per free
@@ -178,9 +201,12 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 
 
 def is_snapshot_file(path: Path) -> bool:
-    """A snapshot by its name (.pickle, .pkl, .gz) or its first byte (pickle protocol 2+: 0x80)."""
+    """A snapshot by its name (.pickle, .pkl, .gz) or its first byte (pickle protocol 2+: 0x80). A FIFO or
+    a device is not looked into (the reader then refuses it by name)."""
     if path.suffix in (".pickle", ".pkl", ".gz"):
         return True
+    if not is_regular_file(path):
+        return False
     try:
         with path.open("rb") as fh:
             return fh.read(1) == PICKLE_PROTO
@@ -188,22 +214,31 @@ def is_snapshot_file(path: Path) -> bool:
         return False
 
 
+def _unpickle(data: bytes, where: str) -> Any:
+    """The object in ``data`` (a pickle, or its gzip inflated as it is read, within the caps)."""
+    if data[:2] != GZIP_MAGIC:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
+        cap = min(MAX_SNAPSHOT_BYTES, MAX_GZIP_RATIO * len(data) + GZIP_SLACK_BYTES)
+        note = f" ({MAX_GZIP_RATIO}x its {len(data):,} bytes: no snapshot compresses that well)"
+        capped = CappedStream(z, name=where, what="a memory snapshot", max_bytes=cap,
+                              max_request=MAX_PICKLE_REQUEST, note=note)  # fmt: skip
+        return _PlainUnpickler(io.BufferedReader(capped, READ_BUFFER_BYTES)).load()
+
+
 def parse_snapshot(data: bytes, where: str = "snapshot") -> dict[str, Any]:
     """``data``: the pickle's bytes, or their gzip (``gzip dump_snapshot.pickle``)."""
-    if data[:2] == GZIP_MAGIC:
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
-                data = z.read(MAX_SNAPSHOT_BYTES + 1)
-        except (OSError, EOFError) as err:
-            raise InputError(f"{where}: a damaged gzip file ({err})") from None
-        if len(data) > MAX_SNAPSHOT_BYTES:
-            raise InputError(
-                f"{where}: unpacks to more than {MAX_SNAPSHOT_BYTES:,} bytes; not a memory snapshot"
-            )
     try:
-        obj = _PlainUnpickler(io.BytesIO(data)).load()
+        obj = _unpickle(data, where)
     except _Refused as err:
         raise InputError(f"{where}: not loaded: a memory snapshot holds only plain data, but {err}") from None
+    except InputError:
+        raise
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise InputError(f"{where}: a damaged gzip file ({err})") from None
+    except MemoryError:  # an object whose length field asks for more than this process may hold
+        raise InputError(f"{where}: not loaded: it asks for more memory than this process may use; "
+                         "not a memory snapshot") from None  # fmt: skip
     except (
         pickle.UnpicklingError,
         EOFError,
@@ -212,7 +247,8 @@ def parse_snapshot(data: bytes, where: str = "snapshot") -> dict[str, Any]:
         KeyError,
         IndexError,
         AttributeError,
-        MemoryError,
+        RecursionError,
+        OSError,
     ) as err:
         raise InputError(f"{where}: not a pickle ({type(err).__name__}: {str(err)[:80]}); expected the file "
                          "torch.cuda.memory._dump_snapshot() writes") from None  # fmt: skip
@@ -227,7 +263,41 @@ def parse_snapshot(data: bytes, where: str = "snapshot") -> dict[str, Any]:
     for i, seg in enumerate(obj["segments"]):
         if not isinstance(seg, dict) or not isinstance(seg.get("total_size"), int):
             raise InputError(f"{where}: segment {i} has no total_size; not a memory snapshot")
+    _check_records_once(obj, where)
     return obj
+
+
+def _check_records_once(obj: Mapping[str, Any], where: str) -> None:
+    """Each segment, block and trace event is its own object (see the module's docstring)."""
+    seen: set[int] = set()
+
+    def once(record: object, kind: str) -> None:
+        if id(record) in seen:
+            raise InputError(f"{where}: one {kind} record is listed more than once (pickle memo references); "
+                             "torch writes each record once, so this is not a memory snapshot")  # fmt: skip
+        seen.add(id(record))
+
+    def stack(record: Mapping[str, Any], kind: str) -> None:
+        frames = record.get("frames")
+        if isinstance(frames, list) and len(frames) > MAX_STACK_FRAMES:
+            raise InputError(f"{where}: a {kind}'s stack has {len(frames):,} frames; a real one has fewer "
+                             f"than {MAX_STACK_FRAMES:,}, so this is not a memory snapshot")  # fmt: skip
+
+    for seg in obj["segments"]:
+        once(seg, "segment")
+        blocks = seg.get("blocks")
+        for block in blocks if isinstance(blocks, list) else ():
+            if isinstance(block, (dict, list)):
+                once(block, "block")
+            if isinstance(block, dict):
+                stack(block, "block")
+    for trace in obj.get("device_traces", []):
+        once(trace, "trace")
+        for event in trace:
+            if isinstance(event, (dict, list)):
+                once(event, "trace event")
+            if isinstance(event, dict):
+                stack(event, "trace event")
 
 
 # --- attribution -------------------------------------------------------------------------------------
@@ -238,6 +308,27 @@ def frames_of(raw: object) -> tuple[Frame, ...]:
             out.append(Frame(str(f.get("filename", "")).replace("\\", "/"), _int(f.get("line")),
                              str(f.get("name", ""))))  # fmt: skip
     return tuple(out)
+
+
+class _Stacks:
+    """Each distinct stack (a frames list, shared by the records of one traceback) read and classified
+    once, so that a stack named by many records costs its length once, not once per record."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, tuple[Frame, ...], str]] = {}  # id -> (raw kept alive, ...)
+
+    def _get(self, raw: object) -> tuple[object, tuple[Frame, ...], str]:
+        hit = self._seen.get(id(raw))
+        if hit is None:
+            fr = frames_of(raw)
+            hit = self._seen[id(raw)] = (raw, fr, classify(fr))
+        return hit
+
+    def frames(self, raw: object) -> tuple[Frame, ...]:
+        return self._get(raw)[1]
+
+    def category(self, raw: object) -> str:
+        return self._get(raw)[2]
 
 
 def classify(frames: Sequence[Frame]) -> str:
@@ -295,7 +386,8 @@ def replay(snapshot: Mapping[str, Any], device: int | None = None) -> Replay:
     dev = _device(segments, traces) if device is None else device
     segs = [s for s in segments if _int(s.get("device", 0)) == dev]
     trace = [e for e in (traces[dev] if dev < len(traces) else []) if isinstance(e, dict)]
-    end_live = _blocks_at_snapshot(segs)
+    stacks = _Stacks()
+    end_live = _blocks_at_snapshot(segs, stacks)
     reserved_end = sum(_int(s.get("total_size")) for s in segs)
     notes: list[str] = []
 
@@ -335,7 +427,7 @@ def replay(snapshot: Mapping[str, Any], device: int | None = None) -> Replay:
         return Replay(
             device=dev, source="segments", events=len(trace), truncated=False, peak_allocated_bytes=total,
             peak_event=-1, peak_reserved_bytes=reserved_end, reserved_at_peak_bytes=reserved_end,
-            live=tuple(live), oom=_oom(trace, reserved_end, total), notes=tuple(notes),
+            live=tuple(live), oom=_oom(trace, reserved_end, total, stacks), notes=tuple(notes),
         )  # fmt: skip
     if truncated:
         notes.append(
@@ -369,9 +461,9 @@ def replay(snapshot: Mapping[str, Any], device: int | None = None) -> Replay:
             reserved -= size
         elif action == "oom":
             ooms.append(Oom(size=size, device_free=_opt_int(e.get("device_free")),
-                            frames=frames_of(e.get("frames")), event=i, reserved_bytes=reserved,
+                            frames=stacks.frames(e.get("frames")), event=i, reserved_bytes=reserved,
                             allocated_bytes=allocated))  # fmt: skip
-    peak_live = _live_at(trace, before, peak_at)
+    peak_live = _live_at(trace, before, peak_at, stacks)
     if allocated != sum(b.size for b in end_live.values()):
         notes.append("the replayed trace ends with a different allocated total than the snapshot's blocks "
                      "(a trace and segments of different moments?); the trace is used")  # fmt: skip
@@ -384,14 +476,17 @@ def replay(snapshot: Mapping[str, Any], device: int | None = None) -> Replay:
     )  # fmt: skip
 
 
-def _live_at(trace: list[dict[str, Any]], before: dict[int, Block], last: int) -> dict[int, Block]:
+def _live_at(
+    trace: list[dict[str, Any]], before: dict[int, Block], last: int, stacks: _Stacks
+) -> dict[int, Block]:
     """The blocks live just after event ``last`` (-1: at the trace's start), with their categories."""
     live = dict(before)
     for e in trace[: last + 1]:
         action, addr = e.get("action"), _int(e.get("addr"))
         if action == "alloc":
-            fr = frames_of(e.get("frames"))
-            live[addr] = Block(addr=addr, size=_int(e.get("size")), frames=fr, category=classify(fr))
+            raw = e.get("frames")
+            live[addr] = Block(addr=addr, size=_int(e.get("size")), frames=stacks.frames(raw),
+                               category=stacks.category(raw))  # fmt: skip
         elif action in FREE_ACTIONS:
             live.pop(addr, None)
     # A Python-only backward stack made each "gradient": the ones freed again within backward
@@ -403,24 +498,24 @@ def _live_at(trace: list[dict[str, Any]], before: dict[int, Block], last: int) -
         addr = _int(e.get("addr"))
         if e.get("action") in FREE_ACTIONS and addr in guessed:
             guessed.discard(addr)
-            if in_backward(frames_of(e.get("frames"))):
+            if in_backward(stacks.frames(e.get("frames"))):
                 live[addr] = replace(live[addr], category=TEMPORARIES)
         elif e.get("action") == "alloc" and addr in guessed:
             guessed.discard(addr)  # reused without a recorded free: leave it
     return live
 
 
-def _oom(trace: list[dict[str, Any]], reserved: int, allocated: int) -> Oom | None:
+def _oom(trace: list[dict[str, Any]], reserved: int, allocated: int, stacks: _Stacks) -> Oom | None:
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         if e.get("action") == "oom":
             return Oom(size=_int(e.get("size")), device_free=_opt_int(e.get("device_free")),
-                       frames=frames_of(e.get("frames")), event=i, reserved_bytes=reserved,
+                       frames=stacks.frames(e.get("frames")), event=i, reserved_bytes=reserved,
                        allocated_bytes=allocated)  # fmt: skip
     return None
 
 
-def _blocks_at_snapshot(segs: list[dict[str, Any]]) -> dict[int, Block]:
+def _blocks_at_snapshot(segs: list[dict[str, Any]], stacks: _Stacks) -> dict[int, Block]:
     out: dict[int, Block] = {}
     for seg in segs:
         addr = _int(seg.get("address"))
@@ -434,8 +529,7 @@ def _blocks_at_snapshot(segs: list[dict[str, Any]]) -> dict[int, Block]:
                 history = b.get("history")  # torch 2.0's snapshots: the stack sits in history[0]
                 if raw is None and isinstance(history, list) and history and isinstance(history[0], dict):
                     raw = history[0].get("frames")
-                fr = frames_of(raw)
-                out[at] = Block(addr=at, size=size, frames=fr, category=classify(fr))
+                out[at] = Block(addr=at, size=size, frames=stacks.frames(raw), category=stacks.category(raw))
             addr = at + size
     return out
 

@@ -5,6 +5,7 @@ FastAPI and uvicorn are imported only by :mod:`peakmem.web.app`; ``import peakme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,8 +19,15 @@ def create_app() -> Any:
     return _create()
 
 
-def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, open_browser: bool = False) -> None:
-    """Run the server until interrupted (imports FastAPI and uvicorn)."""
+def serve(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    open_browser: bool = False,
+    allow_hosts: Sequence[str] = (),
+) -> None:
+    """Run the server until interrupted (imports FastAPI and uvicorn); it answers only requests whose
+    Host header names it, or one of ``allow_hosts`` (:mod:`peakmem.web.hosts`)."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -31,4 +39,4 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, open_browser: b
         ) from error
     from peakmem.web.app import serve as _serve
 
-    _serve(host=host, port=port, open_browser=open_browser)
+    _serve(host=host, port=port, open_browser=open_browser, allow_hosts=allow_hosts)

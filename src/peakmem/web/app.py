@@ -27,7 +27,7 @@ import json
 import re
 import threading
 import webbrowser
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from enum import Enum
 from functools import cache
 from pathlib import Path
@@ -53,6 +53,7 @@ from peakmem.training import (
     Precision,
 )  # fmt: skip
 from peakmem.units import MiB, fmt_count
+from peakmem.web.hosts import HostCheck, allowed_hosts, host_name
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -601,7 +602,9 @@ CSP = (
 )
 
 
-def create_app() -> FastAPI:
+def create_app(*, allowed_hosts: frozenset[str] | None = None, port: int = 0) -> FastAPI:
+    """The application; with ``allowed_hosts``, a request whose Host header is not one of them (bare or
+    with ``port``) is answered 400 (:mod:`peakmem.web.hosts`; ``serve`` always passes them)."""
     app = FastAPI(
         title="peakmem",
         version=__version__,
@@ -668,15 +671,22 @@ def create_app() -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=allowed_hosts, port=port)  # outermost: checked first
     return app
 
 
-def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = False) -> None:
-    """Run the API and the page until interrupted."""
+def serve(
+    host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = False, allow_hosts: Sequence[str] = ()
+) -> None:
+    """Run the API and the page until interrupted; it answers only requests whose Host header names it
+    (``allow_hosts``: more names). uvicorn 0.54 has no header-read timeout (its ``timeout_keep_alive``
+    starts only after a response); h11 caps a request's headers at 16 KiB."""
     import uvicorn
 
-    url = f"http://{host}:{port}/"
+    url = f"http://{host_name(host)}:{port}/"
     print(f"peakmem {__version__}: serving {url} (API docs: {url}docs); Ctrl-C stops", flush=True)
     if open_browser:
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+    app = create_app(allowed_hosts=allowed_hosts(host, allow_hosts), port=port)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
