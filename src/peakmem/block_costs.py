@@ -33,7 +33,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -516,60 +516,151 @@ def provided_lookup(spec: ModelSpec, family: str, key: str) -> BlockCost | None:
     return block_key_costs(costs_for(spec.derived_from, family), key)
 
 
+# --- the disk cache: data from disk, checked before it is believed ---------------------------------
+# A cache file is untrusted like any file (peakmem.userfiles): read bounded, parsed depth-safe, and
+# believed only when its digest (sha256 over its canonical JSON with the code's version) matches, its
+# layout and costs versions are this code's, it names the config hash and family it is filed under, and
+# its values pass the same limits as a config.json (a spec) or a bounded number (a cost). Anything else
+# is ignored with a note in the answer (peakmem.progress) and measured again where torch is there.
+MAX_CACHE_BYTES = (
+    4 * 1000 * 1000
+)  # a family's costs are ~10 KB, a spec ~100 KB; the largest shipped file 260 kB
+MAX_COST_DIGITS = 60  # digits of one fitted coefficient's numerator or denominator (real ones: < 20)
+
+
+def _digest(body: Mapping[str, Any]) -> str:
+    from peakmem import __version__
+
+    text = json.dumps({"peakmem": __version__, **body}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _ignored(path: Path, why: str) -> None:
+    from peakmem import progress
+
+    progress.note(f"ignored the cached file {path.name} ({why}); its costs are measured again")
+
+
+def _read_checked(path: Path, **expected: Any) -> dict[str, Any] | None:
+    """The cache file's body when every check passes (``expected``: fields it must hold, as written),
+    else None (a missing file silently; any other failure with a note)."""
+    from peakmem.errors import InputError
+    from peakmem.userfiles import parse_json, read_user_text
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = parse_json(read_user_text(path, what="a cache file", max_bytes=MAX_CACHE_BYTES))
+    except (InputError, OSError, ValueError) as err:
+        _ignored(path, str(err).removeprefix(f"{path}: ")[:160])
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("digest"), str):
+        _ignored(path, "not a cache file of this layout")
+        return None
+    digest = data.pop("digest")
+    if digest != _digest(data):
+        _ignored(path, "its contents do not match its digest: edited, truncated or of another version")
+        return None
+    for key, want in expected.items():
+        if data.get(key) != want:
+            _ignored(path, f"{key} {data.get(key)!r}, expected {want!r}")
+            return None
+    return data
+
+
+def _write_checked(path: Path, body: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({**body, "digest": _digest(body)}, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
+def _costs_from_json(doc: Any) -> Costs:
+    """Costs as a cache file holds them, each coefficient a bounded fraction (a ValueError otherwise)."""
+    if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
+        raise ValueError("costs: not an object of block keys")
+    costs = {k: BlockCost.from_json(v) for k, v in doc.items()}
+    for key, cost in costs.items():
+        for fit_ in _fits(cost):
+            for c in fit_.coefficients:
+                if max(len(str(abs(c.numerator))), len(str(c.denominator))) > MAX_COST_DIGITS:
+                    raise ValueError(f"costs of {key}: a coefficient of more than {MAX_COST_DIGITS} digits")
+    return costs
+
+
+def _fits(cost: Any) -> Iterator[Fit]:
+    """Every Fit inside a BlockCost (its instants, its micro-batch-1 and long costs)."""
+    for f in dataclasses.fields(cost):
+        value = getattr(cost, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, Fit):
+                yield v
+            elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+                yield from _fits(v)
+
+
 def cached_spec(config: Mapping[str, Any], name: str | None = None) -> Any:
     """The derived spec of ``config`` from the disk cache (written by :func:`cache_spec`), or None:
-    a second ``train`` of a new family then needs neither torch nor transformers."""
+    a second ``train`` of a new family then needs neither torch nor transformers. The spec passes the
+    limits a config.json does (layers, widths, heads, vocabulary), else it is ignored."""
     chash = config_hash(config)
+    path = cache_dir() / f"{chash}--spec.json"
+    data = _read_checked(path, format=FORMAT, spec_version=SPEC_VERSION, config=chash)
+    if data is None:
+        return None
     try:
-        data = json.loads((cache_dir() / f"{chash}--spec.json").read_text())
-        if data.get("format") != FORMAT or data.get("spec_version") != SPEC_VERSION:
-            return None
         spec = spec_from_json(data["spec"])
-    except (OSError, ValueError, KeyError, TypeError):
+        _check_spec(spec, chash)
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
+        _ignored(path, f"not a valid spec: {str(err)[:120]}")
         return None
     register_config(config)
     return dataclasses.replace(spec, name=name) if name else spec
 
 
+def _check_spec(spec: Any, chash: str) -> None:
+    """A spec read from disk within the limits a config.json is held to (peakmem.validate)."""
+    from peakmem.model import ModelSpec
+    from peakmem.validate import MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+
+    if not isinstance(spec, ModelSpec) or spec.derived_from != chash:
+        raise ValueError(f"it was derived from config {getattr(spec, 'derived_from', None)!r}, not {chash}")
+    limits = ((spec.num_layers, MAX_LAYERS, "layers"), (spec.hidden_size, MAX_WIDTH, "hidden size"),
+              (spec.vocab_size, MAX_VOCAB, "vocabulary"))  # fmt: skip
+    for value, limit, what in limits:
+        if not isinstance(value, int) or not 0 <= value <= limit:
+            raise ValueError(f"{what} {value!r} outside 0..{limit:,}")
+    for g in spec.groups:
+        heads = g.layer.attention.num_heads
+        if not (isinstance(g.count, int) and 0 < g.count <= MAX_LAYERS and 0 <= heads <= MAX_HEADS):
+            raise ValueError(f"a layer group of {g.count!r} layers, {heads!r} heads")
+
+
 def cache_spec(config: Mapping[str, Any], spec: Any) -> None:
-    path = cache_dir() / f"{config_hash(config)}--spec.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        body = {"format": FORMAT, "spec_version": SPEC_VERSION, "spec": spec_to_json(spec)}
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
-    except OSError:
-        pass
+    chash = config_hash(config)
+    body = {"format": FORMAT, "spec_version": SPEC_VERSION, "config": chash, "spec": spec_to_json(spec)}
+    _write_checked(cache_dir() / f"{chash}--spec.json", body)
 
 
 def _read_cache(chash: str, family: str) -> Costs | None:
     path = _cache_file(chash, family)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("family") != family:
-        return None
-    if data.get("costs_version") != COSTS_VERSION:
+    data = _read_checked(path, format=FORMAT, costs_version=COSTS_VERSION, config=chash, family=family)
+    if data is None:
         return None
     try:
-        return {k: BlockCost.from_json(v) for k, v in data["costs"].items()}
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return _costs_from_json(data.get("costs"))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as err:
+        _ignored(path, f"not valid costs: {str(err)[:120]}")
         return None
 
 
 def _write_cache(chash: str, family: str, costs: Costs) -> None:
-    path = _cache_file(chash, family)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        body = {"format": FORMAT, "costs_version": COSTS_VERSION, "config": chash, "family": family,
-                "costs": {k: v.to_json() for k, v in costs.items()}}  # fmt: skip
-        tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    body = {"format": FORMAT, "costs_version": COSTS_VERSION, "config": chash, "family": family,
+            "costs": {k: v.to_json() for k, v in costs.items()}}  # fmt: skip
+    _write_checked(_cache_file(chash, family), body)
 
 
 # --- shipped data: spec + costs per catalog model ----------------------------------------------------
