@@ -18,7 +18,7 @@ from typing import Any
 
 from peakmem.errors import InputError, require
 from peakmem.inference import Scheme, WeightFormat
-from peakmem.validate import MAX_WIDTH, check_int, check_real
+from peakmem.validate import MAX_SHOWN_VALUE, MAX_WIDTH, check_int, check_real
 
 ALL_LINEAR = "all-linear"  # peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND
 DEFAULT_RANK = 8  # peft LoraConfig.r
@@ -55,8 +55,8 @@ class LoraConfig:
         check_real("lora_dropout", self.dropout, minimum=0.0, maximum=1.0, closed_max=False)
         require(self.adapter_dtype in ADAPTER_DTYPES, "adapter_dtype", self.adapter_dtype,
                 f"choose one of {', '.join(ADAPTER_DTYPES)}")  # fmt: skip
-        for key in self.targets:
-            require(bool(key.strip()), "lora_targets", ",".join(self.targets), "empty module name")
+        if any(not key.strip() for key in self.targets):  # one pass: the joined list only for the error
+            raise InputError(f"lora_targets={','.join(self.targets)[:MAX_SHOWN_VALUE]!r}: empty module name")
         if ALL_LINEAR in self.targets and len(self.targets) > 1:
             raise InputError(
                 f"lora_targets={','.join(self.targets)!r}: all-linear cannot be combined with names"

@@ -25,6 +25,20 @@ MAX_TEXT_CHARS = 10_000  # a name, a list of GPUs or LoRA targets: real ones are
 AUTO = "auto"  # a default the framework that the setup implies decides (peakmem.defaults)
 
 _ORACLES = frozenset({"measure", "simulate"})  # run the real model on a training setup (torch)
+# --- limits: each far beyond any real job, small enough to answer fast; the web's request models take the
+# same (peakmem.web.app). A value above one is refused naming the option and the reason.
+MAX_BATCH = 2**16  # sequences in a micro-batch (or served at once); real recipes stay under 1,024
+MAX_SEQ = 2**24  # tokens in a sequence: 16 M; the longest catalog context is 10 M (Llama 4 Scout)
+MAX_GRAD_ACCUM = 2**16  # accumulation steps; recipes use at most a few hundred
+MAX_DEGREE = 1024  # a tp/pp/cp/ep degree, virtual stages or GPUs per node; published runs use <= 128
+MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
+# Sequences per optimizer step: the largest published runs take ~4k (16 M tokens of 4k); at most 2**20
+# keeps plan's gradient accumulation within the core's limit of 1,048,576 steps on any layout.
+MAX_GLOBAL_BATCH = 2**20
+MAX_LORA_RANK = 4096  # published adapters use r <= 1,024; a rank is also at most the hidden size (question)
+MAX_LAYERS_ON_GPU = 10_000  # llama.cpp -ngl: the deepest catalog model has 126 layers
+MAX_CONTEXT_MIB = 2**20  # a CUDA context of 1 TiB: measured ones are 0.3-1.4 GiB
+
 _TRAINING = frozenset({"train", "fit", "plan", "plot", "explain"}) | _ORACLES  # take a training setup
 _SHARDED = frozenset({"train", "fit", "explain"})  # ... and its parallel layout (plan searches it)
 _SERVING = frozenset({"infer", "fit"})  # fit --infer sizes a serving job
@@ -45,6 +59,7 @@ class Option:
     help: str
     group: str = ""
     choices: tuple[str, ...] = ()
+    maximum: int | None = None  # the largest value taken (:data:`MAX_BATCH`, ...)
 
     @property
     def flag(self) -> str:
@@ -69,15 +84,15 @@ OPTIONS: tuple[Option, ...] = (
     _o("optimizer", str, "adamw", T, "adamw|adam|sgd|sgd-momentum|adafactor|lion|adamw-8bit|..."),
     _o("optimizer_impl", str, AUTO, T,
        "auto (what the framework the setup implies runs: peakmem.defaults)|foreach|fused|for-loop"),
-    _o("batch", int, 1, T | SV, "micro-batch size per GPU (infer: concurrent sequences)"),
-    _o("seq", int, None, T, "sequence length (default: min(context, 2048))"),
-    _o("grad_accum", int, 1, T, "gradient accumulation steps"),
+    _o("batch", int, 1, T | SV, "micro-batch size per GPU (infer: concurrent sequences)", maximum=MAX_BATCH),
+    _o("seq", int, None, T, "sequence length (default: min(context, 2048))", maximum=MAX_SEQ),
+    _o("grad_accum", int, 1, T, "gradient accumulation steps", maximum=MAX_GRAD_ACCUM),
     _o("checkpointing", str, "none", T, "none|selective|full"),
     _o("attention", str, "sdpa", T, "eager|sdpa|flash"),
     _o("framework", str, "hf", T, "hf|torchtune|unsloth"),
     _o("kernels", str, "cuda", _KERNELS, "whose kernels decide the bytes: cuda|cpu (to hold against "
        "`peakmem measure --device cpu`)", choices=("cuda", "cpu")),
-    _o("lora_rank", int, None, T, "adapter rank r (default 8, as peft)", group=_LORA),
+    _o("lora_rank", int, None, T, "adapter rank r (default 8, as peft)", group=_LORA, maximum=MAX_LORA_RANK),
     _o("lora_alpha", float, None, T, "scaling alpha (default 8)", group=_LORA),
     _o("lora_targets", str, None, T, "all-linear (default) or module names: q_proj,v_proj", group=_LORA),
     _o("lora_dropout", float, None, T, "dropout on the adapter input", group=_LORA),
@@ -91,35 +106,38 @@ OPTIONS: tuple[Option, ...] = (
     _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),
     _o("liger", bool, False, T, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)", group=_SAVING),
     # the parallel layout (peakmem.parallel.Parallelism)
-    _o("gpus", int, 1, S, "world size", group=_MULTI),
-    _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI),
+    _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),
+    _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI, maximum=MAX_DEGREE),
     _o("zero", int, 0, S, "DeepSpeed ZeRO stage 0|1|2|3", group=_MULTI),
     _o("fsdp", str, "none", S, "none|full-shard|shard-grad-op|hybrid-shard", group=_MULTI),
     _o("fsdp_version", int, 2, S, "1 (flat params) or 2 (fully_shard)", group=_MULTI),
-    _o("tp", int, 1, S | SV, "tensor-parallel degree (infer: tensor-parallel GPUs)", group=_MULTI),
-    _o("pp", int, 1, S, "pipeline-parallel degree", group=_MULTI),
-    _o("cp", int, 1, S, "context-parallel degree", group=_MULTI),
-    _o("ep", int, 1, S, "expert-parallel degree", group=_MULTI),
+    _o("tp", int, 1, S | SV, "tensor-parallel degree (infer: tensor-parallel GPUs)", group=_MULTI,
+       maximum=MAX_DEGREE),
+    _o("pp", int, 1, S, "pipeline-parallel degree", group=_MULTI, maximum=MAX_DEGREE),
+    _o("cp", int, 1, S, "context-parallel degree", group=_MULTI, maximum=MAX_DEGREE),
+    _o("ep", int, 1, S, "expert-parallel degree", group=_MULTI, maximum=MAX_DEGREE),
     _o("sp", bool, False, S, "Megatron sequence parallelism (with --tp)", group=_MULTI),
     _o("pp_schedule", str, "1f1b", S, "1f1b|interleaved", group=_MULTI),
-    _o("virtual_stages", int, 1, S, "interleaved schedule: chunks per rank", group=_MULTI),
+    _o("virtual_stages", int, 1, S, "interleaved schedule: chunks per rank", group=_MULTI,
+       maximum=MAX_DEGREE),
     _o("offload", str, "none", S, "optimizer states to none|cpu|nvme", group=_MULTI),
     _o("offload_params", str, "none", S, "parameters to none|cpu|nvme (ZeRO-3/FSDP)", group=_MULTI),
     # the serving setup (peakmem.inference.InferenceSetup)
     _o("weights", str, "bf16", SV, "bf16|fp16|fp32|fp8|int8|nf4|fp4|gptq-4bit-g128|awq-4bit|q4_k_m|..."),
     _o("kv_cache", str, "auto", SV, "auto|bf16|fp16|fp8|int8|int4"),
-    _o("context", int, None, SV, "tokens per sequence (default: model limit)"),
-    _o("prompt", int, None, SV, "prefill tokens (default: the whole context)"),
+    _o("context", int, None, SV, "tokens per sequence (default: model limit)", maximum=MAX_SEQ),
+    _o("prompt", int, None, SV, "prefill tokens (default: the whole context)", maximum=MAX_SEQ),
     _o("engine", str, "hf", SV, "hf|vllm|sglang|llamacpp"),
     _o("gpu_memory_utilization", float, None, SV,
        "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)"),
-    _o("n_gpu_layers", int, None, SV, "llama.cpp -ngl"),
+    _o("n_gpu_layers", int, None, SV, "llama.cpp -ngl", maximum=MAX_LAYERS_ON_GPU),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search
     _o("gpu", str, None, _GPU, "GPU name(s) or size(s), comma-separated: rtx-4090,40GB"),
     _o("cuda_context_mib", float, None, _DEVICE_OVERHEADS,
-       "CUDA context as nvidia-smi shows it after torch.ones(1, device='cuda')", group=_DEVICE),
+       "CUDA context as nvidia-smi shows it after torch.ones(1, device='cuda')", group=_DEVICE,
+       maximum=MAX_CONTEXT_MIB),
     _o("fragmentation", float, None, _DEVICE_OVERHEADS,
        "allocator fragmentation, a fraction of the per-step churn (default: one-GPU full fine-tuning "
        "replays the step through the caching-allocator model, at least 0.10; elsewhere 0.10)", group=_DEVICE),
@@ -130,8 +148,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("infer", bool, False, frozenset({"fit"}), "fit a serving job instead of training"),
     _o("margin", bool, False, frozenset({"fit"}),
        "rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')"),
-    _o("max_gpus", int, None, frozenset({"plan"}), "the most GPUs to use"),
-    _o("global_batch", int, None, frozenset({"plan"}), "sequences per optimizer step"),
+    _o("max_gpus", int, None, frozenset({"plan"}), "the most GPUs to use", maximum=MAX_WORLD),
+    _o("global_batch", int, None, frozenset({"plan"}), "sequences per optimizer step",
+       maximum=MAX_GLOBAL_BATCH),
 )  # fmt: skip
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -173,6 +192,10 @@ def convert_value(opt: Option, value: Any) -> Any:
             raise InputError(f"{name}={value!r}: must be a finite number")
         if abs(value) > MAX_NUMBER:
             raise InputError(f"{name}={_shown(value)}: too large (more than {MAX_NUMBER:,})")
+        if opt.maximum is not None and value > opt.maximum:
+            raise InputError(
+                f"{name}={_shown(value)}: too large (at most {opt.maximum:,}; no real job has more)"
+            )
         return float(value) if opt.kind is float else value
     if isinstance(value, (list, tuple)):
         value = ",".join(_text(opt, v) for v in value)

@@ -147,6 +147,11 @@ def ask(
         check_int("global_batch", search.global_batch)
     serving = command == "infer" or search.infer
     training, defaults = (None, ()) if serving else training_setup(o, spec.max_position_embeddings)
+    if training is not None and training.lora is not None and training.lora.rank > spec.hidden_size:
+        raise InputError(
+            f"lora_rank={training.lora.rank}: above {spec.name}'s hidden size {spec.hidden_size:,}; an "
+            "adapter on a d x k weight has rank at most min(d, k): a larger one adds bytes that learn nothing"
+        )
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
     elif command == "fit":

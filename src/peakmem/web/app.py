@@ -42,6 +42,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from peakmem import __version__
 from peakmem.errors import PeakmemError, UnknownNameError
 from peakmem.inference import Engine, KvDtype
+from peakmem.options import (
+    MAX_BATCH,
+    MAX_DEGREE,
+    MAX_GLOBAL_BATCH,
+    MAX_GRAD_ACCUM,
+    MAX_LORA_RANK,
+    MAX_SEQ,
+    MAX_WORLD,
+)
 from peakmem.question import Answer, Question
 from peakmem.training import (
     AttentionKernel,
@@ -60,16 +69,9 @@ STATIC_DIR = Path(__file__).with_name("static")
 # --- limits: what the API accepts (each far beyond any real job, small enough to answer fast) ------
 MAX_BODY_BYTES = 1 * MiB  # a config.json is a few KiB; the largest in the catalog is under 10 KiB
 MAX_DRAIN_BYTES = 64 * MiB  # an oversized body is read (and dropped) up to this, so the client sees 413
-MAX_BATCH = 2**16
-MAX_SEQ = 2**24  # 16 M tokens; the longest catalog context is 10 M (Llama 4 Scout)
-MAX_GRAD_ACCUM = 2**16
-MAX_TP = 1024
-MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
-# Sequences per optimizer step: the largest published runs take ~4k (16 M tokens of 4k); at most 2**20
-# keeps plan's gradient accumulation within the core's limit of 1,048,576 steps on any layout.
-MAX_GLOBAL_BATCH = 2**20
+# the option limits are the one table's (peakmem.options), so the page and the CLI refuse the same values
+MAX_TP = MAX_DEGREE
 MAX_PLAN_GPUS = MAX_WORLD  # plan searches 405B on 65,536 H100s in under a second
-MAX_LORA_RANK = 4096
 MAX_GPUS_PER_REQUEST = 16
 MAX_NAME_LEN = 200
 # A pasted config: no integer above MAX_CONFIG_INT (hidden sizes are < 2**15, vocabularies < 2**19,
