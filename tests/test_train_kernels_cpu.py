@@ -19,8 +19,10 @@ from peakmem.measure.parity import Case, sampled_grid
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 TOLERANCE = 0.03
-# one case per family and precision of the sampled grid, every attention, checkpointing and shape among them
-CASES = sampled_grid()[::2]
+# a quarter of the sampled grid, every family, precision, attention, checkpointing and shape among them
+# (tests/test_parity holds the formulas under the CPU kernel policy against all of it)
+# gpt2 fp32 / bf16, llama amp-bf16 / mixed-bf16, qwen2 mixed-bf16 / fp32: both shapes, kernels, checkpointing
+CASES = [sampled_grid()[i] for i in (1, 7, 10, 12, 16, 21)]
 
 
 def _flags(case: Case) -> dict[str, Any]:

@@ -371,10 +371,10 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
 
 def cmd_measure(args: argparse.Namespace) -> int:
     _check_steps(args.steps)
-    _require_torch_extra("measure")
     from peakmem.measure import measure_training
 
-    name, config, setup = _config_and_setup(args)
+    name, config, setup = _config_and_setup(args)  # the files checked before torch loads (seconds)
+    _require_torch_extra("measure")
     with _quiet() as notes:
         est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
     est = replace(est, assumptions=(*est.assumptions, *notes))
@@ -383,10 +383,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     _check_steps(args.steps)
-    _require_torch_extra("simulate")
     from peakmem.simulate import simulate_training
 
-    name, config, setup = _config_and_setup(args)
+    name, config, setup = _config_and_setup(args)  # the files checked before torch loads (seconds)
+    _require_torch_extra("simulate")
     with _quiet() as notes:
         est = simulate_training(config, setup, kernels=args.kernels, steps=args.steps, model_name=name)
     est = replace(est, assumptions=(*est.assumptions, *notes))
