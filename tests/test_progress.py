@@ -96,3 +96,10 @@ def test_a_first_train_says_its_stages_on_stderr_and_prints_no_library_line(
     assert any(
         "fake-tensor steps of its blocks at the fit shapes" in line and "steps)" in line for line in lines
     )
+
+
+def test_a_note_where_no_answer_collects_is_dropped_not_kept_for_later() -> None:
+    progress.note("left by a call outside any answer")
+    with progress.collecting() as notes:
+        progress.note("left by a call outside any answer")
+    assert notes == ["left by a call outside any answer"]

@@ -39,7 +39,7 @@ class _Silent:
 
 
 _REPORTER: list[Reporter] = [_Silent()]
-_NOTES: list[str] = []
+_COLLECTORS: list[list[str]] = []  # one per answer being computed, innermost last
 
 
 def stage(text: str, total: int = 0) -> None:
@@ -62,18 +62,18 @@ def reporting(reporter: Reporter) -> Iterator[None]:
 
 
 def note(text: str) -> None:
-    """A note for the answer being computed (kept once)."""
-    if text not in _NOTES:
-        _NOTES.append(text)
+    """A note for the answer being computed (kept once); dropped where no answer collects notes."""
+    if _COLLECTORS and text not in _COLLECTORS[-1]:
+        _COLLECTORS[-1].append(text)
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list[str]]:
-    """The notes left while the block runs (those of an answer inside an answer stay with it)."""
-    start = len(_NOTES)
+    """The notes left while the block runs, in the list it yields (those of an answer inside an answer
+    stay with that one)."""
     found: list[str] = []
+    _COLLECTORS.append(found)
     try:
         yield found
     finally:
-        found.extend(_NOTES[start:])
-        del _NOTES[start:]
+        _COLLECTORS.pop()
