@@ -587,24 +587,30 @@ class _Stages:
 
             columns = (TextColumn("peakmem: {task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn())  # fmt: skip
-            self.live = Progress(*columns, console=Console(stderr=True), transient=True)
+            # transient and never redirecting stdout: the answer prints after the display, stdout alone
+            self.live = Progress(*columns, console=Console(stderr=True), transient=True,
+                                 redirect_stdout=False, redirect_stderr=False)  # fmt: skip
 
     def stage(self, text: str, total: int) -> None:
         if self.live is None:
             print(f"peakmem: {text}" + (f" ({total} steps)" if total else ""), file=sys.stderr, flush=True)
             return
-        if self.task is None:
-            self.live.start()
-        else:
+        if self.task is not None:
             self.live.remove_task(self.task)
+        self.live.start()
         self.task = self.live.add_task(text, total=total or None)
 
     def advance(self, done: int) -> None:
-        if self.live is not None and self.task is not None:
-            self.live.update(self.task, completed=done)
+        if self.live is None or self.task is None:
+            return
+        self.live.update(self.task, completed=done)
+        if done >= (self.live.tasks[0].total or 0):  # a stage's steps done: off the screen until the next
+            self.close()
 
     def close(self) -> None:
         if self.live is not None and self.task is not None:
+            self.live.remove_task(self.task)
+            self.task = None
             self.live.stop()
 
 
