@@ -574,46 +574,6 @@ def _add_quiet_option(p: argparse.ArgumentParser) -> None:
                    help="say nothing on stderr while a new model's blocks are measured")  # fmt: skip
 
 
-class _Stages:
-    """peakmem.progress's reporter on stderr: a live progress display on a terminal, one line per stage
-    otherwise (a log, a pipe); stdout keeps the answer alone."""
-
-    def __init__(self) -> None:
-        self.live: Any = None
-        self.task: Any = None
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn("peakmem: {task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn())  # fmt: skip
-            # transient and never redirecting stdout: the answer prints after the display, stdout alone
-            self.live = Progress(*columns, console=Console(stderr=True), transient=True,
-                                 redirect_stdout=False, redirect_stderr=False)  # fmt: skip
-
-    def stage(self, text: str, total: int) -> None:
-        if self.live is None:
-            print(f"peakmem: {text}" + (f" ({total} steps)" if total else ""), file=sys.stderr, flush=True)
-            return
-        if self.task is not None:
-            self.live.remove_task(self.task)
-        self.live.start()
-        self.task = self.live.add_task(text, total=total or None)
-
-    def advance(self, done: int) -> None:
-        if self.live is None or self.task is None:
-            return
-        self.live.update(self.task, completed=done)
-        if done >= (self.live.tasks[0].total or 0):  # a stage's steps done: off the screen until the next
-            self.close()
-
-    def close(self) -> None:
-        if self.live is not None and self.task is not None:
-            self.live.remove_task(self.task)
-            self.task = None
-            self.live.stop()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="peakmem",
@@ -786,8 +746,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "quiet", True):
             return handler(args)
         from peakmem import progress
+        from peakmem.render import StageDisplay
 
-        with progress.reporting(_Stages()):
+        with progress.reporting(StageDisplay()):
             return handler(args)
     except PeakmemError as error:
         print(f"peakmem: error: {error}", file=sys.stderr)
