@@ -39,6 +39,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from peakmem import progress
 from peakmem.errors import ConfigError
 from peakmem.model import FIRST_BLOCK, LAST_BLOCK, ModelSpec
 
@@ -536,8 +537,6 @@ def _digest(body: Mapping[str, Any]) -> str:
 
 
 def _ignored(path: Path, why: str) -> None:
-    from peakmem import progress
-
     progress.note(f"ignored the cached file {path.name} ({why}); its costs are measured again")
 
 

@@ -19,11 +19,10 @@ from typing import Any
 from peakmem import __version__
 from peakmem.answers import train_headline
 from peakmem.errors import EXIT_INPUT_ERROR, EXIT_OK, InputError, PeakmemError
+from peakmem.options import MAX_NUMBER
 from peakmem.training import DEFAULT_SEQ_LEN
-from peakmem.validate import MAX_TOKENS
 
 Handler = Callable[[argparse.Namespace], int]
-MAX_CLI_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size on the command line is larger
 MAX_ERROR_CHARS = 400  # a usage error quotes at most this much of what it got
 MIN_PORT, MAX_PORT = 1, 65535  # TCP ports (0 would pick a random one the user cannot know)
 MAX_STEPS = 100  # simulate/measure: the peak settles by step 2; more steps only cost time
@@ -715,8 +714,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             continue
         if isinstance(value, float) and not math.isfinite(value):
             raise InputError(f"{flag}={value!r}: must be a finite number")
-        if abs(value) > MAX_CLI_NUMBER:
-            raise InputError(f"{flag}={value!r}: too large (more than {MAX_CLI_NUMBER:,})")
+        if abs(value) > MAX_NUMBER:
+            raise InputError(f"{flag}={value!r}: too large (more than {MAX_NUMBER:,})")
 
 
 def _silence_stdout() -> None:

@@ -70,7 +70,6 @@ STATIC_DIR = Path(__file__).with_name("static")
 MAX_BODY_BYTES = 1 * MiB  # a config.json is a few KiB; the largest in the catalog is under 10 KiB
 MAX_DRAIN_BYTES = 64 * MiB  # an oversized body is read (and dropped) up to this, so the client sees 413
 # the option limits are the one table's (peakmem.options), so the page and the CLI refuse the same values
-MAX_TP = MAX_DEGREE
 MAX_PLAN_GPUS = MAX_WORLD  # plan searches 405B on 65,536 H100s in under a second
 MAX_GPUS_PER_REQUEST = 16
 MAX_NAME_LEN = 200
@@ -157,8 +156,8 @@ class ParallelOptions(BaseModel):
     gpu_count: int = Field(1, ge=1, le=MAX_WORLD, description="world size (the CLI's --gpus)")
     zero: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     fsdp: str = Field("none", max_length=20, description="none, full-shard, shard-grad-op, hybrid-shard")
-    tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel degree")
-    pp: int = Field(1, ge=1, le=MAX_TP, description="pipeline-parallel degree")
+    tp: int = Field(1, ge=1, le=MAX_DEGREE, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, le=MAX_DEGREE, description="pipeline-parallel degree")
     offload: str = Field("none", max_length=10, description="optimizer states to none, cpu or nvme")
     offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
 
@@ -178,7 +177,7 @@ class InferRequest(ModelChoice):
     context: int | None = Field(None, ge=1, le=MAX_SEQ, description="prompt + generated tokens per sequence")
     prompt: int | None = Field(None, ge=1, le=MAX_SEQ)
     engine: Engine = Engine.HF
-    tp: int = Field(1, ge=1, le=MAX_TP)
+    tp: int = Field(1, ge=1, le=MAX_DEGREE)
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM gpu_memory_utilization / SGLang mem_fraction_static"
     )
