@@ -19,6 +19,7 @@ from peakmem.errors import InputError
 from peakmem.fromfile.accelerate import FSDP_OFFLOAD_NOTE, FSDP_STRATEGIES, fsdp_config
 from peakmem.fromfile.deepspeed import map_deepspeed
 from peakmem.fromfile.mapper import Row, _Mapper, as_float, as_int, get, is_auto, names_list, take, truthy
+from peakmem.fromfile.post_training import map_post_training
 
 TRL_LORA_R, TRL_LORA_ALPHA, TRL_LORA_DROPOUT = 16, 32, 0.05  # trl/trainer/model_config.py ModelConfig
 TRL_MAX_LENGTH = 1024  # trl/trainer/sft_config.py SFTConfig.max_length
@@ -402,6 +403,7 @@ def common_hf(
             if key in ("use_dora", "lora_modules_to_save", "optim_target_modules"):
                 continue  # mapped elsewhere, or a kernel flag
             m.skip(key, doc[key], _NOT_MODELLED[key])
+    map_post_training(m, doc)
 
 
 def quant_hf(m: _Mapper, doc: Mapping[str, Any], *, double_quant_default: bool, who: str) -> str | None:
