@@ -188,6 +188,12 @@ def sglang_mem_fraction_static(gpu_bytes: int, tp: int) -> float:
     return max(0.0, round((gpu_mib - reserved_gib * 1024) / gpu_mib, SGLANG_FRACTION_DIGITS))
 
 
+# vLLM LoRAConfig (vllm/config/lora.py, vLLM 0.11): max_loras=1 and max_lora_rank=16 by default, the
+# rank one of MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] (formulas/serving/lora_slots.py).
+VLLM_DEFAULT_MAX_LORAS = 1
+VLLM_DEFAULT_MAX_LORA_RANK = 16
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 # llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
 LLAMACPP_N_UBATCH = 512
 
@@ -213,6 +219,10 @@ class InferenceSetup:
     n_ubatch: int = LLAMACPP_N_UBATCH
     mla_cache: MlaCache = "auto"  # MLA: cache the latent or the expanded keys/values
     strict: bool = False  # context beyond the model's limit is an error, not a warning
+    # vLLM multi-LoRA (--enable-lora): adapter slots on the GPU (0: LoRA off) of max_lora_rank (None: 16)
+    max_loras: int | None = None  # None: 1 (vLLM's default) when max_lora_rank is given, else off
+    max_lora_rank: int | None = None
+    prefix_tokens: int = 0  # a prompt prefix every request shares (automatic prefix caching)
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, Engine):  # a CLI spelling: "vllm"
@@ -257,6 +267,7 @@ class InferenceSetup:
         if self.n_gpu_layers is not None:
             require(self.n_gpu_layers >= 0, "n_gpu_layers", self.n_gpu_layers, "must be 0 or more")
         require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
+        self._check_lora_and_prefix()
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
         )
@@ -289,6 +300,25 @@ class InferenceSetup:
                 "only llama.cpp offloads layers to the CPU",
             )  # fmt: skip
 
+    def _check_lora_and_prefix(self) -> None:
+        """vLLM's LoRA slots (vllm/config/lora.py LoRAConfig) and a shared prefix (pooled engines)."""
+        if self.max_loras is not None:
+            check_int("max_loras", self.max_loras, minimum=0, maximum=MAX_TOKENS, what="adapters")
+        if self.max_lora_rank is not None:
+            check_int("max_lora_rank", self.max_lora_rank, minimum=0, maximum=MAX_TOKENS, what="(the rank)")
+            require(self.max_lora_rank in VLLM_MAX_LORA_RANKS, "max_lora_rank", self.max_lora_rank,
+                    f"vLLM takes one of {', '.join(map(str, VLLM_MAX_LORA_RANKS))}")  # fmt: skip
+        if self.lora_slots:
+            require(self.engine is Engine.VLLM, "max_loras", self.lora_slots,
+                    f"LoRA slots are modelled for engine=vllm, not {self.engine.value}")  # fmt: skip
+        check_int("prefix_tokens", self.prefix_tokens, minimum=0, maximum=MAX_TOKENS, what="tokens")
+        if self.prefix_tokens:
+            require(self.engine in (Engine.VLLM, Engine.SGLANG), "prefix_tokens", self.prefix_tokens,
+                    f"prefix caching is modelled for vllm and sglang, not {self.engine.value}")  # fmt: skip
+            require(self.context is None or self.prefix_tokens < self.context, "prefix_tokens",
+                    self.prefix_tokens, f"must be below context={self.context} (each request has "
+                    "tokens of its own)")  # fmt: skip
+
     @property
     def weight_format(self) -> WeightFormat:
         return parse_weight_format(self.weights)
@@ -308,6 +338,18 @@ class InferenceSetup:
             return self.block_size
         return VLLM_BLOCK_SIZE if self.engine is Engine.VLLM else 1
 
+    @property
+    def lora_slots(self) -> int:
+        """vLLM's max_loras: the one given, else its default 1 when a rank is given, else 0 (LoRA off)."""
+        if self.max_loras is not None:
+            return self.max_loras
+        return VLLM_DEFAULT_MAX_LORAS if self.max_lora_rank is not None else 0
+
+    @property
+    def lora_rank(self) -> int:
+        """vLLM's max_lora_rank: the one given, else LoRAConfig's default 16."""
+        return self.max_lora_rank if self.max_lora_rank is not None else VLLM_DEFAULT_MAX_LORA_RANK
+
     def echo(self) -> dict[str, object]:
         """The inputs, JSON-ready, for ``Estimate.setup``."""
         return {
@@ -317,4 +359,7 @@ class InferenceSetup:
             "block_size": self.effective_block_size, "prefill_chunk": self.prefill_chunk,
             "keep_all_logits": self.keep_all_logits, "n_gpu_layers": self.n_gpu_layers,
             "mla_cache": self.mla_cache, "strict": self.strict,
+            # shown only when asked: the echo of every other job stays as it was
+            **({"max_loras": self.lora_slots, "max_lora_rank": self.lora_rank} if self.lora_slots else {}),
+            **({"prefix_tokens": self.prefix_tokens} if self.prefix_tokens else {}),
         }  # fmt: skip

@@ -36,6 +36,7 @@ MAX_WORLD = 65536  # GPUs in one job (the largest published runs use ~16k-100k)
 # keeps plan's gradient accumulation within the core's limit of 1,048,576 steps on any layout.
 MAX_GLOBAL_BATCH = 2**20
 MAX_LORA_RANK = 4096  # published adapters use r <= 1,024; a rank is also at most the hidden size (question)
+MAX_LORA_SLOTS = 4096  # vLLM --max-loras: GPU adapter slots; published multi-LoRA serving uses <= 128
 MAX_LAYERS_ON_GPU = 10_000  # llama.cpp -ngl: the deepest catalog model has 126 layers
 MAX_CONTEXT_MIB = 2**20  # a CUDA context of 1 TiB: measured ones are 0.3-1.4 GiB
 
@@ -131,6 +132,12 @@ OPTIONS: tuple[Option, ...] = (
     _o("gpu_memory_utilization", float, None, SV,
        "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)"),
     _o("n_gpu_layers", int, None, SV, "llama.cpp -ngl", maximum=MAX_LAYERS_ON_GPU),
+    _o("max_loras", int, None, SV, "vLLM multi-LoRA: adapter slots on the GPU (default 1 with "
+       "--max-lora-rank; 0: LoRA off)", maximum=MAX_LORA_SLOTS),
+    _o("max_lora_rank", int, None, SV, "vLLM multi-LoRA: slot rank, one of 1|8|16|32|64|128|256|320|512 "
+       "(default 16 with --max-loras)"),
+    _o("prefix_tokens", int, 0, SV, "vLLM/SGLang: a prompt prefix every request shares (prefix caching; "
+       "part of --context)", maximum=MAX_SEQ),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search

@@ -251,7 +251,8 @@ def inference_setup(o: Mapping[str, Any], gpus: Sequence[Gpu]) -> InferenceSetup
         weights=o["weights"], kv_cache=o["kv_cache"], batch=o["batch"], context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
-        keep_all_logits=o["keep_all_logits"], strict=o["strict"],
+        keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
+        max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
     )  # fmt: skip
 
 

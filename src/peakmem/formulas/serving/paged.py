@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.errors import require
 from peakmem.formulas.recurrent_state import state_bytes_per_sequence
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
@@ -22,6 +23,8 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.serving.lora_slots import lora_slot_bytes
+from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import Engine
 
@@ -47,13 +50,32 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
     state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.tp)
     per_seq = cache_bytes(c, c.context, 1, block) + state_per_seq
-    needed = per_seq * b
+    # automatic prefix caching: the shared prefix's full blocks are held once (formulas/serving/prefix.py)
+    share = _prefix_share(c, block)
+    shared = cache_bytes(c, share.shared_tokens, 1, block) if share.shared_tokens else 0
+    needed = shared + (per_seq - shared) * b
+    lora = _lora_item(c)
     notes: list[str] = []
     extra: dict[str, object] = {
         "kv_bytes_per_sequence": per_seq,
         "kv_needed_bytes": needed,
         "prefill_chunk_tokens": chunk,
     }
+    if s.prefix_tokens:
+        extra.update(prefix_tokens=s.prefix_tokens, prefix_shared_tokens=share.shared_tokens,
+                     prefix_shared_kv_bytes=shared)  # fmt: skip
+        notes.append(
+            f"prefix caching: the {s.prefix_tokens}-token shared prefix's {share.shared_tokens // block} "
+            f"full {block}-token blocks ({shared} B) are stored once; each request holds its own "
+            f"{per_seq - shared} B (the rest of its {c.context} tokens, the prefix's partial block included)"
+        )
+    if lora is not None:
+        extra["lora_slot_bytes"] = lora.bytes
+        notes.append(
+            "LoRA slots: vLLM's A/B stacks of every decoder Linear; not counted: embedding / LM-head LoRA "
+            "wrappers, LoRA on MoE experts, punica index buffers (< 1 MiB); the adapters' CPU cache "
+            "(max_cpu_loras, default max_loras) is host RAM"
+        )
     if s.gpu_bytes is not None:
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
@@ -65,7 +87,17 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch)
             pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
         pool = max(pool, 0)
-        concurrent = pool // per_seq if per_seq else 0
+        if lora is not None:
+            # vLLM V1 profiles after load_model: the LoRA stacks count with the weights (lora_slots.py)
+            shrink = min(pool, lora.bytes)
+            pool -= shrink
+            extra["kv_pool_lora_shrink_bytes"] = shrink
+            notes.append(
+                f"LoRA slots take {lora.bytes} B out of the KV pool (vLLM profiles them with the weights)"
+            )
+        concurrent = concurrent_with_share(pool, per_sequence=per_seq, shared_bytes=shared) if per_seq else 0
+        if s.prefix_tokens:
+            extra["max_concurrent_without_prefix_sharing"] = pool // per_seq if per_seq else 0
         extra.update(
             kv_pool_bytes=pool,
             kv_pool_blocks=pool // max(1, cache_bytes(c, block, 1, block)),
@@ -93,7 +125,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
         category=Category.KV_CACHE,
         bytes=needed - state_per_seq * b,
-        source="formulas/kv_cache.py",
+        source="formulas/kv_cache.py" + (" + formulas/serving/prefix.py" if shared else ""),
     )
     states = state_items(c, b)
     act_item = MemoryItem(
@@ -116,12 +148,40 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             source=CUDA_CONTEXT_SOURCE,
         )
     ]
-    extra["steady_state_bytes"] = weights.bytes + needed
+    lora_rows = [lora] if lora is not None else []
+    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in lora_rows) + needed
     notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
     return EngineMemory(
-        prefill=[weights, kv_item, *states, act_item],
-        decode=[weights, kv_item, *states, decode_tmp],
+        prefill=[weights, *lora_rows, kv_item, *states, act_item],
+        decode=[weights, *lora_rows, kv_item, *states, decode_tmp],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
+    )
+
+
+def _prefix_share(c: ServingContext, block: int) -> PrefixShare:
+    """The shared prefix of ``c``'s requests; it must leave each request a token of its own."""
+    prefix = c.setup.prefix_tokens
+    if prefix:
+        require(prefix < c.context, "prefix_tokens", prefix,
+                f"must be below context={c.context} (each request has tokens of its own)")  # fmt: skip
+        require(all(g.layer.attention.sliding_window is None for g in c.spec.groups), "prefix_tokens",
+                prefix, "prefix sharing with sliding-window layers is not modelled")  # fmt: skip
+    return shared_prefix(prefix, block)
+
+
+def _lora_item(c: ServingContext) -> MemoryItem | None:
+    """vLLM's preallocated LoRA slots (formulas/serving/lora_slots.py), in the model's dtype."""
+    s = c.setup
+    if not s.lora_slots:
+        return None
+    nbytes = lora_slot_bytes(
+        c.spec, max_loras=s.lora_slots, rank=s.lora_rank, dtype_bytes=c.act_bytes, tp=s.tp
+    )
+    return MemoryItem(
+        path=f"LoRA slots ({s.lora_slots} x rank {s.lora_rank})",
+        category=Category.PARAMETERS,
+        bytes=nbytes,
+        source="formulas/serving/lora_slots.py",
     )
