@@ -437,7 +437,8 @@ def set_provider(provider: Provider | None) -> None:
 
 def config_hash(config: Mapping[str, Any]) -> str:
     """A stable 16-hex-digit hash of a config dict (keys sorted; bookkeeping keys ignored)."""
-    drop = ("_name_or_path", "transformers_version")
+    # quantization_config: how the checkpoint stores its weights, not the modules transformers builds
+    drop = ("_name_or_path", "transformers_version", "quantization_config")
     body = json.dumps({k: v for k, v in config.items() if k not in drop}, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 

@@ -69,6 +69,9 @@ class Scheme(Choice):
     GPTQ = "gptq"
     AWQ = "awq"
     GGUF = "gguf"
+    MXFP4 = "mxfp4"  # OCP MX FP4 (gpt-oss): E2M1 values 2 per byte + one E8M0 scale per 32, experts only
+    NVFP4 = "nvfp4"  # NVIDIA ModelOpt NVFP4: E2M1 2 per byte + E4M3 scale per 16 + fp32 global scales
+    FP8_BLOCK = "fp8-block"  # DeepSeek-V3 / Qwen3-FP8: e4m3 weights + fp32 scale per 128 x 128 block
 
 
 # GGUF file types people download (llama.cpp `llama-quantize` names; src/llama-quant.cpp).
@@ -82,13 +85,22 @@ GGUF_FILE_TYPES = (
 FLOAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
 GPTQ_BITS = (2, 3, 4, 8)
 AWQ_BITS = (4,)
+# OCP Microscaling spec v1.0 (MX formats, table 1): MXFP4 = 32 E2M1 elements sharing one E8M0 scale;
+# vLLM model_executor/layers/quantization/mxfp4.py Mxfp4MoEMethod.create_weights: mxfp4_block = 32.
+MXFP4_BLOCK = 32
+# NVIDIA ModelOpt NVFP4: 16 E2M1 elements share one E4M3 scale (hf_quant_config group_size 16; vLLM
+# quantization/modelopt.py ModelOptNvFp4Config, input_size // group_size scales per row).
+NVFP4_BLOCK = 16
+# DeepSeek-V3 config.json quantization_config.weight_block_size = [128, 128] (also Qwen3-*-FP8).
+FP8_BLOCK_SHAPE = (128, 128)
+_FP8_BLOCK_RE = re.compile(r"^fp8-block(?:-(\d{1,5})x(\d{1,5}))?$")
 # auto-gptq / gptqmodel and AutoAWQ default group size (quantize_config.group_size = 128).
 DEFAULT_GROUP_SIZE = 128
 GROUP_SIZES = (-1, 32, 64, 128, 256, 1024)  # -1: one group per column ("per channel")
 
 WEIGHT_FORMAT_HELP = (
-    "fp32, fp16, bf16, fp8, fp8-channel, int8 (bitsandbytes LLM.int8), w8a8, nf4, nf4-dq, fp4, "
-    "fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
+    "fp32, fp16, bf16, fp8, fp8-channel, fp8-block[-<R>x<C>], mxfp4, nvfp4, int8 (bitsandbytes LLM.int8), "
+    "w8a8, nf4, nf4-dq, fp4, fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
 )
 
 
@@ -104,6 +116,7 @@ class WeightFormat:
     per_channel: bool = False  # fp8: one scale per output channel instead of per tensor
     float_dtype: str = "bf16"  # dtype of unquantized tensors (embeddings, norms, head)
     gguf_type: str = ""  # GGUF file type, e.g. "q4_k_m"
+    block: tuple[int, int] = (0, 0)  # fp8-block: (rows, columns) of [out, in] sharing one fp32 scale
 
     @property
     def is_quantized(self) -> bool:
@@ -122,6 +135,16 @@ def parse_weight_format(text: str) -> WeightFormat:
         return WeightFormat(name="fp8", scheme=Scheme.FP8, bits=8)
     if key in ("fp8-channel", "fp8-dynamic"):
         return WeightFormat(name="fp8-channel", scheme=Scheme.FP8, bits=8, per_channel=True)
+    if key in ("mxfp4", "mx-fp4"):
+        return WeightFormat(name="mxfp4", scheme=Scheme.MXFP4, bits=4, group_size=MXFP4_BLOCK)
+    if key in ("nvfp4", "nv-fp4", "modelopt-nvfp4"):
+        return WeightFormat(name="nvfp4", scheme=Scheme.NVFP4, bits=4, group_size=NVFP4_BLOCK)
+    block = _FP8_BLOCK_RE.match(key)
+    if block:
+        rows, cols = (int(block.group(1)), int(block.group(2))) if block.group(1) else FP8_BLOCK_SHAPE
+        require(rows >= 1 and cols >= 1, "weights", text, "block sides must be at least 1")
+        name = "fp8-block" if (rows, cols) == FP8_BLOCK_SHAPE else f"fp8-block-{rows}x{cols}"
+        return WeightFormat(name=name, scheme=Scheme.FP8_BLOCK, bits=8, block=(rows, cols))
     if key in ("int8", "llm.int8", "bnb-int8", "bnb-8bit", "8bit"):
         return WeightFormat(name="int8", scheme=Scheme.BNB_INT8, bits=8)
     if key in ("w8a8", "int8-w8a8", "w8a8-int8"):
@@ -159,7 +182,23 @@ def parse_weight_format(text: str) -> WeightFormat:
     raise InputError(f"weights={text!r}: unknown format; choose {WEIGHT_FORMAT_HELP}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CheckpointWeights:
+    """What a checkpoint's ``config.json`` ``quantization_config`` says of its stored weights
+    (:func:`peakmem.hf.quant.checkpoint_weights` reads it): the format peakmem prices, "" when the
+    method is not modelled, and what was read (for the answer's assumptions)."""
+
+    weights: str  # a parse_weight_format name ("mxfp4", "fp8-block"), or "" (not modelled)
+    read: str  # e.g. "quant_method 'fp8', weight_block_size [128, 128]"
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.read, str), "checkpoint.read", self.read, "must be text")
+        if self.weights:
+            parse_weight_format(self.weights)
+
+
 # --- the setup -----------------------------------------------------------------------------------
+DEFAULT_WEIGHTS = "bf16"  # when neither --weights nor the checkpoint's quantization_config names one
 # vLLM EngineArgs defaults (vllm/engine/arg_utils.py): gpu_memory_utilization=0.9, block_size=16.
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 VLLM_BLOCK_SIZE = 16
@@ -202,7 +241,7 @@ LLAMACPP_N_UBATCH = 512
 class InferenceSetup:
     """One inference job. ``context`` counts prompt plus generated tokens per sequence."""
 
-    weights: str = "bf16"
+    weights: str = DEFAULT_WEIGHTS
     kv_cache: KvDtype = KvDtype.AUTO
     batch: int = 1  # concurrent sequences
     context: int | None = None  # None: the model's limit (max_position_embeddings)
@@ -223,8 +262,12 @@ class InferenceSetup:
     max_loras: int | None = None  # None: 1 (vLLM's default) when max_lora_rank is given, else off
     max_lora_rank: int | None = None
     prefix_tokens: int = 0  # a prompt prefix every request shares (automatic prefix caching)
+    # the checkpoint's own quantization_config (None: not read, or the config has none)
+    checkpoint: CheckpointWeights | None = None
 
     def __post_init__(self) -> None:
+        if self.checkpoint is not None and not isinstance(self.checkpoint, CheckpointWeights):
+            raise InputError(f"checkpoint={self.checkpoint!r}: a CheckpointWeights or None")
         if not isinstance(self.engine, Engine):  # a CLI spelling: "vllm"
             object.__setattr__(self, "engine", Engine.parse(self.engine, "engine"))
         if not isinstance(self.kv_cache, KvDtype):
@@ -322,6 +365,21 @@ class InferenceSetup:
     @property
     def weight_format(self) -> WeightFormat:
         return parse_weight_format(self.weights)
+
+    def weights_assumption(self) -> str | None:
+        """How the weight format relates to the checkpoint's quantization_config, for the answer's
+        assumptions; None when no quantization_config was read."""
+        ck, name = self.checkpoint, self.weight_format.name
+        if ck is None:
+            return None
+        if not ck.weights:
+            return (
+                f"the checkpoint's config.json quantization_config ({ck.read}) is not modelled: weights "
+                f"priced as {name}; give --weights to price the stored format"
+            )
+        if parse_weight_format(ck.weights).name == name:
+            return f"weights priced from the checkpoint's config.json quantization_config ({ck.read}) as {name}"
+        return f"--weights {name} overrides the checkpoint's quantization_config ({ck.read}: {ck.weights})"
 
     def memory_fraction(self, gpu_bytes: int) -> float:
         """The share of a GPU a pooled engine takes: the one given, else vLLM's 0.9 or SGLang's default."""

@@ -21,7 +21,7 @@ from peakmem.catalog import Gpu
 from peakmem.defaults import optimizer_step
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
 from peakmem.formulas.overhead import Overheads
-from peakmem.inference import InferenceSetup
+from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.resolve import Deriver
@@ -124,15 +124,19 @@ def ask(
     them): the model named by ``model`` (or ``spec``, one built already), the setups, the layout, the
     GPUs and the overheads, each validated where it is built. ``derive`` and ``costs``: what the face
     hands in for a model the formulas do not know (:func:`peakmem.simulate.deriver`, ``measuring_lookup``)."""
-    from peakmem.resolve import resolve_gpus, resolve_model
+    from peakmem.hf.quant import checkpoint_weights
+    from peakmem.resolve import resolve_config, resolve_gpus, spec_for_config
 
     if command not in opt.JOB_COMMANDS:
         raise InputError(f"command={command!r}: one of {', '.join(opt.JOB_COMMANDS)}")
     o = opt.convert(command, given)
+    checkpoint = None
     if spec is None:
         if not isinstance(model, str):
             raise InputError(f"model={model!r}: a catalog name, a config.json path or a Hub id (a string)")
-        spec = resolve_model(model, derive=derive)
+        name, config = resolve_config(model)
+        spec = spec_for_config(config, name=name, derive=derive)
+        checkpoint = checkpoint_weights(config)
     gpus = resolve_gpus(o["gpu"]) if o.get("gpu") else ()
     search = Search(margin=o.get("margin", False), infer=o.get("infer", False),
                     max_gpus=o.get("max_gpus"), global_batch=o.get("global_batch"))  # fmt: skip
@@ -155,12 +159,12 @@ def ask(
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
     elif command == "fit":
-        inference_setup(o, gpus)
+        inference_setup(o, gpus, checkpoint)
     extra = from_file.parallel if from_file is not None else None
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
-        inference=inference_setup(o, gpus) if serving else None, gpus=gpus, overheads=overheads(o),
+        inference=inference_setup(o, gpus, checkpoint) if serving else None, gpus=gpus, overheads=overheads(o),
         search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
 
@@ -246,9 +250,16 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
     return None if plain else layout  # built either way: every value is checked
 
 
-def inference_setup(o: Mapping[str, Any], gpus: Sequence[Gpu]) -> InferenceSetup:
+def inference_setup(
+    o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None
+) -> InferenceSetup:
+    """The InferenceSetup the options ask for; weights not given: the format the checkpoint's
+    quantization_config names (``checkpoint``), else bf16."""
+    weights = o["weights"]
+    if weights is None:
+        weights = checkpoint.weights if checkpoint is not None and checkpoint.weights else DEFAULT_WEIGHTS
     return InferenceSetup(
-        weights=o["weights"], kv_cache=o["kv_cache"], batch=o["batch"], context=o["context"],
+        weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"], context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],

@@ -10,6 +10,17 @@ Which tensors each tool quantizes (the rule modelled; each row of :func:`weight_
   (attention, MLP, experts, shared experts); the router, embeddings, head and norms stay fp16.
 * fp8 / w8a8 (llm-compressor ``compressed-tensors`` checkpoints as vLLM loads them): decoder-layer
   linears (routers stay 16-bit, ``ignore=["lm_head"]``), weights 8-bit plus fp32 scales.
+* mxfp4 (gpt-oss; transformers ``integrations/mxfp4.py`` ``Mxfp4GptOssExperts`` and vLLM
+  ``model_executor/layers/quantization/mxfp4.py`` ``Mxfp4Config.get_quant_method``): the MoE experts
+  only (``FusedMoE`` gets ``Mxfp4MoEMethod``; every ``LinearBase`` falls back to
+  ``UnquantizedLinearMethod``); attention, router, embeddings and head stay bf16, as the checkpoint's
+  ``modules_to_not_convert`` lists them; the expert biases stay bf16 (``w13_bias`` / ``w2_bias``).
+* nvfp4 (NVIDIA ModelOpt checkpoints, vLLM ``quantization/modelopt.py`` ``ModelOptNvFp4LinearMethod``):
+  the decoder-layer linears and experts (``exclude_modules`` lists ``lm_head``; the router is built
+  unquantized), so embeddings, head, router and norms stay bf16.
+* fp8-block (DeepSeek-V3/R1, Qwen3-FP8; transformers ``integrations/finegrained_fp8.py``
+  ``FP8Linear``, vLLM ``quantization/fp8.py`` ``Fp8LinearMethod`` with ``weight_block_size``): the
+  decoder-layer linears and experts; ``lm_head``, embeddings, the router and norms stay bf16.
 * GGUF (llama.cpp ``src/llama-quant.cpp`` ``llama_tensor_get_type``): 2-D weights take the file
   type's base type with per-tensor bumps (output Q6_K, attn_v / ffn_down more bits in some
   layers); 1-D tensors (norms, biases) and the MoE router (``ffn_gate_inp``) stay F32.
@@ -21,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from peakmem.errors import InputError
-from peakmem.inference import Scheme, WeightFormat
+from peakmem.inference import MXFP4_BLOCK, NVFP4_BLOCK, Scheme, WeightFormat
 from peakmem.model import ModelSpec, Tensor
 
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -36,6 +47,10 @@ INT32_BITS = 32
 BNB_4BIT_CODE_ENTRIES = 16
 BNB_DQ_BLOCKSIZE = 256
 BNB_DQ_CODE_ENTRIES = 256
+E8M0_BYTES = 1  # MXFP4 scale: one uint8 biased exponent (OCP MX spec v1.0, E8M0)
+E4M3_BYTES = 1  # NVFP4 block scale: float8_e4m3fn
+# ModelOpt NVFP4 per-tensor fp32 scalars kept per linear: weight_scale_2 and input_scale (vLLM modelopt.py).
+NVFP4_TENSOR_SCALES = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +110,32 @@ def bnb_int8_bytes(in_features: int, out_features: int) -> int:
 def fp8_linear_bytes(in_features: int, out_features: int, *, per_channel: bool) -> int:
     """e4m3 weight [out, in] + fp32 weight_scale: one per tensor, or one per output channel."""
     return in_features * out_features + (out_features if per_channel else 1) * FP32_BYTES
+
+
+def mxfp4_bytes(rows: int, in_features: int) -> int:
+    """OCP MXFP4, as the gpt-oss checkpoint stores an expert matrix: ``*_blocks`` uint8
+    ``[rows, in/32, 16]`` (two E2M1 values per byte) and ``*_scales`` uint8 ``[rows, in/32]`` (one E8M0
+    exponent per 32 values); vLLM's ``Mxfp4MoEMethod.create_weights`` allocates the same ``w13_weight``
+    ``[E, 2I, H/2]`` and ``w13_weight_scale`` ``[E, 2I, H/32]``. A partial last block takes a whole one."""
+    blocks = math.ceil(in_features / MXFP4_BLOCK)
+    return rows * blocks * (MXFP4_BLOCK // 2 + E8M0_BYTES)
+
+
+def nvfp4_linear_bytes(in_features: int, out_features: int) -> int:
+    """NVIDIA ModelOpt NVFP4 linear as vLLM's ``ModelOptNvFp4LinearMethod.create_weights`` allocates it:
+    ``weight`` uint8 ``[out, in/2]`` (two E2M1 per byte), ``weight_scale`` float8_e4m3fn ``[out, in/16]``,
+    and two fp32 per-tensor scalars, ``weight_scale_2`` (the global weight scale) and ``input_scale``."""
+    packed = out_features * in_features // 2
+    scales = out_features * (in_features // NVFP4_BLOCK) * E4M3_BYTES
+    return packed + scales + NVFP4_TENSOR_SCALES * FP32_BYTES
+
+
+def fp8_block_linear_bytes(in_features: int, out_features: int, block: tuple[int, int]) -> int:
+    """Block-wise fp8 (DeepSeek-V3 ``weight_block_size``): e4m3 ``weight`` ``[out, in]`` plus fp32
+    ``weight_scale_inv`` ``[ceil(out/rows), ceil(in/cols)]`` (transformers ``FP8Linear``; vLLM
+    ``Fp8LinearMethod.create_weights`` with ``block_quant``: ``(out + rows - 1) // rows`` likewise)."""
+    rows, cols = block
+    return out_features * in_features + math.ceil(out_features / rows) * math.ceil(in_features / cols) * FP32_BYTES
 
 
 # --- GGUF ----------------------------------------------------------------------------------------
@@ -327,9 +368,18 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
         )
         label = f"{qt} + uint8 absmax/64 (double quant)" if fmt.double_quant else f"{qt} + fp32 absmax/64"
         return total, label
+    if fmt.scheme is Scheme.MXFP4:
+        if t.kind != "expert_weight":
+            return keep
+        return copies * mxfp4_bytes(out_f, in_f), "mxfp4 e2m1 + e8m0 scale/32 (MoE experts, as gpt-oss ships them)"
     if t.component not in _LAYER_LINEAR:
         return keep
     rows = out_f
+    if fmt.scheme is Scheme.NVFP4:
+        return copies * nvfp4_linear_bytes(in_f, rows), "nvfp4 e2m1 + e4m3 scale/16 + 2 fp32 scales/tensor"
+    if fmt.scheme is Scheme.FP8_BLOCK:
+        r, k = fmt.block
+        return copies * fp8_block_linear_bytes(in_f, rows, fmt.block), f"fp8 e4m3 + fp32 scale/{r}x{k} block"
     if fmt.scheme is Scheme.GPTQ:
         return copies * gptq_linear_bytes(
             in_f, rows, fmt.bits, fmt.group_size
@@ -347,11 +397,22 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
 
 
 def check_format(spec: ModelSpec, fmt: WeightFormat) -> None:
-    """Raise InputError when the architecture cannot use the format (packing divisibility)."""
+    """Raise InputError when the architecture cannot use the format (packing divisibility; MXFP4
+    without MoE experts, which is the only part the gpt-oss format quantizes)."""
+    if fmt.scheme is Scheme.MXFP4 and not any(t.kind == "expert_weight" for t, _ in spec.tensors()):
+        raise InputError(
+            f"weights={fmt.name!r}: {spec.name} has no MoE experts; MXFP4 checkpoints (gpt-oss) quantize "
+            "only the experts (vLLM Mxfp4Config keeps every other linear unquantized)"
+        )
     for t, _ in spec.tensors():
         if t.kind not in ("linear_weight", "expert_weight") or t.component not in _LAYER_LINEAR:
             continue
         _, in_f, out_f = _linear_view(t)
+        if fmt.scheme is Scheme.NVFP4 and in_f % NVFP4_BLOCK:
+            raise InputError(
+                f"weights={fmt.name!r}: {t.name} has in_features={in_f}, not a multiple of {NVFP4_BLOCK} "
+                "(vLLM ModelOptNvFp4LinearMethod refuses it)"
+            )
         if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ):
             # GPTQ packs rows of 32 inputs (qweight [in*bits/32, out]); AWQ needs whole groups.
             need_in = fmt.group_size if fmt.scheme is Scheme.AWQ else INT32_BITS

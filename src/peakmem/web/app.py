@@ -169,8 +169,9 @@ class TrainRequest(TrainOptions, ParallelOptions):
 class InferRequest(ModelChoice):
     """``peakmem infer``."""
 
-    weights: str = Field(
-        "bf16", min_length=1, max_length=40, description="bf16, fp8, nf4, gptq-4bit-g128, ..."
+    weights: str | None = Field(
+        None, min_length=1, max_length=40,
+        description="bf16, fp8, mxfp4, nf4, gptq-4bit-g128, ...; default: the checkpoint's quantization_config, else bf16",
     )
     kv_cache: KvDtype = KvDtype.AUTO
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")

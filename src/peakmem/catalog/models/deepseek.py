@@ -67,8 +67,9 @@ ENTRIES: tuple[dict[str, Any], ...] = (
         "source": _src("deepseek-ai/DeepSeek-V3"),
         "note": "the Hub checkpoint holds 685B: 671B main model plus a 14B multi-token-prediction "
         "layer (num_nextn_predict_layers=1) that transformers does not build, and 58 x 256 router "
-        "e_score_correction_bias values transformers keeps as buffers; weights ship in fp8 "
-        "(quantization_config omitted here: the catalog describes the architecture)",
+        "e_score_correction_bias values transformers keeps as buffers; weights ship in fp8 with one fp32 "
+        "scale per 128 x 128 block (quantization_config as the Hub file has it: `peakmem infer` prices "
+        "them from it)",
         "config": {
             **_DEEPSEEK_MLA, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
             "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
@@ -84,6 +85,10 @@ ENTRIES: tuple[dict[str, Any], ...] = (
                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
             },
             "bos_token_id": 0, "eos_token_id": 1,
+            "quantization_config": {
+                "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                "weight_block_size": [128, 128],
+            },
         },
     },
     {

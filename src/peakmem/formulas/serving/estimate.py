@@ -107,6 +107,9 @@ def estimate_inference(
         *r.notes,
         f"weights: {setup.weight_format.name}; KV cache {c.kv_name}; SDPA/flash attention (no score matrix)",
     )
+    checkpoint = setup.weights_assumption()
+    if checkpoint is not None:
+        assumptions += (checkpoint,)
     state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=setup.tp)
     if state_seq:
         assumptions += (
