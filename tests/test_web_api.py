@@ -262,6 +262,13 @@ def test_fit_equals_cli_json(
          ["llama-3.1-8b", "--engine", "sglang", "--gpu-memory-utilization", "0.8", "--gpu", "h100-sxm"]),
         ({"model": "llama-3.1-8b", "weights": "awq-4bit", "kv_cache": "fp8", "tp": 2, "context": 4096},
          ["llama-3.1-8b", "--weights", "awq-4bit", "--kv-cache", "fp8", "--tp", "2", "--context", "4096"]),
+        ({"model": "llama-3.1-8b", "engine": "vllm", "context": 8192, "gpus": ["a100-80gb"], "max_loras": 4,
+          "max_lora_rank": 32, "prefix_tokens": 6000},
+         ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--gpu", "a100-80gb", "--max-loras", "4",
+          "--max-lora-rank", "32", "--prefix-tokens", "6000"]),
+        # gpt-oss ships MXFP4 experts: the page prices them from its quantization_config, as the CLI
+        ({"model": "gpt-oss-20b", "engine": "vllm", "context": 32768, "gpus": ["h100-sxm"]},
+         ["gpt-oss-20b", "--engine", "vllm", "--context", "32768", "--gpu", "h100-sxm"]),
     ],
 )  # fmt: skip
 def test_infer_equals_cli_json(

@@ -100,7 +100,8 @@ GROUP_SIZES = (-1, 32, 64, 128, 256, 1024)  # -1: one group per column ("per cha
 
 WEIGHT_FORMAT_HELP = (
     "fp32, fp16, bf16, fp8, fp8-channel, fp8-block[-<R>x<C>], mxfp4, nvfp4, int8 (bitsandbytes LLM.int8), "
-    "w8a8, nf4, nf4-dq, fp4, fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
+    "w8a8, nf4, nf4-dq, fp4, fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], "
+    "or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
 )
 
 
@@ -378,7 +379,9 @@ class InferenceSetup:
                 f"priced as {name}; give --weights to price the stored format"
             )
         if parse_weight_format(ck.weights).name == name:
-            return f"weights priced from the checkpoint's config.json quantization_config ({ck.read}) as {name}"
+            return (
+                f"weights priced from the checkpoint's config.json quantization_config ({ck.read}) as {name}"
+            )
         return f"--weights {name} overrides the checkpoint's quantization_config ({ck.read}: {ck.weights})"
 
     def memory_fraction(self, gpu_bytes: int) -> float:

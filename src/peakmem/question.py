@@ -119,18 +119,21 @@ def read_from(
 def ask(
     command: str, given: Mapping[str, Any], *, model: str | None = None, spec: ModelSpec | None = None,
     from_file: FromFiles | None = None, derive: Deriver | None = None, costs: CostLookup | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Question:  # fmt: skip
     """The question ``command`` with the options ``given`` (:func:`peakmem.options.convert` checks
     them): the model named by ``model`` (or ``spec``, one built already), the setups, the layout, the
     GPUs and the overheads, each validated where it is built. ``derive`` and ``costs``: what the face
-    hands in for a model the formulas do not know (:func:`peakmem.simulate.deriver`, ``measuring_lookup``)."""
+    hands in for a model the formulas do not know (:func:`peakmem.simulate.deriver`, ``measuring_lookup``).
+    ``config``: the config.json a given ``spec`` was built from (its quantization_config prices the
+    weights, as it does for ``model``)."""
     from peakmem.hf.quant import checkpoint_weights
     from peakmem.resolve import resolve_config, resolve_gpus, spec_for_config
 
     if command not in opt.JOB_COMMANDS:
         raise InputError(f"command={command!r}: one of {', '.join(opt.JOB_COMMANDS)}")
     o = opt.convert(command, given)
-    checkpoint = None
+    checkpoint = checkpoint_weights(config) if config is not None else None
     if spec is None:
         if not isinstance(model, str):
             raise InputError(f"model={model!r}: a catalog name, a config.json path or a Hub id (a string)")
@@ -164,7 +167,8 @@ def ask(
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
-        inference=inference_setup(o, gpus, checkpoint) if serving else None, gpus=gpus, overheads=overheads(o),
+        inference=inference_setup(o, gpus, checkpoint) if serving else None, gpus=gpus,
+        overheads=overheads(o),
         search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
 
@@ -259,7 +263,8 @@ def inference_setup(
     if weights is None:
         weights = checkpoint.weights if checkpoint is not None and checkpoint.weights else DEFAULT_WEIGHTS
     return InferenceSetup(
-        weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"], context=o["context"],
+        weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"],
+        context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],

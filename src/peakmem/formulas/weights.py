@@ -135,7 +135,10 @@ def fp8_block_linear_bytes(in_features: int, out_features: int, block: tuple[int
     ``weight_scale_inv`` ``[ceil(out/rows), ceil(in/cols)]`` (transformers ``FP8Linear``; vLLM
     ``Fp8LinearMethod.create_weights`` with ``block_quant``: ``(out + rows - 1) // rows`` likewise)."""
     rows, cols = block
-    return out_features * in_features + math.ceil(out_features / rows) * math.ceil(in_features / cols) * FP32_BYTES
+    return (
+        out_features * in_features
+        + math.ceil(out_features / rows) * math.ceil(in_features / cols) * FP32_BYTES
+    )
 
 
 # --- GGUF ----------------------------------------------------------------------------------------
@@ -371,7 +374,9 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
     if fmt.scheme is Scheme.MXFP4:
         if t.kind != "expert_weight":
             return keep
-        return copies * mxfp4_bytes(out_f, in_f), "mxfp4 e2m1 + e8m0 scale/32 (MoE experts, as gpt-oss ships them)"
+        return copies * mxfp4_bytes(
+            out_f, in_f
+        ), "mxfp4 e2m1 + e8m0 scale/32 (MoE experts, as gpt-oss ships them)"
     if t.component not in _LAYER_LINEAR:
         return keep
     rows = out_f

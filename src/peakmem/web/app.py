@@ -48,6 +48,7 @@ from peakmem.options import (
     MAX_GLOBAL_BATCH,
     MAX_GRAD_ACCUM,
     MAX_LORA_RANK,
+    MAX_LORA_SLOTS,
     MAX_SEQ,
     MAX_WORLD,
 )
@@ -170,8 +171,13 @@ class InferRequest(ModelChoice):
     """``peakmem infer``."""
 
     weights: str | None = Field(
-        None, min_length=1, max_length=40,
-        description="bf16, fp8, mxfp4, nf4, gptq-4bit-g128, ...; default: the checkpoint's quantization_config, else bf16",
+        None,
+        min_length=1,
+        max_length=40,
+        description=(
+            "bf16, fp8, mxfp4, nf4, gptq-4bit-g128, ...; "
+            "default: the checkpoint's quantization_config, else bf16"
+        ),
     )
     kv_cache: KvDtype = KvDtype.AUTO
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="concurrent sequences")
@@ -182,6 +188,9 @@ class InferRequest(ModelChoice):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM gpu_memory_utilization / SGLang mem_fraction_static"
     )
+    max_loras: int | None = Field(None, ge=0, le=MAX_LORA_SLOTS, description="vLLM multi-LoRA adapter slots")
+    max_lora_rank: int | None = Field(None, ge=1, le=MAX_LORA_RANK, description="vLLM multi-LoRA slot rank")
+    prefix_tokens: int = Field(0, ge=0, le=MAX_SEQ, description="a prompt prefix every request shares")
 
 
 class FitRequest(TrainOptions, ParallelOptions):
@@ -358,6 +367,16 @@ def _spec(req: ModelChoice) -> Any:
     return spec
 
 
+def _config(req: ModelChoice) -> Mapping[str, Any]:
+    """The config.json behind the request's model (a catalog entry's, or the pasted one)."""
+    if req.config is not None:
+        return req.config
+    from peakmem.resolve import resolve_config
+
+    assert req.model is not None
+    return resolve_config(req.model)[1]
+
+
 def _gpus(names: list[str]) -> list[Any]:
     from peakmem.resolve import resolve_gpu
 
@@ -399,7 +418,8 @@ def question_of(command: str, req: ModelChoice) -> Question:
         given["infer"] = isinstance(req, InferRequest)
     from peakmem.simulate import measuring_lookup
 
-    return ask(command, given, spec=_spec(req), costs=measuring_lookup())
+    spec = _spec(req)
+    return ask(command, given, spec=spec, costs=measuring_lookup(), config=_config(req))
 
 
 def cli_answer(command: str, req: ModelChoice) -> Answer:

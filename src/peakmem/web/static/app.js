@@ -45,12 +45,15 @@ const FIELDS = [
   { id: "offload", def: "none", modes: ["train", "fit"] },
   { id: "offload_params", def: "none", modes: ["train", "fit"] },
   { id: "engine", def: "hf", modes: INFER },
-  { id: "weights", def: "bf16", modes: INFER },
+  { id: "weights", def: "", modes: INFER },  // empty: the checkpoint's quantization_config, else bf16
   { id: "kv_cache", def: "auto", modes: INFER },
   { id: "infer_batch", key: "batch", def: "1", int: true, modes: INFER },
   { id: "context", def: "", int: true, modes: INFER },
   { id: "infer_tp", key: "tp", def: "1", int: true, modes: INFER },
   { id: "gpu_memory_utilization", def: "", num: true, modes: INFER },
+  { id: "max_loras", def: "", int: true, modes: INFER },
+  { id: "max_lora_rank", def: "", int: true, modes: INFER },
+  { id: "prefix_tokens", def: "", int: true, modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
 ];
