@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
+from peakmem.formulas.weights import FLOAT_BYTES, WeightRow, bnb_kept_expert_params, weight_rows
+from peakmem.inference import Scheme, WeightFormat
 from peakmem.model import DerivedBlock, ModelSpec
-from peakmem.units import fmt_both, fmt_bytes, fmt_gb
+from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
 if TYPE_CHECKING:
     from peakmem.resolve import AnsweredBy
@@ -168,6 +170,7 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
         "job": est.job,
         "model": {"name": est.model_name, "params": est.params, "trainable_params": est.trainable_params},
         "setup": est.setup,
+        "warnings": list(est.warnings),
         "bytes_per_param": [
             {
                 "tensor": r.tensor,
@@ -261,6 +264,43 @@ def fits_on(needed: int) -> str:
     return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
 
 
+def bnb_expert_warning(rows: Sequence[WeightRow], fmt: WeightFormat) -> str | None:
+    """The warning an answer opens with when bitsandbytes leaves fused MoE experts 16-bit (the
+    expert rows of ``rows`` kept in ``fmt``'s float dtype: formulas/weights.py ``bnb_kept_expert_params``)."""
+    kept = bnb_kept_expert_params(rows, fmt)
+    if not kept:
+        return None
+    total = sum(r.params for r in rows)
+    bits = "4-bit" if fmt.scheme is Scheme.BNB_4BIT else "8-bit"
+    width = FLOAT_BYTES[fmt.float_dtype]
+    return (
+        f"experts stay 16-bit under bitsandbytes {bits} (transformers 5 keeps fused 3-D expert parameters, "
+        f"not nn.Linear): {fmt_count(kept)} of {fmt_count(total)} parameters at {width} bytes "
+        f"({fmt.float_dtype}), {fmt_both(kept * width)}"
+    )
+
+
+def weight_warnings(spec: ModelSpec, training: Any = None, inference: Any = None) -> tuple[str, ...]:
+    """What the answer to ``training`` (QLoRA's base) or ``inference`` (its ``--weights``) says first."""
+    from peakmem.adapters import quant_of
+    from peakmem.formulas.qlora import base_rows
+
+    if training is not None:
+        quant = quant_of(training)
+        if quant is None:
+            return ()
+        fmt, rows = quant.weight_format, base_rows(spec, quant)
+    elif inference is not None:
+        fmt = inference.weight_format
+        if fmt.scheme not in (Scheme.BNB_4BIT, Scheme.BNB_INT8):
+            return ()
+        rows = weight_rows(spec, fmt)
+    else:
+        return ()
+    found = bnb_expert_warning(rows, fmt)
+    return () if found is None else (found,)
+
+
 def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: Any = None) -> str:
     """The one-line answer of ``peakmem train`` (and ``/api/train``); ``par`` a sharded layout."""
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
@@ -296,6 +336,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
     est = estimate_inference(spec, replace(setup, gpu_bytes=None), overheads=overheads)
+    est = replace(est, warnings=weight_warnings(spec, inference=setup))
     fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
             for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))

@@ -93,6 +93,13 @@ def print_info(spec: ModelSpec, answered: AnsweredBy | None = None) -> None:
         out.print(f"note: {answered.note}", markup=False)
 
 
+def escape(text: str) -> str:
+    """``text`` printed as it is by rich (no ``[...]`` read as markup)."""
+    from rich.markup import escape as rich_escape
+
+    return str(rich_escape(text))
+
+
 def print_estimate(
     est: Estimate,
     headline: str,
@@ -104,6 +111,8 @@ def print_estimate(
 
     out = console()
     out.print(headline)
+    for w in est.warnings:
+        out.print(f"[bold yellow]warning:[/bold yellow] {escape(w)}")
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")
         table.add_column("tensor")
@@ -193,6 +202,7 @@ def markdown_estimate(
     ways_note: str = "",
 ) -> str:
     lines = [headline, ""]
+    lines += [f"**Warning:** {w}" for w in est.warnings] + ([""] if est.warnings else [])
     if est.per_param:
         lines += ["| Tensor | Precision | Bytes/param | Total |", "|---|---|---:|---:|"]
         for r in est.per_param:
