@@ -111,8 +111,8 @@ def print_estimate(
 
     out = console()
     out.print(headline)
-    for w in est.warnings:
-        out.print(f"[bold yellow]warning:[/bold yellow] {escape(w)}")
+    for warning in est.warnings:
+        out.print(f"[bold yellow]warning:[/bold yellow] {escape(warning)}")
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")
         table.add_column("tensor")
