@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from peakmem.breakdown import Category, Estimate, Verdict
 from peakmem.formulas.weights import FLOAT_BYTES, WeightRow, bnb_kept_expert_params, weight_rows
 from peakmem.inference import Scheme, WeightFormat
-from peakmem.model import DerivedBlock, ModelSpec
+from peakmem.model import Attention, DerivedBlock, Layer, ModelSpec, Tower
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ def states_per_param(est: Estimate) -> float:
 def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, Any]:
     """``peakmem info --json``; ``answered``: which path answered (:func:`peakmem.resolve.answered_by`;
     by default read from the spec alone: formulas or derived)."""
-    first = spec.first_layer
-    return {
+    first = language_layer(spec)
+    out = {
         "name": spec.name,
         "model_type": spec.model_type,
         "architecture": spec.architecture,
@@ -59,7 +59,7 @@ def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, 
         "active_params": spec.active_params,
         "params_by_component": spec.params_by_component(),
         "buffers_numel": spec.buffer_numel,
-        "num_layers": spec.num_layers,
+        "num_layers": language_layers(spec),
         "hidden_size": spec.hidden_size,
         "vocab_size": spec.vocab_size,
         "num_heads": first.attention.num_heads,
@@ -85,7 +85,56 @@ def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, 
         ]
         or None,
         "block_pattern": block_pattern(spec) if spec.derived_from else None,
+        "towers": [tower_json(spec, t) for t in spec.towers],
     }
+    if spec.towers:  # the fields above describe the language model; the towers are listed apart
+        out["language_model"] = {
+            "num_layers": language_layers(spec), "params": language_params(spec),
+            "attention": attention_kind(first.attention),
+        }  # fmt: skip
+    return out
+
+
+# --- the language model and the towers beside it (peakmem.model.Tower) ---------------------------
+def language_layer(spec: ModelSpec) -> Layer:
+    """The layer whose attention and MLP ``info`` describes: the first layer of a model without towers;
+    with towers, the language model's first layer that caches keys and values (an attention block:
+    a hybrid's linear-attention layers have no heads to show), else its first."""
+    layers = [g.layer for g in spec.language_groups]
+    if not spec.towers or not layers:
+        return spec.first_layer
+    return next((x for x in layers if x.derived is None or x.derived.kv_elements_per_token > 0), layers[0])
+
+
+def language_layers(spec: ModelSpec) -> int:
+    """The language model's layers (every layer outside the towers)."""
+    return sum(g.count for g in spec.language_groups)
+
+
+def language_params(spec: ModelSpec) -> int:
+    """The parameters outside the towers: the language model, its embeddings and head, and any
+    projector that sits outside a tower's module."""
+    return spec.params - sum(spec.tower_params(t) for t in spec.towers)
+
+
+def attention_kind(att: Attention) -> str:
+    """MLA, MHA, MQA or GQA (with its k/v heads)."""
+    if att.is_mla:
+        return "MLA"
+    if att.num_kv_heads == att.num_heads:
+        return "MHA"
+    return "MQA" if att.num_kv_heads == 1 else f"GQA ({att.num_kv_heads} kv heads)"
+
+
+TOWER_SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "patch_size",
+               "temporal_patch_size", "spatial_merge_size", "image_size", "out_hidden_size")  # fmt: skip
+
+
+def tower_json(spec: ModelSpec, tower: Tower) -> dict[str, Any]:
+    """One tower in ``info --json``: its kind, module, sizes (None where its sub-config names none) and
+    parameters (its tensors' sum: :meth:`peakmem.model.ModelSpec.tower_params`)."""
+    sizes = {k: getattr(tower, k) or None for k in TOWER_SIZES}
+    return {"kind": tower.kind, "module": tower.prefix, **sizes, "params": spec.tower_params(tower)}
 
 
 def default_answered_by(spec: ModelSpec) -> AnsweredBy:
