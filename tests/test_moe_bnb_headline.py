@@ -105,3 +105,35 @@ def test_no_warning_without_16bit_experts_under_bnb(
     got, lines = _answer(capsys, *argv)
     assert got["warnings"] == []
     assert not any(line.startswith("warning:") for line in lines)
+
+
+def test_experts_as_linears_are_quantized_and_not_warned_about() -> None:
+    """Per-expert ``nn.Linear`` modules (kind linear_weight) are quantized; their 16-bit biases alone are
+    not fused experts left 16-bit: no warning, though expert rows stay bf16."""
+    import dataclasses
+
+    from peakmem.adapters import QuantConfig
+    from peakmem.formulas.qlora import base_rows
+    from peakmem.formulas.weights import bnb_kept_expert_params
+    from peakmem.hf import spec_from_config
+    from peakmem.model import Tensor
+
+    spec = spec_from_config(FAMILY_CONFIGS["mixtral"])
+    fmt = QuantConfig(quant="nf4", double_quant=True)
+    assert bnb_kept_expert_params(base_rows(spec, fmt), fmt.weight_format) == TINY_EXPERTS
+
+    def as_linears(t: Tensor) -> Tensor:
+        return dataclasses.replace(t, kind="linear_weight") if t.kind == "expert_weight" else t
+
+    bias = Tensor(name="mlp.experts.down_bias", module="experts", shape=(EXPERTS, H), component="experts",
+                  kind="linear_bias")  # fmt: skip
+    groups = tuple(
+        dataclasses.replace(
+            g, layer=dataclasses.replace(g.layer, tensors=(*map(as_linears, g.layer.tensors), bias))
+        )
+        for g in spec.groups
+    )
+    linears = dataclasses.replace(spec, groups=groups)
+    rows = base_rows(linears, fmt)
+    assert any(r.component == "experts" and r.storage == "bf16" for r in rows)  # the biases
+    assert bnb_kept_expert_params(rows, fmt.weight_format) == 0
