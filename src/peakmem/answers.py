@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
-from peakmem.model import DerivedBlock, ModelSpec
-from peakmem.units import fmt_both, fmt_bytes, fmt_gb
+from peakmem.formulas.weights import FLOAT_BYTES, WeightRow, bnb_kept_expert_params, weight_rows
+from peakmem.inference import Scheme, WeightFormat
+from peakmem.model import Attention, DerivedBlock, Layer, ModelSpec, Tower
+from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
 if TYPE_CHECKING:
     from peakmem.resolve import AnsweredBy
@@ -47,8 +49,8 @@ def states_per_param(est: Estimate) -> float:
 def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, Any]:
     """``peakmem info --json``; ``answered``: which path answered (:func:`peakmem.resolve.answered_by`;
     by default read from the spec alone: formulas or derived)."""
-    first = spec.first_layer
-    return {
+    first = language_layer(spec)
+    out = {
         "name": spec.name,
         "model_type": spec.model_type,
         "architecture": spec.architecture,
@@ -57,7 +59,7 @@ def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, 
         "active_params": spec.active_params,
         "params_by_component": spec.params_by_component(),
         "buffers_numel": spec.buffer_numel,
-        "num_layers": spec.num_layers,
+        "num_layers": language_layers(spec),
         "hidden_size": spec.hidden_size,
         "vocab_size": spec.vocab_size,
         "num_heads": first.attention.num_heads,
@@ -83,7 +85,56 @@ def spec_json(spec: ModelSpec, answered: AnsweredBy | None = None) -> dict[str, 
         ]
         or None,
         "block_pattern": block_pattern(spec) if spec.derived_from else None,
+        "towers": [tower_json(spec, t) for t in spec.towers],
     }
+    if spec.towers:  # the fields above describe the language model; the towers are listed apart
+        out["language_model"] = {
+            "num_layers": language_layers(spec), "params": language_params(spec),
+            "attention": attention_kind(first.attention),
+        }  # fmt: skip
+    return out
+
+
+# --- the language model and the towers beside it (peakmem.model.Tower) ---------------------------
+def language_layer(spec: ModelSpec) -> Layer:
+    """The layer whose attention and MLP ``info`` describes: the first layer of a model without towers;
+    with towers, the language model's first layer that caches keys and values (an attention block:
+    a hybrid's linear-attention layers have no heads to show), else its first."""
+    layers = [g.layer for g in spec.language_groups]
+    if not spec.towers or not layers:
+        return spec.first_layer
+    return next((x for x in layers if x.derived is None or x.derived.kv_elements_per_token > 0), layers[0])
+
+
+def language_layers(spec: ModelSpec) -> int:
+    """The language model's layers (every layer outside the towers)."""
+    return sum(g.count for g in spec.language_groups)
+
+
+def language_params(spec: ModelSpec) -> int:
+    """The parameters outside the towers: the language model, its embeddings and head, and any
+    projector that sits outside a tower's module."""
+    return spec.params - sum(spec.tower_params(t) for t in spec.towers)
+
+
+def attention_kind(att: Attention) -> str:
+    """MLA, MHA, MQA or GQA (with its k/v heads)."""
+    if att.is_mla:
+        return "MLA"
+    if att.num_kv_heads == att.num_heads:
+        return "MHA"
+    return "MQA" if att.num_kv_heads == 1 else f"GQA ({att.num_kv_heads} kv heads)"
+
+
+TOWER_SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "patch_size",
+               "temporal_patch_size", "spatial_merge_size", "image_size", "out_hidden_size")  # fmt: skip
+
+
+def tower_json(spec: ModelSpec, tower: Tower) -> dict[str, Any]:
+    """One tower in ``info --json``: its kind, module, sizes (None where its sub-config names none) and
+    parameters (its tensors' sum: :meth:`peakmem.model.ModelSpec.tower_params`)."""
+    sizes = {k: getattr(tower, k) or None for k in TOWER_SIZES}
+    return {"kind": tower.kind, "module": tower.prefix, **sizes, "params": spec.tower_params(tower)}
 
 
 def default_answered_by(spec: ModelSpec) -> AnsweredBy:
@@ -168,6 +219,7 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
         "job": est.job,
         "model": {"name": est.model_name, "params": est.params, "trainable_params": est.trainable_params},
         "setup": est.setup,
+        "warnings": list(est.warnings),
         "bytes_per_param": [
             {
                 "tensor": r.tensor,
@@ -261,6 +313,43 @@ def fits_on(needed: int) -> str:
     return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
 
 
+def bnb_expert_warning(rows: Sequence[WeightRow], fmt: WeightFormat) -> str | None:
+    """The warning an answer opens with when bitsandbytes leaves fused MoE experts 16-bit (the
+    expert rows of ``rows`` kept in ``fmt``'s float dtype: formulas/weights.py ``bnb_kept_expert_params``)."""
+    kept = bnb_kept_expert_params(rows, fmt)
+    if not kept:
+        return None
+    total = sum(r.params for r in rows)
+    bits = "4-bit" if fmt.scheme is Scheme.BNB_4BIT else "8-bit"
+    width = FLOAT_BYTES[fmt.float_dtype]
+    return (
+        f"experts stay 16-bit under bitsandbytes {bits} (transformers 5 keeps fused 3-D expert parameters, "
+        f"not nn.Linear): {fmt_count(kept)} of {fmt_count(total)} parameters at {width} bytes "
+        f"({fmt.float_dtype}), {fmt_both(kept * width)}"
+    )
+
+
+def weight_warnings(spec: ModelSpec, training: Any = None, inference: Any = None) -> tuple[str, ...]:
+    """What the answer to ``training`` (QLoRA's base) or ``inference`` (its ``--weights``) says first."""
+    from peakmem.adapters import quant_of
+    from peakmem.formulas.qlora import base_rows
+
+    if training is not None:
+        quant = quant_of(training)
+        if quant is None:
+            return ()
+        fmt, rows = quant.weight_format, base_rows(spec, quant)
+    elif inference is not None:
+        fmt = inference.weight_format
+        if fmt.scheme not in (Scheme.BNB_4BIT, Scheme.BNB_INT8):
+            return ()
+        rows = weight_rows(spec, fmt)
+    else:
+        return ()
+    found = bnb_expert_warning(rows, fmt)
+    return () if found is None else (found,)
+
+
 def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: Any = None) -> str:
     """The one-line answer of ``peakmem train`` (and ``/api/train``); ``par`` a sharded layout."""
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
@@ -296,6 +385,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
     est = estimate_inference(spec, replace(setup, gpu_bytes=None), overheads=overheads)
+    est = replace(est, warnings=weight_warnings(spec, inference=setup))
     fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
             for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))

@@ -46,8 +46,9 @@ from peakmem.model import FIRST_BLOCK, LAST_BLOCK, ModelSpec
 FORMAT = 3  # the JSON layout written below; bumped when it changes
 # the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
 # (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
-# labelled as peakmem.hf labels them (simulate/derive/from_model.py block components: q/k norms are norms)
-SPEC_VERSION = 3
+# labelled as peakmem.hf labels them (simulate/derive/from_model.py block components: q/k norms are norms);
+# 4 = the towers beside the language model (ModelSpec.towers: a vision-language model's vision encoder)
+SPEC_VERSION = 4
 # the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
 # (simulate/derive/step.py forward/backward); 3 = every candidate peak instant fitted on its own, over
 # micro-batch 2 and 4, with its weight gradients written by then, and micro-batch 1's costs of their own

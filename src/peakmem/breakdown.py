@@ -172,6 +172,8 @@ class Estimate:
     setup: dict[str, object] = field(default_factory=dict)  # echo of the inputs, JSON-ready
     extra: dict[str, object] = field(default_factory=dict)  # per-rank, CPU RAM, limits, ...
     band: Band | None = None  # low / likely / high per quantity from named unknowns (formulas/band.py)
+    # what the answer says first, after its headline (bitsandbytes leaving fused experts 16-bit)
+    warnings: tuple[str, ...] = ()
 
     def by_category(self) -> dict[Category, int]:
         out: dict[Category, int] = {}

@@ -205,6 +205,29 @@ class LayerGroup:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tower:
+    """An encoder beside the language model (a vision or audio tower) in a derived spec, as
+    :mod:`peakmem.simulate.derive` reads it: the outermost module built from one of the config's
+    sub-configs other than the text model's (``model.visual`` from ``vision_config``), with that
+    sub-config's sizes as transformers resolves them (its defaults filled in). Its parameters are the
+    outer tensors under ``prefix`` and the layers whose block key is one of ``block_keys``
+    (:meth:`ModelSpec.tower_of`). A size the sub-config does not name is 0."""
+
+    kind: str  # the sub-config's key less "_config": "vision", "audio"
+    prefix: str  # the tower's module path, e.g. "model.visual"
+    num_layers: int  # the sub-config's depth / num_hidden_layers (else its main block list's length)
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    block_keys: tuple[str, ...]  # DerivedBlock keys of the tower's blocks
+    patch_size: int = 0  # pixels per patch side
+    temporal_patch_size: int = 0  # video frames per patch (Qwen-VL)
+    spatial_merge_size: int = 0  # patches merged per side before the language model (Qwen-VL)
+    image_size: int = 0  # the input resolution the tower is built for (fixed-size towers)
+    out_hidden_size: int = 0  # the width the tower hands to the language model
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A transformer architecture. Build it with :func:`peakmem.hf.spec_from_config`."""
 
@@ -283,6 +306,8 @@ class ModelSpec:
     # Derived specs: the buffers' bytes as transformers stores them (a bool causal-mask buffer is one
     # byte per element); 0: every buffer fp32 (formulas/model_states.py ``buffer_bytes``).
     derived_buffer_bytes: int = 0
+    # Derived specs of vision-language (and audio) models: the encoders beside the language model.
+    towers: tuple[Tower, ...] = field(default=())
 
     def __post_init__(self) -> None:
         require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")
@@ -346,6 +371,26 @@ class ModelSpec:
     @property
     def first_layer(self) -> Layer:
         return self.groups[0].layer
+
+    def tower_of(self, layer: Layer) -> Tower | None:
+        """The tower whose block ``layer`` is (its key, or an edge block's key with a suffix: FIRST_BLOCK,
+        LAST_BLOCK); None for the language model's layers."""
+        key = layer.derived.key if layer.derived is not None else ""
+        for tower in self.towers:
+            if any(key == k or key.startswith(k + ":") for k in tower.block_keys):
+                return tower
+        return None
+
+    def tower_params(self, tower: Tower) -> int:
+        """The parameters of ``tower``: its layers' and the outer tensors under its module path."""
+        inner = sum(t.numel * g.count for g in self.groups if self.tower_of(g.layer) is tower
+                    for t in g.layer.tensors)  # fmt: skip
+        return inner + sum(t.numel for t in self.outer if t.name.startswith(tower.prefix + "."))
+
+    @property
+    def language_groups(self) -> tuple[LayerGroup, ...]:
+        """The layer groups of the language model: every group outside the towers."""
+        return tuple(g for g in self.groups if self.tower_of(g.layer) is None)
 
     @property
     def head_in_features(self) -> int:

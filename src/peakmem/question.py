@@ -367,7 +367,7 @@ def _infer(q: Question) -> Answer:
 
 def _train(q: Question) -> Answer:
     from peakmem import planner
-    from peakmem.answers import answer_json, verdicts_of
+    from peakmem.answers import answer_json, verdicts_of, weight_warnings
     from peakmem.estimate import with_kernel_alternatives
 
     assert q.training is not None
@@ -379,6 +379,7 @@ def _train(q: Question) -> Answer:
                                    par=q.parallel, costs=q.costs)  # fmt: skip
     if q.defaults:
         est = replace(est, assumptions=(*est.assumptions, *q.defaults))
+    est = replace(est, warnings=weight_warnings(q.spec, training=q.training))
     out = _with_from(q, answer_json(est, q.gpus, found.ways))
     code = verdict_code([v.fits for v in verdicts_of(est, q.gpus)])
     return Answer(question=q, json=out, exit_code=code, estimate=est, ways=found.ways, ranks=found.ranks)

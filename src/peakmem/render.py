@@ -14,12 +14,16 @@ from typing import TYPE_CHECKING, Any
 from peakmem.answers import (
     CATEGORY_LABELS,
     answered_by_line,
+    attention_kind,
     default_answered_by,
     fmt_per_param,
+    language_layer,
+    language_layers,
+    language_params,
     states_per_param,
 )
 from peakmem.breakdown import Estimate, Verdict
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, Tower
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
 if TYPE_CHECKING:
@@ -45,31 +49,29 @@ def print_info(spec: ModelSpec, answered: AnsweredBy | None = None) -> None:
     from rich.table import Table
 
     out = console()
-    first = spec.first_layer
+    first = language_layer(spec)
     att = first.attention
-    kind = (
-        "MLA"
-        if att.is_mla
-        else (
-            "MHA"
-            if att.num_kv_heads == att.num_heads
-            else "MQA"
-            if att.num_kv_heads == 1
-            else f"GQA ({att.num_kv_heads} kv heads)"
-        )
-    )
     moe = ""
     if spec.is_moe:
         mlp = next(g.layer.mlp for g in spec.groups if g.layer.mlp.is_moe)
         moe = f", MoE {mlp.experts_per_token}/{mlp.num_experts} experts"
+    shape = (
+        f"{language_layers(spec)} layers, hidden {spec.hidden_size}, {att.num_heads} heads, "
+        f"{attention_kind(att)}{moe}"
+    )
+    if spec.towers:
+        lm = language_params(spec)
+        shape = f"language model: {shape}; {lm:,} parameters ({fmt_count(lm)})"
     out.print(
         f"[bold]{spec.name}[/bold] ({spec.architecture}): {spec.params:,} parameters "
-        f"({fmt_count(spec.params)}); {spec.num_layers} layers, hidden {spec.hidden_size}, "
-        f"{att.num_heads} heads, {kind}{moe}"
+        f"({fmt_count(spec.params)}); {shape}"
     )
+    for tower in spec.towers:
+        out.print(tower_line(spec, tower), markup=False)
     if spec.is_moe:
         out.print(f"active per token: {spec.active_params:,} ({fmt_count(spec.active_params)})")
-    table = Table(title="parameters by component", title_justify="left")
+    title = "parameters by component" + (" (the towers' included)" if spec.towers else "")
+    table = Table(title=title, title_justify="left")
     table.add_column("component")
     table.add_column("parameters", justify="right")
     table.add_column("share", justify="right")
@@ -93,6 +95,31 @@ def print_info(spec: ModelSpec, answered: AnsweredBy | None = None) -> None:
         out.print(f"note: {answered.note}", markup=False)
 
 
+def escape(text: str) -> str:
+    """``text`` printed as it is by rich (no ``[...]`` read as markup)."""
+    from rich.markup import escape as rich_escape
+
+    return str(rich_escape(text))
+
+
+_TOWER_LABELS = (("hidden_size", "hidden"), ("num_heads", "heads"), ("intermediate_size", "intermediate"),
+                 ("patch_size", "patch"), ("temporal_patch_size", "temporal patch"),
+                 ("spatial_merge_size", "spatial merge"), ("image_size", "image"),
+                 ("out_hidden_size", "out"))  # fmt: skip
+
+
+def tower_line(spec: ModelSpec, tower: Tower) -> str:
+    """'vision tower (model.visual): 32 layers, hidden 1280, 16 heads, ...; 676,550,144 parameters': the
+    sizes its sub-config names, then its parameters (its tensors' sum)."""
+    sizes = [f"{tower.num_layers} layers"] if tower.num_layers else []
+    for key, label in _TOWER_LABELS:
+        value = getattr(tower, key)
+        if value:
+            sizes.append(f"{value} {label}" if key == "num_heads" else f"{label} {value}")
+    n = spec.tower_params(tower)
+    return f"{tower.kind} tower ({tower.prefix}): {', '.join(sizes)}; {n:,} parameters ({fmt_count(n)})"
+
+
 def print_estimate(
     est: Estimate,
     headline: str,
@@ -104,6 +131,8 @@ def print_estimate(
 
     out = console()
     out.print(headline)
+    for warning in est.warnings:
+        out.print(f"[bold yellow]warning:[/bold yellow] {escape(warning)}")
     if est.per_param:
         table = Table(title="bytes per parameter (model states)", title_justify="left")
         table.add_column("tensor")
@@ -193,6 +222,7 @@ def markdown_estimate(
     ways_note: str = "",
 ) -> str:
     lines = [headline, ""]
+    lines += [f"**Warning:** {w}" for w in est.warnings] + ([""] if est.warnings else [])
     if est.per_param:
         lines += ["| Tensor | Precision | Bytes/param | Total |", "|---|---|---:|---:|"]
         for r in est.per_param:

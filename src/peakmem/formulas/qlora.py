@@ -58,7 +58,7 @@ def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:
         else:
             nbytes, label = tensor_storage(t, fmt, tied=spec.tie_word_embeddings)
         out.append(WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n,
-                             storage=label))  # fmt: skip
+                             storage=label, kind=t.kind))  # fmt: skip
     return tuple(out)
 
 

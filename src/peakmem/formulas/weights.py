@@ -5,7 +5,11 @@ Which tensors each tool quantizes (the rule modelled; each row of :func:`weight_
 * bitsandbytes via transformers (``integrations/bitsandbytes.py`` ``replace_with_bnb_linear``):
   every ``nn.Linear`` except the output embedding / tied weights (``quantizers/base.py``
   ``get_keys_to_not_convert``), so the LM head, embeddings, norms and biases stay 16-bit; fused
-  MoE expert parameters (3-D ``nn.Parameter``, not ``nn.Linear``, in transformers 5) stay 16-bit.
+  MoE expert parameters (3-D ``nn.Parameter``, not ``nn.Linear``, in transformers 5) stay 16-bit:
+  transformers 5.23.0 ``replace_with_bnb_linear`` converts only ``isinstance(module, Conv1D) or
+  type(module) is nn.Linear``, and ``models/mixtral/modeling_mixtral.py`` ``MixtralExperts`` holds
+  ``gate_up_proj`` ``(E, 2I, H)`` and ``down_proj`` ``(E, H, I)`` as ``nn.Parameter``
+  (:func:`bnb_kept_expert_params` counts them for the answer's warning).
 * GPTQ (auto-gptq / gptqmodel) and AWQ (AutoAWQ): the linears inside the decoder layers
   (attention, MLP, experts, shared experts); the router, embeddings, head and norms stay fp16.
 * fp8 / w8a8 (llm-compressor ``compressed-tensors`` checkpoints as vLLM loads them): decoder-layer
@@ -29,11 +33,12 @@ Which tensors each tool quantizes (the rule modelled; each row of :func:`weight_
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from peakmem.errors import InputError
 from peakmem.inference import MXFP4_BLOCK, NVFP4_BLOCK, Scheme, WeightFormat
-from peakmem.model import ModelSpec, Tensor
+from peakmem.model import ModelSpec, Tensor, TensorKind
 
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = 4
@@ -62,6 +67,7 @@ class WeightRow:
     params: int
     bytes: int
     storage: str  # e.g. "nf4 + fp32 absmax/64", "bf16", "Q6_K"
+    kind: TensorKind = "other"  # the tensor's kind (peakmem.model.Tensor.kind)
 
 
 # --- per-linear packing ------------------------------------------------------------------------
@@ -458,12 +464,12 @@ def _gguf_tensor(spec: ModelSpec, fmt: WeightFormat, t: Tensor, i_layer: int) ->
 
 def gguf_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
     """Per-tensor GGUF storage, layer by layer (the type can change with the layer index)."""
-    rows: dict[str, tuple[str, int, int, set[str]]] = {}
+    rows: dict[str, tuple[Tensor, int, int, set[str]]] = {}
 
     def add(t: Tensor, i_layer: int) -> None:
         ggml, nbytes = _gguf_tensor(spec, fmt, t, i_layer)
-        comp, params, total, types = rows.get(t.name, (t.component, 0, 0, set()))
-        rows[t.name] = (comp, params + t.numel, total + nbytes, types | {ggml})
+        first, params, total, types = rows.get(t.name, (t, 0, 0, set()))
+        rows[t.name] = (first, params + t.numel, total + nbytes, types | {ggml})
 
     for t in spec.outer:
         add(t, 0)
@@ -471,9 +477,10 @@ def gguf_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
         for t in layer.tensors:
             add(t, i)
     return tuple(
-        WeightRow(name=name, component=comp, params=params, bytes=total, storage="/".join(sorted(types)))
-        for name, (comp, params, total, types) in rows.items()
-    )
+        WeightRow(name=name, component=t.component, params=params, bytes=total,
+                  storage="/".join(sorted(types)), kind=t.kind)
+        for name, (t, params, total, types) in rows.items()
+    )  # fmt: skip
 
 
 def per_layer_weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, ...]:
@@ -498,9 +505,8 @@ def weight_rows(spec: ModelSpec, fmt: WeightFormat) -> tuple[WeightRow, ...]:
     out = []
     for t, n in spec.tensors():
         nbytes, label = tensor_storage(t, fmt, tied=spec.tie_word_embeddings)
-        out.append(
-            WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n, storage=label)
-        )
+        out.append(WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n,
+                             storage=label, kind=t.kind))  # fmt: skip
     return tuple(out)
 
 
@@ -521,6 +527,16 @@ def largest_quantized_linear(spec: ModelSpec, fmt: WeightFormat) -> tuple[int, i
         if in_f * out_f > best[0] * best[1]:
             best = (in_f, out_f)
     return best
+
+
+def bnb_kept_expert_params(rows: Sequence[WeightRow], fmt: WeightFormat) -> int:
+    """Expert parameters that ``fmt`` (bitsandbytes 4-bit or int8) leaves in 16-bit: the rows of the
+    experts stored in the float dtype (fused 3-D parameters and their biases; see the module docstring),
+    0 when no fused expert weight is among them or ``fmt`` is not bitsandbytes."""
+    if fmt.scheme not in (Scheme.BNB_4BIT, Scheme.BNB_INT8):
+        return 0
+    kept = [r for r in rows if r.component == "experts" and r.storage == fmt.float_dtype]
+    return sum(r.params for r in kept) if any(r.kind == "expert_weight" for r in kept) else 0
 
 
 def weight_bytes(spec: ModelSpec, fmt: WeightFormat) -> int:

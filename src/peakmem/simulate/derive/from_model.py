@@ -12,6 +12,8 @@
 * each block's kind (:class:`~peakmem.model.DerivedBlock`): its token mixer (attention, sliding or
   chunked attention, linear attention, SSM) and feed-forward (dense, MoE), from ``layer_types`` and
   the module classes;
+* the towers beside the language model (:class:`~peakmem.model.Tower`: a vision-language model's vision
+  encoder, an audio encoder): the modules built from the config's other sub-configs, with their sizes;
 * which weights peft's ``all-linear`` adapts: every ``nn.Linear`` / transformers ``Conv1D``
   (``kind="linear_weight"``) except the output layer (peft ``_maybe_include_all_linear_layers``).
 """
@@ -38,6 +40,7 @@ from peakmem.model import (
     ModelSpec,
     Tensor,
     TensorKind,
+    Tower,
 )
 from peakmem.simulate.derive.build import block_lists, block_paths, main_blocks, text_config
 
@@ -341,6 +344,62 @@ def _groups(
 
 
 # ------------------------------------------------------------------------------------------------
+# towers: the encoders beside the language model
+# ------------------------------------------------------------------------------------------------
+def _tower_roots(model: torch.nn.Module, main_list: str) -> list[tuple[str, str, Any]]:
+    """(kind, module path, sub-config) of every tower: the outermost ``PreTrainedModel`` whose ``config``
+    is one of the model's sub-configs other than the text model's (transformers 5.23 builds
+    ``model.visual`` from ``config.vision_config``: ``Qwen2_5_VLModel.__init__``), and that does not hold
+    the language model's blocks (``main_list``)."""
+    from transformers import PreTrainedModel
+
+    text = text_config(model)
+    subs = {id(v): k for k, v in vars(model.config).items()
+            if k.endswith("_config") and hasattr(v, "to_dict") and v is not text}  # fmt: skip
+    found: list[tuple[str, str, Any]] = []
+    for path, mod in model.named_modules():
+        key = subs.get(id(getattr(mod, "config", None)))
+        if (
+            not path
+            or key is None
+            or not isinstance(mod, PreTrainedModel)
+            or main_list.startswith(path + ".")
+        ):
+            continue
+        if any(path.startswith(p + ".") for _, p, _ in found):
+            continue
+        found.append((key.removesuffix("_config"), path, mod.config))
+    return found
+
+
+def _towers(
+    model: torch.nn.Module, main_list: str, blocks: Blocks, groups: list[LayerGroup]
+) -> tuple[Tower, ...]:
+    """The model's towers (:class:`~peakmem.model.Tower`): sizes from their sub-configs, blocks by path."""
+    layers = [g.layer for g in groups for _ in range(g.count)]
+    out = []
+    for kind, prefix, cfg in _tower_roots(model, main_list):
+        mine = [(path, layer) for (path, _), layer in zip(blocks, layers, strict=True)
+                if path.startswith(prefix + ".")]  # fmt: skip
+        keys = tuple(dict.fromkeys(layer.derived.key for _, layer in mine if layer.derived is not None))
+        per_list: dict[str, int] = {}
+        for path, _ in mine:
+            per_list[path.rsplit(".", 1)[0]] = per_list.get(path.rsplit(".", 1)[0], 0) + 1
+        depth = _int(cfg, "depth", "num_hidden_layers", "conf_num_hidden_layers", "num_layers")
+        out.append(Tower(
+            kind=kind, prefix=prefix, num_layers=depth or max(per_list.values(), default=0),
+            hidden_size=_int(cfg, "hidden_size", "d_model", "width") or 0,
+            num_heads=_int(cfg, "num_heads", "num_attention_heads", "conf_num_attention_heads") or 0,
+            intermediate_size=_int(cfg, "intermediate_size") or 0, block_keys=keys,
+            patch_size=_int(cfg, "patch_size", "spatial_patch_size") or 0,
+            temporal_patch_size=_int(cfg, "temporal_patch_size") or 0,
+            spatial_merge_size=_int(cfg, "spatial_merge_size") or 0, image_size=_int(cfg, "image_size") or 0,
+            out_hidden_size=_int(cfg, "out_hidden_size", "vision_output_dim") or 0,
+        ))  # fmt: skip
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------
 # the rest of the model
 # ------------------------------------------------------------------------------------------------
 def _buffers(model: torch.nn.Module) -> tuple[tuple[Tensor, ...], int]:
@@ -416,6 +475,7 @@ def spec_from_model(
             f"model_type={config.get('model_type')!r}: no repeated blocks found in {type(model).__name__}"
         )
     buffers, buffer_bytes = _buffers(model)
+    towers = _towers(model, main_blocks(lists)[0], blocks, groups)
     names = " ".join({type(m).__name__ for m in model.modules()})
     in_emb = heads.embedding
     hidden = _int(tc, "hidden_size", "d_model", "n_embd", "dim") or (
@@ -453,6 +513,7 @@ def spec_from_model(
         notes=tuple(_notes(model, config, groups, context)),
         derived_from=chash,
         derived_buffer_bytes=buffer_bytes,
+        towers=towers,
     )
 
 
