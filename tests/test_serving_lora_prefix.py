@@ -129,3 +129,20 @@ def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
     # 6000 tokens: 375 full 16-token blocks, all shared; the LoRA row is in the items
     assert cli["prefix_shared_tokens"] == 6000 and cli["lora_slot_bytes"] > 0
     assert any(i["path"] == "LoRA slots (4 x rank 32)" for i in cli["items"])
+
+
+def test_the_headline_names_the_slots_and_both_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["infer", "llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--gpu", "a100-80gb"]
+    lora = ["--max-loras", "4", "--max-lora-rank", "32", "--prefix-tokens", "6000"]
+    main([*argv, *lora, "--json"])
+    row = json.loads(capsys.readouterr().out)["verdicts"][0]
+    alone = row["max_concurrent_without_prefix_sharing"]
+    assert alone < row["max_concurrent"]  # sharing the prefix holds more requests
+    main([*argv, *lora])
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps the line
+    assert (f"holds {row['max_concurrent']} sequences of 8192 tokens sharing a 6000-token prefix "
+            f"({alone} without sharing)") in text  # fmt: skip
+    assert "and 4 LoRA slots of rank 32" in text
+    main(argv)
+    plain = capsys.readouterr().out.split("\n")[0]
+    assert "sharing" not in plain and "LoRA" not in plain

@@ -390,17 +390,24 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
             for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
+    lora = est.extra.get("lora_slot_bytes")
+    slots = ""
+    if isinstance(lora, int) and lora:
+        slots = f" and {setup.lora_slots} LoRA slots of rank {setup.lora_rank} ({fmt_both(lora)})"
     headline = (
-        f"{spec.name} inference with {setup.weights} weights on {setup.engine.value} "
+        f"{spec.name} inference with {setup.weights} weights{slots} on {setup.engine.value} "
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
         f"{fmt_both(est.device_total_bytes)}{band_text(est)} per GPU"
     )
     for g, f in zip(gpus, fits, strict=True):
         if f.pool_bytes is not None and f.budget_bytes is not None:
+            alone = f.max_concurrent_alone
+            shared = (f" sharing a {setup.prefix_tokens}-token prefix ({alone} without sharing)"
+                      if setup.prefix_tokens and alone is not None else "")  # fmt: skip
             headline += (
                 f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
                 f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)} that holds "
-                f"{f.max_concurrent} sequences of {context} tokens ({setup.batch} asked): "
+                f"{f.max_concurrent} sequences of {context} tokens{shared} ({setup.batch} asked): "
                 f"{f.verdict(g.name).state}"
             )
     if not gpus:

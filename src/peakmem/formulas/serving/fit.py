@@ -48,10 +48,18 @@ class ServingFit:
         return ServingVerdict(gpu=gpu, capacity_bytes=self.capacity_bytes, needed_bytes=self.needed_bytes,
                               high_bytes=high, serving=self)  # fmt: skip
 
+    @property
+    def max_concurrent_alone(self) -> int | None:
+        """With a shared prefix: the sequences the pool would hold if each kept its prefix's blocks."""
+        alone = self.estimate.extra.get("max_concurrent_without_prefix_sharing")
+        return alone if isinstance(alone, int) else None
+
     def json(self) -> dict[str, object]:
+        alone = self.max_concurrent_alone
         return {
             "needed_bytes": self.needed_bytes, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
             "headroom_bytes": self.headroom_bytes, "max_concurrent": self.max_concurrent,
+            **({"max_concurrent_without_prefix_sharing": alone} if alone is not None else {}),
             "kv_pool_bytes": self.pool_bytes, "memory_budget_bytes": self.budget_bytes,
             "kv_needed_bytes": self.kv_needed_bytes, "memory_fraction": self.fraction,
         }  # fmt: skip
