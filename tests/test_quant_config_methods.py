@@ -42,7 +42,8 @@ def _read(qc: dict[str, Any]) -> str:
             {"quant_method": "gptq", "bits": 3, "group_size": 64, "checkpoint_format": "gptq_v2"},
             "gptq-3bit-g64",
         ),
-        ({"quant_method": "gptq"}, "gptq-4bit-g128"),  # GPTQConfig defaults
+        ({"quant_method": "gptq", "bits": 2}, "gptq-2bit-g128"),  # GPTQConfig's group_size default
+        ({"quant_method": "gptq", "group_size": 128}, ""),  # GPTQConfig has no default bits
         ({"quant_method": "gptq", "bits": 5, "group_size": 128}, ""),
         ({"quant_method": "gptq", "bits": 4, "group_size": 100}, ""),
         ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, ""),
@@ -60,6 +61,7 @@ def test_gptq(qc: dict[str, Any], want: str) -> None:
             "awq-4bit-g128",
         ),
         ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "GEMM"}, "awq-4bit-g64"),
+        ({"quant_method": "awq"}, "awq-4bit-g128"),  # AwqConfig defaults
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, ""),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "marlin"}, ""),
         ({"quant_method": "awq", "bits": 8, "group_size": 128}, ""),

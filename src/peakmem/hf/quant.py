@@ -11,15 +11,16 @@ Read (the keys each method writes; the format each maps onto is parsed by
   ``weight_block_size: [128, 128]``; transformers ``quantizers/quantizer_finegrained_fp8.py``, vLLM
   ``quantization/fp8.py`` ``Fp8Config.from_config``): ``fp8-block``; without it, vLLM's per-tensor
   ``fp8``.
-* ``quant_method: "gptq"`` (transformers ``utils/quantization_config.py`` ``GPTQConfig``: ``bits``
-  default 4, ``group_size`` default 128, ``desc_act``, ``sym``; gptqmodel writes ``checkpoint_format``
-  ``gptq`` / ``gptq_v2``): ``gptq-<bits>bit-g<group>``. ``desc_act`` and ``sym`` change no stored
-  bytes (auto-gptq's QuantLinear keeps ``g_idx`` and ``qzeros`` either way); any other
+* ``quant_method: "gptq"`` (transformers ``src/transformers/utils/quantization_config.py``
+  ``GPTQConfig``, huggingface/transformers commit 000e2231: ``bits`` required, ``group_size`` default
+  128, ``desc_act`` False, ``sym`` True, ``checkpoint_format`` ``"gptq"``; gptqmodel also writes
+  ``gptq_v2``): ``gptq-<bits>bit-g<group>``. ``desc_act`` and ``sym`` change no stored bytes
+  (auto-gptq's QuantLinear keeps ``g_idx`` and ``qzeros`` either way); any other
   ``checkpoint_format`` (marlin, bitblas, ...) repacks the tensors and is not modelled.
-* ``quant_method: "awq"`` (transformers ``AwqConfig``: ``bits`` 4, ``group_size`` 128, ``version``
-  ``gemm`` default; AutoAWQ ``WQLinear_GEMM``): ``awq-4bit-g<group>``; ``version`` gemv / marlin /
-  exllama pack differently and are not modelled.
-* ``quant_method: "bitsandbytes"`` (transformers ``BitsAndBytesConfig``: ``load_in_4bit`` with
+* ``quant_method: "awq"`` (same file, ``AwqConfig``: ``bits`` 4, ``group_size`` 128, ``version``
+  ``AWQLinearVersion.GEMM``, lower-cased; AutoAWQ ``WQLinear_GEMM``): ``awq-4bit-g<group>``;
+  ``version`` gemv / exllama / ipex (and AutoAWQ's marlin) pack differently and are not modelled.
+* ``quant_method: "bitsandbytes"`` (same file, ``BitsAndBytesConfig``: ``load_in_4bit`` with
   ``bnb_4bit_quant_type`` default ``"fp4"`` and ``bnb_4bit_use_double_quant`` default False, or
   ``load_in_8bit``; ``llm_int8_skip_modules``): ``nf4`` / ``fp4`` (``-dq`` with double quant) or
   ``int8``.
@@ -27,6 +28,7 @@ Read (the keys each method writes; the format each maps onto is parsed by
   ``src/compressed_tensors/quantization/quant_args.py`` ``QuantizationArgs``: ``num_bits`` default 8,
   ``type`` int / float, ``strategy`` tensor / channel / group / block / tensor_group, ``group_size``,
   ``block_structure`` [rows, cols]; ``config_groups`` each with ``weights``; ``ignore``; ``format``):
+  ``src/compressed_tensors/config/base.py`` ``CompressionFormat``, vllm-project/compressed-tensors):
   float 8-bit tensor / channel / block -> ``fp8`` / ``fp8-channel`` / ``fp8-block[-RxC]``
   (``float-quantized``); float 4-bit tensor_group 16 -> ``nvfp4`` (``nvfp4-pack-quantized``); int
   8-bit channel -> ``w8a8`` (``int-quantized``); int 4-bit group N -> ``awq-4bit-g<N>``
@@ -37,8 +39,9 @@ Read (the keys each method writes; the format each maps onto is parsed by
   ``quant_algo`` ``FP8`` per-tensor, ``FP8_PER_CHANNEL_PER_TOKEN`` per-channel, ``NVFP4``;
   ``exclude_modules``): ``fp8`` / ``fp8-channel`` / ``nvfp4``; also read from a nested
   ``quantization`` object (the ``hf_quant_config.json`` layout).
-* ``quant_method: "fbgemm_fp8"`` (transformers ``FbgemmFp8Config``, ``integrations/fbgemm_fp8.py``
-  ``FbgemmFp8Linear``: e4m3 weight + one fp32 scale per output row): ``fp8-channel``.
+* ``quant_method: "fbgemm_fp8"`` (transformers ``FbgemmFp8Config``; vLLM
+  ``quantization/fbgemm_fp8.py`` ``FBGEMMFp8Config``, ``create_per_channel_scale_param``: e4m3 weight
+  + one fp32 scale per output row): ``fp8-channel``.
 
 The modules a config keeps unquantized (``modules_to_not_convert``, ``ignore``, ``exclude_modules``,
 ``llm_int8_skip_modules``) are named in what was read; each format's own rule of which tensors stay
@@ -65,14 +68,15 @@ from peakmem.inference import (
 
 QUANT_KEY = "quantization_config"
 FP8_FORMATS = ("e4m3",)  # DeepSeek's fmt; e5m2 weights are not what the fp8 kernels load
-# transformers GPTQConfig / AwqConfig defaults (utils/quantization_config.py).
-GPTQ_DEFAULT_BITS = 4
+# transformers GPTQConfig / AwqConfig defaults (utils/quantization_config.py); GPTQConfig has no
+# default bits (a gptq config without them is not modelled), AwqConfig's is 4.
+AWQ_DEFAULT_BITS = 4
 GPTQ_DEFAULT_GROUP = 128
 GPTQ_CHECKPOINT_FORMATS = ("gptq", "gptq_v2")  # gptqmodel's layouts with auto-gptq's tensors
 AWQ_VERSIONS = ("gemm",)  # AutoAWQ WQLinear_GEMM: the layout formulas.weights.awq_linear_bytes prices
 BNB_4BIT_DEFAULT_TYPE = "fp4"  # transformers BitsAndBytesConfig bnb_4bit_quant_type default
 BNB_4BIT_TYPES = ("nf4", "fp4")
-# compressed-tensors CompressionFormat values that store each scheme (compressed_tensors/config/base.py).
+# compressed-tensors CompressionFormat values that store each scheme (config/base.py).
 CT_FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 CT_INT8_FORMATS = ("int-quantized", "naive-quantized")
 CT_PACKED_FORMATS = ("pack-quantized",)
@@ -140,7 +144,7 @@ def _fp8_block(rows: int, cols: int) -> str:
 
 
 def _gptq(qc: Mapping[str, Any]) -> tuple[str, str]:
-    bits, group = qc.get("bits", GPTQ_DEFAULT_BITS), qc.get("group_size", GPTQ_DEFAULT_GROUP)
+    bits, group = qc.get("bits"), qc.get("group_size", GPTQ_DEFAULT_GROUP)
     ckf = qc.get("checkpoint_format")
     read = f"bits {bits!r}, group_size {group!r}, desc_act {qc.get('desc_act')!r}, sym {qc.get('sym')!r}"
     if ckf is not None:
@@ -153,7 +157,7 @@ def _gptq(qc: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _awq(qc: Mapping[str, Any]) -> tuple[str, str]:
-    bits, group = qc.get("bits", GPTQ_DEFAULT_BITS), qc.get("group_size", GPTQ_DEFAULT_GROUP)
+    bits, group = qc.get("bits", AWQ_DEFAULT_BITS), qc.get("group_size", GPTQ_DEFAULT_GROUP)
     version = qc.get("version", "gemm")
     read = f"bits {bits!r}, group_size {group!r}, version {version!r}"
     ok = _is_int(bits) and bits in AWQ_BITS and _is_int(group) and group in GROUP_SIZES and group > 0
