@@ -25,8 +25,10 @@ checkpoint's ``preprocessor_config.json``, which override the processor class's)
 
 The patch size and the merge come from the spec's vision tower (:class:`peakmem.model.Tower`, read from
 the config's vision_config); the pixel bounds are the checkpoint's preprocessor defaults above, overridden
-by ``--min-pixels`` / ``--max-pixels``. Other VL families (Llama 4 tiles, Gemma 4) are not modelled yet:
-asking is an InputError, never a guess.
+by ``--min-pixels`` / ``--max-pixels``. The vision tower's own activations at its patch count are not
+counted: the estimate prices a derived spec's tower blocks at the language model's (batch, seq), as
+before (estimate.py ``_parts``), and the assumption line says so. Other VL families (Llama 4 tiles,
+Gemma 4) are not modelled yet: asking is an InputError, never a guess.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def image_tokens(spec: ModelSpec, images: Images) -> ImageTokens:
             raise InputError(f"min_pixels, max_pixels: {spec.name}'s processor takes no pixel bounds")
         per, why = _FIXED[spec.model_type]
         line = f"{shown} -> {images.count} x {per:,} tokens ({why}: fixed per image)"
+        line += "; vision tower activations not counted"
         return ImageTokens(per_image=per, total=images.count * per, assumption=line)
     if spec.model_type not in _QWEN_PIXELS:
         raise InputError(f"images: {spec.name}'s image processor ({spec.model_type}) is not modelled yet "
@@ -155,4 +158,5 @@ def image_tokens(spec: ModelSpec, images: Images) -> ImageTokens:
     return ImageTokens(per_image=per, total=images.count * per, assumption=(
         f"{shown} -> {images.count} x {per:,} tokens ({family} smart_resize to {w}x{h} within "
         f"{lo:,}..{hi:,} pixels, {grid_w}x{grid_h} patches of {patch} px, {merge}x{merge} merged); "
-        "vision tower activations not counted at its patch count"))  # fmt: skip
+        f"vision tower activations not counted at its {images.count * grid_h * grid_w:,} patches (its "
+        "blocks are priced at the language model's sequence)"))  # fmt: skip
