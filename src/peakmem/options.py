@@ -39,6 +39,8 @@ MAX_LORA_RANK = 4096  # published adapters use r <= 1,024; a rank is also at mos
 MAX_LORA_SLOTS = 4096  # vLLM --max-loras: GPU adapter slots; published multi-LoRA serving uses <= 128
 MAX_LAYERS_ON_GPU = 10_000  # llama.cpp -ngl: the deepest catalog model has 126 layers
 MAX_CONTEXT_MIB = 2**20  # a CUDA context of 1 TiB: measured ones are 0.3-1.4 GiB
+MAX_IMAGES = 4096  # images per sequence: multi-image VL recipes use <= ~100
+MAX_PIXELS_BOUND = 2**32  # a Qwen processor's min/max pixels: 4.3 G (the defaults are <= 16.8 M)
 
 _TRAINING = frozenset({"train", "fit", "plan", "plot", "explain"}) | _ORACLES  # take a training setup
 _SHARDED = frozenset({"train", "fit", "explain"})  # ... and its parallel layout (plan searches it)
@@ -77,6 +79,8 @@ _MULTI = "multi-GPU (per-rank memory)"
 _DEVICE = "device overheads"
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
+_IMAGES = "images (vision-language models)"
+_IMG = frozenset({"train", "fit"})  # the training sequence of a VL model (peakmem.formulas.images)
 
 OPTIONS: tuple[Option, ...] = (
     # the training setup (peakmem.training.TrainingSetup)
@@ -106,6 +110,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("activation_offload", bool, False, T, "saved activations to CPU RAM", group=_SAVING),
     _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),
     _o("liger", bool, False, T, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)", group=_SAVING),
+    _o("images", int, None, _IMG, "images per sequence: their tokens join --seq (a VL model)", group=_IMAGES,
+       maximum=MAX_IMAGES),
+    _o("image_size", str, None, _IMG, "WIDTHxHEIGHT of each image in pixels (with --images)", group=_IMAGES),
+    _o("min_pixels", int, None, _IMG, "Qwen-VL processors: min_pixels (default: the checkpoint's "
+       "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
+    _o("max_pixels", int, None, _IMG, "Qwen-VL processors: max_pixels (default: the checkpoint's "
+       "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
     # the parallel layout (peakmem.parallel.Parallelism)
     _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),
     _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI, maximum=MAX_DEGREE),

@@ -154,6 +154,12 @@ def ask(
         check_int("global_batch", search.global_batch)
     serving = command == "infer" or search.infer
     training, defaults = (None, ()) if serving else training_setup(o, spec.max_position_embeddings)
+    if training is not None and o.get("images") is not None:
+        training, defaults = with_images(o, spec, training, defaults)
+    elif any(o.get(k) is not None for k in ("images", "image_size", "min_pixels", "max_pixels")):
+        named = "images" if o.get("images") is not None or serving else "image_size, min_pixels, max_pixels"
+        raise InputError(f"{named}: " + ("serving a VL model's images is not modelled yet" if serving
+                                         else "take them with --images N"))  # fmt: skip
     if training is not None and training.lora is not None and training.lora.rank > spec.hidden_size:
         raise InputError(
             f"lora_rank={training.lora.rank}: above {spec.name}'s hidden size {spec.hidden_size:,}; an "
@@ -207,6 +213,24 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         compiled=o["compile"], liger=o["liger"],
     )  # fmt: skip
     return setup, taken
+
+
+def with_images(
+    o: Mapping[str, Any], spec: ModelSpec, setup: TrainingSetup, taken: tuple[str, ...]
+) -> tuple[TrainingSetup, tuple[str, ...]]:
+    """``setup`` with the image tokens the options ask for added to its sequence (the language model's
+    seq = text seq + images x tokens per image: :mod:`peakmem.formulas.images`), and the line saying so."""
+    from peakmem.formulas.images import Images, image_tokens, parse_image_size
+
+    if o.get("image_size") is None:
+        raise InputError(f"image_size=None: give WIDTHxHEIGHT of the {o['images']} images, e.g. 1024x1024")
+    width, height = parse_image_size(o["image_size"])
+    images = Images(count=o["images"], width=width, height=height, min_pixels=o.get("min_pixels"),
+                    max_pixels=o.get("max_pixels"))  # fmt: skip
+    tokens = image_tokens(spec, images)
+    seq = setup.seq_len + tokens.total
+    line = f"seq {seq:,} = {setup.seq_len:,} text + {tokens.total:,} image tokens: {tokens.assumption}"
+    return replace(setup, seq_len=seq), (*taken, line)
 
 
 def _lora_config(o: Mapping[str, Any]) -> Any:
