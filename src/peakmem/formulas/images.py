@@ -15,13 +15,17 @@ checkpoint's ``preprocessor_config.json``, which override the processor class's)
   ``max_pixels = 28 * 28 * 1280``; Qwen/Qwen2.5-VL-7B-Instruct's preprocessor_config.json sets
   ``min_pixels = 3136``, ``max_pixels = 12845056`` (16384 x 28 x 28), ``patch_size 14``,
   ``merge_size 2``, ``temporal_patch_size 2``: those are used.
-* Qwen3-VL: ``Qwen3VLProcessor`` runs the same ``Qwen2VLImageProcessorFast`` ``smart_resize``;
-  Qwen/Qwen3-VL-8B-Instruct's preprocessor_config.json sets ``patch_size 16``, ``merge_size 2``,
-  ``size = {"shortest_edge": 65536, "longest_edge": 16777216}`` (min and max pixels).
-* Gemma 3n: a fixed ``vision_soft_tokens_per_image = 256`` per image, whatever its size
-  (transformers ``models/gemma3n/configuration_gemma3n.py`` default; ``processing_gemma3n.py``
-  expands each image to ``boi + image_token * 256 + eoi``; the MobileNet tower sees the image resized to
-  768 x 768).
+* Qwen3-VL: ``Qwen3VLProcessor`` runs the same ``Qwen2VLImageProcessorFast`` ``smart_resize`` (not
+  read in transformers' source here: taken as the Qwen2-VL arithmetic); Qwen/Qwen3-VL-8B-Instruct's
+  preprocessor_config.json sets ``patch_size 16``, ``merge_size 2``,
+  ``size = {"shortest_edge": 65536, "longest_edge": 16777216}`` (min and max pixels). The model repos'
+  preprocessor files were not read here: these values are as public code quotes them (several
+  projects' fixtures of the released Qwen3-VL processor), and the patch / merge sizes match the
+  catalog config's vision_config.
+* Gemma 3n: a fixed ``vision_soft_tokens_per_image = 256`` per image, whatever its size (the catalog's
+  google/gemma-3n-E4B config.json sets 256; the processor's expansion is not re-read here:
+  ``processing_gemma3n.py`` expands each image to ``boi + image_token * 256 + eoi``; the MobileNet
+  tower sees the image resized to 768 x 768).
 
 The patch size and the merge come from the spec's vision tower (:class:`peakmem.model.Tower`, read from
 the config's vision_config); the pixel bounds are the checkpoint's preprocessor defaults above, overridden
