@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 
 import peakmem
@@ -84,3 +87,36 @@ def test_bad_image_input_is_one_input_error(model: str, kw: dict[str, object], m
 def test_serving_images_is_refused_not_ignored() -> None:
     with pytest.raises(InputError, match=r"^images: serving"):
         peakmem.fit("qwen2.5-vl-7b", gpu="80GB", infer=True, images=1, image_size="64x64")
+
+
+def test_the_web_api_answers_images_as_the_cli() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from peakmem.cli import main
+    from peakmem.web import app as web
+
+    body = {"model": "qwen2.5-vl-7b", "images": 4, "image_size": "1024x1024", "seq": 1024}
+    with TestClient(web.create_app()) as client:
+        got = client.post("/api/train", json=body).json()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(
+            [
+                "train",
+                "qwen2.5-vl-7b",
+                "--images",
+                "4",
+                "--image-size",
+                "1024x1024",
+                "--seq",
+                "1024",
+                "--json",
+            ]
+        )
+    cli = json.loads(buf.getvalue())
+    assert got["peak_allocated_bytes"] == cli["peak_allocated_bytes"]
+    assert got["setup"]["seq_len"] == cli["setup"]["seq_len"] == 1024 + 4 * 1369

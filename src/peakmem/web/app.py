@@ -47,8 +47,10 @@ from peakmem.options import (
     MAX_DEGREE,
     MAX_GLOBAL_BATCH,
     MAX_GRAD_ACCUM,
+    MAX_IMAGES,
     MAX_LORA_RANK,
     MAX_LORA_SLOTS,
+    MAX_PIXELS_BOUND,
     MAX_SEQ,
     MAX_WORLD,
 )
@@ -163,7 +165,16 @@ class ParallelOptions(BaseModel):
     offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
 
 
-class TrainRequest(TrainOptions, ParallelOptions):
+class ImageOptions(BaseModel):
+    """Images of a vision-language model's sequence (``peakmem train|fit --images``)."""
+
+    images: int | None = Field(None, ge=1, le=MAX_IMAGES, description="images per sequence")
+    image_size: str | None = Field(None, min_length=3, max_length=20, description="WIDTHxHEIGHT in pixels")
+    min_pixels: int | None = Field(None, ge=1, le=MAX_PIXELS_BOUND, description="Qwen-VL min_pixels")
+    max_pixels: int | None = Field(None, ge=1, le=MAX_PIXELS_BOUND, description="Qwen-VL max_pixels")
+
+
+class TrainRequest(TrainOptions, ParallelOptions, ImageOptions):
     """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
 
 
@@ -193,7 +204,7 @@ class InferRequest(ModelChoice):
     prefix_tokens: int = Field(0, ge=0, le=MAX_SEQ, description="a prompt prefix every request shares")
 
 
-class FitRequest(TrainOptions, ParallelOptions):
+class FitRequest(TrainOptions, ParallelOptions, ImageOptions):
     """``peakmem fit``: a training job (on one GPU, or its most loaded rank) checked on each GPU."""
 
     gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)

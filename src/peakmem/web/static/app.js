@@ -38,6 +38,8 @@ const FIELDS = [
   { id: "activation_offload", def: "", bool: true, modes: TRAIN },
   { id: "compile", def: "", bool: true, modes: TRAIN },
   { id: "liger", def: "", bool: true, modes: TRAIN },
+  { id: "images", def: "", int: true, modes: ["train", "fit"] },
+  { id: "image_size", def: "", modes: ["train", "fit"] },
   { id: "gpu_count", def: "1", int: true, modes: ["train", "fit"] },
   { id: "sharding", def: "none", modes: ["train", "fit"] },  // -> zero (0-3) or fsdp (a mode)
   { id: "tp", def: "1", int: true, modes: ["train", "fit"] },
