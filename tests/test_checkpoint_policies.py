@@ -107,6 +107,7 @@ def test_every_2_train_kernels_cpu_agrees_with_measure(precision: str, batch: in
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from peakmem.measure import measure_training
+    from peakmem.simulate import simulate_training
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(LLAMA4))
@@ -123,3 +124,8 @@ def test_every_2_train_kernels_cpu_agrees_with_measure(precision: str, batch: in
     measured = measure_training(LLAMA4, setup, device="cpu", steps=2).peak_allocated_bytes
     error = estimate["peak_allocated_bytes"] / measured - 1
     assert abs(error) <= TOLERANCE, f"every-2 {precision}: train --kernels cpu {error:+.2%} of measure"
+    # simulate (fake tensors, the measured run's model) unwraps the same layers
+    simulated = simulate_training(LLAMA4, setup, kernels="cpu", steps=2).peak_allocated_bytes
+    assert abs(simulated / measured - 1) <= TOLERANCE, (
+        f"every-2 {precision}: simulate {simulated} vs {measured}"
+    )

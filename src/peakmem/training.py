@@ -76,11 +76,6 @@ def parse_checkpointing(text: str) -> tuple[Checkpointing, int]:
     return Checkpointing.parse(spelled, "checkpointing"), 1
 
 
-def checkpointing_spelling(mode: Checkpointing, every: int) -> str:
-    """The CLI spelling of (mode, every): ``every-N`` for full checkpointing of every N-th layer."""
-    return f"{EVERY_PREFIX}{every}" if mode is Checkpointing.FULL and every > 1 else mode.value
-
-
 def checkpointed_layers(count: int, every: int, framework: Framework) -> tuple[bool, ...]:
     """Which of a stage's ``count`` layers (in order) full checkpointing wraps, every ``every``-th.
 
