@@ -84,6 +84,10 @@ def test_every_1_is_full() -> None:
     assert parse_checkpointing("every-1") == (Checkpointing.FULL, 1)
     assert parse_checkpointing("every-3") == (Checkpointing.FULL, 3)
     assert _forward_activations(Checkpointing.FULL, 1) == _forward_activations(Checkpointing.FULL)
+    assert (
+        TrainingSetup(checkpointing=Checkpointing.FULL, checkpoint_every=2).checkpointing_spelled == "every-2"
+    )
+    assert TrainingSetup(checkpointing=Checkpointing.FULL).checkpointing_spelled == "full"
 
 
 @pytest.mark.parametrize("bad", ["every-0", "every-x", "every-", "every--2", "every-2.5", "sometimes"])

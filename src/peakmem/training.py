@@ -211,6 +211,12 @@ class TrainingSetup:
             raise InputError(f"quant={self.quant!r}: must be a QuantConfig or None")
 
     @property
+    def checkpointing_spelled(self) -> str:
+        """``--checkpointing`` as spelled: ``every-N`` for full checkpointing of every N-th layer."""
+        full_every = self.checkpointing is Checkpointing.FULL and self.checkpoint_every > 1
+        return f"{EVERY_PREFIX}{self.checkpoint_every}" if full_every else self.checkpointing.value
+
+    @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
 
