@@ -358,7 +358,7 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
-        f"checkpointing {setup.checkpointing.value}) {verb} ≈ {fmt_both(est.device_total_bytes)}"
+        f"checkpointing {setup.checkpointing_spelled}) {verb} ≈ {fmt_both(est.device_total_bytes)}"
         f"{band_text(est)} on the device; {fits_on(est.device_total_bytes)}."
     )
     if par is not None:

@@ -47,10 +47,12 @@ from peakmem.step_parts import Parts, Static
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
+    Framework,
     LossImpl,
     Method,
     OptimizerImpl,
     TrainingSetup,
+    checkpointed_layers,
 )
 
 METHOD = "analytic"
@@ -193,6 +195,29 @@ def _stage_group_indices(spec: ModelSpec, pp: int, stage: int) -> tuple[tuple[in
     return tuple(out)
 
 
+def _checkpoint_runs(
+    groups: tuple[tuple[int, int], ...], setup: TrainingSetup
+) -> tuple[tuple[tuple[int, int], ...], tuple[bool, ...]]:
+    """The stage's groups cut into runs of layers that ``setup.checkpointing`` wraps or not, in layer
+    order, and per run whether it does: every run is wrapped but under full checkpointing of every
+    N-th layer (peakmem.training.checkpointed_layers)."""
+    if setup.checkpointing is not Checkpointing.FULL or setup.checkpoint_every == 1:
+        return groups, (True,) * len(groups)
+    wrapped = checkpointed_layers(sum(c for _, c in groups), setup.checkpoint_every, setup.framework)
+    runs: list[tuple[int, int]] = []
+    flags: list[bool] = []
+    pos = 0
+    for i, count in groups:
+        for w in wrapped[pos : pos + count]:
+            if runs and runs[-1][0] == i and flags[-1] == w:
+                runs[-1] = (i, runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+                flags.append(w)
+        pos += count
+    return tuple(runs), tuple(flags)
+
+
 def _kept(nbytes: int, frac: Fraction) -> int:
     return nbytes if frac == 1 else -(-nbytes * frac.numerator // frac.denominator)
 
@@ -205,7 +230,7 @@ def _compute_static(
     stage = sp.stage
     rs = sharding.rank_states(tech, setup, layout, sp)
     first, last = stage == 0, stage == layout.pp - 1
-    groups = _stage_group_indices(spec, layout.pp, stage)
+    groups, wrapped = _checkpoint_runs(_stage_group_indices(spec, layout.pp, stage), setup)
     in_bwd = _lowbit.in_backward(setup)
     cap = rs.grads_written_cap
     written = tuple(tech.layer_grads[i] if cap is None else min(tech.layer_grads[i], cap * layout.tp)
@@ -226,15 +251,17 @@ def _compute_static(
     single = par is None or par == _SINGLE
     paged = _lowbit.paged_bytes(tech.tspec, tech.tsetup)
     setup_json = setup_dict(setup)
+    cached = tuple(g for g, w in zip(groups, wrapped, strict=True) if w)  # the weight cache's layers
     return Static(
-        tech=tech, states=rs, sp=sp, single=single, groups=groups, written=written, kept=kept, outer=outer,
+        tech=tech, states=rs, sp=sp, single=single, groups=groups, wrapped=wrapped, written=written,
+        kept=kept, outer=outer,
         table=rs.table, persistent=persistent,
         states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
         resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
-        weight_cache=tuple(_weight_cache(spec, setup, groups, layout.tp, memo)),
+        weight_cache=tuple(_weight_cache(spec, setup, cached, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
         assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup),
         setup_json=setup_json,
@@ -343,9 +370,10 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
     facts = spec_facts(spec, sh.memo)
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
-    seen: dict[tuple[int, int], act.LayerActivations] = {}  # groups with equal layers share their formulas
-    for (i, count), written, kept in zip(st.groups, st.written, st.kept, strict=True):
-        memo = (facts.same_as[i], written)
+    seen: dict[tuple[int, int, bool], act.LayerActivations] = {}  # equal layers share their formulas
+    runs = zip(st.groups, st.wrapped, st.written, st.kept, strict=True)
+    for (i, count), wrapped, written, kept in runs:
+        memo = (facts.same_as[i], written, wrapped)
         la = None if tech.adapter else seen.get(memo)
         if la is None:
             layer = spec.groups[i].layer
@@ -359,7 +387,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, sh.c, par)
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 la = mp.tp_layer_activations(la, par, ring, dispatch)
-            la = seen[memo] = act.checkpointed(la, setup.checkpointing)
+            la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
@@ -679,7 +707,17 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
     ]
     if sh.kernel_note:
         out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value}: {sh.kernel_note}")
-    if setup.checkpointing is Checkpointing.FULL:
+    if setup.checkpointing is Checkpointing.FULL and setup.checkpoint_every > 1:
+        rule = (
+            "0-based index % N == 0, transformers"
+            if setup.framework is Framework.HF
+            else "1-based, torchtitan"
+        )
+        out.append(
+            f"full checkpointing of every {setup.checkpoint_every}th layer ({rule}): those keep their "
+            "input, the others all their tensors; one layer is recomputed at a time during backward"
+        )
+    elif setup.checkpointing is Checkpointing.FULL:
         out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
     if setup.checkpointing is Checkpointing.SELECTIVE:
         out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")

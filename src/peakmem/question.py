@@ -183,7 +183,6 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
     """The TrainingSetup the options ask for, and the defaults the framework decided for it."""
     from peakmem.training import (
         AttentionKernel,
-        Checkpointing,
         Framework,
         KernelPolicy,
         LossImpl,
@@ -191,6 +190,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         OptimizerImpl,
         OptimizerName,
         Precision,
+        parse_checkpointing,
     )
 
     seq = o["seq"] if o.get("seq") is not None else min(max_positions or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
@@ -198,6 +198,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
     optimizer = OptimizerName.parse(o["optimizer"], "optimizer")
     framework = Framework.parse(o["framework"], "framework")
     taken: tuple[str, ...] = ()
+    checkpointing, every = parse_checkpointing(o["checkpointing"])
     impl = o.get("optimizer_impl", opt.AUTO)
     if impl == opt.AUTO:
         row = optimizer_step(optimizer, precision, framework)
@@ -205,7 +206,8 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
     setup = TrainingSetup(
         method=Method.parse(o["method"], "method"), precision=precision, optimizer=optimizer,
         optimizer_impl=OptimizerImpl.parse(impl, "optimizer_impl"), micro_batch=o["batch"], seq_len=seq,
-        grad_accum=o["grad_accum"], checkpointing=Checkpointing.parse(o["checkpointing"], "checkpointing"),
+        grad_accum=o["grad_accum"], checkpointing=checkpointing,
+        checkpoint_every=every,
         attention=AttentionKernel.parse(o["attention"], "attention"), framework=framework,
         kernel_policy=KernelPolicy.parse(o.get("kernels", "cuda"), "kernels"),
         lora=_lora_config(o), quant=_quant_config(o), loss=LossImpl.parse(o["loss"], "loss"),

@@ -39,7 +39,7 @@ def fit_headline(report: FitReport) -> str:
     s = report.setup
     job = (f"{report.model} {s.method.value} ({s.precision.value}, {s.optimizer.value}, "
            f"batch {s.micro_batch} x "
-           f"seq {s.seq_len}, checkpointing {s.checkpointing.value})")  # fmt: skip
+           f"seq {s.seq_len}, checkpointing {s.checkpointing_spelled})")  # fmt: skip
     if report.parallelism is not None:
         job += f" on {report.parallelism.describe()}, per GPU (the most loaded rank)"
     need = fmt_gb(report.baseline.device_total_bytes) + band_text(report.baseline)
@@ -178,7 +178,7 @@ def print_plan(report: PlanReport) -> None:
         per_rank = fmt_gb(top) + (f" ({role})" if role != "all ranks" else "")
         table.add_row(
             str(i), str(lay.step.gpus), shape, engine, f"{lay.setup.micro_batch} x {lay.setup.grad_accum}",
-            lay.setup.checkpointing.value, per_rank, _signed(lay.headroom_bytes),
+            lay.setup.checkpointing_spelled, per_rank, _signed(lay.headroom_bytes),
             fmt_seconds(lay.step.total_s),
             f"{lay.step.tokens_per_s / max(1, lay.step.gpus):,.0f}",
         )  # fmt: skip

@@ -31,6 +31,9 @@ class Static:
     sp: mp.StageParams
     single: bool  # one GPU (the estimate without per-rank figures)
     groups: tuple[tuple[int, int], ...]  # (group index of tech.spec, layers on this stage) per stage group
+    # per stage group: whether setup.checkpointing wraps its layers (estimate._checkpoint_runs cuts the
+    # spec's groups into runs under full checkpointing of every N-th layer)
+    wrapped: tuple[bool, ...]
     written: tuple[int, ...]  # per stage group: gradient bytes one layer writes (before the TP split)
     kept: tuple[int, ...]  # per stage group: of them, bytes kept until the step (TP-local)
     outer: tuple[int, int, int, int, int]  # written start, kept start, written end, kept end, tied hold

@@ -54,6 +54,42 @@ class Checkpointing(Choice):
     FULL = "full"  # gradient_checkpointing_enable(): keep only each layer's input
 
 
+# ``--checkpointing every-N``: full checkpointing of every N-th layer (TrainingSetup.checkpoint_every),
+# the others keep all their tensors; ``full`` is every-1.
+EVERY_PREFIX = "every-"
+MAX_CHECKPOINT_EVERY = 1024  # layers; no model has more
+
+
+def parse_checkpointing(text: str) -> tuple[Checkpointing, int]:
+    """``none|selective|full|every-N`` as (mode, every): ``every-N`` is (FULL, N), the others every 1."""
+    spelled = text.lower()
+    if spelled.startswith(EVERY_PREFIX):
+        n = spelled[len(EVERY_PREFIX) :]
+        if not n.isdigit() or not 1 <= int(n) <= MAX_CHECKPOINT_EVERY:
+            raise InputError(
+                f"checkpointing={text!r}: every-N takes a layer count N from 1 to {MAX_CHECKPOINT_EVERY} "
+                "(every-2: full checkpointing of every second layer)"
+            )
+        return Checkpointing.FULL, int(n)
+    if spelled not in {m.value for m in Checkpointing}:
+        raise InputError(f"checkpointing={text!r}: unknown; choose one of none, selective, full, every-N")
+    return Checkpointing.parse(spelled, "checkpointing"), 1
+
+
+def checkpointed_layers(count: int, every: int, framework: Framework) -> tuple[bool, ...]:
+    """Which of a stage's ``count`` layers (in order) full checkpointing wraps, every ``every``-th.
+
+    transformers 5.23 (modeling_utils.py ``_set_gradient_checkpointing``, ``every_n_layers``): the
+    decoder layer of 0-based index i is checkpointed when ``i % every_n_layers == 0`` (the first of each
+    N). torchtitan (torchtitan/distributed/activation_checkpoint.py ``_apply_layer_sac``, commit
+    01db32e9, ``selective_ac_option = "N"``): a 1-based counter per wrapped block, checkpointed when
+    ``_layer_sac_count % ac_freq == 0`` (the last of each N); peakmem uses it for the frameworks that
+    are not transformers. The count is the stage's own (torchtitan counts the blocks its rank builds).
+    """
+    first = 0 if framework is Framework.HF else 1
+    return tuple((pos + first) % every == 0 for pos in range(count))
+
+
 class AttentionKernel(Choice):
     EAGER = "eager"
     SDPA = "sdpa"
@@ -113,6 +149,9 @@ class TrainingSetup:
     seq_len: int = 2048
     grad_accum: int = 1
     checkpointing: Checkpointing = Checkpointing.NONE
+    # checkpointing full: every N-th layer checkpointed (``--checkpointing every-N``; 1: all layers).
+    # none and selective ignore it (the planner swaps the mode and keeps the user's N for full).
+    checkpoint_every: int = 1
     attention: AttentionKernel = AttentionKernel.SDPA
     framework: Framework = Framework.HF
     kernel_policy: KernelPolicy = KernelPolicy.CUDA
@@ -137,6 +176,8 @@ class TrainingSetup:
         # float where an int belongs; then ranges and physical limits, before any work is done.
         for attr, enum in _CHOICE_FIELDS:
             coerce_choice(self, attr, enum)
+        what = "layers; no model has more"
+        check_int("checkpoint_every", self.checkpoint_every, maximum=MAX_CHECKPOINT_EVERY, what=what)
         check_int("batch", self.micro_batch)
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
@@ -168,6 +209,12 @@ class TrainingSetup:
             raise InputError(f"lora={self.lora!r}: must be a LoraConfig or None")
         if self.quant is not None and not isinstance(self.quant, QuantConfig):
             raise InputError(f"quant={self.quant!r}: must be a QuantConfig or None")
+
+    @property
+    def checkpointing_spelled(self) -> str:
+        """``--checkpointing`` as spelled: ``every-N`` for full checkpointing of every N-th layer."""
+        full_every = self.checkpointing is Checkpointing.FULL and self.checkpoint_every > 1
+        return f"{EVERY_PREFIX}{self.checkpoint_every}" if full_every else self.checkpointing.value
 
     @property
     def tokens(self) -> int:

@@ -387,12 +387,18 @@ def cpu_activation_bytes(spec: ModelSpec, setup: Any, costs: CostLookup | None =
     from peakmem.formulas import lora
 
     sh = act.shapes(spec, setup, costs)
-    total = 0
+    from peakmem.training import Checkpointing, checkpointed_layers
+
+    wrapped = checkpointed_layers(spec.num_layers, setup.checkpoint_every, setup.framework)
+    total, pos = 0, 0
     for i, g in enumerate(spec.groups):
         la = act.layer_activations(spec, g.layer, sh)
         if lora.is_adapter_method(setup):
             la = lora.adapt_layer(spec, i, la, sh, setup)
-        total += g.count * act.checkpointed(la, setup.checkpointing).saved_bytes
+        n_wrapped = sum(wrapped[pos : pos + g.count])
+        pos += g.count
+        total += n_wrapped * act.checkpointed(la, setup.checkpointing).saved_bytes
+        total += (g.count - n_wrapped) * act.checkpointed(la, Checkpointing.NONE).saved_bytes
     return total
 
 

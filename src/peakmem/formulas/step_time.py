@@ -64,7 +64,7 @@ from peakmem.errors import InputError
 from peakmem.formulas.qlora import quantized_params
 from peakmem.formulas.weights import bnb_4bit_bytes
 from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup, checkpointed_layers
 
 GBs = 1e9  # GB/s -> bytes/s
 TFLOPs = 1e12
@@ -287,11 +287,16 @@ def forward_backward_flops_per_token(
 
 
 def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup, *, adapter_params: int = 0) -> float:
-    """Extra forward FLOPs checkpointing spends: every layer with its adapters (full), the attention
+    """Extra forward FLOPs checkpointing spends: every layer with its adapters (full; every N-th
+    layer's share of them under ``every-N``, peakmem.training.checkpointed_layers), the attention
     core (selective)."""
     attention = sf.attention_flops_per_token(setup.seq_len, sf.kernel(setup))
     if setup.checkpointing is Checkpointing.FULL:
-        return 2.0 * sf.layer_matmul_params + attention + 2.0 * adapter_params
+        full = 2.0 * sf.layer_matmul_params + attention + 2.0 * adapter_params
+        if setup.checkpoint_every == 1:
+            return full
+        wrapped = checkpointed_layers(sf.num_layers, setup.checkpoint_every, setup.framework)
+        return full * sum(wrapped) / sf.num_layers
     if setup.checkpointing is Checkpointing.SELECTIVE:
         return attention
     return 0.0

@@ -121,7 +121,7 @@ class Job:
             "--method", s.method.value, "--precision", s.precision.value, "--optimizer", s.optimizer.value,
             "--optimizer-impl", s.optimizer_impl.value, "--batch", str(s.micro_batch),
             "--seq", str(s.seq_len),
-            "--grad-accum", str(s.grad_accum), "--checkpointing", s.checkpointing.value,
+            "--grad-accum", str(s.grad_accum), "--checkpointing", s.checkpointing_spelled,
             "--attention", s.attention.value, "--loss", s.loss.value,
         ]  # fmt: skip
         if s.lora is not None:

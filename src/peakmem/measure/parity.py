@@ -57,7 +57,7 @@ class Case:
     def name(self) -> str:
         s = self.setup
         return (
-            f"{self.family}/{s.precision.value}/{s.attention.value}/ckpt-{s.checkpointing.value}"
+            f"{self.family}/{s.precision.value}/{s.attention.value}/ckpt-{s.checkpointing_spelled}"
             f"/b{s.micro_batch}xs{s.seq_len}"
         )
 

@@ -22,7 +22,15 @@ from peakmem.errors import InputError
 from peakmem.measure.adapter import apply_adapter
 from peakmem.measure.tracker import INPUT, LiveStorageTracker, Snapshot
 from peakmem.measure.trainer import make_trainer, model_dtype
-from peakmem.training import AttentionKernel, Checkpointing, Framework, Method, Precision, TrainingSetup
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    Framework,
+    Method,
+    Precision,
+    TrainingSetup,
+    checkpointed_layers,
+)
 
 PHASES = (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -266,6 +274,7 @@ def _run(
             ckpt_kwargs["context_fn"] = lambda: (nullcontext(), recompute())
         enable: Any = model.activation_checkpointing_enable
         enable(activation_checkpointing_kwargs=ckpt_kwargs)
+        apply_checkpoint_every(model, setup)
     selective = (
         selective_attention(ATTN_IMPL[setup.attention], tracker)
         if setup.checkpointing == Checkpointing.SELECTIVE
@@ -306,6 +315,20 @@ def _run(
     if cross_check:
         result.allocator_peak = baseline + _allocator_peak(prof)
     return result
+
+
+def apply_checkpoint_every(model: torch.nn.Module, setup: TrainingSetup) -> None:
+    """Full checkpointing of every N-th layer: after ``activation_checkpointing_enable()`` wrapped every
+    decoder layer, unwrap those peakmem.training.checkpointed_layers leaves out (transformers 5.23
+    ``GradientCheckpointingLayer`` checkpoints its forward only while ``gradient_checkpointing`` is True)."""
+    if setup.checkpoint_every == 1:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    wrapped = checkpointed_layers(len(layers), setup.checkpoint_every, setup.framework)
+    for layer, wraps in zip(layers, wrapped, strict=True):
+        layer.gradient_checkpointing = wraps
 
 
 @contextmanager
@@ -471,9 +494,15 @@ def _estimate(
             "over V) runs under torch.utils.checkpoint (non-reentrant); its inputs q, k, v, mask are saved"
         )
     if setup.checkpointing == Checkpointing.FULL:
+        every = (
+            f", then only every {setup.checkpoint_every}th layer kept wrapped (peakmem.training."
+            "checkpointed_layers)"
+            if setup.checkpoint_every > 1
+            else ""
+        )
         assumptions.append(
             "checkpointing: model.activation_checkpointing_enable(), use_reentrant=False "
-            "(transformers 5.23 default)"
+            f"(transformers 5.23 default){every}"
         )
 
     by_key = {(s.step, s.phase): s for s in snaps}

@@ -375,7 +375,7 @@ def _layout_json(lay: Layout) -> dict[str, object]:
         "dp": par.dp if par is not None else 1, "cp": par.cp if par is not None else 1,
         "ep": par.ep if par is not None else 1, "engine": par.engine if par is not None else "none",
         "micro_batch": lay.setup.micro_batch, "grad_accum": lay.setup.grad_accum,
-        "checkpointing": lay.setup.checkpointing.value,
+        "checkpointing": lay.setup.checkpointing_spelled,
         "needed_bytes": lay.needed_bytes, "capacity_bytes": lay.capacity_bytes,
         "headroom_bytes": lay.headroom_bytes,
         "ranks": [{"role": r, "ranks": n, "device_total_bytes": b, "cpu_pinned_bytes": c}

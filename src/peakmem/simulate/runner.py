@@ -36,7 +36,13 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.caching_allocator import AllocatorStats, replay
 from peakmem.formulas.overhead import Overheads
-from peakmem.measure.runner import ATTN_IMPL, _per_param_rows, _unique_numel, config_and_class
+from peakmem.measure.runner import (
+    ATTN_IMPL,
+    _per_param_rows,
+    _unique_numel,
+    apply_checkpoint_every,
+    config_and_class,
+)
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.simulate import attribution
@@ -266,6 +272,7 @@ def _run(
         ctx = lambda: (nullcontext(), _recompute(tracker, policy, log))  # noqa: E731
         kwargs = {"use_reentrant": False, "context_fn": ctx}
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        apply_checkpoint_every(model, setup)
     tracker.register_module(model)
     quant.register(tracker)
     fmode = kern.function_mode(policy, log)
