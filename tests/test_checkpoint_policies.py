@@ -133,3 +133,26 @@ def test_every_2_train_kernels_cpu_agrees_with_measure(precision: str, batch: in
     assert abs(simulated / measured - 1) <= TOLERANCE, (
         f"every-2 {precision}: simulate {simulated} vs {measured}"
     )
+
+
+def test_the_web_api_takes_every_n_as_the_cli() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    import contextlib
+    import io
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from peakmem.cli import main
+    from peakmem.web import app as web
+
+    with TestClient(web.create_app()) as client:
+        got = client.post("/api/train", json={"model": "llama-3.2-1b", "checkpointing": "every-2"}).json()
+        bad = client.post("/api/train", json={"model": "llama-3.2-1b", "checkpointing": "every-x"})
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(["train", "llama-3.2-1b", "--checkpointing", "every-2", "--json"])
+    cli = json.loads(buf.getvalue())
+    assert got["peak_allocated_bytes"] == cli["peak_allocated_bytes"]
+    assert bad.status_code == 422 and "checkpointing" in bad.text

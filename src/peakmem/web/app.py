@@ -57,7 +57,6 @@ from peakmem.options import (
 from peakmem.question import Answer, Question
 from peakmem.training import (
     AttentionKernel,
-    Checkpointing,
     Framework,
     LossImpl,
     Method,
@@ -139,7 +138,10 @@ class TrainOptions(ModelChoice):
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batch size per GPU")
     seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="sequence length; default min(context, 2048)")
     grad_accum: int = Field(1, ge=1, le=MAX_GRAD_ACCUM)
-    checkpointing: Checkpointing = Checkpointing.NONE
+    checkpointing: str = Field(
+        "none", pattern=r"^(none|selective|full|every-[0-9]{1,4})$",
+        description="none, selective, full, or every-N (every N-th layer checkpointed)",
+    )  # fmt: skip
     attention: AttentionKernel = AttentionKernel.SDPA
     framework: Framework = Framework.HF
     lora_rank: int | None = Field(None, ge=1, le=MAX_LORA_RANK, description="LoRA rank r (default 8)")
