@@ -21,7 +21,7 @@ from peakmem.catalog import Gpu
 from peakmem.defaults import optimizer_step
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
 from peakmem.formulas.overhead import Overheads
-from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, InferenceSetup
+from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, Draft, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.resolve import Deriver
@@ -162,12 +162,12 @@ def ask(
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
     elif command == "fit":
-        inference_setup(o, gpus, checkpoint)
+        inference_setup(o, gpus, checkpoint, derive=derive)
     extra = from_file.parallel if from_file is not None else None
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
-        inference=inference_setup(o, gpus, checkpoint) if serving else None, gpus=gpus,
+        inference=inference_setup(o, gpus, checkpoint, derive=derive) if serving else None, gpus=gpus,
         overheads=overheads(o),
         search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
@@ -255,10 +255,12 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
 
 
 def inference_setup(
-    o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None
-) -> InferenceSetup:
+    o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None,
+    derive: Deriver | None = None,
+) -> InferenceSetup:  # fmt: skip
     """The InferenceSetup the options ask for; weights not given: the format the checkpoint's
-    quantization_config names (``checkpoint``), else bf16."""
+    quantization_config names (``checkpoint``), else bf16. A draft model is resolved as MODEL is
+    (``derive`` for an architecture the formulas do not know)."""
     weights = o["weights"]
     if weights is None:
         weights = checkpoint.weights if checkpoint is not None and checkpoint.weights else DEFAULT_WEIGHTS
@@ -269,7 +271,22 @@ def inference_setup(
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
+        draft=_draft(o.get("draft"), derive), num_speculative_tokens=o.get("num_speculative_tokens"),
     )  # fmt: skip
+
+
+def _draft(name: str | None, derive: Deriver | None) -> Draft | None:
+    """The draft model ``name`` names (a catalog name, a config.json path or a Hub id), with the
+    format its checkpoint's quantization_config names."""
+    if name is None:
+        return None
+    from peakmem.hf.quant import checkpoint_weights
+    from peakmem.resolve import resolve_config, spec_for_config
+
+    found, config = resolve_config(name)
+    ck = checkpoint_weights(config)
+    return Draft(name=found, spec=spec_for_config(config, name=found, derive=derive),
+                 weights=ck.weights if ck is not None else "")  # fmt: skip
 
 
 def overheads(o: Mapping[str, Any]) -> Overheads:
