@@ -13,6 +13,7 @@ from _infer_specs import tiny
 from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent
+from peakmem.formulas.serving.speculative import mtp_draft_spec
 from peakmem.inference import Draft, InferenceSetup
 from peakmem.units import GiB
 
@@ -157,3 +158,32 @@ def test_the_echo_names_the_draft_only_when_given() -> None:
     with_draft = _vllm(draft=_draft(), num_speculative_tokens=2)
     assert with_draft.echo()["draft"] == "tiny-draft" and with_draft.echo()["num_speculative_tokens"] == 2
     assert "draft" not in replace(with_draft, draft=None, num_speculative_tokens=None).echo()
+
+
+# --draft mtp: the target's last decoder layer + eh_proj (2h -> h) + enorm, hnorm, shared_head.norm;
+# tiny(): q 64x64, k 64x32, v 64x32, o 64x64, gate/up/down 64x128, 2 norms of 64
+TINY_LAYER_PARAMS = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+TINY_MTP_PARAMS = TINY_LAYER_PARAMS + 2 * 64 * 64 + 3 * 64  # embeddings and head shared with the target
+
+
+def test_mtp_layers_by_hand() -> None:
+    mtp = mtp_draft_spec(tiny(), 1)
+    assert mtp.params == TINY_MTP_PARAMS == 45_376
+    draft = Draft(name="mtp", spec=mtp, mtp=True)
+    est = estimate_inference(tiny(), _vllm(draft=draft, num_speculative_tokens=1))
+    assert est.extra["draft_weight_bytes"] == TINY_MTP_PARAMS * 2
+    # one MTP layer's KV: (K, V) x 2 KV heads x 16 x bf16
+    assert est.extra["draft_kv_bytes_per_token"] == 2 * 2 * 16 * 2
+    assert est.extra["kv_bytes_per_sequence"] == _blocks(1024 + 1) * (TARGET_KV_PER_TOKEN + 128)
+    with pytest.raises(InputError, match=r"^draft="):
+        InferenceSetup(engine="hf", context=512, draft=draft)
+
+
+def test_mtp_from_the_config() -> None:
+    out = peakmem.infer("deepseek-v3", engine="vllm", context=4096, tp=8, draft="mtp",
+                        num_speculative_tokens=1).to_dict()  # fmt: skip
+    # num_nextn_predict_layers 1: one MLA layer caching the latent: (kv_lora_rank 512 + rope 64) x bf16
+    assert out["draft_kv_bytes_per_token"] == (512 + 64) * 2
+    assert out["draft_weights"] == "fp8-block"  # the MTP layer is in the target's checkpoint
+    with pytest.raises(InputError, match="no MTP layers"):
+        peakmem.infer("llama-3.1-8b", engine="vllm", draft="mtp", num_speculative_tokens=1)

@@ -246,6 +246,7 @@ class Draft:
     name: str
     spec: ModelSpec
     weights: str = ""
+    mtp: bool = False  # the target's own multi-token-prediction layers (--draft mtp)
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "draft", self.name, "a model name")
@@ -411,6 +412,9 @@ class InferenceSetup:
             # SpeculativeConfig: a draft model needs num_speculative_tokens (unless its config has n_predict)
             require(k is not None, "num_speculative_tokens", k, "vLLM needs it with a draft model")
         else:
+            require(
+                not self.draft.mtp, "draft", name, "transformers does not build MTP layers; use engine=vllm"
+            )
             require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
     @property

@@ -162,12 +162,13 @@ def ask(
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
     elif command == "fit":
-        inference_setup(o, gpus, checkpoint, derive=derive)
+        inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config))
     extra = from_file.parallel if from_file is not None else None
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
-        inference=inference_setup(o, gpus, checkpoint, derive=derive) if serving else None, gpus=gpus,
+        inference=inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config)) if serving
+        else None, gpus=gpus,
         overheads=overheads(o),
         search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
@@ -256,11 +257,12 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
 
 def inference_setup(
     o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None,
-    derive: Deriver | None = None,
+    derive: Deriver | None = None, target: tuple[ModelSpec, Mapping[str, Any] | None] | None = None,
 ) -> InferenceSetup:  # fmt: skip
     """The InferenceSetup the options ask for; weights not given: the format the checkpoint's
     quantization_config names (``checkpoint``), else bf16. A draft model is resolved as MODEL is
-    (``derive`` for an architecture the formulas do not know)."""
+    (``derive`` for an architecture the formulas do not know); ``draft='mtp'``: the MTP layers of
+    ``target`` (its spec and config.json), in its weight format."""
     weights = o["weights"]
     if weights is None:
         weights = checkpoint.weights if checkpoint is not None and checkpoint.weights else DEFAULT_WEIGHTS
@@ -271,8 +273,25 @@ def inference_setup(
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
-        draft=_draft(o.get("draft"), derive), num_speculative_tokens=o.get("num_speculative_tokens"),
+        draft=_mtp_draft(target, weights) if o.get("draft") == MTP else _draft(o.get("draft"), derive),
+        num_speculative_tokens=o.get("num_speculative_tokens"),
     )  # fmt: skip
+
+
+MTP = "mtp"  # --draft mtp: the target's own multi-token-prediction layers
+
+
+def _mtp_draft(target: tuple[ModelSpec, Mapping[str, Any] | None] | None, weights: str) -> Draft:
+    """The target's MTP layers (formulas/serving/speculative.py mtp_draft_spec) as a draft."""
+    from peakmem.formulas.serving.speculative import mtp_draft_spec
+    from peakmem.hf.deepseek import MTP_LAYERS_KEY, mtp_layers
+
+    spec, config = target if target is not None else (None, None)
+    layers = mtp_layers(config) if config is not None else 0
+    if spec is None or not layers:
+        name = spec.name if spec is not None else "the model"
+        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({MTP_LAYERS_KEY})")
+    return Draft(name=MTP, spec=mtp_draft_spec(spec, layers), weights=weights, mtp=True)
 
 
 def _draft(name: str | None, derive: Deriver | None) -> Draft | None:

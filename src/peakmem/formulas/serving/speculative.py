@@ -30,6 +30,16 @@ the assistant is a second model on the GPU (weights in the dtype it was loaded i
 target's compute dtype unless its checkpoint is quantized) with its own DynamicCache of the
 sequence, which it keeps across steps (``assistant_kwargs["past_key_values"]``); batch 1 only.
 
+MTP (``--draft mtp``: DeepSeek-V3, GLM-4.5): the target's checkpoint holds ``num_nextn_predict_layers``
+multi-token-prediction layers (vllm/model_executor/models/deepseek_mtp.py
+``DeepSeekMultiTokenPredictorLayer``: ``enorm``, ``hnorm``, ``eh_proj`` = Linear(2h -> h),
+``shared_head`` (a norm and a head), ``mtp_block`` = a decoder layer as the target's last). vLLM's
+``EagleProposer.load_model`` (vllm/v1/spec_decode/eagle.py) shares the target's ``embed_tokens`` and
+``lm_head`` with an MTP draft ("Detected MTP model. Sharing target model lm_head weights"), so the
+draft adds the layers only, in the target's format; each layer's attention takes KV from the pool.
+``eh_proj`` is counted as a layer linear split under tensor parallelism (vLLM keeps it a replicated
+``nn.Linear``: with tp > 1 it is under-counted by (1 - 1/tp) of its 2h^2 weights).
+
 Not checked: that the draft's vocabulary and tokenizer match the target's (vLLM requires a shared
 vocabulary; peakmem takes the draft as given). Not modelled: the draft's own profile-run
 activations (smaller than the target's for a smaller draft), a draft's recurrent state, MTP layers
@@ -38,13 +48,28 @@ and EAGLE heads (``--draft mtp``), SGLang's speculative decoding.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from peakmem.formulas.serving.context import ServingContext, sharded_weight_bytes
 from peakmem.formulas.weights import weight_rows
 from peakmem.inference import Engine, WeightFormat, parse_weight_format
+from peakmem.model import LayerGroup, ModelSpec, linear, norm
 
 SOURCE = "formulas/serving/speculative.py"
+
+
+def mtp_draft_spec(target: ModelSpec, layers: int) -> ModelSpec:
+    """The target's ``layers`` MTP layers as a draft spec: the last decoder layer plus ``eh_proj``,
+    ``enorm``, ``hnorm`` and ``shared_head.norm``; embeddings and head shared with the target."""
+    h, last = target.hidden_size, target.groups[-1].layer
+    extra = (*linear("eh_proj", 2 * h, h, False, "other"), *norm("enorm", h, False),
+             *norm("hnorm", h, False), *norm("shared_head.norm", h, False))  # fmt: skip
+    layer = replace(last, tensors=(*last.tensors, *extra))
+    return replace(
+        target, name=f"{target.name} MTP", groups=(LayerGroup(count=layers, layer=layer),), outer=()
+    )
 
 
 def draft_format(c: ServingContext) -> WeightFormat | None:
