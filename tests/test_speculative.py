@@ -187,3 +187,24 @@ def test_mtp_from_the_config() -> None:
     assert out["draft_weights"] == "fp8-block"  # the MTP layer is in the target's checkpoint
     with pytest.raises(InputError, match="no MTP layers"):
         peakmem.infer("llama-3.1-8b", engine="vllm", draft="mtp", num_speculative_tokens=1)
+
+
+def test_web_api_equals_api_and_reads_no_paths() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from peakmem.web.app import create_app
+
+    client = TestClient(create_app())
+    body = dict(model="llama-3.1-8b", engine="vllm", context=8192, gpus=["a100-80gb"], draft="llama-3.2-1b",
+                num_speculative_tokens=4)  # fmt: skip
+    got = client.post("/api/infer", json=body)
+    assert got.status_code == 200
+    api = peakmem.infer("llama-3.1-8b", engine="vllm", context=8192, gpu="a100-80gb", draft="llama-3.2-1b",
+                        num_speculative_tokens=4).to_dict()  # fmt: skip
+    assert got.json()["draft_weight_bytes"] == api["draft_weight_bytes"]
+    assert got.json()["verdicts"][0]["max_concurrent"] == api["verdicts"][0]["max_concurrent"]
+    assert client.post("/api/infer", json={**body, "draft": "/etc/config.json"}).status_code == 404
+    bad = client.post("/api/infer", json={**body, "num_speculative_tokens": 0})
+    assert bad.status_code == 422 and "num_speculative_tokens" in bad.text
