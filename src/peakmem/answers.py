@@ -394,6 +394,11 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
     slots = ""
     if isinstance(lora, int) and lora:
         slots = f" and {setup.lora_slots} LoRA slots of rank {setup.lora_rank} ({fmt_both(lora)})"
+    draft = est.extra.get("draft_weight_bytes")
+    if setup.draft is not None and isinstance(draft, int):
+        ahead = (f", {setup.num_speculative_tokens} speculative tokens"
+                 if setup.num_speculative_tokens is not None else "")  # fmt: skip
+        slots += f" and draft {setup.draft.name} ({fmt_both(draft)}{ahead})"
     headline = (
         f"{spec.name} inference with {setup.weights} weights{slots} on {setup.engine.value} "
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "

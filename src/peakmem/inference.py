@@ -14,6 +14,7 @@ from fractions import Fraction
 
 from peakmem.choice import Choice
 from peakmem.errors import InputError, require
+from peakmem.model import ModelSpec
 from peakmem.validate import (
     MAX_DEVICE_BYTES,
     MAX_GPUS,
@@ -234,6 +235,31 @@ VLLM_DEFAULT_MAX_LORAS = 1
 VLLM_DEFAULT_MAX_LORA_RANK = 16
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
+
+@dataclass(frozen=True, kw_only=True)
+class Draft:
+    """A draft model for speculative decoding (formulas/serving/speculative.py): its name as given, its
+    spec, and the format its checkpoint's quantization_config names ("": the target's compute dtype,
+    as vLLM loads a draft: vllm/config/speculative.py ``dtype=self.target_model_config.dtype``).
+    Its vocabulary and tokenizer are not checked against the target's."""
+
+    name: str
+    spec: ModelSpec
+    weights: str = ""
+    mtp: bool = False  # the target's own multi-token-prediction layers (--draft mtp)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "draft", self.name, "a model name")
+        if not isinstance(self.spec, ModelSpec):
+            raise InputError(f"draft={self.name!r}: its spec must be a ModelSpec")
+        if self.weights:
+            parse_weight_format(self.weights)
+
+
+# Engines that run a draft model next to the target (vLLM speculative_config; transformers
+# assisted generation, assistant_model=...).
+DRAFT_ENGINES = ("vllm", "hf")
+
 # llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
 LLAMACPP_N_UBATCH = 512
 
@@ -263,6 +289,9 @@ class InferenceSetup:
     max_loras: int | None = None  # None: 1 (vLLM's default) when max_lora_rank is given, else off
     max_lora_rank: int | None = None
     prefix_tokens: int = 0  # a prompt prefix every request shares (automatic prefix caching)
+    # speculative decoding: a draft model and the tokens it proposes per step (vLLM speculative_config)
+    draft: Draft | None = None
+    num_speculative_tokens: int | None = None
     # the checkpoint's own quantization_config (None: not read, or the config has none)
     checkpoint: CheckpointWeights | None = None
 
@@ -312,6 +341,7 @@ class InferenceSetup:
             require(self.n_gpu_layers >= 0, "n_gpu_layers", self.n_gpu_layers, "must be 0 or more")
         require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
         self._check_lora_and_prefix()
+        self._check_draft()
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
         )
@@ -362,6 +392,30 @@ class InferenceSetup:
             require(self.context is None or self.prefix_tokens < self.context, "prefix_tokens",
                     self.prefix_tokens, f"must be below context={self.context} (each request has "
                     "tokens of its own)")  # fmt: skip
+
+    def _check_draft(self) -> None:
+        """Speculative decoding: vLLM's speculative_config (vllm/config/speculative.py) or transformers'
+        assisted generation (generation/utils.py: assisted generation takes batch size 1)."""
+        k = self.num_speculative_tokens
+        if k is not None:
+            check_int("num_speculative_tokens", k, maximum=MAX_TOKENS, what="tokens")
+            require(k >= 1, "num_speculative_tokens", k, "must be at least 1")
+            require(self.draft is not None, "num_speculative_tokens", k, "needs a draft model (--draft)")
+        if self.draft is None:
+            return
+        if not isinstance(self.draft, Draft):
+            raise InputError(f"draft={self.draft!r}: a Draft or None")
+        name = self.draft.name
+        require(self.engine.value in DRAFT_ENGINES, "draft", name,
+                f"speculative decoding is modelled for vllm and hf, not {self.engine.value}")  # fmt: skip
+        if self.engine is Engine.VLLM:
+            # SpeculativeConfig: a draft model needs num_speculative_tokens (unless its config has n_predict)
+            require(k is not None, "num_speculative_tokens", k, "vLLM needs it with a draft model")
+        else:
+            require(
+                not self.draft.mtp, "draft", name, "transformers does not build MTP layers; use engine=vllm"
+            )
+            require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
     @property
     def weight_format(self) -> WeightFormat:
@@ -423,4 +477,6 @@ class InferenceSetup:
             # shown only when asked: the echo of every other job stays as it was
             **({"max_loras": self.lora_slots, "max_lora_rank": self.lora_rank} if self.lora_slots else {}),
             **({"prefix_tokens": self.prefix_tokens} if self.prefix_tokens else {}),
+            **({"draft": self.draft.name, "num_speculative_tokens": self.num_speculative_tokens}
+               if self.draft is not None else {}),
         }  # fmt: skip

@@ -38,6 +38,7 @@ MAX_GLOBAL_BATCH = 2**20
 MAX_LORA_RANK = 4096  # published adapters use r <= 1,024; a rank is also at most the hidden size (question)
 MAX_LORA_SLOTS = 4096  # vLLM --max-loras: GPU adapter slots; published multi-LoRA serving uses <= 128
 MAX_LAYERS_ON_GPU = 10_000  # llama.cpp -ngl: the deepest catalog model has 126 layers
+MAX_SPECULATIVE_TOKENS = 1024  # vLLM --speculative-config num_speculative_tokens: published runs use <= 16
 MAX_CONTEXT_MIB = 2**20  # a CUDA context of 1 TiB: measured ones are 0.3-1.4 GiB
 MAX_IMAGES = 4096  # images per sequence: multi-image VL recipes use <= ~100
 MAX_PIXELS_BOUND = 2**32  # a Qwen processor's min/max pixels: 4.3 G (the defaults are <= 16.8 M)
@@ -152,6 +153,10 @@ OPTIONS: tuple[Option, ...] = (
        "(default 16 with --max-loras)"),
     _o("prefix_tokens", int, 0, SV, "vLLM/SGLang: a prompt prefix every request shares (prefix caching; "
        "part of --context)", maximum=MAX_SEQ),
+    _o("draft", str, None, SV, "speculative decoding: the draft model (a catalog name or config.json path, "
+       "as MODEL); engines vllm and hf (assisted generation)"),
+    _o("num_speculative_tokens", int, None, SV, "speculative decoding: tokens the draft proposes per step "
+       "(vLLM needs it with --draft)", maximum=MAX_SPECULATIVE_TOKENS),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search

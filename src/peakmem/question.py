@@ -21,7 +21,7 @@ from peakmem.catalog import Gpu
 from peakmem.defaults import optimizer_step
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
 from peakmem.formulas.overhead import Overheads
-from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, InferenceSetup
+from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, Draft, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.resolve import Deriver
@@ -168,12 +168,13 @@ def ask(
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
     elif command == "fit":
-        inference_setup(o, gpus, checkpoint)
+        inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config))
     extra = from_file.parallel if from_file is not None else None
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
-        inference=inference_setup(o, gpus, checkpoint) if serving else None, gpus=gpus,
+        inference=inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config)) if serving
+        else None, gpus=gpus,
         overheads=overheads(o),
         search=search, defaults=defaults, from_file=from_file, costs=costs,
     )  # fmt: skip
@@ -281,10 +282,13 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
 
 
 def inference_setup(
-    o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None
-) -> InferenceSetup:
+    o: Mapping[str, Any], gpus: Sequence[Gpu], checkpoint: CheckpointWeights | None = None,
+    derive: Deriver | None = None, target: tuple[ModelSpec, Mapping[str, Any] | None] | None = None,
+) -> InferenceSetup:  # fmt: skip
     """The InferenceSetup the options ask for; weights not given: the format the checkpoint's
-    quantization_config names (``checkpoint``), else bf16."""
+    quantization_config names (``checkpoint``), else bf16. A draft model is resolved as MODEL is
+    (``derive`` for an architecture the formulas do not know); ``draft='mtp'``: the MTP layers of
+    ``target`` (its spec and config.json), in its weight format."""
     weights = o["weights"]
     if weights is None:
         weights = checkpoint.weights if checkpoint is not None and checkpoint.weights else DEFAULT_WEIGHTS
@@ -295,7 +299,39 @@ def inference_setup(
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
+        draft=_mtp_draft(target, weights) if o.get("draft") == MTP else _draft(o.get("draft"), derive),
+        num_speculative_tokens=o.get("num_speculative_tokens"),
     )  # fmt: skip
+
+
+MTP = "mtp"  # --draft mtp: the target's own multi-token-prediction layers
+
+
+def _mtp_draft(target: tuple[ModelSpec, Mapping[str, Any] | None] | None, weights: str) -> Draft:
+    """The target's MTP layers (formulas/serving/speculative.py mtp_draft_spec) as a draft."""
+    from peakmem.formulas.serving.speculative import mtp_draft_spec
+    from peakmem.hf.deepseek import MTP_LAYERS_KEY, mtp_layers
+
+    spec, config = target if target is not None else (None, None)
+    layers = mtp_layers(config) if config is not None else 0
+    if spec is None or not layers:
+        name = spec.name if spec is not None else "the model"
+        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({MTP_LAYERS_KEY})")
+    return Draft(name=MTP, spec=mtp_draft_spec(spec, layers), weights=weights, mtp=True)
+
+
+def _draft(name: str | None, derive: Deriver | None) -> Draft | None:
+    """The draft model ``name`` names (a catalog name, a config.json path or a Hub id), with the
+    format its checkpoint's quantization_config names."""
+    if name is None:
+        return None
+    from peakmem.hf.quant import checkpoint_weights
+    from peakmem.resolve import resolve_config, spec_for_config
+
+    found, config = resolve_config(name)
+    ck = checkpoint_weights(config)
+    return Draft(name=found, spec=spec_for_config(config, name=found, derive=derive),
+                 weights=ck.weights if ck is not None else "")  # fmt: skip
 
 
 def overheads(o: Mapping[str, Any]) -> Overheads:

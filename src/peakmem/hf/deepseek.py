@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from peakmem.hf.decoder import _Decoder, _decoder_spec, _Moe
 from peakmem.hf.reader import _Reader
 from peakmem.hf.tensors import _Dropout
@@ -102,3 +105,17 @@ def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:
         )
 
     return _decoder_spec(r, d, name, attention_for, attn)
+
+
+# The config key naming a checkpoint's multi-token-prediction layers: DeepSeek-V3 (DeepseekV3Config,
+# config.json "num_nextn_predict_layers": 1) and GLM-4.5 (Glm4MoeConfig); other families that name
+# their MTP layers otherwise (Qwen3-Next) are not read here yet.
+MTP_LAYERS_KEY = "num_nextn_predict_layers"
+
+
+def mtp_layers(config: Mapping[str, Any]) -> int:
+    """The multi-token-prediction layers the checkpoint holds (0: none, or not a count)."""
+    value = config.get(MTP_LAYERS_KEY, 0)
+    if isinstance(config.get("text_config"), Mapping) and not value:
+        value = config["text_config"].get(MTP_LAYERS_KEY, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

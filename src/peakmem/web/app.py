@@ -52,6 +52,7 @@ from peakmem.options import (
     MAX_LORA_SLOTS,
     MAX_PIXELS_BOUND,
     MAX_SEQ,
+    MAX_SPECULATIVE_TOKENS,
     MAX_WORLD,
 )
 from peakmem.question import Answer, Question
@@ -204,6 +205,15 @@ class InferRequest(ModelChoice):
     max_loras: int | None = Field(None, ge=0, le=MAX_LORA_SLOTS, description="vLLM multi-LoRA adapter slots")
     max_lora_rank: int | None = Field(None, ge=1, le=MAX_LORA_RANK, description="vLLM multi-LoRA slot rank")
     prefix_tokens: int = Field(0, ge=0, le=MAX_SEQ, description="a prompt prefix every request shares")
+    draft: str | None = Field(
+        None, min_length=1, max_length=MAX_NAME_LEN,
+        description="speculative decoding: a draft model (a catalog name), or mtp (the target's MTP layers)",
+    )  # fmt: skip
+    num_speculative_tokens: int | None = Field(
+        None,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="speculative decoding: tokens the draft proposes per step",
+    )
 
 
 class FitRequest(TrainOptions, ParallelOptions, ImageOptions):
@@ -427,6 +437,12 @@ def question_of(command: str, req: ModelChoice) -> Question:
         value = getattr(req, name)
         given[dest] = value.value if isinstance(value, Enum) else value
     given["gpu"] = ",".join(req.gpus) or None
+    draft = given.get("draft")
+    if isinstance(draft, str) and draft != "mtp":
+        from peakmem.catalog import find_model, unknown_model
+
+        if find_model(draft) is None:  # a draft is a catalog name too: the server reads no paths
+            raise unknown_model(draft)
     if command == "fit":
         given["infer"] = isinstance(req, InferRequest)
     from peakmem.simulate import measuring_lookup

@@ -34,6 +34,7 @@ class ServingContext:
     context: int
     prompt: int
     act_bytes: int  # bytes per activation element (compute dtype)
+    compute_dtype: str  # its name: bf16, fp16 or fp32
     kv_bits: Fraction
     kv_name: str
     latent: bool
@@ -95,6 +96,7 @@ def resolve_context(spec: ModelSpec, setup: InferenceSetup) -> ServingContext:
         context=context,
         prompt=prompt,
         act_bytes=act_bytes,
+        compute_dtype=dtype_name,
         kv_bits=KV_BITS[kv],
         kv_name=kv.value,
         latent=latent,

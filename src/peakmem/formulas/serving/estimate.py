@@ -19,6 +19,7 @@ from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, resolve_context
 from peakmem.formulas.serving.generate import generate_memory
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
 from peakmem.formulas.serving.paged import POOLED_ENGINES, paged_memory
+from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import ModelSpec
@@ -100,6 +101,7 @@ def estimate_inference(
         "tp": setup.tp,
         "per_rank": setup.tp > 1,
         "weight_bytes": sum(rw.bytes for rw in rows),
+        **draft_extra(c),
         **r.extra,
     }
     assumptions = (

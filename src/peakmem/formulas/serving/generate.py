@@ -22,6 +22,7 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow, largest_quantized_linear
 from peakmem.inference import Scheme
 
@@ -58,8 +59,10 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
     kv_prompt = cache_bytes(c, c.prompt, b)
     dequant = dequant_temporary_bytes(c, b * chunk)
+    assistant = _assistant_items(c, c.prompt, "prompt tokens")
     prefill = [
         weights,
+        *assistant,
         MemoryItem(
             path=f"kv cache ({c.prompt} prompt tokens x {b})",
             category=Category.KV_CACHE,
@@ -85,8 +88,10 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         )
     kv_full = cache_bytes(c, c.context, b)
     grow = largest_layer_kv(c, c.context - 1, b) if c.context > c.prompt else 0
+    assistant_full = _assistant_items(c, c.context, "tokens")
     decode = [
         weights,
+        *assistant_full,
         MemoryItem(
             path=f"kv cache ({c.context} tokens x {b})",
             category=Category.KV_CACHE,
@@ -123,5 +128,22 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         ),
     ]
     state = sum(i.bytes for i in state_items(c, b))
-    extra: dict[str, object] = {"steady_state_bytes": weights.bytes + kv_full + state}
-    return EngineMemory(prefill=prefill, decode=decode, overhead=overhead, extra=extra)
+    extra: dict[str, object] = {
+        "steady_state_bytes": weights.bytes + kv_full + state + sum(i.bytes for i in assistant_full)
+    }
+    return EngineMemory(prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c))
+
+
+def _assistant_items(c: ServingContext, tokens: int, what: str) -> list[MemoryItem]:
+    """Assisted generation (formulas/serving/speculative.py): the assistant's weights and its own
+    DynamicCache of ``tokens`` tokens (batch 1); none without a draft."""
+    draft_w = draft_weights_item(c)
+    if draft_w is None:
+        return []
+    kv = MemoryItem(
+        path=f"draft kv cache ({tokens} {what}, the assistant's DynamicCache)",
+        category=Category.KV_CACHE,
+        bytes=draft_cache_bytes(c, tokens, c.setup.batch),
+        source="formulas/serving/speculative.py",
+    )
+    return [draft_w, kv]

@@ -25,6 +25,12 @@ from peakmem.formulas.serving.context import (
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.lora_slots import lora_slot_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
+from peakmem.formulas.serving.speculative import (
+    draft_cache_bytes,
+    draft_notes,
+    draft_weights_item,
+    lookahead_tokens,
+)
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import Engine
 
@@ -49,18 +55,27 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
     # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
     state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.tp)
-    per_seq = cache_bytes(c, c.context, 1, block) + state_per_seq
+    # speculative decoding (formulas/serving/speculative.py): the draft's layers take KV from the same
+    # pool, and each sequence holds K lookahead slots
+    tokens = c.context + lookahead_tokens(c)
+    per_seq_draft = draft_cache_bytes(c, tokens, 1, block)
+    per_seq = cache_bytes(c, tokens, 1, block) + per_seq_draft + state_per_seq
     # automatic prefix caching: the shared prefix's full blocks are held once (formulas/serving/prefix.py)
     share = _prefix_share(c, block)
-    shared = cache_bytes(c, share.shared_tokens, 1, block) if share.shared_tokens else 0
+    shared_draft = draft_cache_bytes(c, share.shared_tokens, 1, block) if share.shared_tokens else 0
+    shared = (cache_bytes(c, share.shared_tokens, 1, block) if share.shared_tokens else 0) + shared_draft
     needed = shared + (per_seq - shared) * b
+    draft_needed = shared_draft + (per_seq_draft - shared_draft) * b
     lora = _lora_item(c)
-    notes: list[str] = []
+    draft_w = draft_weights_item(c)
+    notes: list[str] = list(draft_notes(c))
     extra: dict[str, object] = {
         "kv_bytes_per_sequence": per_seq,
         "kv_needed_bytes": needed,
         "prefill_chunk_tokens": chunk,
     }
+    if draft_w is not None:
+        extra["draft_kv_needed_bytes"] = draft_needed
     if s.prefix_tokens:
         extra.update(prefix_tokens=s.prefix_tokens, prefix_shared_tokens=share.shared_tokens,
                      prefix_shared_kv_bytes=shared)  # fmt: skip
@@ -79,13 +94,15 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     if s.gpu_bytes is not None:
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
+        # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
+        resident = weights.bytes + (draft_w.bytes if draft_w is not None else 0)
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
             # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
-            pool = budget - weights.bytes
+            pool = budget - resident
         else:
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch)
-            pool = budget - weights.bytes - activations - CUDA_CONTEXT_BYTES
+            pool = budget - resident - activations - CUDA_CONTEXT_BYTES
         pool = max(pool, 0)
         if lora is not None:
             # vLLM V1 profiles after load_model: the LoRA stacks count with the weights (lora_slots.py)
@@ -95,12 +112,13 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             notes.append(
                 f"LoRA slots take {lora.bytes} B out of the KV pool (vLLM profiles them with the weights)"
             )
+        block_bytes = cache_bytes(c, block, 1, block) + draft_cache_bytes(c, block, 1, block)
         concurrent = concurrent_with_share(pool, per_sequence=per_seq, shared_bytes=shared) if per_seq else 0
         if s.prefix_tokens:
             extra["max_concurrent_without_prefix_sharing"] = pool // per_seq if per_seq else 0
         extra.update(
             kv_pool_bytes=pool,
-            kv_pool_blocks=pool // max(1, cache_bytes(c, block, 1, block)),
+            kv_pool_blocks=pool // max(1, block_bytes),
             max_concurrent_sequences=concurrent,
             memory_budget_bytes=budget,
             memory_fraction=s.memory_fraction(s.gpu_bytes),
@@ -121,12 +139,16 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         f"{s.engine.value} preallocates a KV pool of gpu_memory_utilization x GPU less the rest; the KV "
         "cache shown is what the batch needs (it fits when the pool holds it: serving_fit)"
     )
+    ahead = f" + {tokens - c.context} lookahead" if tokens > c.context else ""
     kv_item = MemoryItem(
-        path=f"kv cache ({c.context} tokens x {b}, {block}-token blocks)",
+        path=f"kv cache ({c.context}{ahead} tokens x {b}, {block}-token blocks)",
         category=Category.KV_CACHE,
-        bytes=needed - state_per_seq * b,
+        bytes=needed - draft_needed - state_per_seq * b,
         source="formulas/kv_cache.py" + (" + formulas/serving/prefix.py" if shared else ""),
     )
+    draft_rows = [] if draft_w is None else [draft_w, MemoryItem(
+        path=f"draft kv cache ({c.context}{ahead} tokens x {b}, same pool)", category=Category.KV_CACHE,
+        bytes=draft_needed, source="formulas/serving/speculative.py")]  # fmt: skip
     states = state_items(c, b)
     act_item = MemoryItem(
         path=f"activations ({chunk}-token prefill chunk)",
@@ -149,11 +171,11 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     ]
     lora_rows = [lora] if lora is not None else []
-    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in lora_rows) + needed
+    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_rows[:1]]) + needed
     notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
     return EngineMemory(
-        prefill=[weights, *lora_rows, kv_item, *states, act_item],
-        decode=[weights, *lora_rows, kv_item, *states, decode_tmp],
+        prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item],
+        decode=[weights, *lora_rows, *draft_rows, kv_item, *states, decode_tmp],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
