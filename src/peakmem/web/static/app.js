@@ -56,6 +56,8 @@ const FIELDS = [
   { id: "max_loras", def: "", int: true, modes: INFER },
   { id: "max_lora_rank", def: "", int: true, modes: INFER },
   { id: "prefix_tokens", def: "", int: true, modes: INFER },
+  { id: "draft", def: "", modes: INFER },
+  { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
 ];
