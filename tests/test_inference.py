@@ -59,7 +59,7 @@ def test_hf_generate_hand_derived() -> None:
     weights = TINY_PARAMS * 2
     est = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2))
     prefill = weights + 60 * 2 * TINY_KV_PER_TOKEN + 2 * 60 * TINY_LAYER_PER_TOKEN
-    grow = 99 * 2 * TINY_KV_PER_TOKEN // 2  # one layer's cache copied by torch.cat
+    grow = 99 * 2 * TINY_KV_PER_TOKEN // 4  # one layer's K (or V) copied by torch.cat (2 layers)
     logits = 2 * 128 * (2 + 4 + 4) + 2 * TINY_LAYER_PER_TOKEN
     decode = weights + 100 * 2 * TINY_KV_PER_TOKEN + grow + logits
     phases = {p.phase: p.bytes for p in est.phases}
