@@ -72,31 +72,20 @@ def estimate_inference(
     # Caching allocator (formulas/allocator.py): weights and a preallocated cache are resident;
     # activations, temporaries and transformers' growing cache (re-allocated by torch.cat every
     # step) churn and carry the fragmentation slack.
-    # With a replayed DynamicCache (formulas/serving/cache_growth.py) the cache and its cat copy take
-    # the segments the replay pins, in place of the closed form.
     churn_categories = {Category.ACTIVATIONS, Category.TEMPORARIES}
-    cache_reserved = r.extra.get("kv_cache_reserved_bytes")
-    replayed = isinstance(cache_reserved, int) and peak.phase is Phase.DECODE
-    cache_items = [i for i in peak.items if i.category is Category.KV_CACHE or "torch.cat" in i.path]
-    if setup.engine is Engine.HF and not replayed:
+    if setup.engine is Engine.HF:
         churn_categories.add(Category.KV_CACHE)
-    items = [i for i in peak.items if not (replayed and i in cache_items)]
-    churn = sum(i.bytes for i in items if i.category in churn_categories)
-    resident = sum(i.bytes for i in items) - churn
+    churn = sum(i.bytes for i in peak.items if i.category in churn_categories)
+    resident = peak.bytes - churn
     reserved = reserved_bytes(
         resident=resident,
         resident_rounding=tensor_rounding(
-            tuple(i.bytes for i in items if i.category not in churn_categories)
+            tuple(i.bytes for i in peak.items if i.category not in churn_categories)
         ),
         churn=churn,
         fragmentation=ov.fraction,
         expandable=ov.expandable_segments,
     )
-    if replayed and isinstance(cache_reserved, int) and not ov.expandable_segments:
-        reserved += cache_reserved
-    elif replayed:
-        reserved += reserved_bytes(resident=0, resident_rounding=0, churn=sum(i.bytes for i in cache_items),
-                                   fragmentation=0.0, expandable=True)  # fmt: skip
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     extra: dict[str, object] = {

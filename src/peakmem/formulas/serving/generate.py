@@ -3,8 +3,9 @@
 The DynamicCache grows by ``torch.cat`` every step (``cache_utils.py`` ``DynamicLayer.update``).
 Peak is at prefill (the whole prompt's layer transients) or at the last decode step (full cache +
 one layer's K or V being copied + logits): ``self.keys = torch.cat(...)`` frees the old K before the
-V is copied, so one tensor is alive twice. The cache's growth is replayed through the caching-allocator
-model (:mod:`.cache_growth`) for the reserved bytes it pins. ``generate`` sets ``logits_to_keep=1``
+V is copied (transformers 5.23 ``DynamicLayer.update``), so one tensor is alive twice. What the caching
+allocator keeps reserved while the cache grows is not modelled beyond the fragmentation fraction.
+``generate`` sets ``logits_to_keep=1``
 (``generation/utils.py``), so prefill computes logits for the last position only, then copies them
 to fp32 (``next_token_logits ... dtype=torch.float32``).
 """
@@ -12,9 +13,7 @@ to fp32 (``next_token_logits ... dtype=torch.float32``).
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.formulas.kv_cache import layer_kv_bytes
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
-from peakmem.formulas.serving.cache_growth import CacheReplay, replay_dynamic_cache
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -135,32 +134,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     extra: dict[str, object] = {
         "steady_state_bytes": weights.bytes + kv_full + state + sum(i.bytes for i in assistant_full)
     }
-    replay = cache_replay(c)
-    if replay is not None:
-        extra["kv_cache_reserved_bytes"] = replay.reserved
-        extra["kv_cache_reserved_unbounded_bytes"] = replay.reserved_unbounded
     return EngineMemory(prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c))
-
-
-def cache_replay(c: ServingContext) -> CacheReplay | None:
-    """The DynamicCache's growth from the prompt to ``context - 1`` tokens through the allocator model
-    (:func:`.cache_growth.replay_dynamic_cache`); None where it does not apply: sliding-window layers
-    (``DynamicSlidingWindowLayer`` crops), a latent cache, a quantized cache (bits not a byte multiple),
-    or no decode step."""
-    b = c.setup.batch
-    layers = [g.layer.attention for g in c.spec.groups for _ in range(g.count)]
-    if c.context - 1 <= c.prompt or c.latent or any(a.sliding_window is not None for a in layers):
-        return None
-    per_token = []
-    for att in layers:
-        kv = layer_kv_bytes(att, tokens=1, batch=b, bits=c.kv_bits, latent=False, tp=c.setup.tp)
-        if (
-            kv % 2
-            or kv != layer_kv_bytes(att, tokens=2, batch=b, bits=c.kv_bits, latent=False, tp=c.setup.tp) // 2
-        ):
-            return None
-        per_token.append(kv // 2)
-    return replay_dynamic_cache(tuple(per_token), c.prompt, c.context - 1)
 
 
 def _assistant_items(c: ServingContext, tokens: int, what: str) -> list[MemoryItem]:
