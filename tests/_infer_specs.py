@@ -173,3 +173,21 @@ def tiny(
         max_position_embeddings=max_pos, sliding_window=window, tie_word_embeddings=False,
     )  # fmt: skip
     return build_spec(cfg, layer_windows)
+
+
+def infer_cli_equals_api(capsys: Any, model: str, **kw: Any) -> dict[str, Any]:
+    """``peakmem infer MODEL --json`` with ``kw`` as flags; asserts it equals ``peakmem.infer`` and
+    returns it (``capsys``: pytest's fixture)."""
+    import json
+
+    import peakmem
+    from peakmem.cli import main
+
+    api = peakmem.infer(model, **kw).to_dict()
+    argv = ["infer", model, "--json"]
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    main(argv)
+    cli: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert cli == api
+    return cli

@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-import peakmem
-from _infer_specs import tiny
+from _infer_specs import infer_cli_equals_api, tiny
 from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent
@@ -117,15 +116,8 @@ def test_fit_infer_counts_users_with_the_shared_prefix() -> None:
 
 
 def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
-    kw = dict(engine="vllm", context=8192, batch=8, gpu="a100-80gb", max_loras=4, max_lora_rank=32,
-              prefix_tokens=6000)  # fmt: skip
-    api = peakmem.infer("llama-3.1-8b", **kw).to_dict()  # type: ignore[arg-type]
-    argv = ["infer", "llama-3.1-8b", "--json"]
-    for k, v in kw.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
-    main(argv)
-    cli = json.loads(capsys.readouterr().out)
-    assert cli == api
+    cli = infer_cli_equals_api(capsys, "llama-3.1-8b", engine="vllm", context=8192, batch=8, gpu="a100-80gb",
+                               max_loras=4, max_lora_rank=32, prefix_tokens=6000)  # fmt: skip
     # 6000 tokens: 375 full 16-token blocks, all shared; the LoRA row is in the items
     assert cli["prefix_shared_tokens"] == 6000 and cli["lora_slot_bytes"] > 0
     assert any(i["path"] == "LoRA slots (4 x rank 32)" for i in cli["items"])

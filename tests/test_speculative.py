@@ -3,13 +3,12 @@ to the target's, derived by hand on tiny specs."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 
 import peakmem
-from _infer_specs import tiny
+from _infer_specs import infer_cli_equals_api, tiny
 from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent
@@ -131,13 +130,7 @@ def test_draft_with_llamacpp_is_refused() -> None:
 def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
     kw = dict(engine="vllm", context=8192, batch=8, gpu="a100-80gb", draft="llama-3.2-1b",
               num_speculative_tokens=4)  # fmt: skip
-    api = peakmem.infer("llama-3.1-8b", **kw).to_dict()  # type: ignore[arg-type]
-    argv = ["infer", "llama-3.1-8b", "--json"]
-    for k, v in kw.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
-    main(argv)
-    cli = json.loads(capsys.readouterr().out)
-    assert cli == api
+    cli = infer_cli_equals_api(capsys, "llama-3.1-8b", **kw)
     assert cli["draft"] == "llama-3.2-1b" and cli["num_speculative_tokens"] == 4
     assert any(i["path"].startswith("draft weights (llama-3.2-1b") for i in cli["items"])
     plain = peakmem.infer("llama-3.1-8b", **{**kw, "draft": None, "num_speculative_tokens": None})

@@ -23,7 +23,6 @@ a body over :data:`MAX_BODY_BYTES` is answered 413 before it is parsed.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import webbrowser
@@ -65,7 +64,7 @@ from peakmem.training import (
     Precision,
 )  # fmt: skip
 from peakmem.units import MiB, fmt_count
-from peakmem.web.hosts import HostCheck, allowed_hosts, host_name
+from peakmem.web.hosts import HostCheck, allowed_hosts, host_name, send_error
 
 STATIC_DIR = Path(__file__).with_name("static")
 
@@ -637,13 +636,7 @@ class BodyLimit:
 
     async def _reject(self, send: Send) -> None:
         message = f"request body over {self.limit:,} bytes; a config.json is a few KiB"
-        detail = [{"loc": ["body"], "msg": message, "type": "too_large"}]
-        body = json.dumps({"error": message, "field": "body", "detail": detail}).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]})  # fmt: skip
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, ["body"], message, "too_large")
 
 
 # --- the application -------------------------------------------------------------------------------

@@ -62,6 +62,18 @@ def host_refusal(header: str | None, allowed: frozenset[str], port: int) -> str 
             f"`peakmem serve {ALLOW_HOST_FLAG} NAME`")  # fmt: skip
 
 
+async def send_error(send: Send, status: int, loc: list[str], message: str, kind: str) -> None:
+    """An error answer sent before the application runs: the API's JSON error shape (``error``,
+    ``field``, ``detail``), and the connection closed."""
+    detail = [{"loc": loc, "msg": message, "type": kind}]
+    body = json.dumps({"error": message, "field": loc[-1], "detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
 class HostCheck:
     """ASGI middleware: a request whose Host header does not name this server is answered 400."""
 
@@ -80,10 +92,4 @@ class HostCheck:
         if why is None:
             await self.app(scope, receive, send)
             return
-        detail = [{"loc": ["header", "host"], "msg": why, "type": "host"}]
-        body = json.dumps({"error": why, "field": "host", "detail": detail}).encode()
-        await send({"type": "http.response.start", "status": 400, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]})  # fmt: skip
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 400, ["header", "host"], why, "host")
