@@ -82,8 +82,6 @@ def objective(doc: Mapping[str, Any]) -> tuple[str, str] | None:
         value = doc.get(key)
         if isinstance(value, str) and value.strip() and value.strip().lower() not in SUPERVISED:
             return value.strip().lower(), key
-        if value is True and key == "rl":
-            return "rl", key
     for key, name in _TRL_MARKERS:
         if doc.get(key) not in (None, False, "", [], 0):
             return name, key
