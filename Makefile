@@ -19,7 +19,7 @@ $(VENV)/.installed: $(PY) pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[hub,yaml,torch,plot,web,test]'
+	$(PIP) install -q -e '.[hub,yaml,torch,rl,torchao,plot,web,test]'
 	touch $@
 
 install: $(VENV)/.installed
