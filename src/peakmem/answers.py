@@ -355,6 +355,13 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     what = {"full": "full fine-tuning", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}[
         setup.method.value
     ]
+    post = est.setup.get("post_training") if isinstance(getattr(est, "setup", None), dict) else None
+    if isinstance(post, dict):  # a post-training job (peakmem.jobs): its objective, roles and peak phase
+        roles = f"reference {post['reference']}"
+        if "rollout" in post:
+            roles += f", rollout {post['rollout']}"
+        what = (f"{str(post['objective']).upper()} ({what.replace(' fine-tuning', '')} policy, {roles}; "
+                f"peak in {est.peak_phase.value})")  # fmt: skip
     line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "

@@ -33,6 +33,8 @@ class Phase(str, Enum):
     OPTIMIZER = "optimizer"
     PREFILL = "prefill"
     DECODE = "decode"
+    ROLLOUT = "rollout"  # a post-training job's generation (peakmem.jobs)
+    SCORING = "scoring"  # its no-grad log-prob passes (reference, old policy)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from peakmem.errors import InputError
+from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
 
 JOB_COMMANDS = ("train", "infer", "fit", "plan")
@@ -81,7 +82,9 @@ _DEVICE = "device overheads"
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
 _IMAGES = "images (vision-language models)"
-_IMG = frozenset({"train", "fit"})  # the training sequence of a VL model (peakmem.formulas.images)
+_IMG = frozenset({"train", "fit"})
+_POST = "post-training (preference and RL objectives: peakmem.post_training)"
+_PT = frozenset({"train", "fit", "measure"})  # the training sequence of a VL model (peakmem.formulas.images)
 
 OPTIONS: tuple[Option, ...] = (
     # the training setup (peakmem.training.TrainingSetup)
@@ -119,6 +122,26 @@ OPTIONS: tuple[Option, ...] = (
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
     _o("max_pixels", int, None, _IMG, "Qwen-VL processors: max_pixels (default: the checkpoint's "
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
+    _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|grpo|rloo (TRL 1.16's trainers)",
+       group=_POST),
+    _o("reference", str, "auto", _PT, "auto (what TRL builds)|separate|adapter|none|precomputed",
+       group=_POST),
+    _o("rollout", str, "hf", _PT, "grpo/rloo generation: hf (generate on the policy)|"
+       "vllm-colocate|vllm-server",
+       group=_POST),
+    _o("beta", float, None, _PT, "KL / preference coefficient (default TRL's: grpo 0.0, rloo 0.05, dpo 0.1); "
+       "grpo/rloo load a reference only when beta > 0", group=_POST),
+    _o("num_generations", int, None, _PT, "completions per prompt (default TRL's: grpo 8, rloo 2)",
+       group=_POST, maximum=MAX_GENERATIONS),
+    _o("completion", int, None, _PT, "completion tokens within --seq (default min(512, seq/2): TRL's "
+       "max_completion_length 512)", group=_POST, maximum=MAX_SEQ),
+    _o("steps_per_generation", int, None, _PT, "micro-batches per generation batch (default: "
+       "--grad-accum, as TRL)",
+       group=_POST, maximum=MAX_GRAD_ACCUM),
+    _o("rollout_memory", float, DEFAULT_ROLLOUT_MEMORY, _PT, "vllm-colocate: vllm_gpu_memory_utilization "
+       "(TRL's default 0.3)", group=_POST),
+    _o("rollout_sleep", bool, False, _PT, "vllm-colocate: vllm_enable_sleep_mode (the engine's memory freed "
+       "outside rollout)", group=_POST),
     # the parallel layout (peakmem.parallel.Parallelism)
     _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),
     _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI, maximum=MAX_DEGREE),

@@ -24,6 +24,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, Draft, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
+from peakmem.post_training import PostTraining, post_training
 from peakmem.resolve import Deriver
 from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
 from peakmem.validate import check_int
@@ -70,6 +71,7 @@ class Question:
     defaults: tuple[str, ...] = ()
     from_file: FromFiles | None = None
     costs: CostLookup | None = None  # a derived spec's block costs: the face's measuring lookup, or stored
+    post: PostTraining | None = None  # a preference / RL job's roles beside the policy (None: sft)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,13 +172,36 @@ def ask(
     elif command == "fit":
         inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config))
     extra = from_file.parallel if from_file is not None else None
+    post = post_training_of(o, training) if training is not None else None
     return Question(
         command=command, spec=spec, training=training,
         parallel=None if serving or command == "plan" else parallelism(o, extra),
         inference=inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config)) if serving
         else None, gpus=gpus,
         overheads=overheads(o),
-        search=search, defaults=defaults, from_file=from_file, costs=costs,
+        search=search, defaults=defaults, from_file=from_file, costs=costs, post=post,
+    )  # fmt: skip
+
+
+def post_training_of(o: Mapping[str, Any], training: TrainingSetup) -> PostTraining | None:
+    """The post-training roles the options ask for (None: ``objective`` sft or not an option here)."""
+    if o.get("objective", "sft") == "sft":
+        unused = [
+            k
+            for k in ("beta", "num_generations", "completion", "steps_per_generation")
+            if o.get(k) is not None
+        ]
+        if unused:
+            raise InputError(
+                f"{', '.join(unused)}: options of a post-training job; give --objective dpo|grpo|..."
+            )
+        return None
+    spg = o.get("steps_per_generation")
+    return post_training(
+        o["objective"], reference=o["reference"], rollout=o["rollout"], beta=o.get("beta"),
+        num_generations=o.get("num_generations"), completion=o.get("completion"),
+        steps_per_generation=training.grad_accum if spg is None else spg, rollout_memory=o["rollout_memory"],
+        rollout_sleep=o["rollout_sleep"], adapter=training.method.value != "full", seq=training.seq_len,
     )  # fmt: skip
 
 
@@ -433,6 +458,8 @@ def _train(q: Question) -> Answer:
     from peakmem.estimate import with_kernel_alternatives
 
     assert q.training is not None
+    if q.post is not None:
+        return _train_post(q)
     capacity = min((g.usable_bytes for g in q.gpus), default=None)
     found = planner.train_answer(
         q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity, costs=q.costs
@@ -445,3 +472,21 @@ def _train(q: Question) -> Answer:
     out = _with_from(q, answer_json(est, q.gpus, found.ways))
     code = verdict_code([v.fits for v in verdicts_of(est, q.gpus)])
     return Answer(question=q, json=out, exit_code=code, estimate=est, ways=found.ways, ranks=found.ranks)
+
+
+def _train_post(q: Question) -> Answer:
+    from peakmem.answers import answer_json, verdicts_of, weight_warnings
+    from peakmem.jobs import estimate_post_training
+
+    assert q.training is not None and q.post is not None
+    if q.parallel is not None and q.parallel.gpus > 1:
+        raise InputError(f"gpus={q.parallel.gpus}: post-training jobs are estimated on one GPU so far "
+                         "(ZeRO / FSDP of the policy and its reference are not composed yet)")  # fmt: skip
+    device = min((g.memory_bytes for g in q.gpus), default=None)  # vLLM's share is of the whole device
+    est = estimate_post_training(q.spec, q.training, q.post, gpu_bytes=device, overheads=q.overheads,
+                                 costs=q.costs)  # fmt: skip
+    est = replace(est, assumptions=(*est.assumptions, *q.defaults),
+                  warnings=weight_warnings(q.spec, training=q.training))  # fmt: skip
+    out = _with_from(q, answer_json(est, q.gpus))
+    code = verdict_code([v.fits for v in verdicts_of(est, q.gpus)])
+    return Answer(question=q, json=out, exit_code=code, estimate=est)

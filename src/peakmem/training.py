@@ -103,6 +103,9 @@ class LossImpl(Choice):
     CHUNKED = "chunked"  # torchtune CEWithChunkedOutputLoss, eager
     CHUNKED_COMPILED = "chunked-compiled"  # the same under torch.compile (torchtune compile=True)
     FUSED = "fused"  # fused linear cross-entropy (Liger, cut-cross-entropy)
+    # TRL's fused log-prob head (peakmem.formulas.logprob_head): what its DPO / GRPO trainers run
+    LOGPROB = "logprob"
+    LOGPROB_ENTROPY = "logprob-entropy"  # ... with the entropy output (GRPO, RLOO)
 
 
 class Method(Choice):
@@ -170,6 +173,8 @@ class TrainingSetup:
     # Liger kernels (liger_kernel.transformers.apply_liger_kernel_to_*; HF Trainer use_liger_kernel,
     # axolotl/LLaMA-Factory liger options): RMSNorm, SwiGLU, RoPE and fused linear cross-entropy
     liger: bool = False
+    # tokens per sequence the loss scores (a post-training job's completion; None: every position)
+    scored_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Types first (the Python API passes anything): enums from their spelling, no bool or
@@ -182,6 +187,8 @@ class TrainingSetup:
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)
+        if self.scored_tokens is not None:
+            check_int("scored_tokens", self.scored_tokens)
         if self.micro_batch * self.seq_len > MAX_TOKENS:
             raise InputError(
                 f"batch x seq = {self.micro_batch} x {self.seq_len} = {self.micro_batch * self.seq_len:,} "

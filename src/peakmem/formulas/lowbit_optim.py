@@ -294,6 +294,12 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     kind = _value(getattr(setup, "loss", "standard"))
     if kind == "standard" or spec.task != "causal-lm":
         return head
+    if kind in ("logprob", "logprob-entropy"):
+        from peakmem.formulas.logprob_head import logprob_head
+
+        return logprob_head(spec, head, sh, scored=getattr(setup, "scored_tokens", None),
+                            head_trains=_value(setup.method) == "full", entropy=kind == "logprob-entropy",
+                            triton=_value(setup.kernel_policy) == "cuda")  # fmt: skip
     t, v, c = sh.tokens, spec.vocab_size, sh.c
     chunk = math.ceil(t / CE_CHUNKS) * v
     keep = [i for i in head.saved if i.key != "loss.log_softmax"]

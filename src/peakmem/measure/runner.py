@@ -451,9 +451,9 @@ def _estimate(
     cuda: _CudaStats | None,
     model_name: str | None,
 ) -> Estimate:
-    params = _unique_numel(model.parameters())
+    params = unique_numel(model.parameters())
     trainer = result.trainer
-    trainable = _unique_numel(trainer.params)
+    trainable = unique_numel(trainer.params)
     snaps = tracker.ledger.peaks() if tracker is not None else []
     snaps = [s for s in snaps if not (s.phase == Phase.LOAD and s.step > 0)]  # the closing marker
     steps_report: dict[int, dict[str, Any]] = {}
@@ -592,7 +592,7 @@ def _estimate(
     )  # fmt: skip
 
 
-def _unique_numel(params: Any) -> int:
+def unique_numel(params: Any) -> int:
     seen: set[int] = set()
     total = 0
     for p in params:

@@ -39,7 +39,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import (
     ATTN_IMPL,
     _per_param_rows,
-    _unique_numel,
+    unique_numel,
     apply_checkpoint_every,
     config_and_class,
 )
@@ -485,8 +485,8 @@ def _estimate(
         device_total = peak_reserved + ov.context_bytes + ov.cublas_workspace_bytes
     else:
         peak_reserved = device_total = peak_alloc
-    trainable = _unique_numel(p for p in model.parameters() if p.requires_grad)
-    params = _unique_numel(model.parameters()) + quant.params
+    trainable = unique_numel(p for p in model.parameters() if p.requires_grad)
+    params = unique_numel(model.parameters()) + quant.params
     extra: dict[str, Any] = {
         "kernels": policy.value,
         "steps": [steps_report[k] for k in sorted(steps_report) if k > 0],

@@ -1,0 +1,104 @@
+"""TRL's fused log-prob head: per-token log-probabilities without the B x L x vocab logits.
+
+TRL 1.16's DPO, GRPO and RLOO trainers call ``model(..., labels=labels, fused_lm_head=True)``
+(``trl/trainer/utils.py`` ``add_fused_lm_head``), which runs the backbone and then
+``ChunkedLogProbFunction`` (``trl/kernels/chunked_logprob.py``) on the scored positions:
+
+* forward: the head input ``hidden`` (``[N, H]``, a copy: ``hidden_states[mask]`` on Triton devices,
+  where only the positions with a label are scored; ``hidden_states[:, :-1].reshape(-1, H)`` of all
+  positions elsewhere) and the ``int64`` targets are saved with two fp32 ``[N]`` vectors (``log_z`` and
+  the entropy, or ``log_z`` twice); seven fp32 ``[N]`` running statistics and one projection tile
+  ``mm_buf`` of ``[min(N, TOKEN_CHUNK_SIZE), CHUNK_SIZE]`` in the compute dtype live while it runs;
+* backward: fp32 accumulators for the head input's gradient (``[N, H]``) and, when the head trains,
+  the head weight's (``[V, H]``), the tile buffer again, and at the end their casts to the inputs'
+  dtypes next to the fp32 accumulators.
+
+On devices without Triton (the CPU) each tile is folded with torch ops: a few fp32 ``[n, cols]``
+temporaries per tile (:data:`CPU_FORWARD_TILES`, :data:`CPU_BACKWARD_TILES`, read off
+``_forward_tile`` / ``_backward_tile`` and measured with ``peakmem.measure``'s tracker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.model import ModelSpec
+
+from .activations import Shapes
+from .loss import HeadActivations
+
+SRC = "trl 1.16 kernels/chunked_logprob.py ChunkedLogProbFunction (fused_lm_head=True)"
+TOKEN_CHUNK_SIZE = 4096  # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile
+CHUNK_SIZE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: vocabulary columns per tile buffer
+RUNNING_VECTORS = 7  # running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target, target_logit
+FP32, INT64 = 4, 8
+# fp32 [n, cols] tensors alive at once in the torch fallbacks, read off the code and counted by the tracker
+# (tiny llama, fp32, CPU): forward ``_forward_tile``: z = y * inv_t, z - new_m then exp, e * z (3);
+# backward ``_backward_tile``: y, z, log_p, p, zeros_like(z), is_target.float() and its difference with p (7)
+CPU_FORWARD_TILES = 3
+CPU_BACKWARD_TILES = 7
+
+
+def scored_positions(sh: Shapes, scored: int | None, *, triton: bool) -> int:
+    """N: the positions the head projects. Triton scores the ``scored`` completion tokens per sequence;
+    the torch fallback every position but the last."""
+    if triton and scored is not None:
+        return sh.batch * min(scored, sh.seq - 1)
+    return sh.batch * (sh.seq - 1)
+
+
+def logprob_head(
+    spec: ModelSpec,
+    head: HeadActivations,
+    sh: Shapes,
+    *,
+    scored: int | None,
+    head_trains: bool,
+    entropy: bool,
+    triton: bool,
+) -> HeadActivations:
+    """``head`` (the standard head's saved tensors) under TRL's fused log-prob head."""
+    n, h, v, c = scored_positions(sh, scored, triton=triton), spec.head_in_features, spec.vocab_size, sh.c
+    drop = {"loss.log_softmax", "head.lm_head_input", "head.softcap"}
+    saved = [i for i in head.saved if i.key not in drop]
+    vectors = (2 if entropy else 1) * n * FP32
+    saved.append(
+        MemoryItem(
+            path="log-prob head: its input [N, H], targets, log_z (and entropy)",
+            category=Category.ACTIVATIONS,
+            bytes=n * h * sh.r + n * INT64 + vectors,
+            source=SRC,
+            key="loss.logprob_head",
+        )
+    )
+    rows = min(n, TOKEN_CHUNK_SIZE)
+    tile = rows * CHUNK_SIZE * c
+    cols = min(v, CHUNK_SIZE)
+    fwd_fold = 0 if triton else CPU_FORWARD_TILES * rows * cols * FP32
+    bwd_fold = 0 if triton else CPU_BACKWARD_TILES * rows * cols * FP32
+    grads = n * h * (FP32 + sh.r)
+    if head_trains:
+        w = sh.plan.weight.bits // 8
+        grads += v * h * (FP32 + w)
+    forward = tile + RUNNING_VECTORS * n * FP32 + fwd_fold + n * FP32
+    return replace(
+        head,
+        saved=tuple(saved),
+        forward_transient=forward,
+        backward_transient=tile + bwd_fold + grads,
+        logits_grad=0,
+    )
+
+
+def no_grad_head_bytes(spec: ModelSpec, tokens: int, scored: int, act_bytes: int, *, triton: bool) -> int:
+    """The head of a reference or old-policy forward under ``torch.no_grad()``: the head input copy,
+    targets, the running statistics and one tile (``tokens`` positions, ``scored`` of them scored)."""
+    n = scored if triton else tokens
+    rows = min(n, TOKEN_CHUNK_SIZE)
+    fold = 0 if triton else CPU_FORWARD_TILES * rows * min(spec.vocab_size, CHUNK_SIZE) * FP32
+    return (
+        n * (spec.head_in_features * act_bytes + INT64 + (RUNNING_VECTORS + 1) * FP32)
+        + rows * CHUNK_SIZE * act_bytes
+        + fold
+    )
