@@ -153,3 +153,14 @@ def test_cli_equals_api_for_a_parallel_job(capsys: Any) -> None:
     assert cli["setup"]["gpus"] == 8 and cli["pp_layer_counts"] == [24, 24]
     verdict = cli["verdicts"][0]
     assert verdict["max_concurrent"] > 0 and verdict["max_concurrent"] % 2 == 0  # 2 DP ranks' pools
+
+
+def test_fit_infer_keeps_the_layout_and_counts_its_gpus() -> None:
+    import peakmem
+
+    got = peakmem.fit("llama-3.2-1b", infer=True, engine="vllm", tp=2, dp=2, gpu="8GB", context=131072,
+                      batch=64).to_dict()  # fmt: skip
+    row = got["gpus"][0]
+    assert row["candidates"] and all(c["gpus"] == 4 for c in row["candidates"])  # tp 2 x dp 2
+    tp_family = next(f for f in got["search_space"] if f["name"] == "tensor parallel over N GPUs")
+    assert tp_family["status"] == "not applicable"
