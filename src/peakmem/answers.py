@@ -411,6 +411,10 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
         f"({setup.batch} x {context} tokens, KV cache {setup.kv_cache.value}) needs ≈ "
         f"{fmt_both(est.device_total_bytes)}{band_text(est)} per GPU"
     )
+    lay = setup.layout
+    if lay.parallel:  # pipeline / data / expert parallel: the most loaded rank (formulas/serving/parallel.py)
+        headline += f" (the most loaded of {lay.gpus} GPUs: {lay.describe()})"
+    pools = f" per rank, {lay.dp} in all," if lay.dp > 1 else ""
     for g, f in zip(gpus, fits, strict=True):
         if f.pool_bytes is not None and f.budget_bytes is not None:
             alone = f.max_concurrent_alone
@@ -418,7 +422,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
                       if setup.prefix_tokens and alone is not None else "")  # fmt: skip
             headline += (
                 f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
-                f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)} that holds "
+                f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)}{pools} that holds "
                 f"{f.max_concurrent} sequences of {context} tokens{shared} ({setup.batch} asked): "
                 f"{f.verdict(g.name).state}"
             )

@@ -15,6 +15,7 @@ from fractions import Fraction
 from peakmem.choice import Choice
 from peakmem.errors import InputError, require
 from peakmem.model import ModelSpec
+from peakmem.serving_layout import ServingLayout
 from peakmem.validate import (
     MAX_DEVICE_BYTES,
     MAX_GPUS,
@@ -219,7 +220,7 @@ SGLANG_FRACTION_DIGITS = 3
 
 
 def sglang_mem_fraction_static(gpu_bytes: int, tp: int) -> float:
-    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` ranks (pp 1)."""
+    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks."""
     gpu_mib = gpu_bytes / 2**20
     reserved_gib = SGLANG_RESERVED_GIB_LARGEST
     for below_gib, base, per_rank in SGLANG_RESERVED_GIB:
@@ -275,6 +276,11 @@ class InferenceSetup:
     prompt: int | None = None  # prefill length; None: the whole context is prompt
     engine: Engine = Engine.HF
     tp: int = 1  # tensor-parallel GPUs
+    # pipeline / data / expert parallelism and SGLang's DP attention (peakmem.serving_layout)
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dp_attention: bool = False
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
     # vLLM gpu_memory_utilization / SGLang mem_fraction_static; None: the engine's default
     gpu_memory_utilization: float | None = None
@@ -342,6 +348,7 @@ class InferenceSetup:
         require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
         self._check_lora_and_prefix()
         self._check_draft()
+        _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
         )
@@ -418,6 +425,12 @@ class InferenceSetup:
             require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
     @property
+    def layout(self) -> ServingLayout:
+        """The deployment's parallel layout (what one rank holds follows from it)."""
+        return ServingLayout(engine=self.engine.value, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep,
+                             dp_attention=self.dp_attention)  # fmt: skip
+
+    @property
     def weight_format(self) -> WeightFormat:
         return parse_weight_format(self.weights)
 
@@ -443,7 +456,7 @@ class InferenceSetup:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         if self.engine is Engine.SGLANG:
-            return sglang_mem_fraction_static(gpu_bytes, self.tp)
+            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp)
         return VLLM_GPU_MEMORY_UTILIZATION
 
     @property
@@ -477,6 +490,8 @@ class InferenceSetup:
             # shown only when asked: the echo of every other job stays as it was
             **({"max_loras": self.lora_slots, "max_lora_rank": self.lora_rank} if self.lora_slots else {}),
             **({"prefix_tokens": self.prefix_tokens} if self.prefix_tokens else {}),
+            **({"pp": self.pp, "dp": self.dp, "ep": self.ep, "dp_attention": self.dp_attention,
+                "gpus": self.layout.gpus} if self.layout.parallel else {}),
             **({"draft": self.draft.name, "num_speculative_tokens": self.num_speculative_tokens}
                if self.draft is not None else {}),
         }  # fmt: skip

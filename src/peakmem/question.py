@@ -169,8 +169,8 @@ def ask(
         )
     if command == "fit" and serving:  # fit takes both sets: the one not asked about is checked all the same
         training_setup(o, spec.max_position_embeddings)
-    elif command == "fit":
-        inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config))
+    elif command == "fit":  # pp and ep are the training layout's here, not a serving one's
+        inference_setup({**o, "pp": 1, "ep": 1}, gpus, checkpoint, derive=derive, target=(spec, config))
     extra = from_file.parallel if from_file is not None else None
     post = post_training_of(o, training) if training is not None else None
     return Question(
@@ -321,6 +321,7 @@ def inference_setup(
         weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"],
         context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
+        pp=o["pp"], dp=o["dp"], ep=o["ep"], dp_attention=o["dp_attention"],
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],

@@ -46,7 +46,7 @@ class InferCandidate:
 
     @property
     def gpus(self) -> int:
-        return int(self.setup.tp)
+        return self.setup.layout.gpus  # tp, or the whole deployment's (peakmem.serving_layout)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,8 +164,9 @@ def fit_inference(
                reason="" if kvs else f"kv cache {setup.kv_cache.value}: already the engine's smallest",
                options=tuple(k.value for k in kvs)),
         Family(name="tensor parallel over N GPUs",
-               status="searched" if setup.engine.value != "llamacpp" and setup.tp == 1 else "not applicable",
-               reason="" if setup.engine.value != "llamacpp" else "llama.cpp splits layers, not tensors",
+               status="searched" if _tp_searched(setup) else "not applicable",
+               reason="llama.cpp splits layers, not tensors" if setup.engine.value == "llamacpp" else
+               "the layout given (pp, dp, ep) is kept" if setup.layout.parallel else "",
                options=(f"the fewest of 2..{INFER_MAX_TP} GPUs",)),
         Family(name="fewer concurrent sequences", status="searched" if setup.batch > 1 else "not applicable",
                reason="changes the job (flagged)" if setup.batch > 1 else "batch is already 1"),
@@ -300,7 +301,7 @@ def _infer_gpu(
                 singles.append(c)
             if c.fits:
                 cands.append(c)
-        if setup.engine.value != "llamacpp" and setup.tp == 1:
+        if _tp_searched(setup):
             for s, labels, changes in [(g.base, (), ()), *configs]:
                 if len(labels) < MAX_CHANGES:
                     c = g.tensor_parallel(s, labels, changes)
@@ -368,3 +369,9 @@ def fit_inference_json(report: InferFitReport) -> dict[str, object]:
         "estimates": report.estimates,
         "elapsed_s": report.elapsed_s,
     }  # fmt: skip
+
+
+def _tp_searched(setup: InferenceSetup) -> bool:
+    """Whether tensor parallelism is searched: a one-GPU job of an engine that splits tensors (a layout
+    with pp / dp / ep is the user's own: formulas/serving/parallel.py)."""
+    return setup.engine.value != "llamacpp" and setup.tp == 1 and not setup.layout.parallel

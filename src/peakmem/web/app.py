@@ -198,6 +198,12 @@ class InferRequest(ModelChoice):
     prompt: int | None = Field(None, ge=1, le=MAX_SEQ)
     engine: Engine = Engine.HF
     tp: int = Field(1, ge=1, le=MAX_DEGREE)
+    pp: int = Field(1, ge=1, le=MAX_DEGREE, description="vLLM/SGLang pipeline stages")
+    dp: int = Field(1, ge=1, le=MAX_DEGREE, description="vLLM/SGLang data-parallel ranks")
+    ep: int = Field(
+        1, ge=1, le=MAX_DEGREE, description="expert parallel: vLLM 1 or tp x dp, SGLang divides tp"
+    )
+    dp_attention: bool = Field(False, description="SGLang --enable-dp-attention")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM gpu_memory_utilization / SGLang mem_fraction_static"
     )

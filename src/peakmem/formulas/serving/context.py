@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.errors import InputError
+from peakmem.errors import InputError, require
 from peakmem.formulas.kv_cache import cache_kind, kv_cache_bytes, layer_kv_bytes
 from peakmem.formulas.overhead import CONTEXT_SIZES
 from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
@@ -16,6 +16,7 @@ from peakmem.formulas.recurrent_state import recurrent_state_bytes
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
 from peakmem.model import ModelSpec
+from peakmem.serving_layout import ServingLayout
 
 # CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
 CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
@@ -104,24 +105,61 @@ def resolve_context(spec: ModelSpec, setup: InferenceSetup) -> ServingContext:
     )
 
 
+def check_layout(spec: ModelSpec, layout: ServingLayout) -> None:
+    """What a layout needs of the model: at most one pipeline stage per layer (vLLM ``get_pp_indices``
+    gives each stage at least one), experts for ``ep`` and an even split of them (an uneven one is
+    not modelled), attention heads that the attention ranks divide."""
+    layers = spec.num_layers
+    require(layout.pp <= layers, "pp", layout.pp, f"must not exceed num_hidden_layers={layers}")
+    experts = max((g.layer.mlp.num_experts for g in spec.groups), default=0)
+    if layout.ep > 1:
+        require(experts > 0, "ep", layout.ep, f"expert parallelism needs a MoE model, not {spec.name}")
+        require(experts % layout.ep == 0, "ep", layout.ep, f"must divide the {experts} experts")
+    heads = spec.first_layer.attention.num_heads
+    ranks = layout.attention_tp
+    require(heads % ranks == 0, "dp", layout.dp,
+            f"tp / dp = {ranks} attention ranks must divide num_attention_heads={heads}")  # fmt: skip
+
+
 def _shard(nbytes: int, tp: int) -> int:
     return -(-nbytes // tp)
 
 
-def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int) -> int:
+def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int, layout: ServingLayout | None = None) -> int:
     """Weights on one tensor-parallel rank: linears, embeddings, head and experts split ``tp`` ways
-    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated."""
+    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated.
+    ``layout``: the deployment's (peakmem.serving_layout): attention split ``attention_tp`` ways, the
+    token embedding ``embedding_tp``, experts ``expert_ways``."""
     total = 0
     for r in rows:
         replicated = r.component in ("norms", "router") or "norm" in r.name
-        total += r.bytes if replicated or tp == 1 else _shard(r.bytes, tp)
+        ways = 1 if replicated else _ways(r, tp, layout)
+        total += r.bytes if ways == 1 else _shard(r.bytes, ways)
     return total
+
+
+def _ways(row: WeightRow, tp: int, layout: ServingLayout | None) -> int:
+    if layout is None:
+        return tp
+    if row.component == "experts":
+        return layout.expert_ways
+    if row.component == "attention":
+        return layout.attention_tp
+    if row.component == "embeddings":
+        return layout.embedding_tp
+    return tp
 
 
 def cache_bytes(c: ServingContext, tokens: int, batch: int, block: int = 1) -> int:
     """KV cache of ``batch`` sequences of ``tokens`` tokens on one rank, in ``block``-token pages."""
     return kv_cache_bytes(
-        c.spec, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp, block_size=block
+        c.spec,
+        tokens=tokens,
+        batch=batch,
+        bits=c.kv_bits,
+        latent=c.latent,
+        tp=c.setup.layout.attention_tp,
+        block_size=block,
     )
 
 
@@ -129,7 +167,12 @@ def largest_layer_kv(c: ServingContext, tokens: int, batch: int) -> int:
     """The largest one layer's KV cache (what ``torch.cat`` copies when the cache grows)."""
     return max(
         layer_kv_bytes(
-            g.layer.attention, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent, tp=c.setup.tp
+            g.layer.attention,
+            tokens=tokens,
+            batch=batch,
+            bits=c.kv_bits,
+            latent=c.latent,
+            tp=c.setup.layout.attention_tp,
         )
         for g in c.spec.groups
     )
@@ -138,7 +181,7 @@ def largest_layer_kv(c: ServingContext, tokens: int, batch: int) -> int:
 def state_items(c: ServingContext, batch: int) -> list[MemoryItem]:
     """The recurrent state of SSM / linear-attention blocks for ``batch`` sequences, as its own item
     (none for models without such blocks): constant per sequence, whatever the context."""
-    nbytes = recurrent_state_bytes(c.spec, batch=batch, act_bytes=c.act_bytes, tp=c.setup.tp)
+    nbytes = recurrent_state_bytes(c.spec, batch=batch, act_bytes=c.act_bytes, tp=c.setup.layout.attention_tp)
     if not nbytes:
         return []
     return [
@@ -162,11 +205,14 @@ class EngineMemory:
     notes: tuple[str, ...] = ()
 
 
+WEIGHTS_ITEM_PREFIX = "weights ("  # the path of the model's own weights item (its format follows)
+
+
 def weights_item(c: ServingContext, rows: tuple[WeightRow, ...]) -> MemoryItem:
     fmt = c.setup.weight_format
     return MemoryItem(
-        path=f"weights ({fmt.name})",
+        path=f"{WEIGHTS_ITEM_PREFIX}{fmt.name})",
         category=Category.PARAMETERS,
-        bytes=sharded_weight_bytes(rows, c.setup.tp),
+        bytes=sharded_weight_bytes(rows, c.setup.tp, c.setup.layout),
         source="formulas/weights.py",
     )

@@ -15,10 +15,11 @@ from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.recurrent_state import state_bytes_per_sequence
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, resolve_context
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, check_layout, resolve_context
 from peakmem.formulas.serving.generate import generate_memory
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
 from peakmem.formulas.serving.paged import POOLED_ENGINES, paged_memory
+from peakmem.formulas.serving.parallel import deployment_estimate
 from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
 from peakmem.inference import Engine, InferenceSetup
@@ -56,7 +57,18 @@ def estimate_inference(
 ) -> Estimate:
     """Memory of one GPU (one tensor-parallel rank) serving ``spec`` as ``setup`` describes.
     ``overheads``: the allocator's fragmentation, expandable segments and a calibrated profile (the
-    CUDA context of a serving job stays :data:`CUDA_CONTEXT_BYTES`)."""
+    CUDA context of a serving job stays :data:`CUDA_CONTEXT_BYTES`). With pipeline, data or expert
+    parallelism (formulas/serving/parallel.py): the most loaded rank, and the sequences the whole
+    deployment serves."""
+    layout = setup.layout
+    if not layout.parallel:
+        return _estimate_rank(spec, setup, overheads)
+    check_layout(spec, layout)
+    return deployment_estimate(spec, layout, lambda part: _estimate_rank(part, setup, overheads))
+
+
+def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads | None) -> Estimate:
+    """One rank holding ``spec`` (the whole model, or one pipeline stage's part of it)."""
     ov = overheads or _DEFAULT_OVERHEADS
     c = resolve_context(spec, setup)
     rows = weight_rows(spec, setup.weight_format)
@@ -88,12 +100,11 @@ def estimate_inference(
     )
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
+    kv_tp = setup.layout.attention_tp  # KV heads per rank: SGLang DP attention splits them tp // dp ways
     extra: dict[str, object] = {
         "engine": setup.engine.value,
-        "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=setup.tp),
-        "recurrent_state_bytes_per_sequence": state_bytes_per_sequence(
-            spec, act_bytes=c.act_bytes, tp=setup.tp
-        ),
+        "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=kv_tp),
+        "recurrent_state_bytes_per_sequence": state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=kv_tp),
         "kv_cache_kind": kind,
         "kv_cache_dtype": c.kv_name,
         "context": c.context,
@@ -112,7 +123,7 @@ def estimate_inference(
     checkpoint = setup.weights_assumption()
     if checkpoint is not None:
         assumptions += (checkpoint,)
-    state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=setup.tp)
+    state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=kv_tp)
     if state_seq:
         assumptions += (
             f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
@@ -125,6 +136,8 @@ def estimate_inference(
             f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "
             "replicated; NCCL buffers not modelled",
         )
+    if setup.layout.parallel:
+        assumptions += (_layout_note(setup),)
     return Estimate(
         band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra),
         method="analytic",
@@ -142,6 +155,19 @@ def estimate_inference(
         assumptions=assumptions,
         setup=setup.echo(),
         extra=extra,
+    )
+
+
+def _layout_note(setup: InferenceSetup) -> str:
+    """What one rank holds under ``setup``'s layout (peakmem.serving_layout)."""
+    lay = setup.layout
+    attention = (f"attention weights and KV heads split tp / dp = {lay.attention_tp} ways, the token "
+                 "embedding replicated (SGLang DP attention)" if lay.dp_attention else
+                 f"attention weights and KV heads split tp = {lay.tp} ways")  # fmt: skip
+    return (
+        f"{attention}; MoE experts split {lay.expert_ways} ways; each data-parallel rank holds "
+        f"{lay.rank_batch(setup.batch)} of the {setup.batch} sequences; activations modelled with the "
+        "tp-way split; NCCL / all-to-all buffers not modelled"
     )
 
 

@@ -24,6 +24,7 @@ from peakmem.formulas.serving.context import (
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.lora_slots import lora_slot_bytes
+from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.serving.speculative import (
     draft_cache_bytes,
@@ -43,7 +44,8 @@ POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 
 def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
     """vLLM / SGLang: a preallocated paged pool; without a GPU size, the cache the batch needs."""
-    s, b = c.setup, c.setup.batch
+    s = c.setup
+    b = s.layout.rank_batch(s.batch)  # one data-parallel rank's share (peakmem.serving_layout)
     block = s.effective_block_size
     weights = weights_item(c, rows)
     chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
@@ -51,10 +53,11 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
     # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
     sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
-    activations = max(act, sampler)
+    # SGLang DP attention: the tokens of every DP rank gathered before the MLP (formulas/serving/parallel.py)
+    activations = max(act, sampler) + dp_gathered_bytes(c.spec.hidden_size, chunk, s.layout, c.act_bytes)
     # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
     # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
-    state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.tp)
+    state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.layout.attention_tp)
     # speculative decoding (formulas/serving/speculative.py): the draft's layers take KV from the same
     # pool, and each sequence holds K lookahead slots
     tokens = c.context + lookahead_tokens(c)
@@ -159,7 +162,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     decode_tmp = MemoryItem(
         path="decode temporaries",
         category=Category.TEMPORARIES,
-        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp, fused=True) + b * vocab * 8,
+        bytes=layer_transient_bytes(c.spec, b, c.act_bytes, s.tp, fused=True)
+        + b * vocab * 8
+        + dp_gathered_bytes(c.spec.hidden_size, b, s.layout, c.act_bytes),
         source="formulas/serving/paged.py",
     )
     overhead = [
