@@ -24,7 +24,7 @@ import torch
 from peakmem.breakdown import Estimate, MemoryItem, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.measure.adapter import apply_adapter
-from peakmem.measure.runner import unique_numel, build_model
+from peakmem.measure.runner import build_model, unique_numel
 from peakmem.measure.tracker import LiveStorageTracker, Snapshot
 from peakmem.measure.trainer import model_dtype
 from peakmem.post_training import Objective, PostTraining, Reference, Rollout

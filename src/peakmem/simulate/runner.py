@@ -39,9 +39,9 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.measure.runner import (
     ATTN_IMPL,
     _per_param_rows,
-    unique_numel,
     apply_checkpoint_every,
     config_and_class,
+    unique_numel,
 )
 from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snapshot, StorageRecord
 from peakmem.measure.trainer import make_trainer, model_dtype
