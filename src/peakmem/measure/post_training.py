@@ -274,12 +274,13 @@ def measure_post_training(
     phases = tuple(PhasePeak(phase=p, bytes=found[p].bytes, items=_items(found[p])) for p in order)
     peak = max(phases, key=lambda p: p.bytes)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    params = unique_numel(trainer.model.parameters())
     largest = [
         {"tensor": r.label, "dtype": r.dtype, "shape": list(r.shape), "bytes": r.nbytes}
         for r in found[peak.phase].largest(LARGEST)
     ]
     return Estimate(
-        method="measured", job="train", model_name=model_name, params=unique_numel(trainer.model.parameters()),
+        method="measured", job="train", model_name=model_name, params=params,
         trainable_params=trainable, per_param=(), items=peak.items, phases=phases, peak_phase=peak.phase,
         peak_allocated_bytes=peak.bytes, peak_reserved_bytes=peak.bytes, device_total_bytes=peak.bytes,
         assumptions=(f"TRL {post.objective.value} trainer, 2 steps on the CPU; bytes: live tensor storage at "
