@@ -368,12 +368,43 @@ def _config_and_setup(args: argparse.Namespace) -> tuple[str, dict[str, Any], An
     return name, config, _training(args, context_length(config) or DEFAULT_SEQ_LEN)
 
 
+def _post_training(args: argparse.Namespace, setup: Any) -> Any:
+    """The post-training roles ``--objective`` asks for (None: sft)."""
+    from peakmem import options
+    from peakmem.question import post_training_of
+
+    return post_training_of(options.convert(args.command, _given(args)), setup)
+
+
+def _measure_post_training(args: argparse.Namespace, name: str, config: Any, setup: Any, post: Any) -> int:
+    """``measure --objective dpo|grpo``: TRL's own trainer on the CPU, phase by phase."""
+    from peakmem.errors import MissingExtraError
+
+    if args.device != "cpu":
+        raise InputError(
+            f"device={args.device!r}: TRL's trainers are measured on the CPU here (--device cpu)"
+        )
+    try:
+        __import__("trl")
+    except ImportError:
+        raise MissingExtraError("measure", "rl", "trl") from None
+    from peakmem.measure.post_training import measure_post_training
+
+    with _quiet() as notes:
+        est = measure_post_training(config, setup, post, model_name=name)
+    est = replace(est, assumptions=(*est.assumptions, *notes))
+    return _report(args, est, train_headline(name, setup, est, verb="measured"))
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     _check_steps(args.steps)
     from peakmem.measure import measure_training
 
     name, config, setup = _config_and_setup(args)  # the files checked before torch loads (seconds)
+    post = _post_training(args, setup)
     _require_torch_extra("measure")
+    if post is not None:
+        return _measure_post_training(args, name, config, setup, post)
     with _quiet() as notes:
         est = measure_training(config, setup, device=args.device, steps=args.steps, model_name=name)
     est = replace(est, assumptions=(*est.assumptions, *notes))

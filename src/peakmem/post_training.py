@@ -191,8 +191,11 @@ def post_training(
     rollout_sleep: bool = False,
     adapter: bool = False,
     seq: int,
+    batch: int = 1,
+    gpus: int = 1,
 ) -> PostTraining | None:
-    """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model)."""
+    """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model).
+    ``batch`` x ``gpus`` x ``steps_per_generation``: TRL's generation batch, a multiple of num_generations."""
     obj = Objective.parse(objective, "objective")
     if obj is Objective.SFT:
         return None
@@ -206,6 +209,14 @@ def post_training(
     comp = completion if completion is not None else min(DEFAULT_COMPLETION, seq // 2)
     if comp >= seq:
         raise InputError(f"completion={comp}: must be shorter than seq={seq} (seq is prompt + completion)")
+    generated = batch * gpus * steps_per_generation  # GRPOConfig.generation_batch_size
+    if obj in ONLINE and generated % gens:
+        raise InputError(
+            f"num_generations={gens}: the generation batch "
+            f"(batch x gpus x steps_per_generation = {generated}) "
+            "must be divisible by it (TRL GRPOConfig.__post_init__): raise --batch or --grad-accum, or lower "
+            "--num-generations"
+        )
     ref = resolve_reference(obj, Reference.parse(reference, "reference"), beta=b, adapter=adapter)
     return PostTraining(
         objective=obj,

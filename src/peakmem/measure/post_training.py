@@ -102,7 +102,7 @@ def _args(setup: TrainingSetup, post: PostTraining, out: str) -> Any:
         use_cpu=True,
         bf16=setup.precision is Precision.AMP_BF16,
         save_strategy="no",
-        logging_steps=1,
+        logging_strategy="no",
         gradient_checkpointing=setup.checkpointing is Checkpointing.FULL,
         gradient_checkpointing_kwargs={"use_reentrant": False},
         dataloader_num_workers=0,
@@ -193,6 +193,7 @@ class _Phases:
 
 
 def _instrument(trainer: Any, post: PostTraining, ph: _Phases) -> None:
+    import transformers
     from transformers import TrainerCallback
 
     tracker = ph.tracker
@@ -208,6 +209,8 @@ def _instrument(trainer: Any, post: PostTraining, ph: _Phases) -> None:
             tracker.set_phase(Phase.LOAD, ph.step)
 
     trainer.add_callback(Steps())
+    for printer in (transformers.PrinterCallback, transformers.ProgressCallback):
+        trainer.remove_callback(printer)  # the answer is the report, not the trainer's log lines
     _wrap(trainer.accelerator, "backward", before=ph.set(Phase.BACKWARD))
     if post.objective is Objective.GRPO:
         _wrap(trainer, "_generate_single_turn", before=ph.set(Phase.ROLLOUT), after=ph.set(Phase.SCORING))
@@ -239,6 +242,8 @@ def measure_post_training(
     steady step (the second; the precompute pass for a precomputed reference), by tensor."""
     _check(setup, post)
     warnings.filterwarnings("ignore")
+    importlib.import_module("datasets").disable_progress_bars()
+    importlib.import_module("transformers").utils.logging.disable_progress_bar()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.manual_seed(0)
     model = build_model(config, setup).to(model_dtype(setup.precision))
