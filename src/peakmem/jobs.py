@@ -145,7 +145,7 @@ def _online_phases(
         f"generation batch kept for the update ({gen_batch} completions: ids, masks, log-probs)",
         Category.ACTIVATIONS,
         kept,
-        "rollout.batch",
+        "policy.generation_batch",
     )
     extra: dict[str, object] = {"generation_batch": gen_batch}
     if post.rollout is Rollout.HF:
@@ -159,7 +159,8 @@ def _online_phases(
         est = estimate_inference(spec, gen)
         weights = est.extra["weight_bytes"]
         assert isinstance(weights, int)
-        extra["rollout_kv_bytes"] = sum(i.bytes for i in est.items if i.category is Category.KV_CACHE)
+        decode = next(p for p in est.phases if p.phase is Phase.DECODE)  # the cache at its longest
+        extra["rollout_kv_bytes"] = sum(i.bytes for i in decode.items if i.category is Category.KV_CACHE)
         generate = _item(
             f"generate: KV cache and temporaries of {gen_batch} completions",
             Category.KV_CACHE,

@@ -1,0 +1,85 @@
+"""Post-training estimates against TRL 1.16's own DPO and GRPO trainers, run on the CPU.
+
+:func:`peakmem.measure.post_training.measure_post_training` runs two optimizer steps of the trainer
+(transformers ``generate`` for GRPO's rollout) on a tiny Llama and records the live tensor bytes at the
+peak of each phase; :func:`peakmem.jobs.estimate_post_training` with the CPU kernel rules must agree
+within :data:`TOLERANCE` on every phase and name the same peak phase. The grid is the issue's: DPO
+with a separate, an adapter-disabled and a precomputed reference; GRPO with beta 0 and > 0, 2 and 4
+generations, full and LoRA; an amp-bf16 run and a larger tiny model with gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+pytest.importorskip("trl")
+
+from peakmem.jobs import estimate_post_training
+from peakmem.measure.post_training import measure_post_training
+from peakmem.post_training import post_training
+from peakmem.resolve import spec_for_config
+from peakmem.training import (
+    Checkpointing,
+    KernelPolicy,
+    Method,
+    OptimizerImpl,
+    Precision,
+    TrainingSetup,
+)
+from tiny_models import LLAMA
+
+pytestmark = pytest.mark.torch
+
+TOLERANCE = 0.03  # the job's peak, estimate vs the tracker's live bytes (the issue: 3% median, 8% worst)
+# every other phase: generate through a peft model (the LoRA policy's rollout) allocates the adapters'
+# x @ A and B outputs, and a LoRA optimizer step its small tensors' temporaries, which the serving and
+# step formulas do not carry; on these tiny models that is up to 9% of a phase of a few MB
+PHASE_TOLERANCE = 0.10
+CONFIG = dict(LLAMA, eos_token_id=2, pad_token_id=3)
+# wider and deeper, so the layers' activations are not dwarfed by TRL's 32768-column log-prob tile
+WIDER = dict(CONFIG, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=4)  # fmt: skip
+
+CASES = [
+    # (objective, reference, method, beta, generations, precision, config, checkpointing, seq)
+    ("dpo", "separate", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("dpo", "adapter", "lora", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("dpo", "precomputed", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "full", 0.0, 2, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "full", 0.04, 4, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "lora", 0.0, 4, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "lora", 0.04, 2, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "full", 0.04, 2, Precision.AMP_BF16, CONFIG, Checkpointing.NONE, 32),
+    ("grpo", "auto", "full", 0.04, 4, Precision.FP32, WIDER, Checkpointing.FULL, 64),
+    ("dpo", "separate", "full", None, None, Precision.FP32, WIDER, Checkpointing.FULL, 64),
+]
+
+
+def _case(c: tuple[Any, ...]) -> str:
+    obj, ref, method, beta, gens, prec, cfg, ck, _seq = c
+    size = "wider" if cfg is WIDER else "tiny"
+    return f"{obj}-{ref}-{method}-beta{beta}-g{gens}-{prec.value}-{size}-{ck.value}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case)
+def test_estimate_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
+    obj, ref, method, beta, gens, precision, config, checkpointing, seq = case
+    setup = TrainingSetup(
+        method=Method(method), precision=precision, optimizer_impl=OptimizerImpl.FOR_LOOP, micro_batch=4,
+        seq_len=seq, checkpointing=checkpointing, kernel_policy=KernelPolicy.CPU,
+    )  # fmt: skip
+    post = post_training(obj, reference=ref, beta=beta, num_generations=gens, completion=seq // 2, seq=seq,
+                         batch=4, adapter=method != "full")  # fmt: skip
+    measured = measure_post_training(config, setup, post)
+    estimate = estimate_post_training(spec_for_config(config, name="tiny"), setup, post)
+    est = {p.phase: p.bytes for p in estimate.phases}
+    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
+    assert set(est) == {p.phase for p in measured.phases}
+    assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
+    assert estimate.peak_phase is measured.peak_phase
+    assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off
