@@ -764,7 +764,7 @@ def test_optimizer_names_and_their_implementations() -> None:
         "paged_lion_8bit": ("lion-8bit", "fused"),
         "paged_adamw_32bit": ("adamw", "fused"),
         "adamw_bnb_8bit": ("adamw-8bit", "fused"),
-        "adamw_torch_8bit": ("adamw-8bit", "fused"),
+        "adamw_torch_8bit": ("adamw-8bit-torchao", "fused"),
         "adamw_torch_4bit": ("adamw-4bit", "fused"),
         "galore_adamw": ("galore-adamw", "for-loop"),
         "adamw_torch": ("adamw", "foreach"),

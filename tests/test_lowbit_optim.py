@@ -27,7 +27,9 @@ def test_bnb_paged_split() -> None:
 
 
 def test_ao_4bit_states() -> None:
-    qs = O.ao_4bit_states([(T(4096), 1), (T(4000), 1), (T(64, 64), 1)])
+    from peakmem.formulas import torchao_optim as ao
+
+    qs = ao.ao_states([(T(4096), 1), (T(4000), 1), (T(64, 64), 1)], ao.AO_4BIT)
     assert qs.quantized == 2 * (2048 + 2048)
     assert qs.scales == 2 * 4 * (32 + 32)
     assert qs.maps == 2 * 2 * 16 * 4

@@ -38,7 +38,9 @@ class OptimizerName(Choice):
     ADAMW_8BIT = "adamw-8bit"
     PAGED_ADAMW_8BIT = "paged-adamw-8bit"
     LION_8BIT = "lion-8bit"
-    ADAMW_4BIT = "adamw-4bit"
+    ADAMW_4BIT = "adamw-4bit"  # torchao.optim.AdamW4bit
+    ADAMW_8BIT_TORCHAO = "adamw-8bit-torchao"  # torchao.optim.AdamW8bit
+    ADAMW_FP8 = "adamw-fp8"  # torchao.optim.AdamWFp8
     GALORE_ADAMW = "galore-adamw"
 
 

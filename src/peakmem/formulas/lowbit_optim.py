@@ -16,10 +16,8 @@ per tensor (a small tensor keeps 32-bit states).
   elements are CUDA unified memory (``F.get_paged``, ``cudaMallocManaged``): the driver pages them to CPU
   RAM under pressure, and PyTorch's allocator never sees them (not in ``max_memory_allocated``); smaller
   tensors' states and every ``absmax`` stay ordinary device tensors.
-* 4-bit AdamW (Li et al. 2023, arXiv 2309.01507; torchao ``optim/subclass_4bit.py`` ``OptimState4bit``,
-  ``optim/adam.py`` ``_AdamBase._new_buffer``): tensors with >= 4096 elements and a multiple of
-  ``block_size`` = 128 keep each state as packed 4-bit codes (numel / 2 bytes), fp32 scales (numel / 128)
-  and a 16-entry fp32 qmap per state; others keep fp32 states.
+* torchao's 4-bit / 8-bit / fp8 AdamW (``AdamW4bit``, ``AdamW8bit``, ``AdamWFp8``): the states' bytes per
+  tensor are in :mod:`peakmem.formulas.torchao_optim` (torchao 0.18.0 ``optim/``).
 * GaLore (Zhao et al. 2024, arXiv 2403.03507, Alg. 1; galore-torch ``GaLoreProjector``, ``proj_type="std"``):
   for each projected m x n matrix, the projection (r x min(m, n)) and Adam states of the projected
   gradient (max(m, n) x r each); other tensors keep full Adam states. Every ``update_proj_gap`` steps a
@@ -50,15 +48,15 @@ from typing import Any
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.model import CostLookup, ModelSpec, Tensor
 
+from . import torchao_optim as ao
+from .model_states import precision_plan
+from .torchao_optim import QuantStates
+
 # bitsandbytes 0.50.2 optim/optimizer.py
 BNB_MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
 BNB_BLOCKSIZE = 256  # init_state: blocksize = 256
 BNB_QMAP_ENTRIES = 256  # functional.create_dynamic_map(): 256 fp32 values, "dynamic" and "udynamic"
 BNB_PAGED_MIN_NUMEL = 100_000  # get_state_buffer: paged only when p.numel() >= 1e5
-# torchao optim/adam.py / subclass_4bit.py
-AO_4BIT_BLOCK = 128
-AO_MIN_QUANT_SIZE = 4096
-AO_4BIT_QMAP_ENTRIES = 16
 # galore-torch defaults (README): rank 128, update_proj_gap 200, scale 0.25
 GALORE_DEFAULT_RANK = 128
 # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
@@ -69,34 +67,7 @@ FP32 = 4
 SRC_BNB = (
     "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
 )
-SRC_AO4 = "torchao optim OptimState4bit: codes numel/2 uint8, scale numel/128 fp32, qmap 16 fp32"
 SRC_GALORE = "galore-torch GaLoreProjector (std): ortho r x min(m,n); Adam on the max(m,n) x r projection"
-
-
-def _items(tensors: Iterable[tuple[Tensor, int]]) -> list[tuple[int, int]]:
-    """(elements of one tensor, how many such tensors): experts kept as copies are separate tensors."""
-    out = []
-    for t, n in tensors:
-        per = math.prod(t.shape)
-        out.append((per, t.copies * n))
-    return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuantStates:
-    """Bytes of block-quantized optimizer states, split by part."""
-
-    quantized: int  # uint8 (or packed 4-bit) state values
-    scales: int  # fp32 absmax / scale per block
-    maps: int  # quantile maps
-    fp32: int  # full states of the tensors too small (or unaligned) to quantize
-    params_quantized: int
-    params_fp32: int
-    pageable: int = 0  # paged variants: the part of the above that is unified memory
-
-    @property
-    def total(self) -> int:
-        return self.quantized + self.scales + self.maps + self.fp32
 
 
 def bnb_8bit_states(
@@ -108,7 +79,7 @@ def bnb_8bit_states(
 ) -> QuantStates:
     """bitsandbytes 8-bit optimizer states (``n_states`` = 2 for Adam/AdamW, 1 for Lion/momentum)."""
     quantized = scales = fp32 = pq = pf = pageable = 0
-    for numel, count in _items(tensors):
+    for numel, count in ao.items(tensors):
         if numel < min_8bit_size:
             fp32 += count * n_states * numel * FP32
             pf += count * numel
@@ -126,38 +97,22 @@ def bnb_8bit_states(
                        params_fp32=pf, pageable=pageable)  # fmt: skip
 
 
-def ao_4bit_states(
-    tensors: Iterable[tuple[Tensor, int]], *, n_states: int = 2, block: int = AO_4BIT_BLOCK
-) -> QuantStates:
-    """torchao AdamW4bit states (see the module docstring)."""
-    quantized = scales = maps = fp32 = pq = pf = 0
-    for numel, count in _items(tensors):
-        if numel >= AO_MIN_QUANT_SIZE and numel % block == 0:
-            quantized += count * n_states * (numel // 2)
-            scales += count * n_states * (numel // block) * FP32
-            maps += count * n_states * AO_4BIT_QMAP_ENTRIES * FP32
-            pq += count * numel
-        else:
-            fp32 += count * n_states * numel * FP32
-            pf += count * numel
-    return QuantStates(quantized=quantized, scales=scales, maps=maps, fp32=fp32, params_quantized=pq,
-                       params_fp32=pf)  # fmt: skip
-
-
-def quant_state_rows(label: str, qs: QuantStates, params: int, source: str) -> tuple[PerParamRow, ...]:
-    """Rows of the bytes/param table for block-quantized states."""
+def quant_state_rows(
+    label: str, qs: QuantStates, params: int, source: str, bits: str = "uint8", small: str = "fp32"
+) -> tuple[PerParamRow, ...]:
+    """Rows of the bytes/param table for block-quantized states (``bits``: the codes' dtype; ``small``:
+    the dtype of the full states of the tensors left unquantized)."""
 
     def row(tensor: str, dtype: str, nbytes: int, n: int) -> PerParamRow:
         return PerParamRow(tensor=tensor, dtype=dtype, bytes_per_param=nbytes / n if n else 0.0, bytes=nbytes,
                            params=n, category=Category.OPTIMIZER_STATES, source=source)  # fmt: skip
 
-    bits = "uint8" if "8-bit" in label else "4-bit"
     rows = [
         row(f"{label} states ({bits})", bits, qs.quantized, qs.params_quantized),
         row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized),
     ]
     if qs.fp32:
-        rows.append(row(f"{label} states of small tensors (fp32)", "fp32", qs.fp32, qs.params_fp32))
+        rows.append(row(f"{label} states of small tensors ({small})", small, qs.fp32, qs.params_fp32))
     del params
     return tuple(r for r in rows if r.bytes)
 
@@ -199,7 +154,6 @@ def galore_states(
 __all__ = [
     "GaloreStates",
     "QuantStates",
-    "ao_4bit_states",
     "bnb_8bit_states",
     "galore_states",
     "quant_state_rows",
@@ -212,8 +166,16 @@ ADAMW_8BIT = "adamw-8bit"  # bitsandbytes.optim.AdamW8bit
 PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # bitsandbytes.optim.PagedAdamW8bit
 LION_8BIT = "lion-8bit"  # bitsandbytes.optim.Lion8bit
 ADAMW_4BIT = "adamw-4bit"  # torchao.optim.AdamW4bit
+ADAMW_8BIT_TORCHAO = "adamw-8bit-torchao"  # torchao.optim.AdamW8bit
+ADAMW_FP8 = "adamw-fp8"  # torchao.optim.AdamWFp8
+# torchao's formats and labels (peakmem.formulas.torchao_optim)
+TORCHAO = {
+    ADAMW_4BIT: (ao.AO_4BIT, "AdamW 4-bit"),
+    ADAMW_8BIT_TORCHAO: (ao.AO_8BIT, "AdamW 8-bit (torchao)"),
+    ADAMW_FP8: (ao.AO_FP8, "AdamW fp8"),
+}
 GALORE_ADAMW = "galore-adamw"  # galore_torch.GaLoreAdamW
-NAMES = frozenset({ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT, ADAMW_4BIT, GALORE_ADAMW})
+NAMES = frozenset({ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT, GALORE_ADAMW, *TORCHAO})
 
 
 def handles(setup: Any) -> bool:
@@ -233,8 +195,11 @@ def optimizer_rows(spec: ModelSpec, setup: Any) -> tuple[PerParamRow, ...]:
             name
         ]
         return quant_state_rows(label, qs, params, SRC_BNB)
-    if name == ADAMW_4BIT:
-        return quant_state_rows("AdamW 4-bit", ao_4bit_states(tensors), params, SRC_AO4)
+    if name in TORCHAO:
+        fmt, label = TORCHAO[name]
+        small = precision_plan(setup.precision).state
+        qs = ao.ao_states(tensors, fmt, state_bytes=small.bits // 8)
+        return quant_state_rows(label, qs, params, fmt.source, bits=fmt.name, small=small.name)
     g = galore_states(tensors)
 
     def row(tensor: str, nbytes: int) -> PerParamRow:
@@ -249,7 +214,7 @@ def optimizer_rows(spec: ModelSpec, setup: Any) -> tuple[PerParamRow, ...]:
 
 
 def step_temporaries(spec: ModelSpec, setup: Any) -> tuple[MemoryItem, ...]:
-    """bitsandbytes' blockwise kernels and torchao's fused 4-bit step update in place (none); GaLore's
+    """bitsandbytes' blockwise kernels and torchao's compiled low-bit step update in place (none); GaLore's
     projection refresh (every update_proj_gap steps) runs a thin SVD of the largest projected gradient."""
     name = str(getattr(setup.optimizer, "value", setup.optimizer))
     if name != GALORE_ADAMW:
@@ -359,9 +324,13 @@ def assumptions(setup: Any) -> tuple[str, ...]:
             "paged optimizer: states of tensors >= 1e5 elements are CUDA unified memory, not "
             "counted by torch's allocator (extra['paged_optimizer_bytes']); evictable to CPU RAM"
         )
-    if name == ADAMW_4BIT:
+    if name in TORCHAO:
+        fmt = TORCHAO[name][0]
+        maps = f" + a {fmt.qmap_entries}-entry fp32 map" if fmt.qmap_entries else ""
         out.append(
-            "torchao AdamW4bit: 4-bit codes + fp32 scale per 128; tensors < 4096 elements keep fp32 states"
+            f"torchao {TORCHAO[name][1]}: {fmt.name} codes + fp32 scale per {fmt.block}{maps}, per state and "
+            f"tensor; tensors < {ao.AO_MIN_QUANT_SIZE} elements or not a multiple of {fmt.block} keep full "
+            "states in the parameter's dtype (adam.py _new_buffer: zeros_like(p))"
         )
     if name == GALORE_ADAMW:
         out.append(f"GaLore rank {GALORE_DEFAULT_RANK} on attention/MLP matrices; others plain AdamW")

@@ -52,7 +52,7 @@ HF_OPTIMIZERS: dict[str, tuple[str, str | None, str]] = {
     "paged_adamw_32bit": ("adamw", "fused", _PAGED_32),
     "paged_adamw": ("adamw", "fused", _PAGED_32),
     "adamw_torch_4bit": ("adamw-4bit", "fused", f"{_TORCHAO}; {TORCHAO_4BIT_NOTE}"),
-    "adamw_torch_8bit": ("adamw-8bit", "fused", f"{_TORCHAO}; 8-bit states counted as bitsandbytes 8-bit"),
+    "adamw_torch_8bit": ("adamw-8bit-torchao", "fused", _TORCHAO),
     "lion_8bit": ("lion-8bit", "fused", _BNB),
     "paged_lion_8bit": ("lion-8bit", "fused", _BNB + "; paged states counted on the device"),
     "lion_32bit": ("lion", "fused", _BNB + "; one fp32 state"),

@@ -33,8 +33,10 @@ _COMPONENT_OPTIMIZERS: dict[str, tuple[str, str]] = {
     "bitsandbytes.optim.PagedAdamW8bit": ("paged-adamw-8bit", ""),
     "bitsandbytes.optim.PagedAdamW": ("adamw", "paged 32-bit states counted as device fp32 states"),
     "bitsandbytes.optim.Lion8bit": ("lion-8bit", ""),
-    "torchao.optim.AdamW8bit": ("adamw-8bit", "torchao 8-bit states counted as bitsandbytes 8-bit"),
-    "torchao.prototype.low_bit_optim.AdamW8bit": ("adamw-8bit", "torchao 8-bit states counted as bnb 8-bit"),
+    "torchao.optim.AdamW8bit": ("adamw-8bit-torchao", ""),
+    "torchao.prototype.low_bit_optim.AdamW8bit": ("adamw-8bit-torchao", ""),
+    "torchao.optim.AdamWFp8": ("adamw-fp8", ""),
+    "torchao.prototype.low_bit_optim.AdamWFp8": ("adamw-fp8", ""),
     "torchao.optim.AdamW4bit": ("adamw-4bit", ""),
     "torchao.prototype.low_bit_optim.AdamW4bit": ("adamw-4bit", ""),
 }
