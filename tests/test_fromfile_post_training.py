@@ -1,5 +1,5 @@
-"""Post-training files are recognised and their memory fields named, never read as plain SFT
-(peakmem.fromfile.post_training; issue 29's "none is read as SFT")."""
+"""Post-training files map to the post-training job, or name what is not modelled; none is read as SFT
+(peakmem.fromfile.post_training; issue 29's "--from maps every memory field ... or names it")."""
 
 from __future__ import annotations
 
@@ -30,32 +30,89 @@ def _keys(items: tuple[str, ...]) -> set[str]:
     return {item.split(":", 1)[1].split(" = ", 1)[0] for item in items}
 
 
-def test_a_trl_grpo_file_names_its_objective_and_every_memory_field() -> None:
+def test_a_trl_grpo_file_maps_to_the_grpo_job() -> None:
     found = map_documents([("grpo.yaml", GRPO)])
-    named = _keys(found.not_modelled)
-    expected = {k for k in GRPO if k in POST_TRAINING_FIELDS}
-    assert expected <= named, found.not_modelled
-    assert any("a grpo post-training job" in item for item in found.not_modelled)
-    assert found.options["batch"] == 16  # what is SFT-like is still read
+    o = found.options
+    assert (o["objective"], o["beta"], o["num_generations"], o["completion"]) == ("grpo", 0.04, 16, 1024)
+    assert (o["rollout"], o["rollout_memory"], o["batch"]) == ("vllm-colocate", 0.3, 16)
+    # TRL's GRPOConfig turns on gradient checkpointing by default; the file's bf16 is amp-bf16
+    assert o["checkpointing"] == "full"
+    assert not any("post-training" in item for item in found.not_modelled), found.not_modelled
+
+
+def test_a_trl_grpo_file_answers_the_grpo_job() -> None:
+    import peakmem
+
+    doc = {
+        **GRPO,
+        "per_device_train_batch_size": 16,
+        "max_prompt_length": 512,
+        "model_name_or_path": "qwen2.5-0.5b",
+    }
+    got = peakmem.train(None, from_file=_write(doc), gpu="h100-80gb").to_dict()
+    assert got["setup"]["post_training"] == {
+        "objective": "grpo", "reference": "separate", "beta": 0.04, "rollout": "vllm-colocate",
+        "num_generations": 16, "completion": 1024, "steps_per_generation": 1, "rollout_memory": 0.3,
+        "rollout_sleep": False,
+    }  # fmt: skip
+    assert got["setup"]["seq_len"] == 512 + 1024  # max_prompt_length + max_completion_length
+    assert set(got["phases"]) == {"rollout", "scoring", "forward", "backward", "optimizer"}
+
+
+def _write(doc: dict[str, Any]) -> str:
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(doc, f)
+    return f.name
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        ({"base_model": "x", "rl": "dpo", "micro_batch_size": 2}, {"objective": "dpo"}),  # axolotl
+        ({"base_model": "x", "rl": "grpo", "trl": {"beta": 0.001, "num_generations": 4, "use_vllm": True,
+          "vllm_mode": "server"}}, {"objective": "grpo", "beta": 0.001, "num_generations": 4,
+                                    "rollout": "vllm-server"}),  # axolotl's trl: block
+        ({"model_name_or_path": "x", "stage": "dpo", "pref_beta": 0.1, "finetuning_type": "lora"},
+         {"objective": "dpo", "beta": 0.1}),  # LLaMA-Factory
+        ({"model_name_or_path": "x", "stage": "dpo", "pref_loss": "simpo"}, {"objective": "simpo"}),
+        ({"output_dir": "o", "precompute_ref_log_probs": True, "beta": 0.1},
+         {"objective": "dpo", "reference": "precomputed", "checkpointing": "full", "precision": "amp-bf16"}),
+        ({"output_dir": "o", "beta": 0.1}, {"objective": "dpo"}),  # beta alone: DPO, never below the job
+        ({"output_dir": "o", "rloo_k": 4, "vllm_enable_sleep_mode": True, "use_vllm": True},
+         {"objective": "rloo", "num_generations": 4, "rollout": "vllm-colocate", "rollout_sleep": True}),
+    ],
+)  # fmt: skip
+def test_each_framework_maps_its_objective(doc: dict[str, Any], want: dict[str, Any]) -> None:
+    found = map_documents([("f.yaml", doc)])
+    assert {k: found.options.get(k) for k in want} == want, found.options
+    assert not any("post-training job" in item for item in found.not_modelled), found.not_modelled
 
 
 @pytest.mark.parametrize(
     ("doc", "name"),
     [
-        ({"base_model": "x", "rl": "dpo", "micro_batch_size": 2}, "dpo"),  # axolotl
         ({"base_model": "x", "rl": "kto"}, "kto"),
-        ({"model_name_or_path": "x", "stage": "dpo", "pref_beta": 0.1, "finetuning_type": "lora"}, "dpo"),
         ({"model_name_or_path": "x", "stage": "ppo", "reward_model": "r", "finetuning_type": "lora"}, "ppo"),
-        ({"output_dir": "o", "precompute_ref_log_probs": True, "beta": 0.1}, "dpo"),  # TRL DPOConfig
         ({"output_dir": "o", "num_ppo_epochs": 4, "vf_coef": 0.1}, "ppo"),  # TRL PPOConfig
         ({"output_dir": "o", "desirable_weight": 1.0}, "kto"),  # TRL KTOConfig
-        ({"output_dir": "o", "beta": 0.1}, "preference"),  # ORPO / SimPO / CPO
     ],
 )
-def test_each_framework_objective_is_named(doc: dict[str, Any], name: str) -> None:
+def test_objectives_not_modelled_are_named(doc: dict[str, Any], name: str) -> None:
     assert objective(doc) is not None and objective(doc)[0] == name  # type: ignore[index]
     found = map_documents([("f.yaml", doc)])
-    assert any(f"a {name} post-training job" in item for item in found.not_modelled), found.not_modelled
+    assert any(f"a {name} post-training job: not modelled" in item for item in found.not_modelled)
+    assert "objective" not in found.options
+    for key in doc:
+        if key in POST_TRAINING_FIELDS and key not in ("rl", "stage"):
+            assert key in _keys(found.not_modelled)
+
+
+def test_memory_fields_not_modelled_are_named() -> None:
+    found = map_documents([("g.yaml", {**GRPO, "vllm_tensor_parallel_size": 2, "num_iterations": 2})])
+    assert {"vllm_tensor_parallel_size", "num_iterations"} <= _keys(found.not_modelled)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +131,6 @@ def test_supervised_files_gain_no_post_training_entry(doc: dict[str, Any]) -> No
 
 
 def test_strict_mapping_refuses_a_post_training_job_naming_the_field() -> None:
-    doc = {"output_dir": "o", "per_device_train_batch_size": 2, "num_generations": 8}
-    with pytest.raises(InputError, match=r"TrainingArguments\.num_generations=8: not modelled"):
+    doc = {"output_dir": "o", "per_device_train_batch_size": 2, "num_ppo_epochs": 4}
+    with pytest.raises(InputError, match=r"TrainingArguments\.num_ppo_epochs=4: not modelled"):
         map_training_arguments(doc, model="m", method="full", weights=None, strict=True)

@@ -1,11 +1,14 @@
-"""Post-training files (preference and RL objectives) are recognised, never read as SFT.
+"""Post-training files (preference and RL objectives): mapped to ``--objective`` and its roles, never
+read as SFT.
 
-peakmem estimates one supervised training step of one model. A TRL ``GRPOConfig`` / ``DPOConfig`` /
-``KTOConfig`` / ``PPOConfig`` / ``RLOOConfig`` file, axolotl's ``rl:`` and LLaMA-Factory's ``stage:``
-describe jobs with more roles (a reference model, a reward model or critic, a rollout engine with its
-KV pool) and more passes (log-probs over batch x completion x vocab). Until those are modelled, the
-answer names the objective and every field that changes memory in ``not_modelled`` (an error under
-``strict``), so the SFT-like step it prints is never mistaken for the job's peak.
+A TRL ``GRPOConfig`` / ``RLOOConfig`` / ``DPOConfig`` file (and ORPO / SimPO / CPO configs, which have a
+``beta`` and none of DPO's reference fields), axolotl's ``rl:`` (its ``trl:`` block holds the GRPO
+fields) and LLaMA-Factory's ``stage: dpo`` (``pref_loss``) are mapped to the options of
+:mod:`peakmem.post_training` (:func:`map_post_training`). Objectives peakmem does not model (KTO, PPO,
+reward modelling) are named in ``not_modelled`` with every field that changes their memory (an error under
+``strict``), so the answer is never mistaken for the job's peak. TRL's post-training configs default
+``gradient_checkpointing`` and ``bf16`` to True (``grpo_config.py`` / ``dpo_config.py``: "Defaults to
+True instead of False"); a file that leaves them out gets those defaults, named as such.
 
 Field names as the frameworks define them (read in their source):
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peakmem.fromfile.mapper import _Mapper
+from peakmem.fromfile.mapper import _Mapper, as_float, as_int, truthy
 
 # Objectives that are one supervised step of one model: what peakmem estimates.
 SUPERVISED = ("sft", "pt")
@@ -88,19 +91,111 @@ def objective(doc: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+# objectives peakmem models (peakmem.post_training) as their files spell them
+MODELLED = ("dpo", "ipo", "orpo", "simpo", "grpo", "rloo", "preference")
+# LLaMA-Factory stage dpo: pref_loss (hparams/finetuning_args.py): sigmoid, hinge, ipo, kto_pair, orpo, simpo
+_PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
+# file fields -> peakmem options, with the conversion: (dest, kind)
+_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("beta", "beta", "float"),
+    ("pref_beta", "beta", "float"),
+    ("num_generations", "num_generations", "int"),
+    ("rloo_k", "num_generations", "int"),
+    ("max_completion_length", "completion", "int"),
+    ("steps_per_generation", "steps_per_generation", "int"),
+    ("vllm_gpu_memory_utilization", "rollout_memory", "float"),
+)
+# memory fields of the modelled objectives that peakmem does not model yet
+_UNMODELLED_FIELDS = {
+    "vllm_tensor_parallel_size": "the rollout engine's tensor parallelism (one GPU modelled)",
+    "sync_ref_model": "a reference model kept and updated",
+    "num_iterations": "the generation batch reused over several updates (old log-probs)",
+    "generation_batch_size": "prompts x completions generated at once (use steps_per_generation)",
+}
+
+
+def _objective_name(found: str, doc: Mapping[str, Any]) -> str:
+    """peakmem's objective for a file's: LLaMA-Factory's pref_loss picks ORPO / SimPO; IPO is DPO's
+    memory; a TRL file with ``beta`` only (a DPO config without its reference fields, or an ORPO / SimPO /
+    CPO one) is read as DPO, the one with a reference: never below the job's memory."""
+    if found == "dpo" and isinstance(doc.get("pref_loss"), str):
+        return _PREF_LOSS.get(doc["pref_loss"].lower(), "dpo")
+    return {"ipo": "dpo", "preference": "dpo"}.get(found, found)
+
+
 def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
-    """Name a post-training objective and its memory fields as not modelled (strict: an error)."""
+    """The objective and its roles from a post-training file; what peakmem does not model named."""
     found = objective(doc)
     if found is None:
         return
     name, key = found
-    m.unknown(
-        key,
-        doc[key],
-        f"a {name} post-training job: the estimate is one supervised training step of the policy only; "
-        "reference, reward and value models, the rollout engine and the log-prob passes are not counted",
-        SUPERVISED,
-    )
-    for field in sorted(POST_TRAINING_FIELDS):
-        if field != key and doc.get(field) not in (None, False, "", [], 0):
-            m.skip(field, doc[field], POST_TRAINING_FIELDS[field])
+    if name not in MODELLED:
+        why = (f"a {name} post-training job: not modelled (peakmem models sft, dpo, orpo, simpo, grpo, "
+               "rloo); the estimate is one supervised step of the policy")  # fmt: skip
+        m.unknown(key, doc[key], why, SUPERVISED)
+        for field in sorted(POST_TRAINING_FIELDS):
+            if field != key and doc.get(field) not in (None, False, "", [], 0):
+                m.skip(field, doc[field], POST_TRAINING_FIELDS[field])
+        return
+    trl = doc.get("trl") if isinstance(doc.get("trl"), Mapping) else {}  # axolotl's GRPO block
+    fields = {**doc, **trl}
+    note = "beta alone: read as DPO (with a reference); an ORPO / SimPO file: --objective orpo|simpo"
+    m.set("objective", _objective_name(name, doc), key, note if name == "preference" else "")
+    for field, dest, kind in _FIELDS:
+        if fields.get(field) is not None:
+            value = as_float(m, field, fields[field]) if kind == "float" else as_int(m, field, fields[field])
+            if value is not None:
+                m.set(dest, value, field)
+    _map_rollout(m, fields)
+    _map_reference(m, fields)
+    _map_sequence(m, fields, name)
+    _trl_defaults(m, doc, key)
+    for field in sorted(_UNMODELLED_FIELDS):
+        if fields.get(field) not in (None, False, "", [], 0, 1):
+            m.skip(field, fields[field], _UNMODELLED_FIELDS[field])
+
+
+def _map_rollout(m: _Mapper, f: Mapping[str, Any]) -> None:
+    if not truthy(f.get("use_vllm")):
+        return
+    mode = str(f.get("vllm_mode") or "colocate").lower()  # GRPOConfig.vllm_mode default "colocate" (1.16)
+    rollout = "vllm-colocate" if mode == "colocate" else "vllm-server"
+    if "vllm_mode" in f:
+        m.set("rollout", rollout, "vllm_mode")
+    else:
+        m.set("rollout", rollout, "use_vllm", "TRL 1.16's default vllm_mode: colocate")
+    if truthy(f.get("vllm_enable_sleep_mode")):
+        m.set("rollout_sleep", True, "vllm_enable_sleep_mode")
+
+
+def _map_reference(m: _Mapper, f: Mapping[str, Any]) -> None:
+    if truthy(f.get("precompute_ref_log_probs")):
+        m.set("reference", "precomputed", "precompute_ref_log_probs")
+    elif f.get("ref_model") or f.get("ref_model_init_kwargs") or truthy(f.get("force_use_ref_model")):
+        key = next(k for k in ("ref_model", "ref_model_init_kwargs", "force_use_ref_model") if f.get(k))
+        m.set("reference", "separate", key, "a reference model of its own")
+
+
+def _map_sequence(m: _Mapper, f: Mapping[str, Any], name: str) -> None:
+    """Older TRL (< 1.0) files give the prompt's length: the sequence is prompt + completion."""
+    prompt, completion = f.get("max_prompt_length"), f.get("max_completion_length")
+    if prompt is not None and completion is not None:
+        p, c = as_int(m, "max_prompt_length", prompt), as_int(m, "max_completion_length", completion)
+        if p is not None and c is not None:
+            m.set("seq", p + c, "max_prompt_length", "max_prompt_length + max_completion_length")
+    elif name in ("grpo", "rloo") and completion is not None and "max_length" not in f:
+        c = as_int(m, "max_completion_length", completion)
+        if c is not None:
+            m.set("seq", 2 * c, "max_completion_length", "no prompt length in the file: a prompt as long as "
+                  "the completion assumed", keep=True)  # fmt: skip
+
+
+def _trl_defaults(m: _Mapper, doc: Mapping[str, Any], key: str) -> None:
+    """TRL's post-training configs turn on gradient checkpointing and bf16 by default (TRL files only:
+    axolotl and LLaMA-Factory keep their own defaults)."""
+    if key in ("rl", "stage"):
+        return
+    if "gradient_checkpointing" not in doc:
+        m.set("checkpointing", "full", "(TRL default: gradient_checkpointing=True)", keep=True)
+    if not any(k in doc for k in ("bf16", "fp16", "fp32")):
+        m.set("precision", "amp-bf16", "(TRL default: bf16=True)", keep=True)
