@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,14 +15,14 @@ from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import long_context as lc
+from peakmem.fromfile import map_documents
 from peakmem.parallel import Parallelism
 from peakmem.training import TrainingSetup
-
 from test_parallel import TINY_CONFIG, tiny
 
 C = 2  # bf16 compute bytes
 T_LOCAL = 64  # tokens one rank holds
-A, G, D, H, I, LAYERS = 8, 4, 8, 64, 128, 4
+A, G, D, H, WIDTH, LAYERS = 8, 4, 8, 64, 128, 4  # WIDTH: intermediate_size
 
 
 def _layer_at(seq: int) -> tuple[act.Shapes, act.LayerActivations]:
@@ -61,7 +62,9 @@ def test_kv_heads_must_divide_or_be_divided() -> None:
     spec = tiny(hidden_size=96, num_attention_heads=12, num_key_value_heads=4)  # head_dim 8
     with pytest.raises(InputError, match="ulysses=6 and num_key_value_heads=4"):
         lc.check_ulysses(spec, TrainingSetup(seq_len=96), Parallelism(gpus=6, ulysses=6))
-    lc.check_ulysses(tiny(), TrainingSetup(seq_len=64), Parallelism(gpus=8, ulysses=8))  # 8 = 2 x 4: replicated
+    lc.check_ulysses(
+        tiny(), TrainingSetup(seq_len=64), Parallelism(gpus=8, ulysses=8)
+    )  # 8 = 2 x 4: replicated
     with pytest.raises(InputError, match="ulysses=8 does not divide seq/cp = 60"):
         lc.check_ulysses(tiny(), TrainingSetup(seq_len=60), Parallelism(gpus=8, ulysses=8))
     with pytest.raises(InputError, match="eager"):
@@ -116,8 +119,8 @@ def test_tiled_shards_default_is_deepspeeds_rule() -> None:
 def test_tiled_mlp_by_hand() -> None:
     spec, (sh, la) = tiny(), _layer_at(T_LOCAL)
     layer = spec.groups[0].layer
-    interior = 4 * T_LOCAL * I * C  # gate, act(gate), up, product: 65,536
-    mlp_bwd = 2 * T_LOCAL * I * C  # two T x I gradients in the MLP's backward
+    interior = 4 * T_LOCAL * WIDTH * C  # gate, act(gate), up, product: 65,536
+    mlp_bwd = 2 * T_LOCAL * WIDTH * C  # two T x I gradients in the MLP's backward
     x = T_LOCAL * H * C  # the input gradient / the concatenated output
     for shards in (1, 2):
         t = lc.tiled_mlp(la, spec, layer, sh, shards)
@@ -133,7 +136,7 @@ def test_tiled_mlp_in_the_estimate(tiny_dir: str) -> None:
     base = peakmem.train(tiny_dir, seq=T_LOCAL, attention="flash").to_dict()
     tiled = peakmem.train(tiny_dir, seq=T_LOCAL, attention="flash", tiled_mlp=True).to_dict()
     drop = base["breakdown"]["activations"] - tiled["breakdown"]["activations"]
-    assert drop == LAYERS * 4 * T_LOCAL * I * C
+    assert drop == LAYERS * 4 * T_LOCAL * WIDTH * C
     assert any("tiled MLP" in a for a in tiled["assumptions"])
     with pytest.raises(InputError, match="tiled_mlp_shards=2: needs tiled_mlp=True"):
         peakmem.train(tiny_dir, tiled_mlp_shards=2)
@@ -156,5 +159,63 @@ def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
              "--attention", "flash", "--json"]  # fmt: skip
     code = main(["train", "llama-3.2-1b", *flags])
     cli = json.loads(capsys.readouterr().out)
-    result = peakmem.train("llama-3.2-1b", seq=8192, gpus=8, zero=3, ulysses=8, tiled_mlp=True, attention="flash")
+    result = peakmem.train(
+        "llama-3.2-1b", seq=8192, gpus=8, zero=3, ulysses=8, tiled_mlp=True, attention="flash"
+    )
     assert result.to_dict() == cli and result.exit_code == code
+
+
+# --- --from: the long-context examples axolotl and TRL publish (tests/fixtures/frameworks/sources.md) -------
+FRAMEWORKS = Path(__file__).parent / "fixtures" / "frameworks"
+TRL_CONFIGS = FRAMEWORKS / "trl" / "examples" / "accelerate_configs"
+
+
+def _json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main([*argv, "--json"]) in (0, 1)
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _mapped(out: dict[str, Any]) -> dict[str, Any]:
+    return {f["field"]: f["value"] for f in out["from_file"]["mapped"]}
+
+
+@pytest.mark.parametrize("name", ["alst-llama3-8b-deepspeed.yaml", "alst-llama3-8b-fsdp2.yaml"])
+def test_axolotl_alst_examples(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """axolotl examples/alst: context_parallel_size 8 (ring attention at this axolotl commit:
+    utils/trainer.py setup_parallelism_envs sets PARALLELISM_CONFIG_CP_SIZE), tiled_mlp without a shard
+    count (patch.py: ceil(500,000 / 8 / 32,768) = 2 shards), activation_offloading legacy."""
+    out = _json(["train", "--from", str(FRAMEWORKS / "axolotl" / name)], capsys)
+    mapped = _mapped(out)
+    assert (mapped["cp"], mapped["gpus"], mapped["seq"]) == (8, 8, 500_000)
+    assert mapped["tiled-mlp"] is True and mapped["tiled-mlp-shards"] == 2
+    assert mapped["activation-offload"] is True and mapped["checkpointing"] == "full"
+    skipped = " ".join(out["from_file"]["not_modelled"])
+    for key in ("tiled_mlp", "context_parallel_size", "activation_offloading"):
+        assert key not in skipped
+    assert out["parallelism"]["cp"] == 8 and out["setup"]["tiled_mlp"] is True
+
+
+def test_axolotl_ring_fields_are_not_modelled_and_disk_offload_is_named() -> None:
+    doc = {"base_model": "x", "context_parallel_size": 2, "heads_k_stride": 1,
+           "ring_attn_func": "varlen_llama3", "activation_offloading": "disk", "tiled_mlp": True,
+           "tiled_mlp_num_shards": 4}  # fmt: skip
+    m = map_documents([("a.yml", doc)])
+    assert m.options["tiled_mlp_shards"] == 4 and "activation_offload" not in m.options
+    skipped = " ".join(m.not_modelled)
+    for key in ("heads_k_stride", "ring_attn_func", "activation_offloading"):
+        assert f"a.yml:{key}" in skipped
+
+
+def test_trl_alst_accelerate_config_is_ulysses(capsys: pytest.CaptureFixture[str]) -> None:
+    """TRL examples/accelerate_configs/alst_ulysses_4gpu.yaml: sp_size 2 (DeepSpeed backend) over 4 processes,
+    ZeRO-3, flash attention: the same answer as the flags."""
+    alst = str(TRL_CONFIGS / "alst_ulysses_4gpu.yaml")
+    out = _json(["train", "llama-3.2-1b", "--seq", "16384", "--from", alst], capsys)
+    assert (out["parallelism"]["ulysses"], out["parallelism"]["dp"], out["parallelism"]["gpus"]) == (2, 2, 4)
+    flags = _json(["train", "llama-3.2-1b", "--seq", "16384", "--gpus", "4", "--ulysses", "2", "--zero", "3",
+                   "--attention", "flash"], capsys)  # fmt: skip
+    assert out["peak_allocated_bytes"] == flags["peak_allocated_bytes"]
+    ring = str(TRL_CONFIGS / "context_parallel_2gpu.yaml")
+    cp = _json(["train", "llama-3.2-1b", "--seq", "16384", "--from", ring], capsys)
+    assert (cp["parallelism"]["cp"], cp["parallelism"]["gpus"]) == (2, 2)
