@@ -219,3 +219,21 @@ def test_trl_alst_accelerate_config_is_ulysses(capsys: pytest.CaptureFixture[str
     ring = str(TRL_CONFIGS / "context_parallel_2gpu.yaml")
     cp = _json(["train", "llama-3.2-1b", "--seq", "16384", "--from", ring], capsys)
     assert (cp["parallelism"]["cp"], cp["parallelism"]["gpus"]) == (2, 2)
+
+
+def test_web_api_equals_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from peakmem.web import app as web
+
+    body = {"model": "llama-3.2-1b", "seq": 8192, "gpu_count": 8, "zero": 3, "ulysses": 8, "tiled_mlp": True,
+            "attention": "flash"}  # fmt: skip
+    with TestClient(web.create_app()) as client:
+        resp = client.post("/api/train", json=body)
+    assert resp.status_code == 200, resp.text
+    argv = ["train", "llama-3.2-1b", "--seq", "8192", "--gpus", "8", "--zero", "3", "--ulysses", "8",
+            "--tiled-mlp", "--attention", "flash"]  # fmt: skip
+    cli = _json(argv, capsys)
+    assert {k: v for k, v in resp.json().items() if k not in ("headline", "chart")} == cli
