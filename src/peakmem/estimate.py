@@ -30,6 +30,7 @@ from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
+from peakmem.formulas import long_context as _long
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
@@ -383,10 +384,17 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             )  # fmt: skip
             if tech.adapter and layer.derived is None:  # a derived block's costs measured the adapters
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
+            if setup.tiled_mlp:
+                la = _long.tiled_mlp(
+                    la, spec, layer, sh, _long.tiled_shards(spec, sh.tokens, setup.tiled_mlp_shards)
+                )
             if not par.is_single_gpu:
-                ring = mp.ring_kv_chunk_bytes(layer, sh.tokens, sh.c, par)
+                la = _long.ulysses_attention(la, spec, layer, sh, par)
+                att_sh = _long.attention_shapes(sh, par)  # the ring chunk Ulysses gathers
+                ring = mp.ring_kv_chunk_bytes(_long.attention_layer(layer, par), att_sh.tokens, sh.c, par)
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
-                la = mp.tp_layer_activations(la, par, ring, dispatch)
+                all_to_all = _long.all_to_all_bytes(layer, sh, par)  # Ulysses: forward and backward
+                la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)
             la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         if setup.activation_offload or setup.optimizer_in_backward:
@@ -444,7 +452,8 @@ def _estimate(
     spec = tech.spec
     first, last = sp.stage == 0, sp.stage == par.pp - 1
     in_bwd = _lowbit.in_backward(setup)
-    local = setup if par.cp == 1 else replace(setup, seq_len=setup.seq_len // par.cp)
+    split = par.cp * par.ulysses  # ranks that split one sequence (ring CP, Ulysses)
+    local = setup if split == 1 else replace(setup, seq_len=setup.seq_len // split)
     sh = act.shapes(spec, local, costs, memo)
     hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
     if last:

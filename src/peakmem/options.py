@@ -165,6 +165,15 @@ OPTIONS: tuple[Option, ...] = (
        maximum=MAX_DEGREE),
     _o("offload", str, "none", S, "optimizer states to none|cpu|nvme", group=_MULTI),
     _o("offload_params", str, "none", S, "parameters to none|cpu|nvme (ZeRO-3/FSDP)", group=_MULTI),
+    # long-context training (peakmem.formulas.long_context)
+    _o("ulysses", int, 1, S, "DeepSpeed-Ulysses / ALST sequence-parallel degree (heads split, all-to-all)",
+       group=_MULTI, maximum=MAX_DEGREE),
+    _o("tiled_mlp", bool, False, S, "ALST tiled MLP: the MLP in sequence shards, recomputed in backward",
+       group=_SAVING),
+    _o("tiled_mlp_shards", int, None, S, "tiled MLP shards (default: DeepSpeed's ceil(seq / hidden))",
+       group=_SAVING, maximum=MAX_SEQ),
+    _o("max_tokens_per_gpu", int, None, S, "verl use_dynamic_bsz ppo_max_token_len_per_gpu: the micro-batch "
+       "is one packed row of this many tokens per GPU (--seq: the longest sample)", maximum=MAX_SEQ),
     # the serving setup (peakmem.inference.InferenceSetup)
     _o("weights", str, None, SV, "bf16|fp16|fp32|fp8|fp8-block|mxfp4|nvfp4|int8|nf4|fp4|gptq-4bit-g128|"
        "awq-4bit|q4_k_m|... (default: the format the model's config.json quantization_config names, "

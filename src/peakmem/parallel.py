@@ -1,6 +1,9 @@
 """Parallelism: how a training job is laid out over GPUs, and what each engine keeps where.
 
-Degrees (Megatron-LM's layout, arXiv 2104.04473 §3): world size ``gpus = dp x tp x pp x cp``;
+Degrees (Megatron-LM's layout, arXiv 2104.04473 §3): world size ``gpus = dp x tp x pp x cp``
+(``x ulysses``: DeepSpeed-Ulysses sequence parallelism, :mod:`peakmem.formulas.long_context`, whose
+ranks shard model states as data-parallel ones do: deepspeed/runtime/engine.py
+``seq_data_parallel_group``);
 expert parallelism ``ep`` is carved out of the data-parallel ranks (``ep`` divides ``dp x cp``,
 Megatron-Core ``parallel_state.initialize_model_parallel`` with expert tensor parallel = tp).
 
@@ -78,6 +81,7 @@ class Parallelism:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    ulysses: int = 1  # DeepSpeed-Ulysses / ALST sequence-parallel degree
     sequence_parallel: bool = False
     zero_stage: int = 0
     fsdp: FsdpMode = FsdpMode.NONE
@@ -107,7 +111,7 @@ class Parallelism:
             ("pp_schedule", PipelineSchedule),
         ):
             coerce_choice(self, attr, enum)
-        for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "virtual_stages"):
+        for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "ulysses", "virtual_stages"):
             check_int(name, getattr(self, name), maximum=MAX_GPUS, what="GPUs; no cluster has more")
         check_int("dp", self.dp, minimum=0, maximum=MAX_GPUS, what="GPUs; no cluster has more")
         check_int("zero", self.zero_stage, minimum=0)
@@ -119,19 +123,20 @@ class Parallelism:
         for name in ("sequence_parallel", "gradient_as_bucket_view", "contiguous_gradients", "zero_init"):
             check_bool(name, getattr(self, name))
         check_bool("overlap_comm", self.overlap_comm, optional=True)
-        model_par = self.tp * self.pp * self.cp
+        model_par = self.tp * self.pp * self.cp * self.ulysses
+        names, values = "tp*pp*cp", f"{self.tp}*{self.pp}*{self.cp}"
+        if self.ulysses > 1:
+            names, values = f"{names}*ulysses", f"{values}*{self.ulysses}"
         if self.dp == 0:
             if self.gpus % model_par:
                 raise InputError(
-                    f"gpus={self.gpus} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} "
-                    f"= {model_par}; data-parallel degree dp = gpus/(tp*pp*cp) must be an integer"
+                    f"gpus={self.gpus} is not divisible by {names} = {values} "
+                    f"= {model_par}; data-parallel degree dp = gpus/({names}) must be an integer"
                 )
             object.__setattr__(self, "dp", self.gpus // model_par)
         world = self.dp * model_par
         if world != self.gpus:
-            raise InputError(
-                f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {world} != gpus={self.gpus}"
-            )
+            raise InputError(f"dp*{names} = {self.dp}*{values} = {world} != gpus={self.gpus}")
         require(self.zero_stage in (0, 1, 2, 3), "zero", self.zero_stage, "must be 0, 1, 2 or 3")
         require(self.fsdp_version in (1, 2), "fsdp_version", self.fsdp_version, "must be 1 or 2")
         if self.zero_stage and self.fsdp is not FsdpMode.NONE:
@@ -200,15 +205,16 @@ class Parallelism:
 
     @property
     def shard_degree(self) -> int:
-        """Ranks that one copy of the (tp/pp-local) model states is sharded over: dp x cp for ZeRO
-        and FSDP full/grad-op shard (Megatron's distributed optimizer shards over dp x cp too);
+        """Ranks that one copy of the (tp/pp-local) model states is sharded over: dp x cp (x ulysses)
+        for ZeRO and FSDP full/grad-op shard (Megatron's distributed optimizer shards over dp x cp too);
         the ranks of one node for hybrid shard; 1 without sharding."""
         if self.zero_stage == 0 and self.fsdp is FsdpMode.NONE:
             return 1
-        group = self.dp * self.cp
+        seq = self.cp * self.ulysses  # ranks that split one sequence
+        group = self.dp * seq
         if self.fsdp is FsdpMode.HYBRID_SHARD:
-            per_node_model_par = max(1, self.ranks_per_node // (self.tp * self.pp * self.cp))
-            return max(1, min(group, per_node_model_par * self.cp))
+            per_node_model_par = max(1, self.ranks_per_node // (self.tp * self.pp * seq))
+            return max(1, min(group, per_node_model_par * seq))
         return group
 
     @property
@@ -236,7 +242,7 @@ class Parallelism:
 
     def describe(self) -> str:
         parts = [f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")]
-        for name in ("dp", "tp", "pp", "cp", "ep"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "ulysses"):
             value = getattr(self, name)
             if value > 1:
                 parts.append(f"{name}={value}")

@@ -239,9 +239,38 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         kernel_policy=KernelPolicy.parse(o.get("kernels", "cuda"), "kernels"),
         lora=_lora_config(o), quant=_quant_config(o), loss=LossImpl.parse(o["loss"], "loss"),
         optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
-        compiled=o["compile"], liger=o["liger"],
+        compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
+        tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip
-    return setup, taken
+    return long_context_setup(o, setup, taken)
+
+
+def long_context_setup(
+    o: Mapping[str, Any], setup: TrainingSetup, taken: tuple[str, ...]
+) -> tuple[TrainingSetup, tuple[str, ...]]:
+    """``setup`` under ``max_tokens_per_gpu`` (one packed row; the given seq is the longest sample) and
+    the lines saying what the long-context options assume (:mod:`peakmem.formulas.long_context`)."""
+    from peakmem.formulas import long_context as lc
+
+    if setup.tiled_mlp:
+        shards = setup.tiled_mlp_shards or lc.DEEPSPEED_SHARD_RULE
+        taken += (f"tiled MLP: {shards} shards over each rank's tokens, MoE layers untiled ({lc.SRC_TILED})",)
+    budget = o.get("max_tokens_per_gpu")
+    if budget is None:
+        return setup, taken
+    if setup.micro_batch != 1:
+        raise InputError(
+            f"batch={setup.micro_batch} with max_tokens_per_gpu={budget}: the token budget decides the "
+            "micro-batch (one packed row); leave batch at 1"
+        )
+    degree = o.get("ulysses", 1) * o.get("cp", 1)
+    row = lc.token_budget_seq(budget, o.get("seq"), degree)
+    line = (
+        f"max_tokens_per_gpu={budget:,}: one packed row of {row:,} tokens over ulysses x cp = {degree} "
+        "(verl use_dynamic_bsz); attention per sample with varlen flash, linear in tokens; a quadratic "
+        "kernel counted as one sample of the whole row"
+    )
+    return replace(setup, seq_len=row), (*taken, line)
 
 
 def with_images(
@@ -295,9 +324,11 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
     plain = (
         o["gpus"] == 1 and o["zero"] == 0 and o["fsdp"] == "none" and o["offload"] == "none"
         and o["offload_params"] == "none" and o["tp"] == o["pp"] == o["cp"] == o["ep"] == 1
+        and o.get("ulysses", 1) == 1
     )  # fmt: skip
     layout = Parallelism(
         gpus=o["gpus"], gpus_per_node=o["gpus_per_node"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"],
+        ulysses=o.get("ulysses", 1),
         sequence_parallel=o["sp"], zero_stage=o["zero"], fsdp=FsdpMode.parse(o["fsdp"], "fsdp"),
         fsdp_version=o["fsdp_version"], offload_optimizer=Offload.parse(o["offload"], "offload"),
         offload_params=Offload.parse(o["offload_params"], "offload_params"),

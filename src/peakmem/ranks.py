@@ -16,7 +16,7 @@ from enum import Enum
 from peakmem.breakdown import Estimate, MemoryItem
 from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
-from peakmem.formulas import sharding
+from peakmem.formulas import long_context, sharding
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, validate_for
@@ -160,6 +160,7 @@ def estimate_ranks(
     search keeps for ``spec``, whose memo then serves every layout it asks about; else one is made with
     ``costs``, a derived spec's block-cost lookup)."""
     validate_for(spec, par)
+    long_context.check_ulysses(spec, setup, par)
     if par.cp > 1 and setup.attention is AttentionKernel.EAGER:
         raise InputError(
             "attention='eager' with cp>1: context parallelism is modelled as ring attention "

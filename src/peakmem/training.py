@@ -177,6 +177,10 @@ class TrainingSetup:
     liger: bool = False
     # tokens per sequence the loss scores (a post-training job's completion; None: every position)
     scored_tokens: int | None = None
+    # ALST tiled MLP (DeepSpeed ulysses_sp.py TiledMLP; axolotl tiled_mlp): the MLP in sequence shards,
+    # recomputed in backward; shards 0: DeepSpeed's ceil(seqlen / hidden) (peakmem.formulas.long_context)
+    tiled_mlp: bool = False
+    tiled_mlp_shards: int = 0
 
     def __post_init__(self) -> None:
         # Types first (the Python API passes anything): enums from their spelling, no bool or
@@ -197,8 +201,18 @@ class TrainingSetup:
                 f"tokens: too large (more than {MAX_TOKENS:,} tokens in one micro-batch; "
                 "no cluster holds them)"
             )
-        for attr in ("grads_set_to_none", "optimizer_in_backward", "activation_offload", "compiled", "liger"):
+        for attr in (
+            "grads_set_to_none",
+            "optimizer_in_backward",
+            "activation_offload",
+            "compiled",
+            "liger",
+            "tiled_mlp",
+        ):
             check_bool(attr, getattr(self, attr))
+        check_int("tiled_mlp_shards", self.tiled_mlp_shards, minimum=0, maximum=MAX_TOKENS, what="shards")
+        if self.tiled_mlp_shards and not self.tiled_mlp:
+            raise InputError(f"tiled_mlp_shards={self.tiled_mlp_shards}: needs tiled_mlp=True")
         self._check_budget_configs()
         if self.method is Method.FULL and self.lora is not None:
             raise InputError(
@@ -238,6 +252,7 @@ class TrainingSetup:
             ("activation_offload", self.activation_offload),
             ("compiled", self.compiled),
             ("liger", self.liger),
+            ("tiled_mlp", self.tiled_mlp),
         )
         loss = () if self.loss is LossImpl.STANDARD else (f"loss={self.loss.value!r}",)
         other = loss + tuple(f"{name}=True" for name, on in flags if on)

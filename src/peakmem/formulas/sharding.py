@@ -113,8 +113,10 @@ def nccl_communicator_bytes() -> int:
 
 
 def communicators(par: Parallelism) -> int:
-    """Process groups with more than one rank that a rank communicates in (dp, tp, pp, cp, ep)."""
-    return sum(1 for d in (par.dp * par.cp, par.tp, par.pp, par.cp, par.ep) if d > 1) if par.gpus > 1 else 0
+    """Process groups with more than one rank that a rank communicates in (dp, tp, pp, cp, ep, and the
+    Ulysses group; gradients are reduced over dp x cp x ulysses: DeepSpeed ``seq_data_parallel_group``)."""
+    groups = (par.dp * par.cp * par.ulysses, par.tp, par.pp, par.cp, par.ep, par.ulysses)
+    return sum(1 for d in groups if d > 1) if par.gpus > 1 else 0
 
 
 @dataclass(frozen=True, kw_only=True)

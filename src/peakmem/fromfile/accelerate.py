@@ -49,6 +49,35 @@ def map_accelerate(m: _Mapper, doc: Mapping[str, Any]) -> None:
         m.skip("distributed_type", kind, "give --tp/--pp for Megatron-LM layouts")
     if truthy(doc.get("use_cpu")):
         m.skip("use_cpu", True, "a CPU run")
+    pc = doc.get("parallelism_config")
+    if isinstance(pc, Mapping):
+        parallelism_config(m, pc)
+
+
+# accelerate parallelism_config (accelerate parallelism_config.py ParallelismConfig; TRL's ALST docs):
+# sp_size with sp_backend "deepspeed" (its only backend) is DeepSpeed-Ulysses; cp_size is FSDP2's
+# torch context parallel (ring attention); tp_size Transformers' tensor parallel; the dp sizes are the
+# rest of num_processes (dp_replicate x dp_shard x cp x sp x tp = num_processes).
+_PC = "parallelism_config."
+_PC_ROWS = (
+    Row("parallelism_config_sp_size", "ulysses", as_int, "DeepSpeed-Ulysses sequence parallelism"),
+    Row("parallelism_config_cp_size", "cp", as_int, "context parallelism (ring attention)"),
+)
+
+
+def parallelism_config(m: _Mapper, pc: Mapping[str, Any]) -> None:
+    take(m, pc, _PC_ROWS, _PC)
+    attn = str(pc.get("parallelism_config_sp_attn_implementation") or "")
+    if attn:  # transformers' attn_implementation: sdpa, flash_attention_2/3 or a flash Hub kernel
+        key = _PC + "parallelism_config_sp_attn_implementation"
+        kernel = "flash" if "flash" in attn else "sdpa" if attn == "sdpa" else ""
+        if kernel:
+            m.set("attention", kernel, key)
+        else:
+            m.skip(key, attn, "an attention kernel peakmem does not model under Ulysses")
+    tp = as_int(m, _PC + "parallelism_config_tp_size", pc.get("parallelism_config_tp_size"))
+    if tp is not None and tp > 1:
+        m.skip(_PC + "parallelism_config_tp_size", tp, "Transformers tensor parallelism: give --tp")
 
 
 def fsdp_config(m: _Mapper, cfg: Mapping[str, Any], prefix: str, *, default_version: int) -> None:

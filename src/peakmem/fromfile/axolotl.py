@@ -38,7 +38,16 @@ _ROWS = (
 )
 
 # keys read here that TrainingArguments does not take (common_hf reads the rest)
-_OWN_KEYS = ("optimizer", "context_parallel_size", "sequence_parallel_degree")
+_OWN_KEYS = (
+    "optimizer",
+    "context_parallel_size",
+    "sequence_parallel_degree",
+    "tiled_mlp",
+    "tiled_mlp_num_shards",
+    "activation_offloading",
+    "heads_k_stride",
+    "ring_attn_func",
+)
 # axolotl src/axolotl/utils/schemas/config.py AxolotlInputConfig.context_parallel_size: "a divisor of the
 # number of GPUs available to split sequences into chunks of equal size" (ring-flash-attn across the
 # group; utils/schemas/validation.py check_context_parallel_size takes the deprecated
@@ -57,6 +66,39 @@ def _context_parallel(m: _Mapper, doc: Mapping[str, Any]) -> None:
     m.set("cp", cp, key, CP_NOTE)
     if cp > 1:
         m.implied_gpus = Field("gpus", cp, m.src(key), CP_GPUS_NOTE)
+
+
+# axolotl src/axolotl/utils/schemas/config.py: tiled_mlp (ALST TiledMLP), tiled_mlp_num_shards (unset: the
+# patch's own rule, src/axolotl/monkeypatch/tiled_mlp/patch.py: ceil(seqlen / 32768) over each rank's
+# tokens, peakmem.formulas.long_context.AXOLOTL_SHARD_TOKENS); activation_offloading true | "legacy" |
+# "hidden_states" keep saved activations (or checkpoint inputs) in CPU RAM, "disk" writes them to disk
+# (TRL's offloader); heads_k_stride and ring_attn_func tune ring-flash-attn's K/V exchange.
+TILED_NOTE = "ALST tiled MLP: the MLP in sequence shards, recomputed in backward"
+RING_NOTE = "ring-flash-attn's K/V exchange (heads_k_stride k/v heads at a time); counted as the ring's own"
+
+
+def _long_context(m: _Mapper, doc: Mapping[str, Any]) -> None:
+    from peakmem.formulas.long_context import AXOLOTL_SHARD_TOKENS
+
+    if truthy(doc.get("tiled_mlp")):
+        m.set("tiled_mlp", True, "tiled_mlp", TILED_NOTE)
+        shards = as_int(m, "tiled_mlp_num_shards", doc.get("tiled_mlp_num_shards"))
+        if shards is not None:
+            m.set("tiled_mlp_shards", shards, "tiled_mlp_num_shards")
+        else:
+            local = int(m.options.get("seq") or AXOLOTL_SEQUENCE_LEN) // int(m.options.get("cp") or 1)
+            rule = max(1, -(-local // AXOLOTL_SHARD_TOKENS))
+            m.set("tiled_mlp_shards", rule, "(axolotl tiled_mlp default)",
+                  f"ceil(seq/cp / {AXOLOTL_SHARD_TOKENS:,}): monkeypatch/tiled_mlp/patch.py")  # fmt: skip
+    offload = doc.get("activation_offloading")
+    mode = offload.strip().lower() if isinstance(offload, str) else ""
+    if mode == "disk":
+        m.skip("activation_offloading", offload, "activations written to disk (TRL's offloader)")
+    elif mode in ("legacy", "hidden_states") or truthy(offload):
+        m.set("activation_offload", True, "activation_offloading", "saved activations kept in CPU RAM")
+    for key in ("heads_k_stride", "ring_attn_func"):
+        if doc.get(key) is not None:
+            m.skip(key, doc[key], RING_NOTE)
 
 
 def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
@@ -148,5 +190,6 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
         weights = ("fp32", m.src("float32"))
     precision_flags(m, doc)
     _context_parallel(m, doc)
+    _long_context(m, doc)
     common_hf(m, {k: v for k, v in doc.items() if k not in _OWN_KEYS}, AXOLOTL_FSDP_DEFAULT_VERSION, None)
     finish_precision(m, weights, upcast_full=False)

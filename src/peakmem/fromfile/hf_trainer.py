@@ -121,7 +121,7 @@ _NOT_MODELLED: dict[str, str] = {
     "max_memory": "a device-map memory cap",
     "float16": "the model loaded in fp16 without autocast",
     "use_cpu": "a CPU run",
-    "parallelism_config": "tensor/context parallelism from the file: give --tp / --cp",
+    "parallelism_config": "tensor/context/sequence parallelism from the file: give --tp / --cp / --ulysses",
 }
 
 

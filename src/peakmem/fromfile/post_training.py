@@ -137,7 +137,8 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
             if field != key and doc.get(field) not in (None, False, "", [], 0):
                 m.skip(field, doc[field], POST_TRAINING_FIELDS[field])
         return
-    trl = doc.get("trl") if isinstance(doc.get("trl"), Mapping) else {}  # axolotl's GRPO block
+    block = doc.get("trl")
+    trl: Mapping[str, Any] = block if isinstance(block, Mapping) else {}  # axolotl's GRPO block
     fields = {**doc, **trl}
     note = "beta alone: read as DPO (with a reference); an ORPO / SimPO file: --objective orpo|simpo"
     m.set("objective", _objective_name(name, doc), key, note if name == "preference" else "")

@@ -176,7 +176,19 @@ class ImageOptions(BaseModel):
     max_pixels: int | None = Field(None, ge=1, le=MAX_PIXELS_BOUND, description="Qwen-VL max_pixels")
 
 
-class TrainRequest(TrainOptions, ParallelOptions, ImageOptions):
+class LongContextOptions(BaseModel):
+    """Long-context training (``peakmem train|fit --ulysses --tiled-mlp --max-tokens-per-gpu``:
+    :mod:`peakmem.formulas.long_context`)."""
+
+    ulysses: int = Field(1, ge=1, le=MAX_DEGREE, description="DeepSpeed-Ulysses sequence-parallel degree")
+    tiled_mlp: bool = Field(False, description="ALST tiled MLP (recomputed in backward)")
+    tiled_mlp_shards: int | None = Field(None, ge=1, le=MAX_SEQ, description="tiled MLP shards")
+    max_tokens_per_gpu: int | None = Field(
+        None, ge=1, le=MAX_SEQ, description="verl token-budget micro-batch"
+    )
+
+
+class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions):
     """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
 
 
@@ -221,7 +233,7 @@ class InferRequest(ModelChoice):
     )
 
 
-class FitRequest(TrainOptions, ParallelOptions, ImageOptions):
+class FitRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions):
     """``peakmem fit``: a training job (on one GPU, or its most loaded rank) checked on each GPU."""
 
     gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
