@@ -156,3 +156,98 @@ def test_the_web_api_takes_every_n_as_the_cli() -> None:
     cli = json.loads(buf.getvalue())
     assert got["peak_allocated_bytes"] == cli["peak_allocated_bytes"]
     assert bad.status_code == 422 and "checkpointing" in bad.text
+
+
+# --- op-level selective activation checkpointing (torchtitan selective_ac_option = "op") -------------------
+def test_op_keeps_the_input_and_every_other_matmul_output() -> None:
+    """Tiny llama, fp32, CPU: per layer the input (T x h x 4) and the outputs of the 1st, 3rd, 5th and 7th
+    matmuls - q (T x a*d), v (T x g*d), gate (T x I), down (T x h) - hand-derived from the config."""
+    tokens = BATCH * SEQ
+    h, inter = LLAMA4["hidden_size"], LLAMA4["intermediate_size"]
+    d = h // LLAMA4["num_attention_heads"]
+    q, v = tokens * h * 4, tokens * LLAMA4["num_key_value_heads"] * d * 4
+    per_layer = tokens * h * 4 + q + v + tokens * inter * 4 + tokens * h * 4
+    setup = TrainingSetup(precision="fp32", checkpointing=Checkpointing.OP, micro_batch=BATCH,  # type: ignore[arg-type]
+                          seq_len=SEQ, kernel_policy=KernelPolicy.CPU)  # fmt: skip
+    est = estimate_training(spec_from_config(LLAMA4, name="llama4"), setup)
+    forward = next(p for p in est.phases if p.phase is Phase.FORWARD)
+    acts = {i.path: i.bytes for i in forward.items if i.category is Category.ACTIVATIONS}
+    assert _layers(acts) == 4 * per_layer
+    assert {p.split("].", 1)[1] for p in acts if p.startswith("layers[")} == {
+        "layer input (checkpoint)", "q_proj output (op SAC: saved mm)", "v_proj output (op SAC: saved mm)",
+        "gate_proj output (op SAC: saved mm)", "down_proj output (op SAC: saved mm)",
+    }  # fmt: skip
+
+
+def test_op_counts_bias_free_matmuls_only() -> None:
+    from peakmem.formulas.activations import op_saved_linears
+
+    llama = spec_from_config(LLAMA4, name="llama4").groups[0].layer
+    assert op_saved_linears(llama) == (
+        "self_attn.q_proj",
+        "self_attn.v_proj",
+        "mlp.gate_proj",
+        "mlp.down_proj",
+    )
+    # Qwen2's biased q/k/v run addmm (not in the save list, not counted): o, gate, up, down count
+    qwen2 = spec_from_config(FAMILIES["qwen2"], name="qwen2").groups[0].layer
+    assert op_saved_linears(qwen2) == ("self_attn.o_proj", "mlp.up_proj")
+    gpt2 = spec_from_config(FAMILIES["gpt2"], name="gpt2").groups[0].layer
+    assert op_saved_linears(gpt2) == ()
+
+
+def test_op_recomputes_the_matmuls_it_does_not_keep() -> None:
+    from peakmem.formulas.step_time import recompute_flops_per_token, spec_flops
+
+    h, inter, layers = LLAMA4["hidden_size"], LLAMA4["intermediate_size"], LLAMA4["num_hidden_layers"]
+    kv = LLAMA4["num_key_value_heads"] * h // LLAMA4["num_attention_heads"]
+    recomputed = layers * (kv * h + h * h + inter * h)  # k, o, up: the 2nd, 4th and 6th matmuls
+    sf = spec_flops(spec_from_config(LLAMA4, name="llama4"))
+    for policy in (KernelPolicy.CPU, KernelPolicy.CUDA):
+        setup = TrainingSetup(checkpointing=Checkpointing.OP, seq_len=SEQ, kernel_policy=policy)
+        # CPU's SDPA kernel is not in the save list: its attention is recomputed; CUDA's is kept
+        attention = sf.attention_flops_per_token(SEQ, sf.kernel(setup)) if policy is KernelPolicy.CPU else 0.0
+        assert recompute_flops_per_token(sf, setup) == 2.0 * recomputed + attention
+
+
+def test_op_is_parsed_and_unknown_lists_it() -> None:
+    assert parse_checkpointing("op") == (Checkpointing.OP, 1)
+    with pytest.raises(InputError, match="none, selective, op, full, every-N"):
+        parse_checkpointing("ops")
+
+
+def test_op_rejects_what_it_does_not_model() -> None:
+    with pytest.raises(InputError, match="checkpointing='op'"):
+        peakmem.train("llama-3.2-1b", checkpointing="op", method="lora")
+
+
+OP_CASES = [("llama", "mixed-bf16", 4, 128), ("llama", "amp-bf16", 2, 128), ("qwen2", "fp32", 2, 128)]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "precision", "batch", "seq"), OP_CASES)
+def test_op_train_kernels_cpu_agrees_with_measure(family: str, precision: str, batch: int, seq: int,
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from peakmem.measure import measure_training
+    from peakmem.simulate import simulate_training
+
+    cfg = {**FAMILIES[family], "num_hidden_layers": 4}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    flags = {"precision": precision, "checkpointing": "op", "batch": batch, "seq": seq}
+    estimate = peakmem.train(str(config), kernels="cpu", **flags)
+    setup = TrainingSetup(precision=precision, checkpointing=Checkpointing.OP, micro_batch=batch,  # type: ignore[arg-type]
+                          seq_len=seq, kernel_policy=KernelPolicy.CPU,
+                          optimizer_impl=estimate["setup"]["optimizer_impl"])  # fmt: skip
+    measured = measure_training(cfg, setup, device="cpu", steps=2)
+    error = estimate["peak_allocated_bytes"] / measured.peak_allocated_bytes - 1
+    assert abs(error) <= TOLERANCE, f"op {family} {precision}: train --kernels cpu {error:+.2%} of measure"
+    forward = next(p.bytes for p in measured.phases if p.phase is Phase.FORWARD)
+    assert abs(estimate["phases"]["forward"] / forward - 1) <= TOLERANCE  # what the layers keep
+    simulated = simulate_training(cfg, setup, kernels="cpu", steps=2).peak_allocated_bytes
+    assert abs(simulated / measured.peak_allocated_bytes - 1) <= TOLERANCE, (
+        f"op {family} {precision}: simulate {simulated} vs {measured.peak_allocated_bytes}"
+    )

@@ -327,7 +327,7 @@ def _weight_cache(
     loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
     full checkpointing nothing saves them, but the cache still holds all of them at the loss."""
     plan = precision_plan(setup.precision)
-    if not plan.autocast or setup.checkpointing is not Checkpointing.FULL:
+    if not plan.autocast or setup.checkpointing not in (Checkpointing.FULL, Checkpointing.OP):
         return []
     facts = spec_facts(spec, memo)
     numel = mp.cdiv(sum(count * facts.linear_params[i] for i, count in groups), tp)
@@ -395,7 +395,11 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 all_to_all = _long.all_to_all_bytes(layer, sh, par)  # Ulysses: forward and backward
                 la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)
-            la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
+            if setup.checkpointing is Checkpointing.OP:
+                act.check_op_sac(spec, layer, bool(tech.adapter), par.tp)
+                la = seen[memo] = act.op_checkpointed(la, act.op_saved(spec, layer, sh, la))
+            else:
+                la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
@@ -730,6 +734,11 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
     if setup.checkpointing is Checkpointing.SELECTIVE:
         out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")
+    if setup.checkpointing is Checkpointing.OP:
+        out.append(
+            "op-level selective checkpointing (torchtitan selective_ac_option='op'): each layer keeps its "
+            "input and every other bias-free matmul output (and SDPA's output on CUDA); the rest recomputed"
+        )
     if tech.master is not None:
         out.append(
             "mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "

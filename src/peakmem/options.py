@@ -97,7 +97,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("seq", int, None, T, "sequence length (default: min(context, 2048))", maximum=MAX_SEQ),
     _o("grad_accum", int, 1, T, "gradient accumulation steps", maximum=MAX_GRAD_ACCUM),
     _o("checkpointing", str, "none", T,
-       "none|selective|full|every-N (full checkpointing of every N-th layer, e.g. every-2)"),
+       "none|selective|op|full|every-N (op: torchtitan's op-level SAC; every-N: full checkpointing of "
+       "every N-th layer, e.g. every-2)"),
     _o("attention", str, "sdpa", T, "eager|sdpa|flash"),
     _o("framework", str, "hf", T, "hf|torchtune|unsloth"),
     _o("kernels", str, "cuda", _KERNELS, "whose kernels decide the bytes: cuda|cpu (to hold against "

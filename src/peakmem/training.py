@@ -54,6 +54,10 @@ class Checkpointing(Choice):
     NONE = "none"
     SELECTIVE = "selective"  # Korthikanti et al. 2022: recompute attention's core only
     FULL = "full"  # gradient_checkpointing_enable(): keep only each layer's input
+    # op-level selective activation checkpointing (torchtitan ``selective_ac_option = "op"``): each
+    # layer keeps its input and the outputs of a save-list of ops, every other matmul among them
+    # (peakmem.formulas.activations.op_sac)
+    OP = "op"
 
 
 # ``--checkpointing every-N``: full checkpointing of every N-th layer (TrainingSetup.checkpoint_every),
@@ -63,7 +67,7 @@ MAX_CHECKPOINT_EVERY = 1024  # layers; no model has more
 
 
 def parse_checkpointing(text: str) -> tuple[Checkpointing, int]:
-    """``none|selective|full|every-N`` as (mode, every): ``every-N`` is (FULL, N), the others every 1."""
+    """``none|selective|op|full|every-N`` as (mode, every): ``every-N`` is (FULL, N), the others every 1."""
     spelled = text.lower()
     if spelled.startswith(EVERY_PREFIX):
         n = spelled[len(EVERY_PREFIX) :]
@@ -74,7 +78,7 @@ def parse_checkpointing(text: str) -> tuple[Checkpointing, int]:
             )
         return Checkpointing.FULL, int(n)
     if spelled not in {m.value for m in Checkpointing}:
-        raise InputError(f"checkpointing={text!r}: unknown; choose one of none, selective, full, every-N")
+        raise InputError(f"checkpointing={text!r}: unknown; choose one of none, selective, op, full, every-N")
     return Checkpointing.parse(spelled, "checkpointing"), 1
 
 

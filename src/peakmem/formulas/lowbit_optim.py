@@ -372,6 +372,9 @@ def cpu_activation_bytes(spec: ModelSpec, setup: Any, costs: CostLookup | None =
             la = lora.adapt_layer(spec, i, la, sh, setup)
         n_wrapped = sum(wrapped[pos : pos + g.count])
         pos += g.count
+        if setup.checkpointing is Checkpointing.OP:
+            total += g.count * act.op_checkpointed(la, act.op_saved(spec, g.layer, sh, la)).saved_bytes
+            continue
         total += n_wrapped * act.checkpointed(la, setup.checkpointing).saved_bytes
         total += (g.count - n_wrapped) * act.checkpointed(la, Checkpointing.NONE).saved_bytes
     return total

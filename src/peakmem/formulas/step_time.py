@@ -61,10 +61,18 @@ from dataclasses import dataclass
 from peakmem.adapters import quant_of
 from peakmem.device import Gpu
 from peakmem.errors import InputError
+from peakmem.formulas.activations.op_sac import op_saved_linears
 from peakmem.formulas.qlora import quantized_params
 from peakmem.formulas.weights import bnb_4bit_bytes
 from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, Checkpointing, Method, TrainingSetup, checkpointed_layers
+from peakmem.training import (
+    AttentionKernel,
+    Checkpointing,
+    KernelPolicy,
+    Method,
+    TrainingSetup,
+    checkpointed_layers,
+)
 
 GBs = 1e9  # GB/s -> bytes/s
 TFLOPs = 1e12
@@ -205,6 +213,9 @@ class SpecFlops:
     moe_copies: int = 0  # routed copies of a token over all MoE layers (sum of top-k): all-to-all traffic
     expert_params: int = 0  # expert weights (split over ep ranks)
     kernels: tuple[str, ...] = ("eager", "sdpa", "flash")  # transformers' for this architecture
+    # of layer_matmul_params: the Linears whose outputs op-level selective checkpointing keeps
+    # (peakmem.formulas.activations.op_sac.op_saved_linears), not recomputed under ``op``
+    op_saved_params: int = 0
 
     def attention_flops_per_token(self, seq_len: int, kernel: AttentionKernel) -> float:
         """Forward ``QK^T`` + ``AV`` FLOPs per token over all layers: ``2 x span x (d_q + d_v)`` each,
@@ -229,6 +240,17 @@ class SpecFlops:
 
 
 _LOOKUP_COMPONENTS = ("embeddings", "positions")
+
+
+def _op_saved_params(spec: ModelSpec) -> int:
+    """Weights of the Linears whose outputs op-level selective checkpointing keeps, over all layers."""
+    total = 0
+    for g in spec.groups:
+        if g.layer.derived is not None:
+            continue
+        kept = {f"{name}.weight" for name in op_saved_linears(g.layer)}
+        total += g.count * sum(t.numel for t in g.layer.tensors if t.name in kept)
+    return total
 
 
 def spec_flops(spec: ModelSpec) -> SpecFlops:
@@ -256,6 +278,7 @@ def spec_flops(spec: ModelSpec) -> SpecFlops:
         matmul_params=matmul, layer_matmul_params=max(0, matmul - outer_matmul), attention=attention,
         hidden_size=spec.hidden_size, num_layers=spec.num_layers, quantized_params=quantized_params(spec),
         causal=spec.task == "causal-lm", kernels=spec.attention_kernels,
+        op_saved_params=_op_saved_params(spec),
         kv_elems=sum(g.count * g.layer.attention.num_kv_heads
                      * (g.layer.attention.head_dim + g.layer.attention.v_head_dim) for g in spec.groups),
         moe_copies=sum(g.count * g.layer.mlp.experts_per_token for g in spec.groups if g.layer.mlp.is_moe),
@@ -299,6 +322,9 @@ def recompute_flops_per_token(sf: SpecFlops, setup: TrainingSetup, *, adapter_pa
         return full * sum(wrapped) / sf.num_layers
     if setup.checkpointing is Checkpointing.SELECTIVE:
         return attention
+    if setup.checkpointing is Checkpointing.OP:  # the matmuls not kept; attention unless SDPA's is kept
+        kept = setup.kernel_policy is KernelPolicy.CUDA and sf.kernel(setup) is AttentionKernel.SDPA
+        return 2.0 * (sf.layer_matmul_params - sf.op_saved_params) + (0.0 if kept else attention)
     return 0.0
 
 

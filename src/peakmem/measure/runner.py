@@ -20,6 +20,7 @@ import torch
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.measure.adapter import apply_adapter
+from peakmem.measure.op_sac import op_context_fn
 from peakmem.measure.tracker import INPUT, LiveStorageTracker, Snapshot
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.training import (
@@ -267,10 +268,12 @@ def _run(
         if cuda is not None:
             cuda.set_phase(p, step)
 
-    if setup.checkpointing == Checkpointing.FULL:
+    if setup.checkpointing in (Checkpointing.FULL, Checkpointing.OP):
         ckpt_kwargs: dict[str, Any] = {"use_reentrant": False}  # transformers 5.23's default
-        if tracker is not None:
-            recompute = tracker.recompute
+        recompute = tracker.recompute if tracker is not None else None
+        if setup.checkpointing == Checkpointing.OP:  # every decoder layer under torchtitan's op policy
+            ckpt_kwargs["context_fn"] = op_context_fn(recompute)
+        elif recompute is not None:
             ckpt_kwargs["context_fn"] = lambda: (nullcontext(), recompute())
         enable: Any = model.activation_checkpointing_enable
         enable(activation_checkpointing_kwargs=ckpt_kwargs)
@@ -503,6 +506,11 @@ def _estimate(
         assumptions.append(
             "checkpointing: model.activation_checkpointing_enable(), use_reentrant=False "
             f"(transformers 5.23 default){every}"
+        )
+    if setup.checkpointing == Checkpointing.OP:
+        assumptions.append(
+            "op-level selective checkpointing: every decoder layer under torch.utils.checkpoint "
+            "(non-reentrant) with torchtitan's op policy (peakmem.measure.op_sac)"
         )
 
     by_key = {(s.step, s.phase): s for s in snaps}

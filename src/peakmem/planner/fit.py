@@ -101,12 +101,11 @@ FamilyFn = Callable[[_Ctx], "tuple[Family, tuple[_Option, ...]]"]
 
 def _family_checkpointing(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     ladder = (Checkpointing.SELECTIVE, Checkpointing.FULL)
-    opts = tuple(
-        _Option(label=f"checkpointing {c.value}", setup=(("checkpointing", c),))
-        for c in ladder[ladder.index(ctx.setup.checkpointing) + 1:] if ctx.setup.checkpointing is not c
-    ) if ctx.setup.checkpointing is not Checkpointing.NONE else tuple(
-        _Option(label=f"checkpointing {c.value}", setup=(("checkpointing", c),)) for c in ladder
-    )  # fmt: skip
+    # what is searched from each mode: op-level SAC (kept out of the ladder, so that the ways down of a
+    # job at none stay as they were) goes on to full
+    rungs = {Checkpointing.NONE: ladder, Checkpointing.SELECTIVE: ladder[1:], Checkpointing.OP: ladder[1:]}
+    opts = tuple(_Option(label=f"checkpointing {c.value}", setup=(("checkpointing", c),))
+                 for c in rungs.get(ctx.setup.checkpointing, ()))  # fmt: skip
     if not opts:
         return Family(name="activation checkpointing", status="not applicable",
                       reason="already full checkpointing"), ()  # fmt: skip

@@ -36,6 +36,7 @@ from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.caching_allocator import AllocatorStats, replay
 from peakmem.formulas.overhead import Overheads
+from peakmem.measure.op_sac import op_context_fn
 from peakmem.measure.runner import (
     ATTN_IMPL,
     _per_param_rows,
@@ -268,8 +269,13 @@ def _run(
 
     result = _Run()
     dev = torch.device("cpu")
-    if setup.checkpointing == Checkpointing.FULL:
-        ctx = lambda: (nullcontext(), _recompute(tracker, policy, log))  # noqa: E731
+    if setup.checkpointing in (Checkpointing.FULL, Checkpointing.OP):
+        again = lambda: _recompute(tracker, policy, log)  # noqa: E731
+        ctx = (
+            op_context_fn(again)
+            if setup.checkpointing == Checkpointing.OP
+            else lambda: (nullcontext(), again())
+        )
         kwargs = {"use_reentrant": False, "context_fn": ctx}
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
         apply_checkpoint_every(model, setup)

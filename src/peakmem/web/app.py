@@ -139,8 +139,8 @@ class TrainOptions(ModelChoice):
     seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="sequence length; default min(context, 2048)")
     grad_accum: int = Field(1, ge=1, le=MAX_GRAD_ACCUM)
     checkpointing: str = Field(
-        "none", pattern=r"^(none|selective|full|every-[0-9]{1,4})$",
-        description="none, selective, full, or every-N (every N-th layer checkpointed)",
+        "none", pattern=r"^(none|selective|op|full|every-[0-9]{1,4})$",
+        description="none, selective, op, full, or every-N (every N-th layer checkpointed)",
     )  # fmt: skip
     attention: AttentionKernel = AttentionKernel.SDPA
     framework: Framework = Framework.HF

@@ -16,7 +16,8 @@ h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r resid
 * :mod:`.attention`: eager, SDPA, flash-attn and MLA attention, their backward scratch;
 * :mod:`.mlp`: dense and gated MLPs, MoE routers, dispatch and experts;
 * :mod:`.layer`: one layer (projection inputs, autocast weight casts, the backward stages), derived
-  blocks, the embeddings, checkpointing.
+  blocks, the embeddings, checkpointing;
+* :mod:`.op_sac`: op-level selective checkpointing (torchtitan's save list, every other matmul).
 
 Adapters (LoRA) re-weigh these in :mod:`peakmem.formulas.lora`; this package never imports it.
 """
@@ -53,6 +54,7 @@ from .norms import (
     qk_norm_width,
     rmsnorm_weight_side_bytes,
 )
+from .op_sac import check_op_sac, op_checkpointed, op_saved, op_saved_linears
 from .shapes import (
     LayerActivations,
     Shapes,
@@ -74,6 +76,7 @@ __all__ = [
     "attention_terms",
     "block_norm_count",
     "causal_mask_bytes",
+    "check_op_sac",
     "checkpointed",
     "compiled_layer_input",
     "cuda_sdpa_backend",
@@ -94,6 +97,9 @@ __all__ = [
     "moe_weighting_backward",
     "norm_pieces",
     "norm_saved",
+    "op_checkpointed",
+    "op_saved",
+    "op_saved_linears",
     "post_mlp_norm_backward",
     "qk_norm_item",
     "qk_norm_width",

@@ -1,0 +1,105 @@
+"""Op-level selective activation checkpointing (``--checkpointing op``): what one layer keeps.
+
+torchtitan (commit 1f029641b5caeb4df18ac094263e8bcc674b3686, torchtitan/models/llama3/parallelize.py
+``_op_sac_save_list``, torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``,
+``selective_ac_option = "op"``) wraps each block in non-reentrant ``torch.utils.checkpoint`` with
+``create_selective_checkpoint_contexts`` (torch 2.13 torch/utils/checkpoint.py): the outputs of the ops
+in the save list are kept (``CheckpointPolicy.MUST_SAVE``) and every other op is recomputed in backward.
+The list names ``aten.mm`` (and ``aten.linear`` where a backend does not decompose it), SDPA's flash,
+memory-efficient and cuDNN kernels, ``reduce_scatter_tensor`` and ``max``; every second matmul of a
+block is recomputed (a counter per block and pass, saved when ``mm_count % 2 == 1``).
+
+What that keeps per decoder layer (peakmem.measure.op_sac runs the same policy on the real model):
+
+* the layer input (``torch.utils.checkpoint`` keeps the block's arguments for its recomputation);
+* the outputs of its bias-free Linears at odd positions, in forward order (attention q, k, v, o, then
+  the MLP's gate, up, down: q, v, gate, down for a Llama layer): ``aten::linear`` decomposes to ``mm``
+  without a bias; with one it runs ``addmm`` (aten/src/ATen/native/Linear.cpp), which is neither in the
+  list nor counted, so a biased Linear (GPT-2's Conv1D, Qwen2's q/k/v) keeps nothing;
+* on CUDA, SDPA's flash / memory-efficient output and logsumexp. CPU's SDPA runs
+  ``_scaled_dot_product_flash_attention_for_cpu`` and eager attention ``bmm``: neither is in the list,
+  so nothing of the attention is kept there; the math kernel is a composite of ``bmm`` too.
+
+In backward the recomputation rebuilds the layer's saved tensors, with the kept outputs served from the
+cache (their storage is the one the layer's own saved tensors use, or freed once read).
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.errors import InputError
+from peakmem.model import Layer, ModelSpec
+from peakmem.training import AttentionKernel, KernelPolicy
+
+from .kernels import call_backend
+from .shapes import LayerActivations, Shapes, item
+
+SRC_OP_SAC = (
+    "torchtitan 1f029641b _op_sac_save_list / _apply_op_sac: mm outputs saved, every second one recomputed"
+)
+SRC_CHECKPOINT_INPUT = "torch.utils.checkpoint: only the block's inputs are saved"
+SAVED_ATTENTION_KEYS = ("attn.sdpa_output", "attn.logsumexp")  # SDPA's outputs as attention_terms names them
+
+
+def op_saved_linears(layer: Layer) -> tuple[str, ...]:
+    """The Linears whose outputs the policy keeps: the odd positions among the layer's bias-free
+    Linears, in the order the layer lists them (its forward order: attention, then MLP)."""
+    biased = {t.name.rsplit(".", 1)[0] for t in layer.tensors if t.kind == "linear_bias"}
+    weights = [t for t in layer.tensors if t.kind == "linear_weight"]
+    ordered = [t for t in weights if t.component == "attention"] + [
+        t for t in weights if t.component != "attention"
+    ]
+    counted = [t.name.rsplit(".", 1)[0] for t in ordered if t.name.rsplit(".", 1)[0] not in biased]
+    return tuple(counted[0::2])  # the 1st, 3rd, ... matmul: mm_count odd
+
+
+def check_op_sac(spec: ModelSpec, layer: Layer, adapter: bool, tp: int) -> None:
+    """An InputError where the layer's matmuls are not the dense Linears modelled above."""
+    why = ""
+    if layer.derived is not None:
+        why = f"{spec.name}'s blocks are measured, not built from Linears"
+    elif layer.mlp.is_moe:
+        why = "MoE experts' matmuls depend on the routing"
+    elif layer.attention.is_mla:
+        why = "MLA's latent projections are not modelled"
+    elif adapter:
+        why = "LoRA adapters add matmuls of their own to the count"
+    elif tp > 1:
+        why = "tensor-parallel matmuls run on DTensors"
+    if why:
+        raise InputError(
+            f"checkpointing='op': not modelled for this job ({why}); use selective, full or every-N"
+        )
+
+
+def op_saved(spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations) -> tuple[MemoryItem, ...]:
+    """The tensors one layer keeps between its forward and backward under the op policy."""
+    t = sh.tokens
+    width = {t_.name.rsplit(".", 1)[0]: t_.shape[0] for t_ in layer.tensors if t_.kind == "linear_weight"}
+    kept = [MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS, bytes=la.layer_input,
+                       source=SRC_CHECKPOINT_INPUT, key="checkpoint.layer_input")]  # fmt: skip
+    for name in op_saved_linears(layer):
+        leaf = name.rsplit(".", 1)[-1]
+        kept.append(
+            item(f"{leaf} output (op SAC: saved mm)", t * width[name] * sh.c, SRC_OP_SAC, f"op_sac.{leaf}")
+        )
+    att = layer.attention
+    if (
+        sh.kernel is AttentionKernel.SDPA
+        and sh.policy is KernelPolicy.CUDA
+        and call_backend(spec, att, sh.profile, half=sh.c < 4, seq=sh.seq)[0] in ("flash", "efficient")
+    ):
+        kept.extend(i for i in la.saved if i.key in SAVED_ATTENTION_KEYS)
+    return tuple(i for i in kept if i.bytes)
+
+
+def op_checkpointed(la: LayerActivations, kept: tuple[MemoryItem, ...]) -> LayerActivations:
+    """The layer under the op policy: ``kept`` saved; in backward its recomputation rebuilds the rest of
+    what the layer saves (as full checkpointing does, less what the cache already holds)."""
+    kept_bytes = sum(i.bytes for i in kept)
+    rebuilt = la.saved_bytes - la.input_saved - (kept_bytes - la.layer_input)
+    return LayerActivations(
+        saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.interior,
+        backward_transient=la.backward_transient + la.mask_arg, recompute=max(0, rebuilt),
+        interior=la.interior, backward_freed=la.backward_freed, backward_grads=la.backward_grads,
+    )  # fmt: skip
