@@ -199,3 +199,48 @@ def test_objective_choices_name_the_field() -> None:
         peakmem.train("qwen2.5-0.5b", objective="bogus")
     assert {o.value for o in Objective} >= {"sft", "dpo", "grpo", "rloo", "orpo", "simpo"}
     assert Rollout("vllm-colocate") is Rollout.VLLM_COLOCATE
+
+
+# --- fit: the changes that make a post-training job fit, each re-estimated ------------------------------
+def _fit_report(gpu: str) -> Any:
+    from peakmem.planner.post_training import fit_post_training
+    from peakmem.question import ask
+
+    job = dict(
+        objective="grpo", batch=8, seq=1024, completion=512, rollout="vllm-colocate", beta=0.04, gpu=gpu
+    )
+    q = ask("fit", job, model="qwen2.5-0.5b")
+    return q, fit_post_training(q.spec, q.training, q.post, q.gpus)
+
+
+def test_fit_changes_are_each_re_estimated() -> None:
+    q, report = _fit_report("16GB")
+    g = report.gpus[0]
+    assert not g.verdict.fits and g.singles
+    for change, verdict in g.singles:
+        again = estimate_post_training(q.spec, change.setup, change.post, gpu_bytes=g.gpu.memory_bytes)
+        assert again.device_total_bytes == change.estimate.device_total_bytes == verdict.needed_bytes
+    assert [c for c, _ in g.fitting] == [c for c, v in g.singles if v.fits]  # in the order of the steps
+
+
+def test_fit_combined_changes_are_minimal() -> None:
+    from peakmem.planner.post_training import _apply, _verdict
+
+    q, report = _fit_report("12GB")
+    g = report.gpus[0]
+    assert not g.fitting and g.combined is not None and g.combined[1].fits
+    steps = list(g.combined[0].steps)
+    assert len(steps) >= 2
+    for drop in steps:  # without any one of its changes, the job no longer fits
+        _, s, p = _apply([x for x in steps if x is not drop], q.training, q.post, g.gpu, q.spec)
+        assert not _verdict(estimate_post_training(q.spec, s, p, gpu_bytes=g.gpu.memory_bytes), g.gpu).fits
+
+
+def test_fit_cli_answers_the_post_training_job(capsys: Any) -> None:
+    argv = "fit qwen2.5-0.5b --objective grpo --batch 8 --seq 1024 --completion 512 --rollout vllm-colocate"
+    code = main([*argv.split(), "--beta", "0.04", "--gpu", "16GB", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["post_training"]["objective"] == "grpo"
+    gpu = out["gpus"][0]
+    assert not gpu["fits"] and gpu["each_change_alone"]
+    assert code == (0 if gpu["changes_that_fit"] or gpu["changes_together"] else 1)

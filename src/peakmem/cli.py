@@ -463,7 +463,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from peakmem.question import answer
-    from peakmem.render_plan import print_fit, print_fit_inference
+    from peakmem.render_plan import print_fit, print_fit_inference, print_post_fit
 
     q = _question(args, getattr(args, "explicit", None))
     _notices(q.gpus, q.training)
@@ -472,6 +472,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         _emit_json(got.json)
     elif q.search.infer:
         print_fit_inference(got.report)
+    elif q.post is not None:
+        _print_from_echo(q)
+        print_post_fit(got.report)
     else:
         _print_from_echo(q)
         print_fit(got.report)

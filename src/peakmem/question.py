@@ -459,6 +459,8 @@ def _fit(q: Question) -> Answer:
     from peakmem import planner
 
     assert q.training is not None
+    if q.post is not None:
+        return _fit_post(q)
     report = planner.fit(q.spec, q.training, q.gpus, overheads=q.overheads, margin=q.search.margin,
                          par=q.parallel, costs=q.costs)  # fmt: skip
     out = _with_from(q, planner.fit_json(report))
@@ -523,3 +525,15 @@ def _train_post(q: Question) -> Answer:
     out = _with_from(q, answer_json(est, q.gpus))
     code = verdict_code([v.fits for v in verdicts_of(est, q.gpus)])
     return Answer(question=q, json=out, exit_code=code, estimate=est)
+
+
+def _fit_post(q: Question) -> Answer:
+    from peakmem.planner.post_training import fit_post_training, post_fit_json
+
+    assert q.training is not None and q.post is not None
+    if q.parallel is not None and q.parallel.gpus > 1:
+        raise InputError(f"gpus={q.parallel.gpus}: post-training jobs are estimated on one GPU so far")
+    report = fit_post_training(q.spec, q.training, q.post, q.gpus, overheads=q.overheads, costs=q.costs)
+    out = _with_from(q, post_fit_json(report))
+    code = verdict_code([g.verdict.fits or bool(g.fitting) or g.combined is not None for g in report.gpus])
+    return Answer(question=q, json=out, exit_code=code, report=report)

@@ -7,6 +7,7 @@ from typing import Any
 from peakmem.answers import band_text
 from peakmem.breakdown import Verdict
 from peakmem.planner import Candidate, FitReport, GpuFit, InferFitReport, Limits, PlanReport
+from peakmem.planner.post_training import PostFitReport
 from peakmem.render import console as _console
 from peakmem.units import fmt_gb
 
@@ -236,3 +237,39 @@ def print_fit_inference(report: InferFitReport) -> None:
     console.print("[dim]assumptions:[/dim]")
     for a in report.assumptions:
         console.print(f"[dim]- {a}[/dim]")
+
+
+def print_post_fit(report: PostFitReport) -> None:
+    """``fit --objective ...``: the verdict per GPU and the changes that make the job fit."""
+    from rich.table import Table
+
+    console = _console()
+    b, p = report.baseline, report.post
+    console.print(
+        f"{report.model} {p.objective.value.upper()} (reference {p.reference.value}"
+        + (f", rollout {p.rollout.value}" if p.online else "")
+        + f") needs ≈ {fmt_gb(b.device_total_bytes)}{band_text(b)}, peak in {b.peak_phase.value}"
+    )
+    for g in report.gpus:
+        console.print(
+            f"\n[bold]{g.gpu.display_name}[/bold] ({fmt_gb(g.verdict.capacity_bytes)}): "
+            f"{_state(g.verdict)}, headroom {_signed(g.verdict.headroom_bytes)}"
+        )
+        if g.verdict.fits:
+            continue
+        if g.combined is not None:
+            c, v = g.combined
+            console.print(
+                f"no change alone fits; together: {c.label}: {fmt_gb(c.estimate.device_total_bytes)} "
+                f"({_state(v)})"
+            )
+        elif not g.fitting:
+            console.print("no change alone fits, nor all of them together")
+        table = Table(title="each change alone (least invasive first)", title_justify="left")
+        for name in ("change", "needs", "peak phase", "fits"):
+            table.add_column(name, justify="right" if name == "needs" else "left")
+        for c, v in g.singles:
+            table.add_row(
+                c.label, fmt_gb(c.estimate.device_total_bytes), c.estimate.peak_phase.value, _state(v)
+            )
+        console.print(table)
