@@ -70,6 +70,13 @@ def gpt2_xl_config() -> dict[str, Any]:
          ["llama-3.2-1b", "--seq", "1024", "--precision", "bf16", "--loss", "chunked-compiled",
           "--optimizer-in-backward", "--activation-offload", "--compile", "--checkpointing", "full"]),
         ({"model": "llama-3.2-1b", "seq": 1024, "liger": True}, ["llama-3.2-1b", "--seq", "1024", "--liger"]),
+        # a post-training job (peakmem.jobs): GRPO with a vLLM engine colocated, DPO with a LoRA policy
+        ({"model": "qwen2.5-0.5b", "seq": 1024, "batch": 8, "objective": "grpo", "beta": 0.04,
+          "rollout": "vllm-colocate", "rollout_memory": 0.25, "gpus": ["h100-80gb"]},
+         ["qwen2.5-0.5b", "--seq", "1024", "--batch", "8", "--objective", "grpo", "--beta", "0.04",
+          "--rollout", "vllm-colocate", "--rollout-memory", "0.25", "--gpu", "h100-80gb"]),
+        ({"model": "qwen2.5-0.5b", "seq": 1024, "method": "lora", "objective": "dpo", "completion": 256},
+         ["qwen2.5-0.5b", "--seq", "1024", "--method", "lora", "--objective", "dpo", "--completion", "256"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(

@@ -79,6 +79,7 @@ DEFAULT_BETA = {Objective.GRPO: 0.0, Objective.RLOO: 0.05, Objective.DPO: 0.1}  
 DEFAULT_NUM_GENERATIONS = {Objective.GRPO: 8, Objective.RLOO: 2}  # GRPOConfig / RLOOConfig.num_generations
 DEFAULT_COMPLETION = 512  # GRPOConfig.max_completion_length
 DEFAULT_ROLLOUT_MEMORY = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
+MAX_BETA = 1000.0  # a KL / preference coefficient; published recipes use 0.001-10
 MAX_GENERATIONS = 1024  # completions per prompt; no recipe uses more than a few dozen
 
 
@@ -114,8 +115,8 @@ class PostTraining:
         check_bool("rollout_sleep", self.rollout_sleep)
         for name in ("beta", "rollout_memory"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise InputError(f"{name}={value!r}: must be a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BETA:
+                raise InputError(f"{name}={value!r}: must be a number between 0 and {MAX_BETA:g}")
         if not 0 < self.rollout_memory < 1:
             raise InputError(
                 f"rollout_memory={self.rollout_memory!r}: a fraction of the GPU, between 0 and 1"

@@ -54,6 +54,7 @@ from peakmem.options import (
     MAX_SPECULATIVE_TOKENS,
     MAX_WORLD,
 )
+from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_BETA, MAX_GENERATIONS
 from peakmem.question import Answer, Question
 from peakmem.training import (
     AttentionKernel,
@@ -188,7 +189,21 @@ class LongContextOptions(BaseModel):
     )
 
 
-class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions):
+class PostTrainingOptions(BaseModel):
+    """A preference or RL job (``peakmem train|fit --objective``: :mod:`peakmem.post_training`)."""
+
+    objective: Literal["sft", "dpo", "orpo", "simpo", "grpo", "rloo", "kto", "ppo", "distill"] = "sft"
+    reference: Literal["auto", "separate", "adapter", "none", "precomputed"] = "auto"
+    rollout: Literal["hf", "vllm-colocate", "vllm-server"] = "hf"
+    beta: float | None = Field(None, ge=0, le=MAX_BETA, description="KL / preference coefficient")
+    num_generations: int | None = Field(None, ge=1, le=MAX_GENERATIONS, description="completions per prompt")
+    completion: int | None = Field(None, ge=1, le=MAX_SEQ, description="completion tokens within seq")
+    steps_per_generation: int | None = Field(None, ge=1, le=MAX_GRAD_ACCUM)
+    rollout_memory: float = Field(DEFAULT_ROLLOUT_MEMORY, gt=0, lt=1, description="vLLM colocated: its share")
+    rollout_sleep: bool = Field(False, description="vLLM colocated: sleep mode outside rollout")
+
+
+class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):
     """``peakmem train``: the training options and the multi-GPU layout (per-rank answer)."""
 
 
@@ -233,7 +248,7 @@ class InferRequest(ModelChoice):
     )
 
 
-class FitRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions):
+class FitRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):
     """``peakmem fit``: a training job (on one GPU, or its most loaded rank) checked on each GPU."""
 
     gpus: list[GpuArg] = Field(..., min_length=1, max_length=MAX_GPUS_PER_REQUEST)
@@ -497,7 +512,7 @@ def train_answer(req: TrainOptions) -> dict[str, Any]:
     assert est is not None and q.training is not None
     out = got.json
     out["headline"] = train_headline(q.spec.name, q.training, est, par=q.parallel)
-    out["chart"] = chart_json(est, got.ways.pairs())
+    out["chart"] = chart_json(est, got.ways.pairs() if got.ways is not None else [])
     return out
 
 

@@ -38,6 +38,14 @@ const FIELDS = [
   { id: "activation_offload", def: "", bool: true, modes: TRAIN },
   { id: "compile", def: "", bool: true, modes: TRAIN },
   { id: "liger", def: "", bool: true, modes: TRAIN },
+  { id: "objective", def: "sft", modes: ["train"] },
+  { id: "reference", def: "auto", modes: ["train"], only: "post" },
+  { id: "rollout", def: "hf", modes: ["train"], only: "online" },
+  { id: "beta", def: "", num: true, modes: ["train"], only: "post" },
+  { id: "num_generations", def: "", int: true, modes: ["train"], only: "online" },
+  { id: "completion", def: "", int: true, modes: ["train"], only: "post" },
+  { id: "rollout_memory", def: "0.3", num: true, modes: ["train"], only: "online" },
+  { id: "rollout_sleep", def: "", bool: true, modes: ["train"], only: "online" },
   { id: "images", def: "", int: true, modes: ["train", "fit"] },
   { id: "image_size", def: "", modes: ["train", "fit"] },
   { id: "gpu_count", def: "1", int: true, modes: ["train", "fit"] },
@@ -195,6 +203,9 @@ function applies(f, question) {
   const method = $("method").value;
   if (f.only === "adapter") return method !== "full";
   if (f.only === "qlora") return method === "qlora";
+  const objective = $("objective").value;
+  if (f.only === "post") return objective !== "sft";
+  if (f.only === "online") return objective === "grpo" || objective === "rloo";
   return true;
 }
 
