@@ -356,17 +356,20 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
         setup.method.value
     ]
     post = est.setup.get("post_training") if isinstance(getattr(est, "setup", None), dict) else None
+    where = fits_on(est.device_total_bytes)
     if isinstance(post, dict):  # a post-training job (peakmem.jobs): its objective, roles and peak phase
         roles = f"reference {post['reference']}"
         if "rollout" in post:
             roles += f", rollout {post['rollout']}"
         what = (f"{str(post['objective']).upper()} ({what.replace(' fine-tuning', '')} policy, {roles}; "
                 f"peak in {est.peak_phase.value})")  # fmt: skip
+        if post.get("rollout") == "vllm-colocate":  # its share is of the GPU asked about, not any GPU
+            where = f"vLLM colocated takes {post['rollout_memory']:g} of the GPU asked about"
     line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
         f"checkpointing {setup.checkpointing_spelled}) {verb} ≈ {fmt_both(est.device_total_bytes)}"
-        f"{band_text(est)} on the device; {fits_on(est.device_total_bytes)}."
+        f"{band_text(est)} on the device; {where}."
     )
     if par is not None:
         line += f" Layout: {par.describe()}; most loaded rank shown."

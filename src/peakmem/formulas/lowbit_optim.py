@@ -335,10 +335,12 @@ def assumptions(setup: Any) -> tuple[str, ...]:
     if name == GALORE_ADAMW:
         out.append(f"GaLore rank {GALORE_DEFAULT_RANK} on attention/MLP matrices; others plain AdamW")
     loss = _value(getattr(setup, "loss", "standard"))
-    if loss != "standard":
-        out.append(
-            f"loss {loss}: {CE_CHUNKS} chunks" if loss.startswith("chunked") else "fused linear cross-entropy"
-        )
+    if loss.startswith("chunked"):
+        out.append(f"loss {loss}: {CE_CHUNKS} chunks")
+    elif loss == "fused":
+        out.append("fused linear cross-entropy")
+    elif loss.startswith("logprob"):
+        out.append("loss: TRL's fused log-prob head over the completion (trl/kernels/chunked_logprob.py)")
     if in_backward(setup):
         out.append(
             "optimizer in backward: each parameter stepped in its post-accumulate-grad hook and its "
