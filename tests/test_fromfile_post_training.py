@@ -81,6 +81,8 @@ def _write(doc: dict[str, Any]) -> str:
         ({"output_dir": "o", "precompute_ref_log_probs": True, "beta": 0.1},
          {"objective": "dpo", "reference": "precomputed", "checkpointing": "full", "precision": "amp-bf16"}),
         ({"output_dir": "o", "beta": 0.1}, {"objective": "dpo"}),  # beta alone: DPO, never below the job
+        ({"base_model": "x", "rl": "kto"}, {"objective": "kto"}),  # axolotl
+        ({"output_dir": "o", "desirable_weight": 1.0, "beta": 0.2}, {"objective": "kto", "beta": 0.2}),
         ({"output_dir": "o", "rloo_k": 4, "vllm_enable_sleep_mode": True, "use_vllm": True},
          {"objective": "rloo", "num_generations": 4, "rollout": "vllm-colocate", "rollout_sleep": True}),
     ],
@@ -94,10 +96,8 @@ def test_each_framework_maps_its_objective(doc: dict[str, Any], want: dict[str, 
 @pytest.mark.parametrize(
     ("doc", "name"),
     [
-        ({"base_model": "x", "rl": "kto"}, "kto"),
         ({"model_name_or_path": "x", "stage": "ppo", "reward_model": "r", "finetuning_type": "lora"}, "ppo"),
         ({"output_dir": "o", "num_ppo_epochs": 4, "vf_coef": 0.1}, "ppo"),  # TRL PPOConfig
-        ({"output_dir": "o", "desirable_weight": 1.0}, "kto"),  # TRL KTOConfig
     ],
 )
 def test_objectives_not_modelled_are_named(doc: dict[str, Any], name: str) -> None:

@@ -56,6 +56,8 @@ def _phases(est: Any) -> dict[Phase, int]:
         ("dpo", "full", None, Reference.SEPARATE),
         ("dpo", "lora", None, Reference.ADAPTER),
         ("orpo", "full", None, Reference.NONE),  # reference-free
+        ("kto", "full", None, Reference.SEPARATE),
+        ("kto", "lora", None, Reference.ADAPTER),
     ],
 )
 def test_reference_trl_builds(objective: str, method: str, beta: float | None, reference: Reference) -> None:
@@ -70,7 +72,8 @@ def test_sft_is_no_post_training_job() -> None:
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
-        (dict(objective="kto"), "objective='kto'"),
+        (dict(objective="ppo"), "objective='ppo'"),
+        (dict(objective="kto", reference="none"), "reference='none'"),
         (dict(objective="dpo", reference="none"), "reference='none'"),
         (dict(objective="grpo", reference="adapter", num_generations=4), "reference='adapter'"),
         (dict(objective="grpo", num_generations=3), "num_generations=3"),  # 4 completions per device

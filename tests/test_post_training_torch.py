@@ -4,7 +4,7 @@
 (transformers ``generate`` for GRPO's rollout) on a tiny Llama and records the live tensor bytes at the
 peak of each phase; :func:`peakmem.jobs.estimate_post_training` with the CPU kernel rules must agree
 within :data:`TOLERANCE` on every phase and name the same peak phase. The grid is the issue's: DPO
-with a separate, an adapter-disabled and a precomputed reference; GRPO with beta 0 and > 0, 2 and 4
+(and KTO) with a separate, an adapter-disabled and a precomputed reference; GRPO with beta 0 and > 0, 2 and 4
 generations, full and LoRA; an amp-bf16 run and a larger tiny model with gradient checkpointing.
 """
 
@@ -50,6 +50,9 @@ CASES = [
     ("dpo", "separate", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
     ("dpo", "adapter", "lora", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
     ("dpo", "precomputed", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("kto", "separate", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("kto", "adapter", "lora", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
+    ("kto", "precomputed", "full", None, None, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
     ("grpo", "auto", "full", 0.0, 2, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
     ("grpo", "auto", "full", 0.04, 4, Precision.FP32, CONFIG, Checkpointing.NONE, 32),
     ("grpo", "auto", "lora", 0.0, 4, Precision.FP32, CONFIG, Checkpointing.NONE, 32),

@@ -196,42 +196,40 @@ def _online_phases(
     return [rollout, scoring, *update], extra
 
 
-def _paired_phases(
+def _offline_phases(
     spec: ModelSpec, upd: TrainingSetup, post: PostTraining, train: Estimate, r: _Roles
 ) -> list[PhasePeak]:
+    """DPO-style and KTO jobs: the update, and the no-grad passes around it, the largest as the scoring
+    phase: a precomputed reference's pass before training (the policy's weights only); KTO's policy pass
+    over the KL batch before the forward; the reference's pass after the policy's forward (its saved
+    activations alive; KTO's reference runs the KL batch and the completions one after the other)."""
     ref = no_grad_forward_bytes(spec, upd, upd.micro_batch, post.completion)
-    out: list[PhasePeak] = []
+    scoring: list[PhasePeak] = []
     if post.reference is Reference.PRECOMPUTED:
-        out.append(
-            _phase(
-                Phase.SCORING,
-                r.weights,
-                _item(
-                    "reference log-probs precomputed before training",
-                    Category.TEMPORARIES,
-                    ref,
-                    "reference.precompute",
-                ),
-            )
+        pre = _item(
+            "reference log-probs precomputed before training",
+            Category.TEMPORARIES,
+            ref,
+            "reference.precompute",
         )
+        scoring.append(_phase(Phase.SCORING, r.weights, pre))
+    if post.unpaired_kl:
+        kl = _item(
+            "KL batch: the policy's no-grad forward before its update",
+            Category.TEMPORARIES,
+            ref,
+            "scoring.kl",
+        )
+        scoring.append(_phase(Phase.SCORING, r.policy, r.reference, kl))
+    update: list[PhasePeak] = []
     for p in train.phases:
         if p.phase is Phase.FORWARD and post.reference is not Reference.PRECOMPUTED:
             saved = [i for i in p.items if i.category is not Category.TEMPORARIES]
-            out.append(
-                _phase(
-                    Phase.SCORING,
-                    *saved,
-                    r.reference,
-                    _item(
-                        "reference forward (no grad), after the policy's forward",
-                        Category.TEMPORARIES,
-                        ref,
-                        "reference.forward",
-                    ),
-                )
-            )
-        out.append(_phase(p.phase, *p.items, r.reference))
-    return out
+            what = "reference forward (no grad), after the policy's forward"
+            after = _item(what, Category.TEMPORARIES, ref, "reference.forward")
+            scoring.append(_phase(Phase.SCORING, *saved, r.reference, after))
+        update.append(_phase(p.phase, *p.items, r.reference))
+    return [max(scoring, key=lambda p: p.bytes), *update] if scoring else update
 
 
 def _by_role(phase: PhasePeak) -> dict[str, int]:
@@ -283,7 +281,7 @@ def estimate_post_training(
     if post.online:
         phases, extra = _online_phases(spec, setup, post, train, r)
     else:
-        phases = _paired_phases(spec, upd, post, train, r)
+        phases = _offline_phases(spec, upd, post, train, r)
     peak = max(phases, key=lambda p: p.bytes)
     # the caching allocator's slack and the device overheads of the update step carry over
     reserved = peak.bytes + train.peak_reserved_bytes - train.peak_allocated_bytes

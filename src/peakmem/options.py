@@ -123,7 +123,7 @@ OPTIONS: tuple[Option, ...] = (
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
     _o("max_pixels", int, None, _IMG, "Qwen-VL processors: max_pixels (default: the checkpoint's "
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
-    _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|grpo|rloo (TRL 1.16's trainers)",
+    _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|kto|grpo|rloo (TRL 1.16's trainers)",
        group=_POST),
     _o("reference", str, "auto", _PT, "auto (what TRL builds)|separate|adapter|none|precomputed",
        group=_POST),

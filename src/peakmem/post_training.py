@@ -52,10 +52,13 @@ PAIRED = (Objective.DPO, Objective.ORPO, Objective.SIMPO)
 # Objectives that generate their own completions (TRL ``GRPOTrainer`` / ``RLOOTrainer``).
 ONLINE = (Objective.GRPO, Objective.RLOO)
 REFERENCE_FREE = (Objective.ORPO, Objective.SIMPO)
+# Objectives with a reference over unpaired completions and a KL estimate from mismatched pairs (TRL
+# ``KTOTrainer._compute_loss``: a no-grad policy pass over the KL batch before the policy's forward, and the
+# reference over the KL batch and the completions after it)
+UNPAIRED = (Objective.KTO,)
 # Objectives whose roles and phases are not modelled yet: asking for one is an InputError, never an
 # SFT answer.
 NOT_MODELLED = {
-    Objective.KTO: "KTO's KL batch (mismatched prompt/completion pairs, a second forward per step)",
     Objective.PPO: "PPO's critic (a trained value model) and reward model beside the policy",
     Objective.DISTILL: "distillation's teacher forward and its B x L x vocab logits",
 }
@@ -75,7 +78,8 @@ class Rollout(Choice):
     VLLM_SERVER = "vllm-server"  # vLLM on GPUs of its own (TRL vllm_mode="server", trl vllm-serve)
 
 
-DEFAULT_BETA = {Objective.GRPO: 0.0, Objective.RLOO: 0.05, Objective.DPO: 0.1}  # trl/trainer/*_config.py
+# trl/trainer/*_config.py
+DEFAULT_BETA = {Objective.GRPO: 0.0, Objective.RLOO: 0.05, Objective.DPO: 0.1, Objective.KTO: 0.1}
 DEFAULT_NUM_GENERATIONS = {Objective.GRPO: 8, Objective.RLOO: 2}  # GRPOConfig / RLOOConfig.num_generations
 DEFAULT_COMPLETION = 512  # GRPOConfig.max_completion_length
 DEFAULT_ROLLOUT_MEMORY = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
@@ -128,9 +132,9 @@ class PostTraining:
                 f"rollout={self.rollout.value!r}: {self.objective.value} generates nothing "
                 "(a rollout engine is for grpo and rloo)"
             )
-        if self.reference is Reference.PRECOMPUTED and self.objective not in PAIRED:
+        if self.reference is Reference.PRECOMPUTED and self.objective not in (*PAIRED, *UNPAIRED):
             raise InputError(
-                f"reference='precomputed': TRL precomputes reference log-probs for DPO only, "
+                f"reference='precomputed': TRL precomputes reference log-probs for DPO and KTO only, "
                 f"not {self.objective.value}"
             )
 
@@ -141,6 +145,10 @@ class PostTraining:
     @property
     def paired(self) -> bool:
         return self.objective in PAIRED
+
+    @property
+    def unpaired_kl(self) -> bool:
+        return self.objective in UNPAIRED
 
     def echo(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -174,7 +182,7 @@ def resolve_reference(objective: Objective, asked: Reference, *, beta: float, ad
         return Reference.ADAPTER if adapter else Reference.SEPARATE
     if asked is Reference.ADAPTER and not adapter:
         raise InputError("reference='adapter': the adapter-disabled reference needs --method lora or qlora")
-    if asked is Reference.NONE and objective in PAIRED:
+    if asked is Reference.NONE and objective in (*PAIRED, *UNPAIRED):
         raise InputError(f"reference='none': {objective.value} needs reference log-probs (or 'precomputed')")
     return asked
 
@@ -203,7 +211,7 @@ def post_training(
     if obj in NOT_MODELLED:
         raise InputError(
             f"objective={obj.value!r}: not modelled yet ({NOT_MODELLED[obj]}); peakmem estimates "
-            "sft, dpo, orpo, simpo, grpo and rloo"
+            "sft, dpo, orpo, simpo, kto, grpo and rloo"
         )
     b = DEFAULT_BETA.get(obj, 0.0) if beta is None else beta
     gens = DEFAULT_NUM_GENERATIONS.get(obj, 1) if num_generations is None else num_generations

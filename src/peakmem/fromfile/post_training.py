@@ -92,7 +92,7 @@ def objective(doc: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 # objectives peakmem models (peakmem.post_training) as their files spell them
-MODELLED = ("dpo", "ipo", "orpo", "simpo", "grpo", "rloo", "preference")
+MODELLED = ("dpo", "ipo", "orpo", "simpo", "kto", "grpo", "rloo", "preference")
 # LLaMA-Factory stage dpo: pref_loss (hparams/finetuning_args.py): sigmoid, hinge, ipo, kto_pair, orpo, simpo
 _PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
 # file fields -> peakmem options, with the conversion: (dest, kind)
@@ -130,7 +130,7 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
         return
     name, key = found
     if name not in MODELLED:
-        why = (f"a {name} post-training job: not modelled (peakmem models sft, dpo, orpo, simpo, grpo, "
+        why = (f"a {name} post-training job: not modelled (peakmem models sft, dpo, orpo, simpo, kto, grpo, "
                "rloo); the estimate is one supervised step of the policy")  # fmt: skip
         m.unknown(key, doc[key], why, SUPERVISED)
         for field in sorted(POST_TRAINING_FIELDS):

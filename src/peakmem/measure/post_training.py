@@ -44,7 +44,9 @@ def _trl() -> Any:
 FIRST_TOKEN = 4  # ids 0-3: bos, unk, eos, pad of the synthetic tokenizer
 PROMPTS = 64
 LARGEST = 12  # tensors listed per phase  # dataset rows (more than the steps consume)
-_RUNNABLE = (Objective.DPO, Objective.GRPO)
+_RUNNABLE = (Objective.DPO, Objective.KTO, Objective.GRPO)
+# the trainer modules whose ``use_adapter`` (the adapter-disabled reference) the phases are set around
+_ADAPTER_MODULES = {Objective.DPO: "trl.trainer.dpo_trainer", Objective.KTO: "trl.trainer.kto_trainer"}
 
 
 SPECIAL = ("<bos>", "<unk>", "<eos>", "<pad>")
@@ -79,7 +81,7 @@ def _text(row: int, n: int, vocab: int, salt: int = 0) -> str:
 
 def _check(setup: TrainingSetup, post: PostTraining) -> None:
     if post.objective not in _RUNNABLE:
-        raise InputError(f"objective={post.objective.value!r}: measure runs TRL's dpo and grpo trainers")
+        raise InputError(f"objective={post.objective.value!r}: measure runs TRL's dpo, kto and grpo trainers")
     if post.rollout is not Rollout.HF:
         raise InputError(f"rollout={post.rollout.value!r}: measure generates with transformers (rollout hf)")
     if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16, Precision.AMP_FP16):
@@ -110,8 +112,9 @@ def _args(setup: TrainingSetup, post: PostTraining, out: str) -> Any:
         optim="adamw_torch_fused" if setup.optimizer_impl is OptimizerImpl.FUSED else "adamw_torch",
         beta=post.beta,
     )
-    if post.objective is Objective.DPO:
-        return _trl().DPOConfig(
+    if post.objective in (Objective.DPO, Objective.KTO):
+        config = _trl().DPOConfig if post.objective is Objective.DPO else _trl().KTOConfig
+        return config(
             **common,
             max_length=setup.seq_len,
             precompute_ref_log_probs=post.reference is Reference.PRECOMPUTED,
@@ -140,6 +143,14 @@ def _dataset(setup: TrainingSetup, post: PostTraining, vocab: int) -> Any:
                 "rejected": [" " + _text(i, post.completion - 1, vocab, 2) for i in rows],
             }
         )
+    if post.objective is Objective.KTO:  # unpaired completions, half of them desirable
+        return Dataset.from_dict(
+            {
+                "prompt": [_text(i, prompt, vocab) for i in rows],
+                "completion": [" " + _text(i, post.completion - 1, vocab, 1) for i in rows],
+                "label": [i % 2 == 0 for i in rows],
+            }
+        )
     return Dataset.from_dict({"prompt": [_text(i, prompt, vocab) for i in rows]})
 
 
@@ -152,13 +163,12 @@ def _trainer(model: Any, setup: TrainingSetup, post: PostTraining, config: dict[
     tok = _tokenizer(vocab)
     args = _args(setup, post, out)
     data = _dataset(setup, post, vocab)
-    if post.objective is Objective.DPO:
+    if post.objective in (Objective.DPO, Objective.KTO):
         ref = None
         if post.reference is Reference.SEPARATE:
             ref = build_model(config, setup).to(model_dtype(setup.precision))
-        return _trl().DPOTrainer(
-            model=model, ref_model=ref, args=args, train_dataset=data, processing_class=tok
-        )
+        trainer = _trl().DPOTrainer if post.objective is Objective.DPO else _trl().KTOTrainer
+        return trainer(model=model, ref_model=ref, args=args, train_dataset=data, processing_class=tok)
     if post.reference is Reference.SEPARATE:  # GRPOTrainer loads its reference from the policy's path
         path = os.path.join(out, "policy")
         model.save_pretrained(path)
@@ -192,7 +202,7 @@ class _Phases:
         return lambda: self.tracker.set_phase(phase, self.step)
 
 
-def _instrument(trainer: Any, post: PostTraining, ph: _Phases) -> None:
+def _instrument(trainer: Any, post: PostTraining, ph: _Phases, stack: contextlib.ExitStack) -> None:
     import transformers
     from transformers import TrainerCallback
 
@@ -217,22 +227,24 @@ def _instrument(trainer: Any, post: PostTraining, ph: _Phases) -> None:
         _wrap(trainer, "_generate_and_score_completions", after=ph.set(Phase.FORWARD))
         return
     _wrap(trainer, "compute_loss", before=ph.set(Phase.FORWARD))
+    if post.objective is Objective.KTO:  # the policy's (and the reference's) pass over the KL batch
+        _wrap(trainer, "_compute_kl_logps", before=ph.set(Phase.SCORING), after=ph.set(Phase.FORWARD))
     if trainer.ref_model is not None:
         trainer.ref_model.register_forward_pre_hook(lambda *_: ph.set(Phase.SCORING)())
         trainer.ref_model.register_forward_hook(lambda *_: ph.set(Phase.FORWARD)())
-    else:
-        dpo: Any = importlib.import_module("trl.trainer.dpo_trainer")
+        return
+    module: Any = importlib.import_module(_ADAPTER_MODULES[post.objective])
+    original = module.use_adapter
 
-        original = dpo.use_adapter
+    @contextlib.contextmanager
+    def use_adapter(*a: Any, **k: Any) -> Any:
+        ph.set(Phase.SCORING)()
+        with original(*a, **k):
+            yield
+        ph.set(Phase.FORWARD)()
 
-        @contextlib.contextmanager
-        def use_adapter(*a: Any, **k: Any) -> Any:
-            ph.set(Phase.SCORING)()
-            with original(*a, **k):
-                yield
-            ph.set(Phase.FORWARD)()
-
-        dpo.use_adapter = use_adapter
+    module.use_adapter = use_adapter
+    stack.callback(setattr, module, "use_adapter", original)  # the trainer module as it was
 
 
 def measure_post_training(
@@ -251,14 +263,14 @@ def measure_post_training(
     tracker = LiveStorageTracker(device_type="cpu")
     ph = _Phases(tracker)
     tracker.register_module(model)
-    with tempfile.TemporaryDirectory() as out, tracker:
+    with tempfile.TemporaryDirectory() as out, tracker, contextlib.ExitStack() as stack:
         # DPO precomputes its reference log-probs inside DPOTrainer.__init__: tracked as the scoring phase
         tracker.set_phase(Phase.SCORING if post.reference is Reference.PRECOMPUTED else Phase.LOAD, 0)
         trainer = _trainer(model, setup, post, config, out)
         if trainer.ref_model is not None:
             tracker.register_module(trainer.ref_model)
         tracker.watch_gradients(trainer.model.named_parameters())
-        _instrument(trainer, post, ph)
+        _instrument(trainer, post, ph, stack)
         tracker.set_phase(Phase.LOAD, 0)
         trainer.train()
         tracker.set_phase(Phase.LOAD, ph.step + 1)
