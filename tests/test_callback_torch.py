@@ -306,7 +306,8 @@ def _cli_json(tmp_path: Any, cb: PeakmemCallback) -> Any:
         (dict(optim="lion_32bit", bf16=True), None, ("amp-bf16", "lion", "fused", "none", 1)),
         (dict(optim="paged_adamw_32bit"), None, ("fp32", "adamw", "fused", "none", 1)),
         (dict(optim="paged_lion_8bit"), None, ("fp32", "lion-8bit", "fused", "none", 1)),
-        (dict(optim="adamw_torch_8bit"), None, ("fp32", "adamw-8bit", "fused", "none", 1)),
+        # transformers maps adamw_torch_8bit to torchao.optim.AdamW8bit
+        (dict(optim="adamw_torch_8bit"), None, ("fp32", "adamw-8bit-torchao", "fused", "none", 1)),
         (dict(optim="sgd", optim_args="momentum=0.9"), None, ("fp32", "sgd-momentum", "foreach", "none", 1)),
         (dict(optim="adamw_torch", bf16=True), torch.bfloat16, ("bf16", "adamw", "foreach", "none", 1)),
         # fp16 weights, no flag, full fine-tuning: HF Trainer trains them as they are (pure 16-bit bytes)

@@ -15,13 +15,12 @@ from hypothesis import strategies as hs
 
 from peakmem import planner
 from peakmem.catalog import Gpu, get_gpu
-from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
-from peakmem.formulas.activations import check_op_sac
 from peakmem.model import ModelSpec
 from peakmem.ranks import estimate_ranks
 from peakmem.resolve import gpu_of_size, resolve_model
 from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
+from tiny_models import op_modelled
 
 MODELS = (
     "gpt2", "gpt2-xl", "pythia-1.4b", "opt-1.3b", "llama-3.2-1b", "llama-3.1-8b", "qwen3-0.6b",
@@ -48,19 +47,6 @@ def _needed(spec: ModelSpec, setup: TrainingSetup, par: object) -> int:
     return estimate_ranks(spec, setup, par).most_loaded.estimate.device_total_bytes  # type: ignore[arg-type]
 
 
-def _op_modelled(spec: ModelSpec, setup: TrainingSetup) -> bool:
-    """``checkpointing op`` is estimated for dense Linear layers only (an InputError otherwise:
-    peakmem.formulas.activations.op_sac.check_op_sac)."""
-    if setup.checkpointing is not Checkpointing.OP:
-        return True
-    try:
-        for g in spec.groups:
-            check_op_sac(spec, g.layer, False, 1)
-    except InputError:
-        return False
-    return True
-
-
 setups = hs.builds(
     TrainingSetup,
     micro_batch=hs.sampled_from((1, 2, 4, 8)),
@@ -77,7 +63,7 @@ setups = hs.builds(
        unique=True), setup=setups)  # fmt: skip
 def test_every_suggestion_fits_when_re_estimated(model: str, gpus: list[str], setup: TrainingSetup) -> None:
     spec = _spec(model)
-    assume(_op_modelled(spec, setup))
+    assume(op_modelled(spec, setup))
     seq = min(setup.seq_len, spec.max_position_embeddings)
     setup = replace(setup, seq_len=seq)
     report = planner.fit(spec, setup, [_gpu(g) for g in gpus])
@@ -149,7 +135,7 @@ def test_every_way_down_saves_memory_when_re_estimated(
     """Issue 13: train lists only changes that save memory; each, re-estimated through the public
     estimators, needs strictly less than the job as asked."""
     spec = _spec(model)
-    assume(_op_modelled(spec, setup))
+    assume(op_modelled(spec, setup))
     setup = replace(setup, seq_len=min(setup.seq_len, spec.max_position_embeddings))
     base = estimate_training(spec, setup).device_total_bytes
     got = planner.ways_down(spec, setup, capacity_bytes=_gpu(gpu).usable_bytes if gpu else None)

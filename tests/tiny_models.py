@@ -1,5 +1,10 @@
 """Tiny real configs shared by the measure, simulate and CLI tests, with hand-derived counts."""
 
+from peakmem.errors import InputError
+from peakmem.formulas.activations import check_op_sac
+from peakmem.model import ModelSpec
+from peakmem.training import Checkpointing, Method, TrainingSetup
+
 GPT2 = {
     "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 1000, "n_positions": 128,
     "n_embd": 64, "n_layer": 2, "n_head": 4, "bos_token_id": 0, "eos_token_id": 0,
@@ -70,3 +75,17 @@ TIMM_VISION_TYPES = frozenset({"timm_wrapper", "gemma3n_vision"})
 
 def needs_timm(config: dict) -> bool:  # type: ignore[type-arg]
     return (config.get("vision_config") or {}).get("model_type") in TIMM_VISION_TYPES
+
+
+def op_modelled(spec: ModelSpec, setup: TrainingSetup, tp: int = 1) -> bool:
+    """Whether ``checkpointing op`` is estimated for this job (dense, adapter-free Linear layers, no
+    tensor parallelism): peakmem.formulas.activations.op_sac.check_op_sac, as the estimate calls it. The
+    property tests draw every policy and keep op where it is modelled (an InputError elsewhere)."""
+    if setup.checkpointing is not Checkpointing.OP:
+        return True
+    try:
+        for g in spec.groups:
+            check_op_sac(spec, g.layer, setup.method is not Method.FULL, tp)
+    except InputError:
+        return False
+    return True
