@@ -96,6 +96,12 @@ MATRIX: tuple[Case, ...] = (
     Case(name="llama-3.2-1b-infer-b4-p2048", job="infer", model="llama-3.2-1b", batch=4, prompt=2048,
          snapshot=True),
     Case(name="gpt2-xl-infer-b8-p512", job="infer", model="gpt2-xl", batch=8, prompt=512),
+    # HF generate of a 13B model, 512 + 512 tokens, batch 1 .. 16: issue 27's "the gap grows with batch"
+    # (DynamicCache's concatenation keeps the old and the new cache alive together at every step)
+    *(Case(name=f"llama-2-13b-infer-b{b}-p512-n512", job="infer", model="llama-2-13b", batch=b, prompt=512,
+           new_tokens=512) for b in (1, 4, 16)),
+    Case(name="llama-3.1-8b-infer-b16-p1024-n256", job="infer", model="llama-3.1-8b", batch=16, prompt=1024,
+         new_tokens=256, note="GQA: 8 KV heads of 32"),
 )  # fmt: skip
 
 
@@ -224,10 +230,11 @@ def _infer(case: Case, device: str) -> dict[str, Any]:
         **{k: v for k, v in config.items() if k != "transformers_version"}
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
-    )
-    model = model.to(device).eval()
+    with torch.device(device):  # built where it runs: a 13B model in fp32 on the host would take 52 GB
+        model = transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
+    model = model.eval()
     cuda = device.startswith("cuda")
     ids = torch.randint(0, cfg.vocab_size, (case.batch, case.prompt), device=device)
     weights = torch.cuda.memory_allocated() if cuda else None

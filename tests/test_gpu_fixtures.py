@@ -49,7 +49,7 @@ def test_dry_run_lists_the_matrix(capsys: pytest.CaptureFixture[str]) -> None:
         assert case.name in out
     names = [c.name for c in gf.MATRIX]
     assert len(set(names)) == len(names)
-    assert {c.model for c in gf.MATRIX} == {"gpt2", "gpt2-xl", "llama-3.2-1b"}
+    assert {c.model for c in gf.MATRIX} == {"gpt2", "gpt2-xl", "llama-3.2-1b", "llama-2-13b", "llama-3.1-8b"}
     assert any("--checkpointing" in c.argv for c in gf.MATRIX) and any(c.job == "infer" for c in gf.MATRIX)
     assert gf.main(["--dry-run", "--only", "qlora"]) == 0
     assert capsys.readouterr().out.startswith("1 cases")
