@@ -25,10 +25,21 @@ What each phase holds (TRL 1.16, ``grpo_trainer.py`` / ``dpo_trainer.py``):
   phase, unless sleep mode (``vllm_enable_sleep_mode``: ``llm.sleep(level=2)`` after each generation,
   ``trl/generation/vllm_generation.py``) frees its weights and KV cache outside rollout. A vLLM
   server runs on GPUs of its own: ``peakmem infer`` sizes them.
+
+On several GPUs (data parallel: DeepSpeed ZeRO or FSDP through accelerate, as TRL runs) each rank holds
+the policy's update as :func:`peakmem.ranks.estimate_ranks` prices it, and the reference as TRL prepares
+it (``trl/models/utils.py``): ``prepare_deepspeed`` keeps ZeRO-3 ("we shard both the active and reference
+model") and otherwise builds the reference with ZeRO disabled (stage 0: a whole copy per rank);
+``prepare_fsdp`` wraps it with the policy's FSDP plugin (sharded; ``shard-grad-op`` does not reshard after
+forward, so its reference is counted whole). A sharded reference's forward gathers its layers as the
+policy's forward does. HF ``generate`` under ZeRO-3 gathers the whole 16-bit policy first
+(``unwrap_model_for_generation``: ``deepspeed.zero.GatheredParameters(model.parameters())`` with
+``ds3_gather_for_generation`` True, the default); under FSDP it runs layer by layer.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from peakmem.breakdown import Band, Category, Estimate, MemoryItem, Phase, PhasePeak, Range
@@ -40,7 +51,9 @@ from peakmem.formulas.serving.estimate import estimate_inference
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
+from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.post_training import PostTraining, Reference, Rollout
+from peakmem.ranks import estimate_ranks
 from peakmem.training import KernelPolicy, LossImpl, Method, Precision, TrainingSetup
 
 SRC_TRL = "trl 1.16 grpo_trainer.py / dpo_trainer.py"
@@ -53,6 +66,8 @@ INT64, FP32 = 8, 4
 KEPT_SEQ_INT64 = 2
 KEPT_COMPLETION_FP32 = 4
 ROLES = {"reference": "reference", "rollout": "rollout engine"}  # item key prefix -> role (else: policy)
+SRC_TRL_SHARD = "trl 1.16 models/utils.py prepare_deepspeed / prepare_fsdp / unwrap_model_for_generation"
+GATHERED_KEYS = ("zero3.gathered", "fsdp.root", "fsdp.units")  # a sharded model's forward working set
 
 
 def _weights_format(setup: TrainingSetup) -> str:
@@ -92,15 +107,46 @@ def no_grad_forward_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int,
     return max(layer_transient_bytes(spec, tokens, act), head + tokens * spec.hidden_size * act)
 
 
-class _Roles:
-    """The items every phase shares: the policy between steps, the reference's weights, the vLLM share."""
+def _resident(train: Estimate) -> int:
+    """What the policy holds through the whole step: the items every phase of the update holds (its
+    weights, master weights and optimizer states, ZeRO's buffers), less the gradients, freed between steps
+    (``zero_grad(set_to_none=True)``) but for ZeRO's persistent gradient partition."""
+    common: Counter[tuple[str, Category, int]] | None = None
+    for p in train.phases:
+        kept = (i for i in p.items if i.category is not Category.GRADIENTS or i.key.startswith("zero."))
+        here = Counter((i.path, i.category, i.bytes) for i in kept)
+        common = here if common is None else common & here
+    return sum(n * nbytes for (_, _, nbytes), n in (common or Counter()).items())
 
-    def __init__(self, train: Estimate, post: PostTraining, gpu_bytes: int | None) -> None:
-        between = sum(r.bytes for r in train.per_param if r.category is not Category.GRADIENTS)
+
+def reference_shards(par: Parallelism | None) -> int:
+    """Ranks one reference copy is sharded over, as TRL prepares it: ZeRO-3 and FSDP full / hybrid shard
+    as the policy; ZeRO 0-2 build it with ZeRO disabled and FSDP shard-grad-op keeps it gathered after its
+    forward (a whole copy per rank)."""
+    if par is None or par.zero_stage in (1, 2) or par.fsdp is FsdpMode.SHARD_GRAD_OP:
+        return 1
+    return par.shard_degree
+
+
+class _Roles:
+    """The items every phase shares: the policy between steps, the reference's weights, the vLLM share;
+    ``gathered``: a sharded model's forward working set (its layers gathered one by one)."""
+
+    def __init__(
+        self,
+        train: Estimate,
+        single: Estimate,
+        post: PostTraining,
+        gpu_bytes: int | None,
+        *,
+        shards: int = 1,
+        zero3_full: int = 0,
+    ) -> None:
+        self.zero3_full = zero3_full
         self.policy = _item(
             "policy: weights and optimizer states (gradients freed between steps)",
             Category.PARAMETERS,
-            between,
+            _resident(train),
             "policy.resident",
         )
         self.weights = _item(
@@ -110,15 +156,21 @@ class _Roles:
             "policy.weights",
         )
         # a separate reference is a copy of the full weights in the policy's dtype (rows over all parameters)
-        copy = sum(
-            r.bytes for r in train.per_param if r.category is Category.PARAMETERS and r.params == train.params
+        self.copy = sum(
+            r.bytes
+            for r in single.per_param
+            if r.category is Category.PARAMETERS and r.params == single.params
         )
+        sharded = f", sharded over {shards} ranks" if shards > 1 else ""
         self.reference = _item(
-            "reference model weights (a frozen copy)",
+            f"reference model weights (a frozen copy{sharded})",
             Category.PARAMETERS,
-            copy if post.reference is Reference.SEPARATE else 0,
+            -(-self.copy // shards) if post.reference is Reference.SEPARATE else 0,
             "reference.weights",
+            SRC_TRL_SHARD if shards > 1 else SRC_TRL,
         )
+        forward = next((p for p in train.phases if p.phase is Phase.FORWARD), None)
+        self.gathered = tuple(i for i in (forward.items if forward else ()) if i.key in GATHERED_KEYS)
         share = (
             int(post.rollout_memory * gpu_bytes) if post.rollout is Rollout.VLLM_COLOCATE and gpu_bytes else 0
         )
@@ -132,6 +184,33 @@ class _Roles:
         self.awake = _item(
             self.vllm.path, Category.KV_CACHE, 0 if post.rollout_sleep else share, "rollout.vllm", SRC_VLLM
         )
+
+    @property
+    def generate_gathered(self) -> tuple[MemoryItem, ...]:
+        """What HF ``generate`` on a sharded policy gathers: the whole 16-bit model under ZeRO-3
+        (``ds3_gather_for_generation``), the layers one by one under FSDP."""
+        if self.zero3_full:
+            what = "policy gathered whole for generate (ZeRO-3, ds3_gather_for_generation)"
+            return (_item(what, Category.PARAMETERS, self.zero3_full, "rollout.gathered", SRC_TRL_SHARD),)
+        return self.gathered_for("policy")
+
+    def gathered_for(self, role: str) -> tuple[MemoryItem, ...]:
+        """A sharded model's gathered layers during a no-grad forward of ``role`` (reference, policy)."""
+        return tuple(
+            replace(i, path=f"{role}: {i.path}", key=f"{role}.gathered", source=SRC_TRL_SHARD)
+            for i in self.gathered
+        )
+
+
+def check_data_parallel(par: Parallelism) -> None:
+    """TRL's trainers run data parallel (DDP, ZeRO, FSDP through accelerate); other layouts are not
+    modelled for post-training jobs."""
+    for name in ("tp", "pp", "cp", "ep", "ulysses"):
+        if getattr(par, name) > 1:
+            raise InputError(
+                f"{name}={getattr(par, name)}: post-training jobs are modelled data parallel (DDP, ZeRO, "
+                "FSDP as TRL runs them through accelerate); set the ranks with --gpus and --zero / --fsdp"
+            )
 
 
 def _online_phases(
@@ -168,7 +247,7 @@ def _online_phases(
             "rollout.generate",
             SRC_GENERATE,
         )
-        rollout = _phase(Phase.ROLLOUT, r.policy, r.reference, generate)
+        rollout = _phase(Phase.ROLLOUT, r.policy, r.reference, generate, *r.generate_gathered)
     else:
         rollout = _phase(Phase.ROLLOUT, r.policy, r.reference, r.vllm)
     # old-policy log-probs: with vLLM always (importance sampling), else when a generation batch spans
@@ -191,6 +270,7 @@ def _online_phases(
             forward,
             "scoring.forward",
         ),
+        *(r.gathered_for("reference") if forward else ()),
     )
     update = [_phase(p.phase, *p.items, r.reference, r.awake, batch) for p in train.phases]
     return [rollout, scoring, *update], extra
@@ -212,7 +292,7 @@ def _offline_phases(
             ref,
             "reference.precompute",
         )
-        scoring.append(_phase(Phase.SCORING, r.weights, pre))
+        scoring.append(_phase(Phase.SCORING, r.weights, pre, *r.gathered_for("policy")))
     if post.unpaired_kl:
         kl = _item(
             "KL batch: the policy's no-grad forward before its update",
@@ -220,7 +300,7 @@ def _offline_phases(
             ref,
             "scoring.kl",
         )
-        scoring.append(_phase(Phase.SCORING, r.policy, r.reference, kl))
+        scoring.append(_phase(Phase.SCORING, r.policy, r.reference, kl, *r.gathered_for("policy")))
     update: list[PhasePeak] = []
     for p in train.phases:
         if p.phase is Phase.FORWARD and post.reference is not Reference.PRECOMPUTED:
@@ -267,16 +347,25 @@ def estimate_post_training(
     gpu_bytes: int | None = None,
     overheads: Overheads | None = None,
     costs: CostLookup | None = None,
+    par: Parallelism | None = None,
 ) -> Estimate:
     """One GPU (``gpu_bytes`` of memory) of ``post`` training ``spec`` as ``setup`` describes the policy,
-    at its largest phase."""
+    at its largest phase; on several (``par``, data parallel), the most loaded rank."""
     if post.rollout is Rollout.VLLM_COLOCATE and gpu_bytes is None:
         raise InputError(
             "rollout='vllm-colocate': needs --gpu (vLLM takes rollout_memory of the whole device)"
         )
     upd = update_setup(setup, post)
-    train = estimate_training(spec, upd, overheads=overheads, costs=costs)
-    r = _Roles(train, post, gpu_bytes)
+    single = estimate_training(spec, upd, overheads=overheads, costs=costs)
+    if par is None or par.is_single_gpu:
+        train, shards, zero3_full = single, 1, 0
+    else:
+        check_data_parallel(par)
+        train = estimate_ranks(spec, upd, par, overheads=overheads, costs=costs).most_loaded.estimate
+        shards = reference_shards(par)
+        w16 = FP32 if setup.precision is Precision.FP32 else 2  # DeepSpeed's fp16 / bf16 parameters
+        zero3_full = spec.params * w16 if par.zero_stage == 3 and post.rollout is Rollout.HF else 0
+    r = _Roles(train, single, post, gpu_bytes, shards=shards, zero3_full=zero3_full)
     extra: dict[str, object] = {}
     if post.online:
         phases, extra = _online_phases(spec, setup, post, train, r)
@@ -286,6 +375,8 @@ def estimate_post_training(
     # the caching allocator's slack and the device overheads of the update step carry over
     reserved = peak.bytes + train.peak_reserved_bytes - train.peak_allocated_bytes
     device_total = reserved + train.device_total_bytes - train.peak_reserved_bytes
+    if train is not single:
+        extra["reference_shards"] = shards
     extra.update(
         objective=post.objective.value,
         reference=post.reference.value,
@@ -324,6 +415,15 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
             "(precompute_ref_log_probs)",
         }[post.reference]
     )
+    shards = extra.get("reference_shards")
+    if shards is not None and post.reference is Reference.SEPARATE:
+        out.append(
+            f"reference sharded over {shards} ranks as the policy (TRL prepare_deepspeed keeps ZeRO-3, "
+            "prepare_fsdp the policy's plugin)"
+            if shards != 1
+            else "reference: a whole copy on every rank "
+            "(TRL prepare_deepspeed builds it with ZeRO disabled below stage 3)"
+        )
     if post.online:
         out.append(
             f"num_generations {post.num_generations} groups the completions; the per-device generation "

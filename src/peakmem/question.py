@@ -172,10 +172,11 @@ def ask(
     elif command == "fit":  # pp and ep are the training layout's here, not a serving one's
         inference_setup({**o, "pp": 1, "ep": 1}, gpus, checkpoint, derive=derive, target=(spec, config))
     extra = from_file.parallel if from_file is not None else None
-    post = post_training_of(o, training) if training is not None else None
+    layout = None if serving or command == "plan" else parallelism(o, extra)
+    post = post_training_of(o, training, layout.dp if layout else 1) if training is not None else None
     return Question(
         command=command, spec=spec, training=training,
-        parallel=None if serving or command == "plan" else parallelism(o, extra),
+        parallel=layout,
         inference=inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config)) if serving
         else None, gpus=gpus,
         overheads=overheads(o),
@@ -183,8 +184,9 @@ def ask(
     )  # fmt: skip
 
 
-def post_training_of(o: Mapping[str, Any], training: TrainingSetup) -> PostTraining | None:
-    """The post-training roles the options ask for (None: ``objective`` sft or not an option here)."""
+def post_training_of(o: Mapping[str, Any], training: TrainingSetup, dp: int = 1) -> PostTraining | None:
+    """The post-training roles the options ask for (None: ``objective`` sft or not an option here);
+    ``dp`` data-parallel ranks share the generation batch."""
     if o.get("objective", "sft") == "sft":
         unused = [
             k
@@ -202,7 +204,7 @@ def post_training_of(o: Mapping[str, Any], training: TrainingSetup) -> PostTrain
         num_generations=o.get("num_generations"), completion=o.get("completion"),
         steps_per_generation=training.grad_accum if spg is None else spg, rollout_memory=o["rollout_memory"],
         rollout_sleep=o["rollout_sleep"], adapter=training.method.value != "full", seq=training.seq_len,
-        batch=training.micro_batch,
+        batch=training.micro_batch, gpus=dp,
     )  # fmt: skip
 
 
@@ -514,12 +516,9 @@ def _train_post(q: Question) -> Answer:
     from peakmem.jobs import estimate_post_training
 
     assert q.training is not None and q.post is not None
-    if q.parallel is not None and q.parallel.gpus > 1:
-        raise InputError(f"gpus={q.parallel.gpus}: post-training jobs are estimated on one GPU so far "
-                         "(ZeRO / FSDP of the policy and its reference are not composed yet)")  # fmt: skip
     device = min((g.memory_bytes for g in q.gpus), default=None)  # vLLM's share is of the whole device
     est = estimate_post_training(q.spec, q.training, q.post, gpu_bytes=device, overheads=q.overheads,
-                                 costs=q.costs)  # fmt: skip
+                                 costs=q.costs, par=q.parallel)  # fmt: skip
     est = replace(est, assumptions=(*est.assumptions, *q.defaults),
                   warnings=weight_warnings(q.spec, training=q.training))  # fmt: skip
     out = _with_from(q, answer_json(est, q.gpus))

@@ -1,0 +1,117 @@
+"""Post-training jobs on several GPUs (peakmem.jobs, data parallel) by hand: the reference as TRL 1.16
+prepares it (trl/models/utils.py prepare_deepspeed / prepare_fsdp) and HF generate under ZeRO-3
+(unwrap_model_for_generation gathers the whole model), on the tiny Llama of tests/tiny_models.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from peakmem.breakdown import Phase
+from peakmem.cli import main
+from peakmem.errors import InputError
+from peakmem.jobs import estimate_post_training, reference_shards, update_setup
+from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.post_training import post_training
+from peakmem.ranks import estimate_ranks
+from peakmem.resolve import spec_for_config
+from peakmem.training import Method, OptimizerImpl, Precision, TrainingSetup
+from tiny_models import LLAMA, LLAMA_P
+
+SPEC = spec_for_config(dict(LLAMA), name="tiny-llama")
+SEQ, COMPLETION, BATCH = 32, 16, 4
+SETUP = TrainingSetup(method=Method.FULL, precision=Precision.MIXED_BF16, micro_batch=BATCH, seq_len=SEQ,
+                      optimizer_impl=OptimizerImpl.FOR_LOOP)  # fmt: skip
+Z3 = Parallelism(gpus=8, zero_stage=3)
+Z2 = Parallelism(gpus=8, zero_stage=2)
+
+
+def _post(objective: str, gpus: int = 8, **kw: Any) -> Any:
+    return post_training(objective, seq=SEQ, completion=COMPLETION, batch=BATCH, gpus=gpus, **kw)
+
+
+def _items(est: Any, phase: Phase, key: str) -> int:
+    (p,) = [p for p in est.phases if p.phase is phase]
+    return sum(i.bytes for i in p.items if i.key == key)
+
+
+@pytest.mark.parametrize(
+    ("par", "shards"),
+    [
+        (Parallelism(gpus=8, zero_stage=3), 8),  # "If ZeRO-3 is used, we shard both the active and reference"
+        (Parallelism(gpus=8, zero_stage=2), 1),  # else "initialized on each device with ZeRO disabled"
+        (Parallelism(gpus=8, zero_stage=1), 1),
+        (Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD), 8),  # prepare_fsdp: the policy's plugin
+        (Parallelism(gpus=16, gpus_per_node=8, fsdp=FsdpMode.HYBRID_SHARD), 8),  # sharded within a node
+        (Parallelism(gpus=8, fsdp=FsdpMode.SHARD_GRAD_OP), 1),  # not resharded after its forward
+        (Parallelism(gpus=8), 1),  # DDP: a whole copy per rank
+    ],
+)
+def test_reference_shards_as_trl_prepares_it(par: Parallelism, shards: int) -> None:
+    assert reference_shards(par) == shards
+
+
+def test_dpo_reference_is_sharded_under_zero3_and_whole_under_zero2() -> None:
+    # mixed-bf16: the reference is a bf16 copy, LLAMA_P x 2 bytes; ZeRO-3 keeps 1/8 of it per rank
+    # (rounded up), ZeRO-2 builds it at stage 0: all of it, in every phase of the update
+    post = _post("dpo")
+    z3 = estimate_post_training(SPEC, SETUP, post, par=Z3)
+    z2 = estimate_post_training(SPEC, SETUP, post, par=Z2)
+    for phase in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER):
+        assert _items(z3, phase, "reference.weights") == -(-LLAMA_P * 2 // 8)
+        assert _items(z2, phase, "reference.weights") == LLAMA_P * 2
+    assert z3.extra["reference_shards"] == 8 and z2.extra["reference_shards"] == 1
+
+
+def test_the_update_phases_are_the_most_loaded_ranks() -> None:
+    # the policy's update on 8 ranks is estimate_ranks' most loaded rank of the step TRL runs (chosen +
+    # rejected: 2 x batch sequences, its log-prob head), plus the reference's shard
+    post = _post("dpo")
+    est = estimate_post_training(SPEC, SETUP, post, par=Z3)
+    rank = estimate_ranks(SPEC, update_setup(SETUP, post), Z3).most_loaded.estimate
+    by_phase = {p.phase: p.bytes for p in rank.phases}
+    ref = -(-LLAMA_P * 2 // 8)
+    assert {p.phase for p in est.phases} >= set(by_phase)
+    for p in est.phases:
+        if p.phase in by_phase:
+            assert p.bytes == by_phase[p.phase] + ref
+
+
+def test_grpo_generate_under_zero3_gathers_the_whole_policy() -> None:
+    # unwrap_model_for_generation: deepspeed.zero.GatheredParameters(model.parameters()): the 16-bit
+    # weights of every parameter on each rank while generate runs (LLAMA_P x 2 bytes)
+    post = _post("grpo", beta=0.04, num_generations=4)
+    z3 = estimate_post_training(SPEC, SETUP, post, par=Z3)
+    assert _items(z3, Phase.ROLLOUT, "rollout.gathered") == LLAMA_P * 2
+    fsdp = estimate_post_training(SPEC, SETUP, post, par=Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD))
+    assert _items(fsdp, Phase.ROLLOUT, "rollout.gathered") == 0  # FSDP: layer by layer
+    gathered = sum(i.bytes for p in fsdp.phases if p.phase is Phase.FORWARD for i in p.items
+                   if i.key in ("fsdp.root", "fsdp.units"))  # fmt: skip
+    assert _items(fsdp, Phase.ROLLOUT, "policy.gathered") == gathered > 0
+    # the reference's no-grad scoring forward gathers its layers as the policy's forward does
+    assert _items(fsdp, Phase.SCORING, "reference.gathered") == gathered
+
+
+def test_the_generation_batch_counts_every_data_parallel_rank() -> None:
+    # GRPOConfig: batch x gpus x steps_per_generation must be divisible by num_generations;
+    # 4 x 1 x 1 = 4 is not divisible by 8, 4 x 2 x 1 = 8 is
+    with pytest.raises(InputError, match=r"^num_generations=8: the generation batch"):
+        _post("grpo", gpus=1, num_generations=8)
+    assert _post("grpo", gpus=2, num_generations=8).num_generations == 8
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "cp"])
+def test_model_parallel_post_training_is_a_one_line_error(field: str) -> None:
+    par = Parallelism(gpus=4, dp=2, **{field: 2})
+    with pytest.raises(InputError, match=rf"^{field}=2: post-training jobs are modelled data parallel"):
+        estimate_post_training(SPEC, SETUP, _post("dpo", gpus=2), par=par)
+
+
+def test_cli_answers_a_zero3_dpo_job(capsys: Any) -> None:
+    code = main(["train", "qwen2.5-0.5b", "--objective", "dpo", "--seq", "512", "--gpus", "8", "--zero", "3",
+                 "--gpu", "h100", "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["reference_shards"] == 8 and out["reference"] == "separate"
+    assert any("sharded over 8 ranks" in a for a in out["assumptions"])
