@@ -86,3 +86,36 @@ def test_estimate_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
     assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
     assert estimate.peak_phase is measured.peak_phase
     assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off
+
+
+# distillation: TRL's DistillationTrainer with a wider, deeper teacher of the same vocabulary
+TEACHER = dict(CONFIG, hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
+               num_hidden_layers=3)  # fmt: skip
+DISTILL_CASES = [
+    # (beta, method, precision, checkpointing)
+    (1.0, "full", Precision.FP32, Checkpointing.NONE),  # reverse KL, the default
+    (0.5, "full", Precision.FP32, Checkpointing.NONE),  # the generalized JSD's second pass
+    (0.0, "full", Precision.FP32, Checkpointing.FULL),  # forward KL, checkpointed student
+    (1.0, "lora", Precision.FP32, Checkpointing.NONE),
+    (0.5, "full", Precision.AMP_BF16, Checkpointing.NONE),
+]
+
+
+@pytest.mark.parametrize("case", DISTILL_CASES, ids=lambda c: f"beta{c[0]}-{c[1]}-{c[2].value}-{c[3].value}")
+def test_distillation_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
+    beta, method, precision, checkpointing = case
+    setup = TrainingSetup(
+        method=Method(method), precision=precision, optimizer_impl=OptimizerImpl.FOR_LOOP, micro_batch=4,
+        seq_len=32, checkpointing=checkpointing, kernel_policy=KernelPolicy.CPU,
+    )  # fmt: skip
+    teacher = spec_for_config(TEACHER, name="teacher")
+    post = post_training("distill", beta=beta, completion=16, seq=32, batch=4, teacher=teacher,
+                         adapter=method != "full")  # fmt: skip
+    measured = measure_post_training(CONFIG, setup, post, teacher_config=TEACHER)
+    estimate = estimate_post_training(spec_for_config(CONFIG, name="tiny"), setup, post)
+    est = {p.phase: p.bytes for p in estimate.phases}
+    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
+    assert set(est) == {p.phase for p in measured.phases}
+    assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
+    assert estimate.peak_phase is measured.peak_phase
+    assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off

@@ -77,6 +77,11 @@ def gpt2_xl_config() -> dict[str, Any]:
           "--rollout", "vllm-colocate", "--rollout-memory", "0.25", "--gpu", "h100-80gb"]),
         ({"model": "qwen2.5-0.5b", "seq": 1024, "method": "lora", "objective": "dpo", "completion": 256},
          ["qwen2.5-0.5b", "--seq", "1024", "--method", "lora", "--objective", "dpo", "--completion", "256"]),
+        # distillation with a teacher; a DPO job on 8 GPUs under ZeRO-3
+        ({"model": "qwen3-0.6b", "seq": 1024, "objective": "distill", "teacher": "qwen3-8b", "beta": 0.5},
+         ["qwen3-0.6b", "--seq", "1024", "--objective", "distill", "--teacher", "qwen3-8b", "--beta", "0.5"]),
+        ({"model": "qwen2.5-0.5b", "seq": 512, "objective": "dpo", "gpu_count": 8, "zero": 3},
+         ["qwen2.5-0.5b", "--seq", "512", "--objective", "dpo", "--gpus", "8", "--zero", "3"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(

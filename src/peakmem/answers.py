@@ -358,7 +358,7 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     post = est.setup.get("post_training") if isinstance(getattr(est, "setup", None), dict) else None
     where = fits_on(est.device_total_bytes)
     if isinstance(post, dict):  # a post-training job (peakmem.jobs): its objective, roles and peak phase
-        roles = f"reference {post['reference']}"
+        roles = f"teacher {post['teacher']}" if "teacher" in post else f"reference {post['reference']}"
         if "rollout" in post:
             roles += f", rollout {post['rollout']}"
         what = (f"{str(post['objective']).upper()} ({what.replace(' fine-tuning', '')} policy, {roles}; "

@@ -389,9 +389,11 @@ def _measure_post_training(args: argparse.Namespace, name: str, config: Any, set
     except ImportError:
         raise MissingExtraError("measure", "rl", "trl") from None
     from peakmem.measure.post_training import measure_post_training
+    from peakmem.resolve import resolve_config
 
+    teacher = resolve_config(args.teacher)[1] if getattr(args, "teacher", None) else None
     with _quiet() as notes:
-        est = measure_post_training(config, setup, post, model_name=name)
+        est = measure_post_training(config, setup, post, model_name=name, teacher_config=teacher)
     est = replace(est, assumptions=(*est.assumptions, *notes))
     return _report(args, est, train_headline(name, setup, est, verb="measured"))
 

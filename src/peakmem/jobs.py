@@ -65,7 +65,9 @@ INT64, FP32 = 8, 4
 # fp32 vectors over the completion (old, sampling and reference log-probs, the advantage's broadcast)
 KEPT_SEQ_INT64 = 2
 KEPT_COMPLETION_FP32 = 4
-ROLES = {"reference": "reference", "rollout": "rollout engine"}  # item key prefix -> role (else: policy)
+# item key prefix -> role (else: policy)
+ROLES = {"reference": "reference", "rollout": "rollout engine", "teacher": "teacher"}
+SRC_DISTILL = "trl 1.16 distillation_trainer.py DistillationTrainer (_compute_loss, _get_last_hidden_state)"
 SRC_TRL_SHARD = "trl 1.16 models/utils.py prepare_deepspeed / prepare_fsdp / unwrap_model_for_generation"
 GATHERED_KEYS = ("zero3.gathered", "fsdp.root", "fsdp.units")  # a sharded model's forward working set
 
@@ -83,6 +85,14 @@ def _weights_format(setup: TrainingSetup) -> str:
 def update_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
     """The training step TRL runs: chosen + rejected concatenated for paired objectives, and the fused
     log-prob head over the completion (with the entropy for online objectives)."""
+    if post.teacher is not None:  # DistillationTrainer: the chunked divergence against the teacher
+        return replace(
+            setup,
+            loss=LossImpl.DIVERGENCE,
+            scored_tokens=post.completion,
+            teacher_hidden=post.teacher.head_in_features,
+            divergence_jsd=0 < post.beta < 1,
+        )
     loss = LossImpl.LOGPROB_ENTROPY if post.online else LossImpl.LOGPROB
     batch = 2 * setup.micro_batch if post.paired else setup.micro_batch
     return replace(setup, micro_batch=batch, loss=loss, scored_tokens=post.completion)
@@ -169,6 +179,15 @@ class _Roles:
             "reference.weights",
             SRC_TRL_SHARD if shards > 1 else SRC_TRL,
         )
+        if post.teacher is not None:  # loaded like the student: its weights in the student's dtype
+            teacher = self.copy * post.teacher.params // single.params
+            self.reference = _item(
+                f"teacher {post.teacher.name} weights (frozen{sharded})",
+                Category.PARAMETERS,
+                -(-teacher // shards),
+                "teacher.weights",
+                SRC_DISTILL,
+            )
         forward = next((p for p in train.phases if p.phase is Phase.FORWARD), None)
         self.gathered = tuple(i for i in (forward.items if forward else ()) if i.key in GATHERED_KEYS)
         share = (
@@ -213,20 +232,13 @@ def check_data_parallel(par: Parallelism) -> None:
             )
 
 
-def _online_phases(
-    spec: ModelSpec, setup: TrainingSetup, post: PostTraining, train: Estimate, r: _Roles
-) -> tuple[list[PhasePeak], dict[str, object]]:
+def _rollout(
+    spec: ModelSpec, setup: TrainingSetup, post: PostTraining, r: _Roles, extra: dict[str, object]
+) -> PhasePeak:
+    """The policy generating its generation batch (``batch x steps_per_generation`` completions per
+    device): transformers ``generate`` on the policy, or the vLLM engine's share."""
     gen_batch = setup.micro_batch * post.steps_per_generation
-    kept = gen_batch * (
-        setup.seq_len * KEPT_SEQ_INT64 * INT64 + post.completion * (INT64 + KEPT_COMPLETION_FP32 * FP32)
-    )
-    batch = _item(
-        f"generation batch kept for the update ({gen_batch} completions: ids, masks, log-probs)",
-        Category.ACTIVATIONS,
-        kept,
-        "policy.generation_batch",
-    )
-    extra: dict[str, object] = {"generation_batch": gen_batch}
+    extra["generation_batch"] = gen_batch
     if post.rollout is Rollout.HF:
         gen = InferenceSetup(
             weights=_weights_format(setup),
@@ -247,9 +259,25 @@ def _online_phases(
             "rollout.generate",
             SRC_GENERATE,
         )
-        rollout = _phase(Phase.ROLLOUT, r.policy, r.reference, generate, *r.generate_gathered)
-    else:
-        rollout = _phase(Phase.ROLLOUT, r.policy, r.reference, r.vllm)
+        return _phase(Phase.ROLLOUT, r.policy, r.reference, generate, *r.generate_gathered)
+    return _phase(Phase.ROLLOUT, r.policy, r.reference, r.vllm)
+
+
+def _online_phases(
+    spec: ModelSpec, setup: TrainingSetup, post: PostTraining, train: Estimate, r: _Roles
+) -> tuple[list[PhasePeak], dict[str, object]]:
+    extra: dict[str, object] = {}
+    rollout = _rollout(spec, setup, post, r, extra)
+    gen_batch = setup.micro_batch * post.steps_per_generation
+    kept = gen_batch * (
+        setup.seq_len * KEPT_SEQ_INT64 * INT64 + post.completion * (INT64 + KEPT_COMPLETION_FP32 * FP32)
+    )
+    batch = _item(
+        f"generation batch kept for the update ({gen_batch} completions: ids, masks, log-probs)",
+        Category.ACTIVATIONS,
+        kept,
+        "policy.generation_batch",
+    )
     # old-policy log-probs: with vLLM always (importance sampling), else when a generation batch spans
     # several steps; reference log-probs when there is a reference
     scores = (
@@ -274,6 +302,41 @@ def _online_phases(
     )
     update = [_phase(p.phase, *p.items, r.reference, r.awake, batch) for p in train.phases]
     return [rollout, scoring, *update], extra
+
+
+def _distill_phases(
+    spec: ModelSpec, setup: TrainingSetup, post: PostTraining, train: Estimate, r: _Roles
+) -> tuple[list[PhasePeak], dict[str, object]]:
+    """Distillation: the student's rollout beside the teacher's weights, then its update, whose loss
+    holds both models' hidden states (:func:`peakmem.formulas.logprob_head.divergence_head`); the
+    teacher's no-grad forward runs after the student's, its saved activations alive (the scoring phase)."""
+    assert post.teacher is not None
+    extra: dict[str, object] = {}
+    rollout = _rollout(spec, setup, post, r, extra)
+    gen_batch = setup.micro_batch * post.steps_per_generation
+    batch = _item(
+        f"generation batch kept for the update ({gen_batch} completions: prompt and completion ids, masks)",
+        Category.ACTIVATIONS,
+        gen_batch * setup.seq_len * KEPT_SEQ_INT64 * INT64,
+        "policy.generation_batch",
+    )
+    act = FP32 if setup.precision is Precision.FP32 else 2
+    teacher = _item(
+        f"teacher forward (no grad) of {setup.micro_batch} sequences, after the student's",
+        Category.TEMPORARIES,
+        layer_transient_bytes(post.teacher, setup.micro_batch * setup.seq_len, act),
+        "teacher.forward",
+        SRC_DISTILL,
+    )
+    update: list[PhasePeak] = []
+    scoring: list[PhasePeak] = []
+    for p in train.phases:
+        if p.phase is Phase.FORWARD:
+            saved = [i for i in p.items if i.category is not Category.TEMPORARIES]
+            scoring.append(_phase(Phase.SCORING, *saved, r.reference, r.awake, batch, teacher,
+                                  *r.gathered_for("teacher")))  # fmt: skip
+        update.append(_phase(p.phase, *p.items, r.reference, r.awake, batch))
+    return [rollout, *scoring, *update], extra
 
 
 def _offline_phases(
@@ -367,7 +430,15 @@ def estimate_post_training(
         zero3_full = spec.params * w16 if par.zero_stage == 3 and post.rollout is Rollout.HF else 0
     r = _Roles(train, single, post, gpu_bytes, shards=shards, zero3_full=zero3_full)
     extra: dict[str, object] = {}
-    if post.online:
+    if post.teacher is not None and post.teacher.vocab_size != spec.vocab_size:
+        raise InputError(
+            f"teacher={post.teacher.name!r}: its vocabulary ({post.teacher.vocab_size:,}) differs from "
+            f"{spec.name}'s ({spec.vocab_size:,}); TRL's DistillationTrainer compares the full next-token "
+            "distributions and needs one vocabulary"
+        )
+    if post.teacher is not None:
+        phases, extra = _distill_phases(spec, setup, post, train, r)
+    elif post.online:
         phases, extra = _online_phases(spec, setup, post, train, r)
     else:
         phases = _offline_phases(spec, upd, post, train, r)
@@ -403,10 +474,21 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
         f"{post.objective.value}: the phases of TRL 1.16's trainer ({SRC_TRL}); the update's loss is TRL's "
         "fused log-prob head (no batch x seq x vocab logits)"
     ]
+    if post.teacher is not None:
+        kind = {0.0: "forward KL", 1.0: "reverse KL"}.get(post.beta, f"generalized JSD, beta {post.beta:g}")
+        out = [
+            f"distill: the phases of TRL 1.16's DistillationTrainer ({SRC_DISTILL}); the loss is TRL's "
+            f"chunked divergence head ({kind}; no batch x seq x vocab logits)",
+            f"teacher: {post.teacher.name}, frozen, loaded like the student (its weights in the student's "
+            "dtype), a no-grad forward after the student's; on-policy: the student generates one completion "
+            f"per prompt, {extra['generation_batch']} per device at once",
+        ]
     if post.paired:
         out.append("chosen and rejected run concatenated: the update's micro-batch is 2 x --batch sequences")
     out.append(
-        {
+        "reference: none (distillation has no KL penalty)"
+        if post.teacher is not None
+        else {
             Reference.SEPARATE: "reference: a frozen copy of the model in the policy's dtype",
             Reference.ADAPTER: "reference: the policy with its LoRA adapter disabled (peft use_adapter): "
             "no weights of its own",

@@ -112,6 +112,8 @@ class LossImpl(Choice):
     # TRL's fused log-prob head (peakmem.formulas.logprob_head): what its DPO / GRPO trainers run
     LOGPROB = "logprob"
     LOGPROB_ENTROPY = "logprob-entropy"  # ... with the entropy output (GRPO, RLOO)
+    # TRL's chunked divergence head (peakmem.formulas.logprob_head.divergence_head): DistillationTrainer
+    DIVERGENCE = "divergence"
 
 
 class Method(Choice):
@@ -181,6 +183,10 @@ class TrainingSetup:
     liger: bool = False
     # tokens per sequence the loss scores (a post-training job's completion; None: every position)
     scored_tokens: int | None = None
+    # distillation (loss divergence): the teacher's hidden width and whether the divergence is a JSD
+    # (0 < beta < 1: a second pass over the vocabulary)
+    teacher_hidden: int | None = None
+    divergence_jsd: bool = False
     # ALST tiled MLP (DeepSpeed ulysses_sp.py TiledMLP; axolotl tiled_mlp): the MLP in sequence shards,
     # recomputed in backward; shards 0: DeepSpeed's ceil(seqlen / hidden) (peakmem.formulas.long_context)
     tiled_mlp: bool = False
@@ -199,6 +205,8 @@ class TrainingSetup:
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)
         if self.scored_tokens is not None:
             check_int("scored_tokens", self.scored_tokens)
+        if self.teacher_hidden is not None:
+            check_int("teacher_hidden", self.teacher_hidden)
         if self.micro_batch * self.seq_len > MAX_TOKENS:
             raise InputError(
                 f"batch x seq = {self.micro_batch} x {self.seq_len} = {self.micro_batch * self.seq_len:,} "

@@ -16,6 +16,14 @@ TRL 1.16's DPO, GRPO and RLOO trainers call ``model(..., labels=labels, fused_lm
 On devices without Triton (the CPU) each tile is folded with torch ops: a few fp32 ``[n, cols]``
 temporaries per tile (:data:`CPU_FORWARD_TILES`, :data:`CPU_BACKWARD_TILES`, read off
 ``_forward_tile`` / ``_backward_tile`` and measured with ``peakmem.measure``'s tracker).
+
+TRL 1.16's ``DistillationTrainer`` scores the student against its teacher the same way
+(``trl/kernels/chunked_divergence.py`` ``ChunkedDivergenceFunction``, :func:`divergence_head`): both
+backbones' last hidden states (``[B, L, H]`` each, alive while the loss runs), their completion
+positions copied flat (``[N, H_s]``, ``[N, H_t]``, saved for backward with three fp32 ``[N]`` vectors),
+nine fp32 ``[N]`` running statistics and **two** fp32 tiles of ``[min(N, TOKEN_CHUNK_SIZE),
+VOCAB_CHUNK_SIZE]`` (the student's and the teacher's projections); backward: the tiles again and fp32
+accumulators for the student's hidden (``[N, H_s]``) and head weight (``[V, H_s]``) gradients.
 """
 
 from __future__ import annotations
@@ -38,6 +46,17 @@ FP32, INT64 = 4, 8
 # backward ``_backward_tile``: y, z, log_p, p, zeros_like(z), is_target.float() and its difference with p (7)
 CPU_FORWARD_TILES = 3
 CPU_BACKWARD_TILES = 7
+SRC_DIV = "trl 1.16 kernels/chunked_divergence.py ChunkedDivergenceFunction (DistillationTrainer)"
+DIV_TILES = 2  # s_buf and t_buf: the student's and the teacher's projection tiles
+DIV_RUNNING_VECTORS = 9  # s_max, t_max, s_sum, s_x_sum, t_sum, t/s_weighted_gap, jsd, kl_student
+DIV_SAVED_VECTORS = 3  # s_log_z, t_log_z, aux
+# fp32 [n, cols] temporaries of the torch fallbacks at their largest (tiny llama, CPU, measured with the
+# tracker): forward ``_stats_tile`` 6 (zs, zt, gap, the exps and their products), 7 with the JSD pass
+# (``_jsd_tile``'s logaddexp); backward ``_backward_tile`` 9 for a KL (beta 0 or 1), 10 for the JSD
+CPU_DIV_FORWARD_TILES = 6
+CPU_DIV_FORWARD_TILES_JSD = 7
+CPU_DIV_BACKWARD_TILES = 9
+CPU_DIV_BACKWARD_TILES_JSD = 10
 
 
 def scored_positions(sh: Shapes, scored: int | None, *, triton: bool) -> int:
@@ -101,4 +120,50 @@ def no_grad_head_bytes(spec: ModelSpec, tokens: int, scored: int, act_bytes: int
         n * (spec.head_in_features * act_bytes + INT64 + (RUNNING_VECTORS + 1) * FP32)
         + rows * CHUNK_SIZE * act_bytes
         + fold
+    )
+
+
+def divergence_head(
+    spec: ModelSpec,
+    head: HeadActivations,
+    sh: Shapes,
+    *,
+    scored: int,
+    teacher_hidden: int,
+    jsd: bool,
+    head_trains: bool,
+    triton: bool,
+) -> HeadActivations:
+    """``head`` under TRL's chunked divergence head: the student's last ``scored`` positions of each
+    sequence against a teacher of hidden width ``teacher_hidden`` (the same vocabulary)."""
+    n, h, v, r = sh.batch * min(scored, sh.seq - 1), spec.head_in_features, spec.vocab_size, sh.r
+    drop = {"loss.log_softmax", "head.lm_head_input", "head.softcap"}
+    saved = [i for i in head.saved if i.key not in drop]
+    saved.append(
+        MemoryItem(
+            path="divergence head: student and teacher hidden [N, H] copies, log_z x 2, aux",
+            category=Category.ACTIVATIONS,
+            bytes=n * (h + teacher_hidden) * r + DIV_SAVED_VECTORS * n * FP32,
+            source=SRC_DIV,
+            key="loss.divergence_head",
+        )
+    )
+    rows, cols = min(n, TOKEN_CHUNK_SIZE), min(v, CHUNK_SIZE)
+    tiles = DIV_TILES * rows * CHUNK_SIZE * FP32
+    fwd = CPU_DIV_FORWARD_TILES_JSD if jsd else CPU_DIV_FORWARD_TILES
+    bwd = CPU_DIV_BACKWARD_TILES_JSD if jsd else CPU_DIV_BACKWARD_TILES
+    fwd_fold, bwd_fold = (0, 0) if triton else (fwd * rows * cols * FP32, bwd * rows * cols * FP32)
+    # both backbones' outputs [B, L, H] stay alive in the trainer's _compute_loss while the loss runs
+    outputs = sh.batch * sh.seq * (h + teacher_hidden) * r
+    cast = 0 if r == FP32 else r  # the fp32 accumulators' casts to the inputs' dtype (a no-op in fp32)
+    grads = n * h * (FP32 + cast)
+    if head_trains:
+        w = sh.plan.weight.bits // 8
+        grads += v * h * (FP32 + (0 if w == FP32 else w))
+    return replace(
+        head,
+        saved=tuple(saved),
+        forward_transient=outputs + tiles + DIV_RUNNING_VECTORS * n * FP32 + fwd_fold,
+        backward_transient=tiles + bwd_fold + grads,
+        logits_grad=0,
     )

@@ -259,6 +259,13 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     kind = _value(getattr(setup, "loss", "standard"))
     if kind == "standard" or spec.task != "causal-lm":
         return head
+    if kind == "divergence":
+        from peakmem.formulas.logprob_head import divergence_head
+
+        return divergence_head(spec, head, sh, scored=setup.scored_tokens or sh.seq,
+                               teacher_hidden=setup.teacher_hidden or spec.head_in_features,
+                               jsd=setup.divergence_jsd, head_trains=_value(setup.method) == "full",
+                               triton=_value(setup.kernel_policy) == "cuda")  # fmt: skip
     if kind in ("logprob", "logprob-entropy"):
         from peakmem.formulas.logprob_head import logprob_head
 

@@ -44,7 +44,7 @@ def _trl() -> Any:
 FIRST_TOKEN = 4  # ids 0-3: bos, unk, eos, pad of the synthetic tokenizer
 PROMPTS = 64
 LARGEST = 12  # tensors listed per phase  # dataset rows (more than the steps consume)
-_RUNNABLE = (Objective.DPO, Objective.KTO, Objective.GRPO)
+_RUNNABLE = (Objective.DPO, Objective.KTO, Objective.GRPO, Objective.DISTILL)
 # the trainer modules whose ``use_adapter`` (the adapter-disabled reference) the phases are set around
 _ADAPTER_MODULES = {Objective.DPO: "trl.trainer.dpo_trainer", Objective.KTO: "trl.trainer.kto_trainer"}
 
@@ -81,7 +81,9 @@ def _text(row: int, n: int, vocab: int, salt: int = 0) -> str:
 
 def _check(setup: TrainingSetup, post: PostTraining) -> None:
     if post.objective not in _RUNNABLE:
-        raise InputError(f"objective={post.objective.value!r}: measure runs TRL's dpo, kto and grpo trainers")
+        raise InputError(
+            f"objective={post.objective.value!r}: measure runs TRL's dpo, kto, grpo and distill trainers"
+        )
     if post.rollout is not Rollout.HF:
         raise InputError(f"rollout={post.rollout.value!r}: measure generates with transformers (rollout hf)")
     if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16, Precision.AMP_FP16):
@@ -118,6 +120,12 @@ def _args(setup: TrainingSetup, post: PostTraining, out: str) -> Any:
             **common,
             max_length=setup.seq_len,
             precompute_ref_log_probs=post.reference is Reference.PRECOMPUTED,
+        )
+    if post.objective is Objective.DISTILL:  # one completion per prompt, on-policy (the student's)
+        return _trl().DistillationConfig(
+            **common,
+            max_completion_length=post.completion,
+            generation_kwargs={"min_new_tokens": post.completion},
         )
     return _trl().GRPOConfig(
         **common,
@@ -158,11 +166,17 @@ def _reward(completions: list[Any], **_: Any) -> list[float]:
     return [float(len(c)) for c in completions]
 
 
-def _trainer(model: Any, setup: TrainingSetup, post: PostTraining, config: dict[str, Any], out: str) -> Any:
+def _trainer(
+    model: Any, setup: TrainingSetup, post: PostTraining, config: dict[str, Any], out: str, teacher: Any
+) -> Any:
     vocab = int(config["vocab_size"])
     tok = _tokenizer(vocab)
     args = _args(setup, post, out)
     data = _dataset(setup, post, vocab)
+    if post.objective is Objective.DISTILL:
+        return _trl().DistillationTrainer(
+            model=model, teacher_model=teacher, args=args, train_dataset=data, processing_class=tok
+        )
     if post.objective in (Objective.DPO, Objective.KTO):
         ref = None
         if post.reference is Reference.SEPARATE:
@@ -222,9 +236,12 @@ def _instrument(trainer: Any, post: PostTraining, ph: _Phases, stack: contextlib
     for printer in (transformers.PrinterCallback, transformers.ProgressCallback):
         trainer.remove_callback(printer)  # the answer is the report, not the trainer's log lines
     _wrap(trainer.accelerator, "backward", before=ph.set(Phase.BACKWARD))
-    if post.objective is Objective.GRPO:
+    if post.objective in (Objective.GRPO, Objective.DISTILL):
         _wrap(trainer, "_generate_single_turn", before=ph.set(Phase.ROLLOUT), after=ph.set(Phase.SCORING))
         _wrap(trainer, "_generate_and_score_completions", after=ph.set(Phase.FORWARD))
+        if post.objective is Objective.DISTILL:  # the teacher's no-grad forward after the student's
+            trainer.teacher_model.register_forward_pre_hook(lambda *_: ph.set(Phase.SCORING)())
+            trainer.teacher_model.register_forward_hook(lambda *_: ph.set(Phase.FORWARD)())
         return
     _wrap(trainer, "compute_loss", before=ph.set(Phase.FORWARD))
     if post.objective is Objective.KTO:  # the policy's (and the reference's) pass over the KL batch
@@ -248,11 +265,19 @@ def _instrument(trainer: Any, post: PostTraining, ph: _Phases, stack: contextlib
 
 
 def measure_post_training(
-    config: dict[str, Any], setup: TrainingSetup, post: PostTraining, *, model_name: str = "model"
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    post: PostTraining,
+    *,
+    model_name: str = "model",
+    teacher_config: dict[str, Any] | None = None,
 ) -> Estimate:
     """Two optimizer steps of TRL's trainer for ``post``: the live bytes at the peak of each phase of the
-    steady step (the second; the precompute pass for a precomputed reference), by tensor."""
+    steady step (the second; the precompute pass for a precomputed reference), by tensor. Distillation
+    builds its teacher from ``teacher_config`` (random weights, the student's dtype)."""
     _check(setup, post)
+    if post.objective is Objective.DISTILL and teacher_config is None:
+        raise InputError("teacher=None: measure --objective distill needs --teacher CONFIG")
     warnings.filterwarnings("ignore")
     importlib.import_module("datasets").disable_progress_bars()
     importlib.import_module("transformers").utils.logging.disable_progress_bar()
@@ -266,8 +291,13 @@ def measure_post_training(
     with tempfile.TemporaryDirectory() as out, tracker, contextlib.ExitStack() as stack:
         # DPO precomputes its reference log-probs inside DPOTrainer.__init__: tracked as the scoring phase
         tracker.set_phase(Phase.SCORING if post.reference is Reference.PRECOMPUTED else Phase.LOAD, 0)
-        trainer = _trainer(model, setup, post, config, out)
-        if trainer.ref_model is not None:
+        teacher = None
+        if teacher_config is not None and post.objective is Objective.DISTILL:
+            frozen = TrainingSetup(precision=setup.precision, seq_len=setup.seq_len)
+            teacher = build_model(teacher_config, frozen).to(model_dtype(setup.precision)).eval()
+            tracker.register_module(teacher)
+        trainer = _trainer(model, setup, post, config, out, teacher)
+        if getattr(trainer, "ref_model", None) is not None:
             tracker.register_module(trainer.ref_model)
         tracker.watch_gradients(trainer.model.named_parameters())
         _instrument(trainer, post, ph, stack)

@@ -201,6 +201,7 @@ class PostTrainingOptions(BaseModel):
     steps_per_generation: int | None = Field(None, ge=1, le=MAX_GRAD_ACCUM)
     rollout_memory: float = Field(DEFAULT_ROLLOUT_MEMORY, gt=0, lt=1, description="vLLM colocated: its share")
     rollout_sleep: bool = Field(False, description="vLLM colocated: sleep mode outside rollout")
+    teacher: str | None = Field(None, min_length=1, max_length=200, description="distill: the teacher model")
 
 
 class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):

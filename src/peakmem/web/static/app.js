@@ -39,13 +39,14 @@ const FIELDS = [
   { id: "compile", def: "", bool: true, modes: TRAIN },
   { id: "liger", def: "", bool: true, modes: TRAIN },
   { id: "objective", def: "sft", modes: ["train"] },
+  { id: "teacher", def: "", modes: ["train"], only: "distill" },
   { id: "reference", def: "auto", modes: ["train"], only: "post" },
-  { id: "rollout", def: "hf", modes: ["train"], only: "online" },
+  { id: "rollout", def: "hf", modes: ["train"], only: "generates" },
   { id: "beta", def: "", num: true, modes: ["train"], only: "post" },
   { id: "num_generations", def: "", int: true, modes: ["train"], only: "online" },
   { id: "completion", def: "", int: true, modes: ["train"], only: "post" },
-  { id: "rollout_memory", def: "0.3", num: true, modes: ["train"], only: "online" },
-  { id: "rollout_sleep", def: "", bool: true, modes: ["train"], only: "online" },
+  { id: "rollout_memory", def: "0.3", num: true, modes: ["train"], only: "generates" },
+  { id: "rollout_sleep", def: "", bool: true, modes: ["train"], only: "generates" },
   { id: "images", def: "", int: true, modes: ["train", "fit"] },
   { id: "image_size", def: "", modes: ["train", "fit"] },
   { id: "gpu_count", def: "1", int: true, modes: ["train", "fit"] },
@@ -206,6 +207,8 @@ function applies(f, question) {
   const objective = $("objective").value;
   if (f.only === "post") return objective !== "sft";
   if (f.only === "online") return objective === "grpo" || objective === "rloo";
+  if (f.only === "generates") return ["grpo", "rloo", "distill"].includes(objective);
+  if (f.only === "distill") return objective === "distill";
   return true;
 }
 
