@@ -31,13 +31,17 @@ from peakmem.fromfile.mapper import (
     HF_TRAINER,
     LLAMA_FACTORY,
     LORA_DESTS,
+    OPENRLHF,
     QUANT_DESTS,
     TORCHTUNE,
+    VERL,
     Field,
     FromFile,
     _Mapper,
 )
+from peakmem.fromfile.openrlhf import map_openrlhf
 from peakmem.fromfile.torchtune import map_torchtune
+from peakmem.fromfile.verl import map_verl
 
 
 def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
@@ -126,6 +130,10 @@ def map_documents(
             map_torchtune(m, doc, local_dirs or {})
         elif fmt == DEEPSPEED:
             map_deepspeed(m, doc, "")
+        elif fmt == VERL:
+            map_verl(m, doc)
+        elif fmt == OPENRLHF:
+            map_openrlhf(m, doc)
         else:
             map_accelerate(m, doc)
     return _merge(docs, formats, mappers)
@@ -204,7 +212,10 @@ def _merge(
         notes.append("the number of GPUs is not in the file(s): give --gpus N (1 is assumed)")
     if "model" not in options:
         notes.append("no model in the file(s): give MODEL on the command line")
-    ordered = [fields[d] for d in FIELD_OF if d in fields] + extra
+    ordered = [fields[d] for d in FIELD_OF if d in fields] + [
+        f for d, f in fields.items() if d not in FIELD_OF
+    ]
+    ordered += extra
     return FromFile(
         files=tuple(name for name, _ in docs),
         formats=tuple(formats),
