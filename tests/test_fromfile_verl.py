@@ -250,6 +250,7 @@ def test_hydra_values(text: str, want: Any) -> None:
         ("echo hello\n", "runs no training command"),
         ("python3 -m verl.trainer.main_ppo data.x='unclosed\n", "cannot split"),
         ("x=1\n" * 6000, "lines"),
+        ("A=aaaaaaaa\n" + "A=$A$A\n" * 20 + "python3 -m verl.trainer.main_ppo x=$A\n", "expands past"),
     ],
 )
 def test_bad_scripts_are_one_line_errors(text: str, match: str) -> None:
@@ -326,3 +327,15 @@ def test_cli_from_the_lora_script_on_one_gpu_equals_the_same_flags() -> None:
     assert {k: v for k, v in from_file.items() if k != "from_file"} == flagged
     assert from_file["setup"]["post_training"]["objective"] == "grpo"
     assert from_file["peak_phase"] in ("rollout", "scoring", "forward", "backward", "optimizer")
+
+
+def test_a_variable_set_in_one_branch_only_is_unknown() -> None:
+    text = (
+        "N=2\nN=4\n"  # a later assignment replaces an earlier one
+        "R=vllm\n"
+        'if [ "$X" = "1" ]; then\n    R=sglang\nfi\n'  # which branch runs is not known
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=$R actor_rollout_ref.rollout.n=$N\n"
+    )
+    found = map_documents([("j.sh", parse_document(text, "j.sh"))])
+    assert found.options["num_generations"] == 4
+    assert "actor_rollout_ref.rollout.name" in _named(found.not_modelled)

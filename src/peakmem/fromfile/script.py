@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from peakmem.errors import InputError
 
 MAX_SCRIPT_LINES = 5000  # launch scripts are 20-200 lines; refuse a file far past that
-MAX_EXPANDED_CHARS = 1 << 20  # the command after variables are expanded (a variable that doubles itself)
+MAX_EXPANDED_CHARS = 1 << 16  # a line after its variables are expanded (launch commands: a few KiB); stops
+# a variable that doubles itself (A=$A$A) long before it costs time or memory
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGN = re.compile(rf"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?({_NAME})=(.*)$", re.S)
 _ARRAY_OPEN = re.compile(rf"^({_NAME})=\(\s*(.*)$", re.S)
@@ -36,7 +37,8 @@ _VAR = re.compile(
     rf"\$\{{({_NAME})(\[[@*]\])?(?::?-([^}}]*))?\}}|\$({_NAME})|\$([@*0-9#])|\$\{{([@*0-9#])\}}"
 )
 _BLOCK_OPEN = re.compile(r"^(if|for|while|until|case)\b|\{\s*$")
-_BLOCK_CLOSE = re.compile(r"^(fi|done|esac|\})\b")
+_BLOCK_CLOSE = re.compile(r"^(fi|done|esac|\})(\s|;|$)")
+_CLOSES_INLINE = re.compile(r"[;\s](fi|done|esac)\s*;?\s*$")  # if ...; then ...; fi on one line
 _OPERATORS = frozenset({"|", "||", "&&", ";", "&", "|&"})
 _REDIRECT = re.compile(r"^\d*[<>]")
 
@@ -106,14 +108,19 @@ class _Shell:
         self.unresolved: list[str] = []
         self.passes_args = False
 
-    def assign(self, var: str, value: str) -> None:
-        if var in self.values and self.values[var] != value:
+    def assign(self, var: str, value: str, *, conditional: bool = False) -> None:
+        """A later assignment replaces an earlier one; inside a block (``if``, ``for``, ...) a value other
+        than the one already set makes the variable unknown (which branch runs is not known)."""
+        if conditional and var in self.values and self.values[var] != value:
             self.ambiguous.add(var)
+        elif not conditional:
+            self.ambiguous.discard(var)
         self.values[var] = value
 
     def expand(self, text: str) -> str:
         """``text`` with the variables the script sets substituted (outside single quotes)."""
         out: list[str] = []
+        size = 0
         i, quote = 0, ""
         while i < len(text):
             ch = text[i]
@@ -124,15 +131,18 @@ class _Shell:
             if ch == "$" and quote != "'":
                 m = _VAR.match(text, i)
                 if m:
-                    out.append(self._value(m))
+                    value = self._value(m)
+                    size += len(value)
+                    if size > MAX_EXPANDED_CHARS:
+                        raise InputError(
+                            f"--from {self.name}: a line expands past {MAX_EXPANDED_CHARS} characters"
+                        )
+                    out.append(value)
                     i = m.end()
                     continue
             out.append(ch)
             i += 1
-        expanded = "".join(out)
-        if len(expanded) > MAX_EXPANDED_CHARS:
-            raise InputError(f"--from {self.name}: the command expands past {MAX_EXPANDED_CHARS} characters")
-        return expanded
+        return "".join(out)
 
     def _value(self, m: re.Match[str]) -> str:
         var = m.group(1) or m.group(4)
@@ -162,7 +172,7 @@ def read_command(text: str, name: str, markers: Sequence[str]) -> Command | None
     lines = logical_lines(text, name)
     shell = _Shell(name)
     found: list[tuple[str, list[str]]] = []
-    i = 0
+    i = depth = 0
     while i < len(lines):
         line = _strip_comment(lines[i]).strip()
         i += 1
@@ -175,7 +185,7 @@ def read_command(text: str, name: str, markers: Sequence[str]) -> Command | None
                 body.append(lines[i])
                 i += 1
             i += 1
-            shell.assign(heredoc.group(1), shell.expand(" ".join(body)))
+            shell.assign(heredoc.group(1), shell.expand(" ".join(body)), conditional=depth > 0)
             continue
         array = _ARRAY_OPEN.match(line)
         if array:
@@ -184,10 +194,15 @@ def read_command(text: str, name: str, markers: Sequence[str]) -> Command | None
                 items.append(_strip_comment(lines[i]))
                 i += 1
             joined = " ".join(_strip_comment(item) for item in items)
-            shell.assign(array.group(1), shell.expand(joined.rsplit(")", 1)[0]))
+            shell.assign(array.group(1), shell.expand(joined.rsplit(")", 1)[0]), conditional=depth > 0)
             continue
         if _BLOCK_CLOSE.match(line):
+            depth = max(0, depth - 1)
             continue
+        opens = bool(_BLOCK_OPEN.match(line))
+        in_block = depth > 0 or opens
+        if opens and not _CLOSES_INLINE.search(line):
+            depth += 1
         body_line = re.sub(r"^(if|elif|then|else|do)\s+", "", line) if _BLOCK_OPEN.match(line) else line
         body_line = re.sub(r"^(then|else|do)\s+", "", body_line)
         assign = _ASSIGN.match(body_line)
@@ -197,7 +212,7 @@ def read_command(text: str, name: str, markers: Sequence[str]) -> Command | None
                 shell.values[assign.group(1)] = value
                 shell.ambiguous.add(assign.group(1))
             else:
-                shell.assign(assign.group(1), _unquote(shell.expand(value)))
+                shell.assign(assign.group(1), _unquote(shell.expand(value)), conditional=in_block)
             continue
         expanded = shell.expand(body_line)
         for marker in markers:

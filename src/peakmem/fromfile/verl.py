@@ -481,7 +481,8 @@ def _rollout(f: _Fields) -> None:
         m.skip(key, name, "a rollout engine peakmem does not know; vLLM's share counted")
     elif name == "trtllm":
         m.skip(key, name, "TensorRT-LLM's KV pool counted as vLLM's share of the GPU")
-    note = "verl's hybrid engine: the rollout shares the actor's GPUs"
+    mode = f.raw(f"{ROLLOUT}.mode")
+    note = "verl's hybrid engine: the rollout shares the actor's GPUs" + (f" (mode {mode})" if mode else "")
     if name == "sglang":
         note += "; SGLang's mem_fraction_static counted as vLLM's share"
     f.set("rollout", "vllm-colocate", key if f.given(key) else "(verl: rollout.name required)", note)
