@@ -339,3 +339,19 @@ def test_a_variable_set_in_one_branch_only_is_unknown() -> None:
     found = map_documents([("j.sh", parse_document(text, "j.sh"))])
     assert found.options["num_generations"] == 4
     assert "actor_rollout_ref.rollout.name" in _named(found.not_modelled)
+
+
+def test_a_reward_model_the_command_cannot_hold_is_named(tmp_path: Path) -> None:
+    """Until `reward_model` is an option (another session adds it), the file's reward model is named in
+    not_modelled by the CLI, never dropped silently."""
+    from peakmem.options import OPTIONS
+
+    script = tmp_path / "rm.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
+        "actor_rollout_ref.rollout.name=vllm actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+        "reward_model.enable=True reward_model.model.path=rm trainer.n_gpus_per_node=1 data.train_batch_size=4\n"
+    )
+    out = _cli_json(["train", "qwen2.5-0.5b", "--from", str(script), "--gpu", "h100-80gb"])
+    named = any("reward_model.model.path = rm" in n for n in out["from_file"]["not_modelled"])
+    assert named != any(o.name == "reward_model" for o in OPTIONS)

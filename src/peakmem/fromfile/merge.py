@@ -257,6 +257,9 @@ def _split_global_batch(
 
 
 # --- applying to the command line's namespace ------------------------------------------------------
+ROLE_DESTS = ("critic", "reward_model")  # models beside the policy (PPO's critic, a reward model)
+
+
 def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, list[Field]]:
     """Set on ``args`` every option the file gives that the command line did not (``explicit``: the
     argparse dests the user typed). Returns the mapping (with a micro-batch derived from DeepSpeed's
@@ -264,8 +267,11 @@ def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, lis
     overridden: list[Field] = []
     method = getattr(args, "method", None) if "method" in explicit else None
     by_dest = {dest: f for dest in found.options for f in found.mapped if f.field == FIELD_OF.get(dest, dest)}
+    unasked: list[str] = []
     for dest, value in found.options.items():
         if not hasattr(args, dest):
+            if dest in ROLE_DESTS:
+                unasked.append(f"{by_dest[dest].source} = {value}: {dest} is not an option of this command")
             continue
         if method == "full" and dest in LORA_DESTS + QUANT_DESTS:
             continue  # --method full drops the file's adapter options
@@ -276,6 +282,8 @@ def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, lis
                 overridden.append(Field(by_dest[dest].field, getattr(args, dest), "command line"))
             continue
         setattr(args, dest, value)
+    if unasked:  # a role the file names that the answer cannot hold: said, never dropped silently
+        found = replace(found, not_modelled=(*found.not_modelled, *unasked))
     if found.parallel:
         args.from_parallel = dict(found.parallel)
     if found.global_batch is not None and "batch" not in found.options and "batch" not in explicit:
