@@ -350,7 +350,8 @@ def test_a_reward_model_the_command_cannot_hold_is_named(tmp_path: Path) -> None
     script.write_text(
         "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
         "actor_rollout_ref.rollout.name=vllm actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
-        "reward_model.enable=True reward_model.model.path=rm trainer.n_gpus_per_node=1 data.train_batch_size=4\n"
+        "reward_model.enable=True reward_model.model.path=rm trainer.n_gpus_per_node=1 "
+        "data.train_batch_size=4\n"
     )
     out = _cli_json(["train", "qwen2.5-0.5b", "--from", str(script), "--gpu", "h100-80gb"])
     named = any("reward_model.model.path = rm" in n for n in out["from_file"]["not_modelled"])
