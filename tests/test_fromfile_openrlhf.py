@@ -83,6 +83,7 @@ def test_remote_reward_separate_gpus_and_adam_offload() -> None:
     assert (o["rollout"], o["offload"], o["batch"], o["gpus"]) == ("vllm-server", "cpu", 8, 2)
     # rollout_batch_size 1024 prompts x n 1 over 2 ranks, micro-batches of 8: 64 per generation
     assert o["steps_per_generation"] == 1024 * 1 // 2 // 8
+    assert o["grad_accum"] == 128 // (8 * 2)  # train_batch_size 128 = micro 8 x accumulation x 2 ranks
     named = _named(found.not_modelled)
     assert {"--colocate_all_models", "--micro_rollout_batch_size"} <= named
 

@@ -539,6 +539,10 @@ def _batch(f: _Flags, gpus: int) -> None:
         return
     micro = f.number("train.micro_batch_size", as_int) or 1
     f.set("batch", micro, "train.micro_batch_size")
+    total = f.number("train.batch_size", as_int) or 0
+    accum, left = divmod(total, micro * dp)
+    if accum >= 1 and not left:  # train_batch_size is global: micro-batch x accumulation x ranks
+        f.set("grad_accum", accum, "train.batch_size", f"{total} / (micro {micro} x {dp} ranks)")
     prompts = f.number("rollout.batch_size", as_int) or 0
     spg, rest = divmod(prompts * n, dp * micro)
     if spg >= 1 and not rest:
