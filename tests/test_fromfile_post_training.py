@@ -51,10 +51,16 @@ def test_a_trl_grpo_file_answers_the_grpo_job() -> None:
     }
     got = peakmem.train(None, from_file=_write(doc), gpu="h100-80gb").to_dict()
     assert got["setup"]["post_training"] == {
-        "objective": "grpo", "reference": "separate", "beta": 0.04, "rollout": "vllm-colocate",
-        "num_generations": 16, "completion": 1024, "steps_per_generation": 1, "rollout_memory": 0.3,
+        "objective": "grpo",
+        "reference": "separate",
+        "beta": 0.04,
+        "rollout": "vllm-colocate",
+        "num_generations": 16,
+        "completion": 1024,
+        "steps_per_generation": 1,
+        "rollout_memory": 0.3,
         "rollout_sleep": False,
-    }  # fmt: skip
+    }
     assert got["setup"]["seq_len"] == 512 + 1024  # max_prompt_length + max_completion_length
     assert set(got["phases"]) == {"rollout", "scoring", "forward", "backward", "optimizer"}
 
@@ -72,21 +78,37 @@ def _write(doc: dict[str, Any]) -> str:
     ("doc", "want"),
     [
         ({"base_model": "x", "rl": "dpo", "micro_batch_size": 2}, {"objective": "dpo"}),  # axolotl
-        ({"base_model": "x", "rl": "grpo", "trl": {"beta": 0.001, "num_generations": 4, "use_vllm": True,
-          "vllm_mode": "server"}}, {"objective": "grpo", "beta": 0.001, "num_generations": 4,
-                                    "rollout": "vllm-server"}),  # axolotl's trl: block
-        ({"model_name_or_path": "x", "stage": "dpo", "pref_beta": 0.1, "finetuning_type": "lora"},
-         {"objective": "dpo", "beta": 0.1}),  # LLaMA-Factory
+        (
+            {
+                "base_model": "x",
+                "rl": "grpo",
+                "trl": {"beta": 0.001, "num_generations": 4, "use_vllm": True, "vllm_mode": "server"},
+            },
+            {"objective": "grpo", "beta": 0.001, "num_generations": 4, "rollout": "vllm-server"},
+        ),  # axolotl's trl: block
+        (
+            {"model_name_or_path": "x", "stage": "dpo", "pref_beta": 0.1, "finetuning_type": "lora"},
+            {"objective": "dpo", "beta": 0.1},
+        ),  # LLaMA-Factory
         ({"model_name_or_path": "x", "stage": "dpo", "pref_loss": "simpo"}, {"objective": "simpo"}),
-        ({"output_dir": "o", "precompute_ref_log_probs": True, "beta": 0.1},
-         {"objective": "dpo", "reference": "precomputed", "checkpointing": "full", "precision": "amp-bf16"}),
+        (
+            {"output_dir": "o", "precompute_ref_log_probs": True, "beta": 0.1},
+            {
+                "objective": "dpo",
+                "reference": "precomputed",
+                "checkpointing": "full",
+                "precision": "amp-bf16",
+            },
+        ),
         ({"output_dir": "o", "beta": 0.1}, {"objective": "dpo"}),  # beta alone: DPO, never below the job
         ({"base_model": "x", "rl": "kto"}, {"objective": "kto"}),  # axolotl
         ({"output_dir": "o", "desirable_weight": 1.0, "beta": 0.2}, {"objective": "kto", "beta": 0.2}),
-        ({"output_dir": "o", "rloo_k": 4, "vllm_enable_sleep_mode": True, "use_vllm": True},
-         {"objective": "rloo", "num_generations": 4, "rollout": "vllm-colocate", "rollout_sleep": True}),
+        (
+            {"output_dir": "o", "rloo_k": 4, "vllm_enable_sleep_mode": True, "use_vllm": True},
+            {"objective": "rloo", "num_generations": 4, "rollout": "vllm-colocate", "rollout_sleep": True},
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_framework_maps_its_objective(doc: dict[str, Any], want: dict[str, Any]) -> None:
     found = map_documents([("f.yaml", doc)])
     assert {k: found.options.get(k) for k in want} == want, found.options
@@ -134,3 +156,35 @@ def test_strict_mapping_refuses_a_post_training_job_naming_the_field() -> None:
     doc = {"output_dir": "o", "per_device_train_batch_size": 2, "num_ppo_epochs": 4}
     with pytest.raises(InputError, match=r"TrainingArguments\.num_ppo_epochs=4: not modelled"):
         map_training_arguments(doc, model="m", method="full", weights=None, strict=True)
+
+
+def test_open_r1_recipe_maps_with_the_trl_it_pins() -> None:
+    """open-r1's published GRPO recipe (tests/fixtures/frameworks/open-r1/config_demo.yaml,
+    huggingface/open-r1 @ 1416fa0c recipes/Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml): a GRPOConfig run
+    by open-r1's scripts,
+    which pin trl==0.18.0, whose GRPOConfig defaults vllm_mode to "server" and beta to 0.04 (v0.18.0
+    trl/trainer/grpo_config.py); the file sets neither."""
+    from pathlib import Path
+
+    from peakmem.fromfile import read_from_files
+
+    path = Path(__file__).parent / "fixtures" / "frameworks" / "open-r1" / "config_demo.yaml"
+    found = read_from_files([path])
+    want = {
+        "objective": "grpo",
+        "model": "Qwen/Qwen2.5-1.5B-Instruct",
+        "num_generations": 16,
+        "completion": 1024,
+        "seq": 512 + 1024,
+        "batch": 16,
+        "grad_accum": 4,
+        "checkpointing": "full",
+        "beta": 0.04,
+        "rollout": "vllm-server",  # TRL 0.18.0's defaults, not 1.16's (0.0, colocate)
+    }
+    assert {k: found.options.get(k) for k in want} == want
+    assert not any("no sequence length" in n for n in found.notes)  # prompt + completion is the sequence
+    assert any("trl==0.18.0" in n for n in found.notes)
+    # a plain TRL GRPOConfig (no reward_funcs) keeps TRL 1.16's defaults
+    plain = map_documents([("g.yaml", {"output_dir": "o", "use_vllm": True, "num_generations": 4})]).options
+    assert plain["rollout"] == "vllm-colocate" and "beta" not in plain

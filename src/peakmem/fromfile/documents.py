@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.errors import InputError
+from peakmem.fromfile import openrlhf, verl
 from peakmem.fromfile.mapper import (
     ACCELERATE,
     AXOLOTL,
@@ -18,12 +19,16 @@ from peakmem.fromfile.mapper import (
     FORMATS,
     HF_TRAINER,
     LLAMA_FACTORY,
+    OPENRLHF,
     TORCHTUNE,
+    VERL,
 )
+from peakmem.fromfile.script import read_command
 from peakmem.userfiles import parse_json, parse_yaml, read_user_text
 
 MAX_FILE_BYTES = 1 << 20  # a training config is a few KiB; refuse anything past 1 MiB
 YAML_SUFFIXES = (".yaml", ".yml")
+SCRIPT_SUFFIXES = (".sh", ".bash")  # launch scripts (verl, OpenRLHF): read, never run
 
 
 def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -34,9 +39,18 @@ def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def parse_document(text: str, name: str) -> dict[str, Any]:
-    """Parse JSON (``.json``, or text starting with ``{``) or YAML; ``name`` is for errors."""
+    """Parse JSON (``.json``, or text starting with ``{``), a launch script (``.sh``, a ``#!`` line, or
+    text naming a verl / OpenRLHF entry point outside a ``.json`` / ``.yaml`` file) or YAML; ``name`` is
+    for errors."""
     doc: Any
-    if name.lower().endswith(".json") or text.lstrip().startswith("{"):
+    lower = name.lower()
+    if (
+        lower.endswith(SCRIPT_SUFFIXES)
+        or text.startswith("#!")
+        or (not lower.endswith((".json", *YAML_SUFFIXES)) and any(mark in text for mark in SCRIPT_MARKERS))
+    ):
+        return parse_script(text, name)
+    if lower.endswith(".json") or text.lstrip().startswith("{"):
         try:
             doc = parse_json(text)
         except json.JSONDecodeError as e:
@@ -50,6 +64,23 @@ def parse_document(text: str, name: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InputError(f"--from {name}: the top level must be a mapping of keys, not {type(doc).__name__}")
     return doc
+
+
+SCRIPT_MARKERS = (verl.MODULE, *openrlhf.MODULES, *openrlhf.OTHER_MODULES)
+
+
+def parse_script(text: str, name: str) -> dict[str, Any]:
+    """A launch script's training command as a document: verl's overrides nested as its YAML, OpenRLHF's
+    flags under ``flags``; an error when it runs neither."""
+    command = read_command(text, name, SCRIPT_MARKERS)
+    if command is None:
+        raise InputError(
+            f"--from {name}: a shell script that runs no training command peakmem reads "
+            f"(looked for: python -m {', '.join((verl.MODULE, *openrlhf.MODULES))})"
+        )
+    if command.module == verl.MODULE:
+        return verl.overrides_document(command, name)
+    return openrlhf.flags_document(command, name)
 
 
 def find_referenced(ref: str, base: Path) -> Path | None:
@@ -94,6 +125,10 @@ def deepspeed_refs(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
 def detect_format(doc: Mapping[str, Any]) -> str:
     """Which framework's file this is, from its keys; an error lists what was looked for."""
     keys = set(doc)
+    if verl.is_verl(doc):
+        return VERL
+    if openrlhf.is_openrlhf(doc):
+        return OPENRLHF
     if "distributed_type" in keys or "compute_environment" in keys:
         return ACCELERATE
     if keys & {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size"} and not keys & {

@@ -19,7 +19,7 @@ from peakmem.errors import InputError
 from peakmem.fromfile.accelerate import FSDP_OFFLOAD_NOTE, FSDP_STRATEGIES, fsdp_config
 from peakmem.fromfile.deepspeed import map_deepspeed
 from peakmem.fromfile.mapper import Row, _Mapper, as_float, as_int, get, is_auto, names_list, take, truthy
-from peakmem.fromfile.post_training import map_post_training
+from peakmem.fromfile.post_training import map_post_training, objective
 
 TRL_LORA_R, TRL_LORA_ALPHA, TRL_LORA_DROPOUT = 16, 32, 0.05  # trl/trainer/model_config.py ModelConfig
 TRL_MAX_LENGTH = 1024  # trl/trainer/sft_config.py SFTConfig.max_length
@@ -474,10 +474,13 @@ def map_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
                 m.set("seq", value, key)
                 break
     else:
-        m.notes.append(
-            f"no sequence length in the file: TRL SFTConfig's default max_length is {TRL_MAX_LENGTH}; "
-            "peakmem's default applies unless --seq is given"
-        )
+        if (
+            objective(doc) is None or "max_prompt_length" not in doc
+        ):  # else: prompt + completion (post_training)
+            m.notes.append(
+                f"no sequence length in the file: TRL SFTConfig's default max_length is {TRL_MAX_LENGTH}; "
+                "peakmem's default applies unless --seq is given"
+            )
     packing(m, doc, ("packing",))
     precision_flags(m, doc)
     weights = None

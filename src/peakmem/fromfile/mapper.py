@@ -17,7 +17,9 @@ TORCHTUNE = "torchtune"
 HF_TRAINER = "transformers/trl"
 DEEPSPEED = "deepspeed"
 ACCELERATE = "accelerate"
-FORMATS = (AXOLOTL, LLAMA_FACTORY, TORCHTUNE, HF_TRAINER, DEEPSPEED, ACCELERATE)
+VERL = "verl"
+OPENRLHF = "openrlhf"
+FORMATS = (AXOLOTL, LLAMA_FACTORY, TORCHTUNE, HF_TRAINER, DEEPSPEED, ACCELERATE, VERL, OPENRLHF)
 AUTO = "auto"  # HF Trainer fills DeepSpeed "auto" values from TrainingArguments (integrations/deepspeed.py)
 
 
@@ -122,6 +124,19 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "fsdp_version": "fsdp-version",
     "offload": "offload",
     "offload_params": "offload-params",
+    "gpus_per_node": "gpus-per-node",
+    "max_tokens_per_gpu": "max-tokens-per-gpu",
+    "objective": "objective",
+    "reference": "reference",
+    "beta": "beta",
+    "rollout": "rollout",
+    "rollout_memory": "rollout-memory",
+    "rollout_sleep": "rollout-sleep",
+    "num_generations": "num-generations",
+    "completion": "completion",
+    "steps_per_generation": "steps-per-generation",
+    "critic": "critic",
+    "reward_model": "reward-model",
 }
 LORA_DESTS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "adapter_dtype")
 QUANT_DESTS = ("quant", "no_double_quant")
@@ -152,6 +167,9 @@ class _Mapper:
         # dests set from a framework's default (the optimizer a file leaves out): another file's value
         # wins over them, whichever comes first
         self.defaults: set[str] = set()
+        # file fields filled from the default of the framework version the file is run with (an open-r1
+        # recipe's TRL): the field -> the source shown for it
+        self.defaults_from: dict[str, str] = {}
 
     def src(self, key: str) -> str:
         return f"{self.name}:{key}"
@@ -265,6 +283,17 @@ def names_list(value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [str(v).strip() for v in value if str(v).strip()]
     return []
+
+
+def packed_rows(samples: int, seq: int, budget: int, multiple: int) -> tuple[int, str]:
+    """The packed micro-batches (rows of ``budget`` tokens, verl ``use_dynamic_bsz`` / OpenRLHF
+    ``dynamic_batch_enable``) that one rank's ``samples`` of up to ``seq`` tokens fill at most, rounded up
+    to a multiple of ``multiple`` (peakmem's generation batch holds whole groups of completions), and the
+    arithmetic."""
+    rows = max(1, -(-samples * seq // budget))
+    rounded = -(-rows // multiple) * multiple
+    note = f"{samples} samples x {seq} tokens per rank in rows of {budget}: {rows} rows"
+    return rounded, note + (f", rounded up to a multiple of n {multiple}" if rounded != rows else "")
 
 
 Converter = Callable[[_Mapper, str, Any], Any]

@@ -31,13 +31,17 @@ from peakmem.fromfile.mapper import (
     HF_TRAINER,
     LLAMA_FACTORY,
     LORA_DESTS,
+    OPENRLHF,
     QUANT_DESTS,
     TORCHTUNE,
+    VERL,
     Field,
     FromFile,
     _Mapper,
 )
+from peakmem.fromfile.openrlhf import map_openrlhf
 from peakmem.fromfile.torchtune import map_torchtune
+from peakmem.fromfile.verl import map_verl
 
 
 def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
@@ -126,6 +130,10 @@ def map_documents(
             map_torchtune(m, doc, local_dirs or {})
         elif fmt == DEEPSPEED:
             map_deepspeed(m, doc, "")
+        elif fmt == VERL:
+            map_verl(m, doc)
+        elif fmt == OPENRLHF:
+            map_openrlhf(m, doc)
         else:
             map_accelerate(m, doc)
     return _merge(docs, formats, mappers)
@@ -204,7 +212,10 @@ def _merge(
         notes.append("the number of GPUs is not in the file(s): give --gpus N (1 is assumed)")
     if "model" not in options:
         notes.append("no model in the file(s): give MODEL on the command line")
-    ordered = [fields[d] for d in FIELD_OF if d in fields] + extra
+    ordered = [fields[d] for d in FIELD_OF if d in fields] + [
+        f for d, f in fields.items() if d not in FIELD_OF
+    ]
+    ordered += extra
     return FromFile(
         files=tuple(name for name, _ in docs),
         formats=tuple(formats),
@@ -246,6 +257,9 @@ def _split_global_batch(
 
 
 # --- applying to the command line's namespace ------------------------------------------------------
+ROLE_DESTS = ("critic", "reward_model")  # models beside the policy (PPO's critic, a reward model)
+
+
 def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, list[Field]]:
     """Set on ``args`` every option the file gives that the command line did not (``explicit``: the
     argparse dests the user typed). Returns the mapping (with a micro-batch derived from DeepSpeed's
@@ -253,8 +267,11 @@ def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, lis
     overridden: list[Field] = []
     method = getattr(args, "method", None) if "method" in explicit else None
     by_dest = {dest: f for dest in found.options for f in found.mapped if f.field == FIELD_OF.get(dest, dest)}
+    unasked: list[str] = []
     for dest, value in found.options.items():
         if not hasattr(args, dest):
+            if dest in ROLE_DESTS:
+                unasked.append(f"{by_dest[dest].source} = {value}: {dest} is not an option of this command")
             continue
         if method == "full" and dest in LORA_DESTS + QUANT_DESTS:
             continue  # --method full drops the file's adapter options
@@ -265,6 +282,8 @@ def apply(args: Any, found: FromFile, explicit: set[str]) -> tuple[FromFile, lis
                 overridden.append(Field(by_dest[dest].field, getattr(args, dest), "command line"))
             continue
         setattr(args, dest, value)
+    if unasked:  # a role the file names that the answer cannot hold: said, never dropped silently
+        found = replace(found, not_modelled=(*found.not_modelled, *unasked))
     if found.parallel:
         args.from_parallel = dict(found.parallel)
     if found.global_batch is not None and "batch" not in found.options and "batch" not in explicit:

@@ -91,6 +91,14 @@ def objective(doc: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+# open-r1 (huggingface/open-r1 @ 1416fa0c) recipes are GRPOConfig YAMLs read by its own scripts, which
+# pin trl==0.18.0 (setup.py) and add GRPOScriptArguments.reward_funcs (src/open_r1/configs.py). TRL
+# 0.18.0's GRPOConfig (trl/trainer/grpo_config.py @ v0.18.0) defaults differ from 1.16's where memory
+# depends on them: vllm_mode "server" (1.16: "colocate") and beta 0.04 (1.16: 0.0, no reference).
+OPEN_R1_MARKER = "reward_funcs"
+OPEN_R1_TRL = "0.18.0"
+OPEN_R1_DEFAULTS = {"vllm_mode": "server", "beta": 0.04}
+
 # objectives peakmem models (peakmem.post_training) as their files spell them
 MODELLED = ("dpo", "ipo", "orpo", "simpo", "kto", "grpo", "rloo", "preference")
 # LLaMA-Factory stage dpo: pref_loss (hparams/finetuning_args.py): sigmoid, hinge, ipo, kto_pair, orpo, simpo
@@ -140,13 +148,15 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
     block = doc.get("trl")
     trl: Mapping[str, Any] = block if isinstance(block, Mapping) else {}  # axolotl's GRPO block
     fields = {**doc, **trl}
+    if name == "grpo" and OPEN_R1_MARKER in doc and key not in ("rl", "stage"):
+        _open_r1_defaults(m, fields)
     note = "beta alone: read as DPO (with a reference); an ORPO / SimPO file: --objective orpo|simpo"
     m.set("objective", _objective_name(name, doc), key, note if name == "preference" else "")
     for field, dest, kind in _FIELDS:
         if fields.get(field) is not None:
             value = as_float(m, field, fields[field]) if kind == "float" else as_int(m, field, fields[field])
             if value is not None:
-                m.set(dest, value, field)
+                m.set(dest, value, m.defaults_from.get(field, field))
     _map_rollout(m, fields)
     _map_reference(m, fields)
     _map_sequence(m, fields, name)
@@ -156,12 +166,26 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
             m.skip(field, fields[field], _UNMODELLED_FIELDS[field])
 
 
+def _open_r1_defaults(m: _Mapper, fields: dict[str, Any]) -> None:
+    """An open-r1 recipe: the GRPOConfig defaults of the TRL it pins fill what the file leaves out."""
+    for field, value in OPEN_R1_DEFAULTS.items():
+        if field not in fields and (field != "vllm_mode" or truthy(fields.get("use_vllm"))):
+            fields[field] = value
+            m.notes.append(
+                f"{m.src(OPEN_R1_MARKER)}: an open-r1 recipe (its scripts pin trl=={OPEN_R1_TRL}): "
+                f"{field} = {value}, that TRL's default"
+            )
+            m.defaults_from[field] = f"(open-r1's trl=={OPEN_R1_TRL} default: {field}={value})"
+
+
 def _map_rollout(m: _Mapper, f: Mapping[str, Any]) -> None:
     if not truthy(f.get("use_vllm")):
         return
     mode = str(f.get("vllm_mode") or "colocate").lower()  # GRPOConfig.vllm_mode default "colocate" (1.16)
     rollout = "vllm-colocate" if mode == "colocate" else "vllm-server"
-    if "vllm_mode" in f:
+    if "vllm_mode" in m.defaults_from:
+        m.set("rollout", rollout, m.defaults_from["vllm_mode"])
+    elif "vllm_mode" in f:
         m.set("rollout", rollout, "vllm_mode")
     else:
         m.set("rollout", rollout, "use_vllm", "TRL 1.16's default vllm_mode: colocate")
