@@ -163,3 +163,22 @@ def test_the_headline_says_graphs_on_top_before_0_21(capsys: pytest.CaptureFixtu
         heads.append(out[: out.index(": fits.")])
     assert "+ CUDA graphs 0.59 GB (0.55 GiB) on top" in heads[0]  # 593,494,016 B (test_serving_verdict.py)
     assert "on top" not in heads[1]
+
+
+def test_web_api_takes_the_options() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from peakmem.web.app import create_app
+
+    client = TestClient(create_app())
+    body = {
+        "model": "llama-3.1-8b",
+        "engine": "vllm",
+        "context": 8192,
+        "max_num_seqs": 64,
+        "engine_version": "0.20",
+    }
+    assert client.post("/api/infer", json=body).json()["breakdown"]["cuda_graphs"] == 201_850_880
+    bad = client.post("/api/infer", json={"model": "llama-3.1-8b", "engine": "hf", "enforce_eager": True})
+    assert bad.status_code == 422 and bad.json()["field"] == "enforce_eager"

@@ -70,6 +70,9 @@ const FIELDS = [
   { id: "prefix_tokens", def: "", int: true, modes: INFER },
   { id: "draft", def: "", modes: INFER },
   { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
+  { id: "enforce_eager", def: "", bool: true, modes: INFER },
+  { id: "max_num_seqs", def: "", int: true, modes: INFER },
+  { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
 ];
