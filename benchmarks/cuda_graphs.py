@@ -7,7 +7,9 @@ anything was fitted. For each case it prints the log's figure, peakmem's, and th
 
 * ``took`` / ``estimated`` / ``nvidia_smi_delta``: the whole term of ``peakmem infer`` for the case's
   model, engine release, tensor-parallel degree and max_num_seqs (``extra["cuda_graph_bytes"]``);
-* ``per_graph``: one more capture size, i.e. the term's marginal per graph (PER_GRAPH_BYTES).
+* ``per_graph``: one more capture size, i.e. the term's marginal per graph (PER_GRAPH_BYTES);
+* ``kv_pool``: vLLM's "Available KV cache memory" against ``extra["kv_pool_bytes"]`` on the case's GPU and
+  gpu_memory_utilization (the graphs taken out of the budget, vLLM 0.21+).
 
 ``--fit`` prints, for the fitting set only, the per-graph bytes each case implies once the shared working set
 is taken out (how PER_GRAPH_BYTES was chosen). Exits 0; the goal (issue 31) is |error| <= 10 %, reported
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from peakmem.catalog import get_model
+from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import PER_GRAPH_BYTES
 from peakmem.hf import spec_from_config
@@ -40,9 +42,11 @@ def _spec(case: dict[str, Any]) -> ModelSpec:
 
 
 def _setup(case: dict[str, Any]) -> InferenceSetup:
+    gpu = get_gpu(case["gpu"]).usable_bytes if "gpu" in case else None
     return InferenceSetup(
         engine=case["engine"], engine_version=case["version"], tp=case.get("tp", 1),
-        max_num_seqs=case.get("max_num_seqs"), context=4096, batch=1,
+        max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1, gpu_bytes=gpu,
+        gpu_memory_utilization=case.get("gpu_memory_utilization"),
     )  # fmt: skip
 
 
@@ -55,7 +59,7 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
     if case["what"] == "per_graph":
         return PER_GRAPH_BYTES, "one more graph: PER_GRAPH_BYTES"
     est = estimate_inference(_spec(case), _setup(case))
-    got = est.extra["cuda_graph_bytes"]
+    got = est.extra["kv_pool_bytes" if case["what"] == "kv_pool" else "cuda_graph_bytes"]
     assert isinstance(got, int)
     return got, f"{est.extra['cuda_graphs']} graphs"
 
@@ -85,7 +89,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.fit:
         for case in json.loads(LOGS.read_text())["cases"]:
-            if case["set"] == "fit":
+            if case["set"] == "fit" and case["what"] != "kv_pool":
                 print(f"{case['id']} {case['model']}: {implied_per_graph(case):.2f} MiB a graph")
         return 0
     print("| set | case | model | engine | what | graphs | log | peakmem | error |")
