@@ -133,6 +133,8 @@ def test_llama_8b_with_fewer_sequences() -> None:
         ({"engine": "vllm", "cudagraph_mode": "always"}, r"^cudagraph_mode='always': unknown; choose one of"),
         ({"engine": "sglang", "cudagraph_mode": "full"}, r"^cudagraph_mode='full': an option of engine=vllm"),
         ({"engine": "vllm", "enforce_eager": "yes"}, r"^enforce_eager='yes': must be True or False"),
+        ({"engine": "vllm", "cudagraph_mode": 5}, r"^cudagraph_mode=5: must be text$"),
+        ({"engine": "vllm", "engine_version": 21}, r"^engine_version=21: a release number"),
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_errors(kw: dict[str, object], match: str) -> None:

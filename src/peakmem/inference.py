@@ -464,6 +464,9 @@ class InferenceSetup:
     def _check_graphs(self) -> None:
         """CUDA-graph options (formulas/serving/cuda_graphs.py): each belongs to the engine that has it."""
         if not isinstance(self.cudagraph_mode, CudagraphMode):
+            require(
+                isinstance(self.cudagraph_mode, str), "cudagraph_mode", self.cudagraph_mode, "must be text"
+            )
             mode = CudagraphMode.parse(self.cudagraph_mode, "cudagraph_mode")
             object.__setattr__(self, "cudagraph_mode", mode)
         check_bool("enforce_eager", self.enforce_eager)
