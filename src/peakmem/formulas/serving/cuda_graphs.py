@@ -70,7 +70,9 @@ VLLM_V0_CAPTURE_CAP = 256
 V1_RELEASE = (0, 8)  # the V1 engine is the default (vLLM 0.8.0)
 CAP_FROM_SEQS_RELEASE = (0, 10)  # max capture size min(2 x max_num_seqs, 512)
 FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWISE
-SPARSE_SIZES_RELEASE = (0, 12)  # sizes step 16 above 256
+# sizes step 16 above 256: 0.11.0 logs PIECEWISE 0/67 (vllm PR #27521), the 0.11.1 development line 51 + 35
+# (PR #29335, 0.11.1rc7.dev487); releases are read as major.minor, so 0.11 keeps 67 and 0.12 has 51
+SPARSE_SIZES_RELEASE = (0, 12)
 BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default
 
 # SGLang picks cuda_graph_max_bs by GPU memory (server_args.py, the tiers of inference.SGLANG_RESERVED_GIB:
