@@ -109,13 +109,15 @@ def test_sglang_dp_attention_replicates_attention_and_keeps_kv_per_dp_rank() -> 
 
 def test_the_deployment_serves_dp_times_a_rank_pool() -> None:
     spec = tiny(layers=4)
-    one = serving_fit(spec, InferenceSetup(engine="vllm", context=64, gpu_bytes=GiB), GiB)
-    four = serving_fit(spec, InferenceSetup(engine="vllm", dp=4, context=64, gpu_bytes=GiB), GiB)
+    # eager: the CUDA graphs (86 x 6 MiB at vLLM's defaults) would take the 1 GiB GPU's whole pool
+    eager = {"enforce_eager": True}
+    one = serving_fit(spec, InferenceSetup(engine="vllm", context=64, gpu_bytes=GiB, **eager), GiB)
+    four = serving_fit(spec, InferenceSetup(engine="vllm", dp=4, context=64, gpu_bytes=GiB, **eager), GiB)
     assert one.max_concurrent is not None and one.max_concurrent > 0
     assert four.max_concurrent == 4 * one.max_concurrent
     assert four.estimate.extra["rank_max_concurrent_sequences"] == one.max_concurrent
     # pipeline stages: the stage whose pool holds the fewest sequences decides (vLLM min_num_blocks)
-    two = serving_fit(spec, InferenceSetup(engine="vllm", pp=2, context=64, gpu_bytes=GiB), GiB)
+    two = serving_fit(spec, InferenceSetup(engine="vllm", pp=2, context=64, gpu_bytes=GiB, **eager), GiB)
     assert two.max_concurrent is not None and two.max_concurrent > one.max_concurrent
 
 

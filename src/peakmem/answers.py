@@ -29,6 +29,7 @@ CATEGORY_LABELS = {
     Category.ACTIVATIONS: "activations",
     Category.TEMPORARIES: "temporaries",
     Category.KV_CACHE: "KV cache",
+    Category.CUDA_GRAPHS: "CUDA graphs",
     Category.OVERHEAD: "overhead",
 }
 
@@ -423,9 +424,13 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
             alone = f.max_concurrent_alone
             shared = (f" sharing a {setup.prefix_tokens}-token prefix ({alone} without sharing)"
                       if setup.prefix_tokens and alone is not None else "")  # fmt: skip
+            graphs = f.estimate.extra.get("cuda_graph_bytes")  # formulas/serving/cuda_graphs.py
+            on_top = (f" + CUDA graphs {fmt_both(graphs)} on top" if isinstance(graphs, int)
+                      and f.estimate.extra.get("cuda_graph_accounting") == "on_top" else "")  # fmt: skip
             headline += (
                 f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
-                f"({fmt_both(f.budget_bytes)}), a KV pool of {fmt_both(f.pool_bytes)}{pools} that holds "
+                f"({fmt_both(f.budget_bytes)}){on_top}, a KV pool of {fmt_both(f.pool_bytes)}{pools} "
+                "that holds "
                 f"{f.max_concurrent} sequences of {context} tokens{shared} ({setup.batch} asked): "
                 f"{f.verdict(g.name).state}"
             )

@@ -23,6 +23,7 @@ class Category(str, Enum):
     ACTIVATIONS = "activations"
     TEMPORARIES = "temporaries"
     KV_CACHE = "kv_cache"
+    CUDA_GRAPHS = "cuda_graphs"  # vLLM / SGLang captured graphs: their shared pool and per-graph memory
     OVERHEAD = "overhead"  # allocator slack, CUDA context, workspaces: above allocated bytes
 
 

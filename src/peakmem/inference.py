@@ -257,6 +257,34 @@ class Draft:
             parse_weight_format(self.weights)
 
 
+# --- CUDA graphs (formulas/serving/cuda_graphs.py) -------------------------------------------------
+class CudagraphMode(Choice):
+    """vLLM ``compilation_config.cudagraph_mode`` (vllm/config/compilation.py CUDAGraphMode); ``auto``:
+    the version's default (PIECEWISE 0.8-0.10, FULL_AND_PIECEWISE from 0.11; V0 before 0.8 captures
+    FULL decode graphs). SGLang captures FULL decode graphs (``none``: --disable-cuda-graph)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    PIECEWISE = "piecewise"
+    FULL = "full"
+    FULL_DECODE_ONLY = "full_decode_only"
+    FULL_AND_PIECEWISE = "full_and_piecewise"
+
+
+# The newest release of each engine whose CUDA-graph accounting was read (formulas/serving/cuda_graphs.py):
+# vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; every release from 0.21 accounts the same way).
+CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5"}
+_VERSION_RE = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.\d{1,4})*(?:\.?post\d+|rc\d+)?$")
+
+
+def parse_engine_version(text: str) -> tuple[int, int]:
+    """``0.21``, ``v0.10.1.1``, ``0.8.5.post1`` -> (major, minor)."""
+    match = _VERSION_RE.match(text.strip().lower()) if isinstance(text, str) else None
+    if match is None:
+        raise InputError(f"engine_version={text!r}: a release number such as 0.21 or 0.10.1")
+    return int(match.group(1)), int(match.group(2))
+
+
 # Engines that run a draft model next to the target (vLLM speculative_config; transformers
 # assisted generation, assistant_model=...).
 DRAFT_ENGINES = ("vllm", "hf")
@@ -300,6 +328,14 @@ class InferenceSetup:
     num_speculative_tokens: int | None = None
     # the checkpoint's own quantization_config (None: not read, or the config has none)
     checkpoint: CheckpointWeights | None = None
+    # CUDA graphs (formulas/serving/cuda_graphs.py): vLLM --enforce-eager / SGLang --disable-cuda-graph,
+    # vLLM --max-num-seqs (None: 256) and cudagraph_mode, SGLang --cuda-graph-max-bs (None: by GPU size),
+    # and the engine's release (None: CURRENT_ENGINE_VERSION): where the capture memory is accounted
+    enforce_eager: bool = False
+    max_num_seqs: int | None = None
+    cudagraph_mode: CudagraphMode = CudagraphMode.AUTO
+    cuda_graph_max_bs: int | None = None
+    engine_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None and not isinstance(self.checkpoint, CheckpointWeights):
@@ -348,6 +384,7 @@ class InferenceSetup:
         require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
         self._check_lora_and_prefix()
         self._check_draft()
+        self._check_graphs()
         _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
@@ -424,6 +461,42 @@ class InferenceSetup:
             )
             require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
+    def _check_graphs(self) -> None:
+        """CUDA-graph options (formulas/serving/cuda_graphs.py): each belongs to the engine that has it."""
+        if not isinstance(self.cudagraph_mode, CudagraphMode):
+            require(
+                isinstance(self.cudagraph_mode, str), "cudagraph_mode", self.cudagraph_mode, "must be text"
+            )
+            mode = CudagraphMode.parse(self.cudagraph_mode, "cudagraph_mode")
+            object.__setattr__(self, "cudagraph_mode", mode)
+        check_bool("enforce_eager", self.enforce_eager)
+        engine = self.engine.value
+        pooled = self.engine in (Engine.VLLM, Engine.SGLANG)
+        if self.enforce_eager:
+            require(
+                pooled, "enforce_eager", True, f"CUDA graphs are captured by vllm and sglang, not {engine}"
+            )
+        for name, owner in (("max_num_seqs", "vllm"), ("cuda_graph_max_bs", "sglang")):
+            value = getattr(self, name)
+            if value is not None:
+                check_int(name, value, maximum=MAX_TOKENS, what="sequences")
+                require(engine == owner, name, value, f"an option of engine={owner}, not {engine}")
+        if self.engine_version is not None:
+            require(pooled, "engine_version", self.engine_version,
+                    f"versions are modelled for vllm and sglang, not {engine}")  # fmt: skip
+            parse_engine_version(self.engine_version)
+        if self.cudagraph_mode is not CudagraphMode.AUTO:
+            mode_name = self.cudagraph_mode.value
+            require(engine == "vllm", "cudagraph_mode", mode_name, f"an option of engine=vllm, not {engine}")
+            require(self.version >= (0, 8), "cudagraph_mode", mode_name,
+                    f"vLLM {self.engine_version} (V0) captures FULL decode graphs only")  # fmt: skip
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """The engine release asked about (``engine_version``), else the newest one read."""
+        default = CURRENT_ENGINE_VERSION.get(self.engine.value, "0.0")
+        return parse_engine_version(self.engine_version or default)
+
     @property
     def layout(self) -> ServingLayout:
         """The deployment's parallel layout (what one rank holds follows from it)."""
@@ -494,4 +567,9 @@ class InferenceSetup:
                 "gpus": self.layout.gpus} if self.layout.parallel else {}),
             **({"draft": self.draft.name, "num_speculative_tokens": self.num_speculative_tokens}
                if self.draft is not None else {}),
+            **({"enforce_eager": True} if self.enforce_eager else {}),
+            **{name: getattr(self, name) for name in ("max_num_seqs", "cuda_graph_max_bs", "engine_version")
+               if getattr(self, name) is not None},
+            **({"cudagraph_mode": self.cudagraph_mode.value}
+               if self.cudagraph_mode is not CudagraphMode.AUTO else {}),
         }  # fmt: skip

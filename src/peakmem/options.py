@@ -79,6 +79,9 @@ _LORA = "LoRA / QLoRA (with --method lora|qlora)"
 _SAVING = "memory-saving options"
 _MULTI = "multi-GPU (per-rank memory)"
 _DEVICE = "device overheads"
+_GRAPHS = "CUDA graphs (vllm / sglang: formulas/serving/cuda_graphs.py)"
+# vLLM CUDAGraphMode spellings (peakmem.inference.CudagraphMode)
+CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
 _IMAGES = "images (vision-language models)"
@@ -199,6 +202,17 @@ OPTIONS: tuple[Option, ...] = (
        "as MODEL); engines vllm and hf (assisted generation)"),
     _o("num_speculative_tokens", int, None, SV, "speculative decoding: tokens the draft proposes per step "
        "(vLLM needs it with --draft)", maximum=MAX_SPECULATIVE_TOKENS),
+    _o("enforce_eager", bool, False, SV, "vLLM --enforce-eager / SGLang --disable-cuda-graph: no CUDA graphs",
+       group=_GRAPHS),
+    _o("max_num_seqs", int, None, SV, "vLLM --max-num-seqs (default 256): sequences per step; sets the CUDA "
+       "graph capture sizes", group=_GRAPHS, maximum=MAX_BATCH),
+    _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "
+       "default)", group=_GRAPHS, choices=CUDAGRAPH_MODES),
+    _o("cuda_graph_max_bs", int, None, SV, "SGLang --cuda-graph-max-bs (default 160, SGLang's for 35-90 GiB "
+       "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
+    _o("engine_version", str, None, SV, "vLLM / SGLang release, e.g. 0.10 (default: the newest read, vLLM "
+       "0.27): vLLM counts CUDA graphs inside gpu_memory_utilization from 0.21, on top before",
+       group=_GRAPHS),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search

@@ -362,6 +362,9 @@ def inference_setup(
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
         draft=_mtp_draft(target, weights) if o.get("draft") == MTP else _draft(o.get("draft"), derive),
         num_speculative_tokens=o.get("num_speculative_tokens"),
+        enforce_eager=o.get("enforce_eager", False), max_num_seqs=o.get("max_num_seqs"),
+        cudagraph_mode=o.get("cudagraph_mode", "auto"), cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
+        engine_version=o.get("engine_version"),
     )  # fmt: skip
 
 

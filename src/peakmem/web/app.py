@@ -247,6 +247,14 @@ class InferRequest(ModelChoice):
         le=MAX_SPECULATIVE_TOKENS,
         description="speculative decoding: tokens the draft proposes per step",
     )
+    # CUDA graphs (formulas/serving/cuda_graphs.py); the CLI's flags of the same names
+    enforce_eager: bool = Field(False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph")
+    max_num_seqs: int | None = Field(None, ge=1, le=MAX_BATCH, description="vLLM --max-num-seqs")
+    cudagraph_mode: str = Field(
+        "auto", max_length=40, description="vLLM cudagraph_mode (auto: the release's)"
+    )
+    cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
+    engine_version: str | None = Field(None, min_length=1, max_length=40, description="vLLM / SGLang release")
 
 
 class FitRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):

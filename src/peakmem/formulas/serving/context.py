@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from peakmem.breakdown import Category, MemoryItem
+from peakmem.breakdown import BandTerm, Category, MemoryItem
 from peakmem.errors import InputError, require
 from peakmem.formulas.kv_cache import cache_kind, kv_cache_bytes, layer_kv_bytes
 from peakmem.formulas.overhead import CONTEXT_SIZES
@@ -203,6 +203,7 @@ class EngineMemory:
     overhead: list[MemoryItem]  # above allocated: CUDA context, engine reserve
     extra: dict[str, object]
     notes: tuple[str, ...] = ()
+    band_terms: tuple[BandTerm, ...] = ()  # the engine's own unknowns (CUDA graphs' spread)
 
 
 WEIGHTS_ITEM_PREFIX = "weights ("  # the path of the model's own weights item (its format follows)

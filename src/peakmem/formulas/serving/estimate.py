@@ -9,7 +9,7 @@ What a request needs (weights, activations / the profiled peak, sampler buffers,
 
 from __future__ import annotations
 
-from peakmem.breakdown import Band, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
@@ -18,7 +18,7 @@ from peakmem.formulas.recurrent_state import state_bytes_per_sequence
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, check_layout, resolve_context
 from peakmem.formulas.serving.generate import generate_memory
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
-from peakmem.formulas.serving.paged import POOLED_ENGINES, paged_memory
+from peakmem.formulas.serving.paged import paged_memory
 from peakmem.formulas.serving.parallel import deployment_estimate
 from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
@@ -139,7 +139,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     if setup.layout.parallel:
         assumptions += (_layout_note(setup),)
     return Estimate(
-        band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra),
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra, r.band_terms),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -173,11 +173,11 @@ def _layout_note(setup: InferenceSetup) -> str:
 
 def _serving_band(
     setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
-    extra: dict[str, object],
+    extra: dict[str, object], engine_terms: tuple[BandTerm, ...],
 ) -> Band:  # fmt: skip
     """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
-    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, CUDA graphs
-    for the engines that capture them."""
+    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, and the
+    engine's own terms (the spread of the CUDA graphs vLLM / SGLang capture)."""
     terms = [
         _band.residual_term(peak.bytes),
         _band.context_term(CUDA_CONTEXT_BYTES, assumed=True, profile=ov.profile),
@@ -190,7 +190,6 @@ def _serving_band(
         terms.append(_band.transients_term(max(0, peak.bytes - steady)))
     if setup.tp > 1:
         terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
-    if setup.engine in POOLED_ENGINES:
-        terms.append(_band.cuda_graphs_term())
+    terms.extend(engine_terms)
     return _band.build_band(allocated=peak.bytes, reserved=reserved, device_total=device_total,
                             terms=tuple(terms))  # fmt: skip

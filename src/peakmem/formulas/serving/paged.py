@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.errors import require
+from peakmem.formulas.band import cuda_graphs_term
 from peakmem.formulas.recurrent_state import state_bytes_per_sequence
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
@@ -21,6 +22,14 @@ from peakmem.formulas.serving.context import (
     cache_bytes,
     state_items,
     weights_item,
+)
+from peakmem.formulas.serving.cuda_graphs import (
+    VLLM_DEFAULT_MAX_NUM_SEQS,
+    Accounting,
+    GraphMemory,
+    graph_band,
+    graph_memory,
+    graph_note,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.lora_slots import lora_slot_bytes
@@ -37,7 +46,7 @@ from peakmem.inference import Engine
 
 # vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
-VLLM_MAX_NUM_SEQS = 256
+VLLM_MAX_NUM_SEQS = VLLM_DEFAULT_MAX_NUM_SEQS
 # The engines that preallocate a KV pool: a request fits when the pool holds it (serving_fit).
 POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 
@@ -51,8 +60,14 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
+    max_num_seqs = s.max_num_seqs if s.max_num_seqs is not None else VLLM_MAX_NUM_SEQS
     # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
-    sampler = VLLM_MAX_NUM_SEQS * vocab * 4 * 2
+    sampler = max_num_seqs * vocab * 4 * 2
+    # CUDA graphs (formulas/serving/cuda_graphs.py): captured per size into one shared pool
+    graphs = graph_memory(c.spec, s, act_bytes=c.act_bytes, max_tokens=chunk,
+                          spec_tokens=s.num_speculative_tokens or 0)  # fmt: skip
+    graph_bytes = graphs.bytes if graphs is not None else 0
+    graph_low, graph_high = graph_band(graphs)
     # SGLang DP attention: the tokens of every DP rank gathered before the MLP (formulas/serving/parallel.py)
     activations = max(act, sampler) + dp_gathered_bytes(c.spec.hidden_size, chunk, s.layout, c.act_bytes)
     # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
@@ -104,8 +119,11 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
             pool = budget - resident
         else:
-            # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch)
+            # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch);
+            # from 0.21 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py)
             pool = budget - resident - activations - CUDA_CONTEXT_BYTES
+            if graphs is not None and graphs.accounting is Accounting.KV_BUDGET:
+                pool -= graph_bytes
         pool = max(pool, 0)
         if lora is not None:
             # vLLM V1 profiles after load_model: the LoRA stacks count with the weights (lora_slots.py)
@@ -131,10 +149,10 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
                 f"does not start: the KV pool ({pool} B) cannot hold one {c.context}-token sequence "
                 f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
             )
-        elif concurrent > VLLM_MAX_NUM_SEQS and s.engine is Engine.VLLM:
+        elif concurrent > max_num_seqs and s.engine is Engine.VLLM:
             notes.append(
                 f"the KV pool holds {concurrent} sequences; vLLM runs at most max_num_seqs="
-                f"{VLLM_MAX_NUM_SEQS} at once unless raised"
+                f"{max_num_seqs} at once unless raised"
             )
         elif concurrent < b:
             notes.append(f"only {concurrent} sequences of {c.context} tokens fit; the rest wait in the queue")
@@ -177,14 +195,31 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     ]
     lora_rows = [lora] if lora is not None else []
     extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_rows[:1]]) + needed
-    notes.append("CUDA graph capture memory (typically a few hundred MiB) is not modelled")
+    graph_rows = _graph_rows(graphs, extra, notes)
     return EngineMemory(
-        prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item],
-        decode=[weights, *lora_rows, *draft_rows, kv_item, *states, decode_tmp],
+        prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
+        decode=[weights, *lora_rows, *draft_rows, kv_item, *states, decode_tmp, *graph_rows],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
+        band_terms=(cuda_graphs_term(low_bytes=graph_low, high_bytes=graph_high),)
+        if graphs is not None
+        else (),
     )
+
+
+def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: list[str]) -> list[MemoryItem]:
+    """The CUDA graphs' row (none with enforce_eager), their figures in ``extra`` and their note."""
+    if graphs is None:
+        notes.append("no CUDA graphs (enforce_eager / --disable-cuda-graph / cudagraph_mode none)")
+        return []
+    extra.update(cuda_graph_bytes=graphs.bytes, cuda_graphs=graphs.graphs,
+                 cuda_graph_accounting=graphs.accounting.value)  # fmt: skip
+    notes.append(graph_note(graphs))
+    return [MemoryItem(
+        path=f"CUDA graphs ({graphs.graphs} graphs, largest {graphs.largest})", category=Category.CUDA_GRAPHS,
+        bytes=graphs.bytes, source="formulas/serving/cuda_graphs.py",
+    )]  # fmt: skip
 
 
 def _prefix_share(c: ServingContext, block: int) -> PrefixShare:

@@ -6,12 +6,12 @@
 const COLORS = {  // peakmem.plot.SEGMENT_COLORS
   parameters: "#4e79a7", buffers: "#9c755f", gradients: "#f28e2b", master_weights: "#76b7b2",
   optimizer_states: "#e15759", activations: "#59a14f", temporaries: "#edc948", kv_cache: "#b07aa1",
-  overhead: "#bab0ac", allocator_slack: "#d4cfcb", cuda_context: "#8c8c8c",
+  cuda_graphs: "#ff9da7", overhead: "#bab0ac", allocator_slack: "#d4cfcb", cuda_context: "#8c8c8c",
 };
 const CATEGORY_LABELS = {  // peakmem.render.CATEGORY_LABELS
   parameters: "parameters (weights)", buffers: "buffers", gradients: "gradients",
   master_weights: "master weights (fp32)", optimizer_states: "optimizer states", activations: "activations",
-  temporaries: "temporaries", kv_cache: "KV cache", overhead: "overhead",
+  temporaries: "temporaries", kv_cache: "KV cache", cuda_graphs: "CUDA graphs", overhead: "overhead",
 };
 // The questions: each is one CLI command (and one API endpoint).
 const ENDPOINTS = {
@@ -71,6 +71,9 @@ const FIELDS = [
   { id: "prefix_tokens", def: "", int: true, modes: INFER },
   { id: "draft", def: "", modes: INFER },
   { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
+  { id: "enforce_eager", def: "", bool: true, modes: INFER },
+  { id: "max_num_seqs", def: "", int: true, modes: INFER },
+  { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
 ];

@@ -1,0 +1,227 @@
+"""CUDA graph capture memory of vLLM and SGLang, per engine and release: a term of its own.
+
+What the engines capture: one graph per batch size (vLLM: per token count), largest first, all into ONE
+private memory pool that the smaller graphs reuse (vLLM ``graph_capture`` / ``CUDAGraphWrapper.graph_pool``;
+SGLang ``global_graph_memory_pool``):
+
+* vLLM V0 (before 0.8; ``vllm/worker/model_runner.py`` ``_BATCH_SIZES_TO_CAPTURE = [1, 2, 4] + [8 * i for i
+  in range(1, 33)]``, up to max_num_seqs padded to 8): FULL decode graphs, 35 at the default
+  max_num_seqs 256.
+* vLLM V1 0.8-0.10 (``VllmConfig._set_cudagraph_sizes``): PIECEWISE graphs (each layer's attention runs
+  eagerly between them) for ``[1, 2, 4] + range(8, max + 1, 8)`` tokens, max 512 (0.8-0.9) or
+  ``min(2 x max_num_seqs, 512)`` (0.10): 67 graphs.
+* vLLM 0.11+: FULL_AND_PIECEWISE (``vllm/config/compilation.py``): PIECEWISE graphs for mixed batches and
+  FULL graphs for uniform decode batches of up to ``max_num_seqs x (1 + num_speculative_tokens)`` tokens.
+  From 0.12 the sizes are ``[1, 2, 4] + range(8, min(max + 1, 256), 8) + range(256, max + 1, 16)`` with
+  ``max = min(max_num_seqs x (1 + K) x 2, 512)``, capped at max_num_batched_tokens (``vllm/config/vllm.py``
+  ``_set_cudagraph_sizes``): "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35
+  (largest=256)" at the defaults.
+* SGLang: FULL decode graphs for bs in ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 513, 16)`` up
+  to cuda_graph_max_bs, which is appended when missing (the runner's log "Capture cuda graph bs [1, 2, 4,
+  8, 12, 16, 24, ..., 496, 512]", sglang PR #11716; "[1, 2, 4, 8, 10]" at max bs 10, sglang PR #27537);
+  cuda_graph_max_bs 160 unless given (:data:`SGLANG_DEFAULT_MAX_BS`).
+
+What they hold, as vLLM estimates it (``gpu_model_runner.py`` ``profile_cudagraph_memory``: the first
+capture's memory, then the second one's for each further graph): the largest capture's working set (one
+decoder layer's temporaries at the largest size: formulas/serving/forward.py), which the pool keeps
+and every smaller graph reuses, plus :data:`PER_GRAPH_BYTES` for each graph.
+
+Where the engine accounts for it (:class:`Accounting`):
+
+* vLLM 0.21+: ``determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) subtracts that estimate
+  from the KV budget ("CUDA graph memory profiling is enabled (default since v0.21.0)"): the KV pool
+  shrinks and the device stays within gpu_memory_utilization x GPU.
+* vLLM before 0.21 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
+  come on top of gpu_memory_utilization x GPU (vllm #7553: nvidia-smi 21,395 MiB with --enforce-eager,
+  23,859 MiB with graphs).
+* SGLang: mem_fraction_static holds the weights and the KV pool; the graphs use the reserve outside it
+  (``model_runner.py`` ``profile_max_num_token``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.inference import CudagraphMode, Engine, InferenceSetup
+from peakmem.model import ModelSpec
+from peakmem.units import MiB
+
+# Fitted on the fitting set of benchmarks/cuda_graph_logs.json (Llama-3.2-1B, vLLM V0, 35 FULL graphs:
+# "took 0.21 GiB"; Qwen3-8B, vLLM 0.21+, 51 PIECEWISE + 35 FULL: "Estimated CUDA graph memory: 0.52 GiB"),
+# which give 5.7 MiB a graph each once the shared working set is taken out (the logs' 0.01 GiB rounding is
+# 0.1-0.3 MiB a graph); 6 MiB = 3 x the caching allocator's 2 MiB small-block segment (kSmallBuffer,
+# c10/cuda/CUDACachingAllocator.cpp), what vLLM PR #23184 logs per capture size at <= 272 tokens (held
+# out). The graph's own driver memory (cudaGraphExec) and its static outputs are in it; it does not grow
+# with the model here (16 and 36 layers give the same).
+PER_GRAPH_BYTES = 6 * MiB
+# The band (formulas/band.py cuda_graphs_term): the fitting set's residuals are +4 and +5 %, so +-10 % of the
+# term; above 272 tokens vLLM 0.10's PIECEWISE captures were logged at 24-28 MiB each (PR #22897, #23184):
+# one more 20 MiB segment (kLargeBuffer) a graph as the high end.
+BAND_FRACTION = 0.10
+LARGE_PIECEWISE_TOKENS = 272
+LARGE_SEGMENT_BYTES = 20 * MiB
+
+# vLLM defaults: max_num_seqs 256 (EngineArgs), the capture cap 512 (config/vllm.py), V0's largest 256.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+VLLM_CAPTURE_CAP = 512
+VLLM_V0_CAPTURE_CAP = 256
+V1_RELEASE = (0, 8)  # the V1 engine is the default (vLLM 0.8.0)
+CAP_FROM_SEQS_RELEASE = (0, 10)  # max capture size min(2 x max_num_seqs, 512)
+FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWISE
+# sizes step 16 above 256: 0.11.0 logs PIECEWISE 0/67 (vllm PR #27521), the 0.11.1 development line 51 + 35
+# (PR #29335, 0.11.1rc7.dev487); releases are read as major.minor, so 0.11 keeps 67 and 0.12 has 51
+SPARSE_SIZES_RELEASE = (0, 12)
+BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default
+
+# SGLang picks cuda_graph_max_bs by GPU memory (server_args.py, the tiers of inference.SGLANG_RESERVED_GIB:
+# 8 below 35 GiB, 160 below 90, 256 below 160, else 512). What a request needs must not depend on the GPU
+# asked about (formulas/serving/fit.py), so the term takes the A100 / H100 tier unless --cuda-graph-max-bs
+# is given: 24 graphs, where a 24 GB card captures 4 (0.12 GiB less) and an H200 36 (0.07 GiB more).
+SGLANG_DEFAULT_MAX_BS = 160
+
+
+class Accounting(str, Enum):
+    """Where the engine counts the graphs' memory."""
+
+    KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.21+)
+    ON_TOP = "on_top"  # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.21)
+    OUTSIDE_FRACTION = "outside_fraction"  # in the reserve outside mem_fraction_static (SGLang)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureSet:
+    """One mode's graphs: FULL or PIECEWISE, one per size (tokens; SGLang: sequences)."""
+
+    mode: str
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphMemory:
+    """The captured graphs of one rank and the bytes they hold."""
+
+    sets: tuple[CaptureSet, ...]
+    shared_bytes: int  # the largest capture's working set, kept in the pool every graph reuses
+    per_graph_bytes: int
+    accounting: Accounting
+    release: str  # e.g. "vllm 0.27"
+
+    @property
+    def graphs(self) -> int:
+        return sum(len(s.sizes) for s in self.sets)
+
+    @property
+    def largest(self) -> int:
+        return max(max(s.sizes) for s in self.sets)
+
+    @property
+    def bytes(self) -> int:
+        return self.shared_bytes + self.per_graph_bytes * self.graphs
+
+    @property
+    def large_piecewise_graphs(self) -> int:
+        """PIECEWISE graphs above :data:`LARGE_PIECEWISE_TOKENS` (the band's high end)."""
+        return sum(
+            1 for s in self.sets if s.mode == "PIECEWISE" for n in s.sizes if n > LARGE_PIECEWISE_TOKENS
+        )
+
+    def describe(self) -> str:
+        sets = " + ".join(f"{s.mode}={len(s.sizes)} (largest={max(s.sizes)})" for s in self.sets)
+        return f"{self.release}: {sets}"
+
+
+def v1_capture_sizes(release: tuple[int, int], cap: int) -> tuple[int, ...]:
+    """vLLM V1's capture sizes up to ``cap`` tokens (step 8; from 0.12 step 16 above 256)."""
+    small = [n for n in (1, 2, 4) if n <= cap]
+    if release < SPARSE_SIZES_RELEASE:
+        return tuple(small + list(range(8, cap + 1, 8)))
+    return tuple(small + list(range(8, min(cap + 1, 256), 8)) + list(range(256, cap + 1, 16)))
+
+
+def v0_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM V0's decode batch sizes: [1, 2, 4] + multiples of 8 up to max_num_seqs padded to 8 (<= 256)."""
+    cap = min(-(-max_num_seqs // 8) * 8 if max_num_seqs > 4 else max_num_seqs, VLLM_V0_CAPTURE_CAP)
+    return tuple(n for n in (1, 2, 4, *range(8, VLLM_V0_CAPTURE_CAP + 1, 8)) if n <= max(cap, 1))
+
+
+def vllm_capture_sets(
+    release: tuple[int, int], mode: CudagraphMode, *, max_num_seqs: int, max_tokens: int, spec_tokens: int
+) -> tuple[CaptureSet, ...]:
+    """The graphs vLLM ``release`` captures (``mode`` AUTO: the release's default)."""
+    if mode is CudagraphMode.NONE:
+        return ()
+    if release < V1_RELEASE:
+        return (CaptureSet(mode="FULL", sizes=v0_capture_sizes(max_num_seqs)),)
+    if mode is CudagraphMode.AUTO:
+        both = release >= FULL_AND_PIECEWISE_RELEASE
+        mode = CudagraphMode.FULL_AND_PIECEWISE if both else CudagraphMode.PIECEWISE
+    decode_tokens = max_num_seqs * (1 + spec_tokens)
+    cap = VLLM_CAPTURE_CAP if release < CAP_FROM_SEQS_RELEASE else min(2 * decode_tokens, VLLM_CAPTURE_CAP)
+    sizes = v1_capture_sizes(release, max(1, min(cap, max_tokens)))
+    decode = tuple(n for n in sizes if n <= decode_tokens) or sizes[:1]
+    if mode is CudagraphMode.PIECEWISE:
+        return (CaptureSet(mode="PIECEWISE", sizes=sizes),)
+    if mode is CudagraphMode.FULL:
+        return (CaptureSet(mode="FULL", sizes=sizes),)
+    if mode is CudagraphMode.FULL_DECODE_ONLY:
+        return (CaptureSet(mode="FULL", sizes=decode),)
+    return (CaptureSet(mode="PIECEWISE", sizes=sizes), CaptureSet(mode="FULL", sizes=decode))
+
+
+def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
+    """SGLang's decode batch sizes up to ``max_bs`` (appended when not in the list)."""
+    base = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16))
+    sizes = [n for n in base if n <= max_bs]
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return tuple(sizes)
+
+
+def graph_memory(
+    spec: ModelSpec, setup: InferenceSetup, *, act_bytes: int, max_tokens: int, spec_tokens: int = 0
+) -> GraphMemory | None:
+    """The CUDA graphs ``setup``'s engine captures on one rank holding ``spec``; None without graphs
+    (enforce_eager / --disable-cuda-graph, cudagraph_mode none, engines that capture none)."""
+    if setup.enforce_eager or setup.engine not in (Engine.VLLM, Engine.SGLANG):
+        return None
+    release = setup.version
+    name = f"{setup.engine.value} {release[0]}.{release[1]}"
+    if setup.engine is Engine.VLLM:
+        seqs = setup.max_num_seqs if setup.max_num_seqs is not None else VLLM_DEFAULT_MAX_NUM_SEQS
+        sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
+                                 spec_tokens=spec_tokens)  # fmt: skip
+        accounting = Accounting.KV_BUDGET if release >= BUDGETED_RELEASE else Accounting.ON_TOP
+    else:
+        max_bs = setup.cuda_graph_max_bs or SGLANG_DEFAULT_MAX_BS
+        sets = (CaptureSet(mode="FULL", sizes=sglang_capture_sizes(max_bs)),)
+        accounting = Accounting.OUTSIDE_FRACTION
+    if not sets:
+        return None
+    largest = max(max(s.sizes) for s in sets)
+    shared = layer_transient_bytes(spec, largest, act_bytes, setup.tp, fused=True)
+    return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
+                       release=name)  # fmt: skip
+
+
+def graph_band(g: GraphMemory | None) -> tuple[int, int]:
+    """The band of the term, relative to it: (low, high) bytes (formulas/band.py cuda_graphs_term)."""
+    if g is None:
+        return 0, 0
+    spread = int(g.bytes * BAND_FRACTION)
+    return -spread, spread + LARGE_SEGMENT_BYTES * g.large_piecewise_graphs
+
+
+def graph_note(g: GraphMemory) -> str:
+    """The assumption line of the term."""
+    where = {
+        Accounting.KV_BUDGET: "vLLM subtracts it from the KV budget before sizing the pool (0.21+)",
+        Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.21)",
+        Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
+    }[g.accounting]
+    return (
+        f"CUDA graphs ({g.describe()}): the largest capture's working set {g.shared_bytes} B shared by all, "
+        f"+ {g.per_graph_bytes // MiB} MiB a graph (fitted: benchmarks/cuda_graph_logs.json); {where}; "
+        "tensor-parallel collectives inside graphs not modelled"
+    )

@@ -1,0 +1,186 @@
+"""CUDA graph capture memory (formulas/serving/cuda_graphs.py): capture sizes per engine and release, the
+term's bytes, where each release accounts for it, its band, the options' errors, CLI = API. Hand-derived
+on tiny specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from _infer_specs import LLAMA_3_8B, build_spec, infer_cli_equals_api, tiny
+from peakmem.breakdown import Category
+from peakmem.errors import InputError
+from peakmem.formulas.serving import estimate_inference
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+from peakmem.formulas.serving.cuda_graphs import (
+    PER_GRAPH_BYTES,
+    sglang_capture_sizes,
+    v0_capture_sizes,
+    vllm_capture_sets,
+)
+from peakmem.inference import CudagraphMode, InferenceSetup
+from peakmem.options import CUDAGRAPH_MODES
+from peakmem.units import GiB, MiB
+
+# tiny(): 2 layers, hidden 64, MLP 128, bf16. One layer's fused temporaries a token (forward.py): MLP act,
+# up and product 3 x 128 x 2 B + vLLM's residual stream 2 x 64 x 2 B = 1,024 B (attention 640 B, norm 512 B).
+TINY_PER_TOKEN = 3 * 128 * 2 + 2 * 64 * 2
+TINY_PARAMS = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64
+# vLLM 0.21+ at its defaults (max_num_seqs 256): PIECEWISE [1, 2, 4] + 8..248 step 8 (31) + 256..512 step 16
+# (17) = 51 graphs, FULL [1, 2, 4] + 8..248 + 256 = 35 graphs; the shared working set is the largest
+# capture's, 512 tokens: 512 x 1,024 = 524,288 B; 86 x 6 MiB = 541,065,216 B.
+TINY_GRAPHS = 512 * TINY_PER_TOKEN + 86 * 6 * MiB
+ACTIVATIONS = 8192 * TINY_PER_TOKEN  # the profiled 8192-token chunk (more than the sampler's 256 x 128 x 8 B)
+
+
+def _sizes(release: tuple[int, int], **kw: int) -> list[tuple[str, int, int]]:
+    args = {"max_num_seqs": 256, "max_tokens": 8192, "spec_tokens": 0, **kw}
+    sets = vllm_capture_sets(release, CudagraphMode.AUTO, **args)
+    return [(s.mode, len(s.sizes), max(s.sizes)) for s in sets]
+
+
+def test_vllm_capture_sizes_per_release() -> None:
+    # vLLM's own log at the defaults: "PIECEWISE=51 (largest=512), FULL=35 (largest=256)"
+    assert _sizes((0, 27)) == [("PIECEWISE", 51, 512), ("FULL", 35, 256)]
+    # max_num_seqs 8: the largest capture min(2 x 8, 512) = 16 -> [1, 2, 4, 8, 16]; FULL up to 8
+    sets = vllm_capture_sets((0, 27), CudagraphMode.AUTO, max_num_seqs=8, max_tokens=8192, spec_tokens=0)
+    assert [s.sizes for s in sets] == [(1, 2, 4, 8, 16), (1, 2, 4, 8)]
+    # 3 speculative tokens, max_num_seqs 40: min(40 x 4 x 2, 512) = 320 (vllm #32324 quotes 320)
+    assert _sizes((0, 27), max_num_seqs=40, spec_tokens=3)[0][2] == 320
+    # 0.11: FULL_AND_PIECEWISE on the step-8 sizes: 3 + 64 = 67 PIECEWISE, FULL up to 256: 3 + 32 = 35
+    assert _sizes((0, 11)) == [("PIECEWISE", 67, 512), ("FULL", 35, 256)]
+    assert _sizes((0, 10)) == [("PIECEWISE", 67, 512)]  # PIECEWISE only before 0.11
+    assert _sizes((0, 10), max_tokens=256) == [("PIECEWISE", 35, 256)]  # capped at max_num_batched_tokens
+    assert _sizes((0, 6)) == [("FULL", 35, 256)]  # V0: [1, 2, 4] + 8 x (1..32)
+    assert v0_capture_sizes(20) == (1, 2, 4, 8, 16, 24)  # max_num_seqs padded to a multiple of 8
+    assert v0_capture_sizes(1000)[-1] == 256
+    explicit = vllm_capture_sets((0, 27), CudagraphMode.FULL_DECODE_ONLY, max_num_seqs=256, max_tokens=8192,
+                                 spec_tokens=0)  # fmt: skip
+    assert [(s.mode, len(s.sizes)) for s in explicit] == [("FULL", 35)]
+    assert (
+        vllm_capture_sets((0, 27), CudagraphMode.NONE, max_num_seqs=256, max_tokens=8192, spec_tokens=0) == ()
+    )
+
+
+def test_sglang_capture_sizes() -> None:
+    # [1, 2, 4, 8, 12] + 16..160 step 8 (19) = 24; 512: + 168..256 (12) + 272..512 step 16 (16) = 52
+    assert len(sglang_capture_sizes(160)) == 24 and sglang_capture_sizes(160)[-1] == 160
+    assert len(sglang_capture_sizes(512)) == 52
+    assert sglang_capture_sizes(10) == (1, 2, 4, 8, 10)  # the max appended (sglang PR #27537's log)
+
+
+def test_the_term_by_hand_on_a_tiny_model() -> None:
+    est = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100))  # type: ignore[arg-type]
+    assert est.extra["cuda_graph_bytes"] == TINY_GRAPHS == 541_589_504
+    assert est.extra["cuda_graphs"] == 86 and est.extra["cuda_graph_accounting"] == "kv_budget"
+    assert est.by_category()[Category.CUDA_GRAPHS] == TINY_GRAPHS
+    eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, enforce_eager=True))  # type: ignore[arg-type]
+    assert Category.CUDA_GRAPHS not in eager.by_category()
+    assert est.peak_allocated_bytes - eager.peak_allocated_bytes == TINY_GRAPHS
+    assert 6 * MiB == PER_GRAPH_BYTES
+
+
+def test_where_each_release_accounts_for_it() -> None:
+    gpu = 4 * GiB
+    budget = int(gpu * 0.9)
+    # vLLM 0.21+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
+    pool_without = budget - 2 * TINY_PARAMS - ACTIVATIONS - CUDA_CONTEXT_BYTES
+    now = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu))  # type: ignore[arg-type]
+    assert now.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
+    # before 0.21 the graphs are captured after the pool: it keeps its size, the graphs come on top
+    old = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                    engine_version="0.20"))  # fmt: skip
+    assert old.extra["kv_pool_bytes"] == pool_without and old.extra["cuda_graph_accounting"] == "on_top"
+    eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                      enforce_eager=True))  # fmt: skip
+    assert eager.extra["kv_pool_bytes"] == pool_without
+    # SGLang: the graphs sit outside mem_fraction_static: the pool is the same with or without them
+    sg = [estimate_inference(tiny(), InferenceSetup(engine="sglang", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                    enforce_eager=e)) for e in (False, True)]  # fmt: skip
+    assert sg[0].extra["kv_pool_bytes"] == sg[1].extra["kv_pool_bytes"]
+    # SGLang's default max bs 160: 24 FULL graphs, working set 160 tokens
+    assert sg[0].extra["cuda_graph_bytes"] == 160 * TINY_PER_TOKEN + 24 * 6 * MiB
+
+
+def test_the_band_is_the_terms_spread() -> None:
+    est = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100))  # type: ignore[arg-type]
+    assert est.band is not None
+    (term,) = [t for t in est.band.terms if t.name == "cuda_graphs"]
+    # +-10 % of 541,589,504 B, and 20 MiB for each PIECEWISE graph above 272 tokens (288..512 step 16: 15)
+    assert (term.low_bytes, term.high_bytes) == (-54_158_950, 54_158_950 + 15 * 20 * MiB)
+    eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, enforce_eager=True))  # type: ignore[arg-type]
+    assert eager.band is not None and "cuda_graphs" not in {t.name for t in eager.band.terms}
+
+
+def test_llama_8b_with_fewer_sequences() -> None:
+    # max_num_seqs 64: the largest capture 128; PIECEWISE [1, 2, 4] + 8..128 step 8 = 19, FULL up to 64:
+    # 3 + 8 = 11; 30 x 6 MiB + 128 x (3 x 14336 x 2 + 2 x 4096 x 2) = 188,743,680 + 13,107,200 B
+    spec = build_spec(LLAMA_3_8B)
+    est = estimate_inference(spec, InferenceSetup(engine="vllm", context=8192, max_num_seqs=64))  # type: ignore[arg-type]
+    assert est.extra["cuda_graphs"] == 30
+    assert est.extra["cuda_graph_bytes"] == 30 * 6 * MiB + 128 * (3 * 14336 * 2 + 2 * 4096 * 2) == 201_850_880
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"engine": "hf", "enforce_eager": True}, r"^enforce_eager=True: CUDA graphs are captured by vllm"),
+        ({"engine": "sglang", "max_num_seqs": 8}, r"^max_num_seqs=8: an option of engine=vllm, not sglang$"),
+        ({"engine": "vllm", "cuda_graph_max_bs": 8}, r"^cuda_graph_max_bs=8: an option of engine=sglang"),
+        ({"engine": "vllm", "max_num_seqs": 0}, r"^max_num_seqs=0: must be positive"),
+        ({"engine": "vllm", "engine_version": "latest"}, r"^engine_version='latest': a release number"),
+        ({"engine": "hf", "engine_version": "0.2"}, r"^engine_version='0.2': versions are modelled for vllm"),
+        ({"engine": "vllm", "engine_version": "0.6", "cudagraph_mode": "full"}, r"^cudagraph_mode='full'"),
+        ({"engine": "vllm", "cudagraph_mode": "always"}, r"^cudagraph_mode='always': unknown; choose one of"),
+        ({"engine": "sglang", "cudagraph_mode": "full"}, r"^cudagraph_mode='full': an option of engine=vllm"),
+        ({"engine": "vllm", "enforce_eager": "yes"}, r"^enforce_eager='yes': must be True or False"),
+        ({"engine": "vllm", "cudagraph_mode": 5}, r"^cudagraph_mode=5: must be text$"),
+        ({"engine": "vllm", "engine_version": 21}, r"^engine_version=21: a release number"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_one_line_errors(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match) as info:
+        InferenceSetup(**kw)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_options_name_every_mode() -> None:
+    assert tuple(m.value for m in CudagraphMode) == CUDAGRAPH_MODES
+
+
+def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
+    out = infer_cli_equals_api(capsys, "llama-3.1-8b", engine="vllm", context=8192, gpu="a100-80gb",
+                               max_num_seqs=64, engine_version="0.20")  # fmt: skip
+    assert out["breakdown"]["cuda_graphs"] == 201_850_880  # as test_llama_8b_with_fewer_sequences
+    assert out["setup"]["engine_version"] == "0.20" and out["setup"]["max_num_seqs"] == 64
+
+
+def test_the_headline_says_graphs_on_top_before_0_21(capsys: pytest.CaptureFixture[str]) -> None:
+    from peakmem.cli import main
+
+    args = ["infer", "llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--gpu", "a100-80gb"]
+    heads = []
+    for extra in (["--engine-version", "0.20"], []):
+        assert main([*args, *extra]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # rich wraps the headline
+        heads.append(out[: out.index(": fits.")])
+    assert "+ CUDA graphs 0.59 GB (0.55 GiB) on top" in heads[0]  # 593,494,016 B (test_serving_verdict.py)
+    assert "on top" not in heads[1]
+
+
+def test_web_api_takes_the_options() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from peakmem.web.app import create_app
+
+    client = TestClient(create_app())
+    body = {
+        "model": "llama-3.1-8b",
+        "engine": "vllm",
+        "context": 8192,
+        "max_num_seqs": 64,
+        "engine_version": "0.20",
+    }
+    assert client.post("/api/infer", json=body).json()["breakdown"]["cuda_graphs"] == 201_850_880
+    bad = client.post("/api/infer", json={"model": "llama-3.1-8b", "engine": "hf", "enforce_eager": True})
+    assert bad.status_code == 422 and bad.json()["field"] == "enforce_eager"
