@@ -1,6 +1,7 @@
 """``peakmem measure`` under a float8 precision: torchao's ``convert_to_float8_training`` with the recipe
-and torchtitan's filter (components/quantization/float8.py ``Float8LinearConverter``: every Linear but the
-output head, both dimensions divisible by 16), applied to the model before it trains."""
+and torchtitan's filter (commit b5bcd76c, components/quantization/utils.py ``module_filter_fn``: both
+dimensions divisible by 16; models/llama3/config_registry.py ``filter_fqns=["lm_head"]``: not the output
+head), applied to the model before it trains."""
 
 from __future__ import annotations
 

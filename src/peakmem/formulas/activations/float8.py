@@ -28,9 +28,17 @@ Read in torchao 0.18.0 (torchao/float8/):
   (all axiswise), ``rowwise_with_gw_hp`` (grad_weight in high precision: ``input`` and ``grad_output``
   not cast for it; the weight cast for grad_input tensorwise).
 
-Which Linears: torchtitan (components/quantization/float8.py, ``Float8LinearConverter``) converts every
-``nn.Linear`` but the output head (``filter_fqns = ["output"]`` by default) whose dimensions are both
-divisible by 16 (``_scaled_mm``'s constraint; torchao float8_linear_utils.py ``module_filter_fn``).
+Which Linears: torchtitan (commit b5bcd76c, torchtitan/components/quantization/utils.py
+``module_filter_fn``) converts a Linear when both its dimensions are divisible by 16 (``_scaled_mm``'s
+constraint) and its name matches none of ``filter_fqns``; its Llama 3 recipes filter the output head
+(models/llama3/config_registry.py ``filter_fqns=["lm_head"]``). Its ``Float8LinearConverter``
+(components/quantization/float8.py) offers ``rowwise`` (default) and ``rowwise_with_gw_hp``; torchao's
+own default is ``tensorwise``.
+
+FSDP2 float8 all-gather (torchao ``enable_fsdp_float8_all_gather``: the gathered weights cast to float8
+before the all-gather, 1 byte instead of 2) was off by default in torchtitan's float8 config and is gone
+from it since commit 6348d93d ("quantize on config instead of on model"): not modelled, the gathered
+weights are 16-bit as for mixed-bf16.
 
 Eager only: under ``torch.compile`` (torchtitan's usual setup) Inductor fuses the casts and may save
 float8 copies instead; not modelled.
@@ -52,7 +60,8 @@ from .shapes import LayerActivations, Shapes
 CAST_PEAK = 4 + 4 + 1
 FP8 = 1  # bytes per float8 element (e4m3 / e5m2)
 FP32 = 4
-DIM_MULTIPLE = 16  # torch._scaled_mm: both dims of each operand divisible by 16 (torchtitan's filter)
+# torch._scaled_mm: both dims of each operand divisible by 16 (torchtitan utils.py module_filter_fn)
+DIM_MULTIPLE = 16
 
 HELD_STREAMS = 3  # residual-stream tensors alive mid-layer in forward (float8_layer)
 SRC = "torchao 0.18 float8_linear.py matmul_with_hp_or_float8_args (eager float8 casts)"
@@ -214,7 +223,7 @@ def assumptions(spec: ModelSpec, precision: Precision) -> tuple[str, ...]:
         "float8 Linears save their high-precision input and weight, as nn.Linear does; the casts' fp32 and "
         "float8 copies are temporaries (9 B per element at a cast's peak; backward: two float8 copies of "
         "the output gradient, of the weight and of the input, and _scaled_mm's layout copies)",
-        "FSDP2 float8 all-gather (enable_fsdp_float8_all_gather, off by default in torchao and torchtitan) "
+        "FSDP2 float8 all-gather (enable_fsdp_float8_all_gather: off by default, gone from torchtitan) "
         "and float8 tensor parallelism are not modelled: gathered weights as 16-bit, TP shares out the "
         "casts' temporaries as the layer's others; under torch.compile the casts fuse (not modelled)",
     )
