@@ -87,16 +87,20 @@ def recipe_of(precision: Precision) -> Recipe | None:
     return RECIPES.get(precision)
 
 
-def converted(weight: Tensor) -> bool:
-    """torchtitan's filter: a Linear weight with both dimensions divisible by 16."""
-    return weight.kind == "linear_weight" and all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
+def converted(spec: ModelSpec, weight: Tensor) -> bool:
+    """torchtitan's filter: an ``nn.Linear`` weight (not a transformers ``Conv1D``: torchao swaps
+    ``nn.Linear`` only, float8_linear_utils.py ``swap_linear_layers``), both dimensions divisible by 16."""
+    if weight.kind != "linear_weight" or weight.module in spec.conv1d_modules:
+        return False
+    return all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
 
 
-def linear_forward_peak(m: int, k: int, n: int) -> int:
+def linear_forward_peak(m: int, k: int, n: int, c: int = 0) -> int:
     """Bytes a converted Linear (m tokens, k in, n out) holds in forward beyond its input and output:
     the input's cast (``CAST_PEAK`` per element), then its float8 copy while the weight is cast, then
-    both float8 operands during ``_scaled_mm``."""
-    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * n * k, FP8 * (m * k + n * k))
+    both float8 operands during ``_scaled_mm``; ``c``: the bytes per element of a bias's sum
+    (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without."""
+    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * n * k, FP8 * (m * k + n * k), c * m * n)
 
 
 def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
@@ -163,7 +167,12 @@ def float8_layer(
     projections after the MLP interior's gradients, the attention's output projection after the MLP half.
     """
     t, h, c, r = sh.tokens, spec.hidden_size, sh.c, sh.r
-    weights = [w for w in layer.tensors if converted(w)]
+    weights = [w for w in layer.tensors if converted(spec, w)]
+    biased = {w.name.removesuffix(".bias") for w in layer.tensors if w.kind == "linear_bias"}
+
+    def fwd_peak(w: Tensor) -> int:
+        return linear_forward_peak(t, *_io(w), c if w.name.removesuffix(".weight") in biased else 0)
+
     if not weights:
         return la
     mlp_w = [w for w in weights if w.component == "mlp"]
@@ -174,11 +183,11 @@ def float8_layer(
     # output (modeling_llama.py LlamaModel.forward keeps ``inputs_embeds`` to the end), the layer's input
     # (the loop's ``hidden_states``) and the attention's residual sum (the layer's ``residual``)
     held = HELD_STREAMS * t * h * r
-    fwd = max([held + linear_forward_peak(t, *_io(w)) for w in out_proj], default=0)
+    fwd = max([held + fwd_peak(w) for w in out_proj], default=0)
     # full checkpointing's forward keeps nothing: at the output projection's casts its input (the gated
     # product) and the MLP's input (the norm output) are alive beside the residual sum; the layer's input is
     # the checkpoint's saved tensor, counted already
-    interior = max([la.interior] + [t * h * (r + c) + t * _io(w)[0] * c + linear_forward_peak(t, *_io(w))
+    interior = max([la.interior] + [t * h * (r + c) + t * _io(w)[0] * c + fwd_peak(w)
                                     for w in out_proj])  # fmt: skip
     stages = list(la.backward_stages) or [(la.backward_transient, la.backward_freed, la.backward_grads)]
     mlp_grads = sum(w.numel for w in out_proj) * c
@@ -193,12 +202,24 @@ def float8_layer(
         net = t * h * r + mlp_grads + 2 * t * width * c + linear_backward_peak(t, k, n, c, recipe) - freed
         stages.append((net, freed, mlp_grads))
     all_mlp_grads = sum(w.numel for w in mlp_w) * c
-    for w in attention:  # after the MLP half: its saved tensors freed, its gradients written
+    # the attention's output projection: the last attention Linear (o_proj, dense, out_proj, c_proj),
+    # its backward first; the input projections (q/k/v or a fused qkv) after the core's backward, its
+    # saved tensors freed and the gradients of every projection's output alive together
+    att_all = [w for w in layer.tensors if w.kind == "linear_weight" and w.component == "attention"]
+    att_out = att_all[-1:]
+    att_saved = sum(i.bytes for i in la.saved if i.key.startswith("attn."))
+    out_grads = all_mlp_grads + sum(w.numel for w in att_out) * c
+    in_grads = sum(t * w.shape[0] * c for w in att_all[:-1])  # their outputs' gradients
+    for w in attention:
         k, n = _io(w)
-        net = t * h * r + t * h * c + all_mlp_grads + linear_backward_peak(t, k, n, c, recipe) - saved_mlp
-        stages.append((net, saved_mlp, all_mlp_grads))
+        if w in att_out:
+            freed, grads, alive = saved_mlp, all_mlp_grads, 0
+        else:
+            freed, grads, alive = saved_mlp + att_saved, out_grads, in_grads
+        net = t * h * r + t * h * c + alive + grads + linear_backward_peak(t, k, n, c, recipe) - freed
+        stages.append((net, freed, grads))
     if recomputed:  # the recomputation's forward casts, the layer's tensors saved again, the gradient in
-        stages += [(2 * t * h * r + linear_forward_peak(t, *_io(w)), 0, 0) for w in out_proj]
+        stages += [(2 * t * h * r + fwd_peak(w), 0, 0) for w in out_proj]
     best = max(stages)
     return replace(
         la, forward_transient=max(la.forward_transient, fwd), interior=interior,
@@ -212,9 +233,8 @@ def assumptions(spec: ModelSpec, precision: Precision) -> tuple[str, ...]:
     recipe = recipe_of(precision)
     if recipe is None:
         return ()
-    layers = [g.layer for g in spec.groups]
-    n = sum(1 for layer in layers for w in layer.tensors if converted(w))
-    total = sum(1 for layer in layers for w in layer.tensors if w.kind == "linear_weight")
+    n = sum(g.count for g in spec.groups for w in g.layer.tensors if converted(spec, w))
+    total = sum(g.count for g in spec.groups for w in g.layer.tensors if w.kind == "linear_weight")
     return (
         f"torchao float8 training, recipe {recipe.name!r} (torchao 0.18 convert_to_float8_training, eager): "
         f"{n} of the layers' {total} Linears converted (torchtitan's filter: not the output "
