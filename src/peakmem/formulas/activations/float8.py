@@ -40,6 +40,13 @@ before the all-gather, 1 byte instead of 2) was off by default in torchtitan's f
 from it since commit 6348d93d ("quantize on config instead of on model"): not modelled, the gathered
 weights are 16-bit as for mixed-bf16.
 
+Not here (neither runs on this CPU): Transformer Engine's FP8 (``te.Linear`` under ``te.autocast``; its
+``DelayedScaling`` recipe keeps an amax history of ``amax_history_len=1024`` fp32 values per float8 tensor,
+NVIDIA/TransformerEngine docs/api/common.rst, a few KiB per Linear, and can keep float8 weight copies
+across micro-batches, ``is_first_microbatch``); DeepSeek-V3's block-wise FP8 (1 x 128 activation tiles,
+128 x 128 weight blocks, DeepSeek-V3 technical report arXiv 2412.19437 §3.3). Their saved tensors and
+caches were not read here in enough detail to model; ``--precision`` does not offer them.
+
 Eager only: under ``torch.compile`` (torchtitan's usual setup) Inductor fuses the casts and may save
 float8 copies instead; not modelled.
 """
