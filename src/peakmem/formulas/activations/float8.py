@@ -203,10 +203,12 @@ def float8_layer(
     for w in out_proj:  # incoming: the residual gradient
         k, n = _io(w)
         stages.append((t * h * r + linear_backward_peak(t, k, n, c, recipe), 0, 0))
-    for w in in_proj:  # the MLP interior's gradients alive (gate's and up's), down's weight gradient written
+    # the MLP interior's gradients alive (a gated one's two: gate's and up's), down's weight gradient written
+    interior_grads = (2 if layer.mlp.gated else 1) * t * width * c
+    for w in in_proj:
         k, n = _io(w)
         freed = saved_mlp - t * k * c  # the MLP input stays for the other input projection
-        net = t * h * r + mlp_grads + 2 * t * width * c + linear_backward_peak(t, k, n, c, recipe) - freed
+        net = t * h * r + mlp_grads + interior_grads + linear_backward_peak(t, k, n, c, recipe) - freed
         stages.append((net, freed, mlp_grads))
     all_mlp_grads = sum(w.numel for w in mlp_w) * c
     # the attention's output projection: the last attention Linear (o_proj, dense, out_proj, c_proj),
