@@ -34,6 +34,7 @@ from peakmem.formulas import long_context as _long
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
@@ -264,7 +265,8 @@ def _compute_static(
         if _whole(layout) else 0,
         weight_cache=tuple(_weight_cache(spec, setup, cached, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
-        assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup),
+        assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup)
+        + _f8.assumptions(spec, setup.precision),
         setup_json=setup_json,
         setup_json_nested=tuple(k for k, v in setup_json.items() if isinstance(v, dict)),
         in_backward_step=sharding.one_tensor_step_bytes(tech) if in_bwd else 0,
@@ -388,6 +390,11 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 la = _long.tiled_mlp(
                     la, spec, layer, sh, _long.tiled_shards(spec, sh.tokens, setup.tiled_mlp_shards)
                 )
+            recipe = _f8.recipe_of(setup.precision)
+            if recipe is not None:  # before the model-parallel split, which shares them out as the rest
+                _f8.check_float8(spec, layer, setup, bool(tech.adapter))
+                recomputed = wrapped and setup.checkpointing is Checkpointing.FULL
+                la = _f8.float8_layer(spec, layer, sh, la, recipe, recomputed=recomputed)
             if not par.is_single_gpu:
                 la = _long.ulysses_attention(la, spec, layer, sh, par)
                 att_sh = _long.attention_shapes(sh, par)  # the ring chunk Ulysses gathers

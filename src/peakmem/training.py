@@ -25,6 +25,21 @@ class Precision(Choice):
     MIXED_BF16 = "mixed-bf16"
     MIXED_FP16 = "mixed-fp16"
     BF16 = "bf16"
+    # torchao float8 training (convert_to_float8_training, torchao 0.18 Float8LinearConfig.from_recipe_name)
+    # on mixed-bf16's model states (peakmem.formulas.activations.float8)
+    FLOAT8_TENSORWISE = "float8-tensorwise"
+    FLOAT8_ROWWISE = "float8-rowwise"
+    FLOAT8_ROWWISE_GW_HP = "float8-rowwise-gw-hp"
+
+    @property
+    def states(self) -> Precision:
+        """The precision of the model states and of what the unconverted modules compute in: a float8
+        recipe keeps the weights in high precision (pytorch/ao#1102; torchtitan: bf16 compute, fp32
+        master and optimizer states), as mixed-bf16 does; every other precision is its own."""
+        return Precision.MIXED_BF16 if self.value.startswith(FLOAT8_PREFIX) else self
+
+
+FLOAT8_PREFIX = "float8-"
 
 
 class OptimizerName(Choice):
@@ -266,6 +281,11 @@ class TrainingSetup:
             ("liger", self.liger),
             ("tiled_mlp", self.tiled_mlp),
         )
+        if command != "measure" and self.precision.states is not self.precision:
+            raise InputError(
+                f"precision={self.precision.value!r}: {command} does not run torchao float8 "
+                "(peakmem measure does; peakmem train estimates it)"
+            )
         loss = () if self.loss is LossImpl.STANDARD else (f"loss={self.loss.value!r}",)
         other = loss + tuple(f"{name}=True" for name, on in flags if on)
         if other:

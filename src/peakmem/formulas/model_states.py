@@ -13,6 +13,7 @@ Precisions (DESIGN.md):
 * ``mixed-bf16``/``mixed-fp16``: 16-bit weights and grads plus fp32 master weights and fp32 states
   (Micikevicius et al. 2018, arXiv 1710.03740 §3.1; DeepSpeed / Megatron; the seed's table).
 * ``bf16``: pure bf16 weights, grads and optimizer states (torchtune's full fine-tune recipes).
+* ``float8-*``: torchao float8 training on mixed-bf16's states (the weights stay high precision).
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ _PLANS: dict[Precision, PrecisionPlan] = {
 
 
 def precision_plan(precision: Precision) -> PrecisionPlan:
-    return _PLANS[precision]
+    """A float8 recipe's model states and unconverted modules are mixed-bf16's (``Precision.states``);
+    what its converted Linears add is in :mod:`peakmem.formulas.activations.float8`."""
+    return _PLANS[precision.states]
 
 
 def trainable_params(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> int:

@@ -20,6 +20,7 @@ import torch
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.measure.adapter import apply_adapter
+from peakmem.measure.float8 import convert_float8, float8_notes
 from peakmem.measure.op_sac import op_context_fn
 from peakmem.measure.tracker import INPUT, LiveStorageTracker, Snapshot
 from peakmem.measure.trainer import make_trainer, model_dtype
@@ -74,6 +75,7 @@ def measure_training(
     model = build_model(config, setup, seed=seed)
     model.to(device=dev, dtype=model_dtype(setup.precision))
     model = apply_adapter(model, setup)  # LoRA: peft freezes the base and adds the adapters
+    convert_float8(model, setup)  # float8-*: torchao's Float8Linear in place of the eligible Linears
     model.train()
     tracker = LiveStorageTracker(device_type=dev.type) if track else None
     cuda = _CudaStats(dev) if dev.type == "cuda" else None
@@ -485,7 +487,8 @@ def _estimate(
         assumptions.append("adafactor: torch.optim.Adafactor (not transformers.optimization.Adafactor)")
     if setup.optimizer.value == "lion":
         assumptions.append("lion: peakmem's Lion (Chen et al. 2023 Algorithm 2); torch has none")
-    if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
+    assumptions.extend(float8_notes(model, setup))
+    if setup.precision.states in (Precision.MIXED_BF16, Precision.MIXED_FP16):
         assumptions.append(
             "mixed precision: fp32 masters made at load; at the step each 16-bit gradient is upcast to an "
             "fp32 master gradient and freed, the optimizer steps the masters, fp32 gradients are freed and "

@@ -49,8 +49,8 @@ HALF = {
 
 def model_dtype(precision: Precision) -> torch.dtype:
     """The dtype the model's parameters are stored in."""
-    if precision in (Precision.MIXED_BF16, Precision.MIXED_FP16, Precision.BF16):
-        return HALF[precision]
+    if precision.states in (Precision.MIXED_BF16, Precision.MIXED_FP16, Precision.BF16):
+        return HALF[precision.states]
     return torch.float32
 
 
@@ -254,6 +254,6 @@ class MasterWeightTrainer(PlainTrainer):
 def make_trainer(
     model: torch.nn.Module, setup: TrainingSetup, device: torch.device, tracker: LiveStorageTracker | None
 ) -> PlainTrainer:
-    if setup.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
+    if setup.precision.states in (Precision.MIXED_BF16, Precision.MIXED_FP16):
         return MasterWeightTrainer(model, setup, device, tracker)
     return PlainTrainer(model, setup, device, tracker)

@@ -1,0 +1,258 @@
+"""torchao float8 training (``convert_to_float8_training``): what each converted Linear saves and the
+temporaries of its float8 casts, per recipe.
+
+Read in torchao 0.18.0 (torchao/float8/):
+
+* float8_linear.py ``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp,
+  weight_hp_t)`` - every recipe saves the high-precision input and the weight itself (a view of the
+  parameter, no bytes), exactly what ``F.linear`` saves: the layer's saved tensors do not change. The
+  float8 copies are made inside the autograd Function (autograd off), used by one ``mm`` and freed.
+  The weights stay high precision (the parameter is not replaced; pytorch/ao#1102); ``Float8Linear``
+  does not call ``F.linear``, so autocast caches no weight cast (it casts its input only).
+* float8_training_tensor.py ``_ToFloat8ConstrFunc.forward``: ``tensor.to(float32) * scale`` then
+  float8_utils.py ``to_fp8_saturated``: ``x.clamp(...)`` and ``.to(float8)``. Of a tensor of n elements
+  (bf16 or fp32) an eager cast holds at most 9 n bytes beyond its source: the fp32 scaled copy and its
+  clamped copy (4 + 4) and the float8 result (1); it leaves the 1-byte result
+  (measured on this CPU, torch 2.13: a bf16 512 x 176 tensor's cast peaks 811,008 B + the scale).
+  ``tensor_to_amax``'s ``abs`` (n of the source's bytes) comes and goes before. Scales are one fp32
+  value per tensor (tensorwise) or per row (rowwise): a few KiB, not counted.
+* backward: ``grad_output`` is cast for grad_input and again for grad_weight (two 1-byte copies), the
+  weight once more (for grad_input), the input once more (for grad_weight); every one of them is a local
+  of ``backward`` and lives until it returns. float8_ops.py ``preprocess_addmm``: ``_scaled_mm`` wants its
+  first operand row-major and its second column-major, so grad_input's weight operand and grad_weight's
+  two operands are copied (``.contiguous()``, ``.t().contiguous().t()``; 1 byte per element). Rowwise
+  scaling without fast accumulation (the two backward gemms: ``gemm_config_grad_*`` default) scales the
+  output afterwards: ``post_inverse_scale = a_inverse_scale * b_inverse_scale``, an fp32 outer product
+  of the output's shape (``addmm_float8_unwrapped``).
+* config.py ``Float8LinearConfig.from_recipe_name``: ``tensorwise`` (all casts per tensor), ``rowwise``
+  (all axiswise), ``rowwise_with_gw_hp`` (grad_weight in high precision: ``input`` and ``grad_output``
+  not cast for it; the weight cast for grad_input tensorwise).
+
+Which Linears: torchtitan (commit b5bcd76c, torchtitan/components/quantization/utils.py
+``module_filter_fn``) converts a Linear when both its dimensions are divisible by 16 (``_scaled_mm``'s
+constraint) and its name matches none of ``filter_fqns``; its Llama 3 recipes filter the output head
+(models/llama3/config_registry.py ``filter_fqns=["lm_head"]``). Its ``Float8LinearConverter``
+(components/quantization/float8.py) offers ``rowwise`` (default) and ``rowwise_with_gw_hp``; torchao's
+own default is ``tensorwise``.
+
+FSDP2 float8 all-gather (torchao ``enable_fsdp_float8_all_gather``: the gathered weights cast to float8
+before the all-gather, 1 byte instead of 2) was off by default in torchtitan's float8 config and is gone
+from it since commit 6348d93d ("quantize on config instead of on model"): not modelled, the gathered
+weights are 16-bit as for mixed-bf16.
+
+Not here (neither runs on this CPU): Transformer Engine's FP8 (``te.Linear`` under ``te.autocast``; its
+``DelayedScaling`` recipe keeps an amax history of ``amax_history_len=1024`` fp32 values per float8 tensor,
+NVIDIA/TransformerEngine docs/api/common.rst, a few KiB per Linear, and can keep float8 weight copies
+across micro-batches, ``is_first_microbatch``); DeepSeek-V3's block-wise FP8 (1 x 128 activation tiles,
+128 x 128 weight blocks, DeepSeek-V3 technical report arXiv 2412.19437 §3.3). Their saved tensors and
+caches were not read here in enough detail to model; ``--precision`` does not offer them.
+
+Eager only: under ``torch.compile`` (torchtitan's usual setup) Inductor fuses the casts and may save
+float8 copies instead; not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from peakmem.errors import InputError
+from peakmem.model import Layer, ModelSpec, Tensor
+from peakmem.training import Checkpointing, LossImpl, Precision, TrainingSetup
+
+from .shapes import LayerActivations, Shapes
+
+# bytes per element an eager float8 cast holds beyond its source: fp32 scaled copy (4) and its
+# clamped copy (4), then the float8 result (1) - float8_training_tensor.py _ToFloat8ConstrFunc.forward,
+# float8_utils.py to_fp8_saturated
+CAST_PEAK = 4 + 4 + 1
+FP8 = 1  # bytes per float8 element (e4m3 / e5m2)
+FP32 = 4
+# torch._scaled_mm: both dims of each operand divisible by 16 (torchtitan utils.py module_filter_fn)
+DIM_MULTIPLE = 16
+
+HELD_STREAMS = 3  # residual-stream tensors alive mid-layer in forward (float8_layer)
+SRC = "torchao 0.18 float8_linear.py matmul_with_hp_or_float8_args (eager float8 casts)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """One torchao float8 training recipe (config.py ``Float8LinearRecipeName``)."""
+
+    name: str  # torchao's recipe name
+    rowwise: bool  # axiswise scales: the backward gemms scale their outputs afterwards (fp32 temporary)
+    grad_weight_fp8: bool  # grad_weight from float8 casts (False: in high precision)
+
+
+RECIPES: dict[Precision, Recipe] = {
+    Precision.FLOAT8_TENSORWISE: Recipe(name="tensorwise", rowwise=False, grad_weight_fp8=True),
+    Precision.FLOAT8_ROWWISE: Recipe(name="rowwise", rowwise=True, grad_weight_fp8=True),
+    Precision.FLOAT8_ROWWISE_GW_HP: Recipe(name="rowwise_with_gw_hp", rowwise=True, grad_weight_fp8=False),
+}
+
+
+def recipe_of(precision: Precision) -> Recipe | None:
+    return RECIPES.get(precision)
+
+
+def converted(spec: ModelSpec, weight: Tensor) -> bool:
+    """torchtitan's filter: an ``nn.Linear`` weight (not a transformers ``Conv1D``: torchao swaps
+    ``nn.Linear`` only, float8_linear_utils.py ``swap_linear_layers``), both dimensions divisible by 16."""
+    if weight.kind != "linear_weight" or weight.module in spec.conv1d_modules:
+        return False
+    return all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
+
+
+def linear_forward_peak(m: int, k: int, n: int, c: int = 0) -> int:
+    """Bytes a converted Linear (m tokens, k in, n out) holds in forward beyond its input and output:
+    the input's cast (``CAST_PEAK`` per element), then its float8 copy while the weight is cast, then
+    both float8 operands during ``_scaled_mm``; ``c``: the bytes per element of a bias's sum
+    (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without."""
+    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * n * k, FP8 * (m * k + n * k), c * m * n)
+
+
+def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
+    """Bytes a converted Linear's backward holds beyond its incoming gradient (m x n, ``c`` bytes per
+    element), its weight gradient and grad_input (``c`` bytes each) included - the stages of
+    ``matmul_with_hp_or_float8_args.backward`` in order, each local kept until it returns."""
+    go, w, x = m * n, n * k, m * k
+    post_gi = FP32 * x if recipe.rowwise else 0  # rowwise: post_inverse_scale of grad_input's shape
+    stages = [
+        CAST_PEAK * go,  # grad_output cast for grad_input
+        FP8 * go + CAST_PEAK * w,  # the weight cast for grad_input
+        FP8 * go + 2 * FP8 * w + c * x + post_gi,  # grad_input gemm: the weight operand copied
+    ]
+    held = FP8 * go + FP8 * w + c * x  # alive from here to the return
+    if recipe.grad_weight_fp8:
+        post_gw = FP32 * w if recipe.rowwise else 0
+        stages += [
+            held + CAST_PEAK * go,  # grad_output cast again, for grad_weight
+            held + FP8 * go + CAST_PEAK * x,  # the input cast for grad_weight
+            # grad_weight gemm: both operands copied to _scaled_mm's layouts, the output c bytes
+            held + 2 * FP8 * go + 2 * FP8 * x + c * w + post_gw,
+        ]
+    else:
+        stages.append(held + c * w)  # grad_weight = grad_output.t() @ input in high precision
+    return max(stages)
+
+
+def check_float8(spec: ModelSpec, layer: Layer, setup: TrainingSetup, adapter: bool) -> None:
+    """A one-line InputError for what the float8 formulas do not model: adapters, non-dense layers,
+    op-level SAC (torchtitan's save list names ``aten.mm``, not the ``_scaled_mm`` float8 Linears run) and
+    the post-training objectives (TRL's log-prob head: their generation reads the weights' own format)."""
+    what = ""
+    if setup.checkpointing is Checkpointing.OP:
+        what = "--checkpointing op"
+    elif setup.loss in (LossImpl.LOGPROB, LossImpl.LOGPROB_ENTROPY):
+        what = "a post-training objective"
+    elif adapter:
+        what = "LoRA/QLoRA adapters"
+    elif layer.derived is not None:
+        what = f"a derived {layer.derived.mixer} block"
+    elif layer.mlp.is_moe:
+        what = "MoE experts"
+    elif layer.attention.kv_lora_rank:
+        what = "MLA attention"
+    if what:
+        raise InputError(f"precision=float8-*: {spec.name} with {what} is not modelled (dense layers only)")
+
+
+def _io(weight: Tensor) -> tuple[int, int]:
+    out, inp = weight.shape[0], weight.shape[1]
+    return inp, out
+
+
+def float8_layer(
+    spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations, recipe: Recipe, *, recomputed: bool
+) -> LayerActivations:
+    """``la`` with the float8 casts' temporaries: the layer's saved tensors are the same (module doc);
+    ``recomputed``: full checkpointing wraps the layer (its forward runs again in backward).
+
+    Forward: the MLP's output projection is the layer's last Linear (nothing of the layer is saved after
+    it), so its casts add to the end-of-forward total; earlier Linears' casts come before saved tensors
+    at least as large. Backward: candidate stages (net above the saved tensors, freed, grads) at each
+    converted Linear: the MLP's output projection first (the residual gradient incoming), its input
+    projections after the MLP interior's gradients, the attention's output projection after the MLP half.
+    """
+    t, h, c, r = sh.tokens, spec.hidden_size, sh.c, sh.r
+    weights = [w for w in layer.tensors if converted(spec, w)]
+    biased = {w.name.removesuffix(".bias") for w in layer.tensors if w.kind == "linear_bias"}
+
+    def fwd_peak(w: Tensor) -> int:
+        return linear_forward_peak(t, *_io(w), c if w.name.removesuffix(".weight") in biased else 0)
+
+    if not weights:
+        return la
+    mlp_w = [w for w in weights if w.component == "mlp"]
+    out_proj = [w for w in mlp_w if w.shape[0] == h]
+    in_proj = [w for w in mlp_w if w.shape[0] != h]
+    attention = [w for w in weights if w.component == "attention"]
+    # alive beside the casts of the MLP's output projection, none of it saved: the decoder's embedding
+    # output (modeling_llama.py LlamaModel.forward keeps ``inputs_embeds`` to the end), the layer's input
+    # (the loop's ``hidden_states``) and the attention's residual sum (the layer's ``residual``)
+    held = HELD_STREAMS * t * h * r
+    fwd = max([held + fwd_peak(w) for w in out_proj], default=0)
+    # full checkpointing's forward keeps nothing: at the output projection's casts its input (the gated
+    # product) and the MLP's input (the norm output) are alive beside the residual sum; the layer's input is
+    # the checkpoint's saved tensor, counted already
+    interior = max([la.interior] + [t * h * (r + c) + t * _io(w)[0] * c + fwd_peak(w)
+                                    for w in out_proj])  # fmt: skip
+    stages = list(la.backward_stages) or [(la.backward_transient, la.backward_freed, la.backward_grads)]
+    mlp_grads = sum(w.numel for w in out_proj) * c
+    width = layer.mlp.intermediate_size
+    saved_mlp = sum(i.bytes for i in la.saved if i.key in ("mlp.interior", "input.mlp"))
+    for w in out_proj:  # incoming: the residual gradient
+        k, n = _io(w)
+        stages.append((t * h * r + linear_backward_peak(t, k, n, c, recipe), 0, 0))
+    # the MLP interior's gradients alive (a gated one's two: gate's and up's), down's weight gradient written
+    interior_grads = (2 if layer.mlp.gated else 1) * t * width * c
+    for w in in_proj:
+        k, n = _io(w)
+        freed = saved_mlp - t * k * c  # the MLP input stays for the other input projection
+        net = t * h * r + mlp_grads + interior_grads + linear_backward_peak(t, k, n, c, recipe) - freed
+        stages.append((net, freed, mlp_grads))
+    all_mlp_grads = sum(w.numel for w in mlp_w) * c
+    # the attention's output projection: the last attention Linear (o_proj, dense, out_proj, c_proj),
+    # its backward first; the input projections (q/k/v or a fused qkv) after the core's backward, its
+    # saved tensors freed and the gradients of every projection's output alive together
+    att_all = [w for w in layer.tensors if w.kind == "linear_weight" and w.component == "attention"]
+    att_out = att_all[-1:]
+    att_saved = sum(i.bytes for i in la.saved if i.key.startswith("attn."))
+    out_grads = all_mlp_grads + sum(w.numel for w in att_out) * c
+    in_grads = sum(t * w.shape[0] * c for w in att_all[:-1])  # their outputs' gradients
+    for w in attention:
+        k, n = _io(w)
+        if w in att_out:
+            freed, grads, alive = saved_mlp, all_mlp_grads, 0
+        else:
+            freed, grads, alive = saved_mlp + att_saved, out_grads, in_grads
+        net = t * h * r + t * h * c + alive + grads + linear_backward_peak(t, k, n, c, recipe) - freed
+        stages.append((net, freed, grads))
+    if recomputed:  # the recomputation's forward casts, the layer's tensors saved again, the gradient in
+        stages += [(2 * t * h * r + fwd_peak(w), 0, 0) for w in out_proj]
+    best = max(stages)
+    return replace(
+        la, forward_transient=max(la.forward_transient, fwd), interior=interior,
+        backward_transient=best[0], backward_freed=best[1], backward_grads=best[2],
+        backward_stages=tuple(stages),
+    )  # fmt: skip
+
+
+def assumptions(spec: ModelSpec, precision: Precision) -> tuple[str, ...]:
+    """What a float8 estimate assumes, or () for the other precisions."""
+    recipe = recipe_of(precision)
+    if recipe is None:
+        return ()
+    n = sum(g.count for g in spec.groups for w in g.layer.tensors if converted(spec, w))
+    total = sum(g.count for g in spec.groups for w in g.layer.tensors if w.kind == "linear_weight")
+    return (
+        f"torchao float8 training, recipe {recipe.name!r} (torchao 0.18 convert_to_float8_training, eager): "
+        f"{n} of the layers' {total} Linears converted (torchtitan's filter: not the output "
+        "head, both dimensions divisible by 16); weights, gradients and optimizer states as mixed-bf16 "
+        "(the weights stay high precision, pytorch/ao#1102)",
+        "float8 Linears save their high-precision input and weight, as nn.Linear does; the casts' fp32 and "
+        "float8 copies are temporaries (9 B per element at a cast's peak; backward: two float8 copies of "
+        "the output gradient, of the weight and of the input, and _scaled_mm's layout copies)",
+        "FSDP2 float8 all-gather (enable_fsdp_float8_all_gather: off by default, gone from torchtitan) "
+        "and float8 tensor parallelism are not modelled: gathered weights as 16-bit, TP shares out the "
+        "casts' temporaries as the layer's others; under torch.compile the casts fuse (not modelled)",
+    )
