@@ -188,3 +188,34 @@ def test_open_r1_recipe_maps_with_the_trl_it_pins() -> None:
     # a plain TRL GRPOConfig (no reward_funcs) keeps TRL 1.16's defaults
     plain = map_documents([("g.yaml", {"output_dir": "o", "use_vllm": True, "num_generations": 4})]).options
     assert plain["rollout"] == "vllm-colocate" and "beta" not in plain
+
+
+def test_a_trl_distillation_file_maps_to_the_distill_job() -> None:
+    # trl/trainer/distillation_config.py: teacher_model_name_or_path, beta (the divergence), the
+    # completion length; the student generates on-policy
+    doc = {"model_name_or_path": "Qwen/Qwen3-1.7B", "teacher_model_name_or_path": "Qwen/Qwen3-8B",
+           "beta": 0.5, "max_completion_length": 256, "per_device_train_batch_size": 4}  # fmt: skip
+    found = map_documents([("distill.yaml", doc)])
+    o = found.options
+    assert (o["objective"], o["teacher"], o["beta"], o["completion"]) == (
+        "distill",
+        "Qwen/Qwen3-8B",
+        0.5,
+        256,
+    )
+    assert not any("post-training" in item for item in found.not_modelled), found.not_modelled
+
+
+def test_a_gkd_file_is_named_not_modelled() -> None:
+    # trl.experimental.gkd GKDConfig (lmbda, seq_kd): full-vocabulary logits, not the chunked head
+    doc = {
+        "teacher_model_name_or_path": "Qwen/Qwen3-8B",
+        "lmbda": 0.5,
+        "beta": 0.5,
+        "per_device_train_batch_size": 2,
+    }
+    found = map_documents([("gkd.yaml", doc)])
+    assert found.options.get("objective") in (None, "sft")
+    assert any(item.startswith("gkd.yaml:lmbda") and "gkd post-training job: not modelled" in item
+               for item in found.not_modelled), found.not_modelled  # fmt: skip
+    assert any("teacher_model_name_or_path" in item for item in found.not_modelled)

@@ -128,6 +128,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "max_tokens_per_gpu": "max-tokens-per-gpu",
     "objective": "objective",
     "reference": "reference",
+    "teacher": "teacher",
     "beta": "beta",
     "rollout": "rollout",
     "rollout_memory": "rollout-memory",

@@ -2,10 +2,10 @@
 read as SFT.
 
 A TRL ``GRPOConfig`` / ``RLOOConfig`` / ``DPOConfig`` file (and ORPO / SimPO / CPO configs, which have a
-``beta`` and none of DPO's reference fields), axolotl's ``rl:`` (its ``trl:`` block holds the GRPO
-fields) and LLaMA-Factory's ``stage: dpo`` (``pref_loss``) are mapped to the options of
-:mod:`peakmem.post_training` (:func:`map_post_training`). Objectives peakmem does not model (KTO, PPO,
-reward modelling) are named in ``not_modelled`` with every field that changes their memory (an error under
+``beta`` and none of DPO's reference fields), a ``DistillationConfig`` (``teacher_model_name_or_path``),
+axolotl's ``rl:`` (its ``trl:`` block holds the GRPO fields) and LLaMA-Factory's ``stage: dpo``
+(``pref_loss``) are mapped to the options of :mod:`peakmem.post_training` (:func:`map_post_training`).
+Objectives peakmem does not model (PPO, GKD, reward modelling) are named in ``not_modelled`` with every field that changes their memory (an error under
 ``strict``), so the answer is never mistaken for the job's peak. TRL's post-training configs default
 ``gradient_checkpointing`` and ``bf16`` to True (``grpo_config.py`` / ``dpo_config.py``: "Defaults to
 True instead of False"); a file that leaves them out gets those defaults, named as such.
@@ -37,6 +37,8 @@ SUPERVISED = ("sft", "pt")
 
 # Fields that mark a TRL file's objective, in the order they are tried (the first match names it).
 _TRL_MARKERS: tuple[tuple[str, str], ...] = (
+    ("lmbda", "gkd"),  # trl.experimental.gkd GKDConfig: full-vocabulary logits of student and teacher
+    ("teacher_model_name_or_path", "distill"),  # DistillationConfig (trl/trainer/distillation_config.py)
     ("num_ppo_epochs", "ppo"),
     ("vf_coef", "ppo"),
     ("rloo_k", "rloo"),
@@ -76,6 +78,8 @@ POST_TRAINING_FIELDS: dict[str, str] = {
     "num_ppo_epochs": "PPO epochs over each rollout batch",
     "vf_coef": "a value model (critic) trained beside the policy",
     "rloo_k": "completions per prompt",
+    "teacher_model_name_or_path": "a frozen teacher's weights and its forward",
+    "lmbda": "GKD's on-policy fraction (student and teacher full-vocabulary logits)",
 }
 
 
@@ -100,7 +104,7 @@ OPEN_R1_TRL = "0.18.0"
 OPEN_R1_DEFAULTS = {"vllm_mode": "server", "beta": 0.04}
 
 # objectives peakmem models (peakmem.post_training) as their files spell them
-MODELLED = ("dpo", "ipo", "orpo", "simpo", "kto", "grpo", "rloo", "preference")
+MODELLED = ("dpo", "ipo", "orpo", "simpo", "kto", "grpo", "rloo", "preference", "distill")
 # LLaMA-Factory stage dpo: pref_loss (hparams/finetuning_args.py): sigmoid, hinge, ipo, kto_pair, orpo, simpo
 _PREF_LOSS = {"orpo": "orpo", "simpo": "simpo"}
 # file fields -> peakmem options, with the conversion: (dest, kind)
@@ -139,7 +143,7 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
     name, key = found
     if name not in MODELLED:
         why = (f"a {name} post-training job: not modelled (peakmem models sft, dpo, orpo, simpo, kto, grpo, "
-               "rloo); the estimate is one supervised step of the policy")  # fmt: skip
+               "rloo, distill); the estimate is one supervised step of the policy")  # fmt: skip
         m.unknown(key, doc[key], why, SUPERVISED)
         for field in sorted(POST_TRAINING_FIELDS):
             if field != key and doc.get(field) not in (None, False, "", [], 0):
@@ -157,6 +161,8 @@ def map_post_training(m: _Mapper, doc: Mapping[str, Any]) -> None:
             value = as_float(m, field, fields[field]) if kind == "float" else as_int(m, field, fields[field])
             if value is not None:
                 m.set(dest, value, m.defaults_from.get(field, field))
+    if isinstance(fields.get("teacher_model_name_or_path"), str):
+        m.set("teacher", fields["teacher_model_name_or_path"], "teacher_model_name_or_path")
     _map_rollout(m, fields)
     _map_reference(m, fields)
     _map_sequence(m, fields, name)
