@@ -115,3 +115,31 @@ def test_cli_answers_a_zero3_dpo_job(capsys: Any) -> None:
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["reference_shards"] == 8 and out["reference"] == "separate"
     assert any("sharded over 8 ranks" in a for a in out["assumptions"])
+
+
+def test_fit_on_several_gpus_re_estimates_each_change_on_the_layout() -> None:
+    # fit keeps the layout as given: every change alone is the most loaded rank's estimate of the job
+    # with that change, on the same 8 GPUs under ZeRO-2
+    from peakmem.planner.post_training import fit_post_training
+    from peakmem.resolve import gpu_of_size
+
+    big = TrainingSetup(**{**SETUP.__dict__, "seq_len": 128, "micro_batch": 64})
+    post = post_training("dpo", seq=128, completion=64, batch=64, gpus=8)
+    needed = estimate_post_training(SPEC, big, post, par=Z2).device_total_bytes
+    gpu = gpu_of_size(f"{needed * 3 // 4 // 2**20}MiB")  # a device a quarter too small for the job
+    report = fit_post_training(SPEC, big, post, (gpu,), par=Z2)
+    (g,) = report.gpus
+    assert report.baseline.extra["reference_shards"] == 1 and not g.verdict.fits
+    assert g.singles
+    for change, _ in g.singles:
+        again = estimate_post_training(SPEC, change.setup, change.post, gpu_bytes=gpu.memory_bytes, par=Z2)
+        assert change.estimate.device_total_bytes == again.device_total_bytes, change.label
+
+
+def test_fit_cli_takes_a_zero3_post_training_job(capsys: Any) -> None:
+    code = main(["fit", "llama-3.1-8b", "--objective", "dpo", "--seq", "2048", "--batch", "4", "--gpus", "8",
+                 "--zero", "3", "--gpu", "h100", "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    (gpu,) = out["gpus"]
+    assert code in (0, 2) and gpu["gpu"] == "h100-sxm"
+    assert out["post_training"]["objective"] == "dpo" and gpu["device_total_bytes"] > 0

@@ -534,9 +534,8 @@ def _fit_post(q: Question) -> Answer:
     from peakmem.planner.post_training import fit_post_training, post_fit_json
 
     assert q.training is not None and q.post is not None
-    if q.parallel is not None and q.parallel.gpus > 1:
-        raise InputError(f"gpus={q.parallel.gpus}: post-training jobs are estimated on one GPU so far")
-    report = fit_post_training(q.spec, q.training, q.post, q.gpus, overheads=q.overheads, costs=q.costs)
+    report = fit_post_training(q.spec, q.training, q.post, q.gpus, overheads=q.overheads, costs=q.costs,
+                               par=q.parallel)  # fmt: skip
     out = _with_from(q, post_fit_json(report))
     code = verdict_code([g.verdict.fits or bool(g.fitting) or g.combined is not None for g in report.gpus])
     return Answer(question=q, json=out, exit_code=code, report=report)

@@ -5,10 +5,11 @@ A TRL ``GRPOConfig`` / ``RLOOConfig`` / ``DPOConfig`` file (and ORPO / SimPO / C
 ``beta`` and none of DPO's reference fields), a ``DistillationConfig`` (``teacher_model_name_or_path``),
 axolotl's ``rl:`` (its ``trl:`` block holds the GRPO fields) and LLaMA-Factory's ``stage: dpo``
 (``pref_loss``) are mapped to the options of :mod:`peakmem.post_training` (:func:`map_post_training`).
-Objectives peakmem does not model (PPO, GKD, reward modelling) are named in ``not_modelled`` with every field that changes their memory (an error under
-``strict``), so the answer is never mistaken for the job's peak. TRL's post-training configs default
-``gradient_checkpointing`` and ``bf16`` to True (``grpo_config.py`` / ``dpo_config.py``: "Defaults to
-True instead of False"); a file that leaves them out gets those defaults, named as such.
+Objectives peakmem does not model (PPO, GKD, reward modelling) are named in ``not_modelled`` with every
+field that changes their memory (an error under ``strict``), so the answer is never mistaken for the
+job's peak. TRL's post-training configs default ``gradient_checkpointing`` and ``bf16`` to True
+(``grpo_config.py`` / ``dpo_config.py``: "Defaults to True instead of False"); a file that leaves them
+out gets those defaults, named as such.
 
 Field names as the frameworks define them (read in their source):
 

@@ -25,6 +25,7 @@ from peakmem.formulas.serving.estimate import estimate_inference
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.jobs import estimate_post_training
 from peakmem.model import CostLookup, ModelSpec
+from peakmem.parallel import Parallelism
 from peakmem.post_training import PostTraining, Reference, Rollout
 from peakmem.training import Checkpointing, Method, OptimizerName, TrainingSetup
 
@@ -146,7 +147,7 @@ def _half_batch(s: TrainingSetup, p: PostTraining, gpu: int, spec: ModelSpec) ->
     if s.micro_batch < 2:
         return None
     label = f"micro-batch {s.micro_batch} -> {s.micro_batch // 2}, accumulation x 2 (the same global batch)"
-    spg = p.steps_per_generation * 2 if p.online else p.steps_per_generation
+    spg = p.steps_per_generation * 2 if p.generates else p.steps_per_generation
     return (
         label,
         replace(s, micro_batch=s.micro_batch // 2, grad_accum=s.grad_accum * 2),
@@ -201,14 +202,16 @@ def fit_post_training(
     *,
     overheads: Overheads | None = None,
     costs: CostLookup | None = None,
+    par: Parallelism | None = None,
 ) -> PostFitReport:
-    """The verdict on each GPU and, where it does not fit, every change alone and those that fit."""
+    """The verdict on each GPU and, where it does not fit, every change alone and those that fit; on
+    several GPUs (``par``, data parallel) the most loaded rank's, the layout kept as given."""
     if not gpus:
         raise InputError("gpu=None: fit needs --gpu NAME|SIZE[,NAME|SIZE...]")
 
     def estimate(s: TrainingSetup, p: PostTraining, gpu: Gpu) -> Estimate:
         return estimate_post_training(
-            spec, s, p, gpu_bytes=gpu.memory_bytes, overheads=overheads, costs=costs
+            spec, s, p, gpu_bytes=gpu.memory_bytes, overheads=overheads, costs=costs, par=par
         )
 
     out = []
