@@ -575,3 +575,22 @@ def test_band_and_tight_verdict_are_drawn_when_the_json_has_them(page: Any, url:
     wait_ready(page, "fit")
     expect(page.locator("#fit-table tr.tight")).to_have_count(1)
     expect(page.locator("#band")).to_be_visible()
+
+
+def test_long_context_options_reach_the_answer(page: Any, url: str) -> None:
+    """The page's Ulysses, tiled MLP and token-budget controls ask what the CLI's --ulysses, --tiled-mlp
+    and --max-tokens-per-gpu ask (issue 31: each flag on the page), and stay in the URL."""
+    page.goto(f"{url}/?model=llama-3.1-8b&seq=32768&gpus=h100-sxm")
+    wait_ready(page)
+    page.fill("#gpu_count", "8")
+    page.select_option("#sharding", "zero-3")
+    page.fill("#ulysses", "8")
+    page.select_option("#tiled_mlp", "true")
+    body = {"model": "llama-3.1-8b", "seq": 32768, "gpu_count": 8, "zero": 3, "ulysses": 8, "tiled_mlp": True,
+            "gpus": ["h100-sxm"]}  # fmt: skip
+    expected = api(url, body)
+    plain = api(url, {**body, "ulysses": 1, "tiled_mlp": False})
+    assert expected["device_total_bytes"] < plain["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    shared = page.locator("#share").get_attribute("href")
+    assert "ulysses=8" in shared and "tiled_mlp=true" in shared

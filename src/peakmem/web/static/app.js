@@ -52,6 +52,9 @@ const FIELDS = [
   { id: "gpu_count", def: "1", int: true, modes: ["train", "fit"] },
   { id: "sharding", def: "none", modes: ["train", "fit"] },  // -> zero (0-3) or fsdp (a mode)
   { id: "tp", def: "1", int: true, modes: ["train", "fit"] },
+  { id: "ulysses", def: "1", int: true, modes: ["train", "fit"] },
+  { id: "tiled_mlp", def: "", bool: true, modes: ["train", "fit"] },
+  { id: "max_tokens_per_gpu", def: "", int: true, modes: ["train", "fit"] },
   { id: "pp", def: "1", int: true, modes: ["train", "fit"] },
   { id: "offload", def: "none", modes: ["train", "fit"] },
   { id: "offload_params", def: "none", modes: ["train", "fit"] },
