@@ -4,6 +4,8 @@ on tiny specs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from _infer_specs import LLAMA_3_8B, build_spec, infer_cli_equals_api, tiny
@@ -17,7 +19,7 @@ from peakmem.formulas.serving.cuda_graphs import (
     v0_capture_sizes,
     vllm_capture_sets,
 )
-from peakmem.inference import CudagraphMode, InferenceSetup
+from peakmem.inference import CudagraphMode, Engine, InferenceSetup
 from peakmem.options import CUDAGRAPH_MODES
 from peakmem.units import GiB, MiB
 
@@ -184,3 +186,24 @@ def test_web_api_takes_the_options() -> None:
     assert client.post("/api/infer", json=body).json()["breakdown"]["cuda_graphs"] == 201_850_880
     bad = client.post("/api/infer", json={"model": "llama-3.1-8b", "engine": "hf", "enforce_eager": True})
     assert bad.status_code == 422 and bad.json()["field"] == "enforce_eager"
+
+
+def test_fit_infer_offers_turning_the_graphs_off() -> None:
+    # Llama-3.1-8B on a 4090 (vLLM, 5 x 8192 tokens): the graphs' memory leaves a pool of 4 sequences;
+    # enforce_eager gives it back to the pool, and fit names that change on its own
+    from peakmem.catalog import get_gpu
+    from peakmem.planner.serving import fit_inference
+    from peakmem.resolve import resolve_model
+
+    setup = InferenceSetup(weights="bf16", batch=5, context=8192, engine=Engine.VLLM)
+    report = fit_inference(resolve_model("llama-3.1-8b"), setup, [get_gpu("rtx-4090")])
+    (g,) = report.gpus
+    assert not g.fits
+    eager = [c for c in g.candidates if c.steps == ("enforce-eager",)]
+    assert eager and eager[0].fits and eager[0].setup.enforce_eager
+    family = next(f for f in report.search_space if f.name == "CUDA graphs off")
+    assert family.status == "searched"
+    already = fit_inference(
+        resolve_model("llama-3.1-8b"), replace(setup, enforce_eager=True), [get_gpu("rtx-4090")]
+    )
+    assert next(f for f in already.search_space if f.name == "CUDA graphs off").status == "not applicable"

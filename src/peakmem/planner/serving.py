@@ -156,6 +156,9 @@ def fit_inference(
     est = _InferEstimator(spec, overheads)  # a calibrated profile, expandable segments
     weights = _weight_options(setup)
     kvs = _kv_options(setup)
+    # vLLM / SGLang capture CUDA graphs unless enforce_eager (peakmem.formulas.serving.cuda_graphs):
+    # turning them off frees their memory for the KV pool, at a decode-speed cost
+    eager = setup.engine.value in ("vllm", "sglang") and not setup.enforce_eager
     families = [
         Family(name="weight format", status="searched" if weights else "not applicable",
                reason="" if weights else f"{setup.weight_format.name} is already as small as the engine's "
@@ -163,6 +166,9 @@ def fit_inference(
         Family(name="KV-cache dtype", status="searched" if kvs else "not applicable",
                reason="" if kvs else f"kv cache {setup.kv_cache.value}: already the engine's smallest",
                options=tuple(k.value for k in kvs)),
+        Family(name="CUDA graphs off", status="searched" if eager else "not applicable",
+               reason="" if eager else "no CUDA graphs are captured (engine or --enforce-eager)",
+               options=("enforce-eager",) if eager else ()),
         Family(name="tensor parallel over N GPUs",
                status="searched" if _tp_searched(setup) else "not applicable",
                reason="llama.cpp splits layers, not tensors" if setup.engine.value == "llamacpp" else
@@ -177,6 +183,8 @@ def fit_inference(
         options.append(("weights", tuple(("weights", w) for w in weights)))
     if kvs:
         options.append(("kv_cache", tuple(("kv_cache", k) for k in kvs)))
+    if eager:
+        options.append(("enforce_eager", (("enforce_eager", True),)))
     results = [_infer_gpu(spec, setup, gpu, est, options, top) for gpu in gpus]
     fitting = [g for g in results if g.fits]
     smallest = min(fitting, key=lambda g: g.capacity_bytes).gpu.name if fitting else None
@@ -208,7 +216,10 @@ def _infer_configs(
                     s = replace(base, **dict(picks))
                 except InputError:
                     continue
-                labels = tuple(f"{f.replace('_', '-')} {_value(v)}" for f, v in picks)
+                labels = tuple(
+                    f.replace("_", "-") if v is True else f"{f.replace('_', '-')} {_value(v)}"
+                    for f, v in picks
+                )
                 changes = tuple(
                     Change(field=f, old=_value(getattr(base, f)), new=_value(v)) for f, v in picks
                 )
