@@ -51,6 +51,8 @@ bench: install-test
 	$(PY) benchmarks/accuracy_finetune.py
 	$(PY) benchmarks/step_time_published.py
 	$(PY) benchmarks/parity.py --sample
+	$(PY) benchmarks/cuda_graphs.py
+	$(PY) benchmarks/safetensors_index.py
 
 # The README's accuracy table: every measured case the project ships (published points in
 # ../shared/validation, the CPU parity grid, GPU fixtures once they exist), against the band.
