@@ -63,6 +63,16 @@ CASES = [
 ]
 
 
+def _holds(estimate: Any, measured: Any) -> None:
+    """The same phases, each within PHASE_TOLERANCE, the same peak phase, its bytes within TOLERANCE."""
+    est = {p.phase: p.bytes for p in estimate.phases}
+    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
+    assert set(est) == {p.phase for p in measured.phases}
+    assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
+    assert estimate.peak_phase is measured.peak_phase
+    assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off
+
+
 def _case(c: tuple[Any, ...]) -> str:
     obj, ref, method, beta, gens, prec, cfg, ck, _seq = c
     size = "wider" if cfg is WIDER else "tiny"
@@ -80,12 +90,7 @@ def test_estimate_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
                          batch=4, adapter=method != "full")  # fmt: skip
     measured = measure_post_training(config, setup, post)
     estimate = estimate_post_training(spec_for_config(config, name="tiny"), setup, post)
-    est = {p.phase: p.bytes for p in estimate.phases}
-    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
-    assert set(est) == {p.phase for p in measured.phases}
-    assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
-    assert estimate.peak_phase is measured.peak_phase
-    assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off
+    _holds(estimate, measured)
 
 
 # distillation: TRL's DistillationTrainer with a wider, deeper teacher of the same vocabulary
@@ -113,9 +118,4 @@ def test_distillation_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> Non
                          adapter=method != "full")  # fmt: skip
     measured = measure_post_training(CONFIG, setup, post, teacher_config=TEACHER)
     estimate = estimate_post_training(spec_for_config(CONFIG, name="tiny"), setup, post)
-    est = {p.phase: p.bytes for p in estimate.phases}
-    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
-    assert set(est) == {p.phase for p in measured.phases}
-    assert all(abs(e) <= PHASE_TOLERANCE for e in off.values()), off
-    assert estimate.peak_phase is measured.peak_phase
-    assert abs(off[measured.peak_phase.value]) <= TOLERANCE, off
+    _holds(estimate, measured)

@@ -142,7 +142,7 @@ def check_float8(spec: ModelSpec, layer: Layer, setup: TrainingSetup, adapter: b
     what = ""
     if setup.checkpointing is Checkpointing.OP:
         what = "--checkpointing op"
-    elif setup.loss in (LossImpl.LOGPROB, LossImpl.LOGPROB_ENTROPY):
+    elif setup.loss in (LossImpl.LOGPROB, LossImpl.LOGPROB_ENTROPY, LossImpl.DIVERGENCE):
         what = "a post-training objective"
     elif adapter:
         what = "LoRA/QLoRA adapters"
