@@ -96,26 +96,36 @@ def test_estimate_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
 # distillation: TRL's DistillationTrainer with a wider, deeper teacher of the same vocabulary
 TEACHER = dict(CONFIG, hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
                num_hidden_layers=3)  # fmt: skip
+# a student whose layers weigh as much as TRL's two 32768-column divergence tiles (vocab 128, hidden 256)
+WIDE = dict(CONFIG, vocab_size=128, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=4)  # fmt: skip
+WIDE_TEACHER = dict(WIDE, hidden_size=384, intermediate_size=1024, num_attention_heads=12)
 DISTILL_CASES = [
-    # (beta, method, precision, checkpointing)
-    (1.0, "full", Precision.FP32, Checkpointing.NONE),  # reverse KL, the default
-    (0.5, "full", Precision.FP32, Checkpointing.NONE),  # the generalized JSD's second pass
-    (0.0, "full", Precision.FP32, Checkpointing.FULL),  # forward KL, checkpointed student
-    (1.0, "lora", Precision.FP32, Checkpointing.NONE),
-    (0.5, "full", Precision.AMP_BF16, Checkpointing.NONE),
+    # (beta, method, precision, checkpointing, student, teacher, seq, batch)
+    (1.0, "full", Precision.FP32, Checkpointing.NONE, CONFIG, TEACHER, 32, 4),  # reverse KL, the default
+    (0.5, "full", Precision.FP32, Checkpointing.NONE, CONFIG, TEACHER, 32, 4),  # the JSD's second pass
+    (0.0, "full", Precision.FP32, Checkpointing.FULL, CONFIG, TEACHER, 32, 4),  # forward KL, checkpointed
+    (1.0, "lora", Precision.FP32, Checkpointing.NONE, CONFIG, TEACHER, 32, 4),
+    (0.5, "full", Precision.AMP_BF16, Checkpointing.NONE, CONFIG, TEACHER, 32, 4),
+    (1.0, "full", Precision.FP32, Checkpointing.NONE, WIDE, WIDE_TEACHER, 128, 8),
 ]
 
 
-@pytest.mark.parametrize("case", DISTILL_CASES, ids=lambda c: f"beta{c[0]}-{c[1]}-{c[2].value}-{c[3].value}")
+def _distill_case(c: tuple[Any, ...]) -> str:
+    size = "wide" if c[4] is WIDE else "tiny"
+    return f"beta{c[0]}-{c[1]}-{c[2].value}-{c[3].value}-{size}"
+
+
+@pytest.mark.parametrize("case", DISTILL_CASES, ids=_distill_case)
 def test_distillation_holds_against_trl_on_the_cpu(case: tuple[Any, ...]) -> None:
-    beta, method, precision, checkpointing = case
+    beta, method, precision, checkpointing, student, teacher_config, seq, batch = case
     setup = TrainingSetup(
-        method=Method(method), precision=precision, optimizer_impl=OptimizerImpl.FOR_LOOP, micro_batch=4,
-        seq_len=32, checkpointing=checkpointing, kernel_policy=KernelPolicy.CPU,
+        method=Method(method), precision=precision, optimizer_impl=OptimizerImpl.FOR_LOOP, micro_batch=batch,
+        seq_len=seq, checkpointing=checkpointing, kernel_policy=KernelPolicy.CPU,
     )  # fmt: skip
-    teacher = spec_for_config(TEACHER, name="teacher")
-    post = post_training("distill", beta=beta, completion=16, seq=32, batch=4, teacher=teacher,
+    teacher = spec_for_config(teacher_config, name="teacher")
+    post = post_training("distill", beta=beta, completion=seq // 2, seq=seq, batch=batch, teacher=teacher,
                          adapter=method != "full")  # fmt: skip
-    measured = measure_post_training(CONFIG, setup, post, teacher_config=TEACHER)
-    estimate = estimate_post_training(spec_for_config(CONFIG, name="tiny"), setup, post)
+    measured = measure_post_training(student, setup, post, teacher_config=teacher_config)
+    estimate = estimate_post_training(spec_for_config(student, name="tiny"), setup, post)
     _holds(estimate, measured)
