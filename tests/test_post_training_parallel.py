@@ -137,9 +137,32 @@ def test_fit_on_several_gpus_re_estimates_each_change_on_the_layout() -> None:
 
 
 def test_fit_cli_takes_a_zero3_post_training_job(capsys: Any) -> None:
-    code = main(["fit", "llama-3.1-8b", "--objective", "dpo", "--seq", "2048", "--batch", "4", "--gpus", "8",
-                 "--zero", "3", "--gpu", "h100", "--json"])  # fmt: skip
+    # fit's verdict is on the same rank train answers for: the same device total, and it fits an H100
+    job = ["llama-3.1-8b", "--objective", "dpo", "--seq", "2048", "--batch", "4", "--gpus", "8", "--zero",
+           "3", "--checkpointing", "full", "--gpu", "h100", "--json"]  # fmt: skip
+    assert main(["train", *job]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert main(["fit", *job]) == 0
     out = json.loads(capsys.readouterr().out)
     (gpu,) = out["gpus"]
-    assert code in (0, 2) and gpu["gpu"] == "h100-sxm"
-    assert out["post_training"]["objective"] == "dpo" and gpu["device_total_bytes"] > 0
+    assert gpu["gpu"] == "h100-sxm" and gpu["fits"]
+    assert out["post_training"]["objective"] == "dpo"
+    assert gpu["device_total_bytes"] == trained["device_total_bytes"]
+
+
+def test_a_sharded_teacher_gathers_its_own_layers() -> None:
+    # distillation under FSDP full shard: the teacher (wider than the student) is sharded like the policy,
+    # ceil(TEACHER_P x 2 / 8) bf16 bytes per rank, and its no-grad forward gathers the teacher's layers
+    # (its own FSDP units, as estimate_ranks prices them for the teacher), not the student's
+    teacher_config = dict(LLAMA, hidden_size=96, intermediate_size=256, num_attention_heads=6,
+                          num_key_value_heads=2, num_hidden_layers=3)  # fmt: skip
+    teacher = spec_for_config(teacher_config, name="tiny-teacher")
+    par = Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD)
+    post = post_training("distill", seq=SEQ, completion=COMPLETION, batch=BATCH, gpus=8, teacher=teacher)
+    est = estimate_post_training(SPEC, SETUP, post, par=par)
+    assert _items(est, Phase.FORWARD, "teacher.weights") == -(-teacher.params * 2 // 8)
+    own = estimate_ranks(teacher, SETUP, par).most_loaded.estimate
+    gathered = sum(i.bytes for p in own.phases if p.phase is Phase.FORWARD for i in p.items
+                   if i.key in ("fsdp.root", "fsdp.units"))  # fmt: skip
+    student = _items(est, Phase.ROLLOUT, "policy.gathered")
+    assert _items(est, Phase.SCORING, "teacher.gathered") == gathered > student > 0

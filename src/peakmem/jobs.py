@@ -82,6 +82,11 @@ def _weights_format(setup: TrainingSetup) -> str:
     return "fp16" if setup.precision is Precision.MIXED_FP16 else "fp32"
 
 
+def _act_bytes(setup: TrainingSetup) -> int:
+    """Bytes of an activation (and of DeepSpeed's 16-bit parameters): fp32 runs keep 4, the rest 2."""
+    return FP32 if setup.precision is Precision.FP32 else 2
+
+
 def update_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
     """The training step TRL runs: chosen + rejected concatenated for paired objectives, and the fused
     log-prob head over the completion (with the entropy for online objectives)."""
@@ -110,7 +115,7 @@ def _phase(phase: Phase, *parts: MemoryItem) -> PhasePeak:
 def no_grad_forward_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, completion: int) -> int:
     """A no-grad forward of ``sequences`` sequences (a reference or old-policy pass): the largest of one
     layer's temporaries with the residual stream, and TRL's log-prob head beside the final hidden states."""
-    act = FP32 if setup.precision is Precision.FP32 else 2
+    act = _act_bytes(setup)
     tokens = sequences * setup.seq_len
     triton = setup.kernel_policy is KernelPolicy.CUDA
     head = no_grad_head_bytes(spec, tokens - sequences, sequences * completion, act, triton=triton)
@@ -127,6 +132,12 @@ def _resident(train: Estimate) -> int:
         here = Counter((i.path, i.category, i.bytes) for i in kept)
         common = here if common is None else common & here
     return sum(n * nbytes for (_, _, nbytes), n in (common or Counter()).items())
+
+
+def _gathered(est: Estimate) -> tuple[MemoryItem, ...]:
+    """A sharded model's forward working set: the layers ZeRO-3 / FSDP gather (none unsharded)."""
+    forward = next((p for p in est.phases if p.phase is Phase.FORWARD), None)
+    return tuple(i for i in (forward.items if forward else ()) if i.key in GATHERED_KEYS)
 
 
 def reference_shards(par: Parallelism | None) -> int:
@@ -151,6 +162,7 @@ class _Roles:
         *,
         shards: int = 1,
         zero3_full: int = 0,
+        teacher: Estimate | None = None,
     ) -> None:
         self.zero3_full = zero3_full
         self.policy = _item(
@@ -166,7 +178,7 @@ class _Roles:
             "policy.weights",
         )
         # a separate reference is a copy of the full weights in the policy's dtype (rows over all parameters)
-        self.copy = sum(
+        copy = sum(
             r.bytes
             for r in single.per_param
             if r.category is Category.PARAMETERS and r.params == single.params
@@ -175,21 +187,21 @@ class _Roles:
         self.reference = _item(
             f"reference model weights (a frozen copy{sharded})",
             Category.PARAMETERS,
-            -(-self.copy // shards) if post.reference is Reference.SEPARATE else 0,
+            -(-copy // shards) if post.reference is Reference.SEPARATE else 0,
             "reference.weights",
             SRC_TRL_SHARD if shards > 1 else SRC_TRL,
         )
         if post.teacher is not None:  # loaded like the student: its weights in the student's dtype
-            teacher = self.copy * post.teacher.params // single.params
+            teacher_bytes = copy * post.teacher.params // single.params
             self.reference = _item(
                 f"teacher {post.teacher.name} weights (frozen{sharded})",
                 Category.PARAMETERS,
-                -(-teacher // shards),
+                -(-teacher_bytes // shards),
                 "teacher.weights",
                 SRC_DISTILL,
             )
-        forward = next((p for p in train.phases if p.phase is Phase.FORWARD), None)
-        self.gathered = tuple(i for i in (forward.items if forward else ()) if i.key in GATHERED_KEYS)
+        self.gathered = _gathered(train)
+        self.teacher_gathered = self.gathered if teacher is None else _gathered(teacher)
         share = (
             int(post.rollout_memory * gpu_bytes) if post.rollout is Rollout.VLLM_COLOCATE and gpu_bytes else 0
         )
@@ -214,10 +226,11 @@ class _Roles:
         return self.gathered_for("policy")
 
     def gathered_for(self, role: str) -> tuple[MemoryItem, ...]:
-        """A sharded model's gathered layers during a no-grad forward of ``role`` (reference, policy)."""
+        """A sharded model's gathered layers during a no-grad forward of ``role`` (reference, policy: the
+        policy's layers; teacher: its own)."""
         return tuple(
             replace(i, path=f"{role}: {i.path}", key=f"{role}.gathered", source=SRC_TRL_SHARD)
-            for i in self.gathered
+            for i in (self.teacher_gathered if role == "teacher" else self.gathered)
         )
 
 
@@ -320,7 +333,7 @@ def _distill_phases(
         gen_batch * setup.seq_len * KEPT_SEQ_INT64 * INT64,
         "policy.generation_batch",
     )
-    act = FP32 if setup.precision is Precision.FP32 else 2
+    act = _act_bytes(setup)
     teacher = _item(
         f"teacher forward (no grad) of {setup.micro_batch} sequences, after the student's",
         Category.TEMPORARIES,
@@ -420,15 +433,19 @@ def estimate_post_training(
         )
     upd = update_setup(setup, post)
     single = estimate_training(spec, upd, overheads=overheads, costs=costs)
+    teacher = None
     if par is None or par.is_single_gpu:
         train, shards, zero3_full = single, 1, 0
     else:
         check_data_parallel(par)
         train = estimate_ranks(spec, upd, par, overheads=overheads, costs=costs).most_loaded.estimate
         shards = reference_shards(par)
-        w16 = FP32 if setup.precision is Precision.FP32 else 2  # DeepSpeed's fp16 / bf16 parameters
-        zero3_full = spec.params * w16 if par.zero_stage == 3 and post.rollout is Rollout.HF else 0
-    r = _Roles(train, single, post, gpu_bytes, shards=shards, zero3_full=zero3_full)
+        gathers_all = par.zero_stage == 3 and post.rollout is Rollout.HF  # ds3_gather_for_generation
+        zero3_full = spec.params * _act_bytes(setup) if gathers_all else 0  # DeepSpeed's 16-bit params
+        if post.teacher is not None and shards > 1:  # its own layers gathered in its no-grad forward
+            frozen = replace(setup, loss=LossImpl.STANDARD, scored_tokens=None)
+            teacher = estimate_ranks(post.teacher, frozen, par, overheads=overheads).most_loaded.estimate
+    r = _Roles(train, single, post, gpu_bytes, shards=shards, zero3_full=zero3_full, teacher=teacher)
     extra: dict[str, object] = {}
     if post.teacher is not None and post.teacher.vocab_size != spec.vocab_size:
         raise InputError(
