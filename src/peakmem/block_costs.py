@@ -119,24 +119,38 @@ N_TERMS = 5
 
 
 def fit(points: list[tuple[int, int, int]]) -> Fit:
-    """The exact :class:`Fit` through five ``(batch, seq, bytes)`` measurements (Gaussian
-    elimination over fractions); a ValueError when the shapes do not separate the terms."""
+    """The exact :class:`Fit` through five ``(batch, seq, bytes)`` measurements; a ValueError when the
+    shapes do not separate the terms. A family's blocks fit hundreds of series over the same five
+    shapes, so the shapes' inverse is computed once (:func:`_inverse`) and each fit is its product with
+    the bytes, in integers over one denominator."""
     if len(points) < N_TERMS:
         raise ValueError(f"fit needs {N_TERMS} measurements, got {len(points)}")
-    rows = [[Fraction(t) for t in _terms(b, s)] + [Fraction(y)] for b, s, y in points[:N_TERMS]]
+    numerators, den = _inverse(tuple((b, s) for b, s, _ in points[:N_TERMS]))
+    ys = [y for _, _, y in points[:N_TERMS]]
+    a, b, c, d, e = (Fraction(sum(n * y for n, y in zip(row, ys, strict=True)), den) for row in numerators)
+    return Fit(per_token=a, per_seq2=b, seq2=c, seq=d, const=e)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse(shapes: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """The inverse of the shapes' term matrix (Gauss-Jordan elimination over fractions), as integer
+    numerators over their least common denominator; a ValueError when the shapes do not separate the
+    terms."""
     n = N_TERMS
+    rows = [[Fraction(t) for t in _terms(b, s)] + [Fraction(int(i == j)) for j in range(n)]
+            for i, (b, s) in enumerate(shapes)]  # fmt: skip
     for col in range(n):
         pivot = next((r for r in range(col, n) if rows[r][col] != 0), None)
         if pivot is None:
-            shapes = [(b, s) for b, s, _ in points[:n]]
-            raise ValueError(f"fit: the shapes {shapes} do not separate the terms")
+            raise ValueError(f"fit: the shapes {list(shapes)} do not separate the terms")
         rows[col], rows[pivot] = rows[pivot], rows[col]
         for r in range(n):
             if r != col and rows[r][col] != 0:
                 factor = rows[r][col] / rows[col][col]
                 rows[r] = [x - factor * y for x, y in zip(rows[r], rows[col], strict=True)]
-    coef = [rows[i][n] / rows[i][i] for i in range(n)]
-    return Fit(per_token=coef[0], per_seq2=coef[1], seq2=coef[2], seq=coef[3], const=coef[4])
+    inv = [[x / rows[i][i] for x in rows[i][n:]] for i in range(n)]
+    den = math.lcm(*(x.denominator for row in inv for x in row))
+    return tuple(tuple(x.numerator * (den // x.denominator) for x in row) for row in inv), den
 
 
 def fit_single(points: list[tuple[int, int, int]]) -> Fit:
