@@ -258,6 +258,17 @@ class Draft:
 
 
 # --- CUDA graphs (formulas/serving/cuda_graphs.py) -------------------------------------------------
+class CacheImplementation(Choice):
+    """transformers ``generate``'s ``cache_implementation`` (generation/configuration_utils.py; the cache
+    classes in cache_utils.py): ``dynamic`` (DynamicCache, the default: grows by ``torch.cat`` every
+    step) or ``static`` (StaticCache: every layer's K and V allocated at ``max_cache_len`` = prompt + new
+    tokens on the first update, then written in place with ``index_copy_``; what ``torch.compile``'d
+    decoding uses)."""
+
+    DYNAMIC = "dynamic"
+    STATIC = "static"
+
+
 class CudagraphMode(Choice):
     """vLLM ``compilation_config.cudagraph_mode`` (vllm/config/compilation.py CUDAGraphMode); ``auto``:
     the version's default (PIECEWISE 0.8-0.10, FULL_AND_PIECEWISE from 0.11; V0 before 0.8 captures
@@ -315,6 +326,7 @@ class InferenceSetup:
     block_size: int | None = None  # paged-cache tokens per block; None: the engine's default
     prefill_chunk: int | None = None  # chunked prefill: tokens per forward; None: engine default
     keep_all_logits: bool = False  # logits for every prompt position (generate keeps only the last)
+    cache_implementation: CacheImplementation = CacheImplementation.DYNAMIC  # transformers generate's cache
     n_gpu_layers: int | None = None  # llama.cpp -ngl; None: all layers on the GPU
     n_ubatch: int = LLAMACPP_N_UBATCH
     mla_cache: MlaCache = "auto"  # MLA: cache the latent or the expanded keys/values
@@ -382,6 +394,16 @@ class InferenceSetup:
         if self.n_gpu_layers is not None:
             require(self.n_gpu_layers >= 0, "n_gpu_layers", self.n_gpu_layers, "must be 0 or more")
         require(self.n_ubatch >= 1, "n_ubatch", self.n_ubatch, "must be at least 1")
+        if not isinstance(self.cache_implementation, CacheImplementation):
+            require(isinstance(self.cache_implementation, str), "cache_implementation",
+                    self.cache_implementation, "must be text")  # fmt: skip
+            impl = CacheImplementation.parse(self.cache_implementation, "cache_implementation")
+            object.__setattr__(self, "cache_implementation", impl)
+        if self.cache_implementation is not CacheImplementation.DYNAMIC:
+            require(
+                self.engine is Engine.HF, "cache_implementation", self.cache_implementation.value,
+                f"transformers generate's cache (engine hf), not engine={self.engine.value}",
+            )  # fmt: skip
         self._check_lora_and_prefix()
         self._check_draft()
         self._check_graphs()
@@ -559,6 +581,7 @@ class InferenceSetup:
             "gpu_bytes": self.gpu_bytes, "gpu_memory_utilization": self.gpu_memory_utilization,
             "block_size": self.effective_block_size, "prefill_chunk": self.prefill_chunk,
             "keep_all_logits": self.keep_all_logits, "n_gpu_layers": self.n_gpu_layers,
+            "cache_implementation": self.cache_implementation.value,
             "mla_cache": self.mla_cache, "strict": self.strict,
             # shown only when asked: the echo of every other job stays as it was
             **({"max_loras": self.lora_slots, "max_lora_rank": self.lora_rank} if self.lora_slots else {}),

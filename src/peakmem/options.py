@@ -81,6 +81,7 @@ _MULTI = "multi-GPU (per-rank memory)"
 _DEVICE = "device overheads"
 _GRAPHS = "CUDA graphs (vllm / sglang: formulas/serving/cuda_graphs.py)"
 # vLLM CUDAGraphMode spellings (peakmem.inference.CudagraphMode)
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
@@ -216,6 +217,9 @@ OPTIONS: tuple[Option, ...] = (
        "0.27): vLLM counts CUDA graphs inside gpu_memory_utilization from 0.21, on top before",
        group=_GRAPHS),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
+    _o("cache_implementation", str, "dynamic", SV, "transformers generate's cache (engine hf): dynamic "
+       "(grows by torch.cat) or static (allocated at prompt + new tokens, written in place)",
+       choices=CACHE_IMPLEMENTATIONS),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search
     _o("gpu", str, None, _GPU, "GPU name(s) or size(s), comma-separated: rtx-4090,40GB"),

@@ -359,6 +359,7 @@ def inference_setup(
         pp=o["pp"], dp=o["dp"], ep=o["ep"], dp_attention=o["dp_attention"],
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
+        cache_implementation=o.get("cache_implementation", "dynamic"),
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
         draft=_mtp_draft(target, weights) if o.get("draft") == MTP else _draft(o.get("draft"), derive),
         num_speculative_tokens=o.get("num_speculative_tokens"),

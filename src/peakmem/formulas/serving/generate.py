@@ -5,6 +5,10 @@ Peak is at prefill (the whole prompt's layer transients) or at the last decode s
 one layer's K or V being copied + logits): ``self.keys = torch.cat(...)`` frees the old K before the
 V is copied (transformers 5.23 ``DynamicLayer.update``), so one tensor is alive twice. What the caching
 allocator keeps reserved while the cache grows is not modelled beyond the fragmentation fraction.
+``cache_implementation="static"`` (StaticCache, cache_utils.py ``StaticLayer``): each layer's K and V are
+``torch.zeros`` of ``max_cache_len`` (generate passes ``max_length``, prompt + new tokens) at the layer's
+first update, in prefill, then written in place (``index_copy_``): the whole cache is there from prefill
+on and nothing is copied while it fills.
 ``generate`` sets ``logits_to_keep=1``
 (``generation/utils.py``), so prefill computes logits for the last position only, then copies them
 to fp32 (``next_token_logits ... dtype=torch.float32``).
@@ -27,7 +31,7 @@ from peakmem.formulas.serving.context import (
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow, largest_quantized_linear
-from peakmem.inference import Scheme
+from peakmem.inference import CacheImplementation, Scheme
 
 # generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
 # processors / softmax produce (generation/utils.py _sample).
@@ -60,14 +64,17 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     kept = chunk if s.keep_all_logits else 1
     logits = b * kept * vocab * c.act_bytes + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
     prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
-    kv_prompt = cache_bytes(c, c.prompt, b)
+    static = s.cache_implementation is CacheImplementation.STATIC
+    kv_prompt = cache_bytes(c, c.context if static else c.prompt, b)
     dequant = dequant_temporary_bytes(c, b * chunk)
     assistant = _assistant_items(c, c.prompt, "prompt tokens")
     prefill = [
         weights,
         *assistant,
         MemoryItem(
-            path=f"kv cache ({c.prompt} prompt tokens x {b})",
+            path=f"kv cache ({c.context} tokens x {b}, static)"
+            if static
+            else f"kv cache ({c.prompt} prompt tokens x {b})",
             category=Category.KV_CACHE,
             bytes=kv_prompt,
             source="formulas/kv_cache.py",
@@ -102,11 +109,17 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
             source="formulas/kv_cache.py",
         ),
         *state_items(c, b),
-        MemoryItem(
-            path="cache growth (torch.cat copies one layer's K or V)",
-            category=Category.TEMPORARIES,
-            bytes=grow,
-            source="transformers cache_utils.py DynamicLayer.update",
+        *(
+            []
+            if static
+            else [
+                MemoryItem(
+                    path="cache growth (torch.cat copies one layer's K or V)",
+                    category=Category.TEMPORARIES,
+                    bytes=grow,
+                    source="transformers cache_utils.py DynamicLayer.update",
+                )
+            ]
         ),
         MemoryItem(
             path="decode logits (bf16 + fp32 copies)",
