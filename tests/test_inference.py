@@ -91,6 +91,22 @@ def test_hf_static_cache_hand_derived() -> None:
         InferenceSetup(cache_implementation="sliding")
 
 
+def test_hf_legacy_tuple_cache_hand_derived() -> None:
+    """transformers < 4.36: the previous step's whole tuple cache is alive beside the new one at the end of
+    a decode step (not one layer's K); 4.36 on is the DynamicCache case above; StaticCache needs 4.38."""
+    spec = tiny()
+    weights = TINY_PARAMS * 2
+    est = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2, engine_version="4.35"))
+    decode = weights + (100 + 99) * 2 * TINY_KV_PER_TOKEN + 2 * 128 * (2 + 4 + 4) + 2 * TINY_LAYER_PER_TOKEN
+    assert {p.phase: p.bytes for p in est.phases}[Phase.DECODE] == decode
+    new = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2, engine_version="4.36"))
+    assert new.phases == estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2)).phases
+    with pytest.raises(
+        InputError, match=r"^cache_implementation='static': transformers 4.37 has no StaticCache"
+    ):
+        InferenceSetup(engine_version="4.37", cache_implementation="static")
+
+
 def test_keep_all_logits_counts_every_position() -> None:
     spec = tiny(vocab=50_000)
     base = estimate_inference(spec, InferenceSetup(context=64))

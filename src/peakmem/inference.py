@@ -284,7 +284,11 @@ class CudagraphMode(Choice):
 
 # The newest release of each engine whose CUDA-graph accounting was read (formulas/serving/cuda_graphs.py):
 # vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; every release from 0.21 accounts the same way).
-CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5"}
+CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23"}  # hf: the transformers release
+# transformers v4.36.0 (Dec 2023) brought the Cache classes (cache_utils.py DynamicCache, updated in place);
+# before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step
+TRANSFORMERS_CACHE_CLASSES = (4, 36)
+TRANSFORMERS_STATIC_CACHE = (4, 38)  # v4.38.0: StaticCache and generate(cache_implementation="static")
 _VERSION_RE = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.\d{1,4})*(?:\.?post\d+|rc\d+)?$")
 
 
@@ -504,9 +508,12 @@ class InferenceSetup:
                 check_int(name, value, maximum=MAX_TOKENS, what="sequences")
                 require(engine == owner, name, value, f"an option of engine={owner}, not {engine}")
         if self.engine_version is not None:
-            require(pooled, "engine_version", self.engine_version,
-                    f"versions are modelled for vllm and sglang, not {engine}")  # fmt: skip
+            require(pooled or self.engine is Engine.HF, "engine_version", self.engine_version,
+                    f"versions are modelled for vllm, sglang and hf, not {engine}")  # fmt: skip
             parse_engine_version(self.engine_version)
+        if self.cache_implementation is CacheImplementation.STATIC:
+            require(self.version >= TRANSFORMERS_STATIC_CACHE, "cache_implementation", "static",
+                    f"transformers {self.engine_version} has no StaticCache (from 4.38)")  # fmt: skip
         if self.cudagraph_mode is not CudagraphMode.AUTO:
             mode_name = self.cudagraph_mode.value
             require(engine == "vllm", "cudagraph_mode", mode_name, f"an option of engine=vllm, not {engine}")

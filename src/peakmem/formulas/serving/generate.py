@@ -9,6 +9,12 @@ allocator keeps reserved while the cache grows is not modelled beyond the fragme
 ``torch.zeros`` of ``max_cache_len`` (generate passes ``max_length``, prompt + new tokens) at the layer's
 first update, in prefill, then written in place (``index_copy_``): the whole cache is there from prefill
 on and nothing is copied while it fills.
+transformers before 4.36 (``engine_version``; the Cache classes came in v4.36.0) kept ``past_key_values`` as
+a tuple of per-layer ``(K, V)``: each attention ``torch.cat``'d the old K and V into new tensors and
+returned them in a new tuple (v4.35 models/llama/modeling_llama.py ``LlamaAttention.forward``), while
+``greedy_search``/``sample`` kept the previous step's tuple in ``model_kwargs`` until
+``_update_model_kwargs_for_generation`` after the forward (v4.35 generation/utils.py): at a decode step's
+last layer the whole previous cache is alive beside the new one.
 ``generate`` sets ``logits_to_keep=1``
 (``generation/utils.py``), so prefill computes logits for the last position only, then copies them
 to fp32 (``next_token_logits ... dtype=torch.float32``).
@@ -31,7 +37,7 @@ from peakmem.formulas.serving.context import (
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow, largest_quantized_linear
-from peakmem.inference import CacheImplementation, Scheme
+from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, CacheImplementation, Scheme
 
 # generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
 # processors / softmax produce (generation/utils.py _sample).
@@ -97,7 +103,13 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
             )
         )
     kv_full = cache_bytes(c, c.context, b)
-    grow = largest_layer_kv(c, c.context - 1, b) // 2 if c.context > c.prompt else 0
+    legacy = s.version < TRANSFORMERS_CACHE_CLASSES
+    if c.context <= c.prompt:
+        grow = 0
+    elif legacy:
+        grow = cache_bytes(c, c.context - 1, b)
+    else:
+        grow = largest_layer_kv(c, c.context - 1, b) // 2
     assistant_full = _assistant_items(c, c.context, "tokens")
     decode = [
         weights,
@@ -114,10 +126,14 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
             if static
             else [
                 MemoryItem(
-                    path="cache growth (torch.cat copies one layer's K or V)",
+                    path="previous step's cache (transformers < 4.36 tuple cache)"
+                    if legacy
+                    else "cache growth (torch.cat copies one layer's K or V)",
                     category=Category.TEMPORARIES,
                     bytes=grow,
-                    source="transformers cache_utils.py DynamicLayer.update",
+                    source="transformers v4.35 modeling_llama.py / generation/utils.py"
+                    if legacy
+                    else "transformers cache_utils.py DynamicLayer.update",
                 )
             ]
         ),
