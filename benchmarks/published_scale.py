@@ -27,6 +27,11 @@ The quantities (``measured.quantity``):
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
+* ``job.precision_id`` says how the framework mixes precisions: ``autocast-fp16`` (Lightning
+  ``precision=16`` with DDP: fp32 weights, autocast) -> ``amp-fp16``; ``deepspeed-fp16`` (DeepSpeed fp16:
+  16-bit weights and gradients, fp32 master in the ZeRO optimizer) -> ``mixed-fp16``, with ``zero`` the
+  stage and ``offload`` / ``offload_params`` as run; a model the run built from a ``GPT2Config``
+  (``model_config``) is passed as a ``config.json`` written to a temporary folder.
 * torchtitan's FSDP2 keeps fp32 sharded parameters with ``MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32)`` and no autocast anywhere (torchtitan@9dec370: ``parallelize_llama.py``
   ``apply_fsdp``; ``train.py`` has no ``torch.autocast``): ``precision='mixed-bf16'`` (16-bit weights
@@ -60,6 +65,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -69,6 +75,8 @@ WITHIN = 0.10  # the "within 10 %" count the issue's done-when uses
 POINTS_FILE = Path(__file__).resolve().with_suffix(".json")
 SETS = ("fit", "held_out")
 
+# job.precision_id -> peakmem precision (see the module docstring)
+PRECISION = {"fsdp2-mp-bf16": "mixed-bf16", "autocast-fp16": "amp-fp16", "deepspeed-fp16": "mixed-fp16"}
 WEIGHTS = {
     "fp16": "fp16",
     "bf16": "bf16",
@@ -88,11 +96,14 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     for field in ("micro_batch", "seq", "checkpointing", "loss"):
         if job.get(field) is None:
             raise NotExpressible(f"job.{field} is not known")
-    if lay.get("zero_stage") is not None or lay.get("dp_replicate", 1) != 1 or lay.get("ep", 1) != 1:
-        raise NotExpressible("ZeRO / HSDP replicate / EP layouts are not mapped by this script yet")
+    if lay.get("dp_replicate", 1) != 1 or lay.get("ep", 1) != 1:
+        raise NotExpressible("HSDP replicate / EP layouts are not mapped by this script yet")
+    precision = PRECISION.get(job.get("precision_id") or "")
+    if precision is None:
+        raise NotExpressible(f"precision {job.get('precision_id')!r} is not mapped")
     opts: dict[str, Any] = {
         "method": job["method"],
-        "precision": "float8-tensorwise" if job.get("float8") == "tensorwise" else "mixed-bf16",
+        "precision": "float8-tensorwise" if job.get("float8") == "tensorwise" else precision,
         "optimizer": job["optimizer"],
         "optimizer_impl": job["optimizer_impl"],
         "batch": job["micro_batch"],
@@ -105,6 +116,12 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
         opts.update(fsdp="full-shard", fsdp_version=2)
+    if lay.get("zero_stage"):
+        opts["zero"] = lay["zero_stage"]
+    if job.get("offload_optimizer"):
+        opts["offload"] = job["offload_optimizer"]
+    if job.get("offload_params"):
+        opts["offload_params"] = job["offload_params"]
     for name in ("tp", "pp", "cp"):
         if lay[name] > 1:
             opts[name] = lay[name]
@@ -151,7 +168,17 @@ def _band(data: dict[str, Any], quantity: str) -> tuple[int, int, int]:
     return b["low_bytes"], b["likely_bytes"], b["high_bytes"]
 
 
-def estimate(p: dict[str, Any]) -> dict[str, Any]:
+def model_arg(p: dict[str, Any], folder: Path) -> str:
+    """The catalog name, or a config.json written under ``folder`` for a model the run built itself."""
+    if "model_config" not in p:
+        return str(p["model"])
+    path = folder / p["id"] / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(p["model_config"]))
+    return str(path)
+
+
+def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     """One row: the estimate of the point's measured quantity, or why there is none."""
     import peakmem
     from peakmem.errors import PeakmemError
@@ -166,10 +193,10 @@ def estimate(p: dict[str, Any]) -> dict[str, Any]:
     try:
         if p["job"]["mode"] == "train":
             opts = train_options(p)
-            result = peakmem.train(p["model"], **opts)
+            result = peakmem.train(model_arg(p, folder), **opts)
         else:
             opts = infer_options(p)
-            result = peakmem.infer(p["model"], **opts)
+            result = peakmem.infer(model_arg(p, folder), **opts)
     except NotExpressible as exc:
         return {**row, "reason": str(exc)}
     except (PeakmemError, ValueError) as exc:
@@ -262,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows and summaries as JSON")
     args = ap.parse_args(argv)
     doc = json.loads(args.points.read_text())
-    rows = [estimate(p) for p in doc["points"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [estimate(p, Path(tmp)) for p in doc["points"]]
     print(f"# peakmem vs published GPU memory ({args.points.name}, {len(rows)} points)")
     print(f"split rule: {doc['schema']['split_rule']}")
     print(render(rows))
