@@ -1,0 +1,304 @@
+"""peakmem against published GPU memory at scale (issue 27 part 6): fitting set and held-out set.
+
+    .venv/bin/python benchmarks/published_scale.py [--json OUT.json] [--points FILE.json]
+
+The points are in ``benchmarks/published_scale.json`` (facts only; its ``schema`` documents every
+field and the split rule, decided 2026-12-05 before any estimate of them was computed: within each
+kind of job, alternate by the SHA-256 of the id). This script maps each point's facts to the options
+of peakmem's Python API (``peakmem.train`` / ``peakmem.infer``), compares the SAME quantity the
+source measured and prints, for each set: id, kind, quantity, measured, estimate, error, inside the
+band?, flags; then median |error|, how many within 10 %, band coverage, and how misses split between
+low (estimate below the measurement, the OOM side) and high. Points peakmem cannot be asked are listed
+with the reason (from the file, or the error peakmem raised). It sets no formula, constant or band
+term: the lead reads the held-out table.
+
+The quantities (``measured.quantity``):
+
+* ``peak_reserved``: torchtitan logs ``torch.cuda.memory_stats()['reserved_bytes.all.peak']`` (GiB) as
+  "memory" (torchtitan@9dec370 ``torchtitan/metrics.py`` ``DeviceMemoryMonitor``); compared with
+  ``peak_reserved_bytes`` and the band's ``reserved`` row.
+* ``peak_allocated``: ``torch.cuda.max_memory_allocated()``; ``peak_allocated_bytes``, band ``allocated``.
+* ``allocated_plus_external``: optimum's GPTQ benchmark (optimum@87fcf9f
+  ``tests/benchmark/benchmark_gptq.py`` ``benchmark_memory``) reports torch's peak allocated plus
+  (peak nvidia-smi - torch's peak reserved), in MB (1e6 B): the estimate is ``peak_allocated_bytes +
+  (device_total_bytes - peak_reserved_bytes)``; its band adds the ``device_total`` terms (CUDA context,
+  NCCL) to the ``allocated`` band.
+* ``nvidia_smi``: ``device_total_bytes``, band ``device_total``.
+
+How the facts become options (the choices a reader should check; none is tuned to a point):
+
+* ``job.precision_id`` says how the framework mixes precisions: ``autocast-fp16`` (Lightning
+  ``precision=16`` with DDP: fp32 weights, autocast) -> ``amp-fp16``; ``deepspeed-fp16`` (DeepSpeed fp16:
+  16-bit weights and gradients, fp32 master in the ZeRO optimizer) -> ``mixed-fp16``, with ``zero`` the
+  stage and ``offload`` / ``offload_params`` as run; a model the run built from a ``GPT2Config``
+  (``model_config``) is passed as a ``config.json`` written to a temporary folder.
+* torchtitan's FSDP2 keeps fp32 sharded parameters with ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)`` and no autocast anywhere (torchtitan@9dec370: ``parallelize_llama.py``
+  ``apply_fsdp``; ``train.py`` has no ``torch.autocast``): ``precision='mixed-bf16'`` (16-bit weights
+  in compute, fp32 master and Adam states: the same 16 B/param sharded, and no autocast weight cache,
+  which ``amp-bf16`` would add: 13 GiB on the 8B); with float8 Linears ``precision='float8-tensorwise'``
+  (torchao's tensorwise recipe, torchtitan's default then), which peakmem prices on mixed-bf16 states.
+* ``fsdp='full-shard'``, ``fsdp_version=2``, ``gpus`` the world size, ``tp``/``pp``/``cp`` as stated;
+  with TP ``sp=True``: torchtitan's TP plan always puts ``SequenceParallel`` on the norms, so the
+  activations between blocks (what full checkpointing keeps) are sharded by the sequence
+  (torchtitan@9dec370 ``torchtitan/parallelisms/parallelize_llama.py`` ``apply_tp``);
+  with PP, ``batch`` is the micro-batch (local batch / microbatches) and ``grad_accum`` the number of
+  micro-batches (torchtitan@9dec370 ``pipeline_llama.py``: microbatches default to the pp degree),
+  ``pp_schedule`` 1f1b or interleaved with ``virtual_stages`` (2 stages per rank for interleaved).
+* ``seq`` is the full sequence (before CP splits it), ``checkpointing`` op / full as stated or inferred
+  (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'``.
+* ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
+  fp32 logits) or ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
+  ``CE_CHUNKS``).
+* Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
+* Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', prompt=P, context=P + N,
+  batch=B, weights=...)`` with fp16 -> ``fp16``, GPTQ -> ``gptq-4bit-g128`` (one format whatever the
+  kernel: flagged ``A``), bitsandbytes 4-bit fp4 -> ``fp4``, 8-bit -> ``int8``; the prefill-only
+  benchmark is ``generate`` with one new token (N = 1).
+
+Flags: ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+GiB = 2**30
+WITHIN = 0.10  # the "within 10 %" count the issue's done-when uses
+POINTS_FILE = Path(__file__).resolve().with_suffix(".json")
+SETS = ("fit", "held_out")
+
+# job.precision_id -> peakmem precision (see the module docstring)
+PRECISION = {"fsdp2-mp-bf16": "mixed-bf16", "autocast-fp16": "amp-fp16", "deepspeed-fp16": "mixed-fp16"}
+WEIGHTS = {
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "gptq-4bit-g128": "gptq-4bit-g128",
+    "bnb-fp4": "fp4",
+    "bnb-int8": "int8",
+}
+
+
+class NotExpressible(Exception):
+    """The point's job has no peakmem question (the message says why)."""
+
+
+def train_options(p: dict[str, Any]) -> dict[str, Any]:
+    """peakmem.train options for a training point (see the module docstring for each choice)."""
+    lay, job = p["layout"], p["job"]
+    for field in ("micro_batch", "seq", "checkpointing", "loss"):
+        if job.get(field) is None:
+            raise NotExpressible(f"job.{field} is not known")
+    if lay.get("dp_replicate", 1) != 1 or lay.get("ep", 1) != 1:
+        raise NotExpressible("HSDP replicate / EP layouts are not mapped by this script yet")
+    precision = PRECISION.get(job.get("precision_id") or "")
+    if precision is None:
+        raise NotExpressible(f"precision {job.get('precision_id')!r} is not mapped")
+    opts: dict[str, Any] = {
+        "method": job["method"],
+        "precision": "float8-tensorwise" if job.get("float8") == "tensorwise" else precision,
+        "optimizer": job["optimizer"],
+        "optimizer_impl": job["optimizer_impl"],
+        "batch": job["micro_batch"],
+        "seq": job["seq"],
+        "checkpointing": job["checkpointing"],
+        "compile": bool(job["compile"]),
+        "loss": job["loss"],
+        "attention": "sdpa",
+        "gpus": lay["gpus"],
+    }
+    if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
+        opts.update(fsdp="full-shard", fsdp_version=2)
+    if lay.get("zero_stage"):
+        opts["zero"] = lay["zero_stage"]
+    if job.get("offload_optimizer"):
+        opts["offload"] = job["offload_optimizer"]
+    if job.get("offload_params"):
+        opts["offload_params"] = job["offload_params"]
+    for name in ("tp", "pp", "cp"):
+        if lay[name] > 1:
+            opts[name] = lay[name]
+    if lay["tp"] > 1:  # torchtitan's TP plan shards the norms' sequence (SequenceParallel)
+        opts["sp"] = True
+    if lay["pp"] > 1:
+        opts["grad_accum"] = lay["pp_microbatches"]
+        opts["pp_schedule"] = lay["pp_schedule"]
+        if (lay.get("virtual_stages") or 1) > 1:
+            opts["virtual_stages"] = lay["virtual_stages"]
+    return opts
+
+
+def infer_options(p: dict[str, Any]) -> dict[str, Any]:
+    """peakmem.infer options for a generate / prefill point."""
+    job = p["job"]
+    if job.get("prompt") is None:
+        raise NotExpressible("the prompt length is not known")
+    weights = WEIGHTS.get(job["weights"])
+    if weights is None:
+        raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
+    return {
+        "weights": weights,
+        "batch": job["batch"],
+        "prompt": job["prompt"],
+        "context": job["prompt"] + job["new_tokens"],
+        "engine": "hf",
+        "cache_implementation": "dynamic",
+    }
+
+
+def _band(data: dict[str, Any], quantity: str) -> tuple[int, int, int]:
+    """(low, likely, high) bytes of the estimate for ``quantity``."""
+    band = data["band"]
+    if quantity == "allocated_plus_external":
+        alloc = band["allocated"]
+        external = data["device_total_bytes"] - data["peak_reserved_bytes"]
+        terms = [t for t in band["terms"] if t["applies_to"] == "device_total"]
+        ext_low = external + sum(t["low_bytes"] for t in terms)
+        ext_high = external + sum(t["high_bytes"] for t in terms)
+        return alloc["low_bytes"] + ext_low, alloc["likely_bytes"] + external, alloc["high_bytes"] + ext_high
+    row = {"peak_reserved": "reserved", "peak_allocated": "allocated", "nvidia_smi": "device_total"}[quantity]
+    b = band[row]
+    return b["low_bytes"], b["likely_bytes"], b["high_bytes"]
+
+
+def model_arg(p: dict[str, Any], folder: Path) -> str:
+    """The catalog name, or a config.json written under ``folder`` for a model the run built itself."""
+    if "model_config" not in p:
+        return str(p["model"])
+    path = folder / p["id"] / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(p["model_config"]))
+    return str(path)
+
+
+def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """One row: the estimate of the point's measured quantity, or why there is none."""
+    import peakmem
+    from peakmem.errors import PeakmemError
+
+    row: dict[str, Any] = {
+        "id": p["id"], "kind": p["kind"], "set": p["set"], "quantity": p["measured"]["quantity"],
+        "measured_gib": p["measured"]["value_bytes"] / GiB,
+        "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else ""),
+    }  # fmt: skip
+    if p.get("not_expressible"):
+        return {**row, "reason": p["not_expressible"]}
+    try:
+        if p["job"]["mode"] == "train":
+            opts = train_options(p)
+            result = peakmem.train(model_arg(p, folder), **opts)
+        else:
+            opts = infer_options(p)
+            result = peakmem.infer(model_arg(p, folder), **opts)
+    except NotExpressible as exc:
+        return {**row, "reason": str(exc)}
+    except (PeakmemError, ValueError) as exc:
+        return {**row, "reason": f"peakmem: {exc}".splitlines()[0]}
+    low, likely, high = _band(result.data, row["quantity"])
+    measured = p["measured"]["value_bytes"]
+    return {
+        **row, "options": opts, "estimate_gib": likely / GiB, "low_gib": low / GiB, "high_gib": high / GiB,
+        "error": likely / measured - 1, "in_band": low <= measured <= high,
+        "band_miss": None if low <= measured <= high else ("low" if high < measured else "high"),
+        "peak_phase": result.data.get("peak_phase"),
+    }  # fmt: skip
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median |error|, within 10 %, band coverage and the sides of the misses of estimated rows."""
+    est = [r for r in rows if "error" in r]
+    if not est:
+        return {"estimated": 0}
+    errs = [r["error"] for r in est]
+    return {
+        "estimated": len(est),
+        "not_expressible": len(rows) - len(est),
+        "median_abs_error": statistics.median(abs(e) for e in errs),
+        "within_10pct": sum(abs(e) <= WITHIN for e in errs),
+        "in_band": sum(r["in_band"] for r in est),
+        "band_miss_low": sum(r["band_miss"] == "low" for r in est),
+        "band_miss_high": sum(r["band_miss"] == "high" for r in est),
+        "beyond_10pct_low": sum(e < -WITHIN for e in errs),
+        "beyond_10pct_high": sum(e > WITHIN for e in errs),
+    }
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    if not s["estimated"]:
+        return "no point estimated"
+    n = s["estimated"]
+    return (
+        f"{n} estimated ({s['not_expressible']} not expressible): median |error| "
+        f"{100 * s['median_abs_error']:.1f} %, within 10 %: {s['within_10pct']}/{n}, band holds "
+        f"{s['in_band']}/{n}; band misses low {s['band_miss_low']} / high {s['band_miss_high']}; "
+        f"beyond 10 % low {s['beyond_10pct_low']} / high {s['beyond_10pct_high']}"
+    )
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for name in SETS:
+        rs = [r for r in rows if r["set"] == name]
+        out.append(f"\n## {name} ({len(rs)} points)\n")
+        out.append(
+            "| id | kind | quantity | measured GiB | estimate GiB | error | band GiB | in band | flags |"
+        )
+        out.append("|---|---|---|---:|---:|---:|---|---|---|")
+        for r in rs:
+            if "error" not in r:
+                continue
+            out.append(
+                f"| {r['id']} | {r['kind']} | {r['quantity']} | {r['measured_gib']:.2f} | "
+                f"{r['estimate_gib']:.2f} | {100 * r['error']:+.1f} % | "
+                f"{r['low_gib']:.1f}-{r['high_gib']:.1f} | "
+                f"{'yes' if r['in_band'] else 'no (' + r['band_miss'] + ')'} | {r['flags']} |"
+            )
+        out.append(f"\n{name}: {_summary_line(summary(rs))}\n")
+        by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rs:
+            by_kind[r["kind"]].append(r)
+        out.append("| kind | points | estimated | median error | min..max error | in band |")
+        out.append("|---|---:|---:|---:|---|---:|")
+        for kind, ks in sorted(by_kind.items()):
+            errs = [r["error"] for r in ks if "error" in r]
+            if errs:
+                out.append(
+                    f"| {kind} | {len(ks)} | {len(errs)} | {100 * statistics.median(errs):+.1f} % | "
+                    f"{100 * min(errs):+.1f} .. {100 * max(errs):+.1f} % | "
+                    f"{sum(r['in_band'] for r in ks if 'error' in r)}/{len(errs)} |"
+                )
+            else:
+                out.append(f"| {kind} | {len(ks)} | 0 | - | - | - |")
+        missing = [r for r in rs if "error" not in r]
+        if missing:
+            out.append(f"\nnot expressible ({name}):")
+            out.extend(f"- {r['id']}: {r['reason']}" for r in missing)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=Path, default=POINTS_FILE)
+    ap.add_argument("--json", type=Path, help="also write the rows and summaries as JSON")
+    args = ap.parse_args(argv)
+    doc = json.loads(args.points.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [estimate(p, Path(tmp)) for p in doc["points"]]
+    print(f"# peakmem vs published GPU memory ({args.points.name}, {len(rows)} points)")
+    print(f"split rule: {doc['schema']['split_rule']}")
+    print(render(rows))
+    if args.json:
+        out = {"rows": rows, "summary": {s: summary([r for r in rows if r["set"] == s]) for s in SETS}}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

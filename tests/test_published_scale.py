@@ -1,0 +1,86 @@
+"""Integrity of benchmarks/published_scale.json (issue 27 part 6): sources, quotes, quantities, the split.
+
+Only the file's integrity: accuracy against these points is benchmarks/published_scale.py's report,
+not a test. The split is recomputed here from the rule the file states (within each kind, by the
+SHA-256 of the id, alternate held_out / fit), independently of the generator that applied it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
+QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi"}
+UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9}
+MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(POINTS_FILE.read_text())
+    return loaded
+
+
+def test_schema_states_the_rule_and_the_date(doc: dict[str, Any]) -> None:
+    schema = doc["schema"]
+    assert "SHA-256" in schema["split_rule"] and "kind" in schema["split_rule"]
+    assert schema["gathered"] == "2026-12-05"
+    assert doc["points"], "no points"
+
+
+def test_ids_unique(doc: dict[str, Any]) -> None:
+    ids = [p["id"] for p in doc["points"]]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    assert not dupes, dupes
+
+
+def test_every_point_has_a_source_and_a_quote(doc: dict[str, Any]) -> None:
+    for p in doc["points"]:
+        src = p["source"]
+        assert src.get("url") or (src.get("repo") and src.get("path")), p["id"]
+        if src.get("repo"):
+            assert len(src["commit"]) == 40 and all(c in "0123456789abcdef" for c in src["commit"]), p["id"]
+        assert isinstance(p["quote"], str) and 0 < len(p["quote"]) <= MAX_QUOTE, p["id"]
+        assert p["kind"] and p["model"] and p["framework"], p["id"]
+
+
+def test_every_point_says_what_was_measured(doc: dict[str, Any]) -> None:
+    for p in doc["points"]:
+        m = p["measured"]
+        assert m["quantity"] in QUANTITIES, (p["id"], m["quantity"])
+        assert m["how"], p["id"]
+        assert m["value"] > 0, p["id"]
+        # value_bytes is the printed value in its unit (rounded to the byte)
+        assert m["value_bytes"] == round(m["value"] * UNIT_BYTES[m["unit"]]), p["id"]
+        assert p["not_expressible"] is None or (
+            isinstance(p["not_expressible"], str) and p["not_expressible"]
+        )
+        for field in ("unknown", "inferred", "approximations"):
+            assert isinstance(p[field], list), (p["id"], field)
+
+
+def test_the_quote_holds_the_value(doc: dict[str, Any]) -> None:
+    """The number compared is the number quoted (as printed, or with its trailing zero dropped)."""
+    for p in doc["points"]:
+        v = p["measured"]["value"]
+        printed = {f"{v}", f"{v:.2f}", f"{v:.1f}"}
+        assert any(s in p["quote"] for s in printed), (p["id"], v)
+
+
+def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in doc["points"]:
+        assert p["set"] in ("fit", "held_out"), p["id"]
+        by_kind[p["kind"]].append(p)
+    for kind, points in by_kind.items():
+        ordered = sorted(points, key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
+        expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
+        assert [p["set"] for p in ordered] == expected, kind
+        assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), kind
