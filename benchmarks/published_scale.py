@@ -51,7 +51,8 @@ How the facts become options (the choices a reader should check; none is tuned t
   fp32 logits) or ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
   ``CE_CHUNKS``).
 * Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
-* Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', prompt=P, context=P + N,
+* Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', engine_version=the
+  transformers release that ran (``job.transformers_version``), prompt=P, context=P + N,
   batch=B, weights=...)`` with fp16 -> ``fp16``, GPTQ -> ``gptq-4bit-g128`` (one format whatever the
   kernel: flagged ``A``), bitsandbytes 4-bit fp4 -> ``fp4``, 8-bit -> ``int8``; the prefill-only
   benchmark is ``generate`` with one new token (N = 1).
@@ -150,6 +151,9 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
         "context": job["prompt"] + job["new_tokens"],
         "engine": "hf",
         "cache_implementation": "dynamic",
+        # the release decides the cache (peakmem.inference TRANSFORMERS_CACHE_CLASSES: before 4.36 a tuple
+        # cache rebuilt every step); a point that does not say runs as today's transformers
+        "engine_version": job.get("transformers_version"),
     }
 
 

@@ -42,6 +42,9 @@ from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, CacheImplementation, S
 # generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
 # processors / softmax produce (generation/utils.py _sample).
 GENERATE_LOGIT_COPIES_FP32 = 2
+# generate() makes its first new token from the prefill forward; each further token is one decode forward
+# over the growing cache (generation/utils.py _sample): with one new token the cache never grows
+MIN_NEW_TOKENS_TO_DECODE = 2
 
 
 def dequant_temporary_bytes(c: ServingContext, tokens: int) -> int:
@@ -104,7 +107,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         )
     kv_full = cache_bytes(c, c.context, b)
     legacy = s.version < TRANSFORMERS_CACHE_CLASSES
-    if c.context <= c.prompt:
+    if c.context - c.prompt < MIN_NEW_TOKENS_TO_DECODE:  # the prefill forward makes the only new token
         grow = 0
     elif legacy:
         grow = cache_bytes(c, c.context - 1, b)
