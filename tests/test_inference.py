@@ -101,7 +101,7 @@ def test_hf_legacy_tuple_cache_hand_derived() -> None:
     assert {p.phase: p.bytes for p in est.phases}[Phase.DECODE] == decode
     one = estimate_inference(spec, InferenceSetup(context=61, prompt=60, batch=2, engine_version="4.35"))
     prev = next(i for p in one.phases for i in p.items if i.path.startswith("previous step"))
-    assert prev.bytes == 0  # one new token: the prefill forward makes it, no decode forward rebuilds the cache
+    assert prev.bytes == 0  # one new token: the prefill forward makes it; no decode forward rebuilds
     new = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2, engine_version="4.36"))
     assert new.phases == estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2)).phases
     with pytest.raises(
