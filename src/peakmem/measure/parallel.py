@@ -210,7 +210,11 @@ def _apply_tp(model: nn.Module, mesh: Any) -> None:
         parallelize_module(layer, mesh, layer_plan)
 
 
-def _apply_fsdp(model: nn.Module, mesh: Any, setup: TrainingSetup, reshard_after_forward: bool) -> None:
+def _apply_fsdp(
+    model: nn.Module, root: nn.Module, mesh: Any, setup: TrainingSetup, reshard_after_forward: bool
+) -> None:
+    """``fully_shard`` each decoder layer of ``model``, then ``root`` (the model, or the pipeline stage
+    module whose forward runs, so that FSDP2's root hooks fire)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
@@ -218,7 +222,7 @@ def _apply_fsdp(model: nn.Module, mesh: Any, setup: TrainingSetup, reshard_after
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:  # type: ignore[union-attr]
         fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(root, **kwargs)
 
 
 class _Stage(nn.Module):
@@ -275,13 +279,60 @@ def measure_rank(
     steps: int = 2,
     seed: int = 0,
     schedule: str = "1f1b",
+    isolate: bool = True,
 ) -> RankMeasurement:
     """Run ``steps`` training steps of ``config`` laid out as ``par`` and measure what ``rank`` holds.
 
     Step 1 creates the optimizer states; the phases report the maximum over the steps (step 2 is the
     steady state). Under PP each micro-batch's forward and backward are phases of their own, so a
-    stage's forward peak includes the earlier micro-batches it still holds."""
+    stage's forward peak includes the earlier micro-batches it still holds.
+
+    ``isolate=True`` runs the rank in a forked child process: DTensor caches sharding decisions by
+    mesh shape (``DeviceMesh.__eq__`` ignores the process groups), so a second fake world in the same
+    process would reuse the first world's destroyed groups."""
     _check(config, setup, par, rank, schedule)
+    if not isolate:
+        return _measure_here(config, setup, par, rank, steps, seed, schedule)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(
+        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule), daemon=True
+    )
+    child.start()
+    send.close()
+    try:
+        ok, payload = receive.recv()
+    except EOFError:
+        ok, payload = False, f"the child process died (exit code {child.exitcode})"
+    child.join()
+    if not ok:
+        raise RuntimeError(f"parallel oracle, rank {rank} of {describe(par, schedule)}: {payload}")
+    result: RankMeasurement = payload
+    return result
+
+
+def _child(send: Any, *args: Any) -> None:
+    try:
+        send.send((True, _measure_here(*args)))
+    except BaseException as err:  # report anything to the parent, which raises it
+        import traceback
+
+        send.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=-3)}"))
+    finally:
+        send.close()
+
+
+def _measure_here(
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    par: Parallelism,
+    rank: int,
+    steps: int,
+    seed: int,
+    schedule: str,
+) -> RankMeasurement:
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()  # frees at refcount zero, deterministically
@@ -313,17 +364,19 @@ def _measure(
         _cut_stage(model, par, stage)
     if par.tp > 1:
         _apply_tp(model, mesh["tp"])
+    stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
     if par.fsdp is FsdpMode.FULL_SHARD:
-        _apply_fsdp(model, mesh["dp"], setup, reshard_after_forward=par.pp == 1)
+        root = stage_module if stage_module is not None else model
+        _apply_fsdp(model, root, mesh["dp"], setup, reshard_after_forward=par.pp == 1)
     tracker = ParallelTracker(device_type="cpu")
     tracker.register_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, params)
+    optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, _param_groups(params))
     gen = torch.Generator().manual_seed(seed)
     lp: Callable[[], Any] = loss_parallel if par.tp > 1 else nullcontext
     vocab = int(config["vocab_size"])
     step_fn = (
-        _pipeline_step(model, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
+        _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
         else _plain_step(model, setup, tracker, lp)
     )
@@ -361,6 +414,14 @@ def _measure(
     )  # fmt: skip
 
 
+def _param_groups(params: list[nn.Parameter]) -> Any:
+    """One param group of DTensors and one of plain tensors: a foreach kernel takes one kind (TP without
+    SP leaves the norms plain, replicated tensors; torchtitan's SP makes them DTensors too)."""
+    dtensors = [p for p in params if hasattr(p, "_local_tensor")]
+    plain = [p for p in params if not hasattr(p, "_local_tensor")]
+    return [{"params": g} for g in (dtensors, plain) if g]
+
+
 def _tag_gradients(tracker: ParallelTracker, params: list[nn.Parameter]) -> None:
     for p in params:
         if p.grad is not None:
@@ -394,7 +455,7 @@ def _plain_step(
 
 
 def _pipeline_step(
-    model: Any,
+    module: Any,
     par: Parallelism,
     stage: int,
     setup: TrainingSetup,
@@ -407,26 +468,29 @@ def _pipeline_step(
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     first, last = stage == 0, stage == par.pp - 1
-    module = _Stage(model, first, last)
+    model = module.model
     mb, seq = setup.micro_batch, setup.seq_len
     hidden = int(model.config.hidden_size)
     dtype = torch.bfloat16 if setup.precision is Precision.MIXED_BF16 else torch.float32
     with torch.device("meta"):
-        example_in = (
-            torch.empty(mb, seq, dtype=torch.long) if first else torch.empty(mb, seq, hidden, dtype=dtype)
-        )
-        example_out = (
-            torch.empty(mb, seq, vocab, dtype=dtype) if last else torch.empty(mb, seq, hidden, dtype=dtype)
-        )
+        act = torch.empty(mb, seq, hidden, dtype=dtype)
+        example_in = torch.empty(mb, seq, dtype=torch.long) if first else act
+        example_out = torch.empty(mb, seq, vocab, dtype=dtype) if last else act
+    # Static shapes and grads: torch's runtime shape inference sends metadata objects, which a fake
+    # process group cannot carry (PipelineStage docstring: input_args/output_args/*_grads).
     pipe = PipelineStage(
         module, stage, par.pp, torch.device("cpu"), input_args=example_in, output_args=example_out,
-        group=group,
+        input_grads=None if first else (act,), output_grads=None if last else (act,), group=group,
     )  # fmt: skip
+    # Every stage votes STATIC (complete static metadata, no DTensor between stages: _utils.py
+    # InferenceMode.needs_dynamic); the vote travels by send/recv, which a fake group does not carry.
+    static = torch.ones(1, dtype=torch.int32)
+    pipe._warmup_forward_vote = lambda *a, **k: static  # type: ignore[method-assign]
+    pipe._warmup_backward_result = lambda *a, **k: static  # type: ignore[method-assign]
     loss_fn = model.loss_function  # transformers' ForCausalLMLoss: fp32 upcast, shifted labels
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with lp():
-            out: torch.Tensor = loss_fn(logits, labels, vocab_size=vocab)
+        out: torch.Tensor = loss_fn(logits, labels, vocab_size=vocab)
         return out
 
     cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
@@ -450,7 +514,8 @@ def _pipeline_step(
         args = (ids,) if first else ()
         target = ids if last else None
         losses: list[torch.Tensor] | None = [] if last else None
-        sched.step(*args, target=target, losses=losses)
+        with lp():  # torchtitan runs the whole step in its train context (loss_parallel included)
+            sched.step(*args, target=target, losses=losses)
         del losses
 
     return run
