@@ -2,9 +2,11 @@
 (:mod:`peakmem.measure.parallel`): the real FSDP2 / DTensor TP / torch.distributed.pipelining code run
 one rank at a time over torch's fake process group on CPU, every storage tracked.
 
-Tolerance: :data:`TOLERANCE` (3%, issue 27's done-when) on the peak of every phase of every rank type,
-with ``KernelPolicy.CPU`` on the estimate side (the CPU's kernels decide the bytes being measured).
-A layout whose formula is still wrong is ``xfail(strict=True)`` with the measured error in the reason.
+Tolerance: :data:`TOLERANCE` (3%, issue 27's done-when) on the peak of every phase (forward, backward,
+optimizer step; the maximum over step 1 and the steady-state step 2) of every rank type, with
+``KernelPolicy.CPU`` on the estimate side (the CPU's kernels decide the bytes being measured). A layout
+whose formula is still wrong is ``xfail(strict=True)`` with the measured errors in the reason.
+About 1 s per rank after a 4 s warm-up (the imports the forked ranks share).
 """
 
 from __future__ import annotations
@@ -18,62 +20,81 @@ pytest.importorskip("transformers")
 pytest.importorskip("torch.testing._internal.distributed.fake_pg")
 
 from peakmem.breakdown import Phase  # noqa: E402
-from peakmem.hf import spec_from_config  # noqa: E402
-from peakmem.measure.parallel import RankMeasurement, measure_rank  # noqa: E402
+from peakmem.errors import InputError  # noqa: E402
+from peakmem.measure.parallel import (  # noqa: E402
+    GRID,
+    TINY_LLAMA,
+    PhaseCheck,
+    compare_rank,
+    describe,
+    measure_rank,
+    rank_types,
+)
 from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
-from peakmem.ranks import estimate_ranks  # noqa: E402
 from peakmem.training import KernelPolicy, OptimizerImpl, Precision, TrainingSetup  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 TOLERANCE = 0.03
-# Tiny Llama (RoPE, RMSNorm, SwiGLU, GQA, untied head): hidden 128, vocab 512, 2 layers, so that
-# activations, FSDP units and the vocab-sized logits all matter; one rank runs in well under a second.
-LLAMA: dict[str, Any] = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 128,
-    "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
+SETUP = TrainingSetup(
+    precision=Precision.FP32, micro_batch=2, seq_len=64, grad_accum=2, kernel_policy=KernelPolicy.CPU,
+    optimizer_impl=OptimizerImpl.FOREACH,
+)  # fmt: skip
+# Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
+# benchmarks/parallel_oracle.py), with why.
+KNOWN: dict[str, str] = {
+    "fsdp4": "forward +8.8%, backward +11.5%: two all-gathered units counted over the loss",
+    "tp2": "forward -4.2%, backward -3.1%",
+    "pp2 x 1f1b": "first stage forward/backward +12%: accumulated grads counted during warm-up; last -6%",
+    "tp2 x fsdp2": "backward +5.5%",
+    "pp2 x fsdp2 x 1f1b": "first stage backward +17%, last stage forward -10%, optimizer -5%",
+    "tp2 x pp2 x 1f1b": "first stage forward -4%, optimizer -10%; last stage backward -6%",
+    "tp2 x pp2 x fsdp2 x 1f1b": "forward -14% / -10%, optimizer -10%",
+}
 
 
-def _setup(**over: Any) -> TrainingSetup:
-    kw: dict[str, Any] = dict(
-        precision=Precision.FP32, micro_batch=2, seq_len=64, kernel_policy=KernelPolicy.CPU,
-        optimizer_impl=OptimizerImpl.FOREACH,
-    )  # fmt: skip
-    kw.update(over)
-    return TrainingSetup(**kw)
+def _misses(par: Parallelism) -> list[str]:
+    rows: list[PhaseCheck] = []
+    for rank in rank_types(par):
+        rows.extend(compare_rank(TINY_LLAMA, SETUP, par, rank))
+    return [
+        f"rank {r.rank} ({r.role}) {r.phase.value}: {r.error:+.1%}"
+        for r in rows
+        if r.error is not None and abs(r.error) > TOLERANCE
+    ]
 
 
-def _errors(m: RankMeasurement, setup: TrainingSetup, par: Parallelism) -> dict[Phase, float]:
-    est = estimate_ranks(spec_from_config(LLAMA, name="tiny-llama"), setup, par).role(m.role).estimate
-    ana = {p.phase: p.bytes for p in est.phases}
-    return {ph: (ana[ph] - b) / b for ph, b in m.phases.items()}
+def _param(par: Parallelism) -> Any:
+    name = describe(par)
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN[name])] if name in KNOWN else []
+    return pytest.param(par, id=name.replace(" ", ""), marks=marks)
 
 
-def _check(par: Parallelism, ranks: tuple[int, ...], setup: TrainingSetup | None = None) -> None:
-    setup = setup or _setup()
-    misses = []
-    for rank in ranks:
-        m = measure_rank(LLAMA, setup, par, rank)
-        for ph, err in _errors(m, setup, par).items():
-            if abs(err) > TOLERANCE:
-                misses.append(f"rank {rank} ({m.role}) {ph.value}: {err:+.1%}")
+@pytest.mark.parametrize("par", [_param(p) for p in GRID])
+def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
+    misses = _misses(par)
     assert not misses, "; ".join(misses)
 
 
-def test_fsdp2_optimizer_phase_matches() -> None:
-    """FSDP2 over 4 ranks: at the optimizer step every rank holds its padded shards of parameters,
-    gradients, AdamW's two states and foreach's sqrt temporary, exactly as estimated."""
+def test_fsdp2_shards_and_states_by_hand() -> None:
+    """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
+    holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
+    gradients, exp_avg, exp_avg_sq and foreach's sqrt temporary (5 x 4 bytes x the shard), plus the
+    rotary embedding's two 16-float buffers and AdamW's fp32 ``step`` per parameter tensor (21)."""
     par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
-    setup = _setup()
-    for rank in (0, 3):
-        m = measure_rank(LLAMA, setup, par, rank)
-        assert abs(_errors(m, setup, par)[Phase.OPTIMIZER]) <= TOLERANCE
+    m = measure_rank(TINY_LLAMA, SETUP, par, 3)
+    # embedding and head 512/4 rows x 128; 5 RMSNorms 128/4; per layer q 128/4 x 128, k and v
+    # (2 heads x 32)/4 x 128, o 128/4 x 128, gate and up 344/4 x 128, down 128/4 x 344
+    shard = 2 * 128 * 128 + 5 * 32 + 2 * (32 * 128 + 2 * 16 * 128 + 32 * 128 + 2 * 86 * 128 + 32 * 344)
+    assert shard == 123_552 == 494_208 // 4  # every dim divides by 4: no padding
+    assert m.phases[Phase.OPTIMIZER] == 5 * 4 * shard + 2 * 16 * 4 + 21 * 4
 
 
-@pytest.mark.xfail(
-    strict=True, reason="FSDP2 forward +9.5%, backward +12.3%: all-gathered units summed over the loss"
-)
-def test_fsdp2_every_phase() -> None:
-    _check(Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), (0, 3))
+def test_bad_layouts_are_refused() -> None:
+    with pytest.raises(InputError, match="rank=4"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), 4)
+    with pytest.raises(InputError, match="cp=2"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0)
+    with pytest.raises(InputError, match="grad_accum=1"):
+        one = TrainingSetup(precision=Precision.FP32, micro_batch=2, seq_len=64)
+        measure_rank(TINY_LLAMA, one, Parallelism(gpus=2, pp=2), 0)

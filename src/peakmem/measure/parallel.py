@@ -295,6 +295,7 @@ def measure_rank(
         return _measure_here(config, setup, par, rank, steps, seed, schedule)
     import multiprocessing
 
+    _warm_imports(config, setup)
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
@@ -311,6 +312,17 @@ def measure_rank(
         raise RuntimeError(f"parallel oracle, rank {rank} of {describe(par, schedule)}: {payload}")
     result: RankMeasurement = payload
     return result
+
+
+def _warm_imports(config: dict[str, Any], setup: TrainingSetup) -> None:
+    """Import in the parent what every child needs (transformers' lazy modeling modules, FSDP2, DTensor
+    TP, pipelining: about 4 s), so that each forked child starts warm."""
+    import torch.distributed.fsdp
+    import torch.distributed.pipelining
+    import torch.distributed.tensor.parallel
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+    build_model(config, setup)  # loads the model class's module (a tiny model: milliseconds)
 
 
 def _child(send: Any, *args: Any) -> None:
@@ -515,10 +527,104 @@ def _pipeline_step(
         target = ids if last else None
         losses: list[torch.Tensor] | None = [] if last else None
         with lp():  # torchtitan runs the whole step in its train context (loss_parallel included)
-            sched.step(*args, target=target, losses=losses)
+            sched.step(*args, target=target, losses=losses, return_outputs=False)  # as torchtitan
         del losses
 
     return run
 
 
-__all__ = ["ParallelTracker", "RankMeasurement", "fake_world", "measure_rank", "role_of"]
+# ------------------------------------------------------------------------------------------------
+# Parity: the oracle against peakmem's per-rank estimate
+
+# A tiny Llama (RoPE, RMSNorm, SwiGLU, GQA, untied head) whose heads, KV heads, MLP width and vocab all
+# divide by 2 and whose 2 layers split into 2 stages; hidden 128 and vocab 512 make activations, FSDP
+# units and the logits all matter, and one rank runs in about a second.
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 128,
+    "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+# The grid: every degree alone, the 2-D products and the 3-D one (8 ranks).
+GRID: tuple[Parallelism, ...] = (
+    Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=2, tp=2),
+    Parallelism(gpus=2, pp=2),
+    Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, tp=2, pp=2),
+    Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseCheck:
+    """One phase of one rank: the oracle's bytes and the estimate's (None: the layout is not one
+    peakmem can express, e.g. GPipe)."""
+
+    layout: str
+    rank: int
+    role: str
+    phase: Phase
+    oracle: int
+    estimate: int | None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.estimate is None else (self.estimate - self.oracle) / self.oracle
+
+
+def rank_types(par: Parallelism) -> tuple[int, ...]:
+    """One rank per pipeline stage (coordinate (stage, 0, 0, 0)): ranks differ by stage only (every
+    TP/FSDP rank of a stage holds the same padded shard sizes; FSDP2 pads every shard to chunk 0's)."""
+    per_stage = par.gpus // par.pp
+    return tuple(stage * per_stage for stage in range(par.pp))
+
+
+def compare_rank(
+    config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank: int, *, schedule: str = "1f1b"
+) -> tuple[PhaseCheck, ...]:
+    """The oracle's per-phase peaks of ``rank`` next to ``peakmem.ranks.estimate_ranks`` for the same
+    rank type (``setup`` should carry ``KernelPolicy.CPU``: the CPU's kernels decide the bytes)."""
+    from peakmem.hf import spec_from_config
+    from peakmem.ranks import estimate_ranks
+
+    m = measure_rank(config, setup, par, rank, schedule=schedule)
+    ana: dict[Phase, int] = {}
+    if schedule == "1f1b":  # peakmem's pipeline schedules are 1F1B and interleaved
+        spec = spec_from_config(config, name=str(config.get("model_type")))
+        est = estimate_ranks(spec, setup, par).role(m.role).estimate
+        ana = {p.phase: p.bytes for p in est.phases}
+    return tuple(
+        PhaseCheck(layout=m.layout, rank=rank, role=m.role, phase=ph, oracle=b, estimate=ana.get(ph))
+        for ph, b in m.phases.items()
+    )
+
+
+def table(rows: list[PhaseCheck], tolerance: float) -> str:
+    head = f"{'layout':28} {'rank':>4} {'role':12} {'phase':9} {'oracle':>10} {'estimate':>10} {'error':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        est = "n/a" if r.estimate is None else str(r.estimate)
+        err = "" if r.error is None else f"{r.error:+.2%}" + ("" if abs(r.error) <= tolerance else "!")
+        lines.append(
+            f"{r.layout:28} {r.rank:>4} {r.role:12} {r.phase.value:9} {r.oracle:>10} {est:>10} {err:>8}"
+        )
+    checked = [r for r in rows if r.error is not None]
+    ok = sum(abs(r.error) <= tolerance for r in checked if r.error is not None)
+    lines.append(f"{ok}/{len(checked)} phase peaks within {tolerance:.0%} ('!' marks a miss)")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "GRID",
+    "TINY_LLAMA",
+    "ParallelTracker",
+    "PhaseCheck",
+    "RankMeasurement",
+    "compare_rank",
+    "fake_world",
+    "measure_rank",
+    "rank_types",
+    "role_of",
+    "table",
+]
