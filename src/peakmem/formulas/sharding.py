@@ -142,6 +142,12 @@ class RankStates:
     cpu: tuple[MemoryItem, ...]  # pinned CPU RAM of this rank
     nvme_bytes: int
     notes: tuple[str, ...]
+    # FSDP2: what one layer unit adds beyond gathered_* at its unshard (before its forward saves
+    # anything), while its forward runs, and in its backward (the timeline adds these to the layer's
+    # transients): see _fsdp2_in_layer
+    layer_unshard_extra: int = 0
+    layer_forward_extra: int = 0
+    layer_backward_extra: int = 0
 
 
 def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
@@ -486,25 +492,26 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
 
     gathered_fwd = [_item("FSDP root unit unsharded (embeddings, final norm, head)", Category.PARAMETERS,
                           gathered(sp.root_numel, root=True), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
+    rs_dt = tech.grad if tech.adapter else gather_dt
+    reduce_scatter = _item("FSDP reduce-scatter input (one unit's gradients)", Category.GRADIENTS,
+                           rs_dt.nbytes(unit_trainable), SRC_FSDP_RS, key="fsdp.reduce_scatter")  # fmt: skip
+    unshard_extra = fwd_extra = bwd_extra = 0
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
                                   Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),
                                   SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
+        gathered_bwd = [*gathered_fwd, reduce_scatter]
+    elif par.fsdp_version == 2 and sp.layers:
+        all_units = gathered(sum(c * u for c, u in sp.layer_units))
+        items, unshard_extra, fwd_extra, bwd_extra = _fsdp2_in_layer(gathered(unit), all_units,
+                                                                     reduce_scatter.bytes, par)  # fmt: skip
+        gathered_fwd.extend(items)
+        gathered_bwd = list(gathered_fwd)
     else:
         gathered_fwd.append(_item("FSDP all-gathered units (current + prefetched layer)", Category.PARAMETERS,
                                   gathered(min(2, sp.layers) * unit), SRC_FSDP_GATHER,
                                   key="fsdp.units"))  # fmt: skip
-    rs_dt = tech.grad if tech.adapter else gather_dt
-    gathered_bwd = [
-        *gathered_fwd,
-        _item(
-            "FSDP reduce-scatter input (one unit's gradients)",
-            Category.GRADIENTS,
-            rs_dt.nbytes(unit_trainable),
-            SRC_FSDP_RS,
-            key="fsdp.reduce_scatter",
-        ),
-    ]
+        gathered_bwd = [*gathered_fwd, reduce_scatter]
     step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
     what = (
         "the frozen base as stored and the adapters"
@@ -523,8 +530,41 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         accumulated=() if offload else (grads_item,), grads_backward=(),
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
-        notes=tuple(notes),
+        notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
+        layer_backward_extra=bwd_extra,
     )  # fmt: skip
+
+
+def _fsdp2_in_layer(
+    unit: int, all_units: int, reduce_scatter: int, par: Parallelism
+) -> tuple[list[MemoryItem], int, int, int]:
+    """FSDP2's unsharded bytes by where the step is: (items alive through forward and backward, what
+    a layer unit adds at its unshard, while its forward runs, in its backward), ``unit`` bytes per
+    unit gathered.
+
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13): ``unshard`` all-gathers
+    into a new flat output (``foreach_all_gather``); ``wait_for_unshard`` copies it out into the
+    unsharded parameters (``alloc_storage``) and only then frees the *previous* unit's flat output
+    (``comm_ctx.all_gather_state``), keeping this one until the next unit's all-gather. So one flat
+    output (one unit) is alive from the first all-gather on, at the loss included; at a unit's
+    unshard the previous output, the new one and the unsharded parameters (2 units beyond the kept
+    one); while it runs, its parameters (1 more). In backward ``pre_backward`` also prefetches the
+    next unit's all-gather (``_backward_prefetch``: 1 more), and ``post_backward`` reshards the
+    parameters before ``foreach_reduce`` allocates the reduce-scatter input (1 unit, next to the
+    prefetched output and the unsharded gradients the layer wrote): 2 units beyond the kept one
+    either way. Checked against the fake-process-group oracle (peakmem.measure.parallel).
+
+    Under pipeline parallelism torchtitan sets ``reshard_after_forward=False``
+    (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the
+    stage stays unsharded from its forward to its backward, backward all-gathers nothing, and a
+    unit adds its reduce-scatter input in backward."""
+    kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
+                 Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+    if par.pp > 1:
+        held = _item("FSDP2 under PP: every layer unit of the stage unsharded from forward to backward",
+                     Category.PARAMETERS, all_units, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+        return [held, kept], unit, 0, reduce_scatter
+    return [kept], 2 * unit, unit, 2 * unit
 
 
 def _row(
