@@ -141,14 +141,19 @@ def test_fsdp_states_are_fp32_shards() -> None:
     assert not any(r.category is Category.MASTER_WEIGHTS for r in st.rows)  # the shard is the master
     gathered = {i.path: i.bytes for i in st.gathered_forward}
     assert gathered["FSDP root unit unsharded (embeddings, final norm, head)"] == 2 * 128_064
-    # FSDP2: one unit's all-gather output kept between units; a unit adds 2 more at its unshard (the
-    # new output and its parameters), 1 while its forward runs, 2 in its backward (measure/parallel.py)
-    assert gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"] == 2 * 36_992
-    assert (st.layer_unshard_extra, st.layer_forward_extra, st.layer_backward_extra) == (
-        2 * 2 * 36_992,
-        2 * 36_992,
-        2 * 2 * 36_992,
+    # FSDP2: one unit's all-gather output kept between units in forward; a unit adds 2 more at its
+    # unshard (the new output and its parameters), 1 while its forward runs, 3 in its backward (its
+    # parameters, the prefetched output, the previous unit's reduce-scatter input), 2 for the first
+    # unit backward reaches (sharding._fsdp2_in_layer; measured by measure/parallel.py)
+    unit = 2 * 36_992  # one layer, bf16
+    assert gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"] == unit
+    extras = (
+        st.layer_unshard_extra,
+        st.layer_forward_extra,
+        st.layer_backward_extra,
+        st.layer_backward_first_extra,
     )
+    assert extras == (2 * unit, unit, 3 * unit, 2 * unit)
 
 
 def test_ddp_bucket_copy() -> None:

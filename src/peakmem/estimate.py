@@ -540,10 +540,7 @@ def _estimate(
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
-    groups = parts.groups
-    if rs.layer_backward_extra:  # FSDP2: a unit's own unsharded bytes while its backward runs
-        groups = tuple(replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra)
-                       for g in groups)  # fmt: skip
+    groups = _fsdp2_backward_groups(parts.groups, rs)
     bp = backward_peak(
         groups[::-1], base_saved=embed_saved, head_saved=head_saved,
         start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
@@ -555,7 +552,8 @@ def _estimate(
     engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
     bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
     if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
-        bwd_items = _fsdp2_backward_items(bwd_items, rs.layer_backward_extra)
+        unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
+        bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
     backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items,
                                        MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd,
                                                   source=p2p_src, key="pipeline.p2p")],
@@ -645,6 +643,19 @@ def _estimate(
     )  # fmt: skip
 
 
+def _fsdp2_backward_groups(groups: tuple[GroupCost, ...], rs: sharding.RankStates) -> tuple[GroupCost, ...]:
+    """FSDP2: each layer unit's own unsharded bytes added to its backward transient, the first unit
+    backward reaches (the last layer) with less (peakmem.formulas.sharding._fsdp2_in_layer); that layer
+    becomes a group of its own."""
+    if not rs.layer_backward_extra or not groups:
+        return groups
+    out = [replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra) for g in groups]
+    last = groups[-1]  # forward order: the last group holds the first layer backward reaches
+    first = replace(last, count=1, backward_transient=last.backward_transient + rs.layer_backward_first_extra)
+    out[-1:] = [replace(out[-1], count=last.count - 1), first] if last.count > 1 else [first]
+    return tuple(out)
+
+
 def _fsdp2_backward_items(items: list[MemoryItem], extra: int) -> list[MemoryItem]:
     """The backward peak inside a layer under FSDP2: the layer unit's unsharded bytes (parameters or
     reduce-scatter input, and the next unit's prefetched all-gather) shown apart from the gradients
@@ -652,7 +663,7 @@ def _fsdp2_backward_items(items: list[MemoryItem], extra: int) -> list[MemoryIte
     out = [replace(i, bytes=i.bytes - extra) if i.key == "backward.temporaries" else i for i in items]
     out.append(MemoryItem(path="FSDP2 running unit: its unsharded parameters (or reduce-scatter input) and "
                                "the next unit's prefetched all-gather", category=Category.PARAMETERS,
-                          bytes=extra, source=sharding.SRC_FSDP_GATHER, key="fsdp.running_unit"))  # fmt: skip
+                          bytes=extra, source=sharding.SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
     return out
 
 

@@ -148,6 +148,7 @@ class RankStates:
     layer_unshard_extra: int = 0
     layer_forward_extra: int = 0
     layer_backward_extra: int = 0
+    layer_backward_first_extra: int = 0  # the first unit backward reaches (no earlier reduce-scatter)
 
 
 def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
@@ -495,7 +496,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     rs_dt = tech.grad if tech.adapter else gather_dt
     reduce_scatter = _item("FSDP reduce-scatter input (one unit's gradients)", Category.GRADIENTS,
                            rs_dt.nbytes(unit_trainable), SRC_FSDP_RS, key="fsdp.reduce_scatter")  # fmt: skip
-    unshard_extra = fwd_extra = bwd_extra = 0
+    unshard_extra = fwd_extra = bwd_extra = bwd_first = 0
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
                                   Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),
@@ -503,10 +504,11 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     elif par.fsdp_version == 2 and sp.layers:
         all_units = gathered(sum(c * u for c, u in sp.layer_units))
-        items, unshard_extra, fwd_extra, bwd_extra = _fsdp2_in_layer(gathered(unit), all_units,
-                                                                     reduce_scatter.bytes, par)  # fmt: skip
-        gathered_fwd.extend(items)
-        gathered_bwd = list(gathered_fwd)
+        fwd_items, bwd_items, unshard_extra, fwd_extra, bwd_extra, bwd_first = _fsdp2_in_layer(
+            gathered(unit), all_units, par
+        )
+        gathered_bwd = [*gathered_fwd, *bwd_items]
+        gathered_fwd.extend(fwd_items)
     else:
         gathered_fwd.append(_item("FSDP all-gathered units (current + prefetched layer)", Category.PARAMETERS,
                                   gathered(min(2, sp.layers) * unit), SRC_FSDP_GATHER,
@@ -531,40 +533,43 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
-        layer_backward_extra=bwd_extra,
+        layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first,
     )  # fmt: skip
 
 
 def _fsdp2_in_layer(
-    unit: int, all_units: int, reduce_scatter: int, par: Parallelism
-) -> tuple[list[MemoryItem], int, int, int]:
-    """FSDP2's unsharded bytes by where the step is: (items alive through forward and backward, what
-    a layer unit adds at its unshard, while its forward runs, in its backward), ``unit`` bytes per
-    unit gathered.
+    unit: int, all_units: int, par: Parallelism
+) -> tuple[list[MemoryItem], list[MemoryItem], int, int, int, int]:
+    """FSDP2's unsharded bytes by where the step is: (items alive through forward, items alive through
+    backward, what a layer unit adds at its unshard, while its forward runs, in its backward, and in
+    the backward of the first unit backward reaches), ``unit`` bytes per unit gathered.
 
-    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13): ``unshard`` all-gathers
-    into a new flat output (``foreach_all_gather``); ``wait_for_unshard`` copies it out into the
-    unsharded parameters (``alloc_storage``) and only then frees the *previous* unit's flat output
-    (``comm_ctx.all_gather_state``), keeping this one until the next unit's all-gather. So one flat
-    output (one unit) is alive from the first all-gather on, at the loss included; at a unit's
-    unshard the previous output, the new one and the unsharded parameters (2 units beyond the kept
-    one); while it runs, its parameters (1 more). In backward ``pre_backward`` also prefetches the
-    next unit's all-gather (``_backward_prefetch``: 1 more), and ``post_backward`` reshards the
-    parameters before ``foreach_reduce`` allocates the reduce-scatter input (1 unit, next to the
-    prefetched output and the unsharded gradients the layer wrote): 2 units beyond the kept one
-    either way. Checked against the fake-process-group oracle (peakmem.measure.parallel).
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13) ``wait_for_unshard``: in
+    forward it copies a unit's flat all-gather output into its unsharded parameters (``alloc_storage``)
+    and only then frees the *previous* unit's output (``comm_ctx.all_gather_state``), keeping this one
+    until the next unit's all-gather; the root's post-forward frees the last one (_fsdp_state.py
+    ``_post_forward``: ``iter_forward_root``), after the loss when the model computes it. So in forward
+    one output is kept between units (the loss included), a unit's unshard adds the new output and its
+    parameters (2 units), its run its parameters (1). In backward the output is freed right after the
+    copy-out, and ``pre_backward`` prefetches the next unit's all-gather (``_backward_prefetch``); the
+    previous unit's reduce-scatter input is kept until this unit's ``post_backward`` reclaims it
+    (``reduce_scatter_max_input_buffers = 1``, reclaimed after this unit's reshard and before its own
+    input is allocated): the running unit's parameters, the prefetched output and the kept input (3
+    units; 2 for the first unit backward reaches, which has no earlier input). Checked against the
+    fake-process-group oracle (peakmem.measure.parallel).
 
     Under pipeline parallelism torchtitan sets ``reshard_after_forward=False``
-    (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the
-    stage stays unsharded from its forward to its backward, backward all-gathers nothing, and a
-    unit adds its reduce-scatter input in backward."""
-    kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
-                 Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+    (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the stage
+    stays unsharded from the first micro-batch's forward on, so the later micro-batches' unshards are
+    no-ops and backward all-gathers nothing; torch.distributed.pipelining defers the reduce-scatter
+    and the reshard to the last micro-batch (stage.py ``backward_maybe_with_nosync``)."""
     if par.pp > 1:
         held = _item("FSDP2 under PP: every layer unit of the stage unsharded from forward to backward",
                      Category.PARAMETERS, all_units, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-        return [held, kept], unit, 0, reduce_scatter
-    return [kept], 2 * unit, unit, 2 * unit
+        return [held], [held], 0, 0, 0, 0
+    kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
+                 Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+    return [kept], [], 2 * unit, unit, 3 * unit, 2 * unit
 
 
 def _row(
