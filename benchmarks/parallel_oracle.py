@@ -16,6 +16,7 @@ import argparse
 import time
 
 from peakmem.measure.parallel import GRID, TINY_LLAMA, PhaseCheck, compare_rank, describe, rank_types, table
+from peakmem.parallel import FsdpMode
 from peakmem.training import KernelPolicy, OptimizerImpl, Precision, TrainingSetup
 
 TOLERANCE = 0.03  # issue 27's done-when
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         for schedule in schedules:
             if args.filter not in describe(par, schedule):
                 continue
+            if setup.precision is Precision.MIXED_BF16 and par.fsdp is FsdpMode.NONE:
+                continue  # the oracle's mixed precision is FSDP2's MixedPrecisionPolicy
             for rank in rank_types(par):
                 rows.extend(compare_rank(TINY_LLAMA, setup, par, rank, schedule=schedule))
     print(

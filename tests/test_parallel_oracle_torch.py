@@ -11,6 +11,7 @@ About 1 s per rank after a 4 s warm-up (the imports the forked ranks share).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -52,10 +53,10 @@ KNOWN: dict[str, str] = {
 }
 
 
-def _misses(par: Parallelism) -> list[str]:
+def _misses(par: Parallelism, setup: TrainingSetup = SETUP) -> list[str]:
     rows: list[PhaseCheck] = []
     for rank in rank_types(par):
-        rows.extend(compare_rank(TINY_LLAMA, SETUP, par, rank))
+        rows.extend(compare_rank(TINY_LLAMA, setup, par, rank))
     return [
         f"rank {r.rank} ({r.role}) {r.phase.value}: {r.error:+.1%}"
         for r in rows
@@ -72,6 +73,18 @@ def _param(par: Parallelism) -> Any:
 @pytest.mark.parametrize("par", [_param(p) for p in GRID])
 def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
     misses = _misses(par)
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.parametrize(
+    "par",
+    [Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)],
+    ids=describe,
+)
+def test_mixed_bf16_fsdp2_within_tolerance(par: Parallelism) -> None:
+    """mixed-bf16 as FSDP2 runs it (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): bf16
+    all-gathers, fp32 shards, an fp32 reduce-scatter input."""
+    misses = _misses(par, replace(SETUP, precision=Precision.MIXED_BF16))
     assert not misses, "; ".join(misses)
 
 

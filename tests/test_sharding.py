@@ -142,10 +142,11 @@ def test_fsdp_states_are_fp32_shards() -> None:
     gathered = {i.path: i.bytes for i in st.gathered_forward}
     assert gathered["FSDP root unit unsharded (embeddings, final norm, head)"] == 2 * 128_064
     # FSDP2: one unit's all-gather output kept between units in forward; a unit adds 2 more at its
-    # unshard (the new output and its parameters), 1 while its forward runs, 3 in its backward (its
-    # parameters, the prefetched output, the previous unit's reduce-scatter input), 2 for the first
-    # unit backward reaches (sharding._fsdp2_in_layer; measured by measure/parallel.py)
-    unit = 2 * 36_992  # one layer, bf16
+    # unshard (the new output and its parameters), 1 while its forward runs; in its backward its
+    # parameters, the prefetched output and the previous unit's reduce-scatter input (in the fp32
+    # reduce dtype), and the first unit backward reaches the most of 2 units or 1 unit and its input
+    # (sharding._fsdp2_in_layer; measured by measure/parallel.py)
+    unit, rs = 2 * 36_992, 4 * 36_992  # one layer in bf16, its fp32 reduce-scatter input
     assert gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"] == unit
     extras = (
         st.layer_unshard_extra,
@@ -153,7 +154,7 @@ def test_fsdp_states_are_fp32_shards() -> None:
         st.layer_backward_extra,
         st.layer_backward_first_extra,
     )
-    assert extras == (2 * unit, unit, 3 * unit, 2 * unit)
+    assert extras == (2 * unit, unit, 2 * unit + rs, unit + rs)
 
 
 def test_ddp_bucket_copy() -> None:

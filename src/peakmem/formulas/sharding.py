@@ -504,8 +504,11 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     elif par.fsdp_version == 2 and sp.layers:
         all_units = gathered(sum(c * u for c, u in sp.layer_units))
+        # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
+        # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
+        rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
         fwd_items, bwd_items, unshard_extra, fwd_extra, bwd_extra, bwd_first = _fsdp2_in_layer(
-            gathered(unit), all_units, par
+            gathered(unit), all_units, rs_unit, par
         )
         gathered_bwd = [*gathered_fwd, *bwd_items]
         gathered_fwd.extend(fwd_items)
@@ -538,11 +541,12 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
 
 
 def _fsdp2_in_layer(
-    unit: int, all_units: int, par: Parallelism
+    unit: int, all_units: int, rs_unit: int, par: Parallelism
 ) -> tuple[list[MemoryItem], list[MemoryItem], int, int, int, int]:
     """FSDP2's unsharded bytes by where the step is: (items alive through forward, items alive through
     backward, what a layer unit adds at its unshard, while its forward runs, in its backward, and in
-    the backward of the first unit backward reaches), ``unit`` bytes per unit gathered.
+    the backward of the first unit backward reaches), ``unit`` bytes per unit gathered, ``rs_unit``
+    per unit's reduce-scatter input.
 
     torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13) ``wait_for_unshard``: in
     forward it copies a unit's flat all-gather output into its unsharded parameters (``alloc_storage``)
@@ -554,9 +558,10 @@ def _fsdp2_in_layer(
     copy-out, and ``pre_backward`` prefetches the next unit's all-gather (``_backward_prefetch``); the
     previous unit's reduce-scatter input is kept until this unit's ``post_backward`` reclaims it
     (``reduce_scatter_max_input_buffers = 1``, reclaimed after this unit's reshard and before its own
-    input is allocated): the running unit's parameters, the prefetched output and the kept input (3
-    units; 2 for the first unit backward reaches, which has no earlier input). Checked against the
-    fake-process-group oracle (peakmem.measure.parallel).
+    input is allocated): the running unit's parameters, the prefetched output and the kept input; the
+    first unit backward reaches has no earlier input, and peaks either running (2 units) or at its own
+    reduce-scatter (the prefetched output and its input). Checked against the fake-process-group
+    oracle (peakmem.measure.parallel).
 
     Under pipeline parallelism torchtitan sets ``reshard_after_forward=False``
     (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the stage
@@ -569,7 +574,7 @@ def _fsdp2_in_layer(
         return [held], [held], 0, 0, 0, 0
     kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
                  Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-    return [kept], [], 2 * unit, unit, 3 * unit, 2 * unit
+    return [kept], [], 2 * unit, unit, 2 * unit + rs_unit, max(2 * unit, unit + rs_unit)
 
 
 def _row(

@@ -170,6 +170,11 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
             f"precision={setup.precision.value!r}: the parallel oracle runs "
             + " or ".join(p.value for p in ORACLE_PRECISIONS)
         )
+    if setup.precision is Precision.MIXED_BF16 and par.fsdp is FsdpMode.NONE:
+        raise InputError(
+            "precision='mixed-bf16': the oracle runs it as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, "
+            "reduce_dtype=fp32); add fsdp"
+        )
     if par.zero_stage or par.fsdp not in (FsdpMode.NONE, FsdpMode.FULL_SHARD) or par.fsdp_version != 2:
         raise InputError(f"layout {par.describe()!r}: the parallel oracle runs FSDP2 full-shard only")
     if par.fsdp is FsdpMode.NONE and par.dp > 1:
