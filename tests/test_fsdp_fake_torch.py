@@ -98,7 +98,8 @@ def test_fsdp2_mem_tracker_categories_match_formula() -> None:
     """torch's FSDPMemTracker (torch/distributed/_tools/fsdp2_mem_tracker.py) over one steady-state
     fp32 AdamW step in a fake world of 4: sharded parameters, optimizer states and the unsharded root
     unit at the peak equal peakmem's per-rank terms; one layer unit is all-gathered at a time on CPU
-    (no separate all-gather stream, so no run-ahead prefetch; peakmem counts 2 units, as on CUDA)."""
+    (FSDPMemTracker's "All Gather" is the flat all-gather output FSDP2 keeps until the next unit's
+    all-gather: peakmem's kept unit; the running unit's extra bytes are layer transients)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from peakmem.formulas.technique import technique
@@ -132,5 +133,5 @@ def test_fsdp2_mem_tracker_categories_match_formula() -> None:
     opt_bytes = sum(b for t, b in rows.items() if "AdamW" in t)
     assert peak["OptState"] == opt_bytes + 4 * n_params  # + AdamW's fp32 `step` scalar per parameter
     assert peak["Unsharded Param"] == gathered["FSDP root unit unsharded (embeddings, final norm, head)"]
-    two_units = gathered["FSDP all-gathered units (current + prefetched layer)"]
-    assert peak["All Gather"] == two_units // 2 == 4 * 36_992
+    kept = gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"]
+    assert peak["All Gather"] == kept == 4 * 36_992

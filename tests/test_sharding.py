@@ -141,7 +141,20 @@ def test_fsdp_states_are_fp32_shards() -> None:
     assert not any(r.category is Category.MASTER_WEIGHTS for r in st.rows)  # the shard is the master
     gathered = {i.path: i.bytes for i in st.gathered_forward}
     assert gathered["FSDP root unit unsharded (embeddings, final norm, head)"] == 2 * 128_064
-    assert gathered["FSDP all-gathered units (current + prefetched layer)"] == 2 * 2 * 36_992
+    # FSDP2: one unit's all-gather output kept between units in forward; a unit adds 2 more at its
+    # unshard (the new output and its parameters), 1 while its forward runs; in its backward its
+    # parameters, the prefetched output and the previous unit's reduce-scatter input (in the fp32
+    # reduce dtype), and the first unit backward reaches the most of 2 units or 1 unit and its input
+    # (sharding._fsdp2_in_layer; measured by measure/parallel.py)
+    unit, rs = 2 * 36_992, 4 * 36_992  # one layer in bf16, its fp32 reduce-scatter input
+    assert gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"] == unit
+    extras = (
+        st.layer_unshard_extra,
+        st.layer_forward_extra,
+        st.layer_backward_extra,
+        st.layer_backward_first_extra,
+    )
+    assert extras == (2 * unit, unit, 2 * unit + rs, unit + rs)
 
 
 def test_ddp_bucket_copy() -> None:

@@ -44,7 +44,7 @@ from peakmem.formulas.profiles import liger_applies, profile_assumptions, profil
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import CostLookup, ModelSpec
-from peakmem.parallel import Parallelism
+from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
 from peakmem.training import (
     AttentionKernel,
@@ -452,6 +452,7 @@ def _fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) 
 
 
 SRC_P2P = "Megatron p2p_communication: the received activation / sent output gradient of the stage"
+SRC_TORCH_PP = "torch/distributed/pipelining/stage.py: per-micro-batch receive buffers; fwd_cache outputs"
 SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
@@ -479,9 +480,38 @@ def _estimate(
     else:  # a middle stage receives its output gradient from the next stage
         head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0
     parts = _parts(st, setup, sh, head_items, par)
-    resident = setup.grad_accum > 1 or not setup.grads_set_to_none
-    p2p = hidden * ((0 if first else 1) + (0 if last else 1))  # pipeline send/receive buffers
     in_flight = mp.in_flight_microbatches(par, sp.stage, setup.grad_accum)
+    # 1F1B whose warm-up runs every micro-batch (m <= pp - stage): every forward runs before the first
+    # backward, so no gradient exists yet in forward (torch schedules.py Schedule1F1B: warmup_chunks)
+    warm_only = (
+        par.pp > 1 and par.pp_schedule is PipelineSchedule.ONE_F_ONE_B and setup.grad_accum <= in_flight
+    )
+    resident = (setup.grad_accum > 1 and not warm_only) or not setup.grads_set_to_none
+    base_items, base_bytes = st.resident_items, st.resident_bytes
+    if warm_only and setup.grads_set_to_none and setup.grad_accum > 1:
+        base_items = tuple(i for i in base_items if i not in rs.accumulated)
+        base_bytes -= sum(i.bytes for i in rs.accumulated)
+    if par.pp > 1 and par.zero_stage == 0:  # torch.distributed.pipelining (torchtitan)
+        recv = mp.torch_pipeline_buffers(par, sp.stage, setup.grad_accum, hidden)
+        inputs = 0 if first else int(in_flight) * hidden  # in-flight stage inputs are receive buffers
+        # the schedule keeps each in-flight micro-batch's stage output (fwd_cache) until its backward:
+        # the last layer's output, or on the last stage the logits (compute dtype), which HF frees at once
+        held = (
+            int(in_flight) * hidden
+            if not last
+            else int(in_flight) * mp.cdiv(sh.tokens * spec.vocab_size * sh.c, par.tp)
+        )
+        p2p_fwd = recv - inputs + (held if not last else 0)  # the last stage's logits: head_fwd
+        p2p_bwd = recv - inputs + held
+        p2p_path, p2p_src = (
+            "pipeline receive buffers (one per micro-batch) and held stage outputs",
+            SRC_TORCH_PP,
+        )
+    else:
+        recv = 0
+        p2p_fwd = hidden * ((0 if first else 1) + (0 if last else 1))  # pipeline send/receive buffers
+        p2p_bwd = 0
+        p2p_path, p2p_src = "pipeline send/receive buffers", SRC_P2P
     head_saved = sum([i.bytes for i in parts.head_items])
     embed_saved = sum([i.bytes for i in parts.embed_items])
     extra_mb = int(
@@ -492,7 +522,9 @@ def _estimate(
                            key="pipeline.in_flight")] if extra_mb else []  # fmt: skip
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
-    layer_fwd = max([g.forward_transient for g in parts.groups], default=0)
+    # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
+    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra, rs.layer_unshard_extra - g.saved)
+                     for g in parts.groups], default=0)  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
     all_saved = _steps.activation_items(parts, layers_left=None)
     forward = _phase(Phase.FORWARD, [
@@ -500,16 +532,17 @@ def _estimate(
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP,
                    key="forward.temporaries"),
-        MemoryItem(path="pipeline send/receive buffers", category=Category.TEMPORARIES, bytes=p2p,
-                   source=SRC_P2P, key="pipeline.p2p"),
-    ], base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
+        MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_fwd, source=p2p_src,
+                   key="pipeline.p2p"),
+    ], base=base_items, base_bytes=base_bytes)  # fmt: skip
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
+    groups = _fsdp2_backward_groups(parts.groups, rs)
     bp = backward_peak(
-        parts.groups[::-1], base_saved=embed_saved, head_saved=head_saved,
+        groups[::-1], base_saved=embed_saved, head_saved=head_saved,
         start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
         start_grads=0 if in_bwd else start_kept,
         tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept),
@@ -517,13 +550,23 @@ def _estimate(
         held=tied_tmp,
     )  # fmt: skip
     engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
-    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline,
-                                       *_steps.backward_items(parts, bp, resident, all_saved)],
-                      base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
+    bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
+    if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
+        unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
+        bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
+    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items,
+                                       MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd,
+                                                  source=p2p_src, key="pipeline.p2p")],
+                      base=base_items, base_bytes=base_bytes)  # fmt: skip
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
     optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
+    if recv:  # the pipeline's receive buffers stay allocated through the step
+        buffers = MemoryItem(path="pipeline receive buffers (one per micro-batch)",
+                             category=Category.TEMPORARIES, bytes=recv, source=SRC_TORCH_PP,
+                             key="pipeline.p2p")  # fmt: skip
+        optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes + recv, items=(*step.items, buffers))
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent
@@ -598,6 +641,30 @@ def _estimate(
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
+
+
+def _fsdp2_backward_groups(groups: tuple[GroupCost, ...], rs: sharding.RankStates) -> tuple[GroupCost, ...]:
+    """FSDP2: each layer unit's own unsharded bytes added to its backward transient, the first unit
+    backward reaches (the last layer) with less (peakmem.formulas.sharding._fsdp2_in_layer); that layer
+    becomes a group of its own."""
+    if not rs.layer_backward_extra or not groups:
+        return groups
+    out = [replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra) for g in groups]
+    last = groups[-1]  # forward order: the last group holds the first layer backward reaches
+    first = replace(last, count=1, backward_transient=last.backward_transient + rs.layer_backward_first_extra)
+    out[-1:] = [replace(out[-1], count=last.count - 1), first] if last.count > 1 else [first]
+    return tuple(out)
+
+
+def _fsdp2_backward_items(items: list[MemoryItem], extra: int) -> list[MemoryItem]:
+    """The backward peak inside a layer under FSDP2: the layer unit's unsharded bytes (parameters or
+    reduce-scatter input, and the next unit's prefetched all-gather) shown apart from the gradients
+    in flight they were added to (peakmem.formulas.sharding._fsdp2_in_layer)."""
+    out = [replace(i, bytes=i.bytes - extra) if i.key == "backward.temporaries" else i for i in items]
+    out.append(MemoryItem(path="FSDP2 running unit: its unsharded parameters (or reduce-scatter input) and "
+                               "the next unit's prefetched all-gather", category=Category.PARAMETERS,
+                          bytes=extra, source=sharding.SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
+    return out
 
 
 def with_kernel_alternatives(

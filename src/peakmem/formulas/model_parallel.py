@@ -246,6 +246,21 @@ def in_flight_microbatches(par: Parallelism, stage: int, microbatches: int) -> f
     return chunks / v
 
 
+def torch_pipeline_buffers(par: Parallelism, stage: int, microbatches: int, act_bytes: int) -> int:
+    """Receive buffers ``torch.distributed.pipelining`` (torchtitan's pipeline) keeps for a stage: one
+    per micro-batch and direction, allocated at the first step and kept (torch 2.13
+    ``torch/distributed/pipelining/stage.py``: ``_prepare_forward_infra`` makes ``args_recv_info[chunk]``
+    with a buffer from ``_make_tensor_from_meta`` for every chunk of a non-first stage;
+    ``_setup_backward_recv_info`` makes ``grad_recv_info[mb]`` for every micro-batch of a non-last
+    stage). ``act_bytes``: one micro-batch's stage boundary activation. A received activation is the
+    stage's input (the first layer saves it), so in-flight micro-batches' inputs are these buffers.
+    Megatron instead allocates a tensor per receive (``p2p_communication._communicate``)."""
+    if par.pp == 1:
+        return 0
+    directions = (0 if stage == 0 else 1) + (0 if stage == par.pp - 1 else 1)
+    return directions * microbatches * act_bytes
+
+
 def _split(nbytes: int, replicated: bool, par: Parallelism) -> int:
     if replicated and not par.sequence_parallel:
         return nbytes

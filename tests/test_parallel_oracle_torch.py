@@ -1,0 +1,112 @@
+"""peakmem's per-rank training estimate against the parallel execution oracle
+(:mod:`peakmem.measure.parallel`): the real FSDP2 / DTensor TP / torch.distributed.pipelining code run
+one rank at a time over torch's fake process group on CPU, every storage tracked.
+
+Tolerance: :data:`TOLERANCE` (3%, issue 27's done-when) on the peak of every phase (forward, backward,
+optimizer step; the maximum over step 1 and the steady-state step 2) of every rank type, with
+``KernelPolicy.CPU`` on the estimate side (the CPU's kernels decide the bytes being measured). A layout
+whose formula is still wrong is ``xfail(strict=True)`` with the measured errors in the reason.
+About 1 s per rank after a 4 s warm-up (the imports the forked ranks share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+
+from peakmem.breakdown import Phase  # noqa: E402
+from peakmem.errors import InputError  # noqa: E402
+from peakmem.measure.parallel import (  # noqa: E402
+    GRID,
+    TINY_LLAMA,
+    PhaseCheck,
+    compare_rank,
+    describe,
+    measure_rank,
+    rank_types,
+)
+from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
+from peakmem.training import KernelPolicy, OptimizerImpl, Precision, TrainingSetup  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+TOLERANCE = 0.03
+SETUP = TrainingSetup(
+    precision=Precision.FP32, micro_batch=2, seq_len=64, grad_accum=2, kernel_policy=KernelPolicy.CPU,
+    optimizer_impl=OptimizerImpl.FOREACH,
+)  # fmt: skip
+# Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
+# benchmarks/parallel_oracle.py), with why.
+KNOWN: dict[str, str] = {
+    "fsdp4": "backward -3.6%: the layer's unsharded gradients under accumulation",
+    "tp2": "forward -4.2%, backward -3.1%",
+    "tp2 x fsdp2": "forward -7.1%, backward -6.8%",
+    "pp2 x fsdp2 x 1f1b": "last stage forward -10.3%, backward -9.4%",
+    "tp2 x pp2 x 1f1b": "first stage forward -12%, backward -5.7%, optimizer -4.8%",
+    "tp2 x pp2 x fsdp2 x 1f1b": "forward -15% / -10%, backward -9.3% / -7.8%",
+}
+
+
+def _misses(par: Parallelism, setup: TrainingSetup = SETUP) -> list[str]:
+    rows: list[PhaseCheck] = []
+    for rank in rank_types(par):
+        rows.extend(compare_rank(TINY_LLAMA, setup, par, rank))
+    return [
+        f"rank {r.rank} ({r.role}) {r.phase.value}: {r.error:+.1%}"
+        for r in rows
+        if r.error is not None and abs(r.error) > TOLERANCE
+    ]
+
+
+def _param(par: Parallelism) -> Any:
+    name = describe(par)
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN[name])] if name in KNOWN else []
+    return pytest.param(par, id=name.replace(" ", ""), marks=marks)
+
+
+@pytest.mark.parametrize("par", [_param(p) for p in GRID])
+def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
+    misses = _misses(par)
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.parametrize(
+    "par",
+    [Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)],
+    ids=describe,
+)
+def test_mixed_bf16_fsdp2_within_tolerance(par: Parallelism) -> None:
+    """mixed-bf16 as FSDP2 runs it (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): bf16
+    all-gathers, fp32 shards, an fp32 reduce-scatter input."""
+    misses = _misses(par, replace(SETUP, precision=Precision.MIXED_BF16))
+    assert not misses, "; ".join(misses)
+
+
+def test_fsdp2_shards_and_states_by_hand() -> None:
+    """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
+    holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
+    gradients, exp_avg, exp_avg_sq and foreach's sqrt temporary (5 x 4 bytes x the shard), plus the
+    rotary embedding's two 16-float buffers and AdamW's fp32 ``step`` per parameter tensor (21)."""
+    par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
+    m = measure_rank(TINY_LLAMA, SETUP, par, 3)
+    # embedding and head 512/4 rows x 128; 5 RMSNorms 128/4; per layer q 128/4 x 128, k and v
+    # (2 heads x 32)/4 x 128, o 128/4 x 128, gate and up 344/4 x 128, down 128/4 x 344
+    shard = 2 * 128 * 128 + 5 * 32 + 2 * (32 * 128 + 2 * 16 * 128 + 32 * 128 + 2 * 86 * 128 + 32 * 344)
+    assert shard == 123_552 == 494_208 // 4  # every dim divides by 4: no padding
+    assert m.phases[Phase.OPTIMIZER] == 5 * 4 * shard + 2 * 16 * 4 + 21 * 4
+
+
+def test_bad_layouts_are_refused() -> None:
+    with pytest.raises(InputError, match="rank=4"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), 4)
+    with pytest.raises(InputError, match="cp=2"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0)
+    with pytest.raises(InputError, match="grad_accum=1"):
+        one = TrainingSetup(precision=Precision.FP32, micro_batch=2, seq_len=64)
+        measure_rank(TINY_LLAMA, one, Parallelism(gpus=2, pp=2), 0)
