@@ -47,7 +47,6 @@ KNOWN: dict[str, str] = {
     "fsdp4": "backward -3.6%: the layer's unsharded gradients under accumulation",
     "tp2": "forward -4.2%, backward -3.1%",
     "tp2 x fsdp2": "forward -7.1%, backward -6.8%",
-    "pp2 x fsdp2 x 1f1b": "last stage forward -10.3%, backward -9.4%",
     "tp2 x pp2 x 1f1b": "first stage forward -12%, backward -5.7%, optimizer -4.8%",
     "tp2 x pp2 x fsdp2 x 1f1b": "forward -15% / -10%, backward -9.3% / -7.8%",
 }
