@@ -207,12 +207,61 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         return {**row, "reason": f"peakmem: {exc}".splitlines()[0]}
     low, likely, high = _band(result.data, row["quantity"])
     measured = p["measured"]["value_bytes"]
+    # the published-residual term (formulas/band.py MEASURED_RESIDUALS, set from the fitting set): the
+    # excess beyond the band without it is what --residuals measures
+    own = [t for t in result.data["band"]["terms"] if t["name"] == "published_residual"]
+    allocated = result.data["peak_allocated_bytes"]
+    bare_low = low - sum(t["low_bytes"] for t in own)
+    bare_high = high - sum(t["high_bytes"] for t in own)
     return {
         **row, "options": opts, "estimate_gib": likely / GiB, "low_gib": low / GiB, "high_gib": high / GiB,
+        "band_kind": band_kind(p),
+        "excess": (min(0, measured - bare_low) / allocated, max(0, measured - bare_high) / allocated),
         "error": likely / measured - 1, "in_band": low <= measured <= high,
         "band_miss": None if low <= measured <= high else ("low" if high < measured else "high"),
         "peak_phase": result.data.get("peak_phase"),
     }  # fmt: skip
+
+
+def band_kind(p: dict[str, Any]) -> str | None:
+    """The kind of job whose published residual term (peakmem.formulas.band) applies to the point."""
+    from peakmem.formulas import band
+
+    if p["job"]["mode"] == "train":
+        return band.TRAIN_SEVERAL_GPUS if p["layout"]["gpus"] > 1 else None
+    return band.GENERATE if p["job"]["weights"] in ("fp16", "bf16") else band.GENERATE_QUANTIZED
+
+
+def _fitting_by_kind(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["set"] == "fit" and "error" in r and r["band_kind"]:
+            by_kind[r["band_kind"]].append(r)
+    return by_kind
+
+
+def residuals_by_kind(points: Path = POINTS_FILE) -> dict[str, tuple[int, float, float]]:
+    """Per band kind: (fitting points, the widest excess below the band, the widest above), as fractions
+    of the likely allocated bytes; only the fitting set is estimated."""
+    doc = json.loads(points.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [estimate(p, Path(tmp)) for p in doc["points"] if p["set"] == "fit"]
+    return {
+        kind: (len(rs), min(r["excess"][0] for r in rs), max(r["excess"][1] for r in rs))
+        for kind, rs in _fitting_by_kind(rows).items()
+    }
+
+
+def residuals(rows: list[dict[str, Any]]) -> str:
+    """Per band kind, the widening of the band (fractions of the likely allocated bytes) that holds every
+    FITTING point: what formulas/band.py MEASURED_RESIDUALS should hold."""
+    out = ["| band kind | fitting points | low | set by | high | set by |", "|---|---:|---:|---|---:|---|"]
+    for kind, rs in sorted(_fitting_by_kind(rows).items()):
+        lo = min(rs, key=lambda r: r["excess"][0])
+        hi = max(rs, key=lambda r: r["excess"][1])
+        low, high = lo["excess"][0], hi["excess"][1]
+        out.append(f"| {kind} | {len(rs)} | {low:.4f} | {lo['id']} | {high:.4f} | {hi['id']} |")
+    return "\n".join(out)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -291,10 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=Path, default=POINTS_FILE)
     ap.add_argument("--json", type=Path, help="also write the rows and summaries as JSON")
+    ap.add_argument("--residuals", action="store_true",
+                    help="only print the fitting set's residuals beyond the band, per band kind")  # fmt: skip
     args = ap.parse_args(argv)
     doc = json.loads(args.points.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         rows = [estimate(p, Path(tmp)) for p in doc["points"]]
+    if args.residuals:
+        print(residuals(rows))
+        return 0
     print(f"# peakmem vs published GPU memory ({args.points.name}, {len(rows)} points)")
     print(f"split rule: {doc['schema']['split_rule']}")
     print(render(rows))

@@ -84,3 +84,36 @@ def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
         expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
         assert [p["set"] for p in ordered] == expected, kind
         assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), kind
+
+
+def test_measured_residual_term_by_hand() -> None:
+    """The term is its kind's fractions of the likely allocated bytes, at every level; none for a kind
+    without fitting points."""
+    from peakmem.formulas import band
+
+    r = band.MEASURED_RESIDUALS[band.GENERATE_QUANTIZED]
+    term = band.measured_residual_term(band.GENERATE_QUANTIZED, 10**9)
+    assert term is not None and term.level == "allocated"
+    assert (term.low_bytes, term.high_bytes) == (int(10**9 * r.low), int(10**9 * r.high))
+    assert band.measured_residual_term("single-GPU training", 10**9) is None
+
+
+def test_the_band_terms_are_the_fitting_sets_residuals() -> None:
+    """formulas/band.py MEASURED_RESIDUALS holds what benchmarks/published_scale.py --residuals measures on
+    the fitting set with today's formulas (each end rounded outward to 0.001): a formula that moves a
+    fitting point's estimate fails here until the table is measured again. The held-out set is not read."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(POINTS_FILE.parent))
+    import published_scale
+    from peakmem.formulas import band
+
+    table = published_scale.residuals_by_kind()
+    assert set(table) == set(band.MEASURED_RESIDUALS)
+    for kind, (points, low, high) in table.items():
+        r = band.MEASURED_RESIDUALS[kind]
+        assert (r.points, r.low, r.high) == (
+            points, math.floor(low * 1000) / 1000, math.ceil(high * 1000) / 1000
+        ), kind  # fmt: skip
+        assert re.search(r"\w", r.worst)

@@ -22,7 +22,7 @@ from peakmem.formulas.serving.paged import paged_memory
 from peakmem.formulas.serving.parallel import deployment_estimate
 from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
-from peakmem.inference import Engine, InferenceSetup
+from peakmem.inference import Engine, InferenceSetup, Scheme
 from peakmem.model import ModelSpec
 from peakmem.units import fmt_bytes
 
@@ -190,6 +190,11 @@ def _serving_band(
         terms.append(_band.transients_term(max(0, peak.bytes - steady)))
     if setup.tp > 1:
         terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
+    if setup.engine is Engine.HF:
+        kind = _band.GENERATE if setup.weight_format.scheme is Scheme.FLOAT else _band.GENERATE_QUANTIZED
+        measured = _band.measured_residual_term(kind, peak.bytes)
+        if measured is not None:
+            terms.append(measured)
     terms.extend(engine_terms)
     return _band.build_band(allocated=peak.bytes, reserved=reserved, device_total=device_total,
                             terms=tuple(terms))  # fmt: skip
