@@ -164,7 +164,7 @@ TINY_MTP_PARAMS = TINY_LAYER_PARAMS + 2 * 64 * 64 + 3 * 64  # embeddings and hea
 def test_mtp_layers_by_hand() -> None:
     mtp = mtp_draft_spec(tiny(), 1)
     assert mtp.params == TINY_MTP_PARAMS == 45_376
-    draft = Draft(name="mtp", spec=mtp, mtp=True)
+    draft = Draft(name="mtp", spec=mtp, method="mtp")
     est = estimate_inference(tiny(), _vllm(draft=draft, num_speculative_tokens=1))
     assert est.extra["draft_weight_bytes"] == TINY_MTP_PARAMS * 2
     # one MTP layer's KV: (K, V) x 2 KV heads x 16 x bf16

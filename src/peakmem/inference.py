@@ -237,24 +237,42 @@ VLLM_DEFAULT_MAX_LORA_RANK = 16
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+# vLLM's speculative methods peakmem models (vllm/config/speculative.py ``SpeculativeMethod``):
+# a separate draft model, an EAGLE / EAGLE-3 head, the target's own MTP layers, n-gram lookup.
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Draft:
-    """A draft model for speculative decoding (formulas/serving/speculative.py): its name as given, its
-    spec, and the format its checkpoint's quantization_config names ("": the target's compute dtype,
-    as vLLM loads a draft: vllm/config/speculative.py ``dtype=self.target_model_config.dtype``).
+    """A draft for speculative decoding (formulas/serving/speculative.py): its name as given, its
+    spec (None for ``ngram``: no weights), the format its checkpoint's quantization_config names
+    ("": the target's compute dtype, as vLLM loads a draft: vllm/config/speculative.py
+    ``dtype=self.target_model_config.dtype``) and its vLLM ``method`` (:data:`DRAFT_METHODS`).
+    For ``eagle3`` ``draft_vocab_size`` is the head's vocabulary (0: the target's).
     Its vocabulary and tokenizer are not checked against the target's."""
 
     name: str
-    spec: ModelSpec
+    spec: ModelSpec | None
     weights: str = ""
-    mtp: bool = False  # the target's own multi-token-prediction layers (--draft mtp)
+    method: str = "draft_model"
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "draft", self.name, "a model name")
-        if not isinstance(self.spec, ModelSpec):
+        methods = ", ".join(DRAFT_METHODS)
+        require(self.method in DRAFT_METHODS, "draft_method", self.method, f"one of {methods}")
+        if self.method == "ngram":
+            require(self.spec is None, "draft", self.name, "an n-gram draft has no model")
+        elif not isinstance(self.spec, ModelSpec):
             raise InputError(f"draft={self.name!r}: its spec must be a ModelSpec")
         if self.weights:
             parse_weight_format(self.weights)
+        check_int("draft_vocab_size", self.draft_vocab_size, minimum=0, maximum=MAX_TOKENS, what="tokens")
+
+    @property
+    def mtp(self) -> bool:
+        """The target's own multi-token-prediction layers (--draft mtp)."""
+        return self.method == "mtp"
 
 
 # --- CUDA graphs (formulas/serving/cuda_graphs.py) -------------------------------------------------
@@ -478,9 +496,9 @@ class InferenceSetup:
             # SpeculativeConfig: a draft model needs num_speculative_tokens (unless its config has n_predict)
             require(k is not None, "num_speculative_tokens", k, "vLLM needs it with a draft model")
         else:
-            require(
-                not self.draft.mtp, "draft", name, "transformers does not build MTP layers; use engine=vllm"
-            )
+            method = self.draft.method
+            require(method == "draft_model", "draft", name,
+                    f"transformers' assisted generation takes a draft model, not {method}")  # fmt: skip
             require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
     def _check_graphs(self) -> None:

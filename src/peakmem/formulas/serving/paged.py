@@ -36,6 +36,7 @@ from peakmem.formulas.serving.lora_slots import lora_slot_bytes
 from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.serving.speculative import (
+    draft_buffers_item,
     draft_cache_bytes,
     draft_notes,
     draft_weights_item,
@@ -86,6 +87,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     draft_needed = shared_draft + (per_seq_draft - shared_draft) * b
     lora = _lora_item(c)
     draft_w = draft_weights_item(c)
+    draft_buf = draft_buffers_item(c, chunk)
     notes: list[str] = list(draft_notes(c))
     extra: dict[str, object] = {
         "kv_bytes_per_sequence": per_seq,
@@ -113,7 +115,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
         # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
-        resident = weights.bytes + (draft_w.bytes if draft_w is not None else 0)
+        resident = weights.bytes + sum(i.bytes for i in (draft_w, draft_buf) if i is not None)
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
             # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
@@ -167,7 +169,8 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         bytes=needed - draft_needed - state_per_seq * b,
         source="formulas/kv_cache.py" + (" + formulas/serving/prefix.py" if shared else ""),
     )
-    draft_rows = [] if draft_w is None else [draft_w, MemoryItem(
+    draft_resident = [i for i in (draft_w, draft_buf) if i is not None]
+    draft_rows = [] if draft_w is None else [*draft_resident, MemoryItem(
         path=f"draft kv cache ({c.context}{ahead} tokens x {b}, same pool)", category=Category.KV_CACHE,
         bytes=draft_needed, source="formulas/serving/speculative.py")]  # fmt: skip
     states = state_items(c, b)
@@ -194,7 +197,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     ]
     lora_rows = [lora] if lora is not None else []
-    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_rows[:1]]) + needed
+    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_resident]) + needed
     graph_rows = _graph_rows(graphs, extra, notes)
     return EngineMemory(
         prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
