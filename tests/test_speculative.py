@@ -108,7 +108,7 @@ def test_a_draft_of_another_vocabulary_is_not_checked() -> None:
         (dict(engine="vllm", draft=_draft()), "num_speculative_tokens"),
         (dict(engine="vllm", num_speculative_tokens=2), "num_speculative_tokens"),
         (dict(engine="llamacpp", weights="q4_k_m", draft=_draft()), "draft"),
-        (dict(engine="sglang", draft=_draft(), num_speculative_tokens=2), "draft"),
+        (dict(engine="sglang", draft=_draft()), "num_speculative_tokens"),  # its speculative_num_steps
         (dict(engine="hf", draft=_draft(), batch=2), "batch"),
     ],
 )

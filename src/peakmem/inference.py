@@ -219,14 +219,24 @@ SGLANG_RESERVED_GIB_LARGEST = 32.0  # B200, MI300: 16k, 512
 SGLANG_FRACTION_DIGITS = 3
 
 
-def sglang_mem_fraction_static(gpu_bytes: int, tp: int) -> float:
-    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks."""
+# Speculative decoding adds to that reserve (server_args.py ``_handle_gpu_memory_settings``:
+# "standalone draft model and cuda graphs" += 6 GiB for STANDALONE, "eagle draft models and cuda
+# graphs" += 2 GiB for EAGLE / EAGLE3 / NEXTN, nothing for NGRAM), by peakmem's draft method.
+SGLANG_SPEC_RESERVED_GIB = {"draft_model": 6.0, "ngram": 0.0}
+SGLANG_SPEC_RESERVED_GIB_DEFAULT = 2.0  # eagle, eagle3, mtp
+
+
+def sglang_mem_fraction_static(gpu_bytes: int, tp: int, draft_method: str | None = None) -> float:
+    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks,
+    with a speculative draft of ``draft_method`` (None: no speculative decoding)."""
     gpu_mib = gpu_bytes / 2**20
     reserved_gib = SGLANG_RESERVED_GIB_LARGEST
     for below_gib, base, per_rank in SGLANG_RESERVED_GIB:
         if gpu_mib < below_gib * 1024:
             reserved_gib = base + tp * per_rank
             break
+    if draft_method is not None:
+        reserved_gib += SGLANG_SPEC_RESERVED_GIB.get(draft_method, SGLANG_SPEC_RESERVED_GIB_DEFAULT)
     return max(0.0, round((gpu_mib - reserved_gib * 1024) / gpu_mib, SGLANG_FRACTION_DIGITS))
 
 
@@ -316,7 +326,7 @@ def parse_engine_version(text: str) -> tuple[int, int]:
 
 # Engines that run a draft model next to the target (vLLM speculative_config; transformers
 # assisted generation, assistant_model=...).
-DRAFT_ENGINES = ("vllm", "hf")
+DRAFT_ENGINES = ("vllm", "sglang", "hf")
 
 # llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
 LLAMACPP_N_UBATCH = 512
@@ -490,11 +500,16 @@ class InferenceSetup:
         if not isinstance(self.draft, Draft):
             raise InputError(f"draft={self.draft!r}: a Draft or None")
         name = self.draft.name
+        engines = ", ".join(DRAFT_ENGINES)
         require(self.engine.value in DRAFT_ENGINES, "draft", name,
-                f"speculative decoding is modelled for vllm and hf, not {self.engine.value}")  # fmt: skip
+                f"speculative decoding is modelled for {engines}, not {self.engine.value}")  # fmt: skip
         if self.engine is Engine.VLLM:
             # SpeculativeConfig: a draft model needs num_speculative_tokens (unless its config has n_predict)
             require(k is not None, "num_speculative_tokens", k, "vLLM needs it with a draft model")
+        elif self.engine is Engine.SGLANG:
+            # peakmem maps K to --speculative-num-steps K, --speculative-eagle-topk 1,
+            # --speculative-num-draft-tokens K + 1 (formulas/serving/speculative.py)
+            require(k is not None, "num_speculative_tokens", k, "SGLang's speculative_num_steps: give it")
         else:
             method = self.draft.method
             require(method == "draft_model", "draft", name,
@@ -569,7 +584,8 @@ class InferenceSetup:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         if self.engine is Engine.SGLANG:
-            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp)
+            method = self.draft.method if self.draft is not None else None
+            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp, method)
         return VLLM_GPU_MEMORY_UTILIZATION
 
     @property
