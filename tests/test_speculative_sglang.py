@@ -23,7 +23,9 @@ HEADROOM = 48 * K * 1 + 48 * (K + 1) + 100
 
 
 def _draft() -> Draft:
-    return Draft(name="tiny-draft", spec=tiny(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, inter=64))
+    return Draft(
+        name="tiny-draft", spec=tiny(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, inter=64)
+    )
 
 
 def _sglang(version: str, fraction: float = 0.5, **kw: object) -> InferenceSetup:
@@ -80,8 +82,8 @@ def test_default_fraction_reserves_for_the_draft() -> None:
     assert sglang_mem_fraction_static(gib80, 1, "eagle3") == round((81920 - 12 * 1024) / 81920, 3) == 0.85
     assert sglang_mem_fraction_static(gib80, 1, "draft_model") == 0.8
     assert sglang_mem_fraction_static(gib80, 1, "ngram") == 0.875
-    ngram = InferenceSetup(engine="sglang", context=1024, draft=Draft(name="ngram", spec=None, method="ngram"),
-                           num_speculative_tokens=K)  # fmt: skip
+    lookup = Draft(name="ngram", spec=None, method="ngram")
+    ngram = InferenceSetup(engine="sglang", context=1024, draft=lookup, num_speculative_tokens=K)
     assert "sglang_pool_tokens" not in estimate_inference(tiny(), ngram).extra
     with pytest.raises(InputError, match=r"^num_speculative_tokens="):
         InferenceSetup(engine="sglang", context=1024, draft=_draft())
