@@ -203,3 +203,16 @@ def test_web_api_equals_api_and_reads_no_paths() -> None:
     assert client.post("/api/infer", json={**body, "draft": "/etc/config.json"}).status_code == 404
     bad = client.post("/api/infer", json={**body, "num_speculative_tokens": 0})
     assert bad.status_code == 422 and "num_speculative_tokens" in bad.text
+
+
+def test_qwen35_mtp_from_mtp_num_hidden_layers() -> None:
+    # Qwen3.5-27B's config names mtp_num_hidden_layers 1 (vLLM qwen3_next_mtp.py reads it as
+    # num_nextn_predict_layers): its last decoder layer (full attention, gated q: 24 heads x 256 x 2;
+    # 4 KV heads x 256; o 6144 -> 5120; q/k norms of 256; 2 norms) + MLP 3 x 5120 x 17408
+    # + fc 2h -> h + 3 norms; embeddings and head shared with the target
+    layer = 5120 * 12288 + 2 * 5120 * 1024 + 6144 * 5120 + 2 * 256 + 2 * 5120 + 3 * 5120 * 17408
+    params = layer + 2 * 5120 * 5120 + 3 * 5120
+    out = peakmem.infer("qwen3.5-27b", engine="vllm", context=8192, draft="mtp", num_speculative_tokens=2)
+    assert out.to_dict()["draft_weight_bytes"] == params * 2 == 849_398_784
+    # one full-attention layer's KV: (K, V) x 4 KV heads x 256 x bf16
+    assert out.to_dict()["draft_kv_bytes_per_token"] == 2 * 4 * 256 * 2

@@ -389,13 +389,14 @@ def _draft_for(o: Mapping[str, Any], target: tuple[ModelSpec, Mapping[str, Any] 
 def _mtp_draft(target: tuple[ModelSpec, Mapping[str, Any] | None] | None, weights: str) -> Draft:
     """The target's MTP layers (formulas/serving/speculative.py mtp_draft_spec) as a draft."""
     from peakmem.formulas.serving.speculative import mtp_draft_spec
-    from peakmem.hf.deepseek import MTP_LAYERS_KEY, mtp_layers
+    from peakmem.hf.deepseek import MTP_LAYERS_KEY, QWEN_MTP_LAYERS_KEY, mtp_layers
 
     spec, config = target if target is not None else (None, None)
     layers = mtp_layers(config) if config is not None else 0
     if spec is None or not layers:
         name = spec.name if spec is not None else "the model"
-        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({MTP_LAYERS_KEY})")
+        keys = f"{MTP_LAYERS_KEY} / {QWEN_MTP_LAYERS_KEY}"
+        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({keys})")
     return Draft(name=MTP, spec=mtp_draft_spec(spec, layers), weights=weights, method=MTP)
 
 

@@ -54,10 +54,12 @@ vllm-project/vllm main; ``max_num_tokens = max_num_batched_tokens``): ``input_id
 in the model dtype; allocated when the runner is built, before the memory profile, so they count
 with the weights. Counted for the proposers that hold them: eagle, eagle3, mtp.
 
+SGLang's speculative decoding: formulas/serving/sglang_spec.py (the pools against mem_fraction_static).
+
 Not checked: that the draft's vocabulary and tokenizer match the target's (vLLM requires a shared
 vocabulary; peakmem takes the draft as given). Not modelled: the draft's own profile-run
 activations (smaller than the target's for a smaller draft), a draft's recurrent state, the target's
-auxiliary hidden states EAGLE-3 reads (three [tokens, h] activations), SGLang's speculative decoding,
+auxiliary hidden states EAGLE-3 reads (three [tokens, h] activations),
 the buffers of ``DraftModelProposer`` (``draft_model``; newer vLLM derives it from the same base).
 """
 
