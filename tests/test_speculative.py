@@ -108,7 +108,7 @@ def test_a_draft_of_another_vocabulary_is_not_checked() -> None:
         (dict(engine="vllm", draft=_draft()), "num_speculative_tokens"),
         (dict(engine="vllm", num_speculative_tokens=2), "num_speculative_tokens"),
         (dict(engine="llamacpp", weights="q4_k_m", draft=_draft()), "draft"),
-        (dict(engine="sglang", draft=_draft(), num_speculative_tokens=2), "draft"),
+        (dict(engine="sglang", draft=_draft()), "num_speculative_tokens"),  # its speculative_num_steps
         (dict(engine="hf", draft=_draft(), batch=2), "batch"),
     ],
 )
@@ -164,7 +164,7 @@ TINY_MTP_PARAMS = TINY_LAYER_PARAMS + 2 * 64 * 64 + 3 * 64  # embeddings and hea
 def test_mtp_layers_by_hand() -> None:
     mtp = mtp_draft_spec(tiny(), 1)
     assert mtp.params == TINY_MTP_PARAMS == 45_376
-    draft = Draft(name="mtp", spec=mtp, mtp=True)
+    draft = Draft(name="mtp", spec=mtp, method="mtp")
     est = estimate_inference(tiny(), _vllm(draft=draft, num_speculative_tokens=1))
     assert est.extra["draft_weight_bytes"] == TINY_MTP_PARAMS * 2
     # one MTP layer's KV: (K, V) x 2 KV heads x 16 x bf16
@@ -203,3 +203,16 @@ def test_web_api_equals_api_and_reads_no_paths() -> None:
     assert client.post("/api/infer", json={**body, "draft": "/etc/config.json"}).status_code == 404
     bad = client.post("/api/infer", json={**body, "num_speculative_tokens": 0})
     assert bad.status_code == 422 and "num_speculative_tokens" in bad.text
+
+
+def test_qwen35_mtp_from_mtp_num_hidden_layers() -> None:
+    # Qwen3.5-27B's config names mtp_num_hidden_layers 1 (vLLM qwen3_next_mtp.py reads it as
+    # num_nextn_predict_layers): its last decoder layer (full attention, gated q: 24 heads x 256 x 2;
+    # 4 KV heads x 256; o 6144 -> 5120; q/k norms of 256; 2 norms) + MLP 3 x 5120 x 17408
+    # + fc 2h -> h + 3 norms; embeddings and head shared with the target
+    layer = 5120 * 12288 + 2 * 5120 * 1024 + 6144 * 5120 + 2 * 256 + 2 * 5120 + 3 * 5120 * 17408
+    params = layer + 2 * 5120 * 5120 + 3 * 5120
+    out = peakmem.infer("qwen3.5-27b", engine="vllm", context=8192, draft="mtp", num_speculative_tokens=2)
+    assert out.to_dict()["draft_weight_bytes"] == params * 2 == 849_398_784
+    # one full-attention layer's KV: (K, V) x 4 KV heads x 256 x bf16
+    assert out.to_dict()["draft_kv_bytes_per_token"] == 2 * 4 * 256 * 2

@@ -219,14 +219,24 @@ SGLANG_RESERVED_GIB_LARGEST = 32.0  # B200, MI300: 16k, 512
 SGLANG_FRACTION_DIGITS = 3
 
 
-def sglang_mem_fraction_static(gpu_bytes: int, tp: int) -> float:
-    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks."""
+# Speculative decoding adds to that reserve (server_args.py ``_handle_gpu_memory_settings``:
+# "standalone draft model and cuda graphs" += 6 GiB for STANDALONE, "eagle draft models and cuda
+# graphs" += 2 GiB for EAGLE / EAGLE3 / NEXTN, nothing for NGRAM), by peakmem's draft method.
+SGLANG_SPEC_RESERVED_GIB = {"draft_model": 6.0, "ngram": 0.0}
+SGLANG_SPEC_RESERVED_GIB_DEFAULT = 2.0  # eagle, eagle3, mtp
+
+
+def sglang_mem_fraction_static(gpu_bytes: int, tp: int, draft_method: str | None = None) -> float:
+    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks,
+    with a speculative draft of ``draft_method`` (None: no speculative decoding)."""
     gpu_mib = gpu_bytes / 2**20
     reserved_gib = SGLANG_RESERVED_GIB_LARGEST
     for below_gib, base, per_rank in SGLANG_RESERVED_GIB:
         if gpu_mib < below_gib * 1024:
             reserved_gib = base + tp * per_rank
             break
+    if draft_method is not None:
+        reserved_gib += SGLANG_SPEC_RESERVED_GIB.get(draft_method, SGLANG_SPEC_RESERVED_GIB_DEFAULT)
     return max(0.0, round((gpu_mib - reserved_gib * 1024) / gpu_mib, SGLANG_FRACTION_DIGITS))
 
 
@@ -237,24 +247,42 @@ VLLM_DEFAULT_MAX_LORA_RANK = 16
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+# vLLM's speculative methods peakmem models (vllm/config/speculative.py ``SpeculativeMethod``):
+# a separate draft model, an EAGLE / EAGLE-3 head, the target's own MTP layers, n-gram lookup.
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Draft:
-    """A draft model for speculative decoding (formulas/serving/speculative.py): its name as given, its
-    spec, and the format its checkpoint's quantization_config names ("": the target's compute dtype,
-    as vLLM loads a draft: vllm/config/speculative.py ``dtype=self.target_model_config.dtype``).
+    """A draft for speculative decoding (formulas/serving/speculative.py): its name as given, its
+    spec (None for ``ngram``: no weights), the format its checkpoint's quantization_config names
+    ("": the target's compute dtype, as vLLM loads a draft: vllm/config/speculative.py
+    ``dtype=self.target_model_config.dtype``) and its vLLM ``method`` (:data:`DRAFT_METHODS`).
+    For ``eagle3`` ``draft_vocab_size`` is the head's vocabulary (0: the target's).
     Its vocabulary and tokenizer are not checked against the target's."""
 
     name: str
-    spec: ModelSpec
+    spec: ModelSpec | None
     weights: str = ""
-    mtp: bool = False  # the target's own multi-token-prediction layers (--draft mtp)
+    method: str = "draft_model"
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "draft", self.name, "a model name")
-        if not isinstance(self.spec, ModelSpec):
+        methods = ", ".join(DRAFT_METHODS)
+        require(self.method in DRAFT_METHODS, "draft_method", self.method, f"one of {methods}")
+        if self.method == "ngram":
+            require(self.spec is None, "draft", self.name, "an n-gram draft has no model")
+        elif not isinstance(self.spec, ModelSpec):
             raise InputError(f"draft={self.name!r}: its spec must be a ModelSpec")
         if self.weights:
             parse_weight_format(self.weights)
+        check_int("draft_vocab_size", self.draft_vocab_size, minimum=0, maximum=MAX_TOKENS, what="tokens")
+
+    @property
+    def mtp(self) -> bool:
+        """The target's own multi-token-prediction layers (--draft mtp)."""
+        return self.method == "mtp"
 
 
 # --- CUDA graphs (formulas/serving/cuda_graphs.py) -------------------------------------------------
@@ -302,7 +330,7 @@ def parse_engine_version(text: str) -> tuple[int, int]:
 
 # Engines that run a draft model next to the target (vLLM speculative_config; transformers
 # assisted generation, assistant_model=...).
-DRAFT_ENGINES = ("vllm", "hf")
+DRAFT_ENGINES = ("vllm", "sglang", "hf")
 
 # llama.cpp common defaults (common/common.h): n_batch 2048, n_ubatch 512.
 LLAMACPP_N_UBATCH = 512
@@ -476,15 +504,20 @@ class InferenceSetup:
         if not isinstance(self.draft, Draft):
             raise InputError(f"draft={self.draft!r}: a Draft or None")
         name = self.draft.name
+        engines = ", ".join(DRAFT_ENGINES)
         require(self.engine.value in DRAFT_ENGINES, "draft", name,
-                f"speculative decoding is modelled for vllm and hf, not {self.engine.value}")  # fmt: skip
+                f"speculative decoding is modelled for {engines}, not {self.engine.value}")  # fmt: skip
         if self.engine is Engine.VLLM:
             # SpeculativeConfig: a draft model needs num_speculative_tokens (unless its config has n_predict)
             require(k is not None, "num_speculative_tokens", k, "vLLM needs it with a draft model")
+        elif self.engine is Engine.SGLANG:
+            # peakmem maps K to --speculative-num-steps K, --speculative-eagle-topk 1,
+            # --speculative-num-draft-tokens K + 1 (formulas/serving/speculative.py)
+            require(k is not None, "num_speculative_tokens", k, "SGLang's speculative_num_steps: give it")
         else:
-            require(
-                not self.draft.mtp, "draft", name, "transformers does not build MTP layers; use engine=vllm"
-            )
+            method = self.draft.method
+            require(method == "draft_model", "draft", name,
+                    f"transformers' assisted generation takes a draft model, not {method}")  # fmt: skip
             require(self.batch == 1, "batch", self.batch, "transformers' assisted generation takes batch 1")
 
     def _check_graphs(self) -> None:
@@ -558,7 +591,8 @@ class InferenceSetup:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         if self.engine is Engine.SGLANG:
-            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp)
+            method = self.draft.method if self.draft is not None else None
+            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp, method)
         return VLLM_GPU_MEMORY_UTILIZATION
 
     @property

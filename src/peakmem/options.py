@@ -202,9 +202,12 @@ OPTIONS: tuple[Option, ...] = (
     _o("prefix_tokens", int, 0, SV, "vLLM/SGLang: a prompt prefix every request shares (prefix caching; "
        "part of --context)", maximum=MAX_SEQ),
     _o("draft", str, None, SV, "speculative decoding: the draft model (a catalog name or config.json path, "
-       "as MODEL); engines vllm and hf (assisted generation)"),
+       "as MODEL; an EAGLE head's config.json; mtp: the target's MTP layers; ngram: n-gram lookup, no "
+       "model); engines vllm, sglang and hf (assisted generation)"),
+    _o("draft_method", str, None, SV, "speculative decoding: what --draft is (vLLM method; default: an "
+       "EAGLE-3 config's architectures, else draft_model)", choices=("draft_model", "eagle", "eagle3")),
     _o("num_speculative_tokens", int, None, SV, "speculative decoding: tokens the draft proposes per step "
-       "(vLLM needs it with --draft)", maximum=MAX_SPECULATIVE_TOKENS),
+       "(vLLM and SGLang need it with --draft; SGLang: a chain of K steps)", maximum=MAX_SPECULATIVE_TOKENS),
     _o("enforce_eager", bool, False, SV, "vLLM --enforce-eager / SGLang --disable-cuda-graph: no CUDA graphs",
        group=_GRAPHS),
     _o("max_num_seqs", int, None, SV, "vLLM --max-num-seqs (default 256): sequences per step; sets the CUDA "

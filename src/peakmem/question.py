@@ -361,7 +361,7 @@ def inference_setup(
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
         cache_implementation=o.get("cache_implementation", "dynamic"),
         max_lora_rank=o["max_lora_rank"], prefix_tokens=o["prefix_tokens"],
-        draft=_mtp_draft(target, weights) if o.get("draft") == MTP else _draft(o.get("draft"), derive),
+        draft=_draft_for(o, target, weights, derive),
         num_speculative_tokens=o.get("num_speculative_tokens"),
         enforce_eager=o.get("enforce_eager", False), max_num_seqs=o.get("max_num_seqs"),
         cudagraph_mode=o.get("cudagraph_mode", "auto"), cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
@@ -370,33 +370,69 @@ def inference_setup(
 
 
 MTP = "mtp"  # --draft mtp: the target's own multi-token-prediction layers
+NGRAM = "ngram"  # --draft ngram: vLLM's n-gram lookup, no draft model
+
+
+def _draft_for(o: Mapping[str, Any], target: tuple[ModelSpec, Mapping[str, Any] | None] | None,
+               weights: str, derive: Deriver | None) -> Draft | None:  # fmt: skip
+    """The draft --draft and --draft-method name: mtp, ngram, or a model (an EAGLE head among them)."""
+    name, method = o.get("draft"), o.get("draft_method")
+    if method is not None and name in (None, MTP, NGRAM):
+        raise InputError(f"draft_method={method!r}: needs --draft naming a draft model or EAGLE head")
+    if name == MTP:
+        return _mtp_draft(target, weights)
+    if name == NGRAM:
+        return Draft(name=NGRAM, spec=None, method=NGRAM)
+    return _draft(name, method, derive)
 
 
 def _mtp_draft(target: tuple[ModelSpec, Mapping[str, Any] | None] | None, weights: str) -> Draft:
     """The target's MTP layers (formulas/serving/speculative.py mtp_draft_spec) as a draft."""
     from peakmem.formulas.serving.speculative import mtp_draft_spec
-    from peakmem.hf.deepseek import MTP_LAYERS_KEY, mtp_layers
+    from peakmem.hf.deepseek import MTP_LAYERS_KEY, QWEN_MTP_LAYERS_KEY, mtp_layers
 
     spec, config = target if target is not None else (None, None)
     layers = mtp_layers(config) if config is not None else 0
     if spec is None or not layers:
         name = spec.name if spec is not None else "the model"
-        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({MTP_LAYERS_KEY})")
-    return Draft(name=MTP, spec=mtp_draft_spec(spec, layers), weights=weights, mtp=True)
+        keys = f"{MTP_LAYERS_KEY} / {QWEN_MTP_LAYERS_KEY}"
+        raise InputError(f"draft='mtp': {name}'s config.json names no MTP layers ({keys})")
+    return Draft(name=MTP, spec=mtp_draft_spec(spec, layers), weights=weights, method=MTP)
 
 
-def _draft(name: str | None, derive: Deriver | None) -> Draft | None:
+def _draft(name: str | None, method: str | None, derive: Deriver | None) -> Draft | None:
     """The draft model ``name`` names (a catalog name, a config.json path or a Hub id), with the
-    format its checkpoint's quantization_config names."""
+    format its checkpoint's quantization_config names; an EAGLE / EAGLE-3 head when ``method`` says
+    so or its config's architectures name one (formulas/serving/eagle.py)."""
     if name is None:
         return None
+    from peakmem.formulas.serving.eagle import EAGLE_METHODS, eagle_draft_spec, method_of
     from peakmem.hf.quant import checkpoint_weights
     from peakmem.resolve import resolve_config, spec_for_config
 
     found, config = resolve_config(name)
     ck = checkpoint_weights(config)
-    return Draft(name=found, spec=spec_for_config(config, name=found, derive=derive),
-                 weights=ck.weights if ck is not None else "")  # fmt: skip
+    spec = spec_for_config(config, name=found, derive=derive)
+    method = method or method_of(config.get("architectures")) or "draft_model"
+    vocab = 0
+    if method in EAGLE_METHODS:
+        # llama_eagle3.py: draft_vocab_size defaults to vocab_size; fc reads 3 x target_hidden_size,
+        # else 3 x the head's hidden_size
+        vocab = _config_int(config, "draft_vocab_size") or spec.vocab_size
+        hidden = _config_int(config, "target_hidden_size") or spec.hidden_size
+        spec = eagle_draft_spec(spec, method, target_hidden=hidden, draft_vocab=vocab)
+    return Draft(name=found, spec=spec, weights=ck.weights if ck is not None else "", method=method,
+                 draft_vocab_size=vocab)  # fmt: skip
+
+
+def _config_int(config: Mapping[str, Any], key: str) -> int:
+    """A positive int config.json gives under ``key``, else 0."""
+    value = config.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{key}={value!r}: a positive integer in the draft's config.json")
+    return value
 
 
 def overheads(o: Mapping[str, Any]) -> Overheads:

@@ -113,9 +113,18 @@ def _deepseek(r: _Reader, name: str | None, version: int) -> ModelSpec:
 MTP_LAYERS_KEY = "num_nextn_predict_layers"
 
 
+# Qwen3-Next / Qwen3.5 name their MTP depth so (vllm/model_executor/models/qwen3_next_mtp.py:
+# ``config.num_nextn_predict_layers = config.mtp_num_hidden_layers`` before building the layers)
+QWEN_MTP_LAYERS_KEY = "mtp_num_hidden_layers"
+
+
 def mtp_layers(config: Mapping[str, Any]) -> int:
     """The multi-token-prediction layers the checkpoint holds (0: none, or not a count)."""
-    value = config.get(MTP_LAYERS_KEY, 0)
-    if isinstance(config.get("text_config"), Mapping) and not value:
-        value = config["text_config"].get(MTP_LAYERS_KEY, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    text = config.get("text_config")
+    scopes = (config, text) if isinstance(text, Mapping) else (config,)
+    for key in (MTP_LAYERS_KEY, QWEN_MTP_LAYERS_KEY):
+        for scope in scopes:
+            value = scope.get(key, 0)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0

@@ -240,8 +240,12 @@ class InferRequest(ModelChoice):
     prefix_tokens: int = Field(0, ge=0, le=MAX_SEQ, description="a prompt prefix every request shares")
     draft: str | None = Field(
         None, min_length=1, max_length=MAX_NAME_LEN,
-        description="speculative decoding: a draft model (a catalog name), or mtp (the target's MTP layers)",
+        description="speculative decoding: a draft model (a catalog name), mtp (the target's MTP layers) "
+        "or ngram (n-gram lookup, no model)",
     )  # fmt: skip
+    draft_method: Literal["draft_model", "eagle", "eagle3"] | None = Field(
+        None, description="speculative decoding: what the draft is (vLLM method; EAGLE heads)"
+    )
     num_speculative_tokens: int | None = Field(
         None,
         le=MAX_SPECULATIVE_TOKENS,
@@ -479,7 +483,7 @@ def question_of(command: str, req: ModelChoice) -> Question:
         given[dest] = value.value if isinstance(value, Enum) else value
     given["gpu"] = ",".join(req.gpus) or None
     draft = given.get("draft")
-    if isinstance(draft, str) and draft != "mtp":
+    if isinstance(draft, str) and draft not in ("mtp", "ngram"):
         from peakmem.catalog import find_model, unknown_model
 
         if find_model(draft) is None:  # a draft is a catalog name too: the server reads no paths

@@ -101,6 +101,12 @@ def serving_fit(
         budget, kv_needed = _int(est, "memory_budget_bytes"), _int(est, "kv_needed_bytes")
         fits = fits and conc >= setup.batch
         headroom = min(headroom, pool - kv_needed)
+        beyond = est.extra.get("sglang_beyond_budget_bytes")
+        if isinstance(beyond, int):
+            # SGLang speculative decoding: what it allocates past mem_fraction_static at launch
+            # (formulas/serving/sglang_spec.py) must fit next to the budget
+            launch_room = capacity_bytes - budget - beyond
+            fits, headroom = fits and launch_room >= 0, min(headroom, launch_room)
     return ServingFit(
         needed_bytes=needed, capacity_bytes=capacity_bytes, fits=fits, headroom_bytes=headroom,
         max_concurrent=conc, pool_bytes=pool, budget_bytes=budget, kv_needed_bytes=kv_needed,

@@ -35,7 +35,13 @@ from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.lora_slots import lora_slot_bytes
 from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
+from peakmem.formulas.serving.sglang_spec import (
+    draft_outside_budget,
+    sglang_draft_figures,
+    sglang_draft_notes,
+)
 from peakmem.formulas.serving.speculative import (
+    draft_buffers_item,
     draft_cache_bytes,
     draft_notes,
     draft_weights_item,
@@ -86,6 +92,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     draft_needed = shared_draft + (per_seq_draft - shared_draft) * b
     lora = _lora_item(c)
     draft_w = draft_weights_item(c)
+    draft_buf = draft_buffers_item(c, chunk)
     notes: list[str] = list(draft_notes(c))
     extra: dict[str, object] = {
         "kv_bytes_per_sequence": per_seq,
@@ -113,11 +120,13 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
         # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
-        resident = weights.bytes + (draft_w.bytes if draft_w is not None else 0)
+        resident = weights.bytes + sum(i.bytes for i in (draft_w, draft_buf) if i is not None)
+        outside = draft_outside_budget(c)
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
             # graphs use the rest (python/sglang/srt/model_executor/model_runner.py profile_max_num_token).
-            pool = budget - resident
+            # A draft's weights and pool count there only from SGLANG_DRAFT_BUDGETED_FROM (sglang_spec.py).
+            pool = budget - (weights.bytes if outside else resident)
         else:
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch);
             # from 0.21 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py)
@@ -133,10 +142,21 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             notes.append(
                 f"LoRA slots take {lora.bytes} B out of the KV pool (vLLM profiles them with the weights)"
             )
-        block_bytes = cache_bytes(c, block, 1, block) + draft_cache_bytes(c, block, 1, block)
-        concurrent = concurrent_with_share(pool, per_sequence=per_seq, shared_bytes=shared) if per_seq else 0
+        # SGLang before the draft was budgeted: the pool holds the target's KV only (the draft's own
+        # pool of as many tokens is allocated beyond the budget: sglang_spec.py)
+        pool_draft = per_seq_draft if outside else 0
+        block_bytes = cache_bytes(c, block, 1, block) + (
+            0 if outside else draft_cache_bytes(c, block, 1, block)
+        )
+        in_pool, shared_in = per_seq - pool_draft, shared - (shared_draft if outside else 0)
+        concurrent = (
+            concurrent_with_share(pool, per_sequence=in_pool, shared_bytes=shared_in) if in_pool else 0
+        )
+        figures = sglang_draft_figures(c, pool, draft_w.bytes if draft_w is not None else 0)
+        extra.update(figures)
+        notes.extend(sglang_draft_notes(c, figures, budget))
         if s.prefix_tokens:
-            extra["max_concurrent_without_prefix_sharing"] = pool // per_seq if per_seq else 0
+            extra["max_concurrent_without_prefix_sharing"] = pool // in_pool if in_pool else 0
         extra.update(
             kv_pool_bytes=pool,
             kv_pool_blocks=pool // max(1, block_bytes),
@@ -144,10 +164,10 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             memory_budget_bytes=budget,
             memory_fraction=s.memory_fraction(s.gpu_bytes),
         )
-        if pool < per_seq:
+        if pool < in_pool:
             notes.append(
                 f"does not start: the KV pool ({pool} B) cannot hold one {c.context}-token sequence "
-                f"({per_seq} B); lower context (max_model_len) or raise gpu_memory_utilization"
+                f"({in_pool} B); lower context (max_model_len) or raise gpu_memory_utilization"
             )
         elif concurrent > max_num_seqs and s.engine is Engine.VLLM:
             notes.append(
@@ -167,7 +187,8 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         bytes=needed - draft_needed - state_per_seq * b,
         source="formulas/kv_cache.py" + (" + formulas/serving/prefix.py" if shared else ""),
     )
-    draft_rows = [] if draft_w is None else [draft_w, MemoryItem(
+    draft_resident = [i for i in (draft_w, draft_buf) if i is not None]
+    draft_rows = [] if draft_w is None else [*draft_resident, MemoryItem(
         path=f"draft kv cache ({c.context}{ahead} tokens x {b}, same pool)", category=Category.KV_CACHE,
         bytes=draft_needed, source="formulas/serving/speculative.py")]  # fmt: skip
     states = state_items(c, b)
@@ -194,7 +215,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     ]
     lora_rows = [lora] if lora is not None else []
-    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_rows[:1]]) + needed
+    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_resident]) + needed
     graph_rows = _graph_rows(graphs, extra, notes)
     return EngineMemory(
         prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],

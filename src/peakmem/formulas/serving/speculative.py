@@ -40,10 +40,27 @@ draft adds the layers only, in the target's format; each layer's attention takes
 ``eh_proj`` is counted as a layer linear split under tensor parallelism (vLLM keeps it a replicated
 ``nn.Linear``: with tp > 1 it is under-counted by (1 - 1/tp) of its 2h^2 weights).
 
+EAGLE / EAGLE-3 heads (``--draft-method eagle|eagle3``, or an EAGLE-3 checkpoint's architectures):
+their layers as formulas/serving/eagle.py builds them; their KV from the same pool, K lookahead slots.
+EAGLE-3's ``draft_id_to_target_id`` (int64, ``draft_vocab_size`` entries) is counted as a buffer.
+
+n-gram (``--draft ngram``, vllm/v1/spec_decode/ngram_proposer.py ``NgramProposer``): matches the
+prompt's tokens on the CPU (numpy); no weights, no KV cache on the GPU; the scheduler still holds the
+K lookahead slots per sequence.
+
+The proposer's persistent buffers (vllm/v1/spec_decode/eagle.py ``EagleProposer.__init__``, 2025
+vllm-project/vllm main; ``max_num_tokens = max_num_batched_tokens``): ``input_ids`` int32 and
+``positions`` int64 of ``max_num_batched_tokens``, ``hidden_states`` [max_num_batched_tokens, hidden]
+in the model dtype; allocated when the runner is built, before the memory profile, so they count
+with the weights. Counted for the proposers that hold them: eagle, eagle3, mtp.
+
+SGLang's speculative decoding: formulas/serving/sglang_spec.py (the pools against mem_fraction_static).
+
 Not checked: that the draft's vocabulary and tokenizer match the target's (vLLM requires a shared
 vocabulary; peakmem takes the draft as given). Not modelled: the draft's own profile-run
-activations (smaller than the target's for a smaller draft), a draft's recurrent state, MTP layers
-and EAGLE heads (``--draft mtp``), SGLang's speculative decoding.
+activations (smaller than the target's for a smaller draft), a draft's recurrent state, the target's
+auxiliary hidden states EAGLE-3 reads (three [tokens, h] activations),
+the buffers of ``DraftModelProposer`` (``draft_model``; newer vLLM derives it from the same base).
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from dataclasses import replace
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from peakmem.formulas.serving.context import ServingContext, sharded_weight_bytes
+from peakmem.formulas.serving.eagle import EAGLE3
 from peakmem.formulas.weights import weight_rows
 from peakmem.inference import Engine, WeightFormat, parse_weight_format
 from peakmem.model import LayerGroup, ModelSpec, linear, norm
@@ -73,9 +91,10 @@ def mtp_draft_spec(target: ModelSpec, layers: int) -> ModelSpec:
 
 
 def draft_format(c: ServingContext) -> WeightFormat | None:
-    """The draft's weight format: its checkpoint's, else the target's compute dtype (vLLM's rule)."""
+    """The draft's weight format: its checkpoint's, else the target's compute dtype (vLLM's rule);
+    None without a draft model (none, or n-gram)."""
     d = c.setup.draft
-    if d is None:
+    if d is None or d.spec is None:
         return None
     return parse_weight_format(d.weights or c.compute_dtype)
 
@@ -83,9 +102,39 @@ def draft_format(c: ServingContext) -> WeightFormat | None:
 def draft_weight_bytes(c: ServingContext) -> int:
     """The draft's weights on one tensor-parallel rank (0 without a draft)."""
     d, fmt = c.setup.draft, draft_format(c)
-    if d is None or fmt is None:
+    if d is None or d.spec is None or fmt is None:
         return 0
     return sharded_weight_bytes(weight_rows(d.spec, fmt), c.setup.tp)
+
+
+# EagleProposer's persistent buffers per token (vllm/v1/spec_decode/eagle.py ``__init__``:
+# ``self.input_ids = torch.zeros(max_num_batched_tokens, dtype=torch.int32)``, ``self.positions``
+# int64, ``self.hidden_states`` [max_num_batched_tokens, hidden_size] in the model dtype)
+PROPOSER_INPUT_ID_BYTES = 4
+PROPOSER_POSITION_BYTES = 8
+PROPOSER_METHODS = ("eagle", "eagle3", "mtp")
+# llama_eagle3.py: draft_id_to_target_id = nn.Parameter(torch.zeros(draft_vocab_size, dtype=torch.long))
+D2T_BYTES = 8
+
+
+def draft_buffer_bytes(c: ServingContext, max_tokens: int) -> int:
+    """vLLM's proposer buffers for ``max_tokens`` (max_num_batched_tokens) tokens, and EAGLE-3's
+    ``d2t`` map; 0 for other drafts and engines."""
+    d = c.setup.draft
+    if d is None or d.spec is None or c.setup.engine is not Engine.VLLM or d.method not in PROPOSER_METHODS:
+        return 0
+    per_token = PROPOSER_INPUT_ID_BYTES + PROPOSER_POSITION_BYTES + d.spec.hidden_size * c.act_bytes
+    d2t = (d.draft_vocab_size or d.spec.vocab_size) * D2T_BYTES if d.method == EAGLE3 else 0
+    return max_tokens * per_token + d2t
+
+
+def draft_buffers_item(c: ServingContext, max_tokens: int) -> MemoryItem | None:
+    """The proposer's buffers as a breakdown row, or None when there are none."""
+    n = draft_buffer_bytes(c, max_tokens)
+    if not n:
+        return None
+    return MemoryItem(path=f"draft proposer buffers ({max_tokens} tokens)", category=Category.BUFFERS,
+                      bytes=n, source=SOURCE)  # fmt: skip
 
 
 def draft_weights_item(c: ServingContext) -> MemoryItem | None:
@@ -105,7 +154,7 @@ def draft_cache_bytes(c: ServingContext, tokens: int, batch: int, block: int = 1
     """The draft's KV cache of ``batch`` sequences of ``tokens`` tokens on one rank, in the target's
     KV dtype and ``block``-token pages (0 without a draft)."""
     d = c.setup.draft
-    if d is None:
+    if d is None or d.spec is None:
         return 0
     return kv_cache_bytes(d.spec, tokens=tokens, batch=batch, bits=c.kv_bits, latent=c.latent,
                           tp=c.setup.tp, block_size=block)  # fmt: skip
@@ -125,11 +174,13 @@ def draft_extra(c: ServingContext) -> dict[str, object]:
     if d is None:
         return {}
     fmt = draft_format(c)
+    kv = 0 if d.spec is None else kv_bytes_per_token(d.spec, bits=c.kv_bits, latent=c.latent, tp=s.tp)
     return {
         "draft": d.name,
+        "draft_method": d.method,
         "draft_weights": fmt.name if fmt is not None else "",
         "draft_weight_bytes": draft_weight_bytes(c),
-        "draft_kv_bytes_per_token": kv_bytes_per_token(d.spec, bits=c.kv_bits, latent=c.latent, tp=s.tp),
+        "draft_kv_bytes_per_token": kv,
         "num_speculative_tokens": c.setup.num_speculative_tokens,
     }
 
@@ -139,7 +190,15 @@ def draft_notes(c: ServingContext) -> tuple[str, ...]:
     d, s = c.setup.draft, c.setup
     if d is None:
         return ()
+    if d.method == "ngram":
+        return (f"n-gram speculation: no draft weights or KV cache (CPU lookup); each sequence holds "
+                f"{s.num_speculative_tokens} lookahead slots",)  # fmt: skip
     notes = [f"draft {d.name}: its vocabulary and tokenizer are not checked against {c.spec.name}'s"]
+    if d.method in ("eagle", "eagle3"):
+        head = (" and its lm_head too" if d.method == "eagle"
+                else f"; its own lm_head of {d.draft_vocab_size} rows and the d2t map")  # fmt: skip
+        notes.append(f"{d.method} head: embed_tokens shared with the target{head}; fc counted "
+                     "tensor-parallel (vLLM replicates it)")  # fmt: skip
     if s.engine is Engine.VLLM:
         notes.append(
             f"speculative decoding (vLLM V1): the draft's weights are profiled with the target's and its "

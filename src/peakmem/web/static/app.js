@@ -73,6 +73,7 @@ const FIELDS = [
   { id: "max_lora_rank", def: "", int: true, modes: INFER },
   { id: "prefix_tokens", def: "", int: true, modes: INFER },
   { id: "draft", def: "", modes: INFER },
+  { id: "draft_method", def: "", modes: INFER },  // empty: from the draft's config (EAGLE-3 architectures)
   { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
   { id: "enforce_eager", def: "", bool: true, modes: INFER },
   { id: "max_num_seqs", def: "", int: true, modes: INFER },

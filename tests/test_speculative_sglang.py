@@ -1,0 +1,89 @@
+"""SGLang speculative decoding (formulas/serving/sglang_spec.py): the draft's weights and KV pool
+against mem_fraction_static, before and after sglang PR #23862, derived by hand on tiny specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from _infer_specs import tiny
+from peakmem.errors import InputError
+from peakmem.formulas.serving import estimate_inference
+from peakmem.formulas.serving.fit import serving_fit
+from peakmem.inference import Draft, InferenceSetup, sglang_mem_fraction_static
+from peakmem.units import GiB
+
+# target tiny(): 2 layers x (K, V) x 2 KV heads x 16 x bf16 = 256 B per token (one-token pages)
+TARGET_CELL = 2 * 2 * 2 * 16 * 2
+# draft: 1 layer, 1 KV head of 16: 64 B per token; its weights as in tests/test_speculative.py
+DRAFT_CELL = 1 * 2 * 1 * 16 * 2
+DRAFT_WEIGHT_BYTES = 35_008
+K = 2
+# draft_runner_cache_size's headroom: 48 requests x (K steps x topk 1 + K + 1 verify tokens) + 100
+HEADROOM = 48 * K * 1 + 48 * (K + 1) + 100
+
+
+def _draft() -> Draft:
+    return Draft(
+        name="tiny-draft", spec=tiny(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, inter=64)
+    )
+
+
+def _sglang(version: str, fraction: float = 0.5, **kw: object) -> InferenceSetup:
+    return InferenceSetup(engine="sglang", gpu_bytes=1 * GiB, context=1024, enforce_eager=True,
+                          gpu_memory_utilization=fraction, engine_version=version, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _pool(version: str) -> int:
+    pool = estimate_inference(tiny(max_pos=2048), _sglang(version)).extra["kv_pool_bytes"]
+    assert isinstance(pool, int)
+    return pool
+
+
+def test_before_pr_23862_the_draft_is_allocated_past_the_budget() -> None:
+    assert HEADROOM == 340
+    pool = _pool("0.5")  # budget less the target's weights
+    est = estimate_inference(tiny(max_pos=2048), _sglang("0.5", draft=_draft(), num_speculative_tokens=K))
+    e = est.extra
+    assert e["kv_pool_bytes"] == pool  # the target profiles alone
+    tokens = pool // TARGET_CELL
+    assert e["sglang_pool_tokens"] == tokens and e["sglang_draft_headroom_tokens"] == HEADROOM
+    assert e["sglang_draft_cache_tokens"] == tokens + HEADROOM
+    # past the budget: both pools' headroom, the draft's weights and its whole pool
+    beyond = HEADROOM * (TARGET_CELL + DRAFT_CELL) + DRAFT_WEIGHT_BYTES + tokens * DRAFT_CELL
+    assert e["sglang_beyond_budget_bytes"] == beyond
+    # the pool holds the target's KV only: as many 1024-token sequences as without a draft
+    assert e["max_concurrent_sequences"] == pool // (1024 * TARGET_CELL)
+
+
+def test_from_the_budgeted_release_one_budget_holds_both() -> None:
+    pool = _pool("0.6")
+    e = estimate_inference(tiny(max_pos=2048), _sglang("0.6", draft=_draft(), num_speculative_tokens=K)).extra
+    assert e["kv_pool_bytes"] == pool - DRAFT_WEIGHT_BYTES
+    tokens = (pool - DRAFT_WEIGHT_BYTES) // (TARGET_CELL + DRAFT_CELL)
+    assert e["sglang_pool_tokens"] == tokens
+    assert e["sglang_beyond_budget_bytes"] == HEADROOM * (TARGET_CELL + DRAFT_CELL)
+    assert e["max_concurrent_sequences"] == (pool - DRAFT_WEIGHT_BYTES) // (1024 * (TARGET_CELL + DRAFT_CELL))
+
+
+def test_an_oversized_launch_does_not_fit() -> None:
+    # fraction 0.99 of 1 GiB leaves 10.7 MB; the draft's pool of ~4 M tokens x 64 B does not fit there
+    setup = _sglang("0.5", fraction=0.99, draft=_draft(), num_speculative_tokens=K)
+    fit = serving_fit(tiny(max_pos=2048), setup, 1 * GiB)
+    assert not fit.fits and fit.headroom_bytes < 0
+    assert any(n.startswith("does not launch") for n in fit.estimate.assumptions)
+    assert serving_fit(tiny(max_pos=2048), _sglang("0.6", fraction=0.99, draft=_draft(),
+                                                   num_speculative_tokens=K), 1 * GiB).fits  # fmt: skip
+
+
+def test_default_fraction_reserves_for_the_draft() -> None:
+    # 80 GiB (A100/H100 tier): reserve 9.5 + 0.5 GiB; +2 GiB EAGLE family, +6 GiB standalone, 0 n-gram
+    gib80 = 80 * GiB
+    assert sglang_mem_fraction_static(gib80, 1) == round((81920 - 10 * 1024) / 81920, 3) == 0.875
+    assert sglang_mem_fraction_static(gib80, 1, "eagle3") == round((81920 - 12 * 1024) / 81920, 3) == 0.85
+    assert sglang_mem_fraction_static(gib80, 1, "draft_model") == 0.8
+    assert sglang_mem_fraction_static(gib80, 1, "ngram") == 0.875
+    lookup = Draft(name="ngram", spec=None, method="ngram")
+    ngram = InferenceSetup(engine="sglang", context=1024, draft=lookup, num_speculative_tokens=K)
+    assert "sglang_pool_tokens" not in estimate_inference(tiny(), ngram).extra
+    with pytest.raises(InputError, match=r"^num_speculative_tokens="):
+        InferenceSetup(engine="sglang", context=1024, draft=_draft())
