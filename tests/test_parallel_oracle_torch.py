@@ -44,11 +44,9 @@ SETUP = TrainingSetup(
 # Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
 # benchmarks/parallel_oracle.py), with why.
 KNOWN: dict[str, str] = {
-    "fsdp4": "backward -3.6%: the layer's unsharded gradients under accumulation",
-    "tp2": "forward -4.2%, backward -3.1%",
-    "tp2 x fsdp2": "forward -7.1%, backward -6.8%",
-    "tp2 x pp2 x 1f1b": "first stage forward -12%, backward -5.7%, optimizer -4.8%",
-    "tp2 x pp2 x fsdp2 x 1f1b": "forward -15% / -10%, backward -9.3% / -7.8%",
+    "fsdp4": "backward -3.6%: a layer's unsharded gradients with gradients accumulated (2nd micro-batch)",
+    "tp2 x fsdp2": "backward -4.3%",
+    "tp2 x pp2 x fsdp2 x 1f1b": "first stage forward -3.5%",
 }
 
 

@@ -523,12 +523,16 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra, rs.layer_unshard_extra - g.saved)
-                     for g in parts.groups], default=0)  # fmt: skip
+    embed_copies, rowwise_copies = mp.dtensor_tp_copies(par, first, hidden, int(in_flight))
+    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copies,
+                         rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
+    tp_items = [MemoryItem(path="TP: 2 more copies of the embedding's all-reduced output per micro-batch",
+                           category=Category.ACTIVATIONS, bytes=embed_copies, source=mp.SRC_DTENSOR_TP,
+                           key="tp.embedding_copies")] if embed_copies else []  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
     all_saved = _steps.activation_items(parts, layers_left=None)
     forward = _phase(Phase.FORWARD, [
-        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
+        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache, *tp_items,
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP,
                    key="forward.temporaries"),
@@ -554,7 +558,7 @@ def _estimate(
     if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
         unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
         bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
-    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items,
+    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp_items,
                                        MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd,
                                                   source=p2p_src, key="pipeline.p2p")],
                       base=base_items, base_bytes=base_bytes)  # fmt: skip
@@ -562,11 +566,25 @@ def _estimate(
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
     optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
+    whole_embed = mp.dtensor_embedding_grad_extra(spec, par, first, tech.grad.nbytes, bool(tech.adapter))
+    if whole_embed:  # the vocab-parallel embedding's gradient is whole (DTensor); kept until the step
+        grad_item = MemoryItem(path="TP: the embedding's gradient is whole (vocab not split)",
+                               category=Category.GRADIENTS, bytes=whole_embed, source=mp.SRC_DTENSOR_EMBED,
+                               key="tp.embedding_grad")  # fmt: skip
+        optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=optimizer.bytes + whole_embed,
+                              items=(*optimizer.items, grad_item))  # fmt: skip
+        if resident:  # accumulated between micro-batches: there in forward and backward too
+            forward = PhasePeak(phase=Phase.FORWARD, bytes=forward.bytes + whole_embed,
+                                items=(*forward.items, grad_item))  # fmt: skip
+            backward = PhasePeak(phase=Phase.BACKWARD, bytes=backward.bytes + whole_embed,
+                                 items=(*backward.items, grad_item))  # fmt: skip
     if recv:  # the pipeline's receive buffers stay allocated through the step
         buffers = MemoryItem(path="pipeline receive buffers (one per micro-batch)",
                              category=Category.TEMPORARIES, bytes=recv, source=SRC_TORCH_PP,
                              key="pipeline.p2p")  # fmt: skip
-        optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes + recv, items=(*step.items, buffers))
+        optimizer = PhasePeak(
+            phase=Phase.OPTIMIZER, bytes=optimizer.bytes + recv, items=(*optimizer.items, buffers)
+        )
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent

@@ -28,11 +28,12 @@ model chunks of ``layers / (pp v)`` layers (Megatron ``schedules.py``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from peakmem.breakdown import MemoryItem
 from peakmem.model import Layer, ModelSpec, Tensor
-from peakmem.parallel import Parallelism, PipelineSchedule
+from peakmem.parallel import FsdpMode, Parallelism, PipelineSchedule
 
 from .activations import LayerActivations
 from .loss import HeadActivations
@@ -244,6 +245,51 @@ def in_flight_microbatches(par: Parallelism, stage: int, microbatches: int) -> f
         return float(min(pp - stage, microbatches))
     chunks = min((pp - stage - 1) * 2 + (v - 1) * pp + 1, microbatches * v)
     return chunks / v
+
+
+SRC_DTENSOR_TP = (
+    "torch/distributed/tensor/parallel/style.py RowwiseParallel: Partial -> Replicate via the out-of-place "
+    "functional all_reduce (_functional_collectives.py) and its autograd wrapper"
+)
+
+
+def dtensor_tp_copies(par: Parallelism, first: bool, hidden: int, in_flight: int) -> tuple[int, int]:
+    """PyTorch tensor parallelism (DTensor ``parallelize_module``, torchtitan ``apply_tp``) without
+    sequence parallelism: a ``RowwiseParallel`` output (attention/MLP output projection, the vocab-parallel
+    embedding) turns its partial sum into a replicated tensor with the out-of-place functional
+    ``all_reduce``, whose result, autograd wrapper and local view are new tensors (Megatron's in-place
+    ``all_reduce`` makes none). Measured with the oracle (peakmem.measure.parallel): inside a layer the
+    output projection's three copies live until the residual add; the embedding's output stays saved by
+    the first norm and keeps two more copies alive until its backward. Returns (bytes kept per rank
+    for the embedding over ``in_flight`` micro-batches, bytes a layer adds to its forward transient).
+    ``hidden``: one micro-batch's hidden states. Not applied under DeepSpeed ZeRO (no DTensor TP)."""
+    if par.tp == 1 or par.zero_stage or par.sequence_parallel:
+        return 0, 0
+    return (2 * hidden * in_flight if first else 0), 3 * hidden
+
+
+SRC_DTENSOR_EMBED = (
+    "torch/distributed/tensor/_ops/_embedding_ops.py embedding_dense_backward_strategy: no vocab-sharded "
+    "weight-gradient strategy (Shard(1), Partial or Replicate)"
+)
+
+
+def dtensor_embedding_grad_extra(
+    spec: ModelSpec, par: Parallelism, first: bool, grad_bytes: Callable[[int], int], adapter: bool
+) -> int:
+    """PyTorch TP's vocab-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``: rows split over
+    tp) gets a whole ``V x H`` gradient on every TP rank: DTensor's rule for ``embedding_dense_backward``
+    offers no vocab-sharded weight gradient, so the gradient comes out Replicate (measured with the
+    oracle, torch 2.13). The bytes beyond the ``V/tp`` rows counted with the parameter, on the first
+    stage, where nothing else shards the gradient (FSDP2 reduce-scatters it; ZeRO has no DTensor TP)."""
+    if par.tp == 1 or not first or adapter or par.zero_stage or par.fsdp is not FsdpMode.NONE:
+        return 0
+    rows = sum(
+        math.prod(t.shape)
+        for t in spec.outer
+        if t.component == "embeddings" and t.shape[0] == spec.vocab_size
+    )
+    return grad_bytes(rows) - grad_bytes(cdiv(rows, par.tp)) if rows else 0
 
 
 def torch_pipeline_buffers(par: Parallelism, stage: int, microbatches: int, act_bytes: int) -> int:

@@ -42,6 +42,7 @@ dispatch mode sees) is patched for the run, as ``torch/distributed/_tools/mem_tr
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -292,16 +293,13 @@ def measure_rank(
     steady state). Under PP each micro-batch's forward and backward are phases of their own, so a
     stage's forward peak includes the earlier micro-batches it still holds.
 
-    ``isolate=True`` runs the rank in a forked child process: DTensor caches sharding decisions by
-    mesh shape (``DeviceMesh.__eq__`` ignores the process groups), so a second fake world in the same
-    process would reuse the first world's destroyed groups."""
+    ``isolate=True`` runs the rank in a child process (from a forkserver, :func:`_context`): a second
+    fake world in the same process fails (DTensor's functional collectives resolve a destroyed group of
+    the first world by name), so every rank gets a fresh process."""
     _check(config, setup, par, rank, schedule)
     if not isolate:
         return _measure_here(config, setup, par, rank, steps, seed, schedule)
-    import multiprocessing
-
-    _warm_imports(config, setup)
-    ctx = multiprocessing.get_context("fork")
+    ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
         target=_child, args=(send, config, setup, par, rank, steps, seed, schedule), daemon=True
@@ -309,25 +307,67 @@ def measure_rank(
     child.start()
     send.close()
     try:
-        ok, payload = receive.recv()
+        if receive.poll(CHILD_TIMEOUT_S):
+            ok, payload = receive.recv()
+        else:
+            ok, payload = False, f"no answer in {CHILD_TIMEOUT_S} s"
     except EOFError:
         ok, payload = False, f"the child process died (exit code {child.exitcode})"
-    child.join()
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
     if not ok:
         raise RuntimeError(f"parallel oracle, rank {rank} of {describe(par, schedule)}: {payload}")
     result: RankMeasurement = payload
     return result
 
 
-def _warm_imports(config: dict[str, Any], setup: TrainingSetup) -> None:
-    """Import in the parent what every child needs (transformers' lazy modeling modules, FSDP2, DTensor
-    TP, pipelining: about 4 s), so that each forked child starts warm."""
-    import torch.distributed.fsdp
-    import torch.distributed.pipelining
-    import torch.distributed.tensor.parallel
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+def _context() -> Any:
+    """A forkserver started once, with torch, transformers' Llama-family modules and this module
+    imported (about 4 s): each rank is forked from that single-threaded server, warm and clean (a fork
+    of a process whose threads hold locks, as a test session's may, can deadlock)."""
+    import multiprocessing
 
-    build_model(config, setup)  # loads the model class's module (a tiny model: milliseconds)
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(list(PRELOAD))
+        os.environ[WARM_ENV] = "1"  # inherited by the server (started now), which then warms up
+        try:
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        finally:
+            del os.environ[WARM_ENV]
+    return _CONTEXT
+
+
+WARM_ENV = "PEAKMEM_PARALLEL_ORACLE_SERVER"
+
+
+def _warm_up() -> None:
+    """In the forkserver only (``WARM_ENV`` set when this module is preloaded there): build a tiny model
+    of each known family and step it once, so that transformers' lazy modules and torch's first-call
+    paths are loaded before any rank is forked (about 4 s once instead of per rank). One intra-op
+    thread, in the server and so in every rank (tiny models; a process forked after OpenMP ran a
+    parallel region can hang in its next one)."""
+    torch.set_num_threads(1)
+    setup = TrainingSetup(precision=Precision.FP32, micro_batch=1, seq_len=8)
+    for family in ("llama", "qwen2", "mistral"):
+        model = build_model({**TINY_LLAMA, "model_type": family, "architectures": None}, setup)
+        ids = torch.randint(0, 8, (1, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+
+
+_CONTEXT: Any = None
+CHILD_TIMEOUT_S = 300  # one tiny rank takes about a second
+PRELOAD = (
+    "torch", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
+    "torch.testing._internal.distributed.fake_pg", "transformers", "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
+    "peakmem.measure.parallel",
+)  # fmt: skip
 
 
 def _child(send: Any, *args: Any) -> None:
@@ -633,3 +673,7 @@ __all__ = [
     "role_of",
     "table",
 ]
+
+
+if os.environ.get(WARM_ENV) == "1":  # preloaded by the oracle's own forkserver: see _context
+    _warm_up()
