@@ -529,7 +529,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
             "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
         )
-    accumulated = _fsdp2_pp_accumulated(tech, par, sp, shard_dt, label) or grads_item
+    accumulated = _fsdp2_pp_accumulated(tech, par, sp, shard_dt) or grads_item
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
         grads_kept=Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n),
@@ -542,7 +542,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
 
 
 def _fsdp2_pp_accumulated(
-    tech: Technique, par: Parallelism, sp: StageParams, dtype: DType, label: str
+    tech: Technique, par: Parallelism, sp: StageParams, dtype: DType
 ) -> MemoryItem | None:
     """FSDP2 under torch.distributed.pipelining: the non-last micro-batches' backward runs with
     ``set_requires_gradient_sync(False)`` (stage.py ``backward_maybe_with_nosync``), so gradients
@@ -550,7 +550,7 @@ def _fsdp2_pp_accumulated(
     them; between micro-batches a rank holds the stage's whole (TP-local) gradients."""
     if par.pp == 1 or par.fsdp_version != 2 or tech.adapter:
         return None
-    return _item(f"FSDP2 under PP: gradients accumulated unsharded between micro-batches{label}",
+    return _item("FSDP2 under PP: gradients accumulated unsharded between micro-batches",
                  Category.GRADIENTS, dtype.nbytes(sp.numel), SRC_FSDP_RS, key="grads")  # fmt: skip
 
 
