@@ -144,3 +144,35 @@ def test_degrees_are_integers_within_any_cluster(kwargs: dict[str, object], matc
 def test_a_million_gpus_is_the_largest_layout() -> None:
     par = Parallelism(gpus=10**6, tp=8, pp=5, zero_stage=3)
     assert par.dp == 25_000  # 10^6 / (8 x 5)
+
+
+def test_torch_pipeline_receive_buffers_by_hand() -> None:
+    """torch.distributed.pipelining: one receive buffer per micro-batch and direction (stage.py)."""
+    from peakmem.formulas import model_parallel as mp
+
+    two, three = Parallelism(gpus=2, pp=2), Parallelism(gpus=3, pp=3)
+    assert mp.torch_pipeline_buffers(two, 0, 4, 100) == 4 * 100  # first stage: output gradients only
+    assert mp.torch_pipeline_buffers(two, 1, 4, 100) == 4 * 100  # last stage: activations only
+    assert mp.torch_pipeline_buffers(three, 1, 4, 100) == 2 * 4 * 100  # middle: both
+    assert mp.torch_pipeline_buffers(Parallelism(), 0, 4, 100) == 0
+
+
+def test_dtensor_tp_terms_by_hand() -> None:
+    """DTensor TP without SP: 2 more copies of the embedding's output per micro-batch in flight on the
+    first stage, 3 of a row-parallel output inside a layer; the vocab-parallel embedding's gradient
+    whole without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of which tp=2 counts half)."""
+    from peakmem.formulas import model_parallel as mp
+
+    tp = Parallelism(gpus=2, tp=2)
+    assert mp.dtensor_tp_copies(tp, True, 100, 3) == (2 * 100 * 3, 3 * 100)
+    assert mp.dtensor_tp_copies(tp, False, 100, 3) == (0, 3 * 100)
+    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, sequence_parallel=True), True, 100, 3) == (0, 0)
+    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, zero_stage=1), True, 100, 3) == (0, 0)
+
+    def fp32(n: int) -> int:
+        return 4 * n
+
+    assert mp.dtensor_embedding_grad_extra(tiny(), tp, True, fp32, False) == 4 * 64_000 - 4 * 32_000
+    assert mp.dtensor_embedding_grad_extra(tiny(), tp, False, fp32, False) == 0  # not the first stage
+    fsdp = Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)
+    assert mp.dtensor_embedding_grad_extra(tiny(), fsdp, True, fp32, False) == 0  # FSDP2 shards it
