@@ -57,16 +57,13 @@ PAIRED = (Objective.DPO, Objective.ORPO, Objective.SIMPO)
 ONLINE = (Objective.GRPO, Objective.RLOO)
 REFERENCE_FREE = (Objective.ORPO, Objective.SIMPO, Objective.DISTILL)
 # Objectives whose policy generates the completions it trains on (a rollout phase)
-GENERATES = (*ONLINE, Objective.DISTILL)
+GENERATES = (*ONLINE, Objective.DISTILL, Objective.PPO)
+# Objectives whose reference exists only for a KL term (none when beta is 0)
+KL_OPTIONAL = (*ONLINE, Objective.PPO)
 # Objectives with a reference over unpaired completions and a KL estimate from mismatched pairs (TRL
 # ``KTOTrainer._compute_loss``: a no-grad policy pass over the KL batch before the policy's forward, and the
 # reference over the KL batch and the completions after it)
 UNPAIRED = (Objective.KTO,)
-# Objectives whose roles and phases are not modelled yet: asking for one is an InputError, never an
-# SFT answer.
-NOT_MODELLED = {
-    Objective.PPO: "PPO's critic (a trained value model) and reward model beside the policy",
-}
 
 
 class Reference(Choice):
@@ -90,6 +87,9 @@ DEFAULT_BETA = {
     Objective.DPO: 0.1,
     Objective.KTO: 0.1,
     Objective.DISTILL: 1.0,  # DistillationConfig.beta: reverse KL
+    # verl ppo_trainer.yaml: actor.use_kl_loss and algorithm.use_kl_in_reward false (no reference); with
+    # either on, kl_loss_coef / kl_ctrl.kl_coef 0.001 (peakmem.ppo)
+    Objective.PPO: 0.0,
 }
 DEFAULT_NUM_GENERATIONS = {Objective.GRPO: 8, Objective.RLOO: 2}  # GRPOConfig / RLOOConfig.num_generations
 DEFAULT_COMPLETION = 512  # GRPOConfig.max_completion_length
@@ -142,7 +142,7 @@ class PostTraining:
         if self.objective not in GENERATES and self.rollout is not Rollout.HF:
             raise InputError(
                 f"rollout={self.rollout.value!r}: {self.objective.value} generates nothing "
-                "(a rollout engine is for grpo, rloo and distill)"
+                "(a rollout engine is for grpo, rloo, ppo and distill)"
             )
         if (self.objective is Objective.DISTILL) != (self.teacher is not None):
             raise InputError(
@@ -205,7 +205,7 @@ def resolve_reference(objective: Objective, asked: Reference, *, beta: float, ad
             raise InputError(f"reference={asked.value!r}: {objective.value} is reference-free")
         return Reference.NONE
     if asked is Reference.AUTO:
-        if objective in ONLINE and beta == 0:
+        if objective in KL_OPTIONAL and beta == 0:
             return Reference.NONE
         return Reference.ADAPTER if adapter else Reference.SEPARATE
     if asked is Reference.ADAPTER and not adapter:
@@ -237,11 +237,6 @@ def post_training(
     obj = Objective.parse(objective, "objective")
     if obj is Objective.SFT:
         return None
-    if obj in NOT_MODELLED:
-        raise InputError(
-            f"objective={obj.value!r}: not modelled yet ({NOT_MODELLED[obj]}); peakmem estimates "
-            "sft, dpo, orpo, simpo, kto, grpo, rloo and distill"
-        )
     if obj is Objective.DISTILL and num_generations not in (None, 1):
         raise InputError(
             f"num_generations={num_generations}: distillation generates one completion per prompt"

@@ -214,7 +214,7 @@ function applies(f, question) {
   const objective = $("objective").value;
   if (f.only === "post") return objective !== "sft";
   if (f.only === "online") return objective === "grpo" || objective === "rloo";
-  if (f.only === "generates") return ["grpo", "rloo", "distill"].includes(objective);
+  if (f.only === "generates") return ["grpo", "rloo", "ppo", "distill"].includes(objective);
   if (f.only === "distill") return objective === "distill";
   return true;
 }
