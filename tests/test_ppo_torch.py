@@ -1,0 +1,76 @@
+"""PPO with a critic: the estimate (peakmem.ppo) against our step harness in verl's phase order, on the CPU.
+
+:func:`peakmem.measure.ppo.measure_ppo` runs two PPO iterations (rollout with transformers ``generate``,
+scoring, critic update, actor update) of a tiny Llama policy and a critic built from the same config, and
+records the live tensor bytes at each phase's peak. :func:`peakmem.jobs.estimate_post_training` with the
+CPU kernel rules must name the same peak phase and agree within :data:`TOLERANCE` on every phase (so
+within the issue's 3% median and 8% worst at the peak). The grid: a full and a LoRA actor, with and
+without a reference (a separate copy; the adapter-disabled actor), gradient checkpointing none and full,
+a generation batch of two micro-batches, and a short response (where the logits' [B, L, V] gradient, not
+the log-prob's [B, R, V] tiles, is the actor's backward peak).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from peakmem.jobs import estimate_post_training
+from peakmem.measure.ppo import measure_ppo
+from peakmem.post_training import post_training
+from peakmem.resolve import spec_for_config
+from peakmem.training import Checkpointing, KernelPolicy, Method, OptimizerImpl, Precision, TrainingSetup
+from tiny_models import LLAMA
+
+pytestmark = pytest.mark.torch
+
+TOLERANCE = 0.03  # every phase, estimate vs the tracker's live bytes (measured: within 1.2%)
+CONFIG = dict(LLAMA, eos_token_id=2, pad_token_id=3)
+WIDER = dict(CONFIG, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=4)  # fmt: skip
+
+CASES = [
+    # (method, beta, checkpointing, config, batch, seq, completion, steps_per_generation)
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1),
+    ("full", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 2),  # a separate reference copy
+    ("lora", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 1),  # the adapter-disabled reference
+    ("lora", 0.0, Checkpointing.FULL, WIDER, 2, 64, 32, 1),
+    ("full", 0.001, Checkpointing.FULL, WIDER, 2, 64, 32, 1),
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1),  # a short response
+]
+
+
+def _case(c: tuple[Any, ...]) -> str:
+    method, beta, ck, cfg, b, seq, comp, spg = c
+    return f"{method}-beta{beta}-{ck.value}-{'wider' if cfg is WIDER else 'tiny'}-b{b}-s{seq}-r{comp}-g{spg}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case)
+def test_ppo_estimate_matches_the_harness(case: tuple[Any, ...]) -> None:
+    method, beta, ck, cfg, b, seq, comp, spg = case
+    setup = TrainingSetup(
+        method=Method(method), precision=Precision.FP32, micro_batch=b, seq_len=seq, grad_accum=spg,
+        checkpointing=ck, optimizer_impl=OptimizerImpl.FOR_LOOP, kernel_policy=KernelPolicy.CPU,
+    )  # fmt: skip
+    post = post_training(
+        "ppo",
+        beta=beta,
+        completion=comp,
+        seq=seq,
+        batch=b,
+        steps_per_generation=spg,
+        adapter=method != "full",
+    )
+    assert post is not None
+    estimate = estimate_post_training(spec_for_config(cfg), setup, post)
+    measured = measure_ppo(cfg, setup, post)
+    est = {p.phase: p.bytes for p in estimate.phases}
+    assert set(est) == {p.phase for p in measured.phases}
+    off = {p.phase.value: est[p.phase] / p.bytes - 1 for p in measured.phases}
+    assert estimate.peak_phase is measured.peak_phase, off
+    assert all(abs(e) <= TOLERANCE for e in off.values()), off
