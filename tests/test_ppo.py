@@ -131,3 +131,23 @@ def test_several_gpus_is_a_one_line_error() -> None:
     with pytest.raises(InputError) as err:
         estimate_post_training(SPEC, SETUP, _post(), par=Parallelism(gpus=2, zero_stage=3))
     assert str(err.value).startswith("gpus=2") and "\n" not in str(err.value)
+
+
+def test_a_chosen_critic_backbone() -> None:
+    wider = spec_for_config(dict(LLAMA, hidden_size=128, intermediate_size=352, num_attention_heads=8))
+    post = _post(critic=wider)
+    est = estimate_post_training(SPEC, SETUP, post)
+    assert est.extra["critic_params"] == critic_spec(wider).params
+    assert est.setup["post_training"]["critic"] == wider.name
+    with pytest.raises(InputError) as err:
+        post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, critic=wider)
+    assert str(err.value).startswith("critic=") and "\n" not in str(err.value)
+
+
+def test_ppo_through_the_options() -> None:
+    import peakmem
+
+    out = peakmem.train("llama-3.2-1b", objective="ppo", seq=1024, critic="qwen2.5-0.5b")
+    assert out["peak_phase"] in {p.value for p in Phase}
+    assert "critic update" in out["phases"]
+    assert out["setup"]["post_training"]["critic"] == "qwen2.5-0.5b"

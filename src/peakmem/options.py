@@ -134,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
        group=_POST),
     _o("teacher", str, None, _PT, "distill: the frozen teacher (a catalog name, Hub id or config path; the "
        "student's vocabulary)", group=_POST),
+    _o("critic", str, None, _PT, "ppo: the critic's backbone (a catalog name, Hub id or config path; "
+       "default the policy's, as verl's critic.model.path)", group=_POST),
     _o("reference", str, "auto", _PT, "auto (what TRL builds)|separate|adapter|none|precomputed",
        group=_POST),
     _o("rollout", str, "hf", _PT, "grpo/rloo/ppo generation: hf (generate on the policy)|"

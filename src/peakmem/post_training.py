@@ -114,6 +114,7 @@ class PostTraining:
     rollout_memory: float = DEFAULT_ROLLOUT_MEMORY
     rollout_sleep: bool = False
     teacher: ModelSpec | None = None  # distillation's frozen teacher
+    critic: ModelSpec | None = None  # PPO's value model backbone (None: the policy's, verl's default)
 
     def __post_init__(self) -> None:
         coerce_choice(self, "objective", Objective)
@@ -150,6 +151,8 @@ class PostTraining:
                 if self.teacher is None
                 else f"teacher={self.teacher.name!r}: a teacher is for objective='distill'"
             )
+        if self.critic is not None and self.objective is not Objective.PPO:
+            raise InputError(f"critic={self.critic.name!r}: a critic is for objective='ppo'")
         if self.objective is Objective.DISTILL and not 0 <= self.beta <= 1:
             raise InputError(
                 f"beta={self.beta!r}: distillation's divergence, between 0 (forward KL) and 1 (reverse KL)"
@@ -184,6 +187,8 @@ class PostTraining:
         }
         if self.teacher is not None:
             out["teacher"] = self.teacher.name
+        if self.objective is Objective.PPO:
+            out["critic"] = "the policy's backbone" if self.critic is None else self.critic.name
         if self.generates:
             out.update(
                 rollout=self.rollout.value,
@@ -231,6 +236,7 @@ def post_training(
     batch: int = 1,
     gpus: int = 1,
     teacher: ModelSpec | None = None,
+    critic: ModelSpec | None = None,
 ) -> PostTraining | None:
     """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model).
     ``batch`` x ``gpus`` x ``steps_per_generation``: TRL's generation batch, a multiple of num_generations."""
@@ -266,4 +272,5 @@ def post_training(
         rollout_memory=rollout_memory,
         rollout_sleep=rollout_sleep,
         teacher=teacher,
+        critic=critic,
     )

@@ -101,7 +101,7 @@ def scoring_bytes(spec: ModelSpec, setup: TrainingSetup, post: PostTraining) -> 
             layer,
             logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=setup.method is Method.FULL),
         ),
-        "values (critic)": layer_transient_bytes(critic_spec(spec), tokens, act),
+        "values (critic)": layer_transient_bytes(critic_spec(post.critic or spec), tokens, act),
     }
     if post.reference is not Reference.NONE:
         no_entropy = logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=False)
@@ -123,7 +123,8 @@ def ppo_phases(
     backward and step (``train``: the actor's update estimate). ``roles``: :class:`peakmem.jobs._Roles`."""
     from peakmem.jobs import _resident, _rollout
 
-    critic = estimate_training(critic_spec(spec), critic_setup(setup), overheads=overheads, costs=costs)
+    backbone = post.critic or spec
+    critic = estimate_training(critic_spec(backbone), critic_setup(setup), overheads=overheads, costs=costs)
     resident = _item(
         "critic: weights and optimizer states (gradients freed between updates)",
         Category.PARAMETERS,

@@ -279,6 +279,11 @@ def measure_post_training(
     if post.objective is Objective.PPO:
         from peakmem.measure.ppo import measure_ppo
 
+        if post.critic is not None:
+            raise InputError(
+                f"critic={post.critic.name!r}: measure builds the critic from the policy's config (a chosen "
+                "critic is estimated, not measured)"
+            )
         return measure_ppo(config, setup, post, model_name=model_name)
     _check(setup, post)
     if post.objective is Objective.DISTILL and teacher_config is None:
