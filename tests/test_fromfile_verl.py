@@ -368,10 +368,11 @@ def test_a_ppo_script_maps_its_critic_to_the_critic_role(tmp_path: Path) -> None
         "actor_rollout_ref.rollout.name=vllm "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 critic.ppo_micro_batch_size_per_gpu=4 "
         "trainer.n_gpus_per_node=1 data.train_batch_size=4 data.max_prompt_length=512 "
-        "data.max_response_length=512\n"
+        "data.max_response_length=512 actor_rollout_ref.actor.entropy_coeff=0.001\n"
     )
     out = _cli_json(["train", "--from", str(script), "--gpu", "h100-80gb"])
     post = out["setup"]["post_training"]
     assert (post["objective"], post["critic"], post["reference"]) == ("ppo", "qwen2.5-7b", "none")
+    assert post["entropy"] is True  # entropy_coeff 0.001: dp_actor computes the entropy in the update
     assert "critic update" in out["phases"]
     assert not any("critic" in n for n in out["from_file"]["not_modelled"])

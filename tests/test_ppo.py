@@ -151,3 +151,17 @@ def test_ppo_through_the_options() -> None:
     assert out["peak_phase"] in {p.value for p in Phase}
     assert "critic update" in out["phases"]
     assert out["setup"]["post_training"]["critic"] == "qwen2.5-0.5b"
+
+
+def test_entropy_is_ppos_and_turns_the_actors_entropy_on() -> None:
+    est = estimate_post_training(SPEC, SETUP, _post(entropy=True))
+    plain = estimate_post_training(SPEC, SETUP, _post())
+    fwd = {p.phase: p for p in est.phases}[Phase.FORWARD]
+    saved = sum(i.bytes for i in fwd.items if i.key == "loss.verl_logits")
+    assert saved == B * L * V * 4 + B * R * V * 4  # the logits and the softmax
+    bwd = {p.phase: p.bytes for p in est.phases}[Phase.BACKWARD]
+    assert bwd > {p.phase: p.bytes for p in plain.phases}[Phase.BACKWARD]
+    assert est.setup["post_training"]["entropy"] is True
+    with pytest.raises(InputError) as err:
+        post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, entropy=True)
+    assert str(err.value).startswith("entropy=True") and "\n" not in str(err.value)

@@ -7,7 +7,7 @@ CPU kernel rules must name the same peak phase and agree within :data:`TOLERANCE
 within the issue's 3% median and 8% worst at the peak). The grid: a full and a LoRA actor, with and
 without a reference (a separate copy; the adapter-disabled actor), gradient checkpointing none and full,
 a generation batch of two micro-batches, and a short response (where the logits' [B, L, V] gradient, not
-the log-prob's [B, R, V] tiles, is the actor's backward peak).
+the log-prob's [B, R, V] tiles, is the actor's backward peak), and the entropy in the actor's loss.
 """
 
 from __future__ import annotations
@@ -35,24 +35,26 @@ WIDER = dict(CONFIG, hidden_size=128, intermediate_size=352, num_hidden_layers=4
              num_key_value_heads=4)  # fmt: skip
 
 CASES = [
-    # (method, beta, checkpointing, config, batch, seq, completion, steps_per_generation)
-    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1),
-    ("full", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 2),  # a separate reference copy
-    ("lora", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 1),  # the adapter-disabled reference
-    ("lora", 0.0, Checkpointing.FULL, WIDER, 2, 64, 32, 1),
-    ("full", 0.001, Checkpointing.FULL, WIDER, 2, 64, 32, 1),
-    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1),  # a short response
+    # (method, beta, checkpointing, config, batch, seq, completion, steps_per_generation, entropy)
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False),
+    ("full", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 2, False),  # a separate reference copy
+    ("lora", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False),  # the adapter-disabled reference
+    ("lora", 0.0, Checkpointing.FULL, CONFIG, 2, 32, 16, 1, False),
+    ("full", 0.001, Checkpointing.FULL, WIDER, 2, 64, 32, 1, False),
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1, False),  # a short response
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, True),  # the entropy in the actor's loss
 ]
 
 
 def _case(c: tuple[Any, ...]) -> str:
-    method, beta, ck, cfg, b, seq, comp, spg = c
-    return f"{method}-beta{beta}-{ck.value}-{'wider' if cfg is WIDER else 'tiny'}-b{b}-s{seq}-r{comp}-g{spg}"
+    method, beta, ck, cfg, b, seq, comp, spg, ent = c
+    size = "wider" if cfg is WIDER else "tiny"
+    return f"{method}-beta{beta}-{ck.value}-{size}-b{b}-s{seq}-r{comp}-g{spg}" + ("-entropy" if ent else "")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case)
 def test_ppo_estimate_matches_the_harness(case: tuple[Any, ...]) -> None:
-    method, beta, ck, cfg, b, seq, comp, spg = case
+    method, beta, ck, cfg, b, seq, comp, spg, ent = case
     setup = TrainingSetup(
         method=Method(method), precision=Precision.FP32, micro_batch=b, seq_len=seq, grad_accum=spg,
         checkpointing=ck, optimizer_impl=OptimizerImpl.FOR_LOOP, kernel_policy=KernelPolicy.CPU,
@@ -65,6 +67,7 @@ def test_ppo_estimate_matches_the_harness(case: tuple[Any, ...]) -> None:
         batch=b,
         steps_per_generation=spg,
         adapter=method != "full",
+        entropy=ent,
     )
     assert post is not None
     estimate = estimate_post_training(spec_for_config(cfg), setup, post)

@@ -155,6 +155,8 @@ OPTIONS: tuple[Option, ...] = (
        "(TRL's default 0.3)", group=_POST),
     _o("rollout_sleep", bool, False, _PT, "vllm-colocate: vllm_enable_sleep_mode (the engine's memory freed "
        "outside rollout)", group=_POST),
+    _o("entropy", bool, False, _PT, "ppo: the actor's update computes the entropy from the logits (verl's "
+       "actor.entropy_coeff != 0 or calculate_entropy; off by default)", group=_POST),
     # the parallel layout (peakmem.parallel.Parallelism)
     _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),
     _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI, maximum=MAX_DEGREE),

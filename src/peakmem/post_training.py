@@ -115,6 +115,7 @@ class PostTraining:
     rollout_sleep: bool = False
     teacher: ModelSpec | None = None  # distillation's frozen teacher
     critic: ModelSpec | None = None  # PPO's value model backbone (None: the policy's, verl's default)
+    entropy: bool = False  # PPO: the actor's update computes the entropy (verl entropy_coeff != 0)
 
     def __post_init__(self) -> None:
         coerce_choice(self, "objective", Objective)
@@ -130,6 +131,11 @@ class PostTraining:
         check_int("completion", self.completion)
         check_int("steps_per_generation", self.steps_per_generation)
         check_bool("rollout_sleep", self.rollout_sleep)
+        check_bool("entropy", self.entropy)
+        if self.entropy and self.objective is not Objective.PPO:
+            raise InputError(
+                "entropy=True: for objective='ppo' (TRL's online trainers compute the entropy already)"
+            )
         for name in ("beta", "rollout_memory"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BETA:
@@ -189,6 +195,7 @@ class PostTraining:
             out["teacher"] = self.teacher.name
         if self.objective is Objective.PPO:
             out["critic"] = "the policy's backbone" if self.critic is None else self.critic.name
+            out["entropy"] = self.entropy
         if self.generates:
             out.update(
                 rollout=self.rollout.value,
@@ -237,6 +244,7 @@ def post_training(
     gpus: int = 1,
     teacher: ModelSpec | None = None,
     critic: ModelSpec | None = None,
+    entropy: bool = False,
 ) -> PostTraining | None:
     """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model).
     ``batch`` x ``gpus`` x ``steps_per_generation``: TRL's generation batch, a multiple of num_generations."""
@@ -273,4 +281,5 @@ def post_training(
         rollout_sleep=rollout_sleep,
         teacher=teacher,
         critic=critic,
+        entropy=entropy,
     )

@@ -76,8 +76,10 @@ def critic_setup(setup: TrainingSetup) -> TrainingSetup:
 
 
 def actor_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
-    """The actor's update: verl's logits-then-log-prob loss over the response."""
-    return replace(setup, loss=LossImpl.LOGITS_LOGPROB, scored_tokens=post.completion)
+    """The actor's update: verl's logits-then-log-prob loss over the response (and the entropy from the
+    same logits when ``entropy_coeff`` != 0 or ``calculate_entropy``)."""
+    loss = LossImpl.LOGITS_LOGPROB_ENTROPY if post.entropy else LossImpl.LOGITS_LOGPROB
+    return replace(setup, loss=loss, scored_tokens=post.completion)
 
 
 def _item(path: str, category: Category, nbytes: int, key: str, source: str = SRC_FIT) -> MemoryItem:

@@ -186,7 +186,7 @@ SRC_VERL = (
 # ``scatter_add`` result
 VERL_BACKWARD_TILES = 3
 # the entropy's backward adds the softmax and product gradients over the same view (two more, read off
-# ``softmax_backward_data`` and ``mul``'s backward; not in the measured grid: verl's entropy_coeff is 0)
+# ``softmax_backward_data`` and ``mul``'s backward, and counted by the tracker with entropy on)
 VERL_ENTROPY_BACKWARD_TILES = 2
 
 

@@ -56,6 +56,7 @@ CLIPRANGE_VALUE = 0.5  # critic.cliprange_value
 GRAD_CLIP = 1.0  # actor.grad_clip, critic.grad_clip
 TEMPERATURE = 1.0  # rollout.temperature
 GAMMA = LAM = 1.0  # algorithm.gamma, algorithm.lam
+ENTROPY_COEFF = 0.01  # any nonzero actor.entropy_coeff turns the entropy on (its value changes no bytes)
 FIRST_TOKEN = 4  # prompts use ids from here (below: bos, unk, eos, pad as the TRL harness's tokenizer)
 EOS, PAD = 2, 3
 ITERATIONS = 2
@@ -293,13 +294,15 @@ def _iteration(
     for k, s in enumerate(chunks):
         tracker.set_phase(Phase.FORWARD, it)
         with actor_tr.autocast():
-            logp, _ = actor_logprobs(policy, ids[s], attn[s], comp, entropy=False)
+            logp, ent = actor_logprobs(policy, ids[s], attn[s], comp, entropy=post.entropy)
             loss = policy_loss(logp, old[s], adv[s], mask[s])
+            if ent is not None:
+                loss = loss - ENTROPY_COEFF * (ent * mask[s]).sum() / mask[s].sum()
             if ref_logp is not None and post.beta > 0:
                 loss = loss + post.beta * low_var_kl(logp, ref_logp[s], mask[s])
         tracker.set_phase(Phase.BACKWARD, it)
         actor_tr.backward(loss / len(chunks))
-        del loss, logp
+        del loss, logp, ent
         if (k + 1) % setup.grad_accum == 0 or k + 1 == len(chunks):
             tracker.set_phase(Phase.OPTIMIZER, it)
             torch.nn.utils.clip_grad_norm_(actor_tr.params, GRAD_CLIP)
