@@ -95,7 +95,9 @@ def scoring_bytes(spec: ModelSpec, setup: TrainingSetup, post: PostTraining) -> 
     """The no-grad passes of the scoring phase, one micro-batch each: the actor's old log-probs (with the
     entropy for a fully trained actor), the reference's, the critic's values (a layer's temporaries; its
     ``[B, L, 1]`` output is negligible)."""
-    b, seq, act = setup.micro_batch, setup.seq_len, 4 if setup.precision.value == "fp32" else 2
+    from peakmem.jobs import _act_bytes
+
+    b, seq, act = setup.micro_batch, setup.seq_len, _act_bytes(setup)
     tokens = b * seq
     layer = layer_transient_bytes(spec, tokens, act)
     out = {
