@@ -7,7 +7,8 @@ CPU kernel rules must name the same peak phase and agree within :data:`TOLERANCE
 within the issue's 3% median and 8% worst at the peak). The grid: a full and a LoRA actor, with and
 without a reference (a separate copy; the adapter-disabled actor), gradient checkpointing none and full,
 a generation batch of two micro-batches, and a short response (where the logits' [B, L, V] gradient, not
-the log-prob's [B, R, V] tiles, is the actor's backward peak), and the entropy in the actor's loss.
+the log-prob's [B, R, V] tiles, is the actor's backward peak), the entropy in the actor's loss, and
+amp-bf16 (CPU autocast) for a full and a LoRA actor.
 """
 
 from __future__ import annotations
@@ -34,29 +35,34 @@ CONFIG = dict(LLAMA, eos_token_id=2, pad_token_id=3)
 WIDER = dict(CONFIG, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4)  # fmt: skip
 
+FP32, AMP = Precision.FP32, Precision.AMP_BF16
 CASES = [
-    # (method, beta, checkpointing, config, batch, seq, completion, steps_per_generation, entropy)
-    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False),
-    ("full", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 2, False),  # a separate reference copy
-    ("lora", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False),  # the adapter-disabled reference
-    ("lora", 0.0, Checkpointing.FULL, CONFIG, 2, 32, 16, 1, False),
-    ("full", 0.001, Checkpointing.FULL, WIDER, 2, 64, 32, 1, False),
-    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1, False),  # a short response
-    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, True),  # the entropy in the actor's loss
+    # (method, beta, checkpointing, config, batch, seq, completion, steps_per_generation, entropy, precision)
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False, FP32),
+    ("full", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 2, False, FP32),  # a separate reference copy
+    ("lora", 0.001, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False, FP32),  # the adapter-disabled reference
+    ("lora", 0.0, Checkpointing.FULL, CONFIG, 2, 32, 16, 1, False, FP32),
+    ("full", 0.001, Checkpointing.FULL, WIDER, 2, 64, 32, 1, False, FP32),
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1, False, FP32),  # a short response
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, True, FP32),  # the entropy in the actor's loss
+    # autocast: 16-bit logits (each row's log_softmax saved), the scoring passes' cached weight casts
+    ("full", 0.0, Checkpointing.NONE, CONFIG, 4, 48, 8, 1, False, AMP),
+    ("lora", 0.01, Checkpointing.NONE, CONFIG, 2, 32, 16, 1, False, AMP),
 ]
 
 
 def _case(c: tuple[Any, ...]) -> str:
-    method, beta, ck, cfg, b, seq, comp, spg, ent = c
+    method, beta, ck, cfg, b, seq, comp, spg, ent, prec = c
     size = "wider" if cfg is WIDER else "tiny"
-    return f"{method}-beta{beta}-{ck.value}-{size}-b{b}-s{seq}-r{comp}-g{spg}" + ("-entropy" if ent else "")
+    name = f"{method}-beta{beta}-{ck.value}-{size}-b{b}-s{seq}-r{comp}-g{spg}-{prec.value}"
+    return name + ("-entropy" if ent else "")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case)
 def test_ppo_estimate_matches_the_harness(case: tuple[Any, ...]) -> None:
-    method, beta, ck, cfg, b, seq, comp, spg, ent = case
+    method, beta, ck, cfg, b, seq, comp, spg, ent, prec = case
     setup = TrainingSetup(
-        method=Method(method), precision=Precision.FP32, micro_batch=b, seq_len=seq, grad_accum=spg,
+        method=Method(method), precision=prec, micro_batch=b, seq_len=seq, grad_accum=spg,
         checkpointing=ck, optimizer_impl=OptimizerImpl.FOR_LOOP, kernel_policy=KernelPolicy.CPU,
     )  # fmt: skip
     post = post_training(

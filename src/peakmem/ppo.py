@@ -91,26 +91,44 @@ def _phase(phase: Phase, *parts: MemoryItem) -> PhasePeak:
     return PhasePeak(phase=phase, bytes=sum(i.bytes for i in items), items=items)
 
 
-def scoring_bytes(spec: ModelSpec, setup: TrainingSetup, post: PostTraining) -> dict[str, int]:
+def scoring_bytes(
+    spec: ModelSpec, setup: TrainingSetup, post: PostTraining, *, actor_cache: int = 0, critic_cache: int = 0
+) -> dict[str, int]:
     """The no-grad passes of the scoring phase, one micro-batch each: the actor's old log-probs (with the
     entropy for a fully trained actor), the reference's, the critic's values (a layer's temporaries; its
-    ``[B, L, 1]`` output is negligible)."""
+    ``[B, L, 1]`` output is negligible). Each pass runs in an autocast region of its own
+    (``_forward_micro_batch``), which caches the 16-bit casts of the weights that require grad until it
+    exits: ``actor_cache`` / ``critic_cache`` (none for the frozen reference)."""
     from peakmem.jobs import _act_bytes
 
     b, seq, act = setup.micro_batch, setup.seq_len, _act_bytes(setup)
     tokens = b * seq
     layer = layer_transient_bytes(spec, tokens, act)
     out = {
-        "old log-probs (actor)": max(
+        "old log-probs (actor)": actor_cache
+        + max(
             layer,
             logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=setup.method is Method.FULL),
         ),
-        "values (critic)": layer_transient_bytes(critic_spec(post.critic or spec), tokens, act),
+        "values (critic)": critic_cache
+        + layer_transient_bytes(critic_spec(post.critic or spec), tokens, act),
     }
     if post.reference is not Reference.NONE:
         no_entropy = logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=False)
         out["reference log-probs"] = max(layer, no_entropy)
     return out
+
+
+# the training forward's 16-bit weight casts (peakmem.estimate): the layers' and the head's, saved by their
+# Linears, and the autocast cache's; a no-grad pass in autocast holds the same casts in the cache
+WEIGHT_CAST_KEYS = ("autocast.weight_casts", "head.weight_cast", "autocast.weight_cache")
+
+
+def _weight_cache(est: Estimate) -> int:
+    """The 16-bit casts of the weights that require grad, as a training forward in autocast holds them
+    (none outside autocast): what a no-grad pass in its own autocast region caches."""
+    forward = next((p for p in est.phases if p.phase is Phase.FORWARD), None)
+    return sum(i.bytes for i in (forward.items if forward else ()) if i.key in WEIGHT_CAST_KEYS)
 
 
 def ppo_phases(
@@ -147,7 +165,11 @@ def ppo_phases(
         kept,
         "policy.generation_batch",
     )
-    passes = scoring_bytes(spec, setup, post)
+    # autocast caches the casts of weights that require grad: a LoRA actor's adapters (16-bit, 2 bytes
+    # each), not its frozen base, whose casts its training forward saves for the input's gradient
+    casts = _weight_cache(train)
+    actor_cache = casts if setup.method is Method.FULL or not casts else 2 * train.trainable_params
+    passes = scoring_bytes(spec, setup, post, actor_cache=actor_cache, critic_cache=_weight_cache(critic))
     largest = max(passes, key=lambda k: passes[k])
     extra["scoring_passes"] = passes
     shared = (roles.reference, roles.awake)

@@ -68,8 +68,10 @@ def _check(setup: TrainingSetup, post: PostTraining) -> None:
         raise InputError(f"objective={post.objective.value!r}: measure_ppo runs objective 'ppo'")
     if post.rollout is not Rollout.HF:
         raise InputError(f"rollout={post.rollout.value!r}: measure generates with transformers (rollout hf)")
-    if setup.precision is not Precision.FP32:
-        raise InputError(f"precision={setup.precision.value!r}: the PPO harness runs fp32 on the CPU")
+    if setup.precision not in (Precision.FP32, Precision.AMP_BF16):
+        raise InputError(
+            f"precision={setup.precision.value!r}: the PPO harness runs fp32 or amp-bf16 on the CPU"
+        )
     if setup.optimizer is not OptimizerName.ADAMW or setup.optimizer_impl is OptimizerImpl.FOREACH:
         raise InputError("optimizer: the PPO harness runs adamw, fused or for-loop")
     if setup.checkpointing not in (Checkpointing.NONE, Checkpointing.FULL) or setup.checkpoint_every > 1:
@@ -264,19 +266,28 @@ def _iteration(
     rewards[:, -1] = (ids[:, -comp:] % 7).float().mean(-1)  # a rule-based score on the last token
     chunks = [slice(i, i + b) for i in range(0, gen_batch, b)]
     critic.eval()
+    full = setup.method is Method.FULL
+
+    def logprobs(model: Any, s: slice, entropy: bool) -> torch.Tensor:
+        # verl's _forward_micro_batch enters torch.autocast(param_dtype) per micro-batch (its weight casts
+        # cached until it exits), for scoring as for the updates
+        with actor_tr.autocast():
+            out: torch.Tensor = actor_logprobs(model, ids[s], attn[s], comp, entropy=entropy)[0]
+        return out
+
+    def scored_values(s: slice) -> torch.Tensor:
+        with critic_tr.autocast():
+            return critic_values(critic, ids[s], attn[s], comp)
+
     with torch.no_grad():
-        old = torch.cat([actor_logprobs(policy, ids[s], attn[s], comp, entropy=setup.method is Method.FULL)[0]
-                         for s in chunks])  # fmt: skip
+        old = torch.cat([logprobs(policy, s, full) for s in chunks])
         ref_logp = None
         if post.reference is Reference.SEPARATE:
-            ref_logp = torch.cat(
-                [actor_logprobs(ref, ids[s], attn[s], comp, entropy=False)[0] for s in chunks]
-            )
+            ref_logp = torch.cat([logprobs(ref, s, False) for s in chunks])
         elif post.reference is Reference.ADAPTER:
             with policy.disable_adapter():
-                ref_logp = torch.cat([actor_logprobs(policy, ids[s], attn[s], comp, entropy=False)[0]
-                                      for s in chunks])  # fmt: skip
-        values = torch.cat([critic_values(critic, ids[s], attn[s], comp) for s in chunks])
+                ref_logp = torch.cat([logprobs(policy, s, False) for s in chunks])
+        values = torch.cat([scored_values(s) for s in chunks]).float()
         adv, returns = gae(rewards, values, mask)
     tracker.set_phase(Phase.CRITIC_UPDATE, it)
     critic.train()
