@@ -165,3 +165,29 @@ def test_entropy_is_ppos_and_turns_the_actors_entropy_on() -> None:
     with pytest.raises(InputError) as err:
         post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, entropy=True)
     assert str(err.value).startswith("entropy=True") and "\n" not in str(err.value)
+
+
+def test_scoring_passes_hold_their_autocast_weight_casts() -> None:
+    """Under autocast a no-grad pass caches the 16-bit casts of the weights that require grad: a full
+    actor's every Linear (the head's V x H and each layer's, 2 bytes each), a LoRA actor's adapters only."""
+    amp = TrainingSetup(
+        precision=Precision.AMP_BF16, micro_batch=B, seq_len=L, kernel_policy=KernelPolicy.CPU
+    )
+    layers = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176)  # q, k, v, o, gate, up, down
+    full = estimate_post_training(SPEC, amp, _post())
+    plain = estimate_post_training(SPEC, SETUP, _post())
+    actor = full.extra["scoring_passes"]["old log-probs (actor)"]
+    no_cast = actor - (V * H + layers) * 2
+    assert no_cast == B * L * V * 2 + 2 * B * R * V * 2  # 16-bit logits, softmax and product (entropy)
+    assert plain.extra["scoring_passes"]["old log-probs (actor)"] == B * L * V * 4 + 2 * B * R * V * 4
+    lora_setup = TrainingSetup(
+        precision=Precision.AMP_BF16,
+        micro_batch=B,
+        seq_len=L,
+        kernel_policy=KernelPolicy.CPU,
+        method=Method.LORA,
+    )
+    lora = estimate_post_training(SPEC, lora_setup, _post("lora"))
+    # no entropy for a LoRA actor (calculate_entropy = not is_lora): the logits beside the final hidden
+    expected = 2 * lora.trainable_params + B * L * V * 2 + B * L * H * 2
+    assert lora.extra["scoring_passes"]["old log-probs (actor)"] == expected
