@@ -594,3 +594,16 @@ def test_long_context_options_reach_the_answer(page: Any, url: str) -> None:
     expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
     shared = page.locator("#share").get_attribute("href")
     assert "ulysses=8" in shared and "tiled_mlp=true" in shared
+
+
+def test_a_ppo_job_with_a_chosen_critic(page: Any, url: str) -> None:
+    """The page's objective ppo and its critic box ask what --objective ppo --critic asks, in the URL too."""
+    page.goto(f"{url}/?model=qwen2.5-0.5b&seq=1024")
+    wait_ready(page)
+    page.select_option("#objective", "ppo")
+    page.fill("#critic", "qwen2.5-7b")
+    expected = api(url, {"model": "qwen2.5-0.5b", "seq": 1024, "objective": "ppo", "critic": "qwen2.5-7b"})
+    own = api(url, {"model": "qwen2.5-0.5b", "seq": 1024, "objective": "ppo"})
+    assert expected["device_total_bytes"] > own["device_total_bytes"]  # a 7B critic beside a 0.5B actor
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    assert "critic=qwen2.5-7b" in (page.locator("#share").get_attribute("href") or "")

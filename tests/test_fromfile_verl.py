@@ -356,3 +356,23 @@ def test_a_reward_model_the_command_cannot_hold_is_named(tmp_path: Path) -> None
     out = _cli_json(["train", "qwen2.5-0.5b", "--from", str(script), "--gpu", "h100-80gb"])
     named = any("reward_model.model.path = rm" in n for n in out["from_file"]["not_modelled"])
     assert named != any(o.name == "reward_model" for o in OPTIONS)
+
+
+def test_a_ppo_script_maps_its_critic_to_the_critic_role(tmp_path: Path) -> None:
+    """verl's gae estimator on one GPU: critic.model.path is --critic (a role peakmem models), not a
+    not-modelled field; the answer has the critic's update among its phases."""
+    script = tmp_path / "ppo.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=gae "
+        "actor_rollout_ref.model.path=qwen2.5-0.5b critic.model.path=qwen2.5-7b "
+        "actor_rollout_ref.rollout.name=vllm "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 critic.ppo_micro_batch_size_per_gpu=4 "
+        "trainer.n_gpus_per_node=1 data.train_batch_size=4 data.max_prompt_length=512 "
+        "data.max_response_length=512 actor_rollout_ref.actor.entropy_coeff=0.001\n"
+    )
+    out = _cli_json(["train", "--from", str(script), "--gpu", "h100-80gb"])
+    post = out["setup"]["post_training"]
+    assert (post["objective"], post["critic"], post["reference"]) == ("ppo", "qwen2.5-7b", "none")
+    assert post["entropy"] is True  # entropy_coeff 0.001: dp_actor computes the entropy in the update
+    assert "critic update" in out["phases"]
+    assert not any("critic" in n for n in out["from_file"]["not_modelled"])

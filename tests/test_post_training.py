@@ -72,7 +72,6 @@ def test_sft_is_no_post_training_job() -> None:
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
-        (dict(objective="ppo"), "objective='ppo'"),
         (dict(objective="kto", reference="none"), "reference='none'"),
         (dict(objective="dpo", reference="none"), "reference='none'"),
         (dict(objective="grpo", reference="adapter", num_generations=4), "reference='adapter'"),

@@ -80,6 +80,9 @@ def gpt2_xl_config() -> dict[str, Any]:
         # distillation with a teacher; a DPO job on 8 GPUs under ZeRO-3
         ({"model": "qwen3-0.6b", "seq": 1024, "objective": "distill", "teacher": "qwen3-8b", "beta": 0.5},
          ["qwen3-0.6b", "--seq", "1024", "--objective", "distill", "--teacher", "qwen3-8b", "--beta", "0.5"]),
+        # PPO with a critic of another backbone and a KL reference (peakmem.ppo)
+        ({"model": "qwen2.5-0.5b", "seq": 1024, "objective": "ppo", "critic": "qwen2.5-7b", "beta": 0.01},
+         ["qwen2.5-0.5b", "--seq", "1024", "--objective", "ppo", "--critic", "qwen2.5-7b", "--beta", "0.01"]),
         ({"model": "qwen2.5-0.5b", "seq": 512, "objective": "dpo", "gpu_count": 8, "zero": 3},
          ["qwen2.5-0.5b", "--seq", "512", "--objective", "dpo", "--gpus", "8", "--zero", "3"]),
     ],

@@ -36,6 +36,7 @@ class Phase(str, Enum):
     DECODE = "decode"
     ROLLOUT = "rollout"  # a post-training job's generation (peakmem.jobs)
     SCORING = "scoring"  # its no-grad log-prob passes (reference, old policy)
+    CRITIC_UPDATE = "critic update"  # PPO's value model: its forward, backward and step (peakmem.ppo)
 
 
 @dataclass(slots=True)

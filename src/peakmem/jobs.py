@@ -52,7 +52,7 @@ from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import FsdpMode, Parallelism
-from peakmem.post_training import PostTraining, Reference, Rollout
+from peakmem.post_training import Objective, PostTraining, Reference, Rollout
 from peakmem.ranks import estimate_ranks
 from peakmem.training import KernelPolicy, LossImpl, Method, Precision, TrainingSetup
 
@@ -66,7 +66,7 @@ INT64, FP32 = 8, 4
 KEPT_SEQ_INT64 = 2
 KEPT_COMPLETION_FP32 = 4
 # item key prefix -> role (else: policy)
-ROLES = {"reference": "reference", "rollout": "rollout engine", "teacher": "teacher"}
+ROLES = {"reference": "reference", "rollout": "rollout engine", "teacher": "teacher", "critic": "critic"}
 SRC_DISTILL = "trl 1.16 distillation_trainer.py DistillationTrainer (_compute_loss, _get_last_hidden_state)"
 SRC_TRL_SHARD = "trl 1.16 models/utils.py prepare_deepspeed / prepare_fsdp / unwrap_model_for_generation"
 GATHERED_KEYS = ("zero3.gathered", "fsdp.root", "fsdp.units")  # a sharded model's forward working set
@@ -98,6 +98,10 @@ def update_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
             teacher_hidden=post.teacher.head_in_features,
             divergence_jsd=0 < post.beta < 1,
         )
+    if post.objective is Objective.PPO:  # verl's actor: the full logits, then the log-probs
+        from peakmem.ppo import actor_setup
+
+        return actor_setup(setup, post)
     loss = LossImpl.LOGPROB_ENTROPY if post.online else LossImpl.LOGPROB
     batch = 2 * setup.micro_batch if post.paired else setup.micro_batch
     return replace(setup, micro_batch=batch, loss=loss, scored_tokens=post.completion)
@@ -438,6 +442,11 @@ def estimate_post_training(
         train, shards, zero3_full = single, 1, 0
     else:
         check_data_parallel(par)
+        if post.objective is Objective.PPO:
+            raise InputError(
+                f"gpus={par.gpus}: ppo is modelled on one GPU (verl's FSDP sharding of the actor, "
+                "critic and reference per rank is not modelled yet)"
+            )
         train = estimate_ranks(spec, upd, par, overheads=overheads, costs=costs).most_loaded.estimate
         shards = reference_shards(par)
         gathers_all = par.zero_stage == 3 and post.rollout is Rollout.HF  # ds3_gather_for_generation
@@ -453,7 +462,11 @@ def estimate_post_training(
             f"{spec.name}'s ({spec.vocab_size:,}); TRL's DistillationTrainer compares the full next-token "
             "distributions and needs one vocabulary"
         )
-    if post.teacher is not None:
+    if post.objective is Objective.PPO:
+        from peakmem.ppo import ppo_phases
+
+        phases, extra = ppo_phases(spec, setup, post, train, r, overheads=overheads, costs=costs)
+    elif post.teacher is not None:
         phases, extra = _distill_phases(spec, setup, post, train, r)
     elif post.online:
         phases, extra = _online_phases(spec, setup, post, train, r)
@@ -491,6 +504,18 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
         f"{post.objective.value}: the phases of TRL 1.16's trainer ({SRC_TRL}); the update's loss is TRL's "
         "fused log-prob head (no batch x seq x vocab logits)"
     ]
+    if post.objective is Objective.PPO:
+        from peakmem.ppo import SRC_FIT
+
+        out = [
+            f"ppo: the phases of verl's trainer ({SRC_FIT}): rollout, scoring (old and reference log-probs, "
+            "the critic's values, a rule reward), critic update, actor update; every role resident on the "
+            "GPU (no offload, verl's default); the actor's loss materializes the full logits, then the "
+            "log-probs (verl logprobs_from_logits' torch path, padding kept; flash-attn's fused "
+            "cross-entropy and remove-padding not modelled)",
+            f"critic: {extra['critic_params']:,} parameters (the policy's backbone with a one-output value "
+            "head), fully trained with its own optimizer states",
+        ]
     if post.teacher is not None:
         kind = {0.0: "forward KL", 1.0: "reverse KL"}.get(post.beta, f"generalized JSD, beta {post.beta:g}")
         out = [
@@ -523,7 +548,7 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
             else "reference: a whole copy on every rank "
             "(TRL prepare_deepspeed builds it with ZeRO disabled below stage 3)"
         )
-    if post.online:
+    if post.online or post.objective is Objective.PPO:
         out.append(
             f"num_generations {post.num_generations} groups the completions; the per-device generation "
             f"batch is batch x steps_per_generation = {extra['generation_batch']}"

@@ -28,7 +28,9 @@ Component = Literal[
 TensorKind = Literal["linear_weight", "linear_bias", "norm", "embedding", "expert_weight", "other"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "alibi"]
-Task = Literal["causal-lm", "sequence-classification", "masked-lm"]
+# "token-value": a causal decoder with a one-output token-classification head (a PPO critic, peakmem.ppo)
+Task = Literal["causal-lm", "sequence-classification", "masked-lm", "token-value"]
+DECODER_TASKS: tuple[Task, ...] = ("causal-lm", "token-value")  # causal attention, decoder masks
 QkNorm = Literal["none", "per_head", "full"]
 SdpaKv = Literal["shared", "repeated", "broadcast"]
 

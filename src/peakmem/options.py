@@ -129,18 +129,21 @@ OPTIONS: tuple[Option, ...] = (
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
     _o("max_pixels", int, None, _IMG, "Qwen-VL processors: max_pixels (default: the checkpoint's "
        "preprocessor_config)", group=_IMAGES, maximum=MAX_PIXELS_BOUND),
-    _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|kto|grpo|rloo|distill (TRL 1.16's trainers)",
+    _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|kto|grpo|rloo|distill (TRL 1.16's trainers)|ppo "
+       "(verl's, with a critic)",
        group=_POST),
     _o("teacher", str, None, _PT, "distill: the frozen teacher (a catalog name, Hub id or config path; the "
        "student's vocabulary)", group=_POST),
+    _o("critic", str, None, _PT, "ppo: the critic's backbone (a catalog name, Hub id or config path; "
+       "default the policy's, as verl's critic.model.path)", group=_POST),
     _o("reference", str, "auto", _PT, "auto (what TRL builds)|separate|adapter|none|precomputed",
        group=_POST),
-    _o("rollout", str, "hf", _PT, "grpo/rloo generation: hf (generate on the policy)|"
+    _o("rollout", str, "hf", _PT, "grpo/rloo/ppo generation: hf (generate on the policy)|"
        "vllm-colocate|vllm-server",
        group=_POST),
-    _o("beta", float, None, _PT, "KL / preference coefficient (default TRL's: grpo 0.0, rloo 0.05, dpo 0.1); "
-       "grpo/rloo load a reference only when beta > 0; distill: the divergence (0 forward KL .. 1 reverse "
-       "KL, the default)", group=_POST),
+    _o("beta", float, None, _PT, "KL / preference coefficient (default TRL's: grpo 0.0, rloo 0.05, dpo 0.1; "
+       "verl's ppo 0.0); grpo/rloo/ppo load a reference only when beta > 0; distill: the divergence (0 "
+       "forward KL .. 1 reverse KL, the default)", group=_POST),
     _o("num_generations", int, None, _PT, "completions per prompt (default TRL's: grpo 8, rloo 2)",
        group=_POST, maximum=MAX_GENERATIONS),
     _o("completion", int, None, _PT, "completion tokens within --seq (default min(512, seq/2): TRL's "
@@ -152,6 +155,8 @@ OPTIONS: tuple[Option, ...] = (
        "(TRL's default 0.3)", group=_POST),
     _o("rollout_sleep", bool, False, _PT, "vllm-colocate: vllm_enable_sleep_mode (the engine's memory freed "
        "outside rollout)", group=_POST),
+    _o("entropy", bool, False, _PT, "ppo: the actor's update computes the entropy from the logits (verl's "
+       "actor.entropy_coeff != 0 or calculate_entropy; off by default)", group=_POST),
     # the parallel layout (peakmem.parallel.Parallelism)
     _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),
     _o("gpus_per_node", int, 8, S, "GPUs per node", group=_MULTI, maximum=MAX_DEGREE),

@@ -57,16 +57,13 @@ PAIRED = (Objective.DPO, Objective.ORPO, Objective.SIMPO)
 ONLINE = (Objective.GRPO, Objective.RLOO)
 REFERENCE_FREE = (Objective.ORPO, Objective.SIMPO, Objective.DISTILL)
 # Objectives whose policy generates the completions it trains on (a rollout phase)
-GENERATES = (*ONLINE, Objective.DISTILL)
+GENERATES = (*ONLINE, Objective.DISTILL, Objective.PPO)
+# Objectives whose reference exists only for a KL term (none when beta is 0)
+KL_OPTIONAL = (*ONLINE, Objective.PPO)
 # Objectives with a reference over unpaired completions and a KL estimate from mismatched pairs (TRL
 # ``KTOTrainer._compute_loss``: a no-grad policy pass over the KL batch before the policy's forward, and the
 # reference over the KL batch and the completions after it)
 UNPAIRED = (Objective.KTO,)
-# Objectives whose roles and phases are not modelled yet: asking for one is an InputError, never an
-# SFT answer.
-NOT_MODELLED = {
-    Objective.PPO: "PPO's critic (a trained value model) and reward model beside the policy",
-}
 
 
 class Reference(Choice):
@@ -90,6 +87,9 @@ DEFAULT_BETA = {
     Objective.DPO: 0.1,
     Objective.KTO: 0.1,
     Objective.DISTILL: 1.0,  # DistillationConfig.beta: reverse KL
+    # verl ppo_trainer.yaml: actor.use_kl_loss and algorithm.use_kl_in_reward false (no reference); with
+    # either on, kl_loss_coef / kl_ctrl.kl_coef 0.001 (peakmem.ppo)
+    Objective.PPO: 0.0,
 }
 DEFAULT_NUM_GENERATIONS = {Objective.GRPO: 8, Objective.RLOO: 2}  # GRPOConfig / RLOOConfig.num_generations
 DEFAULT_COMPLETION = 512  # GRPOConfig.max_completion_length
@@ -114,6 +114,8 @@ class PostTraining:
     rollout_memory: float = DEFAULT_ROLLOUT_MEMORY
     rollout_sleep: bool = False
     teacher: ModelSpec | None = None  # distillation's frozen teacher
+    critic: ModelSpec | None = None  # PPO's value model backbone (None: the policy's, verl's default)
+    entropy: bool = False  # PPO: the actor's update computes the entropy (verl entropy_coeff != 0)
 
     def __post_init__(self) -> None:
         coerce_choice(self, "objective", Objective)
@@ -129,6 +131,11 @@ class PostTraining:
         check_int("completion", self.completion)
         check_int("steps_per_generation", self.steps_per_generation)
         check_bool("rollout_sleep", self.rollout_sleep)
+        check_bool("entropy", self.entropy)
+        if self.entropy and self.objective is not Objective.PPO:
+            raise InputError(
+                "entropy=True: for objective='ppo' (TRL's online trainers compute the entropy already)"
+            )
         for name in ("beta", "rollout_memory"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BETA:
@@ -142,7 +149,7 @@ class PostTraining:
         if self.objective not in GENERATES and self.rollout is not Rollout.HF:
             raise InputError(
                 f"rollout={self.rollout.value!r}: {self.objective.value} generates nothing "
-                "(a rollout engine is for grpo, rloo and distill)"
+                "(a rollout engine is for grpo, rloo, ppo and distill)"
             )
         if (self.objective is Objective.DISTILL) != (self.teacher is not None):
             raise InputError(
@@ -150,6 +157,8 @@ class PostTraining:
                 if self.teacher is None
                 else f"teacher={self.teacher.name!r}: a teacher is for objective='distill'"
             )
+        if self.critic is not None and self.objective is not Objective.PPO:
+            raise InputError(f"critic={self.critic.name!r}: a critic is for objective='ppo'")
         if self.objective is Objective.DISTILL and not 0 <= self.beta <= 1:
             raise InputError(
                 f"beta={self.beta!r}: distillation's divergence, between 0 (forward KL) and 1 (reverse KL)"
@@ -184,6 +193,9 @@ class PostTraining:
         }
         if self.teacher is not None:
             out["teacher"] = self.teacher.name
+        if self.objective is Objective.PPO:
+            out["critic"] = "the policy's backbone" if self.critic is None else self.critic.name
+            out["entropy"] = self.entropy
         if self.generates:
             out.update(
                 rollout=self.rollout.value,
@@ -205,7 +217,7 @@ def resolve_reference(objective: Objective, asked: Reference, *, beta: float, ad
             raise InputError(f"reference={asked.value!r}: {objective.value} is reference-free")
         return Reference.NONE
     if asked is Reference.AUTO:
-        if objective in ONLINE and beta == 0:
+        if objective in KL_OPTIONAL and beta == 0:
             return Reference.NONE
         return Reference.ADAPTER if adapter else Reference.SEPARATE
     if asked is Reference.ADAPTER and not adapter:
@@ -231,17 +243,14 @@ def post_training(
     batch: int = 1,
     gpus: int = 1,
     teacher: ModelSpec | None = None,
+    critic: ModelSpec | None = None,
+    entropy: bool = False,
 ) -> PostTraining | None:
     """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model).
     ``batch`` x ``gpus`` x ``steps_per_generation``: TRL's generation batch, a multiple of num_generations."""
     obj = Objective.parse(objective, "objective")
     if obj is Objective.SFT:
         return None
-    if obj in NOT_MODELLED:
-        raise InputError(
-            f"objective={obj.value!r}: not modelled yet ({NOT_MODELLED[obj]}); peakmem estimates "
-            "sft, dpo, orpo, simpo, kto, grpo, rloo and distill"
-        )
     if obj is Objective.DISTILL and num_generations not in (None, 1):
         raise InputError(
             f"num_generations={num_generations}: distillation generates one completion per prompt"
@@ -271,4 +280,6 @@ def post_training(
         rollout_memory=rollout_memory,
         rollout_sleep=rollout_sleep,
         teacher=teacher,
+        critic=critic,
+        entropy=entropy,
     )

@@ -190,7 +190,7 @@ def post_training_of(o: Mapping[str, Any], training: TrainingSetup, dp: int = 1)
     if o.get("objective", "sft") == "sft":
         unused = [
             k
-            for k in ("beta", "num_generations", "completion", "steps_per_generation", "teacher")
+            for k in ("beta", "num_generations", "completion", "steps_per_generation", "teacher", "critic")
             if o.get(k) is not None
         ]
         if unused:
@@ -200,12 +200,13 @@ def post_training_of(o: Mapping[str, Any], training: TrainingSetup, dp: int = 1)
         return None
     spg = o.get("steps_per_generation")
     teacher = resolve_model(o["teacher"]) if o.get("teacher") else None
+    critic = resolve_model(o["critic"]) if o.get("critic") else None
     return post_training(
         o["objective"], reference=o["reference"], rollout=o["rollout"], beta=o.get("beta"),
         num_generations=o.get("num_generations"), completion=o.get("completion"),
         steps_per_generation=training.grad_accum if spg is None else spg, rollout_memory=o["rollout_memory"],
         rollout_sleep=o["rollout_sleep"], adapter=training.method.value != "full", seq=training.seq_len,
-        batch=training.micro_batch, gpus=dp, teacher=teacher,
+        batch=training.micro_batch, gpus=dp, teacher=teacher, critic=critic, entropy=o.get("entropy", False),
     )  # fmt: skip
 
 

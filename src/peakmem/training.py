@@ -129,6 +129,19 @@ class LossImpl(Choice):
     LOGPROB_ENTROPY = "logprob-entropy"  # ... with the entropy output (GRPO, RLOO)
     # TRL's chunked divergence head (peakmem.formulas.logprob_head.divergence_head): DistillationTrainer
     DIVERGENCE = "divergence"
+    # verl's actor (peakmem.formulas.logprob_head.logits_logprob_head): full logits, then per-row log-probs
+    LOGITS_LOGPROB = "logits-logprob"
+    LOGITS_LOGPROB_ENTROPY = "logits-logprob-entropy"  # ... and the entropy from the logits
+
+
+# the losses of post-training objectives (peakmem.jobs): TRL's heads and verl's logits-then-log-prob
+POST_TRAINING_LOSSES = (
+    LossImpl.LOGPROB,
+    LossImpl.LOGPROB_ENTROPY,
+    LossImpl.DIVERGENCE,
+    LossImpl.LOGITS_LOGPROB,
+    LossImpl.LOGITS_LOGPROB_ENTROPY,
+)
 
 
 class Method(Choice):

@@ -167,3 +167,81 @@ def divergence_head(
         backward_transient=tiles + bwd_fold + grads,
         logits_grad=0,
     )
+
+
+# --- verl's actor: the full logits, then per-row log-probs (and the entropy) ------------------------------
+# verl (volcengine/verl b178a3cd) ``workers/actor/dp_actor.py`` ``_forward_micro_batch`` with padding kept
+# (``use_remove_padding`` off) and no fused kernels: ``logits = output.logits`` ([B, L, V], the lm_head's
+# output), ``logits.div_(temperature)`` in place, ``logits[:, -R - 1 : -1, :]`` (a view), then
+# ``utils/torch_functional.py`` ``logprobs_from_logits``, whose torch path (``logprobs_from_logits_v2``,
+# without flash-attn's Triton cross-entropy) gathers the labels' logits and subtracts a ``logsumexp`` taken
+# one row at a time (fp32), or takes one ``log_softmax`` per row (16-bit logits); ``entropy_from_logits``
+# is ``logsumexp(z) - sum(softmax(z) * z)`` over the whole [B, R, V] view.
+SRC_VERL = (
+    "verl b178a3cd workers/actor/dp_actor.py _forward_micro_batch; utils/torch_functional.py "
+    "logprobs_from_logits_v2 / entropy_from_logits"
+)
+# [B, R, V] tensors alive at the log-prob's backward (measured with the tracker on the tiny Llama, fp32,
+# peakmem.measure.ppo): the per-row logsumexp gradients stacked, the gather's ``new_zeros`` and its
+# ``scatter_add`` result
+VERL_BACKWARD_TILES = 3
+# the entropy's backward adds the softmax and product gradients over the same view (two more, read off
+# ``softmax_backward_data`` and ``mul``'s backward, and counted by the tracker with entropy on)
+VERL_ENTROPY_BACKWARD_TILES = 2
+
+
+def logits_logprob_head(
+    spec: ModelSpec, head: HeadActivations, sh: Shapes, *, scored: int, entropy: bool
+) -> HeadActivations:
+    """``head`` under verl's logits-then-log-prob loss over the last ``scored`` positions of each sequence.
+
+    Saved: the logits ``[B, L, V]`` themselves (every row's ``logsumexp`` saves a view of them; for 16-bit
+    logits the rows' ``log_softmax`` outputs ``[B, R, V]`` instead), and with the entropy the ``softmax``
+    output ``[B, R, V]`` (and the logits, which its ``logsumexp`` saves). Forward: 16-bit logits are a
+    temporary; the entropy's ``softmax(z) * z`` product is one more ``[B, R, V]``. Backward: three ``[B, R,
+    V]`` gradients at the log-prob (two more with the entropy) beside the saved logits, or, once these are
+    freed, the logits' gradient ``[B, L, V]`` (``slice_backward``) and its copy by the temperature's
+    division next to each other (the larger when the response is short)."""
+    b, seq, v, c = sh.batch, sh.seq, spec.vocab_size, sh.c
+    r = min(scored, seq - 1)
+    logits, rows = b * seq * v * c, b * r * v
+    keep = [i for i in head.saved if i.key not in {"loss.log_softmax", "head.softcap"}]
+    fp32 = c == FP32
+    saved = logits if fp32 or entropy else rows * c
+    saved += rows * c if entropy else 0
+    keep.append(
+        MemoryItem(
+            path="verl log-prob: the logits [B, L, V]" + (" and softmax [B, R, V]" if entropy else "")
+            if fp32 or entropy
+            else "verl log-prob: each row's log_softmax [B, R, V]",
+            category=Category.ACTIVATIONS,
+            bytes=saved,
+            source=SRC_VERL,
+            key="loss.verl_logits",
+        )
+    )
+    forward = (0 if fp32 or entropy else logits) + (rows * c if entropy else 0)
+    tiles = VERL_BACKWARD_TILES + (VERL_ENTROPY_BACKWARD_TILES if entropy else 0)
+    return replace(
+        head,
+        saved=tuple(keep),
+        forward_transient=forward,
+        # the log-prob's [B, R, V] gradients next to the saved logits; or, once those are freed, the logits'
+        # gradient [B, L, V] (slice_backward) and its division by the temperature (div's backward) together
+        backward_transient=max(tiles * rows * c, 2 * logits - saved),
+        # the logits' gradient [B, L, V] is written once the rows' logsumexp nodes have run and freed the
+        # saved logits: it takes their place (no more than the saved bytes are alive for it)
+        logits_grad=max(0, logits - saved),
+    )
+
+
+def logits_no_grad_bytes(
+    spec: ModelSpec, sequences: int, seq: int, scored: int, act: int, *, entropy: bool
+) -> int:
+    """A no-grad log-prob pass as verl's ``compute_log_prob`` runs it (:func:`logits_logprob_head`'s
+    math under ``torch.no_grad()``): the final hidden states beside the logits they project to, then the
+    logits with the entropy's ``softmax`` and ``softmax(z) * z`` (two ``[B, R, V]``)."""
+    logits = sequences * seq * spec.vocab_size * act
+    rows = sequences * min(scored, seq - 1) * spec.vocab_size * act
+    hidden = sequences * seq * spec.head_in_features * act
+    return logits + max(hidden, 2 * rows if entropy else 0)

@@ -46,6 +46,8 @@ def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> Hea
     if spec.task == "sequence-classification":
         items = (_act("pooler + classifier inputs", 2 * sh.batch * h * c, SRC_HEAD, "head.pooler_inputs"),)
         return HeadActivations(saved=items, forward_transient=0, backward_transient=0, logits_grad=0)
+    if spec.task == "token-value":  # a PPO critic: score = Linear(H, num_labels) on every position
+        return value_head_activations(spec, sh)
     v = spec.vocab_size
     logits = t * v
     items_l = []
@@ -67,6 +69,26 @@ def head_activations(spec: ModelSpec, sh: Shapes, head_weight_numel: int) -> Hea
         backward_transient=2 * logits * 4,
         logits_grad=logits * c,
     )
+
+
+SRC_VALUE_HEAD = (
+    "transformers modeling_layers.py GenericForTokenClassification (num_labels 1, classifier_dropout 0 as "
+    "verl b178a3cd fsdp_workers.py sets it): score(hidden_states); the value loss is over [B, R] values"
+)
+
+
+def value_head_activations(spec: ModelSpec, sh: Shapes) -> HeadActivations:
+    """A critic's value head: the final norm and the ``score`` Linear save their inputs; its ``[T,
+    num_labels]`` output and that output's gradient are the only head temporaries (no vocabulary)."""
+    t, h, c = sh.tokens, spec.head_in_features, sh.c
+    items = (
+        _act(
+            "final norm (input + stats)", norm_saved(spec, sh, spec.hidden_size), SRC_HEAD, "head.final_norm"
+        ),
+        _act("value head (score) input", t * h * c, SRC_VALUE_HEAD, "head.score_input"),
+    )
+    out = t * max(spec.num_labels, 1) * c
+    return HeadActivations(saved=items, forward_transient=out, backward_transient=0, logits_grad=out)
 
 
 # --- framework losses (peakmem.formulas.profiles) ---------------------------------------------------------

@@ -266,6 +266,11 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
                                teacher_hidden=setup.teacher_hidden or spec.head_in_features,
                                jsd=setup.divergence_jsd, head_trains=_value(setup.method) == "full",
                                triton=_value(setup.kernel_policy) == "cuda")  # fmt: skip
+    if kind in ("logits-logprob", "logits-logprob-entropy"):
+        from peakmem.formulas.logprob_head import logits_logprob_head
+
+        return logits_logprob_head(spec, head, sh, scored=setup.scored_tokens or sh.seq - 1,
+                                   entropy=kind == "logits-logprob-entropy")  # fmt: skip
     if kind in ("logprob", "logprob-entropy"):
         from peakmem.formulas.logprob_head import logprob_head
 

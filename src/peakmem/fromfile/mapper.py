@@ -137,6 +137,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "completion": "completion",
     "steps_per_generation": "steps-per-generation",
     "critic": "critic",
+    "entropy": "entropy",
     "reward_model": "reward-model",
 }
 LORA_DESTS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "adapter_dtype")

@@ -285,6 +285,7 @@ def map_verl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     _sequence_and_batch(f, gpus)
     if objective == "ppo" or truthy(get(doc, "critic.enable")):
         _critic(f)
+        _entropy(f)
     _reward_model(f)
     _named(f)
     f.name_unresolved()
@@ -605,6 +606,14 @@ def _critic(f: _Fields) -> None:
         value = f.raw(key)
         if value is not None and value != f.value(actor_key):
             m.skip(key, value, "the critic's own setup (the policy's setup counted for the critic)")
+
+
+def _entropy(f: _Fields) -> None:
+    """dp_actor.py update_policy: ``calculate_entropy = config.calculate_entropy or entropy_coeff != 0``."""
+    coeff = f.raw(f"{ACTOR}.entropy_coeff")
+    if coeff not in (None, 0, 0.0, "0") or truthy(f.raw(f"{ACTOR}.calculate_entropy")):
+        key = f"{ACTOR}.calculate_entropy" if coeff in (None, 0, 0.0, "0") else f"{ACTOR}.entropy_coeff"
+        f.set("entropy", True, key, "the actor's update computes the entropy from the logits")
 
 
 def _reward_model(f: _Fields) -> None:

@@ -274,7 +274,17 @@ def measure_post_training(
 ) -> Estimate:
     """Two optimizer steps of TRL's trainer for ``post``: the live bytes at the peak of each phase of the
     steady step (the second; the precompute pass for a precomputed reference), by tensor. Distillation
-    builds its teacher from ``teacher_config`` (random weights, the student's dtype)."""
+    builds its teacher from ``teacher_config`` (random weights, the student's dtype). PPO (no TRL trainer in
+    1.16) runs our step harness in verl's phase order, :func:`peakmem.measure.ppo.measure_ppo`."""
+    if post.objective is Objective.PPO:
+        from peakmem.measure.ppo import measure_ppo
+
+        if post.critic is not None:
+            raise InputError(
+                f"critic={post.critic.name!r}: measure builds the critic from the policy's config (a chosen "
+                "critic is estimated, not measured)"
+            )
+        return measure_ppo(config, setup, post, model_name=model_name)
     _check(setup, post)
     if post.objective is Objective.DISTILL and teacher_config is None:
         raise InputError("teacher=None: measure --objective distill needs --teacher CONFIG")

@@ -202,6 +202,8 @@ class PostTrainingOptions(BaseModel):
     rollout_memory: float = Field(DEFAULT_ROLLOUT_MEMORY, gt=0, lt=1, description="vLLM colocated: its share")
     rollout_sleep: bool = Field(False, description="vLLM colocated: sleep mode outside rollout")
     teacher: str | None = Field(None, min_length=1, max_length=200, description="distill: the teacher model")
+    critic: str | None = Field(None, min_length=1, max_length=200, description="ppo: the critic's backbone")
+    entropy: bool = Field(False, description="ppo: the actor's update computes the entropy")
 
 
 class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):

@@ -10,7 +10,7 @@ rotated q, k; MLA keeps kv_b_proj's output the same way. Sources: transformers
 from __future__ import annotations
 
 from peakmem.breakdown import MemoryItem
-from peakmem.model import Attention, Layer, ModelSpec
+from peakmem.model import DECODER_TASKS, Attention, Layer, ModelSpec
 from peakmem.training import AttentionKernel, KernelPolicy
 
 from .fused import compiled_output_copy
@@ -186,7 +186,7 @@ def _eager_terms(
     # fp32 softmax: ``softmax(..., dtype=float32)`` (Llama family); under CUDA autocast (softmax is
     # on its fp32 list); under any autocast when an fp32 additive mask (the causal mask of decoders)
     # promotes the 16-bit scores. Encoders fed without a padding mask add none.
-    promoted = sh.plan.autocast and (sh.policy is KernelPolicy.CUDA or spec.task == "causal-lm")
+    promoted = sh.plan.autocast and (sh.policy is KernelPolicy.CUDA or spec.task in DECODER_TASKS)
     softmax_fp32 = spec.attn_softmax_fp32 or promoted or sh.math_fallback
     sm = 4 if softmax_fp32 else inner
     core = scores * sm

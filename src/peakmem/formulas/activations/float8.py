@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 
 from peakmem.errors import InputError
 from peakmem.model import Layer, ModelSpec, Tensor
-from peakmem.training import Checkpointing, LossImpl, Precision, TrainingSetup
+from peakmem.training import POST_TRAINING_LOSSES, Checkpointing, Precision, TrainingSetup
 
 from .shapes import LayerActivations, Shapes
 
@@ -142,7 +142,7 @@ def check_float8(spec: ModelSpec, layer: Layer, setup: TrainingSetup, adapter: b
     what = ""
     if setup.checkpointing is Checkpointing.OP:
         what = "--checkpointing op"
-    elif setup.loss in (LossImpl.LOGPROB, LossImpl.LOGPROB_ENTROPY, LossImpl.DIVERGENCE):
+    elif setup.loss in POST_TRAINING_LOSSES:
         what = "a post-training objective"
     elif adapter:
         what = "LoRA/QLoRA adapters"

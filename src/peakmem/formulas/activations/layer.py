@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.errors import ConfigError
-from peakmem.model import Layer, ModelSpec
+from peakmem.model import DECODER_TASKS, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing
 
 from .attention import attention_terms
@@ -55,7 +55,8 @@ def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
     """The 4-D causal mask a decoder builds once per forward and passes to every layer:
     ``create_causal_mask`` (transformers/masking_utils.py) materialises B x 1 x s x s in the model's
     dtype for eager attention; for SDPA it returns None and the kernel runs ``is_causal``."""
-    if spec.task != "causal-lm" or sh.kernel is not AttentionKernel.EAGER or sh.kernel_note.startswith(MATH):
+    eager = sh.kernel is AttentionKernel.EAGER and not sh.kernel_note.startswith(MATH)
+    if spec.task not in DECODER_TASKS or not eager:
         return 0
     # one mask per kind of layer: a model mixing full and sliding-window layers builds both
     # (modeling_gemma2.py Gemma2Model.forward ``causal_mask_mapping``; Qwen2/3 when ``has_sliding_layers``);

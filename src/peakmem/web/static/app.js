@@ -40,6 +40,7 @@ const FIELDS = [
   { id: "liger", def: "", bool: true, modes: TRAIN },
   { id: "objective", def: "sft", modes: ["train"] },
   { id: "teacher", def: "", modes: ["train"], only: "distill" },
+  { id: "critic", def: "", modes: ["train"], only: "ppo" },
   { id: "reference", def: "auto", modes: ["train"], only: "post" },
   { id: "rollout", def: "hf", modes: ["train"], only: "generates" },
   { id: "beta", def: "", num: true, modes: ["train"], only: "post" },
@@ -214,8 +215,9 @@ function applies(f, question) {
   const objective = $("objective").value;
   if (f.only === "post") return objective !== "sft";
   if (f.only === "online") return objective === "grpo" || objective === "rloo";
-  if (f.only === "generates") return ["grpo", "rloo", "distill"].includes(objective);
+  if (f.only === "generates") return ["grpo", "rloo", "ppo", "distill"].includes(objective);
   if (f.only === "distill") return objective === "distill";
+  if (f.only === "ppo") return objective === "ppo";
   return true;
 }
 
