@@ -24,8 +24,9 @@ from fractions import Fraction
 from operator import attrgetter
 
 from peakmem import block_costs
+from peakmem import step_band as _step_band
 from peakmem import step_parts as _steps
-from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
@@ -42,7 +43,7 @@ from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
-from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
+from peakmem.formulas.timeline import GroupCost, backward_peak
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
@@ -52,7 +53,6 @@ from peakmem.training import (
     Framework,
     LossImpl,
     Method,
-    OptimizerImpl,
     TrainingSetup,
     checkpointed_layers,
 )
@@ -641,14 +641,16 @@ def _estimate(
     # when the optimizer step peaks, the step's temporaries when forward or backward does), and the
     # optimizer states step 1 creates lazily (torch.optim: zeros_like in _init_group) into cached blocks
     others = (forward, backward) if peak is optimizer else (optimizer,)
-    freed = max(_transient_bytes(p) for p in others)
+    freed = max(_step_band.transient_bytes(p) for p in others)
     lazy = st.states_bytes if not par.zero_stage else 0  # DeepSpeed builds its states at initialize()
-    band = training_band(
+    band = _step_band.training_band(
         allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
         communicators=sharding.communicators(par), nccl_bytes=nccl,
-        fused_step_delta=_fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0,
-        loss_order=_loss_order_deltas(setup, logits_grad, bp, phases, peak) if last else (0, 0),
+        fused_step_delta=(
+            _step_band.fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0
+        ),
+        loss_order=_step_band.loss_order_deltas(setup, logits_grad, bp, phases, peak) if last else (0, 0),
         replayed=over_closed,
     )  # fmt: skip
     return Estimate(
@@ -709,83 +711,6 @@ def with_kernel_alternatives(
         delta = max(0, delta)
     term = _band.kernel_term(low_delta=delta, high_delta=delta, source=_band.SRC_KERNEL_PRE_AMPERE)
     return replace(est, band=_band.with_terms(est.band, (term,)))
-
-
-_TRANSIENT = (Category.ACTIVATIONS, Category.TEMPORARIES)
-_CONTEXT_TERMS: dict[Overheads, BandTerm] = {}  # the context term depends on the Overheads only
-
-
-def _transient_bytes(phase: PhasePeak) -> int:
-    return sum([i.bytes for i in phase.items if i.category in _TRANSIENT])
-
-
-def _fused_step_delta(
-    setup: TrainingSetup, forward: PhasePeak, backward: PhasePeak, optimizer: PhasePeak
-) -> int:
-    """How much lower the peak is when the step runs as one fused kernel rather than the foreach
-    implementation estimated (<= 0): its temporaries gone, the peak is the larger of the rest."""
-    if setup.optimizer_impl is not OptimizerImpl.FOREACH:
-        return 0
-    temps = sum([i.bytes for i in optimizer.items if i.category is Category.TEMPORARIES])
-    return min(0, max(forward.bytes, backward.bytes, optimizer.bytes - temps) - optimizer.bytes)
-
-
-def _loss_order_deltas(
-    setup: TrainingSetup, chunk_grad: int, bp: BackwardPeak, phases: tuple[PhasePeak, ...], peak: PhasePeak
-) -> tuple[int, int]:
-    """(low, high) change of the peak from the order of a compiled chunked loss's backward
-    (``band.loss_backward_term``): each chunk's gradient in its saved chunk's place (low), or all
-    ``CE_CHUNKS`` gradients alive at once (high, bounded with the backward phase's own peak)."""
-    if setup.loss is not LossImpl.CHUNKED_COMPILED or not chunk_grad:
-        return 0, 0
-    forward, backward, optimizer = phases
-    high = max(0, backward.bytes + (_lowbit.CE_CHUNKS - 1) * chunk_grad - peak.bytes)
-    at_start = peak is backward and bp.at_start
-    low = max(-chunk_grad, max(forward.bytes, optimizer.bytes) - peak.bytes) if at_start else 0
-    return low, high
-
-
-def training_band(
-    *,
-    allocated: int,
-    reserved: int,
-    device_total: int,
-    churn: int,
-    other_churn: int,
-    ov: Overheads,
-    communicators: int = 0,
-    nccl_bytes: int = 0,
-    fused_step_delta: int = 0,
-    loss_order: tuple[int, int] = (0, 0),
-    replayed: int = 0,
-) -> Band:
-    """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
-    peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
-    ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
-    fragmentation term's low end removes, and segments of other phases the term for them no longer spans."""
-    context = _CONTEXT_TERMS.get(ov)
-    if context is None:
-        if len(_CONTEXT_TERMS) >= _MEMO_MAX:
-            _CONTEXT_TERMS.clear()
-        context = _CONTEXT_TERMS[ov] = _band.context_term(ov.context_bytes, assumed=ov.context_assumed,
-                                                          profile=ov.profile)  # fmt: skip
-    terms = [
-        _band.residual_term(allocated),
-        context,
-        _band.fragmentation_term(churn=churn, fragmentation=ov.fraction, profile=ov.profile,
-                                 expandable=ov.expandable_segments, replayed=replayed),
-        _band.phase_segments_term(other_churn=other_churn, fragmentation=ov.fraction,
-                                  expandable=ov.expandable_segments, replayed=replayed),
-    ]  # fmt: skip
-    if communicators:
-        terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
-    if fused_step_delta:
-        terms.append(_band.optimizer_impl_term(fused_step_delta))
-    if loss_order != (0, 0):
-        terms.append(_band.loss_backward_term(low_delta=loss_order[0], high_delta=loss_order[1]))
-    return _band.build_band(
-        allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
-    )
 
 
 _BYTES = attrgetter("bytes")
