@@ -158,15 +158,16 @@ def test_torch_pipeline_receive_buffers_by_hand() -> None:
 
 
 def test_dtensor_tp_terms_by_hand() -> None:
-    """DTensor TP without SP: 2 more copies of the embedding's output per micro-batch in flight on the
-    first stage, 3 of a row-parallel output inside a layer; the vocab-parallel embedding's gradient
+    """DTensor TP: 2 more copies of the embedding's output per micro-batch in flight on the first stage
+    without SP (3 of its sequence shard with SP), 3 of a row-parallel output inside a layer; the vocab-parallel embedding's gradient
     whole without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of which tp=2 counts half)."""
     from peakmem.formulas import model_parallel as mp
 
     tp = Parallelism(gpus=2, tp=2)
     assert mp.dtensor_tp_copies(tp, True, 100, 3) == (2 * 100 * 3, 3 * 100)
     assert mp.dtensor_tp_copies(tp, False, 100, 3) == (0, 3 * 100)
-    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, sequence_parallel=True), True, 100, 3) == (0, 0)
+    # with SP the embedding's reduce-scatter keeps 3 copies of the rank's sequence shard per micro-batch
+    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, sequence_parallel=True), True, 100, 3) == (900, 300)
     assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, zero_stage=1), True, 100, 3) == (0, 0)
 
     def fp32(n: int) -> int:
@@ -176,3 +177,34 @@ def test_dtensor_tp_terms_by_hand() -> None:
     assert mp.dtensor_embedding_grad_extra(tiny(), tp, False, fp32, False) == 0  # not the first stage
     fsdp = Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)
     assert mp.dtensor_embedding_grad_extra(tiny(), fsdp, True, fp32, False) == 0  # FSDP2 shards it
+
+
+def test_loss_parallel_head_by_hand() -> None:
+    """torch's vocab-parallel loss on tp=4, T=10 tokens, V=1000, bf16 logits: each rank's fp32 T x V/4 is
+    10 x 250 x 4 = 10,000 bytes; forward holds the bf16 logits (5,000), their fp32 copy (10,000) and
+    ``shifted`` (10,000) next to the saved output; backward ``zeros_like``, ``exp`` and their sum
+    (30,000), where the fused kernels hold 2 fp32 tensors (20,000). Under DeepSpeed (no DTensor TP) and
+    for a loss without a log-softmax output the extra is 0."""
+    from peakmem.breakdown import Category, MemoryItem
+    from peakmem.formulas import model_parallel as mp
+    from peakmem.formulas.loss import HeadActivations
+
+    t, v = 10, 1000
+    saved = (
+        MemoryItem("loss.log_softmax output (fp32)", Category.ACTIVATIONS, t * v * 4, "", "loss.log_softmax"),
+    )
+    head = HeadActivations(
+        saved=saved,
+        forward_transient=t * v * 2 + t * v * 4,
+        backward_transient=2 * t * v * 4,
+        logits_grad=t * v * 2,
+    )
+    tp4 = Parallelism(gpus=4, tp=4)
+    assert mp.loss_parallel_extra(head, tp4) == 10_000
+    local = mp.tp_head_activations(head, tp4)
+    assert local.forward_transient == 5_000 + 10_000 + 10_000
+    assert local.backward_transient == 30_000
+    assert local.saved[0].bytes == 10_000
+    assert mp.loss_parallel_extra(head, Parallelism(gpus=4, tp=4, zero_stage=1)) == 0
+    fused = HeadActivations(saved=(), forward_transient=0, backward_transient=0, logits_grad=0)
+    assert mp.loss_parallel_extra(fused, tp4) == 0

@@ -46,14 +46,15 @@ SETUP = TrainingSetup(
 KNOWN: dict[str, str] = {
     "fsdp4": "backward -3.6%: a layer's unsharded gradients with gradients accumulated (2nd micro-batch)",
     "tp2 x fsdp2": "backward -4.3%",
+    "tp2+sp x fsdp2": "backward -3.3% (the FSDP2 part of tp2 x fsdp2's miss)",
     "tp2 x pp2 x fsdp2 x 1f1b": "first stage forward -3.5%",
 }
 
 
-def _misses(par: Parallelism, setup: TrainingSetup = SETUP) -> list[str]:
+def _misses(par: Parallelism, setup: TrainingSetup = SETUP, config: dict[str, Any] = TINY_LLAMA) -> list[str]:
     rows: list[PhaseCheck] = []
     for rank in rank_types(par):
-        rows.extend(compare_rank(TINY_LLAMA, setup, par, rank))
+        rows.extend(compare_rank(config, setup, par, rank))
     return [
         f"rank {r.rank} ({r.role}) {r.phase.value}: {r.error:+.1%}"
         for r in rows
@@ -85,6 +86,19 @@ def test_mixed_bf16_fsdp2_within_tolerance(par: Parallelism) -> None:
     assert not misses, "; ".join(misses)
 
 
+@pytest.mark.parametrize(
+    "par", [Parallelism(gpus=2, tp=2), Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)], ids=describe
+)
+def test_loss_parallel_with_a_large_vocabulary_within_tolerance(par: Parallelism) -> None:
+    """A 16k vocabulary makes the vocab-parallel loss the peak (T x V/tp fp32 = 4 MiB per tensor against
+    about 2 MiB of layer activations): torch's ``loss_parallel`` holds one such tensor more than the
+    fused kernels in forward and in backward (``formulas.model_parallel.loss_parallel_extra``; without it
+    these read -10.0% / -9.1% for tp2 and -11.5% / -11.2% for tp2 x fsdp2)."""
+    config = {**TINY_LLAMA, "vocab_size": 16384}
+    misses = _misses(par, replace(SETUP, grad_accum=1), config)
+    assert not misses, "; ".join(misses)
+
+
 def test_fsdp2_shards_and_states_by_hand() -> None:
     """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
     holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
@@ -102,6 +116,8 @@ def test_fsdp2_shards_and_states_by_hand() -> None:
 def test_bad_layouts_are_refused() -> None:
     with pytest.raises(InputError, match="rank=4"):
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), 4)
+    with pytest.raises(InputError, match="sp with pp"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, tp=2, pp=2, sequence_parallel=True), 0)
     with pytest.raises(InputError, match="cp=2"):
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0)
     with pytest.raises(InputError, match="grad_accum=1"):

@@ -262,10 +262,15 @@ def dtensor_tp_copies(par: Parallelism, first: bool, hidden: int, in_flight: int
     output projection's three copies live until the residual add; the embedding's output stays saved by
     the first norm and keeps two more copies alive until its backward. Returns (bytes kept per rank
     for the embedding over ``in_flight`` micro-batches, bytes a layer adds to its forward transient).
-    ``hidden``: one micro-batch's hidden states. Not applied under DeepSpeed ZeRO (no DTensor TP)."""
-    if par.tp == 1 or par.zero_stage or par.sequence_parallel:
+    ``hidden``: one micro-batch's hidden states on the rank (its sequence shard under SP). With SP the
+    embedding's ``output_layouts=Shard(1)`` reduce-scatter keeps three copies of the shard (the
+    collective's output, its autograd wrapper and the local view; the first norm saves a fourth, its
+    ``SequenceParallel`` input) and an output projection's reduce-scatter three until the residual add
+    (measured with the oracle). Not applied under DeepSpeed ZeRO (no DTensor TP)."""
+    if par.tp == 1 or par.zero_stage:
         return 0, 0
-    return (2 * hidden * in_flight if first else 0), 3 * hidden
+    kept = 3 if par.sequence_parallel else 2
+    return (kept * hidden * in_flight if first else 0), 3 * hidden
 
 
 SRC_DTENSOR_EMBED = (
@@ -307,20 +312,32 @@ def torch_pipeline_buffers(par: Parallelism, stage: int, microbatches: int, act_
     return directions * microbatches * act_bytes
 
 
+# The Linears' inputs that PyTorch's sequence parallelism all-gathers before the Linear, which then saves
+# the gathered (whole-sequence) tensor: torchtitan ``apply_tp`` ``PrepareModuleInput(input_layouts=
+# Shard(1), desired_input_layouts=Replicate())`` on attention and MLP, the head's ``ColwiseParallel(
+# input_layouts=Shard(1))``. Megatron's SP Linears save the sequence shard and gather it again in
+# backward (``tensor_parallel/layers.py`` ``LinearWithGradAccumulationAndAsyncCommunication``).
+GATHERED_UNDER_DTENSOR_SP = frozenset({"input.attn", "input.mlp", "head.lm_head_input", "moe.routed_inputs"})
+
+
 def _split(nbytes: int, replicated: bool, par: Parallelism) -> int:
     if replicated and not par.sequence_parallel:
         return nbytes
     return cdiv(nbytes, par.tp)
 
 
-def _is_replicated(key: str) -> bool:
+def _kept_whole(key: str, par: Parallelism) -> bool:
+    """Replicated over the TP group: Korthikanti's replicated items without SP; under PyTorch's SP (no
+    DeepSpeed: peakmem's TP is DTensor's unless ZeRO runs it) the Linears' gathered inputs."""
+    if par.sequence_parallel:
+        return par.zero_stage == 0 and key in GATHERED_UNDER_DTENSOR_SP
     return key in REPLICATED_ACTIVATIONS
 
 
 def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[MemoryItem, ...]:
     if par.tp == 1:
         return items
-    return tuple(replace(i, bytes=_split(i.bytes, _is_replicated(i.key), par)) for i in items)
+    return tuple(i if _kept_whole(i.key, par) else replace(i, bytes=cdiv(i.bytes, par.tp)) for i in items)
 
 
 def tp_layer_activations(
@@ -341,15 +358,36 @@ def tp_layer_activations(
     )
 
 
+SRC_LOSS_PARALLEL = (
+    "torch/distributed/tensor/parallel/loss.py (torch 2.13): _log_softmax keeps x, shifted = x - max and "
+    "exp(shifted) / the result; _nll_loss_and_log_softmax_backward: zeros_like(x), exp(x), their sum"
+)
+
+
+def loss_parallel_extra(head: HeadActivations, par: Parallelism) -> int:
+    """PyTorch's vocab-parallel cross-entropy (``loss_parallel()``, torchtitan's default with TP) on one
+    rank: one ``T x V/tp`` fp32 tensor more than the fused ``log_softmax`` / ``nll_loss`` kernels hold,
+    in forward and in backward. Its ``_log_softmax`` computes ``shifted = x - max`` out of place and keeps
+    it next to ``exp(shifted)`` and then the result; its backward holds ``zeros_like(x)``, ``exp(x)`` and
+    their sum next to the saved output (3 where the kernels' backward holds 2). Measured with the oracle
+    (peakmem.measure.parallel, which sees DTensor handlers' own ops). 0 without TP, under DeepSpeed
+    (no DTensor TP) and for a loss that does not run ``log_softmax`` (fused / chunked CE kernels)."""
+    if par.tp == 1 or par.zero_stage:
+        return 0
+    return sum(cdiv(i.bytes, par.tp) for i in head.saved if i.key == "loss.log_softmax")
+
+
 def tp_head_activations(head: HeadActivations, par: Parallelism) -> HeadActivations:
-    """The head and loss on one TP rank: vocab-parallel logits and cross-entropy (Megatron
-    ``tensor_parallel/cross_entropy.py`` ``_VocabParallelCrossEntropy``: fp32 T x V/tp)."""
+    """The head and loss on one TP rank: vocab-parallel logits and cross-entropy (each rank's fp32
+    ``T x V/tp``; Megatron ``tensor_parallel/cross_entropy.py`` ``_VocabParallelCrossEntropy``, PyTorch's
+    ``loss_parallel`` with :func:`loss_parallel_extra`)."""
     if par.tp == 1:
         return head
+    extra = loss_parallel_extra(head, par)
     return HeadActivations(
         saved=split_items(head.saved, par),
-        forward_transient=cdiv(head.forward_transient, par.tp),
-        backward_transient=cdiv(head.backward_transient, par.tp),
+        forward_transient=cdiv(head.forward_transient, par.tp) + extra,
+        backward_transient=cdiv(head.backward_transient, par.tp) + extra,
         logits_grad=cdiv(head.logits_grad, par.tp),
     )
 

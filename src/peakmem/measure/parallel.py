@@ -18,7 +18,10 @@ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a):
   ``ColwiseParallel``, o/down ``RowwiseParallel``, the token embedding ``RowwiseParallel(input_layouts=
   Replicate())`` (vocab-sharded rows), the LM head ``ColwiseParallel(output_layouts=Shard(-1),
   use_local_output=False)`` with the loss under ``loss_parallel()`` (vocab-parallel cross-entropy:
-  each rank holds ``T x V/tp`` logits);
+  each rank holds ``T x V/tp`` logits); with sequence parallelism (``Parallelism.sequence_parallel``) the
+  norms ``SequenceParallel()``, the embedding and output projections ``output_layouts=Shard(1)``,
+  attention and MLP ``PrepareModuleInput`` from ``Shard(1)`` to ``Replicate()`` and the head
+  ``input_layouts=Shard(1)``;
 * FSDP2 (``torchtitan/experiments/transformers_modeling_backend/parallelize.py`` ``apply_fsdp``):
   ``fully_shard`` per decoder layer and then the root (embeddings, final norm and head in the root
   unit, as accelerate's ``TRANSFORMER_BASED_WRAP`` does; torchtitan puts the embedding and
@@ -36,7 +39,9 @@ category and phase) with two additions that parallel code needs: a DTensor is co
 tensor, and ``UntypedStorage.resize_`` (how FSDP2 allocates and frees its unsharded parameters:
 ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py`` ``alloc_storage`` / ``free_storage``, which no
 dispatch mode sees) is patched for the run, as ``torch/distributed/_tools/mem_tracker.py``
-``MemTracker._track_resize`` does. Storage FSDP2 grows that way is an unsharded parameter.
+``MemTracker._track_resize`` does. Storage FSDP2 grows that way is an unsharded parameter. An op on a
+DTensor goes to DTensor's own dispatch first (the mode answers ``NotImplemented``), so the ops its
+handlers run on local tensors are seen: a redistribution's buffers, ``loss_parallel``'s temporaries.
 """
 
 from __future__ import annotations
@@ -50,11 +55,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
 from peakmem.measure.runner import build_model
-from peakmem.measure.tracker import GRAD, INPUT, PARAM, LiveStorageTracker
+from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
 from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.training import Precision, TrainingSetup
@@ -94,9 +100,17 @@ class RankMeasurement:
 class ParallelTracker(LiveStorageTracker):
     """:class:`LiveStorageTracker` that counts a DTensor by its local tensor and sees
     ``UntypedStorage.resize_`` (FSDP2's unsharded parameters), tagging storage grown that way as a
-    parameter."""
+    parameter. DTensor ops reach the mode as the ops their handlers run on local tensors, so a
+    redistribution's buffers and ``loss_parallel``'s temporaries are seen."""
+
+    def defers_to(self, types: Any) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        return any(issubclass(t, DTensor) for t in types)
 
     def sid_of(self, tensor: Any, *, op: str = "untracked", tags: Any = (), name: str = "") -> int:
+        if isinstance(tensor, FakeTensor):  # DTensor's sharding propagation runs ops on fake tensors
+            return IGNORED
         local = getattr(tensor, "_local_tensor", None)  # DTensor: the rank's shard is the storage
         return super().sid_of(tensor if local is None else local, op=op, tags=tags, name=name)
 
@@ -182,8 +196,12 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
         raise InputError(
             f"dp={par.dp} without fsdp: the parallel oracle shards data-parallel ranks with FSDP2"
         )
-    if par.ep > 1 or par.ulysses > 1 or par.virtual_stages > 1 or par.sequence_parallel:
-        raise InputError(f"layout {par.describe()!r}: the parallel oracle runs tp, pp, cp and FSDP2 only")
+    if par.ep > 1 or par.ulysses > 1 or par.virtual_stages > 1:
+        raise InputError(
+            f"layout {par.describe()!r}: the parallel oracle runs tp (+sp), pp, cp and FSDP2 only"
+        )
+    if par.sequence_parallel and par.pp > 1:
+        raise InputError("sp with pp: the oracle's pipeline stages pass whole sequences")
     if par.cp > 1:
         raise InputError(f"cp={par.cp}: torch's context_parallel is not wired into this oracle")
     if schedule not in SCHEDULES:
@@ -200,18 +218,43 @@ def role_of(par: Parallelism, stage: int) -> str:
     return "first stage" if stage == 0 else "last stage" if stage == par.pp - 1 else "middle stage"
 
 
-def _apply_tp(model: nn.Module, mesh: Any) -> None:
+def _apply_tp(model: nn.Module, mesh: Any, sp: bool) -> None:
+    """torchtitan's ``apply_tp`` on an HF decoder; ``sp``: its sequence parallelism (the norms'
+    ``SequenceParallel``, the embedding and the output projections leave ``Shard(1)``, attention and MLP
+    all-gather their input with ``PrepareModuleInput``, the head gathers the final norm's output)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     inner: Any = model.model
+    seq = Shard(1) if sp else Replicate()
     plan: dict[str, Any] = {}
     if inner.embed_tokens is not None:
-        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if sp and inner.norm is not None:
+        plan["model.norm"] = SequenceParallel()
     if getattr(model, "lm_head", None) is not None:
-        plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        plan["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, mesh, plan)
-    layer_plan = {**{n: ColwiseParallel() for n in COLWISE}, **{n: RowwiseParallel() for n in ROWWISE}}
+    layer_plan: dict[str, Any] = {
+        **{n: ColwiseParallel() for n in COLWISE},
+        **{n: RowwiseParallel(output_layouts=seq) for n in ROWWISE},
+    }
+    if sp:
+        layer_plan.update({
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })  # fmt: skip
     for layer in inner.layers:
         parallelize_module(layer, mesh, layer_plan)
 
@@ -420,7 +463,7 @@ def _measure(
     if par.pp > 1:
         _cut_stage(model, par, stage)
     if par.tp > 1:
-        _apply_tp(model, mesh["tp"])
+        _apply_tp(model, mesh["tp"], par.sequence_parallel)
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
     if par.fsdp is FsdpMode.FULL_SHARD:
         root = stage_module if stage_module is not None else model
@@ -487,6 +530,8 @@ def _tag_gradients(tracker: ParallelTracker, params: list[nn.Parameter]) -> None
 
 def describe(par: Parallelism, schedule: str = "1f1b") -> str:
     parts = [f"{name}{getattr(par, name)}" for name in ("tp", "pp", "cp") if getattr(par, name) > 1]
+    if par.sequence_parallel:
+        parts[0] += "+sp"
     if par.fsdp is FsdpMode.FULL_SHARD:
         parts.append(f"fsdp{par.dp}")
     if par.pp > 1:
@@ -501,7 +546,10 @@ def _plain_step(
         for chunk in torch.split(ids, setup.micro_batch):
             tracker.set_phase(Phase.FORWARD, step)
             with lp():
-                loss = model(input_ids=chunk, labels=chunk).loss
+                # the positions of the whole sequence: under SP the embedding's output is the rank's
+                # sequence shard, from which LlamaModel would derive too few
+                positions = torch.arange(chunk.shape[1]).unsqueeze(0)
+                loss = model(input_ids=chunk, labels=chunk, position_ids=positions).loss
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
                 tracker.set_phase(Phase.BACKWARD, step)
@@ -589,12 +637,15 @@ TINY_LLAMA: dict[str, Any] = {
     "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
 }  # fmt: skip
-# The grid: every degree alone, the 2-D products and the 3-D one (8 ranks).
+# The grid: every degree alone (TP with and without torchtitan's SP), the 2-D products and the 3-D one
+# (8 ranks).
 GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=2, tp=2),
+    Parallelism(gpus=2, tp=2, sequence_parallel=True),
     Parallelism(gpus=2, pp=2),
     Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, tp=2, sequence_parallel=True, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),

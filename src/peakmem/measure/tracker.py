@@ -326,6 +326,11 @@ class LiveStorageTracker:
         weakref.finalize(st, self._on_free, key, sid).atexit = False
         return sid
 
+    def defers_to(self, types: Any) -> bool:
+        """Whether an op on these tensor types goes to a tensor subclass's own ``__torch_dispatch__``
+        before the mode (no subclass here; see ``measure.parallel.ParallelTracker``)."""
+        return False
+
     def _on_free(self, key: int, sid: int) -> None:
         if self._sids.get(key) == sid:
             del self._sids[key]
@@ -473,6 +478,8 @@ def _make_mode(tracker: LiveStorageTracker) -> Any:
 
     class _StorageMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if tracker.defers_to(types):
+                return NotImplemented  # the subclass runs first; its ops on plain tensors come back here
             out = func(*args, **(kwargs or {}))
             tracker._on_op(func, args, kwargs, out)
             return out
