@@ -159,8 +159,9 @@ def test_torch_pipeline_receive_buffers_by_hand() -> None:
 
 def test_dtensor_tp_terms_by_hand() -> None:
     """DTensor TP: 2 more copies of the embedding's output per micro-batch in flight on the first stage
-    without SP (3 of its sequence shard with SP), 3 of a row-parallel output inside a layer; the vocab-parallel embedding's gradient
-    whole without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of which tp=2 counts half)."""
+    without SP (3 of its sequence shard with SP), 3 of a row-parallel output inside a layer; the
+    vocab-parallel embedding's gradient whole without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of
+    which tp=2 counts half)."""
     from peakmem.formulas import model_parallel as mp
 
     tp = Parallelism(gpus=2, tp=2)
