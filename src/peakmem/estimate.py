@@ -526,7 +526,12 @@ def _estimate(
     embed_copies, rowwise_copies = mp.dtensor_tp_copies(par, first, hidden, int(in_flight))
     layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copies,
                          rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
-    tp_items = [MemoryItem(path="TP: 2 more copies of the embedding's all-reduced output per micro-batch",
+    copies = (
+        "3 copies of the embedding's reduce-scattered"
+        if par.sequence_parallel
+        else "2 more copies of the embedding's all-reduced"
+    )
+    tp_items = [MemoryItem(path=f"TP: {copies} output per micro-batch",
                            category=Category.ACTIVATIONS, bytes=embed_copies, source=mp.SRC_DTENSOR_TP,
                            key="tp.embedding_copies")] if embed_copies else []  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
