@@ -76,12 +76,19 @@ def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
 
 @pytest.mark.parametrize(
     "par",
-    [Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD)],
+    [
+        Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
+        Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD),
+        Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
+    ],
     ids=describe,
 )
 def test_mixed_bf16_fsdp2_within_tolerance(par: Parallelism) -> None:
     """mixed-bf16 as FSDP2 runs it (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): bf16
-    all-gathers, fp32 shards, an fp32 reduce-scatter input."""
+    all-gathers, fp32 shards, an fp32 reduce-scatter input. Under PP the unsharded gradients accumulate in
+    fp32 across micro-batches, so the first stage (2 micro-batches, both in the 1F1B warm-up) peaks in
+    its second backward, with every gradient and one micro-batch in flight (-4.9% when only the first
+    backward was estimated)."""
     misses = _misses(par, replace(SETUP, precision=Precision.MIXED_BF16))
     assert not misses, "; ".join(misses)
 

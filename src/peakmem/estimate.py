@@ -43,7 +43,7 @@ from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
-from peakmem.formulas.timeline import GroupCost, backward_peak
+from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
@@ -514,12 +514,15 @@ def _estimate(
         p2p_path, p2p_src = "pipeline send/receive buffers", SRC_P2P
     head_saved = sum([i.bytes for i in parts.head_items])
     embed_saved = sum([i.bytes for i in parts.embed_items])
-    extra_mb = int(
-        (sum(g.count * g.saved for g in parts.groups) + embed_saved + head_saved) * (in_flight - 1)
-    )
-    pipeline = [MemoryItem(path=f"activations of {in_flight - 1:g} more micro-batches in flight (pipeline)",
+    per_mb = sum(g.count * g.saved for g in parts.groups) + embed_saved + head_saved
+
+    def in_flight_items(more: float) -> list[MemoryItem]:
+        extra_mb = int(per_mb * more)
+        return [MemoryItem(path=f"activations of {more:g} more micro-batches in flight (pipeline)",
                            category=Category.ACTIVATIONS, bytes=extra_mb, source=SRC_INFLIGHT,
                            key="pipeline.in_flight")] if extra_mb else []  # fmt: skip
+
+    pipeline = in_flight_items(in_flight - 1)
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
@@ -550,23 +553,36 @@ def _estimate(
     # dtype) is alive while the head's weight gradient is written.
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
     groups = _fsdp2_backward_groups(parts.groups, rs)
-    bp = backward_peak(
-        groups[::-1], base_saved=embed_saved, head_saved=head_saved,
-        start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
-        start_grads=0 if in_bwd else start_kept,
-        tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept),
-        tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
-        held=tied_tmp,
-    )  # fmt: skip
-    engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
-    bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
-    if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
-        unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
-        bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
-    backward = _phase(Phase.BACKWARD, [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp_items,
-                                       MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd,
-                                                  source=p2p_src, key="pipeline.p2p")],
-                      base=base_items, base_bytes=base_bytes)  # fmt: skip
+    p2p_item = MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd, source=p2p_src,
+                          key="pipeline.p2p")  # fmt: skip
+
+    def backward_phase(resident: bool, base: tuple[MemoryItem, ...], base_bytes: int,
+                       pipeline: list[MemoryItem]) -> tuple[PhasePeak, BackwardPeak]:  # fmt: skip
+        bp = backward_peak(
+            groups[::-1], base_saved=embed_saved, head_saved=head_saved,
+            start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
+            start_grads=0 if in_bwd else start_kept,
+            tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept),
+            tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
+            held=tied_tmp,
+        )  # fmt: skip
+        engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
+        bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
+        if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
+            unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
+            bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
+        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp_items, p2p_item]
+        return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
+
+    backward, bp = backward_phase(resident, base_items, base_bytes, pipeline)
+    if warm_only and setup.grad_accum > 1 and setup.grads_set_to_none:
+        # the second backward of an all-warm-up 1F1B stage: every gradient exists (the first backward
+        # wrote them), one micro-batch fewer in flight (torch schedules.py Schedule1F1B: B1, B2, ...)
+        second, bp2 = backward_phase(
+            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2)
+        )
+        if second.bytes > backward.bytes:
+            backward, bp = second, bp2
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
