@@ -322,10 +322,13 @@ def test_cli_from_the_lora_script_on_one_gpu_equals_the_same_flags() -> None:
         "1024",
         "--steps-per-generation",
         "1",
+        "--trainer",
+        "verl",
     ]
     flagged = _cli_json(flags)
     assert {k: v for k, v in from_file.items() if k != "from_file"} == flagged
     assert from_file["setup"]["post_training"]["objective"] == "grpo"
+    assert from_file["setup"]["post_training"]["trainer"] == "verl"
     assert from_file["peak_phase"] in ("rollout", "scoring", "forward", "backward", "optimizer")
 
 

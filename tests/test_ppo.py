@@ -165,6 +165,57 @@ def test_entropy_is_ppos_and_turns_the_actors_entropy_on() -> None:
     with pytest.raises(InputError) as err:
         post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, entropy=True)
     assert str(err.value).startswith("entropy=True") and "\n" not in str(err.value)
+    verl = post_training(
+        "grpo", num_generations=2, completion=R, seq=L, batch=B, entropy=True, trainer="verl"
+    )
+    assert verl is not None and verl.entropy  # verl's GRPO runs the same actor
+
+
+def _verl_grpo(**kw: object) -> object:
+    return post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, trainer="verl", **kw)  # type: ignore[arg-type]
+
+
+def test_verl_grpo_runs_verls_loop_without_a_critic() -> None:
+    """``--trainer verl`` GRPO: rollout, scoring (the actor's old log-probs with the entropy, the
+    reference's), then the actor's update with verl's logits-then-log-prob loss; no critic, no values, and
+    a kept batch of four fp32 vectors over R (mask, scores, old log-probs, advantages = returns) plus the
+    reference's log-probs."""
+    post = _verl_grpo(beta=0.001)
+    est = estimate_post_training(SPEC, SETUP, post)
+    assert [p.phase for p in est.phases] == [
+        Phase.ROLLOUT, Phase.SCORING, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER,
+    ]  # fmt: skip
+    assert not any(i.key.startswith("critic.") for p in est.phases for i in p.items)
+    assert set(est.extra["scoring_passes"]) == {"old log-probs (actor)", "reference log-probs"}
+    kept = {i.key: i.bytes for i in est.phases[1].items}["policy.generation_batch"]
+    assert kept == B * (L * 2 * 8 + R * (4 + 1) * 4)
+    fwd = {p.phase: p for p in est.phases}[Phase.FORWARD]
+    assert sum(i.bytes for i in fwd.items if i.key == "loss.verl_logits") == B * L * V * 4  # the full logits
+    trl = estimate_post_training(SPEC, SETUP, post_training("grpo", num_generations=2, completion=R, seq=L,
+                                                            batch=B, beta=0.001))  # fmt: skip
+    assert not any(i.key == "loss.verl_logits" for p in trl.phases for i in p.items)  # TRL: the fused head
+    assert est.setup["post_training"]["trainer"] == "verl"
+
+
+def test_verl_grpo_on_several_gpus_shards_the_actor() -> None:
+    """Data parallel verl GRPO (FSDP full shard over 2 ranks): the actor's update is the most loaded rank's;
+    PPO's critic is not sharded yet, so PPO stays a one-line error there."""
+    from peakmem.parallel import FsdpMode
+
+    par = Parallelism(gpus=2, fsdp=FsdpMode.FULL_SHARD)
+    one = estimate_post_training(SPEC, SETUP, _verl_grpo())
+    two = estimate_post_training(SPEC, SETUP, _verl_grpo(), par=par)
+    assert two.peak_allocated_bytes < one.peak_allocated_bytes
+    assert Phase.CRITIC_UPDATE not in {p.phase for p in two.phases}
+
+
+def test_the_trainer_is_checked() -> None:
+    with pytest.raises(InputError) as err:
+        post_training("dpo", completion=R, seq=L, batch=B, trainer="verl")
+    assert str(err.value).startswith("trainer='verl'") and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        post_training("grpo", num_generations=2, completion=R, seq=L, batch=B, trainer="openrlhf")
+    assert str(err.value).startswith("trainer=") and "\n" not in str(err.value)
 
 
 def test_scoring_passes_hold_their_autocast_weight_casts() -> None:

@@ -98,7 +98,7 @@ def update_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
             teacher_hidden=post.teacher.head_in_features,
             divergence_jsd=0 < post.beta < 1,
         )
-    if post.objective is Objective.PPO:  # verl's actor: the full logits, then the log-probs
+    if post.verl:  # verl's actor: the full logits, then the log-probs
         from peakmem.ppo import actor_setup
 
         return actor_setup(setup, post)
@@ -462,7 +462,7 @@ def estimate_post_training(
             f"{spec.name}'s ({spec.vocab_size:,}); TRL's DistillationTrainer compares the full next-token "
             "distributions and needs one vocabulary"
         )
-    if post.objective is Objective.PPO:
+    if post.verl:
         from peakmem.ppo import ppo_phases
 
         phases, extra = ppo_phases(spec, setup, post, train, r, overheads=overheads, costs=costs)
@@ -504,18 +504,25 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
         f"{post.objective.value}: the phases of TRL 1.16's trainer ({SRC_TRL}); the update's loss is TRL's "
         "fused log-prob head (no batch x seq x vocab logits)"
     ]
-    if post.objective is Objective.PPO:
+    if post.verl:
         from peakmem.ppo import SRC_FIT
 
+        ppo = post.objective is Objective.PPO
         out = [
-            f"ppo: the phases of verl's trainer ({SRC_FIT}): rollout, scoring (old and reference log-probs, "
-            "the critic's values, a rule reward), critic update, actor update; every role resident on the "
-            "GPU (no offload, verl's default); the actor's loss materializes the full logits, then the "
-            "log-probs (verl logprobs_from_logits' torch path, padding kept; flash-attn's fused "
-            "cross-entropy and remove-padding not modelled)",
-            f"critic: {extra['critic_params']:,} parameters (the policy's backbone with a one-output value "
-            "head), fully trained with its own optimizer states",
+            f"{post.objective.value}: the phases of verl's trainer ({SRC_FIT}): rollout, scoring (old and "
+            "reference log-probs"
+            + (", the critic's values" if ppo else "")
+            + ", a rule reward), "
+            + ("critic update, " if ppo else "")
+            + "actor update; every role resident on the GPU (no offload, verl's default); the actor's loss "
+            "materializes the full logits, then the log-probs (verl logprobs_from_logits' torch path, "
+            "padding kept; flash-attn's fused cross-entropy and remove-padding not modelled)",
         ]
+        if ppo:
+            out.append(
+                f"critic: {extra['critic_params']:,} parameters (the policy's backbone with a one-output "
+                "value head), fully trained with its own optimizer states"
+            )
     if post.teacher is not None:
         kind = {0.0: "forward KL", 1.0: "reverse KL"}.get(post.beta, f"generalized JSD, beta {post.beta:g}")
         out = [
@@ -548,7 +555,7 @@ def _assumptions(post: PostTraining, extra: dict[str, object]) -> tuple[str, ...
             else "reference: a whole copy on every rank "
             "(TRL prepare_deepspeed builds it with ZeRO disabled below stage 3)"
         )
-    if post.online or post.objective is Objective.PPO:
+    if post.online or post.verl:
         out.append(
             f"num_generations {post.num_generations} groups the completions; the per-device generation "
             f"batch is batch x steps_per_generation = {extra['generation_batch']}"

@@ -132,6 +132,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("objective", str, "sft", _PT, "sft|dpo|orpo|simpo|kto|grpo|rloo|distill (TRL 1.16's trainers)|ppo "
        "(verl's, with a critic)",
        group=_POST),
+    _o("trainer", str, "trl", _PT, "grpo/rloo: trl (TRL's trainer, its fused log-prob head)|verl (verl's "
+       "loop: the actor's full logits, then the log-probs; what a verl config runs)", group=_POST),
     _o("teacher", str, None, _PT, "distill: the frozen teacher (a catalog name, Hub id or config path; the "
        "student's vocabulary)", group=_POST),
     _o("critic", str, None, _PT, "ppo: the critic's backbone (a catalog name, Hub id or config path; "
@@ -155,7 +157,7 @@ OPTIONS: tuple[Option, ...] = (
        "(TRL's default 0.3)", group=_POST),
     _o("rollout_sleep", bool, False, _PT, "vllm-colocate: vllm_enable_sleep_mode (the engine's memory freed "
        "outside rollout)", group=_POST),
-    _o("entropy", bool, False, _PT, "ppo: the actor's update computes the entropy from the logits (verl's "
+    _o("entropy", bool, False, _PT, "verl: the actor's update computes the entropy from the logits (verl's "
        "actor.entropy_coeff != 0 or calculate_entropy; off by default)", group=_POST),
     # the parallel layout (peakmem.parallel.Parallelism)
     _o("gpus", int, 1, S, "world size", group=_MULTI, maximum=MAX_WORLD),

@@ -66,6 +66,19 @@ KL_OPTIONAL = (*ONLINE, Objective.PPO)
 UNPAIRED = (Objective.KTO,)
 
 
+class Trainer(Choice):
+    """Whose loop runs the job: TRL 1.16's trainers (:mod:`peakmem.jobs`), or verl's ``RayPPOTrainer``
+    (:mod:`peakmem.ppo`: rollout, scoring by the actor and the reference, the actor's update with the full
+    logits), which runs GRPO and RLOO as its advantage estimators and PPO with a critic."""
+
+    TRL = "trl"
+    VERL = "verl"
+
+
+# the objectives verl's RayPPOTrainer runs (algorithm.adv_estimator: grpo, rloo; gae with a critic)
+VERL_OBJECTIVES = (*ONLINE, Objective.PPO)
+
+
 class Reference(Choice):
     AUTO = "auto"  # what TRL 1.16 does for the objective, method and beta (see resolve_reference)
     SEPARATE = "separate"  # a second frozen copy of the model
@@ -115,10 +128,12 @@ class PostTraining:
     rollout_sleep: bool = False
     teacher: ModelSpec | None = None  # distillation's frozen teacher
     critic: ModelSpec | None = None  # PPO's value model backbone (None: the policy's, verl's default)
-    entropy: bool = False  # PPO: the actor's update computes the entropy (verl entropy_coeff != 0)
+    entropy: bool = False  # verl: the actor's update computes the entropy (entropy_coeff != 0)
+    trainer: Trainer = Trainer.TRL  # ppo is verl's whatever this says (peakmem.ppo)
 
     def __post_init__(self) -> None:
         coerce_choice(self, "objective", Objective)
+        coerce_choice(self, "trainer", Trainer)
         coerce_choice(self, "reference", Reference)
         coerce_choice(self, "rollout", Rollout)
         check_int(
@@ -132,9 +147,14 @@ class PostTraining:
         check_int("steps_per_generation", self.steps_per_generation)
         check_bool("rollout_sleep", self.rollout_sleep)
         check_bool("entropy", self.entropy)
-        if self.entropy and self.objective is not Objective.PPO:
+        if self.trainer is Trainer.VERL and self.objective not in VERL_OBJECTIVES:
             raise InputError(
-                "entropy=True: for objective='ppo' (TRL's online trainers compute the entropy already)"
+                f"trainer='verl': peakmem models verl's grpo, rloo and ppo, not {self.objective.value}"
+            )
+        if self.entropy and not self.verl:
+            raise InputError(
+                "entropy=True: for verl's trainer (--trainer verl, or objective='ppo'); TRL's online "
+                "trainers compute the entropy already"
             )
         for name in ("beta", "rollout_memory"):
             value = getattr(self, name)
@@ -178,6 +198,11 @@ class PostTraining:
         return self.objective in GENERATES
 
     @property
+    def verl(self) -> bool:
+        """verl's loop (:mod:`peakmem.ppo`): PPO, or GRPO / RLOO with ``trainer`` verl."""
+        return self.objective is Objective.PPO or self.trainer is Trainer.VERL
+
+    @property
     def paired(self) -> bool:
         return self.objective in PAIRED
 
@@ -193,9 +218,11 @@ class PostTraining:
         }
         if self.teacher is not None:
             out["teacher"] = self.teacher.name
+        if self.verl:
+            out["trainer"] = Trainer.VERL.value
+            out["entropy"] = self.entropy
         if self.objective is Objective.PPO:
             out["critic"] = "the policy's backbone" if self.critic is None else self.critic.name
-            out["entropy"] = self.entropy
         if self.generates:
             out.update(
                 rollout=self.rollout.value,
@@ -245,6 +272,7 @@ def post_training(
     teacher: ModelSpec | None = None,
     critic: ModelSpec | None = None,
     entropy: bool = False,
+    trainer: str = "trl",
 ) -> PostTraining | None:
     """The post-training roles the options ask for; None for ``sft`` (one supervised step of one model).
     ``batch`` x ``gpus`` x ``steps_per_generation``: TRL's generation batch, a multiple of num_generations."""
@@ -282,4 +310,5 @@ def post_training(
         teacher=teacher,
         critic=critic,
         entropy=entropy,
+        trainer=Trainer.parse(trainer, "trainer"),
     )

@@ -1,4 +1,4 @@
-"""PPO with a critic, as verl runs it: the roles and phases of one iteration on one GPU.
+"""PPO with a critic, and GRPO / RLOO without one, as verl runs them: the roles and phases of one iteration.
 
 verl (volcengine/verl, read at b178a3cd) ``trainer/ppo/ray_trainer.py`` ``RayPPOTrainer.fit`` runs, per
 iteration and with every role colocated on the same GPUs (``create_colocated_worker_cls``):
@@ -21,6 +21,13 @@ Each role keeps its weights and optimizer states resident through the iteration 
 ``optimizer_offload`` false by default); gradients are freed by ``zero_grad`` after each update. The
 critic's and the actor's training timelines are :func:`peakmem.estimate.estimate_training` of their own
 setups (composed, not copied).
+
+GRPO and RLOO under verl (``algorithm.adv_estimator=grpo|rloo``: ``RayPPOTrainer`` builds no critic,
+``use_critic`` false) run the same loop without the values pass and the critic update: the same
+actor's logits-then-log-prob loss and no-grad scoring passes, where TRL's trainers run the fused log-prob
+head (``--trainer verl``; :mod:`peakmem.fromfile.verl` sets it). On several GPUs (data parallel, the
+actor and reference sharded as ``estimate_ranks`` shards them) a sharded scoring pass gathers the layers
+one by one; PPO's critic is not sharded there yet (a one-line error).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from peakmem.formulas.logprob_head import logits_no_grad_bytes
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.model import CostLookup, ModelSpec, linear
-from peakmem.post_training import PostTraining, Reference
+from peakmem.post_training import Objective, PostTraining, Reference
 from peakmem.training import LossImpl, Method, TrainingSetup
 
 if TYPE_CHECKING:
@@ -50,6 +57,9 @@ INT64, FP32 = 8, 4
 # token-level scores, old log-probs, values, advantages and returns (and the reference log-probs)
 KEPT_SEQ_INT64 = 2
 KEPT_RESPONSE_FP32 = 6
+# GRPO / RLOO: the response mask, token-level scores, old log-probs and the advantages, which verl's
+# compute_grpo_outcome_advantage also returns as the returns (core_algos.py: ``return scores, scores``)
+KEPT_RESPONSE_FP32_NO_CRITIC = 4
 
 
 def critic_spec(spec: ModelSpec) -> ModelSpec:
@@ -110,9 +120,11 @@ def scoring_bytes(
             layer,
             logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=setup.method is Method.FULL),
         ),
-        "values (critic)": critic_cache
-        + layer_transient_bytes(critic_spec(post.critic or spec), tokens, act),
     }
+    if post.objective is Objective.PPO:
+        out["values (critic)"] = critic_cache + layer_transient_bytes(
+            critic_spec(post.critic or spec), tokens, act
+        )
     if post.reference is not Reference.NONE:
         no_entropy = logits_no_grad_bytes(spec, b, seq, post.completion, act, entropy=False)
         out["reference log-probs"] = max(layer, no_entropy)
@@ -145,19 +157,24 @@ def ppo_phases(
     backward and step (``train``: the actor's update estimate). ``roles``: :class:`peakmem.jobs._Roles`."""
     from peakmem.jobs import _resident, _rollout
 
-    backbone = post.critic or spec
-    critic = estimate_training(critic_spec(backbone), critic_setup(setup), overheads=overheads, costs=costs)
+    critic = None
+    if post.objective is Objective.PPO:  # GRPO / RLOO: no critic (verl's use_critic follows the estimator)
+        backbone = critic_spec(post.critic or spec)
+        critic = estimate_training(backbone, critic_setup(setup), overheads=overheads, costs=costs)
     resident = _item(
         "critic: weights and optimizer states (gradients freed between updates)",
         Category.PARAMETERS,
-        _resident(critic),
+        _resident(critic) if critic else 0,
         "critic.resident",
         SRC_CRITIC,
     )
     extra: dict[str, object] = {}
     rollout = _rollout(spec, setup, post, roles, extra)
     gen_batch = setup.micro_batch * post.steps_per_generation
-    vectors = KEPT_RESPONSE_FP32 + (1 if post.reference is not Reference.NONE else 0)
+    # without a critic: no values, and GRPO's returns are its advantages (one tensor)
+    vectors = (KEPT_RESPONSE_FP32 if critic else KEPT_RESPONSE_FP32_NO_CRITIC) + (
+        1 if post.reference is not Reference.NONE else 0
+    )
     kept = gen_batch * (setup.seq_len * KEPT_SEQ_INT64 * INT64 + post.completion * vectors * FP32)
     batch = _item(
         f"batch kept for the updates ({gen_batch} responses: ids, masks, log-probs, values, advantages)",
@@ -169,7 +186,8 @@ def ppo_phases(
     # each), not its frozen base, whose casts its training forward saves for the input's gradient
     casts = _weight_cache(train)
     actor_cache = casts if setup.method is Method.FULL or not casts else 2 * train.trainable_params
-    passes = scoring_bytes(spec, setup, post, actor_cache=actor_cache, critic_cache=_weight_cache(critic))
+    critic_cache = _weight_cache(critic) if critic else 0
+    passes = scoring_bytes(spec, setup, post, actor_cache=actor_cache, critic_cache=critic_cache)
     largest = max(passes, key=lambda k: passes[k])
     extra["scoring_passes"] = passes
     shared = (roles.reference, roles.awake)
@@ -186,7 +204,12 @@ def ppo_phases(
             "scoring.forward",
             SRC_SCORE,
         ),
+        *roles.gathered_for("policy"),  # a sharded actor / reference gathers its layers one by one
     )
+    update = [_phase(p.phase, *p.items, resident, *shared, batch) for p in train.phases]
+    rollout = _phase(rollout.phase, *rollout.items, resident)
+    if critic is None:
+        return [rollout, scoring, *update], extra
     critic_peak = max(critic.phases, key=lambda p: p.bytes)
     critic_items = tuple(
         replace(i, path=f"critic: {i.path}", key=f"critic.{i.key}") for i in critic_peak.items
@@ -194,6 +217,4 @@ def ppo_phases(
     critic_update = _phase(Phase.CRITIC_UPDATE, *critic_items, roles.policy, *shared, batch)
     extra["critic_update_phase"] = critic_peak.phase.value
     extra["critic_params"] = critic.params
-    update = [_phase(p.phase, *p.items, resident, *shared, batch) for p in train.phases]
-    rollout = _phase(rollout.phase, *rollout.items, resident)
     return [rollout, scoring, critic_update, *update], extra

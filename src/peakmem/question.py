@@ -207,6 +207,7 @@ def post_training_of(o: Mapping[str, Any], training: TrainingSetup, dp: int = 1)
         steps_per_generation=training.grad_accum if spg is None else spg, rollout_memory=o["rollout_memory"],
         rollout_sleep=o["rollout_sleep"], adapter=training.method.value != "full", seq=training.seq_len,
         batch=training.micro_batch, gpus=dp, teacher=teacher, critic=critic, entropy=o.get("entropy", False),
+        trainer=o.get("trainer", "trl"),
     )  # fmt: skip
 
 

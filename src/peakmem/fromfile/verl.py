@@ -285,7 +285,7 @@ def map_verl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     _sequence_and_batch(f, gpus)
     if objective == "ppo" or truthy(get(doc, "critic.enable")):
         _critic(f)
-        _entropy(f)
+    _entropy(f)
     _reward_model(f)
     _named(f)
     f.name_unresolved()
@@ -336,6 +336,8 @@ def _objective(f: _Fields) -> str:
         f.m.skip(key, estimator, "an advantage estimator peakmem does not know: read as GRPO's roles")
     note = {"ppo": "gae: PPO with a critic", "grpo": "", "rloo": ""}[objective]
     f.set("objective", objective, key, note)
+    if objective != "ppo":  # ppo is verl's loop already (peakmem.ppo)
+        f.set("trainer", "verl", key, "verl's loop: the actor's full logits, then the log-probs")
     return objective
 
 

@@ -274,9 +274,10 @@ def measure_post_training(
 ) -> Estimate:
     """Two optimizer steps of TRL's trainer for ``post``: the live bytes at the peak of each phase of the
     steady step (the second; the precompute pass for a precomputed reference), by tensor. Distillation
-    builds its teacher from ``teacher_config`` (random weights, the student's dtype). PPO (no TRL trainer in
-    1.16) runs our step harness in verl's phase order, :func:`peakmem.measure.ppo.measure_ppo`."""
-    if post.objective is Objective.PPO:
+    builds its teacher from ``teacher_config`` (random weights, the student's dtype). verl's loop (PPO, no
+    TRL trainer in 1.16; GRPO / RLOO with ``--trainer verl``) runs our step harness in verl's phase order,
+    :func:`peakmem.measure.ppo.measure_ppo`."""
+    if post.verl:
         from peakmem.measure.ppo import measure_ppo
 
         if post.critic is not None:

@@ -1,4 +1,5 @@
-"""``measure_ppo``: one PPO iteration with a critic, in verl's phase order, on tiny models on the CPU.
+"""``measure_ppo``: one PPO iteration with a critic (or GRPO / RLOO without one), in verl's phase order, on
+tiny models on the CPU.
 
 verl (Ray, vLLM/SGLang, FSDP) does not run here, so this is a step harness of our own, in plain torch
 and transformers, that runs the same math in the same order as verl's trainer (read at volcengine/verl
@@ -64,8 +65,11 @@ ORDER = (Phase.ROLLOUT, Phase.SCORING, Phase.CRITIC_UPDATE, Phase.FORWARD, Phase
 
 
 def _check(setup: TrainingSetup, post: PostTraining) -> None:
-    if post.objective is not Objective.PPO:
-        raise InputError(f"objective={post.objective.value!r}: measure_ppo runs objective 'ppo'")
+    if not post.verl:
+        raise InputError(
+            f"objective={post.objective.value!r}: measure_ppo runs verl's loop (ppo, or grpo / rloo with "
+            "trainer 'verl')"
+        )
     if post.rollout is not Rollout.HF:
         raise InputError(f"rollout={post.rollout.value!r}: measure generates with transformers (rollout hf)")
     if setup.precision not in (Precision.FP32, Precision.AMP_BF16):
@@ -187,7 +191,7 @@ def measure_ppo(
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     policy = apply_adapter(build_model(config, setup).to(model_dtype(setup.precision)), setup)
-    critic = build_critic(config, setup)
+    critic = build_critic(config, setup) if post.objective is Objective.PPO else None
     ref = None
     if post.reference is Reference.SEPARATE:
         ref = build_model(config, setup).eval()
@@ -205,9 +209,11 @@ def measure_ppo(
     with tracker:
         tracker.set_phase(Phase.LOAD, 0)
         actor_tr = make_trainer(policy, setup, torch.device("cpu"), tracker)
-        critic_tr = make_trainer(critic, critic_setup(setup), torch.device("cpu"), tracker)
+        critic_tr = None
+        if critic is not None:
+            critic_tr = make_trainer(critic, critic_setup(setup), torch.device("cpu"), tracker)
+            tracker.watch_gradients(critic.named_parameters())
         tracker.watch_gradients(policy.named_parameters())
-        tracker.watch_gradients(critic.named_parameters())
         for it in range(ITERATIONS):
             _iteration(
                 policy, critic, ref, actor_tr, critic_tr, tracker, it, setup, post, gen, vocab, gen_batch
@@ -265,7 +271,6 @@ def _iteration(
     rewards = torch.zeros(gen_batch, comp)
     rewards[:, -1] = (ids[:, -comp:] % 7).float().mean(-1)  # a rule-based score on the last token
     chunks = [slice(i, i + b) for i in range(0, gen_batch, b)]
-    critic.eval()
     full = setup.method is Method.FULL
 
     def logprobs(model: Any, s: slice, entropy: bool) -> torch.Tensor:
@@ -276,6 +281,7 @@ def _iteration(
         return out
 
     def scored_values(s: slice) -> torch.Tensor:
+        critic.eval()
         with critic_tr.autocast():
             return critic_values(critic, ids[s], attn[s], comp)
 
@@ -287,20 +293,13 @@ def _iteration(
         elif post.reference is Reference.ADAPTER:
             with policy.disable_adapter():
                 ref_logp = torch.cat([logprobs(policy, s, False) for s in chunks])
-        values = torch.cat([scored_values(s) for s in chunks]).float()
-        adv, returns = gae(rewards, values, mask)
-    tracker.set_phase(Phase.CRITIC_UPDATE, it)
-    critic.train()
-    for k, s in enumerate(chunks):
-        with critic_tr.autocast():
-            loss = value_loss(critic_values(critic, ids[s], attn[s], comp), values[s], returns[s], mask[s])
-        critic_tr.backward(loss / len(chunks))
-        del loss
-        if (k + 1) % setup.grad_accum == 0 or k + 1 == len(chunks):
-            torch.nn.utils.clip_grad_norm_(critic_tr.params, GRAD_CLIP)
-            critic_tr.step()
-            critic_tr.zero_grad()
-            tracker.tag_optimizer_states(critic_tr.optimizer)
+        if critic is None:  # GRPO / RLOO: advantages from the group's scores, returns the same tensor
+            adv = group_advantages(rewards, mask, post.num_generations)
+        else:
+            values = torch.cat([scored_values(s) for s in chunks]).float()
+            adv, returns = gae(rewards, values, mask)
+    if critic is not None:
+        _critic_update(critic, critic_tr, tracker, it, setup, ids, attn, comp, chunks, values, returns, mask)
     policy.train()
     for k, s in enumerate(chunks):
         tracker.set_phase(Phase.FORWARD, it)
@@ -321,6 +320,33 @@ def _iteration(
             actor_tr.zero_grad()
             tracker.tag_optimizer_states(actor_tr.optimizer)
     tracker.set_phase(Phase.LOAD, it + 1)
+
+
+def _critic_update(
+    critic: Any, critic_tr: Any, tracker: LiveStorageTracker, it: int, setup: TrainingSetup,
+    ids: torch.Tensor, attn: torch.Tensor, comp: int, chunks: list[slice], values: torch.Tensor,
+    returns: torch.Tensor, mask: torch.Tensor,
+) -> None:  # fmt: skip
+    tracker.set_phase(Phase.CRITIC_UPDATE, it)
+    critic.train()
+    for k, s in enumerate(chunks):
+        with critic_tr.autocast():
+            loss = value_loss(critic_values(critic, ids[s], attn[s], comp), values[s], returns[s], mask[s])
+        critic_tr.backward(loss / len(chunks))
+        del loss
+        if (k + 1) % setup.grad_accum == 0 or k + 1 == len(chunks):
+            torch.nn.utils.clip_grad_norm_(critic_tr.params, GRAD_CLIP)
+            critic_tr.step()
+            critic_tr.zero_grad()
+            tracker.tag_optimizer_states(critic_tr.optimizer)
+
+
+def group_advantages(rewards: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tensor:
+    """verl ``core_algos.py`` ``compute_grpo_outcome_advantage``: each response's score normalised within
+    its group of ``group`` responses, broadcast over the response (advantages and returns one tensor)."""
+    scores = rewards.sum(-1).view(-1, group)
+    normed = (scores - scores.mean(-1, keepdim=True)) / (scores.std(-1, keepdim=True) + 1e-6)
+    return normed.view(-1, 1) * mask
 
 
 def _items(snap: Snapshot) -> tuple[MemoryItem, ...]:

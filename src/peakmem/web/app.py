@@ -203,7 +203,8 @@ class PostTrainingOptions(BaseModel):
     rollout_sleep: bool = Field(False, description="vLLM colocated: sleep mode outside rollout")
     teacher: str | None = Field(None, min_length=1, max_length=200, description="distill: the teacher model")
     critic: str | None = Field(None, min_length=1, max_length=200, description="ppo: the critic's backbone")
-    entropy: bool = Field(False, description="ppo: the actor's update computes the entropy")
+    entropy: bool = Field(False, description="verl: the actor's update computes the entropy")
+    trainer: Literal["trl", "verl"] = Field("trl", description="grpo/rloo: TRL's trainer or verl's loop")
 
 
 class TrainRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):

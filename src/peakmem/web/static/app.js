@@ -41,6 +41,7 @@ const FIELDS = [
   { id: "objective", def: "sft", modes: ["train"] },
   { id: "teacher", def: "", modes: ["train"], only: "distill" },
   { id: "critic", def: "", modes: ["train"], only: "ppo" },
+  { id: "trainer", def: "trl", modes: ["train"], only: "online" },
   { id: "reference", def: "auto", modes: ["train"], only: "post" },
   { id: "rollout", def: "hf", modes: ["train"], only: "generates" },
   { id: "beta", def: "", num: true, modes: ["train"], only: "post" },
