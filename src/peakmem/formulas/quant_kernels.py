@@ -57,20 +57,16 @@ from __future__ import annotations
 import math
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.formulas.weights import tensor_storage
+from peakmem.formulas.weights import FP16_BYTES, FP32_BYTES, INT32_BITS, tensor_storage
 from peakmem.inference import GptqKernel, InferenceSetup, Scheme, WeightFormat
 from peakmem.model import ModelSpec
 
-FP16_BYTES = 2
-INT16_BYTES = 2
-INT32_BYTES = 4
-FP32_BYTES = 4
-INT32_BITS = 32
+INT16_BYTES = 2  # q_perm / q_invperm (torch.short); cuda-old's 8-bit unpacked weight (torch.int16)
+INT32_BYTES = 4  # cuda-old's shifted qweight (torch.int32)
 
 # exllama (v1): AutoGPTQ@v0.4.2 auto_gptq/modeling/_utils.py autogptq_post_init
 EXLLAMA_BITS = 4  # qlinear_exllama / qlinear_exllamav2 take 4-bit weights only
 EXLLAMA_DQ_ELEMENTS_PER_QWEIGHT = 8  # max_dq_buffer_size = qweight.numel() * 8
-EXLLAMA_RECONS_ROWS = 8  # matmul_recons_thd: from 8 rows dequantize into temp_dq + cuBLAS
 # without act-order: max_input_len = 1 and max_inner_outer_dim = 1, a (1, 1) fp16 temp_state
 EXLLAMA_TEMP_STATE_ELEMENTS = 1
 # exllamav2: AutoGPTQ@v0.5.1 nn_modules/qlinear/qlinear_exllamav2.py QuantLinear.scratch_space_fixed
@@ -80,7 +76,6 @@ EXLLAMAV2_FWD_BYTES = 4  # temp_fwd_size: outfeatures x max_input_len x max_batc
 EXLLAMAV2_PAD = 128  # + 128 on each of temp_dq_size and temp_fwd_size
 EXLLAMAV2_OUT_ALIGN = 32  # QuantLinear.padding = -outfeatures % 32
 EXLLAMAV2_PERMS = 2  # q_perm and q_invperm, int16, in elements each (ext_make_q_matrix)
-EXLLAMAV2_MAX_Q_GEMM_ROWS = 50  # exllamav2/config.h: more rows reconstruct into temp_dq
 # cuda-old: AutoGPTQ@v0.4.2 nn_modules/qlinear/qlinear_cuda_old.py
 CUDA_OLD_KERNEL_SWITCH_THRESHOLD = 128  # QuantLinear(kernel_switch_threshold=128)
 CUDA_OLD_3BIT_BYTES_PER_WEIGHT = 10  # 3-bit path: int32 weight + int32 (weight - zeros) + fp16 product
