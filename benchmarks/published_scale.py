@@ -53,9 +53,10 @@ How the facts become options (the choices a reader should check; none is tuned t
 * Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
 * Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', engine_version=the
   transformers release that ran (``job.transformers_version``), prompt=P, context=P + N,
-  batch=B, weights=...)`` with fp16 -> ``fp16``, GPTQ -> ``gptq-4bit-g128`` (one format whatever the
-  kernel: flagged ``A``), bitsandbytes 4-bit fp4 -> ``fp4``, 8-bit -> ``int8``; the prefill-only
-  benchmark is ``generate`` with one new token (N = 1).
+  batch=B, weights=...)`` with fp16 -> ``fp16``, GPTQ -> ``gptq-4bit-g128`` with ``gptq_kernel`` the
+  point's kernel (exllama, exllamav2, autogptq-cuda-old -> cuda-old: each backend's workspace and
+  dequantization, formulas/quant_kernels.py), bitsandbytes 4-bit fp4 -> ``fp4``, 8-bit -> ``int8``; the
+  prefill-only benchmark is ``generate`` with one new token (N = 1).
 
 Flags: ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults.
 """
@@ -85,6 +86,8 @@ WEIGHTS = {
     "bnb-fp4": "fp4",
     "bnb-int8": "int8",
 }
+# job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
+GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
 
 class NotExpressible(Exception):
@@ -144,8 +147,12 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     weights = WEIGHTS.get(job["weights"])
     if weights is None:
         raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
+    kernel = job.get("gptq_kernel")
+    if kernel is not None and kernel not in GPTQ_KERNELS:
+        raise NotExpressible(f"GPTQ kernel {kernel!r} is not modelled")
     return {
         "weights": weights,
+        "gptq_kernel": GPTQ_KERNELS.get(kernel) if kernel else None,
         "batch": job["batch"],
         "prompt": job["prompt"],
         "context": job["prompt"] + job["new_tokens"],

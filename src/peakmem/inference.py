@@ -285,6 +285,20 @@ class Draft:
         return self.method == "mtp"
 
 
+# --- quantized kernels (formulas/quant_kernels.py) ------------------------------------------------
+class GptqKernel(Choice):
+    """The auto-gptq backend transformers' GPTQ integration runs (optimum ``GPTQQuantizer``; optimum's
+    benchmark names them so): ``exllama`` (v1), ``exllamav2`` (``exllama_config={"version": 2}``) or
+    ``cuda-old`` (``use_exllama=False`` without act-order). Each allocates its own workspace."""
+
+    EXLLAMA = "exllama"
+    EXLLAMAV2 = "exllamav2"
+    CUDA_OLD = "cuda-old"
+
+
+GPTQ_KERNEL_BITS = {GptqKernel.EXLLAMA: (4,), GptqKernel.EXLLAMAV2: (4,), GptqKernel.CUDA_OLD: (2, 3, 4, 8)}
+
+
 # --- CUDA graphs (formulas/serving/cuda_graphs.py) -------------------------------------------------
 class CacheImplementation(Choice):
     """transformers ``generate``'s ``cache_implementation`` (generation/configuration_utils.py; the cache
@@ -380,6 +394,7 @@ class InferenceSetup:
     cudagraph_mode: CudagraphMode = CudagraphMode.AUTO
     cuda_graph_max_bs: int | None = None
     engine_version: str | None = None
+    gptq_kernel: GptqKernel | None = None  # transformers' GPTQ backend (None: not named)
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None and not isinstance(self.checkpoint, CheckpointWeights):
@@ -439,6 +454,7 @@ class InferenceSetup:
         self._check_lora_and_prefix()
         self._check_draft()
         self._check_graphs()
+        self._check_gptq_kernel(fmt)
         _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
@@ -553,6 +569,24 @@ class InferenceSetup:
             require(self.version >= (0, 8), "cudagraph_mode", mode_name,
                     f"vLLM {self.engine_version} (V0) captures FULL decode graphs only")  # fmt: skip
 
+    def _check_gptq_kernel(self, fmt: WeightFormat) -> None:
+        """``gptq_kernel`` names a backend of transformers' GPTQ integration (engine hf, GPTQ weights)."""
+        if self.gptq_kernel is None:
+            return
+        kernel = self.gptq_kernel
+        if not isinstance(kernel, GptqKernel):  # a CLI spelling: "exllamav2"
+            require(isinstance(kernel, str), "gptq_kernel", kernel, "must be text")
+            kernel = GptqKernel.parse(kernel, "gptq_kernel")
+            object.__setattr__(self, "gptq_kernel", kernel)
+        require(fmt.scheme is Scheme.GPTQ, "gptq_kernel", kernel.value,
+                f"a GPTQ backend; weights={fmt.name} are not GPTQ")  # fmt: skip
+        require(self.engine is Engine.HF, "gptq_kernel", kernel.value,
+                f"a backend of transformers' GPTQ integration (engine hf), not "
+                f"engine={self.engine.value}")  # fmt: skip
+        bits = GPTQ_KERNEL_BITS[kernel]
+        require(fmt.bits in bits, "gptq_kernel", kernel.value,
+                f"runs {'/'.join(map(str, bits))}-bit weights, not {fmt.bits}-bit")  # fmt: skip
+
     @property
     def version(self) -> tuple[int, int]:
         """The engine release asked about (``engine_version``), else the newest one read."""
@@ -636,4 +670,5 @@ class InferenceSetup:
                if getattr(self, name) is not None},
             **({"cudagraph_mode": self.cudagraph_mode.value}
                if self.cudagraph_mode is not CudagraphMode.AUTO else {}),
+            **({"gptq_kernel": self.gptq_kernel.value} if self.gptq_kernel is not None else {}),
         }  # fmt: skip

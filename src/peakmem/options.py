@@ -82,6 +82,7 @@ _DEVICE = "device overheads"
 _GRAPHS = "CUDA graphs (vllm / sglang: formulas/serving/cuda_graphs.py)"
 # vLLM CUDAGraphMode spellings (peakmem.inference.CudagraphMode)
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+GPTQ_KERNELS = ("exllama", "exllamav2", "cuda-old")  # peakmem.inference.GptqKernel
 CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
@@ -231,6 +232,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("cache_implementation", str, "dynamic", SV, "transformers generate's cache (engine hf): dynamic "
        "(grows by torch.cat) or static (allocated at prompt + new tokens, written in place)",
        choices=CACHE_IMPLEMENTATIONS),
+    _o("gptq_kernel", str, None, SV, "transformers' GPTQ backend (auto-gptq; engine hf): exllama, exllamav2 "
+       "(its scratch for 2048 x 8 tokens) or cuda-old; each allocates its own workspace (default: not "
+       "named, one layer dequantized in prefill)", choices=GPTQ_KERNELS),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search
     _o("gpu", str, None, _GPU, "GPU name(s) or size(s), comma-separated: rtx-4090,40GB"),

@@ -367,7 +367,7 @@ def inference_setup(
         num_speculative_tokens=o.get("num_speculative_tokens"),
         enforce_eager=o.get("enforce_eager", False), max_num_seqs=o.get("max_num_seqs"),
         cudagraph_mode=o.get("cudagraph_mode", "auto"), cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
-        engine_version=o.get("engine_version"),
+        engine_version=o.get("engine_version"), gptq_kernel=o.get("gptq_kernel"),
     )  # fmt: skip
 
 

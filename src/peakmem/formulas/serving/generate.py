@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
+from peakmem.formulas.quant_kernels import kernel_buffer_items, kernel_notes, matmul_temporary_bytes
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -36,8 +37,8 @@ from peakmem.formulas.serving.context import (
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
-from peakmem.formulas.weights import WeightRow, largest_quantized_linear
-from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, CacheImplementation, Scheme
+from peakmem.formulas.weights import WeightRow
+from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, CacheImplementation
 
 # generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
 # processors / softmax produce (generation/utils.py _sample).
@@ -45,24 +46,6 @@ GENERATE_LOGIT_COPIES_FP32 = 2
 # generate() makes its first new token from the prefill forward; each further token is one decode forward
 # over the growing cache (generation/utils.py _sample): with one new token the cache never grows
 MIN_NEW_TOKENS_TO_DECODE = 2
-
-
-def dequant_temporary_bytes(c: ServingContext, tokens: int) -> int:
-    """transformers' quantized linears for a multi-token input: bitsandbytes ``matmul_4bit``
-    dequantizes the weight to the compute dtype (bitsandbytes/autograd/_functions.py, the gemv
-    kernel only for one token); AutoAWQ GEMM (``WQLinear_GEMM``, >= 1024 tokens) and exllama v2
-    (GPTQ) reconstruct it too. LLM.int8 (``int8_linear_matmul``) keeps the int8 input and an int32
-    output instead. One linear at a time: the largest."""
-    fmt = c.setup.weight_format
-    in_f, out_f = largest_quantized_linear(c.spec, fmt)
-    if tokens <= 1 or not in_f:
-        return 0
-    out_f = -(-out_f // c.setup.tp)
-    if fmt.scheme is Scheme.BNB_INT8:
-        return tokens * (in_f + out_f * 4)
-    if fmt.scheme in (Scheme.BNB_4BIT, Scheme.GPTQ, Scheme.AWQ):
-        return in_f * out_f * c.act_bytes
-    return 0
 
 
 def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
@@ -75,10 +58,12 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
     static = s.cache_implementation is CacheImplementation.STATIC
     kv_prompt = cache_bytes(c, c.context if static else c.prompt, b)
-    dequant = dequant_temporary_bytes(c, b * chunk)
+    dequant = matmul_temporary_bytes(c.spec, s, b * chunk, c.act_bytes, prefill=True)
+    kernel_buffers = kernel_buffer_items(c.spec, s)  # GPTQ kernels' workspaces, from load on
     assistant = _assistant_items(c, c.prompt, "prompt tokens")
     prefill = [
         weights,
+        *kernel_buffers,
         *assistant,
         MemoryItem(
             path=f"kv cache ({c.context} tokens x {b}, static)"
@@ -102,7 +87,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
                 path="quantized matmul temporaries (one linear)",
                 category=Category.TEMPORARIES,
                 bytes=dequant,
-                source="formulas/serving/generate.py dequant_temporary_bytes",
+                source="formulas/quant_kernels.py matmul_temporary_bytes",
             )
         )
     kv_full = cache_bytes(c, c.context, b)
@@ -114,8 +99,10 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     else:
         grow = largest_layer_kv(c, c.context - 1, b) // 2
     assistant_full = _assistant_items(c, c.context, "tokens")
+    decode_dequant = matmul_temporary_bytes(c.spec, s, b, c.act_bytes, prefill=False)
     decode = [
         weights,
+        *kernel_buffers,
         *assistant_full,
         MemoryItem(
             path=f"kv cache ({c.context} tokens x {b})",
@@ -148,6 +135,15 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
             source="transformers generation/utils.py _sample",
         ),
     ]
+    if decode_dequant:
+        decode.append(
+            MemoryItem(
+                path=f"quantized matmul temporaries (one linear, {b} rows)",
+                category=Category.TEMPORARIES,
+                bytes=decode_dequant,
+                source="formulas/quant_kernels.py matmul_temporary_bytes",
+            )
+        )
     overhead = [
         MemoryItem(
             path="CUDA context",
@@ -166,7 +162,9 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     extra: dict[str, object] = {
         "steady_state_bytes": weights.bytes + kv_full + state + sum(i.bytes for i in assistant_full)
     }
-    return EngineMemory(prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c))
+    return EngineMemory(
+        prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c) + kernel_notes(s)
+    )
 
 
 def _assistant_items(c: ServingContext, tokens: int, what: str) -> list[MemoryItem]:
