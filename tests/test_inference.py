@@ -110,6 +110,20 @@ def test_hf_legacy_tuple_cache_hand_derived() -> None:
         InferenceSetup(engine_version="4.37", cache_implementation="static")
 
 
+def test_hf_before_logits_to_keep_makes_every_positions_logits_and_their_fp32_copy() -> None:
+    """transformers < 4.45 (no num_logits_to_keep): the prefill forward runs lm_head over every prompt
+    position and upcasts them all (logits.float()): vocab 50,000, batch 2 x 60 prompt tokens gives
+    2 x 60 x 50,000 x (2 + 4) = 36,000,000 B, plus generate's per-row copies 2 x 50,000 x 4 x 2; from 4.45
+    only the last position's logits exist (and the layer temporaries are the prefill's largest)."""
+    spec = tiny(vocab=50_000)
+    old = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2, engine_version="4.44"))
+    temps = next(i for p in old.phases for i in p.items if i.path.startswith("prefill layer temporaries"))
+    assert temps.bytes == 2 * 60 * 50_000 * (2 + 4) + 2 * 50_000 * 4 * 2
+    new = estimate_inference(spec, InferenceSetup(context=100, prompt=60, batch=2, engine_version="4.45"))
+    temps = next(i for p in new.phases for i in p.items if i.path.startswith("prefill layer temporaries"))
+    assert temps.bytes == max(2 * 60 * TINY_LAYER_PER_TOKEN, 2 * 50_000 * 2 + 2 * 50_000 * 4 * 2)
+
+
 def test_keep_all_logits_counts_every_position() -> None:
     spec = tiny(vocab=50_000)
     base = estimate_inference(spec, InferenceSetup(context=64))

@@ -17,7 +17,11 @@ returned them in a new tuple (v4.35 models/llama/modeling_llama.py ``LlamaAttent
 last layer the whole previous cache is alive beside the new one.
 ``generate`` sets ``logits_to_keep=1``
 (``generation/utils.py``), so prefill computes logits for the last position only, then copies them
-to fp32 (``next_token_logits ... dtype=torch.float32``).
+to fp32 (``next_token_logits ... dtype=torch.float32``). Before v4.45 (``TRANSFORMERS_LOGITS_TO_KEEP``)
+the prefill forward computed every prompt position's logits and their fp32 copy (both alive at
+``logits.float()``); those fp32 logits then stay referenced by ``outputs`` until the first decode step's
+forward returns (not modelled there: the last decode step, with the whole cache, is larger but for the
+shortest generations).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from peakmem.formulas.serving.context import (
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow
-from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, CacheImplementation
+from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
 
 # generate(): bf16 logits of the kept position, their fp32 copy, and the fp32 scores the logits
 # processors / softmax produce (generation/utils.py _sample).
@@ -53,8 +57,10 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     weights = weights_item(c, rows)
     chunk = min(c.prompt, s.prefill_chunk) if s.prefill_chunk else c.prompt
     vocab = -(-c.spec.vocab_size // s.tp)
-    kept = chunk if s.keep_all_logits else 1
-    logits = b * kept * vocab * c.act_bytes + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
+    every_position = s.version < TRANSFORMERS_LOGITS_TO_KEEP  # no num_logits_to_keep: all, and their fp32
+    kept = chunk if s.keep_all_logits or every_position else 1
+    upcast = b * chunk * vocab * 4 if every_position else 0  # logits.float(), alive with the 16-bit ones
+    logits = b * kept * vocab * c.act_bytes + upcast + b * vocab * 4 * GENERATE_LOGIT_COPIES_FP32
     prefill_layer = layer_transient_bytes(c.spec, b * chunk, c.act_bytes, s.tp)
     static = s.cache_implementation is CacheImplementation.STATIC
     kv_prompt = cache_bytes(c, c.context if static else c.prompt, b)
