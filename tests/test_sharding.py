@@ -144,8 +144,9 @@ def test_fsdp_states_are_fp32_shards() -> None:
     # FSDP2: one unit's all-gather output kept between units in forward; a unit adds 2 more at its
     # unshard (the new output and its parameters), 1 while its forward runs; in its backward its
     # parameters, the prefetched output and the previous unit's reduce-scatter input (in the fp32
-    # reduce dtype), and the first unit backward reaches the most of 2 units or 1 unit and its input
-    # (sharding._fsdp2_in_layer; measured by measure/parallel.py)
+    # reduce dtype); the first unit backward reaches its parameters and the prefetched output (2 units);
+    # the root's pre-backward prefetches one unit before the loss's backward
+    # (formulas/fsdp2.py in_layer; measured by measure/parallel.py)
     unit, rs = 2 * 36_992, 4 * 36_992  # one layer in bf16, its fp32 reduce-scatter input
     assert gathered["FSDP2 all-gather output kept until the next unit's all-gather (one unit)"] == unit
     extras = (
@@ -153,8 +154,14 @@ def test_fsdp_states_are_fp32_shards() -> None:
         st.layer_forward_extra,
         st.layer_backward_extra,
         st.layer_backward_first_extra,
+        st.backward_start_extra,
     )
-    assert extras == (2 * unit, unit, 2 * unit + rs, unit + rs)
+    assert extras == (2 * unit, unit, 2 * unit + rs, 2 * unit, unit)
+    # the root unit (128,064 elements) reduce-scatters last: its gradients stay whole through backward;
+    # at the end, the larger of the last layer unit's kept input (rs) and the root's fp32 input less its
+    # bf16 parameters, which its reshard frees first: 4 x 128,064 - 2 x 128,064 = 256,128 > 147,968
+    assert st.root_grads_deferred
+    assert st.root_backward_extra == max(rs, 4 * 128_064 - 2 * 128_064) == 256_128
 
 
 def test_ddp_bucket_copy() -> None:

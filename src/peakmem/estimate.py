@@ -25,6 +25,7 @@ from operator import attrgetter
 
 from peakmem import block_costs
 from peakmem import step_band as _step_band
+from peakmem import step_fsdp as _fsdp
 from peakmem import step_parts as _steps
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
@@ -240,10 +241,13 @@ def _compute_static(
     kept = tuple(_kept(mp.cdiv(tech.layer_grads[i], layout.tp), rs.grads_kept) for i, _ in groups)
     start, end, tied = _outer_grad_split(tech, setup, memo)
     start, end = (mp.cdiv(start, layout.tp) if last else 0), (mp.cdiv(end, layout.tp) if first else 0)
+    end += rs.embedding_grad_extra  # FSDP2 + TP: written whole (rank_states)
     tied = tied if layout.pp == 1 else 0  # pipeline stages keep two tied copies: no shared InputBuffer
     if cap is not None:
         start, end = min(start, cap), min(end, cap)
-    outer = (start, _kept(start, rs.grads_kept), end, _kept(end, rs.grads_kept), mp.cdiv(tied, layout.tp))
+    # FSDP2: the root unit's gradients are whole until its post-backward ends backward (rank_states)
+    kept_outer = Fraction(0) if rs.root_grads_deferred else rs.grads_kept
+    outer = (start, _kept(start, kept_outer), end, _kept(end, kept_outer), mp.cdiv(tied, layout.tp))
     buffers = tech.buffers
     persistent_items = _state_items(rs.rows, buffers) + list(rs.resident)
     resident = setup.grad_accum > 1 or not setup.grads_set_to_none
@@ -547,42 +551,65 @@ def _estimate(
         MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_fwd, source=p2p_src,
                    key="pipeline.p2p"),
     ], base=base_items, base_bytes=base_bytes)  # fmt: skip
+    if rs.first_unshard:  # FSDP2: the first layer unit's unshard, next to the root's all-gather output
+        first_tp = [replace(i, bytes=mp.dtensor_tp_copies(par, first, hidden, 1)[0]) for i in tp_items]
+        start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items, *first_tp,
+                                       MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=recv,
+                                                  source=p2p_src, key="pipeline.p2p")],
+                       base=base_items, base_bytes=base_bytes)  # fmt: skip
+        forward = max(forward, start, key=_BYTES)
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
     # dtype) is alive while the head's weight gradient is written.
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
-    groups = _fsdp2_backward_groups(parts.groups, rs)
+    groups = _fsdp.backward_groups(parts.groups, rs)
+    root_held = start_written if rs.root_grads_deferred else 0  # FSDP2: whole until the end
     p2p_item = MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd, source=p2p_src,
                           key="pipeline.p2p")  # fmt: skip
 
-    def backward_phase(resident: bool, base: tuple[MemoryItem, ...], base_bytes: int,
-                       pipeline: list[MemoryItem]) -> tuple[PhasePeak, BackwardPeak]:  # fmt: skip
+    def backward_phase(
+        resident: bool,
+        base: tuple[MemoryItem, ...],
+        base_bytes: int,
+        pipeline: list[MemoryItem],
+        tp: list[MemoryItem],
+    ) -> tuple[PhasePeak, BackwardPeak]:
         bp = backward_peak(
             groups[::-1], base_saved=embed_saved, head_saved=head_saved,
-            start_extra=max(head_bwd, logits_grad + start_written + tied_tmp),
+            start_extra=max(max(head_bwd, logits_grad + start_written + tied_tmp) + rs.backward_start_extra,
+                            rs.backward_root_unshard),
             start_grads=0 if in_bwd else start_kept,
-            tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept),
+            tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept)
+            + rs.root_backward_extra,
             tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
-            held=tied_tmp,
+            held=tied_tmp + root_held,
         )  # fmt: skip
         engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
-        bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
+        bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
             unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
-            bwd_items = _fsdp2_backward_items(bwd_items, unit_bytes)
-        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp_items, p2p_item]
+            bwd_items = _fsdp.backward_items(bwd_items, unit_bytes)
+        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp, p2p_item]
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 
-    backward, bp = backward_phase(resident, base_items, base_bytes, pipeline)
+    backward, bp = backward_phase(resident, base_items, base_bytes, pipeline, tp_items)
     if warm_only and setup.grad_accum > 1 and setup.grads_set_to_none:
         # the second backward of an all-warm-up 1F1B stage: every gradient exists (the first backward
         # wrote them), one micro-batch fewer in flight (torch schedules.py Schedule1F1B: B1, B2, ...)
+        # (and one micro-batch fewer keeps its embedding's TP copies)
+        fewer = mp.dtensor_tp_copies(par, first, hidden, int(in_flight) - 1)[0]
         second, bp2 = backward_phase(
-            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2)
-        )
+            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2),
+            [replace(i, bytes=fewer) for i in tp_items],
+        )  # fmt: skip
         if second.bytes > backward.bytes:
             backward, bp = second, bp2
+    if rs.reduce_after_backward and setup.grads_set_to_none:  # FSDP2 under PP: after the last backward
+        reduce = _phase(Phase.BACKWARD, [*rs.gathered_backward, *_fsdp.pp_reduce_items(rs),
+                                         replace(p2p_item, bytes=recv)],
+                        base=st.resident_items, base_bytes=st.resident_bytes)  # fmt: skip
+        backward = max(backward, reduce, key=_BYTES)
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
@@ -682,30 +709,6 @@ def _estimate(
         assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
-
-
-def _fsdp2_backward_groups(groups: tuple[GroupCost, ...], rs: sharding.RankStates) -> tuple[GroupCost, ...]:
-    """FSDP2: each layer unit's own unsharded bytes added to its backward transient, the first unit
-    backward reaches (the last layer) with less (peakmem.formulas.sharding._fsdp2_in_layer); that layer
-    becomes a group of its own."""
-    if not rs.layer_backward_extra or not groups:
-        return groups
-    out = [replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra) for g in groups]
-    last = groups[-1]  # forward order: the last group holds the first layer backward reaches
-    first = replace(last, count=1, backward_transient=last.backward_transient + rs.layer_backward_first_extra)
-    out[-1:] = [replace(out[-1], count=last.count - 1), first] if last.count > 1 else [first]
-    return tuple(out)
-
-
-def _fsdp2_backward_items(items: list[MemoryItem], extra: int) -> list[MemoryItem]:
-    """The backward peak inside a layer under FSDP2: the layer unit's unsharded bytes (parameters or
-    reduce-scatter input, and the next unit's prefetched all-gather) shown apart from the gradients
-    in flight they were added to (peakmem.formulas.sharding._fsdp2_in_layer)."""
-    out = [replace(i, bytes=i.bytes - extra) if i.key == "backward.temporaries" else i for i in items]
-    out.append(MemoryItem(path="FSDP2 running unit: its unsharded parameters (or reduce-scatter input) and "
-                               "the next unit's prefetched all-gather", category=Category.PARAMETERS,
-                          bytes=extra, source=sharding.SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
-    return out
 
 
 def with_kernel_alternatives(

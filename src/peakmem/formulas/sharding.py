@@ -61,6 +61,8 @@ from peakmem.parallel import DS_SUB_GROUP_SIZE, FsdpMode, Offload, Parallelism
 from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
+from . import fsdp2 as _fsdp2
+from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
 from .model_parallel import LocalTensor, StageParams, cdiv, stage_groups
 from .model_states import precision_plan
 from .optimizer import PER_PARAM_TEMPORARIES
@@ -83,8 +85,6 @@ SRC_Z3_GATHER = (
 )
 SRC_FSDP_SHARD = "torch fsdp _fsdp_param.py _init_sharded_param: torch.chunk(dim 0), padded to chunk 0"
 SRC_FSDP1_SHARD = "torch fsdp _flat_param.py: unit flattened and padded to a multiple of world size"
-SRC_FSDP_GATHER = "torch fsdp: root unit unsharded fwd->bwd; current + one prefetched unit all-gathered"
-SRC_FSDP_RS = "torch fsdp _fsdp_collectives.py foreach_reduce: unsharded grads + reduce-scatter input"
 SRC_OFFLOAD = "ZeRO-Offload (arXiv 2101.06840) / FSDP CPUOffload: pinned CPU copies"
 SRC_NVME = "deepspeed offload_config.py: NVMe swap buffers buffer_count x buffer_size, pinned"
 
@@ -144,11 +144,27 @@ class RankStates:
     notes: tuple[str, ...]
     # FSDP2: what one layer unit adds beyond gathered_* at its unshard (before its forward saves
     # anything), while its forward runs, and in its backward (the timeline adds these to the layer's
-    # transients): see _fsdp2_in_layer
+    # transients): see fsdp2.in_layer
     layer_unshard_extra: int = 0
     layer_forward_extra: int = 0
     layer_backward_extra: int = 0
     layer_backward_first_extra: int = 0  # the first unit backward reaches (no earlier reduce-scatter)
+    backward_start_extra: int = 0  # at the loss's and the head's backward (before any layer unit)
+    # FSDP2: the root's unshards (see fsdp2.root_unshards): every unsharded byte at the first layer
+    # unit's copy-out in a micro-batch's forward, and the root's all-gather output at backward's start
+    first_unshard: int = 0
+    backward_root_unshard: int = 0
+    # FSDP2 under PP: what the reduce-scatters after the last micro-batch's backward add beyond the
+    # accumulated gradients and the unsharded units (see fsdp2.pp_reduce)
+    reduce_after_backward: int = 0
+    # FSDP2 + TP: the vocab-parallel embedding's gradient as written is whole (V x H on every TP rank):
+    # the bytes beyond its TP-local rows, in the gradients' dtype (see fsdp2.whole_embedding_grad)
+    embedding_grad_extra: int = 0
+    # FSDP2 without PP: the root unit's gradients (head, final norm, embeddings) stay unsharded, as
+    # written, until the root's post-backward at the very end of backward; what that end adds beyond
+    # them (see fsdp2.root_backward)
+    root_grads_deferred: bool = False
+    root_backward_extra: int = 0
 
 
 def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
@@ -496,7 +512,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     rs_dt = tech.grad if tech.adapter else gather_dt
     reduce_scatter = _item("FSDP reduce-scatter input (one unit's gradients)", Category.GRADIENTS,
                            rs_dt.nbytes(unit_trainable), SRC_FSDP_RS, key="fsdp.reduce_scatter")  # fmt: skip
-    unshard_extra = fwd_extra = bwd_extra = bwd_first = 0
+    unshard_extra = fwd_extra = bwd_extra = bwd_first = bwd_start = root_extra = first = root_again = 0
+    pp_reduce = 0
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
                                   Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),
@@ -507,9 +524,16 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
         # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
         rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
-        fwd_items, bwd_items, unshard_extra, fwd_extra, bwd_extra, bwd_first = _fsdp2_in_layer(
+        fwd_items, bwd_items, (unshard_extra, fwd_extra, bwd_extra, bwd_first, bwd_start) = _fsdp2.in_layer(
             gathered(unit), all_units, rs_unit, par
         )
+        root_gathered = gathered(sp.root_numel, root=True)
+        first, root_again = _fsdp2.root_unshards(root_gathered, gathered(unit), par)
+        root_rs = 0 if tech.adapter else shard_dt.nbytes(sp.root_numel)
+        if par.pp == 1:
+            root_extra = _fsdp2.root_backward(rs_unit, root_rs, root_gathered)
+        elif not tech.adapter:
+            pp_reduce = _fsdp2.pp_reduce(rs_unit, gathered(unit), root_rs, root_gathered, n)
         gathered_bwd = [*gathered_fwd, *bwd_items]
         gathered_fwd.extend(fwd_items)
     else:
@@ -529,7 +553,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
             "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
         )
-    accumulated = _fsdp2_pp_accumulated(tech, par, sp, shard_dt) or grads_item
+    accumulated = _fsdp2.pp_accumulated(tech, par, sp, shard_dt) or grads_item
+    whole_embedding = _fsdp2.whole_embedding_grad(tech, par, sp, tech.grad) if par.fsdp_version == 2 else 0
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
         grads_kept=Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n),
@@ -537,58 +562,11 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
-        layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first,
+        layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
+        root_grads_deferred=par.fsdp_version == 2 and par.pp == 1, root_backward_extra=root_extra,
+        first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
+        embedding_grad_extra=whole_embedding,
     )  # fmt: skip
-
-
-def _fsdp2_pp_accumulated(
-    tech: Technique, par: Parallelism, sp: StageParams, dtype: DType
-) -> MemoryItem | None:
-    """FSDP2 under torch.distributed.pipelining: the non-last micro-batches' backward runs with
-    ``set_requires_gradient_sync(False)`` (stage.py ``backward_maybe_with_nosync``), so gradients
-    accumulate unsharded, in the sharded gradients' dtype, until the last micro-batch reduce-scatters
-    them; between micro-batches a rank holds the stage's whole (TP-local) gradients."""
-    if par.pp == 1 or par.fsdp_version != 2 or tech.adapter:
-        return None
-    return _item("FSDP2 under PP: gradients accumulated unsharded between micro-batches",
-                 Category.GRADIENTS, dtype.nbytes(sp.numel), SRC_FSDP_RS, key="grads")  # fmt: skip
-
-
-def _fsdp2_in_layer(
-    unit: int, all_units: int, rs_unit: int, par: Parallelism
-) -> tuple[list[MemoryItem], list[MemoryItem], int, int, int, int]:
-    """FSDP2's unsharded bytes by where the step is: (items alive through forward, items alive through
-    backward, what a layer unit adds at its unshard, while its forward runs, in its backward, and in
-    the backward of the first unit backward reaches), ``unit`` bytes per unit gathered, ``rs_unit``
-    per unit's reduce-scatter input.
-
-    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13) ``wait_for_unshard``: in
-    forward it copies a unit's flat all-gather output into its unsharded parameters (``alloc_storage``)
-    and only then frees the *previous* unit's output (``comm_ctx.all_gather_state``), keeping this one
-    until the next unit's all-gather; the root's post-forward frees the last one (_fsdp_state.py
-    ``_post_forward``: ``iter_forward_root``), after the loss when the model computes it. So in forward
-    one output is kept between units (the loss included), a unit's unshard adds the new output and its
-    parameters (2 units), its run its parameters (1). In backward the output is freed right after the
-    copy-out, and ``pre_backward`` prefetches the next unit's all-gather (``_backward_prefetch``); the
-    previous unit's reduce-scatter input is kept until this unit's ``post_backward`` reclaims it
-    (``reduce_scatter_max_input_buffers = 1``, reclaimed after this unit's reshard and before its own
-    input is allocated): the running unit's parameters, the prefetched output and the kept input; the
-    first unit backward reaches has no earlier input, and peaks either running (2 units) or at its own
-    reduce-scatter (the prefetched output and its input). Checked against the fake-process-group
-    oracle (peakmem.measure.parallel).
-
-    Under pipeline parallelism torchtitan sets ``reshard_after_forward=False``
-    (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the stage
-    stays unsharded from the first micro-batch's forward on, so the later micro-batches' unshards are
-    no-ops and backward all-gathers nothing; torch.distributed.pipelining defers the reduce-scatter
-    and the reshard to the last micro-batch (stage.py ``backward_maybe_with_nosync``)."""
-    if par.pp > 1:
-        held = _item("FSDP2 under PP: every layer unit of the stage unsharded from forward to backward",
-                     Category.PARAMETERS, all_units, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-        return [held], [held], 0, 0, 0, 0
-    kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
-                 Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-    return [kept], [], 2 * unit, unit, 2 * unit + rs_unit, max(2 * unit, unit + rs_unit)
 
 
 def _row(

@@ -1,0 +1,148 @@
+"""FSDP2's transient bytes in a training step, by where the step is (torch 2.13
+torch/distributed/fsdp/_fully_shard): the all-gather outputs and unsharded parameters around each
+unit's forward and backward, the root unit's unshards and deferred reduce-scatter, and under
+torch.distributed.pipelining the unsharded gradients accumulated between micro-batches and the
+reduce-scatters after the last one. :func:`peakmem.formulas.sharding.rank_states` puts them in
+:class:`~peakmem.formulas.sharding.RankStates`; :mod:`peakmem.estimate` places them on the timeline.
+Each term was found in, and is checked against, the fake-process-group oracle
+(:mod:`peakmem.measure.parallel`)."""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.dtypes import DType
+from peakmem.parallel import Parallelism
+
+from .model_parallel import StageParams, cdiv, dtensor_embedding_grad_extra
+from .technique import Technique
+
+SRC_FSDP_GATHER = "torch fsdp: root unit unsharded fwd->bwd; current + one prefetched unit all-gathered"
+SRC_FSDP_RS = "torch fsdp _fsdp_collectives.py foreach_reduce: unsharded grads + reduce-scatter input"
+SRC_FSDP_ROOT_RS = (
+    "torch fsdp2 _fsdp_state.py _root_post_backward_final_callback: the root unit reduce-scatters last"
+)
+
+
+def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
+    return MemoryItem(path=path, category=category, bytes=nbytes, source=source, key=key)
+
+
+def pp_reduce(rs_unit: int, unit: int, root_rs: int, root: int, n: int) -> int:
+    """FSDP2 under torch.distributed.pipelining: every micro-batch's backward runs without gradient
+    sync; after the last one the schedule calls ``perform_reduce_grad`` (torch 2.13
+    torch/distributed/pipelining/stage.py; schedules.py ``_step_microbatches``), which runs each
+    unit's ``post_backward`` by hand, the root's first (``_state_ctx.all_states``), next to every unit's
+    accumulated gradient. A unit's post-backward reshards it (frees ``unit`` / ``root`` gathered bytes),
+    allocates its reduce-scatter input in the reduce dtype (``rs_unit`` / ``root_rs``), copies in and
+    clears its gradients, and allocates the reduce-scatter output (a 1/``n`` shard in the reduce dtype)
+    while the last parameter's accumulated gradient is still referenced (foreach_reduce's loop variable
+    ``unsharded_grad``, _fsdp_collectives.py), so the unit's gradients count as alive at that instant:
+    the largest of those instants beyond the accumulated gradients and the gathered units."""
+    return max(0, root_rs + cdiv(root_rs, n) - root, rs_unit + cdiv(rs_unit, n) - unit)
+
+
+def root_unshards(root: int, unit: int, par: Parallelism) -> tuple[int, int]:
+    """FSDP2: (every unsharded byte at the first layer unit's copy-out in a micro-batch's forward, the
+    root's all-gather output when backward starts), ``root`` bytes of the root unit gathered, ``unit``
+    of a layer unit.
+
+    The root's pre-forward all-gathers it and keeps its all-gather output as the "previous" one
+    (_fsdp_param_group.py ``wait_for_unshard``: ``comm_ctx.all_gather_state``) until the next unit's
+    copy-out; the root module's forward then runs the embedding and reaches the first layer unit, whose
+    unshard allocates its output and its parameters before that output is freed: the root's parameters
+    and output and the unit's output and parameters at once (no forward prefetch by default). Under
+    PP (``reshard_after_forward=False``) only the first micro-batch of a step unshards. Without PP the
+    root is resharded after forward (torchtitan ``reshard_after_forward=True`` for every module) and
+    its ``pre_backward`` all-gathers it again at the very start of backward (_fsdp_state.py
+    ``_register_pre_backward_hook`` on the root's output, the loss): its output next to its parameters,
+    freed before the first layer unit is prefetched."""
+    return 2 * root + 2 * unit, root if par.pp == 1 else 0
+
+
+def root_backward(rs_unit: int, root_rs: int, root_gathered: int) -> int:
+    """FSDP2 (no PP): what the end of backward adds beyond the root unit's unsharded gradients, with
+    ``rs_unit`` bytes per layer unit's reduce-scatter input, ``root_rs`` the root's (its trainable
+    elements in the reduce dtype) and ``root_gathered`` its unsharded parameters.
+
+    The root's inputs (token ids) do not require grad, so ``RegisterPostBackwardFunction`` never runs
+    for it and its post-backward (reduce-scatter) runs in ``_root_post_backward_final_callback``
+    (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py: "Run post-backward in case forward
+    inputs did not require gradient"): the head's and the final norm's gradients, written at the start
+    of backward, stay whole through every layer's backward (the timeline holds them), and the
+    embeddings' join them at the end. There the last layer unit's reduce-scatter input is still kept
+    (``reduce_scatter_max_input_buffers = 1``: only the next post-backward reclaims it), so the
+    embedding's backward runs next to it; then the root's ``post_backward`` (_fsdp_param_group.py)
+    reshards (frees ``root_gathered``), reclaims that input and allocates its own
+    (_fsdp_collectives.py ``foreach_reduce``: ``reduce_scatter_comm.allocate``, the copy-in, and only
+    then ``unsharded_grads.clear()``): the larger of the two instants."""
+    return max(rs_unit, root_rs - root_gathered)
+
+
+def pp_accumulated(tech: Technique, par: Parallelism, sp: StageParams, dtype: DType) -> MemoryItem | None:
+    """FSDP2 under torch.distributed.pipelining: every micro-batch's backward runs with
+    ``set_requires_gradient_sync(False)`` (stage.py ``backward_maybe_with_nosync``), so gradients
+    accumulate unsharded, in the sharded gradients' dtype (``to_accumulated_grad_if_needed`` upcasts to
+    the reduce dtype), until ``perform_reduce_grad`` reduce-scatters them after the last one
+    (:func:`pp_reduce`); between micro-batches a rank holds the stage's whole (TP-local)
+    gradients, the vocab-parallel embedding's whole (:func:`whole_embedding_grad`)."""
+    if par.pp == 1 or par.fsdp_version != 2 or tech.adapter:
+        return None
+    nbytes = dtype.nbytes(sp.numel) + whole_embedding_grad(tech, par, sp, dtype)
+    return _item("FSDP2 under PP: gradients accumulated unsharded between micro-batches",
+                 Category.GRADIENTS, nbytes, SRC_FSDP_RS, key="grads")  # fmt: skip
+
+
+def whole_embedding_grad(tech: Technique, par: Parallelism, sp: StageParams, dtype: DType) -> int:
+    """FSDP2 + TP: DTensor gives the vocab-parallel embedding a whole ``V x H`` gradient on every TP rank
+    (:func:`.model_parallel.dtensor_embedding_grad_extra`, which counts it where no engine shards the
+    gradient); FSDP2 takes that gradient unsharded in ``post_backward`` and only then redistributes it
+    to the TP-local rows for its reduce-scatter (a ``clone`` of ``V/tp`` rows, seen in the oracle), so
+    as written, and accumulated under PP, the gradient is whole: the bytes beyond the TP-local rows."""
+    tp_only = Parallelism(gpus=par.tp, tp=par.tp)  # the rule without an engine sharding the gradient
+    return dtensor_embedding_grad_extra(tech.spec, tp_only, sp.stage == 0, dtype.nbytes, tech.adapter)
+
+
+def in_layer(
+    unit: int, all_units: int, rs_unit: int, par: Parallelism
+) -> tuple[list[MemoryItem], list[MemoryItem], tuple[int, int, int, int, int]]:
+    """FSDP2's unsharded bytes by where the step is: (items alive through forward, items alive through
+    backward, (what a layer unit adds at its unshard, while its forward runs, in its backward, in the
+    backward of the first unit backward reaches, and what the start of backward adds)), ``unit`` bytes
+    per unit gathered, ``rs_unit`` per unit's reduce-scatter input.
+
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (torch 2.13) ``wait_for_unshard``: in
+    forward it copies a unit's flat all-gather output into its unsharded parameters (``alloc_storage``)
+    and only then frees the *previous* unit's output (``comm_ctx.all_gather_state``), keeping this one
+    until the next unit's all-gather; the root's post-forward frees the last one (_fsdp_state.py
+    ``_post_forward``: ``iter_forward_root``), after the loss when the model computes it. So in forward
+    one output is kept between units (the loss included), a unit's unshard adds the new output and its
+    parameters (2 units), its run its parameters (1). In backward the output is freed right after the
+    copy-out, and ``pre_backward`` prefetches the next unit's all-gather (``_backward_prefetch``); the
+    previous unit's reduce-scatter input is kept until this unit's ``post_backward`` reclaims it
+    (``reduce_scatter_max_input_buffers = 1``, reclaimed after this unit's reshard and before its own
+    input is allocated): the running unit's parameters, the prefetched output and the kept input; the
+    first unit backward reaches has no earlier input: its parameters and the prefetched output (2
+    units). Its own reduce-scatter (the prefetched output and its input, next to its whole gradients)
+    comes after its backward freed its activations and temporaries, and is below the next unit's
+    running instant (that unit's parameters, the next prefetch and the same kept input, next to its
+    backward): not a peak of its own (counting it as one put the mixed-bf16 oracle's fsdp4 backward
+    one unit high).
+    The root's ``pre_backward`` runs at the very start of backward (its hook is on the root's output,
+    the loss HF computes inside forward: _fsdp_state.py ``_register_pre_backward_hook``) and prefetches
+    the first layer unit: its all-gather output (one unit) is alive through the loss's and the head's
+    backward, until that unit's copy-out. Checked against the fake-process-group oracle
+    (peakmem.measure.parallel).
+
+    Under pipeline parallelism torchtitan sets ``reshard_after_forward=False``
+    (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``): every unit of the stage
+    stays unsharded from the first micro-batch's forward on, so the later micro-batches' unshards are
+    no-ops and backward all-gathers nothing; torch.distributed.pipelining runs every backward without
+    gradient sync (stage.py ``backward_maybe_with_nosync``) and reduce-scatters and reshards after the
+    last micro-batch (:func:`pp_reduce`)."""
+    if par.pp > 1:
+        held = _item("FSDP2 under PP: every layer unit of the stage unsharded from forward to backward",
+                     Category.PARAMETERS, all_units, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+        return [held], [held], (0, 0, 0, 0, 0)
+    kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
+                 Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
+    return [kept], [], (2 * unit, unit, 2 * unit + rs_unit, 2 * unit, unit)

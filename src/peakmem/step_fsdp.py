@@ -1,0 +1,70 @@
+"""FSDP2's terms in a rank's step timeline (:mod:`peakmem.estimate`): what a layer unit adds to its
+backward, and the items that show FSDP2's unsharded bytes at the backward peak
+(peakmem.formulas.fsdp2 models the bytes)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_ROOT_RS, SRC_FSDP_RS
+from peakmem.formulas.sharding import RankStates
+from peakmem.formulas.timeline import GroupCost
+
+
+def backward_groups(groups: tuple[GroupCost, ...], rs: RankStates) -> tuple[GroupCost, ...]:
+    """FSDP2: each layer unit's own unsharded bytes added to its backward transient, the first unit
+    backward reaches (the last layer) with less (peakmem.formulas.fsdp2.in_layer); that layer
+    becomes a group of its own."""
+    if not rs.layer_backward_extra or not groups:
+        return groups
+    out = [replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra) for g in groups]
+    last = groups[-1]  # forward order: the last group holds the first layer backward reaches
+    first = replace(last, count=1, backward_transient=last.backward_transient + rs.layer_backward_first_extra)
+    out[-1:] = [replace(out[-1], count=last.count - 1), first] if last.count > 1 else [first]
+    return tuple(out)
+
+
+def root_items(items: list[MemoryItem], root_held: int) -> list[MemoryItem]:
+    """The backward peak's items under FSDP2 without PP: the root unit's whole gradients, held from the
+    head's backward to the end (inside the timeline's ``held``), shown apart from a tied embedding's
+    hold (peakmem.formulas.fsdp2.root_backward)."""
+    if not root_held or not any(i.key == "backward.tied_hold" for i in items):
+        return items
+    out = [
+        replace(i, bytes=i.bytes - root_held) if i.key == "backward.tied_hold" else i
+        for i in items
+        if i.key != "backward.tied_hold" or i.bytes > root_held
+    ]
+    out.append(MemoryItem(path="FSDP2 root unit's gradients (head, final norm), whole until its "
+                               "post-backward at the end of backward", category=Category.GRADIENTS,
+                          bytes=root_held, source=SRC_FSDP_ROOT_RS, key="fsdp.root_grads"))  # fmt: skip
+    return out
+
+
+def backward_items(items: list[MemoryItem], extra: int) -> list[MemoryItem]:
+    """The backward peak inside a layer under FSDP2: the layer unit's unsharded bytes (parameters or
+    reduce-scatter input, and the next unit's prefetched all-gather) shown apart from the gradients
+    in flight they were added to (peakmem.formulas.fsdp2.in_layer)."""
+    out = [replace(i, bytes=i.bytes - extra) if i.key == "backward.temporaries" else i for i in items]
+    out.append(MemoryItem(path="FSDP2 running unit: its unsharded parameters (or reduce-scatter input) and "
+                               "the next unit's prefetched all-gather", category=Category.PARAMETERS,
+                          bytes=extra, source=SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
+    return out
+
+
+def first_unshard_items(rs: RankStates) -> list[MemoryItem]:
+    """The forward instant of the first layer unit's copy-out (peakmem.formulas.fsdp2
+    .root_unshards): the root's parameters and all-gather output, the unit's output and
+    parameters."""
+    return [MemoryItem(path="FSDP2 first unshards: the root's parameters and all-gather output, the first "
+                            "layer unit's all-gather output and parameters", category=Category.PARAMETERS,
+                       bytes=rs.first_unshard, source=SRC_FSDP_GATHER, key="fsdp.units")]  # fmt: skip
+
+
+def pp_reduce_items(rs: RankStates) -> list[MemoryItem]:
+    """The reduce-scatters after the last micro-batch's backward under PP (peakmem.formulas.fsdp2
+    .pp_reduce)."""
+    path = "FSDP2 under PP: a unit's reduce-scatter input and output after the last micro-batch's backward"
+    nbytes, cat = rs.reduce_after_backward, Category.GRADIENTS
+    return [MemoryItem(path=path, category=cat, bytes=nbytes, source=SRC_FSDP_RS, key="fsdp.reduce_scatter")]
