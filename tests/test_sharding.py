@@ -164,6 +164,25 @@ def test_fsdp_states_are_fp32_shards() -> None:
     assert st.root_backward_extra == max(rs, 4 * 128_064 - 2 * 128_064) == 256_128
 
 
+def test_fsdp2_under_tp_and_pp_by_hand() -> None:
+    """FSDP2 x TP2 x PP2 (8 GPUs, dp 2), first stage (embedding + 2 layers), mixed-bf16
+    (formulas/fsdp2.py; measured by measure/parallel.py)."""
+    par = Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD)
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
+    root, unit = 32_000, 18_560  # TP-local: the vocab-parallel embedding's rows, one layer
+    # the first micro-batch's first layer unit: root params and all-gather output, the unit's (bf16)
+    assert st.first_unshard == 2 * (2 * root) + 2 * (2 * unit) == 202_240
+    assert st.backward_root_unshard == 0 and not st.root_grads_deferred  # the root stays unsharded
+    # after the last micro-batch: the root's fp32 reduce-scatter input and its 1/2 output, less its
+    # resharded bf16 parameters (a layer unit's: 4 x 18,560 + 2 x 18,560 - 2 x 18,560, smaller)
+    assert st.reduce_after_backward == 4 * root + 2 * root - 2 * root == 128_000
+    # DTensor's embedding gradient is whole (1,000 x 64 rows on each TP rank): written in bf16, and
+    # accumulated unsharded in fp32 next to the stage's TP-local gradients
+    assert st.embedding_grad_extra == 2 * (64_000 - root) == 64_000
+    (accumulated,) = st.accumulated
+    assert accumulated.bytes == 4 * (root + 2 * unit) + 4 * (64_000 - root) == 404_480
+
+
 def test_ddp_bucket_copy() -> None:
     spec = tiny()
     single = estimate_training(spec, SETUP)
