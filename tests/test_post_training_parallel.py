@@ -92,6 +92,16 @@ def test_grpo_generate_under_zero3_gathers_the_whole_policy() -> None:
     assert _items(fsdp, Phase.ROLLOUT, "policy.gathered") == gathered > 0
     # the reference's no-grad scoring forward gathers its layers as the policy's forward does
     assert _items(fsdp, Phase.SCORING, "reference.gathered") == gathered
+    # FSDP2's unshards (peakmem.step_fsdp.NoGradForward, as the training forward counts them): the root
+    # (embed 64,000 + norm 64 + head 64,000 = 128,064) and one unit (46,208) stay gathered, bf16
+    root, unit = 2 * 128_064, 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64)
+    assert gathered == root + unit == 348_544
+    # generate: no layer temporaries to speak of, so the largest unshard instant counts whole: the first
+    # unit's, next to the root's all-gather output (root + unit more), above a later unit's (2 units)
+    assert _items(fsdp, Phase.ROLLOUT, "policy.unshard") == max(root + unit, 2 * unit) == 348_544
+    # scoring: TRL's log-prob head over 4 x 31 positions x 1,000 logits outweighs every unshard instant
+    # (the first: 348,544 + 16,384 bytes of hidden states, 4 x 32 x 64 x 2), so nothing is added
+    assert _items(fsdp, Phase.SCORING, "reference.unshard") == 0
 
 
 def test_the_generation_batch_counts_every_data_parallel_rank() -> None:
@@ -166,3 +176,14 @@ def test_a_sharded_teacher_gathers_its_own_layers() -> None:
                    if i.key in ("fsdp.root", "fsdp.units"))  # fmt: skip
     student = _items(est, Phase.ROLLOUT, "policy.gathered")
     assert _items(est, Phase.SCORING, "teacher.gathered") == gathered > student > 0
+    # its no-grad forward's unshards, by hand, bf16: root (embed 96,000 + norm 96 + head 96,000 =
+    # 192,096 elements) and a unit (q, o 96 x 96; k, v 96 x 32; gate, up, down 96 x 256; norms 2 x 96 =
+    # 98,496), the layer's temporaries 128 tokens x (3 x 256 x 2 MLP + 4 x 96 x 2 residual) = 294,912
+    # and 128 x 96 x 2 = 24,576 of hidden states: the first unit's unshard (root + unit beyond the
+    # gathered set) is the largest instant, above a later unit's (2 units + hidden) and a layer running
+    # (unit + its temporaries)
+    root, unit, layer, hidden = 2 * 192_096, 2 * 98_496, 294_912, 24_576
+    assert gathered == root + unit == 581_184
+    assert _items(est, Phase.SCORING, "teacher.forward") == layer
+    first, later, running = root + unit + hidden, 2 * unit + hidden, layer + unit
+    assert _items(est, Phase.SCORING, "teacher.unshard") == max(first, later, running) - layer == 310_848

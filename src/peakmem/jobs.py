@@ -45,6 +45,7 @@ from dataclasses import replace
 from peakmem.breakdown import Band, Category, Estimate, MemoryItem, Phase, PhasePeak, Range
 from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
+from peakmem.formulas.fsdp2 import SRC_FSDP_GATHER
 from peakmem.formulas.logprob_head import no_grad_head_bytes
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.serving.estimate import estimate_inference
@@ -54,6 +55,7 @@ from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.post_training import Objective, PostTraining, Reference, Rollout
 from peakmem.ranks import estimate_ranks
+from peakmem.step_fsdp import NoGradForward
 from peakmem.training import KernelPolicy, LossImpl, Method, Precision, TrainingSetup
 
 SRC_TRL = "trl 1.16 grpo_trainer.py / dpo_trainer.py"
@@ -69,7 +71,9 @@ KEPT_COMPLETION_FP32 = 4
 ROLES = {"reference": "reference", "rollout": "rollout engine", "teacher": "teacher", "critic": "critic"}
 SRC_DISTILL = "trl 1.16 distillation_trainer.py DistillationTrainer (_compute_loss, _get_last_hidden_state)"
 SRC_TRL_SHARD = "trl 1.16 models/utils.py prepare_deepspeed / prepare_fsdp / unwrap_model_for_generation"
-GATHERED_KEYS = ("zero3.gathered", "fsdp.root", "fsdp.units")  # a sharded model's forward working set
+# the policy's gathered working set in its forward's items (formulas/sharding.py, step_fsdp.py)
+POLICY_GATHERED = ("zero3.gathered", "fsdp.root", "fsdp.units", "fsdp.first_unshard")
+NO_GATHER = NoGradForward()  # one GPU, DDP, ZeRO 0-2: nothing gathered
 
 
 def _weights_format(setup: TrainingSetup) -> str:
@@ -119,11 +123,21 @@ def _phase(phase: Phase, *parts: MemoryItem) -> PhasePeak:
 def no_grad_forward_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, completion: int) -> int:
     """A no-grad forward of ``sequences`` sequences (a reference or old-policy pass): the largest of one
     layer's temporaries with the residual stream, and TRL's log-prob head beside the final hidden states."""
+    layer, head, _ = _no_grad_parts(spec, setup, sequences, completion)
+    return max(layer, head)
+
+
+def _no_grad_parts(
+    spec: ModelSpec, setup: TrainingSetup, sequences: int, completion: int
+) -> tuple[int, int, int]:
+    """(one layer's temporaries with the residual stream, TRL's log-prob head with the final hidden
+    states, the residual stream) of a no-grad forward of ``sequences`` sequences."""
     act = _act_bytes(setup)
     tokens = sequences * setup.seq_len
     triton = setup.kernel_policy is KernelPolicy.CUDA
     head = no_grad_head_bytes(spec, tokens - sequences, sequences * completion, act, triton=triton)
-    return max(layer_transient_bytes(spec, tokens, act), head + tokens * spec.hidden_size * act)
+    residual = tokens * spec.hidden_size * act
+    return layer_transient_bytes(spec, tokens, act), head + residual, residual
 
 
 def _resident(train: Estimate) -> int:
@@ -138,12 +152,6 @@ def _resident(train: Estimate) -> int:
     return sum(n * nbytes for (_, _, nbytes), n in (common or Counter()).items())
 
 
-def _gathered(est: Estimate) -> tuple[MemoryItem, ...]:
-    """A sharded model's forward working set: the layers ZeRO-3 / FSDP gather (none unsharded)."""
-    forward = next((p for p in est.phases if p.phase is Phase.FORWARD), None)
-    return tuple(i for i in (forward.items if forward else ()) if i.key in GATHERED_KEYS)
-
-
 def reference_shards(par: Parallelism | None) -> int:
     """Ranks one reference copy is sharded over, as TRL prepares it: ZeRO-3 and FSDP full / hybrid shard
     as the policy; ZeRO 0-2 build it with ZeRO disabled and FSDP shard-grad-op keeps it gathered after its
@@ -155,7 +163,8 @@ def reference_shards(par: Parallelism | None) -> int:
 
 class _Roles:
     """The items every phase shares: the policy between steps, the reference's weights, the vLLM share;
-    ``gathered``: a sharded model's forward working set (its layers gathered one by one)."""
+    ``fsdp``: a sharded model's no-grad forward on the rank (its layers gathered one by one,
+    :attr:`peakmem.ranks.RankEstimate.no_grad_forward`), ``teacher_fsdp`` the teacher's."""
 
     def __init__(
         self,
@@ -166,7 +175,8 @@ class _Roles:
         *,
         shards: int = 1,
         zero3_full: int = 0,
-        teacher: Estimate | None = None,
+        fsdp: NoGradForward = NO_GATHER,
+        teacher_fsdp: NoGradForward | None = None,
     ) -> None:
         self.zero3_full = zero3_full
         self.policy = _item(
@@ -204,8 +214,8 @@ class _Roles:
                 "teacher.weights",
                 SRC_DISTILL,
             )
-        self.gathered = _gathered(train)
-        self.teacher_gathered = self.gathered if teacher is None else _gathered(teacher)
+        self.fsdp = fsdp
+        self.teacher_fsdp = fsdp if teacher_fsdp is None else teacher_fsdp
         share = (
             int(post.rollout_memory * gpu_bytes) if post.rollout is Rollout.VLLM_COLOCATE and gpu_bytes else 0
         )
@@ -227,15 +237,24 @@ class _Roles:
         if self.zero3_full:
             what = "policy gathered whole for generate (ZeRO-3, ds3_gather_for_generation)"
             return (_item(what, Category.PARAMETERS, self.zero3_full, "rollout.gathered", SRC_TRL_SHARD),)
-        return self.gathered_for("policy")
+        # every decode step gathers every unit; the KV cache, not a layer's temporaries, is what else is
+        # alive, so a unit's unshard counts whole (an upper bound by one unit where prefill's peak)
+        return self.gathered_for("policy", 0, 0, 0)
 
-    def gathered_for(self, role: str) -> tuple[MemoryItem, ...]:
+    def gathered_for(self, role: str, layer: int, head: int, residual: int) -> tuple[MemoryItem, ...]:
         """A sharded model's gathered layers during a no-grad forward of ``role`` (reference, policy: the
-        policy's layers; teacher: its own)."""
-        return tuple(
-            replace(i, path=f"{role}: {i.path}", key=f"{role}.gathered", source=SRC_TRL_SHARD)
-            for i in (self.teacher_gathered if role == "teacher" else self.gathered)
-        )
+        policy's layers; teacher: its own) whose temporaries are ``layer`` / ``head`` with ``residual``
+        hidden states (:meth:`peakmem.step_fsdp.NoGradForward.extra`): its working set, and what FSDP2's
+        unshards add to it."""
+        fsdp = self.teacher_fsdp if role == "teacher" else self.fsdp
+        unshard = _item(f"{role}: FSDP2 unshards in its no-grad forward (a unit's all-gather output and "
+                        "parameters, or the root's output at the first unit)", Category.PARAMETERS,
+                        fsdp.extra(layer, head, residual), f"{role}.unshard", SRC_FSDP_GATHER)  # fmt: skip
+        return (
+            *(replace(i, path=f"{role}: {i.path}", key=f"{role}.gathered", source=SRC_TRL_SHARD)
+              for i in fsdp.gathered),
+            unshard,
+        )  # fmt: skip
 
 
 def check_data_parallel(par: Parallelism) -> None:
@@ -302,7 +321,8 @@ def _online_phases(
         or post.rollout is not Rollout.HF
         or post.steps_per_generation > 1
     )
-    forward = no_grad_forward_bytes(spec, setup, setup.micro_batch, post.completion) if scores else 0
+    layer, head, residual = _no_grad_parts(spec, setup, setup.micro_batch, post.completion)
+    forward = max(layer, head) if scores else 0
     scoring = _phase(
         Phase.SCORING,
         r.policy,
@@ -315,7 +335,7 @@ def _online_phases(
             forward,
             "scoring.forward",
         ),
-        *(r.gathered_for("reference") if forward else ()),
+        *(r.gathered_for("reference", layer, head, residual) if forward else ()),
     )
     update = [_phase(p.phase, *p.items, r.reference, r.awake, batch) for p in train.phases]
     return [rollout, scoring, *update], extra
@@ -338,20 +358,22 @@ def _distill_phases(
         "policy.generation_batch",
     )
     act = _act_bytes(setup)
+    tokens = setup.micro_batch * setup.seq_len
+    teacher_layer = layer_transient_bytes(post.teacher, tokens, act)
     teacher = _item(
         f"teacher forward (no grad) of {setup.micro_batch} sequences, after the student's",
         Category.TEMPORARIES,
-        layer_transient_bytes(post.teacher, setup.micro_batch * setup.seq_len, act),
+        teacher_layer,
         "teacher.forward",
         SRC_DISTILL,
     )
+    gathered = r.gathered_for("teacher", teacher_layer, 0, tokens * post.teacher.hidden_size * act)
     update: list[PhasePeak] = []
     scoring: list[PhasePeak] = []
     for p in train.phases:
         if p.phase is Phase.FORWARD:
             saved = [i for i in p.items if i.category is not Category.TEMPORARIES]
-            scoring.append(_phase(Phase.SCORING, *saved, r.reference, r.awake, batch, teacher,
-                                  *r.gathered_for("teacher")))  # fmt: skip
+            scoring.append(_phase(Phase.SCORING, *saved, r.reference, r.awake, batch, teacher, *gathered))
         update.append(_phase(p.phase, *p.items, r.reference, r.awake, batch))
     return [rollout, *scoring, *update], extra
 
@@ -363,7 +385,8 @@ def _offline_phases(
     phase: a precomputed reference's pass before training (the policy's weights only); KTO's policy pass
     over the KL batch before the forward; the reference's pass after the policy's forward (its saved
     activations alive; KTO's reference runs the KL batch and the completions one after the other)."""
-    ref = no_grad_forward_bytes(spec, upd, upd.micro_batch, post.completion)
+    layer, head, residual = _no_grad_parts(spec, upd, upd.micro_batch, post.completion)
+    ref = max(layer, head)
     scoring: list[PhasePeak] = []
     if post.reference is Reference.PRECOMPUTED:
         pre = _item(
@@ -372,7 +395,8 @@ def _offline_phases(
             ref,
             "reference.precompute",
         )
-        scoring.append(_phase(Phase.SCORING, r.weights, pre, *r.gathered_for("policy")))
+        pre_gathered = r.gathered_for("policy", layer, head, residual)
+        scoring.append(_phase(Phase.SCORING, r.weights, pre, *pre_gathered))
     if post.unpaired_kl:
         kl = _item(
             "KL batch: the policy's no-grad forward before its update",
@@ -380,14 +404,20 @@ def _offline_phases(
             ref,
             "scoring.kl",
         )
-        scoring.append(_phase(Phase.SCORING, r.policy, r.reference, kl, *r.gathered_for("policy")))
+        kl_gathered = r.gathered_for("policy", layer, head, residual)
+        scoring.append(_phase(Phase.SCORING, r.policy, r.reference, kl, *kl_gathered))
     update: list[PhasePeak] = []
     for p in train.phases:
         if p.phase is Phase.FORWARD and post.reference is not Reference.PRECOMPUTED:
+            # the policy's saved activations, and the reference's working set for the policy's (same model,
+            # its own FSDP root); where the policy's forward peaks at its first unshard (a large root, little
+            # saved) that instant's activations stand in for the end of its forward
             saved = [i for i in p.items if i.category is not Category.TEMPORARIES]
+            saved = [i for i in saved if i.key not in POLICY_GATHERED]
             what = "reference forward (no grad), after the policy's forward"
             after = _item(what, Category.TEMPORARIES, ref, "reference.forward")
-            scoring.append(_phase(Phase.SCORING, *saved, r.reference, after))
+            ref_gathered = r.gathered_for("reference", layer, head, residual)
+            scoring.append(_phase(Phase.SCORING, *saved, r.reference, after, *ref_gathered))
         update.append(_phase(p.phase, *p.items, r.reference))
     return [max(scoring, key=lambda p: p.bytes), *update] if scoring else update
 
@@ -437,9 +467,9 @@ def estimate_post_training(
         )
     upd = update_setup(setup, post)
     single = estimate_training(spec, upd, overheads=overheads, costs=costs)
-    teacher = None
+    teacher_fsdp = None
     if par is None or par.is_single_gpu:
-        train, shards, zero3_full = single, 1, 0
+        train, shards, zero3_full, fsdp = single, 1, 0, NO_GATHER
     else:
         check_data_parallel(par)
         if post.objective is Objective.PPO:
@@ -447,14 +477,25 @@ def estimate_post_training(
                 f"gpus={par.gpus}: ppo is modelled on one GPU (verl's FSDP sharding of the actor, "
                 "critic and reference per rank is not modelled yet)"
             )
-        train = estimate_ranks(spec, upd, par, overheads=overheads, costs=costs).most_loaded.estimate
+        policy = estimate_ranks(spec, upd, par, overheads=overheads, costs=costs).most_loaded
+        train, fsdp = policy.estimate, policy.no_grad_forward
         shards = reference_shards(par)
         gathers_all = par.zero_stage == 3 and post.rollout is Rollout.HF  # ds3_gather_for_generation
         zero3_full = spec.params * _act_bytes(setup) if gathers_all else 0  # DeepSpeed's 16-bit params
         if post.teacher is not None and shards > 1:  # its own layers gathered in its no-grad forward
             frozen = replace(setup, loss=LossImpl.STANDARD, scored_tokens=None)
-            teacher = estimate_ranks(post.teacher, frozen, par, overheads=overheads).most_loaded.estimate
-    r = _Roles(train, single, post, gpu_bytes, shards=shards, zero3_full=zero3_full, teacher=teacher)
+            teacher = estimate_ranks(post.teacher, frozen, par, overheads=overheads).most_loaded
+            teacher_fsdp = teacher.no_grad_forward
+    r = _Roles(
+        train,
+        single,
+        post,
+        gpu_bytes,
+        shards=shards,
+        zero3_full=zero3_full,
+        fsdp=fsdp,
+        teacher_fsdp=teacher_fsdp,
+    )
     extra: dict[str, object] = {}
     if post.teacher is not None and post.teacher.vocab_size != spec.vocab_size:
         raise InputError(

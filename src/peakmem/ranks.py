@@ -10,7 +10,7 @@ adds what is not one GPU's: which rank types exist, how many of each, and CPU RA
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from peakmem.breakdown import Estimate, MemoryItem
@@ -21,6 +21,7 @@ from peakmem.formulas import long_context, sharding
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, validate_for
+from peakmem.step_fsdp import NoGradForward, no_grad_forward
 from peakmem.training import AttentionKernel, TrainingSetup
 from peakmem.units import fmt_both
 
@@ -38,6 +39,8 @@ class RankEstimate:
     load_cpu_bytes: int  # CPU RAM one such rank needs while loading the model
     nvme_bytes: int
     nccl_bytes: int
+    # a no-grad forward of the same model on this rank (a post-training job's reference or teacher pass)
+    no_grad_forward: NoGradForward = field(default_factory=NoGradForward)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,7 +231,7 @@ def _rank(
         role=role, stage=stage, ranks=_stage_ranks(par, stage), estimate=estimate,
         cpu_bytes=sum(i.bytes for i in states.cpu), cpu_items=states.cpu,
         load_cpu_bytes=sharding.load_bytes_per_rank(est.spec, setup, par, sp),
-        nvme_bytes=states.nvme_bytes, nccl_bytes=nccl,
+        nvme_bytes=states.nvme_bytes, nccl_bytes=nccl, no_grad_forward=no_grad_forward(states),
     )  # fmt: skip
 
 

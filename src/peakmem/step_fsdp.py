@@ -4,7 +4,7 @@ backward, and the items that show FSDP2's unsharded bytes at the backward peak
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_ROOT_RS, SRC_FSDP_RS
@@ -59,7 +59,7 @@ def first_unshard_items(rs: RankStates) -> list[MemoryItem]:
     parameters."""
     return [MemoryItem(path="FSDP2 first unshards: the root's parameters and all-gather output, the first "
                             "layer unit's all-gather output and parameters", category=Category.PARAMETERS,
-                       bytes=rs.first_unshard, source=SRC_FSDP_GATHER, key="fsdp.units")]  # fmt: skip
+                       bytes=rs.first_unshard, source=SRC_FSDP_GATHER, key="fsdp.first_unshard")]  # fmt: skip
 
 
 def pp_reduce_items(rs: RankStates) -> list[MemoryItem]:
@@ -68,3 +68,32 @@ def pp_reduce_items(rs: RankStates) -> list[MemoryItem]:
     path = "FSDP2 under PP: a unit's reduce-scatter input and output after the last micro-batch's backward"
     nbytes, cat = rs.reduce_after_backward, Category.GRADIENTS
     return [MemoryItem(path=path, category=cat, bytes=nbytes, source=SRC_FSDP_RS, key="fsdp.reduce_scatter")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoGradForward:
+    """A sharded model's unsharded bytes in a no-grad forward (a reference, teacher or old-policy pass,
+    ``generate``) on one rank, from the same :class:`RankStates` terms as its training forward (the
+    ZeRO-3 / FSDP working set ``gathered``; FSDP2's per-unit extras, formulas/fsdp2.py), without the
+    saved activations a training forward keeps."""
+
+    gathered: tuple[MemoryItem, ...] = ()  # alive throughout: the root unit and the output kept between units
+    running: int = 0  # a layer unit's parameters while its layer runs
+    unshard: int = 0  # a unit's all-gather output and parameters at its unshard, before its layer runs
+    start: int = 0  # the first unit's unshard next to the root's all-gather output, beyond ``gathered``
+
+    def extra(self, layer: int, head: int, residual: int) -> int:
+        """What the unshards add beyond ``gathered`` to a no-grad forward whose temporaries peak at
+        ``max(layer, head)`` (one layer's with the residual stream, or the head's): the training
+        forward's instants (estimate: a unit's unshard before its layer saves anything, the layer
+        running with its parameters, the first unit next to the root's output) with ``residual`` bytes
+        of hidden states alive at each unshard."""
+        unshards = max(self.unshard, self.start) + residual
+        return max(layer + self.running, unshards, head) - max(layer, head)
+
+
+def no_grad_forward(rs: RankStates) -> NoGradForward:
+    """The no-grad forward terms of a rank whose engine buffers are ``rs``."""
+    start = max(0, rs.first_unshard - sum(i.bytes for i in rs.gathered_forward))
+    gathered, running, unshard = rs.gathered_forward, rs.layer_forward_extra, rs.layer_unshard_extra
+    return NoGradForward(gathered=gathered, running=running, unshard=unshard, start=start)
