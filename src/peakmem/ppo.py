@@ -204,7 +204,9 @@ def ppo_phases(
             "scoring.forward",
             SRC_SCORE,
         ),
-        *roles.gathered_for("policy"),  # a sharded actor / reference gathers its layers one by one
+        # a sharded actor / reference gathers its layers one by one; the pass's temporaries are its
+        # logits' (the head's instant), beside which FSDP2's unshards count by their largest instant
+        *roles.gathered_for("policy", 0, passes[largest], 0),
     )
     update = [_phase(p.phase, *p.items, resident, *shared, batch) for p in train.phases]
     rollout = _phase(rollout.phase, *rollout.items, resident)
