@@ -94,7 +94,9 @@ def pp_accumulated(tech: Technique, par: Parallelism, sp: StageParams, dtype: DT
 
 def whole_embedding_grad(tech: Technique, par: Parallelism, sp: StageParams, dtype: DType) -> int:
     """FSDP2 + TP: DTensor gives the vocab-parallel embedding a whole ``V x H`` gradient on every TP rank
-    (:func:`.model_parallel.dtensor_embedding_grad_extra`, which counts it where no engine shards the
+    (torch 2.13 torch/distributed/tensor/_ops/_embedding_ops.py ``embedding_dense_backward_strategy``
+    offers Shard(1), Partial or Replicate weight gradients, no Shard(0);
+    :func:`.model_parallel.dtensor_embedding_grad_extra` counts it where no engine shards the
     gradient); FSDP2 takes that gradient unsharded in ``post_backward`` and only then redistributes it
     to the TP-local rows for its reduce-scatter (a ``clone`` of ``V/tp`` rows, seen in the oracle), so
     as written, and accumulated under PP, the gradient is whole: the bytes beyond the TP-local rows."""
