@@ -158,18 +158,15 @@ def test_torch_pipeline_receive_buffers_by_hand() -> None:
 
 
 def test_dtensor_tp_terms_by_hand() -> None:
-    """DTensor TP: 2 more copies of the embedding's output per micro-batch in flight on the first stage
-    without SP (3 of its sequence shard with SP), 3 of a row-parallel output inside a layer; the
-    vocab-parallel embedding's gradient whole without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of
-    which tp=2 counts half)."""
+    """DTensor TP: one more copy of a row-parallel output inside a layer (the collective's output; its
+    sequence shard under SP), none for the embedding; the vocab-parallel embedding's gradient whole
+    without FSDP (tiny: 1000 x 64 fp32 = 256,000 bytes, of which tp=2 counts half)."""
     from peakmem.formulas import model_parallel as mp
 
     tp = Parallelism(gpus=2, tp=2)
-    assert mp.dtensor_tp_copies(tp, True, 100, 3) == (2 * 100 * 3, 3 * 100)
-    assert mp.dtensor_tp_copies(tp, False, 100, 3) == (0, 3 * 100)
-    # with SP the embedding's reduce-scatter keeps 3 copies of the rank's sequence shard per micro-batch
-    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, sequence_parallel=True), True, 100, 3) == (900, 300)
-    assert mp.dtensor_tp_copies(Parallelism(gpus=2, tp=2, zero_stage=1), True, 100, 3) == (0, 0)
+    assert mp.dtensor_rowwise_copy(tp, 100) == 100
+    assert mp.dtensor_rowwise_copy(Parallelism(gpus=2, tp=2, sequence_parallel=True), 50) == 50
+    assert mp.dtensor_rowwise_copy(Parallelism(gpus=2, tp=2, zero_stage=1), 100) == 0
 
     def fp32(n: int) -> int:
         return 4 * n

@@ -530,21 +530,13 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    embed_copies, rowwise_copies = mp.dtensor_tp_copies(par, first, hidden, int(in_flight))
-    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copies,
+    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden)
+    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copy,
                          rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
-    copies = (
-        "3 copies of the embedding's reduce-scattered"
-        if par.sequence_parallel
-        else "2 more copies of the embedding's all-reduced"
-    )
-    tp_items = [MemoryItem(path=f"TP: {copies} output per micro-batch",
-                           category=Category.ACTIVATIONS, bytes=embed_copies, source=mp.SRC_DTENSOR_TP,
-                           key="tp.embedding_copies")] if embed_copies else []  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
     all_saved = _steps.activation_items(parts, layers_left=None)
     forward = _phase(Phase.FORWARD, [
-        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache, *tp_items,
+        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
         MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                    category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP,
                    key="forward.temporaries"),
@@ -552,8 +544,7 @@ def _estimate(
                    key="pipeline.p2p"),
     ], base=base_items, base_bytes=base_bytes)  # fmt: skip
     if rs.first_unshard:  # FSDP2: the first layer unit's unshard, next to the root's all-gather output
-        first_tp = [replace(i, bytes=mp.dtensor_tp_copies(par, first, hidden, 1)[0]) for i in tp_items]
-        start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items, *first_tp,
+        start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items,
                                        MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=recv,
                                                   source=p2p_src, key="pipeline.p2p")],
                        base=base_items, base_bytes=base_bytes)  # fmt: skip
@@ -573,7 +564,6 @@ def _estimate(
         base: tuple[MemoryItem, ...],
         base_bytes: int,
         pipeline: list[MemoryItem],
-        tp: list[MemoryItem],
     ) -> tuple[PhasePeak, BackwardPeak]:
         bp = backward_peak(
             groups[::-1], base_saved=embed_saved, head_saved=head_saved,
@@ -590,19 +580,16 @@ def _estimate(
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
             unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
             bwd_items = _fsdp.backward_items(bwd_items, unit_bytes)
-        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, *tp, p2p_item]
+        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item]
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 
-    backward, bp = backward_phase(resident, base_items, base_bytes, pipeline, tp_items)
+    backward, bp = backward_phase(resident, base_items, base_bytes, pipeline)
     if warm_only and setup.grad_accum > 1 and setup.grads_set_to_none:
         # the second backward of an all-warm-up 1F1B stage: every gradient exists (the first backward
         # wrote them), one micro-batch fewer in flight (torch schedules.py Schedule1F1B: B1, B2, ...)
-        # (and one micro-batch fewer keeps its embedding's TP copies)
-        fewer = mp.dtensor_tp_copies(par, first, hidden, int(in_flight) - 1)[0]
         second, bp2 = backward_phase(
-            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2),
-            [replace(i, bytes=fewer) for i in tp_items],
-        )  # fmt: skip
+            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2)
+        )
         if second.bytes > backward.bytes:
             backward, bp = second, bp2
     if rs.reduce_after_backward and setup.grads_set_to_none:  # FSDP2 under PP: after the last backward

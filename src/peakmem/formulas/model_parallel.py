@@ -253,24 +253,19 @@ SRC_DTENSOR_TP = (
 )
 
 
-def dtensor_tp_copies(par: Parallelism, first: bool, hidden: int, in_flight: int) -> tuple[int, int]:
-    """PyTorch tensor parallelism (DTensor ``parallelize_module``, torchtitan ``apply_tp``) without
-    sequence parallelism: a ``RowwiseParallel`` output (attention/MLP output projection, the vocab-parallel
-    embedding) turns its partial sum into a replicated tensor with the out-of-place functional
-    ``all_reduce``, whose result, autograd wrapper and local view are new tensors (Megatron's in-place
-    ``all_reduce`` makes none). Measured with the oracle (peakmem.measure.parallel): inside a layer the
-    output projection's three copies live until the residual add; the embedding's output stays saved by
-    the first norm and keeps two more copies alive until its backward. Returns (bytes kept per rank
-    for the embedding over ``in_flight`` micro-batches, bytes a layer adds to its forward transient).
-    ``hidden``: one micro-batch's hidden states on the rank (its sequence shard under SP). With SP the
-    embedding's ``output_layouts=Shard(1)`` reduce-scatter keeps three copies of the shard (the
-    collective's output, its autograd wrapper and the local view; the first norm saves a fourth, its
-    ``SequenceParallel`` input) and an output projection's reduce-scatter three until the residual add
-    (measured with the oracle). Not applied under DeepSpeed ZeRO (no DTensor TP)."""
+def dtensor_rowwise_copy(par: Parallelism, hidden: int) -> int:
+    """PyTorch tensor parallelism (DTensor ``parallelize_module``, torchtitan ``apply_tp``): an output
+    projection's ``RowwiseParallel`` turns its partial sum into a replicated tensor (a sequence shard under
+    SP) with the out-of-place functional ``all_reduce`` / ``reduce_scatter_tensor``, whose output is a
+    new tensor alive beside the projection's own output until the residual add (Megatron's in-place
+    ``all_reduce`` makes none; the ``AsyncCollectiveTensor`` wrapped around it holds no memory of its
+    own). ``hidden``: one micro-batch's hidden states on the rank (its sequence shard under SP). The
+    vocab-parallel embedding's collective output is the first layer's input, which the first norm saves:
+    nothing more. Measured with the oracle (peakmem.measure.parallel). Not applied under DeepSpeed ZeRO
+    (no DTensor TP)."""
     if par.tp == 1 or par.zero_stage:
-        return 0, 0
-    kept = 3 if par.sequence_parallel else 2
-    return (kept * hidden * in_flight if first else 0), 3 * hidden
+        return 0
+    return hidden
 
 
 SRC_DTENSOR_EMBED = (

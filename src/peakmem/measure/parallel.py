@@ -97,6 +97,20 @@ class RankMeasurement:
         return max(self.phases, key=lambda p: self.phases[p])
 
 
+def _phantom(tensor: Any) -> bool:
+    """A wrapper subclass with no memory of its own (``AsyncCollectiveTensor``, which the functional
+    collectives return around their real output: its storage has no valid data pointer)."""
+    if type(tensor) is torch.Tensor or isinstance(tensor, nn.Parameter):
+        return False
+    if getattr(tensor, "_local_tensor", None) is not None:  # DTensor: counted by its local tensor
+        return False
+    try:
+        tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return True
+    return False
+
+
 class ParallelTracker(LiveStorageTracker):
     """:class:`LiveStorageTracker` that counts a DTensor by its local tensor and sees
     ``UntypedStorage.resize_`` (FSDP2's unsharded parameters), tagging storage grown that way as a
@@ -110,6 +124,8 @@ class ParallelTracker(LiveStorageTracker):
 
     def sid_of(self, tensor: Any, *, op: str = "untracked", tags: Any = (), name: str = "") -> int:
         if isinstance(tensor, FakeTensor):  # DTensor's sharding propagation runs ops on fake tensors
+            return IGNORED
+        if _phantom(tensor):
             return IGNORED
         local = getattr(tensor, "_local_tensor", None)  # DTensor: the rank's shard is the storage
         return super().sid_of(tensor if local is None else local, op=op, tags=tags, name=name)
