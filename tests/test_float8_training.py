@@ -115,7 +115,6 @@ def test_float8_on_moe_experts_is_one_line_input_error() -> None:
 @pytest.mark.parametrize(
     ("change", "what"),
     [
-        ({"checkpointing": Checkpointing.OP}, "--checkpointing op"),
         ({"loss": LossImpl.LOGPROB}, "post-training"),
     ],
 )

@@ -397,7 +397,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             recipe = _f8.recipe_of(setup.precision)
             if recipe is not None:  # before the model-parallel split, which shares them out as the rest
                 _f8.check_float8(spec, layer, setup, bool(tech.adapter))
-                recomputed = wrapped and setup.checkpointing is Checkpointing.FULL
+                recomputed = wrapped and setup.checkpointing in (Checkpointing.FULL, Checkpointing.OP)
                 la = _f8.float8_layer(spec, layer, sh, la, recipe, recomputed=recomputed)
             if not par.is_single_gpu:
                 la = _long.ulysses_attention(la, spec, layer, sh, par)

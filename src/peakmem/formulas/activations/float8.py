@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 
 from peakmem.errors import InputError
 from peakmem.model import Layer, ModelSpec, Tensor
-from peakmem.training import POST_TRAINING_LOSSES, Checkpointing, Precision, TrainingSetup
+from peakmem.training import POST_TRAINING_LOSSES, Precision, TrainingSetup
 
 from .shapes import LayerActivations, Shapes
 
@@ -136,13 +136,12 @@ def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
 
 
 def check_float8(spec: ModelSpec, layer: Layer, setup: TrainingSetup, adapter: bool) -> None:
-    """A one-line InputError for what the float8 formulas do not model: adapters, non-dense layers,
-    op-level SAC (torchtitan's save list names ``aten.mm``, not the ``_scaled_mm`` float8 Linears run) and
-    the post-training objectives (TRL's log-prob head: their generation reads the weights' own format)."""
+    """A one-line InputError for what the float8 formulas do not model: adapters, non-dense layers and
+    the post-training objectives (TRL's log-prob head: their generation reads the weights' own format).
+    Op-level SAC is modelled for the dense layers: float8 Linears reach its policy as ``aten.mm``
+    (op_sac.py module doc); its own refusals (tensor parallelism, ...) are ``check_op_sac``'s."""
     what = ""
-    if setup.checkpointing is Checkpointing.OP:
-        what = "--checkpointing op"
-    elif setup.loss in POST_TRAINING_LOSSES:
+    if setup.loss in POST_TRAINING_LOSSES:
         what = "a post-training objective"
     elif adapter:
         what = "LoRA/QLoRA adapters"
@@ -165,7 +164,8 @@ def float8_layer(
     spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations, recipe: Recipe, *, recomputed: bool
 ) -> LayerActivations:
     """``la`` with the float8 casts' temporaries: the layer's saved tensors are the same (module doc);
-    ``recomputed``: full checkpointing wraps the layer (its forward runs again in backward).
+    ``recomputed``: full checkpointing or op-level SAC wraps the layer (its forward, the float8 casts
+    with it, runs again in backward: op-level SAC recomputes every op it does not keep, casts included).
 
     Forward: the MLP's output projection is the layer's last Linear (nothing of the layer is saved after
     it), so its casts add to the end-of-forward total; earlier Linears' casts come before saved tensors

@@ -22,6 +22,32 @@ What that keeps per decoder layer (peakmem.measure.op_sac runs the same policy o
 
 In backward the recomputation rebuilds the layer's saved tensors, with the kept outputs served from the
 cache (their storage is the one the layer's own saved tensors use, or freed once read).
+
+Float8 Linears (``--precision float8-*``, torchao ``convert_to_float8_training``, eager) count and are
+kept as ``mm`` exactly as 16-bit ones, so :func:`op_saved` does not depend on the precision. torchao
+0.18 float8_linear.py ``matmul_with_hp_or_float8_args.forward`` (as ``manual_float8_matmul_with_args_in
+_float8`` at eab345c, 2024-12-20, and at 0afa4c1, 2025-06-13: the torchao commits of the published
+float8 points) calls ``torch.mm`` on two ``Float8TrainingTensor`` operands. The selective-checkpoint
+policy is a TorchDispatchMode, and a mode is consulted before a subclass's ``__torch_dispatch__``: it
+sees ``aten.mm.default`` (counted; saved at odd positions), and the subclass turns it into
+``torch._scaled_mm`` (float8_ops.py ``float8_mm`` -> ``addmm_float8_unwrapped``) inside the mode's own
+call, where the mode is off. What the cache keeps is the ``mm`` result the subclass returns: a plain
+tensor of the Linear's output dtype (rowwise's ``output *= post_inverse_scale`` is applied before it
+returns), the bytes of a 16-bit Linear's output. Measured on this CPU (torch 2.13, torchao 0.18, the
+tiny Llama, tensorwise and rowwise): the policy is called with ``aten.mm.default`` on
+``Float8TrainingTensor`` arguments and never with ``aten._scaled_mm``. So whether the list names
+``_scaled_mm`` does not matter in eager (torchtitan never named it up to 1f029641b; since 114151ad4,
+2026-03-23, distributed/activation_checkpoint.py ``_get_default_save_ops`` takes torch's partitioner
+``compute_intensive_ops``, which in torch 2.13 _functorch/partitioners.py include ``_scaled_mm``, as well
+as ``addmm`` and ``bmm``: the latter two are not modelled here, this module stays at 1f029641b). The
+casts' ``aten.max`` (tensorwise amax, float8_utils.py ``tensor_to_amax``) is in every list since 9dec370:
+kept, one fp32 value per cast (two per Linear), not counted; rowwise's ``aten.amax`` is recomputed. The
+casts themselves are recomputed in backward (peakmem.formulas.activations.float8 ``float8_layer``,
+``recomputed``). torchtitan 9dec370's list also named ``aten.abs`` (the casts' ``abs(x)``, a full-size
+copy of each Linear's input and weight), removed by 88247277c (2025-02-06) after it kept unsharded
+weights' ``abs`` under compile with rowwise scaling; its tensorwise runs there read 47.77 GiB with and
+without it: not modelled. Under torch.compile the subclass is desugared before the policy applies:
+not modelled (float8.py is eager only).
 """
 
 from __future__ import annotations
