@@ -12,6 +12,10 @@ counter per layer and pass: ``meta = defaultdict(int)`` per context); recompute 
 (``per_op_sac_force_recompute_mm_shapes_by_fqns``) is empty here, and its ``_to_copy`` rule (keep
 CUDA-to-CPU copies) saves nothing a decoder layer makes. The estimate's side is
 peakmem.formulas.activations.op_sac.
+
+With torchao float8 Linears (``--precision float8-*``) the policy is called with ``aten.mm.default`` on
+``Float8TrainingTensor`` operands, never with ``aten._scaled_mm`` (the subclass runs it inside the mode's
+call): they are counted and kept as 16-bit Linears are (op_sac.py module doc, measured on this CPU).
 """
 
 from __future__ import annotations
