@@ -408,7 +408,8 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)
             if setup.checkpointing is Checkpointing.OP:
                 act.check_op_sac(spec, layer, bool(tech.adapter), par.tp)
-                la = seen[memo] = act.op_checkpointed(la, act.op_saved(spec, layer, sh, la))
+                saved_op = act.op_saved(spec, layer, sh, la, float8=recipe is not None)
+                la = seen[memo] = act.op_checkpointed(la, saved_op)
             else:
                 la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)

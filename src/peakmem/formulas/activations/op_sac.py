@@ -24,7 +24,8 @@ In backward the recomputation rebuilds the layer's saved tensors, with the kept 
 cache (their storage is the one the layer's own saved tensors use, or freed once read).
 
 Float8 Linears (``--precision float8-*``, torchao ``convert_to_float8_training``, eager) count and are
-kept as ``mm`` exactly as 16-bit ones, so :func:`op_saved` does not depend on the precision. torchao
+kept as ``mm``, as bias-free 16-bit ones are, and so do biased ones (``Float8Linear.forward`` adds the bias
+after the matmul: ``output + self.bias``, where a 16-bit biased Linear runs ``addmm``). torchao
 0.18 float8_linear.py ``matmul_with_hp_or_float8_args.forward`` (as ``manual_float8_matmul_with_args_in
 _float8`` at eab345c, 2024-12-20, and at 0afa4c1, 2025-06-13: the torchao commits of the published
 float8 points) calls ``torch.mm`` on two ``Float8TrainingTensor`` operands. The selective-checkpoint
@@ -57,6 +58,7 @@ from peakmem.errors import InputError
 from peakmem.model import Layer, ModelSpec
 from peakmem.training import AttentionKernel, KernelPolicy
 
+from .float8 import converted
 from .kernels import call_backend
 from .shapes import LayerActivations, Shapes, item
 
@@ -67,16 +69,24 @@ SRC_CHECKPOINT_INPUT = "torch.utils.checkpoint: only the block's inputs are save
 SAVED_ATTENTION_KEYS = ("attn.sdpa_output", "attn.logsumexp")  # SDPA's outputs as attention_terms names them
 
 
-def op_saved_linears(layer: Layer) -> tuple[str, ...]:
-    """The Linears whose outputs the policy keeps: the odd positions among the layer's bias-free
-    Linears, in the order the layer lists them (its forward order: attention, then MLP)."""
+def op_saved_linears(layer: Layer, float8: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The Linears whose outputs the policy keeps: the odd positions among the layer's Linears that run
+    ``mm`` (the bias-free ones, and ``float8``: the ones torchao converted, biased or not: a float8
+    Linear's ``mm`` comes before its bias add, module doc), in the order the layer lists them (its
+    forward order: attention, then MLP)."""
     biased = {t.name.rsplit(".", 1)[0] for t in layer.tensors if t.kind == "linear_bias"}
     weights = [t for t in layer.tensors if t.kind == "linear_weight"]
     ordered = [t for t in weights if t.component == "attention"] + [
         t for t in weights if t.component != "attention"
     ]
-    counted = [t.name.rsplit(".", 1)[0] for t in ordered if t.name.rsplit(".", 1)[0] not in biased]
+    names = [t.name.rsplit(".", 1)[0] for t in ordered]
+    counted = [name for name in names if name not in biased or name in float8]
     return tuple(counted[0::2])  # the 1st, 3rd, ... matmul: mm_count odd
+
+
+def float8_linears(spec: ModelSpec, layer: Layer) -> frozenset[str]:
+    """The layer's Linears torchao's float8 conversion swaps (float8.py ``converted``), by module name."""
+    return frozenset(t.name.rsplit(".", 1)[0] for t in layer.tensors if converted(spec, t))
 
 
 def check_op_sac(spec: ModelSpec, layer: Layer, adapter: bool, tp: int) -> None:
@@ -98,13 +108,16 @@ def check_op_sac(spec: ModelSpec, layer: Layer, adapter: bool, tp: int) -> None:
         )
 
 
-def op_saved(spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations) -> tuple[MemoryItem, ...]:
-    """The tensors one layer keeps between its forward and backward under the op policy."""
+def op_saved(
+    spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations, *, float8: bool = False
+) -> tuple[MemoryItem, ...]:
+    """The tensors one layer keeps between its forward and backward under the op policy; ``float8``: its
+    Linears converted to torchao float8 Linears (``--precision float8-*``), whose biased ones count too."""
     t = sh.tokens
     width = {t_.name.rsplit(".", 1)[0]: t_.shape[0] for t_ in layer.tensors if t_.kind == "linear_weight"}
     kept = [MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS, bytes=la.layer_input,
                        source=SRC_CHECKPOINT_INPUT, key="checkpoint.layer_input")]  # fmt: skip
-    for name in op_saved_linears(layer):
+    for name in op_saved_linears(layer, float8_linears(spec, layer) if float8 else frozenset()):
         leaf = name.rsplit(".", 1)[-1]
         kept.append(
             item(f"{leaf} output (op SAC: saved mm)", t * width[name] * sh.c, SRC_OP_SAC, f"op_sac.{leaf}")
