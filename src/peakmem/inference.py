@@ -331,10 +331,11 @@ CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23"}  # hf: 
 # before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step
 TRANSFORMERS_CACHE_CLASSES = (4, 36)
 TRANSFORMERS_STATIC_CACHE = (4, 38)  # v4.38.0: StaticCache and generate(cache_implementation="static")
-# transformers PR #31292 (merged mid-2024, first released in v4.45.0): generate passes num_logits_to_keep=1,
-# so the prefill forward makes the last position's logits only, and the model no longer upcasts them to
-# fp32 without labels. Before it LlamaForCausalLM.forward (v4.35 modeling_llama.py) ran lm_head over every
-# prompt position and then ``logits = logits.float()``.
+# transformers PR #31292 (merged 2024-07; in 4.45.0.dev0 per linkedin/Liger-Kernel issue #118, and in
+# 4.45's modeling code as optimum-habana PR #1359's upgrade diff shows): generate passes
+# num_logits_to_keep=1, so the prefill forward makes the last position's logits only. Before it
+# LlamaForCausalLM.forward (v4.35 modeling_llama.py) ran lm_head over every prompt position and then
+# ``logits = logits.float()``.
 TRANSFORMERS_LOGITS_TO_KEEP = (4, 45)
 _VERSION_RE = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.\d{1,4})*(?:\.?post\d+|rc\d+)?$")
 

@@ -226,7 +226,8 @@ OPTIONS: tuple[Option, ...] = (
        "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
-       "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step",
+       "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
+       "makes every prompt position's logits",
        group=_GRAPHS),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("cache_implementation", str, "dynamic", SV, "transformers generate's cache (engine hf): dynamic "
