@@ -142,3 +142,23 @@ def test_published_finetune_points_within_15_percent(capsys: object) -> None:
     rows = dict(module.run(module.DEFAULT_PATH))
     assert {"TT-32-07", "TT-32-08", "TT-32-09"} <= set(rows)
     assert all(abs(err) <= module.TOLERANCE for err in rows.values()), rows
+
+
+def test_offloaded_activations_in_cpu_ram_by_hand() -> None:
+    """Full checkpointing keeps each layer's input (tokens x hidden x 2 bytes in bf16): offloading puts every
+    layer's in pinned CPU RAM; under 1F1B the first of 2 stages holds 2 micro-batches of its layers."""
+    from peakmem.catalog import get_model
+    from peakmem.estimate import estimate_training
+    from peakmem.hf import spec_from_config
+    from peakmem.parallel import Parallelism
+    from peakmem.ranks import estimate_ranks
+    from peakmem.training import Checkpointing, Precision, TrainingSetup
+
+    spec = spec_from_config(get_model("llama-3.2-1b").config, name="llama-3.2-1b")
+    setup = TrainingSetup(micro_batch=2, seq_len=512, checkpointing=Checkpointing.FULL,
+                          activation_offload=True, precision=Precision.MIXED_BF16, grad_accum=4)  # fmt: skip
+    layer_input = 2 * 512 * spec.hidden_size * 2
+    assert estimate_training(spec, setup).extra["cpu_activation_bytes"] == spec.num_layers * layer_input
+    ranks = estimate_ranks(spec, setup, Parallelism(gpus=2, pp=2)).ranks
+    first = next(r.estimate for r in ranks if r.estimate.extra["stage"] == 0)
+    assert first.extra["cpu_activation_bytes"] == 2 * (spec.num_layers // 2) * layer_input

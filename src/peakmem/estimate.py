@@ -377,6 +377,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
     facts = spec_facts(spec, sh.memo)
     groups: list[GroupCost] = []
     layer_items: list[tuple[int, tuple[MemoryItem, ...]]] = []
+    offloaded = 0
     seen: dict[tuple[int, int, bool], act.LayerActivations] = {}  # equal layers share their formulas
     runs = zip(st.groups, st.wrapped, st.written, st.kept, strict=True)
     for (i, count), wrapped, written, kept in runs:
@@ -413,6 +414,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             else:
                 la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
+        offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         groups.append(GroupCost(
@@ -427,7 +429,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
         if tech.adapter:
             embed = _lora.adapt_embedding_items(spec, embed, setup, sh.memo)
     return Parts(layer_items=tuple(layer_items), groups=tuple(groups), head_items=head_items,
-                  embed_items=embed)  # fmt: skip
+                  embed_items=embed, offloaded=offloaded)  # fmt: skip
 
 
 def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup | None:
@@ -660,7 +662,7 @@ def _estimate(
         **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:
-        extra["cpu_activation_bytes"] = _lowbit.cpu_activation_bytes(spec, setup, costs)
+        extra["cpu_activation_bytes"] = int(parts.offloaded * in_flight)
     rank_notes: tuple[str, ...] = ()
     if not st.single:
         extra.update(role=role, stage=sp.stage, local_params=sp.numel, in_flight_microbatches=in_flight,

@@ -72,6 +72,9 @@ class Parts:
     groups: tuple[GroupCost, ...]
     embed_items: tuple[MemoryItem, ...]
     head_items: tuple[MemoryItem, ...]
+    # activation offloading: one micro-batch's saved layer tensors, as checkpointing (and float8, LoRA,
+    # the model-parallel split) leaves them, in pinned CPU RAM (torchtune OffloadActivations)
+    offloaded: int = 0
 
 
 # --- reserved: the step replayed through the caching-allocator model -------------------------------

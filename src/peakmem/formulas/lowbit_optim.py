@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
-from peakmem.model import CostLookup, ModelSpec, Tensor
+from peakmem.model import ModelSpec, Tensor
 
 from . import torchao_optim as ao
 from .model_states import precision_plan
@@ -364,34 +364,6 @@ def assumptions(setup: Any) -> tuple[str, ...]:
             "two layers' worth on the device during backward"
         )
     return tuple(out)
-
-
-def cpu_activation_bytes(spec: ModelSpec, setup: Any, costs: CostLookup | None = None) -> int:
-    """Pinned CPU RAM that activation offloading fills: every layer's saved tensors (as checkpointing
-    leaves them), which is what would otherwise stay on the device. ``costs``: a derived spec's block-cost
-    lookup (:data:`peakmem.model.CostLookup`)."""
-    if not getattr(setup, "activation_offload", False):
-        return 0
-    from peakmem.formulas import activations as act
-    from peakmem.formulas import lora
-
-    sh = act.shapes(spec, setup, costs)
-    from peakmem.training import Checkpointing, checkpointed_layers
-
-    wrapped = checkpointed_layers(spec.num_layers, setup.checkpoint_every, setup.framework)
-    total, pos = 0, 0
-    for i, g in enumerate(spec.groups):
-        la = act.layer_activations(spec, g.layer, sh)
-        if lora.is_adapter_method(setup):
-            la = lora.adapt_layer(spec, i, la, sh, setup)
-        n_wrapped = sum(wrapped[pos : pos + g.count])
-        pos += g.count
-        if setup.checkpointing is Checkpointing.OP:
-            total += g.count * act.op_checkpointed(la, act.op_saved(spec, g.layer, sh, la)).saved_bytes
-            continue
-        total += n_wrapped * act.checkpointed(la, setup.checkpointing).saved_bytes
-        total += (g.count - n_wrapped) * act.checkpointed(la, Checkpointing.NONE).saved_bytes
-    return total
 
 
 def step_tricks(la: Any, layer_grads: int, setup: Any, step_bytes: int = 0) -> tuple[Any, int]:
