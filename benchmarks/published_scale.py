@@ -287,6 +287,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "band_miss_high": sum(r["band_miss"] == "high" for r in est),
         "beyond_10pct_low": sum(e < -WITHIN for e in errs),
         "beyond_10pct_high": sum(e > WITHIN for e in errs),
+        # the band's width as a share of its likely value (issue 27: a median of at most 25 %)
+        "median_band_width": statistics.median(
+            (r["high_gib"] - r["low_gib"]) / r["estimate_gib"] for r in est
+        ),
     }
 
 
@@ -297,7 +301,7 @@ def _summary_line(s: dict[str, Any]) -> str:
     return (
         f"{n} estimated ({s['not_expressible']} not expressible): median |error| "
         f"{100 * s['median_abs_error']:.1f} %, within 10 %: {s['within_10pct']}/{n}, band holds "
-        f"{s['in_band']}/{n}; band misses low {s['band_miss_low']} / high {s['band_miss_high']}; "
+        f"{s['in_band']}/{n} (median width {100 * s['median_band_width']:.1f} %); band misses low {s['band_miss_low']} / high {s['band_miss_high']}; "
         f"beyond 10 % low {s['beyond_10pct_low']} / high {s['beyond_10pct_high']}"
     )
 

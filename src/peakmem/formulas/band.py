@@ -216,22 +216,6 @@ def cuda_graphs_term(*, low_bytes: int, high_bytes: int) -> BandTerm:
                     high_bytes=max(0, high_bytes), source=SRC_CUDA_GRAPHS)  # fmt: skip
 
 
-SRC_TRANSIENTS = (
-    "transformers generation/utils.py + cache_utils.py: the peak of generate() holds the prompt's "
-    "activations and logits in prefill, and in decode DynamicCache's torch.cat copy of one layer and the "
-    "step's logits (all in the likely value). Memory read when generate() has returned "
-    "(torch.cuda.memory_allocated(), nvidia-smi after the call: Qwen's speed benchmark, "
-    "benchmarks/accuracy_infer.py) holds only the weights and the KV cache: low drops every transient"
-)
-
-
-def transients_term(transient_bytes: int) -> BandTerm:
-    """HF generate: the peak's transients (prefill activations and logits, the cache-growth copy and
-    decode logits; likely) vs memory held once generation returned (low: weights + KV cache)."""
-    return BandTerm(name="generate_transients", level="allocated", low_bytes=-transient_bytes,
-                    high_bytes=0, source=SRC_TRANSIENTS)  # fmt: skip
-
-
 # --- what published GPU runs showed beyond the named terms ----------------------------------------
 # Per kind of job, the smallest widening of the band above that holds every point of the FITTING set of
 # benchmarks/published_scale.json (the split decided before any estimate: within a kind, alternate by the

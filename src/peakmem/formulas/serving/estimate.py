@@ -139,7 +139,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     if setup.layout.parallel:
         assumptions += (_layout_note(setup),)
     return Estimate(
-        band=_serving_band(setup, peak, reserved, device_total, churn, ov, extra, r.band_terms),
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov, r.band_terms),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -173,11 +173,13 @@ def _layout_note(setup: InferenceSetup) -> str:
 
 def _serving_band(
     setup: InferenceSetup, peak: PhasePeak, reserved: int, device_total: int, churn: int, ov: Overheads,
-    extra: dict[str, object], engine_terms: tuple[BandTerm, ...],
+    engine_terms: tuple[BandTerm, ...],
 ) -> Band:  # fmt: skip
-    """The band of a serving estimate (formulas/band.py): the formulas' residual, HF generate's decode
-    transients, fragmentation of the churn, the CUDA context, NCCL for tensor parallelism, and the
-    engine's own terms (the spread of the CUDA graphs vLLM / SGLang capture)."""
+    """The band of a serving estimate (formulas/band.py): the formulas' residual, fragmentation of the
+    churn, the CUDA context, NCCL for tensor parallelism, the published residual of HF generate, and the
+    engine's own terms (the spread of the CUDA graphs vLLM / SGLang capture). It spans the peak only: what
+    generate() leaves held once it returns (weights + KV cache, ``extra['steady_state_bytes']``) is another
+    quantity, not a low end of the peak."""
     terms = [
         _band.residual_term(peak.bytes),
         _band.context_term(CUDA_CONTEXT_BYTES, assumed=True, profile=ov.profile),
@@ -185,9 +187,6 @@ def _serving_band(
             churn=churn, fragmentation=ov.fraction, profile=ov.profile, expandable=ov.expandable_segments
         ),
     ]
-    steady = extra.get("steady_state_bytes")
-    if setup.engine is Engine.HF and isinstance(steady, int):
-        terms.append(_band.transients_term(max(0, peak.bytes - steady)))
     if setup.tp > 1:
         terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
     if setup.engine is Engine.HF:
