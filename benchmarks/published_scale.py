@@ -301,7 +301,8 @@ def _summary_line(s: dict[str, Any]) -> str:
     return (
         f"{n} estimated ({s['not_expressible']} not expressible): median |error| "
         f"{100 * s['median_abs_error']:.1f} %, within 10 %: {s['within_10pct']}/{n}, band holds "
-        f"{s['in_band']}/{n} (median width {100 * s['median_band_width']:.1f} %); band misses low {s['band_miss_low']} / high {s['band_miss_high']}; "
+        f"{s['in_band']}/{n} (median width {100 * s['median_band_width']:.1f} %); "
+        f"band misses low {s['band_miss_low']} / high {s['band_miss_high']}; "
         f"beyond 10 % low {s['beyond_10pct_low']} / high {s['beyond_10pct_high']}"
     )
 
