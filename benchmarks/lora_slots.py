@@ -44,6 +44,8 @@ def logged_bytes(case: dict[str, Any]) -> int:
 
 def _setup(case: dict[str, Any]) -> InferenceSetup:
     gpu = get_gpu(case["gpu"]).usable_bytes if case.get("gpu") else None
+    if case.get("gpu_total_gib"):  # the total the log states (torch.cuda.mem_get_info)
+        gpu = int(case["gpu_total_gib"] * GiB)
     return InferenceSetup(
         engine=case["engine"], engine_version=case["version"], tp=case.get("tp") or 1,
         context=case.get("max_model_len") or 4096, batch=1, gpu_bytes=gpu,
@@ -74,7 +76,7 @@ def predicted(case: dict[str, Any]) -> tuple[int, int, str]:
 def main() -> int:
     cases = json.loads(LOGS.read_text())["cases"]
     order = {"fit": 0, "held_out": 1}
-    print("| set | case | model | engine | slots | what | log | peakmem | error | slots' share |")
+    print("| set | case | model | engine | slots | what | log | peakmem | error | slots / figure |")
     print("|---|---|---|---|---|---|---:|---:|---:|---:|")
     within = {"fit": [0, 0], "held_out": [0, 0]}
     for case in sorted(cases, key=lambda c: (order[c["set"]], int(c["id"][1:]))):
