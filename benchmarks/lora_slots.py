@@ -87,8 +87,9 @@ def main() -> int:
         within[case["set"]][1] += 1
         engine = f"{case['engine']} {case['version']} tp{case.get('tp') or 1}"
         lora = f"{case.get('max_loras') or '-'} x r{case.get('max_lora_rank') or '-'}"
-        print(f"| {case['set']} | {case['id']} | {case['model']} | {engine} | {lora} | {case['what']} ({how}) | "
-              f"{log / GiB:.4f} GiB | {got / GiB:.4f} GiB | {100 * err:+.1f}% | {100 * slots / got:.1f}% |")  # fmt: skip
+        figures = f"{log / GiB:.4f} GiB | {got / GiB:.4f} GiB | {100 * err:+.1f}% | {100 * slots / got:.1f}%"
+        row = f"| {case['set']} | {case['id']} | {case['model']} | {engine} | {lora} | {case['what']} ({how})"
+        print(f"{row} | {figures} |")
     for name, (ok, n) in within.items():
         print(f"{name}: {ok} of {n} within {GOAL:.0%}")
     return 0

@@ -1,0 +1,78 @@
+"""benchmarks/lora_slot_logs.json (issue 31, multi-LoRA serving logs): the file's integrity, its recorded
+split, and the comparison script's reading of each log line, checked by hand on one case."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).parents[1] / "benchmarks"
+FIELDS = {
+    "id", "set", "what", "model", "engine", "version", "tp", "max_loras", "max_lora_rank", "max_cpu_loras",
+    "gpu_memory_utilization", "max_model_len", "stated", "inferred", "source", "url", "quote",
+}  # fmt: skip
+KINDS = {"weights_v0", "model_loading_v1", "lora_delta", "kv_pool"}
+QUOTE_MAX = 300  # characters: a quote, not a copy of the thread
+
+
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / "lora_slot_logs.json").read_text())
+    return data
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lora_slots_bench", ROOT / "lora_slots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_case_is_cited_complete_and_short() -> None:
+    data = _data()
+    cases = data["cases"]
+    assert cases and len({c["id"] for c in cases}) == len(cases)
+    for c in cases:
+        assert set(c) >= FIELDS, (c["id"], FIELDS - set(c))
+        assert c["what"] in KINDS and c["engine"] == "vllm"
+        assert c["url"].startswith("https://github.com/") and 0 < len(c["quote"]) <= QUOTE_MAX
+        assert ("gib" in c) != ("gb" in c or "mib" in c)
+    for n in data["not_compared"]:
+        assert n["url"].startswith("https://github.com/") and n["why"] and 0 < len(n["quote"]) <= QUOTE_MAX
+
+
+def test_the_split_follows_the_recorded_rule() -> None:
+    """'split_decided' is dated and says odd-numbered cases fit, even ones are held out: each case obeys."""
+    data = _data()
+    assert re.match(r"\d{4}-\d{2}-\d{2}", data["split_decided"]) and "odd" in data["split_decided"]
+    for c in data["cases"]:
+        number = int(c["id"].removeprefix("L"))
+        assert c["set"] == ("fit" if number % 2 else "held_out"), c["id"]
+
+
+def test_the_kv_pool_case_loses_exactly_the_slots_by_hand() -> None:
+    """L3 (Llama-3.3-70B, tp 4, 1 slot of rank 16): per layer and rank, rank x (input + output) of
+    q 8192+2048, k 8192+256, v 8192+256, o 2048+8192, gate 8192+7168, up 8192+7168, down 7168+8192
+    = 16 x 83,456; x 80 layers x 2 B = 213,647,360 B, and the pool peakmem compares is that much smaller
+    than without LoRA. The case is within the issue's 10 % (measured +0.6 %)."""
+    script = _script()
+    l3 = next(c for c in _data()["cases"] if c["id"] == "L3")
+    with_lora, slots, _ = script.predicted(l3)
+    without, _, _ = script.predicted({**l3, "max_loras": None, "max_lora_rank": None})
+    assert slots == 16 * 83_456 * 80 * 2 == 213_647_360
+    assert without - with_lora == slots
+    assert abs(with_lora / script.logged_bytes(l3) - 1) <= 0.10
+
+
+def test_v0_weight_lines_leave_the_slots_out() -> None:
+    """vLLM V0 logs 'Loading model weights took' / 'model weights take' before building the LoRA manager:
+    the script compares them with the weights alone, whatever the slots (L2: 1 x rank 16 on)."""
+    script = _script()
+    l2 = next(c for c in _data()["cases"] if c["id"] == "L2")
+    got, slots, _ = script.predicted(l2)
+    bigger, _, _ = script.predicted({**l2, "max_loras": 8, "max_lora_rank": 64})
+    assert slots == 0 and got == bigger
