@@ -9,9 +9,12 @@ of the figure the slot term is: a figure of the whole weights checks the slots o
 first:
 
 * ``weights_v0``: vLLM V0's "Loading model weights took X GB" (GiB in fact), logged by
-  vllm/worker/model_runner.py ``load_model`` before it builds the LoRA manager: ``weight_bytes`` alone;
-* ``model_loading_v1``: vLLM V1's "Model loading took X GiB", measured around ``load_model`` and
-  ``load_lora_model`` (vllm/v1/worker/gpu_model_runner.py): ``weight_bytes + lora_slot_bytes``;
+  vllm/worker/model_runner.py ``load_model`` before it builds the LoRA manager (up to 0.7): ``weight_bytes``
+  alone;
+* ``weights_and_slots``: a figure measured around the model and its LoRA manager: V1's "Model loading took
+  X GiB" (vllm/v1/worker/gpu_model_runner.py ``load_model`` runs ``load_lora_model`` inside its
+  ``DeviceMemoryProfiler``) and V0's "model weights take X GiB" from vLLM PR #14469 (0.8.0), which moved the
+  LoRA manager inside the profiler: ``weight_bytes + lora_slot_bytes``;
 * ``lora_delta``: the same server's figure with LoRA minus without: ``lora_slot_bytes``;
 * ``kv_pool``: vLLM's "Available KV cache memory" with LoRA on the case's GPU and gpu_memory_utilization:
   ``extra["kv_pool_bytes"]`` (the stacks taken out of the pool, lora_slots.py).
@@ -64,7 +67,7 @@ def predicted(case: dict[str, Any]) -> tuple[int, int, str]:
     what = case["what"]
     if what == "weights_v0":
         return weights, 0, "weights (V0 logs them before the LoRA manager)"
-    if what == "model_loading_v1":
+    if what == "weights_and_slots":
         return weights + slots, slots, "weights + LoRA slots"
     if what == "lora_delta":
         return slots, slots, "LoRA slots"

@@ -15,7 +15,7 @@ FIELDS = {
     "id", "set", "what", "model", "engine", "version", "tp", "max_loras", "max_lora_rank", "max_cpu_loras",
     "gpu_memory_utilization", "max_model_len", "stated", "inferred", "source", "url", "quote",
 }  # fmt: skip
-KINDS = {"weights_v0", "model_loading_v1", "lora_delta", "kv_pool"}
+KINDS = {"weights_v0", "weights_and_slots", "lora_delta", "kv_pool"}
 QUOTE_MAX = 300  # characters: a quote, not a copy of the thread
 
 
@@ -68,11 +68,15 @@ def test_the_kv_pool_case_loses_exactly_the_slots_by_hand() -> None:
     assert abs(with_lora / script.logged_bytes(l3) - 1) <= 0.10
 
 
-def test_v0_weight_lines_leave_the_slots_out() -> None:
-    """vLLM V0 logs 'Loading model weights took' / 'model weights take' before building the LoRA manager:
-    the script compares them with the weights alone, whatever the slots (L2: 1 x rank 16 on)."""
+def test_where_each_weight_line_puts_the_slots() -> None:
+    """vLLM V0 up to 0.7 logs 'Loading model weights took' before building the LoRA manager: the script
+    compares L1 with the weights alone, whatever the slots; vLLM 0.8's V0 (PR #14469) measures the weights
+    and the LoRA stacks together: L2 is the weights plus the 213,647,360 B derived above."""
     script = _script()
-    l2 = next(c for c in _data()["cases"] if c["id"] == "L2")
-    got, slots, _ = script.predicted(l2)
-    bigger, _, _ = script.predicted({**l2, "max_loras": 8, "max_lora_rank": 64})
-    assert slots == 0 and got == bigger
+    cases = {c["id"]: c for c in _data()["cases"]}
+    got, slots, _ = script.predicted({**cases["L1"], "max_loras": 8, "max_lora_rank": 64})
+    alone, _, _ = script.predicted(cases["L1"])
+    assert slots == 0 and got == alone
+    with_slots, slots, _ = script.predicted(cases["L2"])
+    weights, _, _ = script.predicted({**cases["L2"], "what": "weights_v0"})
+    assert slots == 213_647_360 and with_slots == weights + slots
