@@ -17,7 +17,10 @@ first:
   LoRA manager inside the profiler: ``weight_bytes + lora_slot_bytes``;
 * ``lora_delta``: the same server's figure with LoRA minus without: ``lora_slot_bytes``;
 * ``kv_pool``: vLLM's "Available KV cache memory" with LoRA on the case's GPU and gpu_memory_utilization:
-  ``extra["kv_pool_bytes"]`` (the stacks taken out of the pool, lora_slots.py).
+  ``extra["kv_pool_bytes"]`` (the stacks taken out of the pool, lora_slots.py);
+* ``adapter_elements``: TensorRT-LLM's "Max LoRA size is N", the values of one adapter of max_lora_rank
+  (peftCacheManager.cpp): ``lora_slot_elements_per_adapter``, the slot term's own count (printed in
+  millions of values, not GiB).
 
 Exits 0; the goal (issue 31) is |error| <= 10 %, reported honestly, not enforced.
 """
@@ -30,6 +33,7 @@ from typing import Any
 
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
+from peakmem.formulas.serving.lora_slots import lora_slot_elements_per_adapter
 from peakmem.hf import spec_from_config
 from peakmem.inference import InferenceSetup
 from peakmem.units import GiB, MiB
@@ -40,6 +44,9 @@ GB = 10**9
 
 
 def logged_bytes(case: dict[str, Any]) -> int:
+    """The log's figure: bytes, or values for ``adapter_elements``."""
+    if "elements" in case:
+        return int(case["elements"])
     if "gib" in case:
         return int(case["gib"] * GiB)
     return int(case["mib"] * MiB) if "mib" in case else int(case["gb"] * GB)
@@ -61,6 +68,9 @@ def predicted(case: dict[str, Any]) -> tuple[int, int, str]:
     """peakmem's figure for the case, the LoRA slots' bytes in it, and what it is made of."""
     name = str(case["model"])
     spec = spec_from_config(case.get("config") or get_model(name).config, name=name)
+    if case["what"] == "adapter_elements":
+        n = lora_slot_elements_per_adapter(spec, rank=case["max_lora_rank"], tp=case.get("tp") or 1)
+        return n, n, "values of one adapter"
     est = estimate_inference(spec, _setup(case))
     weights = sum(i.bytes for i in est.items if i.path.startswith("weights"))  # one rank's
     slots = int(est.extra.get("lora_slot_bytes", 0))  # type: ignore[call-overload]
@@ -90,7 +100,9 @@ def main() -> int:
         within[case["set"]][1] += 1
         engine = f"{case['engine']} {case['version']} tp{case.get('tp') or 1}"
         lora = f"{case.get('max_loras') or '-'} x r{case.get('max_lora_rank') or '-'}"
-        figures = f"{log / GiB:.4f} GiB | {got / GiB:.4f} GiB | {100 * err:+.1f}% | {100 * slots / got:.1f}%"
+        unit, scale = ("M values", 1e6) if case["what"] == "adapter_elements" else ("GiB", GiB)
+        share = f"{100 * err:+.1f}% | {100 * slots / got:.1f}%"
+        figures = f"{log / scale:.4f} {unit} | {got / scale:.4f} {unit} | {share}"
         row = f"| {case['set']} | {case['id']} | {case['model']} | {engine} | {lora} | {case['what']} ({how})"
         print(f"{row} | {figures} |")
     for name, (ok, n) in within.items():

@@ -15,7 +15,7 @@ FIELDS = {
     "id", "set", "what", "model", "engine", "version", "tp", "max_loras", "max_lora_rank", "max_cpu_loras",
     "gpu_memory_utilization", "max_model_len", "stated", "inferred", "source", "url", "quote",
 }  # fmt: skip
-KINDS = {"weights_v0", "weights_and_slots", "lora_delta", "kv_pool"}
+KINDS = {"weights_v0", "weights_and_slots", "lora_delta", "kv_pool", "adapter_elements"}
 QUOTE_MAX = 300  # characters: a quote, not a copy of the thread
 
 
@@ -38,9 +38,9 @@ def test_every_case_is_cited_complete_and_short() -> None:
     assert cases and len({c["id"] for c in cases}) == len(cases)
     for c in cases:
         assert set(c) >= FIELDS, (c["id"], FIELDS - set(c))
-        assert c["what"] in KINDS and c["engine"] == "vllm"
+        assert c["what"] in KINDS and c["engine"] == ("tensorrt-llm" if "elements" in c else "vllm")
         assert c["url"].startswith("https://github.com/") and 0 < len(c["quote"]) <= QUOTE_MAX
-        assert ("gib" in c) != ("gb" in c or "mib" in c)
+        assert sum(key in c for key in ("gib", "gb", "mib", "elements")) == 1
     for n in data["not_compared"]:
         assert n["url"].startswith("https://github.com/") and n["why"] and 0 < len(n["quote"]) <= QUOTE_MAX
 
@@ -80,3 +80,13 @@ def test_where_each_weight_line_puts_the_slots() -> None:
     with_slots, slots, _ = script.predicted(cases["L2"])
     weights, _, _ = script.predicted({**cases["L2"], "what": "weights_v0"})
     assert slots == 213_647_360 and with_slots == weights + slots
+
+
+def test_tensorrt_llm_adapter_size_by_hand() -> None:
+    """L5 (Qwen1.5-7B, rank 8): TensorRT-LLM's "Max LoRA size" counts rank x (in + out) of q, k, v, o
+    (4096 -> 4096 each) and gate, up, down (4096 <-> 11008) over 32 layers, the thread's own
+    (4 x 4096 x 2 x 8 + 3 x (4096 + 11008) x 8) x 32 = 19,988,480; peakmem's count and the log agree."""
+    case = next(c for c in _data()["cases"] if c["id"] == "L5")
+    by_hand = (4 * 4096 * 2 * 8 + 3 * (4096 + 11008) * 8) * 32
+    got, slots, _ = _script().predicted(case)
+    assert by_hand == case["elements"] == got == slots == 19_988_480
