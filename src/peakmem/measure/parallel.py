@@ -684,6 +684,11 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
+    # context parallelism (measure/parallel_cp.py); FSDP shards over dp x cp, as torchtitan
+    Parallelism(gpus=2, cp=2),
+    Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, tp=2, cp=2),
+    Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
 )
 
 
