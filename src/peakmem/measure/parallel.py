@@ -62,7 +62,7 @@ from peakmem.errors import InputError
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
-from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism
 from peakmem.training import Precision, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
@@ -502,7 +502,7 @@ def _measure(
     step_fn = (
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
-        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None)
+        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value)
     )
     with tracker:
         tracker.set_phase(Phase.LOAD, 0)
@@ -556,6 +556,8 @@ def describe(par: Parallelism, schedule: str = "1f1b") -> str:
     parts = [f"{name}{getattr(par, name)}" for name in ("tp", "pp", "cp") if getattr(par, name) > 1]
     if par.sequence_parallel:
         parts[0] += "+sp"
+    if par.cp > 1 and par.cp_ring is not CpRotate.ALLGATHER:
+        parts[-1] += f"+{par.cp_ring.value}"
     if par.fsdp is FsdpMode.FULL_SHARD:
         parts.append(f"fsdp{par.dp}")
     if par.pp > 1:
@@ -569,6 +571,7 @@ def _plain_step(
     tracker: ParallelTracker,
     lp: Callable[[], Any],
     cp_mesh: Any = None,
+    rotate: str = "allgather",
 ) -> Callable[[torch.Tensor, int], None]:
     def run(ids: torch.Tensor, step: int) -> None:
         for chunk in torch.split(ids, setup.micro_batch):
@@ -582,7 +585,7 @@ def _plain_step(
                 from peakmem.measure.parallel_cp import cp_context
 
                 chunk, labels = chunk.clone(), chunk.clone()
-                cp = cp_context(cp_mesh, [chunk, labels, positions], [1, 1, 1])
+                cp = cp_context(cp_mesh, [chunk, labels, positions], [1, 1, 1], rotate)
             with lp(), cp:
                 loss = model(input_ids=chunk, labels=labels, position_ids=positions).loss
                 if setup.grad_accum > 1:
@@ -684,10 +687,11 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
-    # context parallelism (measure/parallel_cp.py); FSDP shards over dp x cp, as torchtitan
-    Parallelism(gpus=2, cp=2),
+    # context parallelism (measure/parallel_cp.py): torch's context_parallel, all-gather rotate (its
+    # default; what cp_rotate "auto" means under FSDP2); FSDP shards over dp x cp, as torchtitan
+    Parallelism(gpus=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
     Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
-    Parallelism(gpus=4, tp=2, cp=2),
+    Parallelism(gpus=4, tp=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
     Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
 )
 

@@ -56,6 +56,11 @@ def check_cp(setup: TrainingSetup, par: Parallelism) -> None:
     unbalanced, which torchtitan does not)."""
     if par.pp > 1:
         raise InputError(f"cp={par.cp} with pp={par.pp}: the oracle's pipeline stages pass whole sequences")
+    if par.cp_ring.value not in ROTATE_METHODS:
+        raise InputError(
+            f"cp_rotate={par.cp_ring.value!r}: the oracle runs torch's context_parallel "
+            f"({' or '.join(ROTATE_METHODS)}; 'auto' without FSDP2 means Megatron's p2p ring)"
+        )
     if setup.seq_len % (2 * par.cp):
         raise InputError(
             f"seq_len={setup.seq_len}: context parallel's head-tail load balancing needs a multiple of "
