@@ -58,7 +58,7 @@ class PipelineSchedule(Choice):
 
 
 class CpRotate(Choice):
-    """How context-parallel ranks pass K/V around the ring (:func:`peakmem.formulas.model_parallel.cp_ring`)."""
+    """How context-parallel ranks pass K/V around the ring (``formulas.model_parallel.cp_ring``)."""
 
     AUTO = "auto"  # torch's all-gather under FSDP2 (torchtitan), else Megatron/TE's p2p ring
     P2P = "p2p"  # Megatron-Core / Transformer Engine AttnFuncWithCPAndKVP2P: double-buffered send/recv
