@@ -30,24 +30,24 @@ def test_chunk_by_hand() -> None:
 
 
 def test_torch_allgather_grows_with_cp() -> None:
-    """torch's all-gather rotate keeps every rank's K/V (cp x kv) for the whole ring; forward adds the fp32
-    merger (merged out, the converted block, two temporaries: 3 x 2 x o); backward the fp32 dQ/dK/dV
-    accumulators (2 x (q + kv)), the fp32 dK/dV cat and its all-to-all buffer (2 x 2 x kv) and the K/V cat
-    (kv); the output copy before o_proj is saved (o)."""
+    """torch's all-gather rotate keeps every rank's K/V (cp x kv) for the whole ring. Forward: the K/V
+    contiguous copies and the cat sent (2 kv). Backward: the contiguous copies (kv), two K/V cats (2 kv),
+    the fp32 dQ/dK/dV accumulators (2 x (q + kv)) and the fp32 dK/dV cat and all-to-all buffer
+    (2 x 2 x kv). The output copy before o_proj is saved (o)."""
     for cp in (2, 4, 8):
         ring = _ring(Parallelism(gpus=cp, cp=cp, cp_rotate=CpRotate.ALLGATHER))
-        assert ring.forward == cp * KV + 3 * 2 * OUT
-        assert ring.backward == cp * KV + 2 * (Q + KV) + 4 * KV + KV
+        assert ring.forward == cp * KV + 2 * KV
+        assert ring.backward == cp * KV + 3 * KV + 2 * (Q + KV) + 2 * 2 * KV
         assert ring.saved == OUT
     at4 = _ring(Parallelism(gpus=4, cp=4, cp_rotate=CpRotate.ALLGATHER))
-    assert (at4.forward, at4.backward) == (327_680, 425_984)
+    assert (at4.forward, at4.backward) == (196_608, 491_520)
 
 
-def test_torch_alltoall_holds_two_chunks() -> None:
+def test_torch_alltoall_holds_one_chunk() -> None:
     ring = _ring(Parallelism(gpus=8, cp=8, cp_rotate=CpRotate.ALLTOALL))
-    assert (ring.forward, ring.saved) == (2 * KV + 6 * OUT, OUT)
-    assert ring.backward == 2 * KV + 2 * (Q + KV) + 5 * KV
-    assert (ring.forward, ring.backward) == (262_144, 360_448)
+    assert (ring.forward, ring.saved) == (KV + 2 * KV, OUT)
+    assert ring.backward == KV + 3 * KV + 2 * (Q + 3 * KV)
+    assert (ring.forward, ring.backward) == (98_304, 393_216)
 
 
 def test_megatron_p2p_ring_unchanged() -> None:
@@ -60,7 +60,11 @@ def test_tp_splits_heads() -> None:
     """TP 2: 2 k/v heads and 4 query heads per rank, so kv = q = o = 16,384."""
     ring = _ring(Parallelism(gpus=8, tp=2, cp=4, cp_rotate=CpRotate.ALLGATHER))
     kv = q = 16_384
-    assert (ring.forward, ring.backward, ring.saved) == (4 * kv + 6 * q, 4 * kv + 2 * (q + kv) + 5 * kv, q)
+    assert (
+        (ring.forward, ring.backward, ring.saved)
+        == (6 * kv, 7 * kv + 2 * (q + 3 * kv), q)
+        == (98_304, 245_760, q)
+    )
 
 
 def test_auto_is_torch_under_fsdp2_else_p2p() -> None:

@@ -444,24 +444,26 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
 
     p2p: :func:`p2p_ring`. torch's ``context_parallel`` (what torchtitan runs; :data:`SRC_TORCH_CP`),
     with ``c`` the rank's K+V chunk, ``q`` and ``o`` its query and output bytes (compute dtype) and
-    ``f = 4 / compute_bytes`` (fp32, ``convert_to_f32``):
+    ``f = 4 / compute_bytes`` (fp32: ``_ContextParallelOptions.convert_to_f32``):
 
-    * the rotated K/V: ``_AllGatherRotater`` all-gathers ``cat(k, v)`` of the whole CP group once per
-      attention call and keeps it for every step (``cp x c``: at fixed local tokens it grows with
-      ``cp``); ``_AllToAllRotater`` holds the received chunk and the local ``cat`` sent (``2 c``);
-    * forward: ``_SDPAMerger`` keeps the merged output in fp32 and merges each step's output (converted
-      to fp32) with ``out - sigmoid(lse_b - lse) * (out - out_b)``: the merged, the converted block and
-      two temporaries alive at once (``3 f o`` beyond the kernel's own output);
-    * backward: ``grad_query``/``grad_key``/``grad_value`` accumulators in fp32 (``f (q + c)``), the dK/dV
-      ``cat`` and its all-to-all receive buffer in fp32 (``2 f c``, always all-to-all), and the K/V
-      ``cat`` for the next rotation (``c``);
+    * the rotated K/V (``held``): ``_AllGatherRotater`` all-gathers ``cat(k, v)`` of the whole CP group
+      once per attention call and keeps it for every step (``cp x c``: at fixed local tokens it grows
+      with ``cp``); ``_AllToAllRotater`` holds the one chunk received (``c``);
+    * forward: ``key.contiguous()`` / ``value.contiguous()`` copy the transposed K/V (``c``), and the
+      ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``.
+      ``_SDPAMerger``'s fp32 merge comes after that ``cat`` is freed and was not the peak in the oracle;
+    * backward: the same contiguous copies (``c``), two K/V ``cat`` (this step's and the previous one's,
+      which ``next_kv`` holds until it is reassigned: ``2 c``), the fp32 ``grad_query`` / ``grad_key`` /
+      ``grad_value`` accumulators (``f (q + c)``) and the dK/dV ``cat`` and its all-to-all receive buffer
+      in fp32 (``2 f c``; dK/dV always rotate by all-to-all): ``held + 3 c + f (q + 3 c)``. The kernel's
+      own per-step dQ/dK/dV are the attention's usual backward, counted elsewhere;
     * saved: the merged output comes back as a ``[B, H, S, D]`` tensor of its own (``torch.cat`` in
       ``_partial_update``), so the attention's ``transpose(1, 2).contiguous()`` before ``o_proj`` copies
       it (a flash kernel's output is already ``[B, S, H, D]`` in memory): one ``o`` more saved per layer.
 
-    Measured with the parallel oracle (``peakmem.measure.parallel_cp``: tiny Llama fp32, 64 local tokens,
-    cp 2 to 8): the all-gather buffer is ``cp x c`` at every cp and the backward's ``zeros_like`` are
-    ``q + c``."""
+    Measured with the parallel oracle (``peakmem.measure.parallel_cp``, tiny Llama, cp 2 to 8): at the
+    ring's backward peak the all-gather buffer is ``cp x c``, the ``zeros_like`` accumulators ``f (q + c)``,
+    the ``cat`` ``(2 + f) c``, the contiguous copies ``c`` and the all-to-all ``f c``, in fp32 and bf16."""
     c = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
     ring = par.cp_ring
     if par.cp == 1:
@@ -472,8 +474,8 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
     heads = cdiv(att.num_heads, par.tp)
     q = tokens_local * heads * att.head_dim * compute_bytes
     o = tokens_local * heads * att.v_head_dim * compute_bytes
-    f32 = FP32_BYTES / compute_bytes
-    held = par.cp * c if ring is CpRotate.ALLGATHER else 2 * c
-    forward = held + int(3 * f32 * o)
-    backward = held + int(f32 * (q + c)) + int(2 * f32 * c) + c
+    f32 = FP32_BYTES // compute_bytes if compute_bytes <= FP32_BYTES else 1
+    held = par.cp * c if ring is CpRotate.ALLGATHER else c
+    forward = held + 2 * c
+    backward = held + 3 * c + f32 * (q + 3 * c)
     return CpRing(forward=forward, backward=backward, saved=o)
