@@ -31,13 +31,14 @@ def test_chunk_by_hand() -> None:
 
 def test_torch_allgather_grows_with_cp() -> None:
     """torch's all-gather rotate keeps every rank's K/V (cp x kv) for the whole ring. Forward: the K/V
-    contiguous copies and the cat sent (2 kv). Backward: the contiguous copies (kv), two K/V cats (2 kv),
+    contiguous copies and the cat sent (2 kv). Backward: the contiguous copies (kv), two K/V cats (2 kv;
+    one at cp 2, whose last and only rotation is the first),
     the fp32 dQ/dK/dV accumulators (2 x (q + kv)) and the fp32 dK/dV cat and all-to-all buffer
     (2 x 2 x kv). The output copy before o_proj is saved (o)."""
     for cp in (2, 4, 8):
         ring = _ring(Parallelism(gpus=cp, cp=cp, cp_rotate=CpRotate.ALLGATHER))
         assert ring.forward == cp * KV + 2 * KV
-        assert ring.backward == cp * KV + 3 * KV + 2 * (Q + KV) + 2 * 2 * KV
+        assert ring.backward == cp * KV + (1 + min(2, cp - 1)) * KV + 2 * (Q + KV) + 2 * 2 * KV
         assert ring.saved == OUT
     at4 = _ring(Parallelism(gpus=4, cp=4, cp_rotate=CpRotate.ALLGATHER))
     assert (at4.forward, at4.backward) == (196_608, 491_520)

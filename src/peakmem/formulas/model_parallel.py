@@ -452,18 +452,20 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
     * forward: ``key.contiguous()`` / ``value.contiguous()`` copy the transposed K/V (``c``), and the
       ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``.
       ``_SDPAMerger``'s fp32 merge comes after that ``cat`` is freed and was not the peak in the oracle;
-    * backward: the same contiguous copies (``c``), two K/V ``cat`` (this step's and the previous one's,
-      which ``next_kv`` holds until it is reassigned: ``2 c``), the fp32 ``grad_query`` / ``grad_key`` /
-      ``grad_value`` accumulators (``f (q + c)``) and the dK/dV ``cat`` and its all-to-all receive buffer
-      in fp32 (``2 f c``; dK/dV always rotate by all-to-all): ``held + 3 c + f (q + 3 c)``. The kernel's
-      own per-step dQ/dK/dV are the attention's usual backward, counted elsewhere;
+    * backward: the same contiguous copies (``c``), the K/V ``cat`` sent at every step but the last, two
+      at once from cp 3 on (``next_kv`` holds the previous one until it is reassigned: ``min(2, cp - 1)
+      c``), the fp32 ``grad_query`` / ``grad_key`` / ``grad_value`` accumulators (``f (q + c)``) and the
+      dK/dV ``cat`` and its all-to-all receive buffer in fp32 (``2 f c``; dK/dV always rotate by
+      all-to-all): ``held + (1 + min(2, cp - 1)) c + f (q + 3 c)``. The kernel's own per-step dQ/dK/dV
+      are the attention's usual backward, counted elsewhere;
     * saved: the merged output comes back as a ``[B, H, S, D]`` tensor of its own (``torch.cat`` in
       ``_partial_update``), so the attention's ``transpose(1, 2).contiguous()`` before ``o_proj`` copies
       it (a flash kernel's output is already ``[B, S, H, D]`` in memory): one ``o`` more saved per layer.
 
     Measured with the parallel oracle (``peakmem.measure.parallel_cp``, tiny Llama, cp 2 to 8): at the
     ring's backward peak the all-gather buffer is ``cp x c``, the ``zeros_like`` accumulators ``f (q + c)``,
-    the ``cat`` ``(2 + f) c``, the contiguous copies ``c`` and the all-to-all ``f c``, in fp32 and bf16."""
+    the ``cat`` ``(2 + f) c`` (``(1 + f) c`` at cp 2), the contiguous copies ``c`` and the all-to-all
+    ``f c``, in fp32 and bf16."""
     c = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
     ring = par.cp_ring
     if par.cp == 1:
@@ -477,5 +479,5 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
     f32 = FP32_BYTES // compute_bytes if compute_bytes <= FP32_BYTES else 1
     held = par.cp * c if ring is CpRotate.ALLGATHER else c
     forward = held + 2 * c
-    backward = held + 3 * c + f32 * (q + 3 * c)
+    backward = held + (1 + min(2, par.cp - 1)) * c + f32 * (q + 3 * c)
     return CpRing(forward=forward, backward=backward, saved=o)
