@@ -77,6 +77,16 @@ def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
         Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
         Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD),
         Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
+        pytest.param(
+            Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="backward +8.6% (4,590,720 estimated, 4,226,268 measured; +5.1% with the p2p ring "
+                "term before torch's CP was modelled): the oracle's backward peak is FSDP2's reduce-scatter "
+                "at the end of backward, with no ring buffer alive, while the estimate adds the layer's "
+                "backward transient (the ring's, formulas.model_parallel.cp_ring) to the FSDP unit buffers",
+            ),
+        ),
     ],
     ids=describe,
 )
