@@ -12,9 +12,10 @@ Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4, Eq. 2-4): with TP, e
 attention and the MLP is split by ``tp``; the layer norms, the inputs of the first Linear of each
 block and the residual dropout masks stay replicated (the ``10 sbh`` term) unless sequence
 parallelism splits them too. Context parallelism splits the sequence over ``cp`` ranks and adds
-ring-attention buffers for the K/V chunks in flight (Megatron-Core / Transformer Engine
-``attention/dot_product_attention/context_parallel.py`` ``AttnFuncWithCPAndKVP2P``: double-buffered
-K/V receive, fp32 dK/dV accumulation in backward).
+ring-attention buffers (:func:`cp_ring`, chosen by ``Parallelism.cp_rotate``): Megatron-Core /
+Transformer Engine's K/V chunks in flight (``attention/dot_product_attention/context_parallel.py``
+``AttnFuncWithCPAndKVP2P``: double-buffered K/V receive, fp32 dK/dV accumulation in backward), or
+torch's ``context_parallel`` (torchtitan), whose default all-gather rotate holds every CP rank's K/V.
 
 Pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473 §2.2): contiguous stages of
 ``layers / pp`` layers; the first stage also holds the embeddings, the last the final norm, the
