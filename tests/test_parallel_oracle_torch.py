@@ -43,7 +43,14 @@ SETUP = TrainingSetup(
 )  # fmt: skip
 # Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
 # benchmarks/parallel_oracle.py), with why.
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    "cp4 x fsdp2": (
+        "backward +8.7% (4,914,432 estimated, 4,520,028 measured; +5.8% with the p2p ring term): the "
+        "estimate's fsdp.units is 3 units (2,178,048 B) where the oracle holds 2 (its reduce-scatter "
+        "'empty' buffers 726,016 B at the backward peak); dp8 x fsdp2 at the same shard degree prices 2 "
+        "(1,452,032). The FSDP2 terms (formulas/fsdp2.py) under cp, not the ring's"
+    ),
+}
 # A 16k vocabulary: the logits and the root FSDP unit outweigh a micro-batch's layer activations.
 LARGE_VOCAB: dict[str, Any] = {**TINY_LLAMA, "vocab_size": 16384}
 
@@ -82,9 +89,9 @@ def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="backward +8.6% (4,590,720 estimated, 4,226,268 measured; +5.1% with the p2p ring "
-                "term before torch's CP was modelled): the oracle's backward peak is FSDP2's reduce-scatter "
-                "at the end of backward, with no ring buffer alive, while the estimate adds the layer's "
-                "backward transient (the ring's, formulas.model_parallel.cp_ring) to the FSDP unit buffers",
+                "term): the oracle's backward peak holds FSDP2's reduce-scatter buffers ('empty', 1,089,024 B) "
+                "and no ring buffer; the estimate adds its layer backward transient (389,120 B, the ring's "
+                "included) to its FSDP units (1,452,032 B). The FSDP2 terms under cp (formulas/fsdp2.py)",
             ),
         ),
     ],

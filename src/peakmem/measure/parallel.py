@@ -693,6 +693,8 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
     Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, tp=2, sequence_parallel=True, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, cp=4, fsdp=FsdpMode.FULL_SHARD),
 )
 
 
