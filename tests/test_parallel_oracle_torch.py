@@ -89,7 +89,8 @@ def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="backward +8.6% (4,590,720 estimated, 4,226,268 measured; +5.1% with the p2p ring "
-                "term): the oracle's backward peak holds FSDP2's reduce-scatter buffers ('empty', 1,089,024 B) "
+                "term): the oracle's backward peak holds FSDP2's reduce-scatter buffers ('empty', "
+                "1,089,024 B) "
                 "and no ring buffer; the estimate adds its layer backward transient (389,120 B, the ring's "
                 "included) to its FSDP units (1,452,032 B). The FSDP2 terms under cp (formulas/fsdp2.py)",
             ),
