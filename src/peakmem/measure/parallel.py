@@ -59,11 +59,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
+from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
 from peakmem.parallel import FsdpMode, Parallelism
-from peakmem.training import Precision, TrainingSetup
+from peakmem.training import Checkpointing, Precision, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 SCHEDULES = ("1f1b", "gpipe")
@@ -220,6 +221,9 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
         raise InputError("sp with pp: the oracle's pipeline stages pass whole sequences")
     if par.cp > 1:
         raise InputError(f"cp={par.cp}: torch's context_parallel is not wired into this oracle")
+    refusal = check_checkpointing(setup.checkpointing, setup.checkpoint_every)
+    if refusal:
+        raise InputError(refusal)
     if schedule not in SCHEDULES:
         raise InputError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if par.pp > 1 and schedule == "1f1b" and setup.grad_accum < par.pp:
@@ -480,11 +484,13 @@ def _measure(
         _cut_stage(model, par, stage)
     if par.tp > 1:
         _apply_tp(model, mesh["tp"], par.sequence_parallel)
+    tracker = ParallelTracker(device_type="cpu")
+    if setup.checkpointing is Checkpointing.FULL:  # after TP, before FSDP2, as torchtitan
+        apply_full_ac(model, tracker)
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
     if par.fsdp is FsdpMode.FULL_SHARD:
         root = stage_module if stage_module is not None else model
         _apply_fsdp(model, root, mesh["dp"], setup, reshard_after_forward=par.pp == 1)
-    tracker = ParallelTracker(device_type="cpu")
     tracker.register_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, _param_groups(params))
