@@ -406,13 +406,23 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 ring = mp.ring_kv_chunk_bytes(_long.attention_layer(layer, par), att_sh.tokens, sh.c, par)
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 all_to_all = _long.all_to_all_bytes(layer, sh, par)  # Ulysses: forward and backward
-                la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)
+                la = mp.tp_layer_activations(
+                    la, par, ring, dispatch + all_to_all, linear_input=sh.tokens * spec.hidden_size * sh.c
+                )
             if setup.checkpointing is Checkpointing.OP:
                 act.check_op_sac(spec, layer, bool(tech.adapter), par.tp)
                 saved_op = act.op_saved(spec, layer, sh, la, float8=recipe is not None)
                 la = seen[memo] = act.op_checkpointed(la, saved_op)
             else:
-                la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
+                la = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
+                if wrapped and setup.checkpointing is Checkpointing.FULL and not par.is_single_gpu:
+                    whole = sh.tokens * spec.hidden_size * sh.c  # a Linear's output over the sequence
+                    sp_split = par.tp if par.sequence_parallel else 1
+                    la = mp.dtensor_recompute_tail(
+                        la, par, mp.cdiv(whole, sp_split), whole,
+                        mp.cdiv(sh.tokens * spec.hidden_size * sh.r, sp_split),
+                    )  # fmt: skip
+                seen[memo] = la
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view
         if setup.activation_offload or setup.optimizer_in_backward:
@@ -533,7 +543,7 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden)
+    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, sh.tokens * spec.hidden_size * sh.c)
     layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copy,
                          rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
