@@ -7,6 +7,7 @@ each term's arithmetic."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 from peakmem.formulas.activations import LayerActivations, checkpointed
 from peakmem.formulas.model_parallel import dtensor_recompute_tail, dtensor_rowwise_copy, tp_layer_activations
@@ -77,3 +78,26 @@ def test_recompute_tail_under_sp() -> None:
     # nothing recomputed (no checkpointing) or no TP: unchanged
     none = tp_layer_activations(_layer(), TP4_SP, 0, linear_input=WHOLE)
     assert dtensor_recompute_tail(none, TP4_SP, SHARD, WHOLE, SHARD) is none
+
+
+def test_fsdp2_layer_units_in_backward_by_position() -> None:
+    """FSDP2 (peakmem.formulas.fsdp2.in_layer) with a unit of 100 bytes gathered and a reduce-scatter
+    input of 150: a middle layer's backward holds its parameters, the next unit's prefetched all-gather
+    and the previous unit's kept reduce-scatter input (350); the first layer backward reaches has no
+    earlier input (200); the last one (the first layer) prefetches nothing (250); a single layer holds
+    its parameters only (100). backward_groups splits the ends off a 4-layer group (forward order)."""
+    from peakmem.formulas.fsdp2 import in_layer
+    from peakmem.formulas.timeline import GroupCost
+    from peakmem.step_fsdp import backward_groups, layer_extra
+
+    par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
+    _, _, (_, _, mid, first, _, last) = in_layer(100, 400, 150, par)
+    assert (mid, first, last) == (350, 200, 250)
+    rs = SimpleNamespace(
+        layer_backward_extra=mid, layer_backward_first_extra=first, layer_backward_last_extra=last
+    )
+    assert [layer_extra(rs, done, 4) for done in range(4)] == [200, 350, 350, 250]  # type: ignore[arg-type]
+    assert layer_extra(rs, 0, 1) == 100  # type: ignore[arg-type]
+    group = GroupCost(count=4, saved=10, grads=0, backward_transient=1000)
+    split = backward_groups((group,), rs)  # type: ignore[arg-type]
+    assert [(g.count, g.backward_transient) for g in split] == [(1, 1250), (2, 1350), (1, 1200)]

@@ -590,9 +590,9 @@ def _estimate(
         )  # fmt: skip
         engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
         bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
-        if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
-            unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
-            bwd_items = _fsdp.backward_items(bwd_items, unit_bytes)
+        layers = sum(g.count for g in groups)
+        if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
+            bwd_items = _fsdp.backward_items(bwd_items, _fsdp.layer_extra(rs, bp.layers_done, layers))
         items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item]
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 
