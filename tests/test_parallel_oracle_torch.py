@@ -161,6 +161,30 @@ def test_full_ac_in_the_70b_regime_within_tolerance(
     assert not misses, "; ".join(misses)
 
 
+@pytest.mark.parametrize(
+    "par",
+    [
+        Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
+        pytest.param(
+            Parallelism(gpus=2, pp=2),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="full AC under PP (measured): first stage forward +4.4%, backward +5.3%, last stage "
+                "forward -4.6%; pp2 x fsdp2 first stage forward -9.9%, backward +5.7%; tp2 x pp2 first stage "
+                "forward +6.8% (not diagnosed yet: PP's in-flight micro-batches under checkpointing)",
+            ),
+        ),
+    ],
+    ids=describe,
+)
+def test_full_ac_on_the_tiny_grid(par: Parallelism) -> None:
+    """torchtitan's FullAC on the parameter-dominated tiny Llama: under FSDP2 every layer's backward peaks
+    alike, so the last unit backward reaches decides (it prefetches nothing: 2 units, not 3; +10.6%
+    before formulas.fsdp2.in_layer's last-unit term)."""
+    misses = _misses(par, replace(SETUP, checkpointing=Checkpointing.FULL))
+    assert not misses, "; ".join(misses)
+
+
 def test_fsdp2_shards_and_states_by_hand() -> None:
     """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
     holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
