@@ -101,3 +101,30 @@ def test_fsdp2_layer_units_in_backward_by_position() -> None:
     group = GroupCost(count=4, saved=10, grads=0, backward_transient=1000)
     split = backward_groups((group,), rs)  # type: ignore[arg-type]
     assert [(g.count, g.backward_transient) for g in split] == [(1, 1250), (2, 1350), (1, 1200)]
+
+
+def test_full_ac_forward_of_an_eager_gated_mlp() -> None:
+    """A fully checkpointed layer's forward with transformers' eager gated MLP: the attention core 1000,
+    the MLP's 4 tensors 3000 each, its input x 8192 (interior 20,192). Under SP (a row-parallel copy of
+    2048 + 8192, the residual shard and the norm output's shard 2 x 2048 held): at the product x, act,
+    up and the product (gate freed) = 4096 + 8192 + 9000 = 21,288; at the down projection's output x, the
+    product, the whole partial sum 8192 and the copy = 33,720, of which the estimator adds the copy
+    itself: 23,480. On one GPU (no copy, the residual 8192 held): max(25,384, 27,576)."""
+    from peakmem.breakdown import Category, MemoryItem
+    from peakmem.formulas.activations.layer import full_ac_forward
+
+    gated = MemoryItem(path="mlp", category=Category.ACTIVATIONS, bytes=12_000, key="mlp.interior", tensors=4)
+    la = LayerActivations(
+        saved=(gated,),
+        core=1000,
+        layer_input=WHOLE,
+        forward_transient=0,
+        backward_transient=0,
+        interior=20_192,
+    )
+    assert full_ac_forward(la, WHOLE, SHARD + WHOLE, 2 * SHARD) == 33_720 - 10_240 == 23_480
+    assert full_ac_forward(la, WHOLE, 0, WHOLE) == 27_576
+    full = checkpointed(la, Checkpointing.FULL, eager_mlp=True, out=WHOLE, copy=0, held=WHOLE)
+    assert full.forward_transient == 27_576
+    plain = replace(la, saved=(replace(gated, tensors=2),))  # not the unfused gated item: the interior
+    assert full_ac_forward(plain, WHOLE, 0, WHOLE) == 20_192
