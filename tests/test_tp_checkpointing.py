@@ -70,6 +70,8 @@ def test_recompute_tail_under_sp() -> None:
     la = checkpointed(tp_layer_activations(_layer(), TP4_SP, 0, linear_input=WHOLE), Checkpointing.FULL)
     tail = dtensor_recompute_tail(la, TP4_SP, SHARD, WHOLE, SHARD)
     assert (tail.backward_transient, tail.backward_freed, tail.backward_grads) == (28_672, 0, 0)
+    # what the recomputed forward holds through its MLP (here SP's norm-output shard) comes on top
+    assert dtensor_recompute_tail(la, TP4_SP, SHARD, WHOLE, SHARD, SHARD).backward_transient == 30_720
     bigger = replace(la, backward_transient=30_000)
     assert dtensor_recompute_tail(bigger, TP4_SP, SHARD, WHOLE, SHARD) is bigger
     # without SP: the replicated incoming gradient (8192), the partial sum and the all-reduce's output

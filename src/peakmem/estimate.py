@@ -414,20 +414,9 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 saved_op = act.op_saved(spec, layer, sh, la, float8=recipe is not None)
                 la = seen[memo] = act.op_checkpointed(la, saved_op)
             else:
-                whole = sh.tokens * spec.hidden_size * sh.c  # a Linear's output over the sequence
-                sp_split = par.tp if par.sequence_parallel else 1
-                copy = mp.dtensor_rowwise_copy(par, mp.cdiv(whole, sp_split), whole)
                 eager = recipe is None and not tech.adapter and not sh.compiled
                 mode = setup.checkpointing if wrapped else Checkpointing.NONE
-                # through the MLP: the residual stream, and under SP the norm output's shard
-                held = mp.cdiv(sh.tokens * spec.hidden_size * sh.r, sp_split)
-                held += mp.cdiv(whole, sp_split) if par.sequence_parallel else 0
-                la = act.checkpointed(la, mode, eager_mlp=eager, out=whole, copy=copy, held=held)
-                if wrapped and setup.checkpointing is Checkpointing.FULL and not par.is_single_gpu:
-                    la = mp.dtensor_recompute_tail(
-                        la, par, mp.cdiv(whole, sp_split), whole,
-                        mp.cdiv(sh.tokens * spec.hidden_size * sh.r, sp_split),
-                    )  # fmt: skip
+                la = _steps.checkpointed_layer(la, spec, sh, par, mode, eager_mlp=eager)
                 seen[memo] = la
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view

@@ -290,7 +290,7 @@ SRC_RECOMPUTE_TAIL = (
 
 
 def dtensor_recompute_tail(
-    la: LayerActivations, par: Parallelism, hidden: int, whole: int, grad_in: int
+    la: LayerActivations, par: Parallelism, hidden: int, whole: int, grad_in: int, held: int = 0
 ) -> LayerActivations:
     """A fully checkpointed layer under PyTorch TP (torchtitan ``apply_tp`` then ``FullAC``): its backward
     starts at the block's last op, the output projection's collective, whose backward turns the incoming
@@ -299,16 +299,19 @@ def dtensor_recompute_tail(
     passes it on). The projection's backward then unpacks its saved input, which reruns the block's forward
     to its end (:data:`SRC_RECOMPUTE_TAIL`), where the recomputed saved tensors are all alive with the last
     projection's partial sum (``whole``) and its collective's copies (:func:`dtensor_rowwise_copy`) next to
-    that gradient: none of the layer's saved tensors freed yet, no weight gradient written. That instant
+    that gradient, with what the recomputed forward holds through its MLP (``held``: the residual stream
+    and SP's norm-output shard, :func:`peakmem.formulas.activations.full_ac_forward`): none of the
+    layer's saved tensors freed yet, no weight gradient written. That instant
     becomes the layer's backward stage where it exceeds the gradient stages (``la.backward_*``).
     Measured with the oracle (peakmem.measure.parallel_ac: tp8+sp, 512-token vocab, backward -23.8%
-    without it). ``la``: the checkpointed layer (``recompute`` set)."""
+    without it, -2.3% without ``held`` under FSDP2 mixed-bf16). ``la``: the checkpointed layer
+    (``recompute`` set)."""
     if par.tp == 1 or par.zero_stage or not la.recompute:
         return la
     gathered = whole if par.sequence_parallel else 0
     # net bytes above the recomputed tensors, as backward_transient counts them (the mask argument, kept
     # for the recomputation, alive at both)
-    tail = grad_in + gathered + whole + dtensor_rowwise_copy(par, hidden, whole) + la.mask_arg
+    tail = grad_in + gathered + held + whole + dtensor_rowwise_copy(par, hidden, whole) + la.mask_arg
     if tail <= la.backward_transient:
         return la
     return replace(la, backward_transient=tail, backward_freed=0, backward_grads=0)
