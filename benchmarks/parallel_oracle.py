@@ -4,8 +4,9 @@
         [--checkpointing none|full] [--regime tiny|70b] [--vocab N]
 
 For every layout of :data:`peakmem.measure.parallel.GRID` (FSDP2, TP, PP, their products up to
-TP2 x PP2 x FSDP2 on 8 ranks) and every rank type (one rank per pipeline stage), runs the real
-PyTorch parallel code for that rank over torch's fake process group on CPU
+TP2 x PP2 x FSDP2 on 8 ranks; CP2 alone, with FSDP2 over dp x cp and with TP2, as torch's
+``context_parallel`` runs it: :mod:`peakmem.measure.parallel_cp`) and every rank type (one rank per
+pipeline stage), runs the real PyTorch parallel code for that rank over torch's fake process group on CPU
 (:func:`peakmem.measure.parallel.measure_rank`) and prints, per phase, the oracle's peak, the estimate
 (``KernelPolicy.CPU``) and the error. ``--gpipe`` adds the pipeline layouts under GPipe (oracle
 only: peakmem has no GPipe schedule). ``--checkpointing full`` wraps every block as torchtitan's FullAC

@@ -12,9 +12,10 @@ Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4, Eq. 2-4): with TP, e
 attention and the MLP is split by ``tp``; the layer norms, the inputs of the first Linear of each
 block and the residual dropout masks stay replicated (the ``10 sbh`` term) unless sequence
 parallelism splits them too. Context parallelism splits the sequence over ``cp`` ranks and adds
-ring-attention buffers for the K/V chunks in flight (Megatron-Core / Transformer Engine
-``attention/dot_product_attention/context_parallel.py`` ``AttnFuncWithCPAndKVP2P``: double-buffered
-K/V receive, fp32 dK/dV accumulation in backward).
+ring-attention buffers (:func:`cp_ring`, chosen by ``Parallelism.cp_rotate``): Megatron-Core /
+Transformer Engine's K/V chunks in flight (``attention/dot_product_attention/context_parallel.py``
+``AttnFuncWithCPAndKVP2P``: double-buffered K/V receive, fp32 dK/dV accumulation in backward), or
+torch's ``context_parallel`` (torchtitan), whose default all-gather rotate holds every CP rank's K/V.
 
 Pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473 §2.2): contiguous stages of
 ``layers / pp`` layers; the first stage also holds the embeddings, the last the final norm, the
@@ -31,9 +32,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from peakmem.breakdown import MemoryItem
+from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import Layer, ModelSpec, Tensor
-from peakmem.parallel import FsdpMode, Parallelism, PipelineSchedule
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism, PipelineSchedule
 
 from .activations import LayerActivations
 from .loss import HeadActivations
@@ -387,14 +388,14 @@ def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[Memory
 def tp_layer_activations(
     la: LayerActivations,
     par: Parallelism,
-    ring_kv_bytes: int,
+    ring: int | CpRing,
     dispatch_bytes: int = 0,
     *,
     linear_input: int = 0,
 ) -> LayerActivations:
     """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
-    context-parallel ring buffers (2 K/V chunks in forward, 2 chunks + fp32 dK/dV in backward) and
-    the expert-parallel all-to-all buffer (forward and backward).
+    context-parallel ring's buffers (:func:`cp_ring`; an int is the p2p ring's K/V chunk) and the
+    expert-parallel all-to-all buffer (forward and backward).
 
     What full checkpointing reads is carried over too (:func:`peakmem.formulas.activations.checkpointed`):
     the interior alive mid-layer in a forward that saves nothing (``la.interior``: the attention core or
@@ -404,16 +405,20 @@ def tp_layer_activations(
     (whole) and the backward split (freed / grads, split by tp). Without them a TP layer under full
     checkpointing had no forward interior and recomputed its kept input twice (measured with the
     oracle, peakmem.measure.parallel_ac: tp8+sp, a 512-token vocab, forward -32.6%)."""
+    cp = ring if isinstance(ring, CpRing) else p2p_ring(ring)
     saved = split_items(la.saved, par)
-    ring_fwd = 2 * ring_kv_bytes + dispatch_bytes
-    ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2 + dispatch_bytes  # fp32 dK/dV: 2x the 16-bit chunk
+    if cp.saved:
+        saved += (MemoryItem(
+            path="layers.*.self_attn context-parallel output copy", category=Category.ACTIVATIONS,
+            bytes=cp.saved, source=SRC_TORCH_CP, key="attn.cp_out_copy",
+        ),)  # fmt: skip
     whole = min(linear_input, la.interior)
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
-        forward_transient=cdiv(la.forward_transient, par.tp) + ring_fwd,
-        backward_transient=cdiv(la.backward_transient, par.tp) + ring_bwd,
+        forward_transient=cdiv(la.forward_transient, par.tp) + cp.forward + dispatch_bytes,
+        backward_transient=cdiv(la.backward_transient, par.tp) + cp.backward + dispatch_bytes,
         interior=cdiv(la.interior - whole, par.tp) + whole,
         input_saved=_split(la.input_saved, True, par),
         mask_arg=la.mask_arg,
@@ -477,3 +482,75 @@ def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par
         return 0
     att = layer.attention
     return tokens_local * cdiv(att.num_kv_heads, par.tp) * (att.head_dim + att.v_head_dim) * compute_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpRing:
+    """What context parallelism's ring attention adds to one layer on one rank: transient bytes in the
+    attention's forward and backward, and bytes saved for backward (per layer)."""
+
+    forward: int
+    backward: int
+    saved: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "saved"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
+
+
+def p2p_ring(kv_chunk: int) -> CpRing:
+    """Megatron-Core / Transformer Engine ``AttnFuncWithCPAndKVP2P``: the K/V chunk being computed on and
+    the one being received (2 in forward); in backward the same 2 plus fp32 dK/dV (2x a 16-bit chunk)."""
+    return CpRing(forward=2 * kv_chunk, backward=2 * kv_chunk + 2 * kv_chunk)
+
+
+SRC_TORCH_CP = (
+    "torch/distributed/tensor/experimental/_context_parallel/_attention.py (torch 2.13): "
+    "_templated_ring_attention(_backward), _AllGatherRotater, _AllToAllRotater, _SDPAMerger"
+)
+FP32_BYTES = 4  # _ContextParallelOptions.convert_to_f32: the merger and the gradient accumulators
+
+
+def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> CpRing:
+    """The ring's buffers for ``par.cp_ring`` (``layer`` as the attention kernel sees it, before TP).
+
+    p2p: :func:`p2p_ring`. torch's ``context_parallel`` (what torchtitan runs; :data:`SRC_TORCH_CP`),
+    with ``c`` the rank's K+V chunk, ``q`` and ``o`` its query and output bytes (compute dtype) and
+    ``f = 4 / compute_bytes`` (fp32: ``_ContextParallelOptions.convert_to_f32``):
+
+    * the rotated K/V (``held``): ``_AllGatherRotater`` all-gathers ``cat(k, v)`` of the whole CP group
+      once per attention call and keeps it for every step (``cp x c``: at fixed local tokens it grows
+      with ``cp``); ``_AllToAllRotater`` holds the one chunk received (``c``);
+    * forward: ``key.contiguous()`` / ``value.contiguous()`` copy the transposed K/V (``c``), and the
+      ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``.
+      ``_SDPAMerger``'s fp32 merge comes after that ``cat`` is freed and was not the peak in the oracle;
+    * backward: the same contiguous copies (``c``), the K/V ``cat`` sent at every step but the last, two
+      at once from cp 3 on (``next_kv`` holds the previous one until it is reassigned: ``min(2, cp - 1)
+      c``), the fp32 ``grad_query`` / ``grad_key`` / ``grad_value`` accumulators (``f (q + c)``) and the
+      dK/dV ``cat`` and its all-to-all receive buffer in fp32 (``2 f c``; dK/dV always rotate by
+      all-to-all): ``held + (1 + min(2, cp - 1)) c + f (q + 3 c)``. The kernel's own per-step dQ/dK/dV
+      are the attention's usual backward, counted elsewhere;
+    * saved: the merged output comes back as a ``[B, H, S, D]`` tensor of its own (``torch.cat`` in
+      ``_partial_update``), so the attention's ``transpose(1, 2).contiguous()`` before ``o_proj`` copies
+      it (a flash kernel's output is already ``[B, S, H, D]`` in memory): one ``o`` more saved per layer.
+
+    Measured with the parallel oracle (``peakmem.measure.parallel_cp``, tiny Llama, cp 2 to 8): at the
+    ring's backward peak the all-gather buffer is ``cp x c``, the ``zeros_like`` accumulators ``f (q + c)``,
+    the ``cat`` ``(2 + f) c`` (``(1 + f) c`` at cp 2), the contiguous copies ``c`` and the all-to-all
+    ``f c``, in fp32 and bf16."""
+    c = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
+    ring = par.cp_ring
+    if par.cp == 1:
+        return CpRing(forward=0, backward=0)
+    if ring is CpRotate.P2P:
+        return p2p_ring(c)
+    att = layer.attention
+    heads = cdiv(att.num_heads, par.tp)
+    q = tokens_local * heads * att.head_dim * compute_bytes
+    o = tokens_local * heads * att.v_head_dim * compute_bytes
+    f32 = FP32_BYTES // compute_bytes if compute_bytes <= FP32_BYTES else 1
+    held = par.cp * c if ring is CpRotate.ALLGATHER else c
+    forward = held + 2 * c
+    backward = held + (1 + min(2, par.cp - 1)) * c + f32 * (q + 3 * c)
+    return CpRing(forward=forward, backward=backward, saved=o)

@@ -63,7 +63,7 @@ from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
-from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism
 from peakmem.training import Checkpointing, Precision, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
@@ -220,7 +220,9 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
     if par.sequence_parallel and par.pp > 1:
         raise InputError("sp with pp: the oracle's pipeline stages pass whole sequences")
     if par.cp > 1:
-        raise InputError(f"cp={par.cp}: torch's context_parallel is not wired into this oracle")
+        from peakmem.measure.parallel_cp import check_cp
+
+        check_cp(setup, par)
     refusal = check_checkpointing(setup.checkpointing, setup.checkpoint_every)
     if refusal:
         raise InputError(refusal)
@@ -488,9 +490,15 @@ def _measure(
     if setup.checkpointing is Checkpointing.FULL:  # after TP, before FSDP2, as torchtitan
         apply_full_ac(model, tracker)
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
+    if par.cp > 1:
+        from peakmem.measure.parallel_cp import use_cp_attention
+
+        use_cp_attention(model)
     if par.fsdp is FsdpMode.FULL_SHARD:
         root = stage_module if stage_module is not None else model
-        _apply_fsdp(model, root, mesh["dp"], setup, reshard_after_forward=par.pp == 1)
+        # torchtitan shards FSDP over dp x cp (its dp_shard_cp mesh)
+        fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]
+        _apply_fsdp(model, root, fsdp_mesh, setup, reshard_after_forward=par.pp == 1)
     tracker.register_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, _param_groups(params))
@@ -500,7 +508,7 @@ def _measure(
     step_fn = (
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
-        else _plain_step(model, setup, tracker, lp)
+        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value)
     )
     with tracker:
         tracker.set_phase(Phase.LOAD, 0)
@@ -554,6 +562,8 @@ def describe(par: Parallelism, schedule: str = "1f1b") -> str:
     parts = [f"{name}{getattr(par, name)}" for name in ("tp", "pp", "cp") if getattr(par, name) > 1]
     if par.sequence_parallel:
         parts[0] += "+sp"
+    if par.cp > 1 and par.cp_ring is not CpRotate.ALLGATHER:
+        parts[-1] += f"+{par.cp_ring.value}"
     if par.fsdp is FsdpMode.FULL_SHARD:
         parts.append(f"fsdp{par.dp}")
     if par.pp > 1:
@@ -562,16 +572,28 @@ def describe(par: Parallelism, schedule: str = "1f1b") -> str:
 
 
 def _plain_step(
-    model: nn.Module, setup: TrainingSetup, tracker: ParallelTracker, lp: Callable[[], Any]
+    model: nn.Module,
+    setup: TrainingSetup,
+    tracker: ParallelTracker,
+    lp: Callable[[], Any],
+    cp_mesh: Any = None,
+    rotate: str = "allgather",
 ) -> Callable[[torch.Tensor, int], None]:
     def run(ids: torch.Tensor, step: int) -> None:
         for chunk in torch.split(ids, setup.micro_batch):
             tracker.set_phase(Phase.FORWARD, step)
-            with lp():
-                # the positions of the whole sequence: under SP the embedding's output is the rank's
-                # sequence shard, from which LlamaModel would derive too few
-                positions = torch.arange(chunk.shape[1]).unsqueeze(0)
-                loss = model(input_ids=chunk, labels=chunk, position_ids=positions).loss
+            # the positions of the whole sequence: under SP the embedding's output is the rank's
+            # sequence shard, from which LlamaModel would derive too few
+            positions = torch.arange(chunk.shape[1]).unsqueeze(0)
+            labels = chunk
+            cp: Any = nullcontext()
+            if cp_mesh is not None:  # CP shards the micro-batch's own buffers in place, as torchtitan
+                from peakmem.measure.parallel_cp import cp_context
+
+                chunk, labels = chunk.clone(), chunk.clone()
+                cp = cp_context(cp_mesh, [chunk, labels, positions], [1, 1, 1], rotate)
+            with lp(), cp:
+                loss = model(input_ids=chunk, labels=labels, position_ids=positions).loss
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
                 tracker.set_phase(Phase.BACKWARD, step)
@@ -671,6 +693,14 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
+    # context parallelism (measure/parallel_cp.py): torch's context_parallel, all-gather rotate (its
+    # default; what cp_rotate "auto" means under FSDP2); FSDP shards over dp x cp, as torchtitan
+    Parallelism(gpus=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
+    Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, tp=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
+    Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, tp=2, sequence_parallel=True, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, cp=4, fsdp=FsdpMode.FULL_SHARD),
 )
 
 
