@@ -77,9 +77,11 @@ def _check(setup: TrainingSetup, layout: str) -> None:
     # gradients: the trainable ones only, at most twice (DDP's bucket copy); fp32 copies at the step
     # of mixed-precision masters count as the single GPU's do
     assert _grads_held(rank) <= 2 * max(_single_grads(single), _grads_held(single))
-    if layout in DATA_PARALLEL:
+    if layout in DATA_PARALLEL - {"fsdp-8"}:
         assert _activations(rank) == _activations(single)
     else:
+        # FSDP2's forward can peak at its first unit's all-gather, before any layer saved anything (a
+        # LoRA job's activations are small next to a gathered unit): no more than the single GPU's then
         assert _activations(rank) <= _activations(single)
 
 
