@@ -30,7 +30,7 @@ Defaults and limits (vllm/config/lora.py ``LoRAConfig``, vLLM 0.11): ``max_loras
 ``max_cpu_loras`` (the CPU-side LRU cache of adapters, vllm/lora/worker_manager.py
 ``LRUCacheWorkerLoRAManager``) defaults to ``max_loras``.
 
-Embedding / LM-head wrappers (:func:`lora_wrapper_elements`). For a model class that declares
+Embedding / LM-head wrappers (:func:`lora_wrapper_bytes`). For a model class that declares
 ``embedding_modules`` (``{"embed_tokens": "input_embeddings", "lm_head": "output_embeddings"}``),
 ``get_supported_lora_modules`` (vllm/lora/utils.py) adds ``embed_tokens`` and ``lm_head`` to the supported
 modules and ``_create_lora_modules`` wraps them too: ``embed_tokens`` in ``VocabParallelEmbeddingWithLoRA``
@@ -80,6 +80,16 @@ vllm/model_executor/models/interfaces.py; PR #33234 for Qwen2 is open). Other ar
 it (Granite, Jamba, Apertus, ...) were not read one by one and are counted without the wrappers: said in
 the assumptions.
 
+Read (vllm-project/vllm at the commits the code index stores; not every tag named above was checked
+out, the repository being too large to mirror here): vllm/lora/layers/vocal_parallel_embedding.py @0726b06c
+and logits_processor.py @01815c62 (no extra vocabulary), vllm/lora/model_manager.py @01533aa8
+(``_create_lora_modules``), vllm/lora/utils.py @001e63a8 (``get_supported_lora_modules``, ``from_layer``,
+``from_layer_logits_processor``), vllm/model_executor/models/llama.py @0035bdf2 and mistral.py @005df92d
+(``embedding_modules``, the extra-vocabulary rows), qwen2.py @013a2792, qwen3.py @002456df (``{}``) and a
+later qwen3.py (``SupportsEagle3``, declares them), gemma.py @02e37cdc, interfaces.py @002b4cf8,
+vllm/model_executor/layers/vocab_parallel_embedding.py @00db0119; the extra-vocabulary shapes of
+``create_lora_weights`` from the index's excerpts of an early vllm/lora/layers.py.
+
 Not counted: LoRA on MoE experts (vllm/lora/layers/fused_moe.py), and the punica wrapper's index vectors
 (vllm/lora/punica_wrapper/punica_base.py: a few int64 vectors of ``max_num_batched_tokens``, under
 1 MiB): each is said in the estimate's assumptions.
@@ -106,7 +116,7 @@ VLLM_DEFAULT_VOCAB_PADDING_SIZE = 64
 INDEX_BYTES = 8  # torch.long: LogitsProcessorWithLoRA.sharded_to_full_mapping_gpu
 # HF architecture -> the first vLLM release whose model class declares embedding_modules (embed_tokens,
 # lm_head): LlamaForCausalLM (vllm/model_executor/models/llama.py) and MistralForCausalLM (mistral.py
-# before the registry mapped it to the Llama class) from multi-LoRA's first release (PR #1804, 0.2.x);
+# before the registry mapped it to the Llama class) from multi-LoRA's first release (PR #1804, in 0.3.0);
 # Qwen3 dense / MoE from PR #29816 (after the 0.12.0 branch: 0.13 taken, the tag not read).
 VLLM_EMBEDDING_LORA_ARCHITECTURES: dict[str, tuple[int, int]] = {
     "LlamaForCausalLM": (0, 3),
