@@ -11,9 +11,10 @@ from _infer_specs import infer_cli_equals_api, tiny
 from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent
-from peakmem.formulas.serving.lora_slots import lora_slot_bytes
+from peakmem.formulas.serving.lora_slots import lora_slot_bytes, lora_wrapper_bytes
 from peakmem.formulas.serving.prefix import concurrent_with_share, shared_prefix
 from peakmem.inference import InferenceSetup
+from peakmem.model import ModelSpec
 from peakmem.units import GiB
 
 # tiny(): 2 layers, hidden 64, 4 heads x 16, 2 KV heads x 16, MLP 128 (gated), bf16.
@@ -39,6 +40,64 @@ def test_lora_slot_bytes_by_hand() -> None:
     # q 64+32, k 64+16, v 64+16, o 32+64, gate 64+64, up 64+64, down 64+64
     tp2 = 2 * 8 * (96 + 80 + 80 + 96 + 128 + 128 + 128) * 2 * 2
     assert lora_slot_bytes(tiny(), max_loras=2, rank=8, dtype_bytes=2, tp=2) == tp2
+
+
+# Embedding / LM-head wrappers on tiny() (vocab 128, hidden 64, untied) as a Llama, max_loras 2, rank 8, bf16.
+# From vLLM 0.12 (no extra vocabulary): embedding A [2, 128, 8] + B [2, 1, 64, 8]; logits A [2, 1, 8, 64]
+# + B [2, 1, 128, 8]: 2 x (1024 + 512) each.
+WRAP_EMB_NEW = 2 * (128 * 8 + 64 * 8)
+WRAP_LOGITS_NEW = 2 * (8 * 64 + 128 * 8)
+WRAPPERS_NEW = (WRAP_EMB_NEW + WRAP_LOGITS_NEW) * 2
+# Up to 0.11 (E = 256 extra tokens): embedding A [2, 128 + 256, 8] + B [2, 1, 64, 8] + embeddings_tensors
+# [2, 256, 64]; logits A [2, 1, 8, 64] + B [2, 1, ceil(384 / 256) * 256 = 512, 8] + embeddings_tensors
+# [2, 256, 64]; the base embedding gains 256 x 2 rows and the untied LM head pad256(pad256(128) + 256) = 512
+# rows instead of pad64(128) = 128: 384 more, each 64 wide.
+WRAP_EMB_OLD = 2 * (384 * 8 + 64 * 8 + 256 * 64)
+WRAP_LOGITS_OLD = 2 * (8 * 64 + 512 * 8 + 256 * 64)
+EXTRA_ROWS_OLD = (256 * 2 + 384) * 64
+WRAPPERS_OLD = (WRAP_EMB_OLD + WRAP_LOGITS_OLD + EXTRA_ROWS_OLD) * 2
+
+
+def _as(arch: str, *, tied: bool = False, max_pos: int = 1024) -> ModelSpec:
+    return replace(tiny(max_pos=max_pos), architecture=arch, tie_word_embeddings=tied)
+
+
+def test_embedding_and_lm_head_wrappers_by_hand() -> None:
+    llama = _as("LlamaForCausalLM")
+    assert (WRAPPERS_NEW, WRAPPERS_OLD) == (12_288, 278_528)
+    kw = dict(max_loras=2, rank=8, dtype_bytes=2)
+    assert lora_wrapper_bytes(llama, version=(0, 27), **kw) == WRAPPERS_NEW
+    assert lora_wrapper_bytes(llama, version=(0, 12), **kw) == WRAPPERS_NEW
+    assert lora_wrapper_bytes(llama, version=(0, 11), **kw) == WRAPPERS_OLD
+    assert lora_slot_bytes(llama, version=(0, 27), **kw) == SLOTS_2_RANK_8 + WRAPPERS_NEW
+    # tensor parallel 2: the wrappers stay whole on each rank; the extra vocabulary rows split; the logits
+    # wrapper adds an int64 index of the LM head's padded vocabulary (128 rows from 0.12, 512 up to 0.11)
+    assert lora_wrapper_bytes(llama, version=(0, 27), tp=2, **kw) == WRAPPERS_NEW + 128 * 8
+    old_tp2 = (WRAP_EMB_OLD + WRAP_LOGITS_OLD + (256 + 192) * 64) * 2 + 512 * 8
+    assert lora_wrapper_bytes(llama, version=(0, 11), tp=2, **kw) == old_tp2 == 225_280
+    # Qwen3 declares embedding_modules from 0.13; tied, its lm_head IS embed_tokens: two embedding wrappers
+    qwen3 = _as("Qwen3ForCausalLM", tied=True)
+    assert lora_wrapper_bytes(qwen3, version=(0, 27), **kw) == (2 * WRAP_EMB_NEW + WRAP_LOGITS_NEW) * 2
+    assert lora_wrapper_bytes(_as("Qwen3ForCausalLM"), version=(0, 27), **kw) == WRAPPERS_NEW
+    assert lora_wrapper_bytes(qwen3, version=(0, 12), **kw) == 0
+    # Qwen2 (embedding_modules = {}) and an unknown architecture: none
+    assert lora_wrapper_bytes(_as("Qwen2ForCausalLM"), version=(0, 27), **kw) == 0
+    assert lora_wrapper_bytes(tiny(), version=(0, 27), **kw) == 0
+
+
+def test_the_wrappers_shrink_the_pool_with_the_slots() -> None:
+    spec = _as("LlamaForCausalLM", max_pos=2048)
+    base = estimate_inference(spec, _vllm(context=1024, engine_version="0.11"))
+    lora = estimate_inference(spec, _vllm(context=1024, engine_version="0.11", max_loras=2, max_lora_rank=8))
+    total = SLOTS_2_RANK_8 + WRAPPERS_OLD
+    assert lora.extra["lora_wrapper_bytes"] == WRAPPERS_OLD
+    assert lora.extra["lora_slot_bytes"] == lora.extra["kv_pool_lora_shrink_bytes"] == total
+    pool = base.extra["kv_pool_bytes"]
+    assert isinstance(pool, int) and lora.extra["kv_pool_bytes"] == pool - total
+    assert any("embedding / LM-head wrappers (278528 B" in a for a in lora.assumptions)
+    plain = estimate_inference(tiny(max_pos=2048), _vllm(context=1024, max_loras=2, max_lora_rank=8))
+    assert plain.extra["lora_wrapper_bytes"] == 0
+    assert any("no embedding / LM-head wrappers" in a for a in plain.assumptions)
 
 
 def test_lora_slots_shrink_the_vllm_pool_by_exactly_their_bytes() -> None:

@@ -32,7 +32,12 @@ from peakmem.formulas.serving.cuda_graphs import (
     graph_note,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
-from peakmem.formulas.serving.lora_slots import VLLM_LORA_PROFILED_RELEASE, lora_slot_bytes
+from peakmem.formulas.serving.lora_slots import (
+    VLLM_LORA_PROFILED_RELEASE,
+    has_embedding_lora,
+    lora_slot_bytes,
+    lora_wrapper_bytes,
+)
 from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.serving.sglang_spec import (
@@ -111,10 +116,20 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     if lora is not None:
         extra["lora_slot_bytes"] = lora.bytes
+        wrappers = lora_wrapper_bytes(c.spec, max_loras=s.lora_slots, rank=s.lora_rank,
+                                      dtype_bytes=c.act_bytes, tp=s.tp, version=s.version)  # fmt: skip
+        extra["lora_wrapper_bytes"] = wrappers
+        counted = (
+            f"and the embedding / LM-head wrappers ({wrappers} B: {c.spec.architecture} declares "
+            "embedding_modules in this release)"
+            if has_embedding_lora(c.spec, s.version)
+            else f"no embedding / LM-head wrappers ({c.spec.architecture} declares no embedding_modules in "
+            "this release, or its declaration was not read)"
+        )
         notes.append(
-            "LoRA slots: vLLM's A/B stacks of every decoder Linear; not counted: embedding / LM-head LoRA "
-            "wrappers, LoRA on MoE experts, punica index buffers (< 1 MiB); the adapters' CPU cache "
-            "(max_cpu_loras, default max_loras) is host RAM"
+            f"LoRA slots: vLLM's A/B stacks of every decoder Linear {counted}; not counted: LoRA on MoE "
+            "experts, punica index buffers (< 1 MiB); the adapters' CPU cache (max_cpu_loras, default "
+            "max_loras) is host RAM"
         )
     if s.gpu_bytes is not None:
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
@@ -260,12 +275,13 @@ def _prefix_share(c: ServingContext, block: int) -> PrefixShare:
 
 
 def _lora_item(c: ServingContext) -> MemoryItem | None:
-    """vLLM's preallocated LoRA slots (formulas/serving/lora_slots.py), in the model's dtype."""
+    """vLLM's preallocated LoRA slots (formulas/serving/lora_slots.py), in the model's dtype: the decoder
+    Linears' stacks and, where the release wraps them, the embedding / LM-head wrappers."""
     s = c.setup
     if not s.lora_slots:
         return None
     nbytes = lora_slot_bytes(
-        c.spec, max_loras=s.lora_slots, rank=s.lora_rank, dtype_bytes=c.act_bytes, tp=s.tp
+        c.spec, max_loras=s.lora_slots, rank=s.lora_rank, dtype_bytes=c.act_bytes, tp=s.tp, version=s.version
     )
     return MemoryItem(
         path=f"LoRA slots ({s.lora_slots} x rank {s.lora_rank})",
