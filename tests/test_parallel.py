@@ -206,3 +206,36 @@ def test_loss_parallel_head_by_hand() -> None:
     assert mp.loss_parallel_extra(head, Parallelism(gpus=4, tp=4, zero_stage=1)) == 0
     fused = HeadActivations(saved=(), forward_transient=0, backward_transient=0, logits_grad=0)
     assert mp.loss_parallel_extra(fused, tp4) == 0
+
+
+def test_sp_head_gather_and_input_grad_by_hand() -> None:
+    """The head on a TP rank where whole T x H tensors meet the vocab-sharded ones (formulas/
+    model_parallel.py sp_head_gather, tp_head_input_grad; measured with the oracle): T = 100 tokens,
+    H = 8, V = 64, fp32, tp 4. Under SP the head-input gather holds the functional all-gather's buffer
+    (T x H x 4 = 3,200 B) and the final norm's shard (800 B) beyond the saved gathered input; in backward
+    the head's whole input gradient (3,200 B) sits next to the logits' gradient shard (T x V/4 x 4)."""
+    from peakmem.breakdown import Category, MemoryItem
+    from peakmem.formulas import model_parallel as mp
+    from peakmem.formulas.loss import HeadActivations
+
+    t, h, v = 100, 8, 64
+    lm_in = MemoryItem("lm_head input", Category.ACTIVATIONS, t * h * 4, "", "head.lm_head_input")
+    log_sm = MemoryItem(
+        "loss.log_softmax output (fp32)", Category.ACTIVATIONS, t * v * 4, "", "loss.log_softmax"
+    )
+    logits = t * v * 4
+    head = HeadActivations(saved=(lm_in, log_sm), forward_transient=logits, backward_transient=2 * logits,
+                           logits_grad=logits)  # fmt: skip
+    sp = Parallelism(gpus=4, tp=4, sequence_parallel=True)
+    assert mp.sp_head_gather(head, sp) == 3_200 + 800
+    assert mp.sp_head_gather(head, Parallelism(gpus=4, tp=4)) == 0  # no gather without SP
+    assert mp.tp_head_input_grad(head, sp) == 6_400 + 3_200
+    assert mp.tp_head_input_grad(head, Parallelism(gpus=4, tp=4, zero_stage=1)) == 0
+    local = mp.tp_head_activations(head, sp)
+    # forward: the kernels' T x V/4 logits (6,400) and loss_parallel's extra log-softmax copy (6,400)
+    # against the gather's 4,000; backward: 2 x 6,400 + 6,400 against 9,600
+    assert local.forward_transient == max(6_400 + 6_400, 4_000) == 12_800
+    assert local.backward_transient == max(12_800 + 6_400, 9_600) == 19_200
+    small = mp.tp_head_activations(HeadActivations(saved=(lm_in,), forward_transient=0, backward_transient=0,
+                                                   logits_grad=t * v * 4), sp)  # fmt: skip
+    assert small.forward_transient == 4_000 and small.backward_transient == 9_600  # the SP terms decide
