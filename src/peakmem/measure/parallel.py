@@ -59,6 +59,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
+from peakmem.measure.parallel_cp import ROTATE_METHODS, cp_plain_step, cpu_ring_attention
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
@@ -218,8 +219,10 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
         )
     if par.sequence_parallel and par.pp > 1:
         raise InputError("sp with pp: the oracle's pipeline stages pass whole sequences")
-    if par.cp > 1:
-        raise InputError(f"cp={par.cp}: torch's context_parallel is not wired into this oracle")
+    if par.cp > 1 and (par.pp > 1 or par.sequence_parallel):
+        raise InputError(f"cp={par.cp} with pp or sp: the oracle runs CP with tp and FSDP2 only")
+    if par.cp > 1 and setup.seq_len % (2 * par.cp):
+        raise InputError(f"seq_len={setup.seq_len}: CP's head-tail load balancing needs a multiple of 2 x cp")
     if schedule not in SCHEDULES:
         raise InputError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if par.pp > 1 and schedule == "1f1b" and setup.grad_accum < par.pp:
@@ -345,6 +348,7 @@ def measure_rank(
     seed: int = 0,
     schedule: str = "1f1b",
     isolate: bool = True,
+    rotate: str = "allgather",
 ) -> RankMeasurement:
     """Run ``steps`` training steps of ``config`` laid out as ``par`` and measure what ``rank`` holds.
 
@@ -356,12 +360,14 @@ def measure_rank(
     fake world in the same process fails (DTensor's functional collectives resolve a destroyed group of
     the first world by name), so every rank gets a fresh process."""
     _check(config, setup, par, rank, schedule)
+    if rotate not in ROTATE_METHODS:
+        raise InputError(f"rotate={rotate!r}: choose one of {', '.join(ROTATE_METHODS)}")
     if not isolate:
-        return _measure_here(config, setup, par, rank, steps, seed, schedule)
+        return _measure_here(config, setup, par, rank, steps, seed, schedule, rotate)
     ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
-        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule), daemon=True
+        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule, rotate), daemon=True
     )
     child.start()
     send.close()
@@ -448,13 +454,14 @@ def _measure_here(
     steps: int,
     seed: int,
     schedule: str,
+    rotate: str,
 ) -> RankMeasurement:
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()  # frees at refcount zero, deterministically
     try:
         with fake_world(par, rank) as mesh:
-            return _measure(config, setup, par, rank, mesh, steps, seed, schedule)
+            return _measure(config, setup, par, rank, mesh, steps, seed, schedule, rotate)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -469,6 +476,7 @@ def _measure(
     steps: int,
     seed: int,
     schedule: str,
+    rotate: str,
 ) -> RankMeasurement:
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -483,7 +491,8 @@ def _measure(
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
     if par.fsdp is FsdpMode.FULL_SHARD:
         root = stage_module if stage_module is not None else model
-        _apply_fsdp(model, root, mesh["dp"], setup, reshard_after_forward=par.pp == 1)
+        fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]  # dp_shard_cp
+        _apply_fsdp(model, root, fsdp_mesh, setup, reshard_after_forward=par.pp == 1)
     tracker = ParallelTracker(device_type="cpu")
     tracker.register_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -494,9 +503,11 @@ def _measure(
     step_fn = (
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
+        else cp_plain_step(model, setup, tracker, lp, mesh["cp"], rotate)
+        if par.cp > 1
         else _plain_step(model, setup, tracker, lp)
     )
-    with tracker:
+    with tracker, cpu_ring_attention() if par.cp > 1 else nullcontext():
         tracker.set_phase(Phase.LOAD, 0)
         tracker.watch_gradients(model.named_parameters())
         for step in range(1, steps + 1):
