@@ -140,8 +140,12 @@ def test_bad_layouts_are_refused() -> None:
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), 4)
     with pytest.raises(InputError, match="sp with pp"):
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, tp=2, pp=2, sequence_parallel=True), 0)
-    with pytest.raises(InputError, match="cp=2"):
-        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0)
+    with pytest.raises(InputError, match="cp=2 with pp"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, cp=2, pp=2), 0)
+    with pytest.raises(InputError, match="seq_len=62"):
+        measure_rank(TINY_LLAMA, replace(SETUP, seq_len=62), Parallelism(gpus=2, cp=2), 0)
+    with pytest.raises(InputError, match="rotate='ring'"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0, rotate="ring")
     with pytest.raises(InputError, match="grad_accum=1"):
         one = TrainingSetup(precision=Precision.FP32, micro_batch=2, seq_len=64)
         measure_rank(TINY_LLAMA, one, Parallelism(gpus=2, pp=2), 0)

@@ -664,7 +664,7 @@ TINY_LLAMA: dict[str, Any] = {
     "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
 }  # fmt: skip
-# The grid: every degree alone (TP with and without torchtitan's SP), the 2-D products and the 3-D one
+# The grid: every degree alone (TP with and without torchtitan's SP), the 2-D products and the 3-D ones
 # (8 ranks).
 GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
@@ -676,6 +676,11 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
+    # context parallelism (torch's context_parallel, measure/parallel_cp.py); FSDP2 shards over dp x cp
+    Parallelism(gpus=2, cp=2),
+    Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=4, tp=2, cp=2),
+    Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
 )
 
 
