@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from peakmem.breakdown import MemoryItem
+from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import Layer, ModelSpec, Tensor
 from peakmem.parallel import FsdpMode, Parallelism, PipelineSchedule
 
@@ -336,20 +336,35 @@ def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[Memory
 
 
 def tp_layer_activations(
-    la: LayerActivations, par: Parallelism, ring_kv_bytes: int, dispatch_bytes: int = 0
+    la: LayerActivations, par: Parallelism, ring: RingBuffers | int, dispatch_bytes: int = 0
 ) -> LayerActivations:
     """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
-    context-parallel ring buffers (2 K/V chunks in forward, 2 chunks + fp32 dK/dV in backward) and
-    the expert-parallel all-to-all buffer (forward and backward)."""
+    context-parallel ring buffers (:func:`ring_buffers`; an int is one K/V chunk under Megatron's p2p
+    ring: 2 chunks in forward, 2 chunks + fp32 dK/dV in backward) and the expert-parallel all-to-all
+    buffer (forward and backward)."""
+    if isinstance(ring, int):
+        ring = p2p_ring_buffers(ring)
     saved = split_items(la.saved, par)
-    ring_fwd = 2 * ring_kv_bytes + dispatch_bytes
-    ring_bwd = 2 * ring_kv_bytes + ring_kv_bytes * 2 + dispatch_bytes  # fp32 dK/dV: 2x the 16-bit chunk
+    ring_forward, ring_backward = ring.forward, ring.backward + dispatch_bytes
+    backward = cdiv(la.backward_transient, par.tp) + ring_backward
+    if ring.at_core:  # alive at the attention core only: before the layer's MLP saves anything in
+        # forward (LayerActivations.forward_headroom), in the attention half of its backward
+        ring_forward = max(0, ring.forward - cdiv(la.forward_headroom, par.tp))
+        if len(la.backward_stages) == 2:  # (the MLP half's, the attention core's): layer.py
+            att_net = la.backward_stages[1][0]
+            backward = max(cdiv(la.backward_transient, par.tp), cdiv(att_net, par.tp) + ring_backward)
+    if ring.saved:
+        saved = (*saved, MemoryItem(
+            path="attn.output copy (o_proj input; context parallel's merged output is [B, H, S, D])",
+            category=Category.ACTIVATIONS, bytes=ring.saved, source=SRC_TORCH_CP_OUTPUT,
+            key="attn.cp_output_copy",
+        ))  # fmt: skip
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
-        forward_transient=cdiv(la.forward_transient, par.tp) + ring_fwd,
-        backward_transient=cdiv(la.backward_transient, par.tp) + ring_bwd,
+        forward_transient=cdiv(la.forward_transient, par.tp) + ring_forward + dispatch_bytes,
+        backward_transient=backward,
     )
 
 
@@ -405,3 +420,89 @@ def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par
         return 0
     att = layer.attention
     return tokens_local * cdiv(att.num_kv_heads, par.tp) * (att.head_dim + att.v_head_dim) * compute_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingBuffers:
+    """What context parallelism's ring attention adds to one layer on one rank: the largest extra
+    alive during its forward and during its backward, beyond what the same layer's SDPA kernel holds
+    without CP (its output and logsumexp, its dQ/dK/dV), and bytes it adds to the layer's saved
+    tensors."""
+
+    forward: int
+    backward: int
+    saved: int = 0
+    at_core: bool = False  # alive only at the attention core (else added to the whole layer, as before)
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "saved"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RingBuffers.{name}={getattr(self, name)}: must be >= 0")
+
+
+def p2p_ring_buffers(kv_chunk: int) -> RingBuffers:
+    """Megatron-Core / Transformer Engine's p2p ring (``AttnFuncWithCPAndKVP2P``): double-buffered
+    K/V receive in forward; in backward the same plus the fp32 dK/dV being passed on (2x a 16-bit
+    chunk)."""
+    return RingBuffers(forward=2 * kv_chunk, backward=2 * kv_chunk + 2 * kv_chunk)
+
+
+SRC_TORCH_CP = (
+    "torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py "
+    "_templated_ring_attention(_backward), _AllGatherRotater, _SDPAMerger (torchtitan b5bcd76 default "
+    "context_parallel_rotate_method='allgather'); measured with peakmem.measure.parallel_cp"
+)
+SRC_TORCH_CP_OUTPUT = (
+    "torch 2.13 _context_parallel/_attention.py _partial_update (torch.cat of the load-balanced merge: "
+    "a contiguous [B, H, S, D] output) + the model's attn_output.transpose(1, 2).contiguous() "
+    "(transformers modeling_llama.py; torchtitan models/llama3/model.py Attention.forward)"
+)
+FP32_BYTES = 4  # _ContextParallelOptions.convert_to_f32 = True: merger and gradient accumulators in fp32
+
+
+def torch_context_parallel(par: Parallelism) -> bool:
+    """CP is torch's ``context_parallel`` (torchtitan) unless the job runs under DeepSpeed: the same
+    rule as the pipeline's, where a model-parallel job without ZeRO is torch.distributed.pipelining
+    (estimate.py ``torch_pipeline_buffers``); DeepSpeed runs sequence parallelism as Ulysses."""
+    return par.cp > 1 and par.zero_stage == 0
+
+
+def ring_buffers(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> RingBuffers:
+    """Ring attention's buffers on one rank (``layer`` as :func:`ring_kv_chunk_bytes` takes it).
+
+    torch's ``context_parallel`` with the all-gather rotater (torch's and torchtitan's default; n = cp,
+    kv = :func:`ring_kv_chunk_bytes`, q = the rank's query / output bytes, f = 4 / compute bytes):
+
+    * forward, at the first ring step: the all-gathered ``cat(k, v)`` of every rank (n kv, kept for
+      the whole ring: ``_AllGatherRotater`` gathers once), the local ``cat`` being sent (kv), the
+      ``key.contiguous()`` / ``value.contiguous()`` copies (kv: SDPA's K and V arrive transposed) and,
+      below fp32, the merger's fp32 copy of the block output (f q): ``(n + 2) kv [+ f q]``;
+    * backward: the backward's own all-gather (n kv), the contiguous K/V copies (kv), two ``cat(k, v)``
+      for n > 2 (kv each: the next one is built while ``next_kv`` still holds the previous; one for
+      n = 2, where only step 0 sends), the step's dK/dV (kv, beyond the kernel's own), the fp32
+      ``grad_key``/``grad_value`` accumulators, their ``cat`` and the all-to-all receive buffer
+      (3 f kv), the fp32 ``grad_query`` accumulator (f q): ``(n + 3) kv + 3 f kv + f q`` (n > 2);
+    * saved: under head-tail load balancing the rank's merged output is a ``torch.cat``
+      (``_partial_update``), contiguous as ``[B, H, S, D]``, so the model's ``transpose(1, 2)
+      .contiguous()`` before the output projection copies it: one more q per layer (on the first
+      rank, which merges partially at every step; the peak is the largest rank's).
+
+    Measured alone with the CPU ring (tests/test_context_parallel.py): these are exact in fp32 and
+    bf16 for n >= 4, MHA and GQA, except the bf16 GQA forward, whose peak is a later merge step
+    (2 fp32 merge temporaries, measured 20% above this ring term); at n = 2 they are up to 1.5 q high.
+    Megatron / DeepSpeed: :func:`p2p_ring_buffers`."""
+    kv = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
+    if not torch_context_parallel(par):
+        return p2p_ring_buffers(kv)
+    att = layer.attention
+    heads = tokens_local * cdiv(att.num_heads, par.tp) * compute_bytes
+    q, out = heads * att.head_dim, heads * att.v_head_dim  # grad_query is q's shape, the merger out's
+
+    def f32(nbytes: int) -> int:
+        return nbytes * FP32_BYTES // compute_bytes
+
+    n = par.cp
+    fwd = (n + 2) * kv + (f32(out) if compute_bytes < FP32_BYTES else 0)
+    cats = 2 if n > 2 else 1  # a second cat(k, v) exists from step 1, sent only while i != n - 1
+    bwd = (n + 1 + cats) * kv + 3 * f32(kv) + f32(q)
+    return RingBuffers(forward=fwd, backward=bwd, saved=out, at_core=True)
