@@ -121,6 +121,35 @@ def test_fsdp2_under_pp_with_a_large_root_within_tolerance(par: Parallelism, pre
     assert not misses, "; ".join(misses)
 
 
+# Attention-heavy: a narrow MLP (64) and a 64-token vocabulary, so that at 64 local tokens per rank the
+# ring attention's buffers decide the forward and backward peaks.
+ATTENTION_HEAVY: dict[str, Any] = {**TINY_LLAMA, "intermediate_size": 64, "vocab_size": 64}
+CP4 = Parallelism(gpus=4, cp=4, fsdp=FsdpMode.FULL_SHARD)
+
+
+def test_context_parallel_ring_buffers_within_tolerance() -> None:
+    """torch's context_parallel (allgather rotate) where its ring buffers are the peak: cp4 x FSDP2 over
+    the 4 CP ranks, 4 KV heads, seq 256 (64 local tokens), fp32. Measured +1.4% forward, +1.1% backward;
+    with the Megatron p2p ring formula it read (same oracle, the attention-heavy model without FSDP,
+    cp2 / cp4 / cp8 at 64 local tokens) -3.2 / -6.1 / -16.1% forward and -10.8 / -16.6 / -23.9%
+    backward: the all-gathered K/V grows with cp (formulas.model_parallel.ring_buffers)."""
+    setup = replace(SETUP, seq_len=256, grad_accum=1)
+    misses = _misses(CP4, setup, {**ATTENTION_HEAVY, "num_key_value_heads": 4})
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bf16 GQA: the ring forward's peak is a later merge step (the merger's fp32 output, the block "
+    "output and its fp32 copy, two fp32 merge temporaries), not the first step ring_buffers models: "
+    "forward -5.9% measured (backward +0.8%)",
+)
+def test_context_parallel_bf16_gqa_forward_within_tolerance() -> None:
+    setup = replace(SETUP, seq_len=256, grad_accum=1, precision=Precision.MIXED_BF16)
+    misses = _misses(CP4, setup, ATTENTION_HEAVY)
+    assert not misses, "; ".join(misses)
+
+
 def test_fsdp2_shards_and_states_by_hand() -> None:
     """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
     holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
