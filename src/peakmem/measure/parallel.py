@@ -29,6 +29,9 @@ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a):
   forward), ``reshard_after_forward`` = not pp (``torchtitan/distributed/fsdp.py``
   ``get_fsdp_reshard_after_forward_policy("default", pp_enabled)``); mixed precision through
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+* CP (:mod:`peakmem.measure.parallel_cp`): torch's ``context_parallel`` over the ``cp`` mesh dimension
+  around each micro-batch's forward and backward, its ring attention run on the CPU's flash kernel;
+  FSDP2 then shards over ``dp x cp`` (torchtitan's ``dp_shard_cp``);
 * PP (``torchtitan/distributed/pipeline_parallel.py``): contiguous stages of decoder layers, the first
   with the embedding, the last with the final norm, head and loss; ``torch.distributed.pipelining``
   ``PipelineStage`` with static input/output shapes and ``Schedule1F1B`` / ``ScheduleGPipe`` over
@@ -709,16 +712,25 @@ def rank_types(par: Parallelism) -> tuple[int, ...]:
 
 
 def compare_rank(
-    config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank: int, *, schedule: str = "1f1b"
+    config: dict[str, Any],
+    setup: TrainingSetup,
+    par: Parallelism,
+    rank: int,
+    *,
+    schedule: str = "1f1b",
+    rotate: str = "allgather",
 ) -> tuple[PhaseCheck, ...]:
     """The oracle's per-phase peaks of ``rank`` next to ``peakmem.ranks.estimate_ranks`` for the same
-    rank type (``setup`` should carry ``KernelPolicy.CPU``: the CPU's kernels decide the bytes)."""
+    rank type (``setup`` should carry ``KernelPolicy.CPU``: the CPU's kernels decide the bytes). CP's
+    ``rotate="alltoall"`` is oracle only (peakmem models torch's default, the all-gather)."""
     from peakmem.hf import spec_from_config
     from peakmem.ranks import estimate_ranks
 
-    m = measure_rank(config, setup, par, rank, schedule=schedule)
+    m = measure_rank(config, setup, par, rank, schedule=schedule, rotate=rotate)
     ana: dict[Phase, int] = {}
-    if schedule == "1f1b":  # peakmem's pipeline schedules are 1F1B and interleaved
+    if schedule == "1f1b" and (
+        par.cp == 1 or rotate == "allgather"
+    ):  # peakmem's schedules: 1F1B, interleaved
         spec = spec_from_config(config, name=str(config.get("model_type")))
         est = estimate_ranks(spec, setup, par).role(m.role).estimate
         ana = {p.phase: p.bytes for p in est.phases}

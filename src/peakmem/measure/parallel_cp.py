@@ -49,7 +49,7 @@ def _wrap(local: torch.Tensor, mesh: Any) -> Any:
     shape[SEQ_DIM] *= mesh.size()
     meta = TensorMeta(torch.Size(shape), torch.empty(shape, device="meta").stride(), local.dtype)
     spec = DTensorSpec(mesh, (Shard(SEQ_DIM),), tensor_meta=meta)
-    return DTensor(local, spec, requires_grad=False)
+    return DTensor(local, spec, requires_grad=False)  # type: ignore[no-untyped-call]
 
 
 def _local(x: Any) -> Any:
