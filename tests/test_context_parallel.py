@@ -20,6 +20,7 @@ from peakmem.parallel import Parallelism
 from test_parallel import tiny
 
 KV = Q = 8_192
+LSE = 64 * 8 * 4  # the fp32 logsumexp of the rank's 64 tokens x 8 heads
 
 
 def _ring(par: Parallelism, compute_bytes: int = 2) -> mp.RingBuffers:
@@ -28,8 +29,13 @@ def _ring(par: Parallelism, compute_bytes: int = 2) -> mp.RingBuffers:
 
 def test_torch_ring_by_hand() -> None:
     r = _ring(Parallelism(gpus=4, cp=4))
-    # forward: 4 gathered chunks + the sent cat + the contiguous K/V copies, + the fp32 block output
-    assert r.forward == (4 + 2) * KV + 2 * Q == 65_536
+    # forward, first step: 4 gathered chunks + the sent cat + the contiguous K/V copies + the fp32 block
+    # output; a merge step: 4 gathered chunks, fp32 merger out 2Q, fp32 half-block out - block_out Q,
+    # its fp32 copy Q, one more fp32 2Q, the bf16 half block Q/2, 2 logsumexps (64 x 8 x 4 = 2,048 each),
+    # less the kernel's own output and logsumexp: the merge step is larger
+    first = (4 + 2) * KV + 2 * Q
+    merge = 4 * KV + (2 * Q + Q + Q + 2 * Q) + Q // 2 + 2 * LSE - (Q + LSE)
+    assert (first, merge) == (65_536, 79_872) and r.forward == merge
     # backward: 4 gathered + contiguous + 2 cats + step dK/dV, 3 fp32 dK/dV buffers, fp32 grad_query
     assert r.backward == (4 + 1 + 2) * KV + 3 * 2 * KV + 2 * Q == 122_880
     assert r.saved == Q and r.at_core
@@ -37,11 +43,16 @@ def test_torch_ring_by_hand() -> None:
 
 def test_torch_ring_at_cp2_fp32_and_under_tp() -> None:
     assert _ring(Parallelism(gpus=2, cp=2)).backward == (2 + 1 + 1) * KV + 3 * 2 * KV + 2 * Q  # one cat
-    assert _ring(Parallelism(gpus=2, cp=2)).forward == 4 * KV + 2 * Q
-    fp32 = _ring(Parallelism(gpus=4, cp=4), compute_bytes=4)  # no fp32 copy of the block output
-    assert (fp32.forward, fp32.backward) == (6 * 2 * KV, 7 * 2 * KV + 3 * 2 * KV + 2 * Q)
-    tp = _ring(Parallelism(gpus=8, tp=2, cp=4))  # heads and KV heads halve: kv = q = 4,096
-    assert (tp.forward, tp.backward, tp.saved) == (6 * 4096 + 8192, 7 * 4096 + 3 * 8192 + 8192, 4096)
+    assert (
+        _ring(Parallelism(gpus=2, cp=2)).forward == 2 * KV + 5 * Q + Q // 2 + LSE
+    )  # the merge step: 6 Q fp32 less the output Q
+    # fp32 (kv = q = 16,384): the .to(float32) copies are no-ops, the first step is the larger
+    fp32 = _ring(Parallelism(gpus=4, cp=4), compute_bytes=4)
+    merge = 4 * 2 * KV + (2 * Q + Q) + Q + 2 * LSE - (2 * Q + LSE)
+    assert merge == 83_968 and (fp32.forward, fp32.backward) == (6 * 2 * KV, 7 * 2 * KV + 3 * 2 * KV + 2 * Q)
+    tp = _ring(Parallelism(gpus=8, tp=2, cp=4))  # heads and KV heads halve: kv = q = 4,096, lse 1,024
+    assert tp.forward == 4 * 4096 + 5 * 4096 + 2048 + 1024  # the merge step
+    assert (tp.backward, tp.saved) == (7 * 4096 + 3 * 8192 + 8192, 4096)
 
 
 def test_deepspeed_keeps_the_p2p_ring() -> None:
@@ -79,11 +90,12 @@ RING_ALONE = textwrap.dedent("""
     from torch.distributed.tensor.experimental._context_parallel import _attention as A
     fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    CASES = ((torch.float32, 4), (torch.bfloat16, 4), (torch.float32, 2), (torch.bfloat16, 2))
     gc.disable()
     with fake_world(Parallelism(gpus=4, cp=4), 0) as mesh:
         A.set_rotate_method("allgather")
         group = mesh["cp"].get_group()
-        for dtype, kv_heads in ((torch.float32, 4), (torch.bfloat16, 4), (torch.float32, 2)):
+        for dtype, kv_heads in CASES:
             tr = ParallelTracker(device_type="cpu")
             with tr:
                 tr.set_phase(Phase.LOAD, 0)
@@ -113,13 +125,12 @@ def test_torch_ring_alone_matches_the_formula() -> None:
     """torch's ring attention on the CPU (rank 0 of 4, allgather, head-tail load balancing), its peaks
     beyond the SDPA kernel's own output / gradients, against the formula at the same shapes (2 x 64
     local tokens, 4 heads of 32, bf16 and fp32, MHA and 2 KV heads; measured: exact but for one fp32
-    logsumexp in the fp32 GQA forward). The bf16 GQA forward is left out: its peak is a later merge step
-    (see ring_buffers)."""
+    logsumexp in the fp32 GQA forward; the bf16 GQA forward peaks at a merge step)."""
     pytest.importorskip("torch.testing._internal.distributed.fake_pg")
     run = subprocess.run([sys.executable, "-c", RING_ALONE], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith("torch.")]
-    assert len(rows) == 3
+    assert len(rows) == 4
     for dtype, kv_heads, fwd, bwd in rows:
         c = 4 if dtype == "torch.float32" else 2
         spec = tiny(hidden_size=128, num_attention_heads=4, num_key_value_heads=int(kv_heads))

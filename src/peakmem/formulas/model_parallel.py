@@ -476,7 +476,12 @@ def ring_buffers(layer: Layer, tokens_local: int, compute_bytes: int, par: Paral
     * forward, at the first ring step: the all-gathered ``cat(k, v)`` of every rank (n kv, kept for
       the whole ring: ``_AllGatherRotater`` gathers once), the local ``cat`` being sent (kv), the
       ``key.contiguous()`` / ``value.contiguous()`` copies (kv: SDPA's K and V arrive transposed) and,
-      below fp32, the merger's fp32 copy of the block output (f q): ``(n + 2) kv [+ f q]``;
+      below fp32, the merger's fp32 copy of the block output (f q): ``(n + 2) kv [+ f q]``; or, if
+      larger (bf16 with GQA, where kv is small next to q), a load-balanced merge step of
+      ``_SDPAMerger._merge_one``: n kv, the merger's fp32 output (f q), the half-query block's output
+      (q / 2), ``out - block_out`` (f q / 2) and below fp32 the block's fp32 copy (f q / 2) and one more
+      fp32 q-sized buffer (seen by the oracle as ``_to_copy``; not traced to a line), less the kernel's
+      own output, which does not exist yet: ``n kv + 5.5 q`` in bf16;
     * backward: the backward's own all-gather (n kv), the contiguous K/V copies (kv), two ``cat(k, v)``
       for n > 2 (kv each: the next one is built while ``next_kv`` still holds the previous; one for
       n = 2, where only step 0 sends), the step's dK/dV (kv, beyond the kernel's own), the fp32
@@ -487,9 +492,8 @@ def ring_buffers(layer: Layer, tokens_local: int, compute_bytes: int, par: Paral
       .contiguous()`` before the output projection copies it: one more q per layer (on the first
       rank, which merges partially at every step; the peak is the largest rank's).
 
-    Measured alone with the CPU ring (tests/test_context_parallel.py): these are exact in fp32 and
-    bf16 for n >= 4, MHA and GQA, except the bf16 GQA forward, whose peak is a later merge step
-    (2 fp32 merge temporaries, measured 20% above this ring term); at n = 2 they are up to 1.5 q high.
+    Measured alone with the CPU ring (tests/test_context_parallel.py): exact in fp32 and bf16 for
+    n >= 4, MHA and GQA, up to one logsumexp; at n = 2 up to 1.5 q high.
     Megatron / DeepSpeed: :func:`p2p_ring_buffers`."""
     kv = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
     if not torch_context_parallel(par):
@@ -502,7 +506,16 @@ def ring_buffers(layer: Layer, tokens_local: int, compute_bytes: int, par: Paral
         return nbytes * FP32_BYTES // compute_bytes
 
     n = par.cp
-    fwd = (n + 2) * kv + (f32(out) if compute_bytes < FP32_BYTES else 0)
+    lse = tokens_local * cdiv(att.num_heads, par.tp) * FP32_BYTES
+    below_fp32 = compute_bytes < FP32_BYTES  # the merger's .to(float32) copies; no-ops in fp32
+    first = (n + 2) * kv + (f32(out) if below_fp32 else 0)
+    # a load-balanced merge step (i > rank: half the queries): the merger's fp32 out, the block's half
+    # output, out - block_out (fp32, half), below fp32 the block's fp32 copy (half) and a second fp32
+    # out-sized buffer (measured: _to_copy), the logsumexps; less the kernel's own out and logsumexp,
+    # which do not exist yet
+    merge_fp32 = f32(out) + f32(out) // 2 + (f32(out) // 2 + f32(out) if below_fp32 else 0)
+    merge = n * kv + merge_fp32 + out // 2 + 2 * lse - (out + lse)
+    fwd = max(first, merge)
     cats = 2 if n > 2 else 1  # a second cat(k, v) exists from step 1, sent only while i != n - 1
     bwd = (n + 1 + cats) * kv + 3 * f32(kv) + f32(q)
     return RingBuffers(forward=fwd, backward=bwd, saved=out, at_core=True)
