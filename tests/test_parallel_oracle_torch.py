@@ -31,7 +31,7 @@ from peakmem.measure.parallel import (  # noqa: E402
     measure_rank,
     rank_types,
 )
-from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism  # noqa: E402
 from peakmem.training import KernelPolicy, OptimizerImpl, Precision, TrainingSetup  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -43,7 +43,14 @@ SETUP = TrainingSetup(
 )  # fmt: skip
 # Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
 # benchmarks/parallel_oracle.py), with why.
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    "cp4 x fsdp2": (
+        "backward +8.7% (4,914,432 estimated, 4,520,028 measured; +5.8% with the p2p ring term): the "
+        "estimate's fsdp.units is 3 units (2,178,048 B) where the oracle holds 2 (its reduce-scatter "
+        "'empty' buffers 726,016 B at the backward peak); dp8 x fsdp2 at the same shard degree prices 2 "
+        "(1,452,032). The FSDP2 terms (formulas/fsdp2.py) under cp, not the ring's"
+    ),
+}
 # A 16k vocabulary: the logits and the root FSDP unit outweigh a micro-batch's layer activations.
 LARGE_VOCAB: dict[str, Any] = {**TINY_LLAMA, "vocab_size": 16384}
 
@@ -77,6 +84,17 @@ def test_every_phase_of_every_rank_within_tolerance(par: Parallelism) -> None:
         Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
         Parallelism(gpus=4, tp=2, fsdp=FsdpMode.FULL_SHARD),
         Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
+        pytest.param(
+            Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="backward +8.6% (4,590,720 estimated, 4,226,268 measured; +5.1% with the p2p ring "
+                "term): the oracle's backward peak holds FSDP2's reduce-scatter buffers ('empty', "
+                "1,089,024 B) "
+                "and no ring buffer; the estimate adds its layer backward transient (389,120 B, the ring's "
+                "included) to its FSDP units (1,452,032 B). The FSDP2 terms under cp (formulas/fsdp2.py)",
+            ),
+        ),
     ],
     ids=describe,
 )
@@ -121,37 +139,6 @@ def test_fsdp2_under_pp_with_a_large_root_within_tolerance(par: Parallelism, pre
     assert not misses, "; ".join(misses)
 
 
-# Attention-heavy: a narrow MLP (64) and a 64-token vocabulary, so that at 64 local tokens per rank the
-# ring attention's buffers decide the forward and backward peaks.
-ATTENTION_HEAVY: dict[str, Any] = {**TINY_LLAMA, "intermediate_size": 64, "vocab_size": 64}
-CP4 = Parallelism(gpus=4, cp=4, fsdp=FsdpMode.FULL_SHARD)
-
-
-def test_context_parallel_ring_buffers_within_tolerance() -> None:
-    """torch's context_parallel (allgather rotate) where its ring buffers are the peak: cp4 x FSDP2 over
-    the 4 CP ranks, 4 KV heads, seq 256 (64 local tokens), fp32. Measured +1.4% forward, +1.1% backward;
-    with the Megatron p2p ring formula it read (same oracle, the attention-heavy model without FSDP,
-    cp2 / cp4 / cp8 at 64 local tokens) -3.2 / -6.1 / -16.1% forward and -10.8 / -16.6 / -23.9%
-    backward: the all-gathered K/V grows with cp (formulas.model_parallel.ring_buffers)."""
-    setup = replace(SETUP, seq_len=256, grad_accum=1)
-    misses = _misses(CP4, setup, {**ATTENTION_HEAVY, "num_key_value_heads": 4})
-    assert not misses, "; ".join(misses)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixed-bf16 GQA cp4 x fsdp4: forward -3.3% (backward +0.8%; the Megatron p2p formula read +0.9% / "
-    "+3.7%, its 2 K/V chunks added whole). The same model without CP (fsdp4, seq 64) reads -5.3% forward / "
-    "-9.9% backward, and "
-    "the forward peak here is at the last layer's MLP (FSDP2 all-gather output), not in the ring: the "
-    "rest is FSDP2 mixed-bf16's",
-)
-def test_context_parallel_bf16_gqa_forward_within_tolerance() -> None:
-    setup = replace(SETUP, seq_len=256, grad_accum=1, precision=Precision.MIXED_BF16)
-    misses = _misses(CP4, setup, ATTENTION_HEAVY)
-    assert not misses, "; ".join(misses)
-
-
 def test_fsdp2_shards_and_states_by_hand() -> None:
     """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
     holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the
@@ -166,17 +153,39 @@ def test_fsdp2_shards_and_states_by_hand() -> None:
     assert m.phases[Phase.OPTIMIZER] == 5 * 4 * shard + 2 * 16 * 4 + 21 * 4
 
 
+def test_torch_context_parallel_buffers_by_hand() -> None:
+    """torch's context_parallel on CP rank 0 of 4, all-gather rotate, one micro-batch of 256 tokens (64 per
+    rank), one k/v head (so that K+V and the query differ in size), fp32. Per layer and rank: K+V chunk
+    kv = 64 x 1 x (32 + 32) x 4 = 16,384 B, query and output q = o = 64 x 4 x 32 x 4 = 32,768 B. At the
+    backward peak (the first layer's ring backward): the all-gathered K/V of the 4 ranks (4 kv) and the
+    zeros_like fp32 dQ/dK/dV accumulators (q + kv); in forward every layer saves the output's copy
+    before o_proj (2 layers x o). formulas.model_parallel.cp_ring prices the same buffers."""
+    config = {**TINY_LLAMA, "num_key_value_heads": 1}
+    setup = replace(SETUP, micro_batch=1, seq_len=256, grad_accum=1)
+    m = measure_rank(config, setup, Parallelism(gpus=4, cp=4, cp_rotate=CpRotate.ALLGATHER), 0)
+
+    def at(phase: Phase, label: str) -> int:
+        return sum(b for _, name, b in m.labels[phase] if name == label)
+
+    kv, q = 16_384, 32_768
+    assert at(Phase.BACKWARD, "backward: all_gather_into_tensor") == 4 * kv
+    assert at(Phase.BACKWARD, "backward: zeros_like") == q + kv
+    assert at(Phase.FORWARD, "model.layers.*.self_attn: clone") == 2 * q
+
+
 def test_bad_layouts_are_refused() -> None:
     with pytest.raises(InputError, match="rank=4"):
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD), 4)
     with pytest.raises(InputError, match="sp with pp"):
         measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, tp=2, pp=2, sequence_parallel=True), 0)
-    with pytest.raises(InputError, match="cp=2 with pp"):
-        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, cp=2, pp=2), 0)
-    with pytest.raises(InputError, match="seq_len=62"):
-        measure_rank(TINY_LLAMA, replace(SETUP, seq_len=62), Parallelism(gpus=2, cp=2), 0)
-    with pytest.raises(InputError, match="rotate='ring'"):
-        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0, rotate="ring")
+    with pytest.raises(InputError, match="cp_rotate='p2p'"):  # auto without FSDP2: Megatron's ring
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=2, cp=2), 0)
+    with pytest.raises(InputError, match="cp=2 with pp=2"):
+        measure_rank(TINY_LLAMA, SETUP, Parallelism(gpus=4, cp=2, pp=2, cp_rotate=CpRotate.ALLGATHER), 0)
+    with pytest.raises(InputError, match="seq_len=66"):
+        measure_rank(
+            TINY_LLAMA, replace(SETUP, seq_len=66), Parallelism(gpus=4, cp=4, fsdp=FsdpMode.FULL_SHARD), 0
+        )
     with pytest.raises(InputError, match="grad_accum=1"):
         one = TrainingSetup(precision=Precision.FP32, micro_batch=2, seq_len=64)
         measure_rank(TINY_LLAMA, one, Parallelism(gpus=2, pp=2), 0)

@@ -54,6 +54,19 @@ def test_lora_slots_shrink_the_vllm_pool_by_exactly_their_bytes() -> None:
     assert lora.peak_allocated_bytes == base.peak_allocated_bytes + SLOTS_2_RANK_8
 
 
+def test_lora_slots_come_on_top_of_the_pool_before_vllm_0_8() -> None:
+    """vLLM V0 before 0.8 sized the KV pool before it built the LoRA manager (vllm issue #14450): the pool
+    keeps its size and the slots are allocated beyond gpu_memory_utilization."""
+    spec = tiny(max_pos=2048)
+    old = dict(context=1024, engine_version="0.7")
+    base = estimate_inference(spec, _vllm(**old))
+    lora = estimate_inference(spec, _vllm(max_loras=2, max_lora_rank=8, **old))
+    assert lora.extra["kv_pool_bytes"] == base.extra["kv_pool_bytes"]
+    assert "kv_pool_lora_shrink_bytes" not in lora.extra
+    assert lora.peak_allocated_bytes == base.peak_allocated_bytes + SLOTS_2_RANK_8
+    assert any("vllm issue #14450" in a for a in lora.assumptions)
+
+
 def test_lora_defaults_follow_vllm() -> None:
     spec = tiny()
     only_rank = estimate_inference(spec, _vllm(context=512, max_lora_rank=8))

@@ -403,7 +403,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             if not par.is_single_gpu:
                 la = _long.ulysses_attention(la, spec, layer, sh, par)
                 att_sh = _long.attention_shapes(sh, par)  # the ring chunk Ulysses gathers
-                ring = mp.ring_buffers(_long.attention_layer(layer, par), att_sh.tokens, sh.c, par)
+                ring = mp.cp_ring(_long.attention_layer(layer, par), att_sh.tokens, sh.c, par)
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 all_to_all = _long.all_to_all_bytes(layer, sh, par)  # Ulysses: forward and backward
                 la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)

@@ -171,6 +171,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("pp", int, 1, S | SV, "pipeline-parallel degree (infer: vLLM/SGLang pipeline stages)", group=_MULTI,
        maximum=MAX_DEGREE),
     _o("cp", int, 1, S, "context-parallel degree", group=_MULTI, maximum=MAX_DEGREE),
+    _o("cp_rotate", str, "auto", S, "CP K/V exchange auto|p2p|allgather|alltoall (auto: torch's allgather "
+       "under FSDP2, Megatron's p2p otherwise)", group=_MULTI),
     _o("ep", int, 1, S | SV, "expert-parallel degree (infer: vLLM 1 or tp x dp, SGLang a divisor of tp)",
        group=_MULTI, maximum=MAX_DEGREE),
     _o("dp", int, 1, SV, "infer: vLLM/SGLang data-parallel ranks (each its own KV pool and requests)",

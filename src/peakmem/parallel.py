@@ -57,6 +57,15 @@ class PipelineSchedule(Choice):
     INTERLEAVED = "interleaved"  # virtual stages (same paper §2.2.2)
 
 
+class CpRotate(Choice):
+    """How context-parallel ranks pass K/V around the ring (``formulas.model_parallel.cp_ring``)."""
+
+    AUTO = "auto"  # torch's all-gather under FSDP2 (torchtitan), else Megatron/TE's p2p ring
+    P2P = "p2p"  # Megatron-Core / Transformer Engine AttnFuncWithCPAndKVP2P: double-buffered send/recv
+    ALLGATHER = "allgather"  # torch context_parallel's default rotate (set_rotate_method)
+    ALLTOALL = "alltoall"  # torch context_parallel's set_rotate_method("alltoall")
+
+
 DDP_BUCKET_CAP_MB = 25  # torch/nn/parallel/distributed.py: bucket_cap_mb default
 DDP_BUCKET_BYTES = DDP_BUCKET_CAP_MB * MiB  # int(bucket_cap_mb * 1024 * 1024)
 # deepspeed/runtime/zero/config.py (v0.19.8) defaults, in elements
@@ -89,6 +98,7 @@ class Parallelism:
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    cp_rotate: CpRotate = CpRotate.AUTO
     virtual_stages: int = 1
     ddp_bucket_bytes: int = DDP_BUCKET_BYTES
     gradient_as_bucket_view: bool = False
@@ -109,6 +119,7 @@ class Parallelism:
             ("offload_optimizer", Offload),
             ("offload_params", Offload),
             ("pp_schedule", PipelineSchedule),
+            ("cp_rotate", CpRotate),
         ):
             coerce_choice(self, attr, enum)
         for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "ulysses", "virtual_stages"):
@@ -231,6 +242,15 @@ class Parallelism:
         if self.dp > 1:
             return "ddp"
         return "none"
+
+    @property
+    def cp_ring(self) -> CpRotate:
+        """:attr:`cp_rotate` resolved: ``auto`` is torch's all-gather rotate where FSDP2 shards (torchtitan
+        runs torch's ``context_parallel``), Megatron/TE's p2p ring otherwise."""
+        if self.cp_rotate is not CpRotate.AUTO:
+            return self.cp_rotate
+        torch_cp = self.fsdp is not FsdpMode.NONE and self.fsdp_version == 2
+        return CpRotate.ALLGATHER if torch_cp else CpRotate.P2P
 
     @property
     def ds_overlap_comm(self) -> bool:

@@ -324,7 +324,7 @@ def _quant_config(o: Mapping[str, Any]) -> Any:
 def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Parallelism | None:
     """The Parallelism the options ask for, or None for a plain single-GPU job. ``extra``: engine
     fields read from a framework's file (DeepSpeed bucket sizes)."""
-    from peakmem.parallel import FsdpMode, Offload, PipelineSchedule
+    from peakmem.parallel import CpRotate, FsdpMode, Offload, PipelineSchedule
 
     plain = (
         o["gpus"] == 1 and o["zero"] == 0 and o["fsdp"] == "none" and o["offload"] == "none"
@@ -338,6 +338,7 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
         fsdp_version=o["fsdp_version"], offload_optimizer=Offload.parse(o["offload"], "offload"),
         offload_params=Offload.parse(o["offload_params"], "offload_params"),
         pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp_schedule"),
+        cp_rotate=CpRotate.parse(o.get("cp_rotate", "auto"), "cp_rotate"),
         virtual_stages=o["virtual_stages"], **dict(extra or {}),
     )  # fmt: skip
     return None if plain else layout  # built either way: every value is checked

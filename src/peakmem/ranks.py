@@ -17,7 +17,7 @@ from peakmem.breakdown import Estimate, MemoryItem
 from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
 from peakmem.formulas import band as _band
-from peakmem.formulas import long_context, model_parallel, sharding
+from peakmem.formulas import long_context, sharding
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, validate_for
@@ -214,12 +214,7 @@ def _assumptions(par: Parallelism, ov: Overheads, nccl: int) -> tuple[str, ...]:
             f"pipeline: {par.pp_schedule.value}; stage s keeps min(pp - s, grad_accum) micro-batches in "
             "flight (grad_accum = micro-batches per step)"
         )
-    if par.cp > 1 and model_parallel.torch_context_parallel(par):
-        out.append(
-            "context parallel: torch's context_parallel (all-gather rotate): every rank's K/V gathered for "
-            "the ring, fp32 merge and dQ/dK/dV accumulators"
-        )
-    elif par.cp > 1:
+    if par.cp > 1:
         out.append("context parallel: ring attention with double-buffered K/V chunks, fp32 dK/dV in backward")
     return tuple(out)
 

@@ -12,9 +12,10 @@ Activations (Korthikanti et al. 2022, arXiv 2205.05198 §4, Eq. 2-4): with TP, e
 attention and the MLP is split by ``tp``; the layer norms, the inputs of the first Linear of each
 block and the residual dropout masks stay replicated (the ``10 sbh`` term) unless sequence
 parallelism splits them too. Context parallelism splits the sequence over ``cp`` ranks and adds
-ring-attention buffers for the K/V chunks in flight (Megatron-Core / Transformer Engine
-``attention/dot_product_attention/context_parallel.py`` ``AttnFuncWithCPAndKVP2P``: double-buffered
-K/V receive, fp32 dK/dV accumulation in backward).
+ring-attention buffers (:func:`cp_ring`, chosen by ``Parallelism.cp_rotate``): Megatron-Core /
+Transformer Engine's K/V chunks in flight (``attention/dot_product_attention/context_parallel.py``
+``AttnFuncWithCPAndKVP2P``: double-buffered K/V receive, fp32 dK/dV accumulation in backward), or
+torch's ``context_parallel`` (torchtitan), whose default all-gather rotate holds every CP rank's K/V.
 
 Pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473 §2.2): contiguous stages of
 ``layers / pp`` layers; the first stage also holds the embeddings, the last the final norm, the
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import Layer, ModelSpec, Tensor
-from peakmem.parallel import FsdpMode, Parallelism, PipelineSchedule
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism, PipelineSchedule
 
 from .activations import LayerActivations
 from .loss import HeadActivations
@@ -336,35 +337,24 @@ def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[Memory
 
 
 def tp_layer_activations(
-    la: LayerActivations, par: Parallelism, ring: RingBuffers | int, dispatch_bytes: int = 0
+    la: LayerActivations, par: Parallelism, ring: int | CpRing, dispatch_bytes: int = 0
 ) -> LayerActivations:
     """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
-    context-parallel ring buffers (:func:`ring_buffers`; an int is one K/V chunk under Megatron's p2p
-    ring: 2 chunks in forward, 2 chunks + fp32 dK/dV in backward) and the expert-parallel all-to-all
-    buffer (forward and backward)."""
-    if isinstance(ring, int):
-        ring = p2p_ring_buffers(ring)
+    context-parallel ring's buffers (:func:`cp_ring`; an int is the p2p ring's K/V chunk) and the
+    expert-parallel all-to-all buffer (forward and backward)."""
+    cp = ring if isinstance(ring, CpRing) else p2p_ring(ring)
     saved = split_items(la.saved, par)
-    ring_forward, ring_backward = ring.forward, ring.backward + dispatch_bytes
-    backward = cdiv(la.backward_transient, par.tp) + ring_backward
-    if ring.at_core:  # alive at the attention core only: before the layer's MLP saves anything in
-        # forward (LayerActivations.forward_headroom), in the attention half of its backward
-        ring_forward = max(0, ring.forward - cdiv(la.forward_headroom, par.tp))
-        if len(la.backward_stages) == 2:  # (the MLP half's, the attention core's): layer.py
-            att_net = la.backward_stages[1][0]
-            backward = max(cdiv(la.backward_transient, par.tp), cdiv(att_net, par.tp) + ring_backward)
-    if ring.saved:
-        saved = (*saved, MemoryItem(
-            path="attn.output copy (o_proj input; context parallel's merged output is [B, H, S, D])",
-            category=Category.ACTIVATIONS, bytes=ring.saved, source=SRC_TORCH_CP_OUTPUT,
-            key="attn.cp_output_copy",
-        ))  # fmt: skip
+    if cp.saved:
+        saved += (MemoryItem(
+            path="layers.*.self_attn context-parallel output copy", category=Category.ACTIVATIONS,
+            bytes=cp.saved, source=SRC_TORCH_CP, key="attn.cp_out_copy",
+        ),)  # fmt: skip
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
-        forward_transient=cdiv(la.forward_transient, par.tp) + ring_forward + dispatch_bytes,
-        backward_transient=backward,
+        forward_transient=cdiv(la.forward_transient, par.tp) + cp.forward + dispatch_bytes,
+        backward_transient=cdiv(la.backward_transient, par.tp) + cp.backward + dispatch_bytes,
     )
 
 
@@ -423,99 +413,72 @@ def ring_kv_chunk_bytes(layer: Layer, tokens_local: int, compute_bytes: int, par
 
 
 @dataclass(frozen=True, kw_only=True)
-class RingBuffers:
-    """What context parallelism's ring attention adds to one layer on one rank: the largest extra
-    alive during its forward and during its backward, beyond what the same layer's SDPA kernel holds
-    without CP (its output and logsumexp, its dQ/dK/dV), and bytes it adds to the layer's saved
-    tensors."""
+class CpRing:
+    """What context parallelism's ring attention adds to one layer on one rank: transient bytes in the
+    attention's forward and backward, and bytes saved for backward (per layer)."""
 
     forward: int
     backward: int
     saved: int = 0
-    at_core: bool = False  # alive only at the attention core (else added to the whole layer, as before)
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "saved"):
             if getattr(self, name) < 0:
-                raise ValueError(f"RingBuffers.{name}={getattr(self, name)}: must be >= 0")
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
 
 
-def p2p_ring_buffers(kv_chunk: int) -> RingBuffers:
-    """Megatron-Core / Transformer Engine's p2p ring (``AttnFuncWithCPAndKVP2P``): double-buffered
-    K/V receive in forward; in backward the same plus the fp32 dK/dV being passed on (2x a 16-bit
-    chunk)."""
-    return RingBuffers(forward=2 * kv_chunk, backward=2 * kv_chunk + 2 * kv_chunk)
+def p2p_ring(kv_chunk: int) -> CpRing:
+    """Megatron-Core / Transformer Engine ``AttnFuncWithCPAndKVP2P``: the K/V chunk being computed on and
+    the one being received (2 in forward); in backward the same 2 plus fp32 dK/dV (2x a 16-bit chunk)."""
+    return CpRing(forward=2 * kv_chunk, backward=2 * kv_chunk + 2 * kv_chunk)
 
 
 SRC_TORCH_CP = (
-    "torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py "
-    "_templated_ring_attention(_backward), _AllGatherRotater, _SDPAMerger (torchtitan b5bcd76 default "
-    "context_parallel_rotate_method='allgather'); measured with peakmem.measure.parallel_cp"
+    "torch/distributed/tensor/experimental/_context_parallel/_attention.py (torch 2.13): "
+    "_templated_ring_attention(_backward), _AllGatherRotater, _AllToAllRotater, _SDPAMerger"
 )
-SRC_TORCH_CP_OUTPUT = (
-    "torch 2.13 _context_parallel/_attention.py _partial_update (torch.cat of the load-balanced merge: "
-    "a contiguous [B, H, S, D] output) + the model's attn_output.transpose(1, 2).contiguous() "
-    "(transformers modeling_llama.py; torchtitan models/llama3/model.py Attention.forward)"
-)
-FP32_BYTES = 4  # _ContextParallelOptions.convert_to_f32 = True: merger and gradient accumulators in fp32
+FP32_BYTES = 4  # _ContextParallelOptions.convert_to_f32: the merger and the gradient accumulators
 
 
-def torch_context_parallel(par: Parallelism) -> bool:
-    """CP is torch's ``context_parallel`` (torchtitan) unless the job runs under DeepSpeed: the same
-    rule as the pipeline's, where a model-parallel job without ZeRO is torch.distributed.pipelining
-    (estimate.py ``torch_pipeline_buffers``); DeepSpeed runs sequence parallelism as Ulysses."""
-    return par.cp > 1 and par.zero_stage == 0
+def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> CpRing:
+    """The ring's buffers for ``par.cp_ring`` (``layer`` as the attention kernel sees it, before TP).
 
+    p2p: :func:`p2p_ring`. torch's ``context_parallel`` (what torchtitan runs; :data:`SRC_TORCH_CP`),
+    with ``c`` the rank's K+V chunk, ``q`` and ``o`` its query and output bytes (compute dtype) and
+    ``f = 4 / compute_bytes`` (fp32: ``_ContextParallelOptions.convert_to_f32``):
 
-def ring_buffers(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> RingBuffers:
-    """Ring attention's buffers on one rank (``layer`` as :func:`ring_kv_chunk_bytes` takes it).
+    * the rotated K/V (``held``): ``_AllGatherRotater`` all-gathers ``cat(k, v)`` of the whole CP group
+      once per attention call and keeps it for every step (``cp x c``: at fixed local tokens it grows
+      with ``cp``); ``_AllToAllRotater`` holds the one chunk received (``c``);
+    * forward: ``key.contiguous()`` / ``value.contiguous()`` copy the transposed K/V (``c``), and the
+      ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``.
+      ``_SDPAMerger``'s fp32 merge comes after that ``cat`` is freed and was not the peak in the oracle;
+    * backward: the same contiguous copies (``c``), the K/V ``cat`` sent at every step but the last, two
+      at once from cp 3 on (``next_kv`` holds the previous one until it is reassigned: ``min(2, cp - 1)
+      c``), the fp32 ``grad_query`` / ``grad_key`` / ``grad_value`` accumulators (``f (q + c)``) and the
+      dK/dV ``cat`` and its all-to-all receive buffer in fp32 (``2 f c``; dK/dV always rotate by
+      all-to-all): ``held + (1 + min(2, cp - 1)) c + f (q + 3 c)``. The kernel's own per-step dQ/dK/dV
+      are the attention's usual backward, counted elsewhere;
+    * saved: the merged output comes back as a ``[B, H, S, D]`` tensor of its own (``torch.cat`` in
+      ``_partial_update``), so the attention's ``transpose(1, 2).contiguous()`` before ``o_proj`` copies
+      it (a flash kernel's output is already ``[B, S, H, D]`` in memory): one ``o`` more saved per layer.
 
-    torch's ``context_parallel`` with the all-gather rotater (torch's and torchtitan's default; n = cp,
-    kv = :func:`ring_kv_chunk_bytes`, q = the rank's query / output bytes, f = 4 / compute bytes):
-
-    * forward, at the first ring step: the all-gathered ``cat(k, v)`` of every rank (n kv, kept for
-      the whole ring: ``_AllGatherRotater`` gathers once), the local ``cat`` being sent (kv), the
-      ``key.contiguous()`` / ``value.contiguous()`` copies (kv: SDPA's K and V arrive transposed) and,
-      below fp32, the merger's fp32 copy of the block output (f q): ``(n + 2) kv [+ f q]``; or, if
-      larger (bf16 with GQA, where kv is small next to q), a load-balanced merge step of
-      ``_SDPAMerger._merge_one``: n kv, the merger's fp32 output (f q), the half-query block's output
-      (q / 2), ``out - block_out`` (f q / 2) and below fp32 the block's fp32 copy (f q / 2) and one more
-      fp32 q-sized buffer (seen by the oracle as ``_to_copy``; not traced to a line), less the kernel's
-      own output, which does not exist yet: ``n kv + 5.5 q`` in bf16;
-    * backward: the backward's own all-gather (n kv), the contiguous K/V copies (kv), two ``cat(k, v)``
-      for n > 2 (kv each: the next one is built while ``next_kv`` still holds the previous; one for
-      n = 2, where only step 0 sends), the step's dK/dV (kv, beyond the kernel's own), the fp32
-      ``grad_key``/``grad_value`` accumulators, their ``cat`` and the all-to-all receive buffer
-      (3 f kv), the fp32 ``grad_query`` accumulator (f q): ``(n + 3) kv + 3 f kv + f q`` (n > 2);
-    * saved: under head-tail load balancing the rank's merged output is a ``torch.cat``
-      (``_partial_update``), contiguous as ``[B, H, S, D]``, so the model's ``transpose(1, 2)
-      .contiguous()`` before the output projection copies it: one more q per layer (on the first
-      rank, which merges partially at every step; the peak is the largest rank's).
-
-    Measured alone with the CPU ring (tests/test_context_parallel.py): exact in fp32 and bf16 for
-    n >= 4, MHA and GQA, up to one logsumexp; at n = 2 up to 1.5 q high.
-    Megatron / DeepSpeed: :func:`p2p_ring_buffers`."""
-    kv = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
-    if not torch_context_parallel(par):
-        return p2p_ring_buffers(kv)
+    Measured with the parallel oracle (``peakmem.measure.parallel_cp``, tiny Llama, cp 2 to 8): at the
+    ring's backward peak the all-gather buffer is ``cp x c``, the ``zeros_like`` accumulators ``f (q + c)``,
+    the ``cat`` ``(2 + f) c`` (``(1 + f) c`` at cp 2), the contiguous copies ``c`` and the all-to-all
+    ``f c``, in fp32 and bf16."""
+    c = ring_kv_chunk_bytes(layer, tokens_local, compute_bytes, par)
+    ring = par.cp_ring
+    if par.cp == 1:
+        return CpRing(forward=0, backward=0)
+    if ring is CpRotate.P2P:
+        return p2p_ring(c)
     att = layer.attention
-    heads = tokens_local * cdiv(att.num_heads, par.tp) * compute_bytes
-    q, out = heads * att.head_dim, heads * att.v_head_dim  # grad_query is q's shape, the merger out's
-
-    def f32(nbytes: int) -> int:
-        return nbytes * FP32_BYTES // compute_bytes
-
-    n = par.cp
-    lse = tokens_local * cdiv(att.num_heads, par.tp) * FP32_BYTES
-    below_fp32 = compute_bytes < FP32_BYTES  # the merger's .to(float32) copies; no-ops in fp32
-    first = (n + 2) * kv + (f32(out) if below_fp32 else 0)
-    # a load-balanced merge step (i > rank: half the queries): the merger's fp32 out, the block's half
-    # output, out - block_out (fp32, half), below fp32 the block's fp32 copy (half) and a second fp32
-    # out-sized buffer (measured: _to_copy), the logsumexps; less the kernel's own out and logsumexp,
-    # which do not exist yet
-    merge_fp32 = f32(out) + f32(out) // 2 + (f32(out) // 2 + f32(out) if below_fp32 else 0)
-    merge = n * kv + merge_fp32 + out // 2 + 2 * lse - (out + lse)
-    fwd = max(first, merge)
-    cats = 2 if n > 2 else 1  # a second cat(k, v) exists from step 1, sent only while i != n - 1
-    bwd = (n + 1 + cats) * kv + 3 * f32(kv) + f32(q)
-    return RingBuffers(forward=fwd, backward=bwd, saved=out, at_core=True)
+    heads = cdiv(att.num_heads, par.tp)
+    q = tokens_local * heads * att.head_dim * compute_bytes
+    o = tokens_local * heads * att.v_head_dim * compute_bytes
+    f32 = FP32_BYTES // compute_bytes if compute_bytes <= FP32_BYTES else 1
+    held = par.cp * c if ring is CpRotate.ALLGATHER else c
+    forward = held + 2 * c
+    backward = held + (1 + min(2, par.cp - 1)) * c + f32 * (q + 3 * c)
+    return CpRing(forward=forward, backward=backward, saved=o)

@@ -29,9 +29,6 @@ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a):
   forward), ``reshard_after_forward`` = not pp (``torchtitan/distributed/fsdp.py``
   ``get_fsdp_reshard_after_forward_policy("default", pp_enabled)``); mixed precision through
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
-* CP (:mod:`peakmem.measure.parallel_cp`): torch's ``context_parallel`` over the ``cp`` mesh dimension
-  around each micro-batch's forward and backward, its ring attention run on the CPU's flash kernel;
-  FSDP2 then shards over ``dp x cp`` (torchtitan's ``dp_shard_cp``);
 * PP (``torchtitan/distributed/pipeline_parallel.py``): contiguous stages of decoder layers, the first
   with the embedding, the last with the final norm, head and loss; ``torch.distributed.pipelining``
   ``PipelineStage`` with static input/output shapes and ``Schedule1F1B`` / ``ScheduleGPipe`` over
@@ -62,11 +59,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
-from peakmem.measure.parallel_cp import ROTATE_METHODS, cp_plain_step, cpu_ring_attention
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
-from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.parallel import CpRotate, FsdpMode, Parallelism
 from peakmem.training import Precision, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
@@ -222,10 +218,10 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
         )
     if par.sequence_parallel and par.pp > 1:
         raise InputError("sp with pp: the oracle's pipeline stages pass whole sequences")
-    if par.cp > 1 and (par.pp > 1 or par.sequence_parallel):
-        raise InputError(f"cp={par.cp} with pp or sp: the oracle runs CP with tp and FSDP2 only")
-    if par.cp > 1 and setup.seq_len % (2 * par.cp):
-        raise InputError(f"seq_len={setup.seq_len}: CP's head-tail load balancing needs a multiple of 2 x cp")
+    if par.cp > 1:
+        from peakmem.measure.parallel_cp import check_cp
+
+        check_cp(setup, par)
     if schedule not in SCHEDULES:
         raise InputError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if par.pp > 1 and schedule == "1f1b" and setup.grad_accum < par.pp:
@@ -351,7 +347,6 @@ def measure_rank(
     seed: int = 0,
     schedule: str = "1f1b",
     isolate: bool = True,
-    rotate: str = "allgather",
 ) -> RankMeasurement:
     """Run ``steps`` training steps of ``config`` laid out as ``par`` and measure what ``rank`` holds.
 
@@ -363,14 +358,12 @@ def measure_rank(
     fake world in the same process fails (DTensor's functional collectives resolve a destroyed group of
     the first world by name), so every rank gets a fresh process."""
     _check(config, setup, par, rank, schedule)
-    if rotate not in ROTATE_METHODS:
-        raise InputError(f"rotate={rotate!r}: choose one of {', '.join(ROTATE_METHODS)}")
     if not isolate:
-        return _measure_here(config, setup, par, rank, steps, seed, schedule, rotate)
+        return _measure_here(config, setup, par, rank, steps, seed, schedule)
     ctx = _context()
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
-        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule, rotate), daemon=True
+        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule), daemon=True
     )
     child.start()
     send.close()
@@ -457,14 +450,13 @@ def _measure_here(
     steps: int,
     seed: int,
     schedule: str,
-    rotate: str,
 ) -> RankMeasurement:
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()  # frees at refcount zero, deterministically
     try:
         with fake_world(par, rank) as mesh:
-            return _measure(config, setup, par, rank, mesh, steps, seed, schedule, rotate)
+            return _measure(config, setup, par, rank, mesh, steps, seed, schedule)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -479,7 +471,6 @@ def _measure(
     steps: int,
     seed: int,
     schedule: str,
-    rotate: str,
 ) -> RankMeasurement:
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -492,9 +483,14 @@ def _measure(
     if par.tp > 1:
         _apply_tp(model, mesh["tp"], par.sequence_parallel)
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
+    if par.cp > 1:
+        from peakmem.measure.parallel_cp import use_cp_attention
+
+        use_cp_attention(model)
     if par.fsdp is FsdpMode.FULL_SHARD:
         root = stage_module if stage_module is not None else model
-        fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]  # dp_shard_cp
+        # torchtitan shards FSDP over dp x cp (its dp_shard_cp mesh)
+        fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]
         _apply_fsdp(model, root, fsdp_mesh, setup, reshard_after_forward=par.pp == 1)
     tracker = ParallelTracker(device_type="cpu")
     tracker.register_module(model)
@@ -506,11 +502,9 @@ def _measure(
     step_fn = (
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
-        else cp_plain_step(model, setup, tracker, lp, mesh["cp"], rotate)
-        if par.cp > 1
-        else _plain_step(model, setup, tracker, lp)
+        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value)
     )
-    with tracker, cpu_ring_attention() if par.cp > 1 else nullcontext():
+    with tracker:
         tracker.set_phase(Phase.LOAD, 0)
         tracker.watch_gradients(model.named_parameters())
         for step in range(1, steps + 1):
@@ -562,6 +556,8 @@ def describe(par: Parallelism, schedule: str = "1f1b") -> str:
     parts = [f"{name}{getattr(par, name)}" for name in ("tp", "pp", "cp") if getattr(par, name) > 1]
     if par.sequence_parallel:
         parts[0] += "+sp"
+    if par.cp > 1 and par.cp_ring is not CpRotate.ALLGATHER:
+        parts[-1] += f"+{par.cp_ring.value}"
     if par.fsdp is FsdpMode.FULL_SHARD:
         parts.append(f"fsdp{par.dp}")
     if par.pp > 1:
@@ -570,16 +566,28 @@ def describe(par: Parallelism, schedule: str = "1f1b") -> str:
 
 
 def _plain_step(
-    model: nn.Module, setup: TrainingSetup, tracker: ParallelTracker, lp: Callable[[], Any]
+    model: nn.Module,
+    setup: TrainingSetup,
+    tracker: ParallelTracker,
+    lp: Callable[[], Any],
+    cp_mesh: Any = None,
+    rotate: str = "allgather",
 ) -> Callable[[torch.Tensor, int], None]:
     def run(ids: torch.Tensor, step: int) -> None:
         for chunk in torch.split(ids, setup.micro_batch):
             tracker.set_phase(Phase.FORWARD, step)
-            with lp():
-                # the positions of the whole sequence: under SP the embedding's output is the rank's
-                # sequence shard, from which LlamaModel would derive too few
-                positions = torch.arange(chunk.shape[1]).unsqueeze(0)
-                loss = model(input_ids=chunk, labels=chunk, position_ids=positions).loss
+            # the positions of the whole sequence: under SP the embedding's output is the rank's
+            # sequence shard, from which LlamaModel would derive too few
+            positions = torch.arange(chunk.shape[1]).unsqueeze(0)
+            labels = chunk
+            cp: Any = nullcontext()
+            if cp_mesh is not None:  # CP shards the micro-batch's own buffers in place, as torchtitan
+                from peakmem.measure.parallel_cp import cp_context
+
+                chunk, labels = chunk.clone(), chunk.clone()
+                cp = cp_context(cp_mesh, [chunk, labels, positions], [1, 1, 1], rotate)
+            with lp(), cp:
+                loss = model(input_ids=chunk, labels=labels, position_ids=positions).loss
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
                 tracker.set_phase(Phase.BACKWARD, step)
@@ -667,7 +675,7 @@ TINY_LLAMA: dict[str, Any] = {
     "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 0,
 }  # fmt: skip
-# The grid: every degree alone (TP with and without torchtitan's SP), the 2-D products and the 3-D ones
+# The grid: every degree alone (TP with and without torchtitan's SP), the 2-D products and the 3-D one
 # (8 ranks).
 GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
@@ -679,11 +687,14 @@ GRID: tuple[Parallelism, ...] = (
     Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD),
     Parallelism(gpus=4, tp=2, pp=2),
     Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD),
-    # context parallelism (torch's context_parallel, measure/parallel_cp.py); FSDP2 shards over dp x cp
-    Parallelism(gpus=2, cp=2),
+    # context parallelism (measure/parallel_cp.py): torch's context_parallel, all-gather rotate (its
+    # default; what cp_rotate "auto" means under FSDP2); FSDP shards over dp x cp, as torchtitan
+    Parallelism(gpus=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
     Parallelism(gpus=4, cp=2, fsdp=FsdpMode.FULL_SHARD),
-    Parallelism(gpus=4, tp=2, cp=2),
+    Parallelism(gpus=4, tp=2, cp=2, cp_rotate=CpRotate.ALLGATHER),
     Parallelism(gpus=8, tp=2, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, tp=2, sequence_parallel=True, cp=2, fsdp=FsdpMode.FULL_SHARD),
+    Parallelism(gpus=8, cp=4, fsdp=FsdpMode.FULL_SHARD),
 )
 
 
@@ -712,25 +723,16 @@ def rank_types(par: Parallelism) -> tuple[int, ...]:
 
 
 def compare_rank(
-    config: dict[str, Any],
-    setup: TrainingSetup,
-    par: Parallelism,
-    rank: int,
-    *,
-    schedule: str = "1f1b",
-    rotate: str = "allgather",
+    config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank: int, *, schedule: str = "1f1b"
 ) -> tuple[PhaseCheck, ...]:
     """The oracle's per-phase peaks of ``rank`` next to ``peakmem.ranks.estimate_ranks`` for the same
-    rank type (``setup`` should carry ``KernelPolicy.CPU``: the CPU's kernels decide the bytes). CP's
-    ``rotate="alltoall"`` is oracle only (peakmem models torch's default, the all-gather)."""
+    rank type (``setup`` should carry ``KernelPolicy.CPU``: the CPU's kernels decide the bytes)."""
     from peakmem.hf import spec_from_config
     from peakmem.ranks import estimate_ranks
 
-    m = measure_rank(config, setup, par, rank, schedule=schedule, rotate=rotate)
+    m = measure_rank(config, setup, par, rank, schedule=schedule)
     ana: dict[Phase, int] = {}
-    if schedule == "1f1b" and (
-        par.cp == 1 or rotate == "allgather"
-    ):  # peakmem's schedules: 1F1B, interleaved
+    if schedule == "1f1b":  # peakmem's pipeline schedules are 1F1B and interleaved
         spec = spec_from_config(config, name=str(config.get("model_type")))
         est = estimate_ranks(spec, setup, par).role(m.role).estimate
         ana = {p.phase: p.bytes for p in est.phases}

@@ -1,181 +1,160 @@
 """Context parallelism (CP) for the parallel execution oracle (:mod:`peakmem.measure.parallel`), on the CPU.
 
-torch's ``context_parallel`` (torch 2.13, ``torch/distributed/tensor/experimental/_context_parallel/
-_attention.py``) monkey-patches ``F.scaled_dot_product_attention`` so that q, k and v enter it as
-DTensors sharded on the sequence (``Shard(2)``), and adds DTensor handlers (``custom_ops``, calling
-``_templated_ring_attention`` / ``_templated_ring_attention_backward``) for the CUDA SDPA kernels
-(``_scaled_dot_product_flash_attention``, ``_efficient_attention``, ``_cudnn_attention`` and their
-backwards). On the CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu`` (and its
-``_backward``), which CP does not intercept. :func:`cpu_ring_attention` adds DTensor handlers for those
-two ops that run the same templated ring (same rotater, same ``_SDPAMerger``, same fp32 gradient
-accumulators) with the CPU kernel as the per-block op, for the run only.
+torch's context parallel (torch 2.13, ``torch/distributed/tensor/experimental/_context_parallel/
+_attention.py``) is what torchtitan runs (pytorch/torchtitan b5bcd76, ``torchtitan/distributed/utils.py``
+``create_context_parallel_ctx``: ``set_rotate_method(rotate_method)`` then ``context_parallel(cp_mesh,
+buffers=..., buffer_seq_dims=..., no_restore_buffers=...)``, entered around each micro-batch's forward and
+backward in ``train.py``). ``context_parallel`` monkey-patches ``F.scaled_dot_product_attention`` so that
+q, k, v become DTensors sharded on the sequence (``Shard(2)``) over the CP mesh, and puts handlers for the
+CUDA SDPA ops (``aten._scaled_dot_product_flash_attention`` / ``_efficient_attention`` /
+``_cudnn_attention`` and their backwards) into ``DTensor._op_dispatcher._custom_op_handlers``
+(``_enable_cp_dtensor_dispatcher``); they run ``_templated_ring_attention(_backward)`` on local tensors.
+On the CPU SDPA dispatches to ``aten._scaled_dot_product_flash_attention_for_cpu`` (+ ``_backward``),
+which has neither a handler nor a sharding rule. :func:`cp_context` adds the two handlers, built as
+torch's ``_scaled_dot_product_ring_flash_attention(_backward)`` are: the same ring templates, with the CPU
+op as the per-chunk kernel. The CPU op returns what the CUDA flash op's first two outputs are, the output
+``[B, H, S, D]`` in the input dtype and the logsumexp ``[B, H, S]`` in fp32 (the CPU kernel keeps it as a
+``[B, S, H]`` storage, same bytes); it has no ``cum_seq``/``philox`` outputs, which the ring passes through
+untouched (``*rest``), so the bytes the ring allocates are the CUDA path's.
 
-Bytes: the CPU flash kernel returns ``out`` as ``[B, H, S, D]`` (a ``[B, S, H, D]`` buffer, transposed)
-and ``logsumexp`` fp32 ``[B, H, S]`` (a ``[B, S, H]`` buffer), the same element counts and dtypes as
-CUDA flash's ``out`` and fp32 ``[B, H, S]`` logsumexp; CUDA flash's extra outputs (cum_seq, philox seed
-and offset, debug mask) are empty or scalar tensors. So the ring's buffers are those it would hold on a
-GPU: the rotater's K/V buffers (all-gather: ``cp`` x the local ``cat(k, v)``, once per call;
-all-to-all: one chunk), the merger's fp32 ``out``/``lse``, the backward's fp32 ``grad_query``,
-``grad_key``, ``grad_value`` and the all-to-all dK/dV buffers.
+Everything else is torch's: the all-gather (default) or all-to-all K/V rotation (``_AllGatherRotater``
+gathers ``cat(k, v)`` of all CP ranks once per attention call; ``_AllToAllRotater`` holds one chunk in
+flight), the fp32 ``_SDPAMerger`` of out/lse, the fp32 ``grad_query/grad_key/grad_value`` accumulators and
+the all-to-all dK/dV ring of the backward, and the head-tail load balancer (``_HeadTailLoadBalancer``,
+chosen when ``seq % (2 cp) == 0``; it needs ``is_causal=True``).
 
-CP is applied as torchtitan applies it (pytorch/torchtitan commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a,
-``torchtitan/distributed/utils.py`` ``create_context_parallel_ctx``; ``torchtitan/train.py`` wraps
-forward and backward in it): ``set_rotate_method(rotate)`` (job config
-``parallelism.context_parallel_rotate_method``, default ``"allgather"``), then
-``context_parallel(mesh["cp"], buffers=[inputs, labels], buffer_seq_dims=[1, 1], no_restore_buffers=
-{inputs, labels})``, torch's
-default head-tail load balancing (on for a causal mask when the sequence divides by ``2 x cp``). FSDP2
-shards over ``dp x cp`` (torchtitan's ``dp_shard_cp`` mesh, ``parallel_dims.py``).
+The model's attention is transformers' own SDPA function registered under another name
+(:data:`CP_ATTENTION`): transformers builds no mask for an implementation it has no mask function for
+(``masking_utils._preprocess_mask_arguments`` exits early), so SDPA runs ``is_causal=True`` with no mask,
+as torchtitan's own attention does; with the ``"sdpa"`` name transformers would see the load-balanced
+(non-monotonic) position ids as packed sequences and build a mask, which ring attention refuses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from peakmem.errors import InputError
+from peakmem.parallel import Parallelism
+from peakmem.training import TrainingSetup
+
 ROTATE_METHODS = ("allgather", "alltoall")
-SEQ_DIM = 2  # q, k, v are [B, H, S, D] in SDPA; CP shards dim 2 (torch hard-codes it: "seq_dim = 2")
+DEFAULT_ROTATE = "allgather"  # torch's _ContextParallelOptions.rotate_method; torchtitan's default too
+CP_ATTENTION = "peakmem_cp_sdpa"
+SEQ_DIM = 2  # q/k/v [B, H, S, D]: torch's ring hard-codes seq_dim=2
+CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def _wrap(local: torch.Tensor, mesh: Any) -> Any:
-    """A DTensor ``Shard(2)`` over ``mesh`` around a rank's local result (global dim 2 = cp x local)."""
-    from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+def check_cp(setup: TrainingSetup, par: Parallelism) -> None:
+    """The CP layouts the oracle runs: no PP (its stages pass whole sequences), and a sequence that
+    torch's default head-tail load balancer splits (``seq % (2 cp) == 0``, else torch runs CP
+    unbalanced, which torchtitan does not)."""
+    if par.pp > 1:
+        raise InputError(f"cp={par.cp} with pp={par.pp}: the oracle's pipeline stages pass whole sequences")
+    if par.cp_ring.value not in ROTATE_METHODS:
+        raise InputError(
+            f"cp_rotate={par.cp_ring.value!r}: the oracle runs torch's context_parallel "
+            f"({' or '.join(ROTATE_METHODS)}; 'auto' without FSDP2 means Megatron's p2p ring)"
+        )
+    if setup.seq_len % (2 * par.cp):
+        raise InputError(
+            f"seq_len={setup.seq_len}: context parallel's head-tail load balancing needs a multiple of "
+            f"2 x cp = {2 * par.cp}"
+        )
 
-    shape = list(local.shape)
-    shape[SEQ_DIM] *= mesh.size()
-    meta = TensorMeta(torch.Size(shape), torch.empty(shape, device="meta").stride(), local.dtype)
-    spec = DTensorSpec(mesh, (Shard(SEQ_DIM),), tensor_meta=meta)
-    return DTensor(local, spec, requires_grad=False)  # type: ignore[no-untyped-call]
+
+def use_cp_attention(model: Any) -> None:
+    """Register transformers' SDPA attention as :data:`CP_ATTENTION` and make ``model`` use it."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CP_ATTENTION, sdpa_attention_forward)
+    model.config._attn_implementation = CP_ATTENTION
 
 
 def _local(x: Any) -> Any:
     return x._local_tensor if hasattr(x, "_local_tensor") else x
 
 
-def _forward_handler(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p=0., is_causal=False, *,
-    attn_mask=None, scale=None)`` on ``Shard(2)`` DTensors: torch's ring forward with the CPU kernel."""
+def _wrap(tensors: tuple[Any, ...], mesh: Any) -> tuple[Any, ...]:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return tuple(
+        DTensor.from_local(t, mesh, [Shard(SEQ_DIM)], run_check=False) if isinstance(t, torch.Tensor) else t
+        for t in tensors
+    )
+
+
+def _mesh_of(args: tuple[Any, ...]) -> Any:
+    for a in args:
+        if hasattr(a, "device_mesh"):
+            return a.device_mesh
+    raise RuntimeError("context parallel: SDPA got no DTensor argument")
+
+
+def _ring_forward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """torch's ``_scaled_dot_product_ring_flash_attention`` with the CPU flash op as the chunk kernel."""
     from torch.distributed.tensor.experimental._context_parallel._attention import _templated_ring_attention
 
-    names = ("query", "key", "value", "dropout_p", "is_causal")
-    bound = {**dict(zip(names, args, strict=False)), **kwargs}
-    if bound.get("attn_mask") is not None:
-        raise NotImplementedError("context parallel on the CPU: an explicit attention mask is not supported")
-    query = bound["query"]
-    mesh = query.device_mesh
-    out, lse = _templated_ring_attention(
-        mesh.get_group(), SEQ_DIM, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-        query=_local(query), key=_local(bound["key"]), value=_local(bound["value"]),
-        is_causal=bool(bound.get("is_causal", False)), dropout_p=float(bound.get("dropout_p", 0.0)),
-        scale=bound.get("scale"),
+    mesh = _mesh_of(args)
+    query, key, value, *rest = (_local(a) for a in args)
+    dropout_p = float(rest[0]) if len(rest) > 0 else float(kwargs.get("dropout_p", 0.0))
+    is_causal = bool(rest[1]) if len(rest) > 1 else bool(kwargs.get("is_causal", False))
+    if kwargs.get("attn_mask") is not None:
+        raise NotImplementedError("context parallel: SDPA with an attention mask")
+    out = _templated_ring_attention(
+        mesh.get_group(), SEQ_DIM, CPU_FLASH,
+        query=query, key=key, value=value, is_causal=is_causal, dropout_p=dropout_p,
+        scale=kwargs.get("scale"),
     )  # fmt: skip
-    return _wrap(out, mesh), _wrap(lse, mesh)
+    return _wrap(tuple(out), mesh)
 
 
-def _backward_handler(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, logsumexp,
-    dropout_p, is_causal, *, attn_mask=None, scale=None)``: torch's ring backward with the CPU kernel."""
+def _ring_backward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """torch's ``_scaled_dot_product_ring_flash_attention_backward`` with the CPU flash backward."""
     from torch.distributed.tensor.experimental._context_parallel._attention import (
         _templated_ring_attention_backward,
     )
 
-    names = ("grad_out", "query", "key", "value", "out", "logsumexp", "dropout_p", "is_causal")
-    bound = {**dict(zip(names, args, strict=False)), **kwargs}
-    if bound.get("attn_mask") is not None:
-        raise NotImplementedError("context parallel on the CPU: an explicit attention mask is not supported")
-    query = bound["query"]
-    mesh = query.device_mesh
-    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-    dq, dk, dv = _templated_ring_attention_backward(
-        mesh.get_group(), SEQ_DIM, kernel,
-        grad_out=_local(bound["grad_out"]), grad_out_name="grad_out", query=_local(query),
-        key=_local(bound["key"]), value=_local(bound["value"]), out=_local(bound["out"]),
-        logsumexp=_local(bound["logsumexp"]), is_causal=bool(bound["is_causal"]),
-        dropout_p=float(bound["dropout_p"]), scale=bound.get("scale"),
+    mesh = _mesh_of(args)
+    grad_out, query, key, value, out, lse, dropout_p, is_causal = (_local(a) for a in args[:8])
+    if kwargs.get("attn_mask") is not None:
+        raise NotImplementedError("context parallel: SDPA with an attention mask")
+    grads = _templated_ring_attention_backward(
+        mesh.get_group(), SEQ_DIM, CPU_FLASH_BACKWARD,
+        grad_out=grad_out, grad_out_name="grad_out", query=query, key=key, value=value, out=out,
+        logsumexp=lse, is_causal=bool(is_causal), dropout_p=float(dropout_p), scale=kwargs.get("scale"),
     )  # fmt: skip
-    return _wrap(dq, mesh), _wrap(dk, mesh), _wrap(dv, mesh)
+    return _wrap(tuple(grads), mesh)
+
+
+CPU_HANDLERS: dict[Any, Any] = {CPU_FLASH: _ring_forward, CPU_FLASH_BACKWARD: _ring_backward}
 
 
 @contextmanager
-def cpu_ring_attention() -> Iterator[None]:
-    """DTensor handlers for the CPU flash-attention ops that run torch's ring attention, installed for
-    the block and removed after it (torch's own ``_enable_cp_dtensor_dispatcher`` replaces the handler
-    dict on every ``context_parallel`` entry and restores its import-time copy on exit, so the handlers
-    are added to that copy, ``_attention.existing_custom_ops``, which both states start from)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.experimental._context_parallel import _attention
-
-    aten = torch.ops.aten
-    added = {
-        aten._scaled_dot_product_flash_attention_for_cpu.default: _forward_handler,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _backward_handler,
-    }
-    base = _attention.existing_custom_ops
-    saved_current = DTensor._op_dispatcher._custom_op_handlers
-    base.update(added)
-    try:
-        yield
-    finally:
-        for op in added:
-            base.pop(op, None)
-            DTensor._op_dispatcher._custom_op_handlers.pop(op, None)
-        DTensor._op_dispatcher._custom_op_handlers = saved_current
-
-
-@contextmanager
-def context_parallel_step(
-    mesh: Any, buffers: list[torch.Tensor], rotate: str, no_restore: set[torch.Tensor] | None = None
+def cp_context(
+    mesh: Any, buffers: list[torch.Tensor], seq_dims: list[int], rotate: str = DEFAULT_ROTATE
 ) -> Iterator[None]:
-    """torchtitan's ``create_context_parallel_ctx``: the rotate method, then torch's
-    ``context_parallel`` over ``mesh`` sharding ``buffers`` (inputs, labels, positions) on dim 1."""
+    """torchtitan's ``create_context_parallel_ctx`` (``set_rotate_method`` + ``context_parallel``), with
+    the CPU flash ops handled as the CUDA ones are. ``buffers`` are sharded in place for the duration."""
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    from torch.distributed.tensor.experimental._context_parallel import set_rotate_method
 
     if rotate not in ROTATE_METHODS:
         raise ValueError(f"rotate={rotate!r}: choose one of {', '.join(ROTATE_METHODS)}")
     set_rotate_method(rotate)
-    with context_parallel(
-        mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=no_restore
-    ):
+    dispatcher = DTensor._op_dispatcher
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=seq_dims):
+        # context_parallel installed torch's handlers on entry and restores the original dict on exit
+        dispatcher._custom_op_handlers = {**dispatcher._custom_op_handlers, **CPU_HANDLERS}
         yield
+    set_rotate_method(DEFAULT_ROTATE)
 
 
-def cp_plain_step(
-    model: Any, setup: Any, tracker: Any, lp: Callable[[], Any], cp_mesh: Any, rotate: str
-) -> Callable[[torch.Tensor, int], None]:
-    """:func:`peakmem.measure.parallel._plain_step` under CP, as torchtitan's ``train.py`` runs it: per
-    micro-batch, forward and backward inside ``context_parallel`` with the inputs, labels and positions
-    as its buffers (``cp_no_restore_buffers={inputs, labels}``), so every rank runs its ``seq / cp``
-    tokens. torchtitan also shards its RoPE table (``freqs_cis``, seq dim 0); the HF model derives its
-    rotary embedding from its positions instead, computed per call for the local tokens."""
-    from peakmem.breakdown import Phase
-    from peakmem.measure.tracker import INPUT
-
-    def run(ids: torch.Tensor, step: int) -> None:
-        for chunk in torch.split(ids, setup.micro_batch):
-            tracker.set_phase(Phase.FORWARD, step)
-            inputs, labels = chunk.clone(), chunk.clone()
-            for t in (inputs, labels):
-                tracker.tag(t, INPUT)
-            buffers = [inputs, labels]
-            with context_parallel_step(cp_mesh, buffers, rotate, no_restore={inputs, labels}), lp():
-                # no position_ids: the load-balanced shard's positions are not contiguous, from which
-                # transformers infers packed sequences and builds a mask (CP's ring takes none); the
-                # model's own positions, arange(seq / cp), have the same bytes (RoPE values differ,
-                # which no byte depends on)
-                loss = model(input_ids=inputs, labels=labels).loss
-                if setup.grad_accum > 1:
-                    loss = loss / setup.grad_accum
-                tracker.set_phase(Phase.BACKWARD, step)
-                loss.backward()
-                del loss
-            del inputs, labels, buffers
-
-    return run
-
-
-__all__ = ["ROTATE_METHODS", "context_parallel_step", "cp_plain_step", "cpu_ring_attention"]
+__all__ = ["CP_ATTENTION", "DEFAULT_ROTATE", "ROTATE_METHODS", "check_cp", "cp_context", "use_cp_attention"]

@@ -42,6 +42,10 @@ from __future__ import annotations
 from peakmem.formulas.model_parallel import ROW_PARALLEL_MODULES, TP_SPLIT_COMPONENTS
 from peakmem.model import ModelSpec
 
+# The KV budget counts the stacks from vLLM 0.8: V0 sized the pool before it built the LoRA manager until
+# PR #14469 (0.8.0, vllm issue #14450); V1 (the default from 0.8) builds them inside load_model's profile.
+VLLM_LORA_PROFILED_RELEASE = (0, 8)
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)

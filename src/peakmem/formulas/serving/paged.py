@@ -32,7 +32,7 @@ from peakmem.formulas.serving.cuda_graphs import (
     graph_note,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
-from peakmem.formulas.serving.lora_slots import lora_slot_bytes
+from peakmem.formulas.serving.lora_slots import VLLM_LORA_PROFILED_RELEASE, lora_slot_bytes
 from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.serving.sglang_spec import (
@@ -134,13 +134,18 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             if graphs is not None and graphs.accounting is Accounting.KV_BUDGET:
                 pool -= graph_bytes
         pool = max(pool, 0)
-        if lora is not None:
+        if lora is not None and s.version >= VLLM_LORA_PROFILED_RELEASE:
             # vLLM V1 profiles after load_model: the LoRA stacks count with the weights (lora_slots.py)
             shrink = min(pool, lora.bytes)
             pool -= shrink
             extra["kv_pool_lora_shrink_bytes"] = shrink
             notes.append(
                 f"LoRA slots take {lora.bytes} B out of the KV pool (vLLM profiles them with the weights)"
+            )
+        elif lora is not None:
+            notes.append(
+                f"LoRA slots ({lora.bytes} B) come on top of gpu_memory_utilization x GPU: vLLM before "
+                "0.8 sized the KV pool before it built the LoRA manager (vllm issue #14450)"
             )
         # SGLang before the draft was budgeted: the pool holds the target's KV only (the draft's own
         # pool of as many tokens is allocated beyond the budget: sglang_spec.py)
