@@ -406,13 +406,18 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 ring = mp.cp_ring(_long.attention_layer(layer, par), att_sh.tokens, sh.c, par)
                 dispatch = mp.ep_dispatch_bytes(layer, sh.tokens, spec.hidden_size, sh.c, par)
                 all_to_all = _long.all_to_all_bytes(layer, sh, par)  # Ulysses: forward and backward
-                la = mp.tp_layer_activations(la, par, ring, dispatch + all_to_all)
+                la = mp.tp_layer_activations(
+                    la, par, ring, dispatch + all_to_all, linear_input=sh.tokens * spec.hidden_size * sh.c
+                )
             if setup.checkpointing is Checkpointing.OP:
                 act.check_op_sac(spec, layer, bool(tech.adapter), par.tp)
                 saved_op = act.op_saved(spec, layer, sh, la, float8=recipe is not None)
                 la = seen[memo] = act.op_checkpointed(la, saved_op)
             else:
-                la = seen[memo] = act.checkpointed(la, setup.checkpointing if wrapped else Checkpointing.NONE)
+                eager = recipe is None and not tech.adapter and not sh.compiled
+                mode = setup.checkpointing if wrapped else Checkpointing.NONE
+                la = _steps.checkpointed_layer(la, spec, sh, par, mode, eager_mlp=eager)
+                seen[memo] = la
         whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
         offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view
         if setup.activation_offload or setup.optimizer_in_backward:
@@ -533,7 +538,7 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden)
+    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, sh.tokens * spec.hidden_size * sh.c)
     layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copy,
                          rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
     fwd_extra = max(head_fwd, layer_fwd - head_saved)
@@ -580,9 +585,9 @@ def _estimate(
         )  # fmt: skip
         engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
         bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
-        if rs.layer_backward_extra and not bp.at_start and bp.layers_done < sum(g.count for g in groups):
-            unit_bytes = rs.layer_backward_first_extra if bp.layers_done == 0 else rs.layer_backward_extra
-            bwd_items = _fsdp.backward_items(bwd_items, unit_bytes)
+        layers = sum(g.count for g in groups)
+        if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
+            bwd_items = _fsdp.backward_items(bwd_items, _fsdp.layer_extra(rs, bp.layers_done, layers))
         items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item]
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 

@@ -12,16 +12,37 @@ from peakmem.formulas.sharding import RankStates
 from peakmem.formulas.timeline import GroupCost
 
 
+def layer_extra(rs: RankStates, layers_done: int, layers: int) -> int:
+    """FSDP2: what a layer unit adds to its backward when ``layers_done`` of the ``layers`` have run
+    theirs: the first unit backward reaches (the last layer) has no earlier reduce-scatter input, the
+    last one it reaches (the first layer) nothing to prefetch, a single layer neither
+    (peakmem.formulas.fsdp2.in_layer)."""
+    mid, first = rs.layer_backward_extra, rs.layer_backward_first_extra
+    last = rs.layer_backward_last_extra or mid
+    if layers == 1:
+        return first + last - mid
+    return first if layers_done == 0 else last if layers_done == layers - 1 else mid
+
+
 def backward_groups(groups: tuple[GroupCost, ...], rs: RankStates) -> tuple[GroupCost, ...]:
-    """FSDP2: each layer unit's own unsharded bytes added to its backward transient, the first unit
-    backward reaches (the last layer) with less (peakmem.formulas.fsdp2.in_layer); that layer
-    becomes a group of its own."""
+    """FSDP2: each layer unit's own unsharded bytes added to its backward transient (:func:`layer_extra`);
+    the first and the last layer backward reaches become groups of their own."""
     if not rs.layer_backward_extra or not groups:
         return groups
-    out = [replace(g, backward_transient=g.backward_transient + rs.layer_backward_extra) for g in groups]
-    last = groups[-1]  # forward order: the last group holds the first layer backward reaches
-    first = replace(last, count=1, backward_transient=last.backward_transient + rs.layer_backward_first_extra)
-    out[-1:] = [replace(out[-1], count=last.count - 1), first] if last.count > 1 else [first]
+    layers = sum(g.count for g in groups)
+    out: list[GroupCost] = []
+    start = 0  # layers before this group in forward order
+    for g in groups:
+        # runs of layers with the same extra (forward order: layer i is reached after layers - 1 - i)
+        pieces: list[tuple[int, int]] = []
+        for i in range(start, start + g.count):
+            extra = layer_extra(rs, layers - 1 - i, layers)
+            if pieces and pieces[-1][1] == extra:
+                pieces[-1] = (pieces[-1][0] + 1, extra)
+            else:
+                pieces.append((1, extra))
+        out.extend(replace(g, count=c, backward_transient=g.backward_transient + e) for c, e in pieces)
+        start += g.count
     return tuple(out)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow, PhasePeak
+from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
@@ -17,9 +18,9 @@ from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.technique import Technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost
-from peakmem.model import Tensor
+from peakmem.model import ModelSpec, Tensor
 from peakmem.parallel import Parallelism
-from peakmem.training import OptimizerName, TrainingSetup
+from peakmem.training import Checkpointing, OptimizerName, TrainingSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,36 @@ class Static:
     setup_json: dict[str, object]
     setup_json_nested: tuple[str, ...]
     in_backward_step: int = 0  # optimizer-in-backward: one tensor's step temporaries, inside backward
+
+
+def checkpointed_layer(
+    la: act.LayerActivations,
+    spec: ModelSpec,
+    sh: act.Shapes,
+    par: Parallelism,
+    mode: Checkpointing,
+    *,
+    eager_mlp: bool,
+) -> act.LayerActivations:
+    """A layer (after the model-parallel split) under ``mode`` (not op-level SAC): what stays saved
+    (:func:`peakmem.formulas.activations.checkpointed`), under full checkpointing with the forward
+    instants of an eager gated MLP (``full_ac_forward``) and, under PyTorch TP, the end of the
+    recomputation (:func:`peakmem.formulas.model_parallel.dtensor_recompute_tail`)."""
+    out = sh.tokens * spec.hidden_size * sh.c  # a Linear's output over the whole sequence
+    sp_split = par.tp if par.sequence_parallel else 1
+    hidden = mp.cdiv(out, sp_split)  # the rank's hidden states (its sequence shard under SP)
+    residual = mp.cdiv(sh.tokens * spec.hidden_size * sh.r, sp_split)
+    copy = mp.dtensor_rowwise_copy(par, hidden, out)
+    # alive through the MLP: the residual stream, and under SP the norm output's shard
+    held = residual + (hidden if par.sequence_parallel else 0)
+    la = act.checkpointed(la, mode, eager_mlp=eager_mlp, out=out, copy=copy, held=held)
+    if mode is not Checkpointing.FULL or par.is_single_gpu:
+        return la
+    # in the recomputation the residual is also the second norm's saved input where that norm keeps it
+    # as it is (LayerNorm; an RMSNorm whose fp32 upcast is a no-op): counted with the recomputed tensors
+    residual_saved = spec.norm != "rmsnorm" or sh.r == 4
+    tail_held = held - (residual if residual_saved else 0) if eager_mlp else 0
+    return mp.dtensor_recompute_tail(la, par, hidden, out, residual, tail_held)
 
 
 def scaled_items(items: tuple[MemoryItem, ...], count: int, prefix: str) -> list[MemoryItem]:

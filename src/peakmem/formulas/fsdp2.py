@@ -106,7 +106,7 @@ def whole_embedding_grad(tech: Technique, par: Parallelism, sp: StageParams, dty
 
 def in_layer(
     unit: int, all_units: int, rs_unit: int, par: Parallelism
-) -> tuple[list[MemoryItem], list[MemoryItem], tuple[int, int, int, int, int]]:
+) -> tuple[list[MemoryItem], list[MemoryItem], tuple[int, int, int, int, int, int]]:
     """FSDP2's unsharded bytes by where the step is: (items alive through forward, items alive through
     backward, (what a layer unit adds at its unshard, while its forward runs, in its backward, in the
     backward of the first unit backward reaches, and what the start of backward adds)), ``unit`` bytes
@@ -124,7 +124,12 @@ def in_layer(
     (``reduce_scatter_max_input_buffers = 1``, reclaimed after this unit's reshard and before its own
     input is allocated): the running unit's parameters, the prefetched output and the kept input; the
     first unit backward reaches has no earlier input: its parameters and the prefetched output (2
-    units). Its own reduce-scatter (the prefetched output and its input, next to its whole gradients)
+    units); the last one it reaches (the first layer) prefetches nothing (``_backward_prefetch``: the
+    unit at post-forward index 0 has no ``post_forward_order[curr_index - 1]``; the root, unsharded
+    since forward, is not all-gathered again): its parameters and the kept input (found with full
+    activation checkpointing, where every layer's backward peaks alike and the first layer's decides:
+    the oracle's fsdp4 backward was +10.6% with 3 units there, peakmem.measure.parallel_ac). Its own
+    reduce-scatter (the prefetched output and its input, next to its whole gradients)
     comes after its backward freed its activations and temporaries, and is below the next unit's
     running instant (that unit's parameters, the next prefetch and the same kept input, next to its
     backward): not a peak of its own (counting it as one put the mixed-bf16 oracle's fsdp4 backward
@@ -144,7 +149,7 @@ def in_layer(
     if par.pp > 1:
         held = _item("FSDP2 under PP: every layer unit of the stage unsharded from forward to backward",
                      Category.PARAMETERS, all_units, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-        return [held], [held], (0, 0, 0, 0, 0)
+        return [held], [held], (0, 0, 0, 0, 0, 0)
     kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
                  Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
-    return [kept], [], (2 * unit, unit, 2 * unit + rs_unit, 2 * unit, unit)
+    return [kept], [], (2 * unit, unit, 2 * unit + rs_unit, 2 * unit, unit, unit + rs_unit)

@@ -254,7 +254,13 @@ SRC_DTENSOR_TP = (
 )
 
 
-def dtensor_rowwise_copy(par: Parallelism, hidden: int) -> int:
+SRC_DTENSOR_SP_SCATTER = (
+    "torch/distributed/_functional_collectives.py reduce_scatter_single (torch 2.13): scatter_dim != 0 "
+    "first copies its input with torch/_utils.py _chunk_or_narrow_cat (torch.cat of torch.chunk)"
+)
+
+
+def dtensor_rowwise_copy(par: Parallelism, hidden: int, whole: int = 0) -> int:
     """PyTorch tensor parallelism (DTensor ``parallelize_module``, torchtitan ``apply_tp``): an output
     projection's ``RowwiseParallel`` turns its partial sum into a replicated tensor (a sequence shard under
     SP) with the out-of-place functional ``all_reduce`` / ``reduce_scatter_tensor``, whose output is a
@@ -263,10 +269,53 @@ def dtensor_rowwise_copy(par: Parallelism, hidden: int) -> int:
     own). ``hidden``: one micro-batch's hidden states on the rank (its sequence shard under SP). The
     vocab-parallel embedding's collective output is the first layer's input, which the first norm saves:
     nothing more. Measured with the oracle (peakmem.measure.parallel). Not applied under DeepSpeed ZeRO
-    (no DTensor TP)."""
+    (no DTensor TP).
+
+    Under SP the reduce-scatter runs on the sequence dim (``Shard(1)``), and ``reduce_scatter_single``
+    first lays the whole partial sum out chunk by chunk along dim 0 in a copy
+    (:data:`SRC_DTENSOR_SP_SCATTER`): ``whole`` (the ``T x h`` partial sum's bytes) more, alive with the
+    projection's output during the collective (measured with the oracle under full checkpointing,
+    peakmem.measure.parallel_ac, where a layer's interior is the forward peak: tp8+sp, 512-token vocab,
+    forward -16.9% without it)."""
     if par.tp == 1 or par.zero_stage:
         return 0
-    return hidden
+    return hidden + (whole if par.sequence_parallel else 0)
+
+
+SRC_RECOMPUTE_TAIL = (
+    "torch/utils/checkpoint.py _checkpoint_without_reentrant_generator: the first unpack of a saved tensor "
+    "reruns the block's whole forward (early_stop=False: torchtitan b5bcd76 FullAC._wrap_block) before its "
+    "backward goes on; torch/distributed/_functional_collectives.py reduce_scatter_tensor_backward: "
+    "all_gather_single of the output gradient (gather dim 1 under SP: a whole copy)"
+)
+
+
+def dtensor_recompute_tail(
+    la: LayerActivations, par: Parallelism, hidden: int, whole: int, grad_in: int, held: int = 0
+) -> LayerActivations:
+    """A fully checkpointed layer under PyTorch TP (torchtitan ``apply_tp`` then ``FullAC``): its backward
+    starts at the block's last op, the output projection's collective, whose backward turns the incoming
+    gradient (``grad_in``: the rank's hidden states in the residual dtype) into the projection output's
+    gradient (under SP all-gathered over the sequence: ``whole`` more; without SP the all-reduce's backward
+    passes it on). The projection's backward then unpacks its saved input, which reruns the block's forward
+    to its end (:data:`SRC_RECOMPUTE_TAIL`), where the recomputed saved tensors are all alive with the last
+    projection's partial sum (``whole``) and its collective's copies (:func:`dtensor_rowwise_copy`) next to
+    that gradient, with what the recomputed forward holds through its MLP (``held``: the residual stream
+    and SP's norm-output shard, :func:`peakmem.formulas.activations.full_ac_forward`): none of the
+    layer's saved tensors freed yet, no weight gradient written. That instant
+    becomes the layer's backward stage where it exceeds the gradient stages (``la.backward_*``).
+    Measured with the oracle (peakmem.measure.parallel_ac: tp8+sp, 512-token vocab, backward -23.8%
+    without it, -2.3% without ``held`` under FSDP2 mixed-bf16). ``la``: the checkpointed layer
+    (``recompute`` set)."""
+    if par.tp == 1 or par.zero_stage or not la.recompute:
+        return la
+    gathered = whole if par.sequence_parallel else 0
+    # net bytes above the recomputed tensors, as backward_transient counts them (the mask argument, kept
+    # for the recomputation, alive at both)
+    tail = grad_in + gathered + held + whole + dtensor_rowwise_copy(par, hidden, whole) + la.mask_arg
+    if tail <= la.backward_transient:
+        return la
+    return replace(la, backward_transient=tail, backward_freed=0, backward_grads=0)
 
 
 SRC_DTENSOR_EMBED = (
@@ -337,11 +386,25 @@ def split_items(items: tuple[MemoryItem, ...], par: Parallelism) -> tuple[Memory
 
 
 def tp_layer_activations(
-    la: LayerActivations, par: Parallelism, ring: int | CpRing, dispatch_bytes: int = 0
+    la: LayerActivations,
+    par: Parallelism,
+    ring: int | CpRing,
+    dispatch_bytes: int = 0,
+    *,
+    linear_input: int = 0,
 ) -> LayerActivations:
     """A layer's activations on one TP/SP rank (computed before checkpointing), plus the
     context-parallel ring's buffers (:func:`cp_ring`; an int is the p2p ring's K/V chunk) and the
-    expert-parallel all-to-all buffer (forward and backward)."""
+    expert-parallel all-to-all buffer (forward and backward).
+
+    What full checkpointing reads is carried over too (:func:`peakmem.formulas.activations.checkpointed`):
+    the interior alive mid-layer in a forward that saves nothing (``la.interior``: the attention core or
+    the MLP interior, split by tp, next to the block's ``linear_input``: the norm output its first Linears
+    read, ``T x h`` in the compute dtype, whole on every rank: replicated without SP, all-gathered by
+    PyTorch's SP), the layer input the first norm saves (split like the layer input), the mask argument
+    (whole) and the backward split (freed / grads, split by tp). Without them a TP layer under full
+    checkpointing had no forward interior and recomputed its kept input twice (measured with the
+    oracle, peakmem.measure.parallel_ac: tp8+sp, a 512-token vocab, forward -32.6%)."""
     cp = ring if isinstance(ring, CpRing) else p2p_ring(ring)
     saved = split_items(la.saved, par)
     forward = cdiv(la.forward_transient, par.tp) + cp.forward + dispatch_bytes
@@ -359,12 +422,21 @@ def tp_layer_activations(
             path="layers.*.self_attn context-parallel output copy", category=Category.ACTIVATIONS,
             bytes=cp.saved, source=SRC_TORCH_CP, key="attn.cp_out_copy",
         ),)  # fmt: skip
+    whole = min(linear_input, la.interior)
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
         forward_transient=forward,
         backward_transient=backward,
+        interior=cdiv(la.interior - whole, par.tp) + whole,
+        input_saved=_split(la.input_saved, True, par),
+        mask_arg=la.mask_arg,
+        backward_freed=cdiv(la.backward_freed, par.tp),
+        backward_grads=cdiv(la.backward_grads, par.tp),
+        backward_stages=tuple(
+            (cdiv(n, par.tp), cdiv(f, par.tp), cdiv(g, par.tp)) for n, f, g in la.backward_stages
+        ),
     )
 
 

@@ -149,6 +149,7 @@ class RankStates:
     layer_forward_extra: int = 0
     layer_backward_extra: int = 0
     layer_backward_first_extra: int = 0  # the first unit backward reaches (no earlier reduce-scatter)
+    layer_backward_last_extra: int = 0  # the last unit backward reaches (nothing to prefetch)
     backward_start_extra: int = 0  # at the loss's and the head's backward (before any layer unit)
     # FSDP2: the root's unshards (see fsdp2.root_unshards): every unsharded byte at the first layer
     # unit's copy-out in a micro-batch's forward, and the root's all-gather output at backward's start
@@ -512,7 +513,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     rs_dt = tech.grad if tech.adapter else gather_dt
     reduce_scatter = _item("FSDP reduce-scatter input (one unit's gradients)", Category.GRADIENTS,
                            rs_dt.nbytes(unit_trainable), SRC_FSDP_RS, key="fsdp.reduce_scatter")  # fmt: skip
-    unshard_extra = fwd_extra = bwd_extra = bwd_first = bwd_start = root_extra = first = root_again = 0
+    unshard_extra = fwd_extra = bwd_extra = bwd_first = bwd_start = bwd_last = root_extra = first = (
+        root_again
+    ) = 0
     pp_reduce = 0
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
@@ -524,9 +527,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
         # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
         rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
-        fwd_items, bwd_items, (unshard_extra, fwd_extra, bwd_extra, bwd_first, bwd_start) = _fsdp2.in_layer(
-            gathered(unit), all_units, rs_unit, par
-        )
+        fwd_items, bwd_items, in_layer = _fsdp2.in_layer(gathered(unit), all_units, rs_unit, par)
+        unshard_extra, fwd_extra, bwd_extra, bwd_first, bwd_start, bwd_last = in_layer
         root_gathered = gathered(sp.root_numel, root=True)
         first, root_again = _fsdp2.root_unshards(root_gathered, gathered(unit), par)
         root_rs = 0 if tech.adapter else shard_dt.nbytes(sp.root_numel)
@@ -563,6 +565,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
         layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
+        layer_backward_last_extra=bwd_last,
         root_grads_deferred=par.fsdp_version == 2 and par.pp == 1, root_backward_extra=root_extra,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding,

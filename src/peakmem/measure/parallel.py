@@ -59,11 +59,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
+from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
 from peakmem.parallel import CpRotate, FsdpMode, Parallelism
-from peakmem.training import Precision, TrainingSetup
+from peakmem.training import Checkpointing, Precision, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 SCHEDULES = ("1f1b", "gpipe")
@@ -222,6 +223,9 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
         from peakmem.measure.parallel_cp import check_cp
 
         check_cp(setup, par)
+    refusal = check_checkpointing(setup.checkpointing, setup.checkpoint_every)
+    if refusal:
+        raise InputError(refusal)
     if schedule not in SCHEDULES:
         raise InputError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if par.pp > 1 and schedule == "1f1b" and setup.grad_accum < par.pp:
@@ -482,6 +486,9 @@ def _measure(
         _cut_stage(model, par, stage)
     if par.tp > 1:
         _apply_tp(model, mesh["tp"], par.sequence_parallel)
+    tracker = ParallelTracker(device_type="cpu")
+    if setup.checkpointing is Checkpointing.FULL:  # after TP, before FSDP2, as torchtitan
+        apply_full_ac(model, tracker)
     stage_module = _Stage(model, stage == 0, stage == par.pp - 1) if par.pp > 1 else None
     if par.cp > 1:
         from peakmem.measure.parallel_cp import use_cp_attention
@@ -492,7 +499,6 @@ def _measure(
         # torchtitan shards FSDP over dp x cp (its dp_shard_cp mesh)
         fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if par.cp > 1 else mesh["dp"]
         _apply_fsdp(model, root, fsdp_mesh, setup, reshard_after_forward=par.pp == 1)
-    tracker = ParallelTracker(device_type="cpu")
     tracker.register_module(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(setup.optimizer, setup.optimizer_impl, _param_groups(params))
