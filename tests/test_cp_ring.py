@@ -18,6 +18,7 @@ C = 2
 T_LOCAL = 256
 KV = T_LOCAL * 4 * (8 + 8) * C
 Q = OUT = T_LOCAL * 8 * 8 * C
+LSE = T_LOCAL * 8 * 4  # fp32 logsumexp
 
 
 def _ring(par: Parallelism) -> mp.CpRing:
@@ -30,18 +31,22 @@ def test_chunk_by_hand() -> None:
 
 
 def test_torch_allgather_grows_with_cp() -> None:
-    """torch's all-gather rotate keeps every rank's K/V (cp x kv) for the whole ring. Forward: the K/V
-    contiguous copies and the cat sent (2 kv). Backward: the contiguous copies (kv), two K/V cats (2 kv;
-    one at cp 2, whose last and only rotation is the first),
+    """torch's all-gather rotate keeps every rank's K/V (cp x kv) for the whole ring. Forward: the larger
+    of the first step (the K/V contiguous copies and the cat sent, 2 kv, and the merger's fp32 copy of the
+    block output, 2 o) and a load-balanced merge step (fp32 merger out 2 o, the half block o / 2, its
+    fp32 copy o, out - block_out o, one more fp32 2 o, two logsumexps of 256 x 8 x 4 = 8,192, less the
+    kernel's own o and logsumexp: 5.5 o + lse); here the merge step. Backward: the contiguous copies
+    (kv), two K/V cats (2 kv; one at cp 2, whose last and only rotation is the first),
     the fp32 dQ/dK/dV accumulators (2 x (q + kv)) and the fp32 dK/dV cat and all-to-all buffer
     (2 x 2 x kv). The output copy before o_proj is saved (o)."""
     for cp in (2, 4, 8):
         ring = _ring(Parallelism(gpus=cp, cp=cp, cp_rotate=CpRotate.ALLGATHER))
-        assert ring.forward == cp * KV + 2 * KV
+        assert ring.forward == max(cp * KV + 2 * KV + 2 * OUT, cp * KV + 5 * OUT + OUT // 2 + LSE)
+        assert ring.forward == cp * KV + 5 * OUT + OUT // 2 + LSE
         assert ring.backward == cp * KV + (1 + min(2, cp - 1)) * KV + 2 * (Q + KV) + 2 * 2 * KV
         assert ring.saved == OUT
     at4 = _ring(Parallelism(gpus=4, cp=4, cp_rotate=CpRotate.ALLGATHER))
-    assert (at4.forward, at4.backward) == (196_608, 491_520)
+    assert (at4.forward, at4.backward) == (319_488, 491_520)
 
 
 def test_torch_alltoall_holds_one_chunk() -> None:
@@ -58,13 +63,14 @@ def test_megatron_p2p_ring_unchanged() -> None:
 
 
 def test_tp_splits_heads() -> None:
-    """TP 2: 2 k/v heads and 4 query heads per rank, so kv = q = o = 16,384."""
+    """TP 2: 2 k/v heads and 4 query heads per rank, so kv = q = o = 16,384 and the logsumexp 4,096; the
+    forward's merge step (4 kv + 5.5 o + lse) is larger than its first step (6 kv + 2 o)."""
     ring = _ring(Parallelism(gpus=8, tp=2, cp=4, cp_rotate=CpRotate.ALLGATHER))
     kv = q = 16_384
     assert (
         (ring.forward, ring.backward, ring.saved)
-        == (6 * kv, 7 * kv + 2 * (q + 3 * kv), q)
-        == (98_304, 245_760, q)
+        == (4 * kv + 5 * q + q // 2 + 4096, 7 * kv + 2 * (q + 3 * kv), q)
+        == (159_744, 245_760, q)
     )
 
 

@@ -210,6 +210,35 @@ def test_full_ac_on_the_tiny_grid(par: Parallelism) -> None:
     assert not misses, "; ".join(misses)
 
 
+# Attention-heavy: a narrow MLP (64) and a 64-token vocabulary, so that at 64 local tokens per rank the
+# ring attention's buffers decide the forward and backward peaks.
+ATTENTION_HEAVY: dict[str, Any] = {**TINY_LLAMA, "intermediate_size": 64, "vocab_size": 64}
+CP4_FSDP = Parallelism(gpus=4, cp=4, fsdp=FsdpMode.FULL_SHARD)  # auto: torch's all-gather under FSDP2
+
+
+def test_context_parallel_ring_peaks_within_tolerance() -> None:
+    """torch's context_parallel where its ring buffers are the peaks: cp4 x FSDP2 over the 4 CP ranks, 4 KV
+    heads, seq 256 (64 local tokens), fp32. Measured +1.0% forward, +0.9% backward; the ring's forward
+    added to the whole layer read +10.4% forward (h-cp3 composes it at the attention core), the Megatron
+    p2p ring -8.2% / -20.3%."""
+    setup = replace(SETUP, seq_len=256, grad_accum=1)
+    misses = _misses(CP4_FSDP, setup, {**ATTENTION_HEAVY, "num_key_value_heads": 4})
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mixed-bf16 GQA cp4 x fsdp4: forward -3.9% (1,869,568 estimated, 1,945,940 measured), backward "
+    "+0.3%. The same model without CP (fsdp4, seq 64) reads -5.3% forward / -9.9% backward, and the "
+    "forward peak is at the last layer's MLP (FSDP2's all-gather output), not in the ring: FSDP2 "
+    "mixed-bf16's residual, not the ring's (its merge step is modelled: -5.9% without it)",
+)
+def test_context_parallel_bf16_gqa_within_tolerance() -> None:
+    setup = replace(SETUP, seq_len=256, grad_accum=1, precision=Precision.MIXED_BF16)
+    misses = _misses(CP4_FSDP, setup, ATTENTION_HEAVY)
+    assert not misses, "; ".join(misses)
+
+
 def test_fsdp2_shards_and_states_by_hand() -> None:
     """FSDP2 over 4 ranks, at the optimizer step of the tiny Llama (fp32 AdamW foreach): every rank
     holds its padded shard of the parameters (each tensor chunked on dim 0 in 4), the same for the

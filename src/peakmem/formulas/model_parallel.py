@@ -407,6 +407,16 @@ def tp_layer_activations(
     oracle, peakmem.measure.parallel_ac: tp8+sp, a 512-token vocab, forward -32.6%)."""
     cp = ring if isinstance(ring, CpRing) else p2p_ring(ring)
     saved = split_items(la.saved, par)
+    forward = cdiv(la.forward_transient, par.tp) + cp.forward + dispatch_bytes
+    backward = cdiv(la.backward_transient, par.tp) + cp.backward + dispatch_bytes
+    if cp.at_core:  # alive at the attention core only: in forward before the layer's MLP saves anything
+        # (LayerActivations.forward_headroom), in backward in the attention half (layer.py's stages)
+        forward = cdiv(la.forward_transient, par.tp) + dispatch_bytes
+        forward += max(0, cp.forward - cdiv(la.forward_headroom, par.tp))
+        if len(la.backward_stages) == 2:  # (the MLP half's, the attention core's)
+            att_net = la.backward_stages[1][0]
+            backward = max(cdiv(la.backward_transient, par.tp), cdiv(att_net, par.tp) + cp.backward)
+            backward += dispatch_bytes
     if cp.saved:
         saved += (MemoryItem(
             path="layers.*.self_attn context-parallel output copy", category=Category.ACTIVATIONS,
@@ -417,8 +427,8 @@ def tp_layer_activations(
         saved=saved,
         core=cdiv(la.core, par.tp),
         layer_input=_split(la.layer_input, True, par),
-        forward_transient=cdiv(la.forward_transient, par.tp) + cp.forward + dispatch_bytes,
-        backward_transient=cdiv(la.backward_transient, par.tp) + cp.backward + dispatch_bytes,
+        forward_transient=forward,
+        backward_transient=backward,
         interior=cdiv(la.interior - whole, par.tp) + whole,
         input_saved=_split(la.input_saved, True, par),
         mask_arg=la.mask_arg,
@@ -520,6 +530,9 @@ class CpRing:
     forward: int
     backward: int
     saved: int = 0
+    # torch's ring: alive at the attention core only, so it composes with the layer's headroom and its
+    # attention half's backward stage (tp_layer_activations); p2p's is added to the whole layer
+    at_core: bool = False
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "saved"):
@@ -551,8 +564,14 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
       once per attention call and keeps it for every step (``cp x c``: at fixed local tokens it grows
       with ``cp``); ``_AllToAllRotater`` holds the one chunk received (``c``);
     * forward: ``key.contiguous()`` / ``value.contiguous()`` copy the transposed K/V (``c``), and the
-      ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``.
-      ``_SDPAMerger``'s fp32 merge comes after that ``cat`` is freed and was not the peak in the oracle;
+      ``cat(k, v)`` sent is alive while the rotation's buffer is allocated (``c``): ``held + 2 c``, and
+      below fp32 the merger's fp32 copy of the block output (``f o``). With the all-gather, the larger of
+      that and a load-balanced merge step of ``_SDPAMerger._merge_one`` (bf16 GQA, where ``c`` is small
+      next to ``o``): ``held`` + the merger's fp32 output (``f o``), the half-query block's output
+      (``o / 2``), ``out - block_out`` (``f o / 2``), below fp32 the block's fp32 copy (``f o / 2``) and
+      one more fp32 output-sized buffer (the oracle's ``_to_copy``; not traced to a line), less the
+      kernel's own output (``held + 5.5 o`` in bf16). Measured alone (tests/test_cp_ring_alone.py): exact
+      in fp32 and bf16, MHA and GQA at cp 4 and 8, up to one logsumexp;
     * backward: the same contiguous copies (``c``), the K/V ``cat`` sent at every step but the last, two
       at once from cp 3 on (``next_kv`` holds the previous one until it is reassigned: ``min(2, cp - 1)
       c``), the fp32 ``grad_query`` / ``grad_key`` / ``grad_value`` accumulators (``f (q + c)``) and the
@@ -580,5 +599,15 @@ def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelis
     f32 = FP32_BYTES // compute_bytes if compute_bytes <= FP32_BYTES else 1
     held = par.cp * c if ring is CpRotate.ALLGATHER else c
     forward = held + 2 * c
+    if ring is CpRotate.ALLGATHER:  # the two forward peaks of torch's ring, measured alone (h-cp3)
+        below_fp32 = compute_bytes < FP32_BYTES  # the merger's .to(float32) copies: no-ops in fp32
+        lse = tokens_local * heads * FP32_BYTES
+        forward += f32 * o if below_fp32 else 0  # first step: the merger's fp32 copy of the block output
+        # a load-balanced merge step (i > rank: half the queries): the merger's fp32 out, the half
+        # block's output, out - block_out (fp32, half), below fp32 the block's fp32 copy (half) and one
+        # more fp32 output-sized buffer (the oracle's _to_copy), the logsumexps; less the kernel's own
+        # output and logsumexp, which do not exist yet
+        merge_fp32 = f32 * o + f32 * o // 2 + (f32 * o // 2 + f32 * o if below_fp32 else 0)
+        forward = max(forward, held + merge_fp32 + o // 2 + 2 * lse - (o + lse))
     backward = held + (1 + min(2, par.cp - 1)) * c + f32 * (q + 3 * c)
-    return CpRing(forward=forward, backward=backward, saved=o)
+    return CpRing(forward=forward, backward=backward, saved=o, at_core=True)

@@ -171,6 +171,7 @@ def layer_activations(
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
+        forward_headroom=max(0, att_rest - att_fwd),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),

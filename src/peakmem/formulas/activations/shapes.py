@@ -79,6 +79,10 @@ class LayerActivations:
     # the two backward stages ``backward_*`` is the larger of, each (net, freed, grads): the MLP half's
     # and the attention core's (LoRA re-weighs them: lora/deltas.py adapt_layer); () where not built so
     backward_stages: tuple[tuple[int, int, int], ...] = ()
+    # how far the attention core's moment in forward is below the layer's end-of-forward saved total
+    # (the saved tensors the layer makes after its core, less the core's own transient): an extra
+    # alive at the core (context parallel's ring, formulas/model_parallel.py) adds only beyond it
+    forward_headroom: int = 0
 
     @property
     def saved_bytes(self) -> int:
