@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from _logs import fit_first, within_lines
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import PER_GRAPH_BYTES
@@ -32,7 +33,6 @@ from peakmem.model import ModelSpec
 from peakmem.units import GiB, MiB
 
 LOGS = Path(__file__).resolve().parent / "cuda_graph_logs.json"
-GOAL = 0.10
 
 
 def _spec(case: dict[str, Any]) -> ModelSpec:
@@ -75,9 +75,8 @@ def implied_per_graph(case: dict[str, Any]) -> float:
 
 def rows() -> list[tuple[dict[str, Any], int, int, str]]:
     cases = json.loads(LOGS.read_text())["cases"]
-    order = {"fit": 0, "held_out": 1}
     out = []
-    for case in sorted(cases, key=lambda c: (order[c["set"]], c["id"])):
+    for case in fit_first(cases, lambda c: c["id"]):
         got, how = predicted(case)
         out.append((case, logged_bytes(case), got, how))
     return out
@@ -94,17 +93,15 @@ def main() -> int:
         return 0
     print("| set | case | model | engine | what | graphs | log | peakmem | error |")
     print("|---|---|---|---|---|---|---:|---:|---:|")
-    within = {"fit": [0, 0], "held_out": [0, 0]}
+    errors = []
     for case, log, got, how in rows():
         err = got / log - 1
-        within[case["set"]][0] += abs(err) <= GOAL
-        within[case["set"]][1] += 1
+        errors.append((case["set"], err))
         model = case["model"] or "(not stated)"
         engine = f"{case['engine']} {case['version']} tp{case.get('tp', 1)}"
         print(f"| {case['set']} | {case['id']} | {model} | {engine} | {case['what']} | {how} | "
               f"{log / MiB:.0f} MiB | {got / MiB:.0f} MiB | {100 * err:+.0f}% |")  # fmt: skip
-    for name, (ok, n) in within.items():
-        print(f"{name}: {ok} of {n} within {GOAL:.0%}")
+    print("\n".join(within_lines(errors)))
     return 0
 
 

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from _logs import fit_first, within_lines
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.lora_slots import lora_slot_elements_per_adapter
@@ -39,7 +40,6 @@ from peakmem.inference import InferenceSetup
 from peakmem.units import GiB, MiB
 
 LOGS = Path(__file__).resolve().parent / "lora_slot_logs.json"
-GOAL = 0.10
 GB = 10**9
 
 
@@ -88,16 +88,14 @@ def predicted(case: dict[str, Any]) -> tuple[int, int, str]:
 
 def main() -> int:
     cases = json.loads(LOGS.read_text())["cases"]
-    order = {"fit": 0, "held_out": 1}
     print("| set | case | model | engine | slots | what | log | peakmem | error | slots / figure |")
     print("|---|---|---|---|---|---|---:|---:|---:|---:|")
-    within = {"fit": [0, 0], "held_out": [0, 0]}
-    for case in sorted(cases, key=lambda c: (order[c["set"]], int(c["id"][1:]))):
+    errors = []
+    for case in fit_first(cases, lambda c: int(c["id"][1:])):
         log = logged_bytes(case)
         got, slots, how = predicted(case)
         err = got / log - 1
-        within[case["set"]][0] += abs(err) <= GOAL
-        within[case["set"]][1] += 1
+        errors.append((case["set"], err))
         engine = f"{case['engine']} {case['version']} tp{case.get('tp') or 1}"
         lora = f"{case.get('max_loras') or '-'} x r{case.get('max_lora_rank') or '-'}"
         unit, scale = ("M values", 1e6) if case["what"] == "adapter_elements" else ("GiB", GiB)
@@ -105,8 +103,7 @@ def main() -> int:
         figures = f"{log / scale:.4f} {unit} | {got / scale:.4f} {unit} | {share}"
         row = f"| {case['set']} | {case['id']} | {case['model']} | {engine} | {lora} | {case['what']} ({how})"
         print(f"{row} | {figures} |")
-    for name, (ok, n) in within.items():
-        print(f"{name}: {ok} of {n} within {GOAL:.0%}")
+    print("\n".join(within_lines(errors)))
     return 0
 
 

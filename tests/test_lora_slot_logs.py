@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +26,8 @@ def _data() -> dict[str, Any]:
 
 
 def _script() -> ModuleType:
+    if str(ROOT) not in sys.path:  # the script imports its sibling benchmarks/_logs.py
+        sys.path.insert(0, str(ROOT))
     spec = importlib.util.spec_from_file_location("lora_slots_bench", ROOT / "lora_slots.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.dtypes import FP32
+from peakmem.errors import require
 from peakmem.model import Layer, ModelSpec, Tensor
 from peakmem.parallel import CpRotate, FsdpMode, Parallelism, PipelineSchedule
 
@@ -536,8 +538,7 @@ class CpRing:
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "saved"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
+            require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
 
 
 def p2p_ring(kv_chunk: int) -> CpRing:
@@ -550,7 +551,8 @@ SRC_TORCH_CP = (
     "torch/distributed/tensor/experimental/_context_parallel/_attention.py (torch 2.13): "
     "_templated_ring_attention(_backward), _AllGatherRotater, _AllToAllRotater, _SDPAMerger"
 )
-FP32_BYTES = 4  # _ContextParallelOptions.convert_to_f32: the merger and the gradient accumulators
+# _ContextParallelOptions.convert_to_f32: the merger and the gradient accumulators
+FP32_BYTES = FP32.nbytes(1)
 
 
 def cp_ring(layer: Layer, tokens_local: int, compute_bytes: int, par: Parallelism) -> CpRing:
