@@ -54,6 +54,7 @@ from peakmem.training import (
     Framework,
     LossImpl,
     Method,
+    Precision,
     TrainingSetup,
     checkpointed_layers,
 )
@@ -151,6 +152,11 @@ class TrainingEstimator:
         return est, st.states, st.sp
 
 
+# master-weight precisions: the step moves each 16-bit gradient onto its fp32 master and frees it
+# (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers)
+_MASTER_WEIGHT_PRECISIONS = (Precision.MIXED_BF16, Precision.MIXED_FP16)
+
+
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
     """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
     asked for, no Liger where Liger patches nothing, the framework profile's settings."""
@@ -159,6 +165,8 @@ def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
         setup = fallback
     if setup.liger and not liger_applies(spec.model_type):
         setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
+    if not setup.grads_set_to_none and setup.precision.states in _MASTER_WEIGHT_PRECISIONS:
+        setup = replace(setup, grads_set_to_none=True)  # the step already dropped the 16-bit gradients
     return profile_setup(setup)
 
 
@@ -459,6 +467,11 @@ def _fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) 
         notes += (
             f"Liger kernels: Liger does not patch {spec.model_type} (liger_kernel monkey_patch.py "
             "MODEL_TYPE_TO_APPLY_LIGER_FN): the model runs its own modules, as estimated",
+        )
+    if not asked.grads_set_to_none and setup.grads_set_to_none:
+        notes += (
+            f"keep_grads: {asked.precision.value} steps fp32 masters and drops each 16-bit gradient at the "
+            "step (master.grad = p.grad.float(); p.grad = None), so zero_grad has none left to keep",
         )
     return notes
 

@@ -123,6 +123,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("activation_offload", bool, False, T, "saved activations to CPU RAM", group=_SAVING),
     _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),
     _o("liger", bool, False, T, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)", group=_SAVING),
+    _o("keep_grads", bool, False, T,
+       "optimizer.zero_grad(set_to_none=False): the gradients stay allocated between steps (torch < 2.0's "
+       "default, e.g. Lightning 1.x and 2022 HF Trainer loops)"),
     _o("images", int, None, _IMG, "images per sequence: their tokens join --seq (a VL model)", group=_IMAGES,
        maximum=MAX_IMAGES),
     _o("image_size", str, None, _IMG, "WIDTHxHEIGHT of each image in pixels (with --images)", group=_IMAGES),

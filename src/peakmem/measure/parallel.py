@@ -523,7 +523,7 @@ def _measure(
             tracker.set_phase(Phase.OPTIMIZER, step)
             _tag_gradients(tracker, params)  # FSDP2 and DTensor grads bypass AccumulateGrad's hook
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=setup.grads_set_to_none)
             tracker.tag_optimizer_states(optimizer)
         tracker.set_phase(Phase.LOAD, steps + 1)  # closes the last segment
     phases: dict[Phase, int] = {}

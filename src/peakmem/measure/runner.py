@@ -477,7 +477,8 @@ def _estimate(
         f"initialized {type(model).__name__} (seeded), built from its config; nothing downloaded",
         "step 1 creates the optimizer states; step 2 is the steady state; extra['steps'] reports both",
         "loss: the model's own loss (labels = input_ids for language models, as HF computes it); "
-        "no gradient clipping; zero_grad(set_to_none=True); Python's garbage collector paused during the run",
+        f"no gradient clipping; zero_grad(set_to_none={setup.grads_set_to_none}); "
+        "Python's garbage collector paused during the run",
         f"dropout as the config sets it; attention implementation {ATTN_IMPL[setup.attention]!r}; "
         "use_cache=False (HF Trainer's default), so no KV cache is built in training",
         "activations = tensors saved for backward (with checkpointing: also those the recomputation in "

@@ -166,7 +166,8 @@ class PlainTrainer:
             self.optimizer.step()
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        # set_to_none=False (--keep-grads, torch < 2.0's default): the zeroed gradients stay allocated
+        self.optimizer.zero_grad(set_to_none=self.setup.grads_set_to_none)
 
 
 class MasterWeightTrainer(PlainTrainer):

@@ -594,7 +594,8 @@ def _assumptions(
         "bytes are storage sizes of the tensors the step creates (views counted once), frees at the "
         "instant the last reference goes; scratch a CUDA kernel allocates internally is modelled only where "
         "peakmem.simulate.kernels says so",
-        "loss: the model's own loss (labels = input_ids); no gradient clipping; zero_grad(set_to_none=True)",
+        "loss: the model's own loss (labels = input_ids); no gradient clipping; "
+        f"zero_grad(set_to_none={setup.grads_set_to_none})",
         _attention_line(model, setup),
         "activations = tensors saved for backward (and recomputed ones with checkpointing) plus the input "
         "batch; temporaries = every other live tensor",

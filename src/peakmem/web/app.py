@@ -154,6 +154,7 @@ class TrainOptions(ModelChoice):
     activation_offload: bool = Field(False, description="saved activations to CPU RAM (torchtune)")
     compile: bool = Field(False, description="torch.compile each layer (the CLI's --compile)")
     liger: bool = Field(False, description="Liger kernels: RMSNorm, SwiGLU, RoPE, fused CE")
+    keep_grads: bool = Field(False, description="zero_grad(set_to_none=False): gradients kept between steps")
 
 
 class ParallelOptions(BaseModel):

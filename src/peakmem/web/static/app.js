@@ -38,6 +38,7 @@ const FIELDS = [
   { id: "activation_offload", def: "", bool: true, modes: TRAIN },
   { id: "compile", def: "", bool: true, modes: TRAIN },
   { id: "liger", def: "", bool: true, modes: TRAIN },
+  { id: "keep_grads", def: "", bool: true, modes: TRAIN },
   { id: "objective", def: "sft", modes: ["train"] },
   { id: "teacher", def: "", modes: ["train"], only: "distill" },
   { id: "critic", def: "", modes: ["train"], only: "ppo" },
