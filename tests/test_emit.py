@@ -26,6 +26,7 @@ def test_deepspeed_zero3_offload() -> None:
     assert zero["stage3_prefetch_bucket_size"] == 50_000_000
     assert zero["stage3_max_live_parameters"] == 1_000_000_000
     assert zero["stage3_param_persistence_threshold"] == 100_000
+    assert zero["sub_group_size"] == 1_000_000_000
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"]["device"] == "nvme" and "nvme_path" in zero["offload_param"]  # type: ignore[index]
     json.loads(emit("deepspeed", tiny(), setup, par))  # valid JSON

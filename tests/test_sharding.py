@@ -345,3 +345,26 @@ def test_expert_parallel_split_and_dispatch() -> None:
     assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, par) == 2 * 128 * 64 * 2  # top-2 copies, bf16
     assert mp.ep_dispatch_bytes(moe.first_layer, 128, 64, 2, Parallelism(gpus=4, zero_stage=1)) == 0
     assert estimate_ranks(moe, TrainingSetup(seq_len=64), par).most_loaded.estimate.peak_allocated_bytes > 0
+
+
+def test_zero3_sub_group_size_bounds_the_fp32_gradients_at_the_step() -> None:
+    # DeepSpeed stage3.py _prepare_fp32_grad_for_sub_group: fp32 gradients of one sub-group at a time
+    part = P // 4
+    for sub_group, expected in ((1_000, 1_000), (10**12, part)):  # Lightning 1.7's DeepSpeedStrategy: 1e12
+        par = Parallelism(gpus=4, zero_stage=3, sub_group_size=sub_group)
+        st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
+        assert {i.key: i.bytes for i in st.step}["zero.fp32_grad"] == 4 * expected
+
+
+def test_a_deepspeed_file_sets_the_sub_group_size(tmp_path) -> None:
+    import json
+
+    import peakmem
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "sub_group_size": 1e12}}))
+    base = {"gpus": 8, "zero": 3, "precision": "mixed-fp16"}
+    small = peakmem.train("llama-3.1-8b", **base)
+    whole = peakmem.train("llama-3.1-8b", from_file=str(ds), **base)
+    assert whole["parallelism"]["sub_group_size"] == 10**12 and small["parallelism"]["sub_group_size"] == 10**9
+    assert whole["phases"]["optimizer"] > small["phases"]["optimizer"]  # 8B / 8 = 1e9+ params: one group

@@ -101,6 +101,7 @@ def deepspeed_config(setup: TrainingSetup, par: Parallelism) -> dict[str, object
         zero["stage3_prefetch_bucket_size"] = par.prefetch_bucket_size
         zero["stage3_max_live_parameters"] = par.max_live_parameters
         zero["stage3_param_persistence_threshold"] = par.param_persistence_threshold
+        zero["sub_group_size"] = par.sub_group_size
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     if par.offload_optimizer is not Offload.NONE:
         zero["offload_optimizer"] = _offload(par.offload_optimizer, param=False)

@@ -107,6 +107,7 @@ class Parallelism:
     prefetch_bucket_size: int = DS_PREFETCH_BUCKET_SIZE
     max_live_parameters: int = DS_MAX_LIVE_PARAMETERS
     param_persistence_threshold: int = DS_PARAM_PERSISTENCE_THRESHOLD
+    sub_group_size: int = DS_SUB_GROUP_SIZE  # ZeRO-3: the optimizer steps its partition in such sub-groups
     overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
     contiguous_gradients: bool = True
     zero_init: bool = True  # deepspeed.zero.Init / FSDP cpu_ram_efficient_loading: no full copy per rank
@@ -129,7 +130,9 @@ class Parallelism:
         check_int("fsdp_version", self.fsdp_version)
         for name in ("ddp_bucket_bytes", "reduce_bucket_size", "allgather_bucket_size"):
             check_int(name, getattr(self, name), maximum=MAX_DEVICE_BYTES, what=_NO_DEVICE)
-        for name in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
+        for name in (
+            "prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold", "sub_group_size"
+        ):  # fmt: skip
             check_int(name, getattr(self, name), minimum=0, maximum=MAX_ELEMENTS, what=_NO_DEVICE)
         for name in ("sequence_parallel", "gradient_as_bucket_view", "contiguous_gradients", "zero_init"):
             check_bool(name, getattr(self, name))

@@ -57,7 +57,7 @@ from fractions import Fraction
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
-from peakmem.parallel import DS_SUB_GROUP_SIZE, FsdpMode, Offload, Parallelism
+from peakmem.parallel import FsdpMode, Offload, Parallelism
 from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
@@ -347,7 +347,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     )  # fmt: skip
     grad_part = _item(f"gradient partition ({g16.name}){label}", Category.GRADIENTS, g16.nbytes(part),
                       SRC_Z3_GRADS if stage == 3 else SRC_Z2_GRADS, key="zero.grad_partition")  # fmt: skip
-    fp32_grad_numel = min(part, DS_SUB_GROUP_SIZE) if stage == 3 else part
+    fp32_grad_numel = min(part, par.sub_group_size) if stage == 3 else part
     fp32_grad = _item(f"fp32 gradient partition at the step{label}", Category.TEMPORARIES,
                       master_dt.nbytes(fp32_grad_numel), SRC_Z_FP32_GRAD, key="zero.fp32_grad")  # fmt: skip
     cpu: list[MemoryItem] = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD,
@@ -425,7 +425,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                              key="nvme.param_buffers"))  # fmt: skip
         if par.offload_optimizer is Offload.NVME:
             cpu.append(_item("NVMe optimizer swap buffers (pinned, fp32 sub-groups)", Category.OVERHEAD,
-                             DS_NVME_OPTIMIZER_BUFFER_COUNT * master_dt.nbytes(min(part, DS_SUB_GROUP_SIZE)),
+                             DS_NVME_OPTIMIZER_BUFFER_COUNT * master_dt.nbytes(min(part, par.sub_group_size)),
                              SRC_NVME, key="nvme.optimizer_buffers"))  # fmt: skip
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=tuple(resident),

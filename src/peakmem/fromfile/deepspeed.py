@@ -29,6 +29,7 @@ _DS_BUCKETS = {
     "stage3_prefetch_bucket_size": "prefetch_bucket_size",
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "sub_group_size": "sub_group_size",
 }
 # DeepSpeed zero_optimization keys that change memory and that peakmem does not model
 _DS_NOT_MODELLED = {
