@@ -38,6 +38,12 @@ How the facts become options (the choices a reader should check; none is tuned t
   in compute, fp32 master and Adam states: the same 16 B/param sharded, and no autocast weight cache,
   which ``amp-bf16`` would add: 13 GiB on the 8B); with float8 Linears ``precision='float8-tensorwise'``
   (torchao's tensorwise recipe, torchtitan's default then), which peakmem prices on mixed-bf16 states.
+* ``job.deepspeed_zero`` (the ``zero_optimization`` section a framework builds: Lightning 1.7's
+  ``DeepSpeedStrategy`` sets 2e8-element buckets and ``sub_group_size=1e12``) is written to a DeepSpeed
+  JSON and passed as ``from_file``, as ``peakmem train --from ds.json`` reads it.
+* ``job.zero_grad_set_to_none`` false (a 2022 loop: Lightning 1.x calls ``optimizer.zero_grad()``, whose
+  ``set_to_none`` was False before torch 2.0) -> ``keep_grads=True``: the zeroed gradients stay allocated
+  through the next forward.
 * ``fsdp='full-shard'``, ``fsdp_version=2``, ``gpus`` the world size, ``tp``/``pp``/``cp`` as stated;
   with TP ``sp=True``: torchtitan's TP plan always puts ``SequenceParallel`` on the norms, so the
   activations between blocks (what full checkpointing keeps) are sharded by the sequence
@@ -120,6 +126,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
         opts.update(fsdp="full-shard", fsdp_version=2)
+    if job.get("zero_grad_set_to_none") is False:  # the loop's zero_grad keeps the gradients (torch < 2.0)
+        opts["keep_grads"] = True
     if lay.get("zero_stage"):
         opts["zero"] = lay["zero_stage"]
     if job.get("offload_optimizer"):
@@ -204,6 +212,11 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     try:
         if p["job"]["mode"] == "train":
             opts = train_options(p)
+            if p["job"].get("deepspeed_zero"):  # the framework's DeepSpeed config, read as --from reads one
+                path = folder / p["id"] / "deepspeed.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"zero_optimization": p["job"]["deepspeed_zero"]}))
+                opts["from_file"] = str(path)
             result = peakmem.train(model_arg(p, folder), **opts)
         else:
             opts = infer_options(p)
