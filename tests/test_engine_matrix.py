@@ -101,6 +101,7 @@ def test_matrix(method: str, optimizer: OptimizerName, layout: str) -> None:
     seq=hs.sampled_from([32, 64, 128]),
     grad_accum=hs.integers(1, 3),
     checkpointing=hs.sampled_from(list(Checkpointing)),
+    keep_grads=hs.booleans(),
 )
 def test_matrix_property(
     method: str,
@@ -110,11 +111,18 @@ def test_matrix_property(
     seq: int,
     grad_accum: int,
     checkpointing: Checkpointing,
+    keep_grads: bool,
 ) -> None:
     setup = TrainingSetup(method=METHODS[method], optimizer=optimizer, micro_batch=micro_batch, seq_len=seq,
-                          grad_accum=grad_accum, checkpointing=checkpointing)  # fmt: skip
+                          grad_accum=grad_accum, checkpointing=checkpointing,
+                          grads_set_to_none=not keep_grads)  # fmt: skip
     assume(op_modelled(tiny(), setup, LAYOUTS[layout].tp))
     _check(setup, layout)
+    if keep_grads:  # gradients kept between steps never lower a rank's peak
+        par = LAYOUTS[layout]
+        kept = estimate_ranks(tiny(), setup, par).most_loaded.estimate.peak_allocated_bytes
+        freed = estimate_ranks(tiny(), replace(setup, grads_set_to_none=True), par).most_loaded.estimate
+        assert kept >= freed.peak_allocated_bytes
 
 
 # --- by hand --------------------------------------------------------------------------------------------
