@@ -220,9 +220,19 @@ def _family_kernels(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name=fam, status="searched", options=tuple(o.label for o in opts)), tuple(opts)
 
 
+def _family_zero_grad(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
+    """``optimizer.zero_grad(set_to_none=True)`` (torch >= 2.0's default): the gradients are freed between
+    steps instead of kept zeroed through the next forward (``keep_grads``)."""
+    fam = "free gradients between steps"
+    if ctx.setup.grads_set_to_none:
+        return Family(name=fam, status="not applicable", reason="zero_grad already sets them to None"), ()
+    opt = _Option(label="zero_grad(set_to_none=True)", setup=(("grads_set_to_none", True),))
+    return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
+
+
 FAMILIES: tuple[FamilyFn, ...] = (
     _family_checkpointing, _family_attention, _family_optimizer, _family_adapter, _family_offload,
-    _family_fused, _family_kernels,
+    _family_fused, _family_kernels, _family_zero_grad,
 )  # fmt: skip
 
 
