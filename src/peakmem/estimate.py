@@ -600,7 +600,9 @@ def _estimate(
         bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
         layers = sum(g.count for g in groups)
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
-            bwd_items = _fsdp.backward_items(bwd_items, _fsdp.layer_extra(rs, bp.layers_done, layers))
+            bwd_items = _fsdp.backward_items(
+                bwd_items, _fsdp.layer_extra(rs, bp.layers_done, layers), rs.layer_backward_item
+            )
         items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item]
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 

@@ -63,11 +63,15 @@ def root_items(items: list[MemoryItem], root_held: int) -> list[MemoryItem]:
     return out
 
 
-def backward_items(items: list[MemoryItem], extra: int) -> list[MemoryItem]:
+def backward_items(items: list[MemoryItem], extra: int, shown: MemoryItem | None = None) -> list[MemoryItem]:
     """The backward peak inside a layer under FSDP2: the layer unit's unsharded bytes (parameters or
     reduce-scatter input, and the next unit's prefetched all-gather) shown apart from the gradients
-    in flight they were added to (peakmem.formulas.fsdp2.in_layer)."""
+    in flight they were added to (peakmem.formulas.fsdp2.in_layer); ``shown`` names another engine's
+    layer extra (ZeRO-3's gradient reduce, peakmem.formulas.zero3)."""
     out = [replace(i, bytes=i.bytes - extra) if i.key == "backward.temporaries" else i for i in items]
+    if shown is not None:
+        out.append(replace(shown, bytes=extra))
+        return out
     out.append(MemoryItem(path="FSDP2 running unit: its unsharded parameters (or reduce-scatter input) and "
                                "the next unit's prefetched all-gather", category=Category.PARAMETERS,
                           bytes=extra, source=SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip

@@ -27,7 +27,11 @@ partitioned_param_coordinator.py):
   ``sub_group_size`` elements (``_prepare_fp32_grad_for_sub_group``);
 * gathered parameters: the module being run, up to ``prefetch_bucket_size`` prefetched, and
   modules whose next use is within ``max_reuse_distance`` elements (kept across the
-  forward/backward turn, ``__params_to_release``), with ``max_live_parameters`` bounding prefetch.
+  forward/backward turn, ``__params_to_release``); the prefetcher runs ahead until
+  ``max_live_parameters`` are gathered (:mod:`.zero3`);
+* the gradient reduce's copies inside a layer's backward (the concatenated bucket; with the
+  optimizer offloaded, a partition's GPU copy and fp64 norm) and, offloaded, the embedding's after
+  backward (:mod:`.zero3`).
 
 FSDP (torch/distributed/fsdp): the sharded parameters keep the dtype the model was built in (fp32
 for mixed precision: they are the master weights; ``MixedPrecision(param_dtype=bf16)`` only casts the
@@ -62,6 +66,7 @@ from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
 from . import fsdp2 as _fsdp2
+from . import zero3 as _zero3
 from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
 from .model_parallel import LocalTensor, StageParams, cdiv, stage_groups
 from .model_states import precision_plan
@@ -150,6 +155,8 @@ class RankStates:
     layer_backward_extra: int = 0
     layer_backward_first_extra: int = 0  # the first unit backward reaches (no earlier reduce-scatter)
     layer_backward_last_extra: int = 0  # the last unit backward reaches (nothing to prefetch)
+    # how the backward peak inside a layer shows ``layer_backward_extra`` (None: FSDP2's running units)
+    layer_backward_item: MemoryItem | None = None
     backward_start_extra: int = 0  # at the loss's and the head's backward (before any layer unit)
     # FSDP2: the root's unshards (see fsdp2.root_unshards): every unsharded byte at the first layer
     # unit's copy-out in a micro-batch's forward, and the root's all-gather output at backward's start
@@ -389,21 +396,52 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         step += _temporaries(tech, part, min(part, loc.largest), label)
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
+    reduce: MemoryItem | None = None
     if stage == 3:
         non_persistent = sp.numel - sh.persistent
         fetch = min(
             non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters)
         )
         keep = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
-        gathered_fwd.append(_item("ZeRO-3 gathered parameters (module + prefetch)", Category.PARAMETERS,
-                                  _gathered(tech, fetch), SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
-        gathered_bwd.append(_item("ZeRO-3 gathered parameters (kept within max_reuse_distance + prefetch)",
-                                  Category.PARAMETERS, _gathered(tech, keep), SRC_Z3_GATHER,
-                                  key="zero3.gathered"))  # fmt: skip
+        live = _zero3.working_set(sp, par, non_persistent)
+        what = "prefetched up to max_live_parameters" if live > fetch else "module + prefetch"
+        gathered_fwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
+                                  _gathered(tech, max(fetch, live)), _zero3.SRC_Z3_PREFETCH if live > fetch
+                                  else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
+        what = (
+            "prefetched up to max_live_parameters"
+            if live > keep
+            else "kept within max_reuse_distance + prefetch"
+        )
+        gathered_bwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
+                                  _gathered(tech, max(keep, live)), _zero3.SRC_Z3_PREFETCH if live > keep
+                                  else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
         notes.append(
-            "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
+            "ZeRO-3 working set: max_live_parameters plus one tensor, as the prefetcher runs ahead "
+            "(every step after the first)"
+            if live
+            else "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
             "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
         )
+        # the largest partition a layer's backward reduces (experts over the expert shard degree)
+        if tech.adapter:
+            part_in_layer = cdiv(loc.largest, n)
+        else:
+            ne = par.expert_shard_degree
+            part_in_layer = max((cdiv(t.numel, ne if t.expert else n) for t in sp.tensors if t.in_layer),
+                                default=cdiv(sp.largest_tensor, n))  # fmt: skip
+        in_layer = _zero3.in_layer_reduce_bytes(g16, par, loc.trainable, part_in_layer, offload_opt)
+        reduce = _item("ZeRO-3 gradient reduce in a layer's backward (concatenated bucket"
+                       + ("; a partition's GPU copy and fp64 norm, offload)" if offload_opt else ")"),
+                       Category.TEMPORARIES, in_layer, _zero3.SRC_Z3_REDUCE, key="zero3.reduce")  # fmt: skip
+        roots = [t.numel for t in sp.tensors if not t.in_layer and t.numel >= par.param_persistence_threshold]
+        if offload_opt and not tech.adapter and sp.stage == 0 and roots:
+            embed = max(roots)
+            step.append(_item("ZeRO-3 offload, end of backward: the embedding still gathered and its "
+                              "gradient's reduce (its own gradient, partition copy and fp64 norm)",
+                              Category.TEMPORARIES,
+                              _zero3.end_of_backward_bytes(w16, g16, par, embed, loc.trainable),
+                              _zero3.SRC_Z3_EPILOGUE, key="zero3.reduce_end"))  # fmt: skip
     if tech.adapter:
         notes.append(
             f"ZeRO-{stage} with adapters: only parameters that require grad enter the optimizer's "
@@ -433,6 +471,8 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         accumulated=tuple(accumulated), grads_backward=tuple(grads_backward),
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=tuple(step_grads), cpu=tuple(cpu), nvme_bytes=nvme, notes=tuple(notes),
+        layer_backward_extra=reduce.bytes if reduce else 0,
+        layer_backward_first_extra=reduce.bytes if reduce else 0, layer_backward_item=reduce,
     )  # fmt: skip
 
 
@@ -682,8 +722,8 @@ def zero_model_state_terms(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
     for r in st.rows:
         gpu[r.tensor] = gpu.get(r.tensor, 0) + r.bytes
     for i in (*st.resident, *st.step_grads, *st.step):
-        if i.key == "zero.ipg" or i.key.startswith("optimizer."):
-            continue  # buckets and optimizer temporaries: not model states in DeepSpeed's estimator
+        if i.key == "zero.ipg" or i.key.startswith(("optimizer.", "zero3.reduce")):
+            continue  # buckets, reduce copies, optimizer temporaries: not model states in the estimator
         gpu[i.path] = gpu.get(i.path, 0) + i.bytes
     if par.zero_stage == 3:
         gpu["largest module gathered (16-bit params + grads)"] = tech.weight.nbytes(sp.largest_tensor) + (

@@ -1,0 +1,106 @@
+"""DeepSpeed ZeRO-3's GPU bytes beyond its partitions and buckets (used by :mod:`.sharding`): the
+prefetcher's working set of gathered parameters, and the copies the gradient reduce makes.
+
+Read in DeepSpeed v0.7.0 (git 5fe9d61, Aug 2022) and v0.16.4 (Feb 2025): each term below is the same
+in both unless it says otherwise. ``P`` elements, ``N`` the sharding degree.
+
+Gathered parameters (``partitioned_param_coordinator.py`` ``fetch_sub_module``). Every module
+invocation (its pre-forward hook, and its pre-backward hook) gathers the module's own parameters and
+then, once the step's trace is recorded (every step after the first), prefetches from the trace's
+parameter queue while ``numel_prefetching < min(max_live_parameters - n_available,
+prefetch_bucket_size)``, a whole parameter at a time; ``release_sub_module`` releases only the
+module's own parameters. A transformer layer invokes more modules (the layer itself, its norms, the
+attention and MLP containers, dropouts, the activation) than it has partitioned tensors, so each
+invocation brings in at least one tensor ahead while a layer's run consumes one per tensor: the lead
+grows until ``n_available`` reaches ``max_live_parameters``, overshooting by at most one parameter
+(the last one added). The gathered set is then ``max_live_parameters`` plus the largest tensor
+(replayed on GPT-2 shapes with reentrant checkpointing: 1.0e9-1.16e9 elements for n_embd 1600 to
+8192), and in forward as in backward. ``prefetch_bucket_size`` or ``max_live_parameters`` 0: no
+prefetch.
+
+v0.7.0 to v0.15.x also let the count go negative: ``reset_step`` (stage3.py ``backward``, after each
+backward) zeroes ``__n_available_params`` while the input embedding is still gathered (its
+post-backward hook never fires: its input ids do not require grad), and ``release_and_reset_all``
+(the step's ``partition_all_parameters``) then subtracts it, so every later step holds that many more
+elements (DeepSpeed PR #6726, v0.16.0, "__n_available_params becomes negative"). Not modelled:
+peakmem models today's engine.
+
+Gradient reduce (stage3.py ``__reduce_and_partition_ipg_grads`` -> ``__avg_scatter_grads`` ->
+runtime/comm/coalesced_collectives.py ``reduce_scatter_coalesced``). When a gradient no longer fits
+the bucket (``reduce_bucket_size`` elements), the bucket is reduced inside the backward of the layer
+that wrote it: its gradients are ``torch.cat``-ed into one flat 16-bit tensor (a single tensor that
+divides by ``N`` is used in place). With ``offload_optimizer`` (``__partition_grads``) each gradient's
+partition is then copied into the CPU gradient buffer and back to the GPU (``grad_buffer =
+grad_buffer.to(grad_partition.device)``, 16-bit) and its norm is taken in fp64
+(``_constant_buffered_norm2``: ``part.data.double()`` per chunk of 2.5e8 elements): 2 + 8 bytes per
+element of the largest partition at once (v0.16.4 then also copies ``grad_buffer.float()`` to the
+CPU, 4 bytes, after the norm is freed: less).
+
+End of backward (``independent_gradient_partition_epilogue``): the last bucket, which holds the input
+embedding's gradient (its backward runs last; with a tied head, after the head's part was summed
+into it), is reduced the same way. A tensor of ``reduce_bucket_size`` elements or more is never copied
+into the flat bucket (``__add_grad_to_ipg_bucket``) and is reduced alone, its own gradient alive; the
+embedding's parameters are still gathered (released by the step's ``partition_all_parameters``).
+"""
+
+from __future__ import annotations
+
+from peakmem.dtypes import DType
+from peakmem.parallel import Parallelism
+
+from .model_parallel import StageParams, cdiv
+
+# deepspeed/runtime/zero/stage3.py _constant_buffered_norm2(self, input, buffer_size=250000000)
+DS_NORM_CHUNK = 250_000_000
+FP64_BYTES = 8  # part.data.double()
+
+SRC_Z3_PREFETCH = (
+    "deepspeed partitioned_param_coordinator.py fetch_sub_module: prefetch while "
+    "numel_prefetching < max_live_parameters - n_available (one whole parameter at a time)"
+)
+SRC_Z3_REDUCE = (
+    "deepspeed stage3.py __reduce_and_partition_ipg_grads: reduce_scatter_coalesced torch.cat of the bucket; "
+    "offload: __partition_grads grad_buffer.to(device), _constant_buffered_norm2 part.double()"
+)
+SRC_Z3_EPILOGUE = (
+    "deepspeed stage3.py independent_gradient_partition_epilogue: the last bucket (the embedding's "
+    "gradient) reduced after backward; the embedding still gathered until partition_all_parameters"
+)
+
+
+def working_set(sp: StageParams, par: Parallelism, non_persistent: int) -> int:
+    """Elements the prefetcher keeps gathered: ``max_live_parameters`` plus one overshooting tensor,
+    at most every partitioned parameter; 0 where it does not prefetch."""
+    if par.prefetch_bucket_size <= 0 or par.max_live_parameters <= 0:
+        return 0
+    return min(non_persistent, par.max_live_parameters + sp.largest_tensor)
+
+
+def partition_reduce_bytes(grad: DType, part: int) -> int:
+    """ZeRO-3 + offload_optimizer: one gradient partition of ``part`` elements at its reduce, the
+    16-bit GPU copy of the CPU partition and its fp64 norm chunk."""
+    return grad.nbytes(part) + FP64_BYTES * min(part, DS_NORM_CHUNK)
+
+
+def in_layer_reduce_bytes(
+    grad: DType, par: Parallelism, trainable: int, largest_part: int, offload: bool
+) -> int:
+    """A bucket's reduce inside a layer's backward: the concatenated bucket (at most
+    ``reduce_bucket_size`` of the ``trainable`` elements) and, with the optimizer offloaded, the
+    largest partition's copy and fp64 norm (``largest_part`` elements)."""
+    cat = grad.nbytes(min(par.reduce_bucket_size, trainable))
+    return cat + (partition_reduce_bytes(grad, largest_part) if offload else 0)
+
+
+def end_of_backward_bytes(weight: DType, grad: DType, par: Parallelism, embed: int, trainable: int) -> int:
+    """ZeRO-3 + offload_optimizer, after backward: the input embedding (``embed`` elements) still
+    gathered, and its gradient's reduce: alone with its own 16-bit gradient when it does not fit the
+    bucket (concatenated only to pad it to ``N`` ranks), else in the concatenated last bucket; then its
+    partition's copy and fp64 norm."""
+    n = par.shard_degree
+    part = cdiv(embed, n)
+    if embed >= par.reduce_bucket_size:
+        reduce = grad.nbytes(embed) + (grad.nbytes(part * n) if embed % n else 0)
+    else:
+        reduce = grad.nbytes(min(par.reduce_bucket_size, trainable))
+    return weight.nbytes(embed) + reduce + partition_reduce_bytes(grad, part)

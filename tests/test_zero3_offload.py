@@ -1,0 +1,119 @@
+"""DeepSpeed ZeRO-3's working set and gradient-reduce copies (peakmem.formulas.zero3), by hand.
+
+Tiny spec (tests/test_parallel.py ``tiny``, mixed-bf16: 16-bit weights and gradients of 2 bytes):
+embed 64,000; 4 layers of q 4,096, k 2,048, v 2,048, o 4,096, gate/up/down 8,192 each and 2 norms of
+64; final norm 64; head 64,000; 276,032 in all. With ``param_persistence_threshold=100`` the 9 norms
+(576 elements) stay whole on every rank: 275,456 elements are partitioned and gathered.
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Phase
+from peakmem.dtypes import BF16
+from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import sharding, zero3
+from peakmem.formulas.technique import technique
+from peakmem.hf import spec_from_config
+from peakmem.parallel import Offload, Parallelism
+from peakmem.ranks import estimate_ranks
+from peakmem.training import Checkpointing, Precision, TrainingSetup
+from test_parallel import tiny
+
+SETUP = TrainingSetup(seq_len=8)
+NON_PERSISTENT = 276_032 - 9 * 64
+OFFLOAD = dict(offload_optimizer=Offload.CPU, offload_params=Offload.CPU)
+
+
+def _states(**par: object) -> sharding.RankStates:
+    p = Parallelism(zero_stage=3, param_persistence_threshold=100, **par)  # type: ignore[arg-type]
+    return sharding.rank_states(technique(tiny(), SETUP), SETUP, p, mp.stage_params(tiny(), p, 0))
+
+
+def _gathered(items: tuple[object, ...]) -> int:
+    return sum(i.bytes for i in items if i.key == "zero3.gathered")  # type: ignore[attr-defined]
+
+
+def test_the_prefetcher_fills_up_to_max_live_parameters() -> None:
+    # every module call prefetches at least one whole tensor, a layer's run consumes one per tensor: the
+    # gathered set reaches max_live_parameters plus the last tensor added (at most the largest, 64,000)
+    st = _states(gpus=4, max_live_parameters=10_000, prefetch_bucket_size=1_000)
+    assert _gathered(st.gathered_forward) == 2 * (10_000 + 64_000)
+    # backward: the reuse-distance keep (5e8 elements: the whole tiny model) is larger
+    assert _gathered(st.gathered_backward) == 2 * NON_PERSISTENT
+    # capped at what is partitioned
+    assert _gathered(_states(gpus=4).gathered_forward) == 2 * NON_PERSISTENT
+
+
+def test_no_prefetch_leaves_the_running_module() -> None:
+    # prefetch_bucket_size 0 (no prefetch) or max_live_parameters 0 (min(0 - n_available, ...) <= 0):
+    # the running module's largest tensor only
+    for par in (dict(prefetch_bucket_size=0, max_live_parameters=10_000), dict(max_live_parameters=0)):
+        assert _gathered(_states(gpus=4, **par).gathered_forward) == 2 * 64_000
+
+
+def test_reduce_in_a_layer_by_hand() -> None:
+    # the bucket's torch.cat: 20,000 bf16 elements (reduce_scatter_coalesced)
+    st = _states(gpus=4, reduce_bucket_size=20_000)
+    assert st.layer_backward_extra == st.layer_backward_first_extra == 2 * 20_000
+    assert st.layer_backward_item is not None and st.layer_backward_item.key == "zero3.reduce"
+    assert not any(i.key == "zero3.reduce_end" for i in st.step)  # the partition buffer stays on the GPU
+    # offloaded optimizer: + the largest in-layer partition (gate/up/down 8,192 / 4 = 2,048) copied back
+    # to the GPU in bf16 and its fp64 norm: 2,048 x (2 + 8)
+    off = _states(gpus=4, reduce_bucket_size=20_000, **OFFLOAD)
+    assert off.layer_backward_extra == 40_000 + 2_048 * 10 == 60_480
+    # a bucket larger than the model concatenates every gradient: 276,032 elements
+    assert _states(gpus=4).layer_backward_extra == 2 * 276_032
+
+
+def test_end_of_backward_by_hand() -> None:
+    def end(**par: object) -> int:
+        st = _states(**par, **OFFLOAD)  # type: ignore[arg-type]
+        return sum(i.bytes for i in st.step if i.key == "zero3.reduce_end")
+
+    # the embedding (64,000) does not fit a 20,000 bucket: reduced alone, its own gradient alive, no
+    # cat (divides by 4); partition 16,000: bf16 copy + fp64 norm; the embedding still gathered
+    assert end(gpus=4, reduce_bucket_size=20_000) == 2 * 64_000 + 2 * 64_000 + 16_000 * 10 == 416_000
+    # 3 ranks: partition 21,334, padded to 64,002 by a cat
+    assert end(gpus=3, reduce_bucket_size=20_000) == 2 * 64_000 + 2 * 64_000 + 2 * 64_002 + 21_334 * 10
+    # in a larger bucket it is copied into the flat buffer: the cat of the last bucket (100,000) instead
+    assert end(gpus=4, reduce_bucket_size=100_000) == 2 * 64_000 + 2 * 100_000 + 16_000 * 10 == 488_000
+
+
+def test_the_fp64_norm_is_chunked() -> None:
+    # _constant_buffered_norm2: part.data.double() per 2.5e8 elements
+    assert zero3.partition_reduce_bytes(BF16, 1_000) == 1_000 * (2 + 8)
+    assert zero3.partition_reduce_bytes(BF16, 300_000_000) == 2 * 300_000_000 + 8 * 250_000_000
+
+
+def test_the_timeline_shows_them() -> None:
+    par = Parallelism(gpus=4, zero_stage=3, param_persistence_threshold=100, reduce_bucket_size=20_000,
+                      **OFFLOAD)  # type: ignore[arg-type]  # fmt: skip
+    est = estimate_ranks(tiny(), SETUP, par).most_loaded.estimate
+    phases = {p.phase: p for p in est.phases}
+    backward = {i.key: i.bytes for i in phases[Phase.BACKWARD].items}
+    assert backward["zero3.reduce"] == 60_480  # inside a layer's backward (the peak at seq 8)
+    # after backward: the resident buffers (persistent norms, the ipg bucket, the model's buffers) and
+    # the embedding's reduce; nothing of the optimizer (offloaded)
+    optimizer = {i.key: i.bytes for i in phases[Phase.OPTIMIZER].items}
+    assert optimizer == {
+        "buffers": 32,
+        "zero3.persistent": 2 * 576,
+        "zero.ipg": 40_000,
+        "zero3.reduce_end": 416_000,
+    }
+    assert phases[Phase.OPTIMIZER].bytes == sum(optimizer.values())
+
+
+def test_gpt2_18b_shape_by_hand() -> None:
+    """A GPT-2 of n_embd 4096 and 90 layers (vocab 50,257, tied) on one GPU, ZeRO-3 with parameters
+    and optimizer offloaded, 2e8-element buckets (Lightning 1.7's DeepSpeedStrategy)."""
+    config = dict(model_type="gpt2", n_embd=4096, n_layer=90, n_head=16, n_positions=1024, vocab_size=50257)
+    spec = spec_from_config({**config, "tie_word_embeddings": True}, name="gpt2-4096x90")
+    setup = TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024, checkpointing=Checkpointing.FULL)
+    par = Parallelism(gpus=1, zero_stage=3, reduce_bucket_size=200_000_000, **OFFLOAD)  # type: ignore[arg-type]
+    st = sharding.rank_states(technique(spec, setup), setup, par, mp.stage_params(spec, par, 0))
+    wte, c_fc = 50_257 * 4_096, 4_096 * 16_384
+    assert _gathered(st.gathered_backward) == 2 * (1_000_000_000 + wte)  # max_live + the embedding
+    assert st.layer_backward_extra == 2 * 200_000_000 + 10 * c_fc == 1_071_088_640
+    end = sum(i.bytes for i in st.step if i.key == "zero3.reduce_end")
+    assert end == 2 * wte + 2 * wte + 2 * wte + 8 * wte == 2_881_937_408
