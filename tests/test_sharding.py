@@ -366,5 +366,7 @@ def test_a_deepspeed_file_sets_the_sub_group_size(tmp_path) -> None:
     base = {"gpus": 8, "zero": 3, "precision": "mixed-fp16"}
     small = peakmem.train("llama-3.1-8b", **base)
     whole = peakmem.train("llama-3.1-8b", from_file=str(ds), **base)
-    assert whole["parallelism"]["sub_group_size"] == 10**12 and small["parallelism"]["sub_group_size"] == 10**9
+    assert (
+        whole["parallelism"]["sub_group_size"] == 10**12 and small["parallelism"]["sub_group_size"] == 10**9
+    )
     assert whole["phases"]["optimizer"] > small["phases"]["optimizer"]  # 8B / 8 = 1e9+ params: one group

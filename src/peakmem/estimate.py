@@ -38,6 +38,7 @@ from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas.activations import float8 as _f8
+from peakmem.formulas.fsdp2 import accumulates_unsharded
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
@@ -47,7 +48,7 @@ from peakmem.formulas.profiles import liger_applies, profile_assumptions, profil
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak, in_place_credit
 from peakmem.model import CostLookup, ModelSpec
-from peakmem.parallel import FsdpMode, Parallelism, PipelineSchedule
+from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
 from peakmem.training import (
     AttentionKernel,
@@ -437,9 +438,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         mlp = spec.groups[i].layer.mlp
         alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
-        in_place = whole or (
-            par.pp > 1 and par.fsdp is not FsdpMode.NONE and par.fsdp_version == 2 and not tech.adapter
-        )
+        in_place = whole or accumulates_unsharded(tech, par)  # gradients that AccumulateGrad adds into
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
@@ -526,7 +525,8 @@ def _estimate(
         base_items = tuple(i for i in base_items if i not in rs.accumulated)
         base_bytes -= sum(i.bytes for i in rs.accumulated)
     logits = mp.cdiv(sh.tokens * spec.vocab_size * sh.c, par.tp)  # the last stage's output
-    pipe = _pipe.stage_pipeline(par, sp.stage, setup.grad_accum, hidden, logits, in_flight)
+    whole = sh.tokens * spec.hidden_size * sh.c  # a Linear's T x h output (a partial sum under TP)
+    pipe = _pipe.stage_pipeline(par, sp.stage, setup.grad_accum, hidden, logits, in_flight, whole)
     recv, p2p_path, p2p_src = pipe.recv, pipe.path, pipe.source
     head_saved = sum([i.bytes for i in parts.head_items])
     embed_saved = sum([i.bytes for i in parts.embed_items])
@@ -542,7 +542,7 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, sh.tokens * spec.hidden_size * sh.c)
+    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, whole)
     all_saved = _steps.activation_items(parts, layers_left=None)
 
     def p2p(nbytes: int) -> MemoryItem:
