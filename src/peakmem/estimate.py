@@ -27,6 +27,7 @@ from peakmem import block_costs
 from peakmem import step_band as _step_band
 from peakmem import step_fsdp as _fsdp
 from peakmem import step_parts as _steps
+from peakmem import step_pipeline as _pipe
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
@@ -37,6 +38,7 @@ from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas.activations import float8 as _f8
+from peakmem.formulas.fsdp2 import accumulates_unsharded
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
@@ -44,7 +46,7 @@ from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
 from peakmem.formulas.technique import Technique, technique
-from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak
+from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak, in_place_credit
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
@@ -369,6 +371,10 @@ def _nonzero(items: Iterable[MemoryItem]) -> tuple[tuple[MemoryItem, ...], int]:
     return kept, sum([i.bytes for i in kept])
 
 
+def _plus(p: PhasePeak, item: MemoryItem) -> PhasePeak:
+    return PhasePeak(phase=p.phase, bytes=p.bytes + item.bytes, items=(*p.items, item))
+
+
 def _phase(
     phase: Phase, items: Iterable[MemoryItem], *, base: tuple[MemoryItem, ...] = (), base_bytes: int = 0
 ) -> PhasePeak:
@@ -430,10 +436,14 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
         offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
+        mlp = spec.groups[i].layer.mlp
+        alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
+        in_place = whole or accumulates_unsharded(tech, par)  # gradients that AccumulateGrad adds into
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
             grads_in_flight=la.backward_grads if whole else 0,
+            resident_credit=in_place_credit(la.backward_freed, la.backward_grads, alive) if in_place else 0,
         ))  # fmt: skip
         layer_items.append((count, la.saved))
     embed: tuple[MemoryItem, ...] = ()
@@ -476,8 +486,6 @@ def _fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) 
     return notes
 
 
-SRC_P2P = "Megatron p2p_communication: the received activation / sent output gradient of the stage"
-SRC_TORCH_PP = "torch/distributed/pipelining/stage.py: per-micro-batch receive buffers; fwd_cache outputs"
 SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
@@ -516,27 +524,10 @@ def _estimate(
     if warm_only and setup.grads_set_to_none and setup.grad_accum > 1:
         base_items = tuple(i for i in base_items if i not in rs.accumulated)
         base_bytes -= sum(i.bytes for i in rs.accumulated)
-    if par.pp > 1 and par.zero_stage == 0:  # torch.distributed.pipelining (torchtitan)
-        recv = mp.torch_pipeline_buffers(par, sp.stage, setup.grad_accum, hidden)
-        inputs = 0 if first else int(in_flight) * hidden  # in-flight stage inputs are receive buffers
-        # the schedule keeps each in-flight micro-batch's stage output (fwd_cache) until its backward:
-        # the last layer's output, or on the last stage the logits (compute dtype), which HF frees at once
-        held = (
-            int(in_flight) * hidden
-            if not last
-            else int(in_flight) * mp.cdiv(sh.tokens * spec.vocab_size * sh.c, par.tp)
-        )
-        p2p_fwd = recv - inputs + (held if not last else 0)  # the last stage's logits: head_fwd
-        p2p_bwd = recv - inputs + held
-        p2p_path, p2p_src = (
-            "pipeline receive buffers (one per micro-batch) and held stage outputs",
-            SRC_TORCH_PP,
-        )
-    else:
-        recv = 0
-        p2p_fwd = hidden * ((0 if first else 1) + (0 if last else 1))  # pipeline send/receive buffers
-        p2p_bwd = 0
-        p2p_path, p2p_src = "pipeline send/receive buffers", SRC_P2P
+    logits = mp.cdiv(sh.tokens * spec.vocab_size * sh.c, par.tp)  # the last stage's output
+    whole = sh.tokens * spec.hidden_size * sh.c  # a Linear's T x h output (a partial sum under TP)
+    pipe = _pipe.stage_pipeline(par, sp.stage, setup.grad_accum, hidden, logits, in_flight, whole)
+    recv, p2p_path, p2p_src = pipe.recv, pipe.path, pipe.source
     head_saved = sum([i.bytes for i in parts.head_items])
     embed_saved = sum([i.bytes for i in parts.embed_items])
     per_mb = sum(g.count * g.saved for g in parts.groups) + embed_saved + head_saved
@@ -551,25 +542,36 @@ def _estimate(
 
     # --- forward: everything saved, then the logits and their fp32 copy at the loss
     # FSDP2: a unit's unshard (before it saves anything) and its run add unsharded bytes (rank_states)
-    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, sh.tokens * spec.hidden_size * sh.c)
-    layer_fwd = max([max(g.forward_transient + rs.layer_forward_extra + rowwise_copy,
-                         rs.layer_unshard_extra - g.saved) for g in parts.groups], default=0)  # fmt: skip
-    fwd_extra = max(head_fwd, layer_fwd - head_saved)
+    rowwise_copy = mp.dtensor_rowwise_copy(par, hidden, whole)
     all_saved = _steps.activation_items(parts, layers_left=None)
-    forward = _phase(Phase.FORWARD, [
-        *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
-        MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
-                   category=Category.TEMPORARIES, bytes=fwd_extra, source=SRC_FORWARD_TMP,
-                   key="forward.temporaries"),
-        MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_fwd, source=p2p_src,
-                   key="pipeline.p2p"),
-    ], base=base_items, base_bytes=base_bytes)  # fmt: skip
+
+    def p2p(nbytes: int) -> MemoryItem:
+        return MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=nbytes, source=p2p_src,
+                          key="pipeline.p2p")  # fmt: skip
+
+    def forward_phase(run: int, unshard: int, more: int, pipe_bytes: int, base: tuple[MemoryItem, ...],
+                      pipeline: list[MemoryItem]) -> PhasePeak:  # fmt: skip
+        layer = max([max(g.forward_transient + run + rowwise_copy, unshard - g.saved) for g in parts.groups],
+                    default=0)  # fmt: skip
+        extra = max(head_fwd, layer + more - head_saved, pipe.stage_output)  # at the loss, a layer, the end
+        return _phase(Phase.FORWARD, [
+            *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
+            MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
+                       category=Category.TEMPORARIES, bytes=extra, source=SRC_FORWARD_TMP,
+                       key="forward.temporaries"), p2p(pipe_bytes),
+        ], base=base, base_bytes=sum(i.bytes for i in base))  # fmt: skip
+
+    forward = forward_phase(rs.layer_forward_extra, rs.layer_unshard_extra, pipe.forward_layer, pipe.forward,
+                            base_items, pipeline)  # fmt: skip
     if rs.first_unshard:  # FSDP2: the first layer unit's unshard, next to the root's all-gather output
-        start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items,
-                                       MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=recv,
-                                                  source=p2p_src, key="pipeline.p2p")],
+        start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items, p2p(recv)],
                        base=base_items, base_bytes=base_bytes)  # fmt: skip
         forward = max(forward, start, key=_BYTES)
+    if par.pp > 1 and rs.first_unshard:  # FSDP2 under PP: the step's first micro-batch unshards every unit
+        no_grads = setup.grads_set_to_none and bool(rs.accumulated)  # none before its first backward
+        base0 = tuple(i for i in st.resident_items if not (no_grads and i in rs.accumulated))
+        first_mb = forward_phase(*_fsdp.pp_first_forward(rs, sp), 0, pipe.first_forward, base0, [])
+        forward = max(forward, first_mb, key=_BYTES)
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
     # then the head's backward: the log-softmax output is freed, the logits gradient (compute
@@ -577,14 +579,20 @@ def _estimate(
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
     groups = _fsdp.backward_groups(parts.groups, rs)
     root_held = start_written if rs.root_grads_deferred else 0  # FSDP2: whole until the end
-    p2p_item = MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=p2p_bwd, source=p2p_src,
-                          key="pipeline.p2p")  # fmt: skip
+    p2p_item = p2p(pipe.backward)
+    # the vocab-parallel embedding's gradient is whole (DTensor); kept until the step, and between
+    # micro-batches (there in forward and backward too) when gradients are resident
+    whole_embed = mp.dtensor_embedding_grad_extra(spec, par, first, tech.grad.nbytes, bool(tech.adapter))
+    embed_grad = MemoryItem(path="TP: the embedding's gradient is whole (vocab not split)",
+                            category=Category.GRADIENTS, bytes=whole_embed, source=mp.SRC_DTENSOR_EMBED,
+                            key="tp.embedding_grad")  # fmt: skip
 
     def backward_phase(
         resident: bool,
         base: tuple[MemoryItem, ...],
         base_bytes: int,
         pipeline: list[MemoryItem],
+        p2p_item: MemoryItem = p2p_item,
     ) -> tuple[PhasePeak, BackwardPeak]:
         bp = backward_peak(
             groups[::-1], base_saved=embed_saved, head_saved=head_saved,
@@ -600,10 +608,10 @@ def _estimate(
         bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
         layers = sum(g.count for g in groups)
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
-            bwd_items = _fsdp.backward_items(
-                bwd_items, _fsdp.layer_extra(rs, bp.layers_done, layers), rs.layer_backward_item
-            )
-        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item]
+            extra = _fsdp.layer_extra(rs, bp.layers_done, layers)
+            bwd_items = _fsdp.backward_items(bwd_items, extra, rs.layer_backward_item)
+        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item,
+                 *((embed_grad,) if resident else ())]  # fmt: skip
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 
     backward, bp = backward_phase(resident, base_items, base_bytes, pipeline)
@@ -611,7 +619,11 @@ def _estimate(
         # the second backward of an all-warm-up 1F1B stage: every gradient exists (the first backward
         # wrote them), one micro-batch fewer in flight (torch schedules.py Schedule1F1B: B1, B2, ...)
         second, bp2 = backward_phase(
-            True, st.resident_items, st.resident_bytes, in_flight_items(in_flight - 2)
+            True,
+            st.resident_items,
+            st.resident_bytes,
+            in_flight_items(in_flight - 2),
+            replace(p2p_item, bytes=pipe.second_backward),
         )
         if second.bytes > backward.bytes:
             backward, bp = second, bp2
@@ -624,25 +636,13 @@ def _estimate(
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
     optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
-    whole_embed = mp.dtensor_embedding_grad_extra(spec, par, first, tech.grad.nbytes, bool(tech.adapter))
-    if whole_embed:  # the vocab-parallel embedding's gradient is whole (DTensor); kept until the step
-        grad_item = MemoryItem(path="TP: the embedding's gradient is whole (vocab not split)",
-                               category=Category.GRADIENTS, bytes=whole_embed, source=mp.SRC_DTENSOR_EMBED,
-                               key="tp.embedding_grad")  # fmt: skip
-        optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=optimizer.bytes + whole_embed,
-                              items=(*optimizer.items, grad_item))  # fmt: skip
-        if resident:  # accumulated between micro-batches: there in forward and backward too
-            forward = PhasePeak(phase=Phase.FORWARD, bytes=forward.bytes + whole_embed,
-                                items=(*forward.items, grad_item))  # fmt: skip
-            backward = PhasePeak(phase=Phase.BACKWARD, bytes=backward.bytes + whole_embed,
-                                 items=(*backward.items, grad_item))  # fmt: skip
+    if whole_embed:
+        optimizer = _plus(optimizer, embed_grad)
+        forward = _plus(forward, embed_grad) if resident else forward
     if recv:  # the pipeline's receive buffers stay allocated through the step
-        buffers = MemoryItem(path="pipeline receive buffers (one per micro-batch)",
-                             category=Category.TEMPORARIES, bytes=recv, source=SRC_TORCH_PP,
-                             key="pipeline.p2p")  # fmt: skip
-        optimizer = PhasePeak(
-            phase=Phase.OPTIMIZER, bytes=optimizer.bytes + recv, items=(*optimizer.items, buffers)
-        )
+        optimizer = _plus(optimizer, MemoryItem(path="pipeline receive buffers (one per micro-batch)",
+                                                category=Category.TEMPORARIES, bytes=recv,
+                                                source=_pipe.SRC_TORCH_PP, key="pipeline.p2p"))  # fmt: skip
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
     churn = peak.bytes - st.persistent

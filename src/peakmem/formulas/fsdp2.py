@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.dtypes import DType
-from peakmem.parallel import Parallelism
+from peakmem.parallel import FsdpMode, Parallelism
 
 from .model_parallel import StageParams, cdiv, dtensor_embedding_grad_extra
 from .technique import Technique
@@ -78,6 +78,12 @@ def root_backward(rs_unit: int, root_rs: int, root_gathered: int) -> int:
     return max(rs_unit, root_rs - root_gathered)
 
 
+def accumulates_unsharded(tech: Technique, par: Parallelism) -> bool:
+    """Whether a rank's gradients accumulate unsharded between micro-batches (:func:`pp_accumulated`):
+    FSDP2 under pipeline parallelism, full fine-tuning."""
+    return par.pp > 1 and par.fsdp is not FsdpMode.NONE and par.fsdp_version == 2 and not tech.adapter
+
+
 def pp_accumulated(tech: Technique, par: Parallelism, sp: StageParams, dtype: DType) -> MemoryItem | None:
     """FSDP2 under torch.distributed.pipelining: every micro-batch's backward runs with
     ``set_requires_gradient_sync(False)`` (stage.py ``backward_maybe_with_nosync``), so gradients
@@ -85,7 +91,7 @@ def pp_accumulated(tech: Technique, par: Parallelism, sp: StageParams, dtype: DT
     the reduce dtype), until ``perform_reduce_grad`` reduce-scatters them after the last one
     (:func:`pp_reduce`); between micro-batches a rank holds the stage's whole (TP-local)
     gradients, the vocab-parallel embedding's whole (:func:`whole_embedding_grad`)."""
-    if par.pp == 1 or par.fsdp_version != 2 or tech.adapter:
+    if not accumulates_unsharded(tech, par):
         return None
     nbytes = dtype.nbytes(sp.numel) + whole_embedding_grad(tech, par, sp, dtype)
     return _item("FSDP2 under PP: gradients accumulated unsharded between micro-batches",

@@ -45,7 +45,7 @@ from .layer import (
     input_saved_by_layer,
     layer_activations,
 )
-from .mlp import mlp_terms, moe_weighting_backward, routed_width_bytes
+from .mlp import backward_gradients_alive, mlp_terms, moe_weighting_backward, routed_width_bytes
 from .norms import (
     norm_pieces,
     norm_saved,
@@ -74,6 +74,7 @@ __all__ = [
     "Shapes",
     "activation_dtype_note",
     "attention_terms",
+    "backward_gradients_alive",
     "block_norm_count",
     "causal_mask_bytes",
     "check_op_sac",

@@ -165,9 +165,14 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                            2))  # fmt: skip
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
+    return items, backward_gradients_alive(mlp) * n * c
+
+
+def backward_gradients_alive(mlp: Mlp) -> int:
+    """How many tokens x width gradients the MLP's backward holds at once, net of the down projection's
+    freed input: a gated product or a python activation chain two, a custom kernel its own count."""
     alive = 2 if mlp.gated or mlp.activation in PYTHON_ACTIVATIONS else 1
-    alive = CUSTOM_BACKWARD_ALIVE.get(mlp.activation, alive)
-    return items, alive * n * c
+    return CUSTOM_BACKWARD_ALIVE.get(mlp.activation, alive)
 
 
 def moe_weighting_backward(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> int:
