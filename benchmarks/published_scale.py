@@ -54,8 +54,9 @@ How the facts become options (the choices a reader should check; none is tuned t
 * ``seq`` is the full sequence (before CP splits it), ``checkpointing`` op / full as stated or inferred
   (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'``.
 * ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
-  fp32 logits) or ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
-  ``CE_CHUNKS``).
+  fp32 logits), ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
+  ``CE_CHUNKS``) or ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
+  copy, no upcast).
 * Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
 * Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', engine_version=the
   transformers release that ran (``job.transformers_version``), prompt=P, context=P + N,

@@ -124,6 +124,9 @@ class LossImpl(Choice):
     CHUNKED = "chunked"  # torchtune CEWithChunkedOutputLoss, eager
     CHUNKED_COMPILED = "chunked-compiled"  # the same under torch.compile (torchtune compile=True)
     FUSED = "fused"  # fused linear cross-entropy (Liger, cut-cross-entropy)
+    # cross_entropy on the 16-bit logits, no fp32 upcast (2022 transformers GPT-2 heads and custom loops on a
+    # .half() / .bfloat16() model): peakmem.formulas.lowbit_optim.adapt_head_loss
+    HALF = "half"
     # TRL's fused log-prob head (peakmem.formulas.logprob_head): what its DPO / GRPO trainers run
     LOGPROB = "logprob"
     LOGPROB_ENTROPY = "logprob-entropy"  # ... with the entropy output (GRPO, RLOO)

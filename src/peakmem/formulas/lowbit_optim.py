@@ -280,6 +280,8 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     t, v, c = sh.tokens, spec.vocab_size, sh.c
     chunk = math.ceil(t / CE_CHUNKS) * v
     keep = [i for i in head.saved if i.key != "loss.log_softmax"]
+    if kind == "half":
+        return half_ce(head, keep, t * v, c, autocast=sh.plan.autocast)
     if kind == "chunked":
         saved = [*keep, MemoryItem(path="loss.log_softmax outputs of all chunks (fp32)", bytes=t * v * FP32,
                                    category=Category.ACTIVATIONS, source=SRC_CHUNKED,
@@ -304,6 +306,28 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
                             source=SRC_FUSED, key="loss.fused_ce"))  # fmt: skip
     return replace(head, saved=tuple(saved), forward_transient=2 * chunk * FP32, backward_transient=0,
                    logits_grad=0)  # fmt: skip
+
+
+SRC_HALF_CE = (
+    "torch nn.functional.cross_entropy on 16-bit logits: log_softmax saves its output in their dtype and "
+    "nll_loss / _log_softmax_backward_data write 16-bit gradients (transformers 4.2x GPT2LMHeadModel: "
+    "shift_logits = lm_logits[..., :-1, :].contiguous(), no .float())"
+)
+
+
+def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast: bool) -> Any:
+    """``loss='half'``: cross-entropy on the model's 16-bit logits (``logits`` elements of ``c`` bytes), no
+    fp32 upcast. In forward the logits and their contiguous shifted copy are alive at the loss, log_softmax
+    saves its 16-bit output; backward writes two 16-bit gradients. Under autocast, cross_entropy runs in
+    fp32 anyway (autocast's fp32 op list), and fp32 logits have nothing to upcast: the standard loss."""
+    from dataclasses import replace
+
+    if autocast or c >= FP32:
+        return head
+    out = MemoryItem(path="loss.log_softmax output (16-bit, no upcast)", bytes=logits * c,
+                     category=Category.ACTIVATIONS, source=SRC_HALF_CE, key="loss.log_softmax")  # fmt: skip
+    return replace(head, saved=(*keep, out), forward_transient=2 * logits * c,
+                   backward_transient=2 * logits * c, logits_grad=logits * c)  # fmt: skip
 
 
 def offload_layer(la: Any, setup: Any) -> Any:
