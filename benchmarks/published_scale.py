@@ -52,7 +52,8 @@ How the facts become options (the choices a reader should check; none is tuned t
   micro-batches (torchtitan@9dec370 ``pipeline_llama.py``: microbatches default to the pp degree),
   ``pp_schedule`` 1f1b or interleaved with ``virtual_stages`` (2 stages per rank for interleaved).
 * ``seq`` is the full sequence (before CP splits it), ``checkpointing`` op / full as stated or inferred
-  (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'``.
+  (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'`` (``eager``
+  where the point says the run's model used eager attention: transformers' 2022 GPT-2).
 * ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
   fp32 logits), ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
   ``CE_CHUNKS``) or ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
@@ -125,7 +126,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "checkpointing": job["checkpointing"],
         "compile": bool(job["compile"]),
         "loss": job["loss"],
-        "attention": "sdpa",
+        "attention": "eager" if str(job.get("attention", "")).startswith("eager") else "sdpa",
         "gpus": lay["gpus"],
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp

@@ -117,3 +117,33 @@ def test_gpt2_18b_shape_by_hand() -> None:
     assert st.layer_backward_extra == 2 * 200_000_000 + 10 * c_fc == 1_071_088_640
     end = sum(i.bytes for i in st.step if i.key == "zero3.reduce_end")
     assert end == 2 * wte + 2 * wte + 2 * wte + 8 * wte == 2_881_937_408
+
+
+def test_an_older_deepspeed_keeps_the_embedding_on_top_in_the_band() -> None:
+    # v0.7.0-v0.15.x: the embedding (64,000) gathered on top of today's working set, while the model has
+    # more than max_live_parameters + one tensor to gather (10,000 + 64,000 of 275,456)
+    from peakmem.formulas import band
+
+    par = Parallelism(gpus=4, zero_stage=3, param_persistence_threshold=100, max_live_parameters=10_000,
+                      prefetch_bucket_size=1_000, reduce_bucket_size=20_000)  # fmt: skip
+    sp = mp.stage_params(tiny(), par, 0)
+    # backward keeps the whole tiny model within max_reuse_distance: nothing left to add
+    assert zero3.version_drift(sp, par, NON_PERSISTENT, NON_PERSISTENT) == 0
+    assert zero3.version_drift(sp, par, NON_PERSISTENT, 74_000) == 64_000
+    assert zero3.version_drift(sp, par, NON_PERSISTENT, NON_PERSISTENT - 1_000) == 1_000  # capped
+    no_prefetch = Parallelism(gpus=4, zero_stage=3, param_persistence_threshold=100, prefetch_bucket_size=0)
+    assert zero3.version_drift(sp, no_prefetch, NON_PERSISTENT, 64_000) == 0
+    term = band.zero3_version_term(2 * 64_000)
+    assert (term.low_bytes, term.high_bytes, term.level) == (0, 128_000, "allocated")
+
+
+def test_the_band_holds_the_older_engine_on_a_gpt2_shape() -> None:
+    # the 18B GPT-2 of test_gpt2_18b_shape_by_hand gathers max_live + the embedding today; an older release
+    # adds the embedding again: 2 x 50,257 x 4,096 bytes on the allocated band's high end
+    config = dict(model_type="gpt2", n_embd=4096, n_layer=90, n_head=16, n_positions=1024, vocab_size=50257)
+    spec = spec_from_config({**config, "tie_word_embeddings": True}, name="gpt2-4096x90")
+    setup = TrainingSetup(precision=Precision.MIXED_FP16, seq_len=1024, checkpointing=Checkpointing.FULL)
+    par = Parallelism(gpus=1, zero_stage=3, reduce_bucket_size=200_000_000, **OFFLOAD)  # type: ignore[arg-type]
+    est = estimate_ranks(spec, setup, par).most_loaded.estimate
+    terms = {t.name: t for t in est.band.terms}
+    assert terms["zero3_engine_version"].high_bytes == 2 * 50_257 * 4_096

@@ -704,7 +704,7 @@ def _estimate(
     band = _step_band.training_band(
         allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
-        communicators=sharding.communicators(par), nccl_bytes=nccl,
+        communicators=sharding.communicators(par), nccl_bytes=nccl, engine_high=rs.engine_band_high,
         fused_step_delta=(
             _step_band.fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0
         ),

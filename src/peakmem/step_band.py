@@ -60,11 +60,13 @@ def training_band(
     fused_step_delta: int = 0,
     loss_order: tuple[int, int] = (0, 0),
     replayed: int = 0,
+    engine_high: int = 0,
 ) -> Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
     ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
-    fragmentation term's low end removes, and segments of other phases the term for them no longer spans."""
+    fragmentation term's low end removes, and segments of other phases the term for them no longer spans.
+    ``engine_high``: what an older engine release keeps beyond the likely value (DeepSpeed ZeRO-3 < 0.16)."""
     context = _CONTEXT_TERMS.get(ov)
     if context is None:
         if len(_CONTEXT_TERMS) >= MEMO_MAX:
@@ -81,6 +83,8 @@ def training_band(
     ]  # fmt: skip
     if communicators:
         terms.append(_band.nccl_term(communicators=communicators, likely_bytes=nccl_bytes))
+    if engine_high:
+        terms.append(_band.zero3_version_term(engine_high))
     if fused_step_delta:
         terms.append(_band.optimizer_impl_term(fused_step_delta))
     if loss_order != (0, 0):

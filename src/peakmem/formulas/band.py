@@ -200,6 +200,21 @@ def nccl_term(*, communicators: int, likely_bytes: int) -> BandTerm:
                     high_bytes=max(0, high - likely_bytes), source=SRC_NCCL)  # fmt: skip
 
 
+# DeepSpeed ZeRO-3's prefetcher: v0.7.0 to v0.15.x let its count of gathered parameters go negative after
+# each backward, so every later step keeps the input embedding gathered on top of today's working set
+# (formulas/zero3.py version_drift; fixed by DeepSpeed PR #6726, v0.16.0). peakmem does not know the
+# release a job runs: the older engine's bytes are the band's high end.
+SRC_ZERO3_VERSION = (
+    "deepspeed partitioned_param_coordinator.py v0.7.0-v0.15.x: reset_step zeroes __n_available_params "
+    "while the embedding is gathered (PR #6726, v0.16.0 'becomes negative'): the embedding kept on top"
+)
+
+
+def zero3_version_term(high_bytes: int) -> BandTerm:
+    return BandTerm(name="zero3_engine_version", level="allocated", low_bytes=0, high_bytes=high_bytes,
+                    source=SRC_ZERO3_VERSION)  # fmt: skip
+
+
 # vLLM / SGLang CUDA graphs are a likely term of their own (formulas/serving/cuda_graphs.py); what stays
 # unknown is its spread: +-10 % (the fitting set's residuals are +4 and +5 %) and, above 272 tokens, the
 # 20 MiB segment a PIECEWISE capture was logged to take in vLLM 0.10 (PR #22897, #23184), as the high end.

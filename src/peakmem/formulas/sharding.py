@@ -157,6 +157,8 @@ class RankStates:
     layer_backward_last_extra: int = 0  # the last unit backward reaches (nothing to prefetch)
     # how the backward peak inside a layer shows ``layer_backward_extra`` (None: FSDP2's running units)
     layer_backward_item: MemoryItem | None = None
+    # DeepSpeed ZeRO-3 before v0.16: more gathered bytes than today's engine keeps (the band's high end)
+    engine_band_high: int = 0
     backward_start_extra: int = 0  # at the loss's and the head's backward (before any layer unit)
     # FSDP2: the root's unshards (see fsdp2.root_unshards): every unsharded byte at the first layer
     # unit's copy-out in a micro-batch's forward, and the root's all-gather output at backward's start
@@ -397,6 +399,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
     reduce: MemoryItem | None = None
+    drift = 0
     if stage == 3:
         non_persistent = sp.numel - sh.persistent
         fetch = min(
@@ -404,6 +407,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         )
         keep = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
         live = _zero3.working_set(sp, par, non_persistent)
+        drift = _gathered(tech, _zero3.version_drift(sp, par, non_persistent, max(keep, live)))
         what = "prefetched up to max_live_parameters" if live > fetch else "module + prefetch"
         gathered_fwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
                                   _gathered(tech, max(fetch, live)), _zero3.SRC_Z3_PREFETCH if live > fetch
@@ -473,6 +477,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         step=tuple(step), step_grads=tuple(step_grads), cpu=tuple(cpu), nvme_bytes=nvme, notes=tuple(notes),
         layer_backward_extra=reduce.bytes if reduce else 0,
         layer_backward_first_extra=reduce.bytes if reduce else 0, layer_backward_item=reduce,
+        engine_band_high=drift,
     )  # fmt: skip
 
 

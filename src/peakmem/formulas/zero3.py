@@ -22,8 +22,8 @@ v0.7.0 to v0.15.x also let the count go negative: ``reset_step`` (stage3.py ``ba
 backward) zeroes ``__n_available_params`` while the input embedding is still gathered (its
 post-backward hook never fires: its input ids do not require grad), and ``release_and_reset_all``
 (the step's ``partition_all_parameters``) then subtracts it, so every later step holds that many more
-elements (DeepSpeed PR #6726, v0.16.0, "__n_available_params becomes negative"). Not modelled:
-peakmem models today's engine.
+elements (DeepSpeed PR #6726, v0.16.0, "__n_available_params becomes negative"). The likely value is
+today's engine; the band's high end holds the older one (:func:`version_drift`, ``band.zero3_version_term``).
 
 Gradient reduce (stage3.py ``__reduce_and_partition_ipg_grads`` -> ``__avg_scatter_grads`` ->
 runtime/comm/coalesced_collectives.py ``reduce_scatter_coalesced``). When a gradient no longer fits
@@ -104,3 +104,14 @@ def end_of_backward_bytes(weight: DType, grad: DType, par: Parallelism, embed: i
     else:
         reduce = grad.nbytes(min(par.reduce_bucket_size, trainable))
     return weight.nbytes(embed) + reduce + partition_reduce_bytes(grad, part)
+
+
+def version_drift(sp: StageParams, par: Parallelism, non_persistent: int, gathered: int) -> int:
+    """Elements DeepSpeed v0.7.0 to v0.15.x keeps gathered beyond today's working set (``gathered``
+    elements): the input embedding, which the negative ``__n_available_params`` lets the prefetcher add
+    on top of ``max_live_parameters`` every step after the first; 0 without prefetch, on a later pipeline
+    stage, or once everything is gathered."""
+    roots = [t.numel for t in sp.tensors if not t.in_layer and t.numel >= par.param_persistence_threshold]
+    if not roots or sp.stage != 0 or par.prefetch_bucket_size <= 0 or par.max_live_parameters <= 0:
+        return 0
+    return max(0, min(max(roots), non_persistent - gathered))
