@@ -44,19 +44,19 @@ from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.profiles import liger_applies, profile_assumptions, profile_setup
+from peakmem.formulas.profiles import profile_assumptions
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak, in_place_credit
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, PipelineSchedule
 from peakmem.step_parts import Parts, Static
+from peakmem.step_setup import fallback_note, setup_that_runs
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Framework,
     LossImpl,
     Method,
-    Precision,
     TrainingSetup,
     checkpointed_layers,
 )
@@ -152,24 +152,6 @@ class TrainingEstimator:
         st = self._static_of(setup, par, stage)
         est = _estimate(st, setup, par or _SINGLE, role, self.overheads, asked, self.costs, self.memo)
         return est, st.states, st.sp
-
-
-# master-weight precisions: the step moves each 16-bit gradient onto its fp32 master and frees it
-# (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers)
-_MASTER_WEIGHT_PRECISIONS = (Precision.MIXED_BF16, Precision.MIXED_FP16)
-
-
-def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
-    """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
-    asked for, no Liger where Liger patches nothing, the framework profile's settings."""
-    fallback = _attention_fallback(spec, setup)
-    if fallback is not None:
-        setup = fallback
-    if setup.liger and not liger_applies(spec.model_type):
-        setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
-    if not setup.grads_set_to_none and setup.precision.states in _MASTER_WEIGHT_PRECISIONS:
-        setup = replace(setup, grads_set_to_none=True)  # the step already dropped the 16-bit gradients
-    return profile_setup(setup)
 
 
 def _check_positions(spec: ModelSpec, setup: TrainingSetup) -> None:
@@ -455,37 +437,6 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                   embed_items=embed, offloaded=offloaded)  # fmt: skip
 
 
-def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup | None:
-    """The setup with eager attention when transformers has no ``setup.attention`` kernel for this
-    architecture (BLOOM: eager only; Gemma 2: no SDPA), as its ``_check_and_adjust_attn_implementation``
-    picks eager when SDPA is unsupported (modeling_utils.py); None when the kernel exists."""
-    if setup.attention.value in spec.attention_kernels:
-        return None
-    return replace(setup, attention=AttentionKernel.EAGER)
-
-
-def _fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) -> tuple[str, ...]:
-    """What runs instead of what was asked: an attention kernel the model lacks, Liger on a model type
-    Liger does not patch."""
-    notes: tuple[str, ...] = ()
-    if asked.attention is not setup.attention:
-        notes += (
-            f"attention {asked.attention.value} is not implemented by transformers for {spec.model_type} "
-            f"(kernels: {', '.join(spec.attention_kernels)}); it runs {setup.attention.value}, as estimated",
-        )
-    if asked.liger and not setup.liger:
-        notes += (
-            f"Liger kernels: Liger does not patch {spec.model_type} (liger_kernel monkey_patch.py "
-            "MODEL_TYPE_TO_APPLY_LIGER_FN): the model runs its own modules, as estimated",
-        )
-    if not asked.grads_set_to_none and setup.grads_set_to_none:
-        notes += (
-            f"keep_grads: {asked.precision.value} steps fp32 masters and drops each 16-bit gradient at the "
-            "step (master.grad = p.grad.float(); p.grad = None), so zero_grad has none left to keep",
-        )
-    return notes
-
-
 SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
@@ -716,7 +667,7 @@ def _estimate(
         trainable_params=tech.trainable, per_param=st.table, items=peak.items, phases=phases,
         peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=device_total,
-        assumptions=rank_notes + notes + _fallback_note(spec, asked, setup), setup=out, extra=extra,
+        assumptions=rank_notes + notes + fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
 

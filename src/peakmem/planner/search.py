@@ -13,12 +13,13 @@ from typing import Any
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError
-from peakmem.estimate import TrainingEstimator, setup_dict, setup_that_runs
+from peakmem.estimate import TrainingEstimator, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.ranks import RankReport, estimate_ranks
+from peakmem.step_setup import setup_that_runs
 from peakmem.training import TrainingSetup
 
 MAX_CHANGES = 3  # changes combined in one candidate

@@ -1,0 +1,60 @@
+"""What runs when a training setup is asked for a model (for :mod:`peakmem.estimate`): eager attention
+where transformers has no kernel asked for, no Liger where Liger patches nothing, nothing for
+``keep_grads`` to keep under a master-weight step, the framework profile's settings; and the assumption
+lines that say so."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from peakmem.formulas.profiles import liger_applies, profile_setup
+from peakmem.model import ModelSpec
+from peakmem.training import AttentionKernel, Precision, TrainingSetup
+
+# master-weight precisions: the step moves each 16-bit gradient onto its fp32 master and frees it
+# (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers)
+_MASTER_WEIGHT_PRECISIONS = (Precision.MIXED_BF16, Precision.MIXED_FP16)
+
+
+def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
+    """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
+    asked for, no Liger where Liger patches nothing, the framework profile's settings."""
+    fallback = _attention_fallback(spec, setup)
+    if fallback is not None:
+        setup = fallback
+    if setup.liger and not liger_applies(spec.model_type):
+        setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
+    if not setup.grads_set_to_none and setup.precision.states in _MASTER_WEIGHT_PRECISIONS:
+        setup = replace(setup, grads_set_to_none=True)  # the step already dropped the 16-bit gradients
+    return profile_setup(setup)
+
+
+def _attention_fallback(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup | None:
+    """The setup with eager attention when transformers has no ``setup.attention`` kernel for this
+    architecture (BLOOM: eager only; Gemma 2: no SDPA), as its ``_check_and_adjust_attn_implementation``
+    picks eager when SDPA is unsupported (modeling_utils.py); None when the kernel exists."""
+    if setup.attention.value in spec.attention_kernels:
+        return None
+    return replace(setup, attention=AttentionKernel.EAGER)
+
+
+def fallback_note(spec: ModelSpec, asked: TrainingSetup, setup: TrainingSetup) -> tuple[str, ...]:
+    """What runs instead of what was asked: an attention kernel the model lacks, Liger on a model type
+    Liger does not patch."""
+    notes: tuple[str, ...] = ()
+    if asked.attention is not setup.attention:
+        notes += (
+            f"attention {asked.attention.value} is not implemented by transformers for {spec.model_type} "
+            f"(kernels: {', '.join(spec.attention_kernels)}); it runs {setup.attention.value}, as estimated",
+        )
+    if asked.liger and not setup.liger:
+        notes += (
+            f"Liger kernels: Liger does not patch {spec.model_type} (liger_kernel monkey_patch.py "
+            "MODEL_TYPE_TO_APPLY_LIGER_FN): the model runs its own modules, as estimated",
+        )
+    if not asked.grads_set_to_none and setup.grads_set_to_none:
+        notes += (
+            f"keep_grads: {asked.precision.value} steps fp32 masters and drops each 16-bit gradient at the "
+            "step (master.grad = p.grad.float(); p.grad = None), so zero_grad has none left to keep",
+        )
+    return notes
