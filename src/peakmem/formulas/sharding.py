@@ -438,9 +438,8 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         reduce = _item("ZeRO-3 gradient reduce in a layer's backward (concatenated bucket"
                        + ("; a partition's GPU copy and fp64 norm, offload)" if offload_opt else ")"),
                        Category.TEMPORARIES, in_layer, _zero3.SRC_Z3_REDUCE, key="zero3.reduce")  # fmt: skip
-        roots = [t.numel for t in sp.tensors if not t.in_layer and t.numel >= par.param_persistence_threshold]
-        if offload_opt and not tech.adapter and sp.stage == 0 and roots:
-            embed = max(roots)
+        embed = _zero3.input_embedding(sp, par)
+        if offload_opt and not tech.adapter and embed:
             step.append(_item("ZeRO-3 offload, end of backward: the embedding still gathered and its "
                               "gradient's reduce (its own gradient, partition copy and fp64 norm)",
                               Category.TEMPORARIES,

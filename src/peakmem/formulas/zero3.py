@@ -106,12 +106,19 @@ def end_of_backward_bytes(weight: DType, grad: DType, par: Parallelism, embed: i
     return weight.nbytes(embed) + reduce + partition_reduce_bytes(grad, part)
 
 
+def input_embedding(sp: StageParams, par: Parallelism) -> int:
+    """Elements of the largest partitioned parameter outside the layers on the first stage (the input
+    embedding: its post-backward hook never fires, so it stays gathered to the step); 0 on later stages."""
+    roots = [t.numel for t in sp.tensors if not t.in_layer and t.numel >= par.param_persistence_threshold]
+    return max(roots) if roots and sp.stage == 0 else 0
+
+
 def version_drift(sp: StageParams, par: Parallelism, non_persistent: int, gathered: int) -> int:
     """Elements DeepSpeed v0.7.0 to v0.15.x keeps gathered beyond today's working set (``gathered``
     elements): the input embedding, which the negative ``__n_available_params`` lets the prefetcher add
     on top of ``max_live_parameters`` every step after the first; 0 without prefetch, on a later pipeline
     stage, or once everything is gathered."""
-    roots = [t.numel for t in sp.tensors if not t.in_layer and t.numel >= par.param_persistence_threshold]
-    if not roots or sp.stage != 0 or par.prefetch_bucket_size <= 0 or par.max_live_parameters <= 0:
+    embed = input_embedding(sp, par)
+    if not embed or par.prefetch_bucket_size <= 0 or par.max_live_parameters <= 0:
         return 0
-    return max(0, min(max(roots), non_persistent - gathered))
+    return max(0, min(embed, non_persistent - gathered))
