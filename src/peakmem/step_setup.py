@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from peakmem.formulas.model_states import precision_plan
 from peakmem.formulas.profiles import liger_applies, profile_setup
 from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, Precision, TrainingSetup
-
-# master-weight precisions: the step moves each 16-bit gradient onto its fp32 master and frees it
-# (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers)
-_MASTER_WEIGHT_PRECISIONS = (Precision.MIXED_BF16, Precision.MIXED_FP16)
+from peakmem.training import AttentionKernel, TrainingSetup
 
 
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
@@ -24,8 +21,10 @@ def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
         setup = fallback
     if setup.liger and not liger_applies(spec.model_type):
         setup = replace(setup, liger=False)  # Liger patches nothing in this model: it runs as is
-    if not setup.grads_set_to_none and setup.precision.states in _MASTER_WEIGHT_PRECISIONS:
-        setup = replace(setup, grads_set_to_none=True)  # the step already dropped the 16-bit gradients
+    # a master-weight step moves each 16-bit gradient onto its fp32 master and frees it
+    # (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers): nothing to keep
+    if not setup.grads_set_to_none and precision_plan(setup.precision).master is not None:
+        setup = replace(setup, grads_set_to_none=True)
     return profile_setup(setup)
 
 
