@@ -11,12 +11,11 @@ the eager layer does not. About 20-40 s per compiled case on a loaded 2-core mac
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _bench import load_benchmark
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -25,13 +24,7 @@ TOLERANCE = 0.01
 
 
 def _bench() -> Any:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compile_activations.py"
-    spec = importlib.util.spec_from_file_location("_compile_activations", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_compile_activations"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("compile_activations", "_compile_activations")
 
 
 @pytest.mark.parametrize(("style", "precision"), [("torchtune", "bf16"), ("hf", "bf16"), ("hf", "amp-bf16")])

@@ -9,16 +9,15 @@ are checked everywhere.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _bench import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu_fixtures.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu"
 ALLOCATED_TOL = 0.05
 RESERVED_TOL = 0.10
@@ -26,12 +25,7 @@ DEVICE_TOL = 0.10
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_fixtures", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_fixtures"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_fixtures", "gpu_fixtures")
 
 
 def _fixtures(job: str) -> list[dict[str, Any]]:

@@ -3,13 +3,13 @@ split, and the comparison script's reading of each log line, checked by hand on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from _bench import load_benchmark
 
 ROOT = Path(__file__).parents[1] / "benchmarks"
 FIELDS = {
@@ -26,13 +26,7 @@ def _data() -> dict[str, Any]:
 
 
 def _script() -> ModuleType:
-    if str(ROOT) not in sys.path:  # the script imports its sibling benchmarks/_logs.py
-        sys.path.insert(0, str(ROOT))
-    spec = importlib.util.spec_from_file_location("lora_slots_bench", ROOT / "lora_slots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lora_slots")
 
 
 def test_every_case_is_cited_complete_and_short() -> None:

@@ -127,16 +127,12 @@ def test_gpt2_xl_seed_claims_through_the_estimator() -> None:
 
 def test_published_finetune_points_within_15_percent(capsys: object) -> None:
     """benchmarks/accuracy_finetune.py: torchtune LoRA / QLoRA / 8-bit AdamW and HF 8-bit Adam points."""
-    import importlib.util
-    from pathlib import Path
 
     import pytest
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy_finetune.py"
-    spec = importlib.util.spec_from_file_location("_accuracy_finetune", bench)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from _bench import load_benchmark
+
+    module = load_benchmark("accuracy_finetune")
     if not module.DEFAULT_PATH.exists():
         pytest.skip("shared/validation is not next to this checkout")
     rows = dict(module.run(module.DEFAULT_PATH))

@@ -3,21 +3,13 @@ rewrites them)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from _bench import load_benchmark
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_readme_answers", BENCH / "readme_answers.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_readme_answers"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("readme_answers", "_readme_answers")
 
 
 def test_readme_answers_match_what_peakmem_prints() -> None:

@@ -9,29 +9,20 @@ does not price, with why and a source; ``benchmarks/safetensors_index.py`` price
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _bench import load_benchmark
 from peakmem.hf import spec_from_config
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "safetensors_index.py"
 # A shard file is its tensors plus an 8-byte length and a JSON header (safetensors format): the headers
 # of the largest checkpoint here (DeepSeek-V3, 163 shards, ~91k tensors) are ~12 MB of 689 GB.
 HEADER_SHARE = 1e-4
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("safetensors_index", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["safetensors_index"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("safetensors_index", "safetensors_index")
 
 
 BENCH = _script()

@@ -4,13 +4,13 @@ formulas/serving/speculative.py), derived by hand on tiny specs."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import peakmem
+from _bench import load_benchmark
 from _infer_specs import infer_cli_equals_api, tiny
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference
@@ -143,18 +143,12 @@ def test_published_draft_figures_are_cited_and_split() -> None:
     """benchmarks/spec_decode_logs.json: every case has its thread, quote and set; the one fitting-set
     vLLM log ('Model loading took 15.8114 GiB', Qwen3-8B + an EAGLE-3 head of assumed shape) is within
     the issue's 10 % (measured +1.2 %)."""
-    import importlib.util
 
     root = Path(__file__).parents[1] / "benchmarks"
     cases = json.loads((root / "spec_decode_logs.json").read_text())["cases"]
     assert {c["set"] for c in cases} == {"fit", "held_out"}
     assert all(c["url"].startswith("https://github.com/") and c["quote"] for c in cases)
-    if str(root) not in sys.path:  # the script imports its sibling benchmarks/_logs.py
-        sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location("spec_decode", root / "spec_decode.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("spec_decode")
     f1 = next(c for c in cases if c["id"] == "F1")
     got, _ = module.predicted(f1)
     assert abs(got / module.logged_bytes(f1) - 1) <= 0.10

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from _bench import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load() -> object:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("_validate", BENCH / "validate.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_validate"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("validate", "_validate")
 
 
 def test_table_groups_cases_by_origin_job_and_quantity() -> None:
