@@ -33,12 +33,12 @@ from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
+from peakmem.formulas import fsdp2 as _fsdp2
 from peakmem.formulas import long_context as _long
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas.activations import float8 as _f8
-from peakmem.formulas.fsdp2 import accumulates_unsharded
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
@@ -420,7 +420,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         mlp = spec.groups[i].layer.mlp
         alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
-        in_place = whole or accumulates_unsharded(tech, par)  # gradients that AccumulateGrad adds into
+        in_place = whole or _fsdp2.accumulates_unsharded(tech, par)  # gradients that AccumulateGrad adds into
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
@@ -514,14 +514,18 @@ def _estimate(
 
     forward = forward_phase(rs.layer_forward_extra, rs.layer_unshard_extra, pipe.forward_layer, pipe.forward,
                             base_items, pipeline)  # fmt: skip
+    pools = rs.side_pools  # FSDP2: what of its side streams' pools is alive at the forward peak
+    fwd_gathered = pools.gather_unit if par.pp == 1 else 0  # the kept one (none after PP's first micro-batch)
     if rs.first_unshard:  # FSDP2: the first layer unit's unshard, next to the root's all-gather output
         start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items, p2p(recv)],
                        base=base_items, base_bytes=base_bytes)  # fmt: skip
+        fwd_gathered = pools.all_gather if start.bytes > forward.bytes else fwd_gathered
         forward = max(forward, start, key=_BYTES)
     if par.pp > 1 and rs.first_unshard:  # FSDP2 under PP: the step's first micro-batch unshards every unit
         no_grads = setup.grads_set_to_none and bool(rs.accumulated)  # none before its first backward
         base0 = tuple(i for i in st.resident_items if not (no_grads and i in rs.accumulated))
         first_mb = forward_phase(*_fsdp.pp_first_forward(rs, sp), 0, pipe.first_forward, base0, [])
+        fwd_gathered = pools.gather_unit if first_mb.bytes > forward.bytes else fwd_gathered
         forward = max(forward, first_mb, key=_BYTES)
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
@@ -610,6 +614,15 @@ def _estimate(
         # replay adds the segments one phase cuts that another cannot reuse
         over_closed = max(0, replayed - reserved)
         reserved += over_closed
+    # FSDP2's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
+    # sharded gradients exist at the step, between micro-batches and as backward writes them
+    one_stage = par.pp == 1
+    grads_kept = peak is optimizer or (resident and one_stage) or not setup.grads_set_to_none
+    written = bp.grads_so_far if peak is backward and one_stage else 0
+    gathered = fwd_gathered if peak is forward else pools.gather_unit * one_stage
+    side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
+                                  gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
+    reserved += side
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -628,6 +641,7 @@ def _estimate(
         "context_bytes": ov.context_bytes,
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
         "fragmentation": ov.fraction,
+        **({"side_stream_pool_bytes": side} if side else {}),
         **st.state_extra,
         **({"expandable_segments": True} if ov.expandable_segments else {}),
         **({"profile": ov.profile} if ov.profile is not None else {}),

@@ -9,6 +9,8 @@ Each term was found in, and is checked against, the fake-process-group oracle
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.dtypes import DType
 from peakmem.parallel import FsdpMode, Parallelism
@@ -18,6 +20,11 @@ from .technique import Technique
 
 SRC_FSDP_GATHER = "torch fsdp: root unit unsharded fwd->bwd; current + one prefetched unit all-gathered"
 SRC_FSDP_RS = "torch fsdp _fsdp_collectives.py foreach_reduce: unsharded grads + reduce-scatter input"
+SRC_STREAM_POOLS = (
+    "c10/cuda/CUDACachingAllocator.cpp get_free_block: a cached block serves only its own stream; torch "
+    "fsdp2 _fsdp_collectives.py: all-gather outputs on the copy-in stream, reduce-scatter outputs on the "
+    "reduce-scatter stream"
+)
 SRC_FSDP_ROOT_RS = (
     "torch fsdp2 _fsdp_state.py _root_post_backward_final_callback: the root unit reduce-scatters last"
 )
@@ -159,3 +166,50 @@ def in_layer(
     kept = _item("FSDP2 all-gather output kept until the next unit's all-gather (one unit)",
                  Category.PARAMETERS, unit, SRC_FSDP_GATHER, key="fsdp.units")  # fmt: skip
     return [kept], [], (2 * unit, unit, 2 * unit + rs_unit, 2 * unit, unit, unit + rs_unit)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamPools:
+    """What FSDP2 allocates on its side streams, which the CUDA caching allocator caches per stream: a
+    freed block serves only requests of the stream that allocated it (c10/cuda/CUDACachingAllocator.cpp
+    ``get_free_block``: ``(*it)->stream != p.stream()`` returns no block; expandable segments are per
+    stream too), so once a step has used them these bytes stay reserved while the default stream peaks
+    elsewhere. torch PR #129721 moved the reduce-scatter input to the default stream for this reason
+    ("that memory cannot be reused by the default stream outside of that spike"); the outputs stayed:
+
+    * ``reduce_scatter``: the sharded gradients. ``foreach_reduce`` allocates each unit's reduce-scatter
+      output inside ``device_handle.stream(reduce_scatter_stream)`` and the sharded ``.grad`` is a view of
+      it (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: "The RS output is
+      allocated in the RS stream"); ``zero_grad(set_to_none=True)`` frees them after the step.
+    * ``all_gather``: the most all-gather outputs alive at once. Forward and pre-backward unshards run
+      on ``all_gather_copy_in_stream`` (_fsdp_param_group.py ``get_all_gather_streams``: "Use separate
+      streams for implicit prefetching"), where ``foreach_all_gather`` allocates the flat output; the
+      root's output is kept until the first layer unit's copy-out (:func:`root_unshards`), so the pool
+      holds the root's and one unit's.
+    * ``gather_unit``: one layer unit's output, alive at every forward and backward instant after the
+      first unshard (:func:`in_layer`: the kept or the prefetched output)."""
+
+    reduce_scatter: int = 0
+    all_gather: int = 0
+    gather_unit: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("reduce_scatter", "all_gather", "gather_unit"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"StreamPools.{name} must be a non-negative int, got {value!r}")
+
+
+NO_POOLS = StreamPools()
+
+
+def stream_pools(grads: int, root: int, unit: int) -> StreamPools:
+    """FSDP2's side-stream pools (:class:`StreamPools`) for ``grads`` bytes of sharded gradients on the
+    GPU, ``root`` bytes of the root unit gathered and ``unit`` of the largest layer unit."""
+    return StreamPools(reduce_scatter=grads, all_gather=root + unit if root else 2 * unit, gather_unit=unit)
+
+
+def idle_pool_bytes(pools: StreamPools, *, grads_alive: int, gathered_alive: int) -> int:
+    """The side-stream pools' bytes the default stream's peak cannot use: each pool less what of it is
+    alive at that instant (already counted in the peak's allocated bytes)."""
+    return max(0, pools.reduce_scatter - grads_alive) + max(0, pools.all_gather - gathered_alive)

@@ -175,6 +175,8 @@ class RankStates:
     # them (see fsdp2.root_backward)
     root_grads_deferred: bool = False
     root_backward_extra: int = 0
+    # FSDP2: the bytes its side streams keep cached, which the default stream cannot reuse (fsdp2.StreamPools)
+    side_pools: _fsdp2.StreamPools = _fsdp2.NO_POOLS
 
 
 def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
@@ -587,6 +589,10 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                                   gathered(min(2, sp.layers) * unit), SRC_FSDP_GATHER,
                                   key="fsdp.units"))  # fmt: skip
         gathered_bwd = [*gathered_fwd, reduce_scatter]
+    pools = _fsdp2.NO_POOLS
+    if par.fsdp_version == 2 and sp.layers:
+        pools = _fsdp2.stream_pools(0 if offload else grads_item.bytes, gathered(sp.root_numel, root=True),
+                                    gathered(unit))  # fmt: skip
     step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
     what = (
         "the frozen base as stored and the adapters"
@@ -594,6 +600,12 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         else (f"sharded parameters and gradients in {shard_dt.name}, gathered copies in {gather_dt.name}")
     )
     notes = [f"FSDP{par.fsdp_version} {par.fsdp.value}: units = transformer layers + the root; {what}"]
+    if pools is not _fsdp2.NO_POOLS:
+        notes.append(
+            "FSDP2 side streams: the sharded gradients (reduce-scatter stream) and the all-gather outputs "
+            "(copy-in stream) stay cached for their own streams; reserved counts what of them the peak "
+            "does not hold (the caching allocator serves a block to its own stream only)"
+        )
     if tech.adapter and tech.frozen is not None and tech.frozen.dtype in ("nf4", "fp4", "int8"):
         notes.append(
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
@@ -612,7 +624,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         layer_backward_last_extra=bwd_last,
         root_grads_deferred=par.fsdp_version == 2 and par.pp == 1, root_backward_extra=root_extra,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
-        embedding_grad_extra=whole_embedding,
+        embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.adapters import lora_of
+from peakmem.adapters import FLOAT_BYTES, lora_of, quant_of
 from peakmem.breakdown import MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec, split_last_block
@@ -72,8 +72,12 @@ def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -
         weight, grad, master, frozen = plan.weight, plan.grad, plan.master, None
         layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec, memo).layer_params)
     root = sum(t.numel for t in spec.outer)
+    # the frozen base outside the layers: in the model's dtype, or QLoRA's float dtype (bitsandbytes
+    # quantizes no embedding, norm or head: formulas/qlora.py base_rows)
+    quant = quant_of(setup) if adapter else None
+    frozen_root = plan.weight.nbytes(root) if quant is None else FLOAT_BYTES[quant.float_dtype] * root
     return Technique(
-        base_dtype=plan.weight, root_numel=root, frozen_root_bytes=plan.weight.nbytes(root) if adapter else 0,
+        base_dtype=plan.weight, root_numel=root, frozen_root_bytes=frozen_root if adapter else 0,
         spec=spec, tspec=tspec, tsetup=tsetup, adapter=adapter, rows=rows,
         params=spec_facts(spec, memo).params, trainable=trainable_params(tspec, tsetup, memo), frozen=frozen,
         weight=weight, grad=grad, master=master, state_rows=opt_rows,
