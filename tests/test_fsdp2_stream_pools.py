@@ -1,4 +1,4 @@
-"""FSDP2's side-stream pools in the reserved bytes (formulas/fsdp2.py StreamPools), derived by hand on the
+"""FSDP's side-stream pools in the reserved bytes (formulas/fsdp2.py StreamPools), derived by hand on the
 tiny spec of test_parallel (276,032 parameters: 4 layers of 36,992, a root of 128,064: embeddings
 64,000 + final norm 64 + head 64,000), 4 ranks, every dimension divisible by 4 (no padding)."""
 
@@ -22,9 +22,13 @@ FSDP4 = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
 
 def test_pools_by_hand() -> None:
     pools = fsdp2.stream_pools(grads=100, root=40, unit=10)
-    assert (pools.reduce_scatter, pools.all_gather, pools.gather_unit) == (100, 50, 10)
+    assert (pools.reduce_scatter, pools.all_gather, pools.in_use) == (100, 50, 10)
     # no root unit: the kept output and the next unit's
     assert fsdp2.stream_pools(grads=100, root=0, unit=10).all_gather == 20
+    # FSDP1: the unsharded flat parameters themselves (root, running unit, prefetched unit), all in use
+    assert fsdp2.stream_pools(grads=100, root=40, unit=10, version=1) == fsdp2.StreamPools(
+        reduce_scatter=100, all_gather=60, in_use=60
+    )
     # what the peak holds of a pool is not idle; never below zero
     assert fsdp2.idle_pool_bytes(pools, grads_alive=30, gathered_alive=10) == 70 + 40
     assert fsdp2.idle_pool_bytes(pools, grads_alive=200, gathered_alive=60) == 0
@@ -45,12 +49,14 @@ def test_rank_states_pools() -> None:
     # sharded fp32 gradients 4 B x P / 4; the root's bf16 all-gather output kept while the first layer
     # unit's arrives (2 B x ROOT + 2 B x LAYER)
     assert st.side_pools == fsdp2.StreamPools(
-        reduce_scatter=P, all_gather=2 * ROOT + 2 * LAYER, gather_unit=2 * LAYER
+        reduce_scatter=P, all_gather=2 * ROOT + 2 * LAYER, in_use=2 * LAYER
     )
     fsdp1 = replace(FSDP4, fsdp_version=1)
     assert sharding.rank_states(
         technique(tiny(), SETUP), SETUP, fsdp1, mp.stage_params(tiny(), fsdp1, 0)
-    ).side_pools == (fsdp2.NO_POOLS)
+    ).side_pools == fsdp2.StreamPools(
+        reduce_scatter=P, all_gather=2 * ROOT + 4 * LAYER, in_use=2 * ROOT + 4 * LAYER
+    )
 
 
 def test_idle_at_the_loss() -> None:
@@ -71,6 +77,14 @@ def test_resident_gradients_fill_the_reduce_scatter_pool() -> None:
     assert _estimate(fp32).extra["side_stream_pool_bytes"] == 4 * ROOT  # fp32 all-gathers
 
 
+def test_fsdp1_reduce_scatter_pool_idle_at_the_loss() -> None:
+    """FSDP1: the flat units are multiples of 4 here (36,992 and 128,064), so the sharded fp32 gradients
+    are P bytes; its unsharded parameters are all in use in forward and backward."""
+    est = _estimate(SETUP, replace(FSDP4, fsdp_version=1))
+    assert est.peak_phase is Phase.BACKWARD and est.extra["backward_peak_layers_done"] == 0
+    assert est.extra["side_stream_pool_bytes"] == P
+
+
 def test_other_engines_have_no_side_pools() -> None:
-    for par in (replace(FSDP4, fsdp_version=1), Parallelism(gpus=4), Parallelism(gpus=4, zero_stage=3)):
+    for par in (Parallelism(gpus=4), Parallelism(gpus=4, zero_stage=3)):
         assert "side_stream_pool_bytes" not in _estimate(SETUP, par).extra

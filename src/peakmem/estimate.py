@@ -514,8 +514,8 @@ def _estimate(
 
     forward = forward_phase(rs.layer_forward_extra, rs.layer_unshard_extra, pipe.forward_layer, pipe.forward,
                             base_items, pipeline)  # fmt: skip
-    pools = rs.side_pools  # FSDP2: what of its side streams' pools is alive at the forward peak
-    fwd_gathered = pools.gather_unit if par.pp == 1 else 0  # the kept one (none after PP's first micro-batch)
+    pools = rs.side_pools  # FSDP: what of its side streams' pools is alive at the forward peak
+    fwd_gathered = pools.in_use if par.pp == 1 else 0  # the kept one (none after PP's first micro-batch)
     if rs.first_unshard:  # FSDP2: the first layer unit's unshard, next to the root's all-gather output
         start = _phase(Phase.FORWARD, [*_fsdp.first_unshard_items(rs), *parts.embed_items, p2p(recv)],
                        base=base_items, base_bytes=base_bytes)  # fmt: skip
@@ -525,7 +525,7 @@ def _estimate(
         no_grads = setup.grads_set_to_none and bool(rs.accumulated)  # none before its first backward
         base0 = tuple(i for i in st.resident_items if not (no_grads and i in rs.accumulated))
         first_mb = forward_phase(*_fsdp.pp_first_forward(rs, sp), 0, pipe.first_forward, base0, [])
-        fwd_gathered = pools.gather_unit if first_mb.bytes > forward.bytes else fwd_gathered
+        fwd_gathered = pools.in_use if first_mb.bytes > forward.bytes else fwd_gathered
         forward = max(forward, first_mb, key=_BYTES)
 
     # --- backward. CE backward: two fp32 T x V gradients next to the saved log-softmax output;
@@ -614,12 +614,12 @@ def _estimate(
         # replay adds the segments one phase cuts that another cannot reuse
         over_closed = max(0, replayed - reserved)
         reserved += over_closed
-    # FSDP2's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
+    # FSDP's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
     # sharded gradients exist at the step, between micro-batches and as backward writes them
     one_stage = par.pp == 1
     grads_kept = peak is optimizer or (resident and one_stage) or not setup.grads_set_to_none
     written = bp.grads_so_far if peak is backward and one_stage else 0
-    gathered = fwd_gathered if peak is forward else pools.gather_unit * one_stage
+    gathered = fwd_gathered if peak is forward else pools.in_use * one_stage
     side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
                                   gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
     reserved += side

@@ -175,7 +175,7 @@ class RankStates:
     # them (see fsdp2.root_backward)
     root_grads_deferred: bool = False
     root_backward_extra: int = 0
-    # FSDP2: the bytes its side streams keep cached, which the default stream cannot reuse (fsdp2.StreamPools)
+    # FSDP: the bytes its side streams keep cached, which the default stream cannot reuse (fsdp2.StreamPools)
     side_pools: _fsdp2.StreamPools = _fsdp2.NO_POOLS
 
 
@@ -590,9 +590,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                                   key="fsdp.units"))  # fmt: skip
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     pools = _fsdp2.NO_POOLS
-    if par.fsdp_version == 2 and sp.layers:
+    if sp.layers:
         pools = _fsdp2.stream_pools(0 if offload else grads_item.bytes, gathered(sp.root_numel, root=True),
-                                    gathered(unit))  # fmt: skip
+                                    gathered(unit), version=par.fsdp_version)  # fmt: skip
     step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
     what = (
         "the frozen base as stored and the adapters"
@@ -602,9 +602,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     notes = [f"FSDP{par.fsdp_version} {par.fsdp.value}: units = transformer layers + the root; {what}"]
     if pools is not _fsdp2.NO_POOLS:
         notes.append(
-            "FSDP2 side streams: the sharded gradients (reduce-scatter stream) and the all-gather outputs "
-            "(copy-in stream) stay cached for their own streams; reserved counts what of them the peak "
-            "does not hold (the caching allocator serves a block to its own stream only)"
+            f"FSDP{par.fsdp_version} side streams: the sharded gradients (reduce-scatter stream) and the "
+            "all-gather outputs (unshard stream) stay cached for their own streams; reserved counts what of "
+            "them the peak does not hold (the caching allocator serves a block to its own stream only)"
         )
     if tech.adapter and tech.frozen is not None and tech.frozen.dtype in ("nf4", "fp4", "int8"):
         notes.append(
