@@ -15,6 +15,9 @@ from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.cuda_graphs import (
     PER_GRAPH_BYTES,
+    allreduces_per_forward,
+    graph_memory,
+    graph_note,
     sglang_capture_sizes,
     v0_capture_sizes,
     vllm_capture_sets,
@@ -120,6 +123,35 @@ def test_llama_8b_with_fewer_sequences() -> None:
     est = estimate_inference(spec, InferenceSetup(engine="vllm", context=8192, max_num_seqs=64))  # type: ignore[arg-type]
     assert est.extra["cuda_graphs"] == 30
     assert est.extra["cuda_graph_bytes"] == 30 * 6 * MiB + 128 * (3 * 14336 * 2 + 2 * 4096 * 2) == 201_850_880
+
+
+def test_tensor_parallel_allreduces_are_counted_not_priced() -> None:
+    # tiny(): 2 layers. With TP each forward runs 2 all-reduces a layer (RowParallelLinear o_proj, down_proj)
+    # + 1 (VocabParallelEmbedding) = 5; vLLM 0.21+ at its defaults captures 86 graphs: 430 all-reduces
+    assert allreduces_per_forward(tiny(), tp=2) == 5
+    assert allreduces_per_forward(tiny(), tp=1) == 0  # no tensor parallelism, no collective
+    # pp 2: the first stage holds ceil(2 / 2) = 1 layer and the embedding (2 + 1); 3 layers: ceil(3 / 2) = 2
+    assert allreduces_per_forward(tiny(), tp=2, pp=2) == 3
+    assert allreduces_per_forward(tiny(layers=3), tp=2, pp=2) == 5
+    g = graph_memory(tiny(), InferenceSetup(engine="vllm", context=100, tp=2), act_bytes=2, max_tokens=8192)  # type: ignore[arg-type]
+    assert g is not None and g.graphs == 86 and g.captured_allreduces == 430
+    # their NCCL memory is the CUDA driver's (vllm #5517), not in the term: 86 x 6 MiB over the working set
+    assert g.bytes == g.shared_bytes + 86 * 6 * MiB
+    assert "430 tensor-parallel all-reduces captured (5 a graph)" in graph_note(g)
+    alone = graph_memory(tiny(), InferenceSetup(engine="vllm", context=100), act_bytes=2, max_tokens=8192)  # type: ignore[arg-type]
+    assert alone is not None and alone.captured_allreduces == 0 and "all-reduce" not in graph_note(alone)
+
+
+def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:
+    # vllm #7553 (benchmarks/cuda_graph_logs.json H3): vLLM 0.5, Yi-1.5-34B (60 layers), TP 4, max_num_seqs
+    # 256: 35 FULL decode graphs of 2 x 60 + 1 = 121 all-reduces each, 4,235 NCCL kernels on 4 x RTX 4090
+    # (custom all-reduce off on more than two PCIe-only GPUs)
+    yi = dict(name="yi-1.5-34b", hidden_size=7168, intermediate_size=20480, num_hidden_layers=60,
+              num_attention_heads=56, num_key_value_heads=8, vocab_size=64000, max_position_embeddings=4096,
+              tie_word_embeddings=False)  # fmt: skip
+    setup = InferenceSetup(engine="vllm", engine_version="0.5", tp=4, context=4096)  # type: ignore[arg-type]
+    g = graph_memory(build_spec(yi), setup, act_bytes=2, max_tokens=8192)
+    assert g is not None and (g.graphs, g.allreduces_per_graph, g.captured_allreduces) == (35, 121, 4235)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,35 @@ Where the engine accounts for it (:class:`Accounting`):
   23,859 MiB with graphs).
 * SGLang: mem_fraction_static holds the weights and the KV pool; the graphs use the reserve outside it
   (``model_runner.py`` ``profile_max_num_token``).
+
+What one more size keeps (read in vLLM 0.10.0 ``vllm/compilation/cuda_piecewise_backend.py``
+``CUDAPiecewiseBackend.__call__``, 0.10.1 ``vllm/compilation/cuda_graph.py`` ``CUDAGraphWrapper.__call__``
+with ``backends.py``'s ``CUDAGraphOptions(weak_ref_output=is_last_graph)``, and ``gpu_model_runner.py``
+``capture_model`` / ``_capture_cudagraphs`` / ``_dummy_run``): each piece's ``entry.output`` is a weak
+reference; the last piece's output is made one inside the capture and the other pieces' outputs live only
+until the next piece has read them; sizes are captured largest first after one eager warm-up each, and each
+size's first piece runs ``torch.cuda.graph``'s ``empty_cache``. No size keeps a static output in the pool, so
+a further size costs its graphs' own driver memory and whatever segment the caching allocator has to add:
+:data:`PER_GRAPH_BYTES`. vLLM PRs #22897 / #23184 log 24-28 MiB per PIECEWISE size above 272 tokens (#22897
+serves Llama-3.1-8B); nothing vLLM keeps explains it. It is flat over 280-464 tokens, where one gate_up output
+(tokens x 2 x 14336 x 2 B) would grow from 15.3 to 25.4 MiB, and it is PER_GRAPH_BYTES + one 20 MiB
+kLargeBuffer segment, which c10/cuda/CUDACachingAllocator.cpp adds when a 1-10 MiB request finds no free
+block; why the allocator needs one at each of those sizes depends on its free lists, not on anything in vLLM's
+source, so it stays in the band (:func:`graph_band`), not in the term.
+
+Tensor parallelism inside the graphs: each captured forward holds the layers' all-reduces (vLLM
+``model_executor/layers/linear.py`` ``RowParallelLinear.forward``: o_proj and down_proj, 2 a layer;
+``vocab_parallel_embedding.py`` ``VocabParallelEmbedding.forward``: 1), counted by
+:attr:`GraphMemory.captured_allreduces`. vLLM's custom all-reduce runs them on buffers it registered once
+(``custom_all_reduce.py`` ``register_graph_buffers``), but it is off on more than two PCIe-only GPUs or
+without P2P (0.5.4 ``CustomAllreduce.__init__``); NCCL kernels are then captured (``parallel_state.py``
+``GroupCoordinator.graph_capture`` turns pynccl on), and NCCL keeps, for each kernel captured in a graph, a
+persistent plan whose work array (nWork x NCCL_WORK_SIZE = 512 B) it cudaMallocs (vLLM sets
+NCCL_CUMEM_ENABLE=0, ``worker/worker_base.py`` ``init_worker``, nccl issue #1234) until the graph is destroyed
+(NCCL 2.20.5 ``src/enqueue.cc`` ``uploadWork``, ``persistentDestructor``). What that costs on the device is
+the CUDA driver's, not NCCL's few KiB: vllm issue #5517 tabulates 3.81 (CUDA 12.2 and 12.3 drivers) against
+1.14 (12.4) for the same job on A10G and L4. peakmem has no input for the interconnect or the driver, so the
+term leaves it out and the note counts the captured all-reduces.
 """
 
 from __future__ import annotations
@@ -58,7 +87,9 @@ from peakmem.units import MiB
 PER_GRAPH_BYTES = 6 * MiB
 # The band (formulas/band.py cuda_graphs_term): the fitting set's residuals are +4 and +5 %, so +-10 % of the
 # term; above 272 tokens vLLM 0.10's PIECEWISE captures were logged at 24-28 MiB each (PR #22897, #23184):
-# one more 20 MiB segment (kLargeBuffer) a graph as the high end.
+# one more 20 MiB segment (kLargeBuffer) a graph as the high end. That term was read off the held-out logs
+# themselves (H2), not derived from source: the module docstring says what vLLM's source does and does not
+# explain.
 BAND_FRACTION = 0.10
 LARGE_PIECEWISE_TOKENS = 272
 LARGE_SEGMENT_BYTES = 20 * MiB
@@ -74,6 +105,11 @@ FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWIS
 # (PR #29335, 0.11.1rc7.dev487); releases are read as major.minor, so 0.11 keeps 67 and 0.12 has 51
 SPARSE_SIZES_RELEASE = (0, 12)
 BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default
+
+# Tensor-parallel all-reduces in one forward of a dense decoder (vLLM linear.py RowParallelLinear: o_proj and
+# down_proj; vocab_parallel_embedding.py VocabParallelEmbedding: the embedding's, on the first stage)
+ALLREDUCES_PER_LAYER = 2
+EMBEDDING_ALLREDUCES = 1
 
 # SGLang picks cuda_graph_max_bs by GPU memory (server_args.py, the tiers of inference.SGLANG_RESERVED_GIB:
 # 8 below 35 GiB, 160 below 90, 256 below 160, else 512). What a request needs must not depend on the GPU
@@ -107,10 +143,16 @@ class GraphMemory:
     per_graph_bytes: int
     accounting: Accounting
     release: str  # e.g. "vllm 0.27"
+    allreduces_per_graph: int = 0  # tensor-parallel all-reduces captured in each graph (none without TP)
 
     @property
     def graphs(self) -> int:
         return sum(len(s.sizes) for s in self.sets)
+
+    @property
+    def captured_allreduces(self) -> int:
+        """The tensor-parallel all-reduces captured in all the graphs of the rank (not in :attr:`bytes`)."""
+        return self.allreduces_per_graph * self.graphs
 
     @property
     def largest(self) -> int:
@@ -201,8 +243,17 @@ def graph_memory(
         return None
     largest = max(max(s.sizes) for s in sets)
     shared = layer_transient_bytes(spec, largest, act_bytes, setup.tp, fused=True)
+    allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
-                       release=name)  # fmt: skip
+                       release=name, allreduces_per_graph=allreduces)  # fmt: skip
+
+
+def allreduces_per_forward(spec: ModelSpec, *, tp: int, pp: int = 1) -> int:
+    """The tensor-parallel all-reduces one forward runs on the most loaded rank: 2 a layer on the first
+    pipeline stage's ``ceil(layers / pp)`` layers + the embedding's; none without tensor parallelism."""
+    if tp == 1:
+        return 0
+    return ALLREDUCES_PER_LAYER * -(-spec.num_layers // pp) + EMBEDDING_ALLREDUCES
 
 
 def graph_band(g: GraphMemory | None) -> tuple[int, int]:
@@ -220,8 +271,16 @@ def graph_note(g: GraphMemory) -> str:
         Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.21)",
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
+    collectives = (
+        f"; {g.captured_allreduces} tensor-parallel all-reduces captured ({g.allreduces_per_graph} a graph): "
+        "where vLLM's custom all-reduce is off (more than two PCIe-only GPUs, no P2P) NCCL keeps memory for "
+        "each until the graph is destroyed, as much as the CUDA driver makes of it (vllm #5517: 3.3x more "
+        "for one job on CUDA 12.2 drivers than on 12.4), not modelled"
+        if g.allreduces_per_graph
+        else ""
+    )
     return (
         f"CUDA graphs ({g.describe()}): the largest capture's working set {g.shared_bytes} B shared by all, "
-        f"+ {g.per_graph_bytes // MiB} MiB a graph (fitted: benchmarks/cuda_graph_logs.json); {where}; "
-        "tensor-parallel collectives inside graphs not modelled"
+        f"+ {g.per_graph_bytes // MiB} MiB a graph (fitted: benchmarks/cuda_graph_logs.json); {where}"
+        f"{collectives}"
     )
