@@ -56,8 +56,13 @@ How the facts become options (the choices a reader should check; none is tuned t
   where the point says the run's model used eager attention: transformers' 2022 GPT-2).
 * ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
   fp32 logits), ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
-  ``CE_CHUNKS``) or ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
-  copy, no upcast).
+  ``CE_CHUNKS``), ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
+  copy, no upcast) or ``compiled``. torchtitan's plain cross-entropy is compiled exactly when compile is on
+  and the release compiles it (``job.loss`` and its ``inferred`` line): from e10cb9494 (2024-10-22,
+  ``train.py``) to e8977b007 (2024-12-18, "TODO: compiling loss function causes CUDA errors": 9dec370 runs
+  it eagerly, ``standard``) and again from bbb1b616e (2025-04-02, ``components/loss.py``
+  ``build_cross_entropy_loss``; e7c0cae: ``compiled``), with ``"loss"`` in ``compile.components`` (the
+  default) from 08b8b244f (2025-08-20).
 * Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
 * Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', engine_version=the
   transformers release that ran (``job.transformers_version``), prompt=P, context=P + N,
