@@ -342,6 +342,9 @@ def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast:
 # 16-bit logits and writes, per row, the fp32 ``amax`` and ``log`` (of the sum of exp(x - amax)) and the
 # loss; the partitioner (torch/_functorch/partitioners.py ``min_cut_rematerialization_partition``) saves
 # the logits themselves (``primals_1``), the labels, ``amax`` and ``log``: no fp32 T x V tensor exists.
+# The pointwise upcast, shift and exp are recomputed in backward from the saved logits; the reductions are
+# saved because ``should_ban_recomputation`` never recomputes an op whose output is 4x smaller than its
+# inputs ("saving the output of the reduction is very cheap/small"): graph-level rules, the same on CUDA.
 # The backward is one kernel (``cpp_fused__log_softmax__log_softmax_backward_data__to_copy_..._
 # nll_loss_backward_...``) that writes the T x V gradient in the logits' dtype (with a T x 1 fp32 scratch,
 # 1 / (V x c / 4) of it, not counted).
@@ -372,14 +375,14 @@ def compiled_ce(head: Any, keep: list[MemoryItem], rows: int, vocab: int, c: int
     keeps the ``c``-byte logits (alive anyway at the loss; now until backward) and two fp32 values per
     row, and allocates nothing of size vocab; the backward writes the logits' gradient in their dtype in
     one kernel, next to the saved logits, which go when it returns. Eager's fp32 copy, log-softmax output
-    and two fp32 gradients never exist: at the loss ``T x V x c`` in forward (eager: ``c + 8``) and
-    ``2 x T x V x c`` at the start of backward (eager: ``12`` bytes per logit for 16-bit logits).
+    and two fp32 gradients never exist: per logit, ``c`` bytes at the loss in forward and ``2 x c`` at the
+    start of backward, where eager holds 10 and 12 for 16-bit logits (8 and 12 for fp32 ones).
 
-    On CUDA the saved set is the partitioner's and the same; the kernels are Triton reductions over the
-    vocabulary, split into a ``rows x splits`` fp32 partial only when there are fewer than 2 x SMs rows
-    (torch 2.13 torch/_inductor/choices.py ``reduction_split_factor``: "don't split if there are enough
-    outputs"), which a training batch never is; ``online_softmax`` (torch/_inductor/config.py) changes
-    how amax and the sum are computed, not what is saved."""
+    On CUDA the saved set is the partitioner's and the same (not measured on a GPU here); the kernels are
+    Triton reductions over the vocabulary, split into a ``rows x splits`` fp32 partial only when there are
+    fewer than 2 x SMs rows (torch 2.13 torch/_inductor/choices.py ``reduction_split_factor``: "don't
+    split if there are enough outputs"), which a training batch never is; ``online_softmax``
+    (torch/_inductor/config.py) changes how amax and the sum are computed, not what is saved."""
     from dataclasses import replace
 
     saved = MemoryItem(path="loss: logits kept by the compiled CE + fp32 row max and log-sum-exp",
