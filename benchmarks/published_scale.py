@@ -55,9 +55,18 @@ How the facts become options (the choices a reader should check; none is tuned t
   (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'`` (``eager``
   where the point says the run's model used eager attention: transformers' 2022 GPT-2).
 * ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
-  fp32 logits), ``chunked`` (torchtitan's ``ChunkedLossWrapper``, 8 chunks, as peakmem's
-  ``CE_CHUNKS``) or ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
-  copy, no upcast).
+  fp32 logits), ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
+  copy, no upcast), ``fused`` (torchtitan's ``ChunkedLossWrapper``, from 786e26f8e, 2026-04-27, the
+  llama3 / qwen3 configs' loss: the model skips its lm_head and each of 8 chunks runs lm_head, the
+  cross-entropy and their backward inside the loss call, so the full logits never exist and the head
+  input's gradient is kept for the decoder's backward, as in peakmem's fused loss; not ``chunked``, which
+  is torchtune's ``CEWithChunkedOutputLoss`` keeping every chunk's fp32 log-softmax output) or
+  ``compiled``. torchtitan's plain cross-entropy is compiled exactly when compile is on
+  and the release compiles it (``job.loss`` and its ``inferred`` line): from e10cb9494 (2024-10-22,
+  ``train.py``) to e8977b007 (2024-12-18, "TODO: compiling loss function causes CUDA errors": 9dec370 runs
+  it eagerly, ``standard``) and again from bbb1b616e (2025-04-02, ``components/loss.py``
+  ``build_cross_entropy_loss``; e7c0cae: ``compiled``), with ``"loss"`` in ``compile.components`` (the
+  default) from 08b8b244f (2025-08-20).
 * Async TP has no option: such points are estimated as plain TP and flagged ``A`` (approximation).
 * Generation: ``peakmem.infer(engine='hf', cache_implementation='dynamic', engine_version=the
   transformers release that ran (``job.transformers_version``), prompt=P, context=P + N,

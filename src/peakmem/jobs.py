@@ -94,6 +94,11 @@ def _act_bytes(setup: TrainingSetup) -> int:
 def update_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
     """The training step TRL runs: chosen + rejected concatenated for paired objectives, and the fused
     log-prob head over the completion (with the entropy for online objectives)."""
+    if setup.loss is LossImpl.COMPILED:  # the plain cross-entropy compiled: these objectives run none
+        raise InputError(
+            f"loss='compiled' with objective={post.objective.value!r}: its update runs the trainer's own "
+            "log-prob / divergence head, not the plain cross-entropy; loss compiled is for sft / pre-training"
+        )
     if post.teacher is not None:  # DistillationTrainer: the chunked divergence against the teacher
         return replace(
             setup,

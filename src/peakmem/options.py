@@ -119,7 +119,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("quant", str, None, T, "qlora base: nf4 (default)|fp4|int8", group=_LORA),
     _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
-       "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)", group=_SAVING),
+       "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
+       "torch.compile: torchtitan with compile on)", group=_SAVING),
     _o("optimizer_in_backward", bool, False, T, "step each parameter in backward", group=_SAVING),
     _o("activation_offload", bool, False, T, "saved activations to CPU RAM", group=_SAVING),
     _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),

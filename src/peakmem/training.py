@@ -127,6 +127,11 @@ class LossImpl(Choice):
     # cross_entropy on the 16-bit logits, no fp32 upcast (2022 transformers GPT-2 heads and custom loops on a
     # .half() / .bfloat16() model): peakmem.formulas.lowbit_optim.adapt_head_loss
     HALF = "half"
+    # the standard loss under torch.compile (torchtitan compiles its cross_entropy_loss when compile is on;
+    # HF models compiled whole with labels=): Inductor fuses the upcast, log_softmax and nll, keeps the
+    # 16-bit logits and per-row statistics, writes the logits' gradient in one kernel
+    # (peakmem.formulas.lowbit_optim.compiled_ce)
+    COMPILED = "compiled"
     # TRL's fused log-prob head (peakmem.formulas.logprob_head): what its DPO / GRPO trainers run
     LOGPROB = "logprob"
     LOGPROB_ENTROPY = "logprob-entropy"  # ... with the entropy output (GRPO, RLOO)

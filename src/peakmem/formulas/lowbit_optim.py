@@ -32,7 +32,10 @@ per tensor (a small tensor keeps 32-bit states).
   chunks and each chunk is upcast and reduced separately: the fp32 upcast and the gradients exist per
   chunk; the fp32 log-softmax outputs of all chunks are still saved. Fused linear cross-entropy (Liger
   ``LigerFusedLinearCrossEntropyLoss``; Wijmans et al. 2024 "Cut Your Losses", arXiv 2411.09009): logits
-  never materialized beyond one chunk; nothing of size vocab is saved.
+  never materialized beyond one chunk; nothing of size vocab is saved. The whole cross-entropy compiled by
+  Inductor (torchtitan's compiled loss, a transformers model compiled with ``labels=``): the 16-bit logits
+  and two fp32 values per row kept, no fp32 copy, the gradient written in the logits' dtype
+  (:func:`compiled_ce`).
 * activation offloading (torchtune ``training/_activation_offloading.py`` ``OffloadActivations``): saved
   tensors of at least 1024 bytes move to pinned CPU memory in forward and come back one layer ahead in
   backward: about two layers' worth stay on the device.
@@ -236,13 +239,14 @@ def paged_bytes(spec: ModelSpec, setup: Any) -> int:
 
 
 # --- step tricks as the estimator applies them ------------------------------------------------------------
-# ``setup.loss`` values (peakmem.training.LossImpl): standard | chunked | chunked-compiled | fused.
+# ``setup.loss`` values (peakmem.training.LossImpl): standard | chunked | chunked-compiled | fused | half |
+# compiled.
 SRC_CHUNKED = "torchtune CEWithChunkedOutputLoss: output(h) in 8 chunks; each chunk .float() + cross_entropy"
 SRC_CHUNKED_COMPILED = (
     "torchtune compile_loss (inductor): the chunked CE kernel saves its 16-bit input chunk and the fp32 "
-    "logsumexp; the upcast is fused into the reductions, so no fp32 copy of a chunk is ever allocated "
-    "(measured with Inductor on torch 2.13: forward allocates the logsumexp only, backward the chunk's "
-    "16-bit gradient; tests/test_compile_torch.py)"
+    "row max and logsumexp; the upcast is fused into the reductions, so no fp32 copy of a chunk is ever "
+    "allocated (measured with Inductor on torch 2.13: forward allocates the row statistics only, backward "
+    "the chunk's 16-bit gradient; tests/test_compile_torch.py)"
 )
 SRC_FUSED = "Liger FusedLinearCrossEntropy / cut-cross-entropy: logits only ever exist one chunk at a time"
 
@@ -282,6 +286,8 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     keep = [i for i in head.saved if i.key != "loss.log_softmax"]
     if kind == "half":
         return half_ce(head, keep, t * v, c, autocast=sh.plan.autocast)
+    if kind == "compiled":
+        return compiled_ce(head, keep, t, v, c)
     if kind == "chunked":
         saved = [*keep, MemoryItem(path="loss.log_softmax outputs of all chunks (fp32)", bytes=t * v * FP32,
                                    category=Category.ACTIVATIONS, source=SRC_CHUNKED,
@@ -293,8 +299,8 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     if kind == "chunked-compiled":
         # inductor fuses upcast, log-softmax and NLL: it saves the 16-bit chunk and its logsumexp, and its
         # backward writes the chunk's gradient (softmax - one-hot) directly in the 16-bit dtype
-        saved = [*keep, MemoryItem(path="loss: 16-bit logits chunks + fp32 logsumexp (compiled CE)",
-                                   bytes=t * v * c + t * FP32, category=Category.ACTIVATIONS,
+        saved = [*keep, MemoryItem(path="loss: 16-bit logits chunks + fp32 row max, logsumexp (compiled CE)",
+                                   bytes=compiled_ce_saved(t, v, c), category=Category.ACTIVATIONS,
                                    source=SRC_CHUNKED_COMPILED, key="loss.compiled_chunks")]  # fmt: skip
         return replace(head, saved=tuple(saved), forward_transient=0,
                        backward_transient=chunk * c, logits_grad=chunk * c)  # fmt: skip
@@ -328,6 +334,62 @@ def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast:
                      category=Category.ACTIVATIONS, source=SRC_HALF_CE, key="loss.log_softmax")  # fmt: skip
     return replace(head, saved=(*keep, out), forward_transient=2 * logits * c,
                    backward_transient=2 * logits * c, logits_grad=logits * c)  # fmt: skip
+
+
+# --- the cross-entropy under torch.compile (``loss='compiled'``; each chunk of ``'chunked-compiled'``) -----
+# What Inductor keeps of ``cross_entropy(logits.float(), labels)`` (torch 2.13, TORCH_LOGS=output_code, CPU):
+# the forward is one kernel (``cpp_fused__log_softmax__to_copy_nll_loss_forward_view_0``) that reads the
+# 16-bit logits and writes, per row, the fp32 ``amax`` and ``log`` (of the sum of exp(x - amax)) and the
+# loss; the partitioner (torch/_functorch/partitioners.py ``min_cut_rematerialization_partition``) saves
+# the logits themselves (``primals_1``), the labels, ``amax`` and ``log``: no fp32 T x V tensor exists.
+# The pointwise upcast, shift and exp are recomputed in backward from the saved logits; the reductions are
+# saved because ``should_ban_recomputation`` never recomputes an op whose output is 4x smaller than its
+# inputs ("saving the output of the reduction is very cheap/small"): graph-level rules, the same on CUDA.
+# The backward is one kernel (``cpp_fused__log_softmax__log_softmax_backward_data__to_copy_..._
+# nll_loss_backward_...``) that writes the T x V gradient in the logits' dtype (with a T x 1 fp32 scratch,
+# 1 / (V x c / 4) of it, not counted).
+COMPILED_CE_ROW_STATS = 2  # fp32 per row, saved for backward: amax and log-sum-exp
+SRC_COMPILED_CE = (
+    "torch.compile (Inductor) of cross_entropy(logits.float(), labels): one fused kernel each way; saves the "
+    "logits + fp32 row max and log-sum-exp, writes the logits' gradient in their dtype (torch 2.13 generated "
+    "code; torchtitan@e7c0cae components/loss.py build_cross_entropy_loss: torch.compile(loss_fn))"
+)
+
+
+def compiled_ce_saved(rows: int, vocab: int, c: int) -> int:
+    """Bytes a compiled cross-entropy keeps for backward over ``rows`` x ``vocab`` logits of ``c`` bytes:
+    the logits and :data:`COMPILED_CE_ROW_STATS` fp32 statistics per row."""
+    return rows * vocab * c + COMPILED_CE_ROW_STATS * rows * FP32
+
+
+def compiled_ce(head: Any, keep: list[MemoryItem], rows: int, vocab: int, c: int) -> Any:
+    """``loss='compiled'``: the standard loss (``cross_entropy(logits.float(), labels)``) compiled by
+    Inductor, as torchtitan runs it when compile is on (torchtitan@bbb1b616e, 2025-04-02, to today:
+    ``build_cross_entropy_loss`` wraps it in ``torch.compile``; torchtitan@e8977b007, 2024-12-18, had turned
+    it off, "compiling loss function causes CUDA errors", so 9dec370 runs it eagerly; from 08b8b244f,
+    2025-08, ``compile.components`` = ["model", "loss"] by default) and as ``torch.compile(model)`` of a
+    transformers causal LM called with ``labels=`` runs it (``ForCausalLMLoss`` traced into the model's
+    graph, no break: transformers 5.23, torch 2.13).
+
+    Inductor fuses the upcast, the log-softmax and the NLL (see :data:`SRC_COMPILED_CE`): the forward
+    keeps the ``c``-byte logits (alive anyway at the loss; now until backward) and two fp32 values per
+    row, and allocates nothing of size vocab; the backward writes the logits' gradient in their dtype in
+    one kernel, next to the saved logits, which go when it returns. Eager's fp32 copy, log-softmax output
+    and two fp32 gradients never exist: per logit, ``c`` bytes at the loss in forward and ``2 x c`` at the
+    start of backward, where eager holds 10 and 12 for 16-bit logits (8 and 12 for fp32 ones).
+
+    On CUDA the saved set is the partitioner's and the same (not measured on a GPU here); the kernels are
+    Triton reductions over the vocabulary, split into a ``rows x splits`` fp32 partial only when there are
+    fewer than 2 x SMs rows (torch 2.13 torch/_inductor/choices.py ``reduction_split_factor``: "don't
+    split if there are enough outputs"), which a training batch never is; ``online_softmax``
+    (torch/_inductor/config.py) changes how amax and the sum are computed, not what is saved."""
+    from dataclasses import replace
+
+    saved = MemoryItem(path="loss: logits kept by the compiled CE + fp32 row max and log-sum-exp",
+                       bytes=compiled_ce_saved(rows, vocab, c), category=Category.ACTIVATIONS,
+                       source=SRC_COMPILED_CE, key="loss.compiled_ce")  # fmt: skip
+    return replace(head, saved=(*keep, saved), forward_transient=0, backward_transient=0,
+                   logits_grad=rows * vocab * c)  # fmt: skip
 
 
 def offload_layer(la: Any, setup: Any) -> Any:
@@ -373,6 +435,11 @@ def assumptions(setup: Any) -> tuple[str, ...]:
     loss = _value(getattr(setup, "loss", "standard"))
     if loss.startswith("chunked"):
         out.append(f"loss {loss}: {CE_CHUNKS} chunks")
+    elif loss == "compiled":
+        out.append(
+            "loss compiled (torch.compile of cross_entropy(logits.float(), labels)): the logits and two fp32 "
+            "values per row kept for backward, no fp32 copy; the logits' gradient written in their dtype"
+        )
     elif loss == "fused":
         out.append("fused linear cross-entropy")
     elif loss.startswith("logprob"):
