@@ -266,6 +266,8 @@ def test_kernel_flags_are_returned_for_framework_profiles() -> None:
     assert found.options["checkpointing"] == "full" and found.options["activation_offload"] is True
     assert found.kernels == {"offloaded_checkpointing": True, "compile": True}
     assert found.options["compile"] is True  # torch_compile: the compiled profile (formulas/profiles.py)
+    # accelerate compiles the whole model, the loss inside its forward included (benchmarks/compiled_loss.py)
+    assert found.options["loss"] == "compiled"
     partial = map_documents([("a.yml", {"base_model": "x", "liger_rms_norm": True})])
     assert "liger" not in partial.options  # one kernel alone is named, not modelled as all of Liger
     assert any("liger_rms_norm" in item for item in partial.not_modelled)

@@ -442,6 +442,12 @@ def assumptions(setup: Any) -> tuple[str, ...]:
         )
     elif loss == "fused":
         out.append("fused linear cross-entropy")
+    elif loss == "standard" and getattr(setup, "compiled", False) and not getattr(setup, "liger", False):
+        out.append(
+            "loss standard under torch.compile: the cross-entropy runs eagerly, as torchtitan 2024-12 ran it; "
+            "HF Trainer (accelerate's TorchDynamoPlugin compiles the whole model, ForCausalLMLoss included) "
+            "and torchtitan since 2025-04 compile it too: --loss compiled"
+        )
     elif loss.startswith("logprob"):
         out.append("loss: TRL's fused log-prob head over the completion (trl/kernels/chunked_logprob.py)")
     if in_backward(setup):

@@ -332,6 +332,12 @@ def _fsdp_hf(m: _Mapper, doc: Mapping[str, Any], default_version: int) -> None:
 LIGER_NOTE = "Liger RMSNorm, SwiGLU, RoPE and fused linear cross-entropy (formulas/profiles.py)"
 
 
+# accelerate's TorchDynamoPlugin (transformers trainer.py create_accelerator_and_postprocess) compiles the
+# whole model, and transformers' ForCausalLMLoss runs inside its forward when labels are passed: one graph,
+# no break (transformers 5.23, torch 2.13; benchmarks/compiled_loss.py)
+COMPILED_LOSS_NOTE = "the cross-entropy is compiled with the model: the fp32 logits copy never exists"
+
+
 def liger(m: _Mapper, key: str) -> None:
     m.set("liger", True, key, LIGER_NOTE)
     for kernel in ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"):
@@ -394,6 +400,8 @@ def common_hf(
             "compiled layers save what Inductor keeps (formulas/profiles.py)",
         )
         m.kernel("compile", True)
+        if not truthy(doc.get("use_liger_kernel")):
+            m.set("loss", "compiled", "torch_compile", COMPILED_LOSS_NOTE)
     ds = doc.get("deepspeed")
     if isinstance(ds, Mapping):
         map_deepspeed(m, ds, "deepspeed")
