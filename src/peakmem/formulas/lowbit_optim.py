@@ -444,7 +444,7 @@ def assumptions(setup: Any) -> tuple[str, ...]:
         out.append("fused linear cross-entropy")
     elif loss == "standard" and getattr(setup, "compiled", False) and not getattr(setup, "liger", False):
         out.append(
-            "loss standard under torch.compile: the cross-entropy runs eagerly, as torchtitan 2024-12 ran it; "
+            "loss standard under torch.compile: the cross-entropy runs eagerly (torchtitan 2024-12 did); "
             "HF Trainer (accelerate's TorchDynamoPlugin compiles the whole model, ForCausalLMLoss included) "
             "and torchtitan since 2025-04 compile it too: --loss compiled"
         )
