@@ -227,6 +227,9 @@ class TrainingSetup:
     # recomputed in backward; shards 0: DeepSpeed's ceil(seqlen / hidden) (peakmem.formulas.long_context)
     tiled_mlp: bool = False
     tiled_mlp_shards: int = 0
+    # torchao Float8LinearConfig(enable_fsdp_float8_all_gather=True): FSDP2 all-gathers the converted
+    # Linears' weights in float8 (tensorwise only; peakmem.formulas.activations.float8)
+    float8_all_gather: bool = False
 
     def __post_init__(self) -> None:
         # Types first (the Python API passes anything): enums from their spelling, no bool or
@@ -256,8 +259,14 @@ class TrainingSetup:
             "compiled",
             "liger",
             "tiled_mlp",
+            "float8_all_gather",
         ):
             check_bool(attr, getattr(self, attr))
+        if self.float8_all_gather and self.precision is not Precision.FLOAT8_TENSORWISE:
+            raise InputError(
+                f"float8_all_gather=True with precision={self.precision.value!r}: torchao's float8 "
+                "all-gather is tensorwise only (use --precision float8-tensorwise)"
+            )
         check_int("tiled_mlp_shards", self.tiled_mlp_shards, minimum=0, maximum=MAX_TOKENS, what="shards")
         if self.tiled_mlp_shards and not self.tiled_mlp:
             raise InputError(f"tiled_mlp_shards={self.tiled_mlp_shards}: needs tiled_mlp=True")
@@ -301,6 +310,7 @@ class TrainingSetup:
             ("compiled", self.compiled),
             ("liger", self.liger),
             ("tiled_mlp", self.tiled_mlp),
+            ("float8_all_gather", self.float8_all_gather),
         )
         if command != "measure" and self.precision.states is not self.precision:
             raise InputError(

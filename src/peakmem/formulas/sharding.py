@@ -67,8 +67,9 @@ from peakmem.units import MiB
 
 from . import fsdp2 as _fsdp2
 from . import zero3 as _zero3
+from .activations import float8 as _f8
 from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
-from .model_parallel import LocalTensor, StageParams, cdiv, stage_groups
+from .model_parallel import LocalTensor, StageParams, cdiv, local_tensor, stage_groups
 from .model_states import precision_plan
 from .optimizer import PER_PARAM_TEMPORARIES
 from .technique import Technique, technique
@@ -245,6 +246,7 @@ def one_tensor_step_bytes(tech: Technique) -> int:
 def rank_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: StageParams) -> RankStates:
     """Model states and engine buffers of one rank of pipeline stage ``sp.stage``: the technique's
     tensors (:func:`.technique.technique`), partitioned by the engine."""
+    _f8.check_all_gather(setup, par)
     if par.fsdp is not FsdpMode.NONE:
         return _fsdp_states(tech, setup, par, sp)
     if par.zero_stage:
@@ -511,7 +513,6 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     """FSDP over the technique's tensors: every parameter is sharded, frozen or not (LoRA needs
     ``use_orig_params=True`` under FSDP1; peft's ``fsdp_auto_wrap_policy`` wraps the adapters as units
     of their own); only trainable ones get gradient shards and optimizer states."""
-    del setup
     n = par.shard_degree
     total = tech.params
     loc = _local(tech, par, sp)
@@ -554,6 +555,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             gather_dt.nbytes(cdiv(loc.trainable * numel, loc.numel)) if tech.adapter and not root else 0
         )
 
+    unit_bytes, units_bytes, cast = gathered(unit), gathered(sum(c * u for c, u in sp.layer_units)), 0
+    if setup.float8_all_gather:  # torchao: the layer units' converted Linear weights gathered in float8
+        unit_bytes, units_bytes, cast = _float8_units(tech, par, sp, gather_dt, shard_dt if offload else None)
     gathered_fwd = [_item("FSDP root unit unsharded (embeddings, final norm, head)", Category.PARAMETERS,
                           gathered(sp.root_numel, root=True), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
     rs_dt = tech.grad if tech.adapter else gather_dt
@@ -565,34 +569,36 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     pp_reduce = 0
     if par.fsdp is FsdpMode.SHARD_GRAD_OP:
         gathered_fwd.append(_item("FSDP shard-grad-op: every layer unit unsharded from forward to backward",
-                                  Category.PARAMETERS, gathered(sum(c * u for c, u in sp.layer_units)),
-                                  SRC_FSDP_GATHER, key="fsdp.units"))  # fmt: skip
+                                  Category.PARAMETERS, units_bytes, SRC_FSDP_GATHER,
+                                  key="fsdp.units"))  # fmt: skip
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     elif par.fsdp_version == 2 and sp.layers:
-        all_units = gathered(sum(c * u for c, u in sp.layer_units))
         # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
         # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
         rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
-        fwd_items, bwd_items, in_layer = _fsdp2.in_layer(gathered(unit), all_units, rs_unit, par)
+        fwd_items, bwd_items, in_layer = _fsdp2.in_layer(unit_bytes, units_bytes, rs_unit, par)
         unshard_extra, fwd_extra, bwd_extra, bwd_first, bwd_start, bwd_last = in_layer
         root_gathered = gathered(sp.root_numel, root=True)
-        first, root_again = _fsdp2.root_unshards(root_gathered, gathered(unit), par)
+        first, root_again = _fsdp2.root_unshards(root_gathered, unit_bytes, par)
+        # a unit's float8 casts come before its all-gather output and parameters (float8.py)
+        cast_over = max(0, cast - 2 * unit_bytes)
+        first, unshard_extra = first + cast_over, unshard_extra + (cast_over if par.pp == 1 else 0)
         root_rs = 0 if tech.adapter else shard_dt.nbytes(sp.root_numel)
         if par.pp == 1:
             root_extra = _fsdp2.root_backward(rs_unit, root_rs, root_gathered)
         elif not tech.adapter:
-            pp_reduce = _fsdp2.pp_reduce(rs_unit, gathered(unit), root_rs, root_gathered, n)
+            pp_reduce = _fsdp2.pp_reduce(rs_unit, unit_bytes, root_rs, root_gathered, n)
         gathered_bwd = [*gathered_fwd, *bwd_items]
         gathered_fwd.extend(fwd_items)
     else:
         gathered_fwd.append(_item("FSDP all-gathered units (current + prefetched layer)", Category.PARAMETERS,
-                                  gathered(min(2, sp.layers) * unit), SRC_FSDP_GATHER,
+                                  min(2, sp.layers) * unit_bytes, SRC_FSDP_GATHER,
                                   key="fsdp.units"))  # fmt: skip
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     pools = _fsdp2.NO_POOLS
     if sp.layers:
         pools = _fsdp2.stream_pools(0 if offload else grads_item.bytes, gathered(sp.root_numel, root=True),
-                                    gathered(unit), version=par.fsdp_version)  # fmt: skip
+                                    unit_bytes, version=par.fsdp_version)  # fmt: skip
     step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
     what = (
         "the frozen base as stored and the adapters"
@@ -600,6 +606,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         else (f"sharded parameters and gradients in {shard_dt.name}, gathered copies in {gather_dt.name}")
     )
     notes = [f"FSDP{par.fsdp_version} {par.fsdp.value}: units = transformer layers + the root; {what}"]
+    if setup.float8_all_gather:
+        notes.append(_f8.ALL_GATHER_NOTE.format(gather=gather_dt.name))
     if pools is not _fsdp2.NO_POOLS:
         notes.append(
             f"FSDP{par.fsdp_version} side streams: the sharded gradients (reduce-scatter stream) and the "
@@ -626,6 +634,24 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip
+
+
+def _float8_units(
+    tech: Technique, par: Parallelism, sp: StageParams, gather: DType, offloaded: DType | None
+) -> tuple[int, int, int]:
+    """FSDP2 float8 all-gather (:mod:`.activations.float8`): (the largest layer unit's gathered bytes, all
+    the stage's layer units', the most its pre-all-gather casts hold), each converted weight's TP-local
+    shard cast from ``offloaded`` (an offloaded shard's dtype, copied to the GPU first) or in place."""
+    spec, n = tech.spec, par.shard_degree
+    source = offloaded.nbytes(1) if offloaded is not None else 0
+    unit = units = cast = 0
+    for count, layer in stage_groups(spec, par.pp, sp.stage):
+        local = [(local_tensor(t, par, 1, in_layer=True), _f8.converted(spec, t)) for t in layer.tensors]
+        f8 = [lt for lt, conv in local if conv]
+        nbytes = _f8.gathered_unit_bytes(sum(lt.numel for lt, _ in local), sum(lt.numel for lt in f8), gather)
+        unit, units = max(unit, nbytes), units + count * nbytes
+        cast = max(cast, _f8.pre_all_gather_peak((_fsdp2_shard(lt, n) for lt in f8), source))
+    return unit, units, cast
 
 
 def _row(

@@ -167,6 +167,9 @@ class ParallelOptions(BaseModel):
     pp: int = Field(1, ge=1, le=MAX_DEGREE, description="pipeline-parallel degree")
     offload: str = Field("none", max_length=10, description="optimizer states to none, cpu or nvme")
     offload_params: str = Field("none", max_length=10, description="parameters to none, cpu or nvme")
+    float8_all_gather: bool = Field(
+        False, description="FSDP2 float8 all-gather (torchao; float8-tensorwise with FSDP only)"
+    )
 
 
 class ImageOptions(BaseModel):

@@ -35,10 +35,30 @@ constraint) and its name matches none of ``filter_fqns``; its Llama 3 recipes fi
 (components/quantization/float8.py) offers ``rowwise`` (default) and ``rowwise_with_gw_hp``; torchao's
 own default is ``tensorwise``.
 
-FSDP2 float8 all-gather (torchao ``enable_fsdp_float8_all_gather``: the gathered weights cast to float8
-before the all-gather, 1 byte instead of 2) was off by default in torchtitan's float8 config and is gone
-from it since commit 6348d93d ("quantize on config instead of on model"): not modelled, the gathered
-weights are 16-bit as for mixed-bf16.
+FSDP2 float8 all-gather (``TrainingSetup.float8_all_gather``, ``--float8-all-gather``; torchao
+``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``, config.py: tensorwise scaling only; torchtitan's
+``[float8] enable_fsdp_float8_all_gather``, on in its Llama 3 405B config at commit 9dec370; torchtune's
+``enable_fp8_training`` without a recipe name): ``Float8Linear.from_float`` wraps the weight in
+fsdp_utils.py ``WeightWithDynamicFloat8CastTensor``, whose ``fsdp_pre_all_gather`` casts the local fp32
+shard to float8 (``hp_tensor_to_float8_dynamic``, the amax all-reduced over the shard mesh, or a scale
+precomputed after the step) and hands FSDP2 the 1-byte ``_data``; ``fsdp_post_all_gather`` wraps the
+gathered bytes as a ``Float8TrainingTensor``. So:
+
+* a layer unit's all-gather output and unsharded parameters hold its converted Linear weights at 1 byte
+  per element (the TP-local shard under TP), the rest (norms) in the gather dtype; the root unit
+  (embeddings, final norm, head: none converted) is unchanged (:func:`gathered_unit_bytes`);
+* FSDP2 (torch 2.13 _fsdp_collectives.py ``_get_param_all_gather_inputs``) calls ``fsdp_pre_all_gather``
+  param by param before it allocates the all-gather output: each shard's cast (``CAST_PEAK`` bytes per
+  element, the fp32 shard being its own ``.to(float32)``) next to the float8 shards cast before it
+  (:func:`pre_all_gather_peak`; with the parameters offloaded, ``all_gather_inputs`` first copies the
+  fp32 shard to the GPU);
+* the Linear receives its weight as float8 (float8_linear.py ``tensor_already_casted_to_fp8``): forward
+  casts only its input and backward does not cast the weight for grad_input; float8_ops.py
+  ``preprocess_addmm`` still copies the gathered (row-major) weight to ``_scaled_mm``'s column-major
+  layout for grad_input (``b_data.t().contiguous().t()``, 1 byte per element), none in forward (the
+  transposed weight is column-major already) (:class:`Recipe` ``weight_fp8``).
+
+Without it the gathered weights are 16-bit as for mixed-bf16 and every Linear casts its own weight.
 
 Not here (neither runs on this CPU): Transformer Engine's FP8 (``te.Linear`` under ``te.autocast``; its
 ``DelayedScaling`` recipe keeps an amax history of ``amax_history_len=1024`` fp32 values per float8 tensor,
@@ -53,10 +73,13 @@ float8 copies instead; not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from peakmem.dtypes import DType
 from peakmem.errors import InputError
 from peakmem.model import Layer, ModelSpec, Tensor
+from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.training import POST_TRAINING_LOSSES, Precision, TrainingSetup
 
 from .shapes import LayerActivations, Shapes
@@ -72,6 +95,12 @@ DIM_MULTIPLE = 16
 
 HELD_STREAMS = 3  # residual-stream tensors alive mid-layer in forward (float8_layer)
 SRC = "torchao 0.18 float8_linear.py matmul_with_hp_or_float8_args (eager float8 casts)"
+ALL_GATHER_NOTE = (
+    "FSDP2 float8 all-gather (torchao enable_fsdp_float8_all_gather): each layer unit gathers its "
+    "converted Linear weights in float8 (1 B per element, cast from the fp32 shard before the all-gather), "
+    "its norms in {gather}; the root unit (embeddings, final norm, head) as before; the Linears receive "
+    "float8 weights and skip their weight casts"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +110,8 @@ class Recipe:
     name: str  # torchao's recipe name
     rowwise: bool  # axiswise scales: the backward gemms scale their outputs afterwards (fp32 temporary)
     grad_weight_fp8: bool  # grad_weight from float8 casts (False: in high precision)
+    # the weight arrives as float8 (FSDP2 float8 all-gather, module doc): no weight casts in the Linear
+    weight_fp8: bool = False
 
 
 RECIPES: dict[Precision, Recipe] = {
@@ -94,6 +125,34 @@ def recipe_of(precision: Precision) -> Recipe | None:
     return RECIPES.get(precision)
 
 
+def check_all_gather(setup: TrainingSetup, par: Parallelism) -> None:
+    """A one-line InputError unless ``float8_all_gather`` runs where torchao's hook does: FSDP2
+    (``fsdp_pre_all_gather`` is an FSDP2 extension; FSDP1 and DeepSpeed never call it)."""
+    if setup.float8_all_gather and (par.fsdp is FsdpMode.NONE or par.fsdp_version != 2):
+        raise InputError(
+            f"float8_all_gather=True with {par.describe()}: torchao's float8 all-gather is an FSDP2 hook "
+            "(give --fsdp full-shard|shard-grad-op|hybrid-shard with --fsdp-version 2)"
+        )
+
+
+def gathered_unit_bytes(numel: int, converted_numel: int, gather: DType) -> int:
+    """Bytes of a unit's ``numel`` gathered elements when ``converted_numel`` of them are converted Linear
+    weights all-gathered in float8 (module doc), the rest in ``gather``."""
+    return FP8 * converted_numel + gather.nbytes(numel - converted_numel)
+
+
+def pre_all_gather_peak(shards: Iterable[int], source: int = 0) -> int:
+    """The most bytes a unit's float8 casts before its all-gather hold at once: each converted weight's
+    shard (``shards``, elements, in the unit's parameter order) is cast (``CAST_PEAK`` per element, plus
+    ``source`` per element for a GPU copy of an offloaded shard) beside the float8 shards cast before
+    it, which FSDP2 keeps until the copy-in (module doc)."""
+    done = peak = 0
+    for n in shards:
+        peak = max(peak, done + (CAST_PEAK + source) * n)
+        done += FP8 * n
+    return peak
+
+
 def converted(spec: ModelSpec, weight: Tensor) -> bool:
     """torchtitan's filter: an ``nn.Linear`` weight (not a transformers ``Conv1D``: torchao swaps
     ``nn.Linear`` only, float8_linear_utils.py ``swap_linear_layers``), both dimensions divisible by 16."""
@@ -102,12 +161,15 @@ def converted(spec: ModelSpec, weight: Tensor) -> bool:
     return all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
 
 
-def linear_forward_peak(m: int, k: int, n: int, c: int = 0) -> int:
+def linear_forward_peak(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False) -> int:
     """Bytes a converted Linear (m tokens, k in, n out) holds in forward beyond its input and output:
     the input's cast (``CAST_PEAK`` per element), then its float8 copy while the weight is cast, then
     both float8 operands during ``_scaled_mm``; ``c``: the bytes per element of a bias's sum
-    (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without."""
-    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * n * k, FP8 * (m * k + n * k), c * m * n)
+    (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without.
+    ``weight_fp8``: the weight arrives as float8 (:class:`Recipe`): no weight cast and no float8 copy of
+    it (the gathered weight is the unit's, counted by the engine)."""
+    w = 0 if weight_fp8 else n * k
+    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * w, FP8 * (m * k + w), c * m * n)
 
 
 def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
@@ -116,12 +178,13 @@ def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
     ``matmul_with_hp_or_float8_args.backward`` in order, each local kept until it returns."""
     go, w, x = m * n, n * k, m * k
     post_gi = FP32 * x if recipe.rowwise else 0  # rowwise: post_inverse_scale of grad_input's shape
+    cast_w = 0 if recipe.weight_fp8 else w  # the weight's float8 copy (none when it arrives as float8)
     stages = [
         CAST_PEAK * go,  # grad_output cast for grad_input
-        FP8 * go + CAST_PEAK * w,  # the weight cast for grad_input
-        FP8 * go + 2 * FP8 * w + c * x + post_gi,  # grad_input gemm: the weight operand copied
+        FP8 * go + CAST_PEAK * cast_w,  # the weight cast for grad_input
+        FP8 * go + FP8 * (cast_w + w) + c * x + post_gi,  # grad_input gemm: the weight operand copied
     ]
-    held = FP8 * go + FP8 * w + c * x  # alive from here to the return
+    held = FP8 * go + FP8 * cast_w + c * x  # alive from here to the return
     if recipe.grad_weight_fp8:
         post_gw = FP32 * w if recipe.rowwise else 0
         stages += [
@@ -176,9 +239,12 @@ def float8_layer(
     t, h, c, r = sh.tokens, spec.hidden_size, sh.c, sh.r
     weights = [w for w in layer.tensors if converted(spec, w)]
     biased = {w.name.removesuffix(".bias") for w in layer.tensors if w.kind == "linear_bias"}
+    if sh.float8_weights:  # FSDP2 float8 all-gather: the weights arrive as float8
+        recipe = replace(recipe, weight_fp8=True)
 
     def fwd_peak(w: Tensor) -> int:
-        return linear_forward_peak(t, *_io(w), c if w.name.removesuffix(".weight") in biased else 0)
+        bias = c if w.name.removesuffix(".weight") in biased else 0
+        return linear_forward_peak(t, *_io(w), bias, weight_fp8=recipe.weight_fp8)
 
     if not weights:
         return la
@@ -252,7 +318,8 @@ def assumptions(spec: ModelSpec, precision: Precision) -> tuple[str, ...]:
         "float8 Linears save their high-precision input and weight, as nn.Linear does; the casts' fp32 and "
         "float8 copies are temporaries (9 B per element at a cast's peak; backward: two float8 copies of "
         "the output gradient, of the weight and of the input, and _scaled_mm's layout copies)",
-        "FSDP2 float8 all-gather (enable_fsdp_float8_all_gather: off by default, gone from torchtitan) "
-        "and float8 tensor parallelism are not modelled: gathered weights as 16-bit, TP shares out the "
-        "casts' temporaries as the layer's others; under torch.compile the casts fuse (not modelled)",
+        "FSDP2 float8 all-gather only where asked (--float8-all-gather; the FSDP notes then say so): "
+        "otherwise gathered weights as 16-bit and each Linear casts its own; float8 tensor parallelism is "
+        "not modelled (TP shares out the casts' temporaries as the layer's others); under torch.compile "
+        "the casts fuse (not modelled)",
     )

@@ -42,6 +42,7 @@ class Shapes:
     profile: Profile = PROFILES[Framework.HF]
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
+    float8_weights: bool = False  # FSDP2 float8 all-gather: float8 Linears receive float8 weights (float8.py)
     family: str = ""  # derived specs: the setup family their measured block costs are looked up in
     costs: CostLookup | None = None  # derived specs: where their measured block costs are looked up
     memo: Memo | None = None  # the estimator's memo of what formulas compute from a layer's tensors
@@ -106,7 +107,7 @@ def shapes(
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
-        costs=costs, memo=memo,
+        costs=costs, memo=memo, float8_weights=setup.float8_all_gather,
     )  # fmt: skip
 
 

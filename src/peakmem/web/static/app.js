@@ -61,6 +61,7 @@ const FIELDS = [
   { id: "pp", def: "1", int: true, modes: ["train", "fit"] },
   { id: "offload", def: "none", modes: ["train", "fit"] },
   { id: "offload_params", def: "none", modes: ["train", "fit"] },
+  { id: "float8_all_gather", def: "", bool: true, modes: ["train", "fit"] },
   { id: "engine", def: "hf", modes: INFER },
   { id: "weights", def: "", modes: INFER },  // empty: the checkpoint's quantization_config, else bf16
   { id: "kv_cache", def: "auto", modes: INFER },
