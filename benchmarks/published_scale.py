@@ -37,7 +37,9 @@ How the facts become options (the choices a reader should check; none is tuned t
   ``apply_fsdp``; ``train.py`` has no ``torch.autocast``): ``precision='mixed-bf16'`` (16-bit weights
   in compute, fp32 master and Adam states: the same 16 B/param sharded, and no autocast weight cache,
   which ``amp-bf16`` would add: 13 GiB on the 8B); with float8 Linears ``precision='float8-tensorwise'``
-  (torchao's tensorwise recipe, torchtitan's default then), which peakmem prices on mixed-bf16 states.
+  (torchao's tensorwise recipe, torchtitan's default then), which peakmem prices on mixed-bf16 states;
+  ``job.float8_fsdp_all_gather`` true (torchtitan's ``[float8] enable_fsdp_float8_all_gather``) ->
+  ``float8_all_gather=True`` (the layer units gathered in float8), null or false -> off.
 * ``job.deepspeed_zero`` (the ``zero_optimization`` section a framework builds: Lightning 1.7's
   ``DeepSpeedStrategy`` sets 2e8-element buckets and ``sub_group_size=1e12``) is written to a DeepSpeed
   JSON and passed as ``from_file``, as ``peakmem train --from ds.json`` reads it.
@@ -140,6 +142,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
         opts.update(fsdp="full-shard", fsdp_version=2)
+    if job.get("float8_fsdp_all_gather"):  # torchao enable_fsdp_float8_all_gather (null / false: off)
+        opts["float8_all_gather"] = True
     if job.get("zero_grad_set_to_none") is False:  # the loop's zero_grad keeps the gradients (torch < 2.0)
         opts["keep_grads"] = True
     if lay.get("zero_stage"):
