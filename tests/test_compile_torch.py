@@ -42,19 +42,8 @@ def test_compiled_layer_matches_the_formula(style: str, precision: str) -> None:
 
 
 def _allocated_peak(fn: Any) -> tuple[int, int, Any]:
-    """(peak, net) bytes of the CPU allocator's events while ``fn()`` runs, and its result."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    cur = peak = 0
-    for _, n in events:
-        cur += n
-        peak = max(peak, cur)
-    return peak, cur, out
+    """(peak, net) bytes of the CPU allocator's events while ``fn()`` runs (benchmarks/compiled_loss.py)."""
+    return load_benchmark("compiled_loss").allocated(fn)  # type: ignore[no-any-return]
 
 
 def test_compiled_chunked_cross_entropy_allocates_no_fp32_chunk() -> None:
