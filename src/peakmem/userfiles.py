@@ -11,7 +11,8 @@ way a file can break it is one :class:`~peakmem.errors.InputError` (exit 2) nami
 3. **Decompression capped as it streams** (:class:`CappedStream`): a gzip snapshot is inflated in
    chunks as its reader asks for them, never more than the cap in all, and no single request larger
    than one object of that format can be (a pickle asking for a 4 GB string is not a snapshot).
-4. **JSON** nesting beyond the interpreter's recursion limit is an error, not a RecursionError.
+4. **JSON** (and **TOML**) nesting beyond the interpreter's recursion limit is an error, not a
+   RecursionError.
 5. **YAML** is composed (PyYAML's node graph, where an alias is a second reference to its anchor's
    node) and its *expanded* size is counted before anything is built: the 295-byte "billion laughs"
    (9 anchors, each 9 aliases of the one before) expands to 9^9 nodes and is refused in milliseconds;
@@ -26,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 from typing import Any, BinaryIO, Protocol
 
@@ -226,6 +228,37 @@ def parse_json(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+_TOML_WHERE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def parse_toml(text: str, name: str) -> dict[str, Any]:
+    """A TOML document (Python 3.11+'s ``tomllib``, else the ``tomli`` package it came from); a syntax
+    error is one line naming ``name``, the line and the column; nesting too deep is an error (rule 4).
+    TOML has no aliases: its parsed size is bounded by the text, whose size the reader caps."""
+    try:
+        import tomllib as toml
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as toml  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ImportError:
+            raise InputError(f"{name}: reading TOML needs Python 3.11 or later (tomllib) or the "
+                             "tomli package") from None  # fmt: skip
+    try:
+        doc: dict[str, Any] = toml.loads(text)
+    except toml.TOMLDecodeError as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        where = _TOML_WHERE.search(message)
+        if where is not None:
+            message = message[: where.start()]
+            raise InputError(
+                f"{name}: invalid TOML at line {where[1]}, column {where[2]}: {message}"
+            ) from None
+        raise InputError(f"{name}: invalid TOML: {message}") from None
+    except RecursionError:
+        raise InputError(f"{name}: TOML nested too deeply") from None
+    return doc
+
+
 def parse_yaml(text: str, name: str, command: str = "train --from FILE.yaml") -> Any:
     """A YAML document, its expanded size counted before it is built (rule 5); errors name ``name``."""
     try:
@@ -294,6 +327,7 @@ __all__ = [
     "is_regular_file",
     "open_user_file",
     "parse_json",
+    "parse_toml",
     "parse_yaml",
     "read_user_file",
     "read_user_text",
