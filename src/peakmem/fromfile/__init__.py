@@ -3,8 +3,9 @@
 One module per framework, each naming the keys it knows and the framework file that defines them:
 :mod:`.axolotl`, :mod:`.llama_factory`, :mod:`.torchtune`, :mod:`.hf_trainer` (transformers
 ``TrainingArguments`` / TRL, and the TrainingArguments-level pieces axolotl and LLaMA-Factory share),
-:mod:`.deepspeed` (DeepSpeed JSON), :mod:`.accelerate` (accelerate config YAML). :mod:`.documents` reads
-and parses the files (the only I/O; YAML needs PyYAML, the ``yaml`` extra), :mod:`.mapper` holds the
+:mod:`.deepspeed` (DeepSpeed JSON), :mod:`.accelerate` (accelerate config YAML), :mod:`.torchtitan`
+(torchtitan's TOML train configs). :mod:`.documents` reads and parses the files (the only I/O; YAML needs
+PyYAML, the ``yaml`` extra; TOML is the standard library's ``tomllib``), :mod:`.mapper` holds the
 result types and the shared conversions, :mod:`.merge` maps, merges and applies.
 
 The mapping (:func:`map_documents`) is pure: dicts in, a :class:`FromFile` out, with every mapped field,

@@ -1,6 +1,6 @@
-"""Reading ``--from`` documents: the size cap, JSON or YAML (PyYAML, the ``yaml`` extra), the files a
-config names (a DeepSpeed JSON, a torchtune checkpoint folder), and which framework wrote a document.
-The only I/O of ``--from``."""
+"""Reading ``--from`` documents: the size cap, JSON, TOML (torchtitan) or YAML (PyYAML, the ``yaml``
+extra), the files a config names (a DeepSpeed JSON, a torchtune checkpoint folder), and which framework
+wrote a document. The only I/O of ``--from``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from peakmem.errors import InputError
-from peakmem.fromfile import openrlhf, verl
+from peakmem.fromfile import openrlhf, torchtitan, verl
 from peakmem.fromfile.mapper import (
     ACCELERATE,
     AXOLOTL,
@@ -20,30 +20,34 @@ from peakmem.fromfile.mapper import (
     HF_TRAINER,
     LLAMA_FACTORY,
     OPENRLHF,
+    TORCHTITAN,
     TORCHTUNE,
     VERL,
 )
 from peakmem.fromfile.script import read_command
-from peakmem.userfiles import parse_json, parse_yaml, read_user_text
+from peakmem.userfiles import parse_json, parse_toml, parse_yaml, read_user_text
 
 MAX_FILE_BYTES = 1 << 20  # a training config is a few KiB; refuse anything past 1 MiB
 YAML_SUFFIXES = (".yaml", ".yml")
+TOML_SUFFIXES = (".toml",)  # torchtitan's train_configs
 SCRIPT_SUFFIXES = (".sh", ".bash")  # launch scripts (verl, OpenRLHF): read, never run
 
 
 def load_document(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A config file's top-level mapping: JSON, or YAML (needs PyYAML). Errors name the file."""
+    """A config file's top-level mapping: JSON, TOML, or YAML (needs PyYAML). Errors name the file."""
     p = Path(path)
     text = read_user_text(p, what="a training config", max_bytes=MAX_FILE_BYTES, label="--from")
     return parse_document(text, str(p))
 
 
 def parse_document(text: str, name: str) -> dict[str, Any]:
-    """Parse JSON (``.json``, or text starting with ``{``), a launch script (``.sh``, a ``#!`` line, or
-    text naming a verl / OpenRLHF entry point outside a ``.json`` / ``.yaml`` file) or YAML; ``name`` is
-    for errors."""
+    """Parse JSON (``.json``, or text starting with ``{``), TOML (``.toml``), a launch script (``.sh``, a
+    ``#!`` line, or text naming a verl / OpenRLHF entry point outside a ``.json`` / ``.yaml`` / ``.toml``
+    file) or YAML; ``name`` is for errors."""
     doc: Any
     lower = name.lower()
+    if lower.endswith(TOML_SUFFIXES):
+        return parse_toml(text, f"--from {name}")
     if (
         lower.endswith(SCRIPT_SUFFIXES)
         or text.startswith("#!")
@@ -125,6 +129,8 @@ def deepspeed_refs(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
 def detect_format(doc: Mapping[str, Any]) -> str:
     """Which framework's file this is, from its keys; an error lists what was looked for."""
     keys = set(doc)
+    if torchtitan.is_torchtitan(doc):
+        return TORCHTITAN
     if verl.is_verl(doc):
         return VERL
     if openrlhf.is_openrlhf(doc):

@@ -19,7 +19,8 @@ DEEPSPEED = "deepspeed"
 ACCELERATE = "accelerate"
 VERL = "verl"
 OPENRLHF = "openrlhf"
-FORMATS = (AXOLOTL, LLAMA_FACTORY, TORCHTUNE, HF_TRAINER, DEEPSPEED, ACCELERATE, VERL, OPENRLHF)
+TORCHTITAN = "torchtitan"
+FORMATS = (AXOLOTL, LLAMA_FACTORY, TORCHTUNE, HF_TRAINER, DEEPSPEED, ACCELERATE, VERL, OPENRLHF, TORCHTITAN)
 AUTO = "auto"  # HF Trainer fills DeepSpeed "auto" values from TrainingArguments (integrations/deepspeed.py)
 
 
@@ -186,7 +187,8 @@ class _Mapper:
 
     def info(self, name: str, value: Any, key: str, note: str = "") -> None:
         """A field echoed for the record that sets no option (packing, global batch, ...)."""
-        self.extra_fields.append(Field(name, value, self.src(key), note))
+        source = key if ":" in key or key.startswith("(") else self.src(key)
+        self.extra_fields.append(Field(name, value, source, note))
 
     def skip(self, key: str, value: Any, why: str = "") -> None:
         self.not_modelled.append(f"{self.src(key)} = {_short(value)}" + (f": {why}" if why else ""))

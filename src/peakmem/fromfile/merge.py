@@ -33,6 +33,7 @@ from peakmem.fromfile.mapper import (
     LORA_DESTS,
     OPENRLHF,
     QUANT_DESTS,
+    TORCHTITAN,
     TORCHTUNE,
     VERL,
     Field,
@@ -40,12 +41,14 @@ from peakmem.fromfile.mapper import (
     _Mapper,
 )
 from peakmem.fromfile.openrlhf import map_openrlhf
+from peakmem.fromfile.torchtitan import map_torchtitan
 from peakmem.fromfile.torchtune import map_torchtune
 from peakmem.fromfile.verl import map_verl
 
 
-def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
-    """Read each file (and the DeepSpeed JSON each names), then map them all (:func:`map_documents`).
+def read_from_files(paths: Sequence[str | os.PathLike[str]], gpus: int | None = None) -> FromFile:
+    """Read each file (and the DeepSpeed JSON each names), then map them all (:func:`map_documents`;
+    ``gpus``: the command line's, for a file that leaves the world size to the launcher).
     A DeepSpeed path a file names that does not resolve is an error unless a DeepSpeed JSON was given
     with another ``--from``: then that one is the file meant (a recipe names the path on the machine it
     was written for), and the echo says so."""
@@ -69,7 +72,7 @@ def read_from_files(paths: Sequence[str | os.PathLike[str]]) -> FromFile:
                     f"--from {p}: {key}={ref!r}: no such file (looked relative to {p.parent}, "
                     "the folders above it and the current directory)"
                 )
-    found = map_documents(docs, local_model_dirs(docs))
+    found = map_documents(docs, local_model_dirs(docs), gpus=gpus)
     return replace(found, notes=(*found.notes, *notes)) if notes else found
 
 
@@ -106,11 +109,15 @@ def map_training_arguments(
 
 
 def map_documents(
-    docs: Sequence[tuple[str, Mapping[str, Any]]], local_dirs: Mapping[str, str] | None = None
+    docs: Sequence[tuple[str, Mapping[str, Any]]],
+    local_dirs: Mapping[str, str] | None = None,
+    *,
+    gpus: int | None = None,
 ) -> FromFile:
     """Map parsed config documents (``(name, dict)``, in order: a later file's value wins) onto
     peakmem's CLI options. Pure: no file I/O (``local_dirs``: torchtune checkpoint folders that hold a
-    config.json, found by the reader)."""
+    config.json, found by the reader; ``gpus``: the command line's ``--gpus``, which a torchtitan file
+    with ``data_parallel_shard_degree = -1`` needs)."""
     if not docs:
         raise InputError("--from: no file given")
     mappers: list[_Mapper] = []
@@ -134,6 +141,8 @@ def map_documents(
             map_verl(m, doc)
         elif fmt == OPENRLHF:
             map_openrlhf(m, doc)
+        elif fmt == TORCHTITAN:
+            map_torchtitan(m, doc, gpus)
         else:
             map_accelerate(m, doc)
     return _merge(docs, formats, mappers)
@@ -310,14 +319,17 @@ def _drop_answered_notes(found: FromFile, explicit: set[str]) -> FromFile:
     return replace(found, notes=notes)
 
 
-def load_and_apply(
-    args: Any, explicit: set[str], reader: Callable[[Sequence[str]], FromFile] = read_from_files
-) -> None:
-    """``--from`` for the CLI and the Python API: read the files, set ``args``, keep the echo on it."""
+def load_and_apply(args: Any, explicit: set[str], reader: Callable[..., FromFile] = read_from_files) -> None:
+    """``--from`` for the CLI and the Python API: read the files (``reader(paths, gpus=...)``, with the
+    ``--gpus`` the command line gave), set ``args``, keep the echo on it."""
     paths = args.from_file if isinstance(args.from_file, (list, tuple)) else [args.from_file]
-    found = _drop_answered_notes(reader([str(p) for p in paths]), explicit)
+    gpus = getattr(args, "gpus", None) if "gpus" in explicit else None
+    found = _drop_answered_notes(reader([str(p) for p in paths], gpus=gpus), explicit)
     found, overridden = apply(args, found, explicit)
     args.from_result = found
     args.from_overridden = overridden
     if getattr(args, "model", None) is None:
-        raise InputError(f"MODEL: {', '.join(found.files)} names no model; give MODEL on the command line")
+        why = next((f" ({n.split('; give MODEL')[0]})" for n in found.notes if "; give MODEL (" in n), "")
+        raise InputError(
+            f"MODEL: {', '.join(found.files)} names no model{why}; give MODEL on the command line"
+        )
