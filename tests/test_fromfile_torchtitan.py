@@ -114,9 +114,8 @@ def test_the_2024_release_matches_the_published_scale_mapping() -> None:
     defaults = {"method": "full", "attention": "sdpa", "loss": "standard", "gpus": point["layout"]["gpus"]}
     got = {**defaults, **found.options}
     assert got.pop("model") == point["model"]
-    # 9dec370 parallelize_llama.py apply_fsdp: "For PP, do not reshard after forward" (each block's
-    # reshard_after_forward=False): shard-grad-op; published_scale.py maps every torchtitan run full-shard
-    assert got.pop("fsdp") == "shard-grad-op" and expected.pop("fsdp") == "full-shard"
+    # 9dec370 parallelize_llama.py apply_fsdp: "For PP, do not reshard after forward": peakmem's FSDP2
+    # full-shard under PP keeps every unit of the stage unsharded (formulas/fsdp2.py in_layer)
     assert got == expected
 
 
@@ -169,7 +168,8 @@ def test_pipeline_micro_batches() -> None:
     found = _map(doc, gpus=8)  # dp_shard 2
     assert found.options["batch"] == 2 and found.options["grad_accum"] == 4  # 8 / 2 micro-batches
     assert found.options["pp_schedule"] == "interleaved" and found.options["virtual_stages"] == 2
-    assert found.options["fsdp"] == "shard-grad-op"  # "default" keeps the parameters with PP
+    # "default" keeps the parameters with PP, which peakmem's FSDP2 full-shard under PP models
+    assert found.options["fsdp"] == "full-shard"
     gpipe = _minimal(parallelism={"pipeline_parallel_degree": 2, "pipeline_parallel_schedule": "GPipe"})
     assert any("GPipe" in s for s in _map(gpipe, gpus=4).not_modelled)
 

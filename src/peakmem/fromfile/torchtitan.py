@@ -336,8 +336,9 @@ def _layout(r: _Reader, gpus: int | None) -> _Degrees:
         reshard, reshard_key = r.value("reshard")
         if reshard not in ("default", "always", "never"):
             raise InputError(f"--from {m.name}: {reshard_key}={reshard!r}: default, always or never")
-        # parallelize.py apply_fsdp: "default" reshards after forward unless PP runs
-        keep = reshard == "never" or (reshard == "default" and pp > 1)
+        # parallelize.py apply_fsdp: "default" reshards after forward unless PP runs; peakmem's FSDP2
+        # full-shard under PP already keeps every unit of the stage unsharded (formulas/fsdp2.py in_layer)
+        keep = reshard == "never" and pp == 1
         mode = "shard-grad-op" if keep else "full-shard"
         if rep > 1:
             mode = "hybrid-shard"
