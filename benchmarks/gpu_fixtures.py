@@ -42,7 +42,9 @@ process group, and records besides the peaks per phase (``phases``, ``steps``, `
 * ``at_step2_peak``: a stackless allocator trace of step 2 replayed per stream (:func:`stream_replay`):
   each stream's allocated and reserved bytes where step 2's allocated total peaks, and ``side_idle_bytes``,
   what FSDP's streams hold reserved but not allocated there (peakmem's ``side_stream_pool_bytes``);
-* ``sharding_strategy`` (FSDP1 runs NO_SHARD at world size 1), ``backend``, ``world_size``, ``streams``.
+* ``sharding_strategy`` (FSDP1 runs NO_SHARD at world size 1), ``backend``, ``world_size``, ``streams``;
+  a fake world's nvidia-smi total (no NCCL communicator) as ``fake_world_device_total_bytes``, not as
+  ``device_total_bytes``, which benchmarks/validate.py compares.
 """
 
 from __future__ import annotations
@@ -224,6 +226,8 @@ def run_case(case: Case, out_dir: Path, *, device: str = "cuda", snapshots: bool
         used = dev.used()
         record["device_total_bytes"] = used - baseline if used is not None and baseline is not None else None
         record["nvml_used_bytes"] = used
+        if record.get("backend") == "fake":  # no NCCL communicator: not what one of the ranks would show
+            record["fake_world_device_total_bytes"] = record.pop("device_total_bytes")
     if snap:
         name = f"{case.name}.pickle.gz"
         raw = out_dir / f"{case.name}.pickle"
