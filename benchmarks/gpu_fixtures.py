@@ -582,6 +582,7 @@ def _fsdp_steps(config: dict[str, Any], setup: Any, par: Any, dev: Any) -> dict[
                    setup_reserved_bytes=torch.cuda.memory_reserved(dev))  # fmt: skip
     names: dict[int, str] = {}
     start: list[dict[str, Any]] = []
+    tracing = False
     gc_was_enabled = gc.isenabled()
     gc.disable()  # frees at refcount zero, deterministically (as the runner)
     try:
@@ -589,7 +590,11 @@ def _fsdp_steps(config: dict[str, Any], setup: Any, par: Any, dev: Any) -> dict[
             if cuda and step == STEPS:
                 torch.cuda.synchronize(dev)
                 start = torch.cuda.memory_snapshot()
-                torch.cuda.memory._record_memory_history(max_entries=TRACE_ENTRIES, context=None)
+                try:  # without a trace the pools and the peaks are still measured
+                    torch.cuda.memory._record_memory_history(max_entries=TRACE_ENTRIES, context=None)
+                    tracing = True
+                except (RuntimeError, TypeError, ValueError) as err:
+                    out["trace_error"] = f"{type(err).__name__}: {err}"
             phase("forward", step)
             ids = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), generator=gen).to(dev)
             loss = model(input_ids=ids, labels=ids).loss
@@ -607,7 +612,7 @@ def _fsdp_steps(config: dict[str, Any], setup: Any, par: Any, dev: Any) -> dict[
                 out[f"pools_after_step{step}"] = pools_of(streams, par.fsdp_version)
         phase("load", STEPS + 1)
         out["streams"] = sorted(fsdp_streams(model, par.fsdp_version))
-        if cuda:
+        if tracing:
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             trace = snap["device_traces"][dev.index]
