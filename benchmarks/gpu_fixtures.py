@@ -417,7 +417,9 @@ def _wrap(model: Any, setup: Any, par: Any, dev: Any) -> tuple[Any, str]:
     """FSDP2 as torchtitan applies it (fully_shard per decoder layer, then the root: embeddings, final norm
     and head in the root unit, reshard_after_forward=True) or FSDP1 as accelerate/HF Trainer wrap a
     transformer (TRANSFORMER_BASED_WRAP: one unit per decoder layer, FULL_SHARD, use_orig_params=True,
-    torch's default prefetch), both with param_dtype=bf16, reduce_dtype=fp32 under mixed-bf16; and the
+    torch's default prefetch), both with param_dtype=bf16 under mixed-bf16, reduce_dtype fp32 for FSDP2
+    (torchtitan's mixed_precision_reduce) and bf16 for FSDP1 (accelerate's policy: reduce_dtype = the
+    mixed-precision dtype, utils/dataclasses.py; what peakmem's FSDP1 reduce-scatter assumes); and the
     sharding strategy that runs (FSDP1 clamps any to NO_SHARD at world size 1)."""
     import warnings
 
@@ -440,7 +442,7 @@ def _wrap(model: Any, setup: Any, par: Any, dev: Any) -> tuple[Any, str]:
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
+    policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if mixed else None
     with warnings.catch_warnings():  # the clamp to NO_SHARD at world size 1: recorded, expected
         warnings.filterwarnings("ignore", message="FSDP is switching to use `NO_SHARD`")
         wrapped = FullyShardedDataParallel(
