@@ -25,6 +25,11 @@ def test_pools_by_hand() -> None:
     assert (pools.reduce_scatter, pools.all_gather, pools.in_use) == (100, 50, 10)
     # no root unit: the kept output and the next unit's
     assert fsdp2.stream_pools(grads=100, root=0, unit=10).all_gather == 20
+    # one rank: FSDP2 gathers nothing but still copies its reduce-scatter output; FSDP1's NO_SHARD keeps
+    # its pools (the low-precision parameters and the gradient casts are still made on its side streams)
+    assert fsdp2.stream_pools(grads=100, root=40, unit=10, world=1) == fsdp2.StreamPools(reduce_scatter=100)
+    one = fsdp2.stream_pools(grads=100, root=40, unit=10, version=1, world=1)
+    assert one == fsdp2.stream_pools(grads=100, root=40, unit=10, version=1)
     # FSDP1: the unsharded flat parameters themselves (root, running unit, prefetched unit), all in use
     assert fsdp2.stream_pools(grads=100, root=40, unit=10, version=1) == fsdp2.StreamPools(
         reduce_scatter=100, all_gather=60, in_use=60

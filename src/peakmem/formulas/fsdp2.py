@@ -210,10 +210,17 @@ class StreamPools:
 NO_POOLS = StreamPools()
 
 
-def stream_pools(grads: int, root: int, unit: int, *, version: int = 2) -> StreamPools:
+def stream_pools(grads: int, root: int, unit: int, *, version: int = 2, world: int = 2) -> StreamPools:
     """FSDP's side-stream pools (:class:`StreamPools`) for ``grads`` bytes of sharded gradients on the
     GPU, ``root`` bytes of the root unit gathered and ``unit`` of the largest layer unit, FSDP
-    ``version`` 1 or 2."""
+    ``version`` 1 or 2, over ``world`` ranks. On one rank FSDP2 all-gathers nothing (_fsdp_param_group.py
+    ``unshard``: ``if world_size == 1`` returns before ``foreach_all_gather``) and its reduce-scatter output
+    is still a copy made on the reduce-scatter stream (_fsdp_collectives.py ``foreach_reduce``); FSDP1
+    runs NO_SHARD there (_init_utils.py ``_init_core_state``), whose low-precision parameters still come
+    from the pre-unshard stream and whose gradients are still cast on the post-backward stream
+    (_runtime_utils.py ``_reduce_grad_no_shard``): the same pools."""
+    if world == 1 and version == 2:
+        return StreamPools(reduce_scatter=grads)
     if version == 1:
         gathered = root + 2 * unit
         return StreamPools(reduce_scatter=grads, all_gather=gathered, in_use=gathered)

@@ -598,7 +598,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     pools = _fsdp2.NO_POOLS
     if sp.layers:
         pools = _fsdp2.stream_pools(0 if offload else grads_item.bytes, gathered(sp.root_numel, root=True),
-                                    unit_bytes, version=par.fsdp_version)  # fmt: skip
+                                    unit_bytes, version=par.fsdp_version, world=n)  # fmt: skip
     step = [] if offload_opt else _temporaries(tech, part, min(part, loc.largest), label)
     what = (
         "the frozen base as stored and the adapters"
