@@ -186,7 +186,7 @@ def test_search_space_lists_every_family(gpt2xl_report: planner.FitReport) -> No
             "micro-batch + accumulation", "shard over N GPUs", "shorter sequence",
             "fused kernels / torch.compile"} <= names  # fmt: skip
     kernels = {f.name: f for f in gpt2xl_report.search_space}["fused kernels / torch.compile"]
-    assert kernels.options == ("torch.compile",)  # Liger does not patch gpt2
+    assert kernels.options == ("torch.compile", "compiled cross-entropy")  # Liger does not patch gpt2
     for f in gpt2xl_report.search_space:
         assert f.status in ("searched", "not available", "not applicable")
         assert f.status == "searched" or f.reason
@@ -398,7 +398,8 @@ def test_fit_suggests_liger_where_liger_patches_the_model() -> None:
     spec = resolve_model("llama-3.2-1b")
     report = planner.fit(spec, TrainingSetup(seq_len=2048), [resolve_gpu("rtx-4090")])
     kernels = {f.name: f for f in report.search_space}["fused kernels / torch.compile"]
-    assert kernels.status == "searched" and kernels.options == ("Liger kernels", "torch.compile")
+    assert kernels.status == "searched"
+    assert kernels.options == ("Liger kernels", "torch.compile", "compiled cross-entropy")
     labels = {c.label for g in report.gpus for c in g.singles}
     assert "Liger kernels" in labels
 

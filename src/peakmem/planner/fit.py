@@ -41,6 +41,7 @@ from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Framework,
+    LossImpl,
     Method,
     OptimizerImpl,
     OptimizerName,
@@ -201,7 +202,8 @@ def _family_fused(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
 
 def _family_kernels(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     """Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear cross-entropy: HF Trainer
-    ``use_liger_kernel``) on the model types Liger patches, and ``torch.compile`` of each layer."""
+    ``use_liger_kernel``) on the model types Liger patches, ``torch.compile`` of each layer, and of the
+    cross-entropy (``loss='compiled'``: no fp32 copy of the logits, formulas/lowbit_optim.compiled_ce)."""
     fam = "fused kernels / torch.compile"
     opts: list[_Option] = []
     if (
@@ -213,6 +215,8 @@ def _family_kernels(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
         opts.append(_Option(label="Liger kernels", setup=(("liger", True),)))
     if not ctx.setup.compiled:
         opts.append(_Option(label="torch.compile", setup=(("compiled", True),)))
+    if ctx.setup.loss is LossImpl.STANDARD and not ctx.setup.liger and ctx.spec.task == "causal-lm":
+        opts.append(_Option(label="compiled cross-entropy", setup=(("loss", LossImpl.COMPILED),)))
     if not opts:
         return Family(
             name=fam, status="not applicable", reason="already compiled (and Liger, where it applies)"
