@@ -19,6 +19,7 @@ from peakmem import cli
 from peakmem.errors import InputError
 from peakmem.fromfile import detect_format, map_documents, parse_document, read_from_files
 from peakmem.userfiles import parse_toml
+from test_fromfile import _cli_json
 
 HERE = Path(__file__).resolve().parent / "fixtures" / "frameworks" / "torchtitan"
 LLAMA3_8B = HERE / "llama3_8b.toml"  # 238fa995, the last TOML commit
@@ -254,15 +255,6 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     with redirect_stderr(err), redirect_stdout(StringIO()):
         code = cli.main(argv)
     return code, err.getvalue()
-
-
-def _cli_json(argv: list[str]) -> dict[str, Any]:
-    buf = StringIO()
-    with redirect_stdout(buf):
-        code = cli.main([*argv, "--json"])
-    assert code in (0, 1), code
-    out: dict[str, Any] = json.loads(buf.getvalue())
-    return out
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ torch.distributed.pipelining the unsharded gradients accumulated between micro-b
 reduce-scatters after the last one. :func:`peakmem.formulas.sharding.rank_states` puts them in
 :class:`~peakmem.formulas.sharding.RankStates`; :mod:`peakmem.estimate` places them on the timeline.
 Each term was found in, and is checked against, the fake-process-group oracle
-(:mod:`peakmem.measure.parallel`)."""
+(:mod:`peakmem.measure.parallel`). Also here, for FSDP1 and FSDP2 alike: what their side streams keep
+cached beside the default stream's peak (:class:`StreamPools`, read from torch's source; the oracle runs
+on the CPU, which has no streams, so benchmarks/gpu_fixtures.py ``--only fsdp`` is its check)."""
 
 from __future__ import annotations
 

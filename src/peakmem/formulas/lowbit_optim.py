@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
@@ -258,7 +258,6 @@ def _value(x: Any) -> str:
 def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     """The head's saved tensors and temporaries under a chunked or fused cross-entropy (``setup.loss``).
     ``head`` is :class:`peakmem.formulas.loss.HeadActivations`; unchanged for the standard loss."""
-    from dataclasses import replace
 
     kind = _value(getattr(setup, "loss", "standard"))
     if kind == "standard" or spec.task != "causal-lm":
@@ -326,7 +325,6 @@ def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast:
     fp32 upcast. In forward the logits and their contiguous shifted copy are alive at the loss, log_softmax
     saves its 16-bit output; backward writes two 16-bit gradients. Under autocast, cross_entropy runs in
     fp32 anyway (autocast's fp32 op list), and fp32 logits have nothing to upcast: the standard loss."""
-    from dataclasses import replace
 
     if autocast or c >= FP32:
         return head
@@ -383,7 +381,6 @@ def compiled_ce(head: Any, keep: list[MemoryItem], rows: int, vocab: int, c: int
     fewer than 2 x SMs rows (torch 2.13 torch/_inductor/choices.py ``reduction_split_factor``: "don't
     split if there are enough outputs"), which a training batch never is; ``online_softmax``
     (torch/_inductor/config.py) changes how amax and the sum are computed, not what is saved."""
-    from dataclasses import replace
 
     saved = MemoryItem(path="loss: logits kept by the compiled CE + fp32 row max and log-sum-exp",
                        bytes=compiled_ce_saved(rows, vocab, c), category=Category.ACTIVATIONS,
@@ -396,7 +393,6 @@ def offload_layer(la: Any, setup: Any) -> Any:
     """Activation offloading (``setup.activation_offload``): a layer's saved tensors live in CPU RAM
     between its forward and its backward; during its backward they are back on the device, next to the
     next layer's prefetched ones (torchtune ``use_streams=True``). ``la`` is a LayerActivations."""
-    from dataclasses import replace
 
     if not getattr(setup, "activation_offload", False):
         return la
@@ -469,7 +465,6 @@ def step_tricks(la: Any, layer_grads: int, setup: Any, step_bytes: int = 0) -> t
     optimizer-in-backward, one tensor's optimizer-step temporaries
     (:func:`peakmem.formulas.sharding.one_tensor_step_bytes`),
     alive in backward next to the layer's gradients."""
-    from dataclasses import replace
 
     la = offload_layer(la, setup)
     if in_backward(setup):  # each parameter stepped and its grad freed in backward: one layer's at most

@@ -281,6 +281,15 @@ def get(doc: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
+def leaves(doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every leaf of a nested document as (dotted key, value), the keys :func:`get` reads."""
+    out: list[tuple[str, Any]] = []
+    for key, value in doc.items():
+        dotted = f"{prefix}{key}"
+        out.extend(leaves(value, dotted + ".") if isinstance(value, Mapping) else [(dotted, value)])
+    return out
+
+
 def names_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [v.strip() for v in value.replace(" ", ",").split(",") if v.strip()]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakmem.errors import InputError
-from peakmem.fromfile.mapper import _Mapper, _short, as_int, get, names_list, truthy
+from peakmem.fromfile.mapper import _Mapper, _short, as_int, get, leaves, names_list, truthy
 
 SOURCE = "torchtitan@238fa995"
 # (model.name, model.flavor) -> peakmem catalog name, and why it is that model where the names differ.
@@ -623,17 +623,6 @@ def _optimizer(r: _Reader, era: _Era) -> None:
         m.set("optimizer_in_backward", True, early_key)
 
 
-def _leaves(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in node.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.extend(_leaves(value, dotted + "."))
-        else:
-            out.append((dotted, value))
-    return out
-
-
 def _not_read(r: _Reader) -> None:
     """Every key left: memory-neutral ones aside, a set unmodelled one or an unknown one is named."""
     m = r.m
@@ -646,7 +635,7 @@ def _not_read(r: _Reader) -> None:
     for key in ("experimental.custom_import", "experimental.custom_args_module"):
         if get(r.doc, key):
             m.skip(key, get(r.doc, key), "a custom module peakmem does not read")
-    for key, value in _leaves(r.doc):
+    for key, value in leaves(r.doc):
         if key in r.read or key in MEMORY_NEUTRAL_KEYS or key.split(".")[0] in MEMORY_NEUTRAL_SECTIONS:
             continue
         if key in UNMODELLED:

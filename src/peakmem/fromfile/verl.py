@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from peakmem.fromfile.hf_trainer import _attention_impl, liger
-from peakmem.fromfile.mapper import _Mapper, as_float, as_int, get, names_list, packed_rows, truthy
+from peakmem.fromfile.mapper import _Mapper, as_float, as_int, get, leaves, names_list, packed_rows, truthy
 from peakmem.fromfile.script import Command
 
 VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
@@ -221,7 +221,7 @@ class _Fields:
         """Fields read whose value is a shell variable the script does not set: named; the others (paths,
         logging) in one note."""
         other: list[str] = []
-        for key in _leaves(self.doc):
+        for key in (k for k, _ in leaves(self.doc) if not k.startswith(SCRIPT_KEY)):
             if self._unresolved(key):
                 if key in self.read:
                     self.m.skip(key, get(self.doc, key), f"{self.what()}; verl's default counted")
@@ -255,16 +255,6 @@ def interpolate(doc: Mapping[str, Any], key: str, value: str, depth: int = 0) ->
     if target is None and default is not None:
         return hydra_value(default.strip("'\""))
     return target
-
-
-def _leaves(doc: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for k, v in doc.items():
-        if k == SCRIPT_KEY:
-            continue
-        key = f"{prefix}{k}"
-        out.extend(_leaves(v, key + ".") if isinstance(v, Mapping) else [key])
-    return out
 
 
 def map_verl(m: _Mapper, doc: Mapping[str, Any]) -> None:
