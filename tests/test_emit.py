@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,32 @@ def test_layer_class_names() -> None:
     assert layer_class(resolve_model("gpt2-xl")) == "GPT2Block"
     assert layer_class(resolve_model("mixtral-8x7b")) == "MixtralDecoderLayer"
     assert layer_class(resolve_model("qwen2.5-7b")) == "Qwen2DecoderLayer"
+
+
+def test_fsdp_float8_round_trips_through_accelerate_yaml(tmp_path: Path) -> None:
+    """float8-tensorwise emits accelerate 1.16's ``mixed_precision: fp8`` with the torchao backend (its
+    AORecipeKwargs default is the tensorwise recipe), the all-gather as asked, and no
+    cpu_ram_efficient_loading (accelerate refuses it with torchao fp8 under FSDP2); reading the file back
+    with --from gives the same precision and all-gather. A rowwise recipe has no field in that file."""
+    from peakmem.fromfile import read_from_files
+
+    par = Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD, zero_init=True)
+    for gather in (True, False):
+        setup = TrainingSetup(precision=Precision.FLOAT8_TENSORWISE, float8_all_gather=gather)
+        cfg = fsdp_accelerate_config(tiny(), setup, par)
+        assert cfg["mixed_precision"] == "fp8"
+        assert cfg["fp8_config"] == {
+            "backend": "AO",
+            "enable_fsdp_float8_all_gather": gather,
+            "pad_inner_dim": True,
+        }
+        assert cfg["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is False  # type: ignore[index]
+        path = tmp_path / f"f8_{gather}.yaml"
+        path.write_text(fsdp_accelerate_yaml(tiny(), setup, par))
+        options = read_from_files([path]).options
+        assert options["precision"] == "float8-tensorwise"
+        assert options.get("float8_all_gather", False) is gather
+    plain = fsdp_accelerate_config(tiny(), TrainingSetup(), par)
+    assert "fp8_config" not in plain and plain["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is True  # type: ignore[index]
+    with pytest.raises(InputError, match="emit=fsdp with precision='float8-rowwise'"):
+        fsdp_accelerate_config(tiny(), TrainingSetup(precision=Precision.FLOAT8_ROWWISE), par)

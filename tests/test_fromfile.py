@@ -882,3 +882,25 @@ def test_llama_factory_full_sft_steps_with_fused_adamw() -> None:
     foreach = _cli_json([*argv, "--optimizer-impl", "foreach"])  # what --from counted before
     assert foreach["peak_phase"] == "optimizer"
     assert out["device_total_bytes"] < foreach["device_total_bytes"]
+
+
+def test_accelerate_fp8_backends() -> None:
+    """accelerate ``mixed_precision: fp8``: torchao (named, or none named: accelerate prefers torchao)
+    is float8-tensorwise, its FSDP2 all-gather on unless the file says false and only under FSDP2;
+    Transformer Engine is not modelled and leaves the bf16 autocast under it."""
+    fsdp2 = {"distributed_type": "FSDP", "num_processes": 8, "fsdp_config": {"fsdp_version": 2}}
+    o = _options({**fsdp2, "mixed_precision": "fp8"})
+    assert (o["precision"], o["float8_all_gather"]) == ("float8-tensorwise", True)
+    o = _options(
+        {
+            **fsdp2,
+            "mixed_precision": "fp8",
+            "fp8_config": {"backend": "ao", "enable_fsdp_float8_all_gather": False},
+        }
+    )
+    assert o["precision"] == "float8-tensorwise" and "float8_all_gather" not in o
+    fsdp1 = {**fsdp2, "fsdp_config": {"fsdp_version": 1}}
+    assert "float8_all_gather" not in _options({**fsdp1, "mixed_precision": "fp8"})
+    found = map_documents([("a.yaml", {**fsdp2, "mixed_precision": "fp8", "fp8_config": {"backend": "TE"}})])
+    assert found.options["precision"] == "amp-bf16"
+    assert any("fp8_config.backend = TE" in line for line in found.not_modelled)

@@ -19,7 +19,7 @@ import json
 from peakmem.errors import InputError
 from peakmem.model import ModelSpec
 from peakmem.parallel import FsdpMode, Offload, Parallelism
-from peakmem.training import Checkpointing, Precision, TrainingSetup
+from peakmem.training import FLOAT8_PREFIX, Checkpointing, Precision, TrainingSetup
 
 # transformers decoder-layer class per model_type (the class accelerate's TRANSFORMER_BASED_WRAP wraps);
 # others follow the ``<Arch>ForCausalLM`` -> ``<Arch>DecoderLayer`` convention of modeling_*.py.
@@ -158,6 +158,12 @@ def fsdp_accelerate_config(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
             f"emit=fsdp with tp={par.tp}, pp={par.pp}, cp={par.cp}: the accelerate FSDP config "
             "describes data parallelism only; use Megatron/torchtitan for model parallelism"
         )
+    if setup.precision.value.startswith(FLOAT8_PREFIX) and setup.precision is not Precision.FLOAT8_TENSORWISE:
+        raise InputError(
+            f"emit=fsdp with precision={setup.precision.value!r}: accelerate's config file runs torchao's "
+            "default (tensorwise) recipe; pass "
+            "AORecipeKwargs(config=Float8LinearConfig.from_recipe_name(...)) to Accelerator in code"
+        )
     mode = FsdpMode.FULL_SHARD if par.fsdp is FsdpMode.NONE else par.fsdp
     fsdp: dict[str, object] = {
         "fsdp_version": par.fsdp_version,
@@ -165,7 +171,9 @@ def fsdp_accelerate_config(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
         "fsdp_transformer_layer_cls_to_wrap": layer_class(spec),
         "fsdp_offload_params": par.offload_params is not Offload.NONE
         or par.offload_optimizer is not Offload.NONE,
-        "fsdp_cpu_ram_efficient_loading": par.zero_init,
+        # accelerate refuses torchao fp8 with FSDP2 and cpu_ram_efficient_loading (accelerator.py __init__)
+        "fsdp_cpu_ram_efficient_loading": par.zero_init
+        and not (setup.precision is Precision.FLOAT8_TENSORWISE and par.fsdp_version == 2),
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_activation_checkpointing": setup.checkpointing is not Checkpointing.NONE,
     }
@@ -184,6 +192,7 @@ def fsdp_accelerate_config(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
         "machine_rank": 0,
         "main_training_function": "main",
         "mixed_precision": _accelerate_precision(setup.precision),
+        **_accelerate_fp8(setup, par),
         "num_machines": par.nodes,
         "num_processes": par.gpus,
         "rdzv_backend": "static",
@@ -199,11 +208,27 @@ def fsdp_accelerate_config(spec: ModelSpec, setup: TrainingSetup, par: Paralleli
 
 
 def _accelerate_precision(precision: Precision) -> str:
+    if precision is Precision.FLOAT8_TENSORWISE:
+        return "fp8"
     if precision in (Precision.MIXED_BF16, Precision.AMP_BF16, Precision.BF16):
         return "bf16"
     if precision in (Precision.MIXED_FP16, Precision.AMP_FP16):
         return "fp16"
     return "no"
+
+
+def _accelerate_fp8(setup: TrainingSetup, par: Parallelism) -> dict[str, object]:
+    """accelerate 1.16's fp8 section for torchao float8 (``fp8_config``, read by commands/launch.py as
+    ``--fp8_backend ao --fp8_enable_fsdp_float8_all_gather ...``; AORecipeKwargs builds the default
+    Float8LinearConfig, the tensorwise recipe: a rowwise recipe needs ``AORecipeKwargs(config=...)`` in
+    code, so it is refused in the caller)."""
+    if setup.precision is not Precision.FLOAT8_TENSORWISE:
+        return {}
+    return {"fp8_config": {
+        "backend": "AO",
+        "enable_fsdp_float8_all_gather": setup.float8_all_gather and par.fsdp_version == 2,
+        "pad_inner_dim": True,
+    }}  # fmt: skip
 
 
 def fsdp_accelerate_yaml(spec: ModelSpec, setup: TrainingSetup, par: Parallelism) -> str:

@@ -36,11 +36,11 @@ def map_accelerate(m: _Mapper, doc: Mapping[str, Any]) -> None:
     mp = str(doc.get("mixed_precision") or "no").lower()
     if mp in ("bf16", "fp16"):
         m.half = (mp, m.src("mixed_precision"))
-    elif mp == "fp8":
-        m.skip("mixed_precision", mp, "fp8 training")
     if kind == "FSDP":
         cfg = doc.get("fsdp_config")
         fsdp_config(m, cfg if isinstance(cfg, Mapping) else {}, "fsdp_config", default_version=1)
+    if mp == "fp8":
+        fp8_config(m, doc.get("fp8_config"), fsdp=kind == "FSDP")
     elif kind == "DEEPSPEED":
         m.deepspeed = True
         cfg = doc.get("deepspeed_config")
@@ -52,6 +52,50 @@ def map_accelerate(m: _Mapper, doc: Mapping[str, Any]) -> None:
     pc = doc.get("parallelism_config")
     if isinstance(pc, Mapping):
         parallelism_config(m, pc)
+
+
+# accelerate 1.16 ``mixed_precision: fp8``: bf16 autocast and FSDP param dtype underneath
+# (utils/modeling.py get_mixed_precision_context_manager, FullyShardedDataParallelPlugin
+# set_mixed_precision "fp8" -> bfloat16), and with the torchao backend (``fp8_config.backend: AO``, or
+# none named with torchao installed: Accelerator.__init__ prefers AO) AORecipeKwargs' default
+# Float8LinearConfig() - the tensorwise recipe - with enable_fsdp_float8_all_gather true unless the
+# file says false (commands/launch.py --fp8_enable_fsdp_float8_all_gather default "true"); FSDP2 only.
+FP8_NOTE = (
+    "torchao Float8Linear, tensorwise (accelerate AORecipeKwargs' default Float8LinearConfig); accelerate "
+    "leaves the first and the last nn.Linear unconverted (utils/ao.py filter_linear_layers), peakmem only "
+    "the head"
+)
+FP8_NO_FSDP_NOTE = (
+    "; without FSDP accelerate keeps fp32 weights under bf16 autocast, priced here as mixed-bf16 states "
+    "(fp32 master, bf16 weights)"
+)
+
+
+def fp8_config(m: _Mapper, cfg: Any, *, fsdp: bool) -> None:
+    """``mixed_precision: fp8`` with its ``fp8_config`` (torchao: float8-tensorwise; TE / MS-AMP: not
+    modelled). Under FSDP the bf16 param dtype over fp32 shards is the mixed-bf16 states peakmem's float8
+    precisions price; without FSDP accelerate keeps fp32 weights under bf16 autocast (amp-bf16's states),
+    which the note says."""
+    cfg = cfg if isinstance(cfg, Mapping) else {}
+    backend = str(cfg.get("backend") or "").strip().lower()
+    if backend and backend != "ao":
+        m.skip("fp8_config.backend", cfg["backend"], "Transformer Engine / MS-AMP fp8: no peakmem precision")
+        m.half = ("bf16", m.src("mixed_precision"))  # the bf16 autocast under it stays
+        return
+    note = FP8_NOTE if fsdp else FP8_NOTE + FP8_NO_FSDP_NOTE
+    m.set("precision", "float8-tensorwise", "fp8_config.backend" if backend else "mixed_precision", note)
+    gather = cfg.get("enable_fsdp_float8_all_gather", True)
+    key = (
+        "fp8_config.enable_fsdp_float8_all_gather"
+        if "enable_fsdp_float8_all_gather" in cfg
+        else ("(accelerate's default: enable_fsdp_float8_all_gather true)")
+    )
+    if not truthy(gather):
+        return
+    if m.options.get("fsdp_version") == 2 and m.options.get("fsdp") not in (None, "none"):
+        m.set("float8_all_gather", True, key)
+    elif "enable_fsdp_float8_all_gather" in cfg:
+        m.skip(key, gather, "no effect without FSDP2 sharding")
 
 
 # accelerate parallelism_config (accelerate parallelism_config.py ParallelismConfig; TRL's ALST docs):

@@ -157,4 +157,8 @@ def map_torchtune(m: _Mapper, doc: Mapping[str, Any], local_dirs: Mapping[str, s
         if as_int(m, key, doc.get(key)) not in (None, 1):
             m.skip(key, doc[key], "give --tp / --cp")
     if truthy(doc.get("enable_fp8_training")):
-        m.skip("enable_fp8_training", True, "fp8 training")
+        m.skip(
+            "enable_fp8_training", True,
+            "torchao float8 on torchtune's bf16 weights and bf16 optimizer states: peakmem's float8 "
+            "precisions price mixed-bf16 states (an fp32 master copy)",
+        )  # fmt: skip
