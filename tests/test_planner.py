@@ -15,10 +15,11 @@ from peakmem.estimate import estimate_training, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
+from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.ranks import estimate_ranks
 from peakmem.render_plan import limits_line
 from peakmem.resolve import gpu_of_size, resolve_gpu, resolve_gpus, resolve_model
-from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
 from peakmem.units import GB, MiB
 
 LLAMA: dict[str, Any] = {
@@ -419,3 +420,25 @@ def test_the_closed_form_floor_never_exceeds_the_replayed_answer() -> None:
             result = est(setup)
             assert floor is not None and result is not None and floor <= result.needed, (name, batch)
     assert _Estimator(resolve_model("gpt2-xl"), None, margin=True).floor is None  # the band's high end
+
+
+def test_plan_float8_all_gather_acts_on_fsdp2_layouts_only() -> None:
+    """torchao's float8 all-gather runs in FSDP2's hooks: plan keeps it on FSDP2 layouts (whose ranks it
+    lightens: the layer units gathered at 1 byte per converted weight) and drops it elsewhere, so the
+    search still finds layouts (8 H100s: ZeRO-1 / TP / PP ones, the fastest) and each reported setup is
+    one estimate_ranks accepts, with the same bytes as without the flag."""
+    spec = resolve_model("llama-3.1-8b")
+    gather = TrainingSetup(seq_len=2048, precision=Precision.FLOAT8_TENSORWISE, float8_all_gather=True)
+    fsdp2 = Parallelism(gpus=8, fsdp=FsdpMode.FULL_SHARD)
+    assert planner.where_it_acts(gather, fsdp2) is gather
+    for par in (None, Parallelism(gpus=8, zero_stage=1), replace(fsdp2, fsdp_version=1)):
+        assert planner.where_it_acts(gather, par) == replace(gather, float8_all_gather=False)
+    plain = replace(gather, float8_all_gather=False)
+    lighter = estimate_ranks(spec, gather, fsdp2).most_loaded.estimate.device_total_bytes
+    assert lighter < estimate_ranks(spec, plain, fsdp2).most_loaded.estimate.device_total_bytes
+    r = planner.plan(spec, gather, resolve_gpu("h100-80gb"), 8, global_batch=64)
+    assert r.layouts
+    for lay in r.layouts:
+        assert lay.setup.float8_all_gather is (lay.parallelism.fsdp is FsdpMode.FULL_SHARD)
+        need = estimate_ranks(spec, lay.setup, lay.parallelism).most_loaded.estimate.device_total_bytes
+        assert need == lay.needed_bytes

@@ -125,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("activation_offload", bool, False, T, "saved activations to CPU RAM", group=_SAVING),
     _o("compile", bool, False, T, "torch.compile each layer", group=_SAVING),
     _o("liger", bool, False, T, "Liger kernels (RMSNorm, SwiGLU, RoPE, fused CE)", group=_SAVING),
-    _o("float8_all_gather", bool, False, S,
+    _o("float8_all_gather", bool, False, S | {"plan"},
        "FSDP2 all-gathers the float8 Linears' weights in float8 (torchao enable_fsdp_float8_all_gather; "
        "with --precision float8-tensorwise and --fsdp, fsdp version 2)", group=_MULTI),
     _o("keep_grads", bool, False, T,

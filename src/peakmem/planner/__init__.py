@@ -37,7 +37,15 @@ from __future__ import annotations
 from peakmem.breakdown import Verdict
 from peakmem.planner.fit import FitReport, GpuFit, Limits, fit, fit_json
 from peakmem.planner.plan import Layout, PlanReport, plan, plan_cp_options, plan_ep_options, plan_json
-from peakmem.planner.search import MAX_CHANGES, SEQ_STEP, TOP_CANDIDATES, Candidate, Change, Family
+from peakmem.planner.search import (
+    MAX_CHANGES,
+    SEQ_STEP,
+    TOP_CANDIDATES,
+    Candidate,
+    Change,
+    Family,
+    where_it_acts,
+)
 from peakmem.planner.serving import (
     InferCandidate,
     InferFitReport,
@@ -76,4 +84,5 @@ __all__ = [
     "plan_json",
     "train_answer",
     "ways_down",
+    "where_it_acts",
 ]  # fmt: skip

@@ -13,7 +13,7 @@ from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import DEFAULT_GPUS_PER_NODE, FsdpMode, Parallelism
-from peakmem.planner.search import Family, _Estimator, _family_json, _step_json
+from peakmem.planner.search import Family, _Estimator, _family_json, _step_json, where_it_acts
 from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
 
 TOP_LAYOUTS = 10
@@ -320,7 +320,7 @@ def _plan_fits(est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parall
 def _plan_layout(
     est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parallelism, cap: int, gb: int
 ) -> Layout | None:
-    s = replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt)
+    s = where_it_acts(replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt), par)
     r = est(s, par)
     if r is None or r.needed > cap:
         return None

@@ -17,7 +17,7 @@ from peakmem.estimate import TrainingEstimator, setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
-from peakmem.parallel import Parallelism
+from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.ranks import RankReport, estimate_ranks
 from peakmem.step_setup import setup_that_runs
 from peakmem.training import TrainingSetup
@@ -121,6 +121,7 @@ class _Estimator:
         self.floor_memo: dict[tuple[TrainingSetup, Parallelism | None], int | None] = {}
 
     def __call__(self, setup: TrainingSetup, par: Parallelism | None = None) -> _Result | None:
+        setup = where_it_acts(setup, par)
         key = (setup, par)
         if key in self.memo:
             return self.memo[key]
@@ -160,6 +161,7 @@ class _Estimator:
     def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
         reserved's device total on one GPU, before any replay; the answer itself otherwise."""
+        setup = where_it_acts(setup, par)
         key = (setup, par)
         if self.floor is None or par is not None or key in self.memo:
             r = self(setup, par)
@@ -184,6 +186,15 @@ class _Estimator:
         if self.margin and est.band is not None:
             return est.band.device_total.high
         return est.device_total_bytes
+
+
+def where_it_acts(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetup:
+    """The setup a layout runs: torchao's float8 all-gather acts through FSDP2's hooks only
+    (torchao float8 fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), so on a
+    layout that does not shard with FSDP2 the flag changes nothing and is dropped."""
+    if setup.float8_all_gather and (par is None or par.fsdp is FsdpMode.NONE or par.fsdp_version != 2):
+        return replace(setup, float8_all_gather=False)
+    return setup
 
 
 def _value(v: object) -> str:
