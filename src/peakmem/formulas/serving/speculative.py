@@ -39,8 +39,7 @@ multi-token-prediction layers (vllm/model_executor/models/deepseek_mtp.py
 draft adds the layers only, in the target's format; each layer's attention takes KV from the pool.
 Not checked: quantized checkpoints that keep the MTP layer in bf16 (SGLang's qwen3_5_mtp.py
 ``_mtp_quant_config`` builds it unquantized for modelopt_mixed, serialized modelopt_fp4, and quark with
-``mtp.*`` excluded; a vLLM pair on nvidia/Qwen3.6-27B-NVFP4 loads 0.79 GiB more with MTP, the bf16 size):
-peakmem gives the MTP layer the target's format, so it under-counts those drafts.
+``mtp.*`` excluded): peakmem gives the MTP layer the target's format, so it under-counts those drafts.
 ``eh_proj`` is counted as a layer linear split under tensor parallelism (vLLM keeps it a replicated
 ``nn.Linear``: with tp > 1 it is under-counted by (1 - 1/tp) of its 2h^2 weights).
 
