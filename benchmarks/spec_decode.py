@@ -1,5 +1,5 @@
-"""Speculative decoding: peakmem's draft terms (formulas/serving/speculative.py, eagle.py) against published
-figures.
+"""Speculative decoding: peakmem's draft terms (formulas/serving/speculative.py, eagle.py, sglang_spec.py)
+against published figures.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/spec_decode.py``.
 
@@ -9,6 +9,17 @@ figure, peakmem's, and the error, fitting set first:
 
 * ``model_loading``: vLLM V1's "Model loading took X GiB" (the target's and the draft's weights, both loaded
   before the profile) against ``weight_bytes + draft_weight_bytes`` of ``peakmem infer``;
+* ``draft_weights_delta``: the difference of two "Model loading took" lines of one setup run without and with
+  the draft (the draft's weights alone) against ``draft_weight_bytes``;
+* ``draft_load``: SGLang's draft worker "Load weight end. type=... mem usage=X GB" (``free_gpu_memory / (1 <<
+  30)``, so GiB) against ``draft_weight_bytes``;
+* ``kv_tokens``: vLLM V1's "GPU KV cache size: N tokens" given the logged "Available KV cache memory: X GiB".
+  vLLM reports ``max_concurrency x max_model_len`` (vllm/v1/core/kv_cache_utils.py
+  ``_report_kv_cache_config``, as quoted in vllm-project/vllm issue #51041), the concurrency being the pool
+  over one request's blocks; peakmem's figure is ``max_model_len x X // (max_model_len x
+  (kv_bytes_per_token + draft_kv_bytes_per_token) + recurrent_state_bytes_per_sequence)``: the target's and
+  the draft's KV per token and the recurrent (linear attention) state one request holds, all from ``peakmem
+  infer``; vLLM's block rounding is not modelled;
 * ``checkpoint``: a draft checkpoint's published size (decimal GB) against ``draft_weight_bytes`` plus the
   EAGLE-3 ``d2t`` map (int64 per draft-vocabulary entry) it stores.
 
@@ -30,44 +41,98 @@ from peakmem.units import GiB
 
 LOGS = Path(__file__).resolve().parent / "spec_decode_logs.json"
 GB = 10**9
+DEFAULT_CONTEXT = 1024  # the cases that state no max_model_len (the figure compared does not depend on it)
+# vLLM --speculative-config methods that name what a draft checkpoint is (an MTP draft is the target's own)
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
 
 
-def logged_bytes(case: dict[str, Any]) -> int:
+def logged(case: dict[str, Any]) -> int:
+    """The published figure: bytes, or tokens for ``kv_tokens``."""
+    if case["what"] == "kv_tokens":
+        return int(case["tokens"])
     return int(case["gib"] * GiB) if "gib" in case else int(case["gb"] * GB)
 
 
-def predicted(case: dict[str, Any]) -> tuple[int, str]:
-    """peakmem's figure for the case and what it is made of."""
+def logged_bytes(case: dict[str, Any]) -> int:
+    """The published figure in bytes (cases other than ``kv_tokens``)."""
+    if case["what"] == "kv_tokens":
+        raise ValueError(f"case {case['id']}: kv_tokens is a token count")
+    return logged(case)
+
+
+def _infer(case: dict[str, Any], draft: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "engine": case["engine"],
+        "engine_version": case.get("engine_version", case.get("version")),
+        "context": case.get("context", DEFAULT_CONTEXT),
+        "draft": draft,
+        "num_speculative_tokens": case["num_speculative_tokens"],
+    }
+    if case["draft_method"] in DRAFT_METHODS:
+        options["draft_method"] = case["draft_method"]
+    for key in ("weights", "kv_cache"):
+        if case.get(key):
+            options[key] = case[key]
+    return peakmem.infer(case["model"], **options).to_dict()
+
+
+def estimate(case: dict[str, Any]) -> dict[str, Any]:
+    """``peakmem infer``'s JSON for the case: the draft is the case's config.json, or a name (``mtp``)."""
+    if case.get("draft_config") is None:
+        return _infer(case, case["draft"])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(case["draft_config"]))
-        out = peakmem.infer(
-            case["model"], engine=case["engine"], engine_version=case["version"], context=1024,
-            draft=str(path), draft_method=case["draft_method"],
-            num_speculative_tokens=case["num_speculative_tokens"],
-        ).to_dict()  # fmt: skip
-    draft = int(out["draft_weight_bytes"])
-    if case["what"] == "model_loading":
+        return _infer(case, str(path))
+
+
+def predicted(case: dict[str, Any]) -> tuple[int, str]:
+    """peakmem's figure for the case (bytes, or tokens for ``kv_tokens``) and what it is made of."""
+    out = estimate(case)
+    draft, what = int(out["draft_weight_bytes"]), case["what"]
+    if what == "model_loading":
         return int(out["weight_bytes"]) + draft, f"target {int(out['weight_bytes']) / GiB:.2f} GiB + draft"
-    d2t = int(case["draft_config"].get("draft_vocab_size", 0)) * D2T_BYTES
-    return draft + d2t, "draft weights + d2t"
+    if what in ("draft_weights_delta", "draft_load"):
+        return draft, "draft weights"
+    if what == "kv_tokens":
+        context, available = int(case["context"]), int(case["available_kv_gib"] * GiB)
+        per_token = int(out["kv_bytes_per_token"]) + int(out["draft_kv_bytes_per_token"])
+        per_request = context * per_token + int(out["recurrent_state_bytes_per_sequence"])
+        how = f"{per_token} B/token (draft {out['draft_kv_bytes_per_token']}) over {available / GiB:.2f} GiB"
+        return context * available // per_request, how
+    if what == "checkpoint":
+        d2t = int(case["draft_config"].get("draft_vocab_size", 0)) * D2T_BYTES
+        return draft + d2t, "draft weights + d2t"
+    raise ValueError(f"case {case['id']}: what={what!r} is not a figure spec_decode.py compares")
+
+
+def shown(case: dict[str, Any], value: int) -> str:
+    return f"{value:,} tokens" if case["what"] == "kv_tokens" else f"{value / GiB:.3f} GiB"
+
+
+def shapes(case: dict[str, Any]) -> str:
+    source = str(case["config_source"])
+    for word in ("assumed", "stated"):
+        if source.startswith(word):
+            return word
+    return "as published"
 
 
 def main() -> int:
-    cases = json.loads(LOGS.read_text())["cases"]
+    data = json.loads(LOGS.read_text())
     print("| set | case | model | draft | what | log | peakmem | error | draft config |")
     print("|---|---|---|---|---|---:|---:|---:|---|")
     errors = []
-    for case in fit_first(cases, lambda c: c["id"]):
-        log = logged_bytes(case)
+    for case in fit_first(data["cases"], lambda c: c["id"]):
+        log = logged(case)
         got, how = predicted(case)
         err = got / log - 1
         errors.append((case["set"], err))
-        shapes = "assumed" if str(case["config_source"]).startswith("assumed") else "as published"
-        figures = f"{log / GiB:.3f} GiB | {got / GiB:.3f} GiB | {100 * err:+.1f}%"
-        print(f"| {case['set']} | {case['id']} | {case['model']} | {case['draft_method']} | {case['what']} "
-              f"({how}) | {figures} | {shapes} |")  # fmt: skip
+        figures = f"{shown(case, log)} | {shown(case, got)} | {100 * err:+.1f}%"
+        print(f"| {case['set']} | {case['id']} | {case['model']} | {case['engine']} {case['draft_method']} | "
+              f"{case['what']} ({how}) | {figures} | {shapes(case)} |")  # fmt: skip
     print("\n".join(within_lines(errors)))
+    print(f"not compared: {len(data.get('not_compared', []))} (reasons in spec_decode_logs.json)")
     return 0
 
 

@@ -28,7 +28,12 @@ Read in sgl-project/sglang ``python/sglang/srt/model_executor/model_runner.py`` 
 peakmem maps ``--num-speculative-tokens K`` to a chain: ``speculative_num_steps K``,
 ``speculative_eagle_topk 1``, ``speculative_num_draft_tokens K + 1``. Not modelled: SGLang's draft
 CUDA graphs and its EAGLE buffers (``hidden_states`` of ``3 x target_hidden`` for EAGLE-3 in the
-draft's graph runner), trees with topk > 1.
+draft's graph runner), trees with topk > 1, and the MTP draft worker's load-time copies of the embedding
+and head: ``Qwen3_5ForCausalLMMTP`` (python/sglang/srt/models/qwen3_5_mtp.py) builds its own
+``embed_tokens`` and ``lm_head``, which ``set_embed_and_head`` frees only after the draft worker's
+``TpModelWorker.__init__`` (weights and KV pool) has run (speculative/eagle_worker.py), so the draft's
+"Load weight end ... mem usage" reads 5.53 GiB on a 248,320 x 5,120 vocabulary against peakmem's 0.79 GiB
+of shared-head MTP layer (benchmarks/spec_decode_logs.json, a held-out case: reported, not fitted).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ multi-token-prediction layers (vllm/model_executor/models/deepseek_mtp.py
 ``EagleProposer.load_model`` (vllm/v1/spec_decode/eagle.py) shares the target's ``embed_tokens`` and
 ``lm_head`` with an MTP draft ("Detected MTP model. Sharing target model lm_head weights"), so the
 draft adds the layers only, in the target's format; each layer's attention takes KV from the pool.
+Not checked: quantized checkpoints that keep the MTP layer in bf16 (SGLang's qwen3_5_mtp.py
+``_mtp_quant_config`` builds it unquantized for modelopt_mixed, serialized modelopt_fp4, and quark with
+``mtp.*`` excluded): peakmem gives the MTP layer the target's format, so it under-counts those drafts.
 ``eh_proj`` is counted as a layer linear split under tensor parallelism (vLLM keeps it a replicated
 ``nn.Linear``: with tp > 1 it is under-counted by (1 - 1/tp) of its 2h^2 weights).
 
