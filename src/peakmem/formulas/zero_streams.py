@@ -87,11 +87,11 @@ def zero_stream_pools(
     grad_accum: int = 1,
 ) -> StreamPools:
     """ZeRO's side-stream pools on one rank: ``grad_partition`` bytes of 16-bit gradient partition
-    (ZeRO-1/2), ``gathered`` the most gathered parameter bytes of forward or backward (ZeRO-3, a bigger
-    ``gathered`` of the two phases' working sets), ``reduce_copies`` the largest short-lived reduce
-    copies (ZeRO-3). Without ``overlap_comm`` every stream is the default one: no pools. ZeRO-3 on one
-    rank gathers nothing (partition_parameters.py ``all_gather_coalesced``: ``_no_gather_coalesced``
-    when ``num_partitions == 1``). ZeRO-1/2 under pipeline parallelism reduce outside these hooks
+    (ZeRO-1/2), ``gathered`` the larger of the forward and backward working sets of gathered parameters
+    (ZeRO-3), ``reduce_copies`` the largest short-lived copies a reduce makes (ZeRO-3). Without
+    ``overlap_comm`` every stream is the default one: no pools. ZeRO-3 on one rank gathers nothing
+    (partition_parameters.py ``all_gather_coalesced``: ``_no_gather_coalesced`` when
+    ``num_partitions == 1``). ZeRO-1/2 under pipeline parallelism reduce outside these hooks
     (``reduce_gradients(pipeline_parallel=True)``) and with the optimizer offloaded keep no GPU
     partition: none counted."""
     if not par.ds_overlap_comm or not par.zero_stage:
