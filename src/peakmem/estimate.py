@@ -38,6 +38,7 @@ from peakmem.formulas import long_context as _long
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import zero_streams as _zs
 from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
@@ -622,6 +623,8 @@ def _estimate(
     gathered = fwd_gathered if peak is forward else pools.in_use * one_stage
     side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
                                   gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
+    if par.zero_stage:  # DeepSpeed ZeRO: what of its pools the peak's items hold (formulas/zero_streams.py)
+        side = _zs.idle_bytes(pools, peak.items)
     reserved += side
     notes = st.notes.get(ov)
     if notes is None:

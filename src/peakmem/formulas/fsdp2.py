@@ -11,13 +11,14 @@ on the CPU, which has no streams, so benchmarks/gpu_fixtures.py ``--only fsdp`` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.dtypes import DType
 from peakmem.parallel import FsdpMode, Parallelism
 
 from .model_parallel import StageParams, cdiv, dtensor_embedding_grad_extra
+from .stream_pools import NO_POOLS as NO_POOLS  # one concept, in stream_pools.py; re-exported
+from .stream_pools import StreamPools as StreamPools
+from .stream_pools import idle_pool_bytes as idle_pool_bytes
 from .technique import Technique
 
 SRC_FSDP_GATHER = "torch fsdp: root unit unsharded fwd->bwd; current + one prefetched unit all-gathered"
@@ -170,48 +171,6 @@ def in_layer(
     return [kept], [], (2 * unit, unit, 2 * unit + rs_unit, 2 * unit, unit, unit + rs_unit)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StreamPools:
-    """What FSDP allocates on its side streams, which the CUDA caching allocator caches per stream: a
-    freed block serves only requests of the stream that allocated it (c10/cuda/CUDACachingAllocator.cpp
-    ``get_free_block``: ``(*it)->stream != p.stream()`` returns no block; expandable segments are per
-    stream too), so once a step has used them these bytes stay reserved while the default stream peaks
-    elsewhere. torch PR #129721 moved FSDP2's reduce-scatter input to the default stream for this reason
-    ("that memory cannot be reused by the default stream outside of that spike"); the outputs stayed.
-
-    * ``reduce_scatter``: the sharded gradients. FSDP2's ``foreach_reduce`` allocates each unit's
-      reduce-scatter output inside ``device_handle.stream(reduce_scatter_stream)`` and the sharded
-      ``.grad`` is a view of it (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:
-      "The RS output is allocated in the RS stream"); FSDP1's ``_post_backward_hook`` runs
-      ``_reduce_grad`` inside ``stream(state._post_backward_stream)``, whose ``new_sharded_grad``
-      (``torch.empty_like(chunks[0])``) becomes ``_saved_grad_shard`` and then ``.grad``
-      (torch/distributed/fsdp/_runtime_utils.py). ``zero_grad(set_to_none=True)`` frees them after the step.
-    * ``all_gather``: the most all-gather outputs alive at once. FSDP2's forward and pre-backward
-      unshards run on ``all_gather_copy_in_stream`` (_fsdp_param_group.py ``get_all_gather_streams``:
-      "Use separate streams for implicit prefetching"), where ``foreach_all_gather`` allocates the flat
-      output; the root's output is kept until the first layer unit's copy-out (:func:`root_unshards`):
-      the root's and one unit's. FSDP1 allocates each unsharded flat parameter itself inside
-      ``stream(unshard_stream)`` (_runtime_utils.py ``_unshard``: ``handle.unshard()``,
-      _flat_param.py ``_alloc_padded_unsharded_flat_param``): the root's, the running unit's and the
-      prefetched one.
-    * ``in_use``: what of ``all_gather`` is alive at every forward and backward instant after the first
-      unshard: FSDP2 one unit's output (:func:`in_layer`: the kept or the prefetched one), FSDP1 all of
-      it (the unsharded parameters themselves)."""
-
-    reduce_scatter: int = 0
-    all_gather: int = 0
-    in_use: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("reduce_scatter", "all_gather", "in_use"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"StreamPools.{name} must be a non-negative int, got {value!r}")
-
-
-NO_POOLS = StreamPools()
-
-
 def stream_pools(grads: int, root: int, unit: int, *, version: int = 2, world: int = 2) -> StreamPools:
     """FSDP's side-stream pools (:class:`StreamPools`) for ``grads`` bytes of sharded gradients on the
     GPU, ``root`` bytes of the root unit gathered and ``unit`` of the largest layer unit, FSDP
@@ -227,9 +186,3 @@ def stream_pools(grads: int, root: int, unit: int, *, version: int = 2, world: i
         gathered = root + 2 * unit
         return StreamPools(reduce_scatter=grads, all_gather=gathered, in_use=gathered)
     return StreamPools(reduce_scatter=grads, all_gather=root + unit if root else 2 * unit, in_use=unit)
-
-
-def idle_pool_bytes(pools: StreamPools, *, grads_alive: int, gathered_alive: int) -> int:
-    """The side-stream pools' bytes the default stream's peak cannot use: each pool less what of it is
-    alive at that instant (already counted in the peak's allocated bytes)."""
-    return max(0, pools.reduce_scatter - grads_alive) + max(0, pools.all_gather - gathered_alive)

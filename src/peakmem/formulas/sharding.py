@@ -67,6 +67,7 @@ from peakmem.units import MiB
 
 from . import fsdp2 as _fsdp2
 from . import zero3 as _zero3
+from . import zero_streams as _zs
 from .activations import float8 as _f8
 from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
 from .model_parallel import LocalTensor, StageParams, cdiv, local_tensor, stage_groups
@@ -176,7 +177,8 @@ class RankStates:
     # them (see fsdp2.root_backward)
     root_grads_deferred: bool = False
     root_backward_extra: int = 0
-    # FSDP: the bytes its side streams keep cached, which the default stream cannot reuse (fsdp2.StreamPools)
+    # FSDP / ZeRO: the bytes their side streams keep cached, which the default stream cannot reuse
+    # (stream_pools.StreamPools; fsdp2.stream_pools, zero_streams.zero_stream_pools)
     side_pools: _fsdp2.StreamPools = _fsdp2.NO_POOLS
 
 
@@ -403,7 +405,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
     reduce: MemoryItem | None = None
-    drift = 0
+    drift = embed = end_copies = 0
     if stage == 3:
         non_persistent = sp.numel - sh.persistent
         fetch = min(
@@ -443,12 +445,26 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                        + ("; a partition's GPU copy and fp64 norm, offload)" if offload_opt else ")"),
                        Category.TEMPORARIES, in_layer, _zero3.SRC_Z3_REDUCE, key="zero3.reduce")  # fmt: skip
         embed = _zero3.input_embedding(sp, par)
+        end_copies = _zero3.end_of_backward_copies(g16, par, embed, loc.trainable) if embed else 0
         if offload_opt and not tech.adapter and embed:
             step.append(_item("ZeRO-3 offload, end of backward: the embedding still gathered and its "
                               "gradient's reduce (its own gradient, partition copy and fp64 norm)",
                               Category.TEMPORARIES,
                               _zero3.end_of_backward_bytes(w16, g16, par, embed, loc.trainable),
                               _zero3.SRC_Z3_EPILOGUE, key="zero3.reduce_end"))  # fmt: skip
+    pools = _zs.zero_stream_pools(
+        par, grad_partition=grad_part.bytes, grad_accum=setup.grad_accum,
+        gathered=max((i.bytes for i in (*gathered_fwd, *gathered_bwd)), default=0),
+        reduce_copies=max(
+            reduce.bytes if reduce else 0,
+            end_copies if stage == 3 and offload_opt and not tech.adapter and embed else 0,
+            part if stage == 3 and g16.name == "fp16" else 0,  # has_overflow: bool isinf / isnan at the step
+        ),
+    )  # fmt: skip
+    if pools is not _fsdp2.NO_POOLS:
+        notes.append(_zs.ZERO_POOLS_NOTE.format(
+            what="the gathered parameters and the reduce's copies" if stage == 3 else "the gradient partition"
+        ))  # fmt: skip
     if tech.adapter:
         notes.append(
             f"ZeRO-{stage} with adapters: only parameters that require grad enter the optimizer's "
@@ -480,7 +496,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         step=tuple(step), step_grads=tuple(step_grads), cpu=tuple(cpu), nvme_bytes=nvme, notes=tuple(notes),
         layer_backward_extra=reduce.bytes if reduce else 0,
         layer_backward_first_extra=reduce.bytes if reduce else 0, layer_backward_item=reduce,
-        engine_band_high=drift,
+        engine_band_high=drift, side_pools=pools,
     )  # fmt: skip
 
 

@@ -96,14 +96,22 @@ def end_of_backward_bytes(weight: DType, grad: DType, par: Parallelism, embed: i
     """ZeRO-3 + offload_optimizer, after backward: the input embedding (``embed`` elements) still
     gathered, and its gradient's reduce: alone with its own 16-bit gradient when it does not fit the
     bucket (concatenated only to pad it to ``N`` ranks), else in the concatenated last bucket; then its
-    partition's copy and fp64 norm."""
+    partition's copy and fp64 norm (:func:`end_of_backward_copies`)."""
+    own = grad.nbytes(embed) if embed >= par.reduce_bucket_size else 0
+    return weight.nbytes(embed) + own + end_of_backward_copies(grad, par, embed, trainable)
+
+
+def end_of_backward_copies(grad: DType, par: Parallelism, embed: int, trainable: int) -> int:
+    """What of :func:`end_of_backward_bytes` the reduce itself allocates (on the reduce stream,
+    :mod:`.zero_streams`): the concatenation (the padded embedding gradient, none when it divides by
+    ``N``; else the last bucket) and the embedding partition's 16-bit copy and fp64 norm."""
     n = par.shard_degree
     part = cdiv(embed, n)
     if embed >= par.reduce_bucket_size:
-        reduce = grad.nbytes(embed) + (grad.nbytes(part * n) if embed % n else 0)
+        cat = grad.nbytes(part * n) if embed % n else 0
     else:
-        reduce = grad.nbytes(min(par.reduce_bucket_size, trainable))
-    return weight.nbytes(embed) + reduce + partition_reduce_bytes(grad, part)
+        cat = grad.nbytes(min(par.reduce_bucket_size, trainable))
+    return cat + partition_reduce_bytes(grad, part)
 
 
 def input_embedding(sp: StageParams, par: Parallelism) -> int:
