@@ -605,15 +605,6 @@ def _estimate(
         resident=st.persistent, resident_rounding=st.resident_rounding,
         churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
-    replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
-    over_closed = 0  # what the replay adds to the closed form
-    if replayed is not None:
-        # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
-        # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
-        # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
-        # replay adds the segments one phase cuts that another cannot reuse
-        over_closed = max(0, replayed - reserved)
-        reserved += over_closed
     # FSDP's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
     # sharded gradients exist at the step, between micro-batches and as backward writes them
     one_stage = par.pp == 1
@@ -622,6 +613,16 @@ def _estimate(
     gathered = fwd_gathered if peak is forward else pools.in_use * one_stage
     side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
                                   gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
+    replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    over_closed = 0  # what the replay adds to the closed form
+    if replayed is not None:
+        # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
+        # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
+        # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
+        # replay adds the segments one phase cuts that another cannot reuse. A sharded rank's replay
+        # is its default stream's: the side streams' pools stand beside it whole
+        over_closed = max(0, replayed + pools.reduce_scatter + pools.all_gather - reserved - side)
+        reserved += over_closed
     reserved += side
     notes = st.notes.get(ov)
     if notes is None:
