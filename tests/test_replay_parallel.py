@@ -13,6 +13,8 @@ from dataclasses import replace
 import pytest
 
 from peakmem.estimate import TrainingEstimator
+from peakmem.formulas import step_sequence
+from peakmem.formulas.allocator import DEFAULT_FRAGMENTATION
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.step_sequence import LayerTensors, StepTensors, _replay
 from peakmem.parallel import FsdpMode, Parallelism
@@ -121,7 +123,9 @@ LAYOUTS = {
 def test_a_sharded_estimate_replays_and_moves_reserved_only_up(name: str) -> None:
     par = LAYOUTS[name]
     est = _est(par)
-    closed = _est(par, ov=Overheads(fragmentation=0.1))  # the default fraction, given: no replay
+    closed = _est(
+        par, ov=Overheads(fragmentation=DEFAULT_FRAGMENTATION)
+    )  # the same fraction, given: no replay
     assert any(a.startswith(REPLAYED) for a in est.assumptions)
     assert not any(a.startswith(REPLAYED) for a in closed.assumptions)
     assert est.peak_allocated_bytes == closed.peak_allocated_bytes
@@ -145,3 +149,26 @@ def test_layouts_the_replay_does_not_describe_keep_the_closed_form(
 ) -> None:
     est = _est(par, setup)
     assert not any(a.startswith(REPLAYED) for a in est.assumptions)
+
+
+def test_a_sharded_rank_reserves_its_default_stream_replay_beside_its_side_stream_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """reserved = max(closed form + the pools' idle bytes, the default stream's replay + the whole pools):
+    the replay holds no side-stream block (StreamPools), which cached blocks of the default stream cannot
+    serve. FSDP2 at 1 x 2048 under full checkpointing is a case where the replay decides."""
+    seen: list[step_sequence.Replayed] = []
+    replay = step_sequence.replay_steps
+
+    def record(step: StepTensors, steps: int = 2) -> step_sequence.Replayed:
+        seen.append(replay(step, steps))
+        return seen[-1]
+
+    monkeypatch.setattr("peakmem.step_parts._seq.replay_steps", record)
+    par = LAYOUTS["fsdp2"]
+    setup = replace(SETUP, micro_batch=1)
+    est, rs, _ = TrainingEstimator(SPEC).rank(setup, par)
+    closed = _est(par, setup, Overheads(fragmentation=DEFAULT_FRAGMENTATION))
+    pools = rs.side_pools.reduce_scatter + rs.side_pools.all_gather
+    assert pools > 0 and len(seen) == 1  # a sharded rank replays every layer at once
+    assert est.peak_reserved_bytes == seen[0].reserved + pools > closed.peak_reserved_bytes
