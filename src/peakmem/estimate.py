@@ -632,7 +632,7 @@ def _estimate(
             _assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
-            + (() if replayed is None else (_steps.REPLAY_NOTE,))
+            + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()

@@ -115,6 +115,11 @@ REPLAY_NOTE = (
     "created in step 1), never below the fragmentation fraction above; give --fragmentation to use the "
     "fraction alone"
 )
+REPLAY_NOTE_SHARDED = REPLAY_NOTE + (
+    "; one FSDP rank's default stream (sharded parameters and states, each unit's unsharded parameters, "
+    "gradients and reduce-scatter input as torch 2.13 allocates them), with FSDP's side-stream pools "
+    "beside it"
+)
 
 
 def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:

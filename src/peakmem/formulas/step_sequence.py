@@ -31,6 +31,25 @@ after step 2. The order within a step follows the timeline of :mod:`.timeline`:
   ``set_to_none=False``) the first backward creates them and later ones add into them through a
   temporary per tensor.
 
+Multi-GPU: one FSDP rank (``StepTensors.sharded``; step_parts.py ``sharded_parts`` says, with torch
+2.13's files, which requests land on the default stream), written for its default stream only: a cached
+block serves only the stream that allocated it (c10/cuda/CUDACachingAllocator.cpp ``get_free_block``),
+so FSDP's side-stream buffers (all-gather outputs, reduce-scatter outputs: formulas/fsdp2.py
+``StreamPools``) are pools of their own, added beside this replay. The order then differs where FSDP
+acts: each layer unit's unsharded parameters around its forward and its backward (none under FSDP1,
+whose unsharded flat parameter is the unshard stream's); in backward its gradients, its post-backward
+(reshard, the previous unit's reduce-scatter input reclaimed, its own allocated, the gradients freed
+after the copy-in: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``,
+_fsdp_collectives.py ``foreach_reduce``; FSDP1: the views' gradients concatenated into the unit's flat
+gradient, which its post-backward stream reduces); the root unit (embeddings, final norm, head)
+unsharded around the model's forward and from the logits' gradient to the end of backward, its
+gradients whole until then. No gradient outlives backward on the default stream, so the optimizer
+reads none and zero_grad frees none of its blocks. Under TP's ``loss_parallel`` the loss follows
+torch/distributed/tensor/parallel/loss.py (torch 2.13): ``_log_softmax`` (the upcast copy, ``x - max``,
+``exp`` freed after its sum, the saved ``shifted - logsumexp``) and ``_nll_loss_and_log_softmax_backward``
+(``zeros_like(x)``, ``exp(x)``, their sum, the product with the output gradient), with torchtitan's
+``pred.float()`` and ``del pred`` before backward (torchtitan@9dec370 train.py).
+
 Pure Python, standard library only; O(events x log(free blocks)).
 """
 
