@@ -19,7 +19,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.step_sequence import LayerTensors, StepTensors, _replay
 from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.resolve import resolve_model
-from peakmem.training import Checkpointing, Method, TrainingSetup
+from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
 from peakmem.units import MiB
 
 W, S, F = 12 * MiB, 12 * MiB, 64 * MiB  # a weight shard, a layer's checkpoint, a T x V/tp fp32 shard
@@ -130,6 +130,25 @@ def test_a_sharded_estimate_replays_and_moves_reserved_only_up(name: str) -> Non
     assert not any(a.startswith(REPLAYED) for a in closed.assumptions)
     assert est.peak_allocated_bytes == closed.peak_allocated_bytes
     assert est.peak_reserved_bytes >= closed.peak_reserved_bytes >= est.peak_allocated_bytes
+
+
+def test_float8_all_gather_unshards_converted_weights_in_one_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-3.2-1B (hidden 2048, 8 KV heads of 64, ffn 8192): a layer unit's converted Linear weights
+    (q, o: 2048 x 2048; k, v: 512 x 2048; gate, up: 8192 x 2048; down: 2048 x 8192) unshard as 1-byte
+    float8 data, its two norms (2048 each) in bf16; 8 ranks divide every first dimension (no padding)."""
+    steps: list[StepTensors] = []
+    replay = step_sequence.replay_steps
+
+    def record(step: StepTensors, n: int = 2) -> step_sequence.Replayed:
+        steps.append(step)
+        return replay(step, n)
+
+    monkeypatch.setattr("peakmem.step_parts._seq.replay_steps", record)
+    setup = replace(SETUP, precision=Precision.FLOAT8_TENSORWISE, float8_all_gather=True)
+    est = _est(LAYOUTS["fsdp2"], setup)
+    assert any(a.startswith(REPLAYED) for a in est.assumptions)
+    linear = 2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048
+    assert sum(steps[0].layers[0].unshard) == linear * 1 + 2 * 2048 * 2
 
 
 @pytest.mark.parametrize(

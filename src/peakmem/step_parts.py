@@ -14,6 +14,7 @@ from peakmem.formulas import allocator, sharding
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import step_sequence as _seq
+from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.technique import Technique
@@ -133,8 +134,8 @@ def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
 
     Not replayed, closed form: pipeline parallelism (in-flight micro-batches, units unsharded across
     them), DeepSpeed ZeRO (flat buckets and partitions), DDP and TP without an engine (their replicated
-    gradients and buckets are not described), expert parallelism, FSDP1 shard-grad-op, FSDP2's float8
-    all-gather (its casts and float8 outputs), offloaded parameters or optimizer states, LoRA/QLoRA (frozen
+    gradients and buckets are not described), expert parallelism, FSDP1 shard-grad-op, offloaded
+    parameters or optimizer states, LoRA/QLoRA (frozen
     base, adapter tensors), 8-bit/paged/4-bit optimizers and optimizer-in-backward, activation offloading,
     Adafactor (factored states, not shaped like the parameters)."""
     common = (
@@ -149,7 +150,6 @@ def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
     return (
         par.fsdp is not FsdpMode.NONE and par.pp == 1 and par.ep == 1 and par.zero_stage == 0
         and not (par.fsdp_version == 1 and par.fsdp is FsdpMode.SHARD_GRAD_OP)
-        and not setup.float8_all_gather
         and par.offload_params is Offload.NONE and par.offload_optimizer is Offload.NONE
     )  # fmt: skip
 
@@ -321,7 +321,9 @@ def sharded_parts(
       (``reduce_scatter_max_input_buffers = 1``), its own allocated in the reduce dtype (``world x`` the
       padded shard: the sharded dtype, torchtitan ``mixed_precision_reduce = float32``) and the
       gradients freed after the copy-in; the reduce-scatter output (the sharded ``.grad``) is the
-      reduce-scatter stream's. The root unit (embeddings, final norm, head) is unsharded at the root's
+      reduce-scatter stream's; under torchao's float8 all-gather a converted Linear weight's unsharded
+      parameter is its 1-byte float8 data (its cast before the all-gather is the copy-in stream's). The
+      root unit (embeddings, final norm, head) is unsharded at the root's
       pre-forward, resharded after the model's forward (before a loss computed outside it, as torchtitan
       does), unsharded again by its pre-backward hook on the logits' gradient; its gradients stay
       whole until its post-backward at the end (fsdp2.root_backward), the embedding's whole ``V x H`` under
@@ -350,6 +352,13 @@ def sharded_parts(
     first = local((t for t in spec.outer if t.component in ("embeddings", "positions")), False)
     last = local((t for t in spec.outer if t.component not in ("embeddings", "positions")), False)
     per_layer = [local(spec.groups[i].layer.tensors, True) for i, _ in st.groups]
+    # FSDP2 float8 all-gather (torchao): a converted Linear weight's unsharded parameter is its 1-byte
+    # float8 data (activations/float8.py); its pre-all-gather cast runs inside foreach_all_gather's
+    # ``stream(all_gather_copy_in_stream)``, not on the default stream
+    fp8 = [
+        [setup.float8_all_gather and _f8.converted(spec, t) for t in spec.groups[i].layer.tensors]
+        for i, _ in st.groups
+    ]
     root = first + last
     if v2:
         shards = [mp.cdiv(lt.dim0, n) * lt.rest for lt in root[: len(first)]]
@@ -372,11 +381,14 @@ def sharded_parts(
         else:
             temps += pieces((item,))
     layers = []
-    for g, per in zip(step.layers, per_layer, strict=True):
+    for g, per, conv in zip(step.layers, per_layer, fp8, strict=True):
         padded = sum(_padded(lt, n) for lt in per)
+        unshard = [
+            _f8.FP8 * _padded(lt, n) if c else gather(_padded(lt, n)) for lt, c in zip(per, conv, strict=True)
+        ]
         layers.append(replace(
             g, grads=tuple(grad(lt.numel) for lt in reversed(per) if lt.numel),
-            unshard=tuple(gather(_padded(lt, n)) for lt in per if lt.numel) if v2 else (),
+            unshard=tuple(u for u in unshard if u) if v2 else (),
             reduce_input=shard_dt.nbytes(padded) if v2 else 0,
             flat_grad=0 if v2 else grad(n * mp.cdiv(sum(lt.numel for lt in per), n)),
         ))  # fmt: skip
