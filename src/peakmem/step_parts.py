@@ -182,10 +182,11 @@ def split(nbytes: int, unit: int) -> tuple[int, ...]:
 # qwen2.5-72b, opt-66b, falcon-40b, gemma-3-27b, ...) the extrapolation moves reserved by at most 0.2 %;
 # on 24-36-layer models with large vocabularies it can move it by 5 % (the logits' blocks make the
 # per-layer increments uneven), so those are replayed whole. A sharded rank (FSDP) is always replayed
-# whole: there the 8- and 16-layer replays miss the point where step 2's checkpoints no longer fit in
-# the loss's cached blocks, and the line through them moved reserved by -15 % .. +25 % against the
-# whole replay (Llama-3.1-70B/405B, Qwen2.5-72B at FSDP x TP 1/2/4/8, batch 1-8 x 8192, full
-# checkpointing), which costs 0.02-0.08 s a replay for 80-126 layers.
+# whole: with few saved bytes per layer (checkpoints) next to GiB-sized transients and loss blocks, the
+# checkpoints fill the cached blocks of earlier requests unevenly, a new segment every few layers, and
+# the line through the 8- and 16-layer replays moved reserved by -8 % .. +25 % against the whole replay
+# (Llama-3.1-70B/405B, Qwen2.5-72B at FSDP x TP 1/2/4/8, batch 1-8 x 8192, full checkpointing; 0.1 %
+# at TP 1 batch 1), which costs 0.02-0.08 s a replay for 80-126 layers.
 REPLAY_LAYERS = 8
 EXACT_LAYERS = 48
 
