@@ -186,7 +186,7 @@ def split(nbytes: int, unit: int) -> tuple[int, ...]:
 # checkpoints fill the cached blocks of earlier requests unevenly, a new segment every few layers, and
 # the line through the 8- and 16-layer replays moved reserved by -8 % .. +25 % against the whole replay
 # (Llama-3.1-70B/405B, Qwen2.5-72B at FSDP x TP 1/2/4/8, batch 1-8 x 8192, full checkpointing; 0.1 %
-# at TP 1 batch 1), which costs 0.02-0.08 s a replay for 80-126 layers.
+# for the 70B and 72B at TP 1, batch 1), which costs 0.02-0.08 s a replay for 80-126 layers.
 REPLAY_LAYERS = 8
 EXACT_LAYERS = 48
 
