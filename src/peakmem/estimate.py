@@ -606,15 +606,6 @@ def _estimate(
         resident=st.persistent, resident_rounding=st.resident_rounding,
         churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
-    replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
-    over_closed = 0  # what the replay adds to the closed form
-    if replayed is not None:
-        # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
-        # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
-        # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
-        # replay adds the segments one phase cuts that another cannot reuse
-        over_closed = max(0, replayed - reserved)
-        reserved += over_closed
     # FSDP's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
     # sharded gradients exist at the step, between micro-batches and as backward writes them
     one_stage = par.pp == 1
@@ -625,6 +616,16 @@ def _estimate(
                                   gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
     if par.zero_stage:  # DeepSpeed ZeRO: what of its pools the peak's items hold (formulas/zero_streams.py)
         side = _zs.idle_bytes(pools, peak.items)
+    replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
+    over_closed = 0  # what the replay adds to the closed form
+    if replayed is not None:
+        # the replay sees the estimate's tensors only; a real step allocates many more short-lived ones
+        # (simulate's trace of qwen3-0.6b: ~3x the 4-8 MiB requests), whose slack the calibrated fraction
+        # (DEFAULT_FRAGMENTATION, bert-large V100 nvidia-smi) covers: the closed form is the floor, the
+        # replay adds the segments one phase cuts that another cannot reuse. A sharded rank's replay
+        # is its default stream's: the side streams' pools stand beside it whole
+        over_closed = max(0, replayed + pools.total - reserved - side)
+        reserved += over_closed
     reserved += side
     notes = st.notes.get(ov)
     if notes is None:
@@ -634,7 +635,7 @@ def _estimate(
             _assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
-            + (() if replayed is None else (_steps.REPLAY_NOTE,))
+            + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
     nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()

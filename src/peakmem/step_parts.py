@@ -6,7 +6,7 @@ tensor for the caching-allocator replay that gives the reserved bytes (formulas/
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow, PhasePeak
 from peakmem.formulas import activations as act
@@ -14,13 +14,14 @@ from peakmem.formulas import allocator, sharding
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import step_sequence as _seq
+from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.technique import Technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost
 from peakmem.model import ModelSpec, Tensor
-from peakmem.parallel import Parallelism
-from peakmem.training import Checkpointing, OptimizerName, TrainingSetup
+from peakmem.parallel import FsdpMode, Offload, Parallelism
+from peakmem.training import Checkpointing, LossImpl, OptimizerName, TrainingSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,19 +116,41 @@ REPLAY_NOTE = (
     "created in step 1), never below the fragmentation fraction above; give --fragmentation to use the "
     "fraction alone"
 )
+REPLAY_NOTE_SHARDED = REPLAY_NOTE + (
+    "; one FSDP rank's default stream (sharded parameters and states, each unit's unsharded parameters, "
+    "gradients and reduce-scatter input as torch 2.13 allocates them), with FSDP's side-stream pools "
+    "beside it"
+)
 
 
 def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
-    """Where the step can be written tensor by tensor: one GPU, full fine-tuning with a torch optimizer
-    whose states are shaped like the parameters, no step tricks, and no fraction or expandable
-    segments asked for (those keep the closed form of formulas/allocator.py). Not replayed, closed form:
-    multi-GPU layouts (sharded or gathered buffers the sequence does not describe), LoRA/QLoRA (frozen
+    """Where the step can be written tensor by tensor: full fine-tuning with a torch optimizer whose
+    states are shaped like the parameters, no step tricks, no fraction or expandable segments asked for
+    (those keep the closed form of formulas/allocator.py), and either one GPU or one rank of FSDP
+    (FSDP2 full-shard, shard-grad-op or hybrid-shard; FSDP1 full-shard or hybrid-shard), alone or with
+    TP (+SP) and CP, without pipeline parallelism (the data-parallel replica dimension changes nothing
+    per rank). The sharded replay describes the default stream's requests only (:func:`sharded_parts`);
+    FSDP's side-stream pools are priced apart (formulas/fsdp2.py ``StreamPools``).
+
+    Not replayed, closed form: pipeline parallelism (in-flight micro-batches, units unsharded across
+    them), DeepSpeed ZeRO (flat buckets and partitions), DDP and TP without an engine (their replicated
+    gradients and buckets are not described), expert parallelism, FSDP1 shard-grad-op, offloaded
+    parameters or optimizer states, LoRA/QLoRA (frozen
     base, adapter tensors), 8-bit/paged/4-bit optimizers and optimizer-in-backward, activation offloading,
     Adafactor (factored states, not shaped like the parameters)."""
-    return (
-        st.single and par.is_single_gpu and not st.tech.adapter and ov.replay_reserved
-        and not ov.expandable_segments and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
+    common = (
+        not st.tech.adapter and ov.replay_reserved and not ov.expandable_segments
+        and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
         and not setup.activation_offload and setup.optimizer is not OptimizerName.ADAFACTOR
+    )  # fmt: skip
+    if not common:
+        return False
+    if st.single and par.is_single_gpu:
+        return True
+    return (
+        par.fsdp is not FsdpMode.NONE and par.pp == 1 and par.ep == 1 and par.zero_stage == 0
+        and not (par.fsdp_version == 1 and par.fsdp is FsdpMode.SHARD_GRAD_OP)
+        and par.offload_params is Offload.NONE and par.offload_optimizer is Offload.NONE
     )  # fmt: skip
 
 
@@ -158,7 +181,12 @@ def split(nbytes: int, unit: int) -> tuple[int, ...]:
 # benchmarks/reserved_vs_replay.py --exact: on the catalog's models of more than 48 layers (llama-3.1-70b,
 # qwen2.5-72b, opt-66b, falcon-40b, gemma-3-27b, ...) the extrapolation moves reserved by at most 0.2 %;
 # on 24-36-layer models with large vocabularies it can move it by 5 % (the logits' blocks make the
-# per-layer increments uneven), so those are replayed whole.
+# per-layer increments uneven), so those are replayed whole. A sharded rank (FSDP) is always replayed
+# whole: with few saved bytes per layer (checkpoints) next to GiB-sized transients and loss blocks, the
+# checkpoints fill the cached blocks of earlier requests unevenly, a new segment every few layers, and
+# the line through the 8- and 16-layer replays moved reserved by -8 % .. +25 % against the whole replay
+# (Llama-3.1-70B/405B, Qwen2.5-72B at FSDP x TP 1/2/4/8, batch 1-8 x 8192, full checkpointing; 0.1 %
+# for the 70B and 72B at TP 1, batch 1), which costs 0.02-0.08 s a replay for 80-126 layers.
 REPLAY_LAYERS = 8
 EXACT_LAYERS = 48
 
@@ -173,13 +201,13 @@ def replayed_reserved(
         return None
 
     def replay(counts: tuple[int, ...]) -> int:
-        step = step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts)
+        step = step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts, par)
         return _seq.replay_steps(step).reserved
 
     counts = tuple(c for _, c in st.groups)
     few = tuple(min(c, REPLAY_LAYERS) for c in counts)
     more = tuple(min(c, 2 * REPLAY_LAYERS) for c in counts)
-    if exact or sum(counts) <= EXACT_LAYERS or more == counts:
+    if exact or not st.single or sum(counts) <= EXACT_LAYERS or more == counts:
         return replay(counts)
     r1, r2 = replay(few), replay(more)
     extrapolated = r2 + (r2 - r1) * (sum(counts) - sum(more)) // (sum(more) - sum(few))
@@ -188,9 +216,10 @@ def replayed_reserved(
 
 def step_tensors(
     st: Static, setup: TrainingSetup, parts: Parts, head_fwd: int, head_bwd: int, logits_grad: int,
-    counts: tuple[int, ...],
+    counts: tuple[int, ...], par: Parallelism | None = None,
 ) -> _seq.StepTensors:  # fmt: skip
-    """The step tensor by tensor, with ``counts`` layers in each of the stage's groups."""
+    """The step tensor by tensor, with ``counts`` layers in each of the stage's groups; one FSDP rank's
+    default stream where ``par`` is sharded (:func:`sharded_parts`)."""
     tech = st.tech
     spec = tech.spec
     outer_first = [t for t in spec.outer if t.component in ("embeddings", "positions")]
@@ -210,10 +239,16 @@ def step_tensors(
             temps += [item.bytes * n // tech.trainable for n in numel]
         else:
             temps += pieces((item,))
+    sharded = par is not None and par.fsdp is not FsdpMode.NONE
+    # a transient known by its sum only is cut into tensors of the largest saved one; under TP the
+    # layer's transients hold whole T x H tensors (SP's all-gathered norm output, a row-parallel
+    # Linear's partial sum) larger than any saved shard: those are cut at the head input's T x H
+    lm_in = sum(i.bytes for i in parts.head_items if i.key == "head.lm_head_input")
+    whole = lm_in if par is not None and par.tp > 1 else 0
     layers = []
     for g, la_items, per, count in zip(parts.groups, parts.layer_items, layer_numel, counts, strict=True):
         saved = pieces(la_items[1])
-        unit = max(saved, default=0)
+        unit = max(max(saved, default=0), whole)
         in_flight = g.grads_in_flight or 0
         layers.append(_seq.LayerTensors(
             count=count, saved=saved, forward_extra=split(g.forward_transient, unit),
@@ -226,7 +261,7 @@ def step_tensors(
     ]
     backward_order += first[::-1]  # fmt: skip
     tied = st.outer[4]
-    return _seq.StepTensors(
+    step = _seq.StepTensors(
         weights=(*(weight(n) for n in numel), tech.buffers),
         masters=tuple(master.nbytes(n) for n in numel) if master else (),
         states=tuple(r.bytes * n // r.params for n in numel for r in states),
@@ -244,6 +279,158 @@ def step_tensors(
         step_temporaries=tuple(temps), micro_batches=setup.grad_accum,
         grads_resident=not setup.grads_set_to_none,
     )  # fmt: skip
+    if par is None or par.is_single_gpu:
+        return step
+    return sharded_parts(st, setup, par, parts, step, counts, logits_grad) if sharded else step
+
+
+SRC_FSDP2_DEFAULT_STREAM = (
+    "torch 2.13 torch/distributed/fsdp/_fully_shard: _fsdp_param.py _init_sharded_param (padded shard per "
+    "parameter), _fsdp_collectives.py foreach_all_gather_copy_out (alloc_all_gather_outputs on the current "
+    "stream), foreach_reduce (reduce_scatter_comm.allocate on the current stream, then unsharded_grads."
+    "clear()), _fsdp_param_group.py post_backward (reshard, reclaim reduce_scatter_states, reduce)"
+)
+SRC_FSDP1_DEFAULT_STREAM = (
+    "torch 2.13 torch/distributed/fsdp/_flat_param.py (one padded flat shard per unit; unsharded flat "
+    "parameter allocated in _runtime_utils.py _unshard inside stream(unshard_stream)); split_with_sizes "
+    "backward concatenates the views' gradients into the flat gradient; _post_backward_hook reduces it "
+    "inside stream(_post_backward_stream)"
+)
+
+
+def _padded(lt: mp.LocalTensor, n: int) -> int:
+    """Elements of ``lt`` (TP-local) padded so that ``n`` ranks each hold ``ceil(dim0 / n)`` rows
+    (FSDP2 ``Shard(0)``: _fsdp_param.py ``padded_sharded_param_size``; _fsdp_collectives.py
+    ``_get_dim0_padded_size``)."""
+    return n * mp.cdiv(lt.dim0, n) * lt.rest
+
+
+def sharded_parts(
+    st: Static, setup: TrainingSetup, par: Parallelism, parts: Parts, step: _seq.StepTensors,
+    counts: tuple[int, ...], logits_grad: int,
+) -> _seq.StepTensors:  # fmt: skip
+    """One FSDP rank's step on its default stream (``step``: the same layers' activations at the
+    rank's TP/SP/CP-local sizes, from :func:`step_tensors`). What lands where (torch 2.13):
+
+    * FSDP2 (SRC_FSDP2_DEFAULT_STREAM): each parameter's padded shard (``ceil(dim0 / n)`` rows of its
+      TP-local tensor) in the sharded dtype (fp32 under mixed precision: the shards are the master
+      weights); the optimizer states and the step's temporaries on those shards; a unit's unsharded
+      parameters, one tensor per parameter, allocated by the copy-out in ``wait_for_unshard`` on the
+      current stream (the flat all-gather output is the copy-in stream's: StreamPools) and freed at its
+      reshard (after forward; after its backward); autograd's unsharded gradients in the parameter dtype;
+      at its ``post_backward`` the reshard, the previous unit's reduce-scatter input reclaimed
+      (``reduce_scatter_max_input_buffers = 1``), its own allocated in the reduce dtype (``world x`` the
+      padded shard: the sharded dtype, torchtitan ``mixed_precision_reduce = float32``) and the
+      gradients freed after the copy-in; the reduce-scatter output (the sharded ``.grad``) is the
+      reduce-scatter stream's; under torchao's float8 all-gather a converted Linear weight's unsharded
+      parameter is its 1-byte float8 data (its cast before the all-gather is the copy-in stream's). The
+      root unit (embeddings, final norm, head) is unsharded at the root's
+      pre-forward, resharded after the model's forward (before a loss computed outside it, as torchtitan
+      does), unsharded again by its pre-backward hook on the logits' gradient; its gradients stay
+      whole until its post-backward at the end (fsdp2.root_backward), the embedding's whole ``V x H`` under
+      TP (fsdp2.whole_embedding_grad); the final callback drops the last reduce-scatter input. Under
+      shard-grad-op (``reshard_after_forward=False``) the units stay unsharded from forward to backward.
+    * FSDP1 (SRC_FSDP1_DEFAULT_STREAM): one padded flat shard per unit (fp32) with its states; the
+      unsharded flat parameter is the unshard stream's (StreamPools); per unit the views' gradients, then
+      their concatenation into the padded flat gradient, which the post-backward hook reduces on its own
+      stream and frees.
+
+    Optimizer steps read the sharded gradients in place: no 16-bit gradient is replaced by an fp32 copy,
+    and zero_grad frees only side-stream blocks. Under ``loss_parallel`` (TP with the standard loss) the
+    loss's requests follow torch's handlers (:class:`~peakmem.formulas.step_sequence.StepTensors`
+    ``loss_parallel``); the layers' transients stay sums cut into pieces (:func:`split`): the estimate
+    does not list a TP layer's interior tensor by tensor."""
+    tech = st.tech
+    spec = tech.spec
+    n = par.shard_degree
+    shard_dt = tech.master or tech.weight
+    gather, grad = tech.weight.nbytes, tech.grad.nbytes
+    v2 = par.fsdp_version == 2
+
+    def local(tensors: Iterable[Tensor], in_layer: bool) -> list[mp.LocalTensor]:
+        return [mp.local_tensor(t, par, 1, in_layer=in_layer, vocab_size=spec.vocab_size) for t in tensors]
+
+    first = local((t for t in spec.outer if t.component in ("embeddings", "positions")), False)
+    last = local((t for t in spec.outer if t.component not in ("embeddings", "positions")), False)
+    per_layer = [local(spec.groups[i].layer.tensors, True) for i, _ in st.groups]
+    # FSDP2 float8 all-gather (torchao): a converted Linear weight's unsharded parameter is its 1-byte
+    # float8 data (activations/float8.py); its pre-all-gather cast runs inside foreach_all_gather's
+    # ``stream(all_gather_copy_in_stream)``, not on the default stream
+    fp8 = [
+        [setup.float8_all_gather and _f8.converted(spec, t) for t in spec.groups[i].layer.tensors]
+        for i, _ in st.groups
+    ]
+    root = first + last
+    if v2:
+        shards = [mp.cdiv(lt.dim0, n) * lt.rest for lt in root[: len(first)]]
+        shards += [mp.cdiv(lt.dim0, n) * lt.rest for c, per in zip(counts, per_layer, strict=True)
+                   for lt in per * c]  # fmt: skip
+        shards += [mp.cdiv(lt.dim0, n) * lt.rest for lt in last]
+    else:  # a flat shard per unit: the root's, then one per layer
+        flat_root = mp.cdiv(sum(lt.numel for lt in root), n)
+        units = [
+            sum(lt.numel for lt in per) for c, per in zip(counts, per_layer, strict=True) for _ in range(c)
+        ]
+        shards = [flat_root] + [mp.cdiv(u, n) for u in units]
+    shards = [k for k in shards if k > 0]
+    states = [r for r in tech.state_rows if r.params]
+    temps: list[int] = []
+    total = sum(shards)
+    for item in st.states.step:
+        if item.key in PER_PARAM_TEMPORARIES:  # rank_states sized them over the rank's shard
+            temps += [item.bytes * k // total for k in shards]
+        else:
+            temps += pieces((item,))
+    layers = []
+    for g, per, conv in zip(step.layers, per_layer, fp8, strict=True):
+        padded = sum(_padded(lt, n) for lt in per)
+        unshard = [
+            _f8.FP8 * _padded(lt, n) if c else gather(_padded(lt, n)) for lt, c in zip(per, conv, strict=True)
+        ]
+        layers.append(replace(
+            g, grads=tuple(grad(lt.numel) for lt in reversed(per) if lt.numel),
+            unshard=tuple(u for u in unshard if u) if v2 else (),
+            reduce_input=shard_dt.nbytes(padded) if v2 else 0,
+            flat_grad=0 if v2 else grad(n * mp.cdiv(sum(lt.numel for lt in per), n)),
+        ))  # fmt: skip
+    # FSDP2 + TP: the vocab-parallel embedding's gradient is written whole (fsdp2.whole_embedding_grad)
+    end = [grad(lt.numel) for lt in reversed(first)]
+    if end and st.states.embedding_grad_extra:
+        end[-1] += st.states.embedding_grad_extra
+    root_numel = sum(lt.numel for lt in root)
+    loss, gather_in, input_grad = _loss_parallel(parts, par, setup, logits_grad)
+    return replace(
+        step, weights=(*(shard_dt.nbytes(k) for k in shards), tech.buffers), masters=(),
+        states=tuple(r.bytes * k // r.params for k in shards for r in states), layers=tuple(layers),
+        head_grads=tuple(grad(lt.numel) for lt in reversed(last) if lt.numel), end_grads=tuple(end),
+        master_grads=(), step_temporaries=tuple(temps), grads_resident=False, sharded=True,
+        root_unshard=tuple(gather(_padded(lt, n)) for lt in root if lt.numel) if v2 else (),
+        root_reduce=shard_dt.nbytes(sum(_padded(lt, n) for lt in root)) if v2 else 0,
+        root_flat_grad=0 if v2 else grad(n * mp.cdiv(root_numel, n)),
+        keep_units=v2 and par.fsdp is FsdpMode.SHARD_GRAD_OP, loss_parallel=loss, head_gather=gather_in,
+        head_input_grad=input_grad,
+    )  # fmt: skip
+
+
+def _loss_parallel(
+    parts: Parts, par: Parallelism, setup: TrainingSetup, logits_grad: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The head's and the loss's requests on a TP rank under ``loss_parallel`` (the standard loss, whose
+    saved log-softmax output is a ``T x V/tp`` fp32 shard): ``pred`` (the rank's 16-bit logits, the
+    size of their gradient) and the fp32 shards of torch/distributed/tensor/parallel/loss.py; the SP
+    all-gather of the head input (model_parallel.sp_head_gather: the gathered buffer and the norm
+    output's shard) and the head's input gradient (model_parallel.tp_head_input_grad: a whole ``T x H``
+    partial sum, then its reduce-scatter under SP or all-reduce without). Empty without TP or for
+    another loss (fused, chunked, compiled: their own requests, kept as the one-GPU sequence sizes)."""
+    if par.tp == 1 or setup.loss is not LossImpl.STANDARD:
+        return (), (), ()
+    fp32 = sum(i.bytes for i in parts.head_items if i.key == "loss.log_softmax")
+    lm_in = sum(i.bytes for i in parts.head_items if i.key == "head.lm_head_input")
+    if not fp32 or not lm_in or not logits_grad:
+        return (), (), ()
+    shard = mp.cdiv(lm_in, par.tp) if par.sequence_parallel else lm_in
+    # pred: the rank's logits (the size of their gradient), then the fp32 shards
+    return (logits_grad, fp32), (lm_in, shard) if par.sequence_parallel else (), (lm_in, shard)
 
 
 # --- the items alive at an instant ----------------------------------------------------------------

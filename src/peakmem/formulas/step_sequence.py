@@ -31,6 +31,25 @@ after step 2. The order within a step follows the timeline of :mod:`.timeline`:
   ``set_to_none=False``) the first backward creates them and later ones add into them through a
   temporary per tensor.
 
+Multi-GPU: one FSDP rank (``StepTensors.sharded``; step_parts.py ``sharded_parts`` says, with torch
+2.13's files, which requests land on the default stream), written for its default stream only: a cached
+block serves only the stream that allocated it (c10/cuda/CUDACachingAllocator.cpp ``get_free_block``),
+so FSDP's side-stream buffers (all-gather outputs, reduce-scatter outputs: formulas/fsdp2.py
+``StreamPools``) are pools of their own, added beside this replay. The order then differs where FSDP
+acts: each layer unit's unsharded parameters around its forward and its backward (none under FSDP1,
+whose unsharded flat parameter is the unshard stream's); in backward its gradients, its post-backward
+(reshard, the previous unit's reduce-scatter input reclaimed, its own allocated, the gradients freed
+after the copy-in: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``,
+_fsdp_collectives.py ``foreach_reduce``; FSDP1: the views' gradients concatenated into the unit's flat
+gradient, which its post-backward stream reduces); the root unit (embeddings, final norm, head)
+unsharded around the model's forward and from the logits' gradient to the end of backward, its
+gradients whole until then. No gradient outlives backward on the default stream, so the optimizer
+reads none and zero_grad frees none of its blocks. Under TP's ``loss_parallel`` the loss follows
+torch/distributed/tensor/parallel/loss.py (torch 2.13): ``_log_softmax`` (the upcast copy, ``x - max``,
+``exp`` freed after its sum, the saved ``shifted - logsumexp``) and ``_nll_loss_and_log_softmax_backward``
+(``zeros_like(x)``, ``exp(x)``, their sum, the product with the output gradient), with torchtitan's
+``pred.float()`` and ``del pred`` before backward (torchtitan@9dec370 train.py).
+
 Pure Python, standard library only; O(events x log(free blocks)).
 """
 
@@ -51,6 +70,12 @@ class LayerTensors:
     forward_extra: tuple[int, ...] = ()  # momentary tensors in its forward, freed before its saved ones
     backward_extra: tuple[int, ...] = ()  # gradient temporaries (and recomputed tensors) of its backward
     grads: tuple[int, ...] = ()  # its weight gradients (one per parameter tensor)
+    # FSDP (``StepTensors.sharded``): the unit's unsharded parameters that the default stream holds from
+    # its unshard to its reshard, in forward and again in backward (FSDP2's per-parameter all-gather
+    # outputs; none under FSDP1, whose unsharded flat parameter lives on the unshard stream)
+    unshard: tuple[int, ...] = ()
+    reduce_input: int = 0  # FSDP2: its reduce-scatter input (kept until the next unit's post-backward)
+    flat_grad: int = 0  # FSDP1: the flat gradient that concatenates its gradients (split's backward)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,6 +106,21 @@ class StepTensors:
     step_temporaries: tuple[int, ...] = ()  # the optimizer step's temporaries, all alive together
     micro_batches: int = 1
     grads_resident: bool = False  # gradients outlive zero_grad (set_to_none=False or accumulation)
+    # FSDP (one rank, its default stream only; see "Multi-GPU" in the module doc): the gradients leave
+    # the default stream at each unit's post-backward (reduce-scattered into side-stream shards); the
+    # root unit (embeddings, final norm, head) with its unsharded parameters, reduce-scatter input
+    # (FSDP2) or flat gradient (FSDP1); layer units' parameters stay unsharded forward to backward
+    sharded: bool = False
+    root_unshard: tuple[int, ...] = ()
+    root_reduce: int = 0
+    root_flat_grad: int = 0
+    keep_units: bool = False  # FSDP2 reshard_after_forward=False (shard-grad-op)
+    # PyTorch TP's loss_parallel (torch/distributed/tensor/parallel/loss.py): (the rank's 16-bit logits,
+    # one fp32 T x V/tp shard), the SP all-gather buffer of the head input, and the head's input
+    # gradient as a whole T x H partial sum and its reduce-scattered shard
+    loss_parallel: tuple[int, ...] = ()
+    head_gather: tuple[int, ...] = ()
+    head_input_grad: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,7 +193,7 @@ _MEMO_MAX = 64
 
 
 def _requests(step: StepTensors, steps: int) -> tuple[object, ...]:
-    layers = tuple((g.count, g.saved, g.forward_extra, g.backward_extra, g.grads) for g in step.layers)
+    layers = tuple(tuple(getattr(g, f) for f in LayerTensors.__dataclass_fields__) for g in step.layers)
     return (steps, layers, *(getattr(step, f) for f in StepTensors.__dataclass_fields__ if f != "layers"))
 
 
@@ -189,24 +229,59 @@ def _replay(step: StepTensors, steps: int) -> Replayed:
 def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
     """The forward pass; returns the saved tensors' keys per layer (embedding first, head last)."""
     held = run.alloc(step.forward_held)
+    root = run.alloc(step.root_unshard)
     saved = [run.alloc(step.embed_saved)]
+    units: list[list[int]] = []  # shard-grad-op: the units kept unsharded until their backward
     for g in step.layers:
         for _ in range(g.count):
+            params = run.alloc(g.unshard)
             run.free(run.alloc(g.forward_extra))
             saved.append(run.alloc(g.saved))
+            if step.keep_units:
+                units.append(params)
+            else:
+                run.free(params)  # reshard after forward
     run.free(run.alloc(step.head_extra))
+    gather = run.alloc(step.head_gather)
     saved.append(run.alloc(step.head_saved))
-    extra = run.alloc(step.loss_extra)
-    saved.append(run.alloc(step.loss_saved))
-    run.free(extra)
+    run.free(gather)
+    if step.loss_parallel:
+        logits16, fp32 = step.loss_parallel
+        logits = run.alloc((logits16,))
+        run.free(root)  # the root's post-forward: the model returns the logits, the loss runs outside it
+        copy = run.alloc((fp32,))  # pred.float(); _log_softmax's x.to(float32) is then a no-op
+        shifted = run.alloc((fp32,))  # x - x_max
+        run.free(run.alloc((fp32,)))  # exp(shifted), freed after its sum
+        saved.append(run.alloc(step.loss_saved))  # shifted - logsumexp: log_softmax's saved output
+        run.free(shifted)
+        run.free(copy)
+        run.free(logits)  # torchtitan: del pred before backward
+    else:
+        extra = run.alloc(step.loss_extra)
+        run.free(root)
+        saved.append(run.alloc(step.loss_saved))
+        run.free(extra)
     run.free(held)
+    saved.append([k for p in units for k in p])
     return saved
 
 
-def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulate: bool) -> list[int]:
-    """The backward pass; returns the gradients it created (none when they accumulate into .grad)."""
-    loss_saved, head_saved = saved.pop(), saved.pop()
+def _loss_backward(run: _Run, step: StepTensors, loss_saved: list[int]) -> list[int]:
+    """The loss's backward; returns the gradient the head's backward reads."""
     loss: list[int] = []
+    if step.loss_parallel:  # _nll_loss_and_log_softmax_backward: (zeros_like(x) + exp(x)) * grad_output
+        logits16, fp32 = step.loss_parallel
+        zeros = run.alloc((fp32,))
+        exp = run.alloc((fp32,))
+        total = run.alloc((fp32,))
+        run.free(exp)
+        loss = run.alloc((fp32,))
+        run.free(total)
+        run.free(zeros)
+        run.free(loss_saved)  # log_softmax's backward is grad_output.to(float32): its saved output goes
+        new = run.alloc((logits16,))  # the .float() upcast's backward: the logits' 16-bit gradient
+        run.free(loss)
+        return new
     for i, nbytes in enumerate(step.loss_grads):
         new = run.alloc((nbytes,))
         run.free(loss)
@@ -214,22 +289,64 @@ def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulat
         if i == 1:  # log_softmax's backward ran: its saved output goes
             run.free(loss_saved)
     run.free(loss_saved)
+    return loss
+
+
+def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulate: bool) -> list[int]:
+    """The backward pass; returns the gradients it created (none when they accumulate into .grad, or
+    leave the default stream at FSDP's post-backward)."""
+    units = saved.pop()  # shard-grad-op: every layer unit's unsharded parameters, in forward order
+    loss_saved, head_saved = saved.pop(), saved.pop()
+    loss = _loss_backward(run, step, loss_saved)
+    root = run.alloc(step.root_unshard)  # the root's pre-backward, on the logits' gradient
     created = _grads(run, step.head_grads, accumulate)
     held = run.alloc((step.tied_hold,))
+    whole = run.alloc(step.head_input_grad[:1])  # TP: the head's input gradient, a partial sum
     run.free(loss)
+    run.free(run.alloc(step.head_input_grad[1:]))  # its reduce-scatter (SP) or all-reduce output
+    run.free(whole)
     run.free(head_saved)
+    reduce: list[int] = []  # FSDP2: the last unit's reduce-scatter input
     for g in reversed(step.layers):
         for _ in range(g.count):
+            if step.keep_units:  # reshard_after_forward=False: unsharded since forward
+                params, units = units[len(units) - len(g.unshard) :], units[: len(units) - len(g.unshard)]
+            else:
+                params = run.alloc(g.unshard)
             tmp = run.alloc(g.backward_extra)
-            created += _grads(run, g.grads, accumulate)
+            grads = _grads(run, g.grads, accumulate)
             run.free(tmp)
             run.free(saved.pop())
+            if not step.sharded:
+                created += grads
+                continue
+            grads = _flat(run, g.flat_grad, grads)
+            run.free(params)  # post_backward: reshard, reclaim the previous input, reduce
+            run.free(reduce)
+            reduce = run.alloc((g.reduce_input,))
+            run.free(grads)
     contribution = run.alloc((step.tied_hold,))
     created += _grads(run, step.end_grads, accumulate)
     run.free(contribution)
     run.free(held)
     run.free(saved.pop())
-    return created
+    if not step.sharded:
+        return created
+    created = _flat(run, step.root_flat_grad, created)
+    run.free(root)
+    run.free(reduce)
+    run.free(run.alloc((step.root_reduce,)))  # the final callback drops the last input
+    run.free(created)
+    return []
+
+
+def _flat(run: _Run, nbytes: int, grads: list[int]) -> list[int]:
+    """FSDP1: a unit's gradients concatenated into its flat gradient (the views' split backward)."""
+    if not nbytes:
+        return grads
+    flat = run.alloc((nbytes,))
+    run.free(grads)
+    return flat
 
 
 def _grads(run: _Run, sizes: tuple[int, ...], accumulate: bool) -> list[int]:
