@@ -1,6 +1,7 @@
 """What the engine-log benchmarks share (cuda_graphs.py, spec_decode.py, lora_slots.py): each JSON file's
 cases were split into a fitting set and a held-out set before any estimate, each script prints a row per
-case (fitting set first) and then, per set, how many agree with the log within :data:`GOAL`."""
+case (fitting set first) and then, per set, how many agree with the log within :data:`GOAL`, and the
+held-out count without the cases examined after a miss."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def within_lines(errors: Iterable[tuple[str, float]]) -> list[str]:
         counts[name][0] += abs(err) <= GOAL
         counts[name][1] += 1
     return [f"{name}: {ok} of {n} within {GOAL:.0%}" for name, (ok, n) in counts.items()]
+
+
+def unseen_lines(errors: Iterable[tuple[str, str, float]], examined: list[str]) -> list[str]:
+    """The held-out summary without the cases examined after a miss (flag E, the JSON's
+    ``examined_after_miss``), for (set, id, relative error) triples; none when there are none."""
+    if not examined:
+        return []
+    kept = [(name, err) for name, case_id, err in errors if name == "held_out" and case_id not in examined]
+    (line,) = [line for line in within_lines(kept) if line.startswith("held_out")]
+    return [f"examined after a miss (flag E): {', '.join(examined)}; the other held-out cases: "
+            f"{line.removeprefix('held_out: ')}"]  # fmt: skip

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _logs import fit_first, within_lines
+from _logs import fit_first, unseen_lines, within_lines
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import PER_GRAPH_BYTES, allreduces_per_forward
@@ -106,7 +106,7 @@ def main() -> int:
     errors, examined = [], []
     for case, log, got, how in rows():
         err = got / log - 1
-        errors.append((case["set"], err))
+        errors.append((case["set"], case["id"], err))
         flags = "E" if case.get("examined_after_miss") else ""
         if flags:
             examined.append(case["id"])
@@ -114,20 +114,9 @@ def main() -> int:
         engine = f"{case['engine']} {case['version']} tp{case.get('tp', 1)}"
         print(f"| {case['set']} | {case['id']} | {model} | {engine} | {case['what']} | {how} | "
               f"{log / MiB:.0f} MiB | {got / MiB:.0f} MiB | {100 * err:+.0f}% | {flags} |")  # fmt: skip
-    print("\n".join(within_lines(errors)))
-    print("\n".join(unseen_lines(rows(), examined)))
+    print("\n".join(within_lines((name, err) for name, _, err in errors)))
+    print("\n".join(unseen_lines(errors, examined)))
     return 0
-
-
-def unseen_lines(table: list[tuple[dict[str, Any], int, int, str]], examined: list[str]) -> list[str]:
-    """The held-out summary without the cases examined after a miss (flag E); none when there are none."""
-    if not examined:
-        return []
-    errors = [(c["set"], got / log - 1) for c, log, got, _ in table
-              if c["set"] == "held_out" and c["id"] not in examined]  # fmt: skip
-    (line,) = [line for line in within_lines(errors) if line.startswith("held_out")]
-    return [f"examined after a miss (flag E): {', '.join(examined)}; the other held-out cases: "
-            f"{line.removeprefix('held_out: ')}"]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ figure, peakmem's, and the error, fitting set first:
 * ``draft_weights_delta``: the difference of two "Model loading took" lines of one setup run without and with
   the draft (the draft's weights alone) against ``draft_weight_bytes``;
 * ``draft_load``: SGLang's draft worker "Load weight end. type=... mem usage=X GB" (``free_gpu_memory / (1 <<
-  30)``, so GiB) against ``draft_weight_bytes``;
+  30)``, so GiB) against ``draft_weight_bytes`` plus ``sglang_draft_load_copies_bytes`` (the draft's own
+  embedding and head, alive until ``set_embed_and_head``: formulas/serving/sglang_spec.py);
 * ``kv_tokens``: vLLM V1's "GPU KV cache size: N tokens" given the logged "Available KV cache memory: X GiB".
   vLLM reports ``max_concurrency x max_model_len`` (vllm/v1/core/kv_cache_utils.py
   ``_report_kv_cache_config``, as quoted in vllm-project/vllm issue #51041), the concurrency being the pool
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import peakmem
-from _logs import fit_first, within_lines
+from _logs import fit_first, unseen_lines, within_lines
 from peakmem.formulas.serving.speculative import D2T_BYTES
 from peakmem.units import GiB
 
@@ -92,8 +93,11 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
     draft, what = int(out["draft_weight_bytes"]), case["what"]
     if what == "model_loading":
         return int(out["weight_bytes"]) + draft, f"target {int(out['weight_bytes']) / GiB:.2f} GiB + draft"
-    if what in ("draft_weights_delta", "draft_load"):
+    if what == "draft_weights_delta":
         return draft, "draft weights"
+    if what == "draft_load":  # SGLang logs it before set_embed_and_head frees the draft's own copies
+        copies = int(out.get("sglang_draft_load_copies_bytes", 0))
+        return draft + copies, f"draft weights + {copies / GiB:.2f} GiB own embedding/head"
     if what == "kv_tokens":
         context, available = int(case["context"]), int(case["available_kv_gib"] * GiB)
         per_token = int(out["kv_bytes_per_token"]) + int(out["draft_kv_bytes_per_token"])
@@ -120,18 +124,22 @@ def shapes(case: dict[str, Any]) -> str:
 
 def main() -> int:
     data = json.loads(LOGS.read_text())
-    print("| set | case | model | draft | what | log | peakmem | error | draft config |")
-    print("|---|---|---|---|---|---:|---:|---:|---|")
-    errors = []
+    print("| set | case | model | draft | what | log | peakmem | error | draft config | flags |")
+    print("|---|---|---|---|---|---:|---:|---:|---|---|")
+    errors, examined = [], []
     for case in fit_first(data["cases"], lambda c: c["id"]):
         log = logged(case)
         got, how = predicted(case)
         err = got / log - 1
-        errors.append((case["set"], err))
+        errors.append((case["set"], case["id"], err))
+        if case.get("examined_after_miss"):
+            examined.append(case["id"])
         figures = f"{shown(case, log)} | {shown(case, got)} | {100 * err:+.1f}%"
+        flag = "E" if case["id"] in examined else ""
         print(f"| {case['set']} | {case['id']} | {case['model']} | {case['engine']} {case['draft_method']} | "
-              f"{case['what']} ({how}) | {figures} | {shapes(case)} |")  # fmt: skip
-    print("\n".join(within_lines(errors)))
+              f"{case['what']} ({how}) | {figures} | {shapes(case)} | {flag} |")  # fmt: skip
+    print("\n".join(within_lines((name, err) for name, _, err in errors)))
+    print("\n".join(unseen_lines(errors, examined)))
     print(f"not compared: {len(data.get('not_compared', []))} (reasons in spec_decode_logs.json)")
     return 0
 

@@ -87,3 +87,32 @@ def test_default_fraction_reserves_for_the_draft() -> None:
     assert "sglang_pool_tokens" not in estimate_inference(tiny(), ngram).extra
     with pytest.raises(InputError, match=r"^num_speculative_tokens="):
         InferenceSetup(engine="sglang", context=1024, draft=_draft())
+
+
+def test_mtp_and_eagle3_drafts_load_their_own_embedding_first() -> None:
+    """SGLang builds an MTP / EAGLE draft with its own embedding and head (EAGLE-3: the embedding; its
+    draft-vocabulary head stays) and points them at the target's only after the draft worker's weights
+    and KV pool exist (eagle_worker.py set_embed_and_head): by hand on tiny() (vocabulary 128, already a
+    multiple of 64; hidden 64; bf16), per tensor-parallel rank; before the budgeted release they add to
+    what launch allocates past mem_fraction_static."""
+    from peakmem.formulas.serving.speculative import mtp_draft_spec
+
+    target = tiny(max_pos=2048)
+    mtp = Draft(name="mtp", spec=mtp_draft_spec(target, 1), method="mtp")
+    copy = 128 * 64 * 2  # one vocab x hidden bf16 tensor
+    old, new = (estimate_inference(target, _sglang(v, draft=mtp, num_speculative_tokens=K)).extra
+                for v in ("0.5", "0.6"))  # fmt: skip
+    assert old["sglang_draft_load_copies_bytes"] == new["sglang_draft_load_copies_bytes"] == 2 * copy
+    without = old["sglang_beyond_budget_bytes"] - 2 * copy  # the same launch with the copies left out
+    assert without == (HEADROOM * (TARGET_CELL + DRAFT_CELL * 2)  # the MTP layer's cell: 2 KV heads
+                       + old["draft_weight_bytes"] + old["sglang_pool_tokens"] * DRAFT_CELL * 2)  # fmt: skip
+    assert new["sglang_beyond_budget_bytes"] == HEADROOM * (TARGET_CELL + DRAFT_CELL * 2)  # inside the budget
+    tp2 = estimate_inference(target, _sglang("0.5", draft=mtp, num_speculative_tokens=K, tp=2)).extra
+    assert tp2["sglang_draft_load_copies_bytes"] == copy  # vocabulary-parallel: half a copy each, twice
+    eagle3 = Draft(name="e3", spec=_draft().spec, method="eagle3", draft_vocab_size=32)
+    e3 = estimate_inference(target, _sglang("0.5", draft=eagle3, num_speculative_tokens=K)).extra
+    assert e3["sglang_draft_load_copies_bytes"] == 128 * 32 * 2  # its embedding only (hidden 32)
+    assert (
+        "sglang_draft_load_copies_bytes"
+        not in estimate_inference(target, _sglang("0.5", draft=_draft(), num_speculative_tokens=K)).extra
+    )  # a separate draft model keeps its own

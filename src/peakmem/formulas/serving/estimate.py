@@ -20,6 +20,7 @@ from peakmem.formulas.serving.generate import generate_memory
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
 from peakmem.formulas.serving.paged import paged_memory
 from peakmem.formulas.serving.parallel import deployment_estimate
+from peakmem.formulas.serving.sglang_spec import load_copies_bytes
 from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
 from peakmem.inference import Engine, InferenceSetup, Scheme
@@ -113,6 +114,8 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         "per_rank": setup.tp > 1,
         "weight_bytes": sum(rw.bytes for rw in rows),
         **draft_extra(c),
+        # SGLang: the draft's own embedding/head alive from its load to set_embed_and_head (sglang_spec.py)
+        **({"sglang_draft_load_copies_bytes": copies} if (copies := load_copies_bytes(c)) else {}),
         **r.extra,
     }
     assumptions = (

@@ -28,17 +28,21 @@ Read in sgl-project/sglang ``python/sglang/srt/model_executor/model_runner.py`` 
 peakmem maps ``--num-speculative-tokens K`` to a chain: ``speculative_num_steps K``,
 ``speculative_eagle_topk 1``, ``speculative_num_draft_tokens K + 1``. Not modelled: SGLang's draft
 CUDA graphs and its EAGLE buffers (``hidden_states`` of ``3 x target_hidden`` for EAGLE-3 in the
-draft's graph runner), trees with topk > 1, and the MTP draft worker's load-time copies of the embedding
-and head: ``Qwen3_5ForCausalLMMTP`` (python/sglang/srt/models/qwen3_5_mtp.py) builds its own
-``embed_tokens`` and ``lm_head``, which ``set_embed_and_head`` frees only after the draft worker's
-``TpModelWorker.__init__`` (weights and KV pool) has run (speculative/eagle_worker.py), so the draft's
-"Load weight end ... mem usage" reads 5.53 GiB on a 248,320 x 5,120 vocabulary against peakmem's 0.79 GiB
-of shared-head MTP layer (benchmarks/spec_decode_logs.json, a held-out case: reported, not fitted).
+draft's graph runner), and trees with topk > 1.
+
+**The draft's load-time copies** (:func:`load_copies_bytes`): an EAGLE / EAGLE-3 / MTP draft is built
+with its own embedding (and, but for EAGLE-3, head), which ``set_embed_and_head`` frees only after the
+draft worker's ``TpModelWorker.__init__`` (weights and KV pool) has run (speculative/eagle_worker.py).
+Before the budgeted release they come on top of everything past mem_fraction_static at launch; after it,
+whether the profile sees them is not read (a note says so). Found after peakmem missed a held-out log
+(benchmarks/spec_decode_logs.json: ``Qwen3_5ForCausalLMMTP``'s "Load weight end ... mem usage" 5.53 GiB
+on a 248,320 x 5,120 vocabulary against 0.79 GiB counted), then read in SGLang's source; nothing fitted.
 """
 
 from __future__ import annotations
 
 from peakmem.formulas.serving.context import ServingContext, cache_bytes
+from peakmem.formulas.serving.eagle import EAGLE3
 from peakmem.formulas.serving.speculative import draft_cache_bytes
 from peakmem.inference import Engine
 
@@ -48,6 +52,11 @@ SGLANG_DRAFT_BUDGETED_FROM = (0, 6)
 SGLANG_SPEC_MAX_RUNNING_REQUESTS = 48
 SGLANG_DRAFT_CACHE_BUFFER = 100  # draft_runner_cache_size's "+ 100" ("buffer")
 SGLANG_EAGLE_TOPK = 1  # peakmem's chain: speculative_eagle_topk
+# The drafts whose embedding (and head) SGLang points at the target's after loading their own
+# (eagle_worker.py: set_embed_and_head, or set_embed for EAGLE-3)
+SGLANG_SHARED_METHODS = ("eagle", EAGLE3, "mtp")
+# layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE (as vLLM's)
+SGLANG_VOCAB_PADDING = 64
 
 
 def draft_outside_budget(c: ServingContext) -> bool:
@@ -71,6 +80,23 @@ def headroom_tokens(c: ServingContext) -> int:
     return reqs * k * SGLANG_EAGLE_TOPK + reqs * (k + 1) + SGLANG_DRAFT_CACHE_BUFFER
 
 
+def load_copies_bytes(c: ServingContext) -> int:
+    """The draft's own embedding and head SGLang allocates at load and frees once the draft worker's
+    ``TpModelWorker.__init__`` (its weights, then its KV pool) has run: ``set_embed_and_head`` /
+    ``set_embed`` then point the draft at the target's (speculative/eagle_worker.py; the MTP models,
+    e.g. models/qwen3_5_mtp.py and deepseek_nextn.py, build ``embed_tokens`` and ``lm_head`` of the full
+    vocabulary; llama_eagle3.py its ``embed_tokens``, keeping its own ``draft_vocab_size`` head). Both
+    are vocabulary-parallel (``VocabParallelEmbedding`` / ``ParallelLMHead``: the vocabulary padded to
+    :data:`SGLANG_VOCAB_PADDING`, split over tp) in the model dtype. 0 without an SGLang EAGLE / EAGLE-3 /
+    MTP draft (a separate draft model keeps its own)."""
+    s, d = c.setup, c.setup.draft
+    if s.engine is not Engine.SGLANG or d is None or d.spec is None or d.method not in SGLANG_SHARED_METHODS:
+        return 0
+    vocab = -(-d.spec.vocab_size // SGLANG_VOCAB_PADDING) * SGLANG_VOCAB_PADDING
+    copies = 1 if d.method == EAGLE3 else 2  # EAGLE-3: the embedding only
+    return copies * -(-vocab // s.tp) * d.spec.hidden_size * c.act_bytes
+
+
 def sglang_draft_figures(c: ServingContext, pool_bytes: int, draft_weight_bytes: int) -> dict[str, int]:
     """What an SGLang draft adds around a KV pool of ``pool_bytes`` (the target's alone before
     :data:`SGLANG_DRAFT_BUDGETED_FROM`, target + draft after): the pool's tokens, the headroom tokens,
@@ -85,8 +111,9 @@ def sglang_draft_figures(c: ServingContext, pool_bytes: int, draft_weight_bytes:
     tokens = pool_bytes // max(1, cell)
     extra = headroom_tokens(c)
     beyond = extra * (target_cell + draft_cell)
-    if outside:
-        beyond += draft_weight_bytes + tokens * draft_cell
+    copies = load_copies_bytes(c)
+    if outside:  # at launch: the draft's weights, the load-time copies beside them, its whole pool
+        beyond += draft_weight_bytes + copies + tokens * draft_cell
     return {
         "sglang_pool_tokens": tokens,
         "sglang_draft_headroom_tokens": extra,
@@ -111,6 +138,15 @@ def sglang_draft_notes(c: ServingContext, figures: dict[str, int], budget: int) 
     if draft_outside_budget(c):
         notes.append("SGLang before the draft was budgeted (sglang PR #23862, #28855): the draft's weights "
                      "and whole KV pool are allocated past mem_fraction_static")  # fmt: skip
+    copies = load_copies_bytes(c)
+    if copies:
+        where = (
+            "past mem_fraction_static with the rest"
+            if draft_outside_budget(c)
+            else ("inside the budget where the profile sees them (not modelled)")
+        )
+        notes.append(f"the draft's own embedding/head ({copies} B) exist from its load until "
+                     f"set_embed_and_head, after its KV pool is allocated: {where}")  # fmt: skip
     if budget + beyond > gpu:
         over = budget + beyond - gpu
         notes.append(f"does not launch: mem_fraction_static's budget and the draft's {beyond} B exceed the "
