@@ -120,7 +120,7 @@ def plan(
     require(gb >= 1, "global_batch", gb, "must be a positive integer")
     per_node = DEFAULT_GPUS_PER_NODE
     families = _plan_families()
-    trainable = est(replace(setup, micro_batch=1, grad_accum=1))
+    trainable = est(where_it_acts(replace(setup, micro_batch=1, grad_accum=1), None))
     trainable_params = trainable.estimate.trainable_params if trainable is not None else spec.params
 
     # 1. score every layout with the time model (arithmetic only)
@@ -313,7 +313,7 @@ def _time_engine(engine: str, dp: int) -> str:
 
 
 def _plan_fits(est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parallelism, cap: int) -> bool:
-    s = replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt)
+    s = where_it_acts(replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt), par)
     return est.fits(s, par, cap)
 
 

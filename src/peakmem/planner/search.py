@@ -121,7 +121,6 @@ class _Estimator:
         self.floor_memo: dict[tuple[TrainingSetup, Parallelism | None], int | None] = {}
 
     def __call__(self, setup: TrainingSetup, par: Parallelism | None = None) -> _Result | None:
-        setup = where_it_acts(setup, par)
         key = (setup, par)
         if key in self.memo:
             return self.memo[key]
@@ -161,7 +160,6 @@ class _Estimator:
     def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
         reserved's device total on one GPU, before any replay; the answer itself otherwise."""
-        setup = where_it_acts(setup, par)
         key = (setup, par)
         if self.floor is None or par is not None or key in self.memo:
             r = self(setup, par)
@@ -189,8 +187,9 @@ class _Estimator:
 
 
 def where_it_acts(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetup:
-    """The setup a layout runs: torchao's float8 all-gather acts through FSDP2's hooks only
-    (torchao float8 fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), so on a
+    """The setup a layout the search proposes runs (plan's layouts, fit's layout changes; the user's own
+    layout keeps the flag and its one-line error): torchao's float8 all-gather acts through FSDP2's hooks
+    only (torchao float8 fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), so on a
     layout that does not shard with FSDP2 the flag changes nothing and is dropped."""
     if setup.float8_all_gather and (par is None or par.fsdp is FsdpMode.NONE or par.fsdp_version != 2):
         return replace(setup, float8_all_gather=False)
@@ -253,6 +252,7 @@ def _apply(base: _Config, opt: _Option) -> _Config | None:
                 if _value(getattr(cur, name)) != _value(value):
                     changes.append(Change(field=name, old=_value(getattr(cur, name)), new=_value(value)))
             par = replace(cur, **fields)
+            setup = where_it_acts(setup, par)  # a layout the search proposes, not the user's
     except InputError:
         return None
     return _Config(setup=setup, par=par, changes=tuple(changes), labels=(*base.labels, opt.label),
