@@ -111,6 +111,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     }
     if draft_w is not None:
         extra["draft_kv_needed_bytes"] = draft_needed
+    if hybrid is not None:
+        extra.update(vllm_hybrid_block_size=hybrid.block, vllm_mamba_page_bytes=hybrid.mamba_page,
+                     vllm_mamba_page_padding_pct=round(hybrid.padding_pct, 2))  # fmt: skip
     if s.prefix_tokens:
         extra.update(prefix_tokens=s.prefix_tokens, prefix_shared_tokens=share.shared_tokens,
                      prefix_shared_kv_bytes=shared)  # fmt: skip
@@ -192,9 +195,6 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         notes.extend(sglang_draft_notes(c, figures, budget))
         if s.prefix_tokens:
             extra["max_concurrent_without_prefix_sharing"] = kv_pool // in_pool if in_pool else 0
-        if hybrid is not None:
-            extra.update(vllm_hybrid_block_size=hybrid.block, vllm_mamba_page_bytes=hybrid.mamba_page,
-                         vllm_mamba_page_padding_pct=round(hybrid.padding_pct, 2))  # fmt: skip
         extra.update(
             kv_pool_bytes=kv_pool,
             kv_pool_blocks=kv_pool // max(1, block_bytes),
