@@ -86,6 +86,10 @@ def test_hybrid_block_rules() -> None:
     block = vllm_hybrid_block(state, attention_token_bytes=1024, block_size=16)
     assert block.block == 544 and f"{block.padding_pct:.2f}" == "1.49"
     assert block.state_per_sequence == 2 * 544 * 1024
+    # speculative decoding: 1 + num_speculative_tokens pages per stateful layer (MambaSpec
+    # num_speculative_blocks, mamba_cache_mode "none")
+    spec2 = vllm_hybrid_block(state, attention_token_bytes=1024, block_size=16, spec_blocks=2)
+    assert spec2.state_per_sequence == 3 * 2 * 544 * 1024
     # a larger block asked for stays (vLLM overrides only a smaller one)
     assert vllm_hybrid_block(state, attention_token_bytes=1024, block_size=1024).block == 1024
     # no attention layer: the state unpadded

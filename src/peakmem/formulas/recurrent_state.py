@@ -177,7 +177,7 @@ class HybridBlock:
     block: int  # attention tokens per page
     mamba_page: int  # one layer's conv + temporal bytes, one sequence
     page: int  # the padded page: what each stateful layer holds per sequence
-    state_per_sequence: int  # page x stateful layers
+    state_per_sequence: int  # page x stateful layers x pages per layer (1 + speculative blocks)
 
     @property
     def padding_pct(self) -> float:
@@ -185,17 +185,27 @@ class HybridBlock:
         return 100 * (self.page - self.mamba_page) / self.mamba_page if self.mamba_page else 0.0
 
 
-def vllm_hybrid_block(state: StateBytes, *, attention_token_bytes: int, block_size: int) -> HybridBlock:
+def vllm_hybrid_block(
+    state: StateBytes, *, attention_token_bytes: int, block_size: int, spec_blocks: int = 0
+) -> HybridBlock:
     """The pages of a hybrid model in vLLM V1: ``block = 16 x ceil(mamba_page / (16 x attention
     token bytes))`` when the asked ``block_size`` is smaller, every stateful layer's state padded to one
-    attention page. A model without attention layers keeps its states unpadded (MambaSpec alone)."""
+    attention page. A model without attention layers keeps its states unpadded (MambaSpec alone).
+    ``spec_blocks``: MambaSpec ``num_speculative_blocks`` (= num_speculative_tokens): a request holds
+    ``1 + spec_blocks`` pages per stateful layer (vllm/v1/kv_cache_interface.py
+    ``MambaSpec.max_memory_usage_bytes``, mamba_cache_mode "none"; "align", prefix caching's, holds
+    ``2 + spec_blocks``: not modelled)."""
     require(block_size > 0, "block_size", block_size, "must be positive")
+    require(spec_blocks >= 0, "num_speculative_tokens", spec_blocks, "must be >= 0")
+    pages = 1 + spec_blocks
     mamba_page = state.largest_layer
     if not attention_token_bytes or not mamba_page:
         return HybridBlock(block=block_size, mamba_page=mamba_page, page=mamba_page,
-                           state_per_sequence=state.total)  # fmt: skip
+                           state_per_sequence=state.total * pages)  # fmt: skip
     align = VLLM_HYBRID_BLOCK_ALIGNMENT
     needed = align * -(-mamba_page // (align * attention_token_bytes))
     block = max(block_size, needed)
     page = block * attention_token_bytes
-    return HybridBlock(block=block, mamba_page=mamba_page, page=page, state_per_sequence=page * state.layers)
+    return HybridBlock(
+        block=block, mamba_page=mamba_page, page=page, state_per_sequence=page * state.layers * pages
+    )

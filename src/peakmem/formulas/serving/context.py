@@ -181,14 +181,19 @@ def largest_layer_kv(c: ServingContext, tokens: int, batch: int) -> int:
     )
 
 
+def _vllm_spec_tokens(c: ServingContext) -> int:
+    """vLLM's num_speculative_tokens when a draft is set (0 otherwise, and for other engines)."""
+    s = c.setup
+    return (s.num_speculative_tokens or 0) if s.engine is Engine.VLLM and s.draft is not None else 0
+
+
 def serving_state(c: ServingContext) -> StateBytes:
     """One sequence's recurrent state on one rank as ``c``'s engine allocates it
     (formulas/recurrent_state.py ``engine_state``: transformers' cache for HF and llama.cpp; vLLM's and
     SGLang's own shapes and dtypes); vLLM's conv window grows by the speculative tokens."""
     s = c.setup
-    spec_tokens = (s.num_speculative_tokens or 0) if s.engine is Engine.VLLM and s.draft is not None else 0
     return engine_state(
-        c.spec, s.engine, act_bytes=c.act_bytes, tp=s.layout.attention_tp, spec_tokens=spec_tokens
+        c.spec, s.engine, act_bytes=c.act_bytes, tp=s.layout.attention_tp, spec_tokens=_vllm_spec_tokens(c)
     )
 
 
@@ -221,8 +226,12 @@ def hybrid_block(c: ServingContext) -> HybridBlock | None:
     state = serving_state(c)
     if not state.total:
         return None
-    return vllm_hybrid_block(state, attention_token_bytes=attention_token_bytes(c),
-                             block_size=c.setup.effective_block_size)  # fmt: skip
+    return vllm_hybrid_block(
+        state,
+        attention_token_bytes=attention_token_bytes(c),
+        block_size=c.setup.effective_block_size,
+        spec_blocks=_vllm_spec_tokens(c),
+    )
 
 
 def state_per_sequence(c: ServingContext) -> int:
