@@ -196,7 +196,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         if s.prefix_tokens:
             extra["max_concurrent_without_prefix_sharing"] = kv_pool // in_pool if in_pool else 0
         extra.update(
-            kv_pool_bytes=kv_pool,
+            kv_pool_bytes=pool,  # SGLang: its token pool and its MambaPool (mamba_pool_bytes) together
             kv_pool_blocks=kv_pool // max(1, block_bytes),
             max_concurrent_sequences=concurrent,
             memory_budget_bytes=budget,
