@@ -73,7 +73,6 @@ class StateBytes:
     temporal: int  # the SSM / delta-rule (scan) states of every stateful layer
     layers: int  # how many layers keep a state
     largest_layer: int  # the largest one layer's conv + temporal bytes (vLLM's MambaSpec page)
-    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("conv", "temporal", "layers", "largest_layer"):
@@ -121,7 +120,6 @@ def engine_state(
     ``num_speculative_tokens`` (the conv window grows by it). Engines other than vLLM and SGLang keep
     transformers' cache (HF, and llama.cpp's per-sequence state as counted so far)."""
     conv = temporal = layers = largest = 0
-    unknown_window = False
     serving = engine in (Engine.VLLM, Engine.SGLANG)
     conv_bytes = SGLANG_CONV_BYTES if engine is Engine.SGLANG else act_bytes
     temporal_bytes = temporal_dtype(spec, engine, act_bytes=act_bytes, ssm_dtype=ssm_dtype) if serving else 0
@@ -133,26 +131,19 @@ def engine_state(
             layer_conv = -(-info.state_elements // tp) * act_bytes
             layer_temporal = -(-info.state_fp32_elements // tp) * FP32_BYTES
         else:
+            # conv_kernel 0: the model-dtype state is no conv window (MiniMax's lightning-attention
+            # state: vLLM linear_attention_state_shape, in the model dtype) and is kept whole
             elements = info.state_elements
             if info.conv_kernel:
                 window = info.conv_kernel - 1 + (spec_tokens if engine is Engine.VLLM else 0)
                 elements = info.state_elements // info.conv_kernel * window
-            elif info.state_elements:
-                unknown_window = True
             layer_conv = -(-elements // tp) * conv_bytes
             layer_temporal = -(-info.state_fp32_elements // tp) * temporal_bytes
         conv += g.count * layer_conv
         temporal += g.count * layer_temporal
         layers += g.count
         largest = max(largest, layer_conv + layer_temporal)
-    notes: tuple[str, ...] = ()
-    if unknown_window:
-        notes = (
-            "recurrent state: the conv window was not recorded for this derived spec (derived before it "
-            "was); the conv state is counted with transformers' conv_kernel inputs, one more than "
-            f"{engine.value} keeps",
-        )
-    return StateBytes(conv=conv, temporal=temporal, layers=layers, largest_layer=largest, notes=notes)
+    return StateBytes(conv=conv, temporal=temporal, layers=layers, largest_layer=largest)
 
 
 def state_bytes_per_sequence(spec: ModelSpec, *, act_bytes: int, tp: int = 1) -> int:

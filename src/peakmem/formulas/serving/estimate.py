@@ -19,7 +19,6 @@ from peakmem.formulas.serving.context import (
     ServingContext,
     check_layout,
     resolve_context,
-    serving_state,
     state_per_sequence,
 )
 from peakmem.formulas.serving.generate import generate_memory
@@ -134,7 +133,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         assumptions += (checkpoint,)
     state_seq = state_per_sequence(c)
     if state_seq:
-        assumptions += (_state_note(c, state_seq), *serving_state(c).notes)
+        assumptions += (_state_note(c, state_seq),)
     if setup.tp > 1:
         assumptions += (
             f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "
