@@ -15,16 +15,18 @@ from that cache, measured once per derived spec (:class:`~peakmem.model.DerivedB
 
 The serving engines allocate the same two tensors with other shapes and dtypes (:func:`engine_state`):
 
-* **vLLM** (``vllm/model_executor/layers/mamba/mamba_utils.py`` at 2afe1e85, ``MambaStateShapeCalculator``
+* **vLLM** (``vllm/model_executor/layers/mamba/mamba_utils.py`` at 02d71083, ``MambaStateShapeCalculator``
   ``mamba1/mamba2/gated_delta_net/kda/short_conv_state_shape``): the conv state keeps ``conv_kernel - 1``
   inputs (``+ num_spec`` with speculative decoding, Mamba-2 / GDN / KDA); ``MambaStateDtypeCalculator
   ._mamba_state_dtype``: the conv state in ``mamba_cache_dtype`` ("auto" = the model dtype), the temporal
   (SSM / delta-rule) state in ``mamba_ssm_cache_dtype``, whose "auto" is the conv state's dtype - so the
   model dtype, not fp32 - unless a per-model hook sets it (``vllm/model_executor/models/config.py``
-  ``MODELS_CONFIG_MAP``: ``Qwen3_5ForConditionalGenerationConfig`` takes the config's ``mamba_ssm_dtype``;
-  ``NemotronHForCausalLMConfig`` the config's ``mamba_ssm_cache_dtype``, else float32). The pool holds one
-  state per running request per layer as a page of the hybrid KV-cache manager, padded to the attention
-  page (:func:`vllm_hybrid_block`).
+  ``MODELS_CONFIG_MAP`` on vLLM main of 2026, the copy with DeepseekV4 / Gemma4 entries, read without its
+  commit: ``Qwen3_5ForConditionalGenerationConfig`` takes the config's ``mamba_ssm_dtype``;
+  ``NemotronHForCausalLMConfig`` the config's ``mamba_ssm_cache_dtype``, else float32; at 1936cf38
+  (late 2025) neither hook existed: Qwen3.5 then kept "auto"). The pool holds one state per running
+  request per layer as a page of the hybrid KV-cache manager, padded to the attention page
+  (:func:`vllm_hybrid_block`; the rule read at 1936cf38).
 * **SGLang** (``python/sglang/srt/configs/mamba_utils.py`` at 02e208de, ``Mamba2StateShape.create``,
   ``mamba2_state_dtype``, ``BaseLinearStateParams.mamba_cache_per_req``): conv ``(conv_dim, conv_kernel -
   1)`` in bf16 (``SGLANG_MAMBA_CONV_DTYPE``, default bfloat16), the temporal state in fp32 unless the

@@ -310,9 +310,9 @@ def _lora_item(c: ServingContext) -> MemoryItem | None:
 
 
 # SGLang --mamba-full-memory-ratio default 0.9: the MambaPool takes ratio / (1 + ratio) of the memory left
-# after the weights (python/sglang/srt/model_executor/model_runner.py ``_handle_max_mamba_cache``, at
-# 288330db: ``mamba_budget = total_rest_memory * ratio / (1 + ratio)``; max_mamba_cache_size =
-# budget // mamba_cache_per_req); the KV pool gets the rest
+# after the weights (python/sglang/srt/model_executor/model_runner.py ``_handle_max_mamba_cache``, SGLang
+# main of 2026, read without its commit: ``mamba_budget = total_rest_memory * ratio / (1 + ratio)``;
+# max_mamba_cache_size = budget // mamba_cache_per_req); the KV pool gets the rest
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
 
 
