@@ -24,7 +24,7 @@ The serving engines allocate the same two tensors with other shapes and dtypes (
   ``MODELS_CONFIG_MAP`` on vLLM main of 2026, the copy with DeepseekV4 / Gemma4 entries, read without its
   commit: ``Qwen3_5ForConditionalGenerationConfig`` takes the config's ``mamba_ssm_dtype``;
   ``NemotronHForCausalLMConfig`` the config's ``mamba_ssm_cache_dtype``, else float32; at 1936cf38
-  (late 2025) neither hook existed: Qwen3.5 then kept "auto"). The pool holds one state per running
+  (late 2025) neither hook existed). The pool holds one state per running
   request per layer as a page of the hybrid KV-cache manager, padded to the attention page
   (:func:`vllm_hybrid_block`; the rule read at 1936cf38).
 * **SGLang** (``python/sglang/srt/configs/mamba_utils.py`` at 02e208de, ``Mamba2StateShape.create``,
