@@ -84,6 +84,12 @@ TINY: dict[str, tuple[dict[str, Any], tuple[int, int], int]] = {
 }  # fmt: skip
 
 
+# the conv window transformers keeps per channel (the config's conv kernel: conv_kernel, mamba_d_conv,
+# linear_conv_kernel_dim, conv_L_cache); MiniMax's lightning attention has no convolution
+CONV_WINDOW = {"qwen3_next": 4, "falcon_h1": 4, "granitemoehybrid": 4, "mamba2": 4, "jamba": 4, "mamba": 4,
+               "lfm2": 3, "minimax": 0}  # fmt: skip
+
+
 def _real_cache_elements(config: dict[str, Any]) -> list[tuple[int, int]]:
     """(bf16, fp32) elements per sequence of each stateful layer in transformers' cache after a real
     bf16 prefill of 2 x 8 tokens on the CPU."""
@@ -138,6 +144,8 @@ def test_measured_state_is_what_transformers_allocates(family: str, tmp_path: An
     got = [(b.state_elements, b.state_fp32_elements) for b in blocks]
     got = [pair for pair in got if pair != (0, 0)]
     assert got == [per_layer] * layers
+    windows = {b.conv_kernel for b in blocks if b.state_elements or b.state_fp32_elements}
+    assert windows == {CONV_WINDOW[family]}
     elems, fp32 = per_layer
     assert state_bytes_per_sequence(spec, act_bytes=2) == layers * (2 * elems + 4 * fp32)
     assert recurrent_state_bytes(spec, batch=3, act_bytes=2) == 3 * layers * (2 * elems + 4 * fp32)
@@ -159,17 +167,33 @@ def test_qwen3_next_state_per_sequence() -> None:
     assert state_bytes_per_sequence(spec, act_bytes=2, tp=2) == QWEN3_NEXT_STATE_PER_SEQ // 2
 
 
+# the same state as each engine holds it (formulas/recurrent_state.py engine_state), hand-derived:
+# vLLM keeps conv_kernel - 1 = 3 inputs of the 8192 conv channels and the delta-rule state in the model's
+# dtype (bf16), one layer = 8192 * 3 * 2 + 524288 * 2 = 1,097,728 B, padded to one attention page: the
+# attention layers cache 2 KV heads x (256 + 256) x 2 B = 2048 B per token, so the block becomes
+# 16 * ceil(1,097,728 / (16 * 2048)) = 544 tokens and each page 544 * 2048 = 1,114,112 B;
+# SGLang keeps 3 conv inputs in bf16 and the delta-rule state in fp32: 8192 * 3 * 2 + 524288 * 4
+QWEN3_NEXT_VLLM_PAGE = 544 * 2048
+QWEN3_NEXT_ENGINE_STATE = {
+    "hf": QWEN3_NEXT_STATE_PER_SEQ,
+    "llamacpp": QWEN3_NEXT_STATE_PER_SEQ,
+    "vllm": 36 * QWEN3_NEXT_VLLM_PAGE,
+    "sglang": 36 * (8192 * 3 * 2 + 524288 * 4),
+}
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm", "sglang", "llamacpp"])
 def test_qwen3_next_infer_counts_the_state(engine: str) -> None:
     spec = resolve_model("qwen3-next-80b-a3b")
     setup = InferenceSetup(engine=engine, batch=4, context=8192)
     est = estimate_inference(spec, setup)
     state = [i for i in est.items if i.path.startswith("recurrent state")]
-    assert len(state) == 1 and state[0].bytes == 4 * QWEN3_NEXT_STATE_PER_SEQ
+    per_seq = QWEN3_NEXT_ENGINE_STATE[engine]
+    assert len(state) == 1 and state[0].bytes == 4 * per_seq
     assert sum(i.bytes for i in est.items) == est.peak_allocated_bytes
-    assert est.extra["recurrent_state_bytes_per_sequence"] == QWEN3_NEXT_STATE_PER_SEQ
+    assert est.extra["recurrent_state_bytes_per_sequence"] == per_seq
     text = " ".join(est.assumptions) + " ".join(spec.notes)
-    assert "not counted" not in text
+    assert "not counted" not in text and "was not recorded" not in text
     # independent of the context: the state item is the same at 1k and 8k tokens
     short = estimate_inference(spec, InferenceSetup(engine=engine, batch=4, context=1024))
     assert [i.bytes for i in short.items if i.path.startswith("recurrent state")] == [state[0].bytes]
@@ -191,8 +215,10 @@ def test_vllm_pool_holds_kv_and_state_per_sequence() -> None:
     est = estimate_inference(spec, InferenceSetup(engine="vllm", batch=2, context=4096))
     per_seq = est.extra["kv_bytes_per_sequence"]
     assert isinstance(per_seq, int)
-    kv = kv_cache_bytes(spec, tokens=4096, batch=1, bits=16, latent=False, block_size=16)
-    assert per_seq == kv + QWEN3_NEXT_STATE_PER_SEQ
+    # the attention KV in 544-token blocks: 4096 tokens take 8 blocks (4352 tokens)
+    kv = kv_cache_bytes(spec, tokens=4096, batch=1, bits=16, latent=False, block_size=544)
+    assert kv == 12 * 2048 * 8 * 544
+    assert per_seq == kv + 36 * QWEN3_NEXT_VLLM_PAGE
 
 
 def test_models_without_recurrent_state_show_none() -> None:

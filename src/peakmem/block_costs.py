@@ -47,8 +47,10 @@ FORMAT = 3  # the JSON layout written below; bumped when it changes
 # the cached spec's content within FORMAT: 2 = DerivedBlock carries the measured recurrent state
 # (specs cached before it lack the state of SSM / linear-attention blocks: derived again); 3 = components
 # labelled as peakmem.hf labels them (simulate/derive/from_model.py block components: q/k norms are norms);
-# 4 = the towers beside the language model (ModelSpec.towers: a vision-language model's vision encoder)
-SPEC_VERSION = 4
+# 4 = the towers beside the language model (ModelSpec.towers: a vision-language model's vision encoder);
+# 5 = DerivedBlock.conv_kernel (the conv state's window) and ModelSpec.mamba_ssm_dtype (the serving engines'
+# state shapes: formulas/recurrent_state.py engine_state)
+SPEC_VERSION = 5
 # the cached costs' measurement within FORMAT: 2 = flash's backward scratch measured at S rows, unpadded
 # (simulate/derive/step.py forward/backward); 3 = every candidate peak instant fitted on its own, over
 # micro-batch 2 and 4, with its weight gradients written by then, and micro-batch 1's costs of their own

@@ -168,6 +168,9 @@ class DerivedBlock:
     keep a recurrent state per sequence instead, whatever the context: ``state_elements`` in the model's
     dtype (conv states) and ``state_fp32_elements`` kept in fp32 (SSM / delta-rule states), as
     transformers' cache allocates them after a prefill (measured: ``simulate/derive/spec.py measure_state``).
+    ``conv_kernel``: the window of those conv states, the inputs transformers keeps per channel (the
+    conv states' last dimension: the config's conv kernel); serving engines keep one fewer
+    (formulas/recurrent_state.py). 0: no conv state, or measured before it was recorded.
     """
 
     key: str
@@ -176,11 +179,16 @@ class DerivedBlock:
     kv_elements_per_token: int = 0
     state_elements: int = 0
     state_fp32_elements: int = 0
+    conv_kernel: int = 0
 
     def __post_init__(self) -> None:
         require(self.state_elements >= 0, "state_elements", self.state_elements, "must be >= 0")
         fp32 = self.state_fp32_elements
         require(fp32 >= 0, "state_fp32_elements", fp32, "must be >= 0")
+        require(self.conv_kernel >= 0, "conv_kernel", self.conv_kernel, "must be >= 0")
+        if self.conv_kernel:
+            require(self.state_elements % self.conv_kernel == 0, "state_elements", self.state_elements,
+                    f"must be a multiple of conv_kernel={self.conv_kernel} (channels x window)")  # fmt: skip
         require(self.mixer in BLOCK_KINDS, "mixer", self.mixer, f"must be one of {', '.join(BLOCK_KINDS)}")
         require(self.ffn in ("dense", "moe", "none"), "ffn", self.ffn, "must be dense, moe or none")
 
@@ -310,9 +318,15 @@ class ModelSpec:
     derived_buffer_bytes: int = 0
     # Derived specs of vision-language (and audio) models: the encoders beside the language model.
     towers: tuple[Tower, ...] = field(default=())
+    # Derived specs with a recurrent state: the dtype the checkpoint's config asks the serving engines
+    # to keep the SSM / delta-rule state in (config ``mamba_ssm_dtype``, e.g. Qwen3.5's "float32"; read
+    # by SGLang and by vLLM's Qwen3.5 hook: formulas/recurrent_state.py); None: the config says nothing.
+    mamba_ssm_dtype: str | None = None
 
     def __post_init__(self) -> None:
         require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")
+        require(self.mamba_ssm_dtype in (None, "float32", "bfloat16", "float16"), "mamba_ssm_dtype",
+                self.mamba_ssm_dtype, "must be float32, bfloat16 or float16")  # fmt: skip
         require(self.hidden_size > 0, "hidden_size", self.hidden_size, "must be positive")
         require(bool(self.groups), "num_hidden_layers", 0, "must be positive")
         for g in self.groups:

@@ -12,7 +12,7 @@ from peakmem.errors import InputError, require
 from peakmem.formulas.kv_cache import cache_kind, kv_cache_bytes, layer_kv_bytes
 from peakmem.formulas.overhead import CONTEXT_SIZES
 from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
-from peakmem.formulas.recurrent_state import recurrent_state_bytes
+from peakmem.formulas.recurrent_state import HybridBlock, StateBytes, engine_state, vllm_hybrid_block
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
 from peakmem.model import ModelSpec
@@ -88,7 +88,10 @@ def resolve_context(spec: ModelSpec, setup: InferenceSetup) -> ServingContext:
         notes.append(
             "quantized KV cache: the residual_length (128) newest tokens of QuantizedCache stay 16-bit"
         )
-    heads = spec.first_layer.attention.num_heads
+    # the heads of the layers that attend (a derived hybrid's SSM / linear-attention blocks carry a
+    # placeholder attention of one head and a 0-token window: Qwen3-Next's first layer is one)
+    attending = [g.layer.attention for g in spec.groups if g.layer.attention.sliding_window != 0]
+    heads = (attending[0] if attending else spec.first_layer.attention).num_heads
     if heads % setup.tp:
         raise InputError(f"tp={setup.tp}: must divide num_attention_heads={heads}")
     return ServingContext(
@@ -178,10 +181,79 @@ def largest_layer_kv(c: ServingContext, tokens: int, batch: int) -> int:
     )
 
 
+def _vllm_spec_tokens(c: ServingContext) -> int:
+    """vLLM's num_speculative_tokens when a draft is set (0 otherwise, and for other engines)."""
+    s = c.setup
+    return (s.num_speculative_tokens or 0) if s.engine is Engine.VLLM and s.draft is not None else 0
+
+
+def serving_state(c: ServingContext) -> StateBytes:
+    """One sequence's recurrent state on one rank as ``c``'s engine allocates it
+    (formulas/recurrent_state.py ``engine_state``: transformers' cache for HF and llama.cpp; vLLM's and
+    SGLang's own shapes and dtypes); vLLM's conv window grows by the speculative tokens."""
+    s = c.setup
+    return engine_state(
+        c.spec, s.engine, act_bytes=c.act_bytes, tp=s.layout.attention_tp, spec_tokens=_vllm_spec_tokens(c)
+    )
+
+
+def attention_token_bytes(c: ServingContext) -> int:
+    """One attention layer's KV bytes per token on one rank (vLLM's ``FullAttentionSpec(block_size=1)``
+    page): the largest over the layers that cache tokens."""
+    return max(
+        (
+            layer_kv_bytes(
+                g.layer.attention,
+                tokens=1,
+                batch=1,
+                bits=c.kv_bits,
+                latent=c.latent,
+                tp=c.setup.layout.attention_tp,
+            )
+            for g in c.spec.groups
+            if g.layer.attention.sliding_window != 0
+        ),
+        default=0,
+    )
+
+
+def hybrid_block(c: ServingContext) -> HybridBlock | None:
+    """vLLM's pages for a model with a recurrent state (formulas/recurrent_state.py ``vllm_hybrid_block``:
+    the attention block raised to hold one layer's state, each state padded to a page); None for other
+    engines and for models without one."""
+    if c.setup.engine is not Engine.VLLM:
+        return None
+    state = serving_state(c)
+    if not state.total:
+        return None
+    return vllm_hybrid_block(
+        state,
+        attention_token_bytes=attention_token_bytes(c),
+        block_size=c.setup.effective_block_size,
+        spec_blocks=_vllm_spec_tokens(c),
+    )
+
+
+def state_per_sequence(c: ServingContext) -> int:
+    """One sequence's recurrent state on one rank as the engine holds it: vLLM's padded pages, else
+    :func:`serving_state`."""
+    block = hybrid_block(c)
+    return block.state_per_sequence if block is not None else serving_state(c).total
+
+
+_HF_STATE_SOURCE = "formulas/recurrent_state.py; transformers cache_utils.py LinearAttentionLayer"
+_STATE_SOURCES = {
+    Engine.VLLM: "formulas/recurrent_state.py; vllm mamba_utils.py MambaStateShapeCalculator, config.py "
+    "HybridAttentionMambaModelConfig (padded pages)",
+    Engine.SGLANG: "formulas/recurrent_state.py; sglang configs/mamba_utils.py Mamba2StateShape, "
+    "mamba2_state_dtype (MambaPool)",
+}
+
+
 def state_items(c: ServingContext, batch: int) -> list[MemoryItem]:
     """The recurrent state of SSM / linear-attention blocks for ``batch`` sequences, as its own item
     (none for models without such blocks): constant per sequence, whatever the context."""
-    nbytes = recurrent_state_bytes(c.spec, batch=batch, act_bytes=c.act_bytes, tp=c.setup.layout.attention_tp)
+    nbytes = batch * state_per_sequence(c)
     if not nbytes:
         return []
     return [
@@ -189,7 +261,7 @@ def state_items(c: ServingContext, batch: int) -> list[MemoryItem]:
             path=f"recurrent state (SSM / linear attention, {batch} sequences)",
             category=Category.KV_CACHE,
             bytes=nbytes,
-            source="formulas/recurrent_state.py; transformers cache_utils.py LinearAttentionLayer",
+            source=_STATE_SOURCES.get(c.setup.engine, _HF_STATE_SOURCE),
         )
     ]
 

@@ -14,8 +14,13 @@ from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.recurrent_state import state_bytes_per_sequence
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, check_layout, resolve_context
+from peakmem.formulas.serving.context import (
+    CUDA_CONTEXT_BYTES,
+    ServingContext,
+    check_layout,
+    resolve_context,
+    state_per_sequence,
+)
 from peakmem.formulas.serving.generate import generate_memory
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
 from peakmem.formulas.serving.paged import paged_memory
@@ -105,7 +110,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     extra: dict[str, object] = {
         "engine": setup.engine.value,
         "kv_bytes_per_token": kv_bytes_per_token(spec, bits=c.kv_bits, latent=c.latent, tp=kv_tp),
-        "recurrent_state_bytes_per_sequence": state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=kv_tp),
+        "recurrent_state_bytes_per_sequence": state_per_sequence(c),
         "kv_cache_kind": kind,
         "kv_cache_dtype": c.kv_name,
         "context": c.context,
@@ -126,14 +131,9 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     checkpoint = setup.weights_assumption()
     if checkpoint is not None:
         assumptions += (checkpoint,)
-    state_seq = state_bytes_per_sequence(spec, act_bytes=c.act_bytes, tp=kv_tp)
+    state_seq = state_per_sequence(c)
     if state_seq:
-        assumptions += (
-            f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
-            f"{setup.batch} = {fmt_bytes(state_seq * setup.batch)}, whatever the context, counted with the "
-            "KV cache (its own item); conv state in the compute dtype, scan state in fp32 as transformers "
-            "keeps it",
-        )
+        assumptions += (_state_note(c, state_seq),)
     if setup.tp > 1:
         assumptions += (
             f"tensor parallel {setup.tp}: linears, embeddings and KV heads split per rank; norms "
@@ -158,6 +158,23 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         assumptions=assumptions,
         setup=setup.echo(),
         extra=extra,
+    )
+
+
+def _state_note(c: ServingContext, state_seq: int) -> str:
+    """How the recurrent state per sequence was counted, per engine (formulas/recurrent_state.py)."""
+    engine = c.setup.engine
+    how = {
+        Engine.VLLM: "vLLM's shapes (conv_kernel - 1 conv inputs, the scan state in mamba_ssm_cache_dtype: "
+        "the model dtype unless the model's hook sets it) in one padded page per stateful layer; "
+        "--mamba-ssm-cache-dtype not modelled",
+        Engine.SGLANG: "SGLang's shapes (conv_kernel - 1 conv inputs in bf16, the scan state in fp32 unless "
+        "the config's mamba_ssm_dtype says otherwise); --mamba-ssm-dtype not modelled",
+    }.get(engine, "conv state in the compute dtype, scan state in fp32 as transformers keeps it")
+    return (
+        f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
+        f"{c.setup.batch} = {fmt_bytes(state_seq * c.setup.batch)}, whatever the context, counted with the "
+        f"KV cache (its own item); {how}"
     )
 
 

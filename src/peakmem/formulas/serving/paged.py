@@ -13,14 +13,15 @@ from __future__ import annotations
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.errors import require
 from peakmem.formulas.band import cuda_graphs_term
-from peakmem.formulas.recurrent_state import state_bytes_per_sequence
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
     EngineMemory,
     ServingContext,
     cache_bytes,
+    hybrid_block,
     state_items,
+    state_per_sequence,
     weights_item,
 )
 from peakmem.formulas.serving.cuda_graphs import (
@@ -66,7 +67,10 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     """vLLM / SGLang: a preallocated paged pool; without a GPU size, the cache the batch needs."""
     s = c.setup
     b = s.layout.rank_batch(s.batch)  # one data-parallel rank's share (peakmem.serving_layout)
-    block = s.effective_block_size
+    # vLLM raises the attention block of a hybrid model until a page holds one layer's recurrent state
+    # (formulas/recurrent_state.py vllm_hybrid_block)
+    hybrid = hybrid_block(c)
+    block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
     chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
     vocab = -(-c.spec.vocab_size // s.tp)
@@ -82,8 +86,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     # SGLang DP attention: the tokens of every DP rank gathered before the MLP (formulas/serving/parallel.py)
     activations = max(act, sampler) + dp_gathered_bytes(c.spec.hidden_size, chunk, s.layout, c.act_bytes)
     # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
-    # pool (vllm/v1/core/kv_cache_utils.py MambaSpec): a sequence needs its KV and its state
-    state_per_seq = state_bytes_per_sequence(c.spec, act_bytes=c.act_bytes, tp=s.layout.attention_tp)
+    # pool (vllm/v1/kv_cache_interface.py MambaSpec), one padded page per stateful layer: a sequence needs
+    # its KV and its state. SGLang keeps the states in a MambaPool of their own (sglang_mamba_slots).
+    state_per_seq = state_per_sequence(c)
     # speculative decoding (formulas/serving/speculative.py): the draft's layers take KV from the same
     # pool, and each sequence holds K lookahead slots
     tokens = c.context + lookahead_tokens(c)
@@ -106,6 +111,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     }
     if draft_w is not None:
         extra["draft_kv_needed_bytes"] = draft_needed
+    if hybrid is not None:
+        extra.update(vllm_hybrid_block_size=hybrid.block, vllm_mamba_page_bytes=hybrid.mamba_page,
+                     vllm_mamba_page_padding_pct=round(hybrid.padding_pct, 2))  # fmt: skip
     if s.prefix_tokens:
         extra.update(prefix_tokens=s.prefix_tokens, prefix_shared_tokens=share.shared_tokens,
                      prefix_shared_kv_bytes=shared)  # fmt: skip
@@ -169,22 +177,32 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             0 if outside else draft_cache_bytes(c, block, 1, block)
         )
         in_pool, shared_in = per_seq - pool_draft, shared - (shared_draft if outside else 0)
+        kv_pool = pool
+        slots = None
+        if s.engine is Engine.SGLANG and state_per_seq:
+            # SGLang: the rest splits into a MambaPool of whole states and the token KV pool
+            slots, state_pool = sglang_mamba_slots(pool, state_per_seq)
+            kv_pool, in_pool = pool - state_pool, in_pool - state_per_seq
+            extra.update(mamba_cache_slots=slots, mamba_pool_bytes=state_pool)
+            notes.append(sglang_mamba_note(slots, state_per_seq))
         concurrent = (
-            concurrent_with_share(pool, per_sequence=in_pool, shared_bytes=shared_in) if in_pool else 0
+            concurrent_with_share(kv_pool, per_sequence=in_pool, shared_bytes=shared_in) if in_pool else 0
         )
+        if slots is not None:
+            concurrent = min(concurrent, slots) if in_pool else slots
         figures = sglang_draft_figures(c, pool, draft_w.bytes if draft_w is not None else 0)
         extra.update(figures)
         notes.extend(sglang_draft_notes(c, figures, budget))
         if s.prefix_tokens:
-            extra["max_concurrent_without_prefix_sharing"] = pool // in_pool if in_pool else 0
+            extra["max_concurrent_without_prefix_sharing"] = kv_pool // in_pool if in_pool else 0
         extra.update(
-            kv_pool_bytes=pool,
-            kv_pool_blocks=pool // max(1, block_bytes),
+            kv_pool_bytes=pool,  # SGLang: its token pool and its MambaPool (mamba_pool_bytes) together
+            kv_pool_blocks=kv_pool // max(1, block_bytes),
             max_concurrent_sequences=concurrent,
             memory_budget_bytes=budget,
             memory_fraction=s.memory_fraction(s.gpu_bytes),
         )
-        if pool < in_pool:
+        if kv_pool < in_pool or slots == 0:
             notes.append(
                 f"does not start: the KV pool ({pool} B) cannot hold one {c.context}-token sequence "
                 f"({in_pool} B); lower context (max_model_len) or raise gpu_memory_utilization"
@@ -288,4 +306,28 @@ def _lora_item(c: ServingContext) -> MemoryItem | None:
         category=Category.PARAMETERS,
         bytes=nbytes,
         source="formulas/serving/lora_slots.py",
+    )
+
+
+# SGLang --mamba-full-memory-ratio default 0.9: the MambaPool takes ratio / (1 + ratio) of the memory left
+# after the weights (python/sglang/srt/model_executor/model_runner.py ``_handle_max_mamba_cache``, SGLang
+# main of 2026, read without its commit: ``mamba_budget = total_rest_memory * ratio / (1 + ratio)``;
+# max_mamba_cache_size = budget // mamba_cache_per_req); the KV pool gets the rest
+SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
+
+
+def sglang_mamba_slots(rest: int, state_per_request: int) -> tuple[int, int]:
+    """SGLang's MambaPool for ``rest`` bytes after the weights: (its slots, its bytes), one slot per
+    running request (no ``--max-mamba-cache-size``, no speculative decoding: its intermediate states,
+    ``speculative_num_draft_tokens`` states per request, are not modelled)."""
+    ratio = SGLANG_MAMBA_FULL_MEMORY_RATIO
+    slots = int(rest * ratio / (1 + ratio)) // state_per_request
+    return slots, slots * state_per_request
+
+
+def sglang_mamba_note(slots: int, state_per_request: int) -> str:
+    return (
+        f"SGLang MambaPool: {slots} recurrent-state slots of {state_per_request} B "
+        f"(mamba_full_memory_ratio {SGLANG_MAMBA_FULL_MEMORY_RATIO}: ratio / (1 + ratio) of the memory after "
+        "the weights); the KV pool gets the rest, and the running requests are capped by both"
     )

@@ -44,11 +44,14 @@ def derive_spec(config: Mapping[str, Any], *, name: str | None = None) -> ModelS
     return spec
 
 
-def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """Per block key: (elements in the model's dtype, elements in fp32) of the recurrent state one
-    sequence keeps in transformers' cache after a prefill of :data:`STATE_PREFILL` under fake tensors
-    (bf16 model, ``use_cache=True``): the ``conv_states`` and ``recurrent_states`` of each cache layer
-    (``cache_utils.py`` ``LinearAttentionLayer``; Mamba's ``cache_params``), divided by the batch.
+def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """Per block key: (elements in the model's dtype, elements in fp32, conv window) of the recurrent
+    state one sequence keeps in transformers' cache after a prefill of :data:`STATE_PREFILL` under fake
+    tensors (bf16 model, ``use_cache=True``): the ``conv_states`` and ``recurrent_states`` of each cache
+    layer (``cache_utils.py`` ``LinearAttentionLayer``; Mamba's ``cache_params``), divided by the batch.
+    The conv window is the conv states' last dimension (``LinearAttentionLayer.lazy_initialization``:
+    ``(*conv_states.shape[:-1], conv_kernel_size)``), kept only where the conv states are all the
+    model-dtype state of the layer (0 otherwise: the serving engines' conv count then stays transformers').
     The model is cut to a few blocks of each kind first
     (:func:`~peakmem.simulate.derive.build.truncate`: a prefix, so the cache's layer indices keep
     their blocks)."""
@@ -58,13 +61,23 @@ def measure_state(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     main_path = main_blocks(block_lists(model))[0]
     truncate(model, path_keys, prefix=True)
     batch = STATE_PREFILL[0]
-    result: dict[str, tuple[int, int]] = {}
-    for i, states in enumerate(_cache_states(_prefill(model))):
+    result: dict[str, tuple[int, int, int]] = {}
+    for i, (states, convs) in enumerate(_cache_states(_prefill(model))):
         model_dtype, fp32 = _elements(states)
         key = path_keys.get(f"{main_path}.{i}")
         if key is not None and (model_dtype or fp32):
-            result[key] = (model_dtype // batch, fp32 // batch)
+            result[key] = (model_dtype // batch, fp32 // batch, _conv_window(convs, model_dtype))
     return result
+
+
+def _conv_window(convs: list[Any], model_dtype: int) -> int:
+    """The window (last dimension) of a layer's conv states, when they are all its model-dtype state
+    and share one window; else 0."""
+    tensors = [t for t in convs if isinstance(t, torch.Tensor) and t.dtype != torch.float32]
+    windows = {int(t.shape[-1]) for t in tensors}
+    if len(windows) != 1 or sum(t.numel() for t in tensors) != model_dtype:
+        return 0
+    return windows.pop()
 
 
 def _prefill(model: torch.nn.Module) -> Any:
@@ -91,20 +104,21 @@ def _prefill(model: torch.nn.Module) -> Any:
         return model(**inputs)
 
 
-def _cache_states(out: Any) -> list[list[Any]]:
-    """The state tensors of each layer of the cache a prefill's output holds."""
+def _cache_states(out: Any) -> list[tuple[list[Any], list[Any]]]:
+    """The state tensors of each layer of the cache a prefill's output holds, and its conv states."""
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
     layers = list(getattr(cache, "layers", None) or ())
     linear = list(getattr(cache, "linear_cache", None) or ())  # MiniMaxCache: lightning-attention state
-    per_layer: list[list[Any]] = []
+    per_layer: list[tuple[list[Any], list[Any]]] = []
     for i in range(max(len(layers), len(linear))):
         states: list[Any] = []
+        convs: list[Any] = []
         if i < len(layers):
-            for attr in ("conv_states", "recurrent_states"):
-                states += list((getattr(layers[i], attr, None) or {}).values())
+            convs = list((getattr(layers[i], "conv_states", None) or {}).values())
+            states += convs + list((getattr(layers[i], "recurrent_states", None) or {}).values())
         if i < len(linear):
             states.append(linear[i])
-        per_layer.append(states)
+        per_layer.append((states, convs))
     return per_layer
 
 
@@ -122,8 +136,10 @@ def _elements(states: list[Any]) -> tuple[int, int]:
 
 
 def with_recurrent_state(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpec:
-    """``spec`` with each block's measured recurrent state (:func:`measure_state`); a note, and no
-    state, when the prefill cannot run under fake tensors."""
+    """``spec`` with each block's measured recurrent state (:func:`measure_state`) and the config's
+    ``mamba_ssm_dtype`` (the state dtype it asks serving engines for: ModelSpec.mamba_ssm_dtype, read from
+    ``text_config`` first, as SGLang's ``mamba2_state_dtype`` and vLLM's Qwen3.5 hook read it); a note,
+    and no state, when the prefill cannot run under fake tensors."""
     try:
         state = measure_state(config)
     except Exception as err:  # a model whose prefill needs tensor values: say so, keep the spec
@@ -133,8 +149,18 @@ def with_recurrent_state(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpe
     for g in spec.groups:
         info = g.layer.derived
         if info is not None and info.key in state:
-            elems, fp32 = state[info.key]
-            info = dataclasses.replace(info, state_elements=elems, state_fp32_elements=fp32)
+            elems, fp32, window = state[info.key]
+            info = dataclasses.replace(
+                info, state_elements=elems, state_fp32_elements=fp32, conv_kernel=window
+            )
             g = LayerGroup(count=g.count, layer=dataclasses.replace(g.layer, derived=info))
         groups.append(g)
-    return dataclasses.replace(spec, groups=tuple(groups))
+    return dataclasses.replace(spec, groups=tuple(groups), mamba_ssm_dtype=config_ssm_dtype(config))
+
+
+def config_ssm_dtype(config: Mapping[str, Any]) -> str | None:
+    """The config's ``mamba_ssm_dtype`` (``text_config``'s first), when it is one the engines read."""
+    text = config.get("text_config")
+    value = text.get("mamba_ssm_dtype") if isinstance(text, Mapping) else None
+    value = value if value is not None else config.get("mamba_ssm_dtype")
+    return value if value in ("float32", "bfloat16", "float16") else None
