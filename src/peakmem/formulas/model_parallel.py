@@ -439,6 +439,10 @@ def tp_layer_activations(
         backward_stages=tuple(
             (cdiv(n, par.tp), cdiv(f, par.tp), cdiv(g, par.tp)) for n, f, g in la.backward_stages
         ),
+        # the tensors at their sizes where the sums stay whole (tp 1); a ring or dispatch changes the sums
+        forward_sizes=la.forward_sizes if par.tp == 1 else (),
+        backward_sizes=la.backward_sizes if par.tp == 1 else (),
+        interior_sizes=la.interior_sizes if par.tp == 1 else (),
     )
 
 
