@@ -164,12 +164,19 @@ def tensor_sizes(items: Iterable[MemoryItem]) -> tuple[int, ...]:
 
 
 def without(sizes: tuple[int, ...], gone: Iterable[int]) -> tuple[int, ...]:
-    """``sizes`` less one tensor of each size in ``gone`` (the first of that size; a size not there
-    removes nothing, so the rest no longer adds up to the sum it was taken from)."""
+    """``sizes`` less one tensor of each size in ``gone``: the first of that size, else that size off the
+    smallest larger one (a tensor kept apart from a larger saved one made from it: op-level SAC keeps
+    ``v_proj``'s one-head output, SDPA saves its copy repeated to every head), so that the rest adds up
+    to the sum less ``gone``; nothing where no tensor is that large."""
     out = list(sizes)
     for g in gone:
         if g in out:
             out.remove(g)
+            continue
+        larger = [i for i, n in enumerate(out) if n > g]
+        if larger:
+            i = min(larger, key=lambda i: out[i])
+            out[i] -= g
     return tuple(out)
 
 

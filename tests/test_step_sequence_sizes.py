@@ -1,0 +1,90 @@
+"""A layer's transients replayed at their tensors' sizes (step_parts.sized, LayerActivations *_sizes).
+
+Hand-derived on tiny shapes: the tensors each transient sum is made of, and an allocator sequence where
+requests at their real sizes cut fewer segments than the same sum in equal parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from peakmem.formulas import activations as act
+from peakmem.formulas.step_sequence import LayerTensors, StepTensors, replay_steps
+from peakmem.hf import spec_from_config
+from peakmem.step_parts import sized, split
+from peakmem.training import AttentionKernel, Checkpointing, KernelPolicy, Precision, TrainingSetup
+from peakmem.units import MiB
+
+B, S = 2, 32
+T = B * S  # 64 tokens
+H, F, HEADS, KV, D = 64, 128, 4, 2, 16
+LLAMA: dict[str, Any] = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": H, "num_attention_heads": HEADS,
+    "num_key_value_heads": KV, "intermediate_size": F, "vocab_size": 1000, "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def _layer(**kw: Any) -> tuple[act.LayerActivations, act.Shapes]:
+    spec = spec_from_config(dict(LLAMA))
+    setup = TrainingSetup(micro_batch=B, seq_len=S, precision=Precision.BF16, **kw)
+    sh = act.shapes(spec, setup)
+    return act.layer_activations(spec, spec.first_layer, sh), sh
+
+
+def test_sized_uses_the_tensors_only_where_they_add_up() -> None:
+    assert sized((3, 5), 8, 4) == (3, 5)
+    assert sized((3, 0, 5), 8, 4) == (3, 5)  # allocate(0) is no request
+    assert sized((3, 5), 9, 4) == split(9, 4) == (3, 3, 3)  # a sum the sizes do not make: cut
+    assert sized((), 8, 4) == (4, 4)
+
+
+def test_interior_and_gated_mlp_backward_at_their_sizes() -> None:
+    """SDPA on CPU (no flash scratch), bf16: c = r = 2 bytes. The interior is the Linears' input
+    (T x H) then gate, act(gate), up, product (T x F each); the MLP half's backward temporaries are the
+    incoming T x H gradient, the down projection's input gradient and the product's two T x F gradients;
+    the attention half's: the incoming gradient, o_proj's input gradient, dq, dk, dv."""
+    la, _ = _layer(attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU)
+    tf, th = T * F * 2, T * H * 2
+    assert la.interior_sizes == (th, tf, tf, tf, tf)
+    assert sum(la.interior_sizes) == la.interior == 4 * 16_384 + 8_192
+    mlp = (th, tf, tf, tf)
+    att = (th, T * HEADS * D * 2, T * HEADS * D * 2, T * KV * D * 2, T * KV * D * 2)
+    assert la.backward_sizes in (mlp, att)
+    assert sum(la.backward_sizes) == la.backward_transient + la.backward_freed - la.backward_grads
+    assert sum(mlp) == 57_344 and sum(att) == 32_768
+    assert la.backward_sizes == mlp  # the larger stage
+
+
+def test_op_sac_and_full_recompute_at_their_sizes() -> None:
+    """Op-level SAC keeps the layer input and q, v, gate and down outputs (odd matmuls); its forward
+    holds the interior, its recomputation rebuilds the eager saved tensors less those. Full
+    checkpointing rebuilds all of them (an RMSNorm's fp32 input copy is not the bf16 layer input)."""
+    la, sh = _layer(attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU)
+    spec = spec_from_config(dict(LLAMA))
+    kept = act.op_saved(spec, spec.first_layer, sh, la)
+    op = act.op_checkpointed(la, kept)
+    assert op.forward_sizes == la.interior_sizes and sum(op.forward_sizes) == op.forward_transient
+    assert sum(op.recompute_sizes) == op.recompute
+    q, v, gate, down = T * HEADS * D * 2, T * KV * D * 2, T * F * 2, T * H * 2
+    assert [i.bytes for i in kept] == [T * H * 2, q, v, gate, down]
+    assert len(op.recompute_sizes) == len(act.tensor_sizes(la.saved)) - 4  # one of each kept output's size
+    full = act.checkpointed(la, Checkpointing.FULL)
+    assert full.recompute_sizes == act.tensor_sizes(la.saved) and la.input_saved == 0
+    assert sum(full.forward_sizes) == full.forward_transient == la.interior
+
+
+def test_real_sizes_cut_fewer_segments_than_equal_parts() -> None:
+    """Two layers, each saving one 224 MiB tensor after a forward whose momentary tensors are a 64 MiB
+    input and three 224 MiB ones (736 MiB). At their sizes: layer 1 cuts 64 + 3 x 224 MiB segments and
+    saves into one of its freed 224 MiB blocks; layer 2 finds the 64 and two 224 MiB blocks free and
+    cuts one more 224 MiB segment: 64 + 4 x 224 = 960 MiB. In equal parts (4 x 184 MiB) no freed
+    block holds a 224 MiB saved tensor: 4 x 184 + 2 x 224 = 1184 MiB. Step 2 reuses every block."""
+
+    def reserved(extra: tuple[int, ...]) -> int:
+        layer = LayerTensors(count=2, saved=(224 * MiB,), forward_extra=extra)
+        return replay_steps(StepTensors(weights=(), layers=(layer,))).reserved
+
+    real = (64 * MiB, 224 * MiB, 224 * MiB, 224 * MiB)
+    assert reserved(sized(real, 736 * MiB, 224 * MiB)) == (64 + 4 * 224) * MiB
+    assert reserved(split(736 * MiB, 224 * MiB)) == (4 * 184 + 2 * 224) * MiB
