@@ -88,3 +88,42 @@ def test_real_sizes_cut_fewer_segments_than_equal_parts() -> None:
     real = (64 * MiB, 224 * MiB, 224 * MiB, 224 * MiB)
     assert reserved(sized(real, 736 * MiB, 224 * MiB)) == (64 + 4 * 224) * MiB
     assert reserved(split(736 * MiB, 224 * MiB)) == (4 * 184 + 2 * 224) * MiB
+
+
+def test_float8_casts_at_their_sizes() -> None:
+    """An eager float8 cast of n elements holds its fp32 scaled copy, the clamped copy and the float8
+    result (4n, 4n, n). A converted Linear of 64 tokens, 128 in, 64 out: its forward's largest instant is
+    the input's float8 copy (64 x 128 B) beside the weight's cast (9 B x 64 x 128 = 73,728 B: 81,920 in
+    all, against the input's own cast, 73,728); with the weight arriving as float8 it is the input's cast."""
+    from peakmem.formulas.activations import float8 as f8
+
+    assert f8.cast_sizes(10) == (40, 40, 10)
+    mk = 64 * 128
+    assert f8.linear_forward_sizes(64, 128, 64, 2) == (mk, 4 * mk, 4 * mk, mk)
+    assert f8.linear_forward_sizes(64, 128, 64, 2, weight_fp8=True) == (4 * mk, 4 * mk, mk)
+    for recipe in f8.RECIPES.values():
+        sizes = f8.linear_backward_sizes(64, 128, 64, 2, recipe)
+        assert sum(sizes) == f8.linear_backward_peak(64, 128, 64, 2, recipe)
+
+
+def test_float8_layer_sizes_eager_only() -> None:
+    """Eager float8 Linears: the layer's forward, interior and backward temporaries at their sizes add up
+    to their sums. Under torch.compile the casts fuse (not modelled): the float8 interior keeps no sizes
+    (a stage of the layer's own, without casts, keeps its)."""
+    from peakmem.formulas.activations import float8 as f8
+
+    spec = spec_from_config(dict(LLAMA))
+    for compiled, expect in ((False, True), (True, False)):
+        setup = TrainingSetup(
+            micro_batch=B, seq_len=S, precision=Precision.FLOAT8_TENSORWISE, compiled=compiled
+        )
+        sh = act.shapes(spec, setup)
+        la = act.layer_activations(spec, spec.first_layer, sh)
+        recipe = f8.recipe_of(setup.precision)
+        assert recipe is not None
+        f = f8.float8_layer(spec, spec.first_layer, sh, la, recipe, recomputed=True)
+        assert f.interior > la.interior  # the output projection's casts beside its input
+        assert (sum(f.interior_sizes) == f.interior) is expect
+        if expect:
+            assert sum(f.backward_sizes) == f.backward_transient + f.backward_freed - f.backward_grads
+            assert sum(f.forward_sizes) == f.forward_transient
