@@ -152,14 +152,15 @@ def sized(path: str, sizes: tuple[int, ...], source: str, key: str) -> MemoryIte
 
 def tensor_sizes(items: Iterable[MemoryItem]) -> tuple[int, ...]:
     """The tensor sizes of ``items``: an item's ``sizes`` where they add up to its bytes, else its bytes
-    split into its ``tensors`` equal parts (an item whose bytes a technique changed: LoRA's frozen norms)."""
+    split into its ``tensors`` equal parts, the last holding the remainder (an item whose bytes a
+    technique changed: LoRA's frozen norms; TP's split of unequal tensors), so that they add up."""
     out: list[int] = []
     for i in items:
         if i.sizes and sum(i.sizes) == i.bytes:
             out += i.sizes
         elif i.bytes > 0:
             n = max(1, i.tensors)
-            out += [i.bytes // n] * n
+            out += [i.bytes // n] * (n - 1) + [i.bytes - (n - 1) * (i.bytes // n)]
     return tuple(out)
 
 
