@@ -127,3 +127,30 @@ def test_float8_layer_sizes_eager_only() -> None:
         if expect:
             assert sum(f.backward_sizes) == f.backward_transient + f.backward_freed - f.backward_grads
             assert sum(f.forward_sizes) == f.forward_transient
+
+
+def test_tp_rank_splits_each_tensor_as_its_sum() -> None:
+    """tp 2 + SP: each transient tensor is split as its sum is (T x F / 2 for the gated MLP's), the
+    interior's T x H norm output stays whole (SP all-gathers it); under full checkpointing the end of
+    the recomputation (the output projection's collective) is listed tensor by tensor as well."""
+    from peakmem.formulas import model_parallel as mp
+    from peakmem.parallel import Parallelism
+
+    la, _ = _layer(attention=AttentionKernel.SDPA, kernel_policy=KernelPolicy.CPU)
+    par = Parallelism(gpus=2, tp=2, sequence_parallel=True)
+    th, tf = T * H * 2, T * F * 2
+    tp = mp.tp_layer_activations(la, par, 0, linear_input=th)
+    assert (
+        tp.interior_sizes == (th, tf // 2, tf // 2, tf // 2, tf // 2)
+        and sum(tp.interior_sizes) == tp.interior
+    )
+    assert tp.backward_sizes == tuple(x // 2 for x in la.backward_sizes)
+    assert sum(tp.backward_sizes) == tp.backward_transient + tp.backward_freed - tp.backward_grads
+    full = act.checkpointed(tp, Checkpointing.FULL)
+    hidden = th // 2  # the rank's sequence shard
+    tail = mp.dtensor_recompute_tail(full, par, hidden, th, hidden, 2 * hidden)
+    assert tail.backward_transient > full.backward_transient  # the collective's instant is the larger
+    # grad_in, its all-gathered copy, the residual stream and the norm output's shard, the partial sum,
+    # the collective's output and SP's whole chunked copy
+    assert tail.backward_sizes == (hidden, th, hidden, hidden, th, hidden, th)
+    assert sum(tail.backward_sizes) == tail.backward_transient

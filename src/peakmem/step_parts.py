@@ -244,9 +244,10 @@ def step_tensors(
         else:
             temps += pieces((item,))
     sharded = par is not None and par.fsdp is not FsdpMode.NONE
-    # a transient known by its sum only is cut into tensors of the largest saved one; under TP the
-    # layer's transients hold whole T x H tensors (SP's all-gathered norm output, a row-parallel
-    # Linear's partial sum) larger than any saved shard: those are cut at the head input's T x H
+    # a layer's transients at their tensors' sizes where the formulas list them (:func:`sized`); one
+    # known by its sum only is cut into tensors of the largest saved one; under TP the layer's
+    # transients hold whole T x H tensors (SP's all-gathered norm output, a row-parallel Linear's
+    # partial sum) larger than any saved shard: those are cut at the head input's T x H
     lm_in = sum(i.bytes for i in parts.head_items if i.key == "head.lm_head_input")
     whole = lm_in if par is not None and par.tp > 1 else 0
     layers = []
@@ -342,8 +343,8 @@ def sharded_parts(
     Optimizer steps read the sharded gradients in place: no 16-bit gradient is replaced by an fp32 copy,
     and zero_grad frees only side-stream blocks. Under ``loss_parallel`` (TP with the standard loss) the
     loss's requests follow torch's handlers (:class:`~peakmem.formulas.step_sequence.StepTensors`
-    ``loss_parallel``); the layers' transients stay sums cut into pieces (:func:`split`): the estimate
-    does not list a TP layer's interior tensor by tensor."""
+    ``loss_parallel``); the layers' transients are requested as :func:`step_tensors` requests them (at
+    their TP-split sizes, :func:`sized`)."""
     tech = st.tech
     spec = tech.spec
     n = par.shard_degree

@@ -325,7 +325,7 @@ def dtensor_recompute_tail(
         return (hidden,) * (n // hidden) if hidden and n % hidden == 0 else (n,)
 
     copies = (hidden, whole) if par.sequence_parallel else (hidden,)
-    sizes = (grad_in, gathered, *hidden_parts(held), whole, *copies, la.mask_arg)
+    sizes = tuple(x for x in (grad_in, gathered, *hidden_parts(held), whole, *copies, la.mask_arg) if x)
     return replace(la, backward_transient=tail, backward_freed=0, backward_grads=0, backward_sizes=sizes)
 
 
