@@ -643,7 +643,7 @@ def test_efficient_backward_scratch() -> None:
 def test_unequal_tensors_reach_the_replay_in_their_sizes() -> None:
     """Qwen3's per-head q/k norms, bf16: q's x.float() (4 B), its rstd (one per head and token), its bf16
     y; then k's. The replay's request sizes are these, not the sum in equal parts; an item whose bytes a
-    technique changed afterwards falls back to equal parts."""
+    technique changed afterwards falls back to equal parts (the last holding the remainder)."""
     from dataclasses import replace
 
     from peakmem.step_parts import pieces
@@ -656,4 +656,6 @@ def test_unequal_tensors_reach_the_replay_in_their_sizes() -> None:
     norms = {i.key: i for i in la.saved}["norms"]
     assert norms.sizes == (T * 64 * 4, T * 4, T * 64 * 2) * 2
     changed = replace(item, bytes=item.bytes - T * q * 2)
-    assert pieces([changed]) == (changed.bytes // item.tensors,) * item.tensors
+    n, b = item.tensors, changed.bytes  # equal parts, the last with the remainder: they add up
+    assert pieces([changed]) == (b // n,) * (n - 1) + (b - (n - 1) * (b // n),)
+    assert sum(pieces([changed])) == b

@@ -427,6 +427,8 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
             grads_in_flight=la.backward_grads if whole else 0,
             resident_credit=in_place_credit(la.backward_freed, la.backward_grads, alive) if in_place else 0,
+            forward_sizes=la.forward_sizes, recompute_sizes=la.recompute_sizes,
+            backward_sizes=la.backward_sizes + ((la.backward_grads,) if not whole else ()),
         ))  # fmt: skip
         layer_items.append((count, la.saved))
     embed: tuple[MemoryItem, ...] = ()

@@ -155,16 +155,8 @@ def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
 
 
 def pieces(items: Iterable[MemoryItem]) -> tuple[int, ...]:
-    """The tensor sizes of ``items``: an item's ``sizes`` where they add up to its bytes, else its bytes
-    split into its ``tensors`` equal parts (an item whose bytes a technique changed: LoRA's frozen norms)."""
-    out: list[int] = []
-    for i in items:
-        if i.sizes and sum(i.sizes) == i.bytes:
-            out += i.sizes
-        elif i.bytes > 0:
-            n = max(1, i.tensors)
-            out += [i.bytes // n] * n
-    return tuple(out)
+    """The tensor sizes of ``items`` (:func:`peakmem.formulas.activations.tensor_sizes`)."""
+    return act.tensor_sizes(items)
 
 
 def split(nbytes: int, unit: int) -> tuple[int, ...]:
@@ -173,6 +165,18 @@ def split(nbytes: int, unit: int) -> tuple[int, ...]:
         return ()
     n = max(1, -(-nbytes // max(1, unit)))
     return (nbytes // n,) * n
+
+
+def sized(sizes: tuple[int, ...], nbytes: int, unit: int) -> tuple[int, ...]:
+    """A layer's transient of ``nbytes`` as its tensors: ``sizes`` (the formulas' tensors at their sizes:
+    :class:`~peakmem.formulas.activations.LayerActivations` ``forward_sizes`` etc.) where they add up to
+    it, else :func:`split` into parts of ``unit`` (a transient the formulas know as a sum only: a net
+    forward peak beyond the saved tensors, a TP rank's split, an MoE's or a post-norm's backward, a
+    derived block's measured costs, one a technique changed). Equal parts a few MiB below a saved
+    tensor cannot hold it: Llama-3.1-8B under op-level SAC cut its 960 MiB eager forward interior into
+    5 x 192 MiB next to 224 MiB saved gate outputs, a new segment every layer."""
+    known = tuple(n for n in sizes if n > 0)
+    return known if known and sum(known) == nbytes else split(nbytes, unit)
 
 
 # Replaying costs time in proportion to the layers, and past a few identical layers each further one
@@ -240,9 +244,10 @@ def step_tensors(
         else:
             temps += pieces((item,))
     sharded = par is not None and par.fsdp is not FsdpMode.NONE
-    # a transient known by its sum only is cut into tensors of the largest saved one; under TP the
-    # layer's transients hold whole T x H tensors (SP's all-gathered norm output, a row-parallel
-    # Linear's partial sum) larger than any saved shard: those are cut at the head input's T x H
+    # a layer's transients at their tensors' sizes where the formulas list them (:func:`sized`); one
+    # known by its sum only is cut into tensors of the largest saved one; under TP the layer's
+    # transients hold whole T x H tensors (SP's all-gathered norm output, a row-parallel Linear's
+    # partial sum) larger than any saved shard: those are cut at the head input's T x H
     lm_in = sum(i.bytes for i in parts.head_items if i.key == "head.lm_head_input")
     whole = lm_in if par is not None and par.tp > 1 else 0
     layers = []
@@ -251,9 +256,9 @@ def step_tensors(
         unit = max(max(saved, default=0), whole)
         in_flight = g.grads_in_flight or 0
         layers.append(_seq.LayerTensors(
-            count=count, saved=saved, forward_extra=split(g.forward_transient, unit),
-            backward_extra=split(g.recompute, unit)
-            + split(g.backward_transient + g.freed - in_flight, unit),
+            count=count, saved=saved, forward_extra=sized(g.forward_sizes, g.forward_transient, unit),
+            backward_extra=sized(g.recompute_sizes, g.recompute, unit)
+            + sized(g.backward_sizes, g.backward_transient + g.freed - in_flight, unit),
             grads=tuple(grad(n) for n in reversed(per)),
         ))  # fmt: skip
     backward_order = last[::-1] + [
@@ -338,8 +343,8 @@ def sharded_parts(
     Optimizer steps read the sharded gradients in place: no 16-bit gradient is replaced by an fp32 copy,
     and zero_grad frees only side-stream blocks. Under ``loss_parallel`` (TP with the standard loss) the
     loss's requests follow torch's handlers (:class:`~peakmem.formulas.step_sequence.StepTensors`
-    ``loss_parallel``); the layers' transients stay sums cut into pieces (:func:`split`): the estimate
-    does not list a TP layer's interior tensor by tensor."""
+    ``loss_parallel``); the layers' transients are requested as :func:`step_tensors` requests them (at
+    their TP-split sizes, :func:`sized`)."""
     tech = st.tech
     spec = tech.spec
     n = par.shard_degree

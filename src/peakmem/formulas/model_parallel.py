@@ -314,10 +314,19 @@ def dtensor_recompute_tail(
     gathered = whole if par.sequence_parallel else 0
     # net bytes above the recomputed tensors, as backward_transient counts them (the mask argument, kept
     # for the recomputation, alive at both)
-    tail = grad_in + gathered + held + whole + dtensor_rowwise_copy(par, hidden, whole) + la.mask_arg
+    copy = dtensor_rowwise_copy(par, hidden, whole)
+    tail = grad_in + gathered + held + whole + copy + la.mask_arg
     if tail <= la.backward_transient:
         return la
-    return replace(la, backward_transient=tail, backward_freed=0, backward_grads=0)
+
+    # at their sizes: ``held`` and the copy in hidden-state tensors (the residual stream, SP's norm-output
+    # shard; the collective's output, SP's whole chunked copy)
+    def hidden_parts(n: int) -> tuple[int, ...]:
+        return (hidden,) * (n // hidden) if hidden and n % hidden == 0 else (n,)
+
+    copies = (hidden, whole) if par.sequence_parallel else (hidden,)
+    sizes = tuple(x for x in (grad_in, gathered, *hidden_parts(held), whole, *copies, la.mask_arg) if x)
+    return replace(la, backward_transient=tail, backward_freed=0, backward_grads=0, backward_sizes=sizes)
 
 
 SRC_DTENSOR_EMBED = (
@@ -425,6 +434,7 @@ def tp_layer_activations(
             bytes=cp.saved, source=SRC_TORCH_CP, key="attn.cp_out_copy",
         ),)  # fmt: skip
     whole = min(linear_input, la.interior)
+    plain = not (cp.forward or cp.backward or dispatch_bytes)
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
@@ -439,6 +449,13 @@ def tp_layer_activations(
         backward_stages=tuple(
             (cdiv(n, par.tp), cdiv(f, par.tp), cdiv(g, par.tp)) for n, f, g in la.backward_stages
         ),
+        # the tensors at their sizes (LayerActivations.forward_sizes etc.), each split as its sum is (the
+        # step replays them where they still add up to it; a ring or a dispatch buffer adds a sum only)
+        forward_sizes=tuple(cdiv(x, par.tp) for x in la.forward_sizes) if plain else (),
+        backward_sizes=tuple(cdiv(x, par.tp) for x in la.backward_sizes) if plain else (),
+        interior_sizes=(whole, *(cdiv(x, par.tp) for x in la.interior_sizes[1:]))
+        if la.interior_sizes[:1] == (whole,)
+        else (),
     )
 
 

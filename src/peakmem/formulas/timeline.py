@@ -33,6 +33,12 @@ class GroupCost:
     grads_in_flight: int = 0  # of backward_transient: its weight gradients already written
     # of backward_transient: weight-gradient bytes gone when gradients already exist (in_place_credit)
     resident_credit: int = 0
+    # the transients' tensors at their sizes where known (LayerActivations.forward_sizes, recompute_sizes,
+    # and the backward peak's temporaries followed by its weight gradients not in flight); used by the
+    # allocator replay (step_parts.py) only where they add up to their sums
+    forward_sizes: tuple[int, ...] = ()
+    recompute_sizes: tuple[int, ...] = ()
+    backward_sizes: tuple[int, ...] = ()
 
 
 def in_place_credit(freed: int, grads: int, alive: int) -> int:

@@ -62,6 +62,7 @@ from .shapes import (
     derived_family,
     dropout_mask_bytes,
     shapes,
+    tensor_sizes,
 )
 from .structure import block_norm_count
 
@@ -109,4 +110,5 @@ __all__ = [
     "sdpa_call_backend",
     "sdpa_call_heads",
     "shapes",
+    "tensor_sizes",
 ]

@@ -33,8 +33,12 @@ SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ phil
 SRC_MATH = "torch _scaled_dot_product_attention_math: materialises scores; CPU upcasts 16-bit to fp32"
 
 
-def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryItem], int, int, int]:
-    """Saved attention tensors (q/k/v onwards), the core bytes, forward and backward transients."""
+def attention_terms(
+    spec: ModelSpec, layer: Layer, sh: Shapes
+) -> tuple[list[MemoryItem], int, int, int, tuple[int, ...]]:
+    """Saved attention tensors (q/k/v onwards), the core bytes, forward and backward transients, and the
+    backward transient's tensors at their sizes (dq, dk, dv and the kernel's scratch; eager: the scores'
+    gradients)."""
     att = layer.attention
     t, c, b, s = sh.tokens, sh.c, sh.batch, sh.seq
     a, g, d, dv = att.num_heads, att.num_kv_heads, att.head_dim, att.v_head_dim
@@ -90,10 +94,10 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
             item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
     lse = b * a * s * 4
-    scratch = flash_backward_scratch(spec, layer, sh)
+    scratch = flash_backward_scratch_sizes(spec, layer, sh)
     if efficient:
         lse = b * a * -(-s // EFFICIENT_LSE_ROUND) * EFFICIENT_LSE_ROUND * 4
-        scratch = efficient_backward_scratch(att, sh)
+        scratch = efficient_backward_scratch_sizes(att, sh)
     if sh.kernel is AttentionKernel.SDPA and sliding_mask(att, s):
         # SDPA makes masking_utils' bool mask additive in the inputs' dtype (attention.cpp
         # ``convert_boolean_attn_mask``: zeros_like, masked_fill) at every call, and the kernel saves it:
@@ -106,39 +110,51 @@ def attention_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[Mem
                            "attn.sdpa_bias"))  # fmt: skip
     items.append(item("attn.logsumexp (fp32)", lse, SRC_SDPA, "attn.logsumexp"))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
-    bwd = t * (a * d + g * d + g * dv) * c + scratch
-    return items, lse, 0, bwd
+    grads = (t * a * d * c, t * g * d * c, t * g * dv * c)
+    bwd_sizes = tuple(x for x in (*grads, *scratch) if x)
+    return items, lse, 0, sum(bwd_sizes), bwd_sizes
 
 
 def efficient_backward_scratch(att: Attention, sh: Shapes) -> int:
     """Bytes the memory-efficient kernel's backward allocates for its duration (see above)."""
+    return sum(efficient_backward_scratch_sizes(att, sh))
+
+
+def efficient_backward_scratch_sizes(att: Attention, sh: Shapes) -> tuple[int, ...]:
+    """:func:`efficient_backward_scratch` tensor by tensor: its fp32 ``delta`` rows and, for 16-bit
+    inputs, its fp32 ``grad_q`` accumulator."""
     rows = sh.batch * att.num_heads * sh.seq
-    return rows * 4 + (rows * att.head_dim * 4 if sh.c < 4 else 0)
+    return (rows * 4, rows * att.head_dim * 4) if sh.c < 4 else (rows * 4,)
 
 
 def flash_backward_scratch(spec: ModelSpec, layer: Layer, sh: Shapes) -> int:
-    """Bytes FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``): ``softmax_d``
-    fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H, :func:`flash_bwd_head_rounded` (D)] and,
-    when the call hands fewer k/v heads than q heads (``enable_gqa``), ``dk_expanded`` and ``dv_expanded``
-    [B, S, H, D] in the input dtype (summed into dk, dv at the end). On CUDA under SDPA only where
-    :func:`cuda_sdpa_backend` picks flash for the call (:func:`sdpa_call_heads`); with the flash-attn
-    kernel for 16-bit inputs and equal head sizes up to 256; 0 otherwise (the memory-efficient or math
-    kernel, a CPU step, eager attention, MLA)."""
+    """Bytes FlashAttention-2's backward allocates (:func:`flash_backward_scratch_sizes`)."""
+    return sum(flash_backward_scratch_sizes(spec, layer, sh))
+
+
+def flash_backward_scratch_sizes(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[int, ...]:
+    """The tensors FlashAttention-2's backward allocates for the kernel's duration (``mha_bwd``):
+    ``softmax_d`` fp32 [B, H, round128(S)], ``dq_accum`` fp32 [B, round128(S), H,
+    :func:`flash_bwd_head_rounded` (D)] and, when the call hands fewer k/v heads than q heads
+    (``enable_gqa``), ``dk_expanded`` and ``dv_expanded`` [B, S, H, D] in the input dtype (summed into
+    dk, dv at the end). On CUDA under SDPA only where :func:`cuda_sdpa_backend` picks flash for the call
+    (:func:`sdpa_call_heads`); with the flash-attn kernel for 16-bit inputs and equal head sizes up to
+    256; none otherwise (the memory-efficient or math kernel, a CPU step, eager attention, MLA)."""
     att = layer.attention
     a, d = att.num_heads, att.head_dim
     if sh.policy is not KernelPolicy.CUDA or att.is_mla:
-        return 0
+        return ()
     kv = att.num_kv_heads
     if sh.kernel is AttentionKernel.SDPA:
         backend, kv = call_backend(spec, att, sh.profile, half=sh.c < 4, seq=sh.seq)
         if backend != "flash":
-            return 0
+            return ()
     elif sh.kernel is not AttentionKernel.FLASH or sh.c == 4 or d != att.v_head_dim or d > FLASH_MAX_HEAD_DIM:
-        return 0
+        return ()
     rows = -(-sh.seq // FLASH_BWD_SEQ_ROUND) * FLASH_BWD_SEQ_ROUND
-    scratch = sh.batch * a * rows * 4 + sh.batch * rows * a * flash_bwd_head_rounded(d) * 4
-    if kv != a:
-        scratch += 2 * sh.tokens * a * d * sh.c
+    scratch: tuple[int, ...] = (sh.batch * a * rows * 4, sh.batch * rows * a * flash_bwd_head_rounded(d) * 4)
+    if kv != a:  # dk_expanded, dv_expanded
+        scratch += (sh.tokens * a * d * sh.c,) * 2
     return scratch
 
 
@@ -156,7 +172,7 @@ def _mla_latent_terms(spec: ModelSpec, att: Attention, sh: Shapes) -> list[Memor
 
 def _eager_terms(
     spec: ModelSpec, layer: Layer, sh: Shapes, items: list[MemoryItem], scores: int
-) -> tuple[list[MemoryItem], int, int, int]:
+) -> tuple[list[MemoryItem], int, int, int, tuple[int, ...]]:
     att = layer.attention
     t, c = sh.tokens, sh.c
     a, d, dv = att.num_heads, att.head_dim, att.v_head_dim
@@ -224,10 +240,10 @@ def _eager_terms(
     # forward: QK^T and its scaled / masked copy alive together; backward: each node frees its saved
     # tensors when done, so next to the saved ones one gradient of the scores is alive at a time
     fwd = scores * max(2 * inner, inner + sm)
-    bwd = scores * sm
+    grads = 1  # scores-sized gradients in the softmax dtype
     if sh.kernel_note.startswith(MATH) and sh.policy is KernelPolicy.CUDA:
         # SDPA's math kernel (attention.cpp ``_scaled_dot_product_attention_math``): ``_safe_softmax``'s
         # backward writes dS while the incoming dP (from ``matmul(attn, value)``'s backward) is alive, both
         # scores-sized in the softmax dtype (measured under the simulator's CUDA policy: falcon, b2 x s128)
-        bwd = 2 * scores * sm
-    return items, core, fwd, bwd
+        grads = 2
+    return items, core, fwd, grads * scores * sm, (scores * sm,) * grads

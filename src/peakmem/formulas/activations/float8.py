@@ -161,6 +161,12 @@ def converted(spec: ModelSpec, weight: Tensor) -> bool:
     return all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
 
 
+def cast_sizes(n: int) -> tuple[int, int, int]:
+    """The tensors of one eager float8 cast of ``n`` elements at its peak (:data:`CAST_PEAK`): the fp32
+    scaled copy, its clamped copy, the float8 result."""
+    return FP32 * n, FP32 * n, FP8 * n
+
+
 def linear_forward_peak(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False) -> int:
     """Bytes a converted Linear (m tokens, k in, n out) holds in forward beyond its input and output:
     the input's cast (``CAST_PEAK`` per element), then its float8 copy while the weight is cast, then
@@ -168,34 +174,49 @@ def linear_forward_peak(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool 
     (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without.
     ``weight_fp8``: the weight arrives as float8 (:class:`Recipe`): no weight cast and no float8 copy of
     it (the gathered weight is the unit's, counted by the engine)."""
+    return sum(linear_forward_sizes(m, k, n, c, weight_fp8=weight_fp8))
+
+
+def linear_forward_sizes(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False) -> tuple[int, ...]:
+    """:func:`linear_forward_peak`'s tensors at its largest instant."""
     w = 0 if weight_fp8 else n * k
-    return max(CAST_PEAK * m * k, FP8 * m * k + CAST_PEAK * w, FP8 * (m * k + w), c * m * n)
+    return _largest([cast_sizes(m * k), (FP8 * m * k, *cast_sizes(w)), (FP8 * m * k, FP8 * w), (c * m * n,)])
+
+
+def _largest(instants: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The instant holding the most bytes (the first of equal ones), its empty tensors dropped."""
+    return tuple(x for x in max(instants, key=sum) if x)
 
 
 def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
     """Bytes a converted Linear's backward holds beyond its incoming gradient (m x n, ``c`` bytes per
     element), its weight gradient and grad_input (``c`` bytes each) included - the stages of
     ``matmul_with_hp_or_float8_args.backward`` in order, each local kept until it returns."""
+    return sum(linear_backward_sizes(m, k, n, c, recipe))
+
+
+def linear_backward_sizes(m: int, k: int, n: int, c: int, recipe: Recipe) -> tuple[int, ...]:
+    """:func:`linear_backward_peak`'s tensors at its largest stage."""
     go, w, x = m * n, n * k, m * k
     post_gi = FP32 * x if recipe.rowwise else 0  # rowwise: post_inverse_scale of grad_input's shape
     cast_w = 0 if recipe.weight_fp8 else w  # the weight's float8 copy (none when it arrives as float8)
     stages = [
-        CAST_PEAK * go,  # grad_output cast for grad_input
-        FP8 * go + CAST_PEAK * cast_w,  # the weight cast for grad_input
-        FP8 * go + FP8 * (cast_w + w) + c * x + post_gi,  # grad_input gemm: the weight operand copied
+        cast_sizes(go),  # grad_output cast for grad_input
+        (FP8 * go, *cast_sizes(cast_w)),  # the weight cast for grad_input
+        (FP8 * go, FP8 * cast_w, FP8 * w, c * x, post_gi),  # grad_input gemm: the weight operand copied
     ]
-    held = FP8 * go + FP8 * cast_w + c * x  # alive from here to the return
+    held = (FP8 * go, FP8 * cast_w, c * x)  # alive from here to the return
     if recipe.grad_weight_fp8:
         post_gw = FP32 * w if recipe.rowwise else 0
         stages += [
-            held + CAST_PEAK * go,  # grad_output cast again, for grad_weight
-            held + FP8 * go + CAST_PEAK * x,  # the input cast for grad_weight
+            (*held, *cast_sizes(go)),  # grad_output cast again, for grad_weight
+            (*held, FP8 * go, *cast_sizes(x)),  # the input cast for grad_weight
             # grad_weight gemm: both operands copied to _scaled_mm's layouts, the output c bytes
-            held + 2 * FP8 * go + 2 * FP8 * x + c * w + post_gw,
+            (*held, FP8 * go, FP8 * go, FP8 * x, FP8 * x, c * w, post_gw),
         ]
     else:
-        stages.append(held + c * w)  # grad_weight = grad_output.t() @ input in high precision
-    return max(stages)
+        stages.append((*held, c * w))  # grad_weight = grad_output.t() @ input in high precision
+    return _largest(stages)
 
 
 def check_float8(spec: ModelSpec, layer: Layer, setup: TrainingSetup, adapter: bool) -> None:
@@ -242,9 +263,10 @@ def float8_layer(
     if sh.float8_weights:  # FSDP2 float8 all-gather: the weights arrive as float8
         recipe = replace(recipe, weight_fp8=True)
 
-    def fwd_peak(w: Tensor) -> int:
-        bias = c if w.name.removesuffix(".weight") in biased else 0
-        return linear_forward_peak(t, *_io(w), bias, weight_fp8=recipe.weight_fp8)
+    fp8 = recipe.weight_fp8
+
+    def _bias(w: Tensor) -> int:
+        return c if w.name.removesuffix(".weight") in biased else 0
 
     if not weights:
         return la
@@ -255,26 +277,41 @@ def float8_layer(
     # alive beside the casts of the MLP's output projection, none of it saved: the decoder's embedding
     # output (modeling_llama.py LlamaModel.forward keeps ``inputs_embeds`` to the end), the layer's input
     # (the loop's ``hidden_states``) and the attention's residual sum (the layer's ``residual``)
-    held = HELD_STREAMS * t * h * r
-    fwd = max([held + fwd_peak(w) for w in out_proj], default=0)
+    # (HELD_STREAMS of them); each candidate instant with its tensors at their sizes (forward_sizes etc.)
+    streams = (t * h * r,) * HELD_STREAMS
+    fwd_sizes = [(*streams, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8)) for w in out_proj]
+    fwd = max([sum(x) for x in fwd_sizes], default=0)
     # full checkpointing's forward keeps nothing: at the output projection's casts its input (the gated
     # product) and the MLP's input (the norm output) are alive beside the residual sum; the layer's input is
     # the checkpoint's saved tensor, counted already
-    interior = max([la.interior] + [t * h * (r + c) + t * _io(w)[0] * c + fwd_peak(w)
-                                    for w in out_proj])  # fmt: skip
+    inner = [
+        (t * h * r, t * h * c, t * _io(w)[0] * c, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8))
+        for w in out_proj
+    ]
+    interior = max([la.interior] + [sum(x) for x in inner])
     stages = list(la.backward_stages) or [(la.backward_transient, la.backward_freed, la.backward_grads)]
+    # the temporaries (net + freed - grads) of each stage at their sizes: la's chosen one's only
+    temps: list[tuple[int, ...]] = [
+        la.backward_sizes if st == (la.backward_transient, la.backward_freed, la.backward_grads) else ()
+        for st in stages
+    ]
     mlp_grads = sum(w.numel for w in out_proj) * c
     width = layer.mlp.intermediate_size
     saved_mlp = sum(i.bytes for i in la.saved if i.key in ("mlp.interior", "input.mlp"))
     for w in out_proj:  # incoming: the residual gradient
         k, n = _io(w)
-        stages.append((t * h * r + linear_backward_peak(t, k, n, c, recipe), 0, 0))
+        temps.append((t * h * r, *linear_backward_sizes(t, k, n, c, recipe)))
+        stages.append((sum(temps[-1]), 0, 0))
     # the MLP interior's gradients alive (a gated one's two: gate's and up's), down's weight gradient written
-    interior_grads = (2 if layer.mlp.gated else 1) * t * width * c
+    alive_interior = 2 if layer.mlp.gated else 1
+    interior_grads = alive_interior * t * width * c
     for w in in_proj:
         k, n = _io(w)
         freed = saved_mlp - t * k * c  # the MLP input stays for the other input projection
         net = t * h * r + mlp_grads + interior_grads + linear_backward_peak(t, k, n, c, recipe) - freed
+        temps.append(
+            (t * h * r, *(t * width * c,) * alive_interior, *linear_backward_sizes(t, k, n, c, recipe))
+        )
         stages.append((net, freed, mlp_grads))
     all_mlp_grads = sum(w.numel for w in mlp_w) * c
     # the attention's output projection: the last attention Linear (o_proj, dense, out_proj, c_proj),
@@ -284,22 +321,35 @@ def float8_layer(
     att_out = att_all[-1:]
     att_saved = sum(i.bytes for i in la.saved if i.key.startswith("attn."))
     out_grads = all_mlp_grads + sum(w.numel for w in att_out) * c
-    in_grads = sum(t * w.shape[0] * c for w in att_all[:-1])  # their outputs' gradients
+    in_sizes = tuple(t * w.shape[0] * c for w in att_all[:-1])  # their outputs' gradients
+    in_grads = sum(in_sizes)
     for w in attention:
         k, n = _io(w)
         if w in att_out:
-            freed, grads, alive = saved_mlp, all_mlp_grads, 0
+            freed, grads, alive, alive_sizes = saved_mlp, all_mlp_grads, 0, tuple[int, ...]()
         else:
-            freed, grads, alive = saved_mlp + att_saved, out_grads, in_grads
+            freed, grads, alive, alive_sizes = saved_mlp + att_saved, out_grads, in_grads, in_sizes
         net = t * h * r + t * h * c + alive + grads + linear_backward_peak(t, k, n, c, recipe) - freed
+        temps.append((t * h * r, t * h * c, *alive_sizes, *linear_backward_sizes(t, k, n, c, recipe)))
         stages.append((net, freed, grads))
     if recomputed:  # the recomputation's forward casts, the layer's tensors saved again, the gradient in
-        stages += [(2 * t * h * r + fwd_peak(w), 0, 0) for w in out_proj]
-    best = max(stages)
+        for w in out_proj:
+            temps.append((t * h * r, t * h * r, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8)))
+            stages.append((sum(temps[-1]), 0, 0))
+    best = max(range(len(stages)), key=lambda i: stages[i])
+    forward = max(la.forward_transient, fwd)
+    # the casts' tensors as eager torchao makes them; under torch.compile Inductor fuses the casts (not
+    # modelled): their sums stand in for tensors whose sizes are not known, so they stay cut (step_parts)
+    eager = not sh.compiled
+    if not eager:
+        temps = [ts if i < len(la.backward_stages or [0]) else () for i, ts in enumerate(temps)]
     return replace(
-        la, forward_transient=max(la.forward_transient, fwd), interior=interior,
-        backward_transient=best[0], backward_freed=best[1], backward_grads=best[2],
-        backward_stages=tuple(stages),
+        la, forward_transient=forward, interior=interior,
+        backward_transient=stages[best][0], backward_freed=stages[best][1], backward_grads=stages[best][2],
+        backward_stages=tuple(stages), backward_sizes=temps[best],
+        forward_sizes=la.forward_sizes if forward == la.forward_transient else
+        max(fwd_sizes, key=sum) if eager else (),
+        interior_sizes=la.interior_sizes if interior == la.interior else max(inner, key=sum) if eager else (),
     )  # fmt: skip
 
 

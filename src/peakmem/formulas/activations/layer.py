@@ -29,7 +29,17 @@ from .norms import (
     qk_norm_item,
     rmsnorm_weight_side_bytes,
 )
-from .shapes import SRC_DROPOUT, SRC_WEIGHT_CAST, LayerActivations, Shapes, dropout_mask_bytes, item, sized
+from .shapes import (
+    SRC_DROPOUT,
+    SRC_WEIGHT_CAST,
+    LayerActivations,
+    Shapes,
+    dropout_mask_bytes,
+    item,
+    sized,
+    tensor_sizes,
+    without,
+)
 from .structure import layer_structure, mlp_input_readers
 
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
@@ -123,7 +133,7 @@ def layer_activations(
                            att_readers if casts else 1))  # fmt: skip
         items.append(item("mlp input (norm output)", mlp_in, SRC_LINEAR, "input.mlp",
                            mlp_input_readers(layer) if casts else 1))  # fmt: skip
-    att_items, core, att_fwd, att_bwd = attention_terms(spec, layer, sh)
+    att_items, core, att_fwd, att_bwd, att_bwd_sizes = attention_terms(spec, layer, sh)
     items.extend(att_items)
     mlp_items, mlp_bwd = mlp_terms(spec, layer, sh)
     items.extend(mlp_items)
@@ -149,6 +159,10 @@ def layer_activations(
     # (net bytes above the layer's saved tensors, saved bytes already freed, weight grads written)
     mlp_out_in = routed_width_bytes(spec, layer, sh)  # the output projection's input, freed first
     mlp_stage = (mlp_bwd + t * h * r + mlp_grads - mask, mlp_out_in + mask, mlp_grads)
+    # its temporaries (net + freed - grads): the incoming T x h gradient, the down projection's input
+    # gradient, then the activation's T x width gradients (backward_gradients_alive of them)
+    alive = mlp_bwd // mlp_out_in if mlp_out_in and mlp_bwd % mlp_out_in == 0 else 0
+    mlp_sizes = (t * h * r, mlp_out_in, *(mlp_out_in,) * alive)
     # At the attention core's backward: the incoming gradient and o_proj's input gradient (heads x
     # v_head_dim wide: wider than h for Qwen3). The output projection and the residual dropout after it
     # have run their backward (the dropout's mask freed), and so has, in a post-norm block (BERT), the
@@ -159,6 +173,7 @@ def layer_activations(
     att_grads = grad_bytes - int(grad_bytes * att_in_params / total) if total else grad_bytes
     att_freed = mlp_saved + mask + (norm_one if spec.post_norm and n_norms == 2 else 0)
     att_stage = (att_bwd + t * h * c + att_out + att_grads - att_freed, att_freed, att_grads)
+    att_sizes = (t * h * c, att_out, *att_bwd_sizes)  # the incoming gradient, o_proj's input gradient, dq..
     stage = max(mlp_stage, att_stage)
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
@@ -169,13 +184,18 @@ def layer_activations(
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
+    core_sizes = tensor_sizes(i for i in att_items if i.key in CORE_KEYS or i.key in CORE_EXTRA_KEYS)
+    larger = core_sizes if core > mlp_items_bytes else tensor_sizes(mlp_items)
+    # the stage's temporaries where it is one of the two above (a post-norm's or an MoE's: their sum only)
+    bwd_sizes = mlp_sizes if stage == mlp_stage else att_sizes if stage == att_stage else ()
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest),
         forward_headroom=max(0, att_rest - att_fwd),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
-        backward_stages=(mlp_stage, att_stage),
+        backward_stages=(mlp_stage, att_stage), backward_sizes=bwd_sizes,
+        interior_sizes=(t * h * c, *larger),
     )  # fmt: skip
 
 
@@ -259,14 +279,27 @@ def full_ac_forward(la: LayerActivations, out: int, copy: int, held: int) -> int
     Measured with the parallel oracle (peakmem.measure.parallel_ac): tiny Llama under full AC, pp2 first
     stage forward +4.4%, tp2+sp x fsdp2 +3.5% with the gate counted; the 70B-ratio model at tp8+sp
     (512 vocab) -6.8% without the output instant, -4.5% without ``held``."""
+    return full_ac_forward_sizes(la, out, copy, held)[0]
+
+
+def full_ac_forward_sizes(
+    la: LayerActivations, out: int, copy: int, held: int
+) -> tuple[int, tuple[int, ...]]:
+    """:func:`full_ac_forward` and its tensors at their sizes (() where ``copy``, the collective's copy
+    the estimator adds apart, is in the instant): at the product ``held``, ``x`` and act(gate), up and
+    the product (or the attention core, when larger); at the down projection's output ``held``, ``x``,
+    the product and that output."""
     mlp = [i for i in la.saved if i.key == "mlp.interior"]
     if len(mlp) != 1 or mlp[0].tensors != GATED_MLP_TENSORS:
-        return la.interior
+        return la.interior, la.interior_sizes
     whole, one = mlp[0].bytes, mlp[0].bytes // GATED_MLP_TENSORS
     x = max(0, la.interior - max(la.core, whole))  # the Linears' input, next to the larger interior
     at_product = held + x + max(la.core, whole - one)
     at_output = held + x + one + out + copy
-    return max(at_product, at_output) - copy
+    if at_output >= at_product:
+        return at_output - copy, (held, x, one, out)
+    core = la.interior_sizes[2:] if la.core > whole - one and la.interior_sizes[:1] == (x,) else ()
+    return at_product - copy, () if copy else (held, x, *(core or (one,) * (GATED_MLP_TENSORS - 1)))
 
 
 def checkpointed(
@@ -283,7 +316,12 @@ def checkpointed(
     checkpointing is :func:`full_ac_forward` (``out``, ``copy``, ``held``: its arguments)."""
     if mode is Checkpointing.NONE:
         return la
+    # the recomputation rebuilds the layer's saved tensors but its input, which stays kept
+    rebuilt = without(tensor_sizes(la.saved), (la.input_saved,) if la.input_saved else ())
+    backward = (*la.backward_sizes, la.mask_arg) if la.mask_arg and la.backward_sizes else la.backward_sizes
     if mode is Checkpointing.FULL:
+        forward, forward_sizes = full_ac_forward_sizes(la, out, copy, held) if eager_mlp else (
+            la.interior, la.interior_sizes)  # fmt: skip
         keep = (MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS,
                            bytes=la.layer_input,
                            source="torch.utils.checkpoint: only the block's inputs are saved",
@@ -294,21 +332,26 @@ def checkpointed(
         # ``_checkpoint_without_reentrant_generator``), so the attention mask outlives the forward
         # until the first layer's recomputation: a temporary next to every layer's backward.
         return LayerActivations(
-            saved=keep, core=0, layer_input=la.layer_input,
-            forward_transient=full_ac_forward(la, out, copy, held) if eager_mlp else la.interior,
+            saved=keep, core=0, layer_input=la.layer_input, forward_transient=forward,
             backward_transient=la.backward_transient + la.mask_arg, recompute=la.saved_bytes - la.input_saved,
             interior=la.interior, backward_freed=la.backward_freed, backward_grads=la.backward_grads,
+            forward_sizes=forward_sizes, recompute_sizes=rebuilt, backward_sizes=backward,
+            interior_sizes=la.interior_sizes,
         )  # fmt: skip
     kept = tuple(i for i in la.saved if not _is_core(i))
     return LayerActivations(
         saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.forward_transient,
         backward_transient=la.backward_transient, recompute=la.core,
         backward_freed=la.backward_freed, backward_grads=la.backward_grads,
+        forward_sizes=la.forward_sizes, recompute_sizes=tensor_sizes(i for i in la.saved if _is_core(i)),
+        backward_sizes=la.backward_sizes,
     )  # fmt: skip
 
 
 # The attention core's saved tensors (what selective checkpointing drops and recomputes).
 CORE_KEYS = frozenset({"attn.softmax", "attn.probs", "attn.dropout", "attn.dropout_mask"})
+# of the attention core's bytes (``attention_terms``), the tensors selective checkpointing keeps
+CORE_EXTRA_KEYS = frozenset({"attn.softcap", "attn.logsumexp"})
 
 
 def _is_core(item: MemoryItem) -> bool:

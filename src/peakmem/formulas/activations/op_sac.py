@@ -60,7 +60,7 @@ from peakmem.training import AttentionKernel, KernelPolicy
 
 from .float8 import converted
 from .kernels import call_backend
-from .shapes import LayerActivations, Shapes, item
+from .shapes import LayerActivations, Shapes, item, tensor_sizes, without
 
 SRC_OP_SAC = (
     "torchtitan 1f029641b _op_sac_save_list / _apply_op_sac: mm outputs saved, every second one recomputed"
@@ -137,8 +137,15 @@ def op_checkpointed(la: LayerActivations, kept: tuple[MemoryItem, ...]) -> Layer
     what the layer saves (as full checkpointing does, less what the cache already holds)."""
     kept_bytes = sum(i.bytes for i in kept)
     rebuilt = la.saved_bytes - la.input_saved - (kept_bytes - la.layer_input)
+    # at their sizes: the layer's saved tensors less its input and one tensor of each kept output's size
+    # (a kept output is one of the tensors the layer saves: gate, q, SDPA's output; or one of their size)
+    outputs = [i for i in kept if i.key != "checkpoint.layer_input"]
+    gone = (*((la.input_saved,) if la.input_saved else ()), *tensor_sizes(outputs))
+    backward = (*la.backward_sizes, la.mask_arg) if la.mask_arg and la.backward_sizes else la.backward_sizes
     return LayerActivations(
         saved=kept, core=0, layer_input=la.layer_input, forward_transient=la.interior,
         backward_transient=la.backward_transient + la.mask_arg, recompute=max(0, rebuilt),
         interior=la.interior, backward_freed=la.backward_freed, backward_grads=la.backward_grads,
+        forward_sizes=la.interior_sizes, recompute_sizes=without(tensor_sizes(la.saved), gone),
+        backward_sizes=backward, interior_sizes=la.interior_sizes,
     )  # fmt: skip

@@ -9,6 +9,7 @@ and the saved-tensor items every part of :mod:`peakmem.formulas.activations` bui
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from peakmem.adapters import lora_of
@@ -84,6 +85,17 @@ class LayerActivations:
     # (the saved tensors the layer makes after its core, less the core's own transient): an extra
     # alive at the core (context parallel's ring, formulas/model_parallel.py) adds only beyond it
     forward_headroom: int = 0
+    # the tensors three of the sums above are made of, each at its own size, in the order they are made,
+    # where the formula knows them: ``forward_transient``; ``recompute``; the backward peak's temporaries
+    # (``backward_transient + backward_freed - backward_grads``: the gradients in flight, the layer's
+    # saved tensors already freed at that instant, the kernels' scratch). The allocator replay
+    # (step_parts.py) requests them at these sizes where they add up to their sum, else the sum cut into
+    # equal parts: () where only the sum is known, and a pass that changes a sum without its sizes (TP's
+    # split, a ring, LoRA, float8, tiled MLP) leaves them stale, so they no longer add up
+    forward_sizes: tuple[int, ...] = ()
+    recompute_sizes: tuple[int, ...] = ()
+    backward_sizes: tuple[int, ...] = ()
+    interior_sizes: tuple[int, ...] = ()  # ``interior`` (what checkpointing's forward holds mid-layer)
 
     @property
     def saved_bytes(self) -> int:
@@ -136,6 +148,37 @@ def item(path: str, nbytes: int, source: str, key: str, tensors: int = 1) -> Mem
 def sized(path: str, sizes: tuple[int, ...], source: str, key: str) -> MemoryItem:
     """An item of unequal tensors, ``sizes`` in the order they are made (``MemoryItem.sizes``)."""
     return MemoryItem(path, Category.ACTIVATIONS, sum(sizes), source, key, len(sizes), sizes)
+
+
+def tensor_sizes(items: Iterable[MemoryItem]) -> tuple[int, ...]:
+    """The tensor sizes of ``items``: an item's ``sizes`` where they add up to its bytes, else its bytes
+    split into its ``tensors`` equal parts, the last holding the remainder (an item whose bytes a
+    technique changed: LoRA's frozen norms; TP's split of unequal tensors), so that they add up."""
+    out: list[int] = []
+    for i in items:
+        if i.sizes and sum(i.sizes) == i.bytes:
+            out += i.sizes
+        elif i.bytes > 0:
+            n = max(1, i.tensors)
+            out += [i.bytes // n] * (n - 1) + [i.bytes - (n - 1) * (i.bytes // n)]
+    return tuple(out)
+
+
+def without(sizes: tuple[int, ...], gone: Iterable[int]) -> tuple[int, ...]:
+    """``sizes`` less one tensor of each size in ``gone``: the first of that size, else that size off the
+    smallest larger one (a tensor kept apart from a larger saved one made from it: op-level SAC keeps
+    ``v_proj``'s one-head output, SDPA saves its copy repeated to every head), so that the rest adds up
+    to the sum less ``gone``; nothing where no tensor is that large."""
+    out = list(sizes)
+    for g in gone:
+        if g in out:
+            out.remove(g)
+            continue
+        larger = [i for i, n in enumerate(out) if n > g]
+        if larger:
+            i = min(larger, key=lambda i: out[i])
+            out[i] -= g
+    return tuple(out)
 
 
 def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
