@@ -172,11 +172,13 @@ def test_qwen3_next_state_per_sequence() -> None:
 # dtype (bf16), one layer = 8192 * 3 * 2 + 524288 * 2 = 1,097,728 B, padded to one attention page: the
 # attention layers cache 2 KV heads x (256 + 256) x 2 B = 2048 B per token, so the block becomes
 # 16 * ceil(1,097,728 / (16 * 2048)) = 544 tokens and each page 544 * 2048 = 1,114,112 B;
-# SGLang keeps 3 conv inputs in bf16 and the delta-rule state in fp32: 8192 * 3 * 2 + 524288 * 4
+# SGLang keeps 3 conv inputs in bf16 and the delta-rule state in fp32: 8192 * 3 * 2 + 524288 * 4;
+# llama.cpp keeps d_conv - 1 = 3 inputs (llama-hparams.cpp n_embd_r) and both states in fp32
+# (llama-model.cpp recurrent_type_k / _v GGML_TYPE_F32): 8192 * 3 * 4 + 524288 * 4
 QWEN3_NEXT_VLLM_PAGE = 544 * 2048
 QWEN3_NEXT_ENGINE_STATE = {
     "hf": QWEN3_NEXT_STATE_PER_SEQ,
-    "llamacpp": QWEN3_NEXT_STATE_PER_SEQ,
+    "llamacpp": 36 * (8192 * 3 * 4 + 524288 * 4),
     "vllm": 36 * QWEN3_NEXT_VLLM_PAGE,
     "sglang": 36 * (8192 * 3 * 2 + 524288 * 4),
 }

@@ -59,6 +59,12 @@ KV_BITS: dict[KvDtype, Fraction] = {
 
 MlaCache = str  # "auto" | "latent" | "expanded"
 MLA_CACHE_CHOICES = ("auto", "latent", "expanded")
+# The recurrent state's dtypes a user may ask (InferenceSetup ssm_cache_dtype / conv_cache_dtype): vLLM's
+# MambaDType (vllm/config/cache.py: "auto", "float32", "float16", "bfloat16"; releases of 2025 took
+# "auto" and "float32" only), SGLang's --mamba-ssm-dtype choices (server_args.py) and the
+# SGLANG_MAMBA_CONV_DTYPE names (configs/mamba_utils.py dtype_map); "auto": the engine's default
+STATE_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+STATE_DTYPE_ENGINES = ("vllm", "sglang")
 
 
 # --- weight formats ------------------------------------------------------------------------------
@@ -401,6 +407,11 @@ class InferenceSetup:
     cuda_graph_max_bs: int | None = None
     engine_version: str | None = None
     gptq_kernel: GptqKernel | None = None  # transformers' GPTQ backend (None: not named)
+    # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py): the scan state's
+    # dtype (vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype) and the conv state's (vLLM
+    # --mamba-cache-dtype, SGLang SGLANG_MAMBA_CONV_DTYPE); "auto": the engine's default for the model
+    ssm_cache_dtype: str = "auto"
+    conv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None and not isinstance(self.checkpoint, CheckpointWeights):
@@ -461,6 +472,7 @@ class InferenceSetup:
         self._check_draft()
         self._check_graphs()
         self._check_gptq_kernel(fmt)
+        self._check_state_dtypes()
         _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
@@ -575,6 +587,17 @@ class InferenceSetup:
             require(self.version >= (0, 8), "cudagraph_mode", mode_name,
                     f"vLLM {self.engine_version} (V0) captures FULL decode graphs only")  # fmt: skip
 
+    def _check_state_dtypes(self) -> None:
+        """``ssm_cache_dtype`` / ``conv_cache_dtype``: a name of :data:`STATE_CACHE_DTYPES`; other than
+        "auto", a flag of vllm and sglang (transformers and llama.cpp have none: fp32 scan state)."""
+        for name in ("ssm_cache_dtype", "conv_cache_dtype"):
+            value = getattr(self, name)
+            require(isinstance(value, str) and value in STATE_CACHE_DTYPES, name, value,
+                    f"choose one of {', '.join(STATE_CACHE_DTYPES)}")  # fmt: skip
+            if value != "auto":
+                require(self.engine.value in STATE_DTYPE_ENGINES, name, value,
+                        f"a flag of vllm and sglang, not engine={self.engine.value}")  # fmt: skip
+
     def _check_gptq_kernel(self, fmt: WeightFormat) -> None:
         """``gptq_kernel`` names a backend of transformers' GPTQ integration (engine hf, GPTQ weights)."""
         if self.gptq_kernel is None:
@@ -677,4 +700,6 @@ class InferenceSetup:
             **({"cudagraph_mode": self.cudagraph_mode.value}
                if self.cudagraph_mode is not CudagraphMode.AUTO else {}),
             **({"gptq_kernel": self.gptq_kernel.value} if self.gptq_kernel is not None else {}),
+            **{name: getattr(self, name) for name in ("ssm_cache_dtype", "conv_cache_dtype")
+               if getattr(self, name) != "auto"},
         }  # fmt: skip

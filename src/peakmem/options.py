@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from peakmem.errors import InputError
+from peakmem.inference import STATE_CACHE_DTYPES
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
 
@@ -239,6 +240,12 @@ OPTIONS: tuple[Option, ...] = (
        "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
        "makes every prompt position's logits",
        group=_GRAPHS),
+    _o("ssm_cache_dtype", str, "auto", SV, "the SSM / linear-attention scan state's dtype: vLLM "
+       "--mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype (auto: the engine's default for the model)",
+       choices=STATE_CACHE_DTYPES),
+    _o("conv_cache_dtype", str, "auto", SV, "the SSM conv state's dtype: vLLM --mamba-cache-dtype (also the "
+       "scan state's where that is auto), SGLang SGLANG_MAMBA_CONV_DTYPE (auto: model dtype / bf16)",
+       choices=STATE_CACHE_DTYPES),
     _o("keep_all_logits", bool, False, SV, "logits for every prompt position"),
     _o("cache_implementation", str, "dynamic", SV, "transformers generate's cache (engine hf): dynamic "
        "(grows by torch.cat) or static (allocated at prompt + new tokens, written in place)",

@@ -33,6 +33,22 @@ The serving engines allocate the same two tensors with other shapes and dtypes (
   config's ``mamba_ssm_dtype`` or ``SGLANG_MAMBA_SSM_DTYPE`` / ``--mamba-ssm-dtype`` says otherwise; held in
   a pool of its own (formulas/serving/paged.py ``sglang_mamba_slots``).
 
+* **llama.cpp** (``src/llama-hparams.cpp`` ``n_embd_r`` / ``n_embd_s``, ggml-org/llama.cpp master of 2026,
+  read without its commit: "since the first column of the conv_state is shifted out each time, it's not
+  actually needed": ``(ssm_d_conv - 1) x (d_inner + 2 x n_group x d_state)`` conv inputs and ``d_state x
+  d_inner`` scan elements per layer; ``src/llama-model.cpp`` ``create_memory`` builds the
+  ``llama_memory_recurrent`` / ``llama_memory_hybrid`` with ``recurrent_type_k`` / ``recurrent_type_v``
+  ``GGML_TYPE_F32``): both states in fp32, one cell per sequence (``max(1, n_seq_max)``).
+
+The user's flags (InferenceSetup ``ssm_cache_dtype`` / ``conv_cache_dtype``): vLLM
+``--mamba-ssm-cache-dtype`` and ``--mamba-cache-dtype`` (``vllm/config/cache.py`` ``MambaDType``); the
+per-model hooks set ``mamba_ssm_cache_dtype`` only while it is "auto"
+(``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``), so the flag wins. SGLang
+``--mamba-ssm-dtype`` (``server_args.py``, choices float32 / bfloat16 / float16,
+default None) reaches ``mamba2_state_dtype`` as ``SGLANG_MAMBA_SSM_DTYPE``, which it ranks above the
+config's ``mamba_ssm_dtype`` ("Priority (from highest to lowest): 1. Environment variable"); SGLang's conv
+dtype is the environment's ``SGLANG_MAMBA_CONV_DTYPE``.
+
 Tensor parallelism splits the state by heads (vLLM ``MambaMixer2`` shards conv and SSM state per
 rank): ceiling division, the most loaded rank. The groups vLLM adds for ``n_groups % tp != 0``
 (``extra_groups_for_head_shards``) are not modelled.
@@ -51,6 +67,8 @@ FP32_BYTES = 4
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # SGLang's conv state: ``SGLANG_MAMBA_CONV_DTYPE`` default bfloat16 (mamba_utils.py mamba2_state_dtype)
 SGLANG_CONV_BYTES = 2
+# llama.cpp's recurrent memory: recurrent_type_k / recurrent_type_v GGML_TYPE_F32 (llama-model.cpp)
+LLAMACPP_STATE_BYTES = 4
 # SGLang's temporal state without a config or flag: float32 (mamba2_state_dtype "Step 1: Default value")
 SGLANG_DEFAULT_SSM_DTYPE = "float32"
 # vLLM's per-model hooks on the temporal state's dtype (vllm/model_executor/models/config.py
@@ -75,9 +93,18 @@ class StateBytes:
     temporal: int  # the SSM / delta-rule (scan) states of every stateful layer
     layers: int  # how many layers keep a state
     largest_layer: int  # the largest one layer's conv + temporal bytes (vLLM's MambaSpec page)
+    conv_dtype_bytes: int = 0  # bytes per element of the conv state (0: not said)
+    temporal_dtype_bytes: int = 0  # bytes per element of the scan state (0: not said)
 
     def __post_init__(self) -> None:
-        for name in ("conv", "temporal", "layers", "largest_layer"):
+        for name in (
+            "conv",
+            "temporal",
+            "layers",
+            "largest_layer",
+            "conv_dtype_bytes",
+            "temporal_dtype_bytes",
+        ):
             require(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
 
     @property
@@ -91,9 +118,30 @@ def state_dtype_bytes(name: str, *, field: str = "mamba_ssm_cache_dtype") -> int
     return STATE_DTYPE_BYTES[name]
 
 
-def temporal_dtype(spec: ModelSpec, engine: Engine, *, act_bytes: int, ssm_dtype: str | None = None) -> int:
+def conv_dtype_bytes(engine: Engine, *, act_bytes: int, conv_dtype: str | None = None) -> int:
+    """Bytes per element of the conv state: ``conv_dtype`` when the user sets it (vLLM
+    ``--mamba-cache-dtype``, SGLang ``SGLANG_MAMBA_CONV_DTYPE``), else vLLM's "auto" (the model dtype),
+    SGLang's bf16, llama.cpp's fp32, transformers' compute dtype."""
+    if conv_dtype is not None and conv_dtype != "auto":
+        return state_dtype_bytes(conv_dtype, field="conv_cache_dtype")
+    if engine is Engine.SGLANG:
+        return SGLANG_CONV_BYTES
+    if engine is Engine.LLAMACPP:
+        return LLAMACPP_STATE_BYTES
+    return act_bytes
+
+
+def temporal_dtype(
+    spec: ModelSpec,
+    engine: Engine,
+    *,
+    act_bytes: int,
+    ssm_dtype: str | None = None,
+    conv_dtype: str | None = None,
+) -> int:
     """Bytes per element of the SSM / delta-rule state: ``ssm_dtype`` when the user sets it (vLLM
-    ``--mamba-ssm-cache-dtype``, SGLang ``--mamba-ssm-dtype``), else the engine's default for the model."""
+    ``--mamba-ssm-cache-dtype``, SGLang ``--mamba-ssm-dtype``: both win over the model's), else the
+    engine's default for the model (vLLM's "auto": the per-model hook's, else the conv state's dtype)."""
     if ssm_dtype is not None and ssm_dtype != "auto":
         return state_dtype_bytes(ssm_dtype)
     if engine is Engine.VLLM:
@@ -101,9 +149,12 @@ def temporal_dtype(spec: ModelSpec, engine: Engine, *, act_bytes: int, ssm_dtype
             return STATE_DTYPE_BYTES[spec.mamba_ssm_dtype]
         if spec.architecture in VLLM_NEMOTRON_H_ARCHITECTURES:
             return STATE_DTYPE_BYTES[VLLM_NEMOTRON_H_SSM_DTYPE]
-        return act_bytes  # "auto": the conv state's dtype, the model's
+        # "auto": the conv state's dtype (--mamba-cache-dtype, itself "auto": the model's)
+        return conv_dtype_bytes(engine, act_bytes=act_bytes, conv_dtype=conv_dtype)
     if engine is Engine.SGLANG:
         return STATE_DTYPE_BYTES[spec.mamba_ssm_dtype or SGLANG_DEFAULT_SSM_DTYPE]
+    if engine is Engine.LLAMACPP:
+        return LLAMACPP_STATE_BYTES
     return FP32_BYTES  # transformers: as the kernels return it
 
 
@@ -114,38 +165,39 @@ def engine_state(
     act_bytes: int,
     tp: int = 1,
     ssm_dtype: str | None = None,
+    conv_dtype: str | None = None,
     spec_tokens: int = 0,
 ) -> StateBytes:
     """One sequence's recurrent state as ``engine`` allocates it (see the module doc): the measured conv
-    elements rescaled from transformers' ``conv_kernel`` inputs to the engine's window, in the engine's
-    conv dtype; the measured scan elements in :func:`temporal_dtype`. ``spec_tokens``: vLLM's
-    ``num_speculative_tokens`` (the conv window grows by it). Engines other than vLLM and SGLang keep
-    transformers' cache (HF, and llama.cpp's per-sequence state as counted so far)."""
+    elements rescaled from transformers' ``conv_kernel`` inputs to the engine's window (``conv_kernel -
+    1`` in vLLM, SGLang and llama.cpp), in :func:`conv_dtype_bytes`; the measured scan elements in
+    :func:`temporal_dtype`. ``spec_tokens``: vLLM's ``num_speculative_tokens`` (the conv window grows by
+    it). ``ssm_dtype`` / ``conv_dtype``: the user's flags ("auto" or None: the engine's default). HF keeps
+    transformers' cache (``conv_kernel`` inputs in the compute dtype, the scan state in fp32)."""
     conv = temporal = layers = largest = 0
-    serving = engine in (Engine.VLLM, Engine.SGLANG)
-    conv_bytes = SGLANG_CONV_BYTES if engine is Engine.SGLANG else act_bytes
-    temporal_bytes = temporal_dtype(spec, engine, act_bytes=act_bytes, ssm_dtype=ssm_dtype) if serving else 0
+    shifted = engine is not Engine.HF  # the engines drop the conv input that is shifted out
+    conv_bytes = conv_dtype_bytes(engine, act_bytes=act_bytes, conv_dtype=conv_dtype)
+    temporal_bytes = temporal_dtype(
+        spec, engine, act_bytes=act_bytes, ssm_dtype=ssm_dtype, conv_dtype=conv_dtype
+    )
     for g in spec.groups:
         info = g.layer.derived
         if info is None or not (info.state_elements or info.state_fp32_elements):
             continue
-        if not serving:
-            layer_conv = -(-info.state_elements // tp) * act_bytes
-            layer_temporal = -(-info.state_fp32_elements // tp) * FP32_BYTES
-        else:
-            # conv_kernel 0: the model-dtype state is no conv window (MiniMax's lightning-attention
-            # state: vLLM linear_attention_state_shape, in the model dtype) and is kept whole
-            elements = info.state_elements
-            if info.conv_kernel:
-                window = info.conv_kernel - 1 + (spec_tokens if engine is Engine.VLLM else 0)
-                elements = info.state_elements // info.conv_kernel * window
-            layer_conv = -(-elements // tp) * conv_bytes
-            layer_temporal = -(-info.state_fp32_elements // tp) * temporal_bytes
+        # conv_kernel 0: the model-dtype state is no conv window (MiniMax's lightning-attention
+        # state: vLLM linear_attention_state_shape, in the model dtype) and is kept whole
+        elements = info.state_elements
+        if shifted and info.conv_kernel:
+            window = info.conv_kernel - 1 + (spec_tokens if engine is Engine.VLLM else 0)
+            elements = info.state_elements // info.conv_kernel * window
+        layer_conv = -(-elements // tp) * conv_bytes
+        layer_temporal = -(-info.state_fp32_elements // tp) * temporal_bytes
         conv += g.count * layer_conv
         temporal += g.count * layer_temporal
         layers += g.count
         largest = max(largest, layer_conv + layer_temporal)
-    return StateBytes(conv=conv, temporal=temporal, layers=layers, largest_layer=largest)
+    return StateBytes(conv=conv, temporal=temporal, layers=layers, largest_layer=largest,
+                      conv_dtype_bytes=conv_bytes, temporal_dtype_bytes=temporal_bytes)  # fmt: skip
 
 
 def state_bytes_per_sequence(spec: ModelSpec, *, act_bytes: int, tp: int = 1) -> int:

@@ -266,6 +266,13 @@ class InferRequest(ModelChoice):
     )
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
     engine_version: str | None = Field(None, min_length=1, max_length=40, description="vLLM / SGLang release")
+    # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py)
+    ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="scan state dtype: vLLM --mamba-ssm-cache-dtype / SGLang --mamba-ssm-dtype"
+    )
+    conv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="conv state dtype: vLLM --mamba-cache-dtype / SGLang SGLANG_MAMBA_CONV_DTYPE"
+    )
 
 
 class FitRequest(TrainOptions, ParallelOptions, ImageOptions, LongContextOptions, PostTrainingOptions):

@@ -189,12 +189,14 @@ def _vllm_spec_tokens(c: ServingContext) -> int:
 
 def serving_state(c: ServingContext) -> StateBytes:
     """One sequence's recurrent state on one rank as ``c``'s engine allocates it
-    (formulas/recurrent_state.py ``engine_state``: transformers' cache for HF and llama.cpp; vLLM's and
-    SGLang's own shapes and dtypes); vLLM's conv window grows by the speculative tokens."""
+    (formulas/recurrent_state.py ``engine_state``: transformers' cache for HF; vLLM's, SGLang's and
+    llama.cpp's own shapes and dtypes, with the user's ``ssm_cache_dtype`` / ``conv_cache_dtype``);
+    vLLM's conv window grows by the speculative tokens."""
     s = c.setup
     return engine_state(
-        c.spec, s.engine, act_bytes=c.act_bytes, tp=s.layout.attention_tp, spec_tokens=_vllm_spec_tokens(c)
-    )
+        c.spec, s.engine, act_bytes=c.act_bytes, tp=s.layout.attention_tp, spec_tokens=_vllm_spec_tokens(c),
+        ssm_dtype=s.ssm_cache_dtype, conv_dtype=s.conv_cache_dtype,
+    )  # fmt: skip
 
 
 def attention_token_bytes(c: ServingContext) -> int:
@@ -247,6 +249,8 @@ _STATE_SOURCES = {
     "HybridAttentionMambaModelConfig (padded pages)",
     Engine.SGLANG: "formulas/recurrent_state.py; sglang configs/mamba_utils.py Mamba2StateShape, "
     "mamba2_state_dtype (MambaPool)",
+    Engine.LLAMACPP: "formulas/recurrent_state.py; llama.cpp llama-hparams.cpp n_embd_r / n_embd_s, "
+    "llama-memory-recurrent.cpp (fp32 cells)",
 }
 
 

@@ -19,6 +19,7 @@ from peakmem.formulas.serving.context import (
     ServingContext,
     check_layout,
     resolve_context,
+    serving_state,
     state_per_sequence,
 )
 from peakmem.formulas.serving.generate import generate_memory
@@ -163,14 +164,20 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
 
 def _state_note(c: ServingContext, state_seq: int) -> str:
     """How the recurrent state per sequence was counted, per engine (formulas/recurrent_state.py)."""
-    engine = c.setup.engine
+    s = c.setup
+    state = serving_state(c)
+    dtypes = f"conv state {state.conv_dtype_bytes} B, scan state {state.temporal_dtype_bytes} B per element"
+    asked = ", ".join(f"{name} {getattr(s, name)}" for name in ("ssm_cache_dtype", "conv_cache_dtype")
+                      if getattr(s, name) != "auto")  # fmt: skip
     how = {
-        Engine.VLLM: "vLLM's shapes (conv_kernel - 1 conv inputs, the scan state in mamba_ssm_cache_dtype: "
-        "the model dtype unless the model's hook sets it) in one padded page per stateful layer; "
-        "--mamba-ssm-cache-dtype not modelled",
+        Engine.VLLM: "vLLM's shapes (conv_kernel - 1 conv inputs in mamba_cache_dtype, the scan state in "
+        "mamba_ssm_cache_dtype: the model dtype unless the model's hook or the flag sets it) in one padded "
+        "page per stateful layer",
         Engine.SGLANG: "SGLang's shapes (conv_kernel - 1 conv inputs in bf16, the scan state in fp32 unless "
-        "the config's mamba_ssm_dtype says otherwise); --mamba-ssm-dtype not modelled",
-    }.get(engine, "conv state in the compute dtype, scan state in fp32 as transformers keeps it")
+        "--mamba-ssm-dtype or the config's mamba_ssm_dtype says otherwise)",
+        Engine.LLAMACPP: "llama.cpp's shapes (d_conv - 1 conv inputs, both states fp32)",
+    }.get(s.engine, "conv state in the compute dtype, scan state in fp32 as transformers keeps it")
+    how = f"{how}: {dtypes}" + (f" ({asked})" if asked else "")
     return (
         f"recurrent state (SSM / linear-attention blocks): {fmt_bytes(state_seq)} per sequence x "
         f"{c.setup.batch} = {fmt_bytes(state_seq * c.setup.batch)}, whatever the context, counted with the "

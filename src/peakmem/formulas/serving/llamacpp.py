@@ -102,7 +102,8 @@ def llamacpp_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         "interleaved local/global layers)",
         "flash attention assumed (no n_ctx x n_ubatch score matrix in the compute buffer)",
     )
-    # llama.cpp's recurrent memory (llama-memory-recurrent.cpp): one conv + SSM state per sequence,
-    # allocated at load beside the KV cache (all layers counted on the GPU)
+    # llama.cpp's recurrent memory (llama-memory-recurrent.cpp): one conv (d_conv - 1 inputs) + SSM
+    # state per sequence, both fp32 (formulas/recurrent_state.py engine_state), allocated at load beside
+    # the KV cache (all layers counted on the GPU)
     items = [weights, kv_item, *state_items(c, b), comp]
     return EngineMemory(prefill=items, decode=list(items), overhead=overhead, extra=extra, notes=notes)
