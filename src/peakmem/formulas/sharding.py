@@ -83,6 +83,21 @@ SRC_Z_MASTER = (
 SRC_Z2_GRADS = "deepspeed stage_1_and_2.py: grads_in_partition = torch.empty(partition, dtype=16-bit)"
 SRC_Z1_GRADS = "deepspeed stage 1 (partition_gradients=False): full 16-bit grads until the boundary reduce"
 SRC_Z_IPG = "deepspeed setup_buckets / stage3 __init__: ipg bucket torch.empty(reduce_bucket_size)"
+# DeepSpeed stage_1_and_2.py (git 38327e0, version.txt 0.16.5; the same in v0.7.0, v0.10.0, v0.14.0): stage 2
+# runs ``independent_gradient_partition_epilogue`` (L764-806) after every micro-batch (engine.py
+# ``allreduce_gradients`` L2048-2053); it keeps views of ``grads_in_partition`` in ``averaged_gradients``
+# (``get_flat_partition(..., return_tensor_list=True)``, L1723-1760) while ``_release_ipg_buffers``
+# (L676-680) drops the attribute, so the next micro-batch's ``copy_grads_in_partition`` (L1329-1363)
+# ``torch.empty``s a second one, added in place (L797-800) and freed by ``zero_grad`` (L1638-1652).
+# ``backward`` (L2038-2062) allocates the ipg buffer(s) every micro-batch; stage 1 releases them only
+# in the boundary's epilogue (``reduce_ready_partitions_and_remove_grads`` L1424-1426).
+SRC_Z2_ACCUM = (
+    "deepspeed stage_1_and_2.py copy_grads_in_partition: a new grads_in_partition per micro-batch while "
+    "averaged_gradients holds the accumulated one (independent_gradient_partition_epilogue)"
+)
+SRC_Z1_IPG = (
+    "deepspeed stage_1_and_2.py backward: ipg buffers allocated per micro-batch, released at the boundary"
+)
 SRC_Z_FP32_GRAD = "deepspeed step: single_grad_partition = flat_grad_partition.to(fp32)"
 SRC_Z3_PARAMS = "deepspeed partition_parameters.py: ds_tensor = ceil(numel / N) 16-bit elements"
 SRC_Z3_PERSIST = "deepspeed partition_parameters.py: ds_persist when numel < param_persistence_threshold"
@@ -387,6 +402,9 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             grads_backward.append(grad_part)
             step_grads.append(grad_part)
             accumulated.append(grad_part)
+            if stage == 2 and setup.grad_accum > 1:  # a later micro-batch's own partition (SRC_Z2_ACCUM)
+                grads_backward.append(replace(grad_part, path=f"gradient partition of the next micro-batch "
+                                              f"({g16.name}){label}", source=SRC_Z2_ACCUM))  # fmt: skip
     else:  # stage 1 with accumulation or pipeline: full gradients until the boundary reduction
         kept, cap = Fraction(1), None
         accumulated.append(_item(f"gradients ({g16.name}, full until the boundary reduce)",
@@ -395,6 +413,9 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         step_grads.append(grad_part)
         if par.contiguous_gradients:
             grads_backward.append(ipg)
+            if setup.grad_accum > 1 and par.pp == 1:  # kept from one backward() to the next
+                grads_backward[-1] = replace(ipg, source=SRC_Z1_IPG)
+                accumulated.append(grads_backward[-1])
     if offload_opt:
         cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),
                          SRC_OFFLOAD, key="offload.fp32_grads"))  # fmt: skip
