@@ -15,7 +15,7 @@ from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import long_context as lc
-from peakmem.formulas import sharding
+from peakmem.formulas import nccl
 from peakmem.fromfile import map_documents
 from peakmem.parallel import Parallelism
 from peakmem.training import TrainingSetup
@@ -44,7 +44,7 @@ def test_ulysses_ranks_are_taken_from_the_world_and_shard_states() -> None:
     assert par.dp == 4 and par.shard_degree == 16  # ZeRO over dp x ulysses (seq_data_parallel_group)
     assert "ulysses=4" in par.describe()
     # NCCL communicators: the sequence-data-parallel group (16) and the Ulysses group (4)
-    assert sharding.communicators(par) == 2
+    assert nccl.communicators(par) == 2
     with pytest.raises(InputError, match=r"gpus=6 is not divisible by tp\*pp\*cp\*ulysses = 1\*1\*1\*4 = 4"):
         Parallelism(gpus=6, ulysses=4)
 

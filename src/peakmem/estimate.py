@@ -38,6 +38,7 @@ from peakmem.formulas import long_context as _long
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import nccl as _nccl
 from peakmem.formulas import zero_streams as _zs
 from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.loss import framework_head, head_activations
@@ -608,16 +609,17 @@ def _estimate(
         resident=st.persistent, resident_rounding=st.resident_rounding,
         churn=churn, fragmentation=ov.fraction, expandable=ov.expandable_segments,
     )  # fmt: skip
-    # FSDP's side-stream pools (formulas/fsdp2.py StreamPools), less what of them the peak holds: the
-    # sharded gradients exist at the step, between micro-batches and as backward writes them
-    one_stage = par.pp == 1
-    grads_kept = peak is optimizer or (resident and one_stage) or not setup.grads_set_to_none
-    written = bp.grads_so_far if peak is backward and one_stage else 0
-    gathered = fwd_gathered if peak is forward else pools.in_use * one_stage
-    side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
-                                  gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
     if par.zero_stage:  # DeepSpeed ZeRO: what of its pools the peak's items hold (formulas/zero_streams.py)
         side = _zs.idle_bytes(pools, peak.items)
+    else:
+        # FSDP's side-stream pools (formulas/stream_pools.py), less what of them the peak holds: the
+        # sharded gradients exist at the step, between micro-batches and as backward writes them
+        one_stage = par.pp == 1
+        grads_kept = peak is optimizer or (resident and one_stage) or not setup.grads_set_to_none
+        written = bp.grads_so_far if peak is backward and one_stage else 0
+        gathered = fwd_gathered if peak is forward else pools.in_use * one_stage
+        side = _fsdp2.idle_pool_bytes(pools, grads_alive=pools.reduce_scatter if grads_kept else written,
+                                      gathered_alive=0 if peak is optimizer else gathered)  # fmt: skip
     replayed = _steps.replayed_reserved(st, setup, par, ov, parts, head_fwd, head_bwd, logits_grad)
     over_closed = 0  # what the replay adds to the closed form
     if replayed is not None:
@@ -640,7 +642,7 @@ def _estimate(
             + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
-    nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
+    nccl = _nccl.communicators(par) * _nccl.nccl_communicator_bytes()
     extra: dict[str, object] = {
         "step1_peak_allocated_bytes": step1,
         "backward_peak_layers_done": bp.layers_done,
@@ -675,7 +677,7 @@ def _estimate(
     band = _step_band.training_band(
         allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
-        communicators=sharding.communicators(par), nccl_bytes=nccl, engine_high=rs.engine_band_high,
+        communicators=_nccl.communicators(par), nccl_bytes=nccl, engine_high=rs.engine_band_high,
         fused_step_delta=(
             _step_band.fused_step_delta(setup, forward, backward, optimizer) if peak is optimizer else 0
         ),

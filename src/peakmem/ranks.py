@@ -18,6 +18,7 @@ from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
 from peakmem.formulas import band as _band
 from peakmem.formulas import long_context, sharding
+from peakmem.formulas import nccl as _nccl
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, validate_for
@@ -174,7 +175,7 @@ def estimate_ranks(
         raise InputError(f"cp={par.cp} does not divide seq={setup.seq_len}: each rank takes an equal chunk")
     est = estimator or TrainingEstimator(spec, overheads, costs=costs)
     ov = est.overheads
-    nccl = sharding.communicators(par) * sharding.nccl_communicator_bytes()
+    nccl = _nccl.communicators(par) * _nccl.nccl_communicator_bytes()
     ranks = [_rank(est, setup, par, stage, role, nccl) for stage, role in _stages(par)]
     ranks.sort(key=lambda r: r.estimate.device_total_bytes, reverse=True)
     per_node = par.ranks_per_node
@@ -196,9 +197,9 @@ def _assumptions(par: Parallelism, ov: Overheads, nccl: int) -> tuple[str, ...]:
     out = [
         f"layout: {par.describe()}",
         "shards use ceiling division: the most loaded rank is shown",
-        f"NCCL: {sharding.communicators(par)} communicator(s) x "
-        f"{sharding.nccl_communicator_bytes() // 2**20} MiB "
-        f"receive buffers ({sharding.NCCL_CHANNELS} channels x {sharding.NCCL_CONNECTIONS} connections x "
+        f"NCCL: {_nccl.communicators(par)} communicator(s) x "
+        f"{_nccl.nccl_communicator_bytes() // 2**20} MiB "
+        f"receive buffers ({_nccl.NCCL_CHANNELS} channels x {_nccl.NCCL_CONNECTIONS} connections x "
         "Simple+LL128+LL) outside PyTorch's allocator; set NCCL_BUFFSIZE/NCCL_MAX_NCHANNELS to change",
         f"allocator fragmentation {ov.fraction:.0%} of the per-step churn; CUDA context "
         f"{ov.context_bytes // 2**20} MiB",

@@ -182,7 +182,7 @@ def phase_segments_term(
 # --- multi-GPU and serving ------------------------------------------------------------------------
 # NCCL docs "Environment Variables": NCCL_BUFFSIZE default 4 MiB per channel and peer for the Simple
 # protocol; LL and LL128 buffers add to it; NCCL_MAX_NCHANNELS up to 32 (NVLink/NVSwitch systems
-# open 16-32 channels, PCIe 2-4). peakmem's likely figure is sharding.nccl_communicator_bytes();
+# open 16-32 channels, PCIe 2-4). peakmem's likely figure is nccl.nccl_communicator_bytes();
 # the band spans 2 channels x 4 MiB x 2 peers (low) to 32 channels x (4 MiB + LL128 ~4.6 MiB) x 2
 # peers (high), per communicator.
 NCCL_LOW_PER_COMMUNICATOR = 2 * 4 * MiB * 2
