@@ -101,17 +101,19 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     return {o.name: getattr(args, o.name) for o in options.of(args.command)}
 
 
-def _question(args: argparse.Namespace, explicit: set[str] | None = None) -> Any:
-    """The typed question the command line asks (``--from`` files read first, the flags typed over them)."""
+def _question(args: argparse.Namespace, explicit: set[str] | None = None, command: str | None = None) -> Any:
+    """The typed question the command line asks (``--from`` files read first, the flags typed over them);
+    ``command``: the job command to ask it as, its other options at their defaults (explain asks train's)."""
+    from peakmem import options
     from peakmem.question import ask, read_from
 
-    given = _given(args)
+    given = {**options.defaults(command), **_given(args)} if command else _given(args)
     read, model = None, args.model
     if getattr(args, "from_file", None):
         read, model = read_from(given, args.from_file, explicit or set(), model)
     from peakmem.simulate import oracles
 
-    return ask(args.command, given, model=model, from_file=read, **oracles())
+    return ask(command or args.command, given, model=model, from_file=read, **oracles())
 
 
 def answer_argv(argv: Sequence[str]) -> Any:
@@ -566,25 +568,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     rep = replay(load_snapshot(Path(args.snapshot)), device=args.device)
     est, ways, capacity = None, [], None
-    if args.model:
-        from peakmem import options
+    if args.model or args.from_file:
         from peakmem.planner import train_answer
-        from peakmem.question import overheads as overheads_of
-        from peakmem.question import parallelism, training_setup
-        from peakmem.resolve import resolve_model
-        from peakmem.simulate import deriver, measuring_lookup
 
-        spec = resolve_model(args.model, derive=deriver())
-        o = options.convert("explain", _given(args))
-        setup = training_setup(o, spec.max_position_embeddings)[0]
-        overheads = overheads_of(o)
-        gpus = _gpus(args.gpu)
+        q = _question(args, getattr(args, "explicit", None), command="train")
+        if q.post is not None:
+            raise InputError(f"objective={q.post.objective.value}: explain compares one training step; "
+                             "predict the post-training job with peakmem train")  # fmt: skip
+        if not args.json:
+            _print_from_echo(q)
         if rep.oom is not None:
-            capacity = min((g.usable_bytes for g in gpus), default=None) or rep.oom.capacity_bytes(
-                overheads.context_bytes
+            capacity = min((g.usable_bytes for g in q.gpus), default=None) or rep.oom.capacity_bytes(
+                q.overheads.context_bytes
             )
-        answer = train_answer(spec, setup, parallelism(o), overheads=overheads, capacity_bytes=capacity,
-                              costs=measuring_lookup())  # fmt: skip
+        answer = train_answer(q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity,
+                              costs=q.costs)  # fmt: skip
         est = answer.estimate
         if capacity is not None:
             ways = [w for w in answer.ways.ways if w.needed_bytes <= capacity]
@@ -717,6 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("snapshot", metavar="SNAPSHOT")
     p.add_argument("--model", default=None, help="the job's model: predict it with the train options")
+    _add_from_option(p)
     _add_options(p, "explain")
     p.add_argument("--device", type=int, default=None, help="which CUDA device (default: busiest trace)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
