@@ -57,7 +57,9 @@ def test_terms_validate() -> None:
 
 def test_context_term_hand_derived() -> None:
     t = band.context_term(512 * MiB, assumed=True)
-    assert (t.low_bytes, t.high_bytes) == (-112 * MiB, 88 * MiB)  # 400-600 MiB around the assumed 512
+    # the published 253.75 MiB bare context .. 426 MiB bare + 0.16 GiB of a job's kernels, around the 512
+    low, high = int(253.75 * MiB) - 512 * MiB, 426 * MiB + int(0.16 * 1024 * MiB) - 512 * MiB
+    assert (t.low_bytes, t.high_bytes) == (low, high) == (-270_794_752, 81_621_155)
     measured = band.context_term(1343 * MiB, assumed=False)
     spread = int(1343 * MiB * 0.05)
     assert (measured.low_bytes, measured.high_bytes) == (-spread, spread)
@@ -95,7 +97,7 @@ def test_tiny_training_band_terms_hand_derived() -> None:
     assert terms["allocator_fragmentation"].low_bytes == -int(churn * 0.10)
     assert terms["allocator_fragmentation"].high_bytes == int(churn * 0.15) - int(churn * 0.10)
     assert terms["formula_residual"].high_bytes == int(e.peak_allocated_bytes * 0.021)
-    assert terms["cuda_context"].low_bytes == -112 * MiB
+    assert terms["cuda_context"].low_bytes == int(253.75 * MiB) - 512 * MiB
     assert "nccl_buffers" not in terms  # one GPU: no communicator
     assert e.band.device_total.likely == e.device_total_bytes
     assert e.band.reserved.likely == e.peak_reserved_bytes

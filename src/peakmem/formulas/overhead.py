@@ -34,9 +34,10 @@ CONTEXT_SIZES: dict[str, ContextSize] = {
         ),
         ContextSize(
             key="cuda12-lazy-loading", bytes=512 * MiB,
-            source="torch 2.x + CUDA 12 with lazy module loading (CUDA_MODULE_LOADING=LAZY): "
-            "typically 400-600 MiB on A100/H100; 512 MiB assumed - measure yours with nvidia-smi "
-            "after torch.ones(1, device='cuda')",
+            source="torch 2.x + CUDA 12 with lazy module loading (CUDA_MODULE_LOADING=LAZY): 512 MiB "
+            "assumed, inside the published 254-590 MiB of a context plus a job's kernels "
+            "(benchmarks/cuda_context_logs.json; an A100 80GB litgpt job at its OOM: 522 MiB) - measure "
+            "yours with nvidia-smi minus torch.cuda.memory_reserved() after a step",
         ),
     )
 }  # fmt: skip
