@@ -442,3 +442,43 @@ def test_plan_float8_all_gather_acts_on_fsdp2_layouts_only() -> None:
         assert lay.setup.float8_all_gather is (lay.parallelism.fsdp is FsdpMode.FULL_SHARD)
         need = estimate_ranks(spec, lay.setup, lay.parallelism).most_loaded.estimate.device_total_bytes
         assert need == lay.needed_bytes
+
+
+def test_plan_rules_layouts_out_by_their_floor_with_the_same_answer(
+    tiny: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan rules a layout out by the closed-form floor of its most loaded rank (planner/search.py
+    floor_needed) before estimating and replaying it whole: sound while the floor is at most the answer
+    on sharded ranks too (each counted as one estimate), and the plan is the one without the floor: the
+    same layouts, the same fewest GPUs, the same count of estimates."""
+    from peakmem.planner import search
+
+    setup = TrainingSetup(seq_len=2048)
+    for par in (
+        Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD),
+        Parallelism(gpus=8, tp=2, sequence_parallel=True, fsdp=FsdpMode.FULL_SHARD),
+        Parallelism(gpus=4, zero_stage=3),
+        Parallelism(gpus=4, pp=2, zero_stage=1),
+    ):
+        est = search._Estimator(tiny, None)
+        floor, result = est.floor_needed(setup, par), est(setup, par)
+        assert floor is not None and result is not None and floor <= result.needed, par
+        assert est.calls == 1
+    made: list[search._Estimator] = []
+    init = search._Estimator.__init__
+
+    def keep(self: search._Estimator, *args: Any, floor: bool = True, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+        if not floor:
+            self.floor = None  # every layout estimated whole, replay included
+
+    gpu = _gpu(1000 * MiB)  # some layouts fit (4 GPUs, tp=4 the fastest), most do not
+    monkeypatch.setattr(search._Estimator, "__init__", keep)
+    fast = planner.plan(tiny, setup, gpu, 16, global_batch=32)
+    ruled_out = [k for k in made[-1].floor_memo if k[1] is not None and k not in made[-1].memo]
+    monkeypatch.setattr(search._Estimator, "__init__", lambda self, *a, **k: keep(self, *a, floor=False, **k))
+    slow = planner.plan(tiny, setup, gpu, 16, global_batch=32)
+    assert ruled_out and fast.layouts
+    for field in ("layouts", "fewest_gpus", "estimates"):
+        assert getattr(fast, field) == getattr(slow, field), field

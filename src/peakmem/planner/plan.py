@@ -321,8 +321,10 @@ def _plan_layout(
     est: _Estimator, setup: TrainingSetup, it: _PlanItem, par: Parallelism, cap: int, gb: int
 ) -> Layout | None:
     s = where_it_acts(replace(setup, micro_batch=it.mb, grad_accum=it.accum, checkpointing=it.ckpt), par)
+    if not est.fits(s, par, cap):  # a floor above the GPU rules it out unreplayed
+        return None
     r = est(s, par)
-    if r is None or r.needed > cap:
+    if r is None:
         return None
     desc = par.describe()
     desc += f"; micro-batch {it.mb} x {it.accum} micro-batches; checkpointing {it.ckpt.value}"

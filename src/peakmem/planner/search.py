@@ -119,12 +119,16 @@ class _Estimator:
             else None
         )
         self.floor_memo: dict[tuple[TrainingSetup, Parallelism | None], int | None] = {}
+        # the (setup, layout) pairs counted in ``calls``: a layout ruled out by its floor counts as estimated
+        self.counted: set[tuple[TrainingSetup, Parallelism | None]] = set()
 
     def __call__(self, setup: TrainingSetup, par: Parallelism | None = None) -> _Result | None:
         key = (setup, par)
         if key in self.memo:
             return self.memo[key]
-        self.calls += 1
+        if key not in self.counted:
+            self.counted.add(key)
+            self.calls += 1
         result: _Result | None
         try:
             if par is None:
@@ -159,14 +163,25 @@ class _Estimator:
 
     def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
-        reserved's device total on one GPU, before any replay; the answer itself otherwise."""
+        reserved's device total (of the most loaded rank under ``par``), before any replay; the answer
+        itself where it is known. Exact as a bound: estimate.py adds the replay's excess over the closed
+        form (never negative) to each rank's reserved, and the most loaded rank is the one with the
+        largest device total, so no rank's answer is below its floor and the answer not below the
+        largest floor. Under ``par`` the floor counts as the layout's estimate in ``calls`` (once)."""
         key = (setup, par)
-        if self.floor is None or par is not None or key in self.memo:
+        if self.floor is None or key in self.memo:
             r = self(setup, par)
             return None if r is None else r.needed
         if key not in self.floor_memo:
             try:
-                self.floor_memo[key] = self.floor.estimate(setup).device_total_bytes
+                if par is None:
+                    self.floor_memo[key] = self.floor.estimate(setup).device_total_bytes
+                else:
+                    if key not in self.counted:
+                        self.counted.add(key)
+                        self.calls += 1
+                    rep = estimate_ranks(self.spec, setup, par, estimator=self.floor)
+                    self.floor_memo[key] = rep.most_loaded.estimate.device_total_bytes
             except (InputError, NotImplementedError):
                 self.floor_memo[key] = None
         return self.floor_memo[key]
