@@ -12,7 +12,9 @@ directory saved the same way from another tree (e.g. main before a speed change;
 markdown with ``benchmarks/published_scale.md`` apart from that file's first line (its generated-by comment).
 
 Measured 2026-12-06 on the shared 2-core machine (load average 6-7 from other sessions' test runs, so the
-wall times are inflated; CPU seconds, best of 3), main at 9969693 against h-planspeed:
+wall times are inflated; CPU seconds, best of 3), main at 9969693 against h-planspeed (which also had a
+hand-inlined allocator loop, ~1.3x faster, not merged: main keeps the plain one; plan 70B with the floor
+alone measured 1.20-1.26 s of CPU):
 
 | command | main CPU s | h-planspeed CPU s | answers |
 |---|---:|---:|---|
@@ -25,8 +27,7 @@ wall times are inflated; CPU seconds, best of 3), main at 9969693 against h-plan
 
 Where the time went: plan 70B replayed 41 sharded steps of 80 layers (2 steps x 2 micro-batches, ~27,000
 allocator requests each: 2.3-2.9 s of the 3.6-4.3 s); 39 of them were layouts whose closed-form floor
-already exceeds the GPU, now ruled out unreplayed (planner/search.py ``floor_needed``); the allocator
-model's loop itself is ~1.3x faster (formulas/caching_allocator.py ``malloc_all``/``free_all``).
+already exceeds the GPU, now ruled out unreplayed (planner/search.py ``floor_needed``).
 
 To time and save a baseline tree: ``git archive main src benchmarks | tar -x -C /tmp/base`` then
 ``python benchmarks/plan_speed.py --src /tmp/base/src --save /tmp/base-out``.
