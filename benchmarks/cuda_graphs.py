@@ -11,6 +11,10 @@ anything was fitted. For each case it prints the log's figure, peakmem's, and th
 * ``kv_pool``: vLLM's "Available KV cache memory" against ``extra["kv_pool_bytes"]`` on the case's GPU and
   gpu_memory_utilization (the graphs taken out of the budget, vLLM 0.21+).
 
+A case with a ``draft`` (speculative decoding: vLLM sizes its FULL decode graphs by max_num_seqs x (1 +
+num_speculative_tokens)) or a ``cudagraph_mode`` is asked through ``peakmem.infer`` with those options (its
+``cuda_graph_bytes`` and ``cuda_graphs``); max_num_batched_tokens is vLLM's default 8192 in every such case.
+
 ``--fit`` prints, for the fitting set only, the per-graph bytes each case implies once the shared working set
 is taken out (how PER_GRAPH_BYTES was chosen). Exits 0; the goal (issue 31) is |error| <= 10 %, reported
 honestly, not enforced.
@@ -30,6 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import peakmem
 from _logs import fit_first, unseen_lines, within_lines
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
@@ -61,10 +66,28 @@ def logged_bytes(case: dict[str, Any]) -> int:
     return int(case["gib"] * GiB) if "gib" in case else int(case["mib"] * MiB)
 
 
+# the case fields passed to ``peakmem infer`` (a case with ``draft`` or ``cudagraph_mode`` is asked so)
+INFER_OPTIONS = ("tp", "max_num_seqs", "draft", "num_speculative_tokens", "cudagraph_mode")
+
+
+def _infer(case: dict[str, Any]) -> tuple[int, int]:
+    """``peakmem infer``'s CUDA graph bytes and graph count for a case with a draft or a cudagraph_mode."""
+    options = {key: case[key] for key in INFER_OPTIONS if case.get(key) is not None}
+    est = peakmem.infer(case["model"], engine=case["engine"], engine_version=case["version"], **options)
+    out = est.to_dict()
+    return int(out["cuda_graph_bytes"]), int(out["cuda_graphs"])
+
+
 def predicted(case: dict[str, Any]) -> tuple[int, str]:
     """peakmem's figure for the case and what it is made of."""
     if case["what"] == "per_graph":
         return PER_GRAPH_BYTES, "one more graph: PER_GRAPH_BYTES"
+    if "draft" in case or "cudagraph_mode" in case:
+        if case["what"] not in ("took", "estimated"):
+            raise ValueError(f"case {case['id']}: what={case['what']!r} with a draft is not compared")
+        got, graphs = _infer(case)
+        mode, k = case.get("cudagraph_mode", "auto"), case.get("num_speculative_tokens", 0)
+        return got, f"{graphs} graphs ({mode}, K={k})"
     spec, setup = _spec(case), _setup(case)
     est = estimate_inference(spec, setup)
     got = est.extra["kv_pool_bytes" if case["what"] == "kv_pool" else "cuda_graph_bytes"]
@@ -76,8 +99,11 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
 
 def implied_per_graph(case: dict[str, Any]) -> float:
     """The per-graph bytes (MiB) a whole-term case implies once the shared working set is taken out."""
-    est = estimate_inference(_spec(case), _setup(case))
-    total, graphs = est.extra["cuda_graph_bytes"], est.extra["cuda_graphs"]
+    if "draft" in case or "cudagraph_mode" in case:
+        total, graphs = _infer(case)
+    else:
+        est = estimate_inference(_spec(case), _setup(case))
+        total, graphs = est.extra["cuda_graph_bytes"], est.extra["cuda_graphs"]
     assert isinstance(total, int) and isinstance(graphs, int)
     shared = total - PER_GRAPH_BYTES * graphs
     return (logged_bytes(case) - shared) / graphs / MiB

@@ -1,0 +1,61 @@
+"""benchmarks/cuda_graph_logs.json (issue 31, CUDA graph capture logs): the file's integrity, its recorded
+splits, and the comparison script's reading of the speculative-decoding cases, checked against the capture
+sizes the logs themselves print."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from _bench import load_benchmark
+from peakmem.units import MiB
+
+LOGS = Path(__file__).parents[1] / "benchmarks" / "cuda_graph_logs.json"
+# the cases split by hand ('split_decided'); every later one by 'split_rule_3'
+FIRST_CASES = {"F1", "F2", "F2-pool", "H1", "H2", "H3", "H4"}
+KINDS = {"took", "estimated", "per_graph", "nvidia_smi_delta", "kv_pool"}
+QUOTE_MAX = 400  # characters: a quote, not a copy of the thread
+
+
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(LOGS.read_text())
+    return data
+
+
+def test_cases_are_cited_and_split_by_their_rule() -> None:
+    """Every case and every log not compared has a GitHub URL and a short quote; ids are unique; the cases
+    added after the first seven sit where split_rule_3 puts them (ordered by SHA-256 of the id: 1st, 3rd,
+    ... held out)."""
+    data = _data()
+    cases = data["cases"]
+    assert len({c["id"] for c in cases}) == len(cases)
+    for entry in [*cases, *data["not_compared"]]:
+        assert entry["url"].startswith("https://github.com/"), entry["url"]
+        assert 0 < len(entry["quote"]) <= QUOTE_MAX, entry["url"]
+    assert all(n["why"] for n in data["not_compared"])
+    assert {c["what"] for c in cases} <= KINDS and {c["set"] for c in cases} == {"fit", "held_out"}
+    assert "split_rule_3" in data
+    later = sorted((c for c in cases if c["id"] not in FIRST_CASES),
+                   key=lambda c: hashlib.sha256(c["id"].encode()).hexdigest())  # fmt: skip
+    assert later, "split_rule_3 names cases"
+    for i, case in enumerate(later):
+        assert case["set"] == ("held_out" if i % 2 == 0 else "fit"), case["id"]
+        assert case["setup_source"] and case["inferred"], case["id"]
+
+
+def test_speculative_cases_capture_the_logged_sizes() -> None:
+    """The club-3090 cases (vLLM, MTP with 3 speculative tokens, cudagraph_mode PIECEWISE): vLLM 0.12+
+    captures sizes [1, 2, 4] + multiples of 8 up to min(2 x max_num_seqs x (1 + 3), 512): max_num_seqs 2
+    gives [1, 2, 4, 8, 16] (the log's 'PIECEWISE ... 5/5'), 4 gives [1, 2, 4, 8, 16, 24, 32] (the log's
+    'PIECEWISE=7 (largest=32)'); each graph costs at least PER_GRAPH_BYTES (6 MiB)."""
+    module = load_benchmark("cuda_graphs")
+    graphs = {2: 5, 4: 7}
+    spec_cases = [c for c in _data()["cases"] if "draft" in c]
+    assert spec_cases
+    for case in spec_cases:
+        got, how = module.predicted(case)
+        n = graphs[case["max_num_seqs"]]
+        assert how.startswith(f"{n} graphs (piecewise, K=3)"), (case["id"], how)
+        assert got >= n * 6 * MiB, case["id"]
