@@ -196,7 +196,9 @@ def test_python_only_backward_blocks_freed_in_backward_are_temporaries() -> None
 AXOLOTL_LORA = Path(__file__).parent / "fixtures" / "frameworks" / "axolotl" / "lora-8b.yml"
 
 
-def test_cli_explain_from_predicts_what_train_from_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_explain_from_predicts_what_train_from_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """explain --from reads the job as train --from does (one question, peakmem.question.ask): the same
     model, setup and peak; a flag typed beside the file wins over it (the file names a Hub id: the model is
     typed, which wins as well)."""
@@ -207,13 +209,30 @@ def test_cli_explain_from_predicts_what_train_from_does(tmp_path: Path, capsys: 
     got = json.loads(capsys.readouterr().out)["prediction"]
     assert got["model"] == train["model"]["name"] and got["setup"] == train["setup"]
     assert got["peak_allocated_bytes"] == train["peak_allocated_bytes"]
-    assert main(["explain", str(path), "--model", "llama-3.1-8b", "--from", str(AXOLOTL_LORA), "--seq", "256", "--json"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                str(path),
+                "--model",
+                "llama-3.1-8b",
+                "--from",
+                str(AXOLOTL_LORA),
+                "--seq",
+                "256",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["prediction"]["setup"]["seq_len"] == 256
     assert main(["explain", str(path), "--model", "llama-3.1-8b", "--from", str(AXOLOTL_LORA)]) == 0
     assert "predicts" in capsys.readouterr().out
 
 
-def test_cli_explain_from_a_post_training_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_explain_from_a_post_training_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from test_fromfile_post_training import GRPO
 
     cfg = tmp_path / "grpo.yaml"
