@@ -23,8 +23,10 @@ Flag ``E``: a held-out case studied after peakmem missed it (the file's ``examin
 benchmarks/published_scale.py flags them): the engines' source was read for its mechanism (the case's
 ``examined`` says what was found), nothing was fitted to its number, but it no longer counts as unseen, so the
 held-out summary is also given without those cases. With tensor parallelism the row also counts the
-all-reduces captured in the graphs (formulas/serving/cuda_graphs.py ``captured_allreduces``), whose NCCL
-memory the term leaves out.
+all-reduces captured in the graphs (formulas/serving/cuda_graphs.py ``captured_allreduces``): a case run with
+``disable_custom_all_reduce`` (its compose file says so) is asked with it, and its NCCL all-reduces are in the
+term; otherwise only the band holds them. ``--fit`` prints, for such fitting cases, the bytes a captured
+all-reduce implies once the rest of the term is taken out (how NCCL_ALLREDUCE_GRAPH_BYTES was chosen).
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ import peakmem
 from _logs import fit_first, unseen_lines, within_lines
 from peakmem.catalog import get_gpu, get_model
 from peakmem.formulas.serving import estimate_inference
-from peakmem.formulas.serving.cuda_graphs import PER_GRAPH_BYTES, allreduces_per_forward
+from peakmem.formulas.serving.cuda_graphs import (
+    NCCL_ALLREDUCE_GRAPH_BYTES,
+    PER_GRAPH_BYTES,
+    allreduces_per_forward,
+)
 from peakmem.hf import spec_from_config
 from peakmem.inference import InferenceSetup
 from peakmem.model import ModelSpec
@@ -67,14 +73,26 @@ def logged_bytes(case: dict[str, Any]) -> int:
 
 
 # the case fields passed to ``peakmem infer`` (a case with ``draft`` or ``cudagraph_mode`` is asked so)
-INFER_OPTIONS = ("tp", "max_num_seqs", "draft", "num_speculative_tokens", "cudagraph_mode")
+INFER_OPTIONS = (
+    "tp",
+    "max_num_seqs",
+    "draft",
+    "num_speculative_tokens",
+    "cudagraph_mode",
+    "disable_custom_all_reduce",
+)
+
+
+def _infer_extra(case: dict[str, Any]) -> dict[str, Any]:
+    """``peakmem infer``'s extra figures for a case with a draft or a cudagraph_mode."""
+    options = {key: case[key] for key in INFER_OPTIONS if case.get(key) is not None}
+    est = peakmem.infer(case["model"], engine=case["engine"], engine_version=case["version"], **options)
+    return est.to_dict()
 
 
 def _infer(case: dict[str, Any]) -> tuple[int, int]:
     """``peakmem infer``'s CUDA graph bytes and graph count for a case with a draft or a cudagraph_mode."""
-    options = {key: case[key] for key in INFER_OPTIONS if case.get(key) is not None}
-    est = peakmem.infer(case["model"], engine=case["engine"], engine_version=case["version"], **options)
-    out = est.to_dict()
+    out = _infer_extra(case)
     return int(out["cuda_graph_bytes"]), int(out["cuda_graphs"])
 
 
@@ -85,16 +103,27 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
     if "draft" in case or "cudagraph_mode" in case:
         if case["what"] not in ("took", "estimated"):
             raise ValueError(f"case {case['id']}: what={case['what']!r} with a draft is not compared")
-        got, graphs = _infer(case)
+        out = _infer_extra(case)
+        got, graphs = int(out["cuda_graph_bytes"]), int(out["cuda_graphs"])
         mode, k = case.get("cudagraph_mode", "auto"), case.get("num_speculative_tokens", 0)
-        return got, f"{graphs} graphs ({mode}, K={k})"
+        nccl = out.get("cuda_graph_allreduces", 0)
+        return got, f"{graphs} graphs ({mode}, K={k})" + (f", {nccl} NCCL all-reduces" if nccl else "")
     spec, setup = _spec(case), _setup(case)
     est = estimate_inference(spec, setup)
     got = est.extra["kv_pool_bytes" if case["what"] == "kv_pool" else "cuda_graph_bytes"]
     graphs = est.extra["cuda_graphs"]
     assert isinstance(got, int) and isinstance(graphs, int)
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp) * graphs
-    return got, f"{graphs} graphs" + (f", {allreduces} all-reduces (not modelled)" if allreduces else "")
+    return got, f"{graphs} graphs" + (f", {allreduces} all-reduces (band only)" if allreduces else "")
+
+
+def implied_per_allreduce(case: dict[str, Any]) -> float:
+    """The bytes (MiB) a captured NCCL all-reduce implies once the rest of the term is taken out (a case
+    asked with disable_custom_all_reduce: NCCL_ALLREDUCE_GRAPH_BYTES)."""
+    out = _infer_extra(case)
+    total, allreduces = int(out["cuda_graph_bytes"]), int(out["cuda_graph_allreduces"])
+    rest = total - NCCL_ALLREDUCE_GRAPH_BYTES * allreduces
+    return (logged_bytes(case) - rest) / allreduces / MiB
 
 
 def implied_per_graph(case: dict[str, Any]) -> float:
@@ -124,7 +153,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.fit:
         for case in json.loads(LOGS.read_text())["cases"]:
-            if case["set"] == "fit" and case["what"] != "kv_pool":
+            if case["set"] == "fit" and case.get("disable_custom_all_reduce"):
+                print(f"{case['id']} {case['model']}: {implied_per_allreduce(case):.3f} MiB a captured "
+                      "NCCL all-reduce")  # fmt: skip
+            elif case["set"] == "fit" and case["what"] != "kv_pool":
                 print(f"{case['id']} {case['model']}: {implied_per_graph(case):.2f} MiB a graph")
         return 0
     print("| set | case | model | engine | what | graphs | log | peakmem | error | flags |")

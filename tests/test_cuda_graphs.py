@@ -14,17 +14,20 @@ from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.cuda_graphs import (
+    NCCL_ALLREDUCE_GRAPH_BYTES,
+    OLD_DRIVER_RATIO,
     PER_GRAPH_BYTES,
     allreduces_per_forward,
+    graph_band,
     graph_memory,
     graph_note,
     sglang_capture_sizes,
     v0_capture_sizes,
     vllm_capture_sets,
 )
-from peakmem.inference import CudagraphMode, Engine, InferenceSetup
+from peakmem.inference import CudagraphMode, Draft, Engine, InferenceSetup
 from peakmem.options import CUDAGRAPH_MODES
-from peakmem.units import GiB, MiB
+from peakmem.units import GiB, KiB, MiB
 
 # tiny(): 2 layers, hidden 64, MLP 128, bf16. One layer's fused temporaries a token (forward.py): MLP act,
 # up and product 3 x 128 x 2 B + vLLM's residual stream 2 x 64 x 2 B = 1,024 B (attention 640 B, norm 512 B).
@@ -142,6 +145,50 @@ def test_tensor_parallel_allreduces_are_counted_not_priced() -> None:
     assert alone is not None and alone.captured_allreduces == 0 and "all-reduce" not in graph_note(alone)
 
 
+def _drafted(**kw: object) -> InferenceSetup:
+    # tiny() at TP 2 with a 1-layer EAGLE drafter proposing K = 1: vLLM's decode batches are max_num_seqs 2 x
+    # (1 + 1) = 4 tokens, so it captures up to min(2 x 4, 512) = 8 tokens: PIECEWISE [1, 2, 4, 8]
+    draft = Draft(name="head", spec=tiny(layers=1), method="eagle")
+    args = {"engine": "vllm", "context": 100, "tp": 2, "max_num_seqs": 2, "cudagraph_mode": "piecewise",
+            "draft": draft, "num_speculative_tokens": 1, **kw}  # fmt: skip
+    return InferenceSetup(**args)  # type: ignore[arg-type]
+
+
+def test_drafter_captures_and_nccl_allreduces_with_custom_all_reduce_off() -> None:
+    # 4 PIECEWISE sizes; each captures the target's forward (2 x 2 layers + 1 = 5 all-reduces) and one
+    # drafter forward (llm_base_proposer.py dummy_run: 2 x 1 + 1 = 3): 4 x 5 + 4 x 3 = 32 captured
+    off = graph_memory(tiny(), _drafted(disable_custom_all_reduce=True), act_bytes=2, max_tokens=8192,
+                       spec_tokens=1)  # fmt: skip
+    assert off is not None and (off.graphs, off.draft_captures, off.draft_allreduces_per_graph) == (4, 4, 3)
+    assert off.captured_allreduces == 32
+    # --disable-custom-all-reduce: NCCL keeps 135 KiB a captured all-reduce, in the term
+    assert 135 * KiB == NCCL_ALLREDUCE_GRAPH_BYTES
+    assert off.nccl_bytes == 32 * 135 * KiB == 4_423_680
+    assert off.bytes == off.shared_bytes + 4 * 6 * MiB + 4_423_680
+    # the band: +-10 % of the term; the high end adds the CUDA 12.2 drivers' excess (vllm #5517: 3.8086 /
+    # 1.1367 GiB): 4,423,680 x 38,086 // 11,367 = 14,821,877 B in all, 10,398,197 B over the term's
+    assert OLD_DRIVER_RATIO == (38086, 11367)
+    spread = int(off.bytes * 0.10)
+    assert graph_band(off) == (-spread, spread + 14_821_877 - 4_423_680)
+    assert "32 tensor-parallel all-reduces captured (5 a graph + 3 in each of the drafter's 4 captures)" in (
+        graph_note(off)
+    )
+    # without the flag the engine decides (on with NVLink): none in the term, all in the band
+    on = graph_memory(tiny(), _drafted(), act_bytes=2, max_tokens=8192, spec_tokens=1)
+    assert on is not None and on.captured_allreduces == 32 and on.nccl_bytes == 0
+    assert on.bytes == off.bytes - 4_423_680
+    assert graph_band(on)[1] == int(on.bytes * 0.10) + 14_821_877
+    # FULL_AND_PIECEWISE: the drafter is captured with the PIECEWISE sizes only (use_cudagraphs is False for
+    # FULL): [1, 2, 4, 8] PIECEWISE + [1, 2, 4] FULL = 7 graphs, 4 drafter captures, 7 x 5 + 4 x 3 = 47
+    both = graph_memory(tiny(), _drafted(cudagraph_mode="auto"), act_bytes=2, max_tokens=8192, spec_tokens=1)
+    assert both is not None and (both.graphs, both.draft_captures, both.captured_allreduces) == (7, 4, 47)
+    # no tensor parallelism: no collective, nothing for NCCL even with the flag
+    alone = graph_memory(tiny(), _drafted(tp=1, disable_custom_all_reduce=True), act_bytes=2, max_tokens=8192,
+                         spec_tokens=1)  # fmt: skip
+    assert alone is not None and alone.captured_allreduces == 0 and alone.nccl_bytes == 0
+    assert graph_band(alone)[1] == int(alone.bytes * 0.10)
+
+
 def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:
     # vllm #7553 (benchmarks/cuda_graph_logs.json H3): vLLM 0.5, Yi-1.5-34B (60 layers), TP 4, max_num_seqs
     # 256: 35 FULL decode graphs of 2 x 60 + 1 = 121 all-reduces each, 4,235 NCCL kernels on 4 x RTX 4090
@@ -168,6 +215,8 @@ def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:
         ({"engine": "vllm", "cudagraph_mode": "always"}, r"^cudagraph_mode='always': unknown; choose one of"),
         ({"engine": "sglang", "cudagraph_mode": "full"}, r"^cudagraph_mode='full': an option of engine=vllm"),
         ({"engine": "vllm", "enforce_eager": "yes"}, r"^enforce_eager='yes': must be True or False"),
+        ({"engine": "hf", "disable_custom_all_reduce": True},
+         r"^disable_custom_all_reduce=True: CUDA graphs are captured by vllm and sglang, not hf$"),
         ({"engine": "vllm", "cudagraph_mode": 5}, r"^cudagraph_mode=5: must be text$"),
         ({"engine": "vllm", "engine_version": 21}, r"^engine_version=21: a release number"),
     ],

@@ -405,6 +405,8 @@ class InferenceSetup:
     max_num_seqs: int | None = None
     cudagraph_mode: CudagraphMode = CudagraphMode.AUTO
     cuda_graph_max_bs: int | None = None
+    # vLLM / SGLang --disable-custom-all-reduce: at TP > 1 the graphs capture NCCL all-reduces
+    disable_custom_all_reduce: bool = False
     engine_version: str | None = None
     gptq_kernel: GptqKernel | None = None  # transformers' GPTQ backend (None: not named)
     # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py): the scan state's
@@ -562,13 +564,12 @@ class InferenceSetup:
             )
             mode = CudagraphMode.parse(self.cudagraph_mode, "cudagraph_mode")
             object.__setattr__(self, "cudagraph_mode", mode)
-        check_bool("enforce_eager", self.enforce_eager)
         engine = self.engine.value
         pooled = self.engine in (Engine.VLLM, Engine.SGLANG)
-        if self.enforce_eager:
-            require(
-                pooled, "enforce_eager", True, f"CUDA graphs are captured by vllm and sglang, not {engine}"
-            )
+        for flag in ("enforce_eager", "disable_custom_all_reduce"):
+            check_bool(flag, getattr(self, flag))
+            if getattr(self, flag):
+                require(pooled, flag, True, f"CUDA graphs are captured by vllm and sglang, not {engine}")
         for name, owner in (("max_num_seqs", "vllm"), ("cuda_graph_max_bs", "sglang")):
             value = getattr(self, name)
             if value is not None:
@@ -694,7 +695,7 @@ class InferenceSetup:
                 "gpus": self.layout.gpus} if self.layout.parallel else {}),
             **({"draft": self.draft.name, "num_speculative_tokens": self.num_speculative_tokens}
                if self.draft is not None else {}),
-            **({"enforce_eager": True} if self.enforce_eager else {}),
+            **{flag: True for flag in ("enforce_eager", "disable_custom_all_reduce") if getattr(self, flag)},
             **{name: getattr(self, name) for name in ("max_num_seqs", "cuda_graph_max_bs", "engine_version")
                if getattr(self, name) is not None},
             **({"cudagraph_mode": self.cudagraph_mode.value}

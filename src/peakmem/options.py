@@ -235,6 +235,8 @@ OPTIONS: tuple[Option, ...] = (
        "default)", group=_GRAPHS, choices=CUDAGRAPH_MODES),
     _o("cuda_graph_max_bs", int, None, SV, "SGLang --cuda-graph-max-bs (default 160, SGLang's for 35-90 GiB "
        "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
+    _o("disable_custom_all_reduce", bool, False, SV, "vLLM / SGLang --disable-custom-all-reduce: with --tp "
+       "the CUDA graphs capture NCCL all-reduces", group=_GRAPHS),
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
        "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "

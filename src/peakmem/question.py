@@ -370,6 +370,7 @@ def inference_setup(
         num_speculative_tokens=o.get("num_speculative_tokens"),
         enforce_eager=o.get("enforce_eager", False), max_num_seqs=o.get("max_num_seqs"),
         cudagraph_mode=o.get("cudagraph_mode", "auto"), cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
+        disable_custom_all_reduce=o.get("disable_custom_all_reduce", False),
         engine_version=o.get("engine_version"), gptq_kernel=o.get("gptq_kernel"),
         ssm_cache_dtype=o.get("ssm_cache_dtype", "auto"), conv_cache_dtype=o.get("conv_cache_dtype", "auto"),
     )  # fmt: skip

@@ -265,6 +265,7 @@ class InferRequest(ModelChoice):
         "auto", max_length=40, description="vLLM cudagraph_mode (auto: the release's)"
     )
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
+    disable_custom_all_reduce: bool = Field(False, description="vLLM / SGLang --disable-custom-all-reduce")
     engine_version: str | None = Field(None, min_length=1, max_length=40, description="vLLM / SGLang release")
     # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py)
     ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

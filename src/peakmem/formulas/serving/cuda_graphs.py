@@ -63,8 +63,41 @@ persistent plan whose work array (nWork x NCCL_WORK_SIZE = 512 B) it cudaMallocs
 NCCL_CUMEM_ENABLE=0, ``worker/worker_base.py`` ``init_worker``, nccl issue #1234) until the graph is destroyed
 (NCCL 2.20.5 ``src/enqueue.cc`` ``uploadWork``, ``persistentDestructor``). What that costs on the device is
 the CUDA driver's, not NCCL's few KiB: vllm issue #5517 tabulates 3.81 (CUDA 12.2 and 12.3 drivers) against
-1.14 (12.4) for the same job on A10G and L4. peakmem has no input for the interconnect or the driver, so the
-term leaves it out and the note counts the captured all-reduces.
+1.14 (12.4) for the same job on A10G and L4.
+
+Hybrid models with a speculative draft at TP > 1 (the club-3090 cases of benchmarks/cuda_graph_logs.json:
+Qwen3.6-27B, 48 Gated-DeltaNet + 16 attention layers, MTP K=3, PIECEWISE, TP 2 and 4, where the term was
+3-4x low). Read in vLLM (stored main, commit 000fc94b; the logs' 0.21 nightlies have the same structure):
+
+* ``gpu_model_runner.py`` ``profile_cudagraph_memory``: per mode, the first two sizes are warmed up and
+  captured into a throw-away pool, ``mem_samples`` = the drop in ``torch.accelerator.get_memory_info`` free
+  memory over each; the estimate is ``max(first capture) + sum((n - 1) x second capture)``. It measures free
+  device memory, so it sees everything a capture adds: the pool's segments, the graphs' driver memory and
+  whatever a collective captured inside them keeps (``capture_model``'s "took" is the same drop).
+* ``_dummy_run``: when it captures a PIECEWISE size and a drafter exists (eagle, eagle3, mtp, draft model),
+  it calls ``drafter.dummy_run(num_tokens, use_cudagraphs=True, is_graph_capturing=True)``;
+  ``spec_decode/llm_base_proposer.py`` ``dummy_run`` runs ONE drafter forward while capturing
+  (``only_one_forward_pass = is_graph_capturing``), dispatched to the drafter's own PIECEWISE graph of that
+  size. So each PIECEWISE size also captures the drafter's forward, and its all-reduces
+  (:attr:`GraphMemory.draft_allreduces_per_graph`); FULL sizes do not (``use_cudagraphs`` is False there).
+* ``vllm/compilation`` piecewise backend: one CUDA graph per piece between splitting ops; the GDN op is one,
+  so the hybrid's size is 65 graphs where Qwen3-8B's is 37. Not what is missing: the fitting set's Qwen3-8B
+  (F2) costs ~6 MiB a PIECEWISE size for 37 pieces; to explain the club-3090 sizes' ~23 MiB the 28 more
+  pieces would need ~0.6 MiB each, which would make F2's sizes ~22 MiB and its estimate 3x what it logged.
+* the club-3090 composes run ``--disable-custom-all-reduce`` with ``NCCL_P2P_DISABLE=1`` (noonghunna/club-3090
+  models/qwen3.6-27b/vllm/compose/dual/docker-compose.yml @ d7804107, multi4 @ e6e33ab3; and vLLM's
+  ``custom_all_reduce.py`` turns it off by itself on more than two PCIe-only GPUs), so every all-reduce is a
+  NCCL kernel captured in the graph: 2 x 64 + 1 = 129 a size, + 3 for the MTP layer. NCCL 2.29's
+  ``enqueue.cc`` (NVIDIA/nccl @ 5067397c) keeps a captured launch's work in its kernel arguments when it fits
+  (``finishPlan``: Fifo / Persistent promoted to Args), so what a captured all-reduce keeps on the device is
+  the driver's memory for the launch in the graph: :data:`NCCL_ALLREDUCE_GRAPH_BYTES`, fitted on those two
+  cases (its comment shows the arithmetic), and 3.35x that on CUDA 12.2 / 12.3 drivers (vllm #5517).
+
+Whether NCCL is captured depends on what peakmem cannot see (NVLink, P2P, a patched driver), and its size on
+the driver, so: with ``disable_custom_all_reduce`` (vLLM / SGLang ``--disable-custom-all-reduce``) the term
+holds the captured all-reduces at :data:`NCCL_ALLREDUCE_GRAPH_BYTES` and the band's high end adds the old
+drivers' excess; without it the term holds none and the band's high end holds them all at the old drivers'
+cost (the engine may still turn custom all-reduce off: more than two PCIe-only GPUs, no P2P).
 """
 
 from __future__ import annotations
@@ -75,7 +108,7 @@ from enum import Enum
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.inference import CudagraphMode, Engine, InferenceSetup
 from peakmem.model import ModelSpec
-from peakmem.units import MiB
+from peakmem.units import KiB, MiB
 
 # Fitted on the fitting set of benchmarks/cuda_graph_logs.json (Llama-3.2-1B, vLLM V0, 35 FULL graphs:
 # "took 0.21 GiB"; Qwen3-8B, vLLM 0.21+, 51 PIECEWISE + 35 FULL: "Estimated CUDA graph memory: 0.52 GiB"),
@@ -93,6 +126,21 @@ PER_GRAPH_BYTES = 6 * MiB
 BAND_FRACTION = 0.10
 LARGE_PIECEWISE_TOKENS = 272
 LARGE_SEGMENT_BYTES = 20 * MiB
+
+# NCCL all-reduces captured in the graphs (custom all-reduce off): the device memory each keeps until its
+# graph is destroyed, on CUDA 12.4+ drivers. Fitted on the fitting set's two TP > 1 cases (club3090-91, TP 2:
+# 5 sizes x (129 + 3) = 660 all-reduces; club3090-pr44, TP 4: 7 x 132 = 924), each log less the rest of the
+# term (benchmarks/cuda_graphs.py --fit; 0.11 GiB = 112.6 MiB, 0.17 GiB = 174.1 MiB, the rest 31.1 and
+# 43.9 MiB): (112.6 - 31.1) / 660 = 0.124 MiB and (174.1 - 43.9) / 924 = 0.141 MiB; their mean 0.132 MiB =
+# 135 KiB. The driver's, not NCCL's (the work is in the kernel arguments), so it changes with the driver:
+# vllm #5517 measured one job's graphs at 3.8086 GiB on CUDA 12.2 and 12.3 drivers and 1.1367 GiB on 12.4
+# (A10G and L4): the band's high end (OLD_DRIVER_RATIO).
+NCCL_ALLREDUCE_GRAPH_BYTES = 135 * KiB
+OLD_DRIVER_RATIO = (38086, 11367)  # vllm #5517: 3.8086 / 1.1367 GiB, as a fraction
+
+# vLLM's proposers that run a drafter forward inside each PIECEWISE capture (gpu_model_runner.py _dummy_run:
+# speculative_config.use_eagle() (eagle, eagle3, mtp) or uses_draft_model()); ngram runs no model
+DRAFTER_CAPTURE_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 
 # vLLM defaults: max_num_seqs 256 (EngineArgs), the capture cap 512 (config/vllm.py), V0's largest 256.
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
@@ -144,6 +192,17 @@ class GraphMemory:
     accounting: Accounting
     release: str  # e.g. "vllm 0.27"
     allreduces_per_graph: int = 0  # tensor-parallel all-reduces captured in each graph (none without TP)
+    # vLLM's drafter forward captured with each PIECEWISE size (speculative decoding) and its all-reduces
+    draft_captures: int = 0
+    draft_allreduces_per_graph: int = 0
+    nccl_captured: bool = False  # custom all-reduce off (--disable-custom-all-reduce): NCCL in the graphs
+
+    def __post_init__(self) -> None:
+        for name in ("shared_bytes", "per_graph_bytes", "allreduces_per_graph", "draft_captures",
+                     "draft_allreduces_per_graph"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"GraphMemory.{name}={value!r}: a count or size >= 0")
 
     @property
     def graphs(self) -> int:
@@ -151,8 +210,14 @@ class GraphMemory:
 
     @property
     def captured_allreduces(self) -> int:
-        """The tensor-parallel all-reduces captured in all the graphs of the rank (not in :attr:`bytes`)."""
-        return self.allreduces_per_graph * self.graphs
+        """The tensor-parallel all-reduces captured in all the graphs of the rank: the target's in every
+        graph, the drafter's in each PIECEWISE size it is captured with."""
+        return self.allreduces_per_graph * self.graphs + self.draft_allreduces_per_graph * self.draft_captures
+
+    @property
+    def nccl_bytes(self) -> int:
+        """What the captured NCCL all-reduces keep when custom all-reduce is off (CUDA 12.4+ drivers)."""
+        return self.captured_allreduces * NCCL_ALLREDUCE_GRAPH_BYTES if self.nccl_captured else 0
 
     @property
     def largest(self) -> int:
@@ -160,7 +225,7 @@ class GraphMemory:
 
     @property
     def bytes(self) -> int:
-        return self.shared_bytes + self.per_graph_bytes * self.graphs
+        return self.shared_bytes + self.per_graph_bytes * self.graphs + self.nccl_bytes
 
     @property
     def large_piecewise_graphs(self) -> int:
@@ -244,16 +309,35 @@ def graph_memory(
     largest = max(max(s.sizes) for s in sets)
     shared = layer_transient_bytes(spec, largest, act_bytes, setup.tp, fused=True)
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp)
+    draft_captures, draft_allreduces = drafter_captures(setup, sets)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
-                       release=name, allreduces_per_graph=allreduces)  # fmt: skip
+                       release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
+                       draft_allreduces_per_graph=draft_allreduces,
+                       nccl_captured=setup.disable_custom_all_reduce and setup.tp > 1)  # fmt: skip
+
+
+def drafter_captures(setup: InferenceSetup, sets: tuple[CaptureSet, ...]) -> tuple[int, int]:
+    """vLLM V1's drafter forwards captured with the target's PIECEWISE sizes (one each: llm_base_proposer.py
+    ``dummy_run``) and the all-reduces one of them runs (the drafter's layers and embedding, at the
+    target's TP, on the last pipeline stage); (0, 0) without a drafter model or on SGLang."""
+    draft = setup.draft
+    if setup.engine is not Engine.VLLM or setup.version < V1_RELEASE or draft is None or draft.spec is None:
+        return 0, 0
+    if draft.method not in DRAFTER_CAPTURE_METHODS:
+        return 0, 0
+    captures = sum(len(s.sizes) for s in sets if s.mode == "PIECEWISE")
+    return captures, allreduces_per_forward(draft.spec, tp=setup.tp)
 
 
 def allreduces_per_forward(spec: ModelSpec, *, tp: int, pp: int = 1) -> int:
     """The tensor-parallel all-reduces one forward runs on the most loaded rank: 2 a layer on the first
-    pipeline stage's ``ceil(layers / pp)`` layers + the embedding's; none without tensor parallelism."""
+    pipeline stage's ``ceil(layers / pp)`` layers + the embedding's; none without tensor parallelism. The
+    layers are the language model's (a vision-language model's tower runs outside the decoder's graphs:
+    ``profile_cudagraph_memory`` captures encoder graphs only with ``cudagraph_mm_encoder``)."""
     if tp == 1:
         return 0
-    return ALLREDUCES_PER_LAYER * -(-spec.num_layers // pp) + EMBEDDING_ALLREDUCES
+    layers = sum(g.count for g in spec.language_groups)
+    return ALLREDUCES_PER_LAYER * -(-layers // pp) + EMBEDDING_ALLREDUCES
 
 
 def graph_band(g: GraphMemory | None) -> tuple[int, int]:
@@ -261,7 +345,12 @@ def graph_band(g: GraphMemory | None) -> tuple[int, int]:
     if g is None:
         return 0, 0
     spread = int(g.bytes * BAND_FRACTION)
-    return -spread, spread + LARGE_SEGMENT_BYTES * g.large_piecewise_graphs
+    high = spread + LARGE_SEGMENT_BYTES * g.large_piecewise_graphs
+    # NCCL captured on a CUDA 12.2 / 12.3 driver: OLD_DRIVER_RATIO x the 12.4+ cost of each all-reduce;
+    # without --disable-custom-all-reduce the engine may still capture them (> 2 PCIe-only GPUs, no P2P)
+    num, den = OLD_DRIVER_RATIO
+    old_driver = g.captured_allreduces * NCCL_ALLREDUCE_GRAPH_BYTES * num // den
+    return -spread, high + old_driver - g.nccl_bytes
 
 
 def graph_note(g: GraphMemory) -> str:
@@ -271,12 +360,23 @@ def graph_note(g: GraphMemory) -> str:
         Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.21)",
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
+    drafted = (
+        f" + {g.draft_allreduces_per_graph} in each of the drafter's {g.draft_captures} captures"
+        if g.draft_captures and g.draft_allreduces_per_graph
+        else ""
+    )
+    per_unit = f"{NCCL_ALLREDUCE_GRAPH_BYTES // KiB} KiB"
+    nccl = (
+        f"custom all-reduce off: NCCL keeps {per_unit} each until the graph is destroyed ({g.nccl_bytes} B, "
+        "CUDA 12.4+ drivers; 3.35x on 12.2 / 12.3: vllm #5517, in the band)"
+        if g.nccl_captured
+        else "where custom all-reduce is off (--disable-custom-all-reduce; more than two PCIe-only GPUs, no "
+        f"P2P) NCCL keeps {per_unit} each on CUDA 12.4+ drivers, 3.35x on 12.2 (vllm #5517): in the band only"
+    )
     collectives = (
-        f"; {g.captured_allreduces} tensor-parallel all-reduces captured ({g.allreduces_per_graph} a graph): "
-        "where vLLM's custom all-reduce is off (more than two PCIe-only GPUs, no P2P) NCCL keeps memory for "
-        "each until the graph is destroyed, as much as the CUDA driver makes of it (vllm #5517: 3.3x more "
-        "for one job on CUDA 12.2 drivers than on 12.4), not modelled"
-        if g.allreduces_per_graph
+        f"; {g.captured_allreduces} tensor-parallel all-reduces captured ({g.allreduces_per_graph} a graph"
+        f"{drafted}): {nccl}"
+        if g.captured_allreduces
         else ""
     )
     return (

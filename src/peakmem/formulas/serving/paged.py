@@ -274,6 +274,9 @@ def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: lis
         return []
     extra.update(cuda_graph_bytes=graphs.bytes, cuda_graphs=graphs.graphs,
                  cuda_graph_accounting=graphs.accounting.value)  # fmt: skip
+    if graphs.nccl_captured:  # --disable-custom-all-reduce at TP > 1: NCCL all-reduces in the graphs
+        extra.update(cuda_graph_allreduces=graphs.captured_allreduces,
+                     cuda_graph_nccl_bytes=graphs.nccl_bytes)  # fmt: skip
     notes.append(graph_note(graphs))
     return [MemoryItem(
         path=f"CUDA graphs ({graphs.graphs} graphs, largest {graphs.largest})", category=Category.CUDA_GRAPHS,
