@@ -60,10 +60,11 @@ def _spec(case: dict[str, Any]) -> ModelSpec:
 
 
 def _setup(case: dict[str, Any]) -> InferenceSetup:
-    gpu = get_gpu(case["gpu"]).usable_bytes if "gpu" in case else None
+    gpu = get_gpu(case["gpu"]) if "gpu" in case else None
     return InferenceSetup(
         engine=case["engine"], engine_version=case["version"], tp=case.get("tp", 1),
-        max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1, gpu_bytes=gpu,
+        max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1,
+        gpu_bytes=gpu.usable_bytes if gpu else None, interconnect=gpu.interconnect if gpu else "",
         gpu_memory_utilization=case.get("gpu_memory_utilization"),
     )  # fmt: skip
 
@@ -114,7 +115,8 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
     graphs = est.extra["cuda_graphs"]
     assert isinstance(got, int) and isinstance(graphs, int)
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp) * graphs
-    return got, f"{graphs} graphs" + (f", {allreduces} all-reduces (band only)" if allreduces else "")
+    nccl = "NCCL in the term" if est.extra.get("cuda_graph_nccl_bytes") else "band only"
+    return got, f"{graphs} graphs" + (f", {allreduces} all-reduces ({nccl})" if allreduces else "")
 
 
 def implied_per_allreduce(case: dict[str, Any]) -> float:

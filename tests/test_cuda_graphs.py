@@ -18,6 +18,7 @@ from peakmem.formulas.serving.cuda_graphs import (
     OLD_DRIVER_RATIO,
     PER_GRAPH_BYTES,
     allreduces_per_forward,
+    custom_all_reduce_off,
     graph_band,
     graph_memory,
     graph_note,
@@ -173,7 +174,8 @@ def test_drafter_captures_and_nccl_allreduces_with_custom_all_reduce_off() -> No
     assert "32 tensor-parallel all-reduces captured (5 a graph + 3 in each of the drafter's 4 captures)" in (
         graph_note(off)
     )
-    # without the flag the engine decides (on with NVLink): none in the term, all in the band
+    # without the flag and no catalog GPU it is not known whether the engine runs custom all-reduce: none in
+    # the term, all in the band
     on = graph_memory(tiny(), _drafted(), act_bytes=2, max_tokens=8192, spec_tokens=1)
     assert on is not None and on.captured_allreduces == 32 and on.nccl_bytes == 0
     assert on.bytes == off.bytes - 4_423_680
@@ -187,6 +189,41 @@ def test_drafter_captures_and_nccl_allreduces_with_custom_all_reduce_off() -> No
                          spec_tokens=1)  # fmt: skip
     assert alone is not None and alone.captured_allreduces == 0 and alone.nccl_bytes == 0
     assert graph_band(alone)[1] == int(alone.bytes * 0.10)
+
+
+@pytest.mark.parametrize(
+    ("link", "tp", "off"),
+    [
+        ("nvlink", 8, False), ("xgmi", 8, False), ("nvlink", 3, True),  # 3 is not a custom all-reduce size
+        ("pcie", 2, False), ("pcie", 4, True),  # "not supported on more than two PCIe-only GPUs"
+        ("pcie-no-p2p", 2, True), ("", 4, None), ("", 1, False),  # "lacks GPU P2P capability"; not known
+    ],
+)  # fmt: skip
+def test_custom_all_reduce_follows_vllm_on_the_gpus_links(link: str, tp: int, off: bool | None) -> None:
+    setup = InferenceSetup(engine="vllm", tp=tp, context=4096, interconnect=link)  # type: ignore[arg-type]
+    assert custom_all_reduce_off(setup) is off
+    assert custom_all_reduce_off(replace(setup, disable_custom_all_reduce=True)) is (tp > 1)
+
+
+def test_the_gpu_named_decides_where_nccl_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    """4 x RTX 4090 (PCIe, no P2P): vLLM captures NCCL all-reduces, in the term; 8 x H100 SXM (NVLink): custom
+    all-reduce runs them, nothing for NCCL, not even in the band; a plain size: not known, in the band."""
+    kw = dict(engine="vllm", tp=4, context=4096)
+
+    def graphs(gpu: str) -> tuple[int, int, int]:
+        out = infer_cli_equals_api(capsys, "llama-3.1-8b", **kw, gpu=gpu)
+        band = next(t for t in out["band"]["terms"] if t["name"] == "cuda_graphs")
+        return out.get("cuda_graph_nccl_bytes", 0), out["cuda_graph_bytes"], band["high_bytes"]
+
+    geforce, nvlink, plain = graphs("rtx-4090"), graphs("h100-sxm"), graphs("80GB")
+    allreduces = (2 * 32 + 1) * 86  # FULL_AND_PIECEWISE, 51 + 35 sizes at max_num_seqs 256
+    assert geforce[0] == allreduces * 135 * KiB and geforce[1] == nvlink[1] + geforce[0]
+    assert nvlink[0] == plain[0] == 0 and nvlink[1] == plain[1]
+    # the band's high end: 10 % of the term, 20 MiB for each PIECEWISE size above 272 tokens (288 .. 512 by
+    # 16: 15), and where NCCL is or may be captured the CUDA 12.2 drivers' cost less what the term holds
+    old_driver, large = allreduces * 135 * KiB * 38086 // 11367, 15 * 20 * MiB
+    assert nvlink[2] == int(nvlink[1] * 0.10) + large and plain[2] == nvlink[2] + old_driver
+    assert geforce[2] == int(geforce[1] * 0.10) + large + old_driver - geforce[0]
 
 
 def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:

@@ -23,6 +23,13 @@ Vendor = Literal["nvidia", "amd", "apple", "unknown"]
 # README lists "Ampere, Ada, or Hopper GPUs" (Turing only in flash-attn 1.x).
 PRE_AMPERE_ARCHITECTURES = frozenset({"pascal", "volta", "turing"})
 
+# How the GPUs of one node are joined, as the serving engines' custom all-reduce tests it (vLLM
+# distributed/device_communicators/custom_all_reduce.py ``CustomAllreduce.__init__``, SGLang's port of it):
+# "nvlink" / "xgmi": every GPU of the node reaches every other (NVSwitch, AMD Infinity Fabric); "pcie":
+# PCIe with peer-to-peer access (datacenter and workstation cards; NVLink bridges join pairs at most);
+# "pcie-no-p2p": PCIe without peer-to-peer access (GeForce cards: the driver refuses it); "": not known.
+INTERCONNECTS = ("", "nvlink", "xgmi", "pcie", "pcie-no-p2p")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Gpu:
@@ -46,10 +53,13 @@ class Gpu:
     # A GPU without rates of its own (a plain memory size, ``--gpu 24GB``): the GPU whose rates the
     # step-time model borrows (:data:`peakmem.formulas.step_time.REFERENCE_GPU`, set by the resolver).
     rates_from: Gpu | None = None
+    interconnect: str = ""  # one of INTERCONNECTS: how a node's GPUs of this kind are joined
 
     def __post_init__(self) -> None:
         require(self.name == self.name.lower() and bool(self.name), "name", self.name, "must be lowercase")
         require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be positive")
+        require(self.interconnect in INTERCONNECTS, "interconnect", self.interconnect,
+                f"one of {', '.join(repr(i) for i in INTERCONNECTS)}")  # fmt: skip
         if self.gpu_usable_fraction is not None:
             require(
                 0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,
@@ -78,4 +88,4 @@ class Gpu:
         return int(self.memory_bytes * self.gpu_usable_fraction)
 
 
-__all__ = ["Gpu", "Vendor"]
+__all__ = ["INTERCONNECTS", "Gpu", "Vendor"]

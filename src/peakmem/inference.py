@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from peakmem.choice import Choice
+from peakmem.device import INTERCONNECTS
 from peakmem.errors import InputError, require
 from peakmem.model import ModelSpec
 from peakmem.serving_layout import ServingLayout
@@ -379,6 +380,7 @@ class InferenceSetup:
     ep: int = 1
     dp_attention: bool = False
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
+    interconnect: str = ""  # how the node's GPUs are joined (peakmem.device.INTERCONNECTS; "": not known)
     # vLLM gpu_memory_utilization / SGLang mem_fraction_static; None: the engine's default
     gpu_memory_utilization: float | None = None
     block_size: int | None = None  # paged-cache tokens per block; None: the engine's default
@@ -430,6 +432,8 @@ class InferenceSetup:
         check_int("tp", self.tp, maximum=MAX_GPUS, what="GPUs; no cluster has more")
         if self.gpu_bytes is not None:
             check_int("gpu_bytes", self.gpu_bytes, maximum=MAX_DEVICE_BYTES, what="bytes")
+        require(self.interconnect in INTERCONNECTS, "interconnect", self.interconnect,
+                f"one of {', '.join(repr(i) for i in INTERCONNECTS)}")  # fmt: skip
         if self.gpu_memory_utilization is not None:
             check_real("gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0)
         for name in ("keep_all_logits", "strict"):

@@ -361,6 +361,7 @@ def inference_setup(
         weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"],
         context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
+        interconnect=gpus[0].interconnect if len({g.interconnect for g in gpus}) == 1 else "",
         pp=o["pp"], dp=o["dp"], ep=o["ep"], dp_attention=o["dp_attention"],
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],

@@ -14,6 +14,14 @@ their fp16-accumulate rate; that halved figure is the one PyTorch training sees)
 bf16 (Volta, Turing) list their fp16 rate and say so. ``bandwidth_gbps`` is the datasheet memory
 bandwidth in GB/s. Both feed a step-time model, not the memory estimate.
 
+``interconnect`` is how a node of these cards is joined, as vLLM's and SGLang's custom all-reduce tests it
+(:data:`peakmem.device.INTERCONNECTS`): SXM / OAM boards (A100 and H100 SXM, H200, H20, B200, B300, GB200)
+sit on NVSwitch and AMD's MI300X / MI325X / MI355X on a full Infinity Fabric mesh (their datasheets); PCIe
+datacenter and workstation cards do peer-to-peer (H100 NVL and A100 PCIe join pairs with NVLink bridges at
+most); GeForce cards do not (NVIDIA's driver refuses peer-to-peer on them: noonghunna/club-3090 issue #91
+benchmarks a patched P2P driver on RTX 3090s). Left unknown: V100 (SXM2's hybrid cube mesh is not fully
+connected, PCIe V100s are), GH200, MI210, MI250X, Apple.
+
 Plain literals only: no I/O at import.
 """
 
@@ -40,6 +48,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     # ------------------------------------------------------------------- consumer (GeForce)
     {
         "name": "rtx-3060-12gb", "display_name": "NVIDIA GeForce RTX 3060 12GB", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ampere", "memory_bytes": 12288 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 3060 ... 12288MiB'",
         "bf16_tflops": 25.6, "bandwidth_gbps": 360.0,
@@ -49,6 +58,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-3080-10gb", "display_name": "NVIDIA GeForce RTX 3080 10GB", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ampere", "memory_bytes": 10240 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 3080 ... 10240MiB'",
         "bf16_tflops": 59.5, "bandwidth_gbps": 760.0,
@@ -58,6 +68,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-3090", "display_name": "NVIDIA GeForce RTX 3090", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ampere", "memory_bytes": 24576 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 3090 ... 24576MiB'",
         "bf16_tflops": 71.0, "bandwidth_gbps": 936.0,
@@ -66,6 +77,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-4060-ti-16gb", "display_name": "NVIDIA GeForce RTX 4060 Ti 16GB", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ada", "memory_bytes": 16380 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 4060 Ti ... 16380MiB'",
         "bf16_tflops": 44.2, "bandwidth_gbps": 288.0,
@@ -75,6 +87,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-4070-ti", "display_name": "NVIDIA GeForce RTX 4070 Ti", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ada", "memory_bytes": 12282 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 4070 Ti ... 12282MiB'",
         "bf16_tflops": 80.2, "bandwidth_gbps": 504.0,
@@ -83,6 +96,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-4080", "display_name": "NVIDIA GeForce RTX 4080", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ada", "memory_bytes": 16376 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 4080 ... 16376MiB'",
         "bf16_tflops": 97.5, "bandwidth_gbps": 716.8,
@@ -91,6 +105,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-4090", "display_name": "NVIDIA GeForce RTX 4090", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "ada", "memory_bytes": 24564 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 4090 ... 24564MiB'",
         "bf16_tflops": 165.2, "bandwidth_gbps": 1008.0,
@@ -99,6 +114,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-5090", "display_name": "NVIDIA GeForce RTX 5090", "vendor": "nvidia",
+        "interconnect": "pcie-no-p2p",
         "architecture": "blackwell", "memory_bytes": 32607 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 5090 ... 32607MiB'",
         "bf16_tflops": 209.5, "bandwidth_gbps": 1792.0,
@@ -109,6 +125,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     # ----------------------------------------------------------- workstation / inference
     {
         "name": "rtx-a6000", "display_name": "NVIDIA RTX A6000", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ampere", "memory_bytes": 49140 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA RTX A6000 ... 49140MiB'",
         "bf16_tflops": 154.8, "bandwidth_gbps": 768.0,
@@ -117,6 +134,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-6000-ada", "display_name": "NVIDIA RTX 6000 Ada Generation", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ada", "memory_bytes": 49140 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA RTX 6000 Ada Gene... 49140MiB'",
         "bf16_tflops": 364.25, "bandwidth_gbps": 960.0,
@@ -125,6 +143,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "rtx-pro-6000-blackwell", "display_name": "NVIDIA RTX PRO 6000 Blackwell",
+        "interconnect": "pcie",
         "vendor": "nvidia", "architecture": "blackwell", "memory_bytes": 97887 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887 MiB' and "
         "'... Workstation Edition, 97887 MiB' (drivers 580.126.09, 596.59; ECC on, the default)",
@@ -141,6 +160,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "l4", "display_name": "NVIDIA L4", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ada", "memory_bytes": 23034 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA L4 ... 23034MiB'",
         "bf16_tflops": 121.0, "bandwidth_gbps": 300.0,
@@ -149,6 +169,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "l40s", "display_name": "NVIDIA L40S", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ada", "memory_bytes": 46068 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA L40S ... 46068MiB'",
         "bf16_tflops": 362.05, "bandwidth_gbps": 864.0,
@@ -157,6 +178,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "a10", "display_name": "NVIDIA A10", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ampere", "memory_bytes": 23028 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A10 ... 23028MiB'",
         "bf16_tflops": 125.0, "bandwidth_gbps": 600.0,
@@ -166,6 +188,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "t4", "display_name": "NVIDIA Tesla T4", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "turing", "memory_bytes": 15360 * MiB,
         "memory_source": f"{_SMI}: 'Tesla T4 ... 15360MiB' (recent drivers; older ones showed 15109MiB)",
         "bf16_tflops": 65.0, "bandwidth_gbps": 320.0,
@@ -195,6 +218,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     # --------------------------------------------------------------------- data centre
     {
         "name": "a100-40gb", "display_name": "NVIDIA A100-SXM4-40GB", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "ampere", "memory_bytes": 40536 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A100-SXM4-40GB ... 40536MiB' (A100-PCIE-40GB the same)",
         "bf16_tflops": 312.0, "bandwidth_gbps": 1555.0,
@@ -203,6 +227,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "a100-80gb", "display_name": "NVIDIA A100-SXM4-80GB", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "ampere", "memory_bytes": 81920 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A100-SXM4-80GB ... 81920MiB'",
         "bf16_tflops": 312.0, "bandwidth_gbps": 2039.0,
@@ -213,6 +238,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "a100-80gb-pcie", "display_name": "NVIDIA A100 80GB PCIe", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "ampere", "memory_bytes": 81920 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A100 80GB PCIe ... 81920MiB'",
         "bf16_tflops": 312.0, "bandwidth_gbps": 1935.0,
@@ -221,6 +247,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "h100-sxm", "display_name": "NVIDIA H100 80GB HBM3 (SXM5)", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "hopper", "memory_bytes": 81559 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H100 80GB HBM3 ... 81559MiB'",
         "bf16_tflops": 989.4, "bandwidth_gbps": 3350.0,
@@ -230,6 +257,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "h100-pcie", "display_name": "NVIDIA H100 PCIe", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "hopper", "memory_bytes": 81559 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H100 PCIe ... 81559MiB'",
         "bf16_tflops": 756.0, "bandwidth_gbps": 2000.0,
@@ -238,6 +266,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "h100-nvl", "display_name": "NVIDIA H100 NVL (94GB)", "vendor": "nvidia",
+        "interconnect": "pcie",
         "architecture": "hopper", "memory_bytes": 95830 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H100 NVL ... 95830MiB'",
         "bf16_tflops": 835.0, "bandwidth_gbps": 3900.0,
@@ -246,6 +275,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "h200", "display_name": "NVIDIA H200 (SXM, 141GB)", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "hopper", "memory_bytes": 143771 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H200 ... 143771MiB'",
         "bf16_tflops": 989.4, "bandwidth_gbps": 4800.0,
@@ -254,6 +284,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "h20", "display_name": "NVIDIA H20 (96GB)", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "hopper", "memory_bytes": 97871 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H20 ... 97871MiB'",
         "bf16_tflops": 148.0, "bandwidth_gbps": 4000.0,
@@ -263,6 +294,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "b200", "display_name": "NVIDIA B200", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "blackwell", "memory_bytes": 183359 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA B200 ... 183359MiB'",
         "bf16_tflops": 2250.0, "bandwidth_gbps": 8000.0,
@@ -272,6 +304,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "b300", "display_name": "NVIDIA B300 SXM6 AC", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "blackwell", "memory_bytes": 275040 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA B300 SXM6 AC, 275040 MiB' (nvidia-smi --query-gpu CSV, "
         "drivers 580.95.05 and 590.44; AWS p6-b300 and DGX B300 logs)",
@@ -283,6 +316,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "gb200", "display_name": "NVIDIA GB200 (one Blackwell GPU)", "vendor": "nvidia",
+        "interconnect": "nvlink",
         "architecture": "blackwell", "memory_bytes": 189471 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GB200, 189471 MiB' (GB200 NVL4/NVL72 nodes, drivers "
         "580.95.05 to 590.48.01)",
@@ -326,6 +360,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "mi300x", "display_name": "AMD Instinct MI300X", "vendor": "amd",
+        "interconnect": "xgmi",
         "architecture": "cdna3", "memory_bytes": 205822885888,
         "memory_source": "rocm-smi --showmeminfo vram: 'VRAM Total Memory (B): 205822885888'",
         "bf16_tflops": 1307.4, "bandwidth_gbps": 5300.0,
@@ -334,6 +369,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "mi325x", "display_name": "AMD Instinct MI325X", "vendor": "amd",
+        "interconnect": "xgmi",
         "architecture": "cdna3", "memory_bytes": 256 * GiB,
         "memory_source": "marketing size 256 GB HBM3E taken as GiB",
         "bf16_tflops": 1307.4, "bandwidth_gbps": 6000.0,
@@ -344,6 +380,7 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "mi355x", "display_name": "AMD Instinct MI355X", "vendor": "amd",
+        "interconnect": "xgmi",
         "architecture": "cdna4", "memory_bytes": 288 * GiB,
         "memory_source": "marketing size 288 GB HBM3E (8 stacks of 36 GB) taken as GiB",
         "bf16_tflops": 2516.6, "bandwidth_gbps": 8000.0,

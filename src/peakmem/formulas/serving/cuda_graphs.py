@@ -93,11 +93,14 @@ Qwen3.6-27B, 48 Gated-DeltaNet + 16 attention layers, MTP K=3, PIECEWISE, TP 2 a
   the driver's memory for the launch in the graph: :data:`NCCL_ALLREDUCE_GRAPH_BYTES`, fitted on those two
   cases (its comment shows the arithmetic), and 3.35x that on CUDA 12.2 / 12.3 drivers (vllm #5517).
 
-Whether NCCL is captured depends on what peakmem cannot see (NVLink, P2P, a patched driver), and its size on
-the driver, so: with ``disable_custom_all_reduce`` (vLLM / SGLang ``--disable-custom-all-reduce``) the term
-holds the captured all-reduces at :data:`NCCL_ALLREDUCE_GRAPH_BYTES` and the band's high end adds the old
-drivers' excess; without it the term holds none and the band's high end holds them all at the old drivers'
-cost (the engine may still turn custom all-reduce off: more than two PCIe-only GPUs, no P2P).
+Whether NCCL is captured is decided by :func:`custom_all_reduce_off`: the user's
+``--disable-custom-all-reduce`` (vLLM / SGLang), else the engine's own test of the GPUs (vLLM
+``custom_all_reduce.py`` ``CustomAllreduce.__init__``, 0.5.4 to the stored main: world sizes 2, 4, 6 and 8
+only; more than two GPUs must be fully NVLink-connected; two need peer-to-peer access) on the catalog GPU's
+interconnect (:data:`peakmem.device.INTERCONNECTS`). Captured: the term holds them at
+:data:`NCCL_ALLREDUCE_GRAPH_BYTES` and the band's high end adds the old drivers' excess; not captured:
+neither; not known (a plain memory size, GPUs of different kinds, V100): the term holds none and the band's
+high end holds them all at the old drivers' cost.
 """
 
 from __future__ import annotations
@@ -137,6 +140,9 @@ LARGE_SEGMENT_BYTES = 20 * MiB
 # (A10G and L4): the band's high end (OLD_DRIVER_RATIO).
 NCCL_ALLREDUCE_GRAPH_BYTES = 135 * KiB
 OLD_DRIVER_RATIO = (38086, 11367)  # vllm #5517: 3.8086 / 1.1367 GiB, as a fraction
+
+# vLLM custom_all_reduce.py _SUPPORTED_WORLD_SIZES (0.5.4 .. stored main): the only world sizes it runs on
+CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)
 
 # vLLM's proposers that run a drafter forward inside each PIECEWISE capture (gpu_model_runner.py _dummy_run:
 # speculative_config.use_eagle() (eagle, eagle3, mtp) or uses_draft_model()); ngram runs no model
@@ -195,7 +201,8 @@ class GraphMemory:
     # vLLM's drafter forward captured with each PIECEWISE size (speculative decoding) and its all-reduces
     draft_captures: int = 0
     draft_allreduces_per_graph: int = 0
-    nccl_captured: bool = False  # custom all-reduce off (--disable-custom-all-reduce): NCCL in the graphs
+    nccl_captured: bool = False  # custom all-reduce off (custom_all_reduce_off): NCCL in the graphs
+    nccl_unknown: bool = False  # whether custom all-reduce runs is not known (the band holds NCCL's cost)
 
     def __post_init__(self) -> None:
         for name in ("shared_bytes", "per_graph_bytes", "allreduces_per_graph", "draft_captures",
@@ -310,10 +317,31 @@ def graph_memory(
     shared = layer_transient_bytes(spec, largest, act_bytes, setup.tp, fused=True)
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp)
     draft_captures, draft_allreduces = drafter_captures(setup, sets)
+    off = custom_all_reduce_off(setup)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
                        release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
-                       draft_allreduces_per_graph=draft_allreduces,
-                       nccl_captured=setup.disable_custom_all_reduce and setup.tp > 1)  # fmt: skip
+                       draft_allreduces_per_graph=draft_allreduces, nccl_captured=off is True,
+                       nccl_unknown=off is None)  # fmt: skip
+
+
+def custom_all_reduce_off(setup: InferenceSetup) -> bool | None:
+    """Whether the engine runs its tensor-parallel all-reduces through NCCL, so that the graphs capture them
+    (None: not known). False without tensor parallelism; True with --disable-custom-all-reduce; else vLLM's
+    ``CustomAllreduce.__init__`` tests (SGLang ports it): a world size outside
+    :data:`CUSTOM_ALLREDUCE_WORLD_SIZES`; more than two GPUs not fully connected ("not supported on more than
+    two PCIe-only GPUs"); two without peer-to-peer access ("your platform lacks GPU P2P capability")."""
+    if setup.tp == 1:
+        return False
+    if setup.disable_custom_all_reduce or setup.tp not in CUSTOM_ALLREDUCE_WORLD_SIZES:
+        return True
+    link = setup.interconnect
+    if link in ("nvlink", "xgmi"):
+        return False
+    if link == "pcie":
+        return setup.tp > 2
+    if link == "pcie-no-p2p":
+        return True
+    return None
 
 
 def drafter_captures(setup: InferenceSetup, sets: tuple[CaptureSet, ...]) -> tuple[int, int]:
@@ -346,8 +374,10 @@ def graph_band(g: GraphMemory | None) -> tuple[int, int]:
         return 0, 0
     spread = int(g.bytes * BAND_FRACTION)
     high = spread + LARGE_SEGMENT_BYTES * g.large_piecewise_graphs
-    # NCCL captured on a CUDA 12.2 / 12.3 driver: OLD_DRIVER_RATIO x the 12.4+ cost of each all-reduce;
-    # without --disable-custom-all-reduce the engine may still capture them (> 2 PCIe-only GPUs, no P2P)
+    # NCCL captured on a CUDA 12.2 / 12.3 driver: OLD_DRIVER_RATIO x the 12.4+ cost of each all-reduce, where
+    # the graphs capture NCCL or it is not known whether they do
+    if not (g.nccl_captured or g.nccl_unknown):
+        return -spread, high
     num, den = OLD_DRIVER_RATIO
     old_driver = g.captured_allreduces * NCCL_ALLREDUCE_GRAPH_BYTES * num // den
     return -spread, high + old_driver - g.nccl_bytes
@@ -366,13 +396,19 @@ def graph_note(g: GraphMemory) -> str:
         else ""
     )
     per_unit = f"{NCCL_ALLREDUCE_GRAPH_BYTES // KiB} KiB"
-    nccl = (
-        f"custom all-reduce off: NCCL keeps {per_unit} each until the graph is destroyed ({g.nccl_bytes} B, "
-        "CUDA 12.4+ drivers; 3.35x on 12.2 / 12.3: vllm #5517, in the band)"
-        if g.nccl_captured
-        else "where custom all-reduce is off (--disable-custom-all-reduce; more than two PCIe-only GPUs, no "
-        f"P2P) NCCL keeps {per_unit} each on CUDA 12.4+ drivers, 3.35x on 12.2 (vllm #5517): in the band only"
-    )
+    if g.nccl_captured:
+        nccl = (
+            "custom all-reduce off (--disable-custom-all-reduce, more than two GPUs not all NVLinked, or no "
+            f"P2P): NCCL keeps {per_unit} each until the graph is destroyed ({g.nccl_bytes} B, CUDA 12.4+ "
+            "drivers; 3.35x on 12.2 / 12.3: vllm #5517, in the band)"
+        )
+    elif g.nccl_unknown:
+        nccl = (
+            "whether custom all-reduce runs depends on the GPUs' links (name a catalog GPU): where it is off "
+            f"NCCL keeps {per_unit} each on CUDA 12.4+ drivers, 3.35x on 12.2 (vllm #5517): in the band only"
+        )
+    else:
+        nccl = "custom all-reduce runs them on buffers registered once (NVLink, or two GPUs with P2P)"
     collectives = (
         f"; {g.captured_allreduces} tensor-parallel all-reduces captured ({g.allreduces_per_graph} a graph"
         f"{drafted}): {nccl}"
