@@ -33,9 +33,12 @@ def test_fit_judges_the_per_rank_device_total_train_reports(layout: dict[str, An
 
 
 def test_fit_shards_an_moe_over_experts_as_train_does() -> None:
-    train = peakmem.train("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1).to_dict()
+    train = peakmem.train("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1, gpu="h100-80gb").to_dict()
     fit = peakmem.fit("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1, gpu="h100-80gb").to_dict()
     assert fit["gpus"][0]["needed_bytes"] == train["device_total_bytes"]
+    # a Hopper GPU named: torch's 32 MiB cuBLAS workspace (formulas/overhead.py), 24 MiB over the default
+    plain = peakmem.train("qwen3-30b-a3b", seq=2048, gpus=8, ep=8, zero=1).to_dict()
+    assert train["device_total_bytes"] - plain["device_total_bytes"] == 32 * 2**20 - (8 * 2**20 + 128 * 1024)
 
 
 def test_the_cli_fit_takes_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +96,21 @@ def test_every_job_command_takes_the_options_its_setups_need() -> None:
     assert {"gpus", "zero", "fsdp", "tp", "pp", "cp", "ep", "offload", "kernels"} <= names["fit"]
     assert {"weights", "kv_cache", "context", "engine", "infer"} <= names["fit"]
     assert {"kernels", "cuda_context_mib", "fragmentation", "profile"} <= names["plan"]
+
+
+def test_the_cublas_workspace_follows_the_gpus_architecture() -> None:
+    """torch's CublasHandlePool.cpp default: ":4096:2:16:8" = 2 x 4 MiB + 8 x 16 KiB below Hopper,
+    ":4096:8" = 32 MiB on Hopper and Blackwell, 128 MiB on ROCm's gfx942 / gfx950; GPUs of several kinds
+    keep the default."""
+    from peakmem.catalog import get_gpu
+    from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
+    from peakmem.question import overheads
+
+    o = {"cuda_context_mib": None, "fragmentation": None, "expandable_segments": False, "profile": None}
+    got = {
+        g: overheads(o, [get_gpu(g)]).cublas_workspace_bytes
+        for g in ("a100-80gb", "h100-sxm", "b200", "mi300x")
+    }
+    assert got == {"a100-80gb": 8_519_680, "h100-sxm": 32 * 2**20, "b200": 32 * 2**20, "mi300x": 128 * 2**20}
+    assert CUBLAS_WORKSPACE_BYTES == 2 * 4 * 2**20 + 8 * 16 * 1024 == 8_519_680
+    assert overheads(o, [get_gpu("a100-80gb"), get_gpu("h100-sxm")]).cublas_workspace_bytes == 8_519_680

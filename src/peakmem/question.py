@@ -179,7 +179,7 @@ def ask(
         parallel=layout,
         inference=inference_setup(o, gpus, checkpoint, derive=derive, target=(spec, config)) if serving
         else None, gpus=gpus,
-        overheads=overheads(o),
+        overheads=overheads(o, gpus),
         search=search, defaults=defaults, from_file=from_file, costs=costs, post=post,
     )  # fmt: skip
 
@@ -443,12 +443,17 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def overheads(o: Mapping[str, Any]) -> Overheads:
+def overheads(o: Mapping[str, Any], gpus: Sequence[Gpu] = ()) -> Overheads:
     """The device overheads: peakmem's named defaults, or a calibrated profile, unless the CUDA
-    context, fragmentation or expandable segments are given."""
+    context, fragmentation or expandable segments are given; the cuBLAS workspace of the GPUs named when
+    they share an architecture (formulas/overhead.py ``cublas_workspace_bytes``)."""
+    from peakmem.formulas.overhead import cublas_workspace_bytes
     from peakmem.units import MiB
 
     given: dict[str, Any] = {}
+    architectures = {g.architecture for g in gpus}
+    if len(architectures) == 1:
+        given["cublas_workspace_bytes"] = cublas_workspace_bytes(architectures.pop())
     if o.get("cuda_context_mib") is not None:
         if o["cuda_context_mib"] < 0:
             raise InputError(f"cuda_context_mib={o['cuda_context_mib']!r}: must be >= 0")

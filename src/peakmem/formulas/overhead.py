@@ -47,6 +47,19 @@ DEFAULT_CONTEXT = "cuda12-lazy-loading"
 # 2 x 4096 KiB + 8 x 16 KiB = 8.125 MiB per handle/stream (Hopper uses 32 MiB); allocated through
 # the caching allocator at the first matmul, counted here as overhead.
 CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024
+# The same function in the current source (a stored copy read 2026-12-06; the pinned torch's CPU wheel ships
+# no CUDA source): the default is ":4096:8" = 32 MiB on NVIDIA compute capability 9 to 12 (Hopper,
+# Blackwell); on ROCm 32 MiB, 128 MiB on gfx942 / gfx950 (MI300X, MI325X, MI355X). By the catalog GPU's
+# architecture (peakmem.device.Gpu.architecture); any other keeps CUBLAS_WORKSPACE_BYTES.
+CUBLAS_WORKSPACE_BY_ARCHITECTURE = {
+    "hopper": 4096 * 8 * 1024, "blackwell": 4096 * 8 * 1024,
+    "cdna2": 32 * 1024 * 1024, "cdna3": 128 * 1024 * 1024, "cdna4": 128 * 1024 * 1024,
+}  # fmt: skip
+
+
+def cublas_workspace_bytes(architecture: str) -> int:
+    """The cuBLAS (hipBLAS) workspace torch allocates per handle and stream on a GPU of ``architecture``."""
+    return CUBLAS_WORKSPACE_BY_ARCHITECTURE.get(architecture, CUBLAS_WORKSPACE_BYTES)
 
 
 @dataclass(frozen=True, kw_only=True)
