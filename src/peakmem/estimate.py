@@ -505,9 +505,12 @@ def _estimate(
                           key="pipeline.p2p")  # fmt: skip
 
     # the embedding output, held by the HF model's forward (modeling_llama.py ``LlamaModel.forward``:
-    # ``inputs_embeds``) through every layer, where no norm saves it (a 16-bit residual stream)
+    # ``inputs_embeds``) through every layer, where neither the first norm (a 16-bit residual stream) nor a
+    # checkpoint saves it (a pipeline stage's loop rebinds it: torchtitan, measure/parallel.py _Stage)
     embeds = mp.cdiv(sh.tokens * spec.hidden_size * sh.r, par.tp if par.sequence_parallel else 1)
-    embeds_held = embeds if first and par.pp == 1 and not act.input_saved_by_layer(spec, sh) else 0
+    kept = setup.checkpointing is Checkpointing.FULL and st.wrapped[:1] == (True,)  # the first layer's input
+    unsaved = not act.input_saved_by_layer(spec, sh) and not kept
+    embeds_held = embeds if first and par.pp == 1 and unsaved else 0
 
     def forward_phase(run: int, unshard: int, more: int, pipe_bytes: int, base: tuple[MemoryItem, ...],
                       pipeline: list[MemoryItem]) -> PhasePeak:  # fmt: skip
