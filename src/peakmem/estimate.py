@@ -508,8 +508,8 @@ def _estimate(
     # ``inputs_embeds``) through every layer, where neither the first norm (a 16-bit residual stream) nor a
     # checkpoint saves it (a pipeline stage's loop rebinds it: torchtitan, measure/parallel.py _Stage)
     embeds = mp.cdiv(sh.tokens * spec.hidden_size * sh.r, par.tp if par.sequence_parallel else 1)
-    kept = setup.checkpointing is Checkpointing.FULL and st.wrapped[:1] == (True,)  # the first layer's input
-    unsaved = not act.input_saved_by_layer(spec, sh) and not kept
+    first_kept = setup.checkpointing is Checkpointing.FULL and st.wrapped[:1] == (True,)  # its input saved
+    unsaved = not act.input_saved_by_layer(spec, sh) and not first_kept
     embeds_held = embeds if first and par.pp == 1 and unsaved else 0
 
     def forward_phase(run: int, unshard: int, more: int, pipe_bytes: int, base: tuple[MemoryItem, ...],
