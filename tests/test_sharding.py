@@ -172,7 +172,10 @@ def test_fsdp2_under_tp_and_pp_by_hand() -> None:
     root, unit = 32_000, 18_560  # TP-local: the vocab-parallel embedding's rows, one layer
     # the first micro-batch's first layer unit: root params and all-gather output, the unit's (bf16)
     assert st.first_unshard == 2 * (2 * root) + 2 * (2 * unit) == 202_240
-    assert st.backward_root_unshard == 0 and not st.root_grads_deferred  # the root stays unsharded
+    assert st.backward_root_unshard == 0  # the root stays unsharded
+    # its gradients are written in bf16 and added into the fp32 accumulated ones only at its post-backward,
+    # at the end of backward: held as written until then (fsdp2.root_grads_whole)
+    assert st.root_grads_deferred
     # after the last micro-batch: the root's fp32 reduce-scatter input and its 1/2 output, less its
     # resharded bf16 parameters (a layer unit's: 4 x 18,560 + 2 x 18,560 - 2 x 18,560, smaller)
     assert st.reduce_after_backward == 4 * root + 2 * root - 2 * root == 128_000

@@ -416,13 +416,13 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 mode = setup.checkpointing if wrapped else Checkpointing.NONE
                 la = _steps.checkpointed_layer(la, spec, sh, par, mode, eager_mlp=eager)
                 seen[memo] = la
-        whole = kept == mp.cdiv(written, par.tp)  # the layer's gradients all stay (.grad)
+        whole = kept == mp.cdiv(written, par.tp) and not _fsdp2.shards_written_grads(par)  # all stay (.grad)
         offloaded += count * la.saved_bytes if setup.activation_offload else 0  # before the device's view
         if setup.activation_offload or setup.optimizer_in_backward:
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         mlp = spec.groups[i].layer.mlp
         alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
-        in_place = whole or _fsdp2.accumulates_unsharded(tech, par)  # gradients that AccumulateGrad adds into
+        in_place = whole or _fsdp2.accumulates_in_place(tech, par)  # gradients that AccumulateGrad adds into
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,
@@ -504,10 +504,18 @@ def _estimate(
         return MemoryItem(path=p2p_path, category=Category.TEMPORARIES, bytes=nbytes, source=p2p_src,
                           key="pipeline.p2p")  # fmt: skip
 
+    # the embedding output, held by the HF model's forward (modeling_llama.py ``LlamaModel.forward``:
+    # ``inputs_embeds``) through every layer, where neither the first norm (a 16-bit residual stream) nor a
+    # checkpoint saves it (a pipeline stage's loop rebinds it: torchtitan, measure/parallel.py _Stage)
+    embeds = mp.cdiv(sh.tokens * spec.hidden_size * sh.r, par.tp if par.sequence_parallel else 1)
+    first_kept = setup.checkpointing is Checkpointing.FULL and st.wrapped[:1] == (True,)  # its input saved
+    unsaved = not act.input_saved_by_layer(spec, sh) and not first_kept
+    embeds_held = embeds if first and par.pp == 1 and unsaved else 0
+
     def forward_phase(run: int, unshard: int, more: int, pipe_bytes: int, base: tuple[MemoryItem, ...],
                       pipeline: list[MemoryItem]) -> PhasePeak:  # fmt: skip
         layer = max([max(g.forward_transient + run + rowwise_copy, unshard - g.saved) for g in parts.groups],
-                    default=0)  # fmt: skip
+                    default=0) + embeds_held  # fmt: skip
         extra = max(head_fwd, layer + more - head_saved, pipe.stage_output)  # at the loss, a layer, the end
         return _phase(Phase.FORWARD, [
             *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,

@@ -422,8 +422,8 @@ def tp_layer_activations(
     backward = cdiv(la.backward_transient, par.tp) + cp.backward + dispatch_bytes
     if cp.at_core:  # alive at the attention core only: in forward before the layer's MLP saves anything
         # (LayerActivations.forward_headroom), in backward in the attention half (layer.py's stages)
-        forward = cdiv(la.forward_transient, par.tp) + dispatch_bytes
-        forward += max(0, cp.forward - cdiv(la.forward_headroom, par.tp))
+        core = cdiv(la.forward_core, par.tp) + max(0, cp.forward - cdiv(la.forward_headroom, par.tp))
+        forward = max(core, cdiv(la.forward_transient, par.tp)) + dispatch_bytes  # or the layer's end
         if len(la.backward_stages) == 2:  # (the MLP half's, the attention core's)
             att_net = la.backward_stages[1][0]
             backward = max(cdiv(la.backward_transient, par.tp), cdiv(att_net, par.tp) + cp.backward)
@@ -435,6 +435,15 @@ def tp_layer_activations(
         ),)  # fmt: skip
     whole = min(linear_input, la.interior)
     plain = not (cp.forward or cp.backward or dispatch_bytes)
+    # the pre-norm block's second RMSNorm: its T x h temporaries whole on every rank without SP
+    # (activations/norms.py pre_mlp_norm_stage; tp2 x fsdp2 mixed-bf16, full checkpointing: -4.2% split)
+    norm_net, norm_freed, norm_grads = la.norm_stage.stage(par.tp, par.sequence_parallel)
+    norm_wins = norm_net + dispatch_bytes > backward
+    if norm_wins:
+        backward = norm_net + dispatch_bytes
+    split_stages = tuple(
+        (cdiv(n, par.tp), cdiv(f, par.tp), cdiv(g, par.tp)) for n, f, g in la.backward_stages
+    )
     return LayerActivations(
         saved=saved,
         core=cdiv(la.core, par.tp),
@@ -444,15 +453,14 @@ def tp_layer_activations(
         interior=cdiv(la.interior - whole, par.tp) + whole,
         input_saved=_split(la.input_saved, True, par),
         mask_arg=la.mask_arg,
-        backward_freed=cdiv(la.backward_freed, par.tp),
-        backward_grads=cdiv(la.backward_grads, par.tp),
-        backward_stages=tuple(
-            (cdiv(n, par.tp), cdiv(f, par.tp), cdiv(g, par.tp)) for n, f, g in la.backward_stages
-        ),
+        backward_freed=norm_freed if norm_wins else cdiv(la.backward_freed, par.tp),
+        backward_grads=norm_grads if norm_wins else cdiv(la.backward_grads, par.tp),
+        backward_stages=split_stages,
+        norm_stage=la.norm_stage,
         # the tensors at their sizes (LayerActivations.forward_sizes etc.), each split as its sum is (the
         # step replays them where they still add up to it; a ring or a dispatch buffer adds a sum only)
         forward_sizes=tuple(cdiv(x, par.tp) for x in la.forward_sizes) if plain else (),
-        backward_sizes=tuple(cdiv(x, par.tp) for x in la.backward_sizes) if plain else (),
+        backward_sizes=tuple(cdiv(x, par.tp) for x in la.backward_sizes) if plain and not norm_wins else (),
         interior_sizes=(whole, *(cdiv(x, par.tp) for x in la.interior_sizes[1:]))
         if la.interior_sizes[:1] == (whole,)
         else (),

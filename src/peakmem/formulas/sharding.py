@@ -644,7 +644,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
         layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
         layer_backward_last_extra=bwd_last,
-        root_grads_deferred=par.fsdp_version == 2 and par.pp == 1, root_backward_extra=root_extra,
+        root_grads_deferred=_fsdp2.root_grads_whole(tech, par), root_backward_extra=root_extra,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip

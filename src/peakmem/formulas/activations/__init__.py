@@ -44,6 +44,7 @@ from .layer import (
     embedding_items,
     input_saved_by_layer,
     layer_activations,
+    layer_end_forward,
 )
 from .mlp import backward_gradients_alive, mlp_terms, moe_weighting_backward, routed_width_bytes
 from .norms import (
@@ -95,6 +96,7 @@ __all__ = [
     "input_saved_by_layer",
     "kernel_choice",
     "layer_activations",
+    "layer_end_forward",
     "mlp_terms",
     "moe_weighting_backward",
     "norm_pieces",

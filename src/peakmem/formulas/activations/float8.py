@@ -93,7 +93,9 @@ FP32 = 4
 # torch._scaled_mm: both dims of each operand divisible by 16 (torchtitan utils.py module_filter_fn)
 DIM_MULTIPLE = 16
 
-HELD_STREAMS = 3  # residual-stream tensors alive mid-layer in forward (float8_layer)
+# residual-stream tensors alive mid-layer in forward (float8_layer): the layer's input and the attention's
+# residual sum; the decoder's embedding output, held too, is the estimate's (estimate.py ``embeds_held``)
+HELD_STREAMS = 2
 SRC = "torchao 0.18 float8_linear.py matmul_with_hp_or_float8_args (eager float8 casts)"
 ALL_GATHER_NOTE = (
     "FSDP2 float8 all-gather (torchao enable_fsdp_float8_all_gather): each layer unit gathers its "
@@ -274,10 +276,11 @@ def float8_layer(
     out_proj = [w for w in mlp_w if w.shape[0] == h]
     in_proj = [w for w in mlp_w if w.shape[0] != h]
     attention = [w for w in weights if w.component == "attention"]
-    # alive beside the casts of the MLP's output projection, none of it saved: the decoder's embedding
-    # output (modeling_llama.py LlamaModel.forward keeps ``inputs_embeds`` to the end), the layer's input
-    # (the loop's ``hidden_states``) and the attention's residual sum (the layer's ``residual``)
-    # (HELD_STREAMS of them); each candidate instant with its tensors at their sizes (forward_sizes etc.)
+    # alive beside the casts of the MLP's output projection, none of it saved: the layer's input (the
+    # loop's ``hidden_states``) and the attention's residual sum (the layer's ``residual``) (HELD_STREAMS of
+    # them), and the decoder's embedding output (modeling_llama.py LlamaModel.forward keeps ``inputs_embeds``
+    # to the end), which the estimate adds to every layer's forward instant on the first stage without PP
+    # (estimate.py ``embeds_held``); each candidate instant with its tensors at their sizes (forward_sizes)
     streams = (t * h * r,) * HELD_STREAMS
     fwd_sizes = [(*streams, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8)) for w in out_proj]
     fwd = max([sum(x) for x in fwd_sizes], default=0)

@@ -58,6 +58,31 @@ class Shapes:
         self.r = self.plan.residual.bits // 8
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NormStage:
+    """A norm's backward as one stage of its layer's (norms.py ``pre_mlp_norm_stage``), split by how
+    tensor parallelism shares it out: ``T x h`` bytes (whole on every TP rank without sequence
+    parallelism, where the norm is replicated) and the rest (split by TP). All 0: no such stage."""
+
+    hidden_temporaries: int = 0  # the norm's temporaries and the gradients in flight, T x h each
+    hidden_freed: int = 0  # T x h saved tensors of the layer already freed
+    other_freed: int = 0  # other saved tensors already freed (the MLP's interior)
+    grads: int = 0  # weight gradients written
+    sizes: tuple[int, ...] = ()  # the temporaries, each at its size
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_temporaries", "hidden_freed", "other_freed", "grads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: bytes must be >= 0")
+
+    def stage(self, tp: int = 1, sequence_parallel: bool = False) -> tuple[int, int, int]:
+        """(net, freed, grads) as ``LayerActivations.backward_stages`` holds them, on one of ``tp`` ranks."""
+        hidden = 1 if tp == 1 or not sequence_parallel else tp
+        freed = -(-self.hidden_freed // hidden) + -(-self.other_freed // tp)
+        grads = -(-self.grads // tp)
+        return -(-self.hidden_temporaries // hidden) + grads - freed, freed, grads
+
+
 @dataclass(kw_only=True, slots=True)
 class LayerActivations:
     """One layer's saved tensors and the largest extra tensors alive while it runs (per estimate:
@@ -81,10 +106,16 @@ class LayerActivations:
     # the two backward stages ``backward_*`` is the larger of, each (net, freed, grads): the MLP half's
     # and the attention core's (LoRA re-weighs them: lora/deltas.py adapt_layer); () where not built so
     backward_stages: tuple[tuple[int, int, int], ...] = ()
+    # a third stage ``backward_*`` may be: the second RMSNorm's backward in a pre-norm block, by TP share
+    # (model_parallel.tp_layer_activations takes it per rank)
+    norm_stage: NormStage = field(default_factory=NormStage)
     # how far the attention core's moment in forward is below the layer's end-of-forward saved total
     # (the saved tensors the layer makes after its core, less the core's own transient): an extra
     # alive at the core (context parallel's ring, formulas/model_parallel.py) adds only beyond it
     forward_headroom: int = 0
+    # of ``forward_transient``: what the attention core's moment adds (the rest is the layer's end,
+    # layer.py ``layer_end_forward``, when no ring or buffer is alive)
+    forward_core: int = 0
     # the tensors three of the sums above are made of, each at its own size, in the order they are made,
     # where the formula knows them: ``forward_transient``; ``recompute``; the backward peak's temporaries
     # (``backward_transient + backward_freed - backward_grads``: the gradients in flight, the layer's
