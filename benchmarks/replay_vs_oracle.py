@@ -17,17 +17,18 @@ keeps them apart, as a GPU does); the oracle runs transformers' Llama, whose los
 the model (torchtitan computes it outside and deletes the logits first); tensors here are MiB, not GiB,
 so 2 MiB / 20 MiB segment rounding weighs more than at 70B. It sets nothing.
 
-Measured 2026-12-05 (torch 2.13 CPU; MiB; "wide": hidden 512, ffn 1792, vocab 8192; 2 layers unless
-said; mixed-bf16, AdamW foreach):
+Measured 2026-12-06, after h-fsdpbf16's layer-end and norm-stage terms (torch 2.13 CPU; MiB; "wide":
+hidden 512, ffn 1792, vocab 8192; 2 layers unless said; mixed-bf16, AdamW foreach; 9 min on 2 cores;
+2026-12-05 the replayed column read +4.7 / -1.8 / +5.4 / -1.3 / -5.9 / -4.3 %):
 
 | layout | mb x seq | AC | oracle reserved | closed form | replay + pools | closed | replayed |
 |---|---|---|---:|---:|---:|---:|---:|
-| fsdp2 2 x tp8+sp (REGIME_70B) | 4 x 512 | full | 34.0 | 25.4 | 34.0 + 1.6 | -25.3 % | +4.7 % |
-| fsdp2 2 x tp8+sp, wide | 4 x 2048 | full | 198.0 | 175.7 | 188.0 + 6.5 | -11.3 % | -1.8 % |
-| fsdp2 4, wide | 2 x 2048 | full | 582.0 | 550.8 | 576.0 + 37.5 | -5.4 % | +5.4 % |
-| fsdp2 2 x tp8+sp, wide | 4 x 2048 | none | 278.0 | 259.7 | 268.0 + 6.5 | -6.6 % | -1.3 % |
-| fsdp2 2 x tp8+sp, wide, 4 layers | 8 x 2048 | full | 406.0 | 343.4 | 374.0 + 8.2 | -15.4 % | -5.9 % |
-| fsdp2 2 x tp4+sp x cp2, wide | 2 x 4096 | full | 200.0 | 177.7 | 182.0 + 9.4 | -11.2 % | -4.3 % |
+| fsdp2 2 x tp8+sp (REGIME_70B) | 4 x 512 | full | 34.0 | 25.4 | 34.0 + 1.6 | -25.3 % | +4.8 % |
+| fsdp2 2 x tp8+sp, wide | 4 x 2048 | full | 198.0 | 175.7 | 194.0 + 6.5 | -11.3 % | +1.3 % |
+| fsdp2 4, wide | 2 x 2048 | full | 582.0 | 550.8 | 572.0 + 37.5 | -5.4 % | +4.7 % |
+| fsdp2 2 x tp8+sp, wide | 4 x 2048 | none | 278.0 | 259.7 | 268.0 + 6.5 | -6.6 % | -1.2 % |
+| fsdp2 2 x tp8+sp, wide, 4 layers | 8 x 2048 | full | 406.0 | 343.4 | 382.0 + 8.2 | -15.4 % | -3.9 % |
+| fsdp2 2 x tp4+sp x cp2, wide | 2 x 4096 | full | 200.0 | 177.7 | 190.0 + 9.4 | -11.2 % | -0.3 % |
 
 The allocated peaks agree within 1.4 % (oracle 21.3 / 155.6 / 475.3 / 234.7 / 306.1 / 155.7 MiB).
 """
