@@ -327,6 +327,24 @@ def test_inference_with_an_engine(page: Any, url: str) -> None:
         expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
 
 
+def test_nccl_all_reduce_choice_reaches_the_answer(page: Any, url: str) -> None:
+    """8 x H100 SXM (NVLink): vLLM's custom all-reduce runs the graphs' all-reduces; choosing NCCL
+    (--disable-custom-all-reduce) adds what NCCL keeps per captured all-reduce, as the API says."""
+    page.goto(f"{url}/?model=llama-3.1-8b&gpus=h100-sxm")
+    wait_ready(page)
+    page.check("input[name=question][value=infer]")
+    page.select_option("#engine", "vllm")
+    page.fill("#infer_tp", "8")
+    body = {"model": "llama-3.1-8b", "engine": "vllm", "tp": 8, "gpus": ["h100-sxm"]}
+    custom = api(url, body, "/api/infer")
+    expect(page.locator("#total")).to_have_text(fmt_both(custom["device_total_bytes"]))
+    page.select_option("#disable_custom_all_reduce", "true")
+    nccl = api(url, {**body, "disable_custom_all_reduce": True}, "/api/infer")
+    assert nccl["device_total_bytes"] > custom["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(nccl["device_total_bytes"]))
+    assert "disable_custom_all_reduce=true" in page.url
+
+
 def test_fit_for_training(page: Any, url: str) -> None:
     page.goto(f"{url}/?q=fit&model=gpt2-xl")
     wait_ready(page, "fit")

@@ -80,6 +80,7 @@ const FIELDS = [
   { id: "draft_method", def: "", modes: INFER },  // empty: from the draft's config (EAGLE-3 architectures)
   { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
   { id: "enforce_eager", def: "", bool: true, modes: INFER },
+  { id: "disable_custom_all_reduce", def: "", bool: true, modes: INFER },
   { id: "max_num_seqs", def: "", int: true, modes: INFER },
   { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
