@@ -31,6 +31,11 @@ PRE_AMPERE_ARCHITECTURES = frozenset({"pascal", "volta", "turing"})
 INTERCONNECTS = ("", "nvlink", "xgmi", "pcie", "pcie-no-p2p")
 
 
+def check_interconnect(value: str) -> None:
+    """An InputError naming ``interconnect`` unless ``value`` is one of :data:`INTERCONNECTS`."""
+    require(value in INTERCONNECTS, "interconnect", value, f"one of {', '.join(map(repr, INTERCONNECTS))}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Gpu:
     """An accelerator: memory as the driver reports it, and rates for a step-time model."""
@@ -58,8 +63,7 @@ class Gpu:
     def __post_init__(self) -> None:
         require(self.name == self.name.lower() and bool(self.name), "name", self.name, "must be lowercase")
         require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be positive")
-        require(self.interconnect in INTERCONNECTS, "interconnect", self.interconnect,
-                f"one of {', '.join(repr(i) for i in INTERCONNECTS)}")  # fmt: skip
+        check_interconnect(self.interconnect)
         if self.gpu_usable_fraction is not None:
             require(
                 0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,
@@ -88,4 +92,4 @@ class Gpu:
         return int(self.memory_bytes * self.gpu_usable_fraction)
 
 
-__all__ = ["INTERCONNECTS", "Gpu", "Vendor"]
+__all__ = ["INTERCONNECTS", "Gpu", "Vendor", "check_interconnect"]

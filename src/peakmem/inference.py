@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from peakmem.choice import Choice
-from peakmem.device import INTERCONNECTS
+from peakmem.device import check_interconnect
 from peakmem.errors import InputError, require
-from peakmem.model import ModelSpec
+from peakmem.model import STATE_DTYPES, ModelSpec
 from peakmem.serving_layout import ServingLayout
 from peakmem.validate import (
     MAX_DEVICE_BYTES,
@@ -64,7 +64,7 @@ MLA_CACHE_CHOICES = ("auto", "latent", "expanded")
 # MambaDType (vllm/config/cache.py: "auto", "float32", "float16", "bfloat16"; releases of 2025 took
 # "auto" and "float32" only), SGLang's --mamba-ssm-dtype choices (server_args.py) and the
 # SGLANG_MAMBA_CONV_DTYPE names (configs/mamba_utils.py dtype_map); "auto": the engine's default
-STATE_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+STATE_CACHE_DTYPES = ("auto", *STATE_DTYPES)
 STATE_DTYPE_ENGINES = ("vllm", "sglang")
 
 
@@ -432,8 +432,7 @@ class InferenceSetup:
         check_int("tp", self.tp, maximum=MAX_GPUS, what="GPUs; no cluster has more")
         if self.gpu_bytes is not None:
             check_int("gpu_bytes", self.gpu_bytes, maximum=MAX_DEVICE_BYTES, what="bytes")
-        require(self.interconnect in INTERCONNECTS, "interconnect", self.interconnect,
-                f"one of {', '.join(repr(i) for i in INTERCONNECTS)}")  # fmt: skip
+        check_interconnect(self.interconnect)
         if self.gpu_memory_utilization is not None:
             check_real("gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0)
         for name in ("keep_all_logits", "strict"):

@@ -38,6 +38,9 @@ COMPONENTS: tuple[Component, ...] = (
     "embeddings", "positions", "attention", "mlp", "experts", "router", "shared_experts",
     "norms", "head", "pooler", "classifier", "other",
 )  # fmt: skip
+# The dtypes a recurrent (SSM / delta-rule) state may be kept in, as configs (``mamba_ssm_dtype``) and the
+# serving engines (vLLM MambaDType, SGLang --mamba-ssm-dtype) name them (formulas/recurrent_state.py).
+STATE_DTYPES = ("float32", "bfloat16", "float16")
 # Block kinds of a derived spec (peakmem.simulate.derive): what a repeated block computes.
 BLOCK_KINDS = (
     "attention", "sliding_attention", "chunked_attention", "linear_attention", "ssm", "other",
@@ -113,6 +116,12 @@ class Attention:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def caches_tokens(self) -> bool:
+        """Whether the layer keeps a KV cache: a window of 0 tokens marks a derived spec's SSM /
+        linear-attention block, whose placeholder attention caches nothing."""
+        return self.sliding_window != 0
 
     @property
     def q_width(self) -> int:
@@ -325,7 +334,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         require(self.vocab_size > 0, "vocab_size", self.vocab_size, "must be positive")
-        require(self.mamba_ssm_dtype in (None, "float32", "bfloat16", "float16"), "mamba_ssm_dtype",
+        require(self.mamba_ssm_dtype is None or self.mamba_ssm_dtype in STATE_DTYPES, "mamba_ssm_dtype",
                 self.mamba_ssm_dtype, "must be float32, bfloat16 or float16")  # fmt: skip
         require(self.hidden_size > 0, "hidden_size", self.hidden_size, "must be positive")
         require(bool(self.groups), "num_hidden_layers", 0, "must be positive")

@@ -78,7 +78,7 @@ def kv_bytes_per_token(spec: ModelSpec, *, bits: Fraction, latent: bool, tp: int
     elements = sum(
         kv_elements_per_token_layer(layer.attention, latent=latent, tp=tp)
         for layer in spec.layers()
-        if layer.attention.sliding_window != 0
+        if layer.attention.caches_tokens
     )
     return _nbytes(elements, bits)
 

@@ -44,7 +44,7 @@ CONTEXT_SIZES: dict[str, ContextSize] = {
 DEFAULT_CONTEXT = "cuda12-lazy-loading"
 
 # torch/csrc/cuda/CublasHandlePool.cpp: default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8" ->
-# 2 x 4096 KiB + 8 x 16 KiB = 8.125 MiB per handle/stream (Hopper uses 32 MiB); allocated through
+# 2 x 4096 KiB + 8 x 16 KiB = 8.125 MiB per handle/stream (newer GPUs: below); allocated through
 # the caching allocator at the first matmul, counted here as overhead.
 CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024
 # The same function in the current source (a stored copy read 2026-12-06; the pinned torch's CPU wheel ships
@@ -52,8 +52,7 @@ CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024
 # Blackwell); on ROCm 32 MiB, 128 MiB on gfx942 / gfx950 (MI300X, MI325X, MI355X). By the catalog GPU's
 # architecture (peakmem.device.Gpu.architecture); any other keeps CUBLAS_WORKSPACE_BYTES.
 CUBLAS_WORKSPACE_BY_ARCHITECTURE = {
-    "hopper": 4096 * 8 * 1024, "blackwell": 4096 * 8 * 1024,
-    "cdna2": 32 * 1024 * 1024, "cdna3": 128 * 1024 * 1024, "cdna4": 128 * 1024 * 1024,
+    "hopper": 32 * MiB, "blackwell": 32 * MiB, "cdna2": 32 * MiB, "cdna3": 128 * MiB, "cdna4": 128 * MiB,
 }  # fmt: skip
 
 

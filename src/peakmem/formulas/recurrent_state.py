@@ -131,7 +131,7 @@ def conv_dtype_bytes(engine: Engine, *, act_bytes: int, conv_dtype: str | None =
     return act_bytes
 
 
-def temporal_dtype(
+def temporal_dtype_bytes(
     spec: ModelSpec,
     engine: Engine,
     *,
@@ -171,13 +171,13 @@ def engine_state(
     """One sequence's recurrent state as ``engine`` allocates it (see the module doc): the measured conv
     elements rescaled from transformers' ``conv_kernel`` inputs to the engine's window (``conv_kernel -
     1`` in vLLM, SGLang and llama.cpp), in :func:`conv_dtype_bytes`; the measured scan elements in
-    :func:`temporal_dtype`. ``spec_tokens``: vLLM's ``num_speculative_tokens`` (the conv window grows by
+    :func:`temporal_dtype_bytes`. ``spec_tokens``: vLLM's ``num_speculative_tokens`` (the conv window grows by
     it). ``ssm_dtype`` / ``conv_dtype``: the user's flags ("auto" or None: the engine's default). HF keeps
     transformers' cache (``conv_kernel`` inputs in the compute dtype, the scan state in fp32)."""
     conv = temporal = layers = largest = 0
     shifted = engine is not Engine.HF  # the engines drop the conv input that is shifted out
     conv_bytes = conv_dtype_bytes(engine, act_bytes=act_bytes, conv_dtype=conv_dtype)
-    temporal_bytes = temporal_dtype(
+    temporal_bytes = temporal_dtype_bytes(
         spec, engine, act_bytes=act_bytes, ssm_dtype=ssm_dtype, conv_dtype=conv_dtype
     )
     for g in spec.groups:

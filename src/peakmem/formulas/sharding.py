@@ -389,9 +389,9 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                                  g16.nbytes(loc.trainable), SRC_Z1_GRADS, key="grads"))  # fmt: skip
         step_grads.append(grad_part)
         if par.contiguous_gradients:
-            grads_backward.append(ipg)
-            if setup.grad_accum > 1 and par.pp == 1:  # kept from one backward() to the next
-                grads_backward[-1] = replace(ipg, source=SRC_Z1_IPG)
+            between = setup.grad_accum > 1 and par.pp == 1  # kept from one backward() to the next
+            grads_backward.append(replace(ipg, source=SRC_Z1_IPG) if between else ipg)
+            if between:
                 accumulated.append(grads_backward[-1])
     if offload_opt:
         cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),

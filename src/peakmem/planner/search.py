@@ -126,9 +126,7 @@ class _Estimator:
         key = (setup, par)
         if key in self.memo:
             return self.memo[key]
-        if key not in self.counted:
-            self.counted.add(key)
-            self.calls += 1
+        self._count(key)
         result: _Result | None
         try:
             if par is None:
@@ -161,6 +159,12 @@ class _Estimator:
         family = derived_family(setup_that_runs(self.spec, setup))
         return not block_costs.costs_ready(self.spec.derived_from, family)
 
+    def _count(self, key: tuple[TrainingSetup, Parallelism | None]) -> None:
+        """Count (setup, layout) once in ``calls``, whether its floor or its estimate was computed."""
+        if key not in self.counted:
+            self.counted.add(key)
+            self.calls += 1
+
     def floor_needed(self, setup: TrainingSetup, par: Parallelism | None = None) -> int | None:
         """A lower bound of what (setup, par) needs (None: it cannot be estimated): the closed-form
         reserved's device total (of the most loaded rank under ``par``), before any replay; the answer
@@ -177,9 +181,7 @@ class _Estimator:
                 if par is None:
                     self.floor_memo[key] = self.floor.estimate(setup).device_total_bytes
                 else:
-                    if key not in self.counted:
-                        self.counted.add(key)
-                        self.calls += 1
+                    self._count(key)
                     rep = estimate_ranks(self.spec, setup, par, estimator=self.floor)
                     self.floor_memo[key] = rep.most_loaded.estimate.device_total_bytes
             except (InputError, NotImplementedError):

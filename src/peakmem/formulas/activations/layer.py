@@ -197,9 +197,9 @@ def layer_activations(
     norm = (
         pre_mlp_norm_stage(spec, sh, mlp_in, mlp_items_bytes + mask, mlp_all_grads)
         if pre_norm_block
-        else None
+        else NormStage()
     )
-    norm_at = norm.stage() if norm is not None else (0, 0, 0)
+    norm_at = norm.stage()
     stage = max(stage, norm_at)
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
@@ -215,7 +215,7 @@ def layer_activations(
     larger = core_sizes if core > mlp_items_bytes else tensor_sizes(mlp_items)
     # the stage's temporaries where it is one of the two above (a post-norm's or an MoE's: their sum only)
     bwd_sizes = mlp_sizes if stage == mlp_stage else att_sizes if stage == att_stage else ()
-    if norm is not None and stage == norm_at:
+    if norm.sizes and stage == norm_at:
         bwd_sizes = norm.sizes
     return LayerActivations(
         saved=saved, core=core, layer_input=t * h * r, forward_transient=max(0, att_fwd - att_rest, sum(end)),
@@ -224,7 +224,7 @@ def layer_activations(
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
         interior=max(core, mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
-        backward_stages=(mlp_stage, att_stage), backward_sizes=bwd_sizes, norm_stage=norm or NormStage(),
+        backward_stages=(mlp_stage, att_stage), backward_sizes=bwd_sizes, norm_stage=norm,
         interior_sizes=(t * h * c, *larger),
     )  # fmt: skip
 

@@ -90,7 +90,7 @@ def resolve_context(spec: ModelSpec, setup: InferenceSetup) -> ServingContext:
         )
     # the heads of the layers that attend (a derived hybrid's SSM / linear-attention blocks carry a
     # placeholder attention of one head and a 0-token window: Qwen3-Next's first layer is one)
-    attending = [g.layer.attention for g in spec.groups if g.layer.attention.sliding_window != 0]
+    attending = [g.layer.attention for g in spec.groups if g.layer.attention.caches_tokens]
     heads = (attending[0] if attending else spec.first_layer.attention).num_heads
     if heads % setup.tp:
         raise InputError(f"tp={setup.tp}: must divide num_attention_heads={heads}")
@@ -213,7 +213,7 @@ def attention_token_bytes(c: ServingContext) -> int:
                 tp=c.setup.layout.attention_tp,
             )
             for g in c.spec.groups
-            if g.layer.attention.sliding_window != 0
+            if g.layer.attention.caches_tokens
         ),
         default=0,
     )

@@ -396,16 +396,17 @@ def graph_note(g: GraphMemory) -> str:
         else ""
     )
     per_unit = f"{NCCL_ALLREDUCE_GRAPH_BYTES // KiB} KiB"
+    old = f"{OLD_DRIVER_RATIO[0] / OLD_DRIVER_RATIO[1]:.2f}x"
     if g.nccl_captured:
         nccl = (
             "custom all-reduce off (--disable-custom-all-reduce, more than two GPUs not all NVLinked, or no "
             f"P2P): NCCL keeps {per_unit} each until the graph is destroyed ({g.nccl_bytes} B, CUDA 12.4+ "
-            "drivers; 3.35x on 12.2 / 12.3: vllm #5517, in the band)"
+            f"drivers; {old} on 12.2 / 12.3: vllm #5517, in the band)"
         )
     elif g.nccl_unknown:
         nccl = (
             "whether custom all-reduce runs depends on the GPUs' links (name a catalog GPU): where it is off "
-            f"NCCL keeps {per_unit} each on CUDA 12.4+ drivers, 3.35x on 12.2 (vllm #5517): in the band only"
+            f"NCCL keeps {per_unit} each on CUDA 12.4+ drivers, {old} on 12.2 (vllm #5517): in the band only"
         )
     else:
         nccl = "custom all-reduce runs them on buffers registered once (NVLink, or two GPUs with P2P)"

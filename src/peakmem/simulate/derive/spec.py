@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from peakmem import block_costs
-from peakmem.model import LayerGroup, ModelSpec
+from peakmem.model import STATE_DTYPES, LayerGroup, ModelSpec
 from peakmem.simulate.derive.build import block_lists, build_meta, main_blocks, truncate, why
 from peakmem.simulate.derive.from_model import block_keys, spec_from_model
 
@@ -163,4 +163,4 @@ def config_ssm_dtype(config: Mapping[str, Any]) -> str | None:
     text = config.get("text_config")
     value = text.get("mamba_ssm_dtype") if isinstance(text, Mapping) else None
     value = value if value is not None else config.get("mamba_ssm_dtype")
-    return value if value in ("float32", "bfloat16", "float16") else None
+    return value if value in STATE_DTYPES else None
