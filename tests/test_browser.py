@@ -329,7 +329,8 @@ def test_inference_with_an_engine(page: Any, url: str) -> None:
 
 def test_nccl_all_reduce_choice_reaches_the_answer(page: Any, url: str) -> None:
     """8 x H100 SXM (NVLink): vLLM's custom all-reduce runs the graphs' all-reduces; choosing NCCL
-    (--disable-custom-all-reduce) adds what NCCL keeps per captured all-reduce, as the API says."""
+    (--disable-custom-all-reduce), or saying the GPUs lack peer-to-peer access (--interconnect), adds what
+    NCCL keeps per captured all-reduce, as the API says."""
     page.goto(f"{url}/?model=llama-3.1-8b&gpus=h100-sxm")
     wait_ready(page)
     page.check("input[name=question][value=infer]")
@@ -343,6 +344,14 @@ def test_nccl_all_reduce_choice_reaches_the_answer(page: Any, url: str) -> None:
     assert nccl["device_total_bytes"] > custom["device_total_bytes"]
     expect(page.locator("#total")).to_have_text(fmt_both(nccl["device_total_bytes"]))
     assert "disable_custom_all_reduce=true" in page.url
+    # back to the engine's choice, on GPUs said to be PCIe without P2P: NCCL again, as vLLM's own test says
+    page.select_option("#disable_custom_all_reduce", "")
+    expect(page.locator("#total")).to_have_text(fmt_both(custom["device_total_bytes"]))
+    page.select_option("#interconnect", "pcie-no-p2p")
+    said = api(url, {**body, "interconnect": "pcie-no-p2p"}, "/api/infer")
+    assert said["cuda_graph_nccl_bytes"] == nccl["cuda_graph_nccl_bytes"] > 0
+    expect(page.locator("#total")).to_have_text(fmt_both(said["device_total_bytes"]))
+    assert "interconnect=pcie-no-p2p" in page.url
 
 
 def test_fit_for_training(page: Any, url: str) -> None:

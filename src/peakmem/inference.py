@@ -699,6 +699,8 @@ class InferenceSetup:
             **({"draft": self.draft.name, "num_speculative_tokens": self.num_speculative_tokens}
                if self.draft is not None else {}),
             **{flag: True for flag in ("enforce_eager", "disable_custom_all_reduce") if getattr(self, flag)},
+            # what decides the tensor-parallel all-reduces (the catalog GPU's or --interconnect)
+            **({"interconnect": self.interconnect} if self.interconnect and self.tp > 1 else {}),
             **{name: getattr(self, name) for name in ("max_num_seqs", "cuda_graph_max_bs", "engine_version")
                if getattr(self, name) is not None},
             **({"cudagraph_mode": self.cudagraph_mode.value}

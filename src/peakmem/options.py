@@ -237,6 +237,10 @@ OPTIONS: tuple[Option, ...] = (
        "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
     _o("disable_custom_all_reduce", bool, False, SV, "vLLM / SGLang --disable-custom-all-reduce: with --tp "
        "the CUDA graphs capture NCCL all-reduces", group=_GRAPHS),
+    _o("interconnect", str, None, SV, "how the --tp GPUs are joined, which decides whether vLLM / SGLang "
+       "custom all-reduce runs or the CUDA graphs capture NCCL: nvlink (all to all; or an NVLink-bridged "
+       "pair)|xgmi|pcie (with peer-to-peer access)|pcie-no-p2p (default: the catalog GPU's; "
+       "peakmem.device.INTERCONNECTS)", group=_GRAPHS),
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
        "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "

@@ -361,7 +361,7 @@ def inference_setup(
         weights=weights, checkpoint=checkpoint, kv_cache=o["kv_cache"], batch=o["batch"],
         context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
-        interconnect=gpus[0].interconnect if len({g.interconnect for g in gpus}) == 1 else "",
+        interconnect=o.get("interconnect") or _catalog_interconnect(gpus),
         pp=o["pp"], dp=o["dp"], ep=o["ep"], dp_attention=o["dp_attention"],
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
@@ -375,6 +375,11 @@ def inference_setup(
         engine_version=o.get("engine_version"), gptq_kernel=o.get("gptq_kernel"),
         ssm_cache_dtype=o.get("ssm_cache_dtype", "auto"), conv_cache_dtype=o.get("conv_cache_dtype", "auto"),
     )  # fmt: skip
+
+
+def _catalog_interconnect(gpus: Sequence[Gpu]) -> str:
+    """How the GPUs named are joined, as the catalog says ("" unless they all say the same)."""
+    return gpus[0].interconnect if len({g.interconnect for g in gpus}) == 1 else ""
 
 
 MTP = "mtp"  # --draft mtp: the target's own multi-token-prediction layers

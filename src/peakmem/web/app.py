@@ -266,6 +266,9 @@ class InferRequest(ModelChoice):
     )
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
     disable_custom_all_reduce: bool = Field(False, description="vLLM / SGLang --disable-custom-all-reduce")
+    interconnect: Literal["", "nvlink", "xgmi", "pcie", "pcie-no-p2p"] | None = Field(
+        None, description="how the tp GPUs are joined (peakmem.device.INTERCONNECTS; default: the GPU's)"
+    )
     engine_version: str | None = Field(None, min_length=1, max_length=40, description="vLLM / SGLang release")
     # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py)
     ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

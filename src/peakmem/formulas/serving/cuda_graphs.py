@@ -96,11 +96,11 @@ Qwen3.6-27B, 48 Gated-DeltaNet + 16 attention layers, MTP K=3, PIECEWISE, TP 2 a
 Whether NCCL is captured is decided by :func:`custom_all_reduce_off`: the user's
 ``--disable-custom-all-reduce`` (vLLM / SGLang), else the engine's own test of the GPUs (vLLM
 ``custom_all_reduce.py`` ``CustomAllreduce.__init__``, 0.5.4 to the stored main: world sizes 2, 4, 6 and 8
-only; more than two GPUs must be fully NVLink-connected; two need peer-to-peer access) on the catalog GPU's
-interconnect (:data:`peakmem.device.INTERCONNECTS`). Captured: the term holds them at
-:data:`NCCL_ALLREDUCE_GRAPH_BYTES` and the band's high end adds the old drivers' excess; not captured:
-neither; not known (a plain memory size, GPUs of different kinds, V100): the term holds none and the band's
-high end holds them all at the old drivers' cost.
+only; more than two GPUs must be fully NVLink-connected; two need peer-to-peer access) on the interconnect
+(:data:`peakmem.device.INTERCONNECTS`: ``--interconnect``, else the catalog GPU's). Captured: the term holds
+them at :data:`NCCL_ALLREDUCE_GRAPH_BYTES` and the band's high end adds the old drivers' excess; not captured:
+neither; not known (a plain memory size, GPUs of different kinds, V100, and no ``--interconnect``): the term
+holds none and the band's high end holds them all at the old drivers' cost.
 """
 
 from __future__ import annotations
@@ -405,7 +405,8 @@ def graph_note(g: GraphMemory) -> str:
         )
     elif g.nccl_unknown:
         nccl = (
-            "whether custom all-reduce runs depends on the GPUs' links (name a catalog GPU): where it is off "
+            "whether custom all-reduce runs depends on the GPUs' links (give --interconnect, or name a "
+            "catalog GPU that states them): where it is off "
             f"NCCL keeps {per_unit} each on CUDA 12.4+ drivers, {old} on 12.2 (vllm #5517): in the band only"
         )
     else:

@@ -81,6 +81,7 @@ const FIELDS = [
   { id: "num_speculative_tokens", def: "", int: true, modes: INFER },
   { id: "enforce_eager", def: "", bool: true, modes: INFER },
   { id: "disable_custom_all_reduce", def: "", bool: true, modes: INFER },
+  { id: "interconnect", def: "", modes: INFER },  // empty: the catalog GPU's
   { id: "max_num_seqs", def: "", int: true, modes: INFER },
   { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
