@@ -17,6 +17,7 @@ LOGS = Path(__file__).parents[1] / "benchmarks" / "cuda_graph_logs.json"
 FIRST_CASES = {"F1", "F2", "F2-pool", "H1", "H2", "H3", "H4"}
 KINDS = {"took", "estimated", "per_graph", "nvidia_smi_delta", "kv_pool"}
 QUOTE_MAX = 400  # characters: a quote, not a copy of the thread
+SPLIT_RULES = (3, 4)  # the rules that split the cases added after the first seven
 
 
 def _data() -> dict[str, Any]:
@@ -26,8 +27,8 @@ def _data() -> dict[str, Any]:
 
 def test_cases_are_cited_and_split_by_their_rule() -> None:
     """Every case and every log not compared has a GitHub URL and a short quote; ids are unique; the cases
-    added after the first seven sit where split_rule_3 puts them (ordered by SHA-256 of the id: 1st, 3rd,
-    ... held out)."""
+    added after the first seven sit where their split rule puts them: each rule's cases (``split_rule``: 4;
+    none: split_rule_3) ordered by SHA-256 of the id, the 1st, 3rd, ... held out."""
     data = _data()
     cases = data["cases"]
     assert len({c["id"] for c in cases}) == len(cases)
@@ -36,13 +37,15 @@ def test_cases_are_cited_and_split_by_their_rule() -> None:
         assert 0 < len(entry["quote"]) <= QUOTE_MAX, entry["url"]
     assert all(n["why"] for n in data["not_compared"])
     assert {c["what"] for c in cases} <= KINDS and {c["set"] for c in cases} == {"fit", "held_out"}
-    assert "split_rule_3" in data
-    later = sorted((c for c in cases if c["id"] not in FIRST_CASES),
-                   key=lambda c: hashlib.sha256(c["id"].encode()).hexdigest())  # fmt: skip
-    assert later, "split_rule_3 names cases"
-    for i, case in enumerate(later):
-        assert case["set"] == ("held_out" if i % 2 == 0 else "fit"), case["id"]
-        assert case["setup_source"] and case["inferred"], case["id"]
+    for rule in SPLIT_RULES:
+        assert f"split_rule_{rule}" in data and f"searched_{rule}" in data, rule
+        later = sorted((c for c in cases if c["id"] not in FIRST_CASES and c.get("split_rule", 3) == rule),
+                       key=lambda c: hashlib.sha256(c["id"].encode()).hexdigest())  # fmt: skip
+        assert later, f"split_rule_{rule} names cases"
+        for i, case in enumerate(later):
+            assert case["set"] == ("held_out" if i % 2 == 0 else "fit"), case["id"]
+            assert case["setup_source"] and case["inferred"], case["id"]
+    assert {c.get("split_rule", 3) for c in cases if c["id"] not in FIRST_CASES} == set(SPLIT_RULES)
 
 
 def test_speculative_cases_capture_the_logged_sizes() -> None:
