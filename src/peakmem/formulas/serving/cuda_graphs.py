@@ -19,7 +19,11 @@ SGLang ``global_graph_memory_pool``):
 * SGLang: FULL decode graphs for bs in ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 513, 16)`` up
   to cuda_graph_max_bs, which is appended when missing (the runner's log "Capture cuda graph bs [1, 2, 4,
   8, 12, 16, 24, ..., 496, 512]", sglang PR #11716; "[1, 2, 4, 8, 10]" at max bs 10, sglang PR #27537);
-  cuda_graph_max_bs 160 unless given (:data:`SGLANG_DEFAULT_MAX_BS`).
+  cuda_graph_max_bs 160 unless given (formulas/serving/sglang_graphs.py ``SGLANG_DEFAULT_MAX_BS``).
+* SGLang with speculative decoding (formulas/serving/sglang_graphs.py): the target's graphs verify ``bs x
+  num_draft_tokens`` tokens, at most 48 batch sizes (max_running_requests); a draft model adds its draft
+  decode runner (``speculative_num_steps - 1`` forwards in one graph per batch size) and its draft-extend
+  runner, into the same pool, with static buffers of their own (:attr:`GraphMemory.static_bytes`).
 
 What they hold, as vLLM estimates it (``gpu_model_runner.py`` ``profile_cudagraph_memory``: the first
 capture's memory, then the second one's for each further graph): the largest capture's working set (one
@@ -109,6 +113,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.serving.sglang_graphs import SglangCapture, sglang_capture
+from peakmem.formulas.serving.sglang_graphs import sglang_capture_sizes as sglang_capture_sizes
 from peakmem.inference import CudagraphMode, Engine, InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.units import KiB, MiB
@@ -165,12 +171,6 @@ BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by defa
 ALLREDUCES_PER_LAYER = 2
 EMBEDDING_ALLREDUCES = 1
 
-# SGLang picks cuda_graph_max_bs by GPU memory (server_args.py, the tiers of inference.SGLANG_RESERVED_GIB:
-# 8 below 35 GiB, 160 below 90, 256 below 160, else 512). What a request needs must not depend on the GPU
-# asked about (formulas/serving/fit.py), so the term takes the A100 / H100 tier unless --cuda-graph-max-bs
-# is given: 24 graphs, where a 24 GB card captures 4 (0.12 GiB less) and an H200 36 (0.07 GiB more).
-SGLANG_DEFAULT_MAX_BS = 160
-
 
 class Accounting(str, Enum):
     """Where the engine counts the graphs' memory."""
@@ -182,10 +182,23 @@ class Accounting(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class CaptureSet:
-    """One mode's graphs: FULL or PIECEWISE, one per size (tokens; SGLang: sequences)."""
+    """One mode's graphs: FULL or PIECEWISE, one per size (tokens; SGLang: sequences, each of
+    ``tokens_per_size`` tokens), or SGLang's draft runners' DRAFT / DRAFT_EXTEND graphs, each holding
+    ``draft_forwards`` forwards of the draft model (0: the target's graphs)."""
 
     mode: str
     sizes: tuple[int, ...]
+    tokens_per_size: int = 1
+    draft_forwards: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.tokens_per_size < 1 or self.draft_forwards < 0:
+            raise ValueError(f"CaptureSet({self.mode}): sizes {self.sizes!r}, tokens_per_size "
+                             f"{self.tokens_per_size}, draft_forwards {self.draft_forwards}")  # fmt: skip
+
+    @property
+    def largest_tokens(self) -> int:
+        return max(self.sizes) * self.tokens_per_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,10 +216,11 @@ class GraphMemory:
     draft_allreduces_per_graph: int = 0
     nccl_captured: bool = False  # custom all-reduce off (custom_all_reduce_off): NCCL in the graphs
     nccl_unknown: bool = False  # whether custom all-reduce runs is not known (the band holds NCCL's cost)
+    static_bytes: int = 0  # SGLang's draft runners' input/output buffers, allocated outside the pool
 
     def __post_init__(self) -> None:
         for name in ("shared_bytes", "per_graph_bytes", "allreduces_per_graph", "draft_captures",
-                     "draft_allreduces_per_graph"):  # fmt: skip
+                     "draft_allreduces_per_graph", "static_bytes"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"GraphMemory.{name}={value!r}: a count or size >= 0")
@@ -216,10 +230,22 @@ class GraphMemory:
         return sum(len(s.sizes) for s in self.sets)
 
     @property
+    def target_graphs(self) -> int:
+        """The graphs of the target's forward (all but SGLang's draft runners')."""
+        return sum(len(s.sizes) for s in self.sets if not s.draft_forwards)
+
+    @property
+    def draft_forwards(self) -> int:
+        """The draft-model forwards captured: vLLM's drafter with each PIECEWISE size, SGLang's draft
+        runners' forwards in each of their graphs."""
+        return self.draft_captures + sum(len(s.sizes) * s.draft_forwards for s in self.sets)
+
+    @property
     def captured_allreduces(self) -> int:
-        """The tensor-parallel all-reduces captured in all the graphs of the rank: the target's in every
-        graph, the drafter's in each PIECEWISE size it is captured with."""
-        return self.allreduces_per_graph * self.graphs + self.draft_allreduces_per_graph * self.draft_captures
+        """The tensor-parallel all-reduces captured in all the graphs of the rank: the target's in each of
+        its graphs, the draft's (``draft_allreduces_per_graph`` a forward) in each draft forward captured."""
+        target = self.allreduces_per_graph * self.target_graphs
+        return target + self.draft_allreduces_per_graph * self.draft_forwards
 
     @property
     def nccl_bytes(self) -> int:
@@ -228,11 +254,12 @@ class GraphMemory:
 
     @property
     def largest(self) -> int:
-        return max(max(s.sizes) for s in self.sets)
+        """The largest capture's tokens."""
+        return max(s.largest_tokens for s in self.sets)
 
     @property
     def bytes(self) -> int:
-        return self.shared_bytes + self.per_graph_bytes * self.graphs + self.nccl_bytes
+        return self.shared_bytes + self.per_graph_bytes * self.graphs + self.nccl_bytes + self.static_bytes
 
     @property
     def large_piecewise_graphs(self) -> int:
@@ -242,8 +269,12 @@ class GraphMemory:
         )
 
     def describe(self) -> str:
-        sets = " + ".join(f"{s.mode}={len(s.sizes)} (largest={max(s.sizes)})" for s in self.sets)
-        return f"{self.release}: {sets}"
+        def one(s: CaptureSet) -> str:
+            tokens = f" x {s.tokens_per_size} tokens" if s.tokens_per_size > 1 else ""
+            forwards = f", {s.draft_forwards} draft forwards each" if s.draft_forwards > 1 else ""
+            return f"{s.mode}={len(s.sizes)} (largest={max(s.sizes)}{tokens}{forwards})"
+
+        return f"{self.release}: {' + '.join(one(s) for s in self.sets)}"
 
 
 def v1_capture_sizes(release: tuple[int, int], cap: int) -> tuple[int, ...]:
@@ -284,15 +315,6 @@ def vllm_capture_sets(
     return (CaptureSet(mode="PIECEWISE", sizes=sizes), CaptureSet(mode="FULL", sizes=decode))
 
 
-def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
-    """SGLang's decode batch sizes up to ``max_bs`` (appended when not in the list)."""
-    base = (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16))
-    sizes = [n for n in base if n <= max_bs]
-    if max_bs not in sizes:
-        sizes.append(max_bs)
-    return tuple(sizes)
-
-
 def graph_memory(
     spec: ModelSpec, setup: InferenceSetup, *, act_bytes: int, max_tokens: int, spec_tokens: int = 0
 ) -> GraphMemory | None:
@@ -307,21 +329,41 @@ def graph_memory(
         sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
                                  spec_tokens=spec_tokens)  # fmt: skip
         accounting = Accounting.KV_BUDGET if release >= BUDGETED_RELEASE else Accounting.ON_TOP
+        static = 0
     else:
-        max_bs = setup.cuda_graph_max_bs or SGLANG_DEFAULT_MAX_BS
-        sets = (CaptureSet(mode="FULL", sizes=sglang_capture_sizes(max_bs)),)
+        sglang = sglang_capture(spec, setup, act_bytes=act_bytes)
+        sets, static = sglang_sets(sglang), sglang.static_bytes
         accounting = Accounting.OUTSIDE_FRACTION
     if not sets:
         return None
-    largest = max(max(s.sizes) for s in sets)
-    shared = layer_transient_bytes(spec, largest, act_bytes, setup.tp, fused=True)
+    draft_spec = setup.draft.spec if setup.draft is not None else None
+    # the largest capture's working set, of the target's graphs or the draft's, kept in the one shared pool
+    shared = max(
+        layer_transient_bytes(draft_spec if s.draft_forwards and draft_spec else spec, s.largest_tokens,
+                              act_bytes, setup.tp, fused=True)
+        for s in sets
+    )  # fmt: skip
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp)
     draft_captures, draft_allreduces = drafter_captures(setup, sets)
     off = custom_all_reduce_off(setup)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
                        release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
                        draft_allreduces_per_graph=draft_allreduces, nccl_captured=off is True,
-                       nccl_unknown=off is None)  # fmt: skip
+                       nccl_unknown=off is None, static_bytes=static)  # fmt: skip
+
+
+def sglang_sets(c: SglangCapture) -> tuple[CaptureSet, ...]:
+    """SGLang's runners as capture sets: the target's FULL graphs (verifying ``verify_tokens`` a sequence
+    with speculative decoding), the draft decode runner's DRAFT graphs and the draft-extend runner's
+    DRAFT_EXTEND graphs, all at the same batch sizes (formulas/serving/sglang_graphs.py)."""
+    sets = [CaptureSet(mode="FULL", sizes=c.capture_bs, tokens_per_size=c.verify_tokens)]
+    if c.draft_forwards:
+        sets.append(CaptureSet(mode="DRAFT", sizes=c.capture_bs, tokens_per_size=c.draft_tokens,
+                               draft_forwards=c.draft_forwards))  # fmt: skip
+    if c.extend_tokens:
+        sets.append(CaptureSet(mode="DRAFT_EXTEND", sizes=c.capture_bs, tokens_per_size=c.extend_tokens,
+                               draft_forwards=1))  # fmt: skip
+    return tuple(sets)
 
 
 def custom_all_reduce_off(setup: InferenceSetup) -> bool | None:
@@ -346,10 +388,17 @@ def custom_all_reduce_off(setup: InferenceSetup) -> bool | None:
 
 def drafter_captures(setup: InferenceSetup, sets: tuple[CaptureSet, ...]) -> tuple[int, int]:
     """vLLM V1's drafter forwards captured with the target's PIECEWISE sizes (one each: llm_base_proposer.py
-    ``dummy_run``) and the all-reduces one of them runs (the drafter's layers and embedding, at the
-    target's TP, on the last pipeline stage); (0, 0) without a drafter model or on SGLang."""
+    ``dummy_run``) and the all-reduces one drafter forward runs (the drafter's layers and embedding, at the
+    target's TP, on the last pipeline stage); (0, 0) without a drafter model. SGLang: no forward with the
+    target's graphs (its draft runners' graphs are sets of their own), the all-reduces of one forward of the
+    draft (its worker runs at the target's TP)."""
     draft = setup.draft
-    if setup.engine is not Engine.VLLM or setup.version < V1_RELEASE or draft is None or draft.spec is None:
+    if draft is None or draft.spec is None:
+        return 0, 0
+    if setup.engine is Engine.SGLANG:
+        forwards = any(s.draft_forwards for s in sets)
+        return 0, allreduces_per_forward(draft.spec, tp=setup.tp) if forwards else 0
+    if setup.engine is not Engine.VLLM or setup.version < V1_RELEASE:
         return 0, 0
     if draft.method not in DRAFTER_CAPTURE_METHODS:
         return 0, 0
@@ -391,8 +440,8 @@ def graph_note(g: GraphMemory) -> str:
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
     drafted = (
-        f" + {g.draft_allreduces_per_graph} in each of the drafter's {g.draft_captures} captures"
-        if g.draft_captures and g.draft_allreduces_per_graph
+        f" + {g.draft_allreduces_per_graph} in each of the drafter's {g.draft_forwards} captures"
+        if g.draft_forwards and g.draft_allreduces_per_graph
         else ""
     )
     per_unit = f"{NCCL_ALLREDUCE_GRAPH_BYTES // KiB} KiB"
@@ -417,8 +466,14 @@ def graph_note(g: GraphMemory) -> str:
         if g.captured_allreduces
         else ""
     )
+    static = (
+        f"; the draft runners' static buffers {g.static_bytes} B (input ids, positions, cache locations, "
+        "hidden states, draft-extend logits: formulas/serving/sglang_graphs.py)"
+        if g.static_bytes
+        else ""
+    )
     return (
         f"CUDA graphs ({g.describe()}): the largest capture's working set {g.shared_bytes} B shared by all, "
-        f"+ {g.per_graph_bytes // MiB} MiB a graph (fitted: benchmarks/cuda_graph_logs.json); {where}"
+        f"+ {g.per_graph_bytes // MiB} MiB a graph (fitted: benchmarks/cuda_graph_logs.json){static}; {where}"
         f"{collectives}"
     )

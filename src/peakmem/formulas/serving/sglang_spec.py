@@ -26,9 +26,10 @@ Read in sgl-project/sglang ``python/sglang/srt/model_executor/model_runner.py`` 
   ``--engine-version`` picks the other rule).
 
 peakmem maps ``--num-speculative-tokens K`` to a chain: ``speculative_num_steps K``,
-``speculative_eagle_topk 1``, ``speculative_num_draft_tokens K + 1``. Not modelled: SGLang's draft
-CUDA graphs and its EAGLE buffers (``hidden_states`` of ``3 x target_hidden`` for EAGLE-3 in the
-draft's graph runner), and trees with topk > 1.
+``speculative_eagle_topk 1``, ``speculative_num_draft_tokens K + 1``. The draft's CUDA graphs (its decode
+and draft-extend runners, the target's verify graphs) and the runners' static buffers (``hidden_states`` of
+``3 x target_hidden`` for EAGLE-3 in the draft-extend runner, ...) are the CUDA-graph term's:
+formulas/serving/sglang_graphs.py. Not modelled: trees with topk > 1.
 
 **The draft's load-time copies** (:func:`load_copies_bytes`): an EAGLE / EAGLE-3 / MTP draft is built
 with its own embedding (and, but for EAGLE-3, head), which ``set_embed_and_head`` frees only after the
