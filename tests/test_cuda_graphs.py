@@ -22,10 +22,10 @@ from peakmem.formulas.serving.cuda_graphs import (
     graph_band,
     graph_memory,
     graph_note,
-    sglang_capture_sizes,
     v0_capture_sizes,
     vllm_capture_sets,
 )
+from peakmem.formulas.serving.sglang_graphs import sglang_capture_sizes
 from peakmem.inference import CudagraphMode, Draft, Engine, InferenceSetup
 from peakmem.options import CUDAGRAPH_MODES
 from peakmem.units import GiB, KiB, MiB

@@ -114,7 +114,6 @@ from enum import Enum
 
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.sglang_graphs import SglangCapture, sglang_capture
-from peakmem.formulas.serving.sglang_graphs import sglang_capture_sizes as sglang_capture_sizes
 from peakmem.inference import CudagraphMode, Engine, InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.units import KiB, MiB
