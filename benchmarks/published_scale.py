@@ -77,7 +77,24 @@ How the facts become options (the choices a reader should check; none is tuned t
   dequantization, formulas/quant_kernels.py), bitsandbytes 4-bit fp4 -> ``fp4``, 8-bit -> ``int8``; the
   prefill-only benchmark is ``generate`` with one new token (N = 1).
 
-Flags: ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
+The second search (``split_rule_2``; each such point has ``split``: ``split_rule_2``) adds:
+
+* ``job.precision_id`` ``pure-bf16`` (Lightning Fabric ``bf16-true``, torchtune ``dtype: bf16``: weights,
+  adapters, gradients and optimizer states in bf16) -> ``precision='bf16'``; ``job.float8`` as torchao
+  names the recipe: tensorwise / rowwise / rowwise_with_gw_hp -> ``float8-tensorwise`` / ``float8-rowwise``
+  / ``float8-rowwise-gw-hp`` (mxfp8 recipes: not expressible);
+* ``layout.fsdp_version`` (Lit-GPT's Lightning ``FSDPStrategy`` is FSDP1) instead of always 2;
+* ``job.framework`` (``torchtune``), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (HF
+  module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
+  and ``double_quant`` false -> ``no_double_quant=True``, passed as the options of the same names;
+* generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
+  tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``.
+
+Only ``split_rule``'s fitting set feeds ``--residuals`` (what formulas/band.py MEASURED_RESIDUALS was
+measured on); the output ends with the second search's points alone, by set.
+
+Flags: ``N`` a point of the second search (``split_rule_2``), ``A`` an approximation listed in the
+point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
 summary is also given without them.
@@ -100,14 +117,30 @@ POINTS_FILE = Path(__file__).resolve().with_suffix(".json")
 SETS = ("fit", "held_out")
 
 # job.precision_id -> peakmem precision (see the module docstring)
-PRECISION = {"fsdp2-mp-bf16": "mixed-bf16", "autocast-fp16": "amp-fp16", "deepspeed-fp16": "mixed-fp16"}
+PRECISION = {
+    "fsdp2-mp-bf16": "mixed-bf16",
+    "autocast-fp16": "amp-fp16",
+    "deepspeed-fp16": "mixed-fp16",
+    "pure-bf16": "bf16",  # Lightning bf16-true, torchtune dtype bf16: weights, grads and states all bf16
+}
+# job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
+FLOAT8 = {
+    "tensorwise": "float8-tensorwise",
+    "rowwise": "float8-rowwise",
+    "rowwise_with_gw_hp": "float8-rowwise-gw-hp",
+}
 WEIGHTS = {
     "fp16": "fp16",
     "bf16": "bf16",
     "gptq-4bit-g128": "gptq-4bit-g128",
     "bnb-fp4": "fp4",
     "bnb-int8": "int8",
+    # bitsandbytes NF4 with or without double quantization: peakmem's one nf4 format (flagged A in the point)
+    "bnb-nf4": "nf4",
+    "bnb-nf4-dq": "nf4",
 }
+# the split rules of the file's schema, in order; a point's optional `split` names its rule
+SPLIT_RULES = ("split_rule", "split_rule_2")
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -127,9 +160,12 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     precision = PRECISION.get(job.get("precision_id") or "")
     if precision is None:
         raise NotExpressible(f"precision {job.get('precision_id')!r} is not mapped")
+    float8 = job.get("float8")
+    if float8 is not None and float8 not in FLOAT8:
+        raise NotExpressible(f"float8 recipe {float8!r} is not mapped")
     opts: dict[str, Any] = {
         "method": job["method"],
-        "precision": "float8-tensorwise" if job.get("float8") == "tensorwise" else precision,
+        "precision": FLOAT8[float8] if float8 else precision,
         "optimizer": job["optimizer"],
         "optimizer_impl": job["optimizer_impl"],
         "batch": job["micro_batch"],
@@ -141,7 +177,16 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "gpus": lay["gpus"],
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
-        opts.update(fsdp="full-shard", fsdp_version=2)
+        opts.update(fsdp="full-shard", fsdp_version=lay.get("fsdp_version") or 2)
+    if job.get("framework"):  # torchtune: its recipes' loss and logits handling (peakmem.defaults)
+        opts["framework"] = job["framework"]
+    for name in ("lora_rank", "lora_alpha", "lora_dropout", "adapter_dtype", "quant"):
+        if job.get(name) is not None:
+            opts[name] = job[name]
+    if job.get("lora_targets"):
+        opts["lora_targets"] = ",".join(job["lora_targets"])
+    if job.get("double_quant") is False:
+        opts["no_double_quant"] = True
     if job.get("float8_fsdp_all_gather"):  # torchao enable_fsdp_float8_all_gather (null / false: off)
         opts["float8_all_gather"] = True
     if job.get("zero_grad_set_to_none") is False:  # the loop's zero_grad keeps the gradients (torch < 2.0)
@@ -183,7 +228,7 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
         "prompt": job["prompt"],
         "context": job["prompt"] + job["new_tokens"],
         "engine": "hf",
-        "cache_implementation": "dynamic",
+        "cache_implementation": job.get("cache_implementation") or "dynamic",
         # the release decides the cache (peakmem.inference TRANSFORMERS_CACHE_CLASSES: before 4.36 a tuple
         # cache rebuilt every step); a point that does not say runs as today's transformers
         "engine_version": job.get("transformers_version"),
@@ -223,8 +268,9 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     row: dict[str, Any] = {
         "id": p["id"], "kind": p["kind"], "set": p["set"], "quantity": p["measured"]["quantity"],
         "measured_gib": p["measured"]["value_bytes"] / GiB,
+        "rule": p.get("split", SPLIT_RULES[0]),
         "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else "")
-        + ("E" if p.get("examined_after_miss") else ""),
+        + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
@@ -274,17 +320,23 @@ def band_kind(p: dict[str, Any]) -> str | None:
 def _fitting_by_kind(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["set"] == "fit" and "error" in r and r["band_kind"]:
+        if r["set"] == "fit" and r["rule"] == SPLIT_RULES[0] and "error" in r and r["band_kind"]:
             by_kind[r["band_kind"]].append(r)
     return by_kind
 
 
 def residuals_by_kind(points: Path = POINTS_FILE) -> dict[str, tuple[int, float, float]]:
     """Per band kind: (fitting points, the widest excess below the band, the widest above), as fractions
-    of the likely allocated bytes; only the fitting set is estimated."""
+    of the likely allocated bytes; only the fitting set of ``split_rule`` is estimated (what
+    formulas/band.py MEASURED_RESIDUALS was measured on; ``split_rule_2``'s fitting set is reported, not
+    folded in: that is the lead's decision)."""
     doc = json.loads(points.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [estimate(p, Path(tmp)) for p in doc["points"] if p["set"] == "fit"]
+        rows = [
+            estimate(p, Path(tmp))
+            for p in doc["points"]
+            if p["set"] == "fit" and p.get("split", SPLIT_RULES[0]) == SPLIT_RULES[0]
+        ]
     return {
         kind: (len(rs), min(r["excess"][0] for r in rs), max(r["excess"][1] for r in rs))
         for kind, rs in _fitting_by_kind(rows).items()
@@ -403,8 +455,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# peakmem vs published GPU memory ({args.points.name}, {len(rows)} points)")
     print(f"split rule: {doc['schema']['split_rule']}")
     print(render(rows))
+    second = [r for r in rows if r["rule"] == SPLIT_RULES[1]]
+    if second:
+        print(f"\n## the points of {SPLIT_RULES[1]} alone ({len(second)} points)\n")
+        print(f"{SPLIT_RULES[1]}: {doc['schema'][SPLIT_RULES[1]]}\n")
+        for name in SETS:
+            print(f"- {name}: {_summary_line(summary([r for r in second if r['set'] == name]))}")
+        print(f"- both: {_summary_line(summary(second))}")
+        first_held = [r for r in rows if r["rule"] == SPLIT_RULES[0] and r["set"] == "held_out"]
+        print(f"- the points of {SPLIT_RULES[0]}, held out: {_summary_line(summary(first_held))}")
     if args.json:
         out = {"rows": rows, "summary": {s: summary([r for r in rows if r["set"] == s]) for s in SETS}}
+        out["summary_" + SPLIT_RULES[1]] = {s: summary([r for r in second if r["set"] == s]) for s in SETS}
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -20,6 +20,8 @@ POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_sc
 QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi"}
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
+SPLIT_RULES = ("split_rule", "split_rule_2")  # the schema's rules, in the order the searches ran
+FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +77,35 @@ def test_the_quote_holds_the_value(doc: dict[str, Any]) -> None:
 
 
 def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    """Each rule splits its own points (a point's ``split``, absent: ``split_rule``), kind by kind: a
+    later search never moves a point of an earlier one."""
+    by_kind: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for p in doc["points"]:
         assert p["set"] in ("fit", "held_out"), p["id"]
-        by_kind[p["kind"]].append(p)
+        rule = p.get("split", "split_rule")
+        assert rule in SPLIT_RULES, (p["id"], rule)
+        by_kind[(rule, p["kind"])].append(p)
     for kind, points in by_kind.items():
         ordered = sorted(points, key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
         expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
         assert [p["set"] for p in ordered] == expected, kind
         assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), kind
+
+
+def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) -> None:
+    """split_rule_2 is written next to split_rule, with its UTC time; the first rule's 98 points keep
+    no ``split`` field (their sets are the first rule's), the second search's points all name it."""
+    rule = doc["schema"]["split_rule_2"]
+    assert "SHA-256" in rule and "kind" in rule and "UTC" in rule and "before any peakmem estimate" in rule
+    first = [p for p in doc["points"] if "split" not in p]
+    second = [p for p in doc["points"] if p.get("split") == "split_rule_2"]
+    assert len(first) == FIRST_SEARCH_POINTS
+    assert len(first) + len(second) == len(doc["points"])
+    # hand-checked on the smallest kind of the second search: 4 points, 2 held out
+    lora_fsdp = [p for p in second if p["kind"] == "train-lora-fsdp"]
+    # by SHA-256: 12c327d3.. (7b-mb4), 584bb132.. (13b-mb1), 62178d7c.. (7b-mb2), ec8dfba6.. (7b-mb1)
+    held_out = {p["id"] for p in lora_fsdp if p["set"] == "held_out"}
+    assert held_out == {"litgpt-lora-llama2-7b-mb4-2xa100-fsdp", "litgpt-lora-llama2-7b-mb2-2xa100-fsdp"}
 
 
 def test_measured_residual_term_by_hand() -> None:
