@@ -56,6 +56,28 @@ kLargeBuffer segment, which c10/cuda/CUDACachingAllocator.cpp adds when a 1-10 M
 block; why the allocator needs one at each of those sizes depends on its free lists, not on anything in vLLM's
 source, so it stays in the band (:func:`graph_band`), not in the term.
 
+What a V0 graph keeps (read in the vllm 0.6.5 and 0.7.3 wheels, ``vllm/worker/model_runner.py``
+``GPUModelRunnerBase.capture_model`` and ``CUDAGraphRunner.capture``; the vllm #14286 log's line numbers
+1437 / 1565 sit 3 lines after 0.7.3's 1434 / 1562, a 0.7.4 development build): "took" is the drop in
+``torch.cuda.mem_get_info`` free memory over the whole loop, so it counts the pool's segments, the attention
+state's buffers and the graphs' driver memory alike. The dummy ``input_tokens`` / ``input_positions`` and
+``CommonAttentionState.graph_capture``'s slot mapping, sequence lengths and block table
+(``attention/backends/utils.py``; max batch x max_seq_len_to_capture / block_size int32, 512 KiB at 8192)
+are allocated once at the largest batch and every graph holds a slice of them; each graph's output is made a
+weak reference inside the capture (``weak_ref_tensor``, then ``del`` and ``gc.collect``), so it keeps nothing
+in the shared pool; its two eager warm-ups run outside the pool and ``torch.cuda.graph``'s ``empty_cache``
+returns them. A further V0 graph therefore costs its own driver memory (cudaGraphExec) and nothing vLLM
+allocates. Quantized linears change the working set only: compressed-tensors W8A16 / W4A16 and GPTQ / AWQ run
+Marlin below compute capability 9.0 (``kernels/mixed_precision/__init__.py`` tries Machete first, which needs
+90), and ``gptq_marlin_gemm`` (csrc/quantization/gptq_marlin/gptq_marlin.cu) allocates per call the output,
+an ``a_tmp`` copy of the input and, for its global reduce, an fp32 ``c_tmp`` of N x the tokens rounded up to
+16 (above 64: to 64, at most 1024; ``determine_reduce_max_m``): 28 MiB for Llama-3.1-8B's gate_up at 256
+tokens, a temporary in the pool that every smaller graph reuses, not a per-graph cost. The driver's own
+share differs by release: vllm #5517 measured one job's graphs at 3.8086 GiB on CUDA 12.2 / 12.3 drivers and
+1.1367 GiB on 12.4 (:data:`OLD_DRIVER_RATIO`), and both logs here that were taken on a 535 (CUDA 12.2)
+driver are far above the term (vllm #14286: RTX 4090, 535.183.06, 27 MiB a graph where F1 gives 6; H3,
+#7553: 535.54.03); peakmem has no input for the driver, so the term is the 12.4+ drivers'.
+
 Tensor parallelism inside the graphs: each captured forward holds the layers' all-reduces (vLLM
 ``model_executor/layers/linear.py`` ``RowParallelLinear.forward``: o_proj and down_proj, 2 a layer;
 ``vocab_parallel_embedding.py`` ``VocabParallelEmbedding.forward``: 1), counted by
