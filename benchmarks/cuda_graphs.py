@@ -70,8 +70,8 @@ def _setup(case: dict[str, Any]) -> InferenceSetup:
         max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1,
         gpu_bytes=gpu.usable_bytes if gpu else None, interconnect=gpu.interconnect if gpu else "",
         gpu_memory_utilization=case.get("gpu_memory_utilization"),
-        # SGLang (what = "sglang_mem_usage"): --cuda-graph-max-bs and --attention-backend as the case states or
-        # infers them; the GPU's architecture for SGLang's default backend
+        # SGLang (what = "sglang_mem_usage"): --cuda-graph-max-bs and --attention-backend as the case states
+        # or infers them; the GPU's architecture for SGLang's default backend
         cuda_graph_max_bs=case.get("cuda_graph_max_bs"), attention_backend=case.get("attention_backend", ""),
         gpu_architecture=gpu.architecture if gpu else "",
     )  # fmt: skip

@@ -7,6 +7,8 @@ of 16, architecture TestForCausalLM (not one of fa3's defaults)."""
 from __future__ import annotations
 
 from _infer_specs import tiny
+from peakmem.catalog import get_model
+from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import NCCL_ALLREDUCE_GRAPH_BYTES, graph_memory, graph_note
 from peakmem.formulas.serving.eagle import eagle_draft_spec
@@ -17,8 +19,6 @@ from peakmem.formulas.serving.sglang_graphs import (
     target_buffer_bytes,
 )
 from peakmem.formulas.serving.speculative import mtp_draft_spec
-from peakmem.catalog import get_model
-from peakmem.errors import InputError
 from peakmem.hf import spec_from_config
 from peakmem.inference import Draft, InferenceSetup
 from peakmem.units import MiB
@@ -165,10 +165,10 @@ def test_the_estimate_carries_the_draft_graphs() -> None:
 def test_the_target_runners_buffers_by_hand() -> None:
     # cuda_graph_runner.py CudaGraphRunner.__init__ (0.5.5), "with torch.device(self.device)": input_ids
     # zeros((max_num_token,), int64), req_pool_indices zeros((max_bs,), int32), seq_lens full((max_bs,),
-    # seq_len_fill_value, int32), out_cache_loc zeros((max_num_token,), int64), positions int64, mrope_positions
-    # zeros((3, max_num_token), int64), num_token_non_padded zeros((1,), int32), custom_mask ones(((seq_lens.sum()
-    # + max_num_token) * num_tokens_per_bs), bool), next_token_logits_buffer zeros((max_num_token, vocab_size),
-    # float). max_bs 8, one token: 8 x (48 + 128 x 4) + 8 x 8 + (8 + 8) + 4
+    # seq_len_fill_value, int32), out_cache_loc zeros((max_num_token,), int64), positions int64,
+    # mrope_positions zeros((3, max_num_token), int64), num_token_non_padded zeros((1,), int32), custom_mask
+    # ones(((seq_lens.sum() + max_num_token) * num_tokens_per_bs), bool), next_token_logits_buffer
+    # zeros((max_num_token, vocab_size), float). max_bs 8, one token: 8 x (48 + 128 x 4) + 8 x 8 + (8 + 8) + 4
     assert target_buffer_bytes(max_bs=8, tokens_per_bs=1, vocab=128) == 8 * 560 + 64 + 16 + 4 == 4_564
     # Qwen3-8B at the default max bs 160: the logits buffer alone is 160 x 151,936 x 4 B = 92.7 MiB
     qwen = target_buffer_bytes(max_bs=160, tokens_per_bs=1, vocab=151_936)
@@ -206,7 +206,7 @@ def test_flashinfer_with_a_draft_builds_prefill_wrappers_per_size() -> None:
     # BatchPrefillWithPagedKVCacheWrapper (backend "auto": 8 MiB int workspace, 16 Mi int32 sparse indices,
     # 2 x 32,768 int32); the draft decode runner: one [K, 8 x 100] int32 buffer for its K - 1 = 2 skip_prefill
     # backends, whose decode wrappers take 8 MiB a size each; the draft-extend backend as the target's
-    assert FLASHINFER_PREFILL_WRAPPER_BYTES == 8 * MiB + 64 * MiB + 256 * 1024
+    assert 8 * MiB + 64 * MiB + 256 * 1024 == FLASHINFER_PREFILL_WRAPPER_BYTES
     g = graph_memory(tiny(), _sglang(attention_backend="flashinfer"), act_bytes=2, max_tokens=8192)
     assert g is not None
     target = 32 * 100 * 5 + 8 * FLASHINFER_PREFILL_WRAPPER_BYTES
