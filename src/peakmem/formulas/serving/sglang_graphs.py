@@ -87,8 +87,8 @@ for SGLang) and checked against the 0.5.23 release (2026-10-30, the newest) and 
     [speculative_num_steps, B x context] int32 index buffer for its ``speculative_num_steps - 1`` backends.
   - triton (``triton_backend.py`` ``TritonAttnBackend.init_cuda_graph_state``): ``cuda_graph_attn_logits``
     [N, heads, max_kv_splits, v_head_dim] and ``cuda_graph_attn_lse`` [N, heads, max_kv_splits] fp32
-    (heads of the rank; ``max_kv_splits`` = ``triton_attention_num_kv_splits`` 8; v_head_dim the value
-    buffer's width, ``kv_lora_rank`` for MLA), ``cuda_graph_num_kv_splits`` [N] int32,
+    (heads of the rank, tp // dp ways with DP attention; ``max_kv_splits``: ``triton_attention_num_kv_splits``
+    8; v_head_dim the value buffer's width, ``kv_lora_rank`` for MLA), ``cuda_graph_num_kv_splits`` [N] int32,
     ``cuda_graph_kv_indices`` [N x context] int64, ``cuda_graph_custom_mask`` [N x context] uint8 unless
     ``skip_prefill``, and with a sliding window [N x window] int64 indices; the multi-step draft backend
     holds one [speculative_num_steps, N x context] int64 index buffer and one [N] int32 split count.
@@ -421,7 +421,7 @@ def sglang_capture(target: ModelSpec, setup: InferenceSetup, *, act_bytes: int) 
                                            act_bytes=act_bytes)  # fmt: skip
         runners.append(_Runner(tokens=k + 1, spec=d, role="draft_extend"))
     state = backend_bytes(modelled, runners=tuple(runners), max_bs=b, graphs=len(capture_bs), context=context,
-                          tp=setup.tp, steps=k, speculative=speculative)  # fmt: skip
+                          tp=setup.layout.attention_tp, steps=k, speculative=speculative)  # fmt: skip
     return SglangCapture(capture_bs=capture_bs, verify_tokens=verify, draft_forwards=forwards,
                          extend_tokens=k + 1 if extend else 0, static_bytes=decode + extend,
                          target_static_bytes=target_static, backend=modelled, backend_bytes=state,
