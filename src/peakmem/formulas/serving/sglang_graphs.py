@@ -120,10 +120,12 @@ from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import Attention, ModelSpec
 from peakmem.units import MiB
 
-# SGLang picks cuda_graph_max_bs by GPU memory (server_args.py, the tiers of inference.SGLANG_RESERVED_GIB:
-# 8 below 35 GiB, 160 below 90, 256 below 160, else 512). What a request needs must not depend on the GPU
-# asked about (formulas/serving/fit.py), so the term takes the A100 / H100 tier unless --cuda-graph-max-bs
-# is given: 24 graphs, where a 24 GB card captures 4 (0.12 GiB less) and an H200 36 (0.07 GiB more). With
+# SGLang picks cuda_graph_max_bs by GPU memory and TP (0.5.5 server_args.py __post_init__; 0.5.23
+# arg_groups/memory_hook.py): 8 below 20 GiB; below 35 GiB 24 (0.5.23: 48) at tp < 4, else 80 (160); below
+# 60 GiB 32 / 160; below 160 GiB (A100-80GB, H100, H200) 256 at tp < 4, else 512; 512 above; 160 when the
+# GPU's memory is not known. What a request needs must not depend on the GPU asked about
+# (formulas/serving/fit.py), so the term takes that fallback, 160 (24 graphs), unless --cuda-graph-max-bs is
+# given: an H100 at tp 1 captures 36 (the logits buffer and the page tables grow by 256 / 160). With
 # speculative decoding max_running_requests (48) caps the sizes first.
 SGLANG_DEFAULT_MAX_BS = 160
 
