@@ -10,6 +10,10 @@ anything was fitted. For each case it prints the log's figure, peakmem's, and th
 * ``per_graph``: one more capture size, i.e. the term's marginal per graph (PER_GRAPH_BYTES);
 * ``kv_pool``: vLLM's "Available KV cache memory" against ``extra["kv_pool_bytes"]`` on the case's GPU and
   gpu_memory_utilization (the graphs taken out of the budget, vLLM 0.21+).
+* ``sglang_mem_usage``: SGLang's "Capture cuda graph end ... mem usage=Y GB" (GiB: the free-memory drop over
+  ``CudaGraphRunner``'s construction, so it holds the runner's static buffers and the attention backend's
+  ``init_cuda_graph_state``) against the whole term for the case's model, TP, context, cuda_graph_max_bs and
+  attention backend (formulas/serving/sglang_graphs.py).
 
 A case with a ``draft`` (speculative decoding: vLLM sizes its FULL decode graphs by max_num_seqs x (1 +
 num_speculative_tokens)) or a ``cudagraph_mode`` is asked through ``peakmem.infer`` with those options (its
@@ -66,6 +70,10 @@ def _setup(case: dict[str, Any]) -> InferenceSetup:
         max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1,
         gpu_bytes=gpu.usable_bytes if gpu else None, interconnect=gpu.interconnect if gpu else "",
         gpu_memory_utilization=case.get("gpu_memory_utilization"),
+        # SGLang (what = "sglang_mem_usage"): --cuda-graph-max-bs and --attention-backend as the case states
+        # or infers them; the GPU's architecture for SGLang's default backend
+        cuda_graph_max_bs=case.get("cuda_graph_max_bs"), attention_backend=case.get("attention_backend", ""),
+        gpu_architecture=gpu.architecture if gpu else "",
     )  # fmt: skip
 
 

@@ -229,6 +229,8 @@ SGLANG_FRACTION_DIGITS = 3
 # Speculative decoding adds to that reserve (server_args.py ``_handle_gpu_memory_settings``:
 # "standalone draft model and cuda graphs" += 6 GiB for STANDALONE, "eagle draft models and cuda
 # graphs" += 2 GiB for EAGLE / EAGLE3 / NEXTN, nothing for NGRAM), by peakmem's draft method.
+# SGLang --attention-backend values whose CUDA-graph state peakmem models (formulas/serving/sglang_graphs.py)
+SGLANG_ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
 SGLANG_SPEC_RESERVED_GIB = {"draft_model": 6.0, "ngram": 0.0}
 SGLANG_SPEC_RESERVED_GIB_DEFAULT = 2.0  # eagle, eagle3, mtp
 
@@ -409,6 +411,10 @@ class InferenceSetup:
     cuda_graph_max_bs: int | None = None
     # vLLM / SGLang --disable-custom-all-reduce: at TP > 1 the graphs capture NCCL all-reduces
     disable_custom_all_reduce: bool = False
+    # SGLang --attention-backend ("": SGLang's default for the model on ``gpu_architecture``, the catalog
+    # GPU's architecture; "" there: Hopper's): its CUDA-graph state (formulas/serving/sglang_graphs.py)
+    attention_backend: str = ""
+    gpu_architecture: str = ""
     engine_version: str | None = None
     gptq_kernel: GptqKernel | None = None  # transformers' GPTQ backend (None: not named)
     # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py): the scan state's
@@ -578,6 +584,13 @@ class InferenceSetup:
             if value is not None:
                 check_int(name, value, maximum=MAX_TOKENS, what="sequences")
                 require(engine == owner, name, value, f"an option of engine={owner}, not {engine}")
+        if self.attention_backend:
+            require(engine == "sglang", "attention_backend", self.attention_backend,
+                    f"an option of engine=sglang, not {engine}")  # fmt: skip
+            require(self.attention_backend in SGLANG_ATTENTION_BACKENDS, "attention_backend",
+                    self.attention_backend, f"one of {', '.join(SGLANG_ATTENTION_BACKENDS)}")  # fmt: skip
+        if not isinstance(self.gpu_architecture, str):
+            raise InputError(f"gpu_architecture={self.gpu_architecture!r}: a GPU architecture name")
         if self.engine_version is not None:
             require(pooled or self.engine is Engine.HF, "engine_version", self.engine_version,
                     f"versions are modelled for vllm, sglang and hf, not {engine}")  # fmt: skip
@@ -701,6 +714,7 @@ class InferenceSetup:
             **{flag: True for flag in ("enforce_eager", "disable_custom_all_reduce") if getattr(self, flag)},
             # what decides the tensor-parallel all-reduces (the catalog GPU's or --interconnect)
             **({"interconnect": self.interconnect} if self.interconnect and self.tp > 1 else {}),
+            **({"attention_backend": self.attention_backend} if self.attention_backend else {}),
             **{name: getattr(self, name) for name in ("max_num_seqs", "cuda_graph_max_bs", "engine_version")
                if getattr(self, name) is not None},
             **({"cudagraph_mode": self.cudagraph_mode.value}

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from peakmem.errors import InputError
-from peakmem.inference import STATE_CACHE_DTYPES
+from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
 
@@ -237,6 +237,9 @@ OPTIONS: tuple[Option, ...] = (
        "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
     _o("disable_custom_all_reduce", bool, False, SV, "vLLM / SGLang --disable-custom-all-reduce: with --tp "
        "the CUDA graphs capture NCCL all-reduces", group=_GRAPHS),
+    _o("attention_backend", str, None, SV, "SGLang --attention-backend, whose CUDA-graph state is in the "
+       "graph term (default: SGLang's for the model and the --gpu's architecture: fa3 on Hopper, else "
+       "flashinfer, triton for MLA models)", group=_GRAPHS, choices=SGLANG_ATTENTION_BACKENDS),
     _o("interconnect", str, None, SV, "how the --tp GPUs are joined, which decides whether vLLM / SGLang "
        "custom all-reduce runs or the CUDA graphs capture NCCL: nvlink (all to all; or an NVLink-bridged "
        "pair)|xgmi|pcie (with peer-to-peer access)|pcie-no-p2p (default: the catalog GPU's; "

@@ -362,6 +362,7 @@ def inference_setup(
         context=o["context"],
         prompt=o["prompt"], engine=o["engine"], tp=o["tp"], gpu_bytes=gpus[0].usable_bytes if gpus else None,
         interconnect=o.get("interconnect") or _catalog_interconnect(gpus),
+        attention_backend=o.get("attention_backend") or "", gpu_architecture=_catalog_architecture(gpus),
         pp=o["pp"], dp=o["dp"], ep=o["ep"], dp_attention=o["dp_attention"],
         gpu_memory_utilization=o["gpu_memory_utilization"], n_gpu_layers=o["n_gpu_layers"],
         keep_all_logits=o["keep_all_logits"], strict=o["strict"], max_loras=o["max_loras"],
@@ -380,6 +381,11 @@ def inference_setup(
 def _catalog_interconnect(gpus: Sequence[Gpu]) -> str:
     """How the GPUs named are joined, as the catalog says ("" unless they all say the same)."""
     return gpus[0].interconnect if len({g.interconnect for g in gpus}) == 1 else ""
+
+
+def _catalog_architecture(gpus: Sequence[Gpu]) -> str:
+    """The GPUs' architecture ("" unless they all have the same): SGLang's default attention backend."""
+    return gpus[0].architecture if len({g.architecture for g in gpus}) == 1 else ""
 
 
 MTP = "mtp"  # --draft mtp: the target's own multi-token-prediction layers

@@ -266,6 +266,9 @@ class InferRequest(ModelChoice):
     )
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
     disable_custom_all_reduce: bool = Field(False, description="vLLM / SGLang --disable-custom-all-reduce")
+    attention_backend: Literal["fa3", "flashinfer", "triton"] | None = Field(
+        None, description="SGLang --attention-backend (default: SGLang's for the model and the GPU)"
+    )
     interconnect: Literal["", "nvlink", "xgmi", "pcie", "pcie-no-p2p"] | None = Field(
         None, description="how the tp GPUs are joined (peakmem.device.INTERCONNECTS; default: the GPU's)"
     )

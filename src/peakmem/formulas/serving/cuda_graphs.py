@@ -23,7 +23,9 @@ SGLang ``global_graph_memory_pool``):
 * SGLang with speculative decoding (formulas/serving/sglang_graphs.py): the target's graphs verify ``bs x
   num_draft_tokens`` tokens, at most 48 batch sizes (max_running_requests); a draft model adds its draft
   decode runner (``speculative_num_steps - 1`` forwards in one graph per batch size) and its draft-extend
-  runner, into the same pool, with static buffers of their own (:attr:`GraphMemory.static_bytes`).
+  runner, into the same pool, with static buffers of their own; every runner's buffers and the attention
+  backends' CUDA-graph state (page tables / kv indices sized by the served context) are allocated outside the
+  pool and are in SGLang's "mem usage" (:attr:`GraphMemory.static_bytes`).
 
 What they hold, as vLLM estimates it (``gpu_model_runner.py`` ``profile_cudagraph_memory``: the first
 capture's memory, then the second one's for each further graph): the largest capture's working set (one
@@ -237,7 +239,8 @@ class GraphMemory:
     draft_allreduces_per_graph: int = 0
     nccl_captured: bool = False  # custom all-reduce off (custom_all_reduce_off): NCCL in the graphs
     nccl_unknown: bool = False  # whether custom all-reduce runs is not known (the band holds NCCL's cost)
-    static_bytes: int = 0  # SGLang's draft runners' input/output buffers, allocated outside the pool
+    static_bytes: int = 0  # SGLang's runners' buffers and attention-backend state, allocated outside the pool
+    static_detail: str = ""  # what static_bytes holds, for the note
 
     def __post_init__(self) -> None:
         for name in ("shared_bytes", "per_graph_bytes", "allreduces_per_graph", "draft_captures",
@@ -350,11 +353,11 @@ def graph_memory(
         sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
                                  spec_tokens=spec_tokens)  # fmt: skip
         accounting = Accounting.KV_BUDGET if release >= BUDGETED_RELEASE else Accounting.ON_TOP
-        static = 0
+        static, static_detail = 0, ""
     else:
         sglang = sglang_capture(spec, setup, act_bytes=act_bytes)
-        sets, static = sglang_sets(sglang), sglang.static_bytes
-        accounting = Accounting.OUTSIDE_FRACTION
+        sets, static = sglang_sets(sglang), sglang.outside_pool_bytes
+        accounting, static_detail = Accounting.OUTSIDE_FRACTION, sglang.describe()
     if not sets:
         return None
     draft_spec = setup.draft.spec if setup.draft is not None else None
@@ -370,7 +373,8 @@ def graph_memory(
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
                        release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
                        draft_allreduces_per_graph=draft_allreduces, nccl_captured=off is True,
-                       nccl_unknown=off is None, static_bytes=static)  # fmt: skip
+                       nccl_unknown=off is None, static_bytes=static,
+                       static_detail=static_detail)  # fmt: skip
 
 
 def sglang_sets(c: SglangCapture) -> tuple[CaptureSet, ...]:
@@ -488,10 +492,9 @@ def graph_note(g: GraphMemory) -> str:
         else ""
     )
     static = (
-        f"; the draft runners' static buffers {g.static_bytes} B (input ids, positions, cache locations, "
-        "hidden states, draft-extend logits: formulas/serving/sglang_graphs.py)"
-        if g.static_bytes
-        else ""
+        f"; {g.static_detail}"
+        if g.static_detail
+        else (f"; static buffers {g.static_bytes} B" if g.static_bytes else "")
     )
     return (
         f"CUDA graphs ({g.describe()}): the largest capture's working set {g.shared_bytes} B shared by all, "
