@@ -48,6 +48,7 @@ from peakmem.formulas.serving.cuda_graphs import (
     NCCL_ALLREDUCE_GRAPH_BYTES,
     PER_GRAPH_BYTES,
     allreduces_per_forward,
+    custom_all_reduce_off,
 )
 from peakmem.hf import spec_from_config
 from peakmem.inference import InferenceSetup
@@ -123,7 +124,8 @@ def predicted(case: dict[str, Any]) -> tuple[int, str]:
     graphs = est.extra["cuda_graphs"]
     assert isinstance(got, int) and isinstance(graphs, int)
     allreduces = allreduces_per_forward(spec, tp=setup.tp, pp=setup.pp) * graphs
-    nccl = "NCCL in the term" if est.extra.get("cuda_graph_nccl_bytes") else "band only"
+    off = custom_all_reduce_off(setup)  # NCCL captured (in the term), custom all-reduce, or not known (band)
+    nccl = "NCCL in the term" if off else "custom all-reduce" if off is False else "band only"
     return got, f"{graphs} graphs" + (f", {allreduces} all-reduces ({nccl})" if allreduces else "")
 
 
