@@ -87,6 +87,15 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
 * ``job.framework`` (``torchtune``), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (HF
   module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
   and ``double_quant`` false -> ``no_double_quant=True``, passed as the options of the same names;
+* ``job.expandable_segments`` true -> ``expandable_segments=True`` (peakmem's allocator model with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: one growing segment per stream, no fragmentation
+  slack): recorded on the torchao table's points, whose launcher (torchtitan ``run_train.sh``, at
+  0da8901b1, 2c8b59479 and 6fc499f6f alike) sets it; false on the MI300X rows, where torch 2.9's ROCm
+  build ignores it (``CUDAAllocatorConfig::expandable_segments()`` is false without
+  ``PYTORCH_C10_DRIVER_API_SUPPORTED``; ROCm support came with pytorch#173330 / #177974 in 2026-03). The
+  first search's torchtitan points ran the same launcher (9dec370 ``run_llama_train.sh``, e7c0cae
+  ``run_train.sh``) but do not record it: they stay on the default allocator, so that ``split_rule``'s
+  fitting set (and formulas/band.py MEASURED_RESIDUALS) does not move here;
 * generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
   tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``.
 
@@ -191,6 +200,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["float8_all_gather"] = True
     if job.get("zero_grad_set_to_none") is False:  # the loop's zero_grad keeps the gradients (torch < 2.0)
         opts["keep_grads"] = True
+    if job.get("expandable_segments"):  # the allocator as the platform ran it (module docstring)
+        opts["expandable_segments"] = True
     if lay.get("zero_stage"):
         opts["zero"] = lay["zero_stage"]
     if job.get("offload_optimizer"):
