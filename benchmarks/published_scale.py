@@ -97,7 +97,11 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   ``run_train.sh``) but do not record it: they stay on the default allocator, so that ``split_rule``'s
   fitting set (and formulas/band.py MEASURED_RESIDUALS) does not move here;
 * generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
-  tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``.
+  tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``;
+* ``job.grad_accum`` (the loop's accumulation: Lit-GPT ``128 // micro_batch_size``, torchtune's config) ->
+  ``grad_accum``; ``job.fsdp_adapter_wrap`` ``in-layer`` (Lit-GPT's ``FSDPStrategy(auto_wrap_policy={Block})``
+  keeps the LoRA adapters in the Block units: FSDP1 whole-unit gradients, unsharded under no_sync) ->
+  ``fsdp_adapter_wrap``.
 
 Only ``split_rule``'s fitting set feeds ``--residuals`` (what formulas/band.py MEASURED_RESIDUALS was
 measured on); the output ends with the second search's points alone, by set.
@@ -213,6 +217,10 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
             opts[name] = lay[name]
     if lay["tp"] > 1:  # torchtitan's TP plan shards the norms' sequence (SequenceParallel)
         opts["sp"] = True
+    if job.get("grad_accum"):  # the loop's accumulation (Lit-GPT, torchtune): gradients kept between them
+        opts["grad_accum"] = job["grad_accum"]
+    if job.get("fsdp_adapter_wrap"):  # Lit-GPT: LoRA inside the Block units (FSDP1 whole-unit grads)
+        opts["fsdp_adapter_wrap"] = job["fsdp_adapter_wrap"]
     if lay["pp"] > 1:
         opts["grad_accum"] = lay["pp_microbatches"]
         opts["pp_schedule"] = lay["pp_schedule"]

@@ -175,6 +175,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("zero", int, 0, S, "DeepSpeed ZeRO stage 0|1|2|3", group=_MULTI),
     _o("fsdp", str, "none", S, "none|full-shard|shard-grad-op|hybrid-shard", group=_MULTI),
     _o("fsdp_version", int, 2, S, "1 (flat params) or 2 (fully_shard)", group=_MULTI),
+    _o("fsdp_adapter_wrap", str, "separate", S, "LoRA under FSDP1: adapters in units of their own (separate: "
+       "peft, torchtune) or inside the layer units (in-layer: Lit-GPT; whole-unit gradients)", group=_MULTI),
     _o("tp", int, 1, S | SV, "tensor-parallel degree (infer: tensor-parallel GPUs)", group=_MULTI,
        maximum=MAX_DEGREE),
     _o("pp", int, 1, S | SV, "pipeline-parallel degree (infer: vLLM/SGLang pipeline stages)", group=_MULTI,

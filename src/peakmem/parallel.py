@@ -57,6 +57,24 @@ class PipelineSchedule(Choice):
     INTERLEAVED = "interleaved"  # virtual stages (same paper §2.2.2)
 
 
+class AdapterWrap(Choice):
+    """Where FSDP's auto-wrap policy puts the LoRA adapters (``formulas.sharding``, FSDP1 only).
+
+    * ``separate``: in units of their own, apart from the frozen base (peft ``fsdp_auto_wrap_policy``,
+      torchtune ``lora_fsdp_wrap_policy``): only the adapters' units get gradients;
+    * ``in-layer``: inside the transformer-layer units with the frozen weights (Lightning Fabric
+      ``FSDPStrategy(auto_wrap_policy={Block})`` in Lit-GPT ``finetune/lora.py``): under FSDP1
+      ``use_orig_params=True`` a unit's ``FlatParameter`` requires grad when any of its parameters does,
+      so autograd writes the gradient of the whole unit, frozen weights included (torch
+      ``distributed/fsdp/_flat_param.py`` ``_validate_tensors_to_flatten``: "permit non-uniform
+      ``requires_grad``", ``flat_param_requires_grad or tensor.requires_grad``; the class docstring of
+      ``FullyShardedDataParallel``: "higher than expected gradient memory usage").
+    """
+
+    SEPARATE = "separate"
+    IN_LAYER = "in-layer"
+
+
 class CpRotate(Choice):
     """How context-parallel ranks pass K/V around the ring (``formulas.model_parallel.cp_ring``)."""
 
@@ -95,6 +113,7 @@ class Parallelism:
     zero_stage: int = 0
     fsdp: FsdpMode = FsdpMode.NONE
     fsdp_version: int = 2
+    fsdp_adapter_wrap: AdapterWrap = AdapterWrap.SEPARATE
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
@@ -121,6 +140,7 @@ class Parallelism:
             ("offload_params", Offload),
             ("pp_schedule", PipelineSchedule),
             ("cp_rotate", CpRotate),
+            ("fsdp_adapter_wrap", AdapterWrap),
         ):
             coerce_choice(self, attr, enum)
         for name in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "ulysses", "virtual_stages"):

@@ -326,7 +326,7 @@ def _quant_config(o: Mapping[str, Any]) -> Any:
 def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Parallelism | None:
     """The Parallelism the options ask for, or None for a plain single-GPU job. ``extra``: engine
     fields read from a framework's file (DeepSpeed bucket sizes)."""
-    from peakmem.parallel import CpRotate, FsdpMode, Offload, PipelineSchedule
+    from peakmem.parallel import AdapterWrap, CpRotate, FsdpMode, Offload, PipelineSchedule
 
     plain = (
         o["gpus"] == 1 and o["zero"] == 0 and o["fsdp"] == "none" and o["offload"] == "none"
@@ -337,7 +337,9 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
         gpus=o["gpus"], gpus_per_node=o["gpus_per_node"], tp=o["tp"], pp=o["pp"], cp=o["cp"], ep=o["ep"],
         ulysses=o.get("ulysses", 1),
         sequence_parallel=o["sp"], zero_stage=o["zero"], fsdp=FsdpMode.parse(o["fsdp"], "fsdp"),
-        fsdp_version=o["fsdp_version"], offload_optimizer=Offload.parse(o["offload"], "offload"),
+        fsdp_version=o["fsdp_version"],
+        fsdp_adapter_wrap=AdapterWrap.parse(o.get("fsdp_adapter_wrap", "separate"), "fsdp_adapter_wrap"),
+        offload_optimizer=Offload.parse(o["offload"], "offload"),
         offload_params=Offload.parse(o["offload_params"], "offload_params"),
         pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp_schedule"),
         cp_rotate=CpRotate.parse(o.get("cp_rotate", "auto"), "cp_rotate"),

@@ -61,7 +61,7 @@ from fractions import Fraction
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
-from peakmem.parallel import FsdpMode, Offload, Parallelism
+from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
 from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
@@ -107,6 +107,16 @@ SRC_Z3_GATHER = (
 )
 SRC_FSDP_SHARD = "torch fsdp _fsdp_param.py _init_sharded_param: torch.chunk(dim 0), padded to chunk 0"
 SRC_FSDP1_SHARD = "torch fsdp _flat_param.py: unit flattened and padded to a multiple of world size"
+SRC_FSDP1_MIXED = (
+    "torch fsdp _flat_param.py _validate_tensors_to_flatten (use_orig_params: the unit's FlatParameter "
+    "requires grad if any of its parameters does) and _use_unsharded_views (every view a Parameter with "
+    "the flat parameter's requires_grad): the gradient of the whole unit, frozen weights included"
+)
+SRC_FSDP1_NO_SYNC = (
+    "torch fsdp fully_sharded_data_parallel.py no_sync ('accumulate the full model gradients (instead of "
+    "gradient shards) until the eventual sync'), _runtime_utils.py _post_backward_hook (returns before the "
+    "reduce-scatter when not _sync_gradients); Lightning Fabric no_backward_sync = FSDP.no_sync"
+)
 SRC_OFFLOAD = "ZeRO-Offload (arXiv 2101.06840) / FSDP CPUOffload: pinned CPU copies"
 SRC_NVME = "deepspeed offload_config.py: NVMe swap buffers buffer_count x buffer_size, pinned"
 
@@ -557,11 +567,29 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     grad_dt = shard_dt if not tech.adapter else tech.grad
     grads_item = _item(f"sharded gradients ({grad_dt.name}){label}", Category.GRADIENTS,
                        grad_dt.nbytes(part), src, key="grads")  # fmt: skip
+    unit = sp.largest_unit
+    unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
+    mixed = 0 if offload else _in_layer_grad_numel(tech, par, sp, loc)
+    accumulated: MemoryItem | None = None
+    grads_kept = Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n)
+    if mixed:  # FSDP1, adapters inside the layer units: every unit's gradient is whole-unit sized
+        grads_item = _item(f"sharded gradients of the whole units, frozen weights included ({grad_dt.name})"
+                           f"{label}", Category.GRADIENTS, grad_dt.nbytes(cdiv(mixed, n)), SRC_FSDP1_MIXED,
+                           key="grads")  # fmt: skip
+        adapters = loc.trainable - _outer_adapters(tech, par, sp)
+        if adapters:  # backward writes (and keeps a shard of) each layer unit's whole gradient
+            in_layers = mixed - _mixed_root(tech, par, sp)
+            grads_kept = Fraction(grad_dt.bits * in_layers, tech.grad.bits * n * adapters)
+        unit_trainable = unit + unit_trainable
+        if setup.grad_accum > 1:  # no_sync between micro-batches: kept unsharded until the last one
+            accumulated = _item(
+                f"FSDP1 no_sync: every unit's unsharded gradient, frozen weights included ({grad_dt.name})",
+                Category.GRADIENTS, grad_dt.nbytes(mixed), f"{SRC_FSDP1_MIXED}; {SRC_FSDP1_NO_SYNC}",
+                key="fsdp1.no_sync_grads",
+            )  # fmt: skip
     cpu = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD) for r in off_rows]
     if offload:
         cpu.append(_item(f"offloaded gradients{label}", Category.GRADIENTS, grads_item.bytes, SRC_OFFLOAD))
-    unit = sp.largest_unit
-    unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
 
     def gathered(numel: int, root: bool = False) -> int:
         base = _gathered(tech, numel, root) if tech.adapter else gather_dt.nbytes(numel)
@@ -633,11 +661,17 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
             "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
         )
-    accumulated = _fsdp2.pp_accumulated(tech, par, sp, shard_dt) or grads_item
+    if mixed:
+        kept = "; with gradient accumulation (no_sync) kept unsharded between micro-batches"
+        notes.append(
+            "FSDP1 with the adapters inside the layer units (use_orig_params): each unit's gradient covers "
+            "the whole unit, frozen weights included" + (kept if accumulated else "")
+        )
+    accumulated = accumulated or _fsdp2.pp_accumulated(tech, par, sp, shard_dt) or grads_item
     whole_embedding = _fsdp2.whole_embedding_grad(tech, par, sp, tech.grad) if par.fsdp_version == 2 else 0
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
-        grads_kept=Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n),
+        grads_kept=grads_kept,
         accumulated=() if offload else (accumulated,), grads_backward=(),
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
@@ -648,6 +682,28 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip
+
+
+def _outer_adapters(tech: Technique, par: Parallelism, sp: StageParams) -> int:
+    """Trainable elements outside the layers (``modules_to_save``, a LoRA head) on this stage."""
+    return cdiv(sum(t.numel for t in tech.tspec.outer), par.tp) if sp.stage == par.pp - 1 else 0
+
+
+def _mixed_root(tech: Technique, par: Parallelism, sp: StageParams) -> int:
+    """Elements of the root unit whose gradient FSDP1 writes when adapters share it (none without)."""
+    outer = _outer_adapters(tech, par, sp)
+    return sp.root_numel + outer if outer else 0
+
+
+def _in_layer_grad_numel(tech: Technique, par: Parallelism, sp: StageParams, loc: _Local) -> int:
+    """Elements whose gradient an FSDP1 rank writes where the adapters share the layer units with the
+    frozen base (``AdapterWrap.IN_LAYER``): every layer unit whole (base + adapters) and the root unit
+    if it holds adapters; 0 where that is not the case (FSDP2 shards and grads per parameter: frozen
+    ones get none; separate adapter units; full fine-tuning, where every parameter trains anyway)."""
+    if not tech.adapter or par.fsdp_version != 1 or par.fsdp_adapter_wrap is not AdapterWrap.IN_LAYER:
+        return 0
+    layers = sp.numel - sp.root_numel + loc.trainable - _outer_adapters(tech, par, sp)
+    return layers + _mixed_root(tech, par, sp)
 
 
 def _float8_units(
