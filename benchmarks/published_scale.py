@@ -339,23 +339,18 @@ def band_kind(p: dict[str, Any]) -> str | None:
 def _fitting_by_kind(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["set"] == "fit" and r["rule"] == SPLIT_RULES[0] and "error" in r and r["band_kind"]:
+        if r["set"] == "fit" and "error" in r and r["band_kind"]:
             by_kind[r["band_kind"]].append(r)
     return by_kind
 
 
 def residuals_by_kind(points: Path = POINTS_FILE) -> dict[str, tuple[int, float, float]]:
     """Per band kind: (fitting points, the widest excess below the band, the widest above), as fractions
-    of the likely allocated bytes; only the fitting set of ``split_rule`` is estimated (what
-    formulas/band.py MEASURED_RESIDUALS was measured on; ``split_rule_2``'s fitting set is reported, not
-    folded in: that is the lead's decision)."""
+    of the likely allocated bytes, over the fitting sets of both split rules (what formulas/band.py
+    MEASURED_RESIDUALS holds)."""
     doc = json.loads(points.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [
-            estimate(p, Path(tmp))
-            for p in doc["points"]
-            if p["set"] == "fit" and p.get("split", SPLIT_RULES[0]) == SPLIT_RULES[0]
-        ]
+        rows = [estimate(p, Path(tmp)) for p in doc["points"] if p["set"] == "fit"]
     return {
         kind: (len(rs), min(r["excess"][0] for r in rs), max(r["excess"][1] for r in rs))
         for kind, rs in _fitting_by_kind(rows).items()
