@@ -250,7 +250,7 @@ def cuda_graphs_term(*, low_bytes: int, high_bytes: int) -> BandTerm:
 # with no fitting point has no term. Single-GPU training has none: the CPU grid and the shared validation set
 # check it. The second search's single-GPU fitting points (Lit-GPT, torchtune) read low: QLoRA by 22-49 %,
 # from library releases since fixed (torchao 0.1's whole-weight to_nf4, bitsandbytes < 0.43.2 keeping
-# MatMul4Bit's input), LoRA by 5-9 %, not explained (README, accuracy); no term is taken from them.
+# MatMul4Bit's input), LoRA by 5-9 %, not explained (README, Accuracy); no term is taken from them.
 @dataclass(frozen=True, kw_only=True)
 class MeasuredResidual:
     low: float  # <= 0: a fraction of the likely allocated bytes
