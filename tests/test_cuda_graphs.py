@@ -103,10 +103,12 @@ def test_where_each_release_accounts_for_it() -> None:
                                                       enforce_eager=True))  # fmt: skip
     assert eager.extra["kv_pool_bytes"] == pool_without
     # SGLang: the graphs sit outside mem_fraction_static: the pool is the same with or without them
+    # (--cuda-graph-max-bs 160, SGLang's size when the GPU is not known; on this 4 GiB GPU it picks 8)
     sg = [estimate_inference(tiny(), InferenceSetup(engine="sglang", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
-                                                    enforce_eager=e)) for e in (False, True)]  # fmt: skip
+                                                    cuda_graph_max_bs=160, enforce_eager=e))
+          for e in (False, True)]  # fmt: skip
     assert sg[0].extra["kv_pool_bytes"] == sg[1].extra["kv_pool_bytes"]
-    # SGLang's default max bs 160: 24 FULL graphs, working set 160 tokens; outside the pool
+    # max bs 160: 24 FULL graphs, working set 160 tokens; outside the pool
     # (formulas/serving/sglang_graphs.py, test_sglang_graphs.py) the runner's buffers, 160 x (6 x 8 B +
     # 128 x 4 B fp32 logits) + 160 x 2 x 4 + (160 + 160) B mask + 4, and flashinfer's state (tiny is no
     # fa3 architecture): kv indices 160 x 100 x 4 B, mask 160 x 100 B, one 8 MiB decode wrapper a graph

@@ -14,7 +14,7 @@ from peakmem.formulas.serving import estimate_inference, max_concurrent, max_con
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
 from peakmem.formulas.weights import weight_bytes
-from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format, sglang_mem_fraction_static
+from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
 from peakmem.units import GiB, MiB
 
 # tiny(): 2 layers, hidden 64, 4 heads, 2 KV heads x 16, vocab 128, MLP 128, untied, bf16
@@ -277,14 +277,16 @@ def test_sglang_static_fraction_holds_weights_and_pool() -> None:
 
 
 def test_sglang_default_fraction_by_gpu_size() -> None:
-    """server_args.py: round((gpu_mem - reserved_mem) / gpu_mem, 3), gpu_mem in MiB."""
-    assert sglang_mem_fraction_static(24564 * MiB, 1) == 0.879  # 4090: (24564 - 2.9 x 1024) / 24564
-    assert sglang_mem_fraction_static(81920 * MiB, 1) == 0.875  # A100 80GB: 10 GiB reserved
-    assert sglang_mem_fraction_static(143771 * MiB, 1) == 0.911  # H200: 12.5 GiB reserved
-    assert sglang_mem_fraction_static(180 * GiB, 1) == 0.822  # B200-sized: 32 GiB reserved
-    assert sglang_mem_fraction_static(1 * GiB, 1) == 0.0  # the reserve exceeds the GPU
-    setup = InferenceSetup(engine=Engine.SGLANG)
-    assert setup.memory_fraction(81920 * MiB) == 0.875
+    """server_args.py 0.5.5: round((gpu_mem - reserved_mem) / gpu_mem, 3), gpu_mem in MiB; the reserve
+    512 + 1.5 x max(chunk, 2048) + 2 x max_bs + tp x pp x 128 MiB, at least 10 GiB above 60 GiB."""
+    sglang = InferenceSetup(engine=Engine.SGLANG)
+    # 4090 (24,564 MiB), tp 1: chunk 2048, max bs 24: 512 + 3072 + 48 + 128 = 3,760 MiB
+    assert sglang.memory_fraction(24564 * MiB) == round((24564 - 3760) / 24564, 3) == 0.847
+    # A100 80GB (81,920 MiB), tp 1: 8192, 256: 512 + 12,288 + 512 + 128 = 13,440 MiB (above the 10 GiB floor)
+    assert sglang.memory_fraction(81920 * MiB) == round((81920 - 13440) / 81920, 3) == 0.836
+    # 180 GiB (B200-sized): 16,384, 512: 512 + 24,576 + 1,024 + 128 = 26,240 MiB
+    assert sglang.memory_fraction(180 * GiB) == round((184320 - 26240) / 184320, 3) == 0.858
+    assert sglang.memory_fraction(1 * GiB) == 0.0  # the reserve (512 + 3072 + 16 + 128 MiB) exceeds the GPU
     assert InferenceSetup(engine=Engine.VLLM).memory_fraction(81920 * MiB) == 0.9
     assert InferenceSetup(engine=Engine.SGLANG, gpu_memory_utilization=0.7).memory_fraction(GiB) == 0.7
 

@@ -9,7 +9,8 @@ from _infer_specs import tiny
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.fit import serving_fit
-from peakmem.inference import Draft, InferenceSetup, sglang_mem_fraction_static
+from peakmem.inference import Draft, InferenceSetup
+from peakmem.sglang_defaults import sglang_defaults
 from peakmem.units import GiB
 
 # target tiny(): 2 layers x (K, V) x 2 KV heads x 16 x bf16 = 256 B per token (one-token pages)
@@ -76,12 +77,15 @@ def test_an_oversized_launch_does_not_fit() -> None:
 
 
 def test_default_fraction_reserves_for_the_draft() -> None:
-    # 80 GiB (A100/H100 tier): reserve 9.5 + 0.5 GiB; +2 GiB EAGLE family, +6 GiB standalone, 0 n-gram
-    gib80 = 80 * GiB
-    assert sglang_mem_fraction_static(gib80, 1) == round((81920 - 10 * 1024) / 81920, 3) == 0.875
-    assert sglang_mem_fraction_static(gib80, 1, "eagle3") == round((81920 - 12 * 1024) / 81920, 3) == 0.85
-    assert sglang_mem_fraction_static(gib80, 1, "draft_model") == 0.8
-    assert sglang_mem_fraction_static(gib80, 1, "ngram") == 0.875
+    # 80 GiB (A100/H100 tier), tp 1: reserve 512 + 8192 x 1.5 + 256 x 2 + 128 = 13,440 MiB; then +2 GiB for
+    # the EAGLE family, +6 GiB standalone, nothing for n-gram (server_args.py 0.5.5)
+    def fraction(method: str | None) -> float:
+        return sglang_defaults(80 * GiB, draft_method=method).mem_fraction_static
+
+    assert fraction(None) == round((81920 - 13440) / 81920, 3) == 0.836
+    assert fraction("eagle3") == round((81920 - 15488) / 81920, 3) == 0.811
+    assert fraction("draft_model") == round((81920 - 19584) / 81920, 3) == 0.761
+    assert fraction("ngram") == 0.836
     lookup = Draft(name="ngram", spec=None, method="ngram")
     ngram = InferenceSetup(engine="sglang", context=1024, draft=lookup, num_speculative_tokens=K)
     assert "sglang_pool_tokens" not in estimate_inference(tiny(), ngram).extra

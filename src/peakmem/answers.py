@@ -381,21 +381,26 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
 class InferAnswer:
     """The answer to ``peakmem infer`` and ``/api/infer`` (one function, so both say the same)."""
 
-    estimate: Estimate  # what the request needs: the same whatever GPU is asked about
+    estimate: Estimate  # what the request needs (SGLang: its CUDA graphs on the one GPU named, if one is)
     verdicts: tuple[Verdict, ...]  # per GPU: serving_fit's (a pooled engine fits when its pool holds it)
     headline: str
     json: dict[str, Any]
 
 
 def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overheads: Any = None) -> InferAnswer:
-    """Estimate ``setup`` (without the GPU: what it needs does not depend on it) and judge it on each
-    of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments,
-    fragmentation, a calibrated profile)."""
+    """Estimate ``setup`` without the GPU (SGLang's CUDA graphs, the one term that depends on it, at the
+    cuda_graph_max_bs it picks for the one GPU named) and judge it on each of ``gpus`` with
+    :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments, fragmentation, a
+    calibrated profile)."""
     from dataclasses import replace
 
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
-    est = estimate_inference(spec, replace(setup, gpu_bytes=None), overheads=overheads)
+    alone = replace(setup, gpu_bytes=None)
+    if len(gpus) == 1 and setup.engine.value == "sglang":  # SGLang captures up to its max bs for that GPU
+        max_bs = setup.sglang_defaults(gpus[0].usable_bytes).cuda_graph_max_bs
+        alone = replace(alone, cuda_graph_max_bs=max_bs)
+    est = estimate_inference(spec, alone, overheads=overheads)
     est = replace(est, warnings=weight_warnings(spec, inference=setup))
     fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
             for g in gpus]  # fmt: skip

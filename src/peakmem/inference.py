@@ -17,6 +17,7 @@ from peakmem.device import check_interconnect
 from peakmem.errors import InputError, require
 from peakmem.model import STATE_DTYPES, ModelSpec
 from peakmem.serving_layout import ServingLayout
+from peakmem.sglang_defaults import SglangDefaults, sglang_defaults
 from peakmem.validate import (
     MAX_DEVICE_BYTES,
     MAX_GPUS,
@@ -212,41 +213,9 @@ DEFAULT_WEIGHTS = "bf16"  # when neither --weights nor the checkpoint's quantiza
 # vLLM EngineArgs defaults (vllm/engine/arg_utils.py): gpu_memory_utilization=0.9, block_size=16.
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 VLLM_BLOCK_SIZE = 16
-# SGLang's default mem_fraction_static (python/sglang/srt/server_args.py ServerArgs.__post_init__, 2025
-# releases): the GPU's memory (MiB) less a reserve for activations and CUDA graph buffers that grows
-# with the GPU (bigger GPUs get a larger chunked_prefill_size and cuda_graph_max_bs):
-# round((gpu_mem - reserved_mem) / gpu_mem, 3), reserved_mem in GiB = base + tp x pp x per-rank, by tier.
-SGLANG_RESERVED_GIB: tuple[tuple[int, float, float], ...] = (
-    # (below this many GiB, base GiB, GiB per tp x pp rank)
-    (35, 2.8, 0.1),  # T4, 4080, A10, L40, 4090, 5090: chunked_prefill_size 2k, cuda_graph_max_bs 8
-    (90, 9.5, 0.5),  # A100, H100: 8k, 160
-    (160, 12.0, 0.5),  # H20, H200: 8k, 256
-)
-SGLANG_RESERVED_GIB_LARGEST = 32.0  # B200, MI300: 16k, 512
-SGLANG_FRACTION_DIGITS = 3
-
-
-# Speculative decoding adds to that reserve (server_args.py ``_handle_gpu_memory_settings``:
-# "standalone draft model and cuda graphs" += 6 GiB for STANDALONE, "eagle draft models and cuda
-# graphs" += 2 GiB for EAGLE / EAGLE3 / NEXTN, nothing for NGRAM), by peakmem's draft method.
+# SGLang's defaults (mem_fraction_static, cuda_graph_max_bs, chunked_prefill_size) by GPU: sglang_defaults.py
 # SGLang --attention-backend values whose CUDA-graph state peakmem models (formulas/serving/sglang_graphs.py)
 SGLANG_ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton")
-SGLANG_SPEC_RESERVED_GIB = {"draft_model": 6.0, "ngram": 0.0}
-SGLANG_SPEC_RESERVED_GIB_DEFAULT = 2.0  # eagle, eagle3, mtp
-
-
-def sglang_mem_fraction_static(gpu_bytes: int, tp: int, draft_method: str | None = None) -> float:
-    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_bytes`` with ``tp`` (x pp) ranks,
-    with a speculative draft of ``draft_method`` (None: no speculative decoding)."""
-    gpu_mib = gpu_bytes / 2**20
-    reserved_gib = SGLANG_RESERVED_GIB_LARGEST
-    for below_gib, base, per_rank in SGLANG_RESERVED_GIB:
-        if gpu_mib < below_gib * 1024:
-            reserved_gib = base + tp * per_rank
-            break
-    if draft_method is not None:
-        reserved_gib += SGLANG_SPEC_RESERVED_GIB.get(draft_method, SGLANG_SPEC_RESERVED_GIB_DEFAULT)
-    return max(0.0, round((gpu_mib - reserved_gib * 1024) / gpu_mib, SGLANG_FRACTION_DIGITS))
 
 
 # vLLM LoRAConfig (vllm/config/lora.py, vLLM 0.11): max_loras=1 and max_lora_rank=16 by default, the
@@ -403,7 +372,7 @@ class InferenceSetup:
     # the checkpoint's own quantization_config (None: not read, or the config has none)
     checkpoint: CheckpointWeights | None = None
     # CUDA graphs (formulas/serving/cuda_graphs.py): vLLM --enforce-eager / SGLang --disable-cuda-graph,
-    # vLLM --max-num-seqs (None: 256) and cudagraph_mode, SGLang --cuda-graph-max-bs (None: by GPU size),
+    # vLLM --max-num-seqs (None: 256) and cudagraph_mode, SGLang --cuda-graph-max-bs (None: by gpu_bytes),
     # and the engine's release (None: CURRENT_ENGINE_VERSION): where the capture memory is accounted
     enforce_eager: bool = False
     max_num_seqs: int | None = None
@@ -671,9 +640,19 @@ class InferenceSetup:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         if self.engine is Engine.SGLANG:
-            method = self.draft.method if self.draft is not None else None
-            return sglang_mem_fraction_static(gpu_bytes, self.tp * self.pp, method)
+            return self.sglang_defaults(gpu_bytes).mem_fraction_static
         return VLLM_GPU_MEMORY_UTILIZATION
+
+    def sglang_defaults(self, gpu_bytes: int | None) -> SglangDefaults:
+        """SGLang's chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static on a GPU of ``gpu_bytes``
+        (None: not known) for this layout and draft; the values given (--prefill-chunk, --cuda-graph-max-bs,
+        --gpu-memory-utilization) are kept (sglang_defaults.py)."""
+        return sglang_defaults(
+            gpu_bytes, tp=self.tp, pp=self.pp, dp=self.dp, dp_attention=self.dp_attention,
+            draft_method=self.draft.method if self.draft is not None else None,
+            chunked_prefill_size=self.prefill_chunk, cuda_graph_max_bs=self.cuda_graph_max_bs,
+            mem_fraction_static=self.gpu_memory_utilization,
+        )  # fmt: skip
 
     @property
     def effective_block_size(self) -> int:

@@ -214,7 +214,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("prompt", int, None, SV, "prefill tokens (default: the whole context)", maximum=MAX_SEQ),
     _o("engine", str, "hf", SV, "hf|vllm|sglang|llamacpp"),
     _o("gpu_memory_utilization", float, None, SV,
-       "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: the engine's)"),
+       "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: vLLM 0.9; SGLang 0.5's "
+       "(GPU - reserve) / GPU, the reserve 0.5 GiB + 1.5 MiB x chunked prefill + 2 MiB x cuda-graph-max-bs "
+       "+ tp x pp / 8 GiB, at least 10 GiB above 60 GiB, + 2 GiB EAGLE / 6 GiB draft model)"),
     _o("n_gpu_layers", int, None, SV, "llama.cpp -ngl", maximum=MAX_LAYERS_ON_GPU),
     _o("max_loras", int, None, SV, "vLLM multi-LoRA: adapter slots on the GPU (default 1 with "
        "--max-lora-rank; 0: LoRA off)", maximum=MAX_LORA_SLOTS),
@@ -235,8 +237,9 @@ OPTIONS: tuple[Option, ...] = (
        "graph capture sizes", group=_GRAPHS, maximum=MAX_BATCH),
     _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "
        "default)", group=_GRAPHS, choices=CUDAGRAPH_MODES),
-    _o("cuda_graph_max_bs", int, None, SV, "SGLang --cuda-graph-max-bs (default 160, SGLang's for 35-90 GiB "
-       "GPUs; it takes 8 below, 256 / 512 above)", group=_GRAPHS, maximum=MAX_BATCH),
+    _o("cuda_graph_max_bs", int, None, SV, "SGLang --cuda-graph-max-bs (default: SGLang 0.5's for the GPU "
+       "and --tp: 8 below 20 GiB, 24 / 80 below 35, 32 / 160 below 60, 256 / 512 below 160 at tp < 4 / "
+       ">= 4, 512 above; 160 with no GPU)", group=_GRAPHS, maximum=MAX_BATCH),
     _o("disable_custom_all_reduce", bool, False, SV, "vLLM / SGLang --disable-custom-all-reduce: with --tp "
        "the CUDA graphs capture NCCL all-reduces", group=_GRAPHS),
     _o("attention_backend", str, None, SV, "SGLang --attention-backend, whose CUDA-graph state is in the "

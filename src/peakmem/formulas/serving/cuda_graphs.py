@@ -19,7 +19,7 @@ SGLang ``global_graph_memory_pool``):
 * SGLang: FULL decode graphs for bs in ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 513, 16)`` up
   to cuda_graph_max_bs, which is appended when missing (the runner's log "Capture cuda graph bs [1, 2, 4,
   8, 12, 16, 24, ..., 496, 512]", sglang PR #11716; "[1, 2, 4, 8, 10]" at max bs 10, sglang PR #27537);
-  cuda_graph_max_bs 160 unless given (formulas/serving/sglang_graphs.py ``SGLANG_DEFAULT_MAX_BS``).
+  cuda_graph_max_bs SGLang's for the GPU and tp unless given (``peakmem.sglang_defaults``; 160 with no GPU).
 * SGLang with speculative decoding (formulas/serving/sglang_graphs.py): the target's graphs verify ``bs x
   num_draft_tokens`` tokens, at most 48 batch sizes (max_running_requests); a draft model adds its draft
   decode runner (``speculative_num_steps - 1`` forwards in one graph per batch size) and its draft-extend

@@ -120,14 +120,12 @@ from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import Attention, ModelSpec
 from peakmem.units import MiB
 
-# SGLang picks cuda_graph_max_bs by GPU memory and TP (0.5.5 server_args.py __post_init__; 0.5.23
-# arg_groups/memory_hook.py): 8 below 20 GiB; below 35 GiB 24 (0.5.23: 48) at tp < 4, else 80 (160); below
-# 60 GiB 32 / 160; below 160 GiB (A100-80GB, H100, H200) 256 at tp < 4, else 512; 512 above; 160 when the
-# GPU's memory is not known. What a request needs must not depend on the GPU asked about
-# (formulas/serving/fit.py), so the term takes that fallback, 160 (24 graphs), unless --cuda-graph-max-bs is
-# given: an H100 at tp 1 captures 36 (the logits buffer and the page tables grow by 256 / 160). With
-# speculative decoding max_running_requests (48) caps the sizes first.
-SGLANG_DEFAULT_MAX_BS = 160
+# SGLang picks cuda_graph_max_bs by GPU memory and TP (0.5.5 server_args.py _handle_gpu_memory_settings;
+# 0.5.23 arg_groups/memory_hook.py): peakmem.sglang_defaults.sglang_tier, from ``setup.gpu_bytes`` (the GPU
+# the answer is for: formulas/serving/fit.py sets it per GPU, as SGLang sees its own), unless
+# --cuda-graph-max-bs is given; 160, SGLang's own fallback when the GPU's memory is not known, without a GPU
+# (an H100 at tp 1 captures 36 sizes up to 256, an RTX 4090 at tp 1 7 up to 24). With speculative decoding
+# max_running_requests (48) caps the sizes first.
 
 # The draft proposers that run SGLang's EAGLE worker (eagle_worker.py; STANDALONE is a subclass): they capture
 # the draft decode and draft-extend runners. NGRAM runs no draft model: only the target's verify graphs.
@@ -147,8 +145,8 @@ SEQ_LEN_FILL_VALUE = 1
 # _handle_attention_backend_compatibility: "We will turn on FA3 on hopper unless user use spec decode with
 # topk > 1 or page_size > 1"; MLA: FA3 on Hopper, flashinfer on Blackwell, else triton)
 FA3, FLASHINFER, TRITON = "fa3", "flashinfer", "triton"
-# the GPU architecture the default backend is taken for when the GPU is not known: the H100 tier, as
-# SGLANG_DEFAULT_MAX_BS (a request's needs must not depend on the GPU asked about)
+# the GPU architecture the default backend is taken for when the GPU is not known (no catalog GPU named):
+# Hopper's
 SGLANG_ASSUMED_ARCHITECTURE = "hopper"
 # utils/common.py is_fa3_default_architecture (0.5.5): the MHA models that get fa3 on Hopper
 FA3_DEFAULT_ARCHITECTURES = frozenset({
@@ -396,7 +394,7 @@ def sglang_capture(target: ModelSpec, setup: InferenceSetup, *, act_bytes: int) 
     their static buffers and the attention backend's graph state, sized by the served context."""
     if setup.engine is not Engine.SGLANG:
         raise ValueError(f"engine={setup.engine.value}: SGLang's runners only")
-    max_bs = setup.cuda_graph_max_bs or SGLANG_DEFAULT_MAX_BS
+    max_bs = setup.sglang_defaults(setup.gpu_bytes).cuda_graph_max_bs  # given, else SGLang's for the GPU
     context = resolve_context(target, setup).context  # model_config.context_len: the served context
     backend = sglang_attention_backend(target, setup)
     modelled = backend if backend in (FA3, FLASHINFER, TRITON) else ""

@@ -18,7 +18,7 @@ Read in sgl-project/sglang ``python/sglang/srt/model_executor/model_runner.py`` 
   pool of ``draft_runner_cache_size`` tokens of its own cell, neither inside the budget: sglang PR
   #23862 (2026-04-27) "The draft model's weights and KV cache are not accounted for, causing OOM at
   launch"; the only cover was ``server_args``' flat reserve (+2 GiB for EAGLE / NEXTN, +6 GiB for
-  STANDALONE: ``inference.SGLANG_SPEC_RESERVED_GIB``) lowering the default mem_fraction_static.
+  STANDALONE: ``sglang_defaults.SGLANG_SPEC_RESERVED_MIB``) lowering the default mem_fraction_static.
 * **Budgeted later.** #23862 and #28855 (2026-06-21, "count speculative draft weights against
   --mem-fraction-static") profile the KV pool after both models' weights, for both pools: the budget
   holds target + draft weights and target + draft KV. peakmem takes SGLang releases from
