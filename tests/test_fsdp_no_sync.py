@@ -145,3 +145,17 @@ def test_api_echoes_the_default_and_refuses_a_bad_value() -> None:
     assert grown > 0.95 * 7 * 8_030_261_248 * FP32 / 8
     with pytest.raises(InputError, match="grad_sync='sometimes'"):
         peakmem.train("llama-3.1-8b", grad_sync="sometimes", **opts)
+
+
+def test_hf_trainer_file_with_sync_each_batch(tmp_path: object) -> None:
+    """``--from`` a TrainingArguments file: accelerator_config's ``sync_each_batch`` true is
+    each-micro-batch; false (accelerate's default) leaves auto, the HF Trainer's no_sync."""
+    import json
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "args.json"
+    for flag, expected in ((True, "each-micro-batch"), (False, "auto")):
+        kwargs = {"gradient_accumulation_kwargs": {"sync_each_batch": flag}}
+        path.write_text(json.dumps({"gradient_accumulation_steps": 4, "accelerator_config": kwargs}))
+        data = peakmem.train("llama-3.1-8b", from_file=str(path), seq=1024, gpus=8, fsdp="full-shard").data
+        assert data["setup"]["grad_sync"] == expected
