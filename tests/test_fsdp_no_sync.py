@@ -159,3 +159,13 @@ def test_hf_trainer_file_with_sync_each_batch(tmp_path: object) -> None:
         path.write_text(json.dumps({"gradient_accumulation_steps": 4, "accelerator_config": kwargs}))
         data = peakmem.train("llama-3.1-8b", from_file=str(path), seq=1024, gpus=8, fsdp="full-shard").data
         assert data["setup"]["grad_sync"] == expected
+
+
+def test_verl_actor_syncs_every_micro_batch() -> None:
+    """verl's dp_actor runs ``loss.backward()`` per micro-batch without no_sync: auto is each."""
+    from peakmem.post_training import post_training
+    from peakmem.ppo import actor_setup
+
+    post = post_training("grpo", trainer="verl", seq=SETUP.seq_len, batch=8, gpus=2)
+    assert actor_setup(SETUP, post).grad_sync is GradSync.EACH
+    assert actor_setup(replace(SETUP, grad_sync=GradSync.LAST), post).grad_sync is GradSync.LAST
