@@ -26,7 +26,7 @@ import time
 from peakmem.measure.parallel import GRID, TINY_LLAMA, PhaseCheck, compare_rank, describe, rank_types, table
 from peakmem.measure.parallel_ac import REGIME_70B, REGIME_70B_GRID, REGIME_70B_MICRO_BATCH, REGIME_70B_SEQ
 from peakmem.parallel import FsdpMode
-from peakmem.training import Checkpointing, KernelPolicy, OptimizerImpl, Precision, TrainingSetup
+from peakmem.training import Checkpointing, GradSync, KernelPolicy, OptimizerImpl, Precision, TrainingSetup
 
 TOLERANCE = 0.03  # issue 27's done-when
 
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpointing", default=None, choices=("none", "full"), help="default: none (tiny), full (70b)"
     )
     ap.add_argument("--regime", default="tiny", choices=("tiny", "70b"))
+    ap.add_argument(
+        "--grad-sync", default="each-micro-batch", choices=("each-micro-batch", "last-micro-batch"),
+        help="the loop's gradient sync: each (torchtitan, the default) or last (accelerate no_sync)",
+    )  # fmt: skip
     ap.add_argument("--vocab", type=int, default=None, help="override the model's vocabulary size")
     args = ap.parse_args(argv)
     big = args.regime == "70b"
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpointing=Checkpointing(args.checkpointing or ("full" if big else "none")),
         kernel_policy=KernelPolicy.CPU,
         optimizer_impl=OptimizerImpl.FOREACH,
+        grad_sync=GradSync(args.grad_sync),
     )
     rows: list[PhaseCheck] = []
     t0 = time.perf_counter()

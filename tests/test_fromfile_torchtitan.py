@@ -156,6 +156,7 @@ def test_global_batch_gives_the_accumulation() -> None:
     doc = _minimal(training={"local_batch_size": 2, "global_batch_size": 64})
     found = _map(doc, gpus=8)  # dp 8: 64 / (2 x 8) = 4 steps
     assert found.options["batch"] == 2 and found.options["grad_accum"] == 4
+    assert found.options["grad_sync"] == "each-micro-batch"  # train_step: no no_sync (peakmem.defaults)
     with pytest.raises(InputError, match="global_batch_size=60"):
         _map(_minimal(training={"local_batch_size": 2, "global_batch_size": 60}), gpus=8)
 

@@ -18,7 +18,7 @@ from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import sharding
 from peakmem.formulas.technique import technique
 from peakmem.parallel import AdapterWrap, FsdpMode, Parallelism
-from peakmem.training import Method, Precision, TrainingSetup
+from peakmem.training import GradSync, Method, Precision, TrainingSetup
 from test_parallel import tiny
 
 ADAPTERS = 4 * (1024 + 768)  # 7,168
@@ -26,10 +26,12 @@ LAYERS = 4 * 36_992  # the layer units' frozen elements
 BF16 = 2
 
 
-def _states(wrap: AdapterWrap, version: int = 1, grad_accum: int = 1) -> sharding.RankStates:
+def _states(
+    wrap: AdapterWrap, version: int = 1, grad_accum: int = 1, sync: GradSync = GradSync.AUTO
+) -> sharding.RankStates:
     setup = TrainingSetup(seq_len=64, method=Method.LORA, precision=Precision.BF16,
                           lora=LoraConfig(rank=8, targets=("q_proj", "v_proj"), adapter_dtype="base"),
-                          grad_accum=grad_accum)  # fmt: skip
+                          grad_accum=grad_accum, grad_sync=sync)  # fmt: skip
     par = Parallelism(gpus=2, fsdp=FsdpMode.FULL_SHARD, fsdp_version=version, fsdp_adapter_wrap=wrap)
     tech = technique(tiny(), setup)
     assert tech.trainable == ADAPTERS
@@ -41,9 +43,13 @@ def _grads(st: sharding.RankStates) -> int:
 
 
 def test_separate_units_shard_the_adapters_gradients_only() -> None:
-    st = _states(AdapterWrap.SEPARATE, grad_accum=4)
+    """Reduce-scattered every micro-batch, the adapters' shards accumulate; under the HF Trainer's
+    no_sync (grad_sync auto for framework hf) their unsharded gradients stay (formulas/fsdp_no_sync.py)."""
+    st = _states(AdapterWrap.SEPARATE, grad_accum=4, sync=GradSync.EACH)
     assert _grads(st) == BF16 * ADAPTERS // 2 == 7_168
     assert sum(i.bytes for i in st.accumulated) == 7_168
+    (acc,) = _states(AdapterWrap.SEPARATE, grad_accum=4).accumulated
+    assert acc.key == "fsdp1.no_sync_grads" and acc.bytes == BF16 * ADAPTERS == 14_336
 
 
 def test_in_layer_fsdp1_shards_the_whole_units_gradients() -> None:
@@ -60,6 +66,8 @@ def test_in_layer_fsdp1_no_sync_keeps_them_unsharded() -> None:
     (acc,) = st.accumulated
     assert acc.key == "fsdp1.no_sync_grads" and acc.bytes == BF16 * (LAYERS + ADAPTERS) == 310_272
     assert _grads(st) == 155_136  # the step reads the shards (reduce-scattered in the last micro-batch)
+    # synced every micro-batch (torchtune's loop): the whole units' shards only
+    assert _states(AdapterWrap.IN_LAYER, grad_accum=4, sync=GradSync.EACH).accumulated == st.step_grads
 
 
 def test_fsdp2_grads_per_parameter_whatever_the_wrap() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from peakmem.training import Framework, OptimizerImpl, OptimizerName, Precision
+from peakmem.training import Framework, GradSync, OptimizerImpl, OptimizerName, Precision, TrainingSetup
 
 _ADAM = (OptimizerName.ADAMW, OptimizerName.ADAM)
 _MASTER = (Precision.MIXED_BF16, Precision.MIXED_FP16)
@@ -61,3 +61,47 @@ OPTIMIZER_STEP: tuple[Default, ...] = (
 def optimizer_step(optimizer: OptimizerName, precision: Precision, framework: Framework) -> Default:
     """The row of :data:`OPTIMIZER_STEP` that decides ``optimizer_impl=auto`` for this setup."""
     return next(d for d in OPTIMIZER_STEP if d.applies(optimizer, precision, framework))
+
+
+# When the training loop reduces the gradients under gradient accumulation. Read at: transformers 5.23
+# trainer.py ``Trainer._inner_training_loop`` (every micro-batch but the step's last runs under
+# ``accelerator.no_sync(model)`` unless ``sync_each_batch`` or DeepSpeed); accelerate 1.16 accelerator.py
+# ``Accelerator.no_sync`` (FSDP2: ``model.set_requires_gradient_sync(False)``; FSDP1: ``model.no_sync()``)
+# and ``Accelerator.accumulate`` (enters it unless ``sync_gradients`` or ``sync_each_batch``),
+# utils/dataclasses.py ``GradientAccumulationPlugin.sync_each_batch`` (default False); torchtune
+# bd2a0fc recipes/full_finetune_distributed.py and lora_finetune_distributed.py ``train``
+# (``current_loss.backward()`` every micro-batch, no no_sync); torchtitan b5bcd76 torchtitan/trainer.py
+# ``train_step`` (``forward_backward_step`` per accumulation step, no ``set_requires_gradient_sync``).
+GRAD_SYNC: tuple[Default, ...] = (
+    Default(
+        option="grad_sync", value=GradSync.EACH.value,
+        who="torchtune's recipes reduce-scatter in every micro-batch's backward (no no_sync), as torchtitan",
+        source="torchtune recipes/full_finetune_distributed.py train: current_loss.backward() per "
+        "micro-batch; torchtitan trainer.py train_step",
+        applies=lambda opt, prec, fw: fw is Framework.TORCHTUNE,
+    ),
+    Default(
+        option="grad_sync", value=GradSync.LAST.value,
+        who="the HF Trainer runs every micro-batch but the last under accelerate's no_sync "
+        "(sync_each_batch=False): FSDP keeps the unsharded gradients until the last one",
+        source="transformers 5.23 trainer.py _inner_training_loop; accelerate 1.16 accelerator.py no_sync "
+        "(FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync), GradientAccumulationPlugin",
+        applies=lambda opt, prec, fw: True,
+    ),
+)  # fmt: skip
+
+
+def grad_sync(setup: TrainingSetup) -> Default:
+    """The row of :data:`GRAD_SYNC` that decides ``grad_sync=auto`` for this setup."""
+    return next(d for d in GRAD_SYNC if d.applies(setup.optimizer, setup.precision, setup.framework))
+
+
+def skips_grad_sync(setup: TrainingSetup) -> bool:
+    """Whether the loop runs its micro-batches but the last without gradient sync: ``grad_sync``
+    ``last-micro-batch`` (asked, or the framework's under ``auto``) with more than one micro-batch."""
+    if setup.grad_accum == 1:
+        return False
+    sync = setup.grad_sync
+    if sync is GradSync.AUTO:
+        sync = GradSync(grad_sync(setup).value)
+    return sync is GradSync.LAST

@@ -29,6 +29,7 @@ from peakmem import step_fsdp as _fsdp
 from peakmem import step_parts as _steps
 from peakmem import step_pipeline as _pipe
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
+from peakmem.defaults import skips_grad_sync
 from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
@@ -422,7 +423,8 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             la, kept = _lowbit.step_tricks(la, kept, setup, st.in_backward_step)
         mlp = spec.groups[i].layer.mlp
         alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
-        in_place = whole or _fsdp2.accumulates_in_place(tech, par)  # gradients that AccumulateGrad adds into
+        # gradients that AccumulateGrad adds into
+        in_place = whole or _fsdp2.accumulates_in_place(tech, par, skips_grad_sync(setup))
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,
             recompute=la.recompute, forward_transient=la.forward_transient, freed=la.backward_freed,

@@ -104,6 +104,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("batch", int, 1, T | SV, "micro-batch size per GPU (infer: concurrent sequences)", maximum=MAX_BATCH),
     _o("seq", int, None, T, "sequence length (default: min(context, 2048))", maximum=MAX_SEQ),
     _o("grad_accum", int, 1, T, "gradient accumulation steps", maximum=MAX_GRAD_ACCUM),
+    _o("grad_sync", str, AUTO, T, "with --grad-accum and FSDP, when gradients are reduced: auto (the "
+       "framework's: hf = HF Trainer / accelerate no_sync, last; torchtune each)|each-micro-batch|"
+       "last-micro-batch (no_sync: the unsharded gradients kept between micro-batches)",
+       choices=("auto", "each-micro-batch", "last-micro-batch")),
     _o("checkpointing", str, "none", T,
        "none|selective|op|full|every-N (op: torchtitan's op-level SAC; every-N: full checkpointing of "
        "every N-th layer, e.g. every-2)"),

@@ -216,6 +216,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
     from peakmem.training import (
         AttentionKernel,
         Framework,
+        GradSync,
         KernelPolicy,
         LossImpl,
         Method,
@@ -246,6 +247,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
         compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
         grads_set_to_none=not o.get("keep_grads", False),
+        grad_sync=GradSync.parse(o.get("grad_sync", opt.AUTO), "grad_sync"),
         float8_all_gather=o.get("float8_all_gather", False),
         tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip

@@ -166,6 +166,24 @@ class Framework(Choice):
     UNSLOTH = "unsloth"
 
 
+class GradSync(Choice):
+    """When a data-parallel loop with gradient accumulation reduces the gradients (peakmem.defaults
+    ``GRAD_SYNC``; what it costs under FSDP: peakmem.formulas.sharding).
+
+    * ``each-micro-batch``: every micro-batch's backward reduce-scatters (FSDP keeps only gradient
+      shards between micro-batches): torchtitan, torchtune, accelerate ``sync_each_batch=True``;
+    * ``last-micro-batch``: every backward but the last runs without gradient sync (torch FSDP1
+      ``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``), so FSDP keeps each unit's unsharded
+      gradient until the last one: HF Trainer / accelerate ``accumulate`` by default, Lightning Fabric
+      ``no_backward_sync`` (Lit-GPT);
+    * ``auto``: what the setup's framework runs (peakmem.defaults ``grad_sync``).
+    """
+
+    AUTO = "auto"
+    EACH = "each-micro-batch"
+    LAST = "last-micro-batch"
+
+
 class KernelPolicy(Choice):
     """Which device's kernels decide the bytes (DESIGN.md: CUDA by default)."""
 
@@ -183,6 +201,7 @@ _CHOICE_FIELDS: tuple[tuple[str, type[Choice]], ...] = (
     ("framework", Framework),
     ("kernel_policy", KernelPolicy),
     ("loss", LossImpl),
+    ("grad_sync", GradSync),
 )
 
 
@@ -205,6 +224,9 @@ class TrainingSetup:
     # optimizer.zero_grad(set_to_none=...): True is torch >= 2.0's default (grads freed between
     # steps); False (torch < 2.0, e.g. HF Trainer in 2022) keeps zeroed grads alive all the time.
     grads_set_to_none: bool = True
+    # with grad_accum > 1, when the gradients are reduced: every micro-batch, or only the last (no_sync:
+    # FSDP keeps the unsharded gradients between micro-batches); auto: the framework's (peakmem.defaults)
+    grad_sync: GradSync = GradSync.AUTO
     # Fine-tuning on a budget (peakmem.adapters; formulas lora / qlora / lowbit_optim):
     lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
     quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant

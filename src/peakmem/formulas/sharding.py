@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow
+from peakmem.defaults import skips_grad_sync
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
@@ -66,10 +67,12 @@ from peakmem.training import TrainingSetup
 from peakmem.units import MiB
 
 from . import fsdp2 as _fsdp2
+from . import fsdp_no_sync as _nosync
 from . import zero3 as _zero3
 from . import zero_streams as _zs
 from .activations import float8 as _f8
 from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
+from .fsdp_no_sync import SRC_FSDP1_MIXED
 from .model_parallel import LocalTensor, StageParams, cdiv, local_tensor, stage_groups
 from .model_states import precision_plan
 from .optimizer import PER_PARAM_TEMPORARIES
@@ -107,16 +110,6 @@ SRC_Z3_GATHER = (
 )
 SRC_FSDP_SHARD = "torch fsdp _fsdp_param.py _init_sharded_param: torch.chunk(dim 0), padded to chunk 0"
 SRC_FSDP1_SHARD = "torch fsdp _flat_param.py: unit flattened and padded to a multiple of world size"
-SRC_FSDP1_MIXED = (
-    "torch fsdp _flat_param.py _validate_tensors_to_flatten (use_orig_params: the unit's FlatParameter "
-    "requires grad if any of its parameters does) and _use_unsharded_views (every view a Parameter with "
-    "the flat parameter's requires_grad): the gradient of the whole unit, frozen weights included"
-)
-SRC_FSDP1_NO_SYNC = (
-    "torch fsdp fully_sharded_data_parallel.py no_sync ('accumulate the full model gradients (instead of "
-    "gradient shards) until the eventual sync'), _runtime_utils.py _post_backward_hook (returns before the "
-    "reduce-scatter when not _sync_gradients); Lightning Fabric no_backward_sync = FSDP.no_sync"
-)
 SRC_OFFLOAD = "ZeRO-Offload (arXiv 2101.06840) / FSDP CPUOffload: pinned CPU copies"
 SRC_NVME = "deepspeed offload_config.py: NVMe swap buffers buffer_count x buffer_size, pinned"
 
@@ -570,7 +563,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     unit = sp.largest_unit
     unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
     mixed = 0 if offload else _in_layer_grad_numel(tech, par, sp, loc)
-    accumulated: MemoryItem | None = None
+    no_sync = skips_grad_sync(setup)  # every micro-batch but the last without gradient sync
     grads_kept = Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n)
     if mixed:  # FSDP1, adapters inside the layer units: every unit's gradient is whole-unit sized
         grads_item = _item(f"sharded gradients of the whole units, frozen weights included ({grad_dt.name})"
@@ -581,12 +574,6 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             in_layers = mixed - _mixed_root(tech, par, sp)
             grads_kept = Fraction(grad_dt.bits * in_layers, tech.grad.bits * n * adapters)
         unit_trainable = unit + unit_trainable
-        if setup.grad_accum > 1:  # no_sync between micro-batches: kept unsharded until the last one
-            accumulated = _item(
-                f"FSDP1 no_sync: every unit's unsharded gradient, frozen weights included ({grad_dt.name})",
-                Category.GRADIENTS, grad_dt.nbytes(mixed), f"{SRC_FSDP1_MIXED}; {SRC_FSDP1_NO_SYNC}",
-                key="fsdp1.no_sync_grads",
-            )  # fmt: skip
     cpu = [_item(f"offloaded {r.tensor}", r.category, r.bytes, SRC_OFFLOAD) for r in off_rows]
     if offload:
         cpu.append(_item(f"offloaded gradients{label}", Category.GRADIENTS, grads_item.bytes, SRC_OFFLOAD))
@@ -618,7 +605,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
         # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
         rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
-        fwd_items, bwd_items, in_layer = _fsdp2.in_layer(unit_bytes, units_bytes, rs_unit, par)
+        reduces = _fsdp2.reduce_adds(par, no_sync)  # the kept reduce-scatter inputs
+        kept_rs = rs_unit if reduces else 0
+        fwd_items, bwd_items, in_layer = _fsdp2.in_layer(unit_bytes, units_bytes, kept_rs, par)
         unshard_extra, fwd_extra, bwd_extra, bwd_first, bwd_start, bwd_last = in_layer
         root_gathered = gathered(sp.root_numel, root=True)
         first, root_again = _fsdp2.root_unshards(root_gathered, unit_bytes, par)
@@ -627,7 +616,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         first, unshard_extra = first + cast_over, unshard_extra + (cast_over if par.pp == 1 else 0)
         root_rs = 0 if tech.adapter else shard_dt.nbytes(sp.root_numel)
         if par.pp == 1:
-            root_extra = _fsdp2.root_backward(rs_unit, root_rs, root_gathered)
+            root_extra = _fsdp2.root_backward(kept_rs, root_rs, root_gathered) if reduces else 0
         elif not tech.adapter:
             pp_reduce = _fsdp2.pp_reduce(rs_unit, unit_bytes, root_rs, root_gathered, n)
         gathered_bwd = [*gathered_fwd, *bwd_items]
@@ -661,24 +650,31 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
             "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
         )
+    accumulated = _fsdp2.accumulated(tech, par, sp, shard_dt, no_sync) or _nosync.unsharded_grads(
+        par, adapter=bool(tech.adapter), mixed=mixed, trainable=loc.trainable, numel=loc.numel,
+        grad_dt=tech.grad if tech.adapter else gather_dt, no_sync=no_sync,
+    )  # fmt: skip
+    kept_whole = accumulated is not None  # unsharded on the GPU, whatever the offload
     if mixed:
         kept = "; with gradient accumulation (no_sync) kept unsharded between micro-batches"
         notes.append(
             "FSDP1 with the adapters inside the layer units (use_orig_params): each unit's gradient covers "
-            "the whole unit, frozen weights included" + (kept if accumulated else "")
+            "the whole unit, frozen weights included" + (kept if kept_whole else "")
         )
-    accumulated = accumulated or _fsdp2.pp_accumulated(tech, par, sp, shard_dt) or grads_item
+    if setup.grad_accum > 1 and par.pp == 1:
+        notes.append(_nosync.sync_note(setup, kept_whole))
+    accumulated = accumulated or grads_item
     whole_embedding = _fsdp2.whole_embedding_grad(tech, par, sp, tech.grad) if par.fsdp_version == 2 else 0
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
         grads_kept=grads_kept,
-        accumulated=() if offload else (accumulated,), grads_backward=(),
+        accumulated=() if offload and not kept_whole else (accumulated,), grads_backward=(),
         gathered_forward=tuple(gathered_fwd), gathered_backward=tuple(gathered_bwd),
         step=tuple(step), step_grads=() if offload else (grads_item,), cpu=tuple(cpu), nvme_bytes=0,
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
         layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
         layer_backward_last_extra=bwd_last,
-        root_grads_deferred=_fsdp2.root_grads_whole(tech, par), root_backward_extra=root_extra,
+        root_grads_deferred=_fsdp2.root_grads_whole(tech, par, no_sync), root_backward_extra=root_extra,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip

@@ -350,7 +350,11 @@ HF_FSDP_DEFAULT_VERSION = 2
 _BATCH_ROWS = (
     Row("per_device_train_batch_size", "batch", as_int),
     Row("gradient_accumulation_steps", "grad_accum", as_int),
-)
+    # transformers 5.23 trainer.py _inner_training_loop: every micro-batch synced with sync_each_batch
+    # (peakmem.defaults GRAD_SYNC: accelerate's no_sync otherwise)
+    Row("accelerator_config.gradient_accumulation_kwargs.sync_each_batch", "grad_sync",
+        lambda m, key, value: None if value is None else ("each-micro-batch" if truthy(value) else None)),
+)  # fmt: skip
 
 
 def common_hf(

@@ -101,6 +101,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "batch": "batch",
     "seq": "seq",
     "grad_accum": "grad-accum",
+    "grad_sync": "grad-sync",
     "checkpointing": "checkpointing",
     "attention": "attention",
     "framework": "framework",

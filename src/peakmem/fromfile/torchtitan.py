@@ -439,6 +439,9 @@ def _batch(r: _Reader, era: _Era, d: _Degrees) -> None:
         m.set("batch", local, local_key, "per device")
         if accum > 1:
             m.set("grad_accum", accum, global_key, f"{total} / (local batch {local} x dp {dp})")
+            # trainer.py train_step: forward_backward_step per step, no set_requires_gradient_sync
+            m.set("grad_sync", "each-micro-batch", "(torchtitan trainer.py train_step)",
+                  "FSDP reduce-scatters every micro-batch")  # fmt: skip
         for name in ("pp_microbatch_size", "pp_microbatches"):
             r.value(name)
         return

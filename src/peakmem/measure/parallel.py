@@ -29,6 +29,10 @@ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a):
   forward), ``reshard_after_forward`` = not pp (``torchtitan/distributed/fsdp.py``
   ``get_fsdp_reshard_after_forward_policy("default", pp_enabled)``); mixed precision through
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+* gradient accumulation as the setup's loop runs it (peakmem.defaults ``skips_grad_sync``): torchtitan's
+  (``grad_sync`` each-micro-batch) reduce-scatters in every micro-batch's backward; accelerate's
+  ``no_sync`` (last-micro-batch) calls ``set_requires_gradient_sync(False)`` on the root before every
+  micro-batch but the last (accelerate 1.16 accelerator.py ``Accelerator.no_sync``);
 * PP (``torchtitan/distributed/pipeline_parallel.py``): contiguous stages of decoder layers, the first
   with the embedding, the last with the final norm, head and loss; ``torch.distributed.pipelining``
   ``PipelineStage`` with static input/output shapes and ``Schedule1F1B`` / ``ScheduleGPipe`` over
@@ -58,6 +62,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
+from peakmem.defaults import skips_grad_sync
 from peakmem.errors import InputError
 from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
@@ -508,8 +513,9 @@ def _measure(
     step_fn = (
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
-        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value)
-    )
+        else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value,
+                         no_sync=par.fsdp is not FsdpMode.NONE and skips_grad_sync(setup))
+    )  # fmt: skip
     with tracker:
         tracker.set_phase(Phase.LOAD, 0)
         tracker.watch_gradients(model.named_parameters())
@@ -578,9 +584,13 @@ def _plain_step(
     lp: Callable[[], Any],
     cp_mesh: Any = None,
     rotate: str = "allgather",
+    no_sync: bool = False,
 ) -> Callable[[torch.Tensor, int], None]:
     def run(ids: torch.Tensor, step: int) -> None:
-        for chunk in torch.split(ids, setup.micro_batch):
+        chunks = torch.split(ids, setup.micro_batch)
+        for i, chunk in enumerate(chunks):
+            if no_sync:  # accelerate's no_sync under FSDP2: reduce-scatter in the last micro-batch only
+                model.set_requires_gradient_sync(i == len(chunks) - 1)  # type: ignore[operator]
             tracker.set_phase(Phase.FORWARD, step)
             # the positions of the whole sequence: under SP the embedding's output is the rank's
             # sequence shard, from which LlamaModel would derive too few
