@@ -5,7 +5,7 @@ and ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py)
 ``*_all_cold`` printers. This script installs deepspeed==0.19.8 into a throwaway venv under /tmp
 (``DS_BUILD_OPS=0``: no CUDA ops are compiled; torch 2.13.0 is reused from this project's venv
 through a ``.pth`` file, never downloaded), calls those functions for a table of models, GPU counts
-and offload options, and prints them next to :func:`peakmem.formulas.sharding.zero_model_state_terms`
+and offload options, and prints them next to :func:`peakmem.formulas.state_terms.zero_model_state_terms`
 with the difference explained term by term. If deepspeed cannot be installed or imported, it falls
 back to the same formulas reimplemented below from the 0.19.8 source, and says so in the table.
 
@@ -23,7 +23,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from peakmem.formulas.sharding import zero_model_state_terms
+from peakmem.formulas.state_terms import zero_model_state_terms
 from peakmem.model import ModelSpec
 from peakmem.parallel import DS_SUB_GROUP_SIZE, Offload, Parallelism
 from peakmem.resolve import resolve_model

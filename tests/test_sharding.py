@@ -14,7 +14,7 @@ from peakmem.breakdown import Category, MemoryItem, Phase
 from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
 from peakmem.formulas import model_parallel as mp
-from peakmem.formulas import sharding
+from peakmem.formulas import sharding, state_terms
 from peakmem.formulas.activations import LayerActivations
 from peakmem.formulas.technique import technique
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
@@ -231,9 +231,9 @@ def test_deepspeed_estimator_match() -> None:
     spec = resolve_model("gpt2-xl")
     p, largest = spec.params, 50257 * 1600
     for gpus in (8, 64):
-        z2 = sharding.zero_model_state_terms(spec, TrainingSetup(), Parallelism(gpus=gpus, zero_stage=2))
+        z2 = state_terms.zero_model_state_terms(spec, TrainingSetup(), Parallelism(gpus=gpus, zero_stage=2))
         assert z2.gpu_bytes == pytest.approx(2 * p + 18 * p / gpus, rel=0.01)
-        z3 = sharding.zero_model_state_terms(spec, TrainingSetup(), Parallelism(gpus=gpus, zero_stage=3))
+        z3 = state_terms.zero_model_state_terms(spec, TrainingSetup(), Parallelism(gpus=gpus, zero_stage=3))
         assert z3.gpu_bytes == pytest.approx(4 * largest + 18 * p / gpus + 2 * p / gpus, rel=0.01)
         assert z3.gpu_bytes > 4 * largest + 18 * p / gpus
 

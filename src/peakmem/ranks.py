@@ -17,7 +17,7 @@ from peakmem.breakdown import Estimate, MemoryItem
 from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
 from peakmem.formulas import band as _band
-from peakmem.formulas import long_context, sharding
+from peakmem.formulas import long_context, state_terms
 from peakmem.formulas import nccl as _nccl
 from peakmem.formulas.overhead import Overheads
 from peakmem.model import CostLookup, ModelSpec
@@ -231,7 +231,7 @@ def _rank(
     return RankEstimate(
         role=role, stage=stage, ranks=_stage_ranks(par, stage), estimate=estimate,
         cpu_bytes=sum(i.bytes for i in states.cpu), cpu_items=states.cpu,
-        load_cpu_bytes=sharding.load_bytes_per_rank(est.spec, setup, par, sp),
+        load_cpu_bytes=state_terms.load_bytes_per_rank(est.spec, setup, par, sp),
         nvme_bytes=states.nvme_bytes, nccl_bytes=nccl, no_grad_forward=no_grad_forward(states),
     )  # fmt: skip
 
