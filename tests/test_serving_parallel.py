@@ -100,11 +100,12 @@ def test_sglang_dp_attention_replicates_attention_and_keeps_kv_per_dp_rank() -> 
     # KV: both KV heads on every rank (attention tp 1), 8 / 4 = 2 sequences per DP rank
     assert est.extra["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2
     assert est.extra["kv_needed_bytes"] == 2 * 64 * (2 * 2 * 2 * 16 * 2)
-    # the gathered buffers: (dp + 1) x the 8192-token prefill chunk x hidden 64 x bf16 on top
+    # the gathered buffers: (dp + 1) x the prefill chunk x hidden 64 x bf16 on top; SGLang's
+    # chunked_prefill_size without a GPU is its fallback, 4096 (0.5.5 server_args.py; peakmem.sglang_defaults)
     plain = _est(spec, engine="sglang", tp=4, ep=4, batch=8, context=64)
     acts = {e: next(i.bytes for i in x.items if i.category.value == "activations") for e, x in
             (("dpa", est), ("plain", plain))}  # fmt: skip
-    assert acts["dpa"] - acts["plain"] == 5 * 8192 * 64 * 2
+    assert acts["dpa"] - acts["plain"] == 5 * 4096 * 64 * 2
 
 
 def test_the_deployment_serves_dp_times_a_rank_pool() -> None:

@@ -388,18 +388,19 @@ class InferAnswer:
 
 
 def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overheads: Any = None) -> InferAnswer:
-    """Estimate ``setup`` without the GPU (SGLang's CUDA graphs, the one term that depends on it, at the
-    cuda_graph_max_bs it picks for the one GPU named) and judge it on each of ``gpus`` with
-    :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments, fragmentation, a
-    calibrated profile)."""
+    """Estimate ``setup`` without the GPU (SGLang's CUDA graphs and prefill chunk, the terms that depend on
+    it, at the cuda_graph_max_bs and chunked_prefill_size it picks for the one GPU named) and judge it on
+    each of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments,
+    fragmentation, a calibrated profile)."""
     from dataclasses import replace
 
     from peakmem.formulas.serving import estimate_inference, serving_fit
 
     alone = replace(setup, gpu_bytes=None)
-    if len(gpus) == 1 and setup.engine.value == "sglang":  # SGLang captures up to its max bs for that GPU
-        max_bs = setup.sglang_defaults(gpus[0].usable_bytes).cuda_graph_max_bs
-        alone = replace(alone, cuda_graph_max_bs=max_bs)
+    if len(gpus) == 1 and setup.engine.value == "sglang":  # SGLang's own tier for that GPU
+        tier = setup.sglang_defaults(gpus[0].usable_bytes)
+        alone = replace(alone, cuda_graph_max_bs=tier.cuda_graph_max_bs,
+                        prefill_chunk=tier.chunked_prefill_size)  # fmt: skip
     est = estimate_inference(spec, alone, overheads=overheads)
     est = replace(est, warnings=weight_warnings(spec, inference=setup))
     fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)

@@ -5,9 +5,11 @@ Engines, as people run them: ``hf`` (transformers ``generate``: :mod:`.generate`
 share (the resolved request, weights per tensor-parallel rank, KV cache, recurrent state) is in
 :mod:`.context`; the forward's layer temporaries in :mod:`.forward`.
 
-What a request needs does not depend on the GPU: :func:`estimate_inference` reports it
-(:mod:`.estimate`). Whether it fits one GPU is :func:`serving_fit`'s answer (:mod:`.fit`): for
-vLLM/SGLang, whether the pool the engine carves out of that GPU holds the request.
+What a request needs does not depend on the GPU, except where the engine itself sizes by it (SGLang's
+cuda_graph_max_bs and chunked_prefill_size: peakmem.sglang_defaults, from ``setup.gpu_bytes`` when a GPU is
+named): :func:`estimate_inference` reports it (:mod:`.estimate`). Whether it fits one GPU is
+:func:`serving_fit`'s answer (:mod:`.fit`): for vLLM/SGLang, whether the pool the engine carves out of that
+GPU holds the request.
 """
 
 from peakmem.formulas.serving.estimate import estimate_inference

@@ -72,7 +72,11 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
-    chunk = s.prefill_chunk or VLLM_MAX_NUM_BATCHED_TOKENS
+    # the prefill chunk: vLLM's max_num_batched_tokens; SGLang's chunked_prefill_size by GPU tier (the
+    # given --prefill-chunk kept; peakmem.sglang_defaults)
+    sglang = s.engine is Engine.SGLANG
+    chunk = s.sglang_defaults(s.gpu_bytes).chunked_prefill_size if sglang else s.prefill_chunk
+    chunk = chunk or VLLM_MAX_NUM_BATCHED_TOKENS
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
     max_num_seqs = s.max_num_seqs if s.max_num_seqs is not None else VLLM_MAX_NUM_SEQS
