@@ -24,6 +24,7 @@ from peakmem.training import (  # noqa: E402
     KernelPolicy,
     OptimizerImpl,
     Precision,
+    ReduceDtype,
     TrainingSetup,
 )
 
@@ -33,6 +34,7 @@ TOLERANCE = 0.03
 SETUP = TrainingSetup(
     precision=Precision.FP32, micro_batch=2, seq_len=64, grad_accum=2, kernel_policy=KernelPolicy.CPU,
     optimizer_impl=OptimizerImpl.FOREACH, grad_sync=GradSync.LAST,
+    fsdp_reduce_dtype=ReduceDtype.FP32,  # the policy these cases were measured under (torchtitan's)
 )  # fmt: skip
 FSDP4 = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
 # TINY_LLAMA's elements: 2 layer units of 181,504 and the root (embedding, final norm, head) of 131,200
