@@ -39,7 +39,11 @@ How the facts become options (the choices a reader should check; none is tuned t
   which ``amp-bf16`` would add: 13 GiB on the 8B); with float8 Linears ``precision='float8-tensorwise'``
   (torchao's tensorwise recipe, torchtitan's default then), which peakmem prices on mixed-bf16 states;
   ``job.float8_fsdp_all_gather`` true (torchtitan's ``[float8] enable_fsdp_float8_all_gather``) ->
-  ``float8_all_gather=True`` (the layer units gathered in float8), null or false -> off.
+  ``float8_all_gather=True`` (the layer units gathered in float8), null or false -> off. Its reduce
+  dtype is fp32 (torchtitan@9dec370 ``config_manager.py`` ``--training.mixed_precision_reduce`` default
+  ``"float32"``, read by ``parallelize_llama.py`` ``apply_fsdp``; 238fa995 ``config/job_config.py``
+  ``mixed_precision_reduce: Literal["float32"] = "float32"``): ``fsdp2-mp-bf16`` -> also
+  ``fsdp_reduce_dtype='fp32'``, not the HF default (accelerate's param dtype).
 * ``job.deepspeed_zero`` (the ``zero_optimization`` section a framework builds: Lightning 1.7's
   ``DeepSpeedStrategy`` sets 2e8-element buckets and ``sub_group_size=1e12``) is written to a DeepSpeed
   JSON and passed as ``from_file``, as ``peakmem train --from ds.json`` reads it.
@@ -200,6 +204,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["lora_targets"] = ",".join(job["lora_targets"])
     if job.get("double_quant") is False:
         opts["no_double_quant"] = True
+    if job.get("precision_id") == "fsdp2-mp-bf16":  # torchtitan's MixedPrecisionPolicy(reduce_dtype=fp32)
+        opts["fsdp_reduce_dtype"] = "fp32"
     if job.get("float8_fsdp_all_gather"):  # torchao enable_fsdp_float8_all_gather (null / false: off)
         opts["float8_all_gather"] = True
     if job.get("zero_grad_set_to_none") is False:  # the loop's zero_grad keeps the gradients (torch < 2.0)

@@ -53,6 +53,7 @@ def test_llama3_8b_on_64_gpus() -> None:
         "seq": 8192,  # training.seq_len
         "batch": 1,  # training.local_batch_size
         "precision": "mixed-bf16",  # mixed_precision_param default bfloat16 under FSDP2, no autocast
+        "fsdp_reduce_dtype": "fp32",  # training.mixed_precision_reduce default float32
         "checkpointing": "op",  # selective + selective_ac_option 'op'
         "optimizer": "adamw",  # optimizer.name AdamW
         "optimizer_impl": "fused",  # optimizer.implementation default at 238fa995
@@ -71,6 +72,7 @@ def test_llama3_405b_2024_layout_on_64_gpus() -> None:
         "seq": 8192,
         "batch": 2,  # training.batch_size (renamed local_batch_size in 2025-06)
         "precision": "float8-tensorwise",  # [float8] enable_float8_linear, no recipe then
+        "fsdp_reduce_dtype": "fp32",  # training.mixed_precision_reduce default float32 (9dec370)
         "float8_all_gather": True,  # enable_fsdp_float8_all_gather with dp_shard 8 > 1
         "checkpointing": "full",
         "compile": True,  # training.compile; the loss stays eager at 9dec370
@@ -91,6 +93,7 @@ def test_deepseek_16b_moe_with_ep() -> None:
         "seq": 4096,
         "batch": 4,
         "precision": "mixed-bf16",
+        "fsdp_reduce_dtype": "fp32",
         "checkpointing": "op",
         "loss": "compiled",  # [compile] enable, components ["loss"]: the model is not compiled
         "optimizer": "adamw",
@@ -263,11 +266,12 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     [
         (LLAMA3_8B, 64, ["llama-3.1-8b", "--fsdp", "full-shard", "--fsdp-version", "2", "--seq", "8192",
                          "--batch", "1", "--precision", "mixed-bf16", "--checkpointing", "op",
-                         "--optimizer", "adamw", "--optimizer-impl", "fused"]),
+                         "--optimizer", "adamw", "--optimizer-impl", "fused", "--fsdp-reduce-dtype", "fp32"]),
         (LLAMA3_405B, 64, ["llama-3.1-405b", "--fsdp", "full-shard", "--fsdp-version", "2", "--tp", "8",
                            "--sp", "--seq", "8192", "--batch", "2", "--precision", "float8-tensorwise",
                            "--float8-all-gather", "--checkpointing", "full", "--compile",
-                           "--optimizer", "adamw", "--optimizer-impl", "foreach"]),
+                           "--optimizer", "adamw", "--optimizer-impl", "foreach",
+                           "--fsdp-reduce-dtype", "fp32"]),
     ],
     ids=["llama3_8b", "llama3_405b"],
 )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from peakmem.dtypes import BF16, FP32
 from peakmem.formulas import activations as act
 from peakmem.formulas import fsdp2
 from peakmem.formulas import model_parallel as mp
@@ -17,7 +18,7 @@ from peakmem.formulas.technique import technique
 from peakmem.hf import spec_from_config
 from peakmem.model import ModelSpec
 from peakmem.parallel import FsdpMode, Parallelism
-from peakmem.training import KernelPolicy, Precision, TrainingSetup
+from peakmem.training import KernelPolicy, Precision, ReduceDtype, TrainingSetup
 
 # peakmem.measure.parallel.TINY_LLAMA with a narrow MLP (64) and a 64-token vocabulary (the oracle test's
 # ATTENTION_HEAVY): hidden 128, 2 layers, 4 heads of 32, 2 KV heads
@@ -30,7 +31,10 @@ T, H, W = 2 * 64, 128, 64  # tokens (micro-batch 2 x seq 64), hidden, MLP width
 
 
 def _setup(precision: Precision) -> TrainingSetup:
-    return TrainingSetup(precision=precision, micro_batch=2, seq_len=64, kernel_policy=KernelPolicy.CPU)
+    return TrainingSetup(
+        precision=precision, micro_batch=2, seq_len=64, kernel_policy=KernelPolicy.CPU,
+        fsdp_reduce_dtype=ReduceDtype.FP32,  # torchtitan's policy, which the oracle runs
+    )  # fmt: skip
 
 
 def _layer(precision: Precision) -> tuple[ModelSpec, act.Shapes, act.LayerActivations]:
@@ -90,6 +94,16 @@ def test_fsdp_gradients_are_new_bytes_by_hand() -> None:
     pp = Parallelism(gpus=4, pp=2, fsdp=FsdpMode.FULL_SHARD)
     bf16, fp32 = technique(spec, _setup(Precision.MIXED_BF16)), technique(spec, _setup(Precision.FP32))
     assert fsdp2.accumulates_unsharded(bf16, pp) and fsdp2.accumulates_unsharded(fp32, pp)
-    assert fsdp2.accumulates_in_place(fp32, pp) and not fsdp2.accumulates_in_place(bf16, pp)
-    assert fsdp2.root_grads_whole(bf16, pp) and not fsdp2.root_grads_whole(fp32, pp)
-    assert fsdp2.root_grads_whole(fp32, fsdp2x) and not fsdp2.root_grads_whole(fp32, tp2)
+    f32 = fsdp2.reduce_dt(bf16, _setup(Precision.MIXED_BF16))
+    assert f32 is FP32 and fsdp2.reduce_dt(fp32, _setup(Precision.FP32)) is FP32
+    assert fsdp2.accumulates_in_place(fp32, pp, False, FP32) and not fsdp2.accumulates_in_place(
+        bf16, pp, False, f32
+    )
+    assert fsdp2.root_grads_whole(bf16, pp, False, f32) and not fsdp2.root_grads_whole(fp32, pp, False, FP32)
+    assert fsdp2.root_grads_whole(fp32, fsdp2x, False, FP32) and not fsdp2.root_grads_whole(
+        fp32, tp2, False, FP32
+    )
+    # accelerate's policy (reduce_dtype = param_dtype): the bf16 gradients are the accumulator
+    assert fsdp2.accumulates_in_place(bf16, pp, False, BF16) and not fsdp2.root_grads_whole(
+        bf16, pp, False, BF16
+    )

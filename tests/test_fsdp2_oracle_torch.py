@@ -19,13 +19,21 @@ from peakmem.hf import spec_from_config  # noqa: E402
 from peakmem.measure.parallel import TINY_LLAMA  # noqa: E402
 from peakmem.parallel import FsdpMode, Parallelism  # noqa: E402
 from peakmem.ranks import estimate_ranks  # noqa: E402
-from peakmem.training import GradSync, KernelPolicy, OptimizerImpl, Precision, TrainingSetup  # noqa: E402
+from peakmem.training import (  # noqa: E402
+    GradSync,
+    KernelPolicy,
+    OptimizerImpl,
+    Precision,
+    ReduceDtype,
+    TrainingSetup,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 SETUP = TrainingSetup(
     precision=Precision.FP32, micro_batch=2, seq_len=64, grad_accum=2, kernel_policy=KernelPolicy.CPU,
     optimizer_impl=OptimizerImpl.FOREACH, grad_sync=GradSync.EACH,  # torchtitan's loop: no no_sync
+    fsdp_reduce_dtype=ReduceDtype.FP32,  # torchtitan's MixedPrecisionPolicy(reduce_dtype=float32)
 )  # fmt: skip
 
 

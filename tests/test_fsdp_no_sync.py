@@ -21,13 +21,16 @@ from peakmem.formulas import sharding
 from peakmem.formulas.technique import technique
 from peakmem.parallel import FsdpMode, Offload, Parallelism
 from peakmem.ranks import estimate_ranks
-from peakmem.training import Framework, GradSync, Method, Precision, TrainingSetup
+from peakmem.training import Framework, GradSync, Method, Precision, ReduceDtype, TrainingSetup
 from test_parallel import tiny
 
 PARAMS = 276_032
 UNIT = 36_992
 FP32, BF16 = 4, 2
 SETUP = TrainingSetup(seq_len=64, precision=Precision.MIXED_BF16, grad_accum=4)
+# torchtitan's reduce dtype (fp32), which the no_sync cases below were derived and measured under; the HF
+# default (accelerate: the param dtype) is tests/test_fsdp_reduce_dtype.py's
+TITAN = replace(SETUP, fsdp_reduce_dtype=ReduceDtype.FP32)
 FSDP2 = Parallelism(gpus=2, fsdp=FsdpMode.FULL_SHARD)
 
 
@@ -54,9 +57,9 @@ def test_framework_defaults() -> None:
 def test_fsdp2_keeps_the_unsharded_gradients_in_the_reduce_dtype() -> None:
     """FSDP2 mixed-bf16 (fp32 shards, reduce dtype fp32): no_sync keeps every parameter's fp32
     gradient whole, 4 x 276,032; synced each micro-batch, the fp32 shards, 4 x 138,016."""
-    (acc,) = _states(SETUP).accumulated
+    (acc,) = _states(TITAN).accumulated
     assert acc.bytes == FP32 * PARAMS == 1_104_128 and "set_requires_gradient_sync" in acc.path
-    assert _accumulated(replace(SETUP, grad_sync=GradSync.EACH)) == FP32 * PARAMS // 2 == 552_064
+    assert _accumulated(replace(TITAN, grad_sync=GradSync.EACH)) == FP32 * PARAMS // 2 == 552_064
 
 
 def test_fsdp2_no_sync_keeps_no_reduce_scatter_input() -> None:
@@ -64,7 +67,7 @@ def test_fsdp2_no_sync_keeps_no_reduce_scatter_input() -> None:
     prefetched output and the previous unit's kept fp32 reduce-scatter input (2 x 2 x 36,992 +
     4 x 36,992); under no_sync the micro-batches but the last reduce nothing and the last one's input
     replaces the gradient it copies (fsdp2.reduce_adds): the two units only, the last layer one."""
-    each, last = _states(replace(SETUP, grad_sync=GradSync.EACH)), _states(SETUP)
+    each, last = _states(replace(TITAN, grad_sync=GradSync.EACH)), _states(TITAN)
     assert each.layer_backward_extra == 2 * BF16 * UNIT + FP32 * UNIT == 295_936
     assert last.layer_backward_extra == 2 * BF16 * UNIT == 147_968
     assert (each.layer_backward_last_extra, last.layer_backward_last_extra) == (221_952, 73_984)
@@ -75,9 +78,9 @@ def test_fsdp2_root_gradients_added_in_place_when_dtypes_match() -> None:
     """fp32 under no_sync: AccumulateGrad adds the head's new gradient into the accumulated fp32 one (no
     whole root gradient held through backward); mixed-bf16 writes new bf16 ones, held until the root's
     post-backward, as when synced every micro-batch."""
-    fp32 = replace(SETUP, precision=Precision.FP32)
+    fp32 = replace(TITAN, precision=Precision.FP32)
     assert not _states(fp32).root_grads_deferred
-    assert _states(SETUP).root_grads_deferred
+    assert _states(TITAN).root_grads_deferred
     assert _states(replace(fp32, grad_sync=GradSync.EACH)).root_grads_deferred
 
 
@@ -124,7 +127,7 @@ def test_the_forward_of_a_later_micro_batch_holds_the_difference() -> None:
     spec = tiny()
 
     def phases(sync: GradSync) -> dict[Phase, int]:
-        est = estimate_ranks(spec, replace(SETUP, grad_sync=sync), FSDP2).ranks[0].estimate
+        est = estimate_ranks(spec, replace(TITAN, grad_sync=sync), FSDP2).ranks[0].estimate
         return {p.phase: p.bytes for p in est.phases}
 
     last, each = phases(GradSync.LAST), phases(GradSync.EACH)
@@ -133,7 +136,7 @@ def test_the_forward_of_a_later_micro_batch_holds_the_difference() -> None:
 
 
 def test_api_echoes_the_default_and_refuses_a_bad_value() -> None:
-    opts = {"seq": 1024, "gpus": 8, "fsdp": "full-shard", "grad_accum": 4}
+    opts = {"seq": 1024, "gpus": 8, "fsdp": "full-shard", "grad_accum": 4, "fsdp_reduce_dtype": "fp32"}
     auto = peakmem.train("llama-3.1-8b", **opts).data
     each = peakmem.train("llama-3.1-8b", grad_sync="each-micro-batch", **opts).data
     assert auto["setup"]["grad_sync"] == "auto"

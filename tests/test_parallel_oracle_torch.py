@@ -43,6 +43,7 @@ from peakmem.training import (  # noqa: E402
     KernelPolicy,
     OptimizerImpl,
     Precision,
+    ReduceDtype,
     TrainingSetup,
 )
 
@@ -52,6 +53,7 @@ TOLERANCE = 0.03
 SETUP = TrainingSetup(
     precision=Precision.FP32, micro_batch=2, seq_len=64, grad_accum=2, kernel_policy=KernelPolicy.CPU,
     optimizer_impl=OptimizerImpl.FOREACH, grad_sync=GradSync.EACH,  # torchtitan's loop: no no_sync
+    fsdp_reduce_dtype=ReduceDtype.FP32,  # torchtitan's MixedPrecisionPolicy(reduce_dtype=float32)
 )  # fmt: skip
 # Layouts whose estimate is still outside the tolerance on some phase (oracle errors measured with
 # benchmarks/parallel_oracle.py), with why.

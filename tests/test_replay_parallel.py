@@ -19,7 +19,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.step_sequence import LayerTensors, StepTensors, _replay
 from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.resolve import resolve_model
-from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
+from peakmem.training import Checkpointing, Method, Precision, ReduceDtype, TrainingSetup
 from peakmem.units import MiB
 
 W, S, F = 12 * MiB, 12 * MiB, 64 * MiB  # a weight shard, a layer's checkpoint, a T x V/tp fp32 shard
@@ -185,7 +185,9 @@ def test_a_sharded_rank_reserves_its_default_stream_replay_beside_its_side_strea
 
     monkeypatch.setattr("peakmem.step_parts._seq.replay_steps", record)
     par = LAYOUTS["fsdp2"]
-    setup = replace(SETUP, micro_batch=1)
+    # torchtitan's fp32 reduce: its larger reduce-scatter inputs make the replay decide (under the HF
+    # default's bf16 ones the closed form does)
+    setup = replace(SETUP, micro_batch=1, fsdp_reduce_dtype=ReduceDtype.FP32)
     est, rs, _ = TrainingEstimator(SPEC).rank(setup, par)
     closed = _est(par, setup, Overheads(fragmentation=DEFAULT_FRAGMENTATION))
     pools = rs.side_pools.reduce_scatter + rs.side_pools.all_gather

@@ -7,6 +7,7 @@ o 4,096, gate/up/down 8,192 each, 2 norms x 64 (36,992); final norm 64; head 64,
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -19,11 +20,12 @@ from peakmem.formulas.activations import LayerActivations
 from peakmem.formulas.technique import technique
 from peakmem.parallel import FsdpMode, Offload, Parallelism, PipelineSchedule
 from peakmem.ranks import estimate_ranks
-from peakmem.training import AttentionKernel, Checkpointing, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, ReduceDtype, TrainingSetup
 from test_parallel import tiny
 
 P = 276_032
 SETUP = TrainingSetup(seq_len=64)
+TITAN = replace(SETUP, fsdp_reduce_dtype=ReduceDtype.FP32)  # torchtitan's FSDP2 reduce dtype
 
 
 def _stage(par: Parallelism, stage: int = 0) -> mp.StageParams:
@@ -135,7 +137,7 @@ def test_fsdp2_dim0_padding_by_hand() -> None:
 
 def test_fsdp_states_are_fp32_shards() -> None:
     par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
-    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), TITAN), TITAN, par, _stage(par))
     rows = _rows(st)
     assert rows["sharded parameters (fp32, master) (1/4 shard)"] == 4 * P // 4
     assert not any(r.category is Category.MASTER_WEIGHTS for r in st.rows)  # the shard is the master
@@ -168,7 +170,7 @@ def test_fsdp2_under_tp_and_pp_by_hand() -> None:
     """FSDP2 x TP2 x PP2 (8 GPUs, dp 2), first stage (embedding + 2 layers), mixed-bf16
     (formulas/fsdp2.py; measured by measure/parallel.py)."""
     par = Parallelism(gpus=8, tp=2, pp=2, fsdp=FsdpMode.FULL_SHARD)
-    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, par, _stage(par))
+    st = sharding.rank_states(technique(tiny(), TITAN), TITAN, par, _stage(par))
     root, unit = 32_000, 18_560  # TP-local: the vocab-parallel embedding's rows, one layer
     # the first micro-batch's first layer unit: root params and all-gather output, the unit's (bf16)
     assert st.first_unshard == 2 * (2 * root) + 2 * (2 * unit) == 202_240

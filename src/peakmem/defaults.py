@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from peakmem.training import Framework, GradSync, OptimizerImpl, OptimizerName, Precision, TrainingSetup
+from peakmem.training import (
+    Framework,
+    GradSync,
+    OptimizerImpl,
+    OptimizerName,
+    Precision,
+    ReduceDtype,
+    TrainingSetup,
+)
 
 _ADAM = (OptimizerName.ADAMW, OptimizerName.ADAM)
 _MASTER = (Precision.MIXED_BF16, Precision.MIXED_FP16)
@@ -105,3 +113,45 @@ def skips_grad_sync(setup: TrainingSetup) -> bool:
     if sync is GradSync.AUTO:
         sync = GradSync(grad_sync(setup).value)
     return sync is GradSync.LAST
+
+
+# The dtype FSDP reduce-scatters in (and FSDP2 accumulates unsharded gradients in under no_sync / PP).
+# Read at: accelerate 1.16 state.py ``AcceleratorState.__init__`` (``fsdp_plugin.set_mixed_precision(
+# mixed_precision)`` whenever mixed precision is on) and utils/dataclasses.py
+# ``FullyShardedDataParallelPlugin.set_mixed_precision`` (``dtype_args = {"param_dtype": dtype,
+# "reduce_dtype": dtype}``, FSDP1's ``MixedPrecision`` and FSDP2's ``MixedPrecisionPolicy`` alike, unless
+# the user gives a ``mixed_precision_policy``); torchtune bd2a0fc torchtune/training/_distributed.py
+# ``shard_model`` (``fsdp_kwargs``: reshard_after_forward and mesh, no ``mp_policy``: torch 2.13
+# _fsdp_param.py ``init_dtype_attrs`` reduces in the gradients' dtype); torchtitan 238fa995
+# torchtitan/config/job_config.py (b5bcd76 config/configs.py) ``mixed_precision_reduce: Literal["float32"]
+# = "float32"``: no Framework row (torchtitan's model code is not one), its setups say fp32 (--from
+# torchtitan, benchmarks/published_scale.py).
+REDUCE_DTYPE: tuple[Default, ...] = (
+    Default(
+        option="fsdp_reduce_dtype", value=ReduceDtype.PARAM.value,
+        who="accelerate (HF Trainer) sets FSDP's MixedPrecision(Policy)(param_dtype=dtype, "
+        "reduce_dtype=dtype): the gradients are reduced, and kept under no_sync, in the 16-bit param dtype",
+        source="accelerate 1.16 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision, "
+        "called by state.py AcceleratorState.__init__",
+        applies=lambda opt, prec, fw: fw in (Framework.HF, Framework.UNSLOTH),
+    ),
+    Default(
+        option="fsdp_reduce_dtype", value=ReduceDtype.PARAM.value,
+        who="torchtune's fully_shard has no MixedPrecisionPolicy: FSDP2 reduces in the gradients' dtype",
+        source="torchtune training/_distributed.py shard_model (fsdp_kwargs without mp_policy); torch "
+        "_fsdp_param.py init_dtype_attrs",
+        applies=lambda opt, prec, fw: True,
+    ),
+)  # fmt: skip
+
+
+def fsdp_reduce(setup: TrainingSetup) -> Default:
+    """The row of :data:`REDUCE_DTYPE` that decides ``fsdp_reduce_dtype=auto`` for this setup."""
+    return next(d for d in REDUCE_DTYPE if d.applies(setup.optimizer, setup.precision, setup.framework))
+
+
+def reduce_dtype(setup: TrainingSetup) -> ReduceDtype:
+    """FSDP's reduce dtype for this setup, never ``auto``: the one asked, or the framework's."""
+    if setup.fsdp_reduce_dtype is ReduceDtype.AUTO:
+        return ReduceDtype(fsdp_reduce(setup).value)
+    return setup.fsdp_reduce_dtype

@@ -108,6 +108,10 @@ OPTIONS: tuple[Option, ...] = (
        "framework's: hf = HF Trainer / accelerate no_sync, last; torchtune each)|each-micro-batch|"
        "last-micro-batch (no_sync: the unsharded gradients kept between micro-batches)",
        choices=("auto", "each-micro-batch", "last-micro-batch")),
+    _o("fsdp_reduce_dtype", str, AUTO, T, "FSDP's reduce dtype (reduce-scatter; FSDP2's unsharded "
+       "gradients under no_sync / PP): auto (the framework's: hf = accelerate, the param dtype)|param|"
+       "fp32 (torchtitan)|bf16|fp16",
+       choices=("auto", "param", "fp32", "bf16", "fp16")),
     _o("checkpointing", str, "none", T,
        "none|selective|op|full|every-N (op: torchtitan's op-level SAC; every-N: full checkpointing of "
        "every N-th layer, e.g. every-2)"),

@@ -42,7 +42,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.model import CostLookup, ModelSpec, linear
 from peakmem.post_training import Objective, PostTraining, Reference
-from peakmem.training import GradSync, LossImpl, Method, TrainingSetup
+from peakmem.training import GradSync, LossImpl, Method, ReduceDtype, TrainingSetup
 
 if TYPE_CHECKING:
     from peakmem.jobs import _Roles
@@ -89,10 +89,14 @@ def actor_setup(setup: TrainingSetup, post: PostTraining) -> TrainingSetup:
     """The actor's update: verl's logits-then-log-prob loss over the response (and the entropy from the
     same logits when ``entropy_coeff`` != 0 or ``calculate_entropy``). Its micro-batches each run
     ``loss.backward()`` with the gradients synced (verl b178a3c verl/workers/actor/dp_actor.py
-    ``update_policy``: no no_sync), so ``grad_sync`` auto is each-micro-batch."""
+    ``update_policy``: no no_sync), so ``grad_sync`` auto is each-micro-batch; its FSDP reduces in fp32
+    (verl/workers/fsdp_workers.py ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)``), so
+    ``fsdp_reduce_dtype`` auto is fp32."""
     loss = LossImpl.LOGITS_LOGPROB_ENTROPY if post.entropy else LossImpl.LOGITS_LOGPROB
     sync = GradSync.EACH if setup.grad_sync is GradSync.AUTO else setup.grad_sync
-    return replace(setup, loss=loss, scored_tokens=post.completion, grad_sync=sync)
+    auto = setup.fsdp_reduce_dtype is ReduceDtype.AUTO
+    reduce = ReduceDtype.FP32 if auto else setup.fsdp_reduce_dtype
+    return replace(setup, loss=loss, scored_tokens=post.completion, grad_sync=sync, fsdp_reduce_dtype=reduce)
 
 
 def _item(path: str, category: Category, nbytes: int, key: str, source: str = SRC_FIT) -> MemoryItem:

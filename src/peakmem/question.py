@@ -223,6 +223,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         OptimizerImpl,
         OptimizerName,
         Precision,
+        ReduceDtype,
         parse_checkpointing,
     )
 
@@ -248,6 +249,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
         grads_set_to_none=not o.get("keep_grads", False),
         grad_sync=GradSync.parse(o.get("grad_sync", opt.AUTO), "grad_sync"),
+        fsdp_reduce_dtype=ReduceDtype.parse(o.get("fsdp_reduce_dtype", opt.AUTO), "fsdp_reduce_dtype"),
         float8_all_gather=o.get("float8_all_gather", False),
         tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip

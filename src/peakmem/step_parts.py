@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from peakmem.breakdown import Category, MemoryItem, PerParamRow, PhasePeak
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
+from peakmem.formulas import fsdp2 as _fsdp2
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import step_sequence as _seq
@@ -325,7 +326,8 @@ def sharded_parts(
       reshard (after forward; after its backward); autograd's unsharded gradients in the parameter dtype;
       at its ``post_backward`` the reshard, the previous unit's reduce-scatter input reclaimed
       (``reduce_scatter_max_input_buffers = 1``), its own allocated in the reduce dtype (``world x`` the
-      padded shard: the sharded dtype, torchtitan ``mixed_precision_reduce = float32``) and the
+      padded shard; fsdp2.reduce_dt: accelerate's param dtype, torchtitan's
+      ``mixed_precision_reduce = float32``) and the
       gradients freed after the copy-in; the reduce-scatter output (the sharded ``.grad``) is the
       reduce-scatter stream's; under torchao's float8 all-gather a converted Linear weight's unsharded
       parameter is its 1-byte float8 data (its cast before the all-gather is the copy-in stream's). The
@@ -349,6 +351,7 @@ def sharded_parts(
     spec = tech.spec
     n = par.shard_degree
     shard_dt = tech.master or tech.weight
+    reduce = _fsdp2.reduce_dt(tech, setup).nbytes
     gather, grad = tech.weight.nbytes, tech.grad.nbytes
     v2 = par.fsdp_version == 2
 
@@ -395,7 +398,7 @@ def sharded_parts(
         layers.append(replace(
             g, grads=tuple(grad(lt.numel) for lt in reversed(per) if lt.numel),
             unshard=tuple(u for u in unshard if u) if v2 else (),
-            reduce_input=shard_dt.nbytes(padded) if v2 else 0,
+            reduce_input=reduce(padded) if v2 else 0,
             flat_grad=0 if v2 else grad(n * mp.cdiv(sum(lt.numel for lt in per), n)),
         ))  # fmt: skip
     # FSDP2 + TP: the vocab-parallel embedding's gradient is written whole (fsdp2.whole_embedding_grad)
@@ -410,7 +413,7 @@ def sharded_parts(
         head_grads=tuple(grad(lt.numel) for lt in reversed(last) if lt.numel), end_grads=tuple(end),
         master_grads=(), step_temporaries=tuple(temps), grads_resident=False, sharded=True,
         root_unshard=tuple(gather(_padded(lt, n)) for lt in root if lt.numel) if v2 else (),
-        root_reduce=shard_dt.nbytes(sum(_padded(lt, n) for lt in root)) if v2 else 0,
+        root_reduce=reduce(sum(_padded(lt, n) for lt in root)) if v2 else 0,
         root_flat_grad=0 if v2 else grad(n * mp.cdiv(root_numel, n)),
         keep_units=v2 and par.fsdp is FsdpMode.SHARD_GRAD_OP, loss_parallel=loss, head_gather=gather_in,
         head_input_grad=input_grad,

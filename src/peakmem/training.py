@@ -184,6 +184,23 @@ class GradSync(Choice):
     LAST = "last-micro-batch"
 
 
+class ReduceDtype(Choice):
+    """The dtype FSDP reduce-scatters gradients in, and FSDP2 keeps them accumulated unsharded in
+    between micro-batches (peakmem.defaults ``REDUCE_DTYPE``; what it costs: peakmem.formulas.sharding).
+
+    * ``param``: the gathered parameters' dtype, the gradients' as autograd writes them (accelerate's
+      ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``; FSDP2 with no ``reduce_dtype``);
+    * ``fp32`` / ``bf16`` / ``fp16``: that dtype (torchtitan ``mixed_precision_reduce = "float32"``);
+    * ``auto``: what the setup's framework runs (peakmem.defaults ``fsdp_reduce``).
+    """
+
+    AUTO = "auto"
+    PARAM = "param"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 class KernelPolicy(Choice):
     """Which device's kernels decide the bytes (DESIGN.md: CUDA by default)."""
 
@@ -202,6 +219,7 @@ _CHOICE_FIELDS: tuple[tuple[str, type[Choice]], ...] = (
     ("kernel_policy", KernelPolicy),
     ("loss", LossImpl),
     ("grad_sync", GradSync),
+    ("fsdp_reduce_dtype", ReduceDtype),
 )
 
 
@@ -227,6 +245,8 @@ class TrainingSetup:
     # with grad_accum > 1, when the gradients are reduced: every micro-batch, or only the last (no_sync:
     # FSDP keeps the unsharded gradients between micro-batches); auto: the framework's (peakmem.defaults)
     grad_sync: GradSync = GradSync.AUTO
+    # FSDP's reduce dtype (reduce-scatter, FSDP2's unsharded accumulation); auto: the framework's
+    fsdp_reduce_dtype: ReduceDtype = ReduceDtype.AUTO
     # Fine-tuning on a budget (peakmem.adapters; formulas lora / qlora / lowbit_optim):
     lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
     quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant

@@ -12,8 +12,10 @@ on the CPU, which has no streams, so benchmarks/gpu_fixtures.py ``--only fsdp`` 
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.dtypes import DType
+from peakmem.defaults import fsdp_reduce, reduce_dtype
+from peakmem.dtypes import BF16, FP16, FP32, DType
 from peakmem.parallel import FsdpMode, Parallelism
+from peakmem.training import ReduceDtype, TrainingSetup
 
 from .model_parallel import StageParams, cdiv, dtensor_embedding_grad_extra
 from .stream_pools import NO_POOLS as NO_POOLS  # one concept, in stream_pools.py; re-exported
@@ -31,6 +33,32 @@ SRC_STREAM_POOLS = (
 SRC_FSDP_ROOT_RS = (
     "torch fsdp2 _fsdp_state.py _root_post_backward_final_callback: the root unit reduce-scatters last"
 )
+
+
+_REDUCE_DTYPES = {ReduceDtype.FP32: FP32, ReduceDtype.BF16: BF16, ReduceDtype.FP16: FP16}
+
+
+def reduce_dt(tech: Technique, setup: TrainingSetup) -> DType:
+    """The dtype an FSDP rank reduce-scatters its gradients in and, under FSDP2, accumulates them
+    unsharded in between micro-batches (:func:`accumulated`): the setup's ``fsdp_reduce_dtype``
+    (peakmem.defaults ``reduce_dtype``: the framework's policy unless asked). ``param`` is the dtype
+    autograd writes the gradients in (the gathered parameters'): torch 2.13 _fsdp_param.py
+    ``init_dtype_attrs`` clamps a ``reduce_dtype`` equal to ``param_dtype`` to None and
+    _fsdp_collectives.py ``foreach_reduce`` then reduces in the gradients' dtype (``reduce_dtype or
+    grad_dtype``). Adapters' gradients are reduced in their own dtype whatever is asked (peakmem models
+    no reduce policy for them)."""
+    if tech.adapter:
+        return tech.grad
+    return _REDUCE_DTYPES.get(reduce_dtype(setup), tech.grad)
+
+
+def reduce_note(setup: TrainingSetup, dtype: DType) -> str:
+    """The assumption line naming FSDP's reduce dtype and who decided it."""
+    if setup.fsdp_reduce_dtype is ReduceDtype.AUTO:
+        return f"FSDP reduces gradients in {dtype.name}: {fsdp_reduce(setup).assumption}"
+    return (
+        f"FSDP reduces gradients in {dtype.name} (fsdp-reduce-dtype {setup.fsdp_reduce_dtype.value}, asked)"
+    )
 
 
 def _item(path: str, category: Category, nbytes: int, source: str, key: str = "") -> MemoryItem:
@@ -112,10 +140,11 @@ def accumulates_unsharded(tech: Technique, par: Parallelism, no_sync: bool = Fal
     return par.pp > 1 or no_sync
 
 
-def accumulates_in_place(tech: Technique, par: Parallelism, no_sync: bool = False) -> bool:
+def accumulates_in_place(tech: Technique, par: Parallelism, no_sync: bool, reduce: DType) -> bool:
     """Whether a rank's backward adds each new gradient into the one accumulated unsharded between
     micro-batches (:func:`accumulates_unsharded`) with no new bytes: only where the gradients are
-    written in the accumulation dtype. FSDP2 keeps the accumulated gradient in the reduce dtype: under a
+    written in the accumulation dtype, the reduce dtype ``reduce`` (:func:`reduce_dt`). FSDP2 keeps the
+    accumulated gradient in the reduce dtype: under a
     MixedPrecisionPolicy (param_dtype=bf16, reduce_dtype=fp32) each backward writes new bf16 gradients,
     and a unit's post-backward adds them into its fp32 ones and frees them (torch 2.13
     _fsdp_param_group.py ``post_backward`` calls _fsdp_param.py ``accumulate_unsharded_grad_if_needed``
@@ -123,11 +152,12 @@ def accumulates_in_place(tech: Technique, par: Parallelism, no_sync: bool = Fals
     when the gradient already has the reduce dtype), so a
     layer's bf16 gradients are new bytes until its unit's post-backward, the root's until the end
     (:func:`root_grads_whole`): pp2 x fsdp2 mixed-bf16 last stage, full checkpointing, read -3.8%
-    without them."""
-    return accumulates_unsharded(tech, par, no_sync) and tech.grad == (tech.master or tech.weight)
+    without them. Under accelerate's policy (reduce_dtype = param_dtype) the bf16 gradients are the
+    accumulator: added in place."""
+    return accumulates_unsharded(tech, par, no_sync) and tech.grad == reduce
 
 
-def root_grads_whole(tech: Technique, par: Parallelism, no_sync: bool = False) -> bool:
+def root_grads_whole(tech: Technique, par: Parallelism, no_sync: bool, reduce: DType) -> bool:
     """FSDP2: whether the root unit's gradients (head, final norm) stay as written from the head's
     backward until the root's post-backward at the end of backward (:func:`root_backward`): where the
     gradients accumulate unsharded (:func:`accumulates_unsharded`), when they are not written into the
@@ -135,7 +165,7 @@ def root_grads_whole(tech: Technique, par: Parallelism, no_sync: bool = False) -
     if par.fsdp is FsdpMode.NONE or par.fsdp_version != 2:
         return False
     if accumulates_unsharded(tech, par, no_sync):
-        return not accumulates_in_place(tech, par, no_sync)
+        return not accumulates_in_place(tech, par, no_sync, reduce)
     return par.pp == 1
 
 
@@ -159,8 +189,9 @@ def accumulated(
     ``set_requires_gradient_sync(False)`` (stage.py ``backward_maybe_with_nosync``) and
     ``perform_reduce_grad`` reduce-scatters after the last one (:func:`pp_reduce`); under a loop that
     skips the sync (accelerate's ``no_sync``) every unit's ``post_backward`` in the last micro-batch
-    reduce-scatters its accumulated gradient. The gradients accumulate in the sharded gradients' dtype
-    (``to_accumulated_grad_if_needed`` upcasts to the reduce dtype), so between micro-batches a rank
+    reduce-scatters its accumulated gradient. The gradients accumulate in the reduce dtype ``dtype``
+    (:func:`reduce_dt`; ``to_accumulated_grad_if_needed`` upcasts to it where it differs from the
+    gradients'), so between micro-batches a rank
     holds the stage's whole (TP-local) gradients, the vocab-parallel embedding's whole
     (:func:`whole_embedding_grad`)."""
     if not accumulates_unsharded(tech, par, no_sync):

@@ -62,7 +62,7 @@ from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.defaults import skips_grad_sync
 from peakmem.dtypes import DType
 from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
-from peakmem.training import TrainingSetup
+from peakmem.training import ReduceDtype, TrainingSetup
 from peakmem.units import MiB
 
 from . import fsdp2 as _fsdp2
@@ -587,7 +587,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         unit_bytes, units_bytes, cast = _float8_units(tech, par, sp, gather_dt, shard_dt if offload else None)
     gathered_fwd = [_item("FSDP root unit unsharded (embeddings, final norm, head)", Category.PARAMETERS,
                           gathered(sp.root_numel, root=True), SRC_FSDP_GATHER, key="fsdp.root")]  # fmt: skip
-    rs_dt = tech.grad if tech.adapter else gather_dt
+    rs_dt = _fsdp2.reduce_dt(tech, setup)  # the framework's reduce dtype (peakmem.defaults REDUCE_DTYPE)
     reduce_scatter = _item("FSDP reduce-scatter input (one unit's gradients)", Category.GRADIENTS,
                            rs_dt.nbytes(unit_trainable), SRC_FSDP_RS, key="fsdp.reduce_scatter")  # fmt: skip
     unshard_extra = fwd_extra = bwd_extra = bwd_first = bwd_start = bwd_last = root_extra = first = (
@@ -600,9 +600,9 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                                   key="fsdp.units"))  # fmt: skip
         gathered_bwd = [*gathered_fwd, reduce_scatter]
     elif par.fsdp_version == 2 and sp.layers:
-        # the reduce-scatter input is in the reduce dtype: the sharded gradients' (torchtitan
+        # the reduce-scatter input is in the reduce dtype (accelerate: the param dtype; torchtitan
         # mixed_precision_reduce = float32, MixedPrecisionPolicy(reduce_dtype=float32))
-        rs_unit = reduce_scatter.bytes if tech.adapter else shard_dt.nbytes(unit_trainable)
+        rs_unit = reduce_scatter.bytes
         reduces = _fsdp2.reduce_adds(par, no_sync)  # the kept reduce-scatter inputs
         kept_rs = rs_unit if reduces else 0
         fwd_items, bwd_items, in_layer = _fsdp2.in_layer(unit_bytes, units_bytes, kept_rs, par)
@@ -612,7 +612,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         # a unit's float8 casts come before its all-gather output and parameters (float8.py)
         cast_over = max(0, cast - 2 * unit_bytes)
         first, unshard_extra = first + cast_over, unshard_extra + (cast_over if par.pp == 1 else 0)
-        root_rs = 0 if tech.adapter else shard_dt.nbytes(sp.root_numel)
+        root_rs = 0 if tech.adapter else rs_dt.nbytes(sp.root_numel)
         if par.pp == 1:
             root_extra = _fsdp2.root_backward(kept_rs, root_rs, root_gathered) if reduces else 0
         elif not tech.adapter:
@@ -648,7 +648,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
             "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
         )
-    accumulated = _fsdp2.accumulated(tech, par, sp, shard_dt, no_sync) or _nosync.unsharded_grads(
+    accumulated = _fsdp2.accumulated(tech, par, sp, rs_dt, no_sync) or _nosync.unsharded_grads(
         par, adapter=bool(tech.adapter), mixed=mixed, trainable=loc.trainable, numel=loc.numel,
         grad_dt=tech.grad if tech.adapter else gather_dt, no_sync=no_sync,
     )  # fmt: skip
@@ -661,6 +661,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         )
     if setup.grad_accum > 1 and par.pp == 1:
         notes.append(_nosync.sync_note(setup, kept_whole))
+    if not tech.adapter and (tech.master is not None or setup.fsdp_reduce_dtype is not ReduceDtype.AUTO):
+        notes.append(_fsdp2.reduce_note(setup, rs_dt))
     accumulated = accumulated or grads_item
     whole_embedding = _fsdp2.whole_embedding_grad(tech, par, sp, tech.grad) if par.fsdp_version == 2 else 0
     return RankStates(
@@ -672,7 +674,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
         layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
         layer_backward_last_extra=bwd_last,
-        root_grads_deferred=_fsdp2.root_grads_whole(tech, par, no_sync), root_backward_extra=root_extra,
+        root_grads_deferred=_fsdp2.root_grads_whole(tech, par, no_sync, rs_dt),
+        root_backward_extra=root_extra,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip

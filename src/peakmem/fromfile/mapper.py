@@ -102,6 +102,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "seq": "seq",
     "grad_accum": "grad-accum",
     "grad_sync": "grad-sync",
+    "fsdp_reduce_dtype": "fsdp-reduce-dtype",
     "checkpointing": "checkpointing",
     "attention": "attention",
     "framework": "framework",

@@ -533,7 +533,10 @@ def _precision(r: _Reader, era: _Era, d: _Degrees) -> None:
             if precision == "mixed-bf16"
             else "fp32 everywhere",
         )
-        m.info("mixed_precision_reduce", reduce, reduce_key, "FSDP2 reduce_dtype")
+        reduce_to = {"float32": "fp32", "bfloat16": "bf16"}.get(str(reduce))
+        if reduce_to is None:
+            raise InputError(f"--from {m.name}: {reduce_key}={reduce!r}: float32 or bfloat16")
+        m.set("fsdp_reduce_dtype", reduce_to, reduce_key, "FSDP2 MixedPrecisionPolicy(reduce_dtype)")
     elif d.tp > 1 or d.pp > 1:
         m.set(
             "precision", "fp32", param_key, "maybe_enable_amp: no mixed precision with TP or PP without FSDP"

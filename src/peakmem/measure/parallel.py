@@ -28,7 +28,9 @@ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a):
   ``[norm, lm_head]`` in units of their own, same bytes at the peak since neither reshards after
   forward), ``reshard_after_forward`` = not pp (``torchtitan/distributed/fsdp.py``
   ``get_fsdp_reshard_after_forward_policy("default", pp_enabled)``); mixed precision through
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...)`` in the setup's reduce dtype
+  (peakmem.defaults ``reduce_dtype``): torchtitan's fp32 (``fsdp_reduce_dtype='fp32'``) or accelerate's
+  bf16 (``param``, the HF default: accelerate 1.16 ``FullyShardedDataParallelPlugin.set_mixed_precision``);
 * gradient accumulation as the setup's loop runs it (peakmem.defaults ``skips_grad_sync``): torchtitan's
   (``grad_sync`` each-micro-batch) reduce-scatters in every micro-batch's backward; accelerate's
   ``no_sync`` (last-micro-batch) calls ``set_requires_gradient_sync(False)`` on the root before every
@@ -62,14 +64,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from peakmem.breakdown import Category, Phase
-from peakmem.defaults import skips_grad_sync
+from peakmem.defaults import reduce_dtype, skips_grad_sync
+from peakmem.dtypes import parse_dtype
 from peakmem.errors import InputError
 from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
 from peakmem.measure.trainer import make_optimizer
 from peakmem.parallel import CpRotate, FsdpMode, Parallelism
-from peakmem.training import Checkpointing, Precision, TrainingSetup
+from peakmem.training import Checkpointing, Precision, ReduceDtype, TrainingSetup
 
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 SCHEDULES = ("1f1b", "gpipe")
@@ -210,7 +213,7 @@ def _check(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank:
     if setup.precision is Precision.MIXED_BF16 and par.fsdp is FsdpMode.NONE:
         raise InputError(
             "precision='mixed-bf16': the oracle runs it as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, "
-            "reduce_dtype=fp32); add fsdp"
+            "reduce_dtype=fp32 or bf16); add fsdp"
         )
     if par.zero_stage or par.fsdp not in (FsdpMode.NONE, FsdpMode.FULL_SHARD) or par.fsdp_version != 2:
         raise InputError(f"layout {par.describe()!r}: the parallel oracle runs FSDP2 full-shard only")
@@ -295,7 +298,11 @@ def _apply_fsdp(
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if setup.precision is Precision.MIXED_BF16:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        rd = reduce_dtype(setup)  # accelerate's policy (param) reduces in the param dtype
+        reduce = (
+            torch.bfloat16 if rd is ReduceDtype.PARAM else getattr(torch, parse_dtype(rd.value).torch_name)
+        )
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
     for layer in model.model.layers:  # type: ignore[union-attr]
         fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)
