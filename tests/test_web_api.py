@@ -85,6 +85,11 @@ def gpt2_xl_config() -> dict[str, Any]:
          ["qwen2.5-0.5b", "--seq", "1024", "--objective", "ppo", "--critic", "qwen2.5-7b", "--beta", "0.01"]),
         ({"model": "qwen2.5-0.5b", "seq": 512, "objective": "dpo", "gpu_count": 8, "zero": 3},
          ["qwen2.5-0.5b", "--seq", "512", "--objective", "dpo", "--gpus", "8", "--zero", "3"]),
+        # FSDP with gradient accumulation: the loop's gradient sync said on the page
+        ({"model": "llama-3.2-1b", "seq": 512, "grad_accum": 4, "gpu_count": 4, "fsdp": "full-shard",
+          "grad_sync": "each-micro-batch"},
+         ["llama-3.2-1b", "--seq", "512", "--grad-accum", "4", "--gpus", "4", "--fsdp", "full-shard",
+          "--grad-sync", "each-micro-batch"]),
     ],
 )  # fmt: skip
 def test_train_equals_cli_json(

@@ -139,6 +139,9 @@ class TrainOptions(ModelChoice):
     batch: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batch size per GPU")
     seq: int | None = Field(None, ge=1, le=MAX_SEQ, description="sequence length; default min(context, 2048)")
     grad_accum: int = Field(1, ge=1, le=MAX_GRAD_ACCUM)
+    grad_sync: Literal["auto", "each-micro-batch", "last-micro-batch"] = Field(
+        "auto", description="FSDP with grad_accum: when the loop reduces gradients (auto: the framework's)"
+    )
     checkpointing: str = Field(
         "none", pattern=r"^(none|selective|op|full|every-[0-9]{1,4})$",
         description="none, selective, op, full, or every-N (every N-th layer checkpointed)",

@@ -31,6 +31,7 @@ const FIELDS = [
   { id: "batch", def: "1", int: true, modes: TRAIN },
   { id: "seq", def: "", int: true, modes: TRAIN },
   { id: "grad_accum", def: "1", int: true, modes: TRAIN },
+  { id: "grad_sync", def: "auto", modes: TRAIN },
   { id: "checkpointing", def: "none", modes: TRAIN },
   { id: "attention", def: "sdpa", modes: TRAIN },
   { id: "loss", def: "standard", modes: TRAIN },
