@@ -19,7 +19,7 @@ from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.ranks import estimate_ranks
 from peakmem.render_plan import limits_line
 from peakmem.resolve import gpu_of_size, resolve_gpu, resolve_gpus, resolve_model
-from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, GradSync, Precision, TrainingSetup
 from peakmem.units import GB, MiB
 
 LLAMA: dict[str, Any] = {
@@ -191,6 +191,28 @@ def test_search_space_lists_every_family(gpt2xl_report: planner.FitReport) -> No
     for f in gpt2xl_report.search_space:
         assert f.status in ("searched", "not available", "not applicable")
         assert f.status == "searched" or f.reason
+
+
+def test_reducing_every_micro_batch_is_a_way_down_only_where_the_loop_skips_the_sync() -> None:
+    """FSDP with accumulation under the HF Trainer's loop (grad_sync auto -> last micro-batch) keeps the
+    unsharded gradients; accelerate's sync_each_batch=True (grad_sync each-micro-batch) is a change the
+    search offers, needing exactly what that job re-estimated needs. Not offered without FSDP, without
+    accumulation, or where the loop already reduces every micro-batch."""
+    spec = resolve_model("qwen2.5-0.5b")  # the tiny spec's gradients hide inside one allocator segment
+    par = Parallelism(gpus=4, fsdp=FsdpMode.FULL_SHARD)
+    setup = TrainingSetup(seq_len=512, grad_accum=4)
+    each = replace(setup, grad_sync=GradSync.EACH)
+    kept, synced = (
+        estimate_ranks(spec, s, par).most_loaded.estimate.device_total_bytes for s in (setup, each)
+    )
+    assert synced < kept
+    report = planner.fit(spec, setup, [_gpu(synced + (kept - synced) // 2)], par=par)
+    label = "reduce every micro-batch (accelerate sync_each_batch=True)"
+    (single,) = [c for c in report.gpus[0].singles if c.label == label]
+    assert single.fits and single.needed_bytes == synced == _needed(spec, single)
+    for s, p in ((each, par), (replace(setup, grad_accum=1), par), (setup, None)):
+        family = {f.name: f for f in planner.fit(spec, s, [_gpu(kept)], par=p).search_space}
+        assert family["gradient sync under accumulation"].status == "not applicable"
 
 
 # --- plan -----------------------------------------------------------------------------------------------

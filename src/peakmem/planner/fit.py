@@ -8,13 +8,14 @@ from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Estimate, Verdict
 from peakmem.catalog import Gpu
+from peakmem.defaults import skips_grad_sync
 from peakmem.errors import require
 from peakmem.estimate import setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies
 from peakmem.model import CostLookup, ModelSpec
-from peakmem.parallel import Offload, Parallelism
+from peakmem.parallel import FsdpMode, Offload, Parallelism
 from peakmem.planner.search import (
     MAX_CHANGES,
     MAX_LIMIT_GPUS,
@@ -41,6 +42,7 @@ from peakmem.training import (
     AttentionKernel,
     Checkpointing,
     Framework,
+    GradSync,
     LossImpl,
     Method,
     OptimizerImpl,
@@ -95,6 +97,7 @@ class _Ctx:
     setup: TrainingSetup
     gpus: tuple[Gpu, ...]
     estimator: _Estimator
+    par: Parallelism | None = None  # the job's layout (None: one GPU)
 
 
 FamilyFn = Callable[[_Ctx], "tuple[Family, tuple[_Option, ...]]"]
@@ -234,9 +237,25 @@ def _family_zero_grad(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
 
 
+def _family_grad_sync(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
+    """Under FSDP with gradient accumulation, a loop that skips the gradient sync until the last
+    micro-batch (HF Trainer / accelerate's default, peakmem.defaults GRAD_SYNC) keeps every unit's unsharded
+    gradients between micro-batches; reducing in every micro-batch (accelerate
+    ``GradientAccumulationPlugin(sync_each_batch=True)``, as torchtitan and torchtune do) keeps the shards
+    only, for one reduce-scatter a micro-batch more."""
+    fam = "gradient sync under accumulation"
+    fsdp = ctx.par is not None and ctx.par.fsdp is not FsdpMode.NONE
+    if not (fsdp and skips_grad_sync(ctx.setup)):
+        why = "no FSDP loop that skips the gradient sync between micro-batches"
+        return Family(name=fam, status="not applicable", reason=why), ()
+    opt = _Option(label="reduce every micro-batch (accelerate sync_each_batch=True)",
+                  setup=(("grad_sync", GradSync.EACH),))  # fmt: skip
+    return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
+
+
 FAMILIES: tuple[FamilyFn, ...] = (
     _family_checkpointing, _family_attention, _family_optimizer, _family_adapter, _family_offload,
-    _family_fused, _family_kernels, _family_zero_grad,
+    _family_fused, _family_kernels, _family_zero_grad, _family_grad_sync,
 )  # fmt: skip
 
 
@@ -302,7 +321,7 @@ def fit(
     gpus = tuple(gpus)
     est = _Estimator(spec, overheads, margin=margin, costs=costs)
     search = _Search(spec, setup, gpus, est, par)
-    ctx = _Ctx(spec=spec, setup=setup, gpus=gpus, estimator=est)
+    ctx = _Ctx(spec=spec, setup=setup, gpus=gpus, estimator=est, par=par)
     families: list[Family] = []
     options: list[tuple[str, tuple[_Option, ...]]] = []
     for fn in FAMILIES:

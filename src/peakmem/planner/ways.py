@@ -96,7 +96,7 @@ def ways_down(
     base = est(setup, par)
     if base is None:
         raise InputError(f"the setup cannot be estimated for {spec.name}")
-    ctx = _Ctx(spec=spec, setup=setup, gpus=(), estimator=est)
+    ctx = _Ctx(spec=spec, setup=setup, gpus=(), estimator=est, par=par)
     base_cfg = _Config(setup=setup, par=par, changes=(), labels=())
     configs: list[_Config] = []
     for family in FAMILIES:
