@@ -2,9 +2,10 @@
 
 An option left at ``auto`` takes the first row whose condition holds for the setup asked; the
 answer names the row it took (``Default.assumption``), so a reader sees which default decided
-the bytes and why. Today: the optimizer step's implementation (``optimizer_impl``), which decides
-whether the step allocates a temporary per parameter (torch's foreach AdamW: an fp32
-``exp_avg_sq_sqrt`` of every parameter) or none (a fused kernel).
+the bytes and why. The tables: the optimizer step's implementation (``optimizer_impl``: whether the
+step allocates a temporary per parameter, torch's foreach AdamW, or none, a fused kernel), when the
+loop reduces gradients under accumulation (``grad_sync``) and the dtype FSDP reduces them in
+(``fsdp_reduce_dtype``).
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ OPTIMIZER_STEP: tuple[Default, ...] = (
 )  # fmt: skip
 
 
+def _first(table: tuple[Default, ...], optimizer: OptimizerName, precision: Precision,
+           framework: Framework) -> Default:  # fmt: skip
+    """The first row of ``table`` whose condition holds (every table ends with a row that always does)."""
+    return next(d for d in table if d.applies(optimizer, precision, framework))
+
+
 def optimizer_step(optimizer: OptimizerName, precision: Precision, framework: Framework) -> Default:
     """The row of :data:`OPTIMIZER_STEP` that decides ``optimizer_impl=auto`` for this setup."""
-    return next(d for d in OPTIMIZER_STEP if d.applies(optimizer, precision, framework))
+    return _first(OPTIMIZER_STEP, optimizer, precision, framework)
 
 
 # When the training loop reduces the gradients under gradient accumulation. Read at: transformers 5.23
@@ -101,7 +108,7 @@ GRAD_SYNC: tuple[Default, ...] = (
 
 def grad_sync(setup: TrainingSetup) -> Default:
     """The row of :data:`GRAD_SYNC` that decides ``grad_sync=auto`` for this setup."""
-    return next(d for d in GRAD_SYNC if d.applies(setup.optimizer, setup.precision, setup.framework))
+    return _first(GRAD_SYNC, setup.optimizer, setup.precision, setup.framework)
 
 
 def skips_grad_sync(setup: TrainingSetup) -> bool:
@@ -147,7 +154,7 @@ REDUCE_DTYPE: tuple[Default, ...] = (
 
 def fsdp_reduce(setup: TrainingSetup) -> Default:
     """The row of :data:`REDUCE_DTYPE` that decides ``fsdp_reduce_dtype=auto`` for this setup."""
-    return next(d for d in REDUCE_DTYPE if d.applies(setup.optimizer, setup.precision, setup.framework))
+    return _first(REDUCE_DTYPE, setup.optimizer, setup.precision, setup.framework)
 
 
 def reduce_dtype(setup: TrainingSetup) -> ReduceDtype:
