@@ -90,7 +90,8 @@ def test_cli_equals_api_equals_the_page() -> None:
     from fastapi.testclient import TestClient
 
     import peakmem
-    from peakmem.web.app import InferRequest, create_app
+    from peakmem.web.app import create_app
+    from peakmem.web.schemas import InferRequest
 
     # the request's choices are the core's
     field = InferRequest.model_fields["interconnect"].annotation

@@ -14,6 +14,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient
 
 from peakmem.cli import main
+from peakmem.options import MAX_BATCH
 from peakmem.web import app as web
 
 EXTRA_KEYS = {"headline", "chart"}  # what the API adds to the CLI's --json
@@ -166,7 +167,7 @@ def assert_error(resp: Any, status: int, field: str, *needles: str) -> dict[str,
     ("body", "field", "needle"),
     [
         ({"model": "gpt2-xl", "batch": 0}, "batch", "greater than or equal to 1"),
-        ({"model": "gpt2-xl", "batch": web.MAX_BATCH + 1}, "batch", "less than or equal"),
+        ({"model": "gpt2-xl", "batch": MAX_BATCH + 1}, "batch", "less than or equal"),
         ({"model": "gpt2-xl", "seq": -5}, "seq", "greater than or equal to 1"),
         ({"model": "gpt2-xl", "batch": "four"}, "batch", "integer"),
         ({"model": "gpt2-xl", "method": "dora"}, "method", "'full', 'lora' or 'qlora'"),
