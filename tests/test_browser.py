@@ -354,6 +354,30 @@ def test_nccl_all_reduce_choice_reaches_the_answer(page: Any, url: str) -> None:
     assert "interconnect=pcie-no-p2p" in page.url
 
 
+def test_cuda_graph_choices_reach_the_answer(page: Any, url: str) -> None:
+    """SGLang on one H100: the largest captured batch and the attention backend change the CUDA-graph
+    term as the API says; vLLM's graph mode none leaves no graph term."""
+    page.goto(f"{url}/?model=qwen3-8b&gpus=h100-sxm")
+    wait_ready(page)
+    page.check("input[name=question][value=infer]")
+    page.select_option("#engine", "sglang")
+    body = {"model": "qwen3-8b", "engine": "sglang", "gpus": ["h100-sxm"]}
+    chosen = {**body, "cuda_graph_max_bs": 8, "attention_backend": "triton"}
+    said = api(url, chosen, "/api/infer")
+    assert said["device_total_bytes"] != api(url, body, "/api/infer")["device_total_bytes"]
+    page.fill("#cuda_graph_max_bs", "8")
+    page.select_option("#attention_backend", "triton")
+    expect(page.locator("#total")).to_have_text(fmt_both(said["device_total_bytes"]))
+    assert "cuda_graph_max_bs=8" in page.url and "attention_backend=triton" in page.url
+    page.fill("#cuda_graph_max_bs", "")  # SGLang's own options: vLLM refuses them
+    page.select_option("#attention_backend", "")
+    page.select_option("#engine", "vllm")
+    page.select_option("#cudagraph_mode", "none")
+    eager = api(url, {**body, "engine": "vllm", "cudagraph_mode": "none"}, "/api/infer")
+    assert "cuda_graph_bytes" not in eager and said["cuda_graph_bytes"] > 0
+    expect(page.locator("#total")).to_have_text(fmt_both(eager["device_total_bytes"]))
+
+
 def test_fit_for_training(page: Any, url: str) -> None:
     page.goto(f"{url}/?q=fit&model=gpt2-xl")
     wait_ready(page, "fit")

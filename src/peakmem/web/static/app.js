@@ -83,6 +83,9 @@ const FIELDS = [
   { id: "enforce_eager", def: "", bool: true, modes: INFER },
   { id: "disable_custom_all_reduce", def: "", bool: true, modes: INFER },
   { id: "interconnect", def: "", modes: INFER },  // empty: the catalog GPU's
+  { id: "cudagraph_mode", def: "", modes: INFER },  // empty: the release's (auto)
+  { id: "cuda_graph_max_bs", def: "", int: true, modes: INFER },  // empty: SGLang's for the GPU
+  { id: "attention_backend", def: "", modes: INFER },  // empty: SGLang's for the model and GPU
   { id: "max_num_seqs", def: "", int: true, modes: INFER },
   { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
