@@ -91,14 +91,19 @@ def test_the_term_by_hand_on_a_tiny_model() -> None:
 def test_where_each_release_accounts_for_it() -> None:
     gpu = 4 * GiB
     budget = int(gpu * 0.9)
-    # vLLM 0.21+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
+    # vLLM 0.20+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
     pool_without = budget - 2 * TINY_PARAMS - ACTIVATIONS - CUDA_CONTEXT_BYTES
     now = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu))  # type: ignore[arg-type]
     assert now.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
-    # before 0.21 the graphs are captured after the pool: it keeps its size, the graphs come on top
+    # before 0.20 the graphs are captured after the pool: it keeps its size, the graphs come on top
+    # (vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "0" in the 0.19.1 wheel, "1" from 0.20.0)
     old = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
-                                                    engine_version="0.20"))  # fmt: skip
+                                                    engine_version="0.19"))  # fmt: skip
     assert old.extra["kv_pool_bytes"] == pool_without and old.extra["cuda_graph_accounting"] == "on_top"
+    first = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                      engine_version="0.20.0"))  # fmt: skip
+    assert first.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
+    assert first.extra["cuda_graph_accounting"] == "kv_budget"
     eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
                                                       enforce_eager=True))  # fmt: skip
     assert eager.extra["kv_pool_bytes"] == pool_without
@@ -281,12 +286,12 @@ def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["setup"]["engine_version"] == "0.20" and out["setup"]["max_num_seqs"] == 64
 
 
-def test_the_headline_says_graphs_on_top_before_0_21(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_headline_says_graphs_on_top_before_0_20(capsys: pytest.CaptureFixture[str]) -> None:
     from peakmem.cli import main
 
     args = ["infer", "llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--gpu", "a100-80gb"]
     heads = []
-    for extra in (["--engine-version", "0.20"], []):
+    for extra in (["--engine-version", "0.19"], []):
         assert main([*args, *extra]) == 0
         out = " ".join(capsys.readouterr().out.split())  # rich wraps the headline
         heads.append(out[: out.index(": fits.")])

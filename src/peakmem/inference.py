@@ -303,7 +303,7 @@ class CudagraphMode(Choice):
 
 
 # The newest release of each engine whose CUDA-graph accounting was read (formulas/serving/cuda_graphs.py):
-# vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; every release from 0.21 accounts the same way).
+# vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; every release from 0.20 accounts the same way).
 CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23"}  # hf: the transformers release
 # transformers v4.36.0 (Dec 2023) brought the Cache classes (cache_utils.py DynamicCache, updated in place);
 # before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step

@@ -259,7 +259,7 @@ OPTIONS: tuple[Option, ...] = (
        "peakmem.device.INTERCONNECTS)", group=_GRAPHS),
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
-       "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
+       "from 0.20, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
        "makes every prompt position's logits",
        group=_GRAPHS),
     _o("ssm_cache_dtype", str, "auto", SV, "the SSM / linear-attention scan state's dtype: vLLM "

@@ -34,14 +34,45 @@ and every smaller graph reuses, plus :data:`PER_GRAPH_BYTES` for each graph.
 
 Where the engine accounts for it (:class:`Accounting`):
 
-* vLLM 0.21+: ``determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) subtracts that estimate
-  from the KV budget ("CUDA graph memory profiling is enabled (default since v0.21.0)"): the KV pool
-  shrinks and the device stays within gpu_memory_utilization x GPU.
-* vLLM before 0.21 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
+* vLLM 0.20+: ``determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) subtracts that estimate
+  from the KV budget: the KV pool shrinks and the device stays within gpu_memory_utilization x GPU. The
+  switch, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` in ``vllm/envs.py``, defaults to "0" in the 0.19.1
+  wheel (which logs "In v0.19, CUDA graph memory profiling will be enabled by default") and "1" from the
+  0.20.0 wheel on (read in 0.19.1, 0.20.0, 0.20.2, 0.21.0, 0.22.0), although 0.20.x already logs "(default
+  since v0.21.0)"; before 0.20 the estimate is logged but not subtracted.
+* vLLM before 0.20 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
   come on top of gpu_memory_utilization x GPU (vllm #7553: nvidia-smi 21,395 MiB with --enforce-eager,
   23,859 MiB with graphs).
 * SGLang: mem_fraction_static holds the weights and the KV pool; the graphs use the reserve outside it
   (``model_runner.py`` ``profile_max_num_token``).
+
+What vLLM's "Estimated CUDA graph memory" is and what "took" is (read in the vllm 0.20.0, 0.21.0 and 0.22.0
+wheels, ``_version.py`` commits gb8160878f, gad7125a43, g0b3ba88f1; ``v1/worker/gpu_model_runner.py``
+``profile_cudagraph_memory`` / ``capture_model`` / ``_warmup_and_capture``, ``v1/worker/gpu_worker.py``
+``determine_available_memory`` / ``compile_or_warm_up_model``): both are drops in ``torch.cuda.mem_get_info``
+free device memory, so both hold the pool's segments, the graphs' driver memory and whatever NCCL kernels
+captured in them keep, and neither holds the eager warm-ups (each size runs ``cudagraph_num_of_warmups``
+eager forwards, whose cached blocks the first piece's ``torch.cuda.graph`` ``empty_cache`` returns).
+
+* the estimate (before the KV pool, a throw-away ``graph_pool_handle()``, a minimal profiling KV cache):
+  per mode, sizes sorted largest first (``cudagraph_dispatcher.py`` ``get_capture_descs``), only the first
+  TWO are warmed up and captured; ``estimate = max over modes(first capture) + sum over modes((n - 1) x
+  max(second capture, 1 MiB))``; the graphs are then destroyed. The first FULL capture runs attention at
+  ``min(max_model_len, max_num_batched_tokens // tokens)`` per sequence (``profile_seq_lens``).
+* "took" (``capture_model``, after the KV pool): every size captured, PIECEWISE then FULL into the one
+  global pool; the drop from before the first to after the last. vllm-worker logs both on one line:
+  "CUDA graph pool memory: A GiB (actual), E GiB (estimated), difference: ...".
+
+So the two differ only in how the n - 2 sizes vLLM does not profile cost: the estimate charges each the
+second size's marginal; the capture pays what each actually adds to a pool that the larger sizes already
+grew. This term models both as the same constant per graph (:data:`PER_GRAPH_BYTES`), i.e. the estimate's
+own shape; what each further size really adds depends on the caching allocator's free lists and the driver,
+not on anything in vLLM's source, so the term is one number for both. Published pairs show the estimate
+above "took": club-3090 #178 / #356 (held out, Qwen3.6-27B TP 2, 5 PIECEWISE sizes) 1.35x / 1.38x; vllm
+#50722 (a DFlash MoE, TP 4) 1.11x; vllm issue #45178 (B200, MiniMax-M2.5) a KV pool cut 3.1x, its root
+cause given as this linear extrapolation; a fork's PR (local-inference-lab/vllm #511, six FULL graphs):
+9.47 GiB extrapolated against 8.20 GiB profiled exactly. None of them is a fitting-set case, so nothing is
+fitted to them, and only the band's +-10 % (:func:`graph_band`) stands for the gap.
 
 What one more size keeps (read in vLLM 0.10.0 ``vllm/compilation/cuda_piecewise_backend.py``
 ``CUDAPiecewiseBackend.__call__``, 0.10.1 ``vllm/compilation/cuda_graph.py`` ``CUDAGraphWrapper.__call__``
@@ -95,13 +126,15 @@ the CUDA driver's, not NCCL's few KiB: vllm issue #5517 tabulates 3.81 (CUDA 12.
 
 Hybrid models with a speculative draft at TP > 1 (the club-3090 cases of benchmarks/cuda_graph_logs.json:
 Qwen3.6-27B, 48 Gated-DeltaNet + 16 attention layers, MTP K=3, PIECEWISE, TP 2 and 4, where the term was
-3-4x low). Read in vLLM (stored main, commit 000fc94b; the logs' 0.21 nightlies have the same structure):
+3-4x low). Read in vLLM (stored main, commit 000fc94b; the logs' builds, 0.20.x to 0.22.x by their line
+numbers, have the same structure):
 
 * ``gpu_model_runner.py`` ``profile_cudagraph_memory``: per mode, the first two sizes are warmed up and
-  captured into a throw-away pool, ``mem_samples`` = the drop in ``torch.accelerator.get_memory_info`` free
-  memory over each; the estimate is ``max(first capture) + sum((n - 1) x second capture)``. It measures free
-  device memory, so it sees everything a capture adds: the pool's segments, the graphs' driver memory and
-  whatever a collective captured inside them keeps (``capture_model``'s "took" is the same drop).
+  captured into a throw-away pool, ``mem_samples`` = the drop in free device memory over each
+  (``torch.cuda.mem_get_info`` in 0.20-0.22, ``torch.accelerator.get_memory_info`` later); the estimate
+  is ``max(first capture) + sum((n - 1) x second capture)``. It measures free device memory, so it sees
+  everything a capture adds: the pool's segments, the graphs' driver memory and whatever a collective
+  captured inside them keeps (``capture_model``'s "took" is the same drop over every size: see above).
 * ``_dummy_run``: when it captures a PIECEWISE size and a drafter exists (eagle, eagle3, mtp, draft model),
   it calls ``drafter.dummy_run(num_tokens, use_cudagraphs=True, is_graph_capturing=True)``;
   ``spec_decode/llm_base_proposer.py`` ``dummy_run`` runs ONE drafter forward while capturing
@@ -187,7 +220,8 @@ FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWIS
 # sizes step 16 above 256: 0.11.0 logs PIECEWISE 0/67 (vllm PR #27521), the 0.11.1 development line 51 + 35
 # (PR #29335, 0.11.1rc7.dev487); releases are read as major.minor, so 0.11 keeps 67 and 0.12 has 51
 SPARSE_SIZES_RELEASE = (0, 12)
-BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (vllm/envs.py): "0" in 0.19.1, "1" from 0.20.0
+BUDGETED_RELEASE = (0, 20)
 
 # Tensor-parallel all-reduces in one forward of a dense decoder (vLLM linear.py RowParallelLinear: o_proj and
 # down_proj; vocab_parallel_embedding.py VocabParallelEmbedding: the embedding's, on the first stage)
@@ -198,8 +232,8 @@ EMBEDDING_ALLREDUCES = 1
 class Accounting(str, Enum):
     """Where the engine counts the graphs' memory."""
 
-    KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.21+)
-    ON_TOP = "on_top"  # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.21)
+    KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.20+)
+    ON_TOP = "on_top"  # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.20)
     OUTSIDE_FRACTION = "outside_fraction"  # in the reserve outside mem_fraction_static (SGLang)
 
 
@@ -460,8 +494,8 @@ def graph_band(g: GraphMemory | None) -> tuple[int, int]:
 def graph_note(g: GraphMemory) -> str:
     """The assumption line of the term."""
     where = {
-        Accounting.KV_BUDGET: "vLLM subtracts it from the KV budget before sizing the pool (0.21+)",
-        Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.21)",
+        Accounting.KV_BUDGET: "vLLM subtracts its estimate from the KV budget before sizing the pool (0.20+)",
+        Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.20)",
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
     drafted = (

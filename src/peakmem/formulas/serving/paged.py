@@ -156,7 +156,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             pool = budget - (weights.bytes if outside else resident)
         else:
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch);
-            # from 0.21 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py)
+            # from 0.20 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py; serving/cuda_graphs.py)
             pool = budget - resident - activations - CUDA_CONTEXT_BYTES
             if graphs is not None and graphs.accounting is Accounting.KV_BUDGET:
                 pool -= graph_bytes
