@@ -17,7 +17,7 @@ LOGS = Path(__file__).parents[1] / "benchmarks" / "cuda_graph_logs.json"
 FIRST_CASES = {"F1", "F2", "F2-pool", "H1", "H2", "H3", "H4"}
 KINDS = {"took", "estimated", "per_graph", "nvidia_smi_delta", "kv_pool", "sglang_mem_usage"}
 QUOTE_MAX = 400  # characters: a quote, not a copy of the thread
-SPLIT_RULES = (3, 4, 5)  # the rules that split the cases added after the first seven
+SPLIT_RULES = (3, 4, 5, 6)  # the rules that split the cases added after the first seven
 
 
 def _data() -> dict[str, Any]:
