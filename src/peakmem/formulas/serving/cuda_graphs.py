@@ -40,6 +40,20 @@ Where the engine accounts for it (:class:`Accounting`):
   wheel (which logs "In v0.19, CUDA graph memory profiling will be enabled by default") and "1" from the
   0.20.0 wheel on (read in 0.19.1, 0.20.0, 0.20.2, 0.21.0, 0.22.0), although 0.20.x already logs "(default
   since v0.21.0)"; before 0.20 the estimate is logged but not subtracted.
+* vLLM 0.25-0.28 with Model Runner V2 (:func:`vllm_model_runner`): the V2 runner's
+  ``profile_cudagraph_memory`` is a placeholder that returns 0 (``vllm/v1/worker/gpu/model_runner.py``,
+  "It is TBD whether we keep this API or not", read in the 0.25.0, 0.25.1, 0.26.0, 0.27.1 and 0.28.0
+  wheels), so ``determine_available_memory`` subtracts nothing, the KV pool takes the whole budget and the
+  graphs come on top of it, as before 0.20 (vllm #49224: "Model Runner V2 (now default for dense models)
+  skips CUDA graph memory reservation ... causing OOM during capture_model()"; PR #49233, its fix, was
+  closed). From the 0.29.0 wheel on the V2 runner measures them (``v1/worker/gpu/cudagraph_utils.py``
+  ``profile_cudagraph_memory``: every PIECEWISE, encoder and drafter graph captured, the FULL graphs
+  extrapolated from the two largest as the V1 runner does) and they are in the budget again. Which runner
+  runs: ``vllm/config/vllm.py`` ``VllmConfig.use_v2_model_runner`` (``VLLM_USE_V2_MODEL_RUNNER`` when set,
+  else ``_is_default_v2_model_runner_model``): V2 for generative models that are neither hybrid /
+  attention-free nor MoE (MoE architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` excepted), unless
+  a feature it lacks is on (``_get_v2_model_runner_unsupported_features``: here ngram and draft-model
+  speculation); read in the 0.25.0 wheel already (PR #49233 says 0.25.1) through 0.28.0.
 * vLLM before 0.20 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
   come on top of gpu_memory_utilization x GPU (vllm #7553: nvidia-smi 21,395 MiB with --enforce-eager,
   23,859 MiB with graphs).
@@ -169,9 +183,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from peakmem.formulas.recurrent_state import has_recurrent_state
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.sglang_graphs import SglangCapture, sglang_capture
-from peakmem.inference import CudagraphMode, Engine, InferenceSetup
+from peakmem.inference import CudagraphMode, Engine, InferenceSetup, ModelRunner
 from peakmem.model import ModelSpec
 from peakmem.units import KiB, MiB
 
@@ -222,6 +237,23 @@ FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWIS
 SPARSE_SIZES_RELEASE = (0, 12)
 # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (vllm/envs.py): "0" in 0.19.1, "1" from 0.20.0
 BUDGETED_RELEASE = (0, 20)
+# Model Runner V2 (module docstring): the default for dense generative models from 0.25 (vllm/config/vllm.py
+# _is_default_v2_model_runner_model, read in the 0.25.0 wheel); its profile_cudagraph_memory returns 0
+# through 0.28.0 and measures the graphs from 0.29.0 (v1/worker/gpu/cudagraph_utils.py)
+MRV2_DEFAULT_RELEASE = (0, 25)
+MRV2_ESTIMATE_RELEASE = (0, 29)
+# MoE architectures that default to V2 all the same (vllm/config/vllm.py
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES), each with the first release whose wheel lists it (0.25.0, 0.26.0
+# and 0.28.0 read)
+MRV2_MOE_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": (0, 25), "Qwen2MoeForCausalLM": (0, 25), "GraniteMoeForCausalLM": (0, 25),
+    "InklingForCausalLM": (0, 26), "InklingForConditionalGeneration": (0, 26),
+    "KimiK3ForConditionalGeneration": (0, 26), "LongcatFlashNgramForCausalLM": (0, 26),
+    "DeepseekV4ForCausalLM": (0, 28),
+}  # fmt: skip
+# speculative methods the V2 runner lacks (_get_v2_model_runner_unsupported_features: it runs eagle, eagle3,
+# mtp, dflash and dspark): vLLM falls back to V1 with them
+MRV2_UNSUPPORTED_DRAFTS = ("ngram", "draft_model")
 
 # Tensor-parallel all-reduces in one forward of a dense decoder (vLLM linear.py RowParallelLinear: o_proj and
 # down_proj; vocab_parallel_embedding.py VocabParallelEmbedding: the embedding's, on the first stage)
@@ -233,7 +265,8 @@ class Accounting(str, Enum):
     """Where the engine counts the graphs' memory."""
 
     KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.20+)
-    ON_TOP = "on_top"  # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.20)
+    # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.20; Model Runner V2 0.25-0.28)
+    ON_TOP = "on_top"
     OUTSIDE_FRACTION = "outside_fraction"  # in the reserve outside mem_fraction_static (SGLang)
 
 
@@ -267,6 +300,7 @@ class GraphMemory:
     per_graph_bytes: int
     accounting: Accounting
     release: str  # e.g. "vllm 0.27"
+    runner: str = ""  # vLLM V1 engine's model runner, "v1" or "v2" ("" for V0 and SGLang)
     allreduces_per_graph: int = 0  # tensor-parallel all-reduces captured in each graph (none without TP)
     # vLLM's drafter forward captured with each PIECEWISE size (speculative decoding) and its all-reduces
     draft_captures: int = 0
@@ -386,12 +420,13 @@ def graph_memory(
         seqs = setup.max_num_seqs if setup.max_num_seqs is not None else VLLM_DEFAULT_MAX_NUM_SEQS
         sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
                                  spec_tokens=spec_tokens)  # fmt: skip
-        accounting = Accounting.KV_BUDGET if release >= BUDGETED_RELEASE else Accounting.ON_TOP
+        runner = vllm_model_runner(spec, setup)
+        accounting = vllm_accounting(release, runner)
         static, static_detail = 0, ""
     else:
         sglang = sglang_capture(spec, setup, act_bytes=act_bytes)
         sets, static = sglang_sets(sglang), sglang.outside_pool_bytes
-        accounting, static_detail = Accounting.OUTSIDE_FRACTION, sglang.describe()
+        accounting, static_detail, runner = Accounting.OUTSIDE_FRACTION, sglang.describe(), ""
     if not sets:
         return None
     draft_spec = setup.draft.spec if setup.draft is not None else None
@@ -405,10 +440,38 @@ def graph_memory(
     draft_captures, draft_allreduces = drafter_captures(setup, sets)
     off = custom_all_reduce_off(setup)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
-                       release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
+                       release=name, runner=runner, allreduces_per_graph=allreduces,
+                       draft_captures=draft_captures,
                        draft_allreduces_per_graph=draft_allreduces, nccl_captured=off is True,
                        nccl_unknown=off is None, static_bytes=static,
                        static_detail=static_detail)  # fmt: skip
+
+
+def vllm_model_runner(spec: ModelSpec, setup: InferenceSetup) -> str:
+    """The model runner vLLM ``setup.version`` runs ``spec`` with: "v1" or "v2" ("" for V0, before 0.8).
+    ``--model-runner`` (VLLM_USE_V2_MODEL_RUNNER) when given; else V2 from :data:`MRV2_DEFAULT_RELEASE` for a
+    model with no recurrent-state layer (vLLM's is_hybrid / is_attention_free) that is not MoE (unless its
+    architecture is in :data:`MRV2_MOE_ARCHITECTURES` by then), without a draft V2 lacks."""
+    if setup.version < V1_RELEASE:
+        return ""
+    if setup.model_runner is not ModelRunner.AUTO:
+        return str(setup.model_runner.value)
+    draft = setup.draft
+    if setup.version < MRV2_DEFAULT_RELEASE or has_recurrent_state(spec):
+        return "v1"
+    if draft is not None and draft.method in MRV2_UNSUPPORTED_DRAFTS:
+        return "v1"
+    listed = MRV2_MOE_ARCHITECTURES.get(spec.architecture)
+    return "v1" if spec.is_moe and (listed is None or setup.version < listed) else "v2"
+
+
+def vllm_accounting(release: tuple[int, int], runner: str) -> Accounting:
+    """Where vLLM ``release`` counts the graphs of ``runner``: in the KV budget from
+    :data:`BUDGETED_RELEASE`, except Model Runner V2 before :data:`MRV2_ESTIMATE_RELEASE` (its estimate is
+    0: captured on top of the pool)."""
+    if release < BUDGETED_RELEASE or (runner == "v2" and release < MRV2_ESTIMATE_RELEASE):
+        return Accounting.ON_TOP
+    return Accounting.KV_BUDGET
 
 
 def sglang_sets(c: SglangCapture) -> tuple[CaptureSet, ...]:
@@ -495,7 +558,12 @@ def graph_note(g: GraphMemory) -> str:
     """The assumption line of the term."""
     where = {
         Accounting.KV_BUDGET: "vLLM subtracts its estimate from the KV budget before sizing the pool (0.20+)",
-        Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.20)",
+        Accounting.ON_TOP: (
+            "Model Runner V2 reserves nothing for them before 0.29 (its profile_cudagraph_memory returns 0; "
+            "vllm #49224): captured after the KV pool, on top of gpu_memory_utilization x GPU"
+            if g.runner == "v2"
+            else "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.20)"
+        ),
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
     drafted = (

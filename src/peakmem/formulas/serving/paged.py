@@ -278,6 +278,8 @@ def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: lis
         return []
     extra.update(cuda_graph_bytes=graphs.bytes, cuda_graphs=graphs.graphs,
                  cuda_graph_accounting=graphs.accounting.value)  # fmt: skip
+    if graphs.runner:  # vLLM V1 engine: the model runner (formulas/serving/cuda_graphs.py vllm_model_runner)
+        extra["vllm_model_runner"] = graphs.runner
     if graphs.nccl_captured:  # --disable-custom-all-reduce at TP > 1: NCCL all-reduces in the graphs
         extra.update(cuda_graph_allreduces=graphs.captured_allreduces,
                      cuda_graph_nccl_bytes=graphs.nccl_bytes)  # fmt: skip
