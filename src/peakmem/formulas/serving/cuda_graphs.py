@@ -54,6 +54,15 @@ Where the engine accounts for it (:class:`Accounting`):
   attention-free nor MoE (MoE architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` excepted), unless
   a feature it lacks is on (``_get_v2_model_runner_unsupported_features``: here ngram and draft-model
   speculation); read in the 0.25.0 wheel already (PR #49233 says 0.25.1) through 0.28.0.
+* Hybrid GDN / Mamba models stay on the V1 runner through 0.28. vllm #50780 reports their estimate grown
+  by a transient linear in max_num_batched_tokens from 0.26.0 (KV pool -18-24 %), and #52872 a graph pool
+  of 0.89 GiB at max_num_batched_tokens 8192 against 0.52 GiB at 2048-4096 (RTX 5090, a 64-layer hybrid).
+  What the V1 estimate reads of max_num_batched_tokens: its first FULL capture runs attention at
+  ``profile_seq_lens = min(max_model_len, max_num_batched_tokens // tokens)`` a sequence (0.25.1-0.27.1,
+  ``profile_cudagraph_memory``, unchanged between those wheels on CUDA), and peakmem caps the capture
+  sizes at it; which tensor carries #50780's transient was not found in the 0.25.1 -> 0.26.0 diffs read
+  (gpu_model_runner.py, gdn_attn.py, mamba_attn.py, qwen_gdn_linear_attn.py), and neither thread's setup
+  could be read whole, so it is not in the term.
 * vLLM before 0.20 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
   come on top of gpu_memory_utilization x GPU (vllm #7553: nvidia-smi 21,395 MiB with --enforce-eager,
   23,859 MiB with graphs).
