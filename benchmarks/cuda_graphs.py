@@ -9,11 +9,16 @@ anything was fitted. For each case it prints the log's figure, peakmem's, and th
   model, engine release, tensor-parallel degree and max_num_seqs (``extra["cuda_graph_bytes"]``);
 * ``per_graph``: one more capture size, i.e. the term's marginal per graph (PER_GRAPH_BYTES);
 * ``kv_pool``: vLLM's "Available KV cache memory" against ``extra["kv_pool_bytes"]`` on the case's GPU and
-  gpu_memory_utilization (the graphs taken out of the budget, vLLM 0.21+).
+  gpu_memory_utilization (the graphs taken out of the budget, vLLM 0.20+).
 * ``sglang_mem_usage``: SGLang's "Capture cuda graph end ... mem usage=Y GB" (GiB: the free-memory drop over
   ``CudaGraphRunner``'s construction, so it holds the runner's static buffers and the attention backend's
   ``init_cuda_graph_state``) against the whole term for the case's model, TP, context, cuda_graph_max_bs and
   attention backend (formulas/serving/sglang_graphs.py).
+
+``estimated`` and ``took`` are compared with the same figure: vLLM's estimate is the first capture of each
+mode plus (n - 1) x the second one's, "took" what capturing every size added (the term's module docstring),
+and the term has one per-graph constant, so it models both alike. Where one log holds both, a last block
+prints the log's estimate / took ratio against peakmem's (1.00): the extrapolation gap the term leaves out.
 
 A case with a ``draft`` (speculative decoding: vLLM sizes its FULL decode graphs by max_num_seqs x (1 +
 num_speculative_tokens)) or a ``cudagraph_mode`` is asked through ``peakmem.infer`` with those options (its
@@ -150,6 +155,22 @@ def implied_per_graph(case: dict[str, Any]) -> float:
     return (logged_bytes(case) - shared) / graphs / MiB
 
 
+def pair_lines(cases: list[dict[str, Any]]) -> list[str]:
+    """For each log holding both vLLM figures (one ``url``): its estimate / took ratio; peakmem's is 1."""
+    by_url: dict[str, dict[str, dict[str, Any]]] = {}
+    for case in cases:
+        if case["engine"] == "vllm" and case["what"] in ("estimated", "took"):
+            by_url.setdefault(case["url"], {})[case["what"]] = case
+    out = []
+    for url, pair in sorted(by_url.items()):
+        if len(pair) == 2:
+            est, took = pair["estimated"], pair["took"]
+            ratio = logged_bytes(est) / logged_bytes(took)
+            out.append(f"{url} ({est['set']}): vLLM estimated / took = {ratio:.2f} (logged figures), "
+                       "peakmem 1.00")  # fmt: skip
+    return out
+
+
 def rows() -> list[tuple[dict[str, Any], int, int, str]]:
     cases = json.loads(LOGS.read_text())["cases"]
     out = []
@@ -186,6 +207,7 @@ def main() -> int:
               f"{log / MiB:.0f} MiB | {got / MiB:.0f} MiB | {100 * err:+.0f}% | {flags} |")  # fmt: skip
     print("\n".join(within_lines((name, err) for name, _, err in errors)))
     print("\n".join(unseen_lines(errors, examined)))
+    print("\n".join(pair_lines(json.loads(LOGS.read_text())["cases"])))
     return 0
 
 

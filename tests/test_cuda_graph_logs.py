@@ -17,7 +17,7 @@ LOGS = Path(__file__).parents[1] / "benchmarks" / "cuda_graph_logs.json"
 FIRST_CASES = {"F1", "F2", "F2-pool", "H1", "H2", "H3", "H4"}
 KINDS = {"took", "estimated", "per_graph", "nvidia_smi_delta", "kv_pool", "sglang_mem_usage"}
 QUOTE_MAX = 400  # characters: a quote, not a copy of the thread
-SPLIT_RULES = (3, 4, 5)  # the rules that split the cases added after the first seven
+SPLIT_RULES = (3, 4, 5, 6)  # the rules that split the cases added after the first seven
 
 
 def _data() -> dict[str, Any]:
@@ -62,3 +62,18 @@ def test_speculative_cases_capture_the_logged_sizes() -> None:
         n = graphs[case["max_num_seqs"]]
         assert how.startswith(f"{n} graphs (piecewise, K=3)"), (case["id"], how)
         assert got >= n * 6 * MiB, case["id"]
+
+
+def test_a_log_with_both_figures_prints_its_ratio() -> None:
+    """A log holding vLLM's estimate and its "took" (one url) gets one line with estimated / took; a log
+    with only one of them, or another engine's figure, gets none. Made-up cases: 0.13 / 0.10 GiB = 1.30."""
+    module = load_benchmark("cuda_graphs")
+    base = {"engine": "vllm", "set": "fit"}
+    cases = [
+        {**base, "url": "u1", "what": "estimated", "gib": 0.13},
+        {**base, "url": "u1", "what": "took", "gib": 0.10},
+        {**base, "url": "u2", "what": "estimated", "gib": 0.5},
+        {**base, "engine": "sglang", "url": "u3", "what": "took", "gib": 0.2},
+    ]
+    line = "u1 (fit): vLLM estimated / took = 1.30 (logged figures), peakmem 1.00"
+    assert module.pair_lines(cases) == [line]

@@ -17,17 +17,20 @@ from peakmem.formulas.serving.cuda_graphs import (
     NCCL_ALLREDUCE_GRAPH_BYTES,
     OLD_DRIVER_RATIO,
     PER_GRAPH_BYTES,
+    Accounting,
     allreduces_per_forward,
     custom_all_reduce_off,
     graph_band,
     graph_memory,
     graph_note,
     v0_capture_sizes,
+    vllm_accounting,
     vllm_capture_sets,
+    vllm_model_runner,
 )
 from peakmem.formulas.serving.sglang_graphs import sglang_capture_sizes
-from peakmem.inference import CudagraphMode, Draft, Engine, InferenceSetup
-from peakmem.options import CUDAGRAPH_MODES
+from peakmem.inference import CudagraphMode, Draft, Engine, InferenceSetup, ModelRunner
+from peakmem.options import CUDAGRAPH_MODES, MODEL_RUNNERS
 from peakmem.units import GiB, KiB, MiB
 
 # tiny(): 2 layers, hidden 64, MLP 128, bf16. One layer's fused temporaries a token (forward.py): MLP act,
@@ -80,7 +83,9 @@ def test_sglang_capture_sizes() -> None:
 def test_the_term_by_hand_on_a_tiny_model() -> None:
     est = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100))  # type: ignore[arg-type]
     assert est.extra["cuda_graph_bytes"] == TINY_GRAPHS == 541_589_504
-    assert est.extra["cuda_graphs"] == 86 and est.extra["cuda_graph_accounting"] == "kv_budget"
+    # vLLM 0.27 runs a dense model on Model Runner V2, which reserves nothing for the graphs before 0.29
+    assert est.extra["cuda_graphs"] == 86 and est.extra["cuda_graph_accounting"] == "on_top"
+    assert est.extra["vllm_model_runner"] == "v2"
     assert est.by_category()[Category.CUDA_GRAPHS] == TINY_GRAPHS
     eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, enforce_eager=True))  # type: ignore[arg-type]
     assert Category.CUDA_GRAPHS not in eager.by_category()
@@ -88,17 +93,51 @@ def test_the_term_by_hand_on_a_tiny_model() -> None:
     assert 6 * MiB == PER_GRAPH_BYTES
 
 
+def test_which_model_runner_vllm_runs() -> None:
+    from peakmem.resolve import resolve_model
+
+    v = InferenceSetup(engine="vllm")  # type: ignore[arg-type]
+    assert vllm_model_runner(tiny(), v) == "v2"  # dense, 0.27
+    assert vllm_model_runner(tiny(), replace(v, engine_version="0.24")) == "v1"  # V2 the default from 0.25
+    assert vllm_model_runner(tiny(), replace(v, engine_version="0.7")) == ""  # V0
+    assert vllm_model_runner(tiny(), replace(v, model_runner="v1")) == "v1"  # type: ignore[arg-type]
+    # a hybrid (Gated DeltaNet layers: vLLM's is_hybrid), a MoE not in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+    assert vllm_model_runner(resolve_model("qwen3.5-27b"), v) == "v1"
+    assert vllm_model_runner(resolve_model("qwen3-30b-a3b"), v) == "v1"
+    assert vllm_model_runner(resolve_model("deepseek-v2-lite"), v) == "v2"  # a MoE on the list
+    ngram = replace(v, draft=Draft(name="ngram", spec=None, method="ngram"), num_speculative_tokens=3)
+    assert vllm_model_runner(tiny(), ngram) == "v1"  # V2 lacks ngram speculation
+    on_top, budget = Accounting.ON_TOP, Accounting.KV_BUDGET
+    assert (vllm_accounting((0, 27), "v2"), vllm_accounting((0, 29), "v2")) == (on_top, budget)
+    assert (vllm_accounting((0, 27), "v1"), vllm_accounting((0, 19), "v1")) == (budget, on_top)
+
+
 def test_where_each_release_accounts_for_it() -> None:
     gpu = 4 * GiB
     budget = int(gpu * 0.9)
-    # vLLM 0.21+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
+    # vLLM 0.20+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
     pool_without = budget - 2 * TINY_PARAMS - ACTIVATIONS - CUDA_CONTEXT_BYTES
+    v1 = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                   model_runner="v1"))  # fmt: skip
+    assert v1.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
+    # Model Runner V2 (the default for a dense model, 0.25-0.28): its estimate is 0, the pool keeps its
+    # size and the graphs come on top (vllm #49224); from 0.29 it measures them (cudagraph_utils.py)
     now = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu))  # type: ignore[arg-type]
-    assert now.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
-    # before 0.21 the graphs are captured after the pool: it keeps its size, the graphs come on top
+    assert now.extra["kv_pool_bytes"] == pool_without and now.extra["cuda_graph_accounting"] == "on_top"
+    assert now.device_total_bytes - v1.device_total_bytes == 0  # the same bytes, counted elsewhere
+    later = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                      engine_version="0.29"))  # fmt: skip
+    assert later.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
+    assert later.extra["vllm_model_runner"] == "v2" and later.extra["cuda_graph_accounting"] == "kv_budget"
+    # before 0.20 the graphs are captured after the pool: it keeps its size, the graphs come on top
+    # (vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "0" in the 0.19.1 wheel, "1" from 0.20.0)
     old = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
-                                                    engine_version="0.20"))  # fmt: skip
+                                                    engine_version="0.19"))  # fmt: skip
     assert old.extra["kv_pool_bytes"] == pool_without and old.extra["cuda_graph_accounting"] == "on_top"
+    first = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
+                                                      engine_version="0.20.0"))  # fmt: skip
+    assert first.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
+    assert first.extra["cuda_graph_accounting"] == "kv_budget"
     eager = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
                                                       enforce_eager=True))  # fmt: skip
     assert eager.extra["kv_pool_bytes"] == pool_without
@@ -262,6 +301,9 @@ def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:
          r"^disable_custom_all_reduce=True: CUDA graphs are captured by vllm and sglang, not hf$"),
         ({"engine": "vllm", "cudagraph_mode": 5}, r"^cudagraph_mode=5: must be text$"),
         ({"engine": "vllm", "engine_version": 21}, r"^engine_version=21: a release number"),
+        ({"engine": "vllm", "model_runner": "v3"}, r"^model_runner='v3': unknown; choose one of auto, v1"),
+        ({"engine": "sglang", "model_runner": "v1"}, r"^model_runner='v1': an option of engine=vllm, not"),
+        ({"engine": "vllm", "engine_version": "0.7", "model_runner": "v2"}, r"^model_runner='v2': vLLM 0.7"),
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_errors(kw: dict[str, object], match: str) -> None:
@@ -272,6 +314,7 @@ def test_bad_values_are_one_line_errors(kw: dict[str, object], match: str) -> No
 
 def test_options_name_every_mode() -> None:
     assert tuple(m.value for m in CudagraphMode) == CUDAGRAPH_MODES
+    assert tuple(m.value for m in ModelRunner) == MODEL_RUNNERS
 
 
 def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,17 +324,18 @@ def test_cli_equals_api(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["setup"]["engine_version"] == "0.20" and out["setup"]["max_num_seqs"] == 64
 
 
-def test_the_headline_says_graphs_on_top_before_0_21(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_headline_says_graphs_on_top_before_0_20(capsys: pytest.CaptureFixture[str]) -> None:
     from peakmem.cli import main
 
     args = ["infer", "llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--gpu", "a100-80gb"]
     heads = []
-    for extra in (["--engine-version", "0.20"], []):
+    for extra in (["--engine-version", "0.19"], ["--model-runner", "v1"], []):
         assert main([*args, *extra]) == 0
         out = " ".join(capsys.readouterr().out.split())  # rich wraps the headline
         heads.append(out[: out.index(": fits.")])
     assert "+ CUDA graphs 0.59 GB (0.55 GiB) on top" in heads[0]  # 593,494,016 B (test_serving_verdict.py)
-    assert "on top" not in heads[1]
+    assert "on top" not in heads[1]  # the V1 runner takes them out of the KV budget
+    assert "+ CUDA graphs 0.59 GB (0.55 GiB) on top" in heads[2]  # Model Runner V2, vLLM 0.27's default
 
 
 def test_web_api_takes_the_options() -> None:
@@ -309,6 +353,8 @@ def test_web_api_takes_the_options() -> None:
         "engine_version": "0.20",
     }
     assert client.post("/api/infer", json=body).json()["breakdown"]["cuda_graphs"] == 201_850_880
+    runner = client.post("/api/infer", json={**body, "engine_version": "0.27", "model_runner": "v1"}).json()
+    assert runner["vllm_model_runner"] == "v1" and runner["setup"]["model_runner"] == "v1"
     bad = client.post("/api/infer", json={"model": "llama-3.1-8b", "engine": "hf", "enforce_eager": True})
     assert bad.status_code == 422 and bad.json()["field"] == "enforce_eager"
 
@@ -320,7 +366,9 @@ def test_fit_infer_offers_turning_the_graphs_off() -> None:
     from peakmem.planner.serving import fit_inference
     from peakmem.resolve import resolve_model
 
-    setup = InferenceSetup(weights="bf16", batch=5, context=8192, engine=Engine.VLLM)
+    # the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), which takes the graphs out of the KV budget
+    setup = InferenceSetup(weights="bf16", batch=5, context=8192, engine=Engine.VLLM,  # type: ignore[arg-type]
+                           model_runner="v1")  # fmt: skip
     report = fit_inference(resolve_model("llama-3.1-8b"), setup, [get_gpu("rtx-4090")])
     (g,) = report.gpus
     assert not g.fits

@@ -25,9 +25,10 @@ EXAMPLE = ["llama-3.1-8b", "--engine", "vllm", "--context", "8192", "--batch", "
 WEIGHTS = 2 * 8_030_261_248
 KV_PER_SEQUENCE = 8192 * 32 * 8 * 128 * 2 * 2
 ACTIVATIONS = 8192 * (3 * 14336 * 2 + 2 * 4096 * 2)
-# CUDA graphs (formulas/serving/cuda_graphs.py), vLLM 0.21+ at its defaults: 51 PIECEWISE + 35 FULL graphs
-# x 6 MiB, plus the largest capture's working set (512 tokens x 102,400 B), taken out of the KV budget:
-# 541,065,216 + 52,428,800 = 593,494,016 B.
+# CUDA graphs (formulas/serving/cuda_graphs.py), vLLM 0.12+ at its defaults: 51 PIECEWISE + 35 FULL graphs
+# x 6 MiB, plus the largest capture's working set (512 tokens x 102,400 B): 541,065,216 + 52,428,800 =
+# 593,494,016 B. vLLM 0.27 runs a dense Llama on Model Runner V2, which reserves nothing for them (its
+# profile_cudagraph_memory returns 0 before 0.29): they come on top of the KV pool, not out of it.
 GRAPHS = 86 * 6 * 2**20 + 512 * (3 * 14336 * 2 + 2 * 4096 * 2)
 
 
@@ -41,11 +42,13 @@ def test_vllm_example_by_hand_on_a_4090() -> None:
     cap = resolve_gpu("rtx-4090").usable_bytes
     f = serving_fit(spec, InferenceSetup(engine="vllm", context=8192, batch=16), cap)  # type: ignore[arg-type]
     budget = int(cap * VLLM_GPU_MEMORY_UTILIZATION)
-    pool = budget - WEIGHTS - ACTIVATIONS - CUDA_CONTEXT_BYTES - GRAPHS
+    pool = budget - WEIGHTS - ACTIVATIONS - CUDA_CONTEXT_BYTES
     assert (f.budget_bytes, f.pool_bytes) == (budget, pool)
-    assert pool == 5_151_750_553  # 4.80 GiB (5.35 GiB before vLLM 0.21 counted the graphs in the budget)
+    assert pool == 5_745_244_569  # 5.35 GiB (4.80 GiB where the V1 runner takes the graphs out of it)
     assert f.kv_needed_bytes == 16 * KV_PER_SEQUENCE == 16 * GiB
-    assert f.max_concurrent == pool // KV_PER_SEQUENCE == 4
+    assert f.max_concurrent == pool // KV_PER_SEQUENCE == 5
+    v1 = serving_fit(spec, InferenceSetup(engine="vllm", context=8192, batch=16, model_runner="v1"), cap)  # type: ignore[arg-type]
+    assert v1.pool_bytes == pool - GRAPHS == 5_151_750_553 and v1.max_concurrent == 4
     assert not f.fits
     assert f.headroom_bytes == pool - 16 * GiB  # the pool's shortfall, the tighter of the two
     # the request: weights + 16 sequences' KV + the profiled chunk + CUDA context, plus allocator slack
@@ -62,7 +65,9 @@ def test_needs_is_the_same_on_every_gpu(capsys: pytest.CaptureFixture[str]) -> N
         needs.add(v["needed_bytes"])
         fits.append((rc, v["fits"], v["max_concurrent"]))
     assert len(totals) == 1 and totals == needs
-    assert fits == [(1, False, 4), (0, True, 55), (0, True, 109)]  # the graphs' 0.55 GiB out of each pool
+    # the graphs' 0.55 GiB on top of each pool (Model Runner V2, vLLM 0.27): one sequence more than
+    # 4, 55, 109 (the V1 runner's) where the pool's remainder was within 0.55 GiB of one more 1 GiB sequence
+    assert fits == [(1, False, 5), (0, True, 55), (0, True, 110)]
     rc, out = _cli_json(capsys, ["infer", *EXAMPLE, "--json"])  # no GPU: the same request
     assert rc == 0 and {out["device_total_bytes"]} == totals
 
@@ -111,7 +116,7 @@ def test_pooled_verdict_is_the_pool_not_the_bytes() -> None:
     cap = resolve_gpu("rtx-4090").usable_bytes
     hf = serving_fit(spec, InferenceSetup(context=8192, batch=6), cap)
     vllm = serving_fit(spec, InferenceSetup(engine="vllm", context=8192, batch=6), cap)  # type: ignore[arg-type]
-    assert vllm.max_concurrent == 4 and not vllm.fits
+    assert vllm.max_concurrent == 5 and not vllm.fits
     assert vllm.needed_bytes < cap  # the bytes alone would have fitted
     assert hf.pool_bytes is None and hf.fits == (hf.needed_bytes <= cap)
     v = vllm.verdict("rtx-4090")

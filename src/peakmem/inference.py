@@ -302,8 +302,18 @@ class CudagraphMode(Choice):
     FULL_AND_PIECEWISE = "full_and_piecewise"
 
 
+class ModelRunner(Choice):
+    """vLLM's GPU model runner (``VLLM_USE_V2_MODEL_RUNNER``: ``v1`` = 0, ``v2`` = 1); ``auto``: the
+    release's choice for the model (formulas/serving/cuda_graphs.py ``vllm_model_runner``)."""
+
+    AUTO = "auto"
+    V1 = "v1"
+    V2 = "v2"
+
+
 # The newest release of each engine whose CUDA-graph accounting was read (formulas/serving/cuda_graphs.py):
-# vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; every release from 0.21 accounts the same way).
+# vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; from 0.20 the V1 model runner's estimate comes out of the
+# KV budget; the V2 runner, default for dense models from 0.25, reserves nothing before 0.29).
 CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23"}  # hf: the transformers release
 # transformers v4.36.0 (Dec 2023) brought the Cache classes (cache_utils.py DynamicCache, updated in place);
 # before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step
@@ -377,6 +387,7 @@ class InferenceSetup:
     enforce_eager: bool = False
     max_num_seqs: int | None = None
     cudagraph_mode: CudagraphMode = CudagraphMode.AUTO
+    model_runner: ModelRunner = ModelRunner.AUTO  # vLLM VLLM_USE_V2_MODEL_RUNNER
     cuda_graph_max_bs: int | None = None
     # vLLM / SGLang --disable-custom-all-reduce: at TP > 1 the graphs capture NCCL all-reduces
     disable_custom_all_reduce: bool = False
@@ -542,6 +553,9 @@ class InferenceSetup:
             )
             mode = CudagraphMode.parse(self.cudagraph_mode, "cudagraph_mode")
             object.__setattr__(self, "cudagraph_mode", mode)
+        if not isinstance(self.model_runner, ModelRunner):
+            require(isinstance(self.model_runner, str), "model_runner", self.model_runner, "must be text")
+            object.__setattr__(self, "model_runner", ModelRunner.parse(self.model_runner, "model_runner"))
         engine = self.engine.value
         pooled = self.engine in (Engine.VLLM, Engine.SGLANG)
         for flag in ("enforce_eager", "disable_custom_all_reduce"):
@@ -572,6 +586,11 @@ class InferenceSetup:
             require(engine == "vllm", "cudagraph_mode", mode_name, f"an option of engine=vllm, not {engine}")
             require(self.version >= (0, 8), "cudagraph_mode", mode_name,
                     f"vLLM {self.engine_version} (V0) captures FULL decode graphs only")  # fmt: skip
+        if self.model_runner is not ModelRunner.AUTO:
+            runner = self.model_runner.value
+            require(engine == "vllm", "model_runner", runner, f"an option of engine=vllm, not {engine}")
+            require(self.version >= (0, 8), "model_runner", runner,
+                    f"vLLM {self.engine_version} is V0: no V1 / V2 model runner")  # fmt: skip
 
     def _check_state_dtypes(self) -> None:
         """``ssm_cache_dtype`` / ``conv_cache_dtype``: a name of :data:`STATE_CACHE_DTYPES`; other than
@@ -698,6 +717,8 @@ class InferenceSetup:
                if getattr(self, name) is not None},
             **({"cudagraph_mode": self.cudagraph_mode.value}
                if self.cudagraph_mode is not CudagraphMode.AUTO else {}),
+            **({"model_runner": self.model_runner.value}
+               if self.model_runner is not ModelRunner.AUTO else {}),
             **({"gptq_kernel": self.gptq_kernel.value} if self.gptq_kernel is not None else {}),
             **{name: getattr(self, name) for name in ("ssm_cache_dtype", "conv_cache_dtype")
                if getattr(self, name) != "auto"},

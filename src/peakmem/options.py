@@ -85,6 +85,7 @@ _GRAPHS = "CUDA graphs (vllm / sglang: formulas/serving/cuda_graphs.py)"
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 GPTQ_KERNELS = ("exllama", "exllamav2", "cuda-old")  # peakmem.inference.GptqKernel
 CUDAGRAPH_MODES = ("auto", "none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
+MODEL_RUNNERS = ("auto", "v1", "v2")  # inference.ModelRunner
 T, S, SV, J = _TRAINING, _SHARDED, _SERVING, _JOBS
 _KERNELS = _TRAINING - {"measure"}  # measure runs the device's own kernels
 _IMAGES = "images (vision-language models)"
@@ -245,6 +246,9 @@ OPTIONS: tuple[Option, ...] = (
        "graph capture sizes", group=_GRAPHS, maximum=MAX_BATCH),
     _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "
        "default)", group=_GRAPHS, choices=CUDAGRAPH_MODES),
+    _o("model_runner", str, "auto", SV, "vLLM's model runner, VLLM_USE_V2_MODEL_RUNNER (auto: V2 for dense "
+       "models from 0.25, which reserves nothing for CUDA graphs before 0.29)", group=_GRAPHS,
+       choices=MODEL_RUNNERS),
     _o("cuda_graph_max_bs", int, None, SV, "SGLang --cuda-graph-max-bs (default: SGLang 0.5's for the GPU "
        "and --tp: 8 below 20 GiB, 24 / 80 below 35, 32 / 160 below 60, 256 / 512 below 160 at tp < 4 / "
        ">= 4, 512 above; 160 with no GPU)", group=_GRAPHS, maximum=MAX_BATCH),
@@ -259,7 +263,7 @@ OPTIONS: tuple[Option, ...] = (
        "peakmem.device.INTERCONNECTS)", group=_GRAPHS),
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
-       "from 0.21, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
+       "from 0.20, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
        "makes every prompt position's logits",
        group=_GRAPHS),
     _o("ssm_cache_dtype", str, "auto", SV, "the SSM / linear-attention scan state's dtype: vLLM "

@@ -254,3 +254,10 @@ def vllm_hybrid_block(
     return HybridBlock(
         block=block, mamba_page=mamba_page, page=page, state_per_sequence=page * state.layers * pages
     )
+
+
+def has_recurrent_state(spec: ModelSpec) -> bool:
+    """Whether a layer of ``spec`` keeps a recurrent (SSM / delta-rule / linear-attention) state: vLLM's
+    ``ModelConfig.is_hybrid`` / ``is_attention_free`` models (a Mamba-style mixer in some or all layers)."""
+    infos = (g.layer.derived for g in spec.groups)
+    return any(i is not None and (i.state_elements or i.state_fp32_elements) for i in infos)

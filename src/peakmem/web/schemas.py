@@ -204,6 +204,9 @@ class InferRequest(ModelChoice):
     cudagraph_mode: str = Field(
         "auto", max_length=40, description="vLLM cudagraph_mode (auto: the release's)"
     )
+    model_runner: Literal["auto", "v1", "v2"] = Field(
+        "auto", description="vLLM VLLM_USE_V2_MODEL_RUNNER (auto: the release's for the model)"
+    )
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=MAX_BATCH, description="SGLang --cuda-graph-max-bs")
     disable_custom_all_reduce: bool = Field(False, description="vLLM / SGLang --disable-custom-all-reduce")
     attention_backend: Literal["fa3", "flashinfer", "triton"] | None = Field(

@@ -34,14 +34,68 @@ and every smaller graph reuses, plus :data:`PER_GRAPH_BYTES` for each graph.
 
 Where the engine accounts for it (:class:`Accounting`):
 
-* vLLM 0.21+: ``determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) subtracts that estimate
-  from the KV budget ("CUDA graph memory profiling is enabled (default since v0.21.0)"): the KV pool
-  shrinks and the device stays within gpu_memory_utilization x GPU.
-* vLLM before 0.21 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
+* vLLM 0.20+: ``determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) subtracts that estimate
+  from the KV budget: the KV pool shrinks and the device stays within gpu_memory_utilization x GPU. The
+  switch, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` in ``vllm/envs.py``, defaults to "0" in the 0.19.1
+  wheel (which logs "In v0.19, CUDA graph memory profiling will be enabled by default") and "1" from the
+  0.20.0 wheel on (read in 0.19.1, 0.20.0, 0.20.2, 0.21.0, 0.22.0), although 0.20.x already logs "(default
+  since v0.21.0)"; before 0.20 the estimate is logged but not subtracted.
+* vLLM 0.25-0.28 with Model Runner V2 (:func:`vllm_model_runner`): the V2 runner's
+  ``profile_cudagraph_memory`` is a placeholder that returns 0 (``vllm/v1/worker/gpu/model_runner.py``,
+  "It is TBD whether we keep this API or not", read in the 0.25.0, 0.25.1, 0.26.0, 0.27.1 and 0.28.0
+  wheels), so ``determine_available_memory`` subtracts nothing, the KV pool takes the whole budget and the
+  graphs come on top of it, as before 0.20 (vllm #49224: "Model Runner V2 (now default for dense models)
+  skips CUDA graph memory reservation ... causing OOM during capture_model()"; PR #49233, its fix, was
+  closed). From the 0.29.0 wheel on the V2 runner measures them (``v1/worker/gpu/cudagraph_utils.py``
+  ``profile_cudagraph_memory``: every PIECEWISE, encoder and drafter graph captured, the FULL graphs
+  extrapolated from the two largest as the V1 runner does) and they are in the budget again. Which runner
+  runs: ``vllm/config/vllm.py`` ``VllmConfig.use_v2_model_runner`` (``VLLM_USE_V2_MODEL_RUNNER`` when set,
+  else ``_is_default_v2_model_runner_model``): V2 for generative models that are neither hybrid /
+  attention-free nor MoE (MoE architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` excepted), unless
+  a feature it lacks is on (``_get_v2_model_runner_unsupported_features``: here ngram and draft-model
+  speculation); read in the 0.25.0 wheel already (PR #49233 says 0.25.1) through 0.28.0.
+* Hybrid GDN / Mamba models stay on the V1 runner through 0.28. vllm #50780 reports their estimate grown
+  by a transient linear in max_num_batched_tokens from 0.26.0 (KV pool -18-24 %), and #52872 a graph pool
+  of 0.89 GiB at max_num_batched_tokens 8192 against 0.52 GiB at 2048-4096 (RTX 5090, a 64-layer hybrid).
+  What the V1 estimate reads of max_num_batched_tokens: its first FULL capture runs attention at
+  ``profile_seq_lens = min(max_model_len, max_num_batched_tokens // tokens)`` a sequence (0.25.1-0.27.1,
+  ``profile_cudagraph_memory``, unchanged between those wheels on CUDA), and peakmem caps the capture
+  sizes at it; which tensor carries #50780's transient was not found in the 0.25.1 -> 0.26.0 diffs read
+  (gpu_model_runner.py, gdn_attn.py, mamba_attn.py, qwen_gdn_linear_attn.py), and neither thread's setup
+  could be read whole, so it is not in the term.
+* vLLM before 0.20 (V0 included): ``capture_model`` runs after the KV cache is allocated, so the graphs
   come on top of gpu_memory_utilization x GPU (vllm #7553: nvidia-smi 21,395 MiB with --enforce-eager,
   23,859 MiB with graphs).
 * SGLang: mem_fraction_static holds the weights and the KV pool; the graphs use the reserve outside it
   (``model_runner.py`` ``profile_max_num_token``).
+
+What vLLM's "Estimated CUDA graph memory" is and what "took" is (read in the vllm 0.20.0, 0.21.0 and 0.22.0
+wheels, ``_version.py`` commits gb8160878f, gad7125a43, g0b3ba88f1; ``v1/worker/gpu_model_runner.py``
+``profile_cudagraph_memory`` / ``capture_model`` / ``_warmup_and_capture``, ``v1/worker/gpu_worker.py``
+``determine_available_memory`` / ``compile_or_warm_up_model``): both are drops in ``torch.cuda.mem_get_info``
+free device memory, so both hold the pool's segments, the graphs' driver memory and whatever NCCL kernels
+captured in them keep, and neither holds the eager warm-ups (each size runs ``cudagraph_num_of_warmups``
+eager forwards, whose cached blocks the first piece's ``torch.cuda.graph`` ``empty_cache`` returns).
+
+* the estimate (before the KV pool, a throw-away ``graph_pool_handle()``, a minimal profiling KV cache):
+  per mode, sizes sorted largest first (``cudagraph_dispatcher.py`` ``get_capture_descs``), only the first
+  TWO are warmed up and captured; ``estimate = max over modes(first capture) + sum over modes((n - 1) x
+  max(second capture, 1 MiB))``; the graphs are then destroyed. The first FULL capture runs attention at
+  ``min(max_model_len, max_num_batched_tokens // tokens)`` per sequence (``profile_seq_lens``).
+* "took" (``capture_model``, after the KV pool): every size captured, PIECEWISE then FULL into the one
+  global pool; the drop from before the first to after the last. vllm-worker logs both on one line:
+  "CUDA graph pool memory: A GiB (actual), E GiB (estimated), difference: ...".
+
+So the two differ only in how the n - 2 sizes vLLM does not profile cost: the estimate charges each the
+second size's marginal; the capture pays what each actually adds to a pool that the larger sizes already
+grew. This term models both as the same constant per graph (:data:`PER_GRAPH_BYTES`), i.e. the estimate's
+own shape; what each further size really adds depends on the caching allocator's free lists and the driver,
+not on anything in vLLM's source, so the term is one number for both. Published pairs show the estimate
+above "took": club-3090 #178 / #356 (held out, Qwen3.6-27B TP 2, 5 PIECEWISE sizes) 1.35x / 1.38x; vllm
+#50722 (a DFlash MoE, TP 4) 1.11x; vllm issue #45178 (B200, MiniMax-M2.5) a KV pool cut 3.1x, its root
+cause given as this linear extrapolation; a fork's PR (local-inference-lab/vllm #511, six FULL graphs):
+9.47 GiB extrapolated against 8.20 GiB profiled exactly. None of them is a fitting-set case, so nothing is
+fitted to them, and only the band's +-10 % (:func:`graph_band`) stands for the gap.
 
 What one more size keeps (read in vLLM 0.10.0 ``vllm/compilation/cuda_piecewise_backend.py``
 ``CUDAPiecewiseBackend.__call__``, 0.10.1 ``vllm/compilation/cuda_graph.py`` ``CUDAGraphWrapper.__call__``
@@ -95,13 +149,15 @@ the CUDA driver's, not NCCL's few KiB: vllm issue #5517 tabulates 3.81 (CUDA 12.
 
 Hybrid models with a speculative draft at TP > 1 (the club-3090 cases of benchmarks/cuda_graph_logs.json:
 Qwen3.6-27B, 48 Gated-DeltaNet + 16 attention layers, MTP K=3, PIECEWISE, TP 2 and 4, where the term was
-3-4x low). Read in vLLM (stored main, commit 000fc94b; the logs' 0.21 nightlies have the same structure):
+3-4x low). Read in vLLM (stored main, commit 000fc94b; the logs' builds, 0.20.x to 0.22.x by their line
+numbers, have the same structure):
 
 * ``gpu_model_runner.py`` ``profile_cudagraph_memory``: per mode, the first two sizes are warmed up and
-  captured into a throw-away pool, ``mem_samples`` = the drop in ``torch.accelerator.get_memory_info`` free
-  memory over each; the estimate is ``max(first capture) + sum((n - 1) x second capture)``. It measures free
-  device memory, so it sees everything a capture adds: the pool's segments, the graphs' driver memory and
-  whatever a collective captured inside them keeps (``capture_model``'s "took" is the same drop).
+  captured into a throw-away pool, ``mem_samples`` = the drop in free device memory over each
+  (``torch.cuda.mem_get_info`` in 0.20-0.22, ``torch.accelerator.get_memory_info`` later); the estimate
+  is ``max(first capture) + sum((n - 1) x second capture)``. It measures free device memory, so it sees
+  everything a capture adds: the pool's segments, the graphs' driver memory and whatever a collective
+  captured inside them keeps (``capture_model``'s "took" is the same drop over every size: see above).
 * ``_dummy_run``: when it captures a PIECEWISE size and a drafter exists (eagle, eagle3, mtp, draft model),
   it calls ``drafter.dummy_run(num_tokens, use_cudagraphs=True, is_graph_capturing=True)``;
   ``spec_decode/llm_base_proposer.py`` ``dummy_run`` runs ONE drafter forward while capturing
@@ -136,9 +192,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from peakmem.formulas.recurrent_state import has_recurrent_state
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.serving.sglang_graphs import SglangCapture, sglang_capture
-from peakmem.inference import CudagraphMode, Engine, InferenceSetup
+from peakmem.inference import CudagraphMode, Engine, InferenceSetup, ModelRunner
 from peakmem.model import ModelSpec
 from peakmem.units import KiB, MiB
 
@@ -187,7 +244,25 @@ FULL_AND_PIECEWISE_RELEASE = (0, 11)  # cudagraph_mode default FULL_AND_PIECEWIS
 # sizes step 16 above 256: 0.11.0 logs PIECEWISE 0/67 (vllm PR #27521), the 0.11.1 development line 51 + 35
 # (PR #29335, 0.11.1rc7.dev487); releases are read as major.minor, so 0.11 keeps 67 and 0.12 has 51
 SPARSE_SIZES_RELEASE = (0, 12)
-BUDGETED_RELEASE = (0, 21)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (vllm/envs.py): "0" in 0.19.1, "1" from 0.20.0
+BUDGETED_RELEASE = (0, 20)
+# Model Runner V2 (module docstring): the default for dense generative models from 0.25 (vllm/config/vllm.py
+# _is_default_v2_model_runner_model, read in the 0.25.0 wheel); its profile_cudagraph_memory returns 0
+# through 0.28.0 and measures the graphs from 0.29.0 (v1/worker/gpu/cudagraph_utils.py)
+MRV2_DEFAULT_RELEASE = (0, 25)
+MRV2_ESTIMATE_RELEASE = (0, 29)
+# MoE architectures that default to V2 all the same (vllm/config/vllm.py
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES), each with the first release whose wheel lists it (0.25.0, 0.26.0
+# and 0.28.0 read)
+MRV2_MOE_ARCHITECTURES = {
+    "DeepseekV2ForCausalLM": (0, 25), "Qwen2MoeForCausalLM": (0, 25), "GraniteMoeForCausalLM": (0, 25),
+    "InklingForCausalLM": (0, 26), "InklingForConditionalGeneration": (0, 26),
+    "KimiK3ForConditionalGeneration": (0, 26), "LongcatFlashNgramForCausalLM": (0, 26),
+    "DeepseekV4ForCausalLM": (0, 28),
+}  # fmt: skip
+# speculative methods the V2 runner lacks (_get_v2_model_runner_unsupported_features: it runs eagle, eagle3,
+# mtp, dflash and dspark): vLLM falls back to V1 with them
+MRV2_UNSUPPORTED_DRAFTS = ("ngram", "draft_model")
 
 # Tensor-parallel all-reduces in one forward of a dense decoder (vLLM linear.py RowParallelLinear: o_proj and
 # down_proj; vocab_parallel_embedding.py VocabParallelEmbedding: the embedding's, on the first stage)
@@ -198,8 +273,9 @@ EMBEDDING_ALLREDUCES = 1
 class Accounting(str, Enum):
     """Where the engine counts the graphs' memory."""
 
-    KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.21+)
-    ON_TOP = "on_top"  # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.21)
+    KV_BUDGET = "kv_budget"  # subtracted before the KV pool is sized (vLLM 0.20+)
+    # captured after the pool: above gpu_memory_utilization x GPU (vLLM < 0.20; Model Runner V2 0.25-0.28)
+    ON_TOP = "on_top"
     OUTSIDE_FRACTION = "outside_fraction"  # in the reserve outside mem_fraction_static (SGLang)
 
 
@@ -233,6 +309,7 @@ class GraphMemory:
     per_graph_bytes: int
     accounting: Accounting
     release: str  # e.g. "vllm 0.27"
+    runner: str = ""  # vLLM V1 engine's model runner, "v1" or "v2" ("" for V0 and SGLang)
     allreduces_per_graph: int = 0  # tensor-parallel all-reduces captured in each graph (none without TP)
     # vLLM's drafter forward captured with each PIECEWISE size (speculative decoding) and its all-reduces
     draft_captures: int = 0
@@ -352,12 +429,13 @@ def graph_memory(
         seqs = setup.max_num_seqs if setup.max_num_seqs is not None else VLLM_DEFAULT_MAX_NUM_SEQS
         sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
                                  spec_tokens=spec_tokens)  # fmt: skip
-        accounting = Accounting.KV_BUDGET if release >= BUDGETED_RELEASE else Accounting.ON_TOP
+        runner = vllm_model_runner(spec, setup)
+        accounting = vllm_accounting(release, runner)
         static, static_detail = 0, ""
     else:
         sglang = sglang_capture(spec, setup, act_bytes=act_bytes)
         sets, static = sglang_sets(sglang), sglang.outside_pool_bytes
-        accounting, static_detail = Accounting.OUTSIDE_FRACTION, sglang.describe()
+        accounting, static_detail, runner = Accounting.OUTSIDE_FRACTION, sglang.describe(), ""
     if not sets:
         return None
     draft_spec = setup.draft.spec if setup.draft is not None else None
@@ -371,10 +449,38 @@ def graph_memory(
     draft_captures, draft_allreduces = drafter_captures(setup, sets)
     off = custom_all_reduce_off(setup)
     return GraphMemory(sets=sets, shared_bytes=shared, per_graph_bytes=PER_GRAPH_BYTES, accounting=accounting,
-                       release=name, allreduces_per_graph=allreduces, draft_captures=draft_captures,
+                       release=name, runner=runner, allreduces_per_graph=allreduces,
+                       draft_captures=draft_captures,
                        draft_allreduces_per_graph=draft_allreduces, nccl_captured=off is True,
                        nccl_unknown=off is None, static_bytes=static,
                        static_detail=static_detail)  # fmt: skip
+
+
+def vllm_model_runner(spec: ModelSpec, setup: InferenceSetup) -> str:
+    """The model runner vLLM ``setup.version`` runs ``spec`` with: "v1" or "v2" ("" for V0, before 0.8).
+    ``--model-runner`` (VLLM_USE_V2_MODEL_RUNNER) when given; else V2 from :data:`MRV2_DEFAULT_RELEASE` for a
+    model with no recurrent-state layer (vLLM's is_hybrid / is_attention_free) that is not MoE (unless its
+    architecture is in :data:`MRV2_MOE_ARCHITECTURES` by then), without a draft V2 lacks."""
+    if setup.version < V1_RELEASE:
+        return ""
+    if setup.model_runner is not ModelRunner.AUTO:
+        return str(setup.model_runner.value)
+    draft = setup.draft
+    if setup.version < MRV2_DEFAULT_RELEASE or has_recurrent_state(spec):
+        return "v1"
+    if draft is not None and draft.method in MRV2_UNSUPPORTED_DRAFTS:
+        return "v1"
+    listed = MRV2_MOE_ARCHITECTURES.get(spec.architecture)
+    return "v1" if spec.is_moe and (listed is None or setup.version < listed) else "v2"
+
+
+def vllm_accounting(release: tuple[int, int], runner: str) -> Accounting:
+    """Where vLLM ``release`` counts the graphs of ``runner``: in the KV budget from
+    :data:`BUDGETED_RELEASE`, except Model Runner V2 before :data:`MRV2_ESTIMATE_RELEASE` (its estimate is
+    0: captured on top of the pool)."""
+    if release < BUDGETED_RELEASE or (runner == "v2" and release < MRV2_ESTIMATE_RELEASE):
+        return Accounting.ON_TOP
+    return Accounting.KV_BUDGET
 
 
 def sglang_sets(c: SglangCapture) -> tuple[CaptureSet, ...]:
@@ -460,8 +566,13 @@ def graph_band(g: GraphMemory | None) -> tuple[int, int]:
 def graph_note(g: GraphMemory) -> str:
     """The assumption line of the term."""
     where = {
-        Accounting.KV_BUDGET: "vLLM subtracts it from the KV budget before sizing the pool (0.21+)",
-        Accounting.ON_TOP: "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.21)",
+        Accounting.KV_BUDGET: "vLLM subtracts its estimate from the KV budget before sizing the pool (0.20+)",
+        Accounting.ON_TOP: (
+            "Model Runner V2 reserves nothing for them before 0.29 (its profile_cudagraph_memory returns 0; "
+            "vllm #49224): captured after the KV pool, on top of gpu_memory_utilization x GPU"
+            if g.runner == "v2"
+            else "captured after the KV pool: on top of gpu_memory_utilization x GPU (before 0.20)"
+        ),
         Accounting.OUTSIDE_FRACTION: "outside mem_fraction_static (SGLang's reserve for activations, graphs)",
     }[g.accounting]
     drafted = (

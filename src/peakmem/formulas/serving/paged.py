@@ -156,7 +156,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             pool = budget - (weights.bytes if outside else resident)
         else:
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch);
-            # from 0.21 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py)
+            # from 0.20 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py; serving/cuda_graphs.py)
             pool = budget - resident - activations - CUDA_CONTEXT_BYTES
             if graphs is not None and graphs.accounting is Accounting.KV_BUDGET:
                 pool -= graph_bytes
@@ -278,6 +278,8 @@ def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: lis
         return []
     extra.update(cuda_graph_bytes=graphs.bytes, cuda_graphs=graphs.graphs,
                  cuda_graph_accounting=graphs.accounting.value)  # fmt: skip
+    if graphs.runner:  # vLLM V1 engine: the model runner (formulas/serving/cuda_graphs.py vllm_model_runner)
+        extra["vllm_model_runner"] = graphs.runner
     if graphs.nccl_captured:  # --disable-custom-all-reduce at TP > 1: NCCL all-reduces in the graphs
         extra.update(cuda_graph_allreduces=graphs.captured_allreduces,
                      cuda_graph_nccl_bytes=graphs.nccl_bytes)  # fmt: skip
