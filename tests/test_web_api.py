@@ -64,6 +64,9 @@ def gpt2_xl_config() -> dict[str, Any]:
           "--lora-targets", "q_proj,v_proj", "--gpus", "2", "--fsdp", "full-shard"]),
         ({"model": "llama-3.2-1b", "seq": 512, "method": "qlora"},
          ["llama-3.2-1b", "--seq", "512", "--method", "qlora"]),
+        # QLoRA on bitsandbytes 0.41.1: its 4-bit Linears keep their inputs (peakmem.bnb_versions)
+        ({"model": "llama-3.2-1b", "seq": 512, "method": "qlora", "bitsandbytes": "0.41.1"},
+         ["llama-3.2-1b", "--seq", "512", "--method", "qlora", "--bitsandbytes", "0.41.1"]),
         # the memory-saving options: torchtune's and Liger's
         ({"model": "llama-3.2-1b", "seq": 1024, "precision": "bf16", "loss": "chunked-compiled",
           "optimizer_in_backward": True, "activation_offload": True, "compile": True,

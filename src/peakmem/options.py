@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.errors import InputError
 from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
@@ -128,6 +129,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("adapter_dtype", str, None, T, "fp32 (peft's default) or base", group=_LORA),
     _o("quant", str, None, T, "qlora base: nf4 (default)|fp4|int8", group=_LORA),
     _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
+    _o("bitsandbytes", str, BNB_CURRENT, T, "qlora: the bitsandbytes release the base runs, e.g. 0.41.1 "
+       f"(default {BNB_CURRENT}); before 0.43.2 each 4-bit Linear keeps its input for backward "
+       "(peakmem.bnb_versions)", group=_LORA),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
        "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
        "torch.compile: torchtitan with compile on)", group=_SAVING),

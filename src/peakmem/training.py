@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakmem.adapters import LoraConfig, QuantConfig
+from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
 from peakmem.errors import InputError
 from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
@@ -250,6 +251,9 @@ class TrainingSetup:
     # Fine-tuning on a budget (peakmem.adapters; formulas lora / qlora / lowbit_optim):
     lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
     quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant
+    # the bitsandbytes release the quantized base runs (peakmem.bnb_versions: before 0.43.2 MatMul4Bit
+    # keeps each 4-bit Linear's input for backward)
+    bitsandbytes: str = BNB_CURRENT
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading
@@ -320,6 +324,12 @@ class TrainingSetup:
             )
         if self.method is not Method.QLORA and self.quant is not None:
             raise InputError(f"method={self.method.value!r}: a quantized base (--quant) needs --method qlora")
+        four_bit = self.method is Method.QLORA and (self.quant is None or self.quant.is_4bit)
+        if not has_4bit(self.bitsandbytes) and four_bit:  # has_4bit first: a malformed version's error
+            raise InputError(
+                f"bitsandbytes={self.bitsandbytes!r}: no 4-bit Linear before 0.39.0 (use --quant int8 "
+                "or a later release)"
+            )
         if self.optimizer_in_backward and self.grad_accum > 1:
             raise InputError(
                 f"grad_accum={self.grad_accum}: optimizer-in-backward steps at every micro-batch; "

@@ -15,7 +15,8 @@ Temporaries (bitsandbytes/autograd/_functions.py, backends/cuda/ops.py):
 * 4-bit, forward: ``gemm_4bit`` with more than 1536 rows (any training batch) falls back to
   ``dequantize_4bit`` + ``F.linear``: the layer's weight dequantized to the compute dtype (out x in),
   plus with double quantization the fp32 absmax (one per 64-block) rebuilt first. ``MatMul4Bit`` saves
-  only the packed weight (``ctx.tensors = (None, B)``), never the input.
+  only the packed weight (``ctx.tensors = (None, B)``), never the input; before bitsandbytes 0.43.2 it
+  kept the input too (``(A, B)``: :mod:`peakmem.bnb_versions`, counted in formulas/lora/deltas.py).
 * 4-bit, backward: ``grad_A = grad_output @ dequantize_4bit(B)``: the same dequantized weight again.
 * 8-bit (``MatMul8bitLt``): forward quantizes the input (``int8_vectorwise_quant(A.to(fp16))``: an
   fp16 copy when A is not fp16, int8 values and fp32 row scales) and **saves A** for backward

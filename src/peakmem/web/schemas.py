@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.inference import Engine, KvDtype
 from peakmem.options import (
     MAX_BATCH,
@@ -89,6 +90,10 @@ class TrainOptions(ModelChoice):
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
+    bitsandbytes: str = Field(
+        BNB_CURRENT, max_length=20,
+        description="qlora: the bitsandbytes release, e.g. 0.41.1 (before 0.43.2 4-bit Linears keep inputs)",
+    )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")
     activation_offload: bool = Field(False, description="saved activations to CPU RAM (torchtune)")

@@ -6,6 +6,8 @@ added to ``result``; ``result.to(result_dtype)``. Autograd saves (aten derivativ
 ``mat1`` only when ``mat2`` requires grad): lora_A's input (the cast, or the dropout output plus its
 mask), lora_A's output (T x r) for lora_B. The frozen base no longer keeps what only its weight
 gradients needed: Linear inputs, the RMSNorm output that multiplies the norm weight, the LM head input.
+A quantized base's Linears that keep their input themselves (LLM.int8; 4-bit before bitsandbytes 0.43.2:
+:func:`base_keeps_input`) keep those Linear inputs, where the input requires grad.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from peakmem.adapters import LoraConfig, lora_of, quant_of
+from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import FIRST_BLOCK, Layer, LayerGroup, ModelSpec
 
@@ -116,8 +119,20 @@ def _module_dtypes_same(lora: LoraConfig, sh: Shapes) -> bool:
     return lora.dropout == 0 and not sh.plan.autocast and a.bits // 8 == sh.c
 
 
-def _kept(readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool) -> bool:
-    return int8_base or (any(m.kind == "linear" for m in readers) and _module_dtypes_same(lora, sh))
+def _kept(readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, base_keeps: bool) -> bool:
+    return base_keeps or (any(m.kind == "linear" for m in readers) and _module_dtypes_same(lora, sh))
+
+
+def base_keeps_input(setup: Any) -> bool:
+    """Whether the quantized base's Linears keep their input for backward (when it requires grad):
+    LLM.int8 always (``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)``), 4-bit before bitsandbytes
+    0.43.2 (``MatMul4Bit``: ``(A, B)``; :mod:`peakmem.bnb_versions`). Such an input is counted once,
+    by keeping the tensor full fine-tuning saves for the frozen weight's gradient."""
+    quant = quant_of(setup)
+    if quant is None:
+        return False
+    version = getattr(setup, "bitsandbytes", BNB_CURRENT)
+    return not quant.is_4bit or release_facts(version).matmul4bit_saves_input
 
 
 def adapt_layer(
@@ -127,9 +142,13 @@ def adapt_layer(
     (Linear inputs, the RMSNorm output multiplying the norm weight); the adapters add theirs."""
     lora = lora_of(setup)
     quant = quant_of(setup)
-    int8_base = quant is not None and not quant.is_4bit  # MatMul8bitLt saves its input
+    keeps = base_keeps_input(setup)
     layer = spec.groups[group].layer
     mods = [m for m in resolve_targets(spec, lora, sh.memo) if m.group == group]
+    # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet, so no
+    # autograd node is made for the quantized Linears reading it (their ctx, and the input, are dropped)
+    first = group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora, sh.memo)
+    att_keeps = keeps and not first
     t, c, h = sh.tokens, sh.c, spec.hidden_size
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
     # the normalised x each frozen RMSNorm kept only for its weight's gradient (0 for LayerNorm)
@@ -141,30 +160,30 @@ def adapt_layer(
         # Falcon-7B's one shared norm output (key "input.attn_mlp"): one storage read by both halves,
         # kept while either the attention or the MLP readers keep it (``_kept``), else all of it goes
         if item.key == "input.attn_mlp":
-            kept = _kept(att_readers, lora, sh, int8_base) or _kept(mlp_readers, lora, sh, int8_base)
+            kept = _kept(att_readers, lora, sh, att_keeps) or _kept(mlp_readers, lora, sh, att_keeps)
             nbytes = nbytes if kept else 0
         elif item.key == "norms":
             nbytes -= block_norm_count(layer, sh.memo) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
         elif item.key == "attn.qk_norm":  # Qwen3 / Gemma 3 / OLMo 2 q_norm, k_norm: frozen weights too
             nbytes -= rmsnorm_weight_side_bytes(spec, sh, qk_norm_width(layer))
         elif item.key == "input.attn":
-            nbytes = nbytes if _kept(att_readers, lora, sh, int8_base) else 0
+            nbytes = nbytes if _kept(att_readers, lora, sh, att_keeps) else 0
         elif item.key == "input.mlp":
             # an adapted router that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves it too
             router = _router_adapted(mods) and not layer.mlp.router_fp32
-            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, int8_base) else 0
-        elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, int8_base):
+            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, keeps) else 0
+        elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, keeps):
             nbytes = 0  # the contiguous copy is o_proj's input only, saved for its frozen weight's grad
-        elif item.key == "attn.output" and not _kept(o_proj, lora, sh, int8_base):
+        elif item.key == "attn.output" and not _kept(o_proj, lora, sh, keeps):
             # eager's o_proj input (SDPA keeps its own output for its backward: "attn.sdpa_output")
             nbytes -= t * layer.attention.num_heads * layer.attention.v_head_dim * c
-        elif _drops_down_input(item.key, layer, down, lora, sh, int8_base):
+        elif _drops_down_input(item.key, layer, down, lora, sh, keeps):
             down_dropped = t * layer.mlp.intermediate_size * c
             nbytes -= down_dropped
         elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
-            nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, int8_base)
+            nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, keeps)
         elif layer.mlp.is_moe:
-            nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, int8_base)
+            nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, keeps)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
@@ -188,8 +207,7 @@ def adapt_layer(
     if others:
         out.append(_act("lora: A outputs" + (" + DoRA products" if lora.dora else ""), others, SRC_LORA,
                         "lora.a_outputs"))  # fmt: skip
-    if group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora, sh.memo):
-        # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet
+    if first:
         first_norm = norm_saved(spec, sh, h) - y_norm
         out = [replace(i, bytes=i.bytes - first_norm) if i.key == "norms" else i for i in out]
     saved = tuple(i for i in out if i.bytes)
@@ -283,11 +301,11 @@ def _recompute_transient(
 
 
 def _drops_down_input(
-    key: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, int8_base: bool
+    key: str, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes, base_keeps: bool
 ) -> bool:
     """The MLP's down-projection input (act * up, or act(fc)) is saved only for the frozen weight's grad;
     ReLU saves its own output, and MoE experts are left as full fine-tuning counts them."""
-    if key != "mlp.interior" or _kept(down, lora, sh, int8_base):
+    if key != "mlp.interior" or _kept(down, lora, sh, base_keeps):
         return False
     return layer.mlp.activation != "relu" and not layer.mlp.is_moe
 
@@ -307,7 +325,7 @@ def _mla_latent_drop(
     mods: list[AdaptedModule],
     lora: LoraConfig,
     sh: Shapes,
-    int8_base: bool,
+    base_keeps: bool,
 ) -> int:
     """MLA's latent RMSNorm (kv_a_layernorm / q_a_layernorm) under LoRA: its normed ``y`` is saved only for
     the frozen norm weight's gradient, and the normed latent only for the frozen kv_b_proj / q_b_proj
@@ -317,7 +335,7 @@ def _mla_latent_drop(
     rank, reader = (att.kv_lora_rank, "kv_b_proj") if kv else (att.q_lora_rank or 0, "q_b_proj")
     t = sh.tokens
     drop = rmsnorm_weight_side_bytes(spec, sh, rank)
-    if not _kept([m for m in mods if m.leaf == reader], lora, sh, int8_base):
+    if not _kept([m for m in mods if m.leaf == reader], lora, sh, base_keeps):
         drop += t * rank * sh.c
     return drop
 
@@ -330,7 +348,7 @@ def _moe_frozen_drop(
     down: list[AdaptedModule],
     lora: LoraConfig,
     sh: Shapes,
-    int8_base: bool,
+    base_keeps: bool,
 ) -> int:
     """Bytes of an MoE layer's saved tensor that only a frozen weight's gradient needed (derivatives.yaml:
     mm / grouped_mm save their input only when the weight requires grad). Frozen experts: the up
@@ -345,7 +363,7 @@ def _moe_frozen_drop(
         return s * mlp.intermediate_size * c
     if key == "moe.router_fp32" and not _router_adapted(mods) and not sh.plan.autocast and c != 4:
         return t * spec.hidden_size * 4
-    if key == "mlp.shared_experts" and not _kept(down, lora, sh, int8_base):
+    if key == "mlp.shared_experts" and not _kept(down, lora, sh, base_keeps):
         return t * mlp.shared_intermediate_size * c
     return 0
 

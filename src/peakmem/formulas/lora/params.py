@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from peakmem import dtypes
 from peakmem.adapters import LoraConfig, lora_of, quant_of
+from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import Component, LayerGroup, ModelSpec, Tensor, TensorKind
@@ -233,10 +234,18 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
         )
     quant = quant_of(setup)
     if quant is not None:
+        version = getattr(setup, "bitsandbytes", BNB_CURRENT)
         out.append(
             f"QLoRA base: bitsandbytes {quant.label} (blocksize {quant.blocksize}); embeddings, head, "
             "norms, MoE routers and fused experts stay 16-bit; one layer's weight dequantized at a time"
         )
+        if quant.is_4bit and release_facts(version).matmul4bit_saves_input:
+            out.append(
+                f"bitsandbytes {version}: each 4-bit Linear whose input requires grad keeps that input for "
+                f"backward ({release_facts(version).source}; dropped in 0.43.2, PR #1270)"
+                + ("; not added to the measured block costs of this derived model (the simulator runs "
+                   f"bitsandbytes {BNB_CURRENT})" if spec.derived_from else "")
+            )  # fmt: skip
     if any(m.kind == "param" for m in mods):
         out.append(
             "MoE: peft 0.21.2 maps v4 expert/router names onto transformers 5 fused parameters "

@@ -26,6 +26,7 @@ const FIELDS = [
   { id: "lora_rank", def: "", int: true, modes: TRAIN, only: "adapter" },
   { id: "lora_targets", def: "", modes: TRAIN, only: "adapter" },
   { id: "quant", def: "", modes: TRAIN, only: "qlora" },
+  { id: "bitsandbytes", def: "", modes: TRAIN, only: "qlora" },
   { id: "precision", def: "mixed-bf16", modes: TRAIN },
   { id: "optimizer", def: "adamw", modes: TRAIN },
   { id: "batch", def: "1", int: true, modes: TRAIN },
