@@ -88,7 +88,8 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   names the recipe: tensorwise / rowwise / rowwise_with_gw_hp -> ``float8-tensorwise`` / ``float8-rowwise``
   / ``float8-rowwise-gw-hp`` (mxfp8 recipes: not expressible);
 * ``layout.fsdp_version`` (Lit-GPT's Lightning ``FSDPStrategy`` is FSDP1) instead of always 2;
-* ``job.framework`` (``torchtune``), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (HF
+* ``job.framework`` (``torchtune``, ``litgpt``: peakmem.formulas.profiles), ``lora_rank``, ``lora_alpha``,
+  ``lora_dropout``, ``lora_targets`` (HF
   module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
   and ``double_quant`` false -> ``no_double_quant=True``, ``bitsandbytes`` (the release a QLoRA job ran:
   Lit-GPT's 0.41.1, whose 4-bit Linears keep their inputs), passed as the options of the same names;
@@ -196,7 +197,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp
         opts.update(fsdp="full-shard", fsdp_version=lay.get("fsdp_version") or 2)
-    if job.get("framework"):  # torchtune: its recipes' loss and logits handling (peakmem.defaults)
+    if job.get("framework"):  # torchtune, Lit-GPT: their model code and loss (peakmem.formulas.profiles)
         opts["framework"] = job["framework"]
     for name in ("lora_rank", "lora_alpha", "lora_dropout", "adapter_dtype", "quant", "bitsandbytes"):
         if job.get(name) is not None:

@@ -97,6 +97,14 @@ GRAD_SYNC: tuple[Default, ...] = (
     ),
     Default(
         option="grad_sync", value=GradSync.LAST.value,
+        who="Lit-GPT's finetune scripts run every micro-batch but the step's last under Fabric's "
+        "no_backward_sync (FSDP1 no_sync: unsharded gradients until the last one)",
+        source="Lit-GPT@8641822b finetune/lora.py train: with fabric.no_backward_sync(model, "
+        "enabled=is_accumulating)",
+        applies=lambda opt, prec, fw: fw is Framework.LITGPT,
+    ),
+    Default(
+        option="grad_sync", value=GradSync.LAST.value,
         who="the HF Trainer runs every micro-batch but the last under accelerate's no_sync "
         "(sync_each_batch=False): FSDP keeps the unsharded gradients until the last one",
         source="transformers 5.23 trainer.py _inner_training_loop; accelerate 1.16 accelerator.py no_sync "
@@ -141,6 +149,14 @@ REDUCE_DTYPE: tuple[Default, ...] = (
         source="accelerate 1.16 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision, "
         "called by state.py AcceleratorState.__init__",
         applies=lambda opt, prec, fw: fw in (Framework.HF, Framework.UNSLOTH),
+    ),
+    Default(
+        option="fsdp_reduce_dtype", value=ReduceDtype.PARAM.value,
+        who="Lightning Fabric's FSDP precision under bf16-true sets MixedPrecision(param_dtype=reduce_dtype="
+        "buffer_dtype=bf16): the gradients are reduced in the 16-bit param dtype",
+        source="Lightning 2.1 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config "
+        "(Lit-GPT@8641822b finetune/lora.py: FSDPStrategy with Fabric precision)",
+        applies=lambda opt, prec, fw: fw is Framework.LITGPT,
     ),
     Default(
         option="fsdp_reduce_dtype", value=ReduceDtype.PARAM.value,

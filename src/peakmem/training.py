@@ -165,6 +165,9 @@ class Framework(Choice):
     # unsloth's patched transformers models: offloaded gradient checkpointing (layer inputs in CPU
     # RAM) and its fused cross-entropy (peakmem.formulas.profiles)
     UNSLOTH = "unsloth"
+    # Lit-GPT's own model code (lit_gpt/model.py, lora.py, rmsnorm.py): fused qkv Linear and LoRA on it,
+    # RMSNorm in the input dtype, the lm_head run in chunks (peakmem.formulas.profiles)
+    LITGPT = "litgpt"
 
 
 class GradSync(Choice):

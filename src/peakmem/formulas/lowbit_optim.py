@@ -284,7 +284,8 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     chunk = math.ceil(t / CE_CHUNKS) * v
     keep = [i for i in head.saved if i.key != "loss.log_softmax"]
     if kind == "half":
-        return half_ce(head, keep, t * v, c, autocast=sh.plan.autocast)
+        chunk_rows = min(t, sh.batch * sh.profile.lm_head_chunk)
+        return half_ce(head, keep, t * v, c, autocast=sh.plan.autocast, chunk=chunk_rows * v)
     if kind == "compiled":
         return compiled_ce(head, keep, t, v, c)
     if kind == "chunked":
@@ -320,16 +321,25 @@ SRC_HALF_CE = (
 )
 
 
-def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast: bool) -> Any:
+def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast: bool, chunk: int = 0) -> Any:
     """``loss='half'``: cross-entropy on the model's 16-bit logits (``logits`` elements of ``c`` bytes), no
     fp32 upcast. In forward the logits and their contiguous shifted copy are alive at the loss, log_softmax
     saves its 16-bit output; backward writes two 16-bit gradients. Under autocast, cross_entropy runs in
-    fp32 anyway (autocast's fp32 op list), and fp32 logits have nothing to upcast: the standard loss."""
+    fp32 anyway (autocast's fp32 op list), and fp32 logits have nothing to upcast: the standard loss.
+
+    ``chunk`` (elements of one chunk, :attr:`Profile.lm_head_chunk`; 0: none): the head and the loss run
+    chunk by chunk (Lit-GPT lora.py ``GPT.forward`` with ``lm_head_chunk_size``, utils.py
+    ``chunked_cross_entropy``): every chunk's logits and log_softmax output are kept, one chunk's shifted
+    copy at a time in forward; the loop holds the logits list through backward, which writes one chunk's
+    two gradients at a time."""
 
     if autocast or c >= FP32:
         return head
     out = MemoryItem(path="loss.log_softmax output (16-bit, no upcast)", bytes=logits * c,
                      category=Category.ACTIVATIONS, source=SRC_HALF_CE, key="loss.log_softmax")  # fmt: skip
+    if chunk:
+        return replace(head, saved=(*keep, out), forward_transient=(logits + chunk) * c,
+                       backward_transient=(logits + 2 * chunk) * c, logits_grad=chunk * c)  # fmt: skip
     return replace(head, saved=(*keep, out), forward_transient=2 * logits * c,
                    backward_transient=2 * logits * c, logits_grad=logits * c)  # fmt: skip
 

@@ -21,6 +21,28 @@
     saves them with the fp32 logsumexp and writes dlogits in place (no fp32 copy, no log-softmax);
   - kernels/rms_layernorm.py ``Fast_RMS_Layernorm`` (saves X, W, r): as Liger's RMSNorm;
     kernels/fast_lora.py ``LoRA_MLP`` saves X, gate and up (e, g) and recomputes their SwiGLU product.
+* ``Framework.LITGPT`` - Lit-GPT's own model code, read at Lightning-AI/litgpt@8641822b3249 (2023-10-16,
+  the release its resource tables were measured with) and run on CPU (its modules, tiny Llama-like configs
+  h 256, 4 heads, 2 layers, seq 64, batch 1-2, MHA and 2 kv heads, LoRA r8 on query+value or q, k, v with
+  dropout 0.05, bf16, AdamW; step 2 under peakmem's storage tracker: the estimate's forward and backward
+  peaks within 1.1 %, where the HF profile was up to 9 % high):
+  - lit_gpt/rmsnorm.py ``RMSNorm.forward`` (l. 17-21): ``norm_x = torch.mean(x * x, ...)``; ``x_normed = x *
+    torch.rsqrt(norm_x + eps)``; ``self.weight * x_normed`` - all in the input dtype: it saves its 16-bit
+    input and a 16-bit rstd, not transformers' fp32 ``x.float()``;
+  - lit_gpt/model.py ``CausalSelfAttention.forward`` (l. 196-227): one ``attn`` Linear makes q, k, v; k and
+    v are views of its output (``qkv.view(...).permute(...).split(...)``; with grouped queries ``k.expand
+    (...)`` then ``reshape`` copies k, v to all heads, l. 208-215); ``apply_rope`` (l. 339-345) and
+    ``torch.cat((q_roped, q[..., rope_n_elem:]))`` (l. 219-220) make fresh q and k; SDPA saves them and v,
+    which keeps the whole qkv output alive where v is a view;
+  - lit_gpt/lora.py ``LoRAQKVLinear.forward`` (l. 372-386): one dropout and one ``lora_A`` for all the
+    enabled q/k/v parts (r x parts rows), ``conv1d`` with ``lora_B``, then ``zero_pad`` (l. 290-296) when
+    not all of q, k, v are enabled: ``index_copy`` of the B output into a zeros qkv-shaped tensor, whose
+    backward (derivatives.yaml ``index_copy``: ``grad.index_select(dim, index).expand_as(source)``) saves
+    that B output (tokens x enabled widths) and the int64 index;
+  - lit_gpt/lora.py ``GPT.forward`` (l. 500-502, ``lm_head_chunk_size=128`` from finetune/lora.py l. 216)
+    and lit_gpt/utils.py ``chunked_cross_entropy`` (l. 256-262): the 16-bit logits in 128-token chunks,
+    cross_entropy per chunk in their dtype; finetune/lora.py keeps the list (``logits``) through
+    ``fabric.backward``, so every chunk's logits stay alive in backward.
 * HF Trainer + peft (axolotl, LLaMA-Factory, TRL's SFTTrainer) run transformers' model code:
   ``Framework.HF``. Their Liger option (``use_liger_kernel`` / ``liger_kernel``) is
   ``TrainingSetup.liger``; ``torch_compile`` is ``TrainingSetup.compiled``.
@@ -49,7 +71,22 @@ class Profile:
     # the loss saves the 16-bit logits + fp32 logsumexp and writes their gradient in place
     # (peakmem.formulas.loss.in_place_ce)
     in_place_ce: bool = False
+    # RMSNorm computes in the input dtype: saves its 16-bit input and rstd, no fp32 upcast (Lit-GPT)
+    rmsnorm_in_input_dtype: bool = False
+    # q, k, v come from one fused Linear whatever the checkpoint's layout (Lit-GPT ``attn``): with RoPE, SDPA
+    # keeps the fused output alive through the v view next to the rotated q, k (activations/attention.py)
+    fused_qkv: bool = False
+    # LoRA on the fused q, k, v: one dropout and lora_A for the adapted parts; the zero pad that places
+    # the B output in the qkv layout saves that output and its index when not all three are adapted
+    # (peakmem.formulas.lora.deltas.fused_qkv_adapter)
+    fused_qkv_lora: bool = False
+    # the lm_head runs in chunks of this many positions per sequence and the loop keeps the list of 16-bit
+    # logits chunks through backward (0: one logits tensor, dropped before backward)
+    lm_head_chunk: int = 0
 
+
+# finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
+LITGPT_LM_HEAD_CHUNK = 128
 
 PROFILES: dict[Framework, Profile] = {
     Framework.HF: Profile(
@@ -66,6 +103,14 @@ PROFILES: dict[Framework, Profile] = {
         source=(
             "unsloth models/_utils.py Unsloth_Offloaded_Gradient_Checkpointer (layer inputs to CPU), kernels/"
             "cross_entropy_loss.py Fast_CrossEntropyLoss, kernels/rms_layernorm.py, kernels/fast_lora.py"
+        ),
+    ),
+    Framework.LITGPT: Profile(
+        name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_in_input_dtype=True,
+        fused_qkv=True, fused_qkv_lora=True, lm_head_chunk=LITGPT_LM_HEAD_CHUNK,
+        source=(
+            "Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
+            "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy"
         ),
     ),
 }  # fmt: skip

@@ -52,7 +52,7 @@ def attention_terms(
     if sh.kernel is AttentionKernel.EAGER:
         return _eager_terms(spec, layer, sh, items, scores)
     # SDPA (flash / memory-efficient) and flash-attn 2: q, k, v (g heads), output, logsumexp.
-    fused = layer_structure(layer, sh.memo)[1] == 1 and not att.is_mla
+    fused = (layer_structure(layer, sh.memo)[1] == 1 or sh.profile.fused_qkv) and not att.is_mla
     sdpa = sh.kernel is AttentionKernel.SDPA and not att.is_mla
     efficient = sdpa and sh.policy is KernelPolicy.CUDA
     efficient = efficient and call_backend(spec, att, sh.profile, half=sh.c < 4, seq=s)[0] == "efficient"
@@ -60,8 +60,10 @@ def attention_terms(
     # k, v to all heads; with one kv head (MQA) it is a view (merging a size-1 dim with a stride-0 one):
     # measured, benchmarks/compile_activations.py
     repeated = sdpa and not fused and sdpa_call_heads(spec, sh.profile, att, s)[0] == a
-    if g > 1 and (sh.profile.sdpa_repeats_kv or repeated):
-        g = a
+    if 1 < g < a and (sh.profile.sdpa_repeats_kv or repeated):
+        # Lit-GPT model.py l. 208-215: ``k.expand(...)`` then ``reshape`` copies k and v: v is no view
+        # of the fused output any more, which is then freed
+        g, fused = a, False
     qkv = t * (a * d + g * d + g * dv) * c
     if att.is_mla:
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;

@@ -43,6 +43,9 @@ def norm_pieces(spec: ModelSpec, sh: Shapes, width: int, rows: int = 1) -> tuple
     t = sh.tokens
     if spec.norm == "rmsnorm" and (sh.compiled or sh.fused_kernels):
         return fused_rmsnorm_pieces(sh, width, rows)
+    if spec.norm == "rmsnorm" and sh.profile.rmsnorm_in_input_dtype:
+        # Lit-GPT rmsnorm.py: x * x and x * rsqrt(...) keep the input itself and the rstd, in its dtype
+        return t * width * sh.r, t * rows * sh.r, rmsnorm_weight_side_bytes(spec, sh, width)
     if spec.norm == "rmsnorm":
         # x.to(float32) is kept by pow and mul (4 B), then the fp32 rstd; y = (x * rstd).to(input dtype)
         # by weight * y (recorded order in simulate's trace of Qwen3: 16 MiB, 0.125 MiB, 8 MiB for q)
@@ -72,7 +75,7 @@ def rmsnorm_backward_temporaries(spec: ModelSpec, sh: Shapes, width: int) -> int
     ``x.to(float32)``); 0 for LayerNorm and a fused / compiled RMSNorm."""
     if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
         return 0
-    return RMSNORM_BACKWARD_FP32 * sh.tokens * width * 4
+    return RMSNORM_BACKWARD_FP32 * sh.tokens * width * (sh.r if sh.profile.rmsnorm_in_input_dtype else 4)
 
 
 def pre_mlp_norm_stage(spec: ModelSpec, sh: Shapes, mlp_in: int, mlp_saved: int, mlp_grads: int) -> NormStage:

@@ -189,6 +189,7 @@ def adapt_layer(
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
     inputs = others = early = down_early = 0
+    att_costs: list[int] = []
     for m in mods:
         x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
         merged = not (m.component == "router" and layer.mlp.router_fp32)
@@ -198,10 +199,18 @@ def adapt_layer(
                                                   merged_saved=merged)  # fmt: skip
         inputs += i_cost
         others += o_cost
+        if m in att_readers:
+            att_costs.append(i_cost)
         if m in mlp_readers or m in down or m in o_proj:
             early += i_cost + o_cost
         if m in down:
             down_early += i_cost + o_cost
+    if sh.profile.fused_qkv_lora:
+        shared, pad = fused_qkv_adapter(att_readers, att_costs, tokens=t, b_bytes=ac or a_bytes)
+        inputs -= shared
+        if pad:
+            out.append(_act("lora: fused qkv zero-pad source (index_copy)", pad, SRC_FUSED_QKV_LORA,
+                            "lora.fused_qkv_pad"))  # fmt: skip
     if inputs:
         out.append(_act("lora: adapter inputs (casts / dropout)", inputs, SRC_SAVE, "lora.adapter_inputs"))
     if others:
@@ -258,6 +267,34 @@ def adapt_layer(
     return replace(
         la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
     )
+
+
+SRC_FUSED_QKV_LORA = (
+    "Lit-GPT@8641822b lit_gpt/lora.py LoRAQKVLinear.forward (l. 372-386): one dropout and lora_A for the "
+    "adapted q/k/v parts; zero_pad (l. 290-296) index_copy's the B output into the qkv layout, and "
+    "index_copy's backward saves that source and the int64 index (derivatives.yaml index_copy)"
+)
+QKV_LEAVES = frozenset({"q_proj", "k_proj", "v_proj"})
+INDEX_BYTES = 8  # lit_gpt/lora.py l. 294: torch.tensor(self.lora_ind), int64, one per output column
+
+
+def fused_qkv_adapter(
+    att: list[AdaptedModule], input_costs: list[int], *, tokens: int, b_bytes: int
+) -> tuple[int, int]:
+    """LoRA on a fused q/k/v Linear (:attr:`Profile.fused_qkv_lora`) against one adapter per q/k/v module:
+    (the input bytes the fused module does not repeat: one dropout output and mask instead of one per
+    part, the bytes its zero pad saves: the B output, ``tokens`` x the adapted parts' widths in
+    ``b_bytes``, and its int64 index; nothing when all of q, k and v are adapted, as ``zero_pad`` then
+    returns the B output as it is). ``input_costs``: what :func:`adapter_saved_per_module` charged each
+    module of ``att`` for its input. The A outputs are the same bytes either way (r per part)."""
+    parts = [(m, cost) for m, cost in zip(att, input_costs, strict=True) if m.leaf in QKV_LEAVES]
+    if not parts:
+        return 0, 0
+    shared = sum(cost for _, cost in parts) - parts[0][1]
+    if len(parts) == len(QKV_LEAVES):
+        return shared, 0
+    width = sum(m.out_features for m, _ in parts)
+    return shared, tokens * width * b_bytes + width * INDEX_BYTES
 
 
 def adapter_forward_transient(mods: list[AdaptedModule], lora: LoraConfig, sh: Shapes) -> int:
