@@ -90,7 +90,9 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
 * ``layout.fsdp_version`` (Lit-GPT's Lightning ``FSDPStrategy`` is FSDP1) instead of always 2;
 * ``job.framework`` (``torchtune``), ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (HF
   module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
-  and ``double_quant`` false -> ``no_double_quant=True``, passed as the options of the same names;
+  and ``double_quant`` false -> ``no_double_quant=True``, ``torchao`` (the release a torchtune QLoRA job
+  ran: torchtune@0914d5cfb pins 0.1, whose to_nf4 quantizes whole weights at load), passed as the options
+  of the same names;
 * ``job.expandable_segments`` true -> ``expandable_segments=True`` (peakmem's allocator model with
   ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: one growing segment per stream, no fragmentation
   slack): recorded on the torchao table's points, whose launcher (torchtitan ``run_train.sh``, at
@@ -197,7 +199,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts.update(fsdp="full-shard", fsdp_version=lay.get("fsdp_version") or 2)
     if job.get("framework"):  # torchtune: its recipes' loss and logits handling (peakmem.defaults)
         opts["framework"] = job["framework"]
-    for name in ("lora_rank", "lora_alpha", "lora_dropout", "adapter_dtype", "quant"):
+    for name in ("lora_rank", "lora_alpha", "lora_dropout", "adapter_dtype", "quant", "torchao"):
         if job.get(name) is not None:
             opts[name] = job[name]
     if job.get("lora_targets"):

@@ -23,6 +23,7 @@ from peakmem.options import (
     MAX_WORLD,
 )
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_BETA, MAX_GENERATIONS
+from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.training import (
     AttentionKernel,
     Framework,
@@ -89,6 +90,11 @@ class TrainOptions(ModelChoice):
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
+    torchao: str = Field(
+        TORCHAO_CURRENT, max_length=30,
+        description="qlora under torchtune: the torchao release, e.g. 0.1 (before 0.2.0: to_nf4 of whole "
+        "weights)",
+    )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")
     activation_offload: bool = Field(False, description="saved activations to CPU RAM (torchtune)")
