@@ -92,7 +92,9 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   ``lora_dropout``, ``lora_targets`` (HF
   module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
   and ``double_quant`` false -> ``no_double_quant=True``, ``bitsandbytes`` (the release a QLoRA job ran:
-  Lit-GPT's 0.41.1, whose 4-bit Linears keep their inputs), passed as the options of the same names;
+  Lit-GPT's 0.41.1, whose 4-bit Linears keep their inputs), ``torchao`` (the release a torchtune QLoRA job
+  ran: torchtune@0914d5cfb pins 0.1, whose to_nf4 quantizes whole weights at load), passed as the options
+  of the same names;
 * ``job.expandable_segments`` true -> ``expandable_segments=True`` (peakmem's allocator model with
   ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: one growing segment per stream, no fragmentation
   slack): recorded on the torchao table's points, whose launcher (torchtitan ``run_train.sh``, at
@@ -199,7 +201,16 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts.update(fsdp="full-shard", fsdp_version=lay.get("fsdp_version") or 2)
     if job.get("framework"):  # torchtune, Lit-GPT: their model code and loss (peakmem.formulas.profiles)
         opts["framework"] = job["framework"]
-    for name in ("lora_rank", "lora_alpha", "lora_dropout", "adapter_dtype", "quant", "bitsandbytes"):
+    adapter_fields = (
+        "lora_rank",
+        "lora_alpha",
+        "lora_dropout",
+        "adapter_dtype",
+        "quant",
+        "bitsandbytes",
+        "torchao",
+    )
+    for name in adapter_fields:
         if job.get(name) is not None:
             opts[name] = job[name]
     if job.get("lora_targets"):

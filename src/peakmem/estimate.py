@@ -26,6 +26,7 @@ from operator import attrgetter
 from peakmem import block_costs
 from peakmem import step_band as _step_band
 from peakmem import step_fsdp as _fsdp
+from peakmem import step_load as _load
 from peakmem import step_parts as _steps
 from peakmem import step_pipeline as _pipe
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
@@ -616,6 +617,9 @@ def _estimate(
                                                 source=_pipe.SRC_TORCH_PP, key="pipeline.p2p"))  # fmt: skip
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
+    loaded = _load.load_phase(st, setup, par)  # torchtune QLoRA: torchao's to_nf4 at build and load
+    load, load_reserved = loaded if loaded is not None else (None, 0)
+    top = peak if load is None or load.bytes <= peak.bytes else load
     churn = peak.bytes - st.persistent
     reserved = allocator.reserved_bytes(
         resident=st.persistent, resident_rounding=st.resident_rounding,
@@ -642,7 +646,7 @@ def _estimate(
         # is its default stream's: the side streams' pools stand beside it whole
         over_closed = max(0, replayed + pools.total - reserved - side)
         reserved += over_closed
-    reserved += side
+    reserved = max(reserved + side, load_reserved)  # the step reuses the segments the load cut
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -687,7 +691,7 @@ def _estimate(
     freed = max(_step_band.transient_bytes(p) for p in others)
     lazy = st.states_bytes if not par.zero_stage else 0  # DeepSpeed builds its states at initialize()
     band = _step_band.training_band(
-        allocated=peak.bytes, reserved=reserved, device_total=device_total, churn=churn,
+        allocated=top.bytes, reserved=reserved, device_total=device_total, churn=churn,
         other_churn=max(freed, min(lazy, max(forward.bytes, backward.bytes) - st.persistent)), ov=ov,
         communicators=_nccl.communicators(par), nccl_bytes=nccl, engine_high=rs.engine_band_high,
         fused_step_delta=(
@@ -698,8 +702,9 @@ def _estimate(
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,
-        trainable_params=tech.trainable, per_param=st.table, items=peak.items, phases=phases,
-        peak_phase=peak.phase, peak_allocated_bytes=peak.bytes, peak_reserved_bytes=reserved,
+        trainable_params=tech.trainable, per_param=st.table, items=top.items,
+        phases=phases if load is None else (load, *phases),
+        peak_phase=top.phase, peak_allocated_bytes=top.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=device_total,
         assumptions=rank_notes + notes + fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,

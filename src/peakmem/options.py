@@ -20,6 +20,7 @@ from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.errors import InputError
 from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
+from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
 
 JOB_COMMANDS = ("train", "infer", "fit", "plan")
@@ -132,6 +133,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("bitsandbytes", str, BNB_CURRENT, T, "qlora: the bitsandbytes release the base runs, e.g. 0.41.1 "
        f"(default {BNB_CURRENT}); before 0.43.2 each 4-bit Linear keeps its input for backward "
        "(peakmem.bnb_versions)", group=_LORA),
+    _o("torchao", str, TORCHAO_CURRENT, T, "qlora --framework torchtune: the torchao release of its NF4 "
+       f"base, e.g. 0.1 (default {TORCHAO_CURRENT}); before 0.2.0 to_nf4 quantizes whole weights at load "
+       "(peakmem.torchao_versions)", group=_LORA),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
        "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
        "torch.compile: torchtitan with compile on)", group=_SAVING),

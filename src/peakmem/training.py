@@ -14,6 +14,7 @@ from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
 from peakmem.errors import InputError
+from peakmem.torchao_versions import TORCHAO_CURRENT, parse_torchao_version
 from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
 
 DEFAULT_SEQ_LEN = 2048  # DESIGN.md: seq = min(model context, 2048) unless the user gives one
@@ -257,6 +258,9 @@ class TrainingSetup:
     # the bitsandbytes release the quantized base runs (peakmem.bnb_versions: before 0.43.2 MatMul4Bit
     # keeps each 4-bit Linear's input for backward)
     bitsandbytes: str = BNB_CURRENT
+    # the torchao release torchtune's NF4 base runs (peakmem.torchao_versions: before 0.2.0 to_nf4
+    # quantizes a whole weight at once, at the model's build and load)
+    torchao: str = TORCHAO_CURRENT
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading
@@ -288,6 +292,7 @@ class TrainingSetup:
         what = "layers; no model has more"
         check_int("checkpoint_every", self.checkpoint_every, maximum=MAX_CHECKPOINT_EVERY, what=what)
         check_int("batch", self.micro_batch)
+        parse_torchao_version(self.torchao)  # a malformed release's one-line error
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)

@@ -188,6 +188,9 @@ class _Run:
         return self.model.reserved + -(-self.small_peak // K_SMALL_BUFFER) * K_SMALL_BUFFER
 
 
+# the allocator model with the small pool counted, for other request sequences (formulas/nf4_load.py)
+AllocatorRun = _Run
+
 # Setups that differ in what does not change a step's requests (the attention kernel of a model whose
 # blocks are measured, a Liger or compile flag with no effect on it) replay the same sequence: their
 # result is remembered, keyed by the requests themselves. ``train``'s ranked changes of Qwen3-Next-80B

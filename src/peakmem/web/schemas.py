@@ -24,6 +24,7 @@ from peakmem.options import (
     MAX_WORLD,
 )
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_BETA, MAX_GENERATIONS
+from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.training import (
     AttentionKernel,
     Framework,
@@ -93,6 +94,11 @@ class TrainOptions(ModelChoice):
     bitsandbytes: str = Field(
         BNB_CURRENT, max_length=20,
         description="qlora: the bitsandbytes release, e.g. 0.41.1 (before 0.43.2 4-bit Linears keep inputs)",
+    )  # fmt: skip
+    torchao: str = Field(
+        TORCHAO_CURRENT, max_length=30,
+        description="qlora under torchtune: the torchao release, e.g. 0.1 (before 0.2.0: to_nf4 of whole "
+        "weights)",
     )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")
