@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from peakmem.breakdown import Category
 from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
 from peakmem.formulas import activations as act
 from peakmem.formulas.loss import head_activations, in_place_ce, liger_chunk_rows, liger_fused_linear_ce
-from peakmem.formulas.profiles import PROFILES, profile_assumptions, profile_setup
+from peakmem.formulas.model_states import buffer_bytes
+from peakmem.formulas.profiles import PROFILES, profile_assumptions, profile_setup, rope_cache_bytes
 from peakmem.hf import spec_from_config
 from peakmem.training import Checkpointing, Framework, Method, Precision, TrainingSetup
-from tiny_models import LLAMA
+from tiny_models import GPT2, LLAMA, LLAMA_BUFFER_BYTES
 
 SPEC = spec_from_config(LLAMA)
 T = 8
@@ -258,3 +260,25 @@ def test_torchtune_compiled_points_within_10_percent(pid: str, loss: str) -> Non
     )  # fmt: skip
     predicted = estimate_training(spec, setup).peak_allocated_bytes
     assert abs(predicted / (point["value"] * GiB) - 1) <= 0.10
+
+
+# torchtune's RoPE cache: [max_seq_len, head_dim // 2, (cos, sin)] fp32, one module shared by the layers.
+# Tiny Llama: 256 positions x 16 / 2 angles x 2 x 4 B = 16384 B, whatever the batch, sequence or layers.
+TINY_ROPE_CACHE = 256 * (16 // 2) * 2 * 4
+
+
+def test_torchtune_rope_cache_is_a_buffer() -> None:
+    tt = _setup(framework=Framework.TORCHTUNE)
+    assert rope_cache_bytes(SPEC, tt) == TINY_ROPE_CACHE
+    assert buffer_bytes(SPEC, tt) == LLAMA_BUFFER_BYTES + TINY_ROPE_CACHE
+    assert rope_cache_bytes(SPEC, _setup(framework=Framework.TORCHTUNE, micro_batch=4)) == TINY_ROPE_CACHE
+    assert buffer_bytes(SPEC, _setup()) == LLAMA_BUFFER_BYTES  # transformers: inv_freq only
+    gpt2 = spec_from_config(GPT2)  # learned positions: no RoPE cache
+    assert rope_cache_bytes(gpt2, tt) == 0
+
+
+def test_torchtune_rope_cache_in_the_estimate() -> None:
+    hf = estimate_training(SPEC, _setup())
+    tt = estimate_training(SPEC, _setup(framework=Framework.TORCHTUNE))
+    assert tt.by_category()[Category.BUFFERS] - hf.by_category()[Category.BUFFERS] == TINY_ROPE_CACHE
+    assert any("RoPE cache" in a for a in tt.assumptions)

@@ -27,6 +27,7 @@ from peakmem.model import ModelSpec
 from peakmem.training import Precision, TrainingSetup
 
 from .memo import Memo, memoised
+from .profiles import rope_cache_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,11 +111,10 @@ def weight_rows(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None)
 
 
 def buffer_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """Registered buffers (e.g. RoPE inv_freq) are kept in fp32 by transformers' RoPE init."""
-    del setup
-    if spec.derived_buffer_bytes:
-        return spec.derived_buffer_bytes
-    return dtypes.FP32.nbytes(spec.buffer_numel)
+    """Registered buffers (e.g. RoPE inv_freq) are kept in fp32 by transformers' RoPE init; a framework
+    whose model code caches RoPE's cos/sin adds that cache (:func:`.profiles.rope_cache_bytes`)."""
+    own = spec.derived_buffer_bytes or dtypes.FP32.nbytes(spec.buffer_numel)
+    return own + rope_cache_bytes(spec, setup)
 
 
 @dataclass(frozen=True, kw_only=True)

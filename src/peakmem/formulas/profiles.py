@@ -11,7 +11,9 @@
     kv head the flatten is a view: nothing is copied);
   - ``TransformerDecoder``: ``output = self.output(h).float()`` and the recipe's
     ``CEWithChunkedOutputLoss``/``CrossEntropyLoss`` on fp32 logits; the recipe deletes the
-    logits before ``loss.backward()``.
+    logits before ``loss.backward()``;
+  - ``RotaryPositionalEmbeddings`` (and ``Llama3ScaledRoPE``) keep cos and sin for every position up
+    to the builder's ``max_seq_len`` in an fp32 buffer (:func:`rope_cache_bytes`).
 * ``Framework.UNSLOTH`` - transformers models patched by unsloth (unslothai/unsloth):
   - ``use_gradient_checkpointing="unsloth"`` (models/_utils.py ``Unsloth_Offloaded_Gradient_Checkpointer``:
     ``saved_hidden_states = hidden_states.to("cpu", non_blocking=True)`` in forward, moved back and the
@@ -52,6 +54,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from peakmem import dtypes
+from peakmem.model import ModelSpec
 from peakmem.training import Checkpointing, Framework, TrainingSetup
 
 
@@ -83,6 +87,8 @@ class Profile:
     # the lm_head runs in chunks of this many positions per sequence and the loop keeps the list of 16-bit
     # logits chunks through backward (0: one logits tensor, dropped before backward)
     lm_head_chunk: int = 0
+    # RoPE keeps a [max positions, rotary dim / 2, (cos, sin)] fp32 cache buffer (torchtune)
+    rope_cache: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -94,7 +100,7 @@ PROFILES: dict[Framework, Profile] = {
         source="transformers 5.23 modeling_*.py, integrations/sdpa_attention.py (enable_gqa)",
     ),
     Framework.TORCHTUNE: Profile(
-        name="torchtune", rmsnorm_normed_fp32=True, sdpa_repeats_kv=True,
+        name="torchtune", rmsnorm_normed_fp32=True, sdpa_repeats_kv=True, rope_cache=True,
         source="torchtune modules/rms_norm.py, modules/attention.py, modules/transformer.py",
     ),
     Framework.UNSLOTH: Profile(
@@ -135,6 +141,35 @@ def liger_applies(model_type: str) -> bool:
     return model_type in LIGER_MODEL_TYPES
 
 
+# cos and sin: torchtune modules/position_embeddings.py build_rope_cache ``torch.stack([cos, sin], dim=-1)``
+ROPE_CACHE_TRIG = 2
+SRC_ROPE_CACHE = (
+    "torchtune modules/position_embeddings.py RotaryPositionalEmbeddings.build_rope_cache: cos, sin of "
+    "max_seq_len x head_dim/2 angles, fp32, one module shared by every layer (bd2a0fc7c)"
+)
+
+
+def rope_cache_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """The RoPE cache torchtune's model keeps on the device (``rope_cache`` profiles; 0 otherwise).
+
+    torchtune (bd2a0fc7c ``modules/position_embeddings.py``; ``models/llama3_1/_position_embeddings.py``
+    ``Llama3ScaledRoPE`` alike) builds ``idx_theta = einsum(positions, theta).float()`` for positions
+    ``0 .. max_seq_len - 1`` and registers ``torch.stack([cos, sin], dim=-1)``, a
+    ``[max_seq_len, head_dim // 2, 2]`` fp32 non-persistent buffer. Its builders set ``max_seq_len`` to
+    the checkpoint's context (``llama2_7b`` 4096, ``llama3_1_8b`` 131072: the HF config's
+    ``max_position_embeddings``) and pass ONE rope module to every layer (``models/llama2/
+    _component_builders.py``: ``rope = RotaryPositionalEmbeddings(...)`` before ``for _ in
+    range(num_layers)``): one cache. The llama2 builder before 23896c30d (2025-01-27) deep-copied one
+    template layer into every layer (``modules/transformer.py`` ``_get_clones``; ff594c231, 2024-04-15):
+    one cache per layer, not modelled (benchmarks/published_scale.json ``torchtune-tutorial-lora-*``).
+    """
+    if not PROFILES[setup.framework].rope_cache or spec.position != "rope":
+        return 0
+    att = spec.first_layer.attention
+    rotary = att.qk_rope_head_dim or att.head_dim
+    return dtypes.FP32.nbytes(spec.max_position_embeddings * (rotary // 2) * ROPE_CACHE_TRIG)
+
+
 def profile_setup(setup: TrainingSetup) -> TrainingSetup:
     """The setup as the framework runs it: unsloth's offloaded gradient checkpointing is full
     checkpointing with the layer inputs in CPU RAM (``activation_offload``); ``setup`` itself otherwise
@@ -172,4 +207,6 @@ def profile_assumptions(setup: TrainingSetup) -> tuple[str, ...]:
         out.append("unsloth offloaded gradient checkpointing: layer inputs in CPU RAM, one on the device")
     if prof.in_place_ce and not setup.liger:
         out.append("unsloth cross-entropy: 16-bit logits + fp32 logsumexp kept, gradient written in place")
+    if prof.rope_cache:
+        out.append("buffers include the RoPE cache: " + SRC_ROPE_CACHE)
     return tuple(out)
