@@ -351,7 +351,10 @@ def band_kind(p: dict[str, Any]) -> str | None:
     from peakmem.formulas import band
 
     if p["job"]["mode"] == "train":
-        return band.TRAIN_SEVERAL_GPUS if p["layout"]["gpus"] > 1 else None
+        job = p["job"]
+        return band.training_kind(
+            gpus=p["layout"]["gpus"], adapters=job["method"] != "full", quantized=job.get("quant") is not None
+        )
     return band.GENERATE if p["job"]["weights"] in ("fp16", "bf16") else band.GENERATE_QUANTIZED
 
 

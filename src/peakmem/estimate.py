@@ -29,6 +29,7 @@ from peakmem import step_fsdp as _fsdp
 from peakmem import step_load as _load
 from peakmem import step_parts as _steps
 from peakmem import step_pipeline as _pipe
+from peakmem.adapters import quant_of
 from peakmem.breakdown import Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.defaults import skips_grad_sync
 from peakmem.errors import InputError
@@ -699,6 +700,11 @@ def _estimate(
         ),
         loss_order=_step_band.loss_order_deltas(setup, logits_grad, bp, phases, peak) if last else (0, 0),
         replayed=over_closed,
+        published=_band.measured_residual_term(
+            _band.training_kind(gpus=par.gpus, adapters=setup.method is not Method.FULL,
+                                quantized=quant_of(setup) is not None),
+            top.bytes,
+        ),
     )  # fmt: skip
     return Estimate(
         method=METHOD, job="train", model_name=spec.name, params=tech.params,

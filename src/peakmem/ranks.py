@@ -16,7 +16,6 @@ from enum import Enum
 from peakmem.breakdown import Estimate, MemoryItem
 from peakmem.errors import InputError
 from peakmem.estimate import TrainingEstimator
-from peakmem.formulas import band as _band
 from peakmem.formulas import long_context, state_terms
 from peakmem.formulas import nccl as _nccl
 from peakmem.formulas.overhead import Overheads
@@ -225,9 +224,6 @@ def _rank(
 ) -> RankEstimate:
     """One rank type: the one step timeline (:meth:`TrainingEstimator.rank`) on the rank's share."""
     estimate, states, sp = est.rank(setup, par, stage, role)
-    term = _band.measured_residual_term(_band.TRAIN_SEVERAL_GPUS, estimate.peak_allocated_bytes)
-    if par.gpus > 1 and term is not None and estimate.band is not None:
-        estimate = replace(estimate, band=_band.with_terms(estimate.band, (term,)))
     return RankEstimate(
         role=role, stage=stage, ranks=_stage_ranks(par, stage), estimate=estimate,
         cpu_bytes=sum(i.bytes for i in states.cpu), cpu_items=states.cpu,

@@ -61,12 +61,15 @@ def training_band(
     loss_order: tuple[int, int] = (0, 0),
     replayed: int = 0,
     engine_high: int = 0,
+    published: BandTerm | None = None,
 ) -> Band:
     """The band of one rank's training step (formulas/band.py): the CUDA context, fragmentation in the
     peak phase, segments cut by the other phases, and NCCL buffers when the rank communicates.
     ``replayed``: what the allocator replay added to the closed form (formulas/step_sequence.py): slack the
     fragmentation term's low end removes, and segments of other phases the term for them no longer spans.
-    ``engine_high``: what an older engine release keeps beyond the likely value (DeepSpeed ZeRO-3 < 0.16)."""
+    ``engine_high``: what an older engine release keeps beyond the likely value (DeepSpeed ZeRO-3 < 0.16).
+    ``published``: the published fitting set's residual for the kind of job (formulas/band.py
+    ``MEASURED_RESIDUALS``)."""
     context = _CONTEXT_TERMS.get(ov)
     if context is None:
         if len(_CONTEXT_TERMS) >= MEMO_MAX:
@@ -89,6 +92,8 @@ def training_band(
         terms.append(_band.optimizer_impl_term(fused_step_delta))
     if loss_order != (0, 0):
         terms.append(_band.loss_backward_term(low_delta=loss_order[0], high_delta=loss_order[1]))
+    if published is not None:
+        terms.append(published)
     return _band.build_band(
         allocated=allocated, reserved=reserved, device_total=device_total, terms=tuple(terms)
     )
