@@ -111,11 +111,17 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   keeps the LoRA adapters in the Block units: FSDP1 whole-unit gradients, unsharded under no_sync) ->
   ``fsdp_adapter_wrap``.
 
-Only ``split_rule``'s fitting set feeds ``--residuals`` (what formulas/band.py MEASURED_RESIDUALS was
-measured on); the output ends with the second search's points alone, by set.
+The third search (``split_rule_3``, brief h-published7; flag ``T``): every point is held out, gathered and
+recorded before any estimate of it, as a blind test of the band set in session 9. It needs no new job field:
+Lit-GPT's config-hub table (``config_hub/finetune/README.md``: LoRA / QLoRA / full on one A10G, full under
+FSDP1 on two or four) maps through the fields above (``framework`` litgpt, ``grad_accum``, the LoRA fields,
+``bitsandbytes``, ``model_config`` for the models outside the catalog).
 
-Flags: ``N`` a point of the second search (``split_rule_2``), ``A`` an approximation listed in the
-point, ``I`` a field inferred from framework defaults, ``E`` a
+Only ``split_rule``'s fitting set feeds ``--residuals`` (what formulas/band.py MEASURED_RESIDUALS was
+measured on); the output ends with each later search's points alone, by set.
+
+Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``),
+``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
 summary is also given without them.
@@ -161,7 +167,7 @@ WEIGHTS = {
     "bnb-nf4-dq": "nf4",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", "split_rule_2")
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3")
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -308,7 +314,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         "measured_gib": p["measured"]["value_bytes"] / GiB,
         "rule": p.get("split", SPLIT_RULES[0]),
         "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else "")
-        + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else ""),
+        + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else "")
+        + ("T" if p.get("split") == SPLIT_RULES[2] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
@@ -491,18 +498,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# peakmem vs published GPU memory ({args.points.name}, {len(rows)} points)")
     print(f"split rule: {doc['schema']['split_rule']}")
     print(render(rows))
-    second = [r for r in rows if r["rule"] == SPLIT_RULES[1]]
-    if second:
-        print(f"\n## the points of {SPLIT_RULES[1]} alone ({len(second)} points)\n")
-        print(f"{SPLIT_RULES[1]}: {doc['schema'][SPLIT_RULES[1]]}\n")
+    by_rule = {rule: [r for r in rows if r["rule"] == rule] for rule in SPLIT_RULES[1:]}
+    for rule, later in by_rule.items():
+        if not later:
+            continue
+        print(f"\n## the points of {rule} alone ({len(later)} points)\n")
+        print(f"{rule}: {doc['schema'][rule]}\n")
         for name in SETS:
-            print(f"- {name}: {_summary_line(summary([r for r in second if r['set'] == name]))}")
-        print(f"- both: {_summary_line(summary(second))}")
+            print(f"- {name}: {_summary_line(summary([r for r in later if r['set'] == name]))}")
+        print(f"- both: {_summary_line(summary(later))}")
         first_held = [r for r in rows if r["rule"] == SPLIT_RULES[0] and r["set"] == "held_out"]
         print(f"- the points of {SPLIT_RULES[0]}, held out: {_summary_line(summary(first_held))}")
     if args.json:
         out = {"rows": rows, "summary": {s: summary([r for r in rows if r["set"] == s]) for s in SETS}}
-        out["summary_" + SPLIT_RULES[1]] = {s: summary([r for r in second if r["set"] == s]) for s in SETS}
+        for rule, later in by_rule.items():
+            out["summary_" + rule] = {s: summary([r for r in later if r["set"] == s]) for s in SETS}
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

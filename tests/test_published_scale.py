@@ -20,7 +20,9 @@ POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_sc
 QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi"}
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
-SPLIT_RULES = ("split_rule", "split_rule_2")  # the schema's rules, in the order the searches ran
+# the schema's rules, in the order the searches ran
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3")
+ALTERNATING_RULES = ("split_rule", "split_rule_2")  # the rules that alternate held_out / fit by SHA-256
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
 
@@ -85,11 +87,13 @@ def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
         rule = p.get("split", "split_rule")
         assert rule in SPLIT_RULES, (p["id"], rule)
         by_kind[(rule, p["kind"])].append(p)
-    for kind, points in by_kind.items():
+    for (rule, kind), points in by_kind.items():
+        if rule not in ALTERNATING_RULES:
+            continue  # split_rule_3 holds every point out (its own test)
         ordered = sorted(points, key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
         expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
-        assert [p["set"] for p in ordered] == expected, kind
-        assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), kind
+        assert [p["set"] for p in ordered] == expected, (rule, kind)
+        assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), (rule, kind)
 
 
 def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) -> None:
@@ -99,13 +103,24 @@ def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) 
     assert "SHA-256" in rule and "kind" in rule and "UTC" in rule and "before any peakmem estimate" in rule
     first = [p for p in doc["points"] if "split" not in p]
     second = [p for p in doc["points"] if p.get("split") == "split_rule_2"]
+    third = [p for p in doc["points"] if p.get("split") == "split_rule_3"]
     assert len(first) == FIRST_SEARCH_POINTS
-    assert len(first) + len(second) == len(doc["points"])
+    assert len(first) + len(second) + len(third) == len(doc["points"])
     # hand-checked on the smallest kind of the second search: 4 points, 2 held out
     lora_fsdp = [p for p in second if p["kind"] == "train-lora-fsdp"]
     # by SHA-256: 12c327d3.. (7b-mb4), 584bb132.. (13b-mb1), 62178d7c.. (7b-mb2), ec8dfba6.. (7b-mb1)
     held_out = {p["id"] for p in lora_fsdp if p["set"] == "held_out"}
     assert held_out == {"litgpt-lora-llama2-7b-mb4-2xa100-fsdp", "litgpt-lora-llama2-7b-mb2-2xa100-fsdp"}
+
+
+def test_split_rule_3_holds_every_one_of_its_points_out(doc: dict[str, Any]) -> None:
+    """The third search (brief h-published7) is a blind test: its rule is stated with its UTC time and
+    every point that names it is held out, so none of them can reach the fitting set (band terms)."""
+    rule = doc["schema"]["split_rule_3"]
+    assert "held_out" in rule and "UTC" in rule and "before any peakmem estimate" in rule
+    third = [p for p in doc["points"] if p.get("split") == "split_rule_3"]
+    assert third, "no point of the third search"
+    assert {p["set"] for p in third} == {"held_out"}
 
 
 def test_measured_residual_term_by_hand() -> None:
