@@ -91,7 +91,7 @@ def test_old_release_is_said(tiny: str) -> None:
     assert "each 4-bit Linear" not in " ".join(_train(tiny, BNB_CURRENT)["assumptions"])
 
 
-@pytest.mark.parametrize("bad", ["latest", "0.41.1.2", "41", ""])
+@pytest.mark.parametrize("bad", ["latest", "0.41.1.2.3", "41", ""])
 def test_malformed_version_is_one_line_error(tiny: str, bad: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(InputError, match=re.escape(f"bitsandbytes={bad!r}: a release number")):
         _train(tiny, bad)

@@ -83,7 +83,7 @@ def test_load_phase_of_torchtune_qlora(tiny: str) -> None:
     assert "load" not in _train(tiny, "0.1", gpus=2, fsdp="full-shard")["phases"]
 
 
-@pytest.mark.parametrize("bad", ["latest", "0.1.2.3", "1", ""])
+@pytest.mark.parametrize("bad", ["latest", "0.1.2.3.4", "1", ""])
 def test_malformed_version_is_one_line_error(tiny: str, bad: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(InputError, match=re.escape(f"torchao={bad!r}: a release number")):
         _train(tiny, bad)

@@ -25,18 +25,16 @@ for it. Read in bitsandbytes' git history (github.com/bitsandbytes-foundation/bi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from peakmem.errors import InputError
+from peakmem.releases import Release, parse_release
 
 # The release peakmem's QLoRA formulas read (the installed wheel's bitsandbytes/autograd/_functions.py:
 # MatMul4Bit.forward ``ctx.tensors = (None, B)``).
 BNB_CURRENT = "0.50.2"
 # MatMul4Bit (4-bit Linear4bit) first released in 0.39.0 (4ea489d; absent at tag 0.38.0)
 BNB_FIRST_4BIT = (0, 39, 0)
-_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:\.?(?:post|dev|rc)\d{0,4})?")
-Version = tuple[int, int, int]
+Version = Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +64,7 @@ BNB_RELEASES: tuple[BnbRelease, ...] = (
 
 def parse_bnb_version(text: object) -> Version:
     """``0.41.1``, ``0.43``, ``v0.45.0``, ``0.50.2.dev0`` -> (major, minor, patch); else an InputError."""
-    match = _VERSION.fullmatch(text.strip().lower()) if isinstance(text, str) else None
-    if match is None:
-        raise InputError(f"bitsandbytes={text!r}: a release number such as 0.41.1 or {BNB_CURRENT}")
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return parse_release(text, field="bitsandbytes", examples=f"0.41.1 or {BNB_CURRENT}")
 
 
 def release_facts(version: str) -> BnbRelease:

@@ -16,6 +16,7 @@ from peakmem.choice import Choice
 from peakmem.device import check_interconnect
 from peakmem.errors import InputError, require
 from peakmem.model import STATE_DTYPES, ModelSpec
+from peakmem.releases import parse_release
 from peakmem.serving_layout import ServingLayout
 from peakmem.sglang_defaults import SglangDefaults, sglang_defaults
 from peakmem.validate import (
@@ -325,15 +326,12 @@ TRANSFORMERS_STATIC_CACHE = (4, 38)  # v4.38.0: StaticCache and generate(cache_i
 # LlamaForCausalLM.forward (v4.35 modeling_llama.py) ran lm_head over every prompt position and then
 # ``logits = logits.float()``.
 TRANSFORMERS_LOGITS_TO_KEEP = (4, 45)
-_VERSION_RE = re.compile(r"^v?(\d{1,3})\.(\d{1,3})(?:\.\d{1,4})*(?:\.?post\d+|rc\d+)?$")
 
 
-def parse_engine_version(text: str) -> tuple[int, int]:
-    """``0.21``, ``v0.10.1.1``, ``0.8.5.post1`` -> (major, minor)."""
-    match = _VERSION_RE.match(text.strip().lower()) if isinstance(text, str) else None
-    if match is None:
-        raise InputError(f"engine_version={text!r}: a release number such as 0.21 or 0.10.1")
-    return int(match.group(1)), int(match.group(2))
+def parse_engine_version(text: object) -> tuple[int, int]:
+    """``0.21``, ``v0.10.1.1``, ``0.8.5.post1`` -> (major, minor) (peakmem.releases)."""
+    major, minor, _ = parse_release(text, field="engine_version", examples="0.21 or 0.10.1")
+    return major, minor
 
 
 # Engines that run a draft model next to the target (vLLM speculative_config; transformers

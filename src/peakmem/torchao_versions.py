@@ -18,17 +18,15 @@ The bytes of one ``to_nf4`` are in :mod:`peakmem.formulas.nf4_load` (measured on
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from peakmem.errors import InputError
+from peakmem.releases import Release, parse_release
 
 # The release peakmem's formulas read (the installed wheel).
 TORCHAO_CURRENT = "0.18.0"
 # torchao 0.2.0 dtypes/nf4tensor.py (and 0.18.0 nf4_tensor.py): CHUNK_SIZE = 1024**2 elements
 NF4_CHUNK_ELEMENTS = 1024**2
-_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:\.?(?:post|dev|rc)\d{0,8})?(?:\+\w+)?")
-Version = tuple[int, int, int]
+Version = Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +55,7 @@ TORCHAO_RELEASES: tuple[TorchaoRelease, ...] = (
 
 def parse_torchao_version(text: object) -> Version:
     """``0.1``, ``0.2.0``, ``v0.18.0``, ``0.18.0.dev20250101``, ``0.5.0+cu121`` -> (major, minor, patch)."""
-    match = _VERSION.fullmatch(text.strip().lower()) if isinstance(text, str) else None
-    if match is None:
-        raise InputError(f"torchao={text!r}: a release number such as 0.1 or {TORCHAO_CURRENT}")
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return parse_release(text, field="torchao", examples=f"0.1 or {TORCHAO_CURRENT}")
 
 
 def release_facts(version: str) -> TorchaoRelease:

@@ -1,0 +1,28 @@
+"""Release numbers as users type them (``--engine-version``, ``--bitsandbytes``, ``--torchao``), read once.
+
+``0.21``, ``v0.10.1.1``, ``0.8.5.post1``, ``0.50.2.dev0``, ``0.5.0+cu121`` -> (major, minor, patch): a
+leading ``v``, two to four numeric parts (a fourth is ignored), a ``post`` / ``dev`` / ``rc`` suffix and a
+``+local`` tag are accepted, as pip's version strings of these projects carry them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from peakmem.errors import InputError
+
+Release = tuple[int, int, int]
+_RELEASE = re.compile(
+    r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,4}))?(?:\.\d{1,4})?(?:\.?(?:post|dev|rc)\d{0,8})?(?:\+[0-9a-z_.]{1,32})?"
+)
+
+
+def parse_release(text: object, *, field: str, examples: str) -> Release:
+    """(major, minor, patch) of ``text``; else an InputError naming ``field`` and the ``examples``."""
+    match = _RELEASE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
+    if match is None:
+        raise InputError(f"{field}={text!r}: a release number such as {examples}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+__all__ = ["Release", "parse_release"]
