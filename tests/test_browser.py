@@ -530,6 +530,34 @@ def test_model_states_total_is_the_clis_for_qlora(page: Any, url: str) -> None:
     expect(total_row.locator("td").nth(3)).to_have_text(total)
 
 
+def test_release_and_framework_choices_reach_the_answer(page: Any, url: str) -> None:
+    """QLoRA under torchtune with torchao 0.1 (whole weights quantized at load), Lit-GPT's model code, and
+    vLLM's model runner: each gives the total /api/train or /api/infer gives for the same job."""
+    page.goto(f"{url}/?model=llama-3.1-8b&method=qlora&seq=256")
+    wait_ready(page)
+    page.select_option("#framework", "torchtune")
+    page.fill("#torchao", "0.1")
+    body = {"model": "llama-3.1-8b", "method": "qlora", "seq": 256, "gpus": ["rtx-4090", "a100-40gb", "h100-sxm"]}
+    old = api(url, {**body, "framework": "torchtune", "torchao": "0.1"}, "/api/train")
+    new = api(url, {**body, "framework": "torchtune"}, "/api/train")
+    assert old["device_total_bytes"] > new["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(old["device_total_bytes"]))
+    page.fill("#torchao", "")
+    page.select_option("#framework", "litgpt")
+    lit = api(url, {**body, "framework": "litgpt"}, "/api/train")
+    expect(page.locator("#total")).to_have_text(fmt_both(lit["device_total_bytes"]))
+    assert "framework=litgpt" in page.url
+    page.goto(f"{url}/?model=llama-3.1-8b&gpus=rtx-4090")
+    wait_ready(page)
+    page.check("input[name=question][value=infer]")
+    page.select_option("#engine", "vllm")
+    page.select_option("#model_runner", "v1")
+    said = api(url, {"model": "llama-3.1-8b", "engine": "vllm", "model_runner": "v1", "gpus": ["rtx-4090"]},
+               "/api/infer")  # fmt: skip
+    assert said["vllm_model_runner"] == "v1"
+    expect(page.locator("#total")).to_have_text(fmt_both(said["device_total_bytes"]))
+
+
 # --- keyboard and screen reader ---------------------------------------------------------------------
 def test_keyboard_only_flow_submits(page: Any, url: str) -> None:
     page.goto(f"{url}/")

@@ -26,7 +26,9 @@ const FIELDS = [
   { id: "lora_rank", def: "", int: true, modes: TRAIN, only: "adapter" },
   { id: "lora_targets", def: "", modes: TRAIN, only: "adapter" },
   { id: "quant", def: "", modes: TRAIN, only: "qlora" },
+  { id: "framework", def: "hf", modes: TRAIN },
   { id: "bitsandbytes", def: "", modes: TRAIN, only: "qlora" },
+  { id: "torchao", def: "", modes: TRAIN, only: "qlora" },
   { id: "precision", def: "mixed-bf16", modes: TRAIN },
   { id: "optimizer", def: "adamw", modes: TRAIN },
   { id: "batch", def: "1", int: true, modes: TRAIN },
@@ -84,6 +86,7 @@ const FIELDS = [
   { id: "enforce_eager", def: "", bool: true, modes: INFER },
   { id: "disable_custom_all_reduce", def: "", bool: true, modes: INFER },
   { id: "interconnect", def: "", modes: INFER },  // empty: the catalog GPU's
+  { id: "model_runner", def: "", modes: INFER },  // empty: the release's for the model (auto)
   { id: "cudagraph_mode", def: "", modes: INFER },  // empty: the release's (auto)
   { id: "cuda_graph_max_bs", def: "", int: true, modes: INFER },  // empty: SGLang's for the GPU
   { id: "attention_backend", def: "", modes: INFER },  // empty: SGLang's for the model and GPU
