@@ -7,7 +7,8 @@ node lives as long as an output that reaches it. Lit-GPT's loop (litgpt/finetune
 ``logits = model(input_ids, lm_head_chunk_size=128)``) keeps ``logits`` until the NEXT iteration's
 ``model(...)`` returns, so every 4-bit Linear input of iteration n stays allocated through the forward of
 iteration n + 1. This script shows the lifetime with a Function that stores its input the same way.
-It is not modelled by peakmem's timeline yet; the hand numbers per point are in the h-litgpt24 report.
+peakmem's timeline models it (Profile.loop_keeps_output, formulas/loop_held.py), checked on the CPU with
+bitsandbytes' own Linear4bit in tests/test_loop_held_torch.py.
 """
 
 from __future__ import annotations

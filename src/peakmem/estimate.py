@@ -38,6 +38,7 @@ from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
 from peakmem.formulas import fsdp2 as _fsdp2
 from peakmem.formulas import long_context as _long
+from peakmem.formulas import loop_held as _held
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
@@ -473,6 +474,7 @@ def _estimate(
         logits_grad = head.logits_grad
     else:  # a middle stage receives its output gradient from the next stage
         head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0
+    held = _held.loop_held(spec, setup, sh) if par.tp == par.pp == 1 else _held.NOTHING  # Lit-GPT's loop
     parts = _parts(st, setup, sh, head_items, par)
     in_flight = mp.in_flight_microbatches(par, sp.stage, setup.grad_accum)
     # 1F1B whose warm-up runs every micro-batch (m <= pp - stage): every forward runs before the first
@@ -522,9 +524,10 @@ def _estimate(
                       pipeline: list[MemoryItem]) -> PhasePeak:  # fmt: skip
         layer = max([max(g.forward_transient + run + rowwise_copy, unshard - g.saved) for g in parts.groups],
                     default=0) + embeds_held  # fmt: skip
-        extra = max(head_fwd, layer + more - head_saved, pipe.stage_output)  # at the loss, a layer, the end
+        in_model = max(layer + more - head_saved, pipe.stage_output)  # a layer, or the model's end
+        extra, kept = _held.forward_peak(held, at_loss=head_fwd, in_model=in_model)
         return _phase(Phase.FORWARD, [
-            *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache,
+            *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache, *kept,
             MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
                        category=Category.TEMPORARIES, bytes=extra, source=SRC_FORWARD_TMP,
                        key="forward.temporaries"), p2p(pipe_bytes),
@@ -608,7 +611,7 @@ def _estimate(
 
     # --- optimizer step (step 1 creates the states inside it, so it peaks the same)
     step = st.optimizer_phase  # copied: results are not frozen, so none is shared between estimates
-    optimizer = PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items)
+    optimizer = _held.at_step(PhasePeak(phase=Phase.OPTIMIZER, bytes=step.bytes, items=step.items), held)
     if whole_embed:
         optimizer = _plus(optimizer, embed_grad)
         forward = _plus(forward, embed_grad) if resident else forward
@@ -756,7 +759,7 @@ def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Over
         act.activation_dtype_note(sh),
         f"framework profile {sh.profile.name}: {sh.profile.source}",
         f"training mode: dropout active where the config sets it ({dropout})",
-        "the loop drops the model output (logits) before loss.backward(), as HF Trainer and torchtune do",
+        _held.LOOP_NOTE if sh.profile.loop_keeps_output else _held.DROPS_NOTE,
         "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
         "reserved rounded to 20 MiB pages"
         if ov.expandable_segments

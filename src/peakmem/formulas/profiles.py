@@ -44,7 +44,12 @@
   - lit_gpt/lora.py ``GPT.forward`` (l. 500-502, ``lm_head_chunk_size=128`` from finetune/lora.py l. 216)
     and lit_gpt/utils.py ``chunked_cross_entropy`` (l. 256-262): the 16-bit logits in 128-token chunks,
     cross_entropy per chunk in their dtype; finetune/lora.py keeps the list (``logits``) through
-    ``fabric.backward``, so every chunk's logits stay alive in backward.
+    ``fabric.backward``, so every chunk's logits stay alive in backward;
+  - finetune/lora.py's loop never deletes ``logits`` or ``loss``: the previous micro-batch's logits live
+    until the next forward returns, and its graph's nodes (with bitsandbytes < 0.43.2, every 4-bit Linear's
+    input in ``ctx.tensors``) until the next loss is bound, through the optimizer step between them
+    (:mod:`peakmem.formulas.loop_held`). HF Trainer (``training_step`` returns ``loss.detach()``),
+    torchtune (``del logits``) and unsloth (HF's Trainer) keep nothing into the next micro-batch.
 * HF Trainer + peft (axolotl, LLaMA-Factory, TRL's SFTTrainer) run transformers' model code:
   ``Framework.HF``. Their Liger option (``use_liger_kernel`` / ``liger_kernel``) is
   ``TrainingSetup.liger``; ``torch_compile`` is ``TrainingSetup.compiled``.
@@ -89,6 +94,10 @@ class Profile:
     lm_head_chunk: int = 0
     # RoPE keeps a [max positions, rotary dim / 2, (cos, sin)] fp32 cache buffer (torchtune)
     rope_cache: bool = False
+    # the training loop keeps the micro-batch's logits and loss bound until the next micro-batch rebinds
+    # them: they (and what the graph's nodes hold) live through the step and the next forward (Lit-GPT;
+    # peakmem.formulas.loop_held)
+    loop_keeps_output: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -113,10 +122,11 @@ PROFILES: dict[Framework, Profile] = {
     ),
     Framework.LITGPT: Profile(
         name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_in_input_dtype=True,
-        fused_qkv=True, fused_qkv_lora=True, lm_head_chunk=LITGPT_LM_HEAD_CHUNK,
+        fused_qkv=True, fused_qkv_lora=True, lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
         source=(
             "Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
-            "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy"
+            "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy, "
+            "finetune/lora.py's loop (logits and loss kept into the next micro-batch)"
         ),
     ),
 }  # fmt: skip

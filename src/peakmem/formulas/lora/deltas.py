@@ -135,6 +135,13 @@ def base_keeps_input(setup: Any) -> bool:
     return not quant.is_4bit or release_facts(version).matmul4bit_saves_input
 
 
+def first_layer_input_frozen(spec: ModelSpec, group: int, setup: Any, memo: Memo | None = None) -> bool:
+    """The first layer's first norm reads the frozen embeddings' output: nothing requires grad yet, so no
+    autograd node is made for the quantized Linears reading it (their ctx, and the input, are dropped).
+    ``group``: the first layer's own group (:func:`split_first_layer`)."""
+    return group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora_of(setup), memo)
+
+
 def adapt_layer(
     spec: ModelSpec, group: int, la: LayerActivations, sh: Shapes, setup: Any
 ) -> LayerActivations:
@@ -145,9 +152,7 @@ def adapt_layer(
     keeps = base_keeps_input(setup)
     layer = spec.groups[group].layer
     mods = [m for m in resolve_targets(spec, lora, sh.memo) if m.group == group]
-    # the first layer's first norm reads the frozen embeddings' output: nothing requires grad yet, so no
-    # autograd node is made for the quantized Linears reading it (their ctx, and the input, are dropped)
-    first = group == 0 and spec.groups[0].count == 1 and not embeddings_adapted(spec, lora, sh.memo)
+    first = first_layer_input_frozen(spec, group, setup, sh.memo)
     att_keeps = keeps and not first
     t, c, h = sh.tokens, sh.c, spec.hidden_size
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)

@@ -1,0 +1,90 @@
+"""peakmem.formulas.loop_held: what Lit-GPT's loop keeps of a micro-batch into the next, hand-derived.
+
+Tiny Llama (tests/tiny_models.py: h 64, 4 heads of 16, 2 kv heads, MLP 176, 2 layers, vocab 1000), batch 2 x
+seq 8 (T = 16), pure bf16 (c = 2 B), QLoRA on q and v. Each layer's 4-bit Linear inputs: the first norm's
+output T h c = 2048 (none in layer 0: nothing before it requires grad), the attention output (o_proj's
+input) 2048, the second norm's output 2048, the product before down_proj T I c = 5632: 9728 + 11776 =
+21,504 B with bitsandbytes 0.41.1, none from 0.43.2 on; the logits T V c = 32,000 B either way.
+Falcon-7B's layout (one norm feeding attention and MLP, tests/tiny_models.py falcon: h 64, MLP 256, 3
+layers, vocab 128, T = 16): the shared norm output once, 2048, from the second layer on; the attention
+output 2048 and the MLP's fc output (the GELU product before dense_4h_to_h) T 256 c = 8192 in every layer:
+3 x 10240 + 2 x 2048 = 34,816 B. (In the first layer of such a parallel block the unadapted MLP branch needs
+no grad, so bitsandbytes keeps no input there; counted, as formulas/lora/deltas.py counts it in backward.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import peakmem
+from peakmem.adapters import LoraConfig, QuantConfig
+from peakmem.formulas import activations as act
+from peakmem.formulas import loop_held as held
+from peakmem.formulas import lora as L
+from peakmem.formulas import profiles
+from peakmem.hf import spec_from_config
+from peakmem.training import Framework, Method, Precision, TrainingSetup
+from tiny_models import FAMILY_CONFIGS, LLAMA
+
+T, C = 16, 2
+
+
+def _held(
+    config: dict[str, object], framework: Framework, bnb: str, targets: tuple[str, ...]
+) -> held.LoopHeld:
+    spec = L.split_first_layer(spec_from_config(config))
+    lora = LoraConfig(rank=8, alpha=16, dropout=0.05, targets=targets, adapter_dtype="base")
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=8, method=Method.QLORA, lora=lora,
+                          quant=QuantConfig(quant="nf4"), framework=framework, bitsandbytes=bnb)  # fmt: skip
+    return held.loop_held(spec, setup, act.shapes(spec, setup))
+
+
+def test_litgpt_keeps_logits_and_old_bnb_inputs() -> None:
+    qv = ("q_proj", "v_proj")
+    assert _held(LLAMA, Framework.LITGPT, "0.41.1", qv) == held.LoopHeld(logits=T * 1000 * C, inputs=21504)
+    assert _held(LLAMA, Framework.LITGPT, "0.43.2", qv) == held.LoopHeld(logits=T * 1000 * C, inputs=0)
+    assert _held(LLAMA, Framework.HF, "0.41.1", qv) == held.NOTHING
+
+
+def test_one_norm_feeding_both_halves_counts_once() -> None:
+    falcon = _held(FAMILY_CONFIGS["falcon"], Framework.LITGPT, "0.41.1", ("query_key_value",))
+    assert falcon.inputs == 3 * (2048 + 8192) + 2 * 2048
+
+
+def test_forward_peak_at_the_loss_or_in_the_model() -> None:
+    kept = held.LoopHeld(logits=100, inputs=10)
+    tmp, items = held.forward_peak(kept, at_loss=150, in_model=40)  # the loss: old logits already dropped
+    assert (tmp, [(i.key, i.bytes) for i in items]) == (150, [("loop.kept_inputs", 10)])
+    tmp, items = held.forward_peak(kept, at_loss=120, in_model=40)  # the model's end: both logits alive
+    assert (tmp, [i.bytes for i in items]) == (40, [10, 100])
+    assert held.forward_peak(held.NOTHING, at_loss=120, in_model=140) == (140, ())
+    assert [i.bytes for i in held.optimizer_items(kept)] == [10, 100]
+
+
+@pytest.mark.parametrize("bnb", ["0.41.1", "0.43.2"])
+def test_the_step_and_the_next_forward_hold_them(
+    tiny_llama: str, bnb: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The estimate with Lit-GPT's loop against the same profile without it: the optimizer step holds the
+    logits and (0.41.1) the inputs; the forward's peak at least the inputs."""
+    opts = dict(method="qlora", framework="litgpt", precision="bf16", batch=2, seq=8,
+                lora_targets="q_proj,v_proj", bitsandbytes=bnb, grad_accum=2)  # fmt: skip
+    on = peakmem.train(tiny_llama, **opts).to_dict()["phases"]
+    lit = profiles.PROFILES[Framework.LITGPT]
+    monkeypatch.setitem(profiles.PROFILES, Framework.LITGPT, replace(lit, loop_keeps_output=False))
+    off = peakmem.train(tiny_llama, **opts).to_dict()["phases"]
+    inputs = 21504 if bnb == "0.41.1" else 0
+    assert on["optimizer"] - off["optimizer"] == inputs + T * 1000 * C
+    assert on["forward"] - off["forward"] >= inputs
+    assert on["backward"] == off["backward"]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import json
+
+    path = tmp_path_factory.mktemp("llama") / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return str(path)
