@@ -537,7 +537,8 @@ def test_release_and_framework_choices_reach_the_answer(page: Any, url: str) -> 
     wait_ready(page)
     page.select_option("#framework", "torchtune")
     page.fill("#torchao", "0.1")
-    body = {"model": "llama-3.1-8b", "method": "qlora", "seq": 256, "gpus": ["rtx-4090", "a100-40gb", "h100-sxm"]}
+    gpus = ["rtx-4090", "a100-40gb", "h100-sxm"]
+    body = {"model": "llama-3.1-8b", "method": "qlora", "seq": 256, "gpus": gpus}
     old = api(url, {**body, "framework": "torchtune", "torchao": "0.1"}, "/api/train")
     new = api(url, {**body, "framework": "torchtune"}, "/api/train")
     assert old["device_total_bytes"] > new["device_total_bytes"]

@@ -84,3 +84,16 @@ def test_loop_defaults() -> None:
     setup = TrainingSetup(framework=Framework.LITGPT, grad_accum=4)
     assert grad_sync(setup).value == "last-micro-batch" and "no_backward_sync" in grad_sync(setup).source
     assert fsdp_reduce(setup).value == "param" and "Lightning" in fsdp_reduce(setup).source
+
+
+def test_a_derived_model_says_the_framework_code_is_not_applied() -> None:
+    """phi-2's blocks are measured on transformers' PhiForCausalLM (a derived spec): ``--framework litgpt``
+    changes its loop and loss only, and the answer says so; a formula model (llama) has no such line."""
+    import peakmem
+
+    def said(model: str) -> list[str]:
+        r = peakmem.train(model, method="lora", seq=64, framework="litgpt")
+        return [a for a in r["assumptions"] if "derived spec" in a]
+
+    assert said("phi-2") and "not applied" in said("phi-2")[0]
+    assert said("llama-3.2-1b") == []

@@ -50,17 +50,16 @@ from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.profiles import profile_assumptions
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak, in_place_credit
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism, PipelineSchedule
+from peakmem.step_notes import step_assumptions
 from peakmem.step_parts import Parts, Static
 from peakmem.step_setup import fallback_note, setup_that_runs
 from peakmem.training import (
     AttentionKernel,
     Checkpointing,
-    Framework,
     LossImpl,
     Method,
     TrainingSetup,
@@ -656,7 +655,7 @@ def _estimate(
         if len(st.notes) >= 64:
             st.notes.clear()
         notes = st.notes[ov] = (
-            _assumptions(tech, setup, sh, ov)
+            step_assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
             + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
@@ -747,53 +746,3 @@ def with_kernel_alternatives(
 
 
 _BYTES = attrgetter("bytes")
-
-
-def _assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: Overheads) -> tuple[str, ...]:
-    spec = tech.spec
-    dropout = f"attention {spec.attention_dropout}, hidden {spec.hidden_dropout}"
-    dropout += f", embedding {spec.embedding_dropout}"
-    out = [
-        "steady-state step (>= 2): optimizer states exist in forward/backward; "
-        f"zero_grad(set_to_none={setup.grads_set_to_none})",
-        act.activation_dtype_note(sh),
-        f"framework profile {sh.profile.name}: {sh.profile.source}",
-        f"training mode: dropout active where the config sets it ({dropout})",
-        _held.LOOP_NOTE if sh.profile.loop_keeps_output else _held.DROPS_NOTE,
-        "expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation slack, "
-        "reserved rounded to 20 MiB pages"
-        if ov.expandable_segments
-        else f"allocator fragmentation {ov.fraction:.0%} of the per-step churn "
-        "(activations, gradients, temporaries); override with Overheads(fragmentation=...)",
-        f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
-        f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
-    ]
-    if sh.kernel_note:
-        out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value}: {sh.kernel_note}")
-    if setup.checkpointing is Checkpointing.FULL and setup.checkpoint_every > 1:
-        rule = (
-            "0-based index % N == 0, transformers"
-            if setup.framework is Framework.HF
-            else "1-based, torchtitan"
-        )
-        out.append(
-            f"full checkpointing of every {setup.checkpoint_every}th layer ({rule}): those keep their "
-            "input, the others all their tensors; one layer is recomputed at a time during backward"
-        )
-    elif setup.checkpointing is Checkpointing.FULL:
-        out.append("full checkpointing: each layer keeps its input; one layer is recomputed during backward")
-    if setup.checkpointing is Checkpointing.SELECTIVE:
-        out.append("selective checkpointing (Korthikanti et al. 2022 §4.2): attention core recomputed")
-    if setup.checkpointing is Checkpointing.OP:
-        out.append(
-            "op-level selective checkpointing (torchtitan selective_ac_option='op'): each layer keeps its "
-            "input and every other bias-free matmul output (and SDPA's output on CUDA); the rest recomputed"
-        )
-    if tech.master is not None:
-        out.append(
-            "mixed precision: at the step each 16-bit grad is replaced by its fp32 copy on the "
-            "master weight (master.grad = p.grad.float(); p.grad = None)"
-        )
-    out.extend(profile_assumptions(setup))
-    out.extend(spec.notes)
-    return tuple(out)
