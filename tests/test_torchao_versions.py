@@ -27,6 +27,7 @@ from peakmem.cli import main
 from peakmem.errors import InputError
 from peakmem.formulas.nf4_load import quantize_peak
 from peakmem.torchao_versions import NF4_CHUNK_ELEMENTS, TORCHAO_CURRENT, parse_torchao_version, release_facts
+from tiny_models import llama_config_file
 
 H, INTER, LAYERS, BATCH, SEQ = 128, 256, 2, 2, 32
 N = H * INTER
@@ -35,14 +36,9 @@ NB = N // 64
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
-           "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
-           "num_key_value_heads": 4, "vocab_size": 128, "max_position_embeddings": SEQ,
-           "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-           "torch_dtype": "bfloat16"}  # fmt: skip
-    path = tmp_path_factory.mktemp("tiny") / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return llama_config_file(
+        tmp_path_factory.mktemp("tiny"), hidden=H, intermediate=INTER, layers=LAYERS, seq=SEQ
+    )
 
 
 def _train(config: str, version: str, **kw: Any) -> dict[str, Any]:

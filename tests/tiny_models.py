@@ -1,5 +1,8 @@
 """Tiny real configs shared by the measure, simulate and CLI tests, with hand-derived counts."""
 
+import json
+from pathlib import Path
+
 from peakmem.errors import InputError
 from peakmem.formulas.activations import check_op_sac
 from peakmem.model import ModelSpec
@@ -71,6 +74,18 @@ FAMILY_CONFIGS = {
 # one cannot be built where timm is not installed (it is not among the test extras: timm needs a
 # torchvision built for the installed torch).
 TIMM_VISION_TYPES = frozenset({"timm_wrapper", "gemma3n_vision"})
+
+
+def llama_config_file(directory: Path, *, hidden: int, intermediate: int, layers: int, seq: int) -> str:
+    """A config.json of an MHA Llama with a 128-token vocabulary and an untied head in ``directory``: what
+    the release-fact tests (bitsandbytes, torchao) train through peakmem.train."""
+    cfg = {**LLAMA, "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
+           "num_key_value_heads": 4, "vocab_size": 128, "max_position_embeddings": seq,
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+           "torch_dtype": "bfloat16"}  # fmt: skip
+    path = directory / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
 
 
 def needs_timm(config: dict) -> bool:  # type: ignore[type-arg]
