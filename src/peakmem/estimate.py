@@ -36,6 +36,7 @@ from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
+from peakmem.formulas import fsdp1_root as _root1
 from peakmem.formulas import fsdp2 as _fsdp2
 from peakmem.formulas import long_context as _long
 from peakmem.formulas import loop_held as _held
@@ -553,7 +554,7 @@ def _estimate(
     # dtype) is alive while the head's weight gradient is written.
     start_written, start_kept, end_written, end_kept, tied_tmp = st.outer
     groups = _fsdp.backward_groups(parts.groups, rs)
-    root_held = start_written if rs.root_grads_deferred else 0  # FSDP2: whole until the end
+    root_held = start_written if rs.root_grads_deferred else 0  # FSDP1/FSDP2: whole until the end
     p2p_item = p2p(pipe.backward)
     # the vocab-parallel embedding's gradient is whole (DTensor); kept until the step, and between
     # micro-batches (there in forward and backward too) when gradients are resident
@@ -569,23 +570,35 @@ def _estimate(
         pipeline: list[MemoryItem],
         p2p_item: MemoryItem = p2p_item,
     ) -> tuple[PhasePeak, BackwardPeak]:
+        tail = (
+            tied_tmp
+            + (end_written if resident or in_bwd else end_written - end_kept)
+            + rs.root_backward_extra
+        )
+        # FSDP1: the root's flat gradient cat at the end, where the layer units are resharded (fsdp1_root)
+        cat = _root1.flat_grad_extra(rs.root_flat_grad, tied_tmp + root_held + tail)
+        credit = _root1.resharded_at_tail(par, rs.gathered_backward, tail + cat) if cat else 0
         bp = backward_peak(
             groups[::-1], base_saved=embed_saved, head_saved=head_saved,
             start_extra=max(max(head_bwd, logits_grad + start_written + tied_tmp) + rs.backward_start_extra,
                             rs.backward_root_unshard),
             start_grads=0 if in_bwd else start_kept,
-            tail_extra=tied_tmp + (end_written if resident or in_bwd else end_written - end_kept)
-            + rs.root_backward_extra,
+            tail_extra=tail + cat - credit,
             tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
             held=tied_tmp + root_held,
         )  # fmt: skip
         engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
-        bwd_items = _fsdp.root_items(_steps.backward_items(parts, bp, resident, all_saved), root_held)
         layers = sum(g.count for g in groups)
+        at_tail = not bp.at_start and bp.layers_done == layers
+        bwd_items = _steps.backward_items(parts, bp, resident, all_saved)
+        bwd_items = _fsdp.root_items(bwd_items, root_held, par.fsdp_version, cat * at_tail, credit * at_tail)
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
             extra = _fsdp.layer_extra(rs, bp.layers_done, layers)
             bwd_items = _fsdp.backward_items(bwd_items, extra, rs.layer_backward_item)
-        items = [*engine_bwd, *rs.gathered_backward, *pipeline, *bwd_items, p2p_item,
+        gathered = [
+            i for i in rs.gathered_backward if not (at_tail and credit and i.key in _root1.RESHARDED_KEYS)
+        ]
+        items = [*engine_bwd, *gathered, *pipeline, *bwd_items, p2p_item,
                  *((embed_grad,) if resident else ())]  # fmt: skip
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
 

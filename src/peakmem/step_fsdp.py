@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.fsdp1_root import SRC_FSDP1_ROOT
 from peakmem.formulas.fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_ROOT_RS, SRC_FSDP_RS
 from peakmem.formulas.model_parallel import StageParams
 from peakmem.formulas.sharding import RankStates
@@ -47,20 +48,33 @@ def backward_groups(groups: tuple[GroupCost, ...], rs: RankStates) -> tuple[Grou
     return tuple(out)
 
 
-def root_items(items: list[MemoryItem], root_held: int) -> list[MemoryItem]:
-    """The backward peak's items under FSDP2 without PP: the root unit's whole gradients, held from the
+def root_items(
+    items: list[MemoryItem], root_held: int, version: int = 2, cat: int = 0, credit: int = 0
+) -> list[MemoryItem]:
+    """The backward peak's items under FSDP without PP: the root unit's whole gradients, held from the
     head's backward to the end (inside the timeline's ``held``), shown apart from a tied embedding's
-    hold (peakmem.formulas.fsdp2.root_backward)."""
-    if not root_held or not any(i.key == "backward.tied_hold" for i in items):
-        return items
+    hold (peakmem.formulas.fsdp2.root_backward; FSDP1: peakmem.formulas.fsdp1_root); at the end of
+    backward under FSDP1 the ``cat`` of the root's flat gradient shown apart from the temporaries, to
+    which the ``credit`` of the resharded layer units (dropped from the gathered items) returns."""
+    out = list(items)
+    if cat:
+        out = [
+            replace(i, bytes=i.bytes - cat + credit) if i.key == "backward.temporaries" else i for i in out
+        ]
+        out.append(MemoryItem(path="FSDP1 root unit's flat gradient (torch.cat of its parameters' gradients)",
+                              category=Category.TEMPORARIES, bytes=cat, source=SRC_FSDP1_ROOT,
+                              key="fsdp1.root_cat"))  # fmt: skip
+    if not root_held or not any(i.key == "backward.tied_hold" for i in out):
+        return out
     out = [
         replace(i, bytes=i.bytes - root_held) if i.key == "backward.tied_hold" else i
-        for i in items
+        for i in out
         if i.key != "backward.tied_hold" or i.bytes > root_held
     ]
-    out.append(MemoryItem(path="FSDP2 root unit's gradients (head, final norm), whole until its "
-                               "post-backward at the end of backward", category=Category.GRADIENTS,
-                          bytes=root_held, source=SRC_FSDP_ROOT_RS, key="fsdp.root_grads"))  # fmt: skip
+    src, until = (SRC_FSDP_ROOT_RS, "its post-backward") if version == 2 else (SRC_FSDP1_ROOT, "the cat")
+    out.append(MemoryItem(path=f"FSDP{version} root unit's gradients (head, final norm), whole until {until} "
+                               "at the end of backward", category=Category.GRADIENTS,
+                          bytes=root_held, source=src, key="fsdp.root_grads"))  # fmt: skip
     return out
 
 

@@ -65,6 +65,7 @@ from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
 from peakmem.training import ReduceDtype, TrainingSetup
 from peakmem.units import MiB
 
+from . import fsdp1_root as _root1
 from . import fsdp2 as _fsdp2
 from . import fsdp_no_sync as _nosync
 from . import zero3 as _zero3
@@ -170,6 +171,7 @@ class RankStates:
     # them (see fsdp2.root_backward)
     root_grads_deferred: bool = False
     root_backward_extra: int = 0
+    root_flat_grad: int = 0  # FSDP1: the root unit's flat gradient, torch.cat at the end (fsdp1_root)
     # FSDP / ZeRO: the bytes their side streams keep cached, which the default stream cannot reuse
     # (stream_pools.StreamPools; fsdp2.stream_pools, zero_streams.zero_stream_pools)
     side_pools: _fsdp2.StreamPools = _fsdp2.NO_POOLS
@@ -664,6 +666,11 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     if not tech.adapter and (tech.master is not None or setup.fsdp_reduce_dtype is not ReduceDtype.AUTO):
         notes.append(_fsdp2.reduce_note(setup, rs_dt))
     accumulated = accumulated or grads_item
+    # FSDP1: the root's gradients wait for each other and are cat into its flat gradient (fsdp1_root)
+    root_numel = _mixed_root(tech, par, sp) if tech.adapter else sp.root_numel
+    root_flat = (
+        (tech.grad if tech.adapter else gather_dt).nbytes(root_numel) if _root1.holds_root_grads(par) else 0
+    )
     whole_embedding = _fsdp2.whole_embedding_grad(tech, par, sp, tech.grad) if par.fsdp_version == 2 else 0
     return RankStates(
         table=tuple(gpu_rows), rows=tuple(gpu_rows), resident=(), grads_written_cap=None,
@@ -674,8 +681,8 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         notes=tuple(notes), layer_unshard_extra=unshard_extra, layer_forward_extra=fwd_extra,
         layer_backward_extra=bwd_extra, layer_backward_first_extra=bwd_first, backward_start_extra=bwd_start,
         layer_backward_last_extra=bwd_last,
-        root_grads_deferred=_fsdp2.root_grads_whole(tech, par, no_sync, rs_dt),
-        root_backward_extra=root_extra,
+        root_grads_deferred=_fsdp2.root_grads_whole(tech, par, no_sync, rs_dt) or bool(root_flat),
+        root_backward_extra=root_extra, root_flat_grad=root_flat,
         first_unshard=first, backward_root_unshard=root_again, reduce_after_backward=pp_reduce,
         embedding_grad_extra=whole_embedding, side_pools=pools,
     )  # fmt: skip
