@@ -106,6 +106,9 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   fitting set (and formulas/band.py MEASURED_RESIDUALS) does not move here;
 * generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
   tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``;
+* ``job.padded_lengths`` ``varying`` (the loop pads each batch to its longest sample: torchtune@ff594c231
+  ``utils/collate.py`` ``padded_collate``, the collate_fn of ``recipes/lora_finetune_single_device.py``) ->
+  ``padded_lengths='varying'`` (formulas/padded_lengths.py); absent: ``fixed``;
 * ``job.grad_accum`` (the loop's accumulation: Lit-GPT ``128 // micro_batch_size``, torchtune's config) ->
   ``grad_accum``; ``job.fsdp_adapter_wrap`` ``in-layer`` (Lit-GPT's ``FSDPStrategy(auto_wrap_policy={Block})``
   keeps the LoRA adapters in the Block units: FSDP1 whole-unit gradients, unsharded under no_sync) ->
@@ -244,6 +247,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["sp"] = True
     if job.get("grad_accum"):  # the loop's accumulation (Lit-GPT, torchtune): gradients kept between them
         opts["grad_accum"] = job["grad_accum"]
+    if job.get("padded_lengths"):  # the loop pads each batch to its longest sample (torchtune padded_collate)
+        opts["padded_lengths"] = job["padded_lengths"]
     if job.get("fsdp_adapter_wrap"):  # Lit-GPT: LoRA inside the Block units (FSDP1 whole-unit grads)
         opts["fsdp_adapter_wrap"] = job["fsdp_adapter_wrap"]
     if lay["pp"] > 1:

@@ -44,6 +44,7 @@ from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import nccl as _nccl
+from peakmem.formulas import padded_lengths as _padded
 from peakmem.formulas import zero_streams as _zs
 from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.loss import framework_head, head_activations
@@ -63,9 +64,11 @@ from peakmem.training import (
     Checkpointing,
     LossImpl,
     Method,
+    PaddedLengths,
     TrainingSetup,
     checkpointed_layers,
 )
+from peakmem.units import fmt_gb
 
 METHOD = "analytic"
 
@@ -451,19 +454,15 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
 SRC_INFLIGHT = "Narayanan et al. 2021 §2.2: 1F1B warm-up micro-batches"
 
 
-def _estimate(
-    st: Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup,
-    costs: CostLookup, memo: Memo,
-) -> Estimate:  # fmt: skip
-    tech, rs, sp = st.tech, st.states, st.sp
-    spec = tech.spec
-    first, last = sp.stage == 0, sp.stage == par.pp - 1
-    in_bwd = _lowbit.in_backward(setup)
+def _step_at(
+    st: Static, setup: TrainingSetup, par: Parallelism, costs: CostLookup, memo: Memo
+) -> tuple[act.Shapes, _steps.StepAt]:
+    """The rank's shapes and its step's activations at ``setup``'s sequence length."""
+    spec, tech = st.tech.spec, st.tech
     split = par.cp * par.ulysses  # ranks that split one sequence (ring CP, Ulysses)
     local = setup if split == 1 else replace(setup, seq_len=setup.seq_len // split)
     sh = act.shapes(spec, local, costs, memo)
-    hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
-    if last:
+    if st.sp.stage == par.pp - 1:
         head = head_activations(spec, sh, _head_weight_numel(spec))
         if tech.adapter:
             head = _lora.adapt_head(spec, head, sh, setup)
@@ -473,9 +472,39 @@ def _estimate(
         head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient
         logits_grad = head.logits_grad
     else:  # a middle stage receives its output gradient from the next stage
+        hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
         head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0
-    held = _held.loop_held(spec, setup, sh) if par.tp == par.pp == 1 else _held.NOTHING  # Lit-GPT's loop
     parts = _parts(st, setup, sh, head_items, par)
+    return sh, _steps.StepAt(parts=parts, head_fwd=head_fwd, head_bwd=head_bwd, logits_grad=logits_grad)
+
+
+def _varying_growth(
+    st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads, at: _steps.StepAt, costs: CostLookup,
+    memo: Memo,
+) -> int | None:  # fmt: skip
+    """``--padded-lengths varying``: what the replay at rising lengths reserves above the fixed step
+    (formulas/padded_lengths.py); None where the step is not replayed."""
+    if not _steps.lengths_replayable(st, setup, par, ov):
+        return None
+    ats = tuple(
+        at if n == setup.seq_len else _step_at(st, replace(setup, seq_len=n), par, costs, memo)[1]
+        for n in _padded.lengths(setup.seq_len)
+    )
+    return _steps.varying_growth(st, setup, par, at, ats)
+
+
+def _estimate(
+    st: Static, setup: TrainingSetup, par: Parallelism, role: str, ov: Overheads, asked: TrainingSetup,
+    costs: CostLookup, memo: Memo,
+) -> Estimate:  # fmt: skip
+    tech, rs, sp = st.tech, st.states, st.sp
+    spec = tech.spec
+    first, last = sp.stage == 0, sp.stage == par.pp - 1
+    in_bwd = _lowbit.in_backward(setup)
+    sh, at = _step_at(st, setup, par, costs, memo)
+    parts, head_fwd, head_bwd, logits_grad = at.parts, at.head_fwd, at.head_bwd, at.logits_grad
+    hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
+    held = _held.loop_held(spec, setup, sh) if par.tp == par.pp == 1 else _held.NOTHING  # Lit-GPT's loop
     in_flight = mp.in_flight_microbatches(par, sp.stage, setup.grad_accum)
     # 1F1B whose warm-up runs every micro-batch (m <= pp - stage): every forward runs before the first
     # backward, so no gradient exists yet in forward (torch schedules.py Schedule1F1B: warmup_chunks)
@@ -662,6 +691,11 @@ def _estimate(
         # is its default stream's: the side streams' pools stand beside it whole
         over_closed = max(0, replayed + pools.total - reserved - side)
         reserved += over_closed
+    varying: tuple[str, ...] = ()
+    if setup.padded_lengths is PaddedLengths.VARYING:  # batches padded to their longest sample
+        growth = _varying_growth(st, setup, par, ov, at, costs, memo)
+        reserved += growth or 0
+        varying = (_padded.note(growth, fmt_gb(growth)) if growth is not None else _padded.NOT_REPLAYED,)
     reserved = max(reserved + side, load_reserved)  # the step reuses the segments the load cut
     notes = st.notes.get(ov)
     if notes is None:
@@ -727,7 +761,7 @@ def _estimate(
         phases=phases if load is None else (load, *phases),
         peak_phase=top.phase, peak_allocated_bytes=top.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=device_total,
-        assumptions=rank_notes + notes + fallback_note(spec, asked, setup), setup=out, extra=extra,
+        assumptions=rank_notes + notes + varying + fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
 

@@ -115,6 +115,10 @@ OPTIONS: tuple[Option, ...] = (
        "gradients under no_sync / PP): auto (the framework's: hf = accelerate, the param dtype)|param|"
        "fp32 (torchtitan)|bf16|fp16",
        choices=("auto", "param", "fp32", "bf16", "fp16")),
+    _o("padded_lengths", str, "fixed", T, "fixed (every batch --seq tokens)|varying (each batch padded to "
+       "its longest sample, up to --seq: HF DataCollatorWithPadding, torchtune, TRL without packing; the "
+       "caching allocator keeps the segments each length cuts, so reserved grows)",
+       choices=("fixed", "varying")),
     _o("checkpointing", str, "none", T,
        "none|selective|op|full|every-N (op: torchtitan's op-level SAC; every-N: full checkpointing of "
        "every N-th layer, e.g. every-2)"),

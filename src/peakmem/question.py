@@ -224,6 +224,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         Method,
         OptimizerImpl,
         OptimizerName,
+        PaddedLengths,
         Precision,
         ReduceDtype,
         parse_checkpointing,
@@ -254,6 +255,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         grads_set_to_none=not o.get("keep_grads", False),
         grad_sync=GradSync.parse(o.get("grad_sync", opt.AUTO), "grad_sync"),
         fsdp_reduce_dtype=ReduceDtype.parse(o.get("fsdp_reduce_dtype", opt.AUTO), "fsdp_reduce_dtype"),
+        padded_lengths=PaddedLengths.parse(o.get("padded_lengths", "fixed"), "padded_lengths"),
         float8_all_gather=o.get("float8_all_gather", False),
         tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip

@@ -5,7 +5,7 @@ tensor for the caching-allocator replay that gives the reserved bytes (formulas/
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from peakmem.breakdown import Category, MemoryItem, PerParamRow, PhasePeak
@@ -124,7 +124,9 @@ REPLAY_NOTE_SHARDED = REPLAY_NOTE + (
 )
 
 
-def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
+def replayable(
+    st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads, *, adapters: bool = False
+) -> bool:
     """Where the step can be written tensor by tensor: full fine-tuning with a torch optimizer whose
     states are shaped like the parameters, no step tricks, no fraction or expandable segments asked for
     (those keep the closed form of formulas/allocator.py), and either one GPU or one rank of FSDP
@@ -138,9 +140,10 @@ def replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
     gradients and buckets are not described), expert parallelism, FSDP1 shard-grad-op, offloaded
     parameters or optimizer states, LoRA/QLoRA (frozen
     base, adapter tensors), 8-bit/paged/4-bit optimizers and optimizer-in-backward, activation offloading,
-    Adafactor (factored states, not shaped like the parameters)."""
+    Adafactor (factored states, not shaped like the parameters). ``adapters``: LoRA/QLoRA taken too
+    (:func:`lengths_replayable`)."""
     common = (
-        not st.tech.adapter and ov.replay_reserved and not ov.expandable_segments
+        (adapters or not st.tech.adapter) and ov.replay_reserved and not ov.expandable_segments
         and not _lowbit.handles(setup) and not _lowbit.in_backward(setup)
         and not setup.activation_offload and setup.optimizer is not OptimizerName.ADAFACTOR
     )  # fmt: skip
@@ -209,6 +212,11 @@ def replayed_reserved(
         step = step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts, par)
         return _seq.replay_steps(step).reserved
 
+    return _by_layers(st, replay, exact=exact)
+
+
+def _by_layers(st: Static, replay: Callable[[tuple[int, ...]], int], *, exact: bool = False) -> int:
+    """``replay`` at the stage's layer counts, or extrapolated from :data:`REPLAY_LAYERS` and twice that."""
     counts = tuple(c for _, c in st.groups)
     few = tuple(min(c, REPLAY_LAYERS) for c in counts)
     more = tuple(min(c, 2 * REPLAY_LAYERS) for c in counts)
@@ -219,6 +227,46 @@ def replayed_reserved(
     return -(-extrapolated // allocator.K_ROUND_LARGE) * allocator.K_ROUND_LARGE
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepAt:
+    """The step's activations at one sequence length (what :func:`step_tensors` needs besides the
+    static part)."""
+
+    parts: Parts
+    head_fwd: int
+    head_bwd: int
+    logits_grad: int
+
+
+def lengths_replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:
+    """Where ``--padded-lengths varying`` is replayed: where the step is (:func:`replayable`), and on one
+    GPU LoRA/QLoRA too (the frozen base as loaded, the adapters' gradients, states and temporaries:
+    :func:`step_tensors`); their fixed-length reserved keeps the closed form, the replays give only
+    what the lengths add."""
+    if replayable(st, setup, par, ov):
+        return True
+    return (
+        st.tech.adapter and st.single and par.is_single_gpu and replayable(st, setup, par, ov, adapters=True)
+    )
+
+
+def varying_growth(
+    st: Static, setup: TrainingSetup, par: Parallelism, fixed: StepAt, at_lengths: tuple[StepAt, ...]
+) -> int:
+    """What batches padded to varying lengths (formulas/padded_lengths.py) reserve above the fixed-length
+    step: the replay of ``at_lengths`` (rising to the longest, then the longest again) through one
+    allocator state, less the fixed step's two-step replay; at least 0."""
+
+    def step(at: StepAt, counts: tuple[int, ...]) -> _seq.StepTensors:
+        return step_tensors(st, setup, at.parts, at.head_fwd, at.head_bwd, at.logits_grad, counts, par)
+
+    base = _by_layers(st, lambda counts: _seq.replay_steps(step(fixed, counts)).reserved)
+    ramp = _by_layers(
+        st, lambda counts: _seq.replay_lengths(tuple(step(at, counts) for at in at_lengths)).reserved
+    )
+    return max(0, ramp - base)
+
+
 def step_tensors(
     st: Static, setup: TrainingSetup, parts: Parts, head_fwd: int, head_bwd: int, logits_grad: int,
     counts: tuple[int, ...], par: Parallelism | None = None,
@@ -227,16 +275,24 @@ def step_tensors(
     default stream where ``par`` is sharded (:func:`sharded_parts`)."""
     tech = st.tech
     spec = tech.spec
-    outer_first = [t for t in spec.outer if t.component in ("embeddings", "positions")]
-    outer_last = [t for t in spec.outer if t.component not in ("embeddings", "positions")]
 
     def sizes(tensors: Iterable[Tensor], count: int = 1) -> list[int]:  # elements of each tensor
         return [t.numel // t.copies for t in tensors for _ in range(t.copies * count)]
 
-    first, last = sizes(outer_first), sizes(outer_last)
-    layer_numel = [sizes(spec.groups[i].layer.tensors) for i, _ in st.groups]
-    numel = first + [n for count, per in zip(counts, layer_numel, strict=True) for n in per * count] + last
+    def flat(tsp: ModelSpec) -> tuple[list[int], list[int], list[list[int]], list[int]]:
+        first = sizes(t for t in tsp.outer if t.component in ("embeddings", "positions"))
+        last = sizes(t for t in tsp.outer if t.component not in ("embeddings", "positions"))
+        layer_numel = [sizes(tsp.groups[i].layer.tensors) for i, _ in st.groups]
+        layers = [n for count, per in zip(counts, layer_numel, strict=True) for n in per * count]
+        return first, last, layer_numel, first + layers + last
+
+    # the trainable tensors (the whole model, or LoRA's adapters: tech.tspec has the same layer groups)
+    first, last, layer_numel, numel = flat(tech.tspec)
     weight, grad, master = tech.weight.nbytes, tech.grad.nbytes, tech.master
+    frozen: list[int] = []  # LoRA/QLoRA: the frozen base, each tensor its share of the stored bytes
+    if tech.frozen is not None:
+        base = tech.frozen
+        frozen = [base.bytes * n // max(1, base.params) for n in flat(spec)[3]]
     states = [r for r in tech.state_rows if r.params]
     temps: list[int] = []
     for item in st.states.step:
@@ -268,7 +324,7 @@ def step_tensors(
     backward_order += first[::-1]  # fmt: skip
     tied = st.outer[4]
     step = _seq.StepTensors(
-        weights=(*(weight(n) for n in numel), tech.buffers),
+        weights=(*frozen, *(weight(n) for n in numel), tech.buffers),
         masters=tuple(master.nbytes(n) for n in numel) if master else (),
         states=tuple(r.bytes * n // r.params for n in numel for r in states),
         embed_saved=pieces(parts.embed_items), layers=tuple(layers),

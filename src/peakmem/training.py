@@ -206,6 +206,19 @@ class ReduceDtype(Choice):
     FP16 = "fp16"
 
 
+class PaddedLengths(Choice):
+    """How the loop's batches are shaped (peakmem.formulas.padded_lengths).
+
+    * ``fixed``: every micro-batch is ``seq`` tokens long (packed or padded to a fixed length);
+    * ``varying``: each batch padded to its longest sample, up to ``seq`` (HF DataCollatorWithPadding /
+      DataCollatorForSeq2Seq, torchtune padded_collate, TRL without packing): tensor sizes change every
+      step and the caching allocator keeps the segments every size cut.
+    """
+
+    FIXED = "fixed"
+    VARYING = "varying"
+
+
 class KernelPolicy(Choice):
     """Which device's kernels decide the bytes (DESIGN.md: CUDA by default)."""
 
@@ -225,6 +238,7 @@ _CHOICE_FIELDS: tuple[tuple[str, type[Choice]], ...] = (
     ("loss", LossImpl),
     ("grad_sync", GradSync),
     ("fsdp_reduce_dtype", ReduceDtype),
+    ("padded_lengths", PaddedLengths),
 )
 
 
@@ -252,6 +266,8 @@ class TrainingSetup:
     grad_sync: GradSync = GradSync.AUTO
     # FSDP's reduce dtype (reduce-scatter, FSDP2's unsharded accumulation); auto: the framework's
     fsdp_reduce_dtype: ReduceDtype = ReduceDtype.AUTO
+    # batches of one length (fixed) or padded to their longest sample (varying: reserved grows)
+    padded_lengths: PaddedLengths = PaddedLengths.FIXED
     # Fine-tuning on a budget (peakmem.adapters; formulas lora / qlora / lowbit_optim):
     lora: LoraConfig | None = None  # method lora/qlora; None: peft's r=8 on all linears
     quant: QuantConfig | None = None  # method qlora: the base format; None: nf4 + double quant

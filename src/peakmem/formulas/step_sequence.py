@@ -216,17 +216,39 @@ def replay_steps(step: StepTensors, steps: int = 2) -> Replayed:
 
 
 def _replay(step: StepTensors, steps: int) -> Replayed:
+    return _replay_batches((step,) * (steps * min(step.micro_batches, 2)))
+
+
+def replay_lengths(batches: tuple[StepTensors, ...]) -> Replayed:
+    """Reserved and allocated peaks of the micro-batches ``batches`` (the same model and setup at
+    different sequence lengths: formulas/padded_lengths.py) replayed in turn through ONE allocator
+    state, an optimizer step after every ``min(micro_batches, 2)`` of them and after the last."""
+    key = ("lengths", *(_requests(b, 1) for b in batches))
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        hit = _MEMO[key] = _replay_batches(batches)
+    return hit
+
+
+def _replay_batches(batches: tuple[StepTensors, ...]) -> Replayed:
+    """Each of ``batches`` one micro-batch; its weights, states and optimizer are the first's (the
+    lengths change only the activations, logits and their temporaries)."""
+    step = batches[0]
     run = _Run()
     run.alloc(step.weights)
     run.alloc(step.masters)
     grads: list[int] = []  # the live .grad tensors, in the order backward wrote them
-    for n in range(steps):
+    per_step = min(step.micro_batches, 2)
+    for i, batch in enumerate(batches):
         # the first micro-batch creates the gradients, every later one runs with them alive and adds
         # into them: the second stands for the rest (same requests, same free blocks)
-        for _ in range(min(step.micro_batches, 2)):
-            saved = _forward(run, step)
-            grads += _backward(run, step, saved, accumulate=bool(grads))
-        grads = _optimizer(run, step, grads, first=n == 0)
+        saved = _forward(run, batch)
+        grads += _backward(run, batch, saved, accumulate=bool(grads))
+        if (i + 1) % per_step and i + 1 < len(batches):
+            continue
+        grads = _optimizer(run, step, grads, first=i < per_step)
         if not step.grads_resident:  # zero_grad(set_to_none=True)
             run.free(grads)
             grads = []

@@ -81,6 +81,10 @@ class TrainOptions(ModelChoice):
     grad_sync: Literal["auto", "each-micro-batch", "last-micro-batch"] = Field(
         "auto", description="FSDP with grad_accum: when the loop reduces gradients (auto: the framework's)"
     )
+    padded_lengths: Literal["fixed", "varying"] = Field(
+        "fixed", description="fixed (every batch seq tokens) or varying (each batch padded to its longest "
+        "sample, up to seq: reserved grows as the caching allocator keeps each length's segments)",
+    )  # fmt: skip
     checkpointing: str = Field(
         "none", pattern=r"^(none|selective|op|full|every-[0-9]{1,4})$",
         description="none, selective, op, full, or every-N (every N-th layer checkpointed)",

@@ -35,6 +35,7 @@ const FIELDS = [
   { id: "seq", def: "", int: true, modes: TRAIN },
   { id: "grad_accum", def: "1", int: true, modes: TRAIN },
   { id: "grad_sync", def: "auto", modes: TRAIN },
+  { id: "padded_lengths", def: "fixed", modes: TRAIN },
   { id: "checkpointing", def: "none", modes: TRAIN },
   { id: "attention", def: "sdpa", modes: TRAIN },
   { id: "loss", def: "standard", modes: TRAIN },

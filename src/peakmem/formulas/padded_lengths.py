@@ -1,0 +1,75 @@
+"""Batches padded to their longest sample: the lengths the reserved replay walks (``--padded-lengths``).
+
+Loops without packing pad each batch to its longest sample (transformers ``DataCollatorWithPadding`` /
+``DataCollatorForSeq2Seq`` with ``padding=True``; torchtune@ff594c231 ``utils/collate.py`` ``padded_collate``,
+"Pad a batch of sequences to the longest sequence length in the batch", the collate_fn of
+``recipes/lora_finetune_single_device.py``; TRL's SFTTrainer without packing), so every tensor whose size
+follows the sequence changes size from step to step. PyTorch's caching allocator returns no segment to the
+driver unless ``empty_cache()`` is called (c10/cuda/CUDACachingAllocator.cpp ``release_cached_blocks`` runs
+only when ``cudaMalloc`` fails), so ``max_memory_reserved`` grows above a fixed-length step's: a longer batch
+finds the cached blocks split at the shorter ones' sizes and cuts new segments.
+
+The estimate replays its step at the lengths :func:`lengths` gives through ONE allocator model
+(formulas/step_sequence.py ``replay_lengths``), each one micro-batch, and adds what that reserves above its
+fixed-length two-step replay; the allocated peak stays the fixed step's (the longest batch).
+
+Which lengths, in which order - measured with benchmarks/torchtune_lora_trace.py (torchtune@ff594c231's own
+7B LoRA step, q/v r=8, batch 2, on the meta device through the same allocator model; 512 tokens fixed:
+14.51 GB reserved after 3 micro-batches):
+
+* what grows reserved is a batch longer than those before it: 512 x k/8 in ascending order (k = 1..8)
+  reaches 15.75 GB in 8 micro-batches; the same eight lengths starting with the longest (8, 3, 6, 1, 7, 4,
+  2, 5; 8, 1, 7, 2, ...; 8, 4, 6, 2, ...; descending) stay at 14.56 GB, also when repeated: the longest
+  batch's blocks are split for every shorter one and merge back;
+* random lengths (each sample drawn, the batch padded to its longest, capped at 512) reach 15.88 GB after
+  100 micro-batches and no more after 200 (lognormal, median 164 tokens, sigma 0.55), 15.65 GB after 100
+  (uniform 16-512): the longest batch arrives after shorter ones, whose running maximum rises step by step;
+* the ramp's step count decides its growth: 4 rising lengths reach 15.04 GB, 8 15.75 GB (the same 8 twice:
+  15.76 GB), 16 17.07 GB. :data:`RAMP_STEPS` = 8 is the one whose figure lies between the two random
+  orders' (a choice on this trace, a CPU replay: no published figure was read for it). With all
+  projections at r=64 the 8-step ramp reads 16.41 GB against 15.17 GB fixed.
+
+So the replay walks :data:`RAMP_STEPS` lengths rising to ``seq`` (the record lengths a random order meets
+on its way to its longest batch), then ``seq`` again (a steady step of the longest batch). It models a
+typical order, not a bound: a loop's own order and length distribution decide its reserved (the figures
+above span 14.56-17.07 GB for one job).
+"""
+
+from __future__ import annotations
+
+SRC = (
+    "batches padded to their longest sample (transformers DataCollatorWithPadding, torchtune@ff594c231 "
+    "utils/collate.py padded_collate): the caching allocator keeps the segments each length cuts "
+    "(no empty_cache); formulas/padded_lengths.py"
+)
+# the ramp's steps: seq x k / RAMP_STEPS for k = 1 .. RAMP_STEPS (torchtune's 7B LoRA step, see the module
+# doc: 8 rising lengths reach 15.75 GB, between random orders' 15.65 and 15.88 GB; 4: 15.04, 16: 17.07)
+RAMP_STEPS = 8
+
+
+def lengths(seq: int) -> tuple[int, ...]:
+    """The sequence lengths of the replayed micro-batches, in order: ``seq x k / RAMP_STEPS`` rising
+    (each at least 1 token, repeats dropped), then ``seq`` once more."""
+    ramp: list[int] = []
+    for k in range(1, RAMP_STEPS + 1):
+        n = max(1, seq * k // RAMP_STEPS)
+        if not ramp or n != ramp[-1]:
+            ramp.append(n)
+    return (*ramp, seq)
+
+
+NOT_REPLAYED = (
+    "padded lengths varying: not replayed for this setup (the replay describes one GPU, or one FSDP rank, "
+    "with a torch optimizer and the default allocator); reserved is the fixed-length step's"
+)
+
+
+def note(growth: int, shown: str) -> str:
+    """The assumption line of a varying-length estimate (``shown``: the growth in the face's units)."""
+    return (
+        f"padded lengths varying: the step replayed at {RAMP_STEPS} lengths rising to --seq, then --seq "
+        f"again, through one allocator state; reserved {shown} above the fixed-length replay ({SRC})"
+        if growth
+        else f"padded lengths varying: the replay at lengths rising to --seq reserves nothing above the "
+        f"fixed-length step ({SRC})"
+    )

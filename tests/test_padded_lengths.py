@@ -1,0 +1,85 @@
+"""Batches padded to varying lengths (``--padded-lengths varying``; formulas/padded_lengths.py): the lengths
+replayed, a hand-derived replay of two lengths through one allocator state, and what the estimate does
+with it (reserved grows, allocated stays the longest batch's, the default is unchanged). About 1 s."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from peakmem.errors import InputError
+from peakmem.estimate import estimate_training
+from peakmem.formulas import padded_lengths as pl
+from peakmem.formulas import step_sequence as seq
+from peakmem.hf import spec_from_config
+from peakmem.options import convert
+from peakmem.training import Checkpointing, Method, PaddedLengths, Precision, TrainingSetup
+from peakmem.units import MiB
+
+# a Llama whose activations and logits take the large pool (tiny_models' 64-wide one stays below 1 MiB)
+MID = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 512,
+    "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+    "max_position_embeddings": 2048,
+}  # fmt: skip
+
+
+def test_lengths_rise_to_seq_then_repeat_it() -> None:
+    assert pl.lengths(512) == (64, 128, 192, 256, 320, 384, 448, 512, 512)
+    assert pl.lengths(4) == (1, 2, 3, 4, 4)  # seq x k // 8 floored to 1 token, repeats dropped
+    assert pl.lengths(1) == (1, 1)
+
+
+def _one_layer(saved: int) -> seq.StepTensors:
+    return seq.StepTensors(weights=(), layers=(seq.LayerTensors(count=1, saved=(saved,)),))
+
+
+def test_two_lengths_whose_segments_cannot_be_reused_reserve_their_sum() -> None:
+    """A 12 MiB activation, then a 24 MiB one: the freed 12 MiB segment (>= kMinLargeAlloc: its own
+    size) cannot hold the longer batch's tensor, so a 24 MiB segment is cut beside it: 36 MiB reserved,
+    where the longer batch alone reserves 24 MiB. The other order reserves 24 MiB: the 24 MiB block is
+    split for the 12 MiB tensor (remainder 12 MiB > kSmallSize) and merges back when it is freed."""
+    short, long = _one_layer(12 * MiB), _one_layer(24 * MiB)
+    assert seq.replay_lengths((short, long)).reserved == 36 * MiB
+    assert seq.replay_steps(long).reserved == 24 * MiB
+    assert seq.replay_lengths((long, short)).reserved == 24 * MiB
+    assert seq.replay_lengths((short, long)).allocated == 24 * MiB  # one batch's tensor at a time
+
+
+def test_one_length_replays_as_the_fixed_step() -> None:
+    """The fixed step's two steps are the lengths replay of the same step, once per micro-batch."""
+    step = replace(_one_layer(12 * MiB), micro_batches=4, weights=(30 * MiB,))
+    assert seq.replay_lengths((step,) * 4) == seq.replay_steps(step)
+
+
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA])
+def test_varying_lengths_grow_reserved_only(method: Method) -> None:
+    spec = spec_from_config(dict(MID), name="mid-llama")
+    fixed = TrainingSetup(method=method, precision=Precision.BF16, micro_batch=2, seq_len=1024,
+                          checkpointing=Checkpointing.FULL)  # fmt: skip
+    varying = replace(fixed, padded_lengths=PaddedLengths.VARYING)
+    a, b = estimate_training(spec, fixed), estimate_training(spec, varying)
+    assert b.peak_allocated_bytes == a.peak_allocated_bytes  # the longest batch's step
+    assert b.peak_reserved_bytes > a.peak_reserved_bytes
+    assert any(x.startswith("padded lengths varying: the step replayed") for x in b.assumptions)
+    assert not any("padded lengths" in x for x in a.assumptions)
+
+
+def test_not_replayed_says_so() -> None:
+    spec = spec_from_config(dict(MID), name="mid-llama")
+    setup = TrainingSetup(optimizer="adafactor", seq_len=256, padded_lengths=PaddedLengths.VARYING)  # type: ignore[arg-type]
+    est = estimate_training(spec, setup)
+    assert pl.NOT_REPLAYED in est.assumptions
+    assert (
+        est.peak_reserved_bytes
+        == estimate_training(spec, replace(setup, padded_lengths="fixed")).peak_reserved_bytes
+    )  # type: ignore[arg-type]
+
+
+def test_bad_value_is_one_line_naming_the_field() -> None:
+    with pytest.raises(InputError, match="padded_lengths='sometimes'") as err:
+        TrainingSetup(padded_lengths="sometimes")  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="padded_lengths"):
+        convert("train", {"padded_lengths": "sometimes"})
