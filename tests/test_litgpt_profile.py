@@ -1,4 +1,5 @@
-"""Framework.LITGPT (peakmem.formulas.profiles): Lit-GPT@8641822b's LoRA layer, hand-derived on a tiny Llama.
+"""Framework.LITGPT_2023 (peakmem.formulas.profiles): Lit-GPT@8641822b's LoRA layer, hand-derived on a tiny
+Llama; Framework.LITGPT: what litgpt@5895df1 (2024) changed, at the end.
 
 Tiny Llama (tests/tiny_models.py) h 64, 4 heads of 16, MLP 176; batch 1 x seq 8 (T = 8), pure bf16 (2 B),
 LoRA r 8 on q and v with dropout (finetune/lora.py's defaults), adapters in bf16 (bf16-true converts the whole
@@ -20,17 +21,19 @@ from peakmem.breakdown import Category, MemoryItem
 from peakmem.defaults import fsdp_reduce, grad_sync
 from peakmem.formulas import activations as act
 from peakmem.formulas import lora as L
+from peakmem.formulas import profiles
+from peakmem.formulas.activations.norms import rmsnorm_weight_side_bytes
 from peakmem.formulas.loss import HeadActivations
 from peakmem.formulas.lowbit_optim import half_ce
 from peakmem.hf import spec_from_config
 from peakmem.training import Framework, Method, Precision, TrainingSetup
-from tiny_models import LLAMA
+from tiny_models import FAMILY_CONFIGS, LLAMA
 
 T, H = 8, 64
 
 
 def _saved(
-    kv_heads: int, targets: tuple[str, ...], framework: Framework = Framework.LITGPT
+    kv_heads: int, targets: tuple[str, ...], framework: Framework = Framework.LITGPT_2023
 ) -> dict[str, int]:
     spec = spec_from_config({**LLAMA, "num_key_value_heads": kv_heads})
     lora = LoraConfig(rank=8, alpha=16, dropout=0.05, targets=targets, adapter_dtype="base")
@@ -81,9 +84,10 @@ def test_chunked_half_loss_keeps_the_logits_list() -> None:
 
 
 def test_loop_defaults() -> None:
-    setup = TrainingSetup(framework=Framework.LITGPT, grad_accum=4)
-    assert grad_sync(setup).value == "last-micro-batch" and "no_backward_sync" in grad_sync(setup).source
-    assert fsdp_reduce(setup).value == "param" and "Lightning" in fsdp_reduce(setup).source
+    for framework in (Framework.LITGPT, Framework.LITGPT_2023):
+        setup = TrainingSetup(framework=framework, grad_accum=4)
+        assert grad_sync(setup).value == "last-micro-batch" and "no_backward_sync" in grad_sync(setup).source
+        assert fsdp_reduce(setup).value == "param" and "Lightning" in fsdp_reduce(setup).source
 
 
 def test_a_derived_model_says_the_framework_code_is_not_applied() -> None:
@@ -97,3 +101,68 @@ def test_a_derived_model_says_the_framework_code_is_not_applied() -> None:
 
     assert said("phi-2") and "not applied" in said("phi-2")[0]
     assert said("llama-3.2-1b") == []
+
+
+# --- litgpt@5895df1 (2024): Framework.LITGPT ----------------------------------------------------------------
+# RMSNorm on x.float(): the fp32 input 8*64*4 = 2048 and the fp32 rstd 8*4 = 32 per norm (frozen weight:
+# no weight side), where 2023 kept the bf16 input and rstd (1040).
+NORM_2024 = 8 * 64 * 4 + 8 * 4
+
+
+def test_2024_rmsnorm_keeps_the_fp32_upcast() -> None:
+    new, old = _saved(4, ("q_proj", "v_proj"), Framework.LITGPT), _saved(4, ("q_proj", "v_proj"))
+    assert new["norms"] == 2 * NORM_2024 and old["norms"] == 2 * 1040
+    assert {k: v for k, v in new.items() if k != "norms"} == {k: v for k, v in old.items() if k != "norms"}
+
+
+def test_2024_mqa_rope_makes_k_all_heads() -> None:
+    """One kv head: 2024 expands k (a stride-0 view) before apply_rope, so the rotated k has 4 heads
+    (8*64*2) next to q (8*64*2); 2023 rotated the single head (8*16*2). v stays a view of the fused output
+    (8*(64+16+16)*2 = 1536) in both."""
+    new, old = _saved(1, ("q_proj", "v_proj"), Framework.LITGPT), _saved(1, ("q_proj", "v_proj"))
+    assert new["attn.rotated_qk"] == 2 * 8 * 64 * 2 and old["attn.rotated_qk"] == 8 * 64 * 2 + 8 * 16 * 2
+    assert new["attn.fused_qkv"] == old["attn.fused_qkv"] == 8 * 96 * 2
+
+
+def _setup(framework: Framework, method: Method = Method.LORA, batch: int = 1) -> TrainingSetup:
+    lora = None if method is Method.FULL else LoraConfig(rank=8, targets=("q_proj", "v_proj"))
+    return TrainingSetup(precision=Precision.BF16, micro_batch=batch, seq_len=T, method=method, lora=lora,
+                         framework=framework)  # fmt: skip
+
+
+def test_rope_cache_at_the_training_length() -> None:
+    """cos and sin, each [seq 8, head_dim 16] fp32 (build_rope_cache's ``repeat(1, 2)``): 2*8*16*4 bytes of
+    buffers, and no per-forward cos/sin activation (the forward slices the buffers)."""
+    spec = spec_from_config(LLAMA)
+    for framework in (Framework.LITGPT, Framework.LITGPT_2023):
+        assert profiles.rope_cache_bytes(spec, _setup(framework)) == 2 * 8 * 16 * 4
+        sh = act.shapes(spec, _setup(framework))
+        assert "embed.rotary" not in {i.key for i in act.embedding_items(spec, sh)}
+    assert profiles.rope_cache_bytes(spec, _setup(Framework.HF)) == 0
+
+
+def test_full_finetuning_runs_the_whole_head() -> None:
+    """finetune/full.py calls model(input_ids): no head chunks; the adapter scripts chunk 128 positions."""
+    assert profiles.head_chunk(_setup(Framework.LITGPT, Method.FULL)) == 0
+    assert profiles.head_chunk(_setup(Framework.LITGPT)) == profiles.LITGPT_LM_HEAD_CHUNK
+    assert profiles.head_chunk(_setup(Framework.HF)) == 0
+
+
+def test_one_row_shifted_logits_are_a_view() -> None:
+    """``logits[..., :-1, :].reshape(-1, V)`` of one row is a view: forward holds the 1000 logits (2 B) and
+    the log-softmax output only; with a shifted copy, one more logits-sized tensor."""
+    head = HeadActivations(saved=(), forward_transient=0, backward_transient=0, logits_grad=0)
+    view = half_ce(head, [], 1000, 2, autocast=False, shifted_copy=False)
+    copy = half_ce(head, [], 1000, 2, autocast=False)
+    assert (view.forward_transient, copy.forward_transient) == (2000, 4000)
+    assert view.backward_transient == copy.backward_transient == 4000
+
+
+def test_gemma_norm_weight_side_in_the_input_dtype() -> None:
+    """Full fine-tuning keeps y for the norm weight's gradient: transformers' GemmaRMSNorm multiplies in
+    fp32 (T*h*4), Lit-GPT's ``x_normed.to(dtype) * (1 + weight)`` in bf16 (T*h*2)."""
+    spec = spec_from_config(FAMILY_CONFIGS["gemma"])
+    hf = act.shapes(spec, _setup(Framework.HF, Method.FULL))
+    lit = act.shapes(spec, _setup(Framework.LITGPT, Method.FULL))
+    assert rmsnorm_weight_side_bytes(spec, hf, 64) == T * 64 * 4
+    assert rmsnorm_weight_side_bytes(spec, lit, 64) == T * 64 * 2

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peakmem.training import (
+    LITGPT_FRAMEWORKS,
     Framework,
     GradSync,
     OptimizerImpl,
@@ -99,9 +100,10 @@ GRAD_SYNC: tuple[Default, ...] = (
         option="grad_sync", value=GradSync.LAST.value,
         who="Lit-GPT's finetune scripts run every micro-batch but the step's last under Fabric's "
         "no_backward_sync (FSDP1 no_sync: unsharded gradients until the last one)",
-        source="Lit-GPT@8641822b finetune/lora.py train: with fabric.no_backward_sync(model, "
+        source="Lit-GPT@8641822b finetune/lora.py train (litgpt@5895df1 litgpt/finetune/lora.py fit alike): "
+        "with fabric.no_backward_sync(model, "
         "enabled=is_accumulating)",
-        applies=lambda opt, prec, fw: fw is Framework.LITGPT,
+        applies=lambda opt, prec, fw: fw in LITGPT_FRAMEWORKS,
     ),
     Default(
         option="grad_sync", value=GradSync.LAST.value,
@@ -156,7 +158,7 @@ REDUCE_DTYPE: tuple[Default, ...] = (
         "buffer_dtype=bf16): the gradients are reduced in the 16-bit param dtype",
         source="Lightning 2.1 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config "
         "(Lit-GPT@8641822b finetune/lora.py: FSDPStrategy with Fabric precision)",
-        applies=lambda opt, prec, fw: fw is Framework.LITGPT,
+        applies=lambda opt, prec, fw: fw in LITGPT_FRAMEWORKS,
     ),
     Default(
         option="fsdp_reduce_dtype", value=ReduceDtype.PARAM.value,

@@ -123,7 +123,7 @@ OPTIONS: tuple[Option, ...] = (
        "none|selective|op|full|every-N (op: torchtitan's op-level SAC; every-N: full checkpointing of "
        "every N-th layer, e.g. every-2)"),
     _o("attention", str, "sdpa", T, "eager|sdpa|flash"),
-    _o("framework", str, "hf", T, "hf|torchtune|unsloth|litgpt"),
+    _o("framework", str, "hf", T, "hf|torchtune|unsloth|litgpt|litgpt-2023"),
     _o("kernels", str, "cuda", _KERNELS, "whose kernels decide the bytes: cuda|cpu (to hold against "
        "`peakmem measure --device cpu`)", choices=("cuda", "cpu")),
     _o("lora_rank", int, None, T, "adapter rank r (default 8, as peft)", group=_LORA, maximum=MAX_LORA_RANK),

@@ -166,9 +166,15 @@ class Framework(Choice):
     # unsloth's patched transformers models: offloaded gradient checkpointing (layer inputs in CPU
     # RAM) and its fused cross-entropy (peakmem.formulas.profiles)
     UNSLOTH = "unsloth"
-    # Lit-GPT's own model code (lit_gpt/model.py, lora.py, rmsnorm.py): fused qkv Linear and LoRA on it,
-    # RMSNorm in the input dtype, the lm_head run in chunks (peakmem.formulas.profiles)
+    # LitGPT's own model code (litgpt/model.py, lora.py, 2024 on): fused qkv Linear and LoRA on it, RMSNorm
+    # on an fp32 upcast, the LoRA loop's lm_head run in chunks (peakmem.formulas.profiles)
     LITGPT = "litgpt"
+    # Lit-GPT as of 2023 (lit_gpt/, 8641822b): the same, with RMSNorm in the input dtype (its resource tables)
+    LITGPT_2023 = "litgpt-2023"
+
+
+# Lit-GPT's releases: one loop (finetune/*.py under Lightning Fabric), two generations of model code
+LITGPT_FRAMEWORKS = frozenset({Framework.LITGPT, Framework.LITGPT_2023})
 
 
 class GradSync(Choice):

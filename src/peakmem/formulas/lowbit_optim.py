@@ -53,6 +53,7 @@ from peakmem.model import ModelSpec, Tensor
 
 from . import torchao_optim as ao
 from .model_states import precision_plan
+from .profiles import head_chunk
 from .torchao_optim import QuantStates
 
 # bitsandbytes 0.50.2 optim/optimizer.py
@@ -284,8 +285,13 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
     chunk = math.ceil(t / CE_CHUNKS) * v
     keep = [i for i in head.saved if i.key != "loss.log_softmax"]
     if kind == "half":
-        chunk_rows = min(t, sh.batch * sh.profile.lm_head_chunk)
-        return half_ce(head, keep, t * v, c, autocast=sh.plan.autocast, chunk=chunk_rows * v)
+        chunk_rows = min(t, sh.batch * head_chunk(setup))
+        # Lit-GPT's chunked_cross_entropy (the profiles with an lm_head chunk) reshapes the shifted slice
+        # ``logits[..., :-1, :]``: a copy only with more than one row (one row's slice is contiguous)
+        copy = sh.batch > 1 or not sh.profile.lm_head_chunk
+        return half_ce(
+            head, keep, t * v, c, autocast=sh.plan.autocast, chunk=chunk_rows * v, shifted_copy=copy
+        )
     if kind == "compiled":
         return compiled_ce(head, keep, t, v, c)
     if kind == "chunked":
@@ -321,7 +327,16 @@ SRC_HALF_CE = (
 )
 
 
-def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast: bool, chunk: int = 0) -> Any:
+def half_ce(
+    head: Any,
+    keep: list[MemoryItem],
+    logits: int,
+    c: int,
+    *,
+    autocast: bool,
+    chunk: int = 0,
+    shifted_copy: bool = True,
+) -> Any:
     """``loss='half'``: cross-entropy on the model's 16-bit logits (``logits`` elements of ``c`` bytes), no
     fp32 upcast. In forward the logits and their contiguous shifted copy are alive at the loss, log_softmax
     saves its 16-bit output; backward writes two 16-bit gradients. Under autocast, cross_entropy runs in
@@ -331,7 +346,12 @@ def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast:
     chunk by chunk (Lit-GPT lora.py ``GPT.forward`` with ``lm_head_chunk_size``, utils.py
     ``chunked_cross_entropy``): every chunk's logits and log_softmax output are kept, one chunk's shifted
     copy at a time in forward; the loop holds the logits list through backward, which writes one chunk's
-    two gradients at a time."""
+    two gradients at a time.
+
+    Unchunked (``chunk`` 0): in forward the logits, their shifted copy (none when ``shifted_copy`` is False:
+    a view) and the log-softmax output; backward holds two logits-sized gradients next to the saved output
+    (Lit-GPT's full.py: the kept logits, the chunk gradients' concatenation, then the slice's zero-padded
+    gradient, each logits-sized, with the log-softmax outputs freed chunk by chunk: the same 3 x)."""
 
     if autocast or c >= FP32:
         return head
@@ -340,7 +360,8 @@ def half_ce(head: Any, keep: list[MemoryItem], logits: int, c: int, *, autocast:
     if chunk:
         return replace(head, saved=(*keep, out), forward_transient=(logits + chunk) * c,
                        backward_transient=(logits + 2 * chunk) * c, logits_grad=chunk * c)  # fmt: skip
-    return replace(head, saved=(*keep, out), forward_transient=2 * logits * c,
+    copies = 2 if shifted_copy else 1
+    return replace(head, saved=(*keep, out), forward_transient=copies * logits * c,
                    backward_transient=2 * logits * c, logits_grad=logits * c)  # fmt: skip
 
 

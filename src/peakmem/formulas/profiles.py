@@ -23,7 +23,7 @@
     saves them with the fp32 logsumexp and writes dlogits in place (no fp32 copy, no log-softmax);
   - kernels/rms_layernorm.py ``Fast_RMS_Layernorm`` (saves X, W, r): as Liger's RMSNorm;
     kernels/fast_lora.py ``LoRA_MLP`` saves X, gate and up (e, g) and recomputes their SwiGLU product.
-* ``Framework.LITGPT`` - Lit-GPT's own model code, read at Lightning-AI/litgpt@8641822b3249 (2023-10-16,
+* ``Framework.LITGPT_2023`` - Lit-GPT's own model code, read at Lightning-AI/litgpt@8641822b3249 (2023-10-16,
   the release its resource tables were measured with) and run on CPU (its modules, tiny Llama-like configs
   h 256, 4 heads, 2 layers, seq 64, batch 1-2, MHA and 2 kv heads, LoRA r8 on query+value or q, k, v with
   dropout 0.05, bf16, AdamW; step 2 under peakmem's storage tracker: the estimate's forward and backward
@@ -50,6 +50,35 @@
     input in ``ctx.tensors``) until the next loss is bound, through the optimizer step between them
     (:mod:`peakmem.formulas.loop_held`). HF Trainer (``training_step`` returns ``loss.detach()``),
     torchtune (``del logits``) and unsloth (HF's Trainer) keep nothing into the next micro-batch.
+* ``Framework.LITGPT`` - LitGPT as released from the package rename (2024-03) on, read at litgpt@5895df1
+  (2024-03/04, the config-hub table's commit), f247be8 (2024-07) and 00af8b0 (2024-09), identical in what
+  follows; the same as 2023 except:
+  - litgpt/model.py ``RMSNorm.forward``: ``x = x.float()``; ``x * x``, ``x * torch.rsqrt(...)``;
+    ``x_normed.to(dtype=dtype)`` times ``self.weight`` (Gemma: ``(1 + self.weight)``): it saves the fp32
+    upcast (4 B) and an fp32 rstd, as transformers' LlamaRMSNorm does, where 2023's rmsnorm.py kept its
+    16-bit input (on the CPU below: 3.6 % of a tiny LoRA step's forward peak); the weight side stays in
+    the input dtype, Gemma's too (transformers' GemmaRMSNorm multiplies in fp32). At HEAD (2026) the
+    weight multiplies in fp32 (``(x_normed * weight.float()).to(dtype)``): a trainable norm's weight side
+    is fp32 there (full fine-tuning only; not modelled);
+  - ``CausalSelfAttention.forward``: ``k.expand``/``v.expand`` whenever ``n_query_groups != n_head`` in
+    training, MQA included (2023 skipped it for one kv head): with one kv head the reshape is a stride-0
+    view, ``apply_rope`` broadcasts it into a fresh all-heads k, and v stays a view of the fused output;
+  - ``GPT.max_seq_length``'s setter (called by finetune/*.py ``fit`` with the longest sample, at most
+    ``train.max_seq_length``) rebuilds ``cos``/``sin`` as fp32 buffers ``[max_seq_length, rope_n_elem]``
+    (``build_rope_cache``: ``torch.outer(seq_idx, theta).repeat(1, 2)``); the forward slices them
+    (``self.cos[:T]``): no per-forward copy (2023 alike: its rebuild ran outside the bf16 init context);
+  - finetune/full.py (both eras): ``logits = model(input_ids)`` is the base GPT's whole-sequence head (only
+    the adapter scripts pass ``lm_head_chunk_size=128``) and ``chunked_cross_entropy(logits[..., :-1, :],
+    ...)`` reshapes the shifted slice: a copy when the batch has more than one row, a view for one; the
+    128-row chunks of the loss keep every chunk's 16-bit log-softmax output as the whole one does.
+  Measured on CPU: litgpt@5895df1's model.py, lora.py and utils.py (chunked_cross_entropy) run as
+  finetune/lora.py and full.py do (bf16 model, ``model.max_seq_length = T``, AdamW foreach, logits and loss
+  never deleted, 2 steps of 2 micro-batches; step 2 under peakmem's storage tracker, ``kernels="cpu"``), six
+  tiny configs (h 256, 4 heads, 2 layers, seq 64, vocab 512: LoRA q+v MHA batch 2; LoRA on everything and
+  the head, 2 kv heads; the same on a Gemma-like MQA; full fine-tuning 2 kv heads batch 2, MHA batch 1,
+  Gemma-like MQA batch 2): the forward, backward and optimizer peaks within -1.8 .. +0.1 % (the 2023
+  profile: -5.5 .. -0.2 %); what is left is the block's Python locals (``x_normed``, ``attention_output``)
+  alive through its MLP, which the in-model forward peak does not count (2023 alike).
 * HF Trainer + peft (axolotl, LLaMA-Factory, TRL's SFTTrainer) run transformers' model code:
   ``Framework.HF``. Their Liger option (``use_liger_kernel`` / ``liger_kernel``) is
   ``TrainingSetup.liger``; ``torch_compile`` is ``TrainingSetup.compiled``.
@@ -61,7 +90,7 @@ from dataclasses import dataclass, replace
 
 from peakmem import dtypes
 from peakmem.model import ModelSpec
-from peakmem.training import Checkpointing, Framework, TrainingSetup
+from peakmem.training import Checkpointing, Framework, Method, TrainingSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +109,16 @@ class Profile:
     # the loss saves the 16-bit logits + fp32 logsumexp and writes their gradient in place
     # (peakmem.formulas.loss.in_place_ce)
     in_place_ce: bool = False
-    # RMSNorm computes in the input dtype: saves its 16-bit input and rstd, no fp32 upcast (Lit-GPT)
+    # RMSNorm computes in the input dtype: saves its 16-bit input and rstd, no fp32 upcast (Lit-GPT 2023)
     rmsnorm_in_input_dtype: bool = False
+    # the framework's own RMSNorm multiplies its weight in the input dtype whatever the checkpoint's
+    # transformers class does (Lit-GPT's Gemma: ``x_normed.to(dtype) * (1 + weight)``)
+    rmsnorm_weight_in_input_dtype: bool = False
+    # with one kv head, k is expanded to every head before RoPE, which makes a fresh all-heads k (LitGPT 2024)
+    mqa_rope_expands_k: bool = False
+    # cos/sin are fp32 buffers [seq, rotary dim] rebuilt at the training length and sliced per forward
+    # (Lit-GPT ``GPT.max_seq_length``); :func:`rope_cache_bytes`
+    rope_cache_at_seq: bool = False
     # q, k, v come from one fused Linear whatever the checkpoint's layout (Lit-GPT ``attn``): with RoPE, SDPA
     # keeps the fused output alive through the v view next to the rotated q, k (activations/attention.py)
     fused_qkv: bool = False
@@ -90,7 +127,8 @@ class Profile:
     # (peakmem.formulas.lora.deltas.fused_qkv_adapter)
     fused_qkv_lora: bool = False
     # the lm_head runs in chunks of this many positions per sequence and the loop keeps the list of 16-bit
-    # logits chunks through backward (0: one logits tensor, dropped before backward)
+    # logits chunks through backward (0: one logits tensor, dropped before backward); adapter methods only:
+    # Lit-GPT's finetune/full.py runs the whole head (:func:`head_chunk`)
     lm_head_chunk: int = 0
     # RoPE keeps a [max positions, rotary dim / 2, (cos, sin)] fp32 cache buffer (torchtune)
     rope_cache: bool = False
@@ -121,8 +159,19 @@ PROFILES: dict[Framework, Profile] = {
         ),
     ),
     Framework.LITGPT: Profile(
-        name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_in_input_dtype=True,
-        fused_qkv=True, fused_qkv_lora=True, lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
+        name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_weight_in_input_dtype=True,
+        mqa_rope_expands_k=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
+        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
+        source=(
+            "litgpt@5895df1 (= f247be8, 00af8b0) litgpt/model.py (RMSNorm on x.float(), fused attn Linear, "
+            "k/v expand, apply_rope + cat, fp32 cos/sin at max_seq_length), litgpt/lora.py (LoRAQKVLinear, "
+            "zero_pad), litgpt/utils.py chunked_cross_entropy, finetune/lora.py and full.py loops"
+        ),
+    ),
+    Framework.LITGPT_2023: Profile(
+        name="litgpt-2023", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_in_input_dtype=True,
+        rmsnorm_weight_in_input_dtype=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
+        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
         source=(
             "Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
             "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy, "
@@ -160,7 +209,8 @@ SRC_ROPE_CACHE = (
 
 
 def rope_cache_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
-    """The RoPE cache torchtune's model keeps on the device (``rope_cache`` profiles; 0 otherwise).
+    """The RoPE cache torchtune's model keeps on the device (``rope_cache`` profiles; Lit-GPT's at the
+    training length, ``rope_cache_at_seq``; 0 otherwise).
 
     torchtune (bd2a0fc7c ``modules/position_embeddings.py``; ``models/llama3_1/_position_embeddings.py``
     ``Llama3ScaledRoPE`` alike) builds ``idx_theta = einsum(positions, theta).float()`` for positions
@@ -173,11 +223,25 @@ def rope_cache_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
     template layer into every layer (``modules/transformer.py`` ``_get_clones``; ff594c231, 2024-04-15):
     one cache per layer, not modelled (benchmarks/published_scale.json ``torchtune-tutorial-lora-*``).
     """
-    if not PROFILES[setup.framework].rope_cache or spec.position != "rope":
+    prof = PROFILES[setup.framework]
+    if not (prof.rope_cache or prof.rope_cache_at_seq) or spec.position != "rope":
         return 0
     att = spec.first_layer.attention
     rotary = att.qk_rope_head_dim or att.head_dim
+    if prof.rope_cache_at_seq:
+        # Lit-GPT model.py build_rope_cache: cos and sin, each [max_seq_length, rope_n_elem] fp32 (the
+        # half-angles repeated twice), max_seq_length = the training length (finetune/*.py fit)
+        return dtypes.FP32.nbytes(setup.seq_len * rotary * ROPE_CACHE_TRIG)
     return dtypes.FP32.nbytes(spec.max_position_embeddings * (rotary // 2) * ROPE_CACHE_TRIG)
+
+
+def head_chunk(setup: TrainingSetup) -> int:
+    """Positions per sequence of one lm_head chunk in this setup's loop (0: the whole head at once): the
+    profile's :attr:`Profile.lm_head_chunk` for adapter methods; Lit-GPT's finetune/full.py calls
+    ``model(input_ids)`` without ``lm_head_chunk_size`` (8641822b and litgpt@5895df1 alike)."""
+    if setup.method is Method.FULL:
+        return 0
+    return PROFILES[setup.framework].lm_head_chunk
 
 
 def profile_setup(setup: TrainingSetup) -> TrainingSetup:

@@ -65,6 +65,9 @@ def attention_terms(
         # of the fused output any more, which is then freed
         g, fused = a, False
     qkv = t * (a * d + g * d + g * dv) * c
+    # LitGPT 2024 model.py expands one kv head too (a stride-0 view): RoPE makes k all heads, v stays a view
+    # of the fused output, SDPA's dk, dv have all heads
+    kg = a if g == 1 < a and fused and sh.profile.mqa_rope_expands_k else g
     if att.is_mla:
         # v is a view of kv_b_proj's output (k_nope and v of every head), which SDPA keeps whole;
         # q (cat of q_pass, q_rot) and k (k_nope + shared k_rot) are new tensors
@@ -81,7 +84,7 @@ def attention_terms(
     elif fused and spec.position == "rope":
         # v is a view of the fused qkv output, which SDPA keeps alive whole; q, k are rotated copies
         items.append(item("attn.fused qkv output (kept by the v view)", qkv, SRC_SDPA, "attn.fused_qkv"))
-        rotated = (t * a * d * c, t * g * d * c)
+        rotated = (t * a * d * c, t * kg * d * c)
         items.append(sized("attn.rotated q, k (saved by SDPA)", rotated, SRC_SDPA, "attn.rotated_qk"))
     else:
         items.append(sized("attn.q,k,v (saved by SDPA)", (t * a * d * c, t * g * d * c, t * g * dv * c),
@@ -112,7 +115,7 @@ def attention_terms(
                            "attn.sdpa_bias"))  # fmt: skip
     items.append(item("attn.logsumexp (fp32)", lse, SRC_SDPA, "attn.logsumexp"))
     # backward: the kernel writes dq, dk, dv while q, k, v, output are still saved, next to its scratch
-    grads = (t * a * d * c, t * g * d * c, t * g * dv * c)
+    grads = (t * a * d * c, t * kg * d * c, t * kg * dv * c)
     bwd_sizes = tuple(x for x in (*grads, *scratch) if x)
     return items, lse, 0, sum(bwd_sizes), bwd_sizes
 

@@ -406,7 +406,7 @@ def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
                 "embed.dropout_mask",
             )
         )
-    if spec.position == "rope":
+    if spec.position == "rope" and not sh.profile.rope_cache_at_seq:  # Lit-GPT slices its cached buffers
         d = spec.first_layer.attention.head_dim
         # cos/sin follow position_ids (1 x seq), in the dtype of the hidden states
         items.append(

@@ -60,12 +60,16 @@ def rmsnorm_weight_side_bytes(spec: ModelSpec, sh: Shapes, width: int) -> int:
     """Bytes of the normalised x an unfused RMSNorm saves only for its weight's gradient: ``weight * y``
     (modeling_llama.py ``LlamaRMSNorm.forward``) keeps y, in the input dtype (fp32 under autocast's fp32
     residual, else the compute dtype), or fp32 where the norm multiplies before casting back
-    (modeling_gemma.py ``GemmaRMSNorm.forward``: ``output * (1.0 + self.weight.float())``). A frozen
+    (modeling_gemma.py ``GemmaRMSNorm.forward``: ``output * (1.0 + self.weight.float())``; not in a
+    framework's own norm that multiplies in the input dtype, :attr:`Profile.rmsnorm_weight_in_input_dtype`).
+    A frozen
     norm (LoRA) does not keep it (aten ``mul`` saves ``self`` only when ``other`` requires grad). 0 for
     LayerNorm and for a fused / compiled RMSNorm (it saves its input and rstd whatever the weight)."""
     if spec.norm != "rmsnorm" or sh.compiled or sh.fused_kernels:
         return 0
-    fp32_normed = sh.profile.rmsnorm_normed_fp32 or spec.rmsnorm_normed_fp32
+    fp32_normed = sh.profile.rmsnorm_normed_fp32 or (
+        spec.rmsnorm_normed_fp32 and not sh.profile.rmsnorm_weight_in_input_dtype
+    )
     return sh.tokens * width * (4 if sh.plan.autocast or fp32_normed else sh.c)
 
 
