@@ -88,7 +88,8 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   names the recipe: tensorwise / rowwise / rowwise_with_gw_hp -> ``float8-tensorwise`` / ``float8-rowwise``
   / ``float8-rowwise-gw-hp`` (mxfp8 recipes: not expressible);
 * ``layout.fsdp_version`` (Lit-GPT's Lightning ``FSDPStrategy`` is FSDP1) instead of always 2;
-* ``job.framework`` (``torchtune``, ``litgpt``: peakmem.formulas.profiles), ``lora_rank``, ``lora_alpha``,
+* ``job.framework`` (``torchtune``; ``litgpt-2023`` for Lit-GPT@8641822b's resource tables, ``litgpt`` for
+  the 2024 config hub: peakmem.formulas.profiles), ``lora_rank``, ``lora_alpha``,
   ``lora_dropout``, ``lora_targets`` (HF
   module names, joined by commas), ``adapter_dtype`` (``base``: adapters in the model's bf16), ``quant``
   and ``double_quant`` false -> ``no_double_quant=True``, ``bitsandbytes`` (the release a QLoRA job ran:
