@@ -67,6 +67,7 @@ from peakmem.breakdown import Category, Phase
 from peakmem.defaults import reduce_dtype, skips_grad_sync
 from peakmem.dtypes import parse_dtype
 from peakmem.errors import InputError
+from peakmem.measure.oracle_child import run_in_child
 from peakmem.measure.parallel_ac import apply_full_ac, check_checkpointing
 from peakmem.measure.runner import build_model
 from peakmem.measure.tracker import GRAD, IGNORED, INPUT, PARAM, LiveStorageTracker
@@ -376,27 +377,10 @@ def measure_rank(
     _check(config, setup, par, rank, schedule)
     if not isolate:
         return _measure_here(config, setup, par, rank, steps, seed, schedule)
-    ctx = _context()
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(
-        target=_child, args=(send, config, setup, par, rank, steps, seed, schedule), daemon=True
-    )
-    child.start()
-    send.close()
-    try:
-        if receive.poll(CHILD_TIMEOUT_S):
-            ok, payload = receive.recv()
-        else:
-            ok, payload = False, f"no answer in {CHILD_TIMEOUT_S} s"
-    except EOFError:
-        ok, payload = False, f"the child process died (exit code {child.exitcode})"
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-    if not ok:
-        raise RuntimeError(f"parallel oracle, rank {rank} of {describe(par, schedule)}: {payload}")
-    result: RankMeasurement = payload
+    result: RankMeasurement = run_in_child(
+        _context(), _measure_here, (config, setup, par, rank, steps, seed, schedule),
+        f"parallel oracle, rank {rank} of {describe(par, schedule)}",
+    )  # fmt: skip
     return result
 
 
@@ -438,24 +422,12 @@ def _warm_up() -> None:
 
 
 _CONTEXT: Any = None
-CHILD_TIMEOUT_S = 300  # one tiny rank takes about a second
 PRELOAD = (
     "torch", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
     "torch.testing._internal.distributed.fake_pg", "transformers", "transformers.models.llama.modeling_llama",
     "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
     "peakmem.measure.parallel",
 )  # fmt: skip
-
-
-def _child(send: Any, *args: Any) -> None:
-    try:
-        send.send((True, _measure_here(*args)))
-    except BaseException as err:  # report anything to the parent, which raises it
-        import traceback
-
-        send.send((False, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=-3)}"))
-    finally:
-        send.close()
 
 
 def _measure_here(

@@ -23,6 +23,7 @@ import torch
 from peakmem.breakdown import Phase
 from peakmem.defaults import skips_grad_sync
 from peakmem.errors import InputError
+from peakmem.measure.oracle_child import run_in_child
 from peakmem.measure.parallel import PHASES, ParallelTracker, _context
 from peakmem.measure.parallel_ac import apply_full_ac
 from peakmem.measure.runner import build_model
@@ -30,8 +31,6 @@ from peakmem.measure.tracker import GRAD, INPUT
 from peakmem.measure.trainer import make_optimizer
 from peakmem.parallel import FsdpMode, Parallelism
 from peakmem.training import Checkpointing, Precision, TrainingSetup
-
-CHILD_TIMEOUT_S = 300
 
 
 def measure_fsdp1_rank(
@@ -46,33 +45,10 @@ def measure_fsdp1_rank(
         )
     if setup.precision is not Precision.FP32:
         raise InputError(f"precision={setup.precision.value!r}: the FSDP1 oracle runs fp32")
-    ctx = _context()
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, config, setup, par, rank, steps), daemon=True)
-    child.start()
-    send.close()
-    payload: Any
-    try:
-        ok, payload = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else (False, "no answer")
-    except EOFError:
-        ok, payload = False, f"the child process died (exit code {child.exitcode})"
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-    if not ok:
-        raise RuntimeError(f"FSDP1 oracle, rank {rank}: {payload}")
-    result: dict[Phase, int] = payload
+    result: dict[Phase, int] = run_in_child(
+        _context(), _measure, (config, setup, par, rank, steps), f"FSDP1 oracle, rank {rank}"
+    )
     return result
-
-
-def _child(send: Any, *args: Any) -> None:
-    try:
-        send.send((True, _measure(*args)))
-    except BaseException as err:  # report anything to the parent, which raises it
-        send.send((False, f"{type(err).__name__}: {err}"))
-    finally:
-        send.close()
 
 
 def _measure(config: dict[str, Any], setup: TrainingSetup, par: Parallelism, rank: int, steps: int) -> Any:
