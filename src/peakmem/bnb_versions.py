@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.releases import Release, parse_release
+from peakmem.releases import Release, in_force, parse_release
 
 # The release peakmem's QLoRA formulas read (the installed wheel's bitsandbytes/autograd/_functions.py:
 # MatMul4Bit.forward ``ctx.tensors = (None, B)``).
@@ -69,8 +69,7 @@ def parse_bnb_version(text: object) -> Version:
 
 def release_facts(version: str) -> BnbRelease:
     """The row of :data:`BNB_RELEASES` in force for ``version`` (an InputError if it is malformed)."""
-    v = parse_bnb_version(version)
-    return next(r for r in BNB_RELEASES if r.since <= v)
+    return in_force(BNB_RELEASES, parse_bnb_version(version))
 
 
 def has_4bit(version: str) -> bool:

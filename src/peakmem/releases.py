@@ -8,6 +8,8 @@ leading ``v``, two to four numeric parts (a fourth is ignored), a ``post`` / ``d
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from peakmem.errors import InputError
 
@@ -25,4 +27,18 @@ def parse_release(text: object, *, field: str, examples: str) -> Release:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
-__all__ = ["Release", "parse_release"]
+class _Row(Protocol):
+    @property
+    def since(self) -> Release: ...
+
+
+RowT = TypeVar("RowT", bound=_Row)
+
+
+def in_force(rows: Sequence[RowT], version: Release) -> RowT:
+    """The first of ``rows`` (newest first, the last from (0, 0, 0)) whose ``since`` is at most ``version``:
+    what that release does (peakmem.bnb_versions, peakmem.torchao_versions)."""
+    return next(r for r in rows if r.since <= version)
+
+
+__all__ = ["Release", "in_force", "parse_release"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.releases import Release, parse_release
+from peakmem.releases import Release, in_force, parse_release
 
 # The release peakmem's formulas read (the installed wheel).
 TORCHAO_CURRENT = "0.18.0"
@@ -60,8 +60,7 @@ def parse_torchao_version(text: object) -> Version:
 
 def release_facts(version: str) -> TorchaoRelease:
     """The row of :data:`TORCHAO_RELEASES` in force for ``version`` (an InputError if it is malformed)."""
-    v = parse_torchao_version(version)
-    return next(r for r in TORCHAO_RELEASES if r.since <= v)
+    return in_force(TORCHAO_RELEASES, parse_torchao_version(version))
 
 
 __all__ = [

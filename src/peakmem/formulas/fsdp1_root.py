@@ -65,9 +65,9 @@ def resharded_at_tail(par: Parallelism, gathered: Iterable[MemoryItem], tail: in
     there: every layer unit's post-backward has run, resharding it under FULL_SHARD / HYBRID_SHARD
     (_runtime_utils.py ``_should_free_in_backward``: ``RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``) and
     reduce-scattering or keeping (``no_sync``) its gradient, so only the root is unsharded (the
-    parallel oracle's parameters there: the shards and the root). Credited only up to ``tail``, the
-    bytes the end of backward adds, so that it never goes negative (0 beyond)."""
+    parallel oracle's parameters there: the shards and the root). Credited up to ``tail``, the bytes the
+    end of backward adds: the instant never reads below the backward's base, which it cannot be the peak
+    under."""
     if par.fsdp not in (FsdpMode.FULL_SHARD, FsdpMode.HYBRID_SHARD):
         return 0
-    credit = sum(i.bytes for i in gathered if i.key in RESHARDED_KEYS)
-    return credit if credit <= tail else 0
+    return min(tail, sum(i.bytes for i in gathered if i.key in RESHARDED_KEYS))

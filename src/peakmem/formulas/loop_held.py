@@ -33,10 +33,10 @@ only the loss nodes; unsloth runs HF's Trainer: none of them keeps a micro-batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem, PhasePeak
 from peakmem.model import ModelSpec
+from peakmem.training import Checkpointing, TrainingSetup
 
 from .activations import Shapes
 from .activations.structure import layer_structure
@@ -72,7 +72,7 @@ class LoopHeld:
 NOTHING = LoopHeld()
 
 
-def layer_linear_inputs(spec: ModelSpec, group: int, sh: Shapes, setup: Any) -> int:
+def layer_linear_inputs(spec: ModelSpec, group: int, sh: Shapes, setup: TrainingSetup) -> int:
     """Bytes of one layer's quantized-Linear inputs that require grad, each tensor once: the attention's
     input (the first norm's output; none in a first layer nothing before requires grad:
     :func:`first_layer_input_frozen`), o_proj's input (the attention output), the MLP's input (the second
@@ -90,7 +90,7 @@ def layer_linear_inputs(spec: ModelSpec, group: int, sh: Shapes, setup: Any) -> 
     return att_in + t * att.num_heads * att.v_head_dim * c + mlp_in + down_in
 
 
-def loop_held(spec: ModelSpec, setup: Any, sh: Shapes) -> LoopHeld:
+def loop_held(spec: ModelSpec, setup: TrainingSetup, sh: Shapes) -> LoopHeld:
     """What a micro-batch of ``setup`` leaves alive into the next (:data:`NOTHING` unless the framework's
     loop keeps its output, :attr:`Profile.loop_keeps_output`): its 16-bit logits, all positions, and, where
     the quantized base keeps its Linears' inputs (:func:`base_keeps_input`), those of every layer.
@@ -99,7 +99,7 @@ def loop_held(spec: ModelSpec, setup: Any, sh: Shapes) -> LoopHeld:
         return NOTHING
     logits = sh.tokens * spec.vocab_size * sh.c
     inputs = 0
-    if base_keeps_input(setup) and str(getattr(setup.checkpointing, "value", "none")) == "none":
+    if base_keeps_input(setup) and setup.checkpointing is Checkpointing.NONE:
         inputs = sum(g.count * layer_linear_inputs(spec, i, sh, setup) for i, g in enumerate(spec.groups))
     return LoopHeld(logits=logits, inputs=inputs)
 

@@ -168,17 +168,18 @@ PROFILES: dict[Framework, Profile] = {
             "zero_pad), litgpt/utils.py chunked_cross_entropy, finetune/lora.py and full.py loops"
         ),
     ),
-    Framework.LITGPT_2023: Profile(
-        name="litgpt-2023", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_in_input_dtype=True,
-        rmsnorm_weight_in_input_dtype=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
-        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
-        source=(
-            "Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
-            "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy, "
-            "finetune/lora.py's loop (logits and loss kept into the next micro-batch)"
-        ),
-    ),
 }  # fmt: skip
+# Lit-GPT@8641822b (2023) as the 2024 code but for its RMSNorm (16-bit input and rstd saved) and MQA's k
+# (rotated before any expand): the resource tables' runs (benchmarks/published_scale.json litgpt-lora-*)
+PROFILES[Framework.LITGPT_2023] = replace(
+    PROFILES[Framework.LITGPT],
+    name="litgpt-2023",
+    rmsnorm_in_input_dtype=True,
+    mqa_rope_expands_k=False,
+    source="Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
+    "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy, finetune/lora.py's "
+    "loop (logits and loss kept into the next micro-batch)",
+)
 
 
 # The model types Liger patches: linkedin/Liger-Kernel src/liger_kernel/transformers/monkey_patch.py
