@@ -7,6 +7,7 @@ answer equals ``peakmem train ... --json`` for the same setup.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -200,6 +201,10 @@ def test_a_bitsandbytes_4bit_base_maps_to_qlora() -> None:
     assert (s.method.value, s.optimizer.value, s.checkpointing.value, s.seq_len) == (
         "qlora", "paged-adamw-8bit", "full", 512)  # fmt: skip
     assert s.quant is not None and (s.quant.quant, s.quant.double_quant) == ("nf4", True)
+    # the installed bitsandbytes is the release the step runs (its MatMul4Bit's saved tensors: bnb_versions)
+    installed = importlib.metadata.version("bitsandbytes")
+    assert s.bitsandbytes == installed
+    assert ("bitsandbytes", installed, "importlib.metadata.version('bitsandbytes')") in job.read
     assert s.lora is not None and s.lora.rank == 8
     assert set(s.lora.targets) == {
         "q_proj",

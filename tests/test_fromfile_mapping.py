@@ -302,3 +302,15 @@ def test_accelerate_fp8_backends() -> None:
     found = map_documents([("a.yaml", {**fsdp2, "mixed_precision": "fp8", "fp8_config": {"backend": "TE"}})])
     assert found.options["precision"] == "amp-bf16"
     assert any("fp8_config.backend = TE" in line for line in found.not_modelled)
+
+
+def test_packing_keys_set_padded_lengths() -> None:
+    # TRL SFTConfig packing=False / LLaMA-Factory packing: false: each batch padded to its longest sample
+    assert _options({"output_dir": "o", "packing": False})["padded_lengths"] == "varying"
+    assert _options({"output_dir": "o", "packing": True})["padded_lengths"] == "fixed"
+    # no packing key in a TrainingArguments file: the collator is the script's, so nothing is set
+    assert "padded_lengths" not in _options({"output_dir": "o"})
+    # axolotl: pad_to_sequence_len pads every row to sequence_len even without sample packing
+    axolotl = {"base_model": "m", "sequence_len": 512, "sample_packing": False}
+    assert _options(axolotl)["padded_lengths"] == "varying"
+    assert _options({**axolotl, "pad_to_sequence_len": True})["padded_lengths"] == "fixed"

@@ -16,7 +16,7 @@ from peakmem.fromfile.hf_trainer import (
     hf_optimizer,
     liger,
     lora_from,
-    packing,
+    padded_lengths,
     precision_flags,
     quant_hf,
 )
@@ -140,7 +140,7 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     elif accum is None and micro and total is not None:
         m.set("grad_accum", max(1, total // micro), "batch_size", "axolotl: batch_size // micro_batch_size")
     m.set("seq", AXOLOTL_SEQUENCE_LEN, "(axolotl default sequence_len)", keep=True)
-    packing(m, doc, ("sample_packing", "pad_to_sequence_len"))
+    padded_lengths(m, doc, ("sample_packing", "pad_to_sequence_len"))
     if doc.get("optimizer"):
         hf_optimizer(m, "optimizer", doc["optimizer"])
     else:

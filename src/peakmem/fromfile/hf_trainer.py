@@ -435,18 +435,22 @@ def quant_hf(m: _Mapper, doc: Mapping[str, Any], *, double_quant_default: bool, 
     return None
 
 
-def packing(m: _Mapper, doc: Mapping[str, Any], keys: Sequence[str]) -> None:
-    for key in keys:
-        if key in doc and doc[key] is not None:
-            m.info(
-                "packing" if "pack" in key else key,
-                truthy(doc[key]),
-                key,
-                "every row holds seq tokens: peakmem's assumption"
-                if truthy(doc[key])
-                else "rows padded to the batch's longest; peakmem counts seq tokens (the most)",
-            )
-            return
+_PACKED = "every row holds seq tokens (packed, or padded to seq)"
+_PADDED = "each batch padded to its longest sample: the step replayed at rising lengths"
+
+
+def padded_lengths(m: _Mapper, doc: Mapping[str, Any], keys: Sequence[str], default: str = "") -> None:
+    """Packing keys -> ``--padded-lengths``: ``fixed`` where any key packs rows or pads them to seq,
+    ``varying`` where the keys given leave each batch padded to its longest sample; ``default`` (a source
+    such as "(torchtune default: ...)") sets ``varying`` where no key is given."""
+    given = [key for key in keys if key in doc and doc[key] is not None]
+    packed = [key for key in given if truthy(doc[key])]
+    if packed:
+        m.set("padded_lengths", "fixed", packed[0], _PACKED)
+    elif given:
+        m.set("padded_lengths", "varying", given[0], _PADDED)
+    elif default:
+        m.set("padded_lengths", "varying", default, _PADDED)
 
 
 def finish_precision(m: _Mapper, weights: tuple[str, str] | None, *, upcast_full: bool) -> None:
@@ -493,7 +497,7 @@ def map_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
                 f"no sequence length in the file: TRL SFTConfig's default max_length is {TRL_MAX_LENGTH}; "
                 "peakmem's default applies unless --seq is given"
             )
-    packing(m, doc, ("packing",))
+    padded_lengths(m, doc, ("packing",))
     precision_flags(m, doc)
     weights = None
     for key in ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype"):

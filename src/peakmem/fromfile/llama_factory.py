@@ -16,7 +16,7 @@ from peakmem.fromfile.hf_trainer import (
     finish_precision,
     liger,
     lora_from,
-    packing,
+    padded_lengths,
     precision_flags,
 )
 from peakmem.fromfile.mapper import Row, _Mapper, as_int, names_list, take, truthy
@@ -76,7 +76,7 @@ def map_llama_factory(m: _Mapper, doc: Mapping[str, Any]) -> None:
         m.skip("finetuning_type", kind, "only some layers train")
     take(m, doc, (Row("cutoff_len", "seq", as_int),))
     m.set("seq", LLAMA_FACTORY_CUTOFF_LEN, "(LLaMA-Factory default cutoff_len)", keep=True)
-    packing(m, doc, ("packing", "neat_packing"))
+    padded_lengths(m, doc, ("packing", "neat_packing"))
     fa = str(doc.get("flash_attn") or "").lower()
     if fa in ("fa2", "fa3"):
         m.set("attention", "flash", "flash_attn")

@@ -100,6 +100,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "optimizer_impl": "optimizer-impl",
     "batch": "batch",
     "seq": "seq",
+    "padded_lengths": "padded-lengths",
     "grad_accum": "grad-accum",
     "grad_sync": "grad-sync",
     "fsdp_reduce_dtype": "fsdp-reduce-dtype",

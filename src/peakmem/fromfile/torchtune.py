@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from peakmem.fromfile.hf_trainer import packing
+from peakmem.fromfile.hf_trainer import padded_lengths
 from peakmem.fromfile.mapper import (
     Row,
     _Mapper,
@@ -110,8 +110,10 @@ def map_torchtune(m: _Mapper, doc: Mapping[str, Any], local_dirs: Mapping[str, s
             f"{m.src('tokenizer.max_seq_len')} is null: samples are not truncated; give --seq "
             "(peakmem's default applies)"
         )
-    if get(doc, "dataset.packed") is not None:
-        packing(m, {"dataset.packed": get(doc, "dataset.packed")}, ("dataset.packed",))
+    padded_lengths(
+        m, {"dataset.packed": get(doc, "dataset.packed")}, ("dataset.packed",),
+        "(torchtune default: dataset.packed false; padded_collate_sft pads each batch to its longest)",
+    )  # fmt: skip
     dtype = str(doc.get("dtype") or "fp32").lower()
     precision = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}.get(dtype)
     if precision == "fp16":

@@ -135,6 +135,7 @@ class Job:
             out += ["--quant", s.quant.quant]
             if not s.quant.double_quant:
                 out.append("--no-double-quant")
+            out += ["--bitsandbytes", s.bitsandbytes]
         par = self.parallelism
         if par is not None:
             out += ["--gpus", str(par.gpus), "--gpus-per-node", str(par.gpus_per_node), "--zero",
@@ -254,6 +255,22 @@ def _quant(model: Any, base: Any, float_dtype: str, read: Read) -> Any:
                             float_dtype=float_dtype)  # fmt: skip
     read.append(("quant", quant.label, "model.config.quantization_config (bitsandbytes)"))
     return quant
+
+
+def _installed_bitsandbytes(read: Read) -> str | None:
+    """The bitsandbytes release this process runs a quantized base with (its MatMul4Bit's saved tensors
+    differ by release: peakmem.bnb_versions), or None where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from peakmem.bnb_versions import parse_bnb_version
+
+    try:
+        found = version("bitsandbytes")
+    except PackageNotFoundError:
+        return None
+    parse_bnb_version(found)  # a release string peakmem cannot read is an InputError naming it
+    read.append(("bitsandbytes", found, "importlib.metadata.version('bitsandbytes')"))
+    return found
 
 
 def _deepspeed_config(args: Any) -> dict[str, Any] | None:
@@ -467,6 +484,9 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     o = options.convert("train", {k: getattr(ns, k) for k in options.defaults("train")})
     setup, _ = training_setup(o, spec.max_position_embeddings)
     setup = replace(setup, method=method, lora=lora, quant=quant)
+    bnb = _installed_bitsandbytes(read) if quant is not None else None
+    if bnb is not None:
+        setup = replace(setup, bitsandbytes=bnb)
     extra = getattr(ns, "from_parallel", None)
     return Job(name=name, config=config, spec=spec, setup=setup, parallelism=parallelism(o, extra),
                read=tuple(read), notes=tuple(notes))  # fmt: skip
