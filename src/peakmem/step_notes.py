@@ -6,7 +6,7 @@ from __future__ import annotations
 from peakmem.formulas import activations as act
 from peakmem.formulas import loop_held as _held
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.profiles import profile_assumptions
+from peakmem.formulas.profiles import derived_code, profile_assumptions
 from peakmem.formulas.technique import Technique
 from peakmem.training import Checkpointing, Framework, TrainingSetup
 
@@ -59,11 +59,14 @@ def step_assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: 
         )
     out.extend(profile_assumptions(setup))
     if setup.framework is not Framework.HF and any(g.layer.derived is not None for g in spec.groups):
+        code = derived_code(setup)
         out.append(
             f"framework {setup.framework.value}: this model's blocks were measured on transformers' code "
-            "(derived spec), so the framework's own model code (norms, attention, LoRA layout) is not "
+            + (f"built from the config {code}'s model code amounts to (no dropout, torch's fused GELU) "
+               if code else "")
+            + "(derived spec), so the framework's own model code (norms, attention, LoRA layout) is not "
             "applied to them; its loop and loss are"
-        )
+        )  # fmt: skip
     out.extend(spec.notes)
     return tuple(out)
 

@@ -412,18 +412,35 @@ class TrainingSetup:
 _ADAPTERS: dict[str, tuple[Any, Any]] = {}  # adapter key -> (LoraConfig, QuantConfig) it stands for
 
 
+_CODE = "|code="  # the family's last part where the blocks are measured on a framework's model config
+
+
 def family_key(
-    *, precision: str, kernel: str, policy: str, method: str, adapter: str = "", objects: Any = None
+    *,
+    precision: str,
+    kernel: str,
+    policy: str,
+    method: str,
+    adapter: str = "",
+    objects: Any = None,
+    code: str = "",
 ) -> str:
     """What measured costs depend on: ``mixed-bf16|sdpa|cuda|full`` (``|<adapter>`` for LoRA/QLoRA:
     the adapter's settings; ``objects``, the (LoraConfig, QuantConfig) pair, is remembered for the
-    oracle that measures them, which builds the same adapters)."""
+    oracle that measures them, which builds the same adapters; ``|code=<name>`` where the blocks are
+    measured on the config a framework's model code amounts to: peakmem.formulas.profiles.code_config)."""
     parts = [precision, kernel, policy, method]
     if adapter:
         parts.append(adapter)
         if objects is not None:
             _ADAPTERS[adapter] = objects
-    return "|".join(parts)
+    return "|".join(parts) + (_CODE + code if code else "")
+
+
+def family_code(family: str) -> tuple[str, str]:
+    """(the family without its ``|code=`` part, the code's name or "")."""
+    head, sep, code = family.rpartition(_CODE)
+    return (head, code) if sep else (family, "")
 
 
 def adapter_objects(adapter: str) -> Any:

@@ -19,7 +19,7 @@ from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingS
 
 from ..memo import Memo
 from ..model_states import PrecisionPlan, precision_plan
-from ..profiles import PROFILES, Profile
+from ..profiles import PROFILES, Profile, derived_code
 from .kernels import MATH, kernel_choice
 
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
@@ -157,7 +157,8 @@ def shapes(
 def derived_family(setup: TrainingSetup) -> str:
     """The setup family a derived spec's block costs are measured in: the precision, the kernel
     transformers is asked for (its own fallbacks then run inside the measured model), the kernel
-    policy and the method, with the adapter's settings for LoRA/QLoRA."""
+    policy and the method, with the adapter's settings for LoRA/QLoRA, and the framework's model code
+    where it differs from transformers' (peakmem.formulas.profiles.code_config)."""
     adapter, objects = "", None
     if setup.method.value != "full":
         lora = lora_of(setup)
@@ -168,7 +169,7 @@ def derived_family(setup: TrainingSetup) -> str:
     kernel = "sdpa" if setup.attention is AttentionKernel.FLASH else setup.attention.value
     return family_key(precision=setup.precision.value, kernel=kernel,
                       policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
-                      objects=objects)  # fmt: skip
+                      objects=objects, code=derived_code(setup))  # fmt: skip
 
 
 def item(path: str, nbytes: int, source: str, key: str, tensors: int = 1) -> MemoryItem:

@@ -17,10 +17,13 @@ from typing import Any
 
 from peakmem import block_costs, progress
 from peakmem.errors import InputError
+from peakmem.formulas.profiles import code_config
 from peakmem.model import FIRST_BLOCK, LAST_BLOCK
+from peakmem.simulate.derive.build import build_meta
 from peakmem.simulate.derive.forked import Task, measure_steps
+from peakmem.simulate.derive.from_model import spec_from_model
 from peakmem.simulate.derive.step import Steps
-from peakmem.training import adapter_objects
+from peakmem.training import adapter_objects, family_code
 
 # (batch, seq) of the five fake-tensor runs the costs are fitted over: three sequence lengths separate
 # per-token, per-sequence-squared and constant bytes, two batches separate what scales with the batch from
@@ -65,6 +68,7 @@ class _Family:
     method: str
     lora: Any
     quant: Any
+    code: str  # the model code measured ("": transformers'; peakmem.formulas.profiles.code_config)
 
     def setup(self, batch: int, seq: int) -> Any:
         from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
@@ -77,6 +81,7 @@ class _Family:
 
 
 def _family(family: str) -> _Family:
+    family, code = family_code(family)
     parts = family.split("|", 4)
     precision, kernel, policy = parts[:3]
     method = parts[3] if len(parts) > 3 else "full"
@@ -86,7 +91,8 @@ def _family(family: str) -> _Family:
         if objects is None:
             raise InputError(f"setup family {family!r}: the adapter is not known in this process")
         lora, quant = objects
-    return _Family(precision=precision, kernel=kernel, policy=policy, method=method, lora=lora, quant=quant)
+    return _Family(precision=precision, kernel=kernel, policy=policy, method=method, lora=lora, quant=quant,
+                   code=code)  # fmt: skip
 
 
 def _measure(
@@ -137,6 +143,9 @@ def measure_costs(config: Mapping[str, Any], family: str) -> block_costs.Costs:
     with costs of their own at micro-batch 1 where it differs (:data:`BATCH1_SHAPES`) and beyond the short
     shapes where a longer sequence's bytes are not given back (:data:`SEQ_CHECK`, :data:`LONG_SHAPES`)."""
     fam = _family(family)
+    measured = code_config(config, fam.code)
+    if measured != config:  # the framework's config, its blocks filed under the user's config's keys
+        return _filed_under(measure_costs(measured, family_code(family)[0]), measured, config)
     at = _measure(config, fam, SHAPES, what="fake-tensor steps of its blocks at the fit shapes")
     short = {key: pts for key in at[SHAPES[0]] if (pts := _points(at, key, SHAPES)) is not None}
     out: block_costs.Costs = {key: block_costs.block_cost(pts) for key, pts in short.items()}
@@ -178,6 +187,21 @@ def measure_costs(config: Mapping[str, Any], family: str) -> block_costs.Costs:
     for key in [k for k in out if k.endswith((FIRST_BLOCK, LAST_BLOCK))]:
         if out[key] == block_costs.block_key_costs(out, block_costs.block_kind(key)):
             del out[key]
+    return out
+
+
+def _filed_under(costs: block_costs.Costs, measured: Mapping[str, Any], config: Mapping[str, Any]
+                 ) -> block_costs.Costs:  # fmt: skip
+    """``costs`` of ``measured``'s blocks keyed as ``config``'s blocks in the same places (the keys hash
+    the config and each block's modules: peakmem.simulate.derive.from_model)."""
+    pairs = zip(spec_from_model(build_meta(config), config).groups,
+                spec_from_model(build_meta(measured), measured).groups, strict=True)  # fmt: skip
+    renamed = {t.layer.derived.key: o.layer.derived.key for o, t in pairs
+               if o.layer.derived is not None and t.layer.derived is not None}  # fmt: skip
+    out: block_costs.Costs = {}
+    for key, cost in costs.items():
+        old = next((k for k in renamed if key.startswith(k)), None)
+        out[key if old is None else renamed[old] + key[len(old) :]] = cost
     return out
 
 
