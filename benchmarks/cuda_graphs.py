@@ -25,8 +25,11 @@ num_speculative_tokens)) or a ``cudagraph_mode`` is asked through ``peakmem.infe
 ``cuda_graph_bytes`` and ``cuda_graphs``); max_num_batched_tokens is vLLM's default 8192 in every such case.
 
 ``--fit`` prints, for the fitting set only, the per-graph bytes each case implies once the shared working set
-is taken out (how PER_GRAPH_BYTES was chosen). Exits 0; the goal (issue 31) is |error| <= 10 %, reported
-honestly, not enforced.
+is taken out (how PER_GRAPH_BYTES was chosen). ``--pool`` replays, for each dense vLLM case at TP 1, every
+capture size's allocations (largest first, one shared private pool, no output kept: :func:`capture_requests`)
+through peakmem's caching-allocator model (formulas/caching_allocator.py) and prints the segments the first
+size makes and those every later size adds: what the pool alone would make a further graph cost. Exits 0; the
+goal (issue 31) is |error| <= 10 %, reported honestly, not enforced.
 
 Flag ``E``: a held-out case studied after peakmem missed it (the file's ``examined_after_miss``, as
 benchmarks/published_scale.py flags them): the engines' source was read for its mechanism (the case's
@@ -48,15 +51,18 @@ from typing import Any
 import peakmem
 from _logs import fit_first, unseen_lines, within_lines
 from peakmem.catalog import get_gpu, get_model
+from peakmem.formulas.caching_allocator import CachingAllocatorModel
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import (
     NCCL_ALLREDUCE_GRAPH_BYTES,
     PER_GRAPH_BYTES,
+    VLLM_DEFAULT_MAX_NUM_SEQS,
     allreduces_per_forward,
     custom_all_reduce_off,
+    vllm_capture_sets,
 )
 from peakmem.hf import spec_from_config
-from peakmem.inference import InferenceSetup
+from peakmem.inference import CudagraphMode, InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.units import GiB, MiB
 
@@ -155,6 +161,88 @@ def implied_per_graph(case: dict[str, Any]) -> float:
     return (logged_bytes(case) - shared) / graphs / MiB
 
 
+# vLLM's default max_num_batched_tokens (the capture sizes are capped at it)
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+ACT_BYTES = 2  # bf16 / fp16 activations
+
+
+def capture_requests(spec: ModelSpec, tokens: int) -> list[tuple[int, int]]:
+    """One capture size's allocations in the graph pool as ``(key, bytes)`` (bytes 0: free ``key``), in the
+    order vLLM's fused decoder makes them: per layer o_proj's output, gate_up, the activation, down_proj's
+    output, the next layer's qkv and the attention output buffer (RMSNorm and residual add in place, rotary
+    in place on the qkv views); the previous layer's qkv and attention output are freed once o_proj has read
+    them (every piece's output but the last lives until the next piece has read it: vLLM
+    ``compilation/cuda_graph.py`` ``CUDAGraphWrapper.__call__``), and nothing is kept after the forward (the
+    last output is a weak reference). An approximation of Inductor's buffers, enough to see whether a smaller
+    size finds its blocks free in the pool a larger size made."""
+    layer = spec.language_groups[0].layer
+    att, width = layer.attention, layer.mlp.intermediate_size
+    h, qkv_w, q_w = spec.hidden_size, att.q_width + att.kv_width, att.num_heads * att.v_head_dim
+    layers = sum(g.count for g in spec.language_groups)
+    out: list[tuple[int, int]] = []
+    key = iter(range(1, 1 << 30))
+
+    def new(nbytes: int) -> int:
+        k = next(key)
+        out.append((k, tokens * nbytes * ACT_BYTES))
+        return k
+
+    residual, hidden = new(h), new(h)
+    qkv = new(qkv_w)
+    out.append((hidden, 0))
+    attn = new(q_w)
+    for i in range(layers):
+        o = new(h)
+        out += [(attn, 0), (qkv, 0)]
+        gate_up = new(2 * width if layer.mlp.gated else width)
+        act = new(width)
+        out.append((gate_up, 0))
+        down = new(h)
+        out += [(act, 0), (o, 0)]
+        if i < layers - 1:
+            qkv = new(qkv_w)
+            out.append((down, 0))
+            attn = new(q_w)
+        else:
+            out.append((down, 0))
+    out.append((residual, 0))
+    return out
+
+
+def pool_growth(spec: ModelSpec, sizes: list[int]) -> list[int]:
+    """The bytes of new segments each capture size adds to one shared pool, sizes in the order given."""
+    pool = CachingAllocatorModel()
+    grown, base = [], 0
+    for n, tokens in enumerate(sizes):
+        for key, nbytes in capture_requests(spec, tokens):
+            k = (n << 32) | key  # every size's tensors are its own
+            pool.malloc(k, nbytes) if nbytes else pool.free(k)
+        grown.append(pool.reserved - base)
+        base = pool.reserved
+    return grown
+
+
+def pool_lines() -> list[str]:
+    """--pool: each dense TP 1 vLLM case's capture sizes replayed through the caching-allocator model."""
+    out = []
+    for case in json.loads(LOGS.read_text())["cases"]:
+        if case["engine"] != "vllm" or case.get("tp", 1) != 1 or not case["model"] or "draft" in case:
+            continue
+        spec, setup = _spec(case), _setup(case)
+        if spec.is_moe:
+            continue
+        seqs = case.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS
+        sets = vllm_capture_sets(setup.version, CudagraphMode.AUTO, max_num_seqs=seqs,
+                                 max_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, spec_tokens=0)  # fmt: skip
+        sizes = [n for s in sets for n in sorted(s.sizes, reverse=True)]
+        grown = pool_growth(spec, sizes)
+        later = grown[1:]
+        first, rest, most = grown[0] / MiB, sum(later) / MiB, max(later, default=0) / MiB
+        out.append(f"{case['id']} {case['model']} ({len(sizes)} sizes): first {first:.0f} MiB, later sizes "
+                   f"add {rest:.0f} MiB in all (at most {most:.0f} MiB one size)")  # fmt: skip
+    return out
+
+
 def pair_lines(cases: list[dict[str, Any]]) -> list[str]:
     """For each log holding both vLLM figures (one ``url``): its estimate / took ratio; peakmem's is 1."""
     by_url: dict[str, dict[str, dict[str, Any]]] = {}
@@ -183,7 +271,11 @@ def rows() -> list[tuple[dict[str, Any], int, int, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="per-graph bytes the fitting set implies")
+    parser.add_argument("--pool", action="store_true", help="the graph pool's growth per size, replayed")
     args = parser.parse_args()
+    if args.pool:
+        print("\n".join(pool_lines()))
+        return 0
     if args.fit:
         for case in json.loads(LOGS.read_text())["cases"]:
             if case["set"] == "fit" and case.get("disable_custom_all_reduce"):

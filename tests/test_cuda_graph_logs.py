@@ -77,3 +77,23 @@ def test_a_log_with_both_figures_prints_its_ratio() -> None:
     ]
     line = "u1 (fit): vLLM estimated / took = 1.30 (logged figures), peakmem 1.00"
     assert module.pair_lines(cases) == [line]
+
+
+def test_capture_replay_frees_every_request_and_reuses_the_pool() -> None:
+    """``--pool``'s replay (brief h-graphscale) on a tiny gated spec (2 layers, hidden 64, q 4 x 16, kv 2 x
+    16, intermediate 128): 4 requests before the layers (residual, hidden, qkv, attention output), 4 a layer
+    (o_proj, gate_up, activation, down) and 2 more (qkv, attention output) for every layer but the last:
+    4 + 8 + 2 = 14, each freed once (nothing kept). At 16 tokens gate_up is 16 x 2 x 128 x 2 B = 8 KiB. Every
+    request is <= 1 MiB: one 2 MiB small segment (kSmallBuffer) for the first size, none for the next one,
+    which finds its blocks free in the pool, whichever order the sizes come in."""
+    from _infer_specs import tiny
+
+    module = load_benchmark("cuda_graphs")
+    spec = tiny()
+    assert spec.groups[0].layer.mlp.gated
+    requests = module.capture_requests(spec, 16)
+    mallocs = [(k, n) for k, n in requests if n]
+    assert len(mallocs) == 14 and sorted(k for k, n in requests if not n) == sorted(k for k, _ in mallocs)
+    assert max(n for _, n in mallocs) == 16 * 2 * 128 * 2
+    assert module.pool_growth(spec, [16, 8]) == [2 * MiB, 0]
+    assert module.pool_growth(spec, [8, 16]) == [2 * MiB, 0]

@@ -112,6 +112,33 @@ kLargeBuffer segment, which c10/cuda/CUDACachingAllocator.cpp adds when a 1-10 M
 block; why the allocator needs one at each of those sizes depends on its free lists, not on anything in vLLM's
 source, so it stays in the band (:func:`graph_band`), not in the term.
 
+Why the per-graph cost is not written as a function of the model (brief h-graphscale, 2026-12-06; what was
+read and replayed, so that nobody has to do it again). The logs differ by model: Qwen2.5-0.5B on vLLM 0.26
+(vllm #50159, held out) costs at most ~2.3 MiB a size (its estimate, 206-215 MiB, less a first capture of at
+least 24 MiB, over 50 PIECEWISE + 34 FULL sizes, each at least vLLM's 1 MiB floor), Qwen3-8B on 0.21 (F2) ~5.7
+MiB and Llama-3.2-1B's V0 graphs (F1) ~5.7 MiB. Read for what a size keeps in the pool:
+c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch @ 001074d2: Note [Interaction with CUDA graph capture],
+"within the private pool, allocations are freed and reassigned as usual during capture"; ``free`` returns a
+block with no cross-stream use to its pool at once; ``get_free_block`` serves any later request of the same
+stream from it), aten/src/ATen/cuda/CUDAGraph.cpp (@ 00cbb1f8: ``capture_begin`` routes the capture stream to
+the shared pool, ``capture_end`` instantiates with ``cudaGraphInstantiateWithFlags``), the vLLM 0.21.0 and
+0.26.0 wheels' ``compilation/cuda_graph.py`` (the same file) and ``profile_cudagraph_memory`` (0.26 adds
+encoder graphs; the same two samples a mode), and SGLang 0.5.5 ``cuda_graph_runner.py`` (sizes captured
+largest first into the global pool; the kept output's logits are a view of the static
+``next_token_logits_buffer``: ``logits_processor.py`` copies into it). No engine keeps a tensor in the pool
+after a size's capture, so a smaller size finds its blocks free. Replayed through the caching-allocator model
+(``benchmarks/cuda_graphs.py --pool``: each case's sizes, largest first, with a per-layer sequence of vLLM's
+fused decoder, not Inductor's own buffers): after the first size's segments (24 MiB for Qwen2.5-0.5B, whose
+sub-1 MiB hidden states take 2 MiB kSmallBuffer segments; 56 MiB for Qwen3-8B; 62 MiB for Llama-3.1-8B) the
+other sizes add 0 to 4 MiB in all (the 4 MiB where a hidden state falls to the small pool at 128 tokens),
+never a segment a size; V0 Llama-3.1-8B adds one 20 MiB segment once, at 248 tokens. Nor does the replay show
+H2's step (vllm PR #23184: 26 MiB at 280 tokens, 6 MiB at 272). So the 2 MiB / 20 MiB segment classes shape
+the first capture only, and what each further size costs lies outside the caching allocator: the instantiated
+graphs' driver memory, which no open source states. It does not follow the model's size either: per decoder
+layer and size the logs give ~0.36 MiB (F1, FULL), ~0.16 (F2), <= 0.10 (Qwen2.5-0.5B), ~0.21 (H4, PIECEWISE)
+and ~0.40 (SGLang, Llama-3-8B, FULL); a per-layer constant fitted on F1 would put F2 at about +120 %, so it
+fails the fitting set, and the per-graph number stays one constant, its spread in the band.
+
 What a V0 graph keeps (read in the vllm 0.6.5 and 0.7.3 wheels, ``vllm/worker/model_runner.py``
 ``GPUModelRunnerBase.capture_model`` and ``CUDAGraphRunner.capture``; the vllm #14286 log's line numbers
 1437 / 1565 sit 3 lines after 0.7.3's 1434 / 1562, a 0.7.4 development build): "took" is the drop in
