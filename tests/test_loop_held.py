@@ -68,14 +68,16 @@ def test_the_step_and_the_next_forward_hold_them(
     tiny_llama: str, bnb: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The estimate with Lit-GPT's loop against the same profile without it: the optimizer step holds the
-    logits and (0.41.1) the inputs; the forward's peak at least the inputs."""
+    logits and (0.41.1) the inputs, the quantized lm_head's too (the final norm's output T h c = 2048:
+    Lightning's BitsandbytesPrecision quantizes the head, formulas/qlora.py); the forward's peak at least
+    the inputs."""
     opts = dict(method="qlora", framework="litgpt", precision="bf16", batch=2, seq=8,
                 lora_targets="q_proj,v_proj", bitsandbytes=bnb, grad_accum=2)  # fmt: skip
     on = peakmem.train(tiny_llama, **opts).to_dict()["phases"]
     lit = profiles.PROFILES[Framework.LITGPT]
     monkeypatch.setitem(profiles.PROFILES, Framework.LITGPT, replace(lit, loop_keeps_output=False))
     off = peakmem.train(tiny_llama, **opts).to_dict()["phases"]
-    inputs = 21504 if bnb == "0.41.1" else 0
+    inputs = 21504 + T * 64 * C if bnb == "0.41.1" else 0
     assert on["optimizer"] - off["optimizer"] == inputs + T * 1000 * C
     assert on["forward"] - off["forward"] >= inputs
     assert on["backward"] == off["backward"]

@@ -94,6 +94,12 @@ class QuantConfig:
     double_quant: bool = False
     blocksize: int = DEFAULT_BLOCKSIZE
     float_dtype: str = "bf16"  # bnb_4bit_compute_dtype / torch_dtype of the unquantized tensors
+    # the LM head is a quantized Linear too: Lightning Fabric's BitsandbytesPrecision replaces every
+    # torch.nn.Linear (Lit-GPT); transformers' integration keeps it in float_dtype (formulas/qlora.py)
+    quantize_head: bool = False
+    # the dtype the weights were quantized from (bitsandbytes ``QuantState.dtype``, what
+    # ``dequantize_4bit`` returns); None: float_dtype. Lightning quantizes from fp16 (formulas/qlora.py)
+    state_dtype: str | None = None
 
     def __post_init__(self) -> None:
         require(self.quant in QUANTS, "quant", self.quant, f"choose one of {', '.join(QUANTS)}")
@@ -101,6 +107,9 @@ class QuantConfig:
                 f"bitsandbytes supports {', '.join(map(str, BNB_BLOCKSIZES))}")  # fmt: skip
         require(self.float_dtype in FLOAT_BYTES, "float_dtype", self.float_dtype,
                 f"choose one of {', '.join(FLOAT_BYTES)}")  # fmt: skip
+        if self.state_dtype is not None:
+            require(self.state_dtype in FLOAT_BYTES, "state_dtype", self.state_dtype,
+                    f"choose one of {', '.join(FLOAT_BYTES)}")  # fmt: skip
         if self.double_quant and self.quant == "int8":
             raise InputError(
                 "double_quant=True: double quantization applies to 4-bit (nf4/fp4) bases, not int8"

@@ -52,6 +52,7 @@ from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
 from peakmem.formulas.optimizer import state_dtype
 from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.quant_head import quantized_head
 from peakmem.formulas.technique import Technique, technique
 from peakmem.formulas.timeline import BackwardPeak, GroupCost, backward_peak, in_place_credit
 from peakmem.model import CostLookup, ModelSpec
@@ -468,14 +469,16 @@ def _step_at(
             head = _lora.adapt_head(spec, head, sh, setup)
         if setup.loss is LossImpl.STANDARD:  # the framework's own loss (peakmem.formulas.profiles)
             head = framework_head(spec, head, sh, liger=setup.liger, head_trains=setup.method is Method.FULL)
-        head = mp.tp_head_activations(_lowbit.adapt_head_loss(spec, head, sh, setup), par)
+        head = mp.tp_head_activations(quantized_head(spec, _lowbit.adapt_head_loss(spec, head, sh, setup), sh,
+                                                     setup), par)  # fmt: skip
         head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient
-        logits_grad = head.logits_grad
+        logits_grad, head_in_model = head.logits_grad, head.in_model
     else:  # a middle stage receives its output gradient from the next stage
         hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
-        head_items, head_fwd, head_bwd, logits_grad = (), 0, hidden, 0
+        head_items, head_fwd, head_bwd, logits_grad, head_in_model = (), 0, hidden, 0, 0
     parts = _parts(st, setup, sh, head_items, par)
-    return sh, _steps.StepAt(parts=parts, head_fwd=head_fwd, head_bwd=head_bwd, logits_grad=logits_grad)
+    return sh, _steps.StepAt(parts=parts, head_fwd=head_fwd, head_bwd=head_bwd, logits_grad=logits_grad,
+                             head_in_model=head_in_model)  # fmt: skip
 
 
 def _varying_growth(
@@ -553,7 +556,7 @@ def _estimate(
                       pipeline: list[MemoryItem]) -> PhasePeak:  # fmt: skip
         layer = max([max(g.forward_transient + run + rowwise_copy, unshard - g.saved) for g in parts.groups],
                     default=0) + embeds_held  # fmt: skip
-        in_model = max(layer + more - head_saved, pipe.stage_output)  # a layer, or the model's end
+        in_model = max(layer + more - head_saved, pipe.stage_output, at.head_in_model)  # a layer, the head
         extra, kept = _held.forward_peak(held, at_loss=head_fwd, in_model=in_model)
         return _phase(Phase.FORWARD, [
             *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache, *kept,

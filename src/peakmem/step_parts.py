@@ -236,6 +236,7 @@ class StepAt:
     head_fwd: int
     head_bwd: int
     logits_grad: int
+    head_in_model: int = 0  # the head's peak inside the model (HeadActivations.in_model)
 
 
 def lengths_replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads) -> bool:

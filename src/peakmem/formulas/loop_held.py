@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.adapters import quant_of
 from peakmem.breakdown import Category, MemoryItem, PhasePeak
 from peakmem.model import ModelSpec
 from peakmem.training import Checkpointing, TrainingSetup
@@ -101,6 +102,9 @@ def loop_held(spec: ModelSpec, setup: TrainingSetup, sh: Shapes) -> LoopHeld:
     inputs = 0
     if base_keeps_input(setup) and setup.checkpointing is Checkpointing.NONE:
         inputs = sum(g.count * layer_linear_inputs(spec, i, sh, setup) for i, g in enumerate(spec.groups))
+        quant = quant_of(setup)
+        if quant is not None and quant.quantize_head:  # a quantized lm_head keeps the final norm's output
+            inputs += sh.tokens * spec.head_in_features * sh.c
     return LoopHeld(logits=logits, inputs=inputs)
 
 

@@ -35,6 +35,9 @@ class HeadActivations:
     forward_transient: int  # extra at the loss in forward (logits and their fp32 copy)
     backward_transient: int  # extra at the start of backward (CE gradients)
     logits_grad: int  # the gradient of the logits in compute dtype (lm_head backward input)
+    # beyond the saved tensors, the most alive while the head runs inside the model, before it returns
+    # (a quantized head's dequantized weight: formulas/quant_head.py); 0: nothing beyond the layers'
+    in_model: int = 0
 
 
 def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:

@@ -91,6 +91,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from peakmem import dtypes
+from peakmem.adapters import QuantConfig, quant_of
 from peakmem.model import ModelSpec
 from peakmem.training import LITGPT_FRAMEWORKS, Checkpointing, Framework, Method, TrainingSetup
 
@@ -138,6 +139,10 @@ class Profile:
     # them: they (and what the graph's nodes hold) live through the step and the next forward (Lit-GPT;
     # peakmem.formulas.loop_held)
     loop_keeps_output: bool = False
+    # QLoRA's bitsandbytes base as Lightning Fabric's BitsandbytesPrecision builds it: every torch.nn.Linear,
+    # the lm_head included, quantized from fp16 (QuantConfig.quantize_head, state_dtype; formulas/qlora.py
+    # SRC_FABRIC_BNB, formulas/quant_head.py)
+    fabric_bnb: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -163,7 +168,7 @@ PROFILES: dict[Framework, Profile] = {
     Framework.LITGPT: Profile(
         name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_weight_in_input_dtype=True,
         mqa_rope_expands_k=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
-        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True,
+        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True, fabric_bnb=True,
         source=(
             "litgpt@5895df1 (= f247be8, 00af8b0) litgpt/model.py (RMSNorm on x.float(), fused attn Linear, "
             "k/v expand, apply_rope + cat, fp32 cos/sin at max_seq_length), litgpt/lora.py (LoRAQKVLinear, "
@@ -282,16 +287,33 @@ def head_chunk(setup: TrainingSetup) -> int:
     return PROFILES[setup.framework].lm_head_chunk
 
 
+# Lightning fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize: ``weight.to(dtype=torch.half)``
+FABRIC_QUANT_STATE_DTYPE = "fp16"
+
+
+def fabric_quant(quant: QuantConfig) -> QuantConfig:
+    """``quant`` as Lightning Fabric's BitsandbytesPrecision applies it (:attr:`Profile.fabric_bnb`): the
+    head quantized too, 4-bit weights quantized from fp16 (formulas/qlora.py SRC_FABRIC_BNB)."""
+    if quant.quantize_head and quant.state_dtype is not None:
+        return quant
+    return replace(quant, quantize_head=True, state_dtype=FABRIC_QUANT_STATE_DTYPE if quant.is_4bit else None)
+
+
 def profile_setup(setup: TrainingSetup) -> TrainingSetup:
     """The setup as the framework runs it: unsloth's offloaded gradient checkpointing is full
-    checkpointing with the layer inputs in CPU RAM (``activation_offload``); ``setup`` itself otherwise
-    (no copy: the planner calls this for every candidate)."""
+    checkpointing with the layer inputs in CPU RAM (``activation_offload``); Lit-GPT's QLoRA base as
+    Lightning Fabric quantizes it (:func:`fabric_quant`); ``setup`` itself otherwise (no copy: the planner
+    calls this for every candidate)."""
+    prof = PROFILES[setup.framework]
     if (
         setup.checkpointing is Checkpointing.FULL
         and not setup.activation_offload
-        and PROFILES[setup.framework].offloaded_checkpointing
+        and prof.offloaded_checkpointing
     ):
-        return replace(setup, activation_offload=True)
+        setup = replace(setup, activation_offload=True)
+    quant = quant_of(setup)
+    if prof.fabric_bnb and quant is not None and fabric_quant(quant) != quant:
+        setup = replace(setup, quant=fabric_quant(quant))
     return setup
 
 

@@ -22,6 +22,18 @@ Temporaries (bitsandbytes/autograd/_functions.py, backends/cuda/ops.py):
   fp16 copy when A is not fp16, int8 values and fp32 row scales) and **saves A** for backward
   (``ctx.tensors = (CAt, subA, A)``); backward dequantizes the weight
   (``CB.to(dtype).mul_(SCB / 127)``: out x in in the compute dtype).
+
+Lightning Fabric's ``BitsandbytesPrecision`` (Lit-GPT's ``--quantize bnb.*``; lightning/fabric/plugins/
+precision/bitsandbytes.py, the same at Lightning@71aed75 (Lit-GPT@8641822b's pin), 2.3.0.dev20240328
+(438f29f, litgpt@5895df1's) and master): ``module_init_context`` replaces the ``torch.nn.Linear`` class by
+its ``_NF4Linear`` / ``_Linear8bitLt`` while the model is built, and ``convert_module`` / ``_convert_layers``
+replace every Linear left unless its name starts with one of ``ignore_modules``, which Lit-GPT never passes
+(finetune/lora.py: ``BitsandbytesPrecision(quantize[4:], dtype)``): Lit-GPT's ``lm_head`` (``LoRALinear``
+wrapping a ``torch.nn.Linear``, litgpt/lora.py) is a 4-bit Linear too (``QuantConfig.quantize_head``), the
+embedding (``nn.Embedding``) stays 16-bit. ``_Linear4bit.quantize`` quantizes
+``weight.contiguous().to(dtype=torch.half)``, so every ``QuantState.dtype`` is fp16
+(``QuantConfig.state_dtype``): with bf16 compute, ``dequantize_4bit`` writes an fp16 weight and
+``.to(A.dtype)`` a bf16 copy of it, both alive at once (:func:`dequantized_weight_bytes`).
 """
 
 from __future__ import annotations
@@ -30,17 +42,26 @@ import math
 from dataclasses import dataclass
 
 from peakmem.adapters import FLOAT_BYTES, QuantConfig
-from peakmem.formulas.weights import WeightRow, tensor_storage
+from peakmem.formulas.weights import WeightRow, bnb_linear_storage, tensor_storage
 from peakmem.model import ModelSpec, Tensor
 
 FP32 = 4
 FP16 = 2
+SRC_FABRIC_BNB = (
+    "Lightning fabric/plugins/precision/bitsandbytes.py (@71aed75, 2.3.0.dev20240328 @438f29f, master): "
+    "BitsandbytesPrecision replaces every torch.nn.Linear, lm_head included (no ignore_modules from "
+    "Lit-GPT), and _Linear4bit.quantize quantizes weight.to(torch.half): QuantState.dtype fp16"
+)
 
 
-def is_quantized(spec: ModelSpec, t: Tensor) -> bool:
-    """Does transformers' bitsandbytes integration replace this tensor's module?"""
-    if t.kind != "linear_weight" or t.component in ("head", "router"):
+def is_quantized(spec: ModelSpec, t: Tensor, quant: QuantConfig | None = None) -> bool:
+    """Does the bitsandbytes integration replace this tensor's module? transformers' skips the head
+    (``get_keys_to_not_convert``); Lightning Fabric's ``BitsandbytesPrecision`` replaces it too
+    (``quant.quantize_head``: :data:`SRC_FABRIC_BNB`)."""
+    if t.kind != "linear_weight" or t.component == "router":
         return False
+    if t.component == "head":
+        return quant is not None and quant.quantize_head
     return not (spec.tie_word_embeddings and t.component == "embeddings")
 
 
@@ -56,6 +77,8 @@ def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:
     for t, n in spec.tensors():
         if t.component == "router":
             nbytes, label = t.numel * fb, quant.float_dtype
+        elif t.component == "head" and is_quantized(spec, t, quant):
+            nbytes, label = bnb_linear_storage(t, fmt)
         else:
             nbytes, label = tensor_storage(t, fmt, tied=spec.tie_word_embeddings)
         out.append(WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n,
@@ -65,6 +88,16 @@ def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:
 
 def base_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
     return sum(r.bytes for r in base_rows(spec, quant))
+
+
+def root_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
+    """The frozen base outside the layers (embeddings, final norm, head) as :func:`base_rows` stores it:
+    all in the float dtype, but a quantized head (``quant.quantize_head``)."""
+    fb = FLOAT_BYTES[quant.float_dtype]
+    return sum(
+        bnb_linear_storage(t, quant.weight_format)[0] if is_quantized(spec, t, quant) else t.numel * fb
+        for t in spec.outer
+    )
 
 
 def quantized_params(spec: ModelSpec) -> int:
@@ -80,6 +113,21 @@ def largest_quantized(spec: ModelSpec) -> int:
     return max((math.prod(t.shape) for t, _ in spec.tensors() if is_quantized(spec, t)), default=0)
 
 
+def dequantized_weight_bytes(numel: int, quant: QuantConfig, compute_bytes: int) -> int:
+    """The most alive while a 4-bit matmul dequantizes a weight of ``numel`` elements (bitsandbytes
+    0.39-0.50 autograd/_functions.py ``MatMul4Bit``: ``F.dequantize_4bit(B, state).to(A.dtype)``, backward
+    alike with ``grad_output.dtype``): ``dequantize_4bit`` writes the state's dtype (``QuantState.dtype``,
+    the dtype the weight was quantized from: ``quant.state_dtype``); when that is not the compute dtype
+    (``quant.float_dtype``), the ``.to`` copy is made while the first is alive: both at once (None: one
+    weight in the compute dtype, ``compute_bytes`` per element). Plus, with
+    double quantization, the fp32 absmax rebuilt first (one per block)."""
+    state = quant.state_dtype
+    cast = numel * FLOAT_BYTES[state] if state is not None and state != quant.float_dtype else 0
+    w = numel * compute_bytes + cast
+    absmax = math.ceil(numel / quant.blocksize) * FP32 if quant.double_quant else 0
+    return w + absmax
+
+
 @dataclass(frozen=True, kw_only=True)
 class DequantTemporaries:
     forward: int  # bytes alive while one quantized Linear runs in forward
@@ -93,8 +141,8 @@ def dequant_temporaries(
     numel = largest_quantized(spec)
     w = numel * compute_bytes
     if quant.is_4bit:
-        absmax = math.ceil(numel / quant.blocksize) * FP32 if quant.double_quant else 0
-        return DequantTemporaries(forward=w + absmax, backward=w + absmax)
+        tmp = dequantized_weight_bytes(numel, quant, compute_bytes)
+        return DequantTemporaries(forward=tmp, backward=tmp)
     width = max((_in_out(t)[0] for t, _ in spec.tensors() if is_quantized(spec, t)), default=0)
     fp16_copy = tokens * width * FP16 if compute_bytes != FP16 else 0
     fwd = fp16_copy + tokens * width + tokens * FP32  # A.to(fp16), CA int8, SCA fp32
@@ -106,7 +154,9 @@ __all__ = [
     "base_bytes",
     "base_rows",
     "dequant_temporaries",
+    "dequantized_weight_bytes",
     "is_quantized",
     "largest_quantized",
     "quantized_params",
+    "root_bytes",
 ]

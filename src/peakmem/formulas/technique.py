@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.adapters import FLOAT_BYTES, lora_of, quant_of
+from peakmem.adapters import lora_of, quant_of
 from peakmem.breakdown import MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec, split_last_block
 from peakmem.training import TrainingSetup
 
 from . import lora as _lora
+from . import qlora as _qlora
 from .memo import Memo
 from .model_states import buffer_bytes, precision_plan, spec_facts, trainable_params, weight_rows
 from .optimizer import optimizer_phase_grads, optimizer_rows, step_temporaries
@@ -73,9 +74,9 @@ def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -
         layer_grads = tuple(grad.nbytes(n) for n in spec_facts(spec, memo).layer_params)
     root = sum(t.numel for t in spec.outer)
     # the frozen base outside the layers: in the model's dtype, or QLoRA's float dtype (bitsandbytes
-    # quantizes no embedding, norm or head: formulas/qlora.py base_rows)
+    # quantizes no embedding or norm, and the head only under Lightning: formulas/qlora.py root_bytes)
     quant = quant_of(setup) if adapter else None
-    frozen_root = plan.weight.nbytes(root) if quant is None else FLOAT_BYTES[quant.float_dtype] * root
+    frozen_root = plan.weight.nbytes(root) if quant is None else _qlora.root_bytes(spec, quant)
     return Technique(
         base_dtype=plan.weight, root_numel=root, frozen_root_bytes=frozen_root if adapter else 0,
         spec=spec, tspec=tspec, tsetup=tsetup, adapter=adapter, rows=rows,

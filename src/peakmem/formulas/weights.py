@@ -358,6 +358,20 @@ def _float_bytes(fmt: WeightFormat) -> int:
     return FLOAT_BYTES[fmt.float_dtype]
 
 
+def bnb_linear_storage(t: Tensor, fmt: WeightFormat) -> tuple[int, str]:
+    """Bytes of one occurrence of the linear weight ``t`` (all its copies) as a bitsandbytes Linear4bit or
+    Linear8bitLt of ``fmt`` stores it, and a storage label (``fmt``: BNB_4BIT or BNB_INT8)."""
+    copies, in_f, out_f = _linear_view(t)
+    if fmt.scheme is Scheme.BNB_INT8:
+        return copies * bnb_int8_bytes(in_f, out_f), "int8 + fp32 SCB/row"
+    qt = fmt.name.removesuffix("-dq")
+    total = copies * bnb_4bit_bytes(
+        t.numel // copies, blocksize=fmt.group_size, double_quant=fmt.double_quant
+    )
+    label = f"{qt} + uint8 absmax/64 (double quant)" if fmt.double_quant else f"{qt} + fp32 absmax/64"
+    return total, label
+
+
 def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, str]:
     """Bytes of one occurrence of ``t`` (all its copies) and a storage label. Not for GGUF."""
     fb = _float_bytes(fmt)
@@ -369,14 +383,7 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
     if fmt.scheme in (Scheme.BNB_4BIT, Scheme.BNB_INT8):
         if t.component == "head" or t.kind == "expert_weight" or (tied and t.component == "embeddings"):
             return keep
-        if fmt.scheme is Scheme.BNB_INT8:
-            return copies * bnb_int8_bytes(in_f, out_f), "int8 + fp32 SCB/row"
-        qt = fmt.name.removesuffix("-dq")
-        total = copies * bnb_4bit_bytes(
-            t.numel // copies, blocksize=fmt.group_size, double_quant=fmt.double_quant
-        )
-        label = f"{qt} + uint8 absmax/64 (double quant)" if fmt.double_quant else f"{qt} + fp32 absmax/64"
-        return total, label
+        return bnb_linear_storage(t, fmt)
     if fmt.scheme is Scheme.MXFP4:
         if t.kind != "expert_weight":
             return keep
