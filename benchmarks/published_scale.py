@@ -161,7 +161,7 @@ PRECISION = {
     "autocast-fp16": "amp-fp16",
     "deepspeed-fp16": "mixed-fp16",
     "pure-bf16": "bf16",  # Lightning bf16-true, torchtune dtype bf16: weights, grads and states all bf16
-    # HF Trainer bf16=True on a torch_dtype=bfloat16 model (QLoRA): 16-bit weights, no autocast plan (flagged A)
+    # HF Trainer bf16=True on a torch_dtype=bfloat16 model (QLoRA): 16-bit weights; no autocast plan (A)
     "bf16-weights-autocast-bf16": "bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
@@ -333,7 +333,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         "rule": p.get("split", SPLIT_RULES[0]),
         "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else "")
         + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else "")
-        + ("T" if p.get("split") == SPLIT_RULES[2] else "") + ("F" if p.get("split") == SPLIT_RULES[3] else ""),
+        + ("T" if p.get("split") == SPLIT_RULES[2] else "")
+        + ("F" if p.get("split") == SPLIT_RULES[3] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
