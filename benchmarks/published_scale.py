@@ -124,7 +124,15 @@ FSDP1 on two or four) maps through the fields above (``framework`` litgpt, ``gra
 Only ``split_rule``'s fitting set feeds ``--residuals`` (what formulas/band.py MEASURED_RESIDUALS was
 measured on); the output ends with each later search's points alone, by set.
 
-Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``),
+The fourth search (``split_rule_4``, brief h-published8; flag ``F``): every point is held out, recorded
+before any estimate of it. It adds ``job.dora`` true -> ``dora=True`` (peft's DoRA, ``use_dora``) and
+``job.precision_id`` ``bf16-weights-autocast-bf16`` (the HF Trainer's ``bf16=True`` autocast on a model loaded
+with ``torch_dtype=bfloat16``: fms-acceleration's QLoRA rows) -> ``precision='bf16'`` with the point's
+``adapter_dtype`` (peakmem has no plan for autocast on 16-bit weights: each such point lists it among its
+approximations). Byte counts printed as bytes have ``measured.unit`` ``B``.
+
+Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
+the fourth (``split_rule_4``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -153,6 +161,8 @@ PRECISION = {
     "autocast-fp16": "amp-fp16",
     "deepspeed-fp16": "mixed-fp16",
     "pure-bf16": "bf16",  # Lightning bf16-true, torchtune dtype bf16: weights, grads and states all bf16
+    # HF Trainer bf16=True on a torch_dtype=bfloat16 model (QLoRA): 16-bit weights; no autocast plan (A)
+    "bf16-weights-autocast-bf16": "bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
@@ -171,7 +181,7 @@ WEIGHTS = {
     "bnb-nf4-dq": "nf4",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3")
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4")
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -225,6 +235,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
             opts[name] = job[name]
     if job.get("lora_targets"):
         opts["lora_targets"] = ",".join(job["lora_targets"])
+    if job.get("dora"):  # peft use_dora (the fourth search's method_comparison DoRA run)
+        opts["dora"] = True
     if job.get("double_quant") is False:
         opts["no_double_quant"] = True
     if job.get("precision_id") == "fsdp2-mp-bf16":  # torchtitan's MixedPrecisionPolicy(reduce_dtype=fp32)
@@ -321,7 +333,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         "rule": p.get("split", SPLIT_RULES[0]),
         "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else "")
         + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else "")
-        + ("T" if p.get("split") == SPLIT_RULES[2] else ""),
+        + ("T" if p.get("split") == SPLIT_RULES[2] else "")
+        + ("F" if p.get("split") == SPLIT_RULES[3] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}

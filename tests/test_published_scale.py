@@ -18,10 +18,10 @@ import pytest
 
 POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
 QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi"}
-UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9}
+UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3")
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4")
 ALTERNATING_RULES = ("split_rule", "split_rule_2")  # the rules that alternate held_out / fit by SHA-256
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
@@ -89,7 +89,7 @@ def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
         by_kind[(rule, p["kind"])].append(p)
     for (rule, kind), points in by_kind.items():
         if rule not in ALTERNATING_RULES:
-            continue  # split_rule_3 holds every point out (its own test)
+            continue  # split_rule_3 and split_rule_4 hold every point out (their own test)
         ordered = sorted(points, key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
         expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
         assert [p["set"] for p in ordered] == expected, (rule, kind)
@@ -103,9 +103,9 @@ def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) 
     assert "SHA-256" in rule and "kind" in rule and "UTC" in rule and "before any peakmem estimate" in rule
     first = [p for p in doc["points"] if "split" not in p]
     second = [p for p in doc["points"] if p.get("split") == "split_rule_2"]
-    third = [p for p in doc["points"] if p.get("split") == "split_rule_3"]
+    later = [p for p in doc["points"] if p.get("split") in SPLIT_RULES[2:]]
     assert len(first) == FIRST_SEARCH_POINTS
-    assert len(first) + len(second) + len(third) == len(doc["points"])
+    assert len(first) + len(second) + len(later) == len(doc["points"])
     # hand-checked on the smallest kind of the second search: 4 points, 2 held out
     lora_fsdp = [p for p in second if p["kind"] == "train-lora-fsdp"]
     # by SHA-256: 12c327d3.. (7b-mb4), 584bb132.. (13b-mb1), 62178d7c.. (7b-mb2), ec8dfba6.. (7b-mb1)
@@ -113,14 +113,16 @@ def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) 
     assert held_out == {"litgpt-lora-llama2-7b-mb4-2xa100-fsdp", "litgpt-lora-llama2-7b-mb2-2xa100-fsdp"}
 
 
-def test_split_rule_3_holds_every_one_of_its_points_out(doc: dict[str, Any]) -> None:
-    """The third search (brief h-published7) is a blind test: its rule is stated with its UTC time and
-    every point that names it is held out, so none of them can reach the fitting set (band terms)."""
-    rule = doc["schema"]["split_rule_3"]
+@pytest.mark.parametrize("rule_name", ["split_rule_3", "split_rule_4"])
+def test_the_blind_searches_hold_every_one_of_their_points_out(doc: dict[str, Any], rule_name: str) -> None:
+    """The third and fourth searches (briefs h-published7, h-published8) are blind tests: each rule is
+    stated with its UTC time and every point that names it is held out, so none of them can reach the
+    fitting set (band terms)."""
+    rule = doc["schema"][rule_name]
     assert "held_out" in rule and "UTC" in rule and "before any peakmem estimate" in rule
-    third = [p for p in doc["points"] if p.get("split") == "split_rule_3"]
-    assert third, "no point of the third search"
-    assert {p["set"] for p in third} == {"held_out"}
+    points = [p for p in doc["points"] if p.get("split") == rule_name]
+    assert points, f"no point of {rule_name}"
+    assert {p["set"] for p in points} == {"held_out"}
 
 
 def test_measured_residual_term_by_hand() -> None:
