@@ -179,10 +179,10 @@ class _Run:
     def free(self, held: list[Held]) -> None:
         give = self.model.give
         for h in held:
-            if type(h) is int:
+            if isinstance(h, int):
                 self.small_live -= h
             else:
-                give(h)  # type: ignore[arg-type]
+                give(h)
         held.clear()
 
     @property
