@@ -33,7 +33,7 @@ library only (the core's reserved estimate replays through it; simulate imports 
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -43,40 +43,21 @@ _ADDR_BITS = 48  # a free block's sort key is size << 48 | addr: one int, ordere
 
 
 @dataclass(slots=True)
-class _Block:
+class Block:
     segment: int
     small: bool  # which pool the block's segment belongs to
     addr: int  # offset in the simulated address space
     size: int
     allocated: bool = False
-    prev: _Block | None = None
-    next: _Block | None = None
+    prev: Block | None = None
+    next: Block | None = None
 
 
 @dataclass(slots=True)
 class _Pool:
     small: bool
     free: list[int] = field(default_factory=list)  # sorted keys (size << _ADDR_BITS | addr)
-    by_key: dict[int, _Block] = field(default_factory=dict)
-
-    def insert(self, block: _Block) -> None:
-        k = block.size << _ADDR_BITS | block.addr
-        bisect.insort(self.free, k)
-        self.by_key[k] = block
-
-    def remove(self, block: _Block) -> None:
-        k = block.size << _ADDR_BITS | block.addr
-        del self.free[bisect.bisect_left(self.free, k)]
-        del self.by_key[k]
-
-    def take_best_fit(self, size: int) -> _Block | None:
-        """Remove and return the smallest free block of at least ``size`` (the lowest address among
-        equal sizes), or None."""
-        free = self.free
-        i = bisect.bisect_left(free, size << _ADDR_BITS)
-        if i == len(free):
-            return None
-        return self.by_key.pop(free.pop(i))
+    by_key: dict[int, Block] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,12 +75,20 @@ class AllocatorStats:
 
 
 class CachingAllocatorModel:
-    """Replays ``malloc(key, nbytes)`` / ``free(key)`` the way the CUDA caching allocator does."""
+    """Replays ``malloc(key, nbytes)`` / ``free(key)`` the way the CUDA caching allocator does.
+
+    :meth:`take` and :meth:`give` are the same without keys (a block in, a block out): the analytic
+    step's replay (formulas/step_sequence.py) holds its blocks itself. The hot path of every estimate
+    (about 4,000 requests a step replay): written for CPython's speed, locals bound, no per-call
+    objects but the blocks a split or a new segment makes."""
+
+    __slots__ = ("_next_addr", "_requests", "allocated", "allocations", "large", "live", "requested",
+                 "reserved", "segments", "small")  # fmt: skip
 
     def __init__(self) -> None:
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
-        self.live: dict[int, _Block] = {}
+        self.live: dict[int, Block] = {}
         self.allocated = 0
         self.reserved = 0
         self.requested = 0
@@ -111,55 +100,79 @@ class CachingAllocatorModel:
     def malloc(self, key: int, nbytes: int) -> None:
         if key in self.live:
             self.free(key)
-        size = max(K_MIN_BLOCK_SIZE, round_request(nbytes))
-        pool = self.small if size <= K_SMALL_SIZE else self.large
-        block = pool.take_best_fit(size)
-        if block is None:
-            seg = segment_size(size)
-            block = _Block(segment=self.segments, small=pool.small, addr=self._next_addr, size=seg)
-            self._next_addr += seg
-            self.segments += 1
-            self.reserved += seg
-        remaining = block.size - size
-        split = remaining >= K_MIN_BLOCK_SIZE if pool.small else remaining > K_SMALL_SIZE
-        if split:
-            rest = _Block(segment=block.segment, small=block.small, addr=block.addr + size, size=remaining,
-                          prev=block, next=block.next)  # fmt: skip
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            pool.insert(rest)
-        block.allocated = True
-        self.live[key] = block
-        self.allocated += block.size
+        self.live[key] = self.take(max(K_MIN_BLOCK_SIZE, round_request(nbytes)))
         self.requested += nbytes
         self._requests[key] = nbytes
-        self.allocations += 1
 
     def free(self, key: int) -> None:
         block = self.live.pop(key, None)
         if block is None:
             return
-        self.allocated -= block.size
         self.requested -= self._requests.pop(key)
+        self.give(block)
+
+    def take(self, size: int) -> Block:
+        """The block a request of ``size`` bytes (rounded: a multiple of kMinBlockSize) gets: the best
+        fit of its pool (``get_free_block``), else a new segment (``alloc_block``), split where
+        ``should_split`` says."""
+        small = size <= K_SMALL_SIZE
+        pool = self.small if small else self.large
+        free = pool.free
+        i = bisect_left(free, size << _ADDR_BITS)
+        if i < len(free):
+            block = pool.by_key.pop(free.pop(i))
+        else:
+            seg = segment_size(size)
+            block = Block(self.segments, small, self._next_addr, seg)
+            self._next_addr += seg
+            self.segments += 1
+            self.reserved += seg
+        remaining = block.size - size
+        # should_split: a remainder >= kMinBlockSize (small pool) or > kSmallSize (large pool)
+        if remaining > K_SMALL_SIZE or (small and remaining >= K_MIN_BLOCK_SIZE):
+            after = block.next
+            rest = Block(block.segment, small, block.addr + size, remaining, False, block, after)
+            if after is not None:
+                after.prev = rest
+            block.next = rest
+            block.size = size
+            k = remaining << _ADDR_BITS | rest.addr
+            insort(free, k)
+            pool.by_key[k] = rest
+        block.allocated = True
+        self.allocated += block.size
+        self.allocations += 1
+        return block
+
+    def give(self, block: Block) -> None:
+        """Free ``block`` (a :meth:`take` result, once): merged with the free neighbours of its segment
+        (``free_block``/``try_merge_blocks``) and cached in its pool."""
+        self.allocated -= block.size
         block.allocated = False
         pool = self.small if block.small else self.large
-        for nb in (block.prev, block.next):
-            if nb is not None and not nb.allocated:
-                pool.remove(nb)
-                if nb is block.prev:
-                    nb.size += block.size
-                    nb.next = block.next
-                    if block.next is not None:
-                        block.next.prev = nb
-                    block = nb
-                else:
-                    block.size += nb.size
-                    block.next = nb.next
-                    if nb.next is not None:
-                        nb.next.prev = block
-        pool.insert(block)
+        free, by_key = pool.free, pool.by_key
+        before = block.prev
+        if before is not None and not before.allocated:
+            k = before.size << _ADDR_BITS | before.addr
+            del free[bisect_left(free, k)]
+            del by_key[k]
+            before.size += block.size
+            after = before.next = block.next
+            if after is not None:
+                after.prev = before
+            block = before
+        after = block.next
+        if after is not None and not after.allocated:
+            k = after.size << _ADDR_BITS | after.addr
+            del free[bisect_left(free, k)]
+            del by_key[k]
+            block.size += after.size
+            beyond = block.next = after.next
+            if beyond is not None:
+                beyond.prev = block
+        k = block.size << _ADDR_BITS | block.addr
+        insort(free, k)
+        by_key[k] = block
 
 
 def replay(events: Iterable[tuple[int, int]]) -> AllocatorStats:

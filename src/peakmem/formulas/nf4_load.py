@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .step_sequence import AllocatorRun
+from .step_sequence import AllocatorRun, Held
 
 NF4_LUT = 16  # quantize_tensor_nearest compares each element with the 16 NF4 values
 NF4_BLOCK = 64  # to_nf4(block_size=64)
@@ -125,10 +125,10 @@ def replay_load(
     ``to_nf4``, the 16-bit weight freed; the others as stored), the adapters, then ``load_state_dict``
     (each quantized weight's 16-bit copy, its ``to_nf4``, the old codes and the copy freed)."""
     run = AllocatorRun()
-    codes: list[list[int]] = []
+    codes: list[list[Held]] = []
 
-    def quantize(numel: int) -> list[int]:
-        held: dict[str, list[int]] = {}
+    def quantize(numel: int) -> list[Held]:
+        held: dict[str, list[Held]] = {}
         source = run.alloc((numel * elem_bytes,))
         for r in to_nf4_requests(numel, elem_bytes, chunk):
             if r.nbytes:

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .allocator import K_SMALL_BUFFER, K_SMALL_SIZE, round_request
-from .caching_allocator import CachingAllocatorModel
+from .caching_allocator import Block, CachingAllocatorModel
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,54 +134,56 @@ class Replayed:
     segments: int  # cudaMalloc calls of the large pool
 
 
+# a live tensor of a replay: its block (large pool), or its rounded bytes (small pool: counted, not placed)
+Held = Block | int
+
+
 class _Run:
-    """The allocator model with fresh keys per tensor.
+    """The allocator model, each tensor held by its block.
 
     Requests of the small pool (up to kSmallSize, 1 MiB: biases, norm weights, statistics) are counted,
     not placed: they share 2 MiB segments of their own that no large request uses, so their segments
     are their live peak rounded up to kSmallBuffer (their holes are at most a few blocks of 2 MiB).
-    Half of GPT-2's tensors are biases: this halves the replay's work there."""
+    Half of GPT-2's tensors are biases: this halves the replay's work there.
 
-    __slots__ = ("model", "next_key", "peak_allocated", "small", "small_live", "small_peak")
+    :meth:`free` empties the list it frees, so a list freed twice is freed once (the loss's saved output
+    is freed where its backward runs and again at the end of the loss's backward)."""
+
+    __slots__ = ("model", "peak_allocated", "small_live", "small_peak")
 
     def __init__(self) -> None:
         self.model = CachingAllocatorModel()
-        self.next_key = 0
         self.peak_allocated = 0
-        self.small: dict[int, int] = {}  # key -> rounded bytes of a live small-pool request
         self.small_live = 0
         self.small_peak = 0
 
-    def alloc(self, sizes: tuple[int, ...]) -> list[int]:
-        keys = []
-        model, key = self.model, self.next_key
+    def alloc(self, sizes: tuple[int, ...]) -> list[Held]:
+        held: list[Held] = []
+        take = self.model.take
         for nbytes in sizes:
             if nbytes <= 0:  # allocate(0) returns nullptr: no block
                 continue
-            key += 1
-            if nbytes <= K_SMALL_SIZE:
-                size = round_request(nbytes)
-                self.small[key] = size
+            size = round_request(nbytes)
+            if size <= K_SMALL_SIZE:
                 self.small_live += size
                 if self.small_live > self.small_peak:
                     self.small_peak = self.small_live
+                held.append(size)
             else:
-                model.malloc(key, nbytes)
-            keys.append(key)
-        self.next_key = key
-        live = model.allocated + self.small_live
+                held.append(take(size))
+        live = self.model.allocated + self.small_live
         if live > self.peak_allocated:
             self.peak_allocated = live
-        return keys
+        return held
 
-    def free(self, keys: list[int]) -> None:
-        small = self.small
-        for k in keys:
-            size = small.pop(k, None)
-            if size is None:
-                self.model.free(k)
+    def free(self, held: list[Held]) -> None:
+        give = self.model.give
+        for h in held:
+            if isinstance(h, int):
+                self.small_live -= h
             else:
-                self.small_live -= size
+                give(h)
+        held.clear()
 
     @property
     def reserved(self) -> int:
@@ -239,7 +241,7 @@ def _replay_batches(batches: tuple[StepTensors, ...]) -> Replayed:
     run = _Run()
     run.alloc(step.weights)
     run.alloc(step.masters)
-    grads: list[int] = []  # the live .grad tensors, in the order backward wrote them
+    grads: list[Held] = []  # the live .grad tensors, in the order backward wrote them
     per_step = min(step.micro_batches, 2)
     for i, batch in enumerate(batches):
         # the first micro-batch creates the gradients, every later one runs with them alive and adds
@@ -255,12 +257,12 @@ def _replay_batches(batches: tuple[StepTensors, ...]) -> Replayed:
     return Replayed(reserved=run.reserved, allocated=run.peak_allocated, segments=run.model.segments)
 
 
-def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
+def _forward(run: _Run, step: StepTensors) -> list[list[Held]]:
     """The forward pass; returns the saved tensors' keys per layer (embedding first, head last)."""
     held = run.alloc(step.forward_held)
     root = run.alloc(step.root_unshard)
     saved = [run.alloc(step.embed_saved)]
-    units: list[list[int]] = []  # shard-grad-op: the units kept unsharded until their backward
+    units: list[list[Held]] = []  # shard-grad-op: the units kept unsharded until their backward
     for g in step.layers:
         for _ in range(g.count):
             params = run.alloc(g.unshard)
@@ -295,9 +297,9 @@ def _forward(run: _Run, step: StepTensors) -> list[list[int]]:
     return saved
 
 
-def _loss_backward(run: _Run, step: StepTensors, loss_saved: list[int]) -> list[int]:
+def _loss_backward(run: _Run, step: StepTensors, loss_saved: list[Held]) -> list[Held]:
     """The loss's backward; returns the gradient the head's backward reads."""
-    loss: list[int] = []
+    loss: list[Held] = []
     if step.loss_parallel:  # _nll_loss_and_log_softmax_backward: (zeros_like(x) + exp(x)) * grad_output
         logits16, fp32 = step.loss_parallel
         zeros = run.alloc((fp32,))
@@ -321,7 +323,7 @@ def _loss_backward(run: _Run, step: StepTensors, loss_saved: list[int]) -> list[
     return loss
 
 
-def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulate: bool) -> list[int]:
+def _backward(run: _Run, step: StepTensors, saved: list[list[Held]], *, accumulate: bool) -> list[Held]:
     """The backward pass; returns the gradients it created (none when they accumulate into .grad, or
     leave the default stream at FSDP's post-backward)."""
     units = saved.pop()  # shard-grad-op: every layer unit's unsharded parameters, in forward order
@@ -335,7 +337,7 @@ def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulat
     run.free(run.alloc(step.head_input_grad[1:]))  # its reduce-scatter (SP) or all-reduce output
     run.free(whole)
     run.free(head_saved)
-    reduce: list[int] = []  # FSDP2: the last unit's reduce-scatter input
+    reduce: list[Held] = []  # FSDP2: the last unit's reduce-scatter input
     for g in reversed(step.layers):
         for _ in range(g.count):
             if step.keep_units:  # reshard_after_forward=False: unsharded since forward
@@ -369,7 +371,7 @@ def _backward(run: _Run, step: StepTensors, saved: list[list[int]], *, accumulat
     return []
 
 
-def _flat(run: _Run, nbytes: int, grads: list[int]) -> list[int]:
+def _flat(run: _Run, nbytes: int, grads: list[Held]) -> list[Held]:
     """FSDP1: a unit's gradients concatenated into its flat gradient (the views' split backward)."""
     if not nbytes:
         return grads
@@ -378,7 +380,7 @@ def _flat(run: _Run, nbytes: int, grads: list[int]) -> list[int]:
     return flat
 
 
-def _grads(run: _Run, sizes: tuple[int, ...], accumulate: bool) -> list[int]:
+def _grads(run: _Run, sizes: tuple[int, ...], accumulate: bool) -> list[Held]:
     keys = run.alloc(sizes)
     if accumulate:  # written as a temporary, added into the existing .grad, freed
         run.free(keys)
@@ -386,12 +388,12 @@ def _grads(run: _Run, sizes: tuple[int, ...], accumulate: bool) -> list[int]:
     return keys
 
 
-def _optimizer(run: _Run, step: StepTensors, grads: list[int], *, first: bool) -> list[int]:
+def _optimizer(run: _Run, step: StepTensors, grads: list[Held], *, first: bool) -> list[Held]:
     """The optimizer step; returns the gradients alive after it (zero_grad's to free)."""
     if step.master_grads and (first or not step.grads_resident):
         # master.grad = p.grad.float(); p.grad = None, tensor by tensor in parameter order (backward
         # wrote them top-down). Resident gradients keep both, the fp32 ones created once.
-        fp32: list[int] = []
+        fp32: list[Held] = []
         for k, nbytes in zip(reversed(grads), reversed(step.master_grads), strict=False):
             fp32 += run.alloc((nbytes,))
             if not step.grads_resident:
