@@ -283,7 +283,8 @@ MEASURED_RESIDUALS: dict[str, MeasuredResidual] = {
     TRAIN_ONE_GPU_QUANTIZED: MeasuredResidual(
         low=-0.032, high=0.154, points=2,
         worst="low: Lit-GPT's Llama-2-7B nf4 LoRA (bitsandbytes 0.41.1, the loop keeping the last "
-        "micro-batch, the head quantized by Lightning Fabric: 3 % below its estimate); high: torchtune's Llama-2-7B QLoRA tutorial run, reserved, set at load (torchao 0.1's "
+        "micro-batch, the head quantized by Lightning Fabric: 3 % below its estimate); high: torchtune's "
+        "Llama-2-7B QLoRA tutorial run, reserved, set at load (torchao 0.1's "
         "whole-weight to_nf4, modelled with --torchao 0.1; 1.2 GB above the load's replay, not explained)",
     ),
     GENERATE: MeasuredResidual(
