@@ -221,6 +221,10 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts.update(fsdp="full-shard", fsdp_version=lay.get("fsdp_version") or 2)
     if job.get("framework"):  # torchtune, Lit-GPT: their model code and loss (peakmem.formulas.profiles)
         opts["framework"] = job["framework"]
+    if job.get(
+        "transformers"
+    ):  # the release the point's framework text names (peakmem.transformers_versions)
+        opts["transformers"] = job["transformers"]
     adapter_fields = (
         "lora_rank",
         "lora_alpha",

@@ -100,6 +100,9 @@ class QuantConfig:
     # the dtype the weights were quantized from (bitsandbytes ``QuantState.dtype``, what
     # ``dequantize_4bit`` returns); None: float_dtype. Lightning quantizes from fp16 (formulas/qlora.py)
     state_dtype: str | None = None
+    # MoE experts are per-expert nn.Linear modules, which bitsandbytes replaces like any other Linear
+    # (transformers before 5.0: peakmem.transformers_versions); False: fused 3-D parameters kept 16-bit
+    expert_linears: bool = False
 
     def __post_init__(self) -> None:
         require(self.quant in QUANTS, "quant", self.quant, f"choose one of {', '.join(QUANTS)}")

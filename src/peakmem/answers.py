@@ -336,7 +336,9 @@ def weight_warnings(spec: ModelSpec, training: Any = None, inference: Any = None
     from peakmem.formulas.qlora import base_rows
 
     if training is not None:
-        quant = quant_of(training)
+        from peakmem.step_setup import setup_that_runs
+
+        quant = quant_of(setup_that_runs(spec, training))
         if quant is None:
             return ()
         fmt, rows = quant.weight_format, base_rows(spec, quant)

@@ -468,7 +468,7 @@ def _step_at(
         if tech.adapter:
             head = _lora.adapt_head(spec, head, sh, setup)
         if setup.loss is LossImpl.STANDARD:  # the framework's own loss (peakmem.formulas.profiles)
-            head = framework_head(spec, head, sh, liger=setup.liger, head_trains=setup.method is Method.FULL)
+            head = framework_head(spec, head, sh, setup)
         head = mp.tp_head_activations(quantized_head(spec, _lowbit.adapt_head_loss(spec, head, sh, setup), sh,
                                                      setup), par)  # fmt: skip
         head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient

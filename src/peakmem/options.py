@@ -21,6 +21,7 @@ from peakmem.errors import InputError
 from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.torchao_versions import TORCHAO_CURRENT
+from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
 
 JOB_COMMANDS = ("train", "infer", "fit", "plan")
@@ -140,6 +141,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("torchao", str, TORCHAO_CURRENT, T, "qlora --framework torchtune: the torchao release of its NF4 "
        f"base, e.g. 0.1 (default {TORCHAO_CURRENT}); before 0.2.0 to_nf4 quantizes whole weights at load "
        "(peakmem.torchao_versions)", group=_LORA),
+    _o("transformers", str, TRANSFORMERS_CURRENT, T - _ORACLES, "the transformers release the job ran, e.g. "
+       f"4.48.1 (default {TRANSFORMERS_CURRENT}): before 5.0 MoE experts are per-expert Linears that "
+       "bitsandbytes quantizes under qlora; before 4.49 the loss copies the shifted logits "
+       "(peakmem.transformers_versions)"),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
        "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
        "torch.compile: torchtitan with compile on)", group=_SAVING),

@@ -29,6 +29,7 @@ from peakmem.post_training import PostTraining, post_training
 from peakmem.resolve import Deriver, resolve_model
 from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
+from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.validate import check_int
 
 
@@ -249,7 +250,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         kernel_policy=KernelPolicy.parse(o.get("kernels", "cuda"), "kernels"),
         lora=_lora_config(o), quant=_quant_config(o), loss=LossImpl.parse(o["loss"], "loss"),
         bitsandbytes=o.get("bitsandbytes", BNB_CURRENT),
-        torchao=o.get("torchao", TORCHAO_CURRENT),
+        torchao=o.get("torchao", TORCHAO_CURRENT), transformers=o.get("transformers", TRANSFORMERS_CURRENT),
         optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
         compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
         grads_set_to_none=not o.get("keep_grads", False),

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from peakmem.adapters import quant_of
 from peakmem.formulas.model_states import precision_plan
 from peakmem.formulas.profiles import liger_applies, profile_setup
 from peakmem.model import ModelSpec
 from peakmem.training import AttentionKernel, TrainingSetup
+from peakmem.transformers_versions import experts_are_linears
 
 
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
     """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
-    asked for, no Liger where Liger patches nothing, the framework profile's settings."""
+    asked for, no Liger where Liger patches nothing, a QLoRA base whose MoE experts are quantized where
+    the transformers release builds them as Linears (peakmem.transformers_versions), the framework
+    profile's settings."""
     fallback = _attention_fallback(spec, setup)
     if fallback is not None:
         setup = fallback
@@ -25,6 +29,13 @@ def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
     # (peakmem.measure.trainer.MasterWeightTrainer, DeepSpeed's and Megatron's optimizers): nothing to keep
     if not setup.grads_set_to_none and precision_plan(setup.precision).master is not None:
         setup = replace(setup, grads_set_to_none=True)
+    quant = quant_of(setup)
+    if (
+        quant is not None
+        and not quant.expert_linears
+        and experts_are_linears(setup.transformers, spec.model_type)
+    ):
+        setup = replace(setup, quant=replace(quant, expert_linears=True))  # bitsandbytes quantizes them
     return profile_setup(setup)
 
 

@@ -15,6 +15,7 @@ from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
 from peakmem.errors import InputError
 from peakmem.torchao_versions import TORCHAO_CURRENT, parse_torchao_version
+from peakmem.transformers_versions import TRANSFORMERS_CURRENT, parse_transformers_version
 from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
 
 DEFAULT_SEQ_LEN = 2048  # DESIGN.md: seq = min(model context, 2048) unless the user gives one
@@ -283,6 +284,10 @@ class TrainingSetup:
     # the torchao release torchtune's NF4 base runs (peakmem.torchao_versions: before 0.2.0 to_nf4
     # quantizes a whole weight at once, at the model's build and load)
     torchao: str = TORCHAO_CURRENT
+    # the transformers release whose model code and loss run (peakmem.transformers_versions: before 5.0 MoE
+    # experts are per-expert Linears, bitsandbytes quantizes them; before 4.49 the loss copies the shifted
+    # logits)
+    transformers: str = TRANSFORMERS_CURRENT
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading
@@ -315,6 +320,7 @@ class TrainingSetup:
         check_int("checkpoint_every", self.checkpoint_every, maximum=MAX_CHECKPOINT_EVERY, what=what)
         check_int("batch", self.micro_batch)
         parse_torchao_version(self.torchao)  # a malformed release's one-line error
+        parse_transformers_version(self.transformers)
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)

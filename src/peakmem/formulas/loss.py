@@ -6,7 +6,9 @@ For a 128k vocabulary the logits are often the largest tensors of a step. transf
 backward. In forward, at the loss, the compute-dtype logits, their fp32 copy and the log-softmax
 output are alive together. In backward, ``nll_loss_backward`` writes a T x V fp32 gradient and
 ``_log_softmax_backward_data`` another, both alive while the saved log-softmax output is (3 x T x V
-x 4 at once). torchtune's ``TransformerDecoder`` also returns ``output(h).float()``.
+x 4 at once). torchtune's ``TransformerDecoder`` also returns ``output(h).float()``. Earlier transformers
+releases (``--transformers``: :mod:`peakmem.transformers_versions`) also copied the shifted logits
+(:func:`transformers_head`).
 
 Classification heads (BERT + ``ForSequenceClassification``) read the first token (the pooler's
 dense layer saves a contiguous B x h copy, measured) and produce tiny logits.
@@ -14,10 +16,12 @@ dense layer saves a contiguous B x h copy, measured) and produce tiny logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import ModelSpec
+from peakmem.transformers_versions import TransformersRelease, release_facts
 
 from .activations import Shapes, norm_saved
 
@@ -149,14 +153,45 @@ def in_place_ce(spec: ModelSpec, head: HeadActivations, sh: Shapes) -> HeadActiv
                            logits_grad=t * v * c)  # fmt: skip
 
 
-def framework_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, *, liger: bool,
-                   head_trains: bool) -> HeadActivations:  # fmt: skip
+def transformers_head(spec: ModelSpec, head: HeadActivations, sh: Shapes,
+                      release: TransformersRelease) -> HeadActivations:  # fmt: skip
+    """The standard loss as a transformers release runs it (:mod:`peakmem.transformers_versions`): the
+    forward's extra at the loss when it copies the shifted logits (``logits[..., :-1, :].contiguous()``, B x
+    (S-1) x V). Upcast in the loss (4.46-4.48 ``ForCausalLMLoss``): the 16-bit logits, their fp32 copy and
+    the shifted fp32 copy at once; in the model (4.31-4.45: ``logits = logits.float()`` frees the 16-bit
+    ones): the fp32 logits and the shifted copy; none (before 4.31): the shifted copy in the logits' dtype,
+    with no autocast the cross-entropy in it too (:func:`peakmem.formulas.lowbit_optim.half_ce`), under
+    autocast ``log_softmax`` casting the copy to fp32 first. Backward is unchanged: the slice's
+    zero-filled gradient comes after ``log_softmax``'s saved output is freed (module docstring)."""
+    if not release.shifted_logits_copy:
+        return head
+    logits, shifted, c = sh.tokens * spec.vocab_size, sh.batch * (sh.seq - 1) * spec.vocab_size, sh.c
+    upcast = logits * 4 if c < 4 else 0
+    if release.upcast == "none":
+        if not sh.plan.autocast and c < 4:
+            from .lowbit_optim import half_ce
+
+            keep = [i for i in head.saved if i.key != "loss.log_softmax"]
+            half: HeadActivations = half_ce(head, keep, logits, c, autocast=False, shifted_copy=True)
+            return half
+        fwd = logits * c + shifted * c + (shifted * 4 if c < 4 else 0)
+    elif release.upcast == "model":
+        fwd = max(logits * c + upcast, logits * 4 + shifted * 4)
+    else:
+        fwd = logits * c + upcast + shifted * 4
+    return replace(head, forward_transient=fwd)
+
+
+def framework_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -> HeadActivations:
     """The head as the framework's loss keeps it, when the setup asks for the standard loss: Liger's fused
-    linear CE, unsloth's in-place CE, else ``head`` unchanged. An explicit ``TrainingSetup.loss`` wins."""
+    linear CE, unsloth's in-place CE, transformers' loss at ``setup.transformers``
+    (:func:`transformers_head`), else ``head`` unchanged. An explicit ``TrainingSetup.loss`` wins."""
     if spec.task != "causal-lm":
         return head
-    if liger:
-        return liger_fused_linear_ce(spec, head, sh, head_trains=head_trains)
+    if setup.liger:
+        return liger_fused_linear_ce(spec, head, sh, head_trains=setup.method.value == "full")
     if sh.profile.in_place_ce:
         return in_place_ce(spec, head, sh)
+    if sh.profile.name == "hf":
+        return transformers_head(spec, head, sh, release_facts(setup.transformers))
     return head

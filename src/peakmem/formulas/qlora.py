@@ -4,7 +4,10 @@ Storage (Dettmers et al. 2023, "QLoRA", arXiv 2305.14314 §3; bitsandbytes 0.50.
 ``BitsAndBytesConfig(load_in_4bit=True)`` replaces every ``nn.Linear`` / ``Conv1D`` except the output
 embedding, tied weights and the last module (transformers/quantizers/base.py
 ``get_keys_to_not_convert``) by ``bnb.nn.Linear4bit``; embeddings, norms, biases, MoE routers
-(``*TopKRouter``: a bare parameter in transformers 5.23) and fused 3-D experts stay 16-bit. The
+(``*TopKRouter``: a bare parameter in transformers 5.23) and fused 3-D experts stay 16-bit; before
+transformers 5.0 the experts are one ``nn.Linear`` per expert and projection, quantized like the rest
+(``QuantConfig.expert_linears``, :mod:`peakmem.transformers_versions`; the 4.x routers, an ``nn.Linear`` in
+Mixtral, are left 16-bit here: E x H elements a layer). The
 per-tensor bytes come from :func:`peakmem.formulas.weights.tensor_storage` (packed 4-bit values, fp32
 absmax per 64-block, the 16-entry code; with double quantization uint8 absmax plus fp32 absmax per 256
 blocks, the 256-entry code and an offset). LLM.int8 (``load_in_8bit``, Dettmers et al. 2022) keeps int8
@@ -39,7 +42,7 @@ embedding (``nn.Embedding``) stays 16-bit. ``_Linear4bit.quantize`` quantizes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peakmem.adapters import FLOAT_BYTES, QuantConfig
 from peakmem.formulas.weights import WeightRow, bnb_linear_storage, tensor_storage
@@ -58,6 +61,8 @@ def is_quantized(spec: ModelSpec, t: Tensor, quant: QuantConfig | None = None) -
     """Does the bitsandbytes integration replace this tensor's module? transformers' skips the head
     (``get_keys_to_not_convert``); Lightning Fabric's ``BitsandbytesPrecision`` replaces it too
     (``quant.quantize_head``: :data:`SRC_FABRIC_BNB`)."""
+    if t.kind == "expert_weight":
+        return quant is not None and quant.expert_linears
     if t.kind != "linear_weight" or t.component == "router":
         return False
     if t.component == "head":
@@ -77,6 +82,8 @@ def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:
     for t, n in spec.tensors():
         if t.component == "router":
             nbytes, label = t.numel * fb, quant.float_dtype
+        elif t.kind == "expert_weight" and is_quantized(spec, t, quant):
+            nbytes, label = bnb_linear_storage(expert_linears(t), fmt)
         elif t.component == "head" and is_quantized(spec, t, quant):
             nbytes, label = bnb_linear_storage(t, fmt)
         else:
@@ -100,17 +107,29 @@ def root_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
     )
 
 
-def quantized_params(spec: ModelSpec) -> int:
-    return sum(t.numel * n for t, n in spec.tensors() if is_quantized(spec, t))
+def quantized_params(spec: ModelSpec, quant: QuantConfig | None = None) -> int:
+    return sum(t.numel * n for t, n in spec.tensors() if is_quantized(spec, t, quant))
+
+
+def expert_linears(t: Tensor) -> Tensor:
+    """A fused expert parameter as the per-expert Linears of transformers 4.x: ``(E, k x rows, cols)`` ->
+    ``(E, k, rows, cols)``, k = 2 for ``gate_up_proj`` (``w1`` and ``w3``, each its own Linear4bit with its
+    own quantization state), else 1."""
+    k = 2 if t.name.endswith("gate_up_proj") else 1
+    return replace(t, shape=(*t.shape[:-2], k, t.shape[-2] // k, t.shape[-1]))
 
 
 def _in_out(t: Tensor) -> tuple[int, int]:
+    """(in, out) features of one Linear of ``t``: a fused expert ``gate_up_proj`` (E, 2I, H) was two
+    Linears per expert (``w1`` / ``w3``, ``gate_proj`` / ``up_proj``: I x H each) before transformers 5.0."""
+    if t.kind == "expert_weight":
+        return t.shape[-1], expert_linears(t).shape[-2]
     return math.prod(t.shape[1:]), t.shape[0]
 
 
-def largest_quantized(spec: ModelSpec) -> int:
-    """Elements of the largest quantized weight (the dequantized temporary is this big)."""
-    return max((math.prod(t.shape) for t, _ in spec.tensors() if is_quantized(spec, t)), default=0)
+def largest_quantized(spec: ModelSpec, quant: QuantConfig | None = None) -> int:
+    """Elements of the largest quantized Linear (the dequantized temporary is this big)."""
+    return max((math.prod(_in_out(t)) for t, _ in spec.tensors() if is_quantized(spec, t, quant)), default=0)
 
 
 def dequantized_weight_bytes(numel: int, quant: QuantConfig, compute_bytes: int) -> int:
@@ -138,12 +157,12 @@ def dequant_temporaries(
     spec: ModelSpec, quant: QuantConfig, *, tokens: int, compute_bytes: int
 ) -> DequantTemporaries:
     """The largest per-layer temporaries of the quantized matmuls (see the module docstring)."""
-    numel = largest_quantized(spec)
+    numel = largest_quantized(spec, quant)
     w = numel * compute_bytes
     if quant.is_4bit:
         tmp = dequantized_weight_bytes(numel, quant, compute_bytes)
         return DequantTemporaries(forward=tmp, backward=tmp)
-    width = max((_in_out(t)[0] for t, _ in spec.tensors() if is_quantized(spec, t)), default=0)
+    width = max((_in_out(t)[0] for t, _ in spec.tensors() if is_quantized(spec, t, quant)), default=0)
     fp16_copy = tokens * width * FP16 if compute_bytes != FP16 else 0
     fwd = fp16_copy + tokens * width + tokens * FP32  # A.to(fp16), CA int8, SCA fp32
     return DequantTemporaries(forward=fwd, backward=w)
@@ -155,6 +174,7 @@ __all__ = [
     "base_rows",
     "dequant_temporaries",
     "dequantized_weight_bytes",
+    "expert_linears",
     "is_quantized",
     "largest_quantized",
     "quantized_params",

@@ -33,6 +33,7 @@ from peakmem.training import (
     OptimizerName,
     Precision,
 )  # fmt: skip
+from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 
 MAX_PLAN_GPUS = MAX_WORLD  # plan searches 405B on 65,536 H100s in under a second
 MAX_GPUS_PER_REQUEST = 16
@@ -103,6 +104,11 @@ class TrainOptions(ModelChoice):
         TORCHAO_CURRENT, max_length=30,
         description="qlora under torchtune: the torchao release, e.g. 0.1 (before 0.2.0: to_nf4 of whole "
         "weights)",
+    )  # fmt: skip
+    transformers: str = Field(
+        TRANSFORMERS_CURRENT, max_length=30,
+        description="the transformers release, e.g. 4.48.1 (before 5.0 MoE experts are Linears bitsandbytes "
+        "quantizes; before 4.49 the loss copies the shifted logits)",
     )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")

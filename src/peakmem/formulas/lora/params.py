@@ -25,6 +25,8 @@ from peakmem.breakdown import Category, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import Component, LayerGroup, ModelSpec, Tensor, TensorKind
 from peakmem.training import Method, Precision
+from peakmem.transformers_versions import TRANSFORMERS_CURRENT
+from peakmem.transformers_versions import release_facts as _tf_release
 
 from ..memo import Memo, memoised
 from ..model_states import PrecisionPlan, precision_plan
@@ -250,5 +252,11 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
         out.append(
             "MoE: peft 0.21.2 maps v4 expert/router names onto transformers 5 fused parameters "
             "(target_parameters; gate_up_proj at rank 2r)"
+            + (
+                "; transformers < 5.0 has per-expert Linears that peft targets one by one (not modelled: "
+                "the fused-parameter adapters are counted)"
+                if _tf_release(getattr(setup, "transformers", TRANSFORMERS_CURRENT)).moe_expert_linears
+                else ""
+            )
         )
     return tuple(out)

@@ -27,6 +27,7 @@ const FIELDS = [
   { id: "lora_targets", def: "", modes: TRAIN, only: "adapter" },
   { id: "quant", def: "", modes: TRAIN, only: "qlora" },
   { id: "framework", def: "hf", modes: TRAIN },
+  { id: "transformers", def: "", modes: TRAIN },
   { id: "bitsandbytes", def: "", modes: TRAIN, only: "qlora" },
   { id: "torchao", def: "", modes: TRAIN, only: "qlora" },
   { id: "precision", def: "mixed-bf16", modes: TRAIN },

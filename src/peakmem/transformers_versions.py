@@ -1,0 +1,116 @@
+"""What a transformers release does that changes the bytes of a training step, one row per change.
+
+peakmem's formulas read transformers 5.23 (:data:`TRANSFORMERS_CURRENT`, the installed wheel);
+``--transformers VERSION`` names the release a job ran, and :func:`release_facts` gives the row in force
+for it. Read in the released wheels (``pip download transformers==V --no-deps``: 4.30.0, 4.31.0, 4.36.0,
+4.45.0, 4.46.0, 4.48.1, 4.49.0, 4.50.0, 4.53.0, 4.57.1, 5.0.0):
+
+* The causal-LM loss. 5.23 and 4.49.0 on (loss/loss_utils.py ``ForCausalLMLoss``, 4.49.0 l. 36-40):
+  ``logits = logits.float()``, then the *labels* are shifted (``nn.functional.pad(labels, (0, 1))``): the
+  fp32 logits go to ``cross_entropy`` as a view. 4.46.0-4.48.x (4.48.1 l. 36-39): ``logits.float()`` and
+  ``shift_logits = logits[..., :-1, :].contiguous()``: a second fp32 copy of B x (S-1) x V, alive with the
+  model's 16-bit logits (the model's forward still holds them: modeling_mistral.py 4.48.1 l. 848-852) and
+  the fp32 upcast while ``log_softmax`` writes its output. 4.31.0-4.45.x: the model's forward itself does
+  ``logits = logits.float()`` (llama 4.31.0 l. 825, 4.36.0 l. 1193; 4.45.0 l. 1219 under ``labels``), which
+  rebinds the name, so the 16-bit logits are freed, then the same shifted ``.contiguous()`` copy and
+  ``CrossEntropyLoss``. 4.30.0 (llama l. 701-706): no upcast: the shifted copy and the cross-entropy in the
+  logits' dtype. In backward the shifted copy adds nothing beyond the cross-entropy's two gradients (its
+  ``SliceBackward`` zero-fills a B x S x V fp32 gradient after ``log_softmax``'s saved output is freed).
+* MoE experts. Before 5.0.0 the MoE blocks of :data:`EXPERT_LINEAR_MODEL_TYPES` hold one module per expert
+  with ``nn.Linear`` projections (4.48.1 models/mixtral/modeling_mixtral.py l. 67-75
+  ``MixtralBlockSparseTop2MLP``: ``w1``, ``w2``, ``w3``; l. 107 ``MixtralSparseMoeBlock.experts =
+  nn.ModuleList``; the same at 4.57.1), which bitsandbytes replaces by ``Linear4bit`` / ``Linear8bitLt``
+  like any other Linear; 5.0.0 fused them into 3-D parameters (``MixtralExperts.gate_up_proj =
+  nn.Parameter(...)``, modeling_mixtral.py l. 63-71) that bitsandbytes leaves 16-bit. Architectures
+  whose 4.x experts were already 3-D parameters (gpt_oss, llama4, dbrx, granitemoe, jetmoe,
+  qwen3_vl_moe) are not in the set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from peakmem.releases import Release, in_force, parse_release
+
+# The release peakmem's formulas read (the installed wheel).
+TRANSFORMERS_CURRENT = "5.23.0"
+Version = Release
+# where the fp32 upcast of the logits happens: in the loss function (the model's 16-bit logits stay
+# alive next to it), in the model's forward (``logits = logits.float()`` frees the 16-bit ones), or none
+Upcast = Literal["loss", "model", "none"]
+
+# transformers 4.57.1 models/<type>/modeling_<type>.py: ``self.experts = nn.ModuleList(...)`` of per-expert
+# MLPs with nn.Linear projections (grep of the wheel); the causal LMs among them that peakmem reads
+EXPERT_LINEAR_MODEL_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5_moe", "flex_olmo", "glm4_moe", "hunyuan_v1_moe",
+    "jamba", "longcat_flash", "minimax", "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe",
+    "qwen3_next",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformersRelease:
+    """What the releases from ``since`` on (until the previous row's) do, as far as a step's bytes go."""
+
+    since: Version
+    moe_expert_linears: bool  # MoE experts are per-expert nn.Linear modules (EXPERT_LINEAR_MODEL_TYPES)
+    shifted_logits_copy: bool  # the loss makes a contiguous copy of logits[..., :-1, :]
+    upcast: Upcast
+    source: str
+
+
+# Newest first: the first row whose ``since`` is at most the version asked is the one in force.
+TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
+    TransformersRelease(
+        since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
+        source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
+        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded",
+    ),
+    TransformersRelease(
+        since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
+        source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
+        "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs",
+    ),
+    TransformersRelease(
+        since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
+        source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
+        "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy)",
+    ),
+    TransformersRelease(
+        since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
+        source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
+        "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
+    ),
+    TransformersRelease(
+        since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
+        source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
+        "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
+    ),
+)  # fmt: skip
+
+
+def parse_transformers_version(text: object) -> Version:
+    """``4.48.1``, ``4.46``, ``v5.0.0``, ``4.57.0.dev0`` -> (major, minor, patch); else an InputError."""
+    return parse_release(text, field="transformers", examples=f"4.48.1 or {TRANSFORMERS_CURRENT}")
+
+
+def release_facts(version: str) -> TransformersRelease:
+    """The row of :data:`TRANSFORMERS_RELEASES` in force for ``version`` (an InputError if malformed)."""
+    return in_force(TRANSFORMERS_RELEASES, parse_transformers_version(version))
+
+
+def experts_are_linears(version: str, model_type: str) -> bool:
+    """Whether ``model_type``'s MoE experts are per-expert ``nn.Linear`` modules at ``version``."""
+    return release_facts(version).moe_expert_linears and model_type in EXPERT_LINEAR_MODEL_TYPES
+
+
+__all__ = [
+    "EXPERT_LINEAR_MODEL_TYPES",
+    "TRANSFORMERS_CURRENT",
+    "TRANSFORMERS_RELEASES",
+    "TransformersRelease",
+    "experts_are_linears",
+    "parse_transformers_version",
+    "release_facts",
+]
