@@ -129,7 +129,10 @@ before any estimate of it. It adds ``job.dora`` true -> ``dora=True`` (peft's Do
 ``job.precision_id`` ``bf16-weights-autocast-bf16`` (the HF Trainer's ``bf16=True`` autocast on a model loaded
 with ``torch_dtype=bfloat16``: fms-acceleration's QLoRA rows) -> ``precision='bf16'`` with the point's
 ``adapter_dtype`` (peakmem has no plan for autocast on 16-bit weights: each such point lists it among its
-approximations). Byte counts printed as bytes have ``measured.unit`` ``B``.
+approximations). Byte counts printed as bytes have ``measured.unit`` ``B``. ``job.kbit_prep`` (brief h-kbit:
+``trl`` where TRL 0.13's SFTTrainer ran ``prepare_model_for_kbit_training`` on a one-GPU 4-bit model) ->
+``kbit_prep``, and with it ``precision='amp-bf16'`` (the Trainer's autocast over the quantized base's 16-bit
+and fp32 weights: peakmem.formulas.kbit_prep).
 
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``),
@@ -241,6 +244,10 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["lora_targets"] = ",".join(job["lora_targets"])
     if job.get("dora"):  # peft use_dora (the fourth search's method_comparison DoRA run)
         opts["dora"] = True
+    if job.get("kbit_prep"):  # TRL <= 0.13 SFTTrainer prepared the 4-bit model (formulas/kbit_prep.py)
+        opts["kbit_prep"] = job["kbit_prep"]
+        if job.get("precision_id") == "bf16-weights-autocast-bf16":  # the Trainer's autocast, now planned
+            opts["precision"] = "amp-bf16"
     if job.get("double_quant") is False:
         opts["no_double_quant"] = True
     if job.get("precision_id") == "fsdp2-mp-bf16":  # torchtitan's MixedPrecisionPolicy(reduce_dtype=fp32)

@@ -31,6 +31,11 @@ QUANTS = ("nf4", "fp4", "int8")
 BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_BLOCKSIZE = 64
 FLOAT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# who prepared the quantized model for training (QuantConfig.kbit_prep; formulas/kbit_prep.py):
+# nothing; peft's prepare_model_for_kbit_training (every non-quantized 16-bit weight upcast to fp32);
+# TRL's SFTTrainer under bf16 (<= 0.13 read: that, then peft_module_casting_to_bf16: norms fp32,
+# embeddings and the head back to bf16)
+KBIT_PREPS = ("none", "peft", "trl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,8 +108,13 @@ class QuantConfig:
     # MoE experts are per-expert nn.Linear modules, which bitsandbytes replaces like any other Linear
     # (transformers before 5.0: peakmem.transformers_versions); False: fused 3-D parameters kept 16-bit
     expert_linears: bool = False
+    # prepare_model_for_kbit_training applied (KBIT_PREPS): fp32 norms (and embeddings / head under
+    # "peft"), whose products make the residual stream fp32 (formulas/kbit_prep.py)
+    kbit_prep: str = "none"
 
     def __post_init__(self) -> None:
+        require(self.kbit_prep in KBIT_PREPS, "kbit_prep", self.kbit_prep,
+                f"choose one of {', '.join(KBIT_PREPS)}")  # fmt: skip
         require(self.quant in QUANTS, "quant", self.quant, f"choose one of {', '.join(QUANTS)}")
         require(self.blocksize in BNB_BLOCKSIZES, "quant_blocksize", self.blocksize,
                 f"bitsandbytes supports {', '.join(map(str, BNB_BLOCKSIZES))}")  # fmt: skip
@@ -155,6 +165,7 @@ def quant_of(setup: Any) -> QuantConfig | None:
 
 __all__ = [
     "ALL_LINEAR",
+    "KBIT_PREPS",
     "LoraConfig",
     "QuantConfig",
     "lora_of",

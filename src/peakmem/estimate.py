@@ -47,6 +47,7 @@ from peakmem.formulas import nccl as _nccl
 from peakmem.formulas import padded_lengths as _padded
 from peakmem.formulas import zero_streams as _zs
 from peakmem.formulas.activations import float8 as _f8
+from peakmem.formulas.autocast_cache import weight_cache
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import precision_plan, spec_facts
@@ -269,7 +270,7 @@ def _compute_static(
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
         resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
-        weight_cache=tuple(_weight_cache(spec, setup, cached, layout.tp, memo)),
+        weight_cache=tuple(weight_cache(tech, setup, cached, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
         assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup)
         + _f8.assumptions(spec, setup.precision),
@@ -328,24 +329,7 @@ def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int, mem
     return extra
 
 
-def _weight_cache(
-    spec: ModelSpec, setup: TrainingSetup, groups: tuple[tuple[int, int], ...], tp: int, memo: Memo
-) -> list[MemoryItem]:
-    """Autocast caches the 16-bit cast of every weight until the autocast context exits (after the
-    loss). Without checkpointing each cast is also saved by its Linear (counted per layer); under
-    full checkpointing nothing saves them, but the cache still holds all of them at the loss."""
-    plan = precision_plan(setup.precision)
-    if not plan.autocast or setup.checkpointing not in (Checkpointing.FULL, Checkpointing.OP):
-        return []
-    facts = spec_facts(spec, memo)
-    numel = mp.cdiv(sum(count * facts.linear_params[i] for i, count in groups), tp)
-    return [MemoryItem(path="autocast weight cache (16-bit casts, until autocast exits)",
-                       category=Category.TEMPORARIES, bytes=numel * (plan.compute.bits // 8),
-                       source=SRC_WEIGHT_CACHE, key="autocast.weight_cache")]  # fmt: skip
-
-
 SRC_BUFFERS = "registered buffers (RoPE inv_freq), fp32"
-SRC_WEIGHT_CACHE = "torch autocast cached_cast: leaf fp32 weights cached per autocast region"
 SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() alive at cross_entropy"
 
 

@@ -135,6 +135,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("adapter_dtype", str, None, T, "fp32 (peft's default) or base", group=_LORA),
     _o("quant", str, None, T, "qlora base: nf4 (default)|fp4|int8", group=_LORA),
     _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
+    _o("kbit_prep", str, "none", T, "qlora: who prepared the quantized model: none|peft "
+       "(prepare_model_for_kbit_training: embeddings, norms, head fp32)|trl (TRL <= 0.13 SFTTrainer "
+       "under bf16: that, then embeddings and head back to bf16); fp32 norms make the residual stream "
+       "fp32 (peakmem.formulas.kbit_prep)", group=_LORA, choices=("none", "peft", "trl")),
     _o("bitsandbytes", str, BNB_CURRENT, T, "qlora: the bitsandbytes release the base runs, e.g. 0.41.1 "
        f"(default {BNB_CURRENT}); before 0.43.2 each 4-bit Linear keeps its input for backward "
        "(peakmem.bnb_versions)", group=_LORA),

@@ -327,11 +327,13 @@ def _quant_config(o: Mapping[str, Any]) -> Any:
     """A QuantConfig when quant or no_double_quant is given; None keeps NF4 + double quant."""
     from peakmem.adapters import QuantConfig
 
-    if o["quant"] is None and not o["no_double_quant"]:
+    prep = o.get("kbit_prep") or "none"
+    if o["quant"] is None and not o["no_double_quant"] and prep == "none":
         return None
     quant = o["quant"] or "nf4"
     # double quantization is a 4-bit feature (bitsandbytes bnb_4bit_use_double_quant): int8 has none
-    return QuantConfig(quant=quant, double_quant=not o["no_double_quant"] and quant != "int8")
+    dq = not o["no_double_quant"] and quant != "int8"
+    return QuantConfig(quant=quant, double_quant=dq, kbit_prep=prep)
 
 
 def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Parallelism | None:

@@ -40,10 +40,15 @@ class PrecisionPlan:
     state: DType  # optimizer states
     compute: DType  # matmul outputs / most activations
     autocast: bool  # torch autocast: 16-bit casts of fp32 inputs and weights inside matmuls
+    # the residual stream where something other than the precision decides it (a prepared quantized
+    # base's fp32 norms: formulas/kbit_prep.py); None: see ``residual``
+    residual_override: DType | None = None
 
     @property
     def residual(self) -> DType:
         """The residual stream: fp32 under autocast (embeddings and norms stay fp32), else compute."""
+        if self.residual_override is not None:
+            return self.residual_override
         return self.weight if self.autocast else self.compute
 
 

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass, replace
 
 from peakmem.adapters import FLOAT_BYTES, QuantConfig
+from peakmem.formulas.kbit_prep import unquantized_dtype
 from peakmem.formulas.weights import WeightRow, bnb_linear_storage, tensor_storage
 from peakmem.model import ModelSpec, Tensor
 
@@ -88,6 +89,9 @@ def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:
             nbytes, label = bnb_linear_storage(t, fmt)
         else:
             nbytes, label = tensor_storage(t, fmt, tied=spec.tie_word_embeddings)
+        if label == quant.float_dtype and quant.kbit_prep != "none":  # kept in float: prepared (kbit_prep.py)
+            label = unquantized_dtype(t, quant)
+            nbytes = t.numel * FLOAT_BYTES[label]
         out.append(WeightRow(name=t.name, component=t.component, params=t.numel * n, bytes=nbytes * n,
                              storage=label, kind=t.kind))  # fmt: skip
     return tuple(out)
@@ -99,10 +103,12 @@ def base_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
 
 def root_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
     """The frozen base outside the layers (embeddings, final norm, head) as :func:`base_rows` stores it:
-    all in the float dtype, but a quantized head (``quant.quantize_head``)."""
-    fb = FLOAT_BYTES[quant.float_dtype]
+    all in the float dtype (fp32 where prepared: :func:`peakmem.formulas.kbit_prep.unquantized_dtype`),
+    but a quantized head (``quant.quantize_head``)."""
     return sum(
-        bnb_linear_storage(t, quant.weight_format)[0] if is_quantized(spec, t, quant) else t.numel * fb
+        bnb_linear_storage(t, quant.weight_format)[0]
+        if is_quantized(spec, t, quant)
+        else t.numel * FLOAT_BYTES[unquantized_dtype(t, quant)]
         for t in spec.outer
     )
 

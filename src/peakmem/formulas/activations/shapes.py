@@ -10,13 +10,14 @@ and the saved-tensor items every part of :mod:`peakmem.formulas.activations` bui
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from peakmem.adapters import lora_of
+from peakmem.adapters import lora_of, quant_of
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
 
+from ..kbit_prep import residual_dtype
 from ..memo import Memo
 from ..model_states import PrecisionPlan, precision_plan
 from ..profiles import PROFILES, Profile, derived_code
@@ -141,6 +142,9 @@ def shapes(
     estimator's (:class:`peakmem.formulas.memo.Memo`)."""
     kernel, why = kernel_choice(spec, setup)
     plan = precision_plan(setup.precision)
+    quant = quant_of(setup)
+    if quant is not None:  # a quantized base's norms decide the residual stream (formulas/kbit_prep.py)
+        plan = replace(plan, residual_override=residual_dtype(quant, plan.residual))
     fallback = why.startswith(MATH) and plan.compute.bits < 32
     family = ""
     if spec.derived_from:

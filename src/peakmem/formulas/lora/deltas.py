@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from peakmem import dtypes
 from peakmem.adapters import LoraConfig, lora_of, quant_of
 from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, MemoryItem
@@ -29,6 +30,7 @@ from ..activations import (
     qk_norm_width,
     rmsnorm_weight_side_bytes,
 )
+from ..kbit_prep import head_dtype
 from ..loss import HeadActivations
 from ..memo import Memo
 from ..model_states import precision_plan
@@ -439,13 +441,16 @@ def _roles(
 
 
 def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -> HeadActivations:
-    """The frozen head keeps neither its input nor the final norm's weight-side output."""
-    del setup
+    """The frozen head keeps neither its input nor the final norm's weight-side output. A QLoRA base's
+    head is 16-bit (fp32 only after peft's ``prepare_model_for_kbit_training``: formulas/kbit_prep.py), so
+    autocast makes no cast of it to save."""
+    quant = quant_of(setup)
+    no_cast = quant is not None and head_dtype(quant, dtypes.BF16).bits < 32
     h = spec.hidden_size
     out = []
     for item in head.saved:
         nbytes = item.bytes
-        if item.key == "head.lm_head_input":
+        if item.key == "head.lm_head_input" or (no_cast and item.key == "head.weight_cast"):
             nbytes = 0
         elif item.key == "head.final_norm":
             nbytes -= rmsnorm_weight_side_bytes(spec, sh, h)
