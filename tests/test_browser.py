@@ -548,6 +548,14 @@ def test_release_and_framework_choices_reach_the_answer(page: Any, url: str) -> 
     lit = api(url, {**body, "framework": "litgpt"}, "/api/train")
     expect(page.locator("#total")).to_have_text(fmt_both(lit["device_total_bytes"]))
     assert "framework=litgpt" in page.url
+    # transformers 4.48's loss copies the shifted logits (transformers_versions); peft's kbit preparation
+    page.select_option("#framework", "hf")
+    page.fill("#transformers", "4.48.1")
+    page.select_option("#kbit_prep", "peft")
+    hf = {**body, "framework": "hf"}
+    prepared = api(url, {**hf, "transformers": "4.48.1", "kbit_prep": "peft"}, "/api/train")
+    assert prepared["device_total_bytes"] != api(url, hf, "/api/train")["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(prepared["device_total_bytes"]))
     page.goto(f"{url}/?model=llama-3.1-8b&gpus=rtx-4090")
     wait_ready(page)
     page.check("input[name=question][value=infer]")
