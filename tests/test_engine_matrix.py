@@ -17,6 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as hs
 
+from peakmem.adapters import QuantConfig
 from peakmem.breakdown import Category, Estimate, Phase
 from peakmem.estimate import TrainingEstimator, estimate_training
 from peakmem.formulas import model_parallel as mp
@@ -103,6 +104,8 @@ def test_matrix(method: str, optimizer: OptimizerName, layout: str) -> None:
     checkpointing=hs.sampled_from(list(Checkpointing)),
     keep_grads=hs.booleans(),
     compiled_loss=hs.booleans(),
+    release=hs.sampled_from(["5.23.0", "4.48.1"]),
+    kbit_prep=hs.sampled_from(["none", "peft", "trl"]),
 )
 def test_matrix_property(
     method: str,
@@ -114,10 +117,13 @@ def test_matrix_property(
     checkpointing: Checkpointing,
     keep_grads: bool,
     compiled_loss: bool,
+    release: str,
+    kbit_prep: str,
 ) -> None:
+    quant = QuantConfig(kbit_prep=kbit_prep) if method == "qlora" else None
     setup = TrainingSetup(method=METHODS[method], optimizer=optimizer, micro_batch=micro_batch, seq_len=seq,
                           grad_accum=grad_accum, checkpointing=checkpointing,
-                          grads_set_to_none=not keep_grads,
+                          grads_set_to_none=not keep_grads, quant=quant, transformers=release,
                           loss=LossImpl.COMPILED if compiled_loss else LossImpl.STANDARD)  # fmt: skip
     assume(op_modelled(tiny(), setup, LAYOUTS[layout].tp))
     _check(setup, layout)
@@ -132,6 +138,14 @@ def test_matrix_property(
         kept = estimate_ranks(tiny(), setup, par).most_loaded.estimate.peak_allocated_bytes
         freed = estimate_ranks(tiny(), replace(setup, grads_set_to_none=True), par).most_loaded.estimate
         assert kept >= freed.peak_allocated_bytes
+    peak = rank.peak_allocated_bytes
+    par = LAYOUTS[layout]
+    if release != "5.23.0":  # transformers 4.48's loss copies the shifted logits: never less than today's
+        today = estimate_ranks(tiny(), replace(setup, transformers="5.23.0"), par).most_loaded.estimate
+        assert peak >= today.peak_allocated_bytes
+    if quant is not None and kbit_prep != "none":  # fp32 copies of the unquantized weights never lower it
+        bare = estimate_ranks(tiny(), replace(setup, quant=QuantConfig()), par).most_loaded.estimate
+        assert peak >= bare.peak_allocated_bytes
 
 
 # --- by hand --------------------------------------------------------------------------------------------
