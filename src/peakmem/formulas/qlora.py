@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 from peakmem.adapters import FLOAT_BYTES, QuantConfig
 from peakmem.formulas.kbit_prep import unquantized_dtype
-from peakmem.formulas.weights import WeightRow, bnb_linear_storage, tensor_storage
+from peakmem.formulas.weights import WeightRow, bnb_linear_data_bytes, bnb_linear_storage, tensor_storage
 from peakmem.model import ModelSpec, Tensor
 
 FP32 = 4
@@ -111,6 +111,24 @@ def root_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
         else t.numel * FLOAT_BYTES[unquantized_dtype(t, quant)]
         for t in spec.outer
     )
+
+
+def quant_state_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
+    """Bytes of the quantization states of the layers' quantized weights (4-bit: absmax, with double
+    quantization the nested absmax, codes and offset; int8: ``SCB``): what of :func:`base_rows` is not the
+    weight ``Parameter``'s own data (packed 4-bit values, int8 values). bitsandbytes keeps them beside it
+    (bitsandbytes 0.43.3 nn/modules.py: ``Params4bit.quant_state``, set on the module too by ``_quantize``
+    (``module.quant_state``) for ``fix_4bit_weight_quant_state_from_module``: "the quant state got lost when
+    the parameter got converted. This happens for example for fsdp"; ``Int8Params.SCB``), so an engine that
+    flattens and shards parameters (FSDP) shards the data only (:mod:`.bnb_fsdp`)."""
+    fmt, outer = quant.weight_format, {t.name for t in spec.outer}
+    total = 0
+    for t, n in spec.tensors():
+        if t.name in outer or not is_quantized(spec, t, quant):
+            continue
+        w = expert_linears(t) if t.kind == "expert_weight" else t  # transformers 4.x: a Linear4bit each
+        total += (bnb_linear_storage(w, fmt)[0] - bnb_linear_data_bytes(w, fmt)) * n
+    return total
 
 
 def quantized_params(spec: ModelSpec, quant: QuantConfig | None = None) -> int:

@@ -65,6 +65,7 @@ from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
 from peakmem.training import ReduceDtype, TrainingSetup
 from peakmem.units import MiB
 
+from . import bnb_fsdp as _bnb
 from . import fsdp1_root as _root1
 from . import fsdp2 as _fsdp2
 from . import fsdp_no_sync as _nosync
@@ -542,9 +543,11 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     part = cdiv(loc.trainable, n) if tech.adapter else sh.numel
     offload = par.offload_params is not Offload.NONE
     offload_opt = par.offload_optimizer is not Offload.NONE
+    state = _bnb.state_share(tech, sp.numel - sp.root_numel) if tech.adapter else 0  # never sharded
     params: list[PerParamRow] = []
     if tech.adapter:
-        params.append(_frozen_row(tech, cdiv(loc.frozen_bytes, n), cdiv(loc.numel, n), label))
+        params.append(_frozen_row(tech, cdiv(loc.frozen_bytes - state, n), cdiv(loc.numel, n), label))
+        params.extend(_bnb.state_rows(tech, state))
         params.append(_weight_row(tech, part, label, src))
         if tech.master is not None:
             params.append(_row(f"master weights (adapters){label}", tech.master, part, total,
@@ -580,6 +583,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
 
     def gathered(numel: int, root: bool = False) -> int:
         base = _gathered(tech, numel, root) if tech.adapter else gather_dt.nbytes(numel)
+        base = _bnb.gathered_unit(base, 0 if root or not tech.adapter else _bnb.state_share(tech, numel))
         return base + (
             gather_dt.nbytes(cdiv(loc.trainable * numel, loc.numel)) if tech.adapter and not root else 0
         )
@@ -648,7 +652,10 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     if tech.adapter and tech.frozen is not None and tech.frozen.dtype in ("nf4", "fp4", "int8"):
         notes.append(
             "FSDP + QLoRA: the packed base is stored as bnb_4bit_quant_storage (the float dtype) so "
-            "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora)"
+            "FSDP flattens and shards it like any parameter (Answer.AI fsdp_qlora); its quantization "
+            "states are no parameter: whole on every rank, never gathered"
+            if tech.frozen_state_bytes
+            else "FSDP + QLoRA: the quantized base is sharded with its scales (torchao NF4Tensor)"
         )
     accumulated = _fsdp2.accumulated(tech, par, sp, rs_dt, no_sync) or _nosync.unsharded_grads(
         par, adapter=bool(tech.adapter), mixed=mixed, trainable=loc.trainable, numel=loc.numel,

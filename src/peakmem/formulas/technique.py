@@ -18,7 +18,7 @@ from peakmem.adapters import lora_of, quant_of
 from peakmem.breakdown import MemoryItem, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec, split_last_block
-from peakmem.training import TrainingSetup
+from peakmem.training import Framework, TrainingSetup
 
 from . import lora as _lora
 from . import qlora as _qlora
@@ -51,6 +51,10 @@ class Technique:
     largest_trainable: int  # elements of the largest trainable tensor
     buffers: int  # registered buffers (fp32)
     layer_grads: tuple[int, ...]  # per group of ``spec``: gradient bytes one layer writes in backward
+    # of the frozen base in the layers, the bytes that are no parameter's data: bitsandbytes' quantization
+    # states (qlora.quant_state_bytes), left whole on every rank by FSDP (bnb_fsdp); 0 for torchtune's
+    # torchao NF4Tensor, whose FSDP2 extension (fsdp_pre_all_gather) shards its scales with its codes
+    frozen_state_bytes: int = 0
 
 
 def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> Technique:
@@ -86,4 +90,6 @@ def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -
         temporaries=step_temporaries(tspec, tsetup, memo),
         largest_trainable=spec_facts(tspec, memo).largest, buffers=buffer_bytes(spec, setup),
         layer_grads=layer_grads,
+        frozen_state_bytes=_qlora.quant_state_bytes(spec, quant)
+        if quant is not None and setup.framework is not Framework.TORCHTUNE else 0,
     )  # fmt: skip

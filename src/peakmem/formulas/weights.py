@@ -372,6 +372,16 @@ def bnb_linear_storage(t: Tensor, fmt: WeightFormat) -> tuple[int, str]:
     return total, label
 
 
+def bnb_linear_data_bytes(t: Tensor, fmt: WeightFormat) -> int:
+    """Of :func:`bnb_linear_storage`, the weight ``Parameter``'s own data: the packed 4-bit values (two per
+    byte, whatever ``bnb_4bit_quant_storage`` holds them in) or the int8 values; the rest is the
+    quantization state kept beside it (``QuantState``, ``SCB``)."""
+    copies, in_f, out_f = _linear_view(t)
+    if fmt.scheme is Scheme.BNB_INT8:
+        return copies * in_f * out_f
+    return copies * ((in_f * out_f + 1) // 2)
+
+
 def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, str]:
     """Bytes of one occurrence of ``t`` (all its copies) and a storage label. Not for GGUF."""
     fb = _float_bytes(fmt)
