@@ -66,3 +66,17 @@ def test_the_states_are_never_gathered() -> None:
 def test_torchtune_nf4tensor_shards_its_scales() -> None:
     st = _states(Framework.TORCHTUNE)
     assert _frozen(st) == (4 * LAYER + ROOT) // 2 and not _frozen(st, "bitsandbytes quantization states")
+
+
+def test_transformers_4_expert_linears_carry_a_state_each() -> None:
+    """Mixtral under transformers 4.x (QuantConfig.expert_linears): each expert's w1, w3 (128 x 64) and w2
+    (64 x 128) is a Linear4bit with its own state; nf4 without double quantization: 8192 / 64 fp32 absmax
+    + the 16-entry fp32 code = 576 B each. Attention: q, o 4096 (64 x 4 + 64 = 320), k, v 2048 (192)."""
+    from peakmem.hf import spec_from_config
+    from test_qlora import MIXTRAL
+
+    spec = spec_from_config(MIXTRAL, name="m")
+    attention = 2 * 320 + 2 * 192
+    assert quant_state_bytes(spec, QuantConfig(quant="nf4")) == attention  # fused experts stay 16-bit
+    per_expert = QuantConfig(quant="nf4", expert_linears=True)
+    assert quant_state_bytes(spec, per_expert) == attention + 4 * 3 * 576
