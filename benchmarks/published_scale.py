@@ -134,8 +134,17 @@ approximations). Byte counts printed as bytes have ``measured.unit`` ``B``. ``jo
 ``kbit_prep``, and with it ``precision='amp-bf16'`` (the Trainer's autocast over the quantized base's 16-bit
 and fp32 weights: peakmem.formulas.kbit_prep).
 
+The fifth search (``split_rule_5``, brief h-published9; flag ``V``): every point is held out, recorded
+before any estimate of it (axolotl example READMEs, Lit-GPT's quantize tutorial). It adds
+``job.activation_offload`` true (axolotl ``activation_offloading``) -> ``activation_offload=True``;
+``job.precision_id`` ``accelerate-fsdp2-mp-bf16`` (accelerate's FSDP2 with ``mixed_precision`` bf16: the
+bf16-loaded model upcast to fp32 shards, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``) ->
+``precision='mixed-bf16'`` with the framework's reduce dtype (no ``fsdp_reduce_dtype``); and ``job.weights``
+``bnb-fp4-dq`` -> ``fp4`` (double quantization flagged A, as nf4-dq). ``job.lora_target_parameters`` (peft
+LoRA on 3D expert tensors) is recorded, not mapped: the point lists it among its approximations.
+
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
-the fourth (``split_rule_4``),
+the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -166,6 +175,8 @@ PRECISION = {
     "pure-bf16": "bf16",  # Lightning bf16-true, torchtune dtype bf16: weights, grads and states all bf16
     # HF Trainer bf16=True on a torch_dtype=bfloat16 model (QLoRA): 16-bit weights; no autocast plan (A)
     "bf16-weights-autocast-bf16": "bf16",
+    # accelerate FSDP2, mixed_precision bf16: fp32 shards, bf16 compute and reduce (axolotl gpt-oss)
+    "accelerate-fsdp2-mp-bf16": "mixed-bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
@@ -182,9 +193,10 @@ WEIGHTS = {
     # bitsandbytes NF4 with or without double quantization: peakmem's one nf4 format (flagged A in the point)
     "bnb-nf4": "nf4",
     "bnb-nf4-dq": "nf4",
+    "bnb-fp4-dq": "fp4",  # likewise for fp4 (fifth search: Lit-GPT's quantize tutorial)
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4")
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4", "split_rule_5")
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -275,6 +287,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["padded_lengths"] = job["padded_lengths"]
     if job.get("fsdp_adapter_wrap"):  # Lit-GPT: LoRA inside the Block units (FSDP1 whole-unit grads)
         opts["fsdp_adapter_wrap"] = job["fsdp_adapter_wrap"]
+    if job.get("activation_offload"):  # axolotl activation_offloading: checkpointed inputs to CPU RAM
+        opts["activation_offload"] = True
     if lay["pp"] > 1:
         opts["grad_accum"] = lay["pp_microbatches"]
         opts["pp_schedule"] = lay["pp_schedule"]
@@ -345,7 +359,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         "flags": ("A" if p.get("approximations") else "") + ("I" if p.get("inferred") else "")
         + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else "")
         + ("T" if p.get("split") == SPLIT_RULES[2] else "")
-        + ("F" if p.get("split") == SPLIT_RULES[3] else ""),
+        + ("F" if p.get("split") == SPLIT_RULES[3] else "")
+        + ("V" if p.get("split") == SPLIT_RULES[4] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
