@@ -240,6 +240,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "transformers"
     ):  # the release the point's framework text names (peakmem.transformers_versions)
         opts["transformers"] = job["transformers"]
+    if job.get("accelerate"):  # the accelerate release under the HF Trainer (peakmem.accelerate_versions)
+        opts["accelerate"] = job["accelerate"]
     adapter_fields = (
         "lora_rank",
         "lora_alpha",
