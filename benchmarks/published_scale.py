@@ -141,7 +141,12 @@ before any estimate of it (axolotl example READMEs, Lit-GPT's quantize tutorial)
 bf16-loaded model upcast to fp32 shards, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``) ->
 ``precision='mixed-bf16'`` with the framework's reduce dtype (no ``fsdp_reduce_dtype``); and ``job.weights``
 ``bnb-fp4-dq`` -> ``fp4`` (double quantization flagged A, as nf4-dq). ``job.lora_target_parameters`` (peft
-LoRA on 3D expert tensors) is recorded, not mapped: the point lists it among its approximations.
+LoRA on 3D expert tensors) is recorded, not mapped: the point lists it among its approximations. Examined
+after the miss (session h-gptoss): axolotl@ba3dba3e replaces accelerate's ``fsdp2_prepare_model`` by its own
+(src/axolotl/monkeypatch/accelerate/fsdp2.py, applied by loaders/patch_manager.py when ``fsdp_version`` is
+2), which has no fp32 upcast: ``job.precision_id`` ``axolotl-fsdp2-bf16`` -> ``precision='bf16'``; and
+``job.accelerate`` (the accelerate release, peakmem ``--accelerate``: before 1.11 the HF Trainer's no_sync
+leaves FSDP2 reducing every micro-batch).
 
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``),
@@ -177,6 +182,9 @@ PRECISION = {
     "bf16-weights-autocast-bf16": "bf16",
     # accelerate FSDP2, mixed_precision bf16: fp32 shards, bf16 compute and reduce (axolotl gpt-oss)
     "accelerate-fsdp2-mp-bf16": "mixed-bf16",
+    # axolotl's FSDP2 (monkeypatch/accelerate/fsdp2.py fsdp2_prepare_model replaces accelerate's, without its
+    # model.to(torch.float32) upcast): the bf16-loaded model stays bf16: bf16 shards, gradients, states
+    "axolotl-fsdp2-bf16": "bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
@@ -240,6 +248,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "transformers"
     ):  # the release the point's framework text names (peakmem.transformers_versions)
         opts["transformers"] = job["transformers"]
+    if job.get("accelerate"):  # the accelerate release under the HF Trainer (peakmem.accelerate_versions)
+        opts["accelerate"] = job["accelerate"]
     adapter_fields = (
         "lora_rank",
         "lora_alpha",

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from peakmem.accelerate_versions import ACCELERATE_RELEASES
+from peakmem.accelerate_versions import release_facts as accelerate_release
 from peakmem.training import (
     LITGPT_FRAMEWORKS,
     Framework,
@@ -88,6 +90,14 @@ def optimizer_step(optimizer: OptimizerName, precision: Precision, framework: Fr
 # bd2a0fc recipes/full_finetune_distributed.py and lora_finetune_distributed.py ``train``
 # (``current_loss.backward()`` every micro-batch, no no_sync); torchtitan b5bcd76 torchtitan/trainer.py
 # ``train_step`` (``forward_backward_step`` per accumulation step, no ``set_requires_gradient_sync``).
+_HF_TRAINER_NO_SYNC = Default(
+    option="grad_sync", value=GradSync.LAST.value,
+    who="the HF Trainer runs every micro-batch but the last under accelerate's no_sync "
+    "(sync_each_batch=False): FSDP keeps the unsharded gradients until the last one",
+    source="transformers 5.23 trainer.py _inner_training_loop; accelerate 1.16 accelerator.py no_sync "
+    "(FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync), GradientAccumulationPlugin",
+    applies=lambda opt, prec, fw: True,
+)  # fmt: skip
 GRAD_SYNC: tuple[Default, ...] = (
     Default(
         option="grad_sync", value=GradSync.EACH.value,
@@ -105,30 +115,38 @@ GRAD_SYNC: tuple[Default, ...] = (
         "enabled=is_accumulating)",
         applies=lambda opt, prec, fw: fw in LITGPT_FRAMEWORKS,
     ),
-    Default(
-        option="grad_sync", value=GradSync.LAST.value,
-        who="the HF Trainer runs every micro-batch but the last under accelerate's no_sync "
-        "(sync_each_batch=False): FSDP keeps the unsharded gradients until the last one",
-        source="transformers 5.23 trainer.py _inner_training_loop; accelerate 1.16 accelerator.py no_sync "
-        "(FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync), GradientAccumulationPlugin",
-        applies=lambda opt, prec, fw: True,
-    ),
+    _HF_TRAINER_NO_SYNC,
+)  # fmt: skip
+
+# The HF Trainer's row under FSDP2 with accelerate before 1.11 (peakmem.accelerate_versions): its no_sync is
+# ``getattr(model, "no_sync", nullcontext)``, which an FSDP2 module lacks, so every micro-batch reduces.
+_OLD_ACCELERATE_FSDP2 = Default(
+    option="grad_sync", value=GradSync.EACH.value,
+    who="the HF Trainer's no_sync is a no-op on an FSDP2 model before accelerate 1.11: every micro-batch "
+    "reduce-scatters, FSDP keeps gradient shards only",
+    source=f"transformers 4.55.0 trainer.py _inner_training_loop; {ACCELERATE_RELEASES[-1].source}",
+    applies=lambda opt, prec, fw: True,
 )  # fmt: skip
 
 
-def grad_sync(setup: TrainingSetup) -> Default:
-    """The row of :data:`GRAD_SYNC` that decides ``grad_sync=auto`` for this setup."""
-    return _first(GRAD_SYNC, setup.optimizer, setup.precision, setup.framework)
+def grad_sync(setup: TrainingSetup, *, fsdp2: bool = False) -> Default:
+    """The row of :data:`GRAD_SYNC` that decides ``grad_sync=auto`` for this setup; ``fsdp2``: the model is
+    sharded by FSDP2, whose sync the HF Trainer's row skips only from accelerate 1.11 on."""
+    row = _first(GRAD_SYNC, setup.optimizer, setup.precision, setup.framework)
+    if row is _HF_TRAINER_NO_SYNC and fsdp2 and not accelerate_release(setup.accelerate).fsdp2_no_sync:
+        return _OLD_ACCELERATE_FSDP2
+    return row
 
 
-def skips_grad_sync(setup: TrainingSetup) -> bool:
+def skips_grad_sync(setup: TrainingSetup, *, fsdp2: bool = False) -> bool:
     """Whether the loop runs its micro-batches but the last without gradient sync: ``grad_sync``
-    ``last-micro-batch`` (asked, or the framework's under ``auto``) with more than one micro-batch."""
+    ``last-micro-batch`` (asked, or the framework's under ``auto``) with more than one micro-batch;
+    ``fsdp2`` as :func:`grad_sync`."""
     if setup.grad_accum == 1:
         return False
     sync = setup.grad_sync
     if sync is GradSync.AUTO:
-        sync = GradSync(grad_sync(setup).value)
+        sync = GradSync(grad_sync(setup, fsdp2=fsdp2).value)
     return sync is GradSync.LAST
 
 

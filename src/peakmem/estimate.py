@@ -416,7 +416,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
         alive = 0 if mlp.is_moe or spec.groups[i].layer.derived else act.backward_gradients_alive(mlp)
         # gradients that AccumulateGrad adds into
         in_place = whole or _fsdp2.accumulates_in_place(
-            tech, par, skips_grad_sync(setup), _fsdp2.reduce_dt(tech, setup)
+            tech, par, skips_grad_sync(setup, fsdp2=par.is_fsdp2), _fsdp2.reduce_dt(tech, setup)
         )
         groups.append(GroupCost(
             count=count, saved=la.saved_bytes, grads=kept, backward_transient=la.backward_transient,

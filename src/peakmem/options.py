@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from peakmem.accelerate_versions import ACCELERATE_CURRENT
 from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.errors import InputError
 from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
@@ -149,6 +150,9 @@ OPTIONS: tuple[Option, ...] = (
        f"4.48.1 (default {TRANSFORMERS_CURRENT}): before 5.0 MoE experts are per-expert Linears that "
        "bitsandbytes quantizes under qlora; before 4.49 the loss copies the shifted logits "
        "(peakmem.transformers_versions)"),
+    _o("accelerate", str, ACCELERATE_CURRENT, T - _ORACLES, "the accelerate release under the HF Trainer, "
+       f"e.g. 1.10.0 (default {ACCELERATE_CURRENT}): before 1.11 its no_sync leaves FSDP2 reducing every "
+       "micro-batch (grad-sync auto: each-micro-batch; peakmem.accelerate_versions)"),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
        "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
        "torch.compile: torchtitan with compile on)", group=_SAVING),

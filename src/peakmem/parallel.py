@@ -267,13 +267,17 @@ class Parallelism:
         return "none"
 
     @property
+    def is_fsdp2(self) -> bool:
+        """The model is sharded by FSDP2 (``fully_shard``)."""
+        return self.fsdp is not FsdpMode.NONE and self.fsdp_version == 2
+
+    @property
     def cp_ring(self) -> CpRotate:
         """:attr:`cp_rotate` resolved: ``auto`` is torch's all-gather rotate where FSDP2 shards (torchtitan
         runs torch's ``context_parallel``), Megatron/TE's p2p ring otherwise."""
         if self.cp_rotate is not CpRotate.AUTO:
             return self.cp_rotate
-        torch_cp = self.fsdp is not FsdpMode.NONE and self.fsdp_version == 2
-        return CpRotate.ALLGATHER if torch_cp else CpRotate.P2P
+        return CpRotate.ALLGATHER if self.is_fsdp2 else CpRotate.P2P
 
     @property
     def ds_overlap_comm(self) -> bool:

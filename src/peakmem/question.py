@@ -16,6 +16,7 @@ from typing import Any
 
 from peakmem import options as opt
 from peakmem import progress
+from peakmem.accelerate_versions import ACCELERATE_CURRENT
 from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
@@ -251,6 +252,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         lora=_lora_config(o), quant=_quant_config(o), loss=LossImpl.parse(o["loss"], "loss"),
         bitsandbytes=o.get("bitsandbytes", BNB_CURRENT),
         torchao=o.get("torchao", TORCHAO_CURRENT), transformers=o.get("transformers", TRANSFORMERS_CURRENT),
+        accelerate=o.get("accelerate", ACCELERATE_CURRENT),
         optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
         compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
         grads_set_to_none=not o.get("keep_grads", False),

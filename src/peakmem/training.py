@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from peakmem.accelerate_versions import ACCELERATE_CURRENT, parse_accelerate_version
 from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
@@ -288,6 +289,9 @@ class TrainingSetup:
     # experts are per-expert Linears, bitsandbytes quantizes them; before 4.49 the loss copies the shifted
     # logits)
     transformers: str = TRANSFORMERS_CURRENT
+    # the accelerate release under the HF Trainer (peakmem.accelerate_versions: before 1.11 its no_sync does
+    # not stop FSDP2's gradient sync)
+    accelerate: str = ACCELERATE_CURRENT
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading
@@ -321,6 +325,7 @@ class TrainingSetup:
         check_int("batch", self.micro_batch)
         parse_torchao_version(self.torchao)  # a malformed release's one-line error
         parse_transformers_version(self.transformers)
+        parse_accelerate_version(self.accelerate)
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)

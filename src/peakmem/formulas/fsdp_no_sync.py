@@ -70,11 +70,11 @@ def unsharded_grads(
                       key=f"fsdp{par.fsdp_version}.no_sync_grads")  # fmt: skip
 
 
-def sync_note(setup: TrainingSetup, kept_whole: bool) -> str:
+def sync_note(setup: TrainingSetup, kept_whole: bool, *, fsdp2: bool) -> str:
     """The assumption line saying when the loop reduces the gradients and what FSDP keeps between
-    micro-batches (``kept_whole``: the unsharded gradients)."""
+    micro-batches (``kept_whole``: the unsharded gradients; ``fsdp2``: sharded by FSDP2)."""
     if setup.grad_sync is GradSync.AUTO:
-        said = grad_sync(setup).assumption
+        said = grad_sync(setup, fsdp2=fsdp2).assumption
     else:
         said = f"grad-sync {setup.grad_sync.value} (asked)"
     kept = "the unsharded gradients" if kept_whole else "gradient shards"

@@ -566,7 +566,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     unit = sp.largest_unit
     unit_trainable = cdiv(loc.trainable * unit, loc.numel) if tech.adapter and loc.numel else unit
     mixed = 0 if offload else _in_layer_grad_numel(tech, par, sp, loc)
-    no_sync = skips_grad_sync(setup)  # every micro-batch but the last without gradient sync
+    no_sync = skips_grad_sync(setup, fsdp2=par.is_fsdp2)  # micro-batches but the last without grad sync
     grads_kept = Fraction(0) if offload else Fraction(grad_dt.bits, tech.grad.bits * n)
     if mixed:  # FSDP1, adapters inside the layer units: every unit's gradient is whole-unit sized
         grads_item = _item(f"sharded gradients of the whole units, frozen weights included ({grad_dt.name})"
@@ -669,7 +669,7 @@ def _fsdp_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             "the whole unit, frozen weights included" + (kept if kept_whole else "")
         )
     if setup.grad_accum > 1 and par.pp == 1:
-        notes.append(_nosync.sync_note(setup, kept_whole))
+        notes.append(_nosync.sync_note(setup, kept_whole, fsdp2=par.is_fsdp2))
     if not tech.adapter and (tech.master is not None or setup.fsdp_reduce_dtype is not ReduceDtype.AUTO):
         notes.append(_fsdp2.reduce_note(setup, rs_dt))
     accumulated = accumulated or grads_item

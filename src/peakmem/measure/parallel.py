@@ -493,7 +493,7 @@ def _measure(
         _pipeline_step(stage_module, par, stage, setup, schedule, tracker, lp, vocab, mesh["pp"].get_group())
         if par.pp > 1
         else _plain_step(model, setup, tracker, lp, mesh["cp"] if par.cp > 1 else None, par.cp_ring.value,
-                         no_sync=par.fsdp is not FsdpMode.NONE and skips_grad_sync(setup))
+                         no_sync=par.fsdp is not FsdpMode.NONE and skips_grad_sync(setup, fsdp2=par.is_fsdp2))
     )  # fmt: skip
     with tracker:
         tracker.set_phase(Phase.LOAD, 0)

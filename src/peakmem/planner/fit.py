@@ -245,7 +245,7 @@ def _family_grad_sync(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     only, for one reduce-scatter a micro-batch more."""
     fam = "gradient sync under accumulation"
     fsdp = ctx.par is not None and ctx.par.fsdp is not FsdpMode.NONE
-    if not (fsdp and skips_grad_sync(ctx.setup)):
+    if not (fsdp and ctx.par is not None and skips_grad_sync(ctx.setup, fsdp2=ctx.par.is_fsdp2)):
         why = "no FSDP loop that skips the gradient sync between micro-batches"
         return Family(name=fam, status="not applicable", reason=why), ()
     opt = _Option(label="reduce every micro-batch (accelerate sync_each_batch=True)",

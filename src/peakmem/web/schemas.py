@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from peakmem.accelerate_versions import ACCELERATE_CURRENT
 from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.inference import Engine, KvDtype
 from peakmem.options import (
@@ -114,6 +115,11 @@ class TrainOptions(ModelChoice):
         TRANSFORMERS_CURRENT, max_length=30,
         description="the transformers release, e.g. 4.48.1 (before 5.0 MoE experts are Linears bitsandbytes "
         "quantizes; before 4.49 the loss copies the shifted logits)",
+    )  # fmt: skip
+    accelerate: str = Field(
+        ACCELERATE_CURRENT, max_length=30,
+        description="the accelerate release under the HF Trainer, e.g. 1.10.0 (before 1.11 its no_sync "
+        "leaves FSDP2 reducing every micro-batch)",
     )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")
