@@ -198,10 +198,11 @@ WEIGHTS = {
     "gptq-4bit-g128": "gptq-4bit-g128",
     "bnb-fp4": "fp4",
     "bnb-int8": "int8",
-    # bitsandbytes NF4 with or without double quantization: peakmem's one nf4 format (flagged A in the point)
+    # bitsandbytes 4-bit with double quantization (bnb_4bit_use_double_quant): peakmem's nf4-dq / fp4-dq
+    # formats (inference.py: uint8 absmax and a second-level fp32 absmax per 256 blocks)
     "bnb-nf4": "nf4",
-    "bnb-nf4-dq": "nf4",
-    "bnb-fp4-dq": "fp4",  # likewise for fp4 (fifth search: Lit-GPT's quantize tutorial)
+    "bnb-nf4-dq": "nf4-dq",
+    "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
 SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4", "split_rule_5")
