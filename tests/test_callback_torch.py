@@ -207,6 +207,7 @@ def test_a_bitsandbytes_4bit_base_maps_to_qlora() -> None:
     assert ("bitsandbytes", installed, "importlib.metadata.version('bitsandbytes')") in job.read
     # and the installed transformers, whose model code and loss the Trainer runs (transformers_versions)
     assert s.transformers == importlib.metadata.version("transformers")
+    assert s.accelerate == importlib.metadata.version("accelerate")
     assert s.lora is not None and s.lora.rank == 8
     assert set(s.lora.targets) == {
         "q_proj",

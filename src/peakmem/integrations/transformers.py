@@ -137,7 +137,7 @@ class Job:
             if not s.quant.double_quant:
                 out.append("--no-double-quant")
             out += ["--bitsandbytes", s.bitsandbytes]
-        out += ["--transformers", s.transformers]
+        out += ["--transformers", s.transformers, "--accelerate", s.accelerate]
         par = self.parallelism
         if par is not None:
             out += ["--gpus", str(par.gpus), "--gpus-per-node", str(par.gpus_per_node), "--zero",
@@ -489,9 +489,13 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     bnb = _installed_bitsandbytes(read) if quant is not None else None
     if bnb is not None:
         setup = replace(setup, bitsandbytes=bnb)
-    # the transformers release whose model code and loss this Trainer runs (peakmem.transformers_versions)
-    setup = replace(setup, transformers=transformers.__version__)
+    # the transformers release whose model code and loss this Trainer runs (peakmem.transformers_versions),
+    # and the accelerate release under it (peakmem.accelerate_versions: its no_sync on FSDP2)
+    import accelerate
+
+    setup = replace(setup, transformers=transformers.__version__, accelerate=accelerate.__version__)
     read.append(("transformers", transformers.__version__, "transformers.__version__"))
+    read.append(("accelerate", accelerate.__version__, "accelerate.__version__"))
     extra = getattr(ns, "from_parallel", None)
     return Job(name=name, config=config, spec=spec, setup=setup, parallelism=parallelism(o, extra),
                read=tuple(read), notes=tuple(notes))  # fmt: skip
