@@ -148,8 +148,13 @@ after the miss (session h-gptoss): axolotl@ba3dba3e replaces accelerate's ``fsdp
 ``job.accelerate`` (the accelerate release, peakmem ``--accelerate``: before 1.11 the HF Trainer's no_sync
 leaves FSDP2 reducing every micro-batch).
 
+The sixth search (``split_rule_6``, brief h-published10; flag ``S``: ``V`` is the fifth's): every point is
+held out, recorded before any estimate of it (TRL's SFT QLoRA notebook runs). It adds ``job.liger`` true (the
+HF Trainer's ``use_liger_kernel``) -> ``liger=True``.
+
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
-the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``),
+the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
+(``split_rule_6``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -205,7 +210,7 @@ WEIGHTS = {
     "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4", "split_rule_5")
+SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4", "split_rule_5", "split_rule_6")
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -300,6 +305,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["fsdp_adapter_wrap"] = job["fsdp_adapter_wrap"]
     if job.get("activation_offload"):  # axolotl activation_offloading: checkpointed inputs to CPU RAM
         opts["activation_offload"] = True
+    if job.get("liger"):  # the HF Trainer's use_liger_kernel (TRL notebooks): Liger's kernels and fused CE
+        opts["liger"] = True
     if lay["pp"] > 1:
         opts["grad_accum"] = lay["pp_microbatches"]
         opts["pp_schedule"] = lay["pp_schedule"]
@@ -371,7 +378,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         + ("E" if p.get("examined_after_miss") else "") + ("N" if p.get("split") == SPLIT_RULES[1] else "")
         + ("T" if p.get("split") == SPLIT_RULES[2] else "")
         + ("F" if p.get("split") == SPLIT_RULES[3] else "")
-        + ("V" if p.get("split") == SPLIT_RULES[4] else ""),
+        + ("V" if p.get("split") == SPLIT_RULES[4] else "")
+        + ("S" if p.get("split") == SPLIT_RULES[5] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
