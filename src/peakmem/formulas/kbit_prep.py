@@ -21,9 +21,9 @@ bitsandbytes 0.43.3 / 0.50.2 ``nn.Linear4bit.forward``: ``x.to(compute_dtype)`` 
 out): an fp32 norm weight times a 16-bit input is fp32 (``mul`` is on no autocast list), so each norm's
 output is fp32, the quantized Linears reading it return fp32, and the first residual add with them
 makes the residual stream fp32 for every later layer, with or without autocast. Measured on the CPU
-(torch 2.13, transformers 5.23, peft 0.21.2, bitsandbytes 0.50.2; tests/test_kbit_prep_torch.py): norm,
-``q_proj``, ``gate_proj``, ``down_proj`` and layer outputs fp32; ``o_proj`` (reading the attention's
-16-bit output) and the logits bf16.
+(torch 2.13, transformers 5.23, peft 0.21.2, bitsandbytes 0.50.2, bf16 autocast;
+tests/test_kbit_prep_torch.py): norm, ``q_proj``, ``gate_proj``, ``down_proj`` and layer outputs fp32;
+``o_proj`` (reading the attention's 16-bit output) and the logits bf16.
 """
 
 from __future__ import annotations
