@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.releases import Release, in_force, parse_release
+from peakmem.releases import Release, ReleaseTable
 
 # The release peakmem's defaults read (peakmem.defaults GRAD_SYNC, REDUCE_DTYPE).
 ACCELERATE_CURRENT = "1.16.0"
@@ -54,14 +54,13 @@ ACCELERATE_RELEASES: tuple[AccelerateRelease, ...] = (
 )  # fmt: skip
 
 
-def parse_accelerate_version(text: object) -> Release:
-    """``1.10.0``, ``1.10.0.dev0``, ``v1.16`` -> (major, minor, patch); else an InputError."""
-    return parse_release(text, field="accelerate", examples=f"1.10.0 or {ACCELERATE_CURRENT}")
-
-
-def release_facts(version: str) -> AccelerateRelease:
-    """The row of :data:`ACCELERATE_RELEASES` in force for ``version`` (an InputError if malformed)."""
-    return in_force(ACCELERATE_RELEASES, parse_accelerate_version(version))
+# ``accelerate=`` as users type it (peakmem.releases: a leading v, dev / post / rc and +local tags) and the
+# row in force for it
+TABLE = ReleaseTable(
+    field="accelerate", example="1.10.0", current=ACCELERATE_CURRENT, rows=ACCELERATE_RELEASES
+)
+parse_accelerate_version = TABLE.parse
+release_facts = TABLE.facts
 
 
 __all__ = [

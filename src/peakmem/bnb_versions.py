@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.releases import Release, in_force, parse_release
+from peakmem.releases import Release, ReleaseTable
 
 # The release peakmem's QLoRA formulas read (the installed wheel's bitsandbytes/autograd/_functions.py:
 # MatMul4Bit.forward ``ctx.tensors = (None, B)``).
@@ -62,14 +62,11 @@ BNB_RELEASES: tuple[BnbRelease, ...] = (
 )  # fmt: skip
 
 
-def parse_bnb_version(text: object) -> Version:
-    """``0.41.1``, ``0.43``, ``v0.45.0``, ``0.50.2.dev0`` -> (major, minor, patch); else an InputError."""
-    return parse_release(text, field="bitsandbytes", examples=f"0.41.1 or {BNB_CURRENT}")
-
-
-def release_facts(version: str) -> BnbRelease:
-    """The row of :data:`BNB_RELEASES` in force for ``version`` (an InputError if it is malformed)."""
-    return in_force(BNB_RELEASES, parse_bnb_version(version))
+# ``bitsandbytes=`` as users type it (peakmem.releases: a leading v, dev / post / rc and +local tags) and the
+# row in force for it
+TABLE = ReleaseTable(field="bitsandbytes", example="0.41.1", current=BNB_CURRENT, rows=BNB_RELEASES)
+parse_bnb_version = TABLE.parse
+release_facts = TABLE.facts
 
 
 def has_4bit(version: str) -> bool:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from peakmem.errors import InputError
 
@@ -41,4 +42,23 @@ def in_force(rows: Sequence[RowT], version: Release) -> RowT:
     return next(r for r in rows if r.since <= version)
 
 
-__all__ = ["Release", "in_force", "parse_release"]
+@dataclass(frozen=True)
+class ReleaseTable(Generic[RowT]):
+    """One library's release table: its option's name (``field``), an old release for the error's example,
+    today's release, and its rows newest first (each ``since`` the first release that does what it says)."""
+
+    field: str
+    example: str
+    current: str
+    rows: tuple[RowT, ...]
+
+    def parse(self, text: object) -> Release:
+        """(major, minor, patch) of ``text``; else an InputError naming the field and two examples."""
+        return parse_release(text, field=self.field, examples=f"{self.example} or {self.current}")
+
+    def facts(self, version: str) -> RowT:
+        """The row in force for ``version`` (an InputError if it is malformed)."""
+        return in_force(self.rows, self.parse(version))
+
+
+__all__ = ["Release", "ReleaseTable", "in_force", "parse_release"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peakmem.releases import Release, in_force, parse_release
+from peakmem.releases import Release, ReleaseTable
 
 # The release peakmem's formulas read (the installed wheel).
 TORCHAO_CURRENT = "0.18.0"
@@ -53,14 +53,11 @@ TORCHAO_RELEASES: tuple[TorchaoRelease, ...] = (
 )  # fmt: skip
 
 
-def parse_torchao_version(text: object) -> Version:
-    """``0.1``, ``0.2.0``, ``v0.18.0``, ``0.18.0.dev20250101``, ``0.5.0+cu121`` -> (major, minor, patch)."""
-    return parse_release(text, field="torchao", examples=f"0.1 or {TORCHAO_CURRENT}")
-
-
-def release_facts(version: str) -> TorchaoRelease:
-    """The row of :data:`TORCHAO_RELEASES` in force for ``version`` (an InputError if it is malformed)."""
-    return in_force(TORCHAO_RELEASES, parse_torchao_version(version))
+# ``torchao=`` as users type it (peakmem.releases: a leading v, dev / post / rc and +local tags) and the
+# row in force for it
+TABLE = ReleaseTable(field="torchao", example="0.1", current=TORCHAO_CURRENT, rows=TORCHAO_RELEASES)
+parse_torchao_version = TABLE.parse
+release_facts = TABLE.facts
 
 
 __all__ = [

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from peakmem.releases import Release, in_force, parse_release
+from peakmem.releases import Release, ReleaseTable
 
 # The release peakmem's formulas read (the installed wheel).
 TRANSFORMERS_CURRENT = "5.23.0"
@@ -90,14 +90,13 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
 )  # fmt: skip
 
 
-def parse_transformers_version(text: object) -> Version:
-    """``4.48.1``, ``4.46``, ``v5.0.0``, ``4.57.0.dev0`` -> (major, minor, patch); else an InputError."""
-    return parse_release(text, field="transformers", examples=f"4.48.1 or {TRANSFORMERS_CURRENT}")
-
-
-def release_facts(version: str) -> TransformersRelease:
-    """The row of :data:`TRANSFORMERS_RELEASES` in force for ``version`` (an InputError if malformed)."""
-    return in_force(TRANSFORMERS_RELEASES, parse_transformers_version(version))
+# ``transformers=`` as users type it (peakmem.releases: a leading v, dev / post / rc and +local tags) and the
+# row in force for it
+TABLE = ReleaseTable(
+    field="transformers", example="4.48.1", current=TRANSFORMERS_CURRENT, rows=TRANSFORMERS_RELEASES
+)
+parse_transformers_version = TABLE.parse
+release_facts = TABLE.facts
 
 
 def experts_are_linears(version: str, model_type: str) -> bool:
