@@ -59,7 +59,8 @@ How the facts become options (the choices a reader should check; none is tuned t
   ``pp_schedule`` 1f1b or interleaved with ``virtual_stages`` (2 stages per rank for interleaved).
 * ``seq`` is the full sequence (before CP splits it), ``checkpointing`` op / full as stated or inferred
   (``inferred`` in the file says where from), ``compile`` as stated, ``attention='sdpa'`` (``eager``
-  where the point says the run's model used eager attention: transformers' 2022 GPT-2).
+  where the point says the run's model used eager attention: transformers' 2022 GPT-2; ``flash`` where it
+  ran a FlashAttention kernel: flash_attention_2/3, flash-attn).
 * ``loss`` as the run's framework computed it: ``standard`` (torchtitan@9dec370 ``train.py``: full
   fp32 logits), ``half`` (ColossalAI's 2022 ``GPTLMLoss``: cross_entropy on the fp16 logits' shifted
   copy, no upcast), ``fused`` (torchtitan's ``ChunkedLossWrapper``, from 786e26f8e, 2026-04-27, the
@@ -219,6 +220,13 @@ class NotExpressible(Exception):
     """The point's job has no peakmem question (the message says why)."""
 
 
+def attention_of(job: dict[str, Any]) -> str:
+    """peakmem's attention kernel for the point's ``job.attention``: eager where the run's model used eager
+    attention, flash where it ran a FlashAttention kernel (flash_attention_2/3, flash-attn), else sdpa."""
+    named = str(job.get("attention", ""))
+    return "eager" if named.startswith("eager") else "flash" if named.startswith("flash") else "sdpa"
+
+
 def train_options(p: dict[str, Any]) -> dict[str, Any]:
     """peakmem.train options for a training point (see the module docstring for each choice)."""
     lay, job = p["layout"], p["job"]
@@ -243,7 +251,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "checkpointing": job["checkpointing"],
         "compile": bool(job["compile"]),
         "loss": job["loss"],
-        "attention": "eager" if str(job.get("attention", "")).startswith("eager") else "sdpa",
+        "attention": attention_of(job),
         "gpus": lay["gpus"],
     }
     if lay["fsdp"] > 1 or lay["cp"] > 1:  # torchtitan shards over dp_shard x cp

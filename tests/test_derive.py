@@ -633,3 +633,15 @@ def test_a_chunked_kernel_gets_costs_of_its_own_for_long_sequences(derive) -> No
                 assert (at.forward_transient, at.backward_transient) == m.peaks[1:3]
             else:
                 assert (at.saved, at.forward_transient, at.backward_transient) == m.peaks[:3]
+
+
+def test_flash_shares_sdpa_measurement_only_where_the_class_has_sdpa() -> None:
+    """A derived model's flash family is measured as SDPA's (one measurement for both) where transformers
+    has an SDPA path; a class without one (gpt-oss, Gemma 2) runs eager when asked for SDPA, so its flash
+    family is its own (measured with SDPA standing in: derive/build.py build_with)."""
+    from peakmem.formulas.activations import derived_family
+    from peakmem.training import AttentionKernel, TrainingSetup
+
+    flash = TrainingSetup(attention=AttentionKernel.FLASH)
+    assert derived_family(flash) == derived_family(TrainingSetup(attention=AttentionKernel.SDPA))
+    assert derived_family(flash, ("eager", "flash")).split("|")[1] == "flash"

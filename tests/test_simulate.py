@@ -80,6 +80,7 @@ pytest.importorskip("transformers")
 from peakmem.breakdown import Category  # noqa: E402
 from peakmem.errors import InputError  # noqa: E402
 from peakmem.training import (  # noqa: E402
+    AttentionKernel,
     Checkpointing,
     KernelPolicy,
     Method,
@@ -375,3 +376,27 @@ def test_math_attention_upcasts_16_bit_and_saves_no_mask():
     assert log.counts == {"sdpa: math": 1}
     assert ((2, 4, 16, 16), torch.float32) in saved  # softmax
     assert not any(dt in (torch.bool, torch.bfloat16) for _, dt in saved)
+
+
+GPT_OSS = {
+    "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"],
+}  # fmt: skip
+
+
+@pytest.mark.torch
+def test_flash_on_a_model_without_sdpa_is_measured_without_scores():
+    """gpt-oss has a flash path (its sink kernels) but no SDPA one: flash is measured with SDPA standing in
+    (derive/build.py build_with), not on the eager fallback, which materialises each layer's scores: the
+    eager step's peak is above the flash step's by at least one layer's bf16 scores (batch x heads x seq x
+    seq), and the flash step's attention line names SDPA."""
+    from peakmem.simulate import simulate_training
+
+    b, s = 2, 64
+    # bf16 weights: gpt-oss's experts run torch._grouped_mm, which takes bf16 only
+    flash = simulate_training(GPT_OSS, setup(precision=Precision.BF16, attention=AttentionKernel.FLASH))
+    eager = simulate_training(GPT_OSS, setup(precision=Precision.BF16, attention=AttentionKernel.EAGER))
+    assert any("attention implementation 'sdpa'" in a for a in flash.assumptions)
+    assert eager.peak_allocated_bytes - flash.peak_allocated_bytes >= b * 4 * s * s * 2

@@ -156,7 +156,7 @@ class _Estimator:
         from peakmem import block_costs
         from peakmem.formulas.activations import derived_family
 
-        family = derived_family(setup_that_runs(self.spec, setup))
+        family = derived_family(setup_that_runs(self.spec, setup), self.spec.attention_kernels)
         return not block_costs.costs_ready(self.spec.derived_from, family)
 
     def _count(self, key: tuple[TrainingSetup, Parallelism | None]) -> None:

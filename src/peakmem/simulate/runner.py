@@ -48,6 +48,7 @@ from peakmem.measure.tracker import INPUT, OPTIM_STATE, LiveStorageTracker, Snap
 from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.simulate import attribution
 from peakmem.simulate import kernels as kern
+from peakmem.simulate.derive.build import build_with
 from peakmem.simulate.fakeify import QuantInfo, fakeify_module, prepare_adapters
 from peakmem.training import (
     AttentionKernel,
@@ -166,29 +167,12 @@ def build_meta_model(config: dict[str, Any], setup: TrainingSetup) -> torch.nn.M
             f"(architectures={config.get('architectures')!r}); peakmem simulate trains *ForCausalLM, "
             "*ForSequenceClassification, *ForMaskedLM and *LMHeadModel heads"
         )
-    attn = ATTN_IMPL[setup.attention]
-    if setup.attention == AttentionKernel.FLASH:
-        attn = "sdpa"  # flash-attn is not importable on the CPU; SDPA's flash kernel allocates the same
-    try:
-        model = _construct(cls, cfg, attn)
-    except ValueError as err:
-        if attn == "eager" or "attention implementation" not in str(err):
-            raise InputError(f"model_type={model_type!r}: transformers cannot build it here ({err})") from err
-        # the class has no SDPA path (e.g. BLOOM): transformers' own default is then eager attention
-        model = _construct(cls, cfg, "eager")
-    except (ImportError, TypeError, NotImplementedError) as err:
+    try:  # SDPA stands in for flash-attn, which is not importable on the CPU (build_with)
+        model = build_with(cls, cfg, setup.attention.value)
+    except (ValueError, ImportError, TypeError, NotImplementedError) as err:
         raise InputError(f"model_type={model_type!r}: transformers cannot build it here ({err})") from err
     model.to(dtype=model_dtype(setup.precision))
     return model
-
-
-def _construct(cls: Any, cfg: Any, attn: str) -> torch.nn.Module:
-    import transformers
-
-    with torch.device("meta"):
-        if cls is transformers.AutoModelForCausalLM:
-            return cls.from_config(cfg, dtype=torch.float32, attn_implementation=attn)
-        return cls._from_config(cfg, dtype=torch.float32, attn_implementation=attn)
 
 
 def _fake_limits() -> tuple[type[Exception], ...]:

@@ -148,7 +148,7 @@ def shapes(
     fallback = why.startswith(MATH) and plan.compute.bits < 32
     family = ""
     if spec.derived_from:
-        family = derived_family(setup)
+        family = derived_family(setup, spec.attention_kernels)
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
@@ -158,19 +158,22 @@ def shapes(
     )  # fmt: skip
 
 
-def derived_family(setup: TrainingSetup) -> str:
+def derived_family(setup: TrainingSetup, kernels: tuple[str, ...] = ("eager", "sdpa", "flash")) -> str:
     """The setup family a derived spec's block costs are measured in: the precision, the kernel
     transformers is asked for (its own fallbacks then run inside the measured model), the kernel
     policy and the method, with the adapter's settings for LoRA/QLoRA, and the framework's model code
-    where it differs from transformers' (peakmem.formulas.profiles.code_config)."""
+    where it differs from transformers' (peakmem.formulas.profiles.code_config). ``kernels``: the
+    attention implementations the model's class has (``ModelSpec.attention_kernels``)."""
     adapter, objects = "", None
     if setup.method.value != "full":
         lora = lora_of(setup)
         adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
         objects = (lora, setup.quant)
     # flash-attn is CUDA-only: a fake-tensor run measures it as SDPA's flash kernel, which allocates
-    # the same (simulate/runner.py build_meta_model), so the two share one measurement
-    kernel = "sdpa" if setup.attention is AttentionKernel.FLASH else setup.attention.value
+    # the same (simulate/derive/build.py build_with), so the two share one measurement, unless the class
+    # has no SDPA path (gpt-oss, Gemma 2): asked for SDPA it runs eager, asked for flash SDPA stands in
+    flash_is_sdpa = setup.attention is AttentionKernel.FLASH and "sdpa" in kernels
+    kernel = "sdpa" if flash_is_sdpa else setup.attention.value
     return family_key(precision=setup.precision.value, kernel=kernel,
                       policy=setup.kernel_policy.value, method=setup.method.value, adapter=adapter,
                       objects=objects, code=derived_code(setup))  # fmt: skip

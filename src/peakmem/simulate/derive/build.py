@@ -70,25 +70,54 @@ def model_class(config: Mapping[str, Any], cfg: Any) -> Any:
 
 
 def build_meta(config: Mapping[str, Any], *, attn: str = "sdpa") -> torch.nn.Module:
-    """The model on the meta device, fp32 (dtype does not change shapes)."""
+    """The model on the meta device, fp32 (dtype does not change shapes), with the attention
+    implementation :func:`build_with` gives peakmem's kernel ``attn`` (eager, sdpa or flash)."""
     cfg = config_object(config)
     cls = model_class(config, cfg)
     try:
-        return _construct(cls, cfg, attn)
-    except ValueError as err:
-        if attn == "eager":
-            raise InputError(
-                f"model_type={config.get('model_type')!r}: transformers cannot build it ({err})"
-            ) from err
-        try:
-            return _construct(cls, cfg, "eager")  # the class has no SDPA path: transformers' default
-        except _BUILD_ERRORS as err2:
-            raise InputError(
-                f"model_type={config.get('model_type')!r}: transformers cannot build it ({err2})"
-            ) from err2
+        return build_with(cls, cfg, attn)
     except _BUILD_ERRORS as err:
         raise InputError(f"model_type={config.get('model_type')!r}: transformers cannot build it "
                          f"({type(err).__name__}: {err})") from err  # fmt: skip
+
+
+def build_with(cls: Any, cfg: Any, kernel: str) -> torch.nn.Module:
+    """``cls`` built for peakmem's attention kernel ``kernel`` on this CPU (raises what transformers raises).
+
+    * ``sdpa`` and ``flash``: built with SDPA (flash-attn is not importable on the CPU; SDPA's flash kernel
+      allocates as FlashAttention-2/3 do: the output and its logsumexp, no scores);
+    * a class transformers refuses SDPA for (``_supports_sdpa = False``: BLOOM, Gemma 2, GPT-J, gpt-oss) is
+      built eager, transformers' own default then; when ``flash`` was asked and the class has a flash
+      path (``_supports_flash_attn``: gpt-oss's sink kernels, Gemma 2's softcapping), its attention is
+      switched to SDPA after the build (:func:`_sdpa_stands_in`), so that the fake step measures a flash
+      kernel's memory rather than the eager path's materialised scores.
+    """
+    if kernel == "eager":
+        return _construct(cls, cfg, "eager")
+    try:
+        return _construct(cls, cfg, "sdpa")
+    except ValueError:
+        model = _construct(cls, cfg, "eager")  # the class has no SDPA path: transformers' default
+    if kernel == "flash" and has_flash_path(cls):
+        _sdpa_stands_in(model)
+    return model
+
+
+def has_flash_path(cls: Any) -> bool:
+    """Whether transformers implements FlashAttention for the class (``_supports_flash_attn``; before
+    transformers 4.51 ``_supports_flash_attn_2``)."""
+    return bool(getattr(cls, "_supports_flash_attn", False) or getattr(cls, "_supports_flash_attn_2", False))
+
+
+def _sdpa_stands_in(model: torch.nn.Module) -> None:
+    """Run ``model``'s attention through SDPA: the attention modules read ``config._attn_implementation`` at
+    every forward and look the function up in ``ALL_ATTENTION_FUNCTIONS`` (transformers 5
+    modeling_<family>.py); SDPA's takes the extra arguments (gpt-oss's ``s_aux`` sinks) as ``**kwargs`` and
+    ignores them, which changes no tensor's size."""
+    for module in model.modules():
+        cfg = getattr(module, "config", None)
+        if cfg is not None and has_flash_path(type(module)) and cfg._attn_implementation == "eager":
+            cfg._attn_implementation = "sdpa"
 
 
 def _construct(cls: Any, cfg: Any, attn: str) -> torch.nn.Module:

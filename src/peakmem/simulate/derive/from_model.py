@@ -554,8 +554,10 @@ def kernel_notes(model_type: str, mixers: set[str]) -> list[str]:
         )
     if model_type == "gpt_oss":
         out.append(
-            "gpt-oss attention sinks measured on the eager/SDPA path (sink logits concatenated to the "
-            "scores, so scores are materialised); flash-attn 3 sink kernels (vLLM) do not. MXFP4 experts: "
+            "gpt-oss attention sinks: transformers has no SDPA path for gpt-oss, so --attention sdpa runs "
+            "eager (sink logits concatenated to the scores: scores materialised); --attention flash (the "
+            "flash-attn 3 sink kernels, kernels-community/vllm-flash-attn3) is measured with SDPA's flash "
+            "kernel standing in (no scores; the sinks change no tensor's size). MXFP4 experts: "
             "counted as the bf16 weights transformers builds for training (dequantized); MXFP4 storage "
             "(4-bit values + e8m0 scale per 32) applies only to inference weights"
         )

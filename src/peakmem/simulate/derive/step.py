@@ -31,8 +31,9 @@ _CUT_MODELS_MAX = 4
 
 
 def attn_of(setup: Any) -> str:
-    """The attention implementation a step builds the model with (flash's fake step runs SDPA)."""
-    return {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}[setup.attention.value]
+    """peakmem's attention kernel a step builds the model for (flash's fake step runs SDPA:
+    :func:`~peakmem.simulate.derive.build.build_with`)."""
+    return str(setup.attention.value)
 
 
 def cut_model(
