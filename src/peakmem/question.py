@@ -160,6 +160,8 @@ def ask(
         check_int("global_batch", search.global_batch)
     serving = command == "infer" or search.infer
     training, defaults = (None, ()) if serving else training_setup(o, spec.max_position_embeddings)
+    if training is not None and checkpoint is not None and checkpoint.weights == "mxfp4":
+        training = replace(training, mxfp4_checkpoint=True)  # dequantized at load (peakmem.step_load)
     if training is not None and o.get("images") is not None:
         training, defaults = with_images(o, spec, training, defaults)
     elif any(o.get(k) is not None for k in ("images", "image_size", "min_pixels", "max_pixels")):

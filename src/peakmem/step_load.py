@@ -1,4 +1,6 @@
-"""The load phase of a torchtune QLoRA job: its base weights quantized by torchao's ``to_nf4`` on the GPU.
+"""The load phase of a job whose weights are converted on the GPU as they load, where that can be the peak:
+a torchtune QLoRA base quantized by torchao's ``to_nf4``, and an MXFP4 checkpoint (gpt-oss) dequantized to
+bf16 by transformers for training (:mod:`peakmem.formulas.mxfp4_load`).
 
 torchtune's QLoRA (``--framework torchtune --method qlora``) keeps the base as torchao ``NF4Tensor`` and runs
 ``to_nf4`` at the model's build and again in ``load_state_dict`` (:mod:`peakmem.formulas.nf4_load`). Before
@@ -20,7 +22,7 @@ import math
 
 from peakmem.adapters import lora_of
 from peakmem.breakdown import Category, MemoryItem, Phase, PhasePeak
-from peakmem.formulas import nf4_load
+from peakmem.formulas import mxfp4_load, nf4_load
 from peakmem.formulas.lora.params import adapter_tensors
 from peakmem.formulas.qlora import is_quantized
 from peakmem.model import ModelSpec, Tensor
@@ -28,6 +30,7 @@ from peakmem.parallel import Parallelism
 from peakmem.step_parts import Static
 from peakmem.torchao_versions import release_facts
 from peakmem.training import Framework, Method, TrainingSetup
+from peakmem.transformers_versions import release_facts as transformers_facts
 
 LOADED = (Category.PARAMETERS, Category.BUFFERS)  # what exists when the model is loaded
 
@@ -58,8 +61,51 @@ def load_tensors(spec: ModelSpec, elem_bytes: int) -> tuple[nf4_load.LoadTensor,
     return tuple(out)
 
 
+def mxfp4_applies(setup: TrainingSetup, par: Parallelism, single: bool) -> bool:
+    """A model loaded from an MXFP4 checkpoint by transformers (``from_pretrained``: the HF Trainer and the
+    trainers on it) whole on one GPU. Sharded loads (FSDP's cpu_ram_efficient_loading, ZeRO-3) convert on
+    the GPU next to none of the other weights: not modelled."""
+    return setup.mxfp4_checkpoint and setup.framework is Framework.HF and single and par.is_single_gpu
+
+
+def _mxfp4_blocks(spec: ModelSpec) -> int:
+    """Block bytes of the largest MXFP4 projection one conversion takes (all of a layer's experts)."""
+    sizes = [
+        t.copies * mxfp4_load.block_bytes(math.prod(t.shape[:-1]), t.shape[-1])
+        for layer in spec.layers() for t in layer.tensors if t.kind == "expert_weight" and len(t.shape) >= 3
+    ]  # fmt: skip
+    return max(sizes, default=0)
+
+
+def mxfp4_load_phase(st: Static, setup: TrainingSetup) -> tuple[PhasePeak, int] | None:
+    """Every weight loaded (the experts in bf16) while the largest projection is converted (the bound:
+    :mod:`peakmem.formulas.mxfp4_load`), and its reserved bytes: the loaded tensors' segments and the
+    conversion's, which stay cached for the step."""
+    blocks = _mxfp4_blocks(st.tech.spec)
+    if not blocks:
+        return None
+    rel = transformers_facts(setup.transformers)
+    peak = mxfp4_load.dequant_peak(
+        blocks, index_bytes=rel.mxfp4_index_bytes, together=rel.mxfp4_indices_together
+    )
+    extra = peak - mxfp4_load.bf16_bytes(blocks)  # its bf16 result is among the loaded weights
+    items = [i for i in st.resident_items if i.category in LOADED]
+    items.append(MemoryItem(
+        path=f"MXFP4 experts dequantized at load ({blocks:,} block bytes, transformers {setup.transformers})",
+        category=Category.TEMPORARIES, bytes=extra, source=f"formulas/mxfp4_load.py; {rel.source}",
+        key="load.mxfp4",
+    ))  # fmt: skip
+    loaded = sum(i.bytes for i in items)
+    # each of these large requests takes its own segment, rounded to 2 MiB (formulas/allocator.py): within
+    # the resident tensors' rounding and a few MiB of the conversion's
+    return PhasePeak(phase=Phase.LOAD, bytes=loaded, items=tuple(items)), loaded + st.resident_rounding
+
+
 def load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[PhasePeak, int] | None:
-    """The load phase and its reserved bytes, or None where :func:`applies` says no."""
+    """The load phase and its reserved bytes, or None where neither :func:`applies` nor
+    :func:`mxfp4_applies` says so."""
+    if mxfp4_applies(setup, par, st.single):
+        return mxfp4_load_phase(st, setup)
     if not applies(setup, par, st.single):
         return None
     spec = st.tech.spec
@@ -84,4 +130,4 @@ def load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[Phas
     return PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items)), reserved
 
 
-__all__ = ["applies", "load_phase", "load_tensors"]
+__all__ = ["applies", "load_phase", "load_tensors", "mxfp4_applies", "mxfp4_load_phase"]

@@ -292,6 +292,9 @@ class TrainingSetup:
     # the accelerate release under the HF Trainer (peakmem.accelerate_versions: before 1.11 its no_sync does
     # not stop FSDP2's gradient sync)
     accelerate: str = ACCELERATE_CURRENT
+    # the checkpoint stores MoE experts as MXFP4 (its config's quantization_config: gpt-oss), which
+    # transformers dequantizes to bf16 on the GPU as it loads them for training (peakmem.step_load)
+    mxfp4_checkpoint: bool = False
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: grads freed per parameter
     activation_offload: bool = False  # torchtune enable_activation_offloading

@@ -24,6 +24,10 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   nn.Parameter(...)``, modeling_mixtral.py l. 63-71) that bitsandbytes leaves 16-bit. Architectures
   whose 4.x experts were already 3-D parameters (gpt_oss, llama4, dbrx, granitemoe, jetmoe,
   qwen3_vl_moe) are not in the set.
+* The MXFP4 checkpoint's dequantization at load (gpt-oss, :mod:`peakmem.formulas.mxfp4_load`; wheels 4.55.0,
+  4.56.0, 4.57.1, 5.0.0, 5.1.0, 5.2.0, 5.3.0, 5.6.0, 5.8.0, 5.10.0): ``integrations/mxfp4.py``
+  ``convert_moe_packed_tensors`` makes the nibble indices int64 and both before gathering through 5.0.x
+  (5.0.0 l. 261-262), int32 and one at a time, each deleted after its gather, from 5.1.0 (l. 253-258).
 """
 
 from __future__ import annotations
@@ -57,33 +61,47 @@ class TransformersRelease:
     moe_expert_linears: bool  # MoE experts are per-expert nn.Linear modules (EXPERT_LINEAR_MODEL_TYPES)
     shifted_logits_copy: bool  # the loss makes a contiguous copy of logits[..., :-1, :]
     upcast: Upcast
+    mxfp4_index_bytes: int  # bytes of one nibble index in the MXFP4 dequantization at load (int64 / int32)
+    mxfp4_indices_together: bool  # idx_lo and idx_hi alive together (else one at a time)
     source: str
 
 
 # Newest first: the first row whose ``since`` is at most the version asked is the one in force.
 TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
+        since=(5, 1, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
+        mxfp4_index_bytes=4, mxfp4_indices_together=False,
+        source="transformers 5.1.0 integrations/mxfp4.py _convert_moe_packed_tensors l. 253-258: int32 "
+        "nibble indices, each deleted after its gather",
+    ),
+    TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
-        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded",
+        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; integrations/mxfp4.py l. 261-262: "
+        "int64 nibble indices, both made before the gathers",
     ),
     TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
         "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs",
     ),
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
         "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy)",
     ),
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),
