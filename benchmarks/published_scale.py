@@ -153,9 +153,13 @@ The sixth search (``split_rule_6``, brief h-published10; flag ``S``: ``V`` is th
 held out, recorded before any estimate of it (TRL's SFT QLoRA notebook runs). It adds ``job.liger`` true (the
 HF Trainer's ``use_liger_kernel``) -> ``liger=True``.
 
+The seventh search (``split_rule_7``, brief h-published11; flag ``G``): every point is held out, recorded
+before any estimate of it (optimum-benchmark's running-llamas fp16 generate / forward runs, DeepSpeed-Chat's
+step-1 OPT-1.3B ZeRO-2 log). Its ``job.dropout`` is recorded, not mapped.
+
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
-(``split_rule_6``),
+(``split_rule_6``), ``G`` of the seventh (``split_rule_7``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -211,7 +215,7 @@ WEIGHTS = {
     "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", "split_rule_2", "split_rule_3", "split_rule_4", "split_rule_5", "split_rule_6")
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 8)))  # split_rule_2 .. _7
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -387,7 +391,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         + ("T" if p.get("split") == SPLIT_RULES[2] else "")
         + ("F" if p.get("split") == SPLIT_RULES[3] else "")
         + ("V" if p.get("split") == SPLIT_RULES[4] else "")
-        + ("S" if p.get("split") == SPLIT_RULES[5] else ""),
+        + ("S" if p.get("split") == SPLIT_RULES[5] else "")
+        + ("G" if p.get("split") == SPLIT_RULES[6] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
