@@ -8,7 +8,7 @@ axolotl and LLaMA-Factory build the peft model themselves and hand TRL a ``PeftM
 release is not the default. Read in huggingface/trl's tags (``git show TAG:path``):
 
 * SFTTrainer. v0.4.2 (2023-06-07) .. v0.7.4 ``trl/trainer/sft_trainer.py``: a 4-bit or 8-bit model gets
-  peft's ``prepare_model_for_int8_training`` (``prepare_model_for_kbit_training`` from v0.7.x), then
+  peft's ``prepare_model_for_int8_training`` (``prepare_model_for_kbit_training`` in v0.7.4), then
   ``get_peft_model``. v0.7.5 (2023-12-22) adds, under ``args.bf16`` on a 4-bit model,
   ``peft_module_casting_to_bf16`` (``trl/trainer/utils.py``), which then also took every peft
   ``BaseTunerLayer`` (the LoRA adapters) to bf16. v0.8.0 skips both for a "sharded QLoRA" 4-bit model
@@ -38,8 +38,9 @@ release is not the default. Read in huggingface/trl's tags (``git show TAG:path`
 
 Not read here, so ``--trl`` leaves them as the options say: KTO, ORPO and CPO/SimPO (their trainers
 prepare and cast through v0.29 and later, in ``trl/experimental`` from v0.26; KTO changed again in 1.x),
-the distillation trainer and verl's PPO. peft's ``prepare_model_for_int8_training`` of peft 0.3 (TRL
-0.4.x) upcast only the norms; ``kbit_prep="peft"`` counts peft >= 0.4's ``prepare_model_for_kbit_training``.
+the distillation trainer and verl's PPO. peft 0.3.0's ``prepare_model_for_int8_training`` (utils/other.py
+l. 35-70, what TRL 0.4.x called) already cast every fp16 / bf16 parameter to fp32, as ``kbit_prep="peft"``
+counts.
 """
 
 from __future__ import annotations
