@@ -133,7 +133,9 @@ with ``torch_dtype=bfloat16``: fms-acceleration's QLoRA rows) -> ``precision='bf
 approximations). Byte counts printed as bytes have ``measured.unit`` ``B``. ``job.kbit_prep`` (brief h-kbit:
 ``trl`` where TRL 0.13's SFTTrainer ran ``prepare_model_for_kbit_training`` on a one-GPU 4-bit model) ->
 ``kbit_prep``, and with it ``precision='amp-bf16'`` (the Trainer's autocast over the quantized base's 16-bit
-and fp32 weights: peakmem.formulas.kbit_prep).
+and fp32 weights: peakmem.formulas.kbit_prep). ``job.trl`` (brief h-trl: the TRL release the framework text
+names) -> ``trl``, whose SFTTrainer rule gives ``kbit_prep`` and the adapters' dtype (peakmem.trl_versions;
+the point then states neither), and ``precision='amp-bf16'`` where that rule prepares the base.
 
 The fifth search (``split_rule_5``, brief h-published9; flag ``V``): every point is held out, recorded
 before any estimate of it (axolotl example READMEs, Lit-GPT's quantize tutorial). It adds
@@ -284,10 +286,12 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["lora_targets"] = ",".join(job["lora_targets"])
     if job.get("dora"):  # peft use_dora (the fourth search's method_comparison DoRA run)
         opts["dora"] = True
-    if job.get("kbit_prep"):  # TRL <= 0.13 SFTTrainer prepared the 4-bit model (formulas/kbit_prep.py)
+    if job.get("kbit_prep"):  # who prepared the quantized model, where no TRL release decides it
         opts["kbit_prep"] = job["kbit_prep"]
-        if job.get("precision_id") == "bf16-weights-autocast-bf16":  # the Trainer's autocast, now planned
-            opts["precision"] = "amp-bf16"
+    if job.get("trl"):  # the TRL release the point's framework text names (peakmem.trl_versions)
+        opts["trl"] = job["trl"]
+    if _prepared(job, lay) and job.get("precision_id") == "bf16-weights-autocast-bf16":
+        opts["precision"] = "amp-bf16"  # the Trainer's autocast over the prepared base, now planned
     if job.get("double_quant") is False:
         opts["no_double_quant"] = True
     if job.get("precision_id") == "fsdp2-mp-bf16":  # torchtitan's MixedPrecisionPolicy(reduce_dtype=fp32)
@@ -325,6 +329,22 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         if (lay.get("virtual_stages") or 1) > 1:
             opts["virtual_stages"] = lay["virtual_stages"]
     return opts
+
+
+def _prepared(job: dict[str, Any], lay: dict[str, Any]) -> bool:
+    """Whether peft's prepare_model_for_kbit_training ran on the point's quantized base: its
+    ``job.kbit_prep``, else what its ``job.trl`` release's SFTTrainer does (peakmem.trl_versions)."""
+    from peakmem.trl_versions import peft_preparation
+
+    if job.get("kbit_prep"):
+        return job["kbit_prep"] != "none"
+    if not job.get("trl") or job["method"] != "qlora":
+        return False
+    zero3 = lay.get("zero_stage") == 3
+    sharded = zero3 or lay["fsdp"] > 1
+    prep = peft_preparation(job["trl"], objective="sft", method="qlora", precision="amp-bf16",
+                            quant=job.get("quant") or "nf4", sharded=sharded, zero3=zero3)  # fmt: skip
+    return prep is not None and prep.kbit_prep not in (None, "none")
 
 
 def infer_options(p: dict[str, Any]) -> dict[str, Any]:

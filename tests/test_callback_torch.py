@@ -220,6 +220,25 @@ def test_a_bitsandbytes_4bit_base_maps_to_qlora() -> None:
     }
 
 
+def test_a_trl_trainer_passes_its_release(monkeypatch: Any) -> None:
+    """Arguments of a TRL config class: the installed TRL release's rule gives the quantized base's
+    kbit_prep (peakmem.trl_versions; 0.13.0 here, whose SFTTrainer prepares and casts back under bf16)."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_model(), peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    model.get_base_model().config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    sft_config = type("SFTConfig", (SimpleNamespace,), {"__module__": "trl.trainer.sft_config"})
+    args = sft_config(per_device_train_batch_size=4, optim="adamw_torch", bf16=True, world_size=1)
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.13.0" if name == "trl" else real(name))
+    job = job_from_trainer(args, model, seq=64)
+    assert job.setup.quant is not None and job.setup.quant.kbit_prep == "trl"
+    assert ("trl", "0.13.0", "importlib.metadata.version('trl'), SFTConfig") in job.read
+    assert any(n.startswith("TRL 0.13.0 sft trainer: kbit_prep trl") for n in job.notes)
+    assert job.flags()[job.flags().index("--kbit-prep") + 1] == "trl"
+    plain = job_from_trainer(SimpleNamespace(**vars(args)), model, seq=64)  # not a TRL config: as given
+    assert plain.setup.quant is not None and plain.setup.quant.kbit_prep == "none"
+
+
 def test_sharding_and_optimizer_names_are_read_from_the_arguments() -> None:
     model = _model()
     batch = {"input_ids": torch.zeros(BATCH, SEQ, dtype=torch.long)}

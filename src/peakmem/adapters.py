@@ -33,8 +33,8 @@ DEFAULT_BLOCKSIZE = 64
 FLOAT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # who prepared the quantized model for training (QuantConfig.kbit_prep; formulas/kbit_prep.py):
 # nothing; peft's prepare_model_for_kbit_training (every non-quantized 16-bit weight upcast to fp32);
-# TRL's SFTTrainer under bf16 (<= 0.13 read: that, then peft_module_casting_to_bf16: norms fp32,
-# embeddings and the head back to bf16)
+# TRL's SFTTrainer under bf16 (0.7.5-0.25: that, then peft_module_casting_to_bf16: norms fp32,
+# embeddings and the head back to bf16; which a release applies: peakmem.trl_versions)
 KBIT_PREPS = ("none", "peft", "trl")
 
 

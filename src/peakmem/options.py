@@ -133,13 +133,17 @@ OPTIONS: tuple[Option, ...] = (
     _o("lora_targets", str, None, T, "all-linear (default) or module names: q_proj,v_proj", group=_LORA),
     _o("lora_dropout", float, None, T, "dropout on the adapter input", group=_LORA),
     _o("dora", bool, False, T, "DoRA: weight-decomposed LoRA", group=_LORA),
-    _o("adapter_dtype", str, None, T, "fp32 (peft's default) or base", group=_LORA),
+    _o("adapter_dtype", str, None, T, "fp32 (peft's default)|bf16|fp16|base", group=_LORA),
     _o("quant", str, None, T, "qlora base: nf4 (default)|fp4|int8", group=_LORA),
     _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
-    _o("kbit_prep", str, "none", T, "qlora: who prepared the quantized model: none|peft "
-       "(prepare_model_for_kbit_training: embeddings, norms, head fp32)|trl (TRL <= 0.13 SFTTrainer "
-       "under bf16: that, then embeddings and head back to bf16); fp32 norms make the residual stream "
-       "fp32 (peakmem.formulas.kbit_prep)", group=_LORA, choices=("none", "peft", "trl")),
+    _o("kbit_prep", str, None, T, "qlora: who prepared the quantized model: none (default, or what --trl "
+       "implies)|peft (prepare_model_for_kbit_training: embeddings, norms, head fp32)|trl (TRL 0.7.5-0.25 "
+       "SFTTrainer under bf16: that, then embeddings and head back to bf16); fp32 norms make the residual "
+       "stream fp32 (peakmem.formulas.kbit_prep)", group=_LORA, choices=("none", "peft", "trl")),
+    _o("trl", str, None, T, "lora/qlora: the TRL release whose trainer (--objective sft|dpo|grpo|rloo) built "
+       "the peft model, e.g. 0.13.0 or 0.26.0: its --kbit-prep and --adapter-dtype unless given (0.26+: no "
+       "preparation, bf16 adapters; peakmem.trl_versions); default: none (the options as given)",
+       group=_LORA),
     _o("bitsandbytes", str, BNB_CURRENT, T, "qlora: the bitsandbytes release the base runs, e.g. 0.41.1 "
        f"(default {BNB_CURRENT}); before 0.43.2 each 4-bit Linear keeps its input for backward "
        "(peakmem.bnb_versions)", group=_LORA),

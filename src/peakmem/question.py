@@ -234,16 +234,16 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         parse_checkpointing,
     )
 
+    o, taken = with_trl_release(o)
     seq = o["seq"] if o.get("seq") is not None else min(max_positions or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
     precision = Precision.parse(o["precision"], "precision")
     optimizer = OptimizerName.parse(o["optimizer"], "optimizer")
     framework = Framework.parse(o["framework"], "framework")
-    taken: tuple[str, ...] = ()
     checkpointing, every = parse_checkpointing(o["checkpointing"])
     impl = o.get("optimizer_impl", opt.AUTO)
     if impl == opt.AUTO:
         row = optimizer_step(optimizer, precision, framework)
-        impl, taken = row.value, (row.assumption,)
+        impl, taken = row.value, (*taken, row.assumption)
     setup = TrainingSetup(
         method=Method.parse(o["method"], "method"), precision=precision, optimizer=optimizer,
         optimizer_impl=OptimizerImpl.parse(impl, "optimizer_impl"), micro_batch=o["batch"], seq_len=seq,
@@ -265,6 +265,30 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip
     return long_context_setup(o, setup, taken)
+
+
+def with_trl_release(o: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+    """The options with what ``trl`` (a TRL release) does to the peft model filled in where
+    ``kbit_prep`` / ``adapter_dtype`` are not given (:func:`peakmem.trl_versions.peft_preparation`), and
+    the line saying so; the options unchanged without ``trl``."""
+    from peakmem.training import Method, Precision
+    from peakmem.trl_versions import peft_preparation
+
+    if o.get("trl") is None:
+        return o, ()
+    zero3 = o.get("zero", 0) == 3
+    prep = peft_preparation(
+        o["trl"], objective=o.get("objective") or "sft", method=Method.parse(o["method"], "method").value,
+        precision=Precision.parse(o["precision"], "precision").value, quant=o.get("quant") or "nf4",
+        sharded=zero3 or o.get("fsdp", "none") != "none", zero3=zero3,
+    )  # fmt: skip
+    if prep is None:
+        return o, ()
+    filled = {"kbit_prep": prep.kbit_prep, "adapter_dtype": prep.adapter_dtype}
+    given = {k: v for k, v in filled.items() if v is not None and o.get(k) is None}
+    explicit = [f"{k}={o[k]}" for k in filled if o.get(k) is not None and filled[k] not in (None, o[k])]
+    line = prep.line + (f"; given: {', '.join(explicit)}" if explicit else "")
+    return {**o, **given}, (line,)
 
 
 def long_context_setup(

@@ -13,7 +13,8 @@ Sources (read at these releases):
   then ``get_peft_model`` (fp32 adapters), then under ``args.bf16`` ``peft_module_casting_to_bf16``
   (``trl/trainer/utils.py``): modules named ``*norm*`` (and LayerNorms) to fp32, ``lm_head`` /
   ``embed_tokens`` / ``wte`` / ``wpe`` back to bf16. TRL 1.16's SFTTrainer no longer calls either (only
-  its experimental ORPO / CPO trainers do).
+  its experimental ORPO / CPO trainers do); which releases of which trainer do: peakmem.trl_versions
+  (``--trl``).
 
 Activations (transformers 4.48 / 5.23 ``LlamaRMSNorm.forward``:
 ``self.weight * hidden_states.to(input_dtype)``;

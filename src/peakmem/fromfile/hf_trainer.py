@@ -23,6 +23,12 @@ from peakmem.fromfile.post_training import map_post_training, objective
 
 TRL_LORA_R, TRL_LORA_ALPHA, TRL_LORA_DROPOUT = 16, 32, 0.05  # trl/trainer/model_config.py ModelConfig
 TRL_MAX_LENGTH = 1024  # trl/trainer/sft_config.py SFTConfig.max_length
+# what TRL does to a quantized base differs by release (peakmem.trl_versions) and a config file names none
+TRL_RELEASE_NOTE = (
+    "the file names no TRL release: the quantized base is counted as the options say (--kbit-prep none, "
+    "peft's fp32 adapters: neither SFTTrainer 0.7.5-0.25's kbit preparation nor 0.26+'s bf16 adapters); "
+    "--trl VERSION counts that release's"
+)
 
 # HF TrainingArguments.optim (transformers 5.23 training_args.py OptimizerNames) and axolotl's additions ->
 # peakmem optimizer, implementation (whose step temporaries it has, as transformers/trainer_optimizer.py
@@ -481,6 +487,8 @@ def map_hf(m: _Mapper, doc: Mapping[str, Any]) -> None:
             m.set("lora_targets", "default", "(peft default targets for the model type)")
         if doc.get("lora_modules_to_save"):
             m.skip("lora_modules_to_save", doc["lora_modules_to_save"], "trainable copies of these modules")
+        if quant_key:
+            m.notes.append(TRL_RELEASE_NOTE)
     else:
         m.set("method", "full", "(no use_peft: full fine-tuning)")
     for key in ("max_seq_length", "max_length", "model_max_length"):

@@ -136,7 +136,7 @@ class Job:
             out += ["--quant", s.quant.quant]
             if not s.quant.double_quant:
                 out.append("--no-double-quant")
-            out += ["--bitsandbytes", s.bitsandbytes]
+            out += ["--bitsandbytes", s.bitsandbytes, "--kbit-prep", s.quant.kbit_prep]
         out += ["--transformers", s.transformers, "--accelerate", s.accelerate]
         par = self.parallelism
         if par is not None:
@@ -496,9 +496,44 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     setup = replace(setup, transformers=transformers.__version__, accelerate=accelerate.__version__)
     read.append(("transformers", transformers.__version__, "transformers.__version__"))
     read.append(("accelerate", accelerate.__version__, "accelerate.__version__"))
+    if method is not Method.FULL:  # what a TRL trainer's release did to the peft model (peakmem.trl_versions)
+        setup = _trl_preparation(args, o, setup, read, notes)
     extra = getattr(ns, "from_parallel", None)
     return Job(name=name, config=config, spec=spec, setup=setup, parallelism=parallelism(o, extra),
                read=tuple(read), notes=tuple(notes))  # fmt: skip
+
+
+def _trl_preparation(args: Any, o: Mapping[str, Any], setup: TrainingSetup, read: Read,
+                     notes: list[str]) -> TrainingSetup:  # fmt: skip
+    """``setup`` with the ``kbit_prep`` the installed TRL release's trainer applied to its quantized base,
+    where ``args`` is a TRL config (SFTConfig, DPOConfig...); the adapters' dtype is the live one (read).
+    The release is echoed in ``read`` and its rule's line in ``notes``; the job's flags carry the
+    ``--kbit-prep`` it decided (not ``--trl``: the CLI's objective is sft whatever TRL trainer ran)."""
+    from dataclasses import replace
+    from importlib.metadata import PackageNotFoundError, version
+
+    from peakmem.question import with_trl_release
+    from peakmem.trl_versions import parse_trl_version, trl_objective
+
+    objective = trl_objective(type(args))
+    if objective is None:
+        return setup
+    try:
+        found = version("trl")
+    except PackageNotFoundError:
+        return setup
+    parse_trl_version(found)  # a release string peakmem cannot read is an InputError naming it
+    read.append(("trl", found, f"importlib.metadata.version('trl'), {type(args).__name__}"))
+    quant, lora = setup.quant, setup.lora
+    asked = {"trl": found, "objective": objective, "method": setup.method.value,
+             "precision": setup.precision.value, "quant": quant.quant if quant else None, "zero": o["zero"],
+             "fsdp": o["fsdp"], "kbit_prep": None,
+             "adapter_dtype": lora.adapter_dtype if lora else None}  # fmt: skip
+    filled, lines = with_trl_release(asked)
+    notes.extend(lines)
+    if quant is None:
+        return setup
+    return replace(setup, quant=replace(quant, kbit_prep=filled.get("kbit_prep") or "none"))
 
 
 def trainable_count(model: Any) -> int:

@@ -97,10 +97,16 @@ class TrainOptions(ModelChoice):
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
-    kbit_prep: str = Field(
-        "none", max_length=4,
-        description="qlora: none, peft (prepare_model_for_kbit_training: fp32 embeddings, norms, head) or "
-        "trl (TRL <= 0.13 SFTTrainer under bf16: norms fp32, embeddings and head bf16)",
+    kbit_prep: str | None = Field(
+        None, max_length=4,
+        description="qlora: none (default, or what trl implies), peft (prepare_model_for_kbit_training: fp32 "
+        "embeddings, norms, head) or trl (TRL 0.7.5-0.25 SFTTrainer under bf16: norms fp32, embeddings and "
+        "head bf16)",
+    )  # fmt: skip
+    trl: str | None = Field(
+        None, max_length=30,
+        description="lora/qlora: the TRL release whose trainer built the peft model, e.g. 0.13.0 or 0.26.0: "
+        "its kbit_prep and adapter dtype unless given (0.26+: no preparation, bf16 adapters)",
     )  # fmt: skip
     bitsandbytes: str = Field(
         BNB_CURRENT, max_length=20,

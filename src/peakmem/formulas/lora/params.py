@@ -138,9 +138,15 @@ def train_dtype(lora: LoraConfig, plan: PrecisionPlan) -> DType:
 
 def optimizer_precision(setup: Any, plan: PrecisionPlan) -> Precision:
     """The precision whose rows describe the adapters' optimizer: fp32 adapters train like fp32 (no
-    master copy: peft's default on a 16-bit base); 16-bit adapters keep the setup's precision."""
-    if train_dtype(lora_of(setup), plan).bits == 32:
+    master copy: peft's default on a 16-bit base); bf16 adapters under a precision without master weights
+    (the HF Trainer's autocast, fp32: TRL 0.26+ casts QLoRA adapters to bf16, peakmem.trl_versions) train
+    like pure bf16, their states ``torch.zeros_like(p)`` in bf16 (torch 2.13 optim/adam.py
+    ``Adam._init_group``, which AdamW inherits); other 16-bit adapters keep the setup's precision."""
+    a_dtype = train_dtype(lora_of(setup), plan)
+    if a_dtype.bits == 32:
         return Precision.FP32
+    if plan.master is None and a_dtype == dtypes.BF16:
+        return Precision.BF16
     return cast(Precision, setup.precision)
 
 

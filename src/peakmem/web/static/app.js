@@ -27,6 +27,7 @@ const FIELDS = [
   { id: "lora_targets", def: "", modes: TRAIN, only: "adapter" },
   { id: "quant", def: "", modes: TRAIN, only: "qlora" },
   { id: "kbit_prep", def: "", modes: TRAIN, only: "qlora" },
+  { id: "trl", def: "", modes: TRAIN, only: "adapter" },
   { id: "framework", def: "hf", modes: TRAIN },
   { id: "transformers", def: "", modes: TRAIN },
   { id: "bitsandbytes", def: "", modes: TRAIN, only: "qlora" },
