@@ -59,7 +59,8 @@ def test_int8_load_and_fp16() -> None:
     est = _est("int8")
     # fp16 copy + CB + CBt (int8 each) + fp32 row (256) and column (64) scales
     assert _item(est, Phase.LOAD, "checkpoint load") == HEAD * 2 + 2 * HEAD + 4 * (256 + 64)
-    assert _item(est, Phase.PREFILL, "quantized matmul") == HEAD  # CxB beside CB
+    # CxB beside CB, + the head's int8 input (60 x 64) and int32 output (60 x 256)
+    assert _item(est, Phase.PREFILL, "quantized matmul") == HEAD + PROMPT * (64 + 4 * 256)
     # the load holds the weights and that transient only (no cache yet); here the 100-token cache outweighs it
     load = {p.phase: p.bytes for p in est.phases}[Phase.LOAD]
     assert load == _item(est, Phase.LOAD, "weights") + HEAD * 4 + 4 * (256 + 64)

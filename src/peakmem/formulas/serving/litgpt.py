@@ -60,6 +60,7 @@ from peakmem.errors import require
 from peakmem.formulas.kv_cache import layer_kv_bytes
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
 from peakmem.formulas.qlora import FP16, FP32, base_rows, dequantized_weight_bytes, is_quantized
+from peakmem.formulas.quant_kernels import int8_matmul_bytes
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -181,11 +182,12 @@ def load_transient_bytes(spec: ModelSpec, quant: QuantConfig) -> int:
 def first_forward_bytes(spec: ModelSpec, quant: QuantConfig, rows: int, act_bytes: int) -> int:
     """A quantized Linear's temporaries in one forward of ``rows`` rows, the largest Linear's: 4-bit beyond
     one row the dequantized weight (fp16 and its compute-dtype copy); one row ``gemv_4bit``, none; int8 the
-    first forward's ``CxB`` beside ``CB`` (one int8 weight)."""
+    first forward's ``CxB`` beside ``CB`` (one int8 weight) and the matmul's int8 input and int32 output
+    (:func:`peakmem.formulas.quant_kernels.int8_matmul_bytes`)."""
     out_f, in_f = _largest(spec, quant)
     numel = out_f * in_f
     if not quant.is_4bit:
-        return numel
+        return numel + int8_matmul_bytes(rows, in_f, out_f)
     return dequantized_weight_bytes(numel, quant, act_bytes) if rows > 1 else 0
 
 
