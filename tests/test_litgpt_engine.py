@@ -106,3 +106,15 @@ def test_cli_llama_2_7b_nf4(capsys: Any) -> None:
     # int8: the load's transient (the head's fp16 copy, CB and CBt: 4 B a weight) is the peak
     out = infer_cli_equals_api(capsys, "llama-2-7b", engine="litgpt", weights="int8", prompt=6, context=56)
     assert out["peak_phase"] == "load"
+
+
+def test_fit_searches_only_what_litgpt_takes() -> None:
+    """``fit --infer``: Lit-GPT's --quantize formats (int8, nf4), no KV dtype, no tensor parallelism."""
+    from peakmem.catalog import get_gpu
+    from peakmem.planner.serving import fit_inference
+
+    setup = InferenceSetup(weights="bf16", engine="litgpt", context=4096, prompt=4000)  # type: ignore[arg-type]
+    report = fit_inference(tiny(vocab=256), setup, [get_gpu("rtx-4090")])
+    status = {f.name: (f.status, f.options) for f in report.search_space}
+    assert status["weight format"] == ("searched", ("int8", "nf4"))
+    assert status["KV-cache dtype"][0] == status["tensor parallel over N GPUs"][0] == "not applicable"
