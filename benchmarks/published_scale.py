@@ -347,6 +347,11 @@ def _prepared(job: dict[str, Any], lay: dict[str, Any]) -> bool:
     return prep is not None and prep.kbit_prep not in (None, "none")
 
 
+# a point's job.framework naming Lit-GPT's 2023 repository (Lit-GPT@<commit>): engine litgpt, release "0.0"
+LITGPT_FRAMEWORK = "Lit-GPT@"
+LITGPT_2023 = "0.0"
+
+
 def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     """peakmem.infer options for a generate / prefill point."""
     job = p["job"]
@@ -358,12 +363,14 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     kernel = job.get("gptq_kernel")
     if kernel is not None and kernel not in GPTQ_KERNELS:
         raise NotExpressible(f"GPTQ kernel {kernel!r} is not modelled")
+    common = {"weights": weights, "batch": job["batch"], "prompt": job["prompt"],
+              "context": job["prompt"] + job["new_tokens"]}  # fmt: skip
+    if str(p.get("framework", "")).startswith(LITGPT_FRAMEWORK):
+        # Lit-GPT's own generate/base.py (formulas/serving/litgpt.py); the 2023 repository predates litgpt 0.1
+        return {**common, "engine": "litgpt", "engine_version": LITGPT_2023}
     return {
-        "weights": weights,
+        **common,
         "gptq_kernel": GPTQ_KERNELS.get(kernel) if kernel else None,
-        "batch": job["batch"],
-        "prompt": job["prompt"],
-        "context": job["prompt"] + job["new_tokens"],
         "engine": "hf",
         "cache_implementation": job.get("cache_implementation") or "dynamic",
         # the release decides the cache (peakmem.inference TRANSFORMERS_CACHE_CLASSES: before 4.36 a tuple

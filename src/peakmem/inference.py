@@ -35,6 +35,7 @@ class Engine(Choice):
     VLLM = "vllm"
     SGLANG = "sglang"
     LLAMACPP = "llamacpp"
+    LITGPT = "litgpt"  # Lit-GPT generate/base.py (formulas/serving/litgpt.py)
 
 
 class KvDtype(Choice):
@@ -315,7 +316,8 @@ class ModelRunner(Choice):
 # The newest release of each engine whose CUDA-graph accounting was read (formulas/serving/cuda_graphs.py):
 # vLLM 0.27 (gpustack/runner PR #251 runs 0.27.1; from 0.20 the V1 model runner's estimate comes out of the
 # KV budget; the V2 runner, default for dense models from 0.25, reserves nothing before 0.29).
-CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23"}  # hf: the transformers release
+# hf: the transformers release; litgpt: tag v0.5.13 (formulas/serving/litgpt.py; "0.0": the 2023 lit-gpt)
+CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23", "litgpt": "0.5.13"}
 # transformers v4.36.0 (Dec 2023) brought the Cache classes (cache_utils.py DynamicCache, updated in place);
 # before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step
 TRANSFORMERS_CACHE_CLASSES = (4, 36)
@@ -462,6 +464,10 @@ class InferenceSetup:
         self._check_graphs()
         self._check_gptq_kernel(fmt)
         self._check_state_dtypes()
+        if self.engine is Engine.LITGPT:  # imported here: the formulas import this module
+            from peakmem.formulas.serving.litgpt import check_litgpt
+
+            check_litgpt(self)
         _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
@@ -479,8 +485,8 @@ class InferenceSetup:
             )  # fmt: skip
         if fmt.scheme in (Scheme.BNB_INT8, Scheme.BNB_4BIT):
             require(
-                self.engine in (Engine.HF, Engine.VLLM), "weights", self.weights,
-                f"bitsandbytes formats run in transformers or vLLM, not engine={self.engine.value}",
+                self.engine in (Engine.HF, Engine.VLLM, Engine.LITGPT), "weights", self.weights,
+                f"bitsandbytes formats run in transformers, vLLM or Lit-GPT, not engine={self.engine.value}",
             )  # fmt: skip
         if self.engine in (Engine.VLLM, Engine.SGLANG):
             require(
@@ -573,8 +579,9 @@ class InferenceSetup:
         if not isinstance(self.gpu_architecture, str):
             raise InputError(f"gpu_architecture={self.gpu_architecture!r}: a GPU architecture name")
         if self.engine_version is not None:
-            require(pooled or self.engine is Engine.HF, "engine_version", self.engine_version,
-                    f"versions are modelled for vllm, sglang and hf, not {engine}")  # fmt: skip
+            versioned = pooled or self.engine in (Engine.HF, Engine.LITGPT)
+            require(versioned, "engine_version", self.engine_version,
+                    f"versions are modelled for vllm, sglang, hf and litgpt, not {engine}")  # fmt: skip
             parse_engine_version(self.engine_version)
         if self.cache_implementation is CacheImplementation.STATIC:
             require(self.version >= TRANSFORMERS_STATIC_CACHE, "cache_implementation", "static",

@@ -250,7 +250,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("kv_cache", str, "auto", SV, "auto|bf16|fp16|fp8|int8|int4"),
     _o("context", int, None, SV, "tokens per sequence (default: model limit)", maximum=MAX_SEQ),
     _o("prompt", int, None, SV, "prefill tokens (default: the whole context)", maximum=MAX_SEQ),
-    _o("engine", str, "hf", SV, "hf|vllm|sglang|llamacpp"),
+    _o("engine", str, "hf", SV, "hf|vllm|sglang|llamacpp|litgpt (Lit-GPT generate/base.py)"),
     _o("gpu_memory_utilization", float, None, SV,
        "vLLM gpu_memory_utilization / SGLang mem_fraction_static (default: vLLM 0.9; SGLang 0.5's "
        "(GPU - reserve) / GPU, the reserve 0.5 GiB + 1.5 MiB x chunked prefill + 2 MiB x cuda-graph-max-bs "
@@ -293,7 +293,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("engine_version", str, None, SV, "vLLM / SGLang / transformers (hf) release, e.g. 0.10 (default: the "
        "newest read, vLLM 0.27, transformers 5.23): vLLM counts CUDA graphs inside gpu_memory_utilization "
        "from 0.20, on top before; transformers before 4.36 rebuilds a tuple cache every step, before 4.45 "
-       "makes every prompt position's logits",
+       "makes every prompt position's logits; litgpt (default 0.5.13; 0.0: the 2023 lit-gpt) before 0.5.5 "
+       "caches grouped-query K/V expanded to every head",
        group=_GRAPHS),
     _o("ssm_cache_dtype", str, "auto", SV, "the SSM / linear-attention scan state's dtype: vLLM "
        "--mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype (auto: the engine's default for the model)",

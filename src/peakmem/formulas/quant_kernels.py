@@ -194,6 +194,12 @@ def cuda_old_dequant_bytes(in_f: int, out_f: int, bits: int, group_size: int) ->
     return max(INT32_BYTES + b, 2 * b + FP16_BYTES) * n + b * groups * out_f
 
 
+def int8_matmul_bytes(rows: int, in_f: int, out_f: int) -> int:
+    """LLM.int8's matmul of ``rows`` rows beyond the weight: the int8 input and the int32 output (its fp32
+    row scales and the fp16 output are small beside them, not counted)."""
+    return rows * (in_f + out_f * INT32_BYTES)
+
+
 def matmul_temporary_bytes(
     spec: ModelSpec, setup: InferenceSetup, rows: int, act_bytes: int, *, prefill: bool
 ) -> int:
@@ -217,7 +223,7 @@ def matmul_temporary_bytes(
     if not prefill or rows <= 1:
         return 0
     if fmt.scheme is Scheme.BNB_INT8:
-        return rows * (in_f + out_f * 4)
+        return int8_matmul_bytes(rows, in_f, out_f)
     if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ):
         return in_f * out_f * act_bytes
     return 0
@@ -246,5 +252,5 @@ def kernel_notes(setup: InferenceSetup) -> tuple[str, ...]:
 
 __all__ = [
     "cuda_old_dequant_bytes", "exllama_temp_dq_bytes", "exllamav2_perm_bytes", "exllamav2_scratch_bytes",
-    "kernel_buffer_items", "kernel_notes", "matmul_temporary_bytes", "quantized_linears",
+    "int8_matmul_bytes", "kernel_buffer_items", "kernel_notes", "matmul_temporary_bytes", "quantized_linears",
 ]  # fmt: skip

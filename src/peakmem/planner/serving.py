@@ -106,7 +106,7 @@ def _weight_options(setup: InferenceSetup) -> tuple[str, ...]:
     engine = setup.engine.value
     if engine == "llamacpp":
         ladder: tuple[str, ...] = ("q8_0", "q6_k", "q4_k_m")
-    elif engine == "hf":
+    elif engine in ("hf", "litgpt"):  # bitsandbytes (Lit-GPT: --quantize bnb.int8 / bnb.nf4)
         ladder = ("int8", "nf4")
     else:  # vllm / sglang
         ladder = ("fp8", "awq-4bit")
@@ -131,7 +131,11 @@ def _kv_options(setup: InferenceSetup) -> tuple[Any, ...]:
     from peakmem.inference import KV_BITS, KvDtype
 
     engine = setup.engine.value
-    ladder = (KvDtype.FP8,) if engine in ("vllm", "sglang") else (KvDtype.INT8, KvDtype.INT4)
+    ladder: tuple[KvDtype, ...] = (KvDtype.INT8, KvDtype.INT4)
+    if engine in ("vllm", "sglang"):
+        ladder = (KvDtype.FP8,)
+    elif engine == "litgpt":  # Lit-GPT's KVCache holds the precision's dtype (formulas/serving/litgpt.py)
+        ladder = ()
     cur = setup.kv_cache
     cur_bits = KV_BITS.get(cur, 16)
     return tuple(k for k in ladder if KV_BITS[k] < cur_bits)
@@ -172,6 +176,7 @@ def fit_inference(
         Family(name="tensor parallel over N GPUs",
                status="searched" if _tp_searched(setup) else "not applicable",
                reason="llama.cpp splits layers, not tensors" if setup.engine.value == "llamacpp" else
+               "Lit-GPT's generate quantizes on one device" if setup.engine.value == "litgpt" else
                "the layout given (pp, dp, ep) is kept" if setup.layout.parallel else "",
                options=(f"the fewest of 2..{INFER_MAX_TP} GPUs",)),
         Family(name="fewer concurrent sequences", status="searched" if setup.batch > 1 else "not applicable",
@@ -385,4 +390,4 @@ def fit_inference_json(report: InferFitReport) -> dict[str, object]:
 def _tp_searched(setup: InferenceSetup) -> bool:
     """Whether tensor parallelism is searched: a one-GPU job of an engine that splits tensors (a layout
     with pp / dp / ep is the user's own: formulas/serving/parallel.py)."""
-    return setup.engine.value != "llamacpp" and setup.tp == 1 and not setup.layout.parallel
+    return setup.engine.value not in ("llamacpp", "litgpt") and setup.tp == 1 and not setup.layout.parallel

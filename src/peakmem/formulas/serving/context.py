@@ -46,6 +46,9 @@ def _compute_dtype(setup: InferenceSetup) -> tuple[str, int]:
     fmt = setup.weight_format
     if fmt.scheme is Scheme.FLOAT:
         return fmt.float_dtype, 4 if fmt.float_dtype == "fp32" else 2
+    if fmt.scheme is Scheme.BNB_INT8 and setup.engine is Engine.LITGPT:
+        # lightning fabric BitsandbytesPrecision: "'int8' only works with dtype=torch.float16" (@71aed751)
+        return "fp16", 2
     if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ, Scheme.GGUF):
         return "fp16", 2  # AutoAWQ / auto-gptq run in fp16; llama.cpp CUDA kernels use f16/f32
     return "bf16", 2
@@ -280,6 +283,7 @@ class EngineMemory:
     extra: dict[str, object]
     notes: tuple[str, ...] = ()
     band_terms: tuple[BandTerm, ...] = ()  # the engine's own unknowns (CUDA graphs' spread)
+    load: list[MemoryItem] | None = None  # the model load, where it holds more than its weights (Lit-GPT)
 
 
 WEIGHTS_ITEM_PREFIX = "weights ("  # the path of the model's own weights item (its format follows)

@@ -23,6 +23,7 @@ from peakmem.formulas.serving.context import (
     state_per_sequence,
 )
 from peakmem.formulas.serving.generate import generate_memory
+from peakmem.formulas.serving.litgpt import litgpt_memory, litgpt_rows
 from peakmem.formulas.serving.llamacpp import llamacpp_memory
 from peakmem.formulas.serving.paged import paged_memory
 from peakmem.formulas.serving.parallel import deployment_estimate
@@ -78,15 +79,18 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     """One rank holding ``spec`` (the whole model, or one pipeline stage's part of it)."""
     ov = overheads or _DEFAULT_OVERHEADS
     c = resolve_context(spec, setup)
-    rows = weight_rows(spec, setup.weight_format)
+    rows = litgpt_rows(c) if setup.engine is Engine.LITGPT else weight_rows(spec, setup.weight_format)
     if setup.engine is Engine.HF:
         r = generate_memory(c, rows)
+    elif setup.engine is Engine.LITGPT:
+        r = litgpt_memory(c, rows)
     elif setup.engine is Engine.LLAMACPP:
         r = llamacpp_memory(c, rows)
     else:
         r = paged_memory(c, rows)
     prefill, decode = _phase(Phase.PREFILL, r.prefill), _phase(Phase.DECODE, r.decode)
-    peak = prefill if prefill.bytes >= decode.bytes else decode
+    phases = (prefill, decode) if not r.load else (_phase(Phase.LOAD, r.load), prefill, decode)
+    peak = max(phases, key=lambda p: p.bytes)  # the first of equals
     overhead = sum(i.bytes for i in r.overhead)
     # Caching allocator (formulas/allocator.py): weights and a preallocated cache are resident;
     # activations, temporaries and transformers' growing cache (re-allocated by torch.cat every
@@ -151,7 +155,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         trainable_params=0,
         per_param=_per_param(spec, rows),
         items=peak.items,
-        phases=(prefill, decode),
+        phases=phases,
         peak_phase=peak.phase,
         peak_allocated_bytes=peak.bytes,
         peak_reserved_bytes=reserved,
@@ -216,7 +220,7 @@ def _serving_band(
     ]
     if setup.tp > 1:
         terms.append(_band.nccl_term(communicators=1, likely_bytes=0))
-    if setup.engine is Engine.HF:
+    if setup.engine in (Engine.HF, Engine.LITGPT):  # generate's residuals: measured on both engines' rows
         kind = _band.GENERATE if setup.weight_format.scheme is Scheme.FLOAT else _band.GENERATE_QUANTIZED
         measured = _band.measured_residual_term(kind, peak.bytes)
         if measured is not None:
