@@ -24,6 +24,12 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   nn.Parameter(...)``, modeling_mixtral.py l. 63-71) that bitsandbytes leaves 16-bit. Architectures
   whose 4.x experts were already 3-D parameters (gpt_oss, llama4, dbrx, granitemoe, jetmoe,
   qwen3_vl_moe) are not in the set.
+* Gradient checkpointing. ``gradient_checkpointing_enable()`` without kwargs checkpoints each layer with
+  reentrant ``torch.utils.checkpoint`` before 5.0.0 (4.48.1 / 4.57.1 modeling_utils.py
+  ``gradient_checkpointing_kwargs = {"use_reentrant": True}``; 4.36.0 passes ``{}``, 4.30.0 calls
+  ``torch.utils.checkpoint.checkpoint`` directly: torch's reentrant default) and non-reentrant from 5.0.0 on
+  (5.0.0 l. 3099 ``{"use_reentrant": False}``; 5.23 the same). Under FSDP1 with frozen layer units this keeps
+  every layer's input to the end of backward (:mod:`peakmem.formulas.fsdp1_frozen_inputs`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class TransformersRelease:
     moe_expert_linears: bool  # MoE experts are per-expert nn.Linear modules (EXPERT_LINEAR_MODEL_TYPES)
     shifted_logits_copy: bool  # the loss makes a contiguous copy of logits[..., :-1, :]
     upcast: Upcast
+    reentrant_checkpointing: bool  # gradient_checkpointing_enable() uses reentrant torch.utils.checkpoint
     source: str
 
 
@@ -64,26 +71,34 @@ class TransformersRelease:
 TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
+        reentrant_checkpointing=False,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
-        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded",
+        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; modeling_utils.py "
+        "gradient_checkpointing_enable: use_reentrant False",
     ),
     TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
+        reentrant_checkpointing=True,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
-        "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs",
+        "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs; "
+        "gradient_checkpointing_enable: use_reentrant True (4.57.1 modeling_utils.py)",
     ),
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
+        reentrant_checkpointing=True,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
-        "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy)",
+        "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy); 4.48.1 modeling_utils.py l. 2539 "
+        "gradient_checkpointing_kwargs = {'use_reentrant': True}",
     ),
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
+        reentrant_checkpointing=True,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
+        reentrant_checkpointing=True,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),
