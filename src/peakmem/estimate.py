@@ -696,6 +696,7 @@ def _estimate(
             step_assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
+            + ((_frozen.NOTE,) if any(g.kept for g in parts.groups) else ())
             + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)

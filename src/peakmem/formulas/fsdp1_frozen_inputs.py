@@ -48,6 +48,11 @@ from peakmem.formulas.timeline import GroupCost
 from peakmem.parallel import AdapterWrap, FsdpMode, Parallelism
 from peakmem.training import Checkpointing
 
+NOTE = (
+    "FSDP1 over frozen layer units with reentrant checkpointing (transformers < 5.0's default): each layer's "
+    "input and its gradient stay until the end of backward (FSDP1's reshard hook on the unit's inputs)"
+)
+
 SRC_FROZEN_INPUTS = (
     "torch 2.4.1 fsdp/_runtime_utils.py _register_post_backward_reshard_only_hook (register_multi_grad_hook "
     "on a frozen unit's inputs, removed by _finalize_params at the end of backward); autograd/graph.py "
