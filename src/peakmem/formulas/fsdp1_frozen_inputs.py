@@ -24,8 +24,9 @@ use_orig_params, BACKWARD_PRE, peft 0.13.2 LoRA r 16 on q/k/v/o wrapped apart, b
 MixedPrecision(bf16); rank 0 of a fake 2-rank world, tiny Llama hidden 256, 2 x 256 tokens): the backward
 peak above the resting states grows by 524,288 B per layer (8 -> 16 layers), two bf16 ``2 x 256 x 256``
 tensors, where one process without FSDP grows by 262,144 B (the checkpoint alone); removing the hook once it
-has fired takes it to 210,944 B per layer (the peak back at the top layer). The peak moves to the first layer's backward (the last one backward reaches): the
-8-layer oracle holds there every layer's input and 7 of their gradients.
+has fired takes it to 210,944 B per layer (the peak back at the top layer). With the hook kept the peak
+moves to the first layer's backward (the last one backward reaches): the 8-layer oracle holds there every
+layer's input and 7 of their gradients.
 
 The same adapter units decide what FSDP1's backward prefetch gathers (:func:`backward_units`). FSDP1 records
 each handle's place in the forward's post-forward order once (torch 2.4.1 fsdp/_exec_order_utils.py
