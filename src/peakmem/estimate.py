@@ -36,6 +36,7 @@ from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
+from peakmem.formulas import fsdp1_frozen_inputs as _frozen
 from peakmem.formulas import fsdp1_root as _root1
 from peakmem.formulas import fsdp2 as _fsdp2
 from peakmem.formulas import long_context as _long
@@ -70,6 +71,7 @@ from peakmem.training import (
     TrainingSetup,
     checkpointed_layers,
 )
+from peakmem.transformers_versions import release_facts as _tf_release
 from peakmem.units import fmt_gb
 
 METHOD = "analytic"
@@ -370,6 +372,8 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
     offloaded = 0
     seen: dict[tuple[int, int, bool], act.LayerActivations] = {}  # equal layers share their formulas
     runs = zip(st.groups, st.wrapped, st.written, st.kept, strict=True)
+    reentrant = _tf_release(setup.transformers).reentrant_checkpointing
+    keeps = _frozen.keeps_layer_inputs(par, bool(tech.adapter), setup.checkpointing, reentrant)
     for (i, count), wrapped, written, kept in runs:
         memo = (facts.same_as[i], written, wrapped)
         la = None if tech.adapter else seen.get(memo)
@@ -425,6 +429,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             resident_credit=in_place_credit(la.backward_freed, la.backward_grads, alive) if in_place else 0,
             forward_sizes=la.forward_sizes, recompute_sizes=la.recompute_sizes,
             backward_sizes=la.backward_sizes + ((la.backward_grads,) if not whole else ()),
+            kept=_frozen.kept_per_layer(la.layer_input) if keeps and wrapped else 0,
         ))  # fmt: skip
         layer_items.append((count, la.saved))
     embed: tuple[MemoryItem, ...] = ()
@@ -593,7 +598,8 @@ def _estimate(
         )
         # FSDP1: the root's flat gradient cat at the end, where the layer units are resharded (fsdp1_root)
         cat = _root1.flat_grad_extra(rs.root_flat_grad, tied_tmp + root_held + tail)
-        credit = _root1.resharded_at_tail(par, rs.gathered_backward, tail + cat) if cat else 0
+        units = _frozen.backward_units(rs.gathered_backward, par, bool(tech.adapter), sp.layers)
+        credit = _root1.resharded_at_tail(par, units, tail + cat) if cat else 0
         bp = backward_peak(
             groups[::-1], base_saved=embed_saved, head_saved=head_saved,
             start_extra=max(max(head_bwd, logits_grad + start_written + tied_tmp) + rs.backward_start_extra,
@@ -601,7 +607,7 @@ def _estimate(
             start_grads=0 if in_bwd else start_kept,
             tail_extra=tail + cat - credit,
             tail_grads=0 if resident or in_bwd else end_kept, grads_resident=resident,
-            held=tied_tmp + root_held,
+            held=tied_tmp + root_held, kept_in_transient=_frozen.incoming_gradient(groups),
         )  # fmt: skip
         engine_bwd = [i for i in rs.grads_backward if not (resident and i in rs.accumulated)]
         layers = sum(g.count for g in groups)
@@ -611,9 +617,7 @@ def _estimate(
         if rs.layer_backward_extra and not bp.at_start and bp.layers_done < layers:
             extra = _fsdp.layer_extra(rs, bp.layers_done, layers)
             bwd_items = _fsdp.backward_items(bwd_items, extra, rs.layer_backward_item)
-        gathered = [
-            i for i in rs.gathered_backward if not (at_tail and credit and i.key in _root1.RESHARDED_KEYS)
-        ]
+        gathered = [i for i in units if not (at_tail and credit and i.key in _root1.RESHARDED_KEYS)]
         items = [*engine_bwd, *gathered, *pipeline, *bwd_items, p2p_item,
                  *((embed_grad,) if resident else ())]  # fmt: skip
         return _phase(Phase.BACKWARD, items, base=base, base_bytes=base_bytes), bp
@@ -692,6 +696,7 @@ def _estimate(
             step_assumptions(tech, setup, sh, ov)
             + st.assumptions
             + rs.notes
+            + ((_frozen.NOTE,) if any(g.kept for g in parts.groups) else ())
             + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)

@@ -16,6 +16,7 @@ from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
 from peakmem.formulas import step_sequence as _seq
 from peakmem.formulas.activations import float8 as _f8
+from peakmem.formulas.fsdp1_frozen_inputs import SRC_FROZEN_INPUTS
 from peakmem.formulas.optimizer import PER_PARAM_TEMPORARIES
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.technique import Technique
@@ -550,6 +551,11 @@ def backward_items(
     items.append(MemoryItem(path="backward temporaries (gradients in flight)", category=Category.TEMPORARIES,
                             bytes=bp.transient - in_flight + bp.freed, source=SRC_BACKWARD_TMP,
                             key="backward.temporaries"))  # fmt: skip
+    if bp.kept:
+        items.append(MemoryItem(path=f"FSDP1 frozen units: the inputs of the {bp.layers_done} layers done "
+                                     "and their gradients (kept to the end of backward)",
+                                category=Category.ACTIVATIONS, bytes=bp.kept, source=SRC_FROZEN_INPUTS,
+                                key="backward.fsdp1_frozen_inputs"))  # fmt: skip
     if bp.held:
         items.append(MemoryItem(path="tied embedding: the LM head's gradient, held until the embedding's",
                                 category=Category.TEMPORARIES, bytes=bp.held, source=SRC_TIED,

@@ -28,6 +28,12 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   4.56.0, 4.57.1, 5.0.0, 5.1.0, 5.2.0, 5.3.0, 5.6.0, 5.8.0, 5.10.0): ``integrations/mxfp4.py``
   ``convert_moe_packed_tensors`` makes the nibble indices int64 and both before gathering through 5.0.x
   (5.0.0 l. 261-262), int32 and one at a time, each deleted after its gather, from 5.1.0 (l. 253-258).
+* Gradient checkpointing. ``gradient_checkpointing_enable()`` without kwargs checkpoints each layer with
+  reentrant ``torch.utils.checkpoint`` before 5.0.0 (4.48.1 / 4.57.1 modeling_utils.py
+  ``gradient_checkpointing_kwargs = {"use_reentrant": True}``; 4.36.0 passes ``{}``, 4.30.0 calls
+  ``torch.utils.checkpoint.checkpoint`` directly: torch's reentrant default) and non-reentrant from 5.0.0 on
+  (5.0.0 l. 3099 ``{"use_reentrant": False}``; 5.23 the same). Under FSDP1 with frozen layer units this keeps
+  every layer's input to the end of backward (:mod:`peakmem.formulas.fsdp1_frozen_inputs`).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class TransformersRelease:
     upcast: Upcast
     mxfp4_index_bytes: int  # bytes of one nibble index in the MXFP4 dequantization at load (int64 / int32)
     mxfp4_indices_together: bool  # idx_lo and idx_hi alive together (else one at a time)
+    reentrant_checkpointing: bool  # gradient_checkpointing_enable() uses reentrant torch.utils.checkpoint
     source: str
 
 
@@ -70,38 +77,41 @@ class TransformersRelease:
 TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(5, 1, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
-        mxfp4_index_bytes=4, mxfp4_indices_together=False,
+        mxfp4_index_bytes=4, mxfp4_indices_together=False, reentrant_checkpointing=False,
         source="transformers 5.1.0 integrations/mxfp4.py _convert_moe_packed_tensors l. 253-258: int32 "
         "nibble indices, each deleted after its gather",
     ),
     TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
-        mxfp4_index_bytes=8, mxfp4_indices_together=True,
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=False,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
-        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; integrations/mxfp4.py l. 261-262: "
-        "int64 nibble indices, both made before the gathers",
+        "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; modeling_utils.py "
+        "gradient_checkpointing_enable: use_reentrant False; integrations/mxfp4.py l. 261-262: int64 nibble "
+        "indices, both made before the gathers",
     ),
     TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
-        mxfp4_index_bytes=8, mxfp4_indices_together=True,
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
-        "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs",
+        "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs; "
+        "gradient_checkpointing_enable: use_reentrant True (4.57.1 modeling_utils.py)",
     ),
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
-        mxfp4_index_bytes=8, mxfp4_indices_together=True,
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
-        "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy)",
+        "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy); 4.48.1 modeling_utils.py l. 2539 "
+        "gradient_checkpointing_kwargs = {'use_reentrant': True}",
     ),
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
-        mxfp4_index_bytes=8, mxfp4_indices_together=True,
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
-        mxfp4_index_bytes=8, mxfp4_indices_together=True,
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),

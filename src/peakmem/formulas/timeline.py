@@ -39,6 +39,9 @@ class GroupCost:
     forward_sizes: tuple[int, ...] = ()
     recompute_sizes: tuple[int, ...] = ()
     backward_sizes: tuple[int, ...] = ()
+    # bytes each layer leaves alive from its backward to the end of backward, beyond its weight gradients
+    # (FSDP1's frozen units under reentrant checkpointing: peakmem.formulas.fsdp1_frozen_inputs)
+    kept: int = 0
 
 
 def in_place_credit(freed: int, grads: int, alive: int) -> int:
@@ -70,6 +73,7 @@ class BackwardPeak:
     freed: int = 0  # the current layer's saved bytes already freed (``transient`` is net of them)
     grads_in_flight: int = 0  # the current layer's weight gradients (inside ``transient``)
     held: int = 0  # a temporary held from the head's backward to the embedding's (not in ``transient``)
+    kept: int = 0  # what the layers done left alive (GroupCost.kept), net of the running layer's transient
 
 
 def backward_peak(
@@ -83,6 +87,7 @@ def backward_peak(
     tail_grads: int,
     grads_resident: bool,
     held: int = 0,
+    kept_in_transient: int = 0,
 ) -> BackwardPeak:
     """The maximum memory during backward above weights/master/states (and resident grads).
 
@@ -95,6 +100,8 @@ def backward_peak(
     every layer and at the tail: a tied embedding's gradient from the LM head, which the autograd
     engine keeps in the embedding's ``InputBuffer`` until the embedding's own contribution arrives
     (torch/csrc/autograd/input_buffer.cpp ``accumulate``; measured: the sum is a new tensor).
+    ``kept_in_transient``: of the bytes the layers done keep (``GroupCost.kept``), those a running layer's
+    ``backward_transient`` already counts (its incoming gradient), once any layer is done.
     """
     act = sum(g.count * g.saved for g in groups_top_down) + base_saved
     best = BackwardPeak(
@@ -102,26 +109,29 @@ def backward_peak(
         grads_so_far=0, transient=start_extra, at_start=True,
     )  # fmt: skip
     grads = 0 if grads_resident else start_grads
-    done = 0
+    done = kept = 0
     for g in groups_top_down:
         for j in (0, g.count - 1):
             left = act - j * g.saved
             so_far = grads + (0 if grads_resident else j * g.grads)
             transient = g.backward_transient - (g.resident_credit if grads_resident else 0)
-            total = left + so_far + transient + g.recompute + held
+            kept_now = kept + j * g.kept
+            kept_now -= min(kept_now, kept_in_transient) if done + j else 0
+            total = left + so_far + transient + g.recompute + held + kept_now
             if total > best.bytes:
                 best = BackwardPeak(
                     bytes=total, layers_done=done + j, activations_left=left, grads_so_far=so_far,
                     transient=transient, recompute=g.recompute, freed=g.freed,
-                    grads_in_flight=g.grads_in_flight, held=held,
+                    grads_in_flight=g.grads_in_flight, held=held, kept=kept_now,
                 )  # fmt: skip
         act -= g.count * g.saved
         grads += 0 if grads_resident else g.count * g.grads
+        kept += g.count * g.kept
         done += g.count
-    total = act + grads + tail_extra + tail_grads + held
+    total = act + grads + tail_extra + tail_grads + held + kept
     if total > best.bytes:
         best = BackwardPeak(
             bytes=total, layers_done=done, activations_left=act, grads_so_far=grads,
-            transient=tail_extra + tail_grads, held=held, grads_in_flight=tail_grads,
+            transient=tail_extra + tail_grads, held=held, grads_in_flight=tail_grads, kept=kept,
         )  # fmt: skip
     return best
