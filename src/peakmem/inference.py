@@ -16,7 +16,7 @@ from peakmem.choice import Choice
 from peakmem.device import check_interconnect
 from peakmem.errors import InputError, require
 from peakmem.model import STATE_DTYPES, ModelSpec
-from peakmem.releases import parse_release
+from peakmem.releases import Release, parse_release
 from peakmem.serving_layout import ServingLayout
 from peakmem.sglang_defaults import SglangDefaults, sglang_defaults
 from peakmem.validate import (
@@ -318,6 +318,18 @@ class ModelRunner(Choice):
 # KV budget; the V2 runner, default for dense models from 0.25, reserves nothing before 0.29).
 # hf: the transformers release; litgpt: tag v0.5.13 (formulas/serving/litgpt.py; "0.0": the 2023 lit-gpt)
 CURRENT_ENGINE_VERSION = {"vllm": "0.27", "sglang": "0.5", "hf": "5.23", "litgpt": "0.5.13"}
+# Lit-GPT's --quantize choices engine litgpt takes (generate/base.py ``quantize: Literal[...]``, bnb.* only)
+LITGPT_FORMATS = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
+LITGPT_KV_DTYPES = (KvDtype.AUTO, KvDtype.BF16, KvDtype.FP16, KvDtype.FP32)  # its KVCache: the precision's
+
+
+def litgpt_release(setup: InferenceSetup) -> Release:
+    """The litgpt release asked (``engine_version``; "0.0": the 2023 lit-gpt repository, before litgpt 0.1),
+    else the newest read (``CURRENT_ENGINE_VERSION``)."""
+    default = CURRENT_ENGINE_VERSION["litgpt"]
+    return parse_release(setup.engine_version or default, field="engine_version", examples="0.5.13 or 0.0")
+
+
 # transformers v4.36.0 (Dec 2023) brought the Cache classes (cache_utils.py DynamicCache, updated in place);
 # before it a decoder's past_key_values was a tuple of per-layer (K, V) tuples rebuilt every step
 TRANSFORMERS_CACHE_CLASSES = (4, 36)
@@ -464,10 +476,8 @@ class InferenceSetup:
         self._check_graphs()
         self._check_gptq_kernel(fmt)
         self._check_state_dtypes()
-        if self.engine is Engine.LITGPT:  # imported here: the formulas import this module
-            from peakmem.formulas.serving.litgpt import check_litgpt
-
-            check_litgpt(self)
+        if self.engine is Engine.LITGPT:
+            self._check_litgpt()
         _ = self.layout  # builds and checks the parallel layout (peakmem.serving_layout)
         require(
             self.mla_cache in MLA_CACHE_CHOICES, "mla_cache", self.mla_cache, f"choose {MLA_CACHE_CHOICES}"
@@ -596,6 +606,25 @@ class InferenceSetup:
             require(engine == "vllm", "model_runner", runner, f"an option of engine=vllm, not {engine}")
             require(self.version >= (0, 8), "model_runner", runner,
                     f"vLLM {self.engine_version} is V0: no V1 / V2 model runner")  # fmt: skip
+
+    def _check_litgpt(self) -> None:
+        """The options Lit-GPT's generate has no counterpart for (formulas/serving/litgpt.py): one line
+        naming the field."""
+        fmt = self.weight_format
+        require(fmt.scheme is Scheme.FLOAT or fmt.name in LITGPT_FORMATS, "weights", self.weights,
+                "Lit-GPT's --quantize takes bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq or bnb.int8 "
+                "(engine litgpt), or a float format")  # fmt: skip
+        require(self.kv_cache in LITGPT_KV_DTYPES, "kv_cache", self.kv_cache.value,
+                "Lit-GPT's KVCache holds the precision's dtype (engine litgpt)")  # fmt: skip
+        require(self.tp == 1, "tp", self.tp, "Lit-GPT's generate/base.py quantizes on one device only; its "
+                "multi-GPU generate is not modelled (engine litgpt)")  # fmt: skip
+        for name in ("prefill_chunk", "gpu_memory_utilization", "block_size"):
+            require(getattr(self, name) is None, name, getattr(self, name),
+                    "Lit-GPT's generate runs the whole prompt in one forward into its own cache "
+                    "(engine litgpt)")  # fmt: skip
+        require(not self.keep_all_logits, "keep_all_logits", True,
+                "Lit-GPT's GPT.forward makes every prompt position's logits (engine litgpt)")  # fmt: skip
+        litgpt_release(self)
 
     def _check_state_dtypes(self) -> None:
         """``ssm_cache_dtype`` / ``conv_cache_dtype``: a name of :data:`STATE_CACHE_DTYPES`; other than

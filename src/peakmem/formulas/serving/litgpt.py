@@ -56,7 +56,6 @@ from dataclasses import replace
 
 from peakmem.adapters import QuantConfig
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.errors import require
 from peakmem.formulas.kv_cache import layer_kv_bytes
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
 from peakmem.formulas.qlora import FP16, FP32, base_rows, dequantized_weight_bytes, is_quantized
@@ -70,9 +69,9 @@ from peakmem.formulas.serving.context import (
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.weights import WeightRow, bnb_4bit_bytes, weight_rows
-from peakmem.inference import CURRENT_ENGINE_VERSION, InferenceSetup, KvDtype, Scheme
+from peakmem.inference import Scheme, litgpt_release
 from peakmem.model import Attention, ModelSpec
-from peakmem.releases import Release, parse_release
+from peakmem.releases import Release
 
 SRC_GENERATE = "Lit-GPT generate/base.py@982abcbc, lit_gpt/model.py (KVCache, set_kv_cache)"
 SRC_FABRIC = "lightning@71aed751 fabric/plugins/precision/bitsandbytes.py (_quantize_on_load_hook)"
@@ -83,35 +82,6 @@ SAMPLER_VOCAB_ROWS = 3
 MASK_BYTES = 1  # mask_cache: torch.bool
 # bitsandbytes 0.41.1 double_quant: CB and CBt (int8 each) alive until ``del CBt``; fp32 row and column scales
 INT8_DOUBLE_QUANT_COPIES = 2
-# Lit-GPT's --quantize choices this engine takes (generate/base.py ``quantize: Literal[...]``, bnb.* only)
-LITGPT_FORMATS = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
-LITGPT_KV_DTYPES = (KvDtype.AUTO, KvDtype.BF16, KvDtype.FP16, KvDtype.FP32)
-
-
-def litgpt_release(setup: InferenceSetup) -> Release:
-    """The litgpt release asked (``engine_version``; "0.0": the 2023 lit-gpt repository, before litgpt 0.1),
-    else the newest read (``CURRENT_ENGINE_VERSION``)."""
-    default = CURRENT_ENGINE_VERSION["litgpt"]
-    return parse_release(setup.engine_version or default, field="engine_version", examples="0.5.13 or 0.0")
-
-
-def check_litgpt(setup: InferenceSetup) -> None:
-    """The options Lit-GPT's generate has no counterpart for: one line naming the field."""
-    fmt = setup.weight_format
-    require(fmt.scheme is Scheme.FLOAT or fmt.name in LITGPT_FORMATS, "weights", setup.weights,
-            "Lit-GPT's --quantize takes bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq or bnb.int8 "
-            "(engine litgpt), or a float format")  # fmt: skip
-    require(setup.kv_cache in LITGPT_KV_DTYPES, "kv_cache", setup.kv_cache.value,
-            "Lit-GPT's KVCache holds the precision's dtype (engine litgpt)")  # fmt: skip
-    require(setup.tp == 1, "tp", setup.tp, "Lit-GPT's generate/base.py quantizes on one device only; its "
-            "multi-GPU generate is not modelled (engine litgpt)")  # fmt: skip
-    for name in ("prefill_chunk", "gpu_memory_utilization", "block_size"):
-        require(getattr(setup, name) is None, name, getattr(setup, name),
-                "Lit-GPT's generate runs the whole prompt in one forward into its own cache "
-                "(engine litgpt)")  # fmt: skip
-    require(not setup.keep_all_logits, "keep_all_logits", True,
-            "Lit-GPT's GPT.forward always makes every prompt position's logits (engine litgpt)")  # fmt: skip
-    litgpt_release(setup)
 
 
 def litgpt_quant(c: ServingContext) -> QuantConfig | None:
@@ -264,6 +234,6 @@ def litgpt_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemor
 
 
 __all__ = [
-    "LITGPT_GROUPED_CACHE", "cached_heads", "check_litgpt", "first_forward_bytes", "litgpt_cache_bytes",
-    "litgpt_memory", "litgpt_quant", "litgpt_release", "litgpt_rows", "load_transient_bytes",
+    "LITGPT_GROUPED_CACHE", "cached_heads", "first_forward_bytes", "litgpt_cache_bytes",
+    "litgpt_memory", "litgpt_quant", "litgpt_rows", "load_transient_bytes",
 ]  # fmt: skip
