@@ -327,6 +327,23 @@ def test_inference_with_an_engine(page: Any, url: str) -> None:
         expect(chip).to_contain_text(f"holds {v['max_concurrent']:,} sequences")
 
 
+def test_litgpt_generate_on_the_page(page: Any, url: str) -> None:
+    """The page asks engine litgpt (Lit-GPT's generate, its nf4 weights and release) as the API does."""
+    page.goto(f"{url}/?q=infer&model=llama-3.1-8b&gpus=rtx-4090")
+    wait_ready(page, "infer")
+    page.select_option("#engine", "litgpt")
+    page.fill("#weights", "nf4")
+    page.fill("#context", "1024")
+    page.fill("#infer_batch", "1")
+    page.fill("#engine_version", "0.0")
+    body = {"model": "llama-3.1-8b", "engine": "litgpt", "weights": "nf4", "context": 1024, "batch": 1,
+            "engine_version": "0.0", "gpus": ["rtx-4090"]}  # fmt: skip
+    expected = api(url, body, "/api/infer")
+    expect(page.locator("#answer")).to_have_text(expected["headline"])
+    expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
+    assert "engine=litgpt" in page.url
+
+
 def test_nccl_all_reduce_choice_reaches_the_answer(page: Any, url: str) -> None:
     """8 x H100 SXM (NVLink): vLLM's custom all-reduce runs the graphs' all-reduces; choosing NCCL
     (--disable-custom-all-reduce), or saying the GPUs lack peer-to-peer access (--interconnect), adds what

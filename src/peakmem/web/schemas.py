@@ -253,7 +253,9 @@ class InferRequest(ModelChoice):
     interconnect: Literal["", "nvlink", "xgmi", "pcie", "pcie-no-p2p"] | None = Field(
         None, description="how the tp GPUs are joined (peakmem.device.INTERCONNECTS; default: the GPU's)"
     )
-    engine_version: str | None = Field(None, min_length=1, max_length=40, description="vLLM / SGLang release")
+    engine_version: str | None = Field(
+        None, min_length=1, max_length=40, description="vLLM / SGLang / transformers / litgpt release"
+    )
     # the recurrent state of SSM / linear-attention layers (formulas/recurrent_state.py)
     ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="scan state dtype: vLLM --mamba-ssm-cache-dtype / SGLang --mamba-ssm-dtype"
