@@ -24,6 +24,9 @@ The quantities (``measured.quantity``):
   (device_total_bytes - peak_reserved_bytes)``; its band adds the ``device_total`` terms (CUDA context,
   NCCL) to the ``allocated`` band.
 * ``nvidia_smi``: ``device_total_bytes``, band ``device_total``.
+* ``nvml_v1_used``: NVML's v1 ``nvmlDeviceGetMemoryInfo(handle).used`` (py3nvml): ``device_total_bytes`` plus
+  the memory the driver and firmware set aside on the point's GPU (``peakmem.formulas.overhead``
+  ``nvml_v1_used_bytes``; the catalog's ``driver_reserved_bytes``), band ``device_total`` shifted by it.
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
@@ -177,7 +180,10 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peakmem.device import Gpu
 
 GiB = 2**30
 WITHIN = 0.10  # the "within 10 %" count the issue's done-when uses
@@ -379,8 +385,10 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _band(data: dict[str, Any], quantity: str) -> tuple[int, int, int]:
-    """(low, likely, high) bytes of the estimate for ``quantity``."""
+def _band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[int, int, int]:
+    """(low, likely, high) bytes of the estimate for ``quantity`` (``nvml_v1_used``: on ``gpu``)."""
+    from peakmem.formulas.overhead import nvml_v1_used_bytes
+
     band = data["band"]
     if quantity == "allocated_plus_external":
         alloc = band["allocated"]
@@ -389,9 +397,21 @@ def _band(data: dict[str, Any], quantity: str) -> tuple[int, int, int]:
         ext_low = external + sum(t["low_bytes"] for t in terms)
         ext_high = external + sum(t["high_bytes"] for t in terms)
         return alloc["low_bytes"] + ext_low, alloc["likely_bytes"] + external, alloc["high_bytes"] + ext_high
+    if quantity == "nvml_v1_used":
+        assert gpu is not None, "nvml_v1_used needs the point's GPU"
+        b = band["device_total"]
+        extra = nvml_v1_used_bytes(data["device_total_bytes"], gpu) - data["device_total_bytes"]
+        return b["low_bytes"] + extra, b["likely_bytes"] + extra, b["high_bytes"] + extra
     row = {"peak_reserved": "reserved", "peak_allocated": "allocated", "nvidia_smi": "device_total"}[quantity]
     b = band[row]
     return b["low_bytes"], b["likely_bytes"], b["high_bytes"]
+
+
+def point_gpu(p: dict[str, Any]) -> Gpu:
+    """The catalog GPU of the point's ``gpu`` text (its name before any parenthesised note)."""
+    from peakmem.catalog import get_gpu
+
+    return get_gpu(p["gpu"].split(" (")[0])
 
 
 def model_arg(p: dict[str, Any], folder: Path) -> str:
@@ -439,7 +459,11 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         return {**row, "reason": str(exc)}
     except (PeakmemError, ValueError) as exc:
         return {**row, "reason": f"peakmem: {exc}".splitlines()[0]}
-    low, likely, high = _band(result.data, row["quantity"])
+    try:
+        gpu = point_gpu(p) if row["quantity"] == "nvml_v1_used" else None
+        low, likely, high = _band(result.data, row["quantity"], gpu)
+    except PeakmemError as exc:
+        return {**row, "reason": f"peakmem: {exc}".splitlines()[0]}
     measured = p["measured"]["value_bytes"]
     # the published-residual term (formulas/band.py MEASURED_RESIDUALS, set from the fitting set): the
     # excess beyond the band without it is what --residuals measures

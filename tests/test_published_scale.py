@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
-QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi"}
+QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi", "nvml_v1_used"}
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran

@@ -141,3 +141,35 @@ def test_lora_targets_are_not_touched() -> None:
     lora = LoraConfig(targets=("q_proj",))
     setup = TrainingSetup(method="lora", lora=lora, transformers="4.48.1")  # type: ignore[arg-type]
     assert setup_that_runs(spec_from_config(MIXTRAL, name="t"), setup).lora == lora
+
+
+OPT = {
+    "model_type": "opt", "architectures": ["OPTForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+    "ffn_dim": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64,
+    "word_embed_proj_dim": 64, "do_layer_norm_before": True, "activation_function": "relu",
+    "dropout": 0.1, "attention_dropout": 0.0,
+}  # fmt: skip
+
+
+def _clamp_items(config: dict[str, object], version: str, precision: str = "mixed-fp16") -> list[int]:
+    from peakmem.formulas.activations import shapes
+    from peakmem.formulas.activations.attention import attention_terms
+
+    spec = spec_from_config(config, name="t")
+    setup = TrainingSetup(
+        precision=precision, micro_batch=B, seq_len=S, attention="eager", transformers=version
+    )  # type: ignore[arg-type]
+    items = attention_terms(spec, spec.groups[0].layer, shapes(spec, setup))[0]
+    return [i.bytes for i in items if i.key == "attn.clamp"]
+
+
+@pytest.mark.parametrize(
+    ("version", "kept"), [("4.29.0", True), ("4.48.1", True), ("4.49.0", False), ("5.23.0", False)]
+)
+def test_opt_keeps_its_clamped_scores_before_4_49(version: str, kept: bool) -> None:
+    # OPTAttention 4.30.0-4.48.1: torch.max(scores + mask, finfo.min) keeps its B x heads x S x S fp16 input
+    assert _clamp_items(OPT, version) == ([B * 4 * S * S * 2] if kept else [])
+
+
+def test_the_clamp_is_opts_alone() -> None:
+    assert _clamp_items(LLAMA, "4.29.0") == []

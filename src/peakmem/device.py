@@ -59,11 +59,21 @@ class Gpu:
     # step-time model borrows (:data:`peakmem.formulas.step_time.REFERENCE_GPU`, set by the resolver).
     rates_from: Gpu | None = None
     interconnect: str = ""  # one of INTERCONNECTS: how a node's GPUs of this kind are joined
+    # Memory the driver and firmware set aside: inside nvidia-smi's total (memory_bytes), outside the total
+    # torch.cuda.mem_get_info() reports and outside nvidia-smi's used since R510 (NVML v2), but inside the
+    # ``used`` of NVML's v1 nvmlDeviceGetMemoryInfo (py3nvml, pynvml's default). None: not known.
+    driver_reserved_bytes: int | None = None
+    driver_reserved_source: str = ""
 
     def __post_init__(self) -> None:
         require(self.name == self.name.lower() and bool(self.name), "name", self.name, "must be lowercase")
         require(self.memory_bytes > 0, "memory_bytes", self.memory_bytes, "must be positive")
         check_interconnect(self.interconnect)
+        if self.driver_reserved_bytes is not None:
+            require(
+                0 <= self.driver_reserved_bytes < self.memory_bytes, "driver_reserved_bytes",
+                self.driver_reserved_bytes, "must be at least 0 and below memory_bytes",
+            )  # fmt: skip
         if self.gpu_usable_fraction is not None:
             require(
                 0 < self.gpu_usable_fraction <= 1, "gpu_usable_fraction", self.gpu_usable_fraction,

@@ -34,6 +34,12 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   ``torch.utils.checkpoint.checkpoint`` directly: torch's reentrant default) and non-reentrant from 5.0.0 on
   (5.0.0 l. 3099 ``{"use_reentrant": False}``; 5.23 the same). Under FSDP1 with frozen layer units this keeps
   every layer's input to the end of backward (:mod:`peakmem.formulas.fsdp1_frozen_inputs`).
+* OPT's eager attention clamps the masked scores: 4.30.0 to 4.48.1 ``OPTAttention.forward`` (4.30.0
+  modeling_opt.py l. 224-227, 4.48.1 l. 200-203) does ``attn_weights = attn_weights.view(...) +
+  attention_mask`` then ``torch.max(attn_weights, torch.tensor(finfo.min))``, and ``maximum`` keeps both
+  inputs for its backward: one B x heads x S x S tensor in the compute dtype per layer, beside the softmax's
+  (measured: a saved-tensors hook on the two ops, torch 2.13 CPU); 4.49.0 (and 4.50.0) has no ``torch.max``
+  in modeling_opt.py. XGLM keeps the same clamp in 4.49.0 (not modelled: not in the catalog).
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ EXPERT_LINEAR_MODEL_TYPES = frozenset({
 })  # fmt: skip
 
 
+# transformers 4.30.0-4.48.1 models/opt/modeling_opt.py OPTAttention: torch.max(scores + mask, finfo.min)
+SCORES_CLAMP_MODEL_TYPES = frozenset({"opt"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformersRelease:
     """What the releases from ``since`` on (until the previous row's) do, as far as a step's bytes go."""
@@ -70,6 +80,7 @@ class TransformersRelease:
     mxfp4_index_bytes: int  # bytes of one nibble index in the MXFP4 dequantization at load (int64 / int32)
     mxfp4_indices_together: bool  # idx_lo and idx_hi alive together (else one at a time)
     reentrant_checkpointing: bool  # gradient_checkpointing_enable() uses reentrant torch.utils.checkpoint
+    clamps_scores: bool  # eager attention of SCORES_CLAMP_MODEL_TYPES: torch.max(scores + mask, finfo.min)
     source: str
 
 
@@ -78,12 +89,14 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(5, 1, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=4, mxfp4_indices_together=False, reentrant_checkpointing=False,
+        clamps_scores=False,
         source="transformers 5.1.0 integrations/mxfp4.py _convert_moe_packed_tensors l. 253-258: int32 "
         "nibble indices, each deleted after its gather",
     ),
     TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=False,
+        clamps_scores=False,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
         "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; modeling_utils.py "
         "gradient_checkpointing_enable: use_reentrant False; integrations/mxfp4.py l. 261-262: int64 nibble "
@@ -92,6 +105,7 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=False,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
         "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs; "
         "gradient_checkpointing_enable: use_reentrant True (4.57.1 modeling_utils.py)",
@@ -99,6 +113,7 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=True,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
         "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy); 4.48.1 modeling_utils.py l. 2539 "
         "gradient_checkpointing_kwargs = {'use_reentrant': True}",
@@ -106,12 +121,14 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=True,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=True,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),
@@ -132,12 +149,19 @@ def experts_are_linears(version: str, model_type: str) -> bool:
     return release_facts(version).moe_expert_linears and model_type in EXPERT_LINEAR_MODEL_TYPES
 
 
+def keeps_clamped_scores(version: str, model_type: str) -> bool:
+    """Whether ``model_type``'s eager attention at ``version`` keeps the masked scores for ``torch.max``."""
+    return release_facts(version).clamps_scores and model_type in SCORES_CLAMP_MODEL_TYPES
+
+
 __all__ = [
     "EXPERT_LINEAR_MODEL_TYPES",
+    "SCORES_CLAMP_MODEL_TYPES",
     "TRANSFORMERS_CURRENT",
     "TRANSFORMERS_RELEASES",
     "TransformersRelease",
     "experts_are_linears",
+    "keeps_clamped_scores",
     "parse_transformers_version",
     "release_facts",
 ]

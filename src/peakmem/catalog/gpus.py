@@ -230,6 +230,12 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "nvlink",
         "architecture": "ampere", "memory_bytes": 81920 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A100-SXM4-80GB ... 81920MiB'",
+        "driver_reserved_bytes": (81920 - 81050) * MiB,
+        "driver_reserved_source": "nvidia-smi total 81920 MiB minus torch.cuda.mem_get_info() total "
+        "81050 MiB (pytorch/torchrec benchmark log on an A100-SXM4-80GB class PG509-210: "
+        "'6752MiB / 81920MiB', 'total= 81050mb'; torch OOM messages: 'total capacity of 79.15 GiB'); "
+        "rust-nvml/nvml-wrapper "
+        "issue #57: NVML v1 used 912 MB on idle A100s, v2 used 7.8 MB",
         "bf16_tflops": 312.0, "bandwidth_gbps": 2039.0,
         "aliases": ("a100", "a100-80g", "a100-sxm", "a100-sxm4-80gb", "nvidia a100-sxm4-80gb"),
         "source": "NVIDIA A100 datasheet",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.device import Gpu
 from peakmem.errors import require
 from peakmem.units import MiB
 from peakmem.validate import MAX_DEVICE_BYTES, check_int, check_real, check_str
@@ -59,6 +60,20 @@ CUBLAS_WORKSPACE_BY_ARCHITECTURE = {
 def cublas_workspace_bytes(architecture: str) -> int:
     """The cuBLAS (hipBLAS) workspace torch allocates per handle and stream on a GPU of ``architecture``."""
     return CUBLAS_WORKSPACE_BY_ARCHITECTURE.get(architecture, CUBLAS_WORKSPACE_BYTES)
+
+
+def nvml_v1_used_bytes(device_total_bytes: int, gpu: Gpu) -> int:
+    """What NVML's v1 ``nvmlDeviceGetMemoryInfo(handle).used`` reads for a job whose ``nvidia-smi`` used
+    memory is ``device_total_bytes``: v1's ``used`` is total - free of nvidia-smi's total, so it also counts
+    the memory the driver and firmware set aside (:attr:`peakmem.device.Gpu.driver_reserved_bytes`), which
+    nvidia-smi (NVML v2 since driver R510) reports apart. fbcotter/py3nvml issue #25 (py3nvml has no v2
+    struct), huggingface/optimum-benchmark issue #31 ('py3nvml measures reserved and not used memory'),
+    rust-nvml/nvml-wrapper issue #57 (v1 used 912 MB on idle A100s, v2 7.8 MB)."""
+    reserved = gpu.driver_reserved_bytes
+    require(
+        reserved is not None, "gpu", gpu.name, "its driver reservation is not known (driver_reserved_bytes)"
+    )
+    return device_total_bytes + (reserved or 0)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,9 @@ from .structure import layer_structure
 
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
 SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ philox seed/offset)"
+SRC_CLAMP = (
+    "transformers 4.30.0-4.48.1 modeling_opt.py OPTAttention: torch.max saves its input (maximum's backward)"
+)
 SRC_MATH = "torch _scaled_dot_product_attention_math: materialises scores; CPU upcasts 16-bit to fp32"
 
 
@@ -228,6 +231,12 @@ def _eager_terms(
                 "attn.softcap",
             )
         )
+        core += scores * inner
+    if sh.clamped_scores:
+        # OPT before transformers 4.49: ``torch.max(scores + mask, finfo.min)`` keeps the masked scores
+        # (peakmem.transformers_versions SCORES_CLAMP_MODEL_TYPES)
+        items.append(item("attn.masked scores (kept by the torch.max clamp)", scores * inner, SRC_CLAMP,
+                          "attn.clamp"))  # fmt: skip
         core += scores * inner
     cast_after_dropout = spec.attn_dropout_before_cast and sm != inner
     if spec.attention_dropout > 0:

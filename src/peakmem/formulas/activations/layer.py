@@ -379,7 +379,7 @@ def checkpointed(
 
 
 # The attention core's saved tensors (what selective checkpointing drops and recomputes).
-CORE_KEYS = frozenset({"attn.softmax", "attn.probs", "attn.dropout", "attn.dropout_mask"})
+CORE_KEYS = frozenset({"attn.softmax", "attn.probs", "attn.dropout", "attn.dropout_mask", "attn.clamp"})
 # of the attention core's bytes (``attention_terms``), the tensors selective checkpointing keeps
 CORE_EXTRA_KEYS = frozenset({"attn.softcap", "attn.logsumexp"})
 

@@ -16,6 +16,7 @@ from peakmem.adapters import lora_of, quant_of
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
+from peakmem.transformers_versions import keeps_clamped_scores
 
 from ..kbit_prep import residual_dtype
 from ..memo import Memo
@@ -45,6 +46,9 @@ class Shapes:
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     float8_weights: bool = False  # FSDP2 float8 all-gather: float8 Linears receive float8 weights (float8.py)
+    # transformers' eager attention keeps the masked scores for its torch.max clamp (OPT before 4.49:
+    # peakmem.transformers_versions)
+    clamped_scores: bool = False
     family: str = ""  # derived specs: the setup family their measured block costs are looked up in
     costs: CostLookup | None = None  # derived specs: where their measured block costs are looked up
     memo: Memo | None = None  # the estimator's memo of what formulas compute from a layer's tensors
@@ -155,6 +159,8 @@ def shapes(
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
         costs=costs, memo=memo, float8_weights=setup.float8_all_gather,
+        clamped_scores=setup.framework is Framework.HF
+        and keeps_clamped_scores(setup.transformers, spec.model_type),
     )  # fmt: skip
 
 
