@@ -292,7 +292,7 @@ def test_yi_34b_on_four_gpus_captures_4235_allreduces() -> None:
         ({"engine": "vllm", "max_num_seqs": 0}, r"^max_num_seqs=0: must be positive"),
         ({"engine": "vllm", "engine_version": "latest"}, r"^engine_version='latest': a release number"),
         ({"engine": "llamacpp", "weights": "q4_k_m", "engine_version": "0.2"},
-         r"^engine_version='0.2': versions are modelled for vllm, sglang and hf, not llamacpp$"),
+         r"^engine_version='0.2': versions are modelled for vllm, sglang, hf and litgpt, not llamacpp$"),
         ({"engine": "vllm", "engine_version": "0.6", "cudagraph_mode": "full"}, r"^cudagraph_mode='full'"),
         ({"engine": "vllm", "cudagraph_mode": "always"}, r"^cudagraph_mode='always': unknown; choose one of"),
         ({"engine": "sglang", "cudagraph_mode": "full"}, r"^cudagraph_mode='full': an option of engine=vllm"),
