@@ -48,6 +48,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "model": "NousResearch/Meta-Llama-3-8B",
             "method": "qlora",
             "quant": "int8",
+            "kbit_prep": "axolotl",  # one GPU: peft's preparation, then norms / embeddings / head back
             "lora_rank": 32,
             "lora_alpha": 16.0,
             "lora_dropout": 0.05,
@@ -67,6 +68,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         "axolotl",
         {
             "method": "qlora",
+            "kbit_prep": "axolotl",
             "lora_rank": 32,
             "lora_alpha": 16.0,
             "batch": 2,
@@ -380,6 +382,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "qlora",
                 "--quant",
                 "int8",
+                "--kbit-prep",
+                "axolotl",
                 "--lora-rank",
                 "32",
                 "--lora-alpha",

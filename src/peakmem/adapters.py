@@ -34,8 +34,9 @@ FLOAT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # who prepared the quantized model for training (QuantConfig.kbit_prep; formulas/kbit_prep.py):
 # nothing; peft's prepare_model_for_kbit_training (every non-quantized 16-bit weight upcast to fp32);
 # TRL's SFTTrainer under bf16 (0.7.5-0.25: that, then peft_module_casting_to_bf16: norms fp32,
-# embeddings and the head back to bf16; which a release applies: peakmem.trl_versions)
-KBIT_PREPS = ("none", "peft", "trl")
+# embeddings and the head back to bf16; which a release applies: peakmem.trl_versions); axolotl's
+# loader (that upcast, then every module named *norm* and the embeddings / head back to the float dtype)
+KBIT_PREPS = ("none", "peft", "trl", "axolotl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,8 @@ class QuantConfig:
     # (transformers before 5.0: peakmem.transformers_versions); False: fused 3-D parameters kept 16-bit
     expert_linears: bool = False
     # prepare_model_for_kbit_training applied (KBIT_PREPS): fp32 norms (and embeddings / head under
-    # "peft"), whose products make the residual stream fp32 (formulas/kbit_prep.py)
+    # "peft"), whose products make the residual stream fp32; "axolotl": norms 16-bit again
+    # (formulas/kbit_prep.py)
     kbit_prep: str = "none"
 
     def __post_init__(self) -> None:

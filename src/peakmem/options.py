@@ -138,8 +138,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("no_double_quant", bool, False, T, "qlora: plain fp32 absmax per block", group=_LORA),
     _o("kbit_prep", str, None, T, "qlora: who prepared the quantized model: none (default, or what --trl "
        "implies)|peft (prepare_model_for_kbit_training: embeddings, norms, head fp32)|trl (TRL 0.7.5-0.25 "
-       "SFTTrainer under bf16: that, then embeddings and head back to bf16); fp32 norms make the residual "
-       "stream fp32 (peakmem.formulas.kbit_prep)", group=_LORA, choices=("none", "peft", "trl")),
+       "SFTTrainer under bf16: that, then embeddings and head back to bf16)|axolotl (its QLoRA loader: the "
+       "upcast, then norms, embeddings and head back: fp32 stays on the rest, e.g. biases, convs); fp32 "
+       "norms make the residual stream fp32 (peakmem.formulas.kbit_prep)", group=_LORA,
+       choices=("none", "peft", "trl", "axolotl")),
     _o("trl", str, None, T, "lora/qlora: the TRL release whose trainer (--objective sft|dpo|grpo|rloo) built "
        "the peft model, e.g. 0.13.0 or 0.26.0: its --kbit-prep and --adapter-dtype unless given (0.26+: no "
        "preparation, bf16 adapters; peakmem.trl_versions); default: none (the options as given)",

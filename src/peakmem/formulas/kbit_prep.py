@@ -15,6 +15,18 @@ Sources (read at these releases):
   ``embed_tokens`` / ``wte`` / ``wpe`` back to bf16. TRL 1.16's SFTTrainer no longer calls either (only
   its experimental ORPO / CPO trainers do); which releases of which trainer do: peakmem.trl_versions
   (``--trl``).
+* axolotl ``src/axolotl/loaders/model.py`` (@372f664c and @c1193823) ``_configure_embedding_dtypes``:
+  for ``adapter: lora / qlora`` on one GPU (not FSDP, not ZeRO-3) ``_prepare_model_for_quantization``
+  runs peft's ``prepare_model_for_kbit_training``, then (``should_convert``: an adapter, flash attention
+  or CCE) ``_convert_embedding_modules_dtype(..., dist_dtype=cfg.torch_dtype)``: ``module.to(torch_dtype)``
+  for every module whose name contains ``"norm"`` and for those named by ``loaders/utils.py``
+  ``get_linear_embedding_layers`` (``embed_tokens`` / ``lm_head``; ``embed_in`` / ``embed_out`` for
+  gpt_neox; ``word_embeddings`` / ``lm_head`` for falcon: peakmem's ``embeddings`` and ``head``
+  components; an embedding those names miss, e.g. BLOOM's ``word_embeddings``, would stay fp32: peakmem
+  puts every ``embeddings`` / ``head`` tensor back). What else was 16-bit stays fp32: biases of quantized
+  Linears, learned positions, a LayerNorm not named *norm* (GPT-2's ``ln_1``), Qwen3.5's Gated DeltaNet
+  ``A_log`` / ``dt_bias`` / ``conv1d`` (``--kbit-prep axolotl``). The norms being 16-bit again, the
+  residual stream stays 16-bit.
 
 Activations (transformers 4.48 / 5.23 ``LlamaRMSNorm.forward``:
 ``self.weight * hidden_states.to(input_dtype)``;
@@ -37,10 +49,17 @@ from peakmem.model import Tensor
 SRC_KBIT_PREP = (
     "peft 0.13/0.21.2 utils/other.py prepare_model_for_kbit_training: non-quantized fp16/bf16 parameters "
     "cast to fp32; TRL 0.13 trainer/utils.py peft_module_casting_to_bf16 (bf16): norms fp32, "
-    "embeddings and lm_head back to bf16"
+    "embeddings and lm_head back to bf16; axolotl@c1193823 loaders/model.py "
+    "_convert_embedding_modules_dtype: modules named *norm*, embed_tokens and lm_head back to the torch dtype"
 )
 # TRL 0.13 peft_module_casting_to_bf16: these module names go back to bf16 after the fp32 upcast
 TRL_BF16_COMPONENTS = ("embeddings", "positions", "head")
+# axolotl _convert_embedding_modules_dtype: get_linear_embedding_layers' modules back to the torch dtype
+AXOLOTL_FLOAT_COMPONENTS = ("embeddings", "head")
+# axolotl _convert_embedding_modules_dtype: ``if "norm" in name: module.to(dist_dtype)`` (module names)
+AXOLOTL_NORM_NAME = "norm"
+# the preparations that leave the norms fp32 (their products make the residual stream fp32)
+FP32_NORM_PREPS = ("peft", "trl")
 
 
 def prepared(quant: QuantConfig | None) -> bool:
@@ -56,7 +75,16 @@ def unquantized_dtype(t: Tensor, quant: QuantConfig) -> str:
         return quant.float_dtype
     if quant.kbit_prep == "trl" and t.component in TRL_BF16_COMPONENTS:
         return quant.float_dtype
+    if quant.kbit_prep == "axolotl" and axolotl_cast_back(t):
+        return quant.float_dtype
     return "fp32"
+
+
+def axolotl_cast_back(t: Tensor) -> bool:
+    """Does axolotl's ``_convert_embedding_modules_dtype`` put this tensor back in the torch dtype after the
+    upcast: a module named *norm* (``t.name``: the parameter's path, whose last part is ``weight`` /
+    ``bias``), or an embedding / head module (:data:`SRC_KBIT_PREP`)?"""
+    return AXOLOTL_NORM_NAME in t.name or t.component in AXOLOTL_FLOAT_COMPONENTS
 
 
 def head_dtype(quant: QuantConfig | None, loaded: DType) -> DType:
@@ -70,10 +98,14 @@ def residual_dtype(quant: QuantConfig | None, planned: DType) -> DType:
     """The residual stream's dtype over a quantized base: fp32 once the prepared fp32 norms feed the
     quantized Linears (module docstring), else the float dtype its embeddings and norms were loaded in
     (autocast casts no 16-bit weight up: the precision's fp32 residual needs fp32 weights); ``planned``
-    without a quantized base."""
+    without a quantized base. axolotl puts the norms back in the float dtype: no fp32 product (a norm it
+    misses, GPT-2's ``ln_1``, would stay fp32 and make the stream fp32: not modelled)."""
     if quant is None:
         return planned
-    return dtypes.FP32 if prepared(quant) else dtypes.parse_dtype(quant.float_dtype)
+    fp32 = quant.kbit_prep in FP32_NORM_PREPS
+    return dtypes.FP32 if fp32 else dtypes.parse_dtype(quant.float_dtype)
 
 
-__all__ = ["SRC_KBIT_PREP", "head_dtype", "prepared", "residual_dtype", "unquantized_dtype"]
+__all__ = [
+    "SRC_KBIT_PREP", "axolotl_cast_back", "head_dtype", "prepared", "residual_dtype", "unquantized_dtype",
+]  # fmt: skip

@@ -110,6 +110,13 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
         quant_key = quant_hf(m, doc, double_quant_default=True, who="axolotl")
         method = "qlora" if adapter == "qlora" or quant_key else "lora"
         m.set("method", method, "adapter", f"with {quant_key}" if quant_key and adapter == "lora" else "")
+        if quant_key and not any(doc.get(k) for k in ("fsdp", "fsdp_config", "deepspeed")):
+            # loaders/model.py (@c1193823) _prepare_model_for_quantization: peft's
+            # prepare_model_for_kbit_training (skipped under qlora + FSDP and ZeRO-3, left at none here
+            # for any sharded run), then _convert_embedding_modules_dtype: norms, embeddings, head back
+            # (formulas/kbit_prep.py)
+            note = "axolotl's QLoRA preparation: the rest's 16-bit weights fp32"
+            m.set("kbit_prep", "axolotl", quant_key, note)
         lora_from(m, doc, "lora_r", None)
         if truthy(doc.get("lora_target_linear")):
             m.set("lora_targets", "all-linear", "lora_target_linear")

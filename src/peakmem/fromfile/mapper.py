@@ -115,6 +115,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "adapter_dtype": "adapter-dtype",
     "quant": "quant",
     "no_double_quant": "no-double-quant",
+    "kbit_prep": "kbit-prep",
     "loss": "loss",
     "optimizer_in_backward": "optimizer-in-backward",
     "activation_offload": "activation-offload",
@@ -145,7 +146,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "reward_model": "reward-model",
 }
 LORA_DESTS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "adapter_dtype")
-QUANT_DESTS = ("quant", "no_double_quant")
+QUANT_DESTS = ("quant", "no_double_quant", "kbit_prep")
 
 
 class _Mapper:

@@ -98,10 +98,10 @@ class TrainOptions(ModelChoice):
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
     kbit_prep: str | None = Field(
-        None, max_length=4,
+        None, max_length=7,
         description="qlora: none (default, or what trl implies), peft (prepare_model_for_kbit_training: fp32 "
-        "embeddings, norms, head) or trl (TRL 0.7.5-0.25 SFTTrainer under bf16: norms fp32, embeddings and "
-        "head bf16)",
+        "embeddings, norms, head), trl (TRL 0.7.5-0.25 SFTTrainer under bf16: norms fp32, embeddings and "
+        "head bf16) or axolotl (its loader: norms, embeddings, head bf16; the rest's 16-bit weights fp32)",
     )  # fmt: skip
     trl: str | None = Field(
         None, max_length=30,
