@@ -45,6 +45,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         AXOLOTL_LORA,
         "axolotl",
         {
+            "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
             "model": "NousResearch/Meta-Llama-3-8B",
             "method": "qlora",
             "quant": "int8",
@@ -67,6 +68,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         AXOLOTL_QLORA,
         "axolotl",
         {
+            "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
             "method": "qlora",
             "kbit_prep": "axolotl",
             "lora_rank": 32,
@@ -84,6 +86,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         AXOLOTL_FSDP,
         "axolotl",
         {
+            "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
             "model": "NousResearch/Meta-Llama-3.1-8B",
             "method": "full",
             "batch": 2,
@@ -408,6 +411,7 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "full",
                 "--precision",
                 "bf16",
+                "--expandable-segments",  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
             ],
         ),
         (

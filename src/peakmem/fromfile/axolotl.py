@@ -104,6 +104,15 @@ def _long_context(m: _Mapper, doc: Mapping[str, Any]) -> None:
 def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     if doc.get("base_model"):
         m.set("model", str(doc["base_model"]), "base_model")
+    # axolotl's CLI (cli/main.py, @ba3dba3e .. @c1193823) calls set_pytorch_cuda_alloc_conf() before torch
+    # touches CUDA: PYTORCH_CUDA_ALLOC_CONF (PYTORCH_ALLOC_CONF on torch >= 2.9) =
+    # "expandable_segments:True,roundup_power2_divisions:16" unless the user set one (torch >= 2.2)
+    note = (
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless already set (utils/__init__.py "
+        "set_pytorch_cuda_alloc_conf); its roundup_power2_divisions:16 is not modelled (each request "
+        "rounded up to a 16th of its power of two: up to 6 % more)"
+    )
+    m.set("expandable_segments", True, "(axolotl's CLI)", note)
     adapter = str(doc.get("adapter") or "").lower()
     quant_key = None
     if adapter in ("lora", "qlora"):
