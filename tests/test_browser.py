@@ -573,6 +573,10 @@ def test_release_and_framework_choices_reach_the_answer(page: Any, url: str) -> 
     prepared = api(url, {**hf, "transformers": "4.48.1", "kbit_prep": "peft"}, "/api/train")
     assert prepared["device_total_bytes"] != api(url, hf, "/api/train")["device_total_bytes"]
     expect(page.locator("#total")).to_have_text(fmt_both(prepared["device_total_bytes"]))
+    page.select_option("#kbit_prep", "axolotl")  # axolotl's loader: norms, embeddings, head back to 16-bit
+    axo = api(url, {**hf, "transformers": "4.48.1", "kbit_prep": "axolotl"}, "/api/train")
+    assert axo["device_total_bytes"] != prepared["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(axo["device_total_bytes"]))
     page.goto(f"{url}/?model=llama-3.1-8b&gpus=rtx-4090")
     wait_ready(page)
     page.check("input[name=question][value=infer]")
