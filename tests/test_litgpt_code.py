@@ -78,3 +78,30 @@ def test_costs_of_the_translated_config_are_filed_under_the_users_keys(derive) -
     other = derive.spec_from_model(derive.build_meta(measured), measured).groups[0].layer.derived.key
     found = costs._filed_under({other: "block", other + LAST_BLOCK: "last"}, measured, config)  # type: ignore[dict-item]
     assert found == {key: "block", key + LAST_BLOCK: "last"}
+
+
+def test_litgpt_unties_a_tied_head_and_leaves_other_frameworks_tied() -> None:
+    """Lit-GPT's GPT has its own lm_head (profiles.SRC_LITGPT_UNTIED): a tied config gains a second vocab
+    x hidden weight under --framework litgpt, counted in the frozen base (2 B per element in bf16);
+    transformers' code keeps it shared. Hand-derived: vocab 1,000 x hidden 64 x 2 B = 128,000 B."""
+    from peakmem.estimate import estimate_training
+    from peakmem.formulas.profiles import code_spec
+    from peakmem.hf import spec_from_config
+
+    tied = spec_from_config({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    })  # fmt: skip
+    base: dict[Framework, int] = {}
+    for framework in (Framework.HF, Framework.LITGPT):
+        setup = TrainingSetup(precision=Precision.BF16, method=Method.LORA, framework=framework)
+        spec = code_spec(tied, setup)
+        assert spec.tie_word_embeddings is (framework is Framework.HF)
+        est = estimate_training(tied, setup)
+        base[framework] = next(i.bytes for i in est.items if i.path == "base weights (frozen)")
+    assert base[Framework.LITGPT] - base[Framework.HF] == 1000 * 64 * 2
+    litgpt = TrainingSetup(precision=Precision.BF16, method=Method.LORA, framework=Framework.LITGPT)
+    untied = code_spec(tied, litgpt)
+    assert code_spec(untied, litgpt) is untied  # applied once

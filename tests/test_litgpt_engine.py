@@ -19,10 +19,12 @@ HEAD = 256 * 64  # the head's weights: the largest Linear
 CTX, PROMPT = 100, 60
 
 
-def _est(weights: str = "nf4", *, batch: int = 1, version: str | None = "0.0", kv_heads: int = 2) -> Estimate:
+def _est(
+    weights: str = "nf4", *, batch: int = 1, version: str | None = "0.0", kv_heads: int = 2, spec: Any = None
+) -> Estimate:
     setup = InferenceSetup(weights=weights, engine="litgpt", context=CTX, prompt=PROMPT, batch=batch,
                            engine_version=version)  # type: ignore[arg-type]  # fmt: skip
-    return estimate_inference(tiny(vocab=256, kv_heads=kv_heads), setup)
+    return estimate_inference(spec or tiny(vocab=256, kv_heads=kv_heads), setup)
 
 
 def _item(est: Estimate, phase: Phase, start: str) -> int:
@@ -118,3 +120,19 @@ def test_fit_searches_only_what_litgpt_takes() -> None:
     status = {f.name: (f.status, f.options) for f in report.search_space}
     assert status["weight format"] == ("searched", ("int8", "nf4"))
     assert status["KV-cache dtype"][0] == status["tensor parallel over N GPUs"][0] == "not applicable"
+
+
+def test_a_tied_model_runs_untied() -> None:
+    """Lit-GPT's GPT builds its own lm_head (profiles.SRC_LITGPT_UNTIED): a tied config gets the head back,
+    as a quantized Linear under nf4 and as a second bf16 weight unquantized: the same rows as the untied
+    spec, and a note saying so."""
+    from dataclasses import replace
+
+    spec = tiny(vocab=256)
+    outer = tuple(t for t in spec.outer if t.component != "head")
+    tied = replace(spec, tie_word_embeddings=True, outer=outer)
+    for weights in ("bf16", "nf4"):
+        untied_est, tied_est = _est(weights, spec=spec), _est(weights, spec=tied)
+        assert tied_est.per_param == untied_est.per_param
+        assert any("untied" in n for n in tied_est.assumptions)
+        assert not any("untied" in n for n in untied_est.assumptions)

@@ -142,8 +142,8 @@ class TrainingEstimator:
                 self._static.clear()
             tech = self.technique(setup)
             layout = par or _SINGLE
-            # a stage's parameters depend on the model-parallel split only, not on the engine or dp
-            split = (tech.adapter, layout.tp, layout.pp, layout.ep, stage)
+            # a stage's parameters depend on the model-parallel split (and the framework's head) only
+            split = (tech.adapter, tech.spec.tie_word_embeddings, layout.tp, layout.pp, layout.ep, stage)
             sp = self._stages.get(split)
             if sp is None:
                 sp = self._stages[split] = mp.stage_params(tech.spec, layout, stage)

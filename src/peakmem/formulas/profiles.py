@@ -92,7 +92,7 @@ from typing import Any
 
 from peakmem import dtypes
 from peakmem.adapters import QuantConfig, quant_of
-from peakmem.model import ModelSpec
+from peakmem.model import ModelSpec, linear
 from peakmem.training import LITGPT_FRAMEWORKS, Checkpointing, Framework, Method, TrainingSetup
 
 
@@ -272,6 +272,36 @@ def code_config(config: Mapping[str, Any], code: str) -> dict[str, Any]:
         if out.get(key) in _TANH_GELUS:
             out[key] = "gelu_pytorch_tanh"
     return out
+
+
+# Lit-GPT's ``GPT`` builds its own head, ``self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size,
+# ...)`` (litgpt/model.py@5895df1 l. 25, f247be8 and 00af8b0 alike, HEAD l. 28), and nothing in model.py ties
+# it to ``transformer.wte``; scripts/convert_hf_checkpoint.py copies the embedding into ``lm_head.weight``
+# when the Hub checkpoint has none (``state_dict["lm_head.weight"] = state_dict["transformer.wte.weight"]``,
+# 5895df1 l. 176-177, f247be8 l. 206-207, 00af8b0 l. 281-282), and ``load_state_dict`` copies it into the
+# model's own parameter. Only pretrain.py ties them (``if train.tie_embeddings``); finetune/lora.py's
+# validate_args refuses tie_embeddings. (The 2023 lit_gpt@8641822b listed no tied model.)
+SRC_LITGPT_UNTIED = (
+    "Lit-GPT runs a tied model untied: its GPT builds its own lm_head and convert_hf_checkpoint.py copies "
+    "the embedding into it (litgpt/model.py@5895df1 l. 25; scripts/convert_hf_checkpoint.py l. 176-177): a "
+    "second vocab x hidden weight"
+)
+
+
+def code_spec(spec: ModelSpec, setup: TrainingSetup) -> ModelSpec:
+    """``spec`` as ``setup``'s framework's model code holds it: Lit-GPT unties a tied head
+    (:func:`litgpt_spec`); ``spec`` itself otherwise."""
+    return litgpt_spec(spec) if setup.framework in LITGPT_FRAMEWORKS else spec
+
+
+def litgpt_spec(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as Lit-GPT's GPT holds it (its finetune and generate scripts): a tied head untied, a second
+    vocab x hidden weight (:data:`SRC_LITGPT_UNTIED`)."""
+    if not spec.tie_word_embeddings:
+        return spec
+    head = linear("lm_head", spec.hidden_size, spec.vocab_size, False, "head")
+    return replace(spec, outer=(*spec.outer, *head), tie_word_embeddings=False,
+                   notes=(*spec.notes, SRC_LITGPT_UNTIED))  # fmt: skip
 
 
 def _is_dropout(key: str, value: Any) -> bool:

@@ -25,6 +25,7 @@ from . import qlora as _qlora
 from .memo import Memo
 from .model_states import buffer_bytes, precision_plan, spec_facts, trainable_params, weight_rows
 from .optimizer import optimizer_phase_grads, optimizer_rows, step_temporaries
+from .profiles import code_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,8 @@ class Technique:
 def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -> Technique:
     """Apply ``setup``'s method, precision and optimizer to ``spec`` (``memo``: an estimator's)."""
     adapter = _lora.is_adapter_method(setup)
-    spec = split_last_block(spec)  # a derived spec's last block: measured on its own (model.LAST_BLOCK)
+    # the framework's model code (Lit-GPT unties a tied head); a derived spec's last block measured on its own
+    spec = split_last_block(code_spec(spec, setup))  # (model.LAST_BLOCK)
     if adapter:
         spec = _lora.split_first_layer(spec)
     tspec, tsetup = _lora.optimizer_view(spec, setup, memo)  # the trainable tensors (LoRA: the adapters)

@@ -58,6 +58,7 @@ from peakmem.adapters import QuantConfig
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.kv_cache import layer_kv_bytes
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
+from peakmem.formulas.profiles import SRC_LITGPT_UNTIED, litgpt_spec
 from peakmem.formulas.qlora import FP16, FP32, base_rows, dequantized_weight_bytes, is_quantized
 from peakmem.formulas.quant_kernels import int8_matmul_bytes
 from peakmem.formulas.serving.context import (
@@ -96,9 +97,10 @@ def litgpt_quant(c: ServingContext) -> QuantConfig | None:
 
 
 def litgpt_rows(c: ServingContext) -> tuple[WeightRow, ...]:
-    """The weights as Lit-GPT holds them: every Linear quantized, the head too (:func:`qlora.base_rows`)."""
-    quant = litgpt_quant(c)
-    return weight_rows(c.spec, c.setup.weight_format) if quant is None else base_rows(c.spec, quant)
+    """The weights as Lit-GPT holds them: its own head (untied), every Linear quantized, the head too
+    (:func:`qlora.base_rows`)."""
+    quant, spec = litgpt_quant(c), litgpt_spec(c.spec)
+    return weight_rows(spec, c.setup.weight_format) if quant is None else base_rows(spec, quant)
 
 
 def cached_heads(att: Attention, release: Release) -> int:
@@ -162,7 +164,7 @@ def first_forward_bytes(spec: ModelSpec, quant: QuantConfig, rows: int, act_byte
 
 
 def litgpt_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
-    s, b, spec = c.setup, c.setup.batch, c.spec
+    s, b, spec = c.setup, c.setup.batch, litgpt_spec(c.spec)
     quant = litgpt_quant(c)
     weights = weights_item(c, rows)
     release = ".".join(map(str, litgpt_release(s)))
@@ -199,9 +201,8 @@ def litgpt_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemor
         f"Lit-GPT generate (litgpt {release}; 0.0: the 2023 lit-gpt): KV cache preallocated to prompt + new "
         f"tokens in the compute dtype, {grouped} for grouped-query models; every prompt position's logits",
     ]
-    if spec.tie_word_embeddings:
-        notes.append("the config ties the head to the embedding: Lit-GPT's GPT builds its own lm_head; "
-                     "give a config.json with tie_word_embeddings false for that")  # fmt: skip
+    if c.spec.tie_word_embeddings:
+        notes.append(SRC_LITGPT_UNTIED)
     if quant is not None:
         pre = first_forward_bytes(spec, quant, b * c.prompt, act)
         dec = first_forward_bytes(spec, quant, b, act) if quant.is_4bit else 0
