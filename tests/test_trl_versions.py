@@ -149,3 +149,23 @@ def test_from_a_trl_qlora_config_notes_the_release(tmp_path: object) -> None:
     path.write_text("model_name_or_path: gpt2\nload_in_4bit: true\nuse_peft: true\nbf16: true\n")
     found = read_from_files([path])
     assert TRL_RELEASE_NOTE in found.notes and found.options["method"] == "qlora"
+
+
+def test_a_layout_the_planner_proposes_gets_its_own_preparation() -> None:
+    """TRL 0.13 prepares a one-GPU 4-bit base (kbit_prep trl, fp32 adapters) but skips a sharded one (none,
+    bf16 adapters): plan and fit propose layouts the user did not ask, and each must take its own row
+    (where_it_acts), from either starting layout; an explicit option stays on every layout."""
+    from peakmem.parallel import FsdpMode, Parallelism
+    from peakmem.planner import where_it_acts
+
+    fsdp = Parallelism(gpus=2, fsdp=FsdpMode.FULL_SHARD)
+    for asked in ({}, {"gpus": 2, "fsdp": "full-shard"}):
+        setup, _ = _setup(trl="0.13.0", **asked)
+        assert setup.layout_prep is not None
+        one, sharded = where_it_acts(setup, None), where_it_acts(setup, fsdp)
+        assert (_kbit(one), _adapters(one)) == ("trl", "fp32")
+        assert (_kbit(sharded), _adapters(sharded)) == ("none", "bf16")
+    setup, _ = _setup(trl="0.13.0", kbit_prep="peft")
+    assert _kbit(where_it_acts(setup, fsdp)) == "peft" and _adapters(where_it_acts(setup, fsdp)) == "bf16"
+    # a release that prepares every layout alike carries no per-layout rows
+    assert _setup(trl="0.26.0")[0].layout_prep is None and _setup()[0].layout_prep is None

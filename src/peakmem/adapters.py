@@ -147,6 +147,19 @@ class QuantConfig:
         return f"{self.quant}{' + double quant' if self.double_quant else ''}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayoutPrep:
+    """What a trainer release does to the peft model on each kind of layout, as ``(kbit_prep,
+    adapter_dtype)``: one GPU or DDP, FSDP, ZeRO-3. TRL's ``is_sharded_qlora`` skips the k-bit preparation
+    on a sharded 4-bit base and its ZeRO-3 LoRA keeps the adapters in the base dtype
+    (peakmem.trl_versions), so a layout the planner proposes takes its own row
+    (peakmem.planner.search.where_it_acts)."""
+
+    replicated: tuple[str, str]
+    fsdp: tuple[str, str]
+    zero3: tuple[str, str]
+
+
 # --- what a setup holds (read duck-typed: ``setup.method``, ``setup.lora``, ``setup.quant``) ---
 _DEFAULT_LORA = LoraConfig()  # frozen: one instance for every setup without a config
 
@@ -168,6 +181,7 @@ def quant_of(setup: Any) -> QuantConfig | None:
 __all__ = [
     "ALL_LINEAR",
     "KBIT_PREPS",
+    "LayoutPrep",
     "LoraConfig",
     "QuantConfig",
     "lora_of",

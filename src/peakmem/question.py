@@ -234,6 +234,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         parse_checkpointing,
     )
 
+    layout_prep = trl_layout_prep(o)
     o, taken = with_trl_release(o)
     seq = o["seq"] if o.get("seq") is not None else min(max_positions or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN)
     precision = Precision.parse(o["precision"], "precision")
@@ -261,7 +262,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         grad_sync=GradSync.parse(o.get("grad_sync", opt.AUTO), "grad_sync"),
         fsdp_reduce_dtype=ReduceDtype.parse(o.get("fsdp_reduce_dtype", opt.AUTO), "fsdp_reduce_dtype"),
         padded_lengths=PaddedLengths.parse(o.get("padded_lengths", "fixed"), "padded_lengths"),
-        float8_all_gather=o.get("float8_all_gather", False),
+        float8_all_gather=o.get("float8_all_gather", False), layout_prep=layout_prep,
         tiled_mlp_shards=o.get("tiled_mlp_shards") or 0,
     )  # fmt: skip
     return long_context_setup(o, setup, taken)
@@ -289,6 +290,26 @@ def with_trl_release(o: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[str
     explicit = [f"{k}={o[k]}" for k in filled if o.get(k) is not None and filled[k] not in (None, o[k])]
     line = prep.line + (f"; given: {', '.join(explicit)}" if explicit else "")
     return {**o, **given}, (line,)
+
+
+# the options of one kind of layout, as with_trl_release reads them (TRL's sharded QLoRA: FSDP or ZeRO-3)
+_TRL_LAYOUTS = (("replicated", "none", 0), ("fsdp", "full-shard", 0), ("zero3", "none", 3))
+
+
+def trl_layout_prep(o: Mapping[str, Any]) -> Any:
+    """What ``trl`` does to the peft model on each kind of layout (:class:`peakmem.adapters.LayoutPrep`),
+    the options' own kbit_prep / adapter_dtype kept where given; None without ``trl`` or where every
+    layout gets the same."""
+    from peakmem.adapters import LayoutPrep, LoraConfig
+
+    if o.get("trl") is None:
+        return None
+    rows: dict[str, tuple[str, str]] = {}
+    peft_default = LoraConfig().adapter_dtype  # get_peft_model's autocast_adapter_dtype: fp32
+    for kind, fsdp, zero in _TRL_LAYOUTS:
+        filled, _ = with_trl_release({**o, "fsdp": fsdp, "zero": zero})
+        rows[kind] = (filled.get("kbit_prep") or "none", filled.get("adapter_dtype") or peft_default)
+    return None if len(set(rows.values())) == 1 else LayoutPrep(**rows)
 
 
 def long_context_setup(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peakmem.accelerate_versions import ACCELERATE_CURRENT, parse_accelerate_version
-from peakmem.adapters import LoraConfig, QuantConfig
+from peakmem.adapters import LayoutPrep, LoraConfig, QuantConfig
 from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
 from peakmem.errors import InputError
@@ -317,6 +317,9 @@ class TrainingSetup:
     # torchao Float8LinearConfig(enable_fsdp_float8_all_gather=True): FSDP2 all-gathers the converted
     # Linears' weights in float8 (tensorwise only; peakmem.formulas.activations.float8)
     float8_all_gather: bool = False
+    # a TRL release's peft preparation per kind of layout, when --trl filled kbit_prep / adapter_dtype
+    # (peakmem.question.trl_layout_prep): the planner's layouts take their own (planner where_it_acts)
+    layout_prep: LayoutPrep | None = None
 
     def __post_init__(self) -> None:
         # Types first (the Python API passes anything): enums from their spelling, no bool or

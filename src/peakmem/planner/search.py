@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from peakmem.adapters import lora_of, quant_of
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError
@@ -207,10 +208,29 @@ def where_it_acts(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetu
     """The setup a layout the search proposes runs (plan's layouts, fit's layout changes; the user's own
     layout keeps the flag and its one-line error): torchao's float8 all-gather acts through FSDP2's hooks
     only (torchao float8 fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``), so on a
-    layout that does not shard with FSDP2 the flag changes nothing and is dropped."""
+    layout that does not shard with FSDP2 the flag changes nothing and is dropped; a TRL release prepares
+    the peft model by the layout's kind (``setup.layout_prep``: one GPU / DDP, FSDP, ZeRO-3)."""
     if setup.float8_all_gather and (par is None or par.fsdp is FsdpMode.NONE or par.fsdp_version != 2):
-        return replace(setup, float8_all_gather=False)
+        setup = replace(setup, float8_all_gather=False)
+    if setup.layout_prep is not None:
+        setup = _with_layout_prep(setup, par)
     return setup
+
+
+def _with_layout_prep(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetup:
+    prep = setup.layout_prep
+    assert prep is not None
+    if par is not None and par.zero_stage == 3:
+        kbit, dtype = prep.zero3
+    elif par is not None and par.fsdp is not FsdpMode.NONE:
+        kbit, dtype = prep.fsdp
+    else:
+        kbit, dtype = prep.replicated
+    quant = quant_of(setup)
+    return replace(
+        setup, lora=replace(lora_of(setup), adapter_dtype=dtype),
+        quant=setup.quant if quant is None else replace(quant, kbit_prep=kbit),
+    )  # fmt: skip
 
 
 def _value(v: object) -> str:
