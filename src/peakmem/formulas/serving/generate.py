@@ -22,6 +22,9 @@ the prefill forward computed every prompt position's logits and their fp32 copy 
 ``logits.float()``); those fp32 logits then stay referenced by ``outputs`` until the first decode step's
 forward returns (not modelled there: the last decode step, with the whole cache, is larger but for the
 shortest generations).
+transformers 4.30-4.37 (Llama) and 4.35-4.38 (Mistral) keep RoPE cos/sin buffers of every position up to
+``max_position_embeddings`` in each attention layer, resident with the weights
+(:mod:`peakmem.formulas.serving.rope_buffers`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.serving.rope_buffers import rope_buffer_bytes, rope_buffer_release
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
@@ -67,8 +71,10 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     dequant = matmul_temporary_bytes(c.spec, s, b * chunk, c.act_bytes, prefill=True)
     kernel_buffers = kernel_buffer_items(c.spec, s)  # GPTQ kernels' workspaces, from load on
     assistant = _assistant_items(c, c.prompt, "prompt tokens")
+    buffers = _rope_buffer_items(c)
     prefill = [
         weights,
+        *buffers,
         *kernel_buffers,
         *assistant,
         MemoryItem(
@@ -108,6 +114,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     decode_dequant = matmul_temporary_bytes(c.spec, s, b, c.act_bytes, prefill=False)
     decode = [
         weights,
+        *buffers,
         *kernel_buffers,
         *assistant_full,
         MemoryItem(
@@ -166,11 +173,28 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
     ]
     state = sum(i.bytes for i in state_items(c, b))
     extra: dict[str, object] = {
-        "steady_state_bytes": weights.bytes + kv_full + state + sum(i.bytes for i in assistant_full)
+        "steady_state_bytes": weights.bytes
+        + kv_full
+        + state
+        + sum(i.bytes for i in (*assistant_full, *buffers))
     }
     return EngineMemory(
         prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c) + kernel_notes(s)
     )
+
+
+def _rope_buffer_items(c: ServingContext) -> list[MemoryItem]:
+    """The release's per-layer RoPE cos/sin buffers (formulas/serving/rope_buffers.py); [] if none."""
+    version = c.setup.version
+    n = rope_buffer_bytes(c.spec, version, c.context, c.act_bytes)
+    row = rope_buffer_release(c.spec.model_type, version)
+    if not n or row is None:
+        return []
+    return [
+        MemoryItem(
+            path="RoPE cos/sin buffers (every layer)", category=Category.BUFFERS, bytes=n, source=row.source
+        )
+    ]
 
 
 def _assistant_items(c: ServingContext, tokens: int, what: str) -> list[MemoryItem]:
