@@ -1,4 +1,4 @@
-"""transformers' per-layer RoPE cos/sin buffers (formulas/serving/rope_buffers.py), by hand on tiny specs."""
+"""transformers' per-layer RoPE cos/sin buffers (formulas/rope_buffers.py), by hand on tiny specs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from _infer_specs import tiny
 from peakmem.breakdown import Category, Phase
+from peakmem.formulas.rope_buffers import rope_buffer_bytes
 from peakmem.formulas.serving import estimate_inference
-from peakmem.formulas.serving.rope_buffers import rope_buffer_bytes
 from peakmem.inference import InferenceSetup
 
 # tiny(): 2 layers, head_dim 16, max_position_embeddings 1024; cos and sin per layer, 2-byte model dtype
@@ -41,3 +41,22 @@ def test_hf_estimate_carries_them_in_both_phases() -> None:
     assert {i.bytes for i in items} == {TINY_ROPE_16BIT}
     new = estimate_inference(llama, InferenceSetup(context=100, prompt=60, batch=2))
     assert new.phases == estimate_inference(tiny(), InferenceSetup(context=100, prompt=60, batch=2)).phases
+
+
+def test_training_under_hf_code_at_an_old_release_holds_them_too() -> None:
+    """The same buffers live on the device through training: ``--transformers 4.35`` adds them (bf16
+    weights: 2 B; fp32 weights under AMP: 4 B) to the buffers, 4.38 and other frameworks do not."""
+    from peakmem.estimate import estimate_training
+    from peakmem.training import Framework, Precision, TrainingSetup
+
+    llama = replace(tiny(), model_type="llama")
+
+    def buffers(**kw: object) -> int:
+        setup = TrainingSetup(seq_len=64, **kw)  # type: ignore[arg-type]
+        return sum(i.bytes for i in estimate_training(llama, setup).items if i.path == "buffers")
+
+    base = buffers(precision=Precision.BF16, transformers="4.38.0")
+    assert buffers(precision=Precision.BF16, transformers="4.35.0") - base == TINY_ROPE_16BIT
+    assert buffers(precision=Precision.AMP_BF16, transformers="4.35.0") - base == 2 * TINY_ROPE_16BIT
+    torchtune = {"precision": Precision.BF16, "framework": Framework.TORCHTUNE}  # its own one rope cache
+    assert buffers(**torchtune, transformers="4.35.0") == buffers(**torchtune, transformers="4.38.0")

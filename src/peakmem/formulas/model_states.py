@@ -24,10 +24,12 @@ from peakmem import dtypes
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
-from peakmem.training import Precision, TrainingSetup
+from peakmem.training import Framework, Precision, TrainingSetup
+from peakmem.transformers_versions import parse_transformers_version
 
 from .memo import Memo, memoised
 from .profiles import rope_cache_bytes
+from .rope_buffers import rope_buffer_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,9 +119,15 @@ def weight_rows(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None)
 
 def buffer_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
     """Registered buffers (e.g. RoPE inv_freq) are kept in fp32 by transformers' RoPE init; a framework
-    whose model code caches RoPE's cos/sin adds that cache (:func:`.profiles.rope_cache_bytes`)."""
+    whose model code caches RoPE's cos/sin adds that cache (:func:`.profiles.rope_cache_bytes`), and so do
+    transformers releases that kept one per layer (:mod:`.rope_buffers`), in the dtype the weights load in."""
     own = spec.derived_buffer_bytes or dtypes.FP32.nbytes(spec.buffer_numel)
-    return own + rope_cache_bytes(spec, setup)
+    per_layer = 0
+    if setup.framework is Framework.HF:
+        version = parse_transformers_version(setup.transformers)
+        loaded = precision_plan(setup.precision).weight.nbytes(1)  # from_pretrained's default dtype
+        per_layer = rope_buffer_bytes(spec, version, setup.seq_len, loaded)
+    return own + rope_cache_bytes(spec, setup) + per_layer
 
 
 @dataclass(frozen=True, kw_only=True)

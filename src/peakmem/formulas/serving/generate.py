@@ -24,7 +24,7 @@ forward returns (not modelled there: the last decode step, with the whole cache,
 shortest generations).
 transformers 4.30-4.37 (Llama) and 4.35-4.38 (Mistral) keep RoPE cos/sin buffers of every position up to
 ``max_position_embeddings`` in each attention layer, resident with the weights
-(:mod:`peakmem.formulas.serving.rope_buffers`).
+(:mod:`peakmem.formulas.rope_buffers`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
 from peakmem.formulas.quant_kernels import kernel_buffer_items, kernel_notes, matmul_temporary_bytes
+from peakmem.formulas.rope_buffers import rope_buffer_bytes, rope_buffer_release
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -43,7 +44,6 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
-from peakmem.formulas.serving.rope_buffers import rope_buffer_bytes, rope_buffer_release
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
@@ -184,7 +184,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
 
 
 def _rope_buffer_items(c: ServingContext) -> list[MemoryItem]:
-    """The release's per-layer RoPE cos/sin buffers (formulas/serving/rope_buffers.py); [] if none."""
+    """The release's per-layer RoPE cos/sin buffers (formulas/rope_buffers.py); [] if none."""
     version = c.setup.version
     n = rope_buffer_bytes(c.spec, version, c.context, c.act_bytes)
     row = rope_buffer_release(c.spec.model_type, version)

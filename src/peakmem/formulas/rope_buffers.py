@@ -1,4 +1,5 @@
-"""The RoPE cos/sin buffers older transformers releases keep in every attention layer (engine ``hf``).
+"""The RoPE cos/sin buffers older transformers releases keep in every attention layer (engine ``hf``, and
+training with ``--framework hf`` at ``--transformers``: peakmem.formulas.model_states.buffer_bytes).
 
 Read in the released wheels (``pip download transformers==V --no-deps``):
 
@@ -60,7 +61,7 @@ ROPE_BUFFER_RELEASES: tuple[RopeBufferRelease, ...] = (
 )  # fmt: skip
 
 
-def rope_buffer_release(model_type: str, version: tuple[int, int]) -> RopeBufferRelease | None:
+def rope_buffer_release(model_type: str, version: tuple[int, ...]) -> RopeBufferRelease | None:
     """The row in force for ``model_type`` at transformers ``version`` (major, minor), or None."""
     for row in ROPE_BUFFER_RELEASES:
         if row.model_type == model_type and row.since <= version < row.until:
@@ -68,7 +69,7 @@ def rope_buffer_release(model_type: str, version: tuple[int, int]) -> RopeBuffer
     return None
 
 
-def rope_buffer_bytes(spec: ModelSpec, version: tuple[int, int], positions: int, dtype_bytes: int) -> int:
+def rope_buffer_bytes(spec: ModelSpec, version: tuple[int, ...], positions: int, dtype_bytes: int) -> int:
     """Bytes of every attention layer's cos and sin buffers at transformers ``version``: each
     ``[max(max_position_embeddings, positions), head_dim]`` in the model's dtype (``dtype_bytes``) or fp32;
     0 where the release keeps none for the model type (or the model has no RoPE)."""
