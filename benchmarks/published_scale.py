@@ -162,9 +162,14 @@ The seventh search (``split_rule_7``, brief h-published11; flag ``G``): every po
 before any estimate of it (optimum-benchmark's running-llamas fp16 generate / forward runs, DeepSpeed-Chat's
 step-1 OPT-1.3B ZeRO-2 log). Its ``job.dropout`` is recorded, not mapped.
 
+The eighth search (``split_rule_8``, brief h-published12; flag ``H``): every point is held out, recorded
+before any estimate of it (ms-swift's example scripts, whose first line states the memory the run took). It
+adds ``job.precision_id`` ``deepspeed-bf16`` (DeepSpeed's bf16 mode under the HF Trainer) ->
+``precision='mixed-bf16'``, and the kind ``train-lora-ddp`` (LoRA under plain DDP).
+
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
-(``split_rule_6``), ``G`` of the seventh (``split_rule_7``),
+(``split_rule_6``), ``G`` of the seventh (``split_rule_7``), ``H`` of the eighth (``split_rule_8``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -203,6 +208,9 @@ PRECISION = {
     # axolotl's FSDP2 (monkeypatch/accelerate/fsdp2.py fsdp2_prepare_model replaces accelerate's, without its
     # model.to(torch.float32) upcast): the bf16-loaded model stays bf16: bf16 shards, gradients, states
     "axolotl-fsdp2-bf16": "bf16",
+    # DeepSpeed bf16 (ds_config bf16 enabled, the HF Trainer's bf16=True filling 'auto'): bf16 module, fp32
+    # master weights and Adam states of the trainable parameters, partitioned by ZeRO (the eighth search)
+    "deepspeed-bf16": "mixed-bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
@@ -223,7 +231,7 @@ WEIGHTS = {
     "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 8)))  # split_rule_2 .. _7
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 9)))  # split_rule_2 .. _8
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -439,7 +447,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         + ("F" if p.get("split") == SPLIT_RULES[3] else "")
         + ("V" if p.get("split") == SPLIT_RULES[4] else "")
         + ("S" if p.get("split") == SPLIT_RULES[5] else "")
-        + ("G" if p.get("split") == SPLIT_RULES[6] else ""),
+        + ("G" if p.get("split") == SPLIT_RULES[6] else "")
+        + ("H" if p.get("split") == SPLIT_RULES[7] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
