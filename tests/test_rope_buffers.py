@@ -22,8 +22,13 @@ def test_buffer_bytes_by_release_and_model_type() -> None:
     assert rope_buffer_bytes(llama, (4, 30), 100, 2) == 2 * TINY_ROPE_16BIT  # 4.30: no cast, fp32
     assert rope_buffer_bytes(llama, (4, 38), 100, 2) == 0  # 4.38: cos/sin computed per forward
     assert rope_buffer_bytes(llama, (4, 29), 100, 2) == 0  # not read
-    assert rope_buffer_bytes(mistral, (4, 38), 100, 2) == TINY_ROPE_16BIT
-    assert rope_buffer_bytes(mistral, (4, 39), 100, 2) == 0
+    assert rope_buffer_bytes(mistral, (4, 41), 100, 2) == TINY_ROPE_16BIT
+    assert rope_buffer_bytes(mistral, (4, 42), 100, 2) == 0
+    qwen2, mixtral = replace(tiny(), model_type="qwen2"), replace(tiny(), model_type="mixtral")
+    assert rope_buffer_bytes(qwen2, (4, 44), 100, 2) == TINY_ROPE_16BIT
+    assert rope_buffer_bytes(qwen2, (4, 45), 100, 2) == 0
+    assert rope_buffer_bytes(mixtral, (4, 47), 100, 2) == TINY_ROPE_16BIT
+    assert rope_buffer_bytes(mixtral, (4, 48), 100, 2) == 0
     assert rope_buffer_bytes(tiny(), (4, 35), 100, 2) == 0  # a model type not in the table
     # a sequence past max_position_embeddings: forward rebuilds the cache at its length
     assert rope_buffer_bytes(llama, (4, 35), 2000, 2) == 2 * 2 * 2000 * 16 * 2

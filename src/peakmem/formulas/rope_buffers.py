@@ -14,10 +14,17 @@ Read in the released wheels (``pip download transformers==V --no-deps``):
   at ``seq_len`` when a sequence is longer than the cache. 4.30.0 (l. 95-104): the same per-layer buffers
   without the cast (fp32, ``[1, 1, max_position_embeddings, head_dim]``). 4.38.0: none (``forward`` computes
   cos and sin of the ``position_ids`` at hand; ``_cos_cached`` keeps only the last call's).
-* 4.35.0 - 4.38.0 ``models/mistral/modeling_mistral.py`` ``MistralRotaryEmbedding``
-  (4.35.0 l. 90-123, 4.37.0 l. 90-125, 4.38.0 l. 101-124): the same per-layer buffers in the default
-  dtype. Mistral-7B's ``max_position_embeddings`` is 32768: 32 layers x 2 x 32768 x 128 x 2 B = 512 MiB
-  in fp16. 4.34.0 (where Mistral came in) and releases after 4.38 were not read: no buffers counted there.
+* 4.35.0 - 4.41.x ``models/mistral/modeling_mistral.py`` ``MistralRotaryEmbedding``
+  (4.35.0 l. 90-123, 4.37.0 l. 90-125, 4.38.0 l. 101-124, 4.39.1 l. 93-125, 4.40.0 and 4.41.0 alike): the
+  same per-layer buffers in the default dtype (``MistralAttention.__init__``: ``self.rotary_emb =
+  MistralRotaryEmbedding(...)``). Mistral-7B's ``max_position_embeddings`` is 32768: 32 layers x 2 x 32768 x
+  128 x 2 B = 512 MiB in fp16. 4.42.0 and 4.43.0: none. 4.34.0 (where Mistral came in) was not read.
+* the classes copied from it, each layer's ``self.rotary_emb`` with ``cos_cached`` / ``sin_cached`` at
+  ``max_position_embeddings`` in the default dtype: ``models/mixtral/modeling_mixtral.py`` 4.36.0 - 4.47.x
+  (read 4.36.0, 4.37.0, 4.40.0 - 4.47.0; 4.48.0: none); ``models/qwen2/modeling_qwen2.py`` 4.37.0 (where
+  Qwen2 came in) - 4.44.x (read 4.37.0, 4.40.0 - 4.44.0; 4.45.0: one rotary module for the model, no
+  cache); ``models/qwen2_moe/modeling_qwen2_moe.py`` 4.40.0 (where it came in) - 4.44.x (4.45.0: none).
+  Qwen2.5-7B: 28 layers x 2 x 32768 x 128 x 2 B = 448 MiB in bf16.
 
 Other model types whose code copied these classes (``# Copied from``) are not in the table: not read.
 """
@@ -55,8 +62,20 @@ ROPE_BUFFER_RELEASES: tuple[RopeBufferRelease, ...] = (
         "LlamaRotaryEmbedding._set_cos_sin_cache",
     ),
     RopeBufferRelease(
-        model_type="mistral", since=(4, 35), until=(4, 39), fp32=False,
-        source="transformers 4.35.0-4.38.0 models/mistral/modeling_mistral.py MistralRotaryEmbedding",
+        model_type="mistral", since=(4, 35), until=(4, 42), fp32=False,
+        source="transformers 4.35.0-4.41.0 models/mistral/modeling_mistral.py MistralRotaryEmbedding",
+    ),
+    RopeBufferRelease(
+        model_type="mixtral", since=(4, 36), until=(4, 48), fp32=False,
+        source="transformers 4.36.0-4.47.0 models/mixtral/modeling_mixtral.py MixtralRotaryEmbedding",
+    ),
+    RopeBufferRelease(
+        model_type="qwen2", since=(4, 37), until=(4, 45), fp32=False,
+        source="transformers 4.37.0-4.44.0 models/qwen2/modeling_qwen2.py Qwen2RotaryEmbedding",
+    ),
+    RopeBufferRelease(
+        model_type="qwen2_moe", since=(4, 40), until=(4, 45), fp32=False,
+        source="transformers 4.40.0-4.44.0 models/qwen2_moe/modeling_qwen2_moe.py Qwen2MoeRotaryEmbedding",
     ),
 )  # fmt: skip
 
