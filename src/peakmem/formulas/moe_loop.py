@@ -4,7 +4,7 @@ peakmem measures a derived gpt-oss block with the installed transformers (5.23),
 ``grouped_mm`` (5.0.0 on: ``modeling_utils.py`` ``get_correct_experts_implementation`` defaults to it): one
 gradient per expert tensor. Before 5.0.0, ``GptOssExperts.forward`` in training loops over the experts any
 token was routed to (4.55.0 ``models/gpt_oss/modeling_gpt_oss.py`` l. 93-113; 4.56.0 l. 98-120 and 4.57.1
-l. 98-125, ``if hidden_states.device.type == "cpu" or self.training``), and takes each expert's weights by
+l. 98-126, ``if hidden_states.device.type == "cpu" or self.training``), and takes each expert's weights by
 indexing the 3-D parameters: ``current_state @ self.gate_up_proj[expert_idx]`` and
 ``gated_output @ self.down_proj[expert_idx]``.
 
@@ -13,14 +13,14 @@ indexing the 3-D parameters: ``current_state @ self.gate_up_proj[expert_idx]`` a
   save them for their input gradient, so a layer's recomputed forward holds a copy of every hit expert's
   weights (``index_copies``) until backward reaches that expert. 4.56.0 on index with ``expert_idx[0]``
   (a 0-d tensor: ``select``, a view), no copies.
-* The backward of either indexing is a full-size gradient per expert: ``index_backward`` is
-  ``_unsafe_index_put(grad.new_zeros(self.sizes()), ...)`` (a zero tensor and its out-of-place copy),
-  ``select_backward`` ``zeros(sizes).select(...).copy_(grad)``; the autograd engine sums the experts'
-  contributions in the parameter's ``InputBuffer`` (torch/csrc/autograd/input_buffer.cpp ``accumulate``;
-  measured out of place: the old sum, the new gradient and their sum alive together). So while the
-  second expert's ``gate_up_proj`` gradient is summed, three full ``gate_up_proj``-sized tensors and the
-  ``down_proj`` sum are alive (``loop_backward``): measured on the CPU with peakmem's storage tracker, torch
-  2.13, both indexings (tests/test_moe_loop.py), where ``grouped_mm`` holds each weight gradient once.
+* The backward of either indexing is a full-size gradient per expert (``index_backward``: ``new_zeros`` of
+  the parameter's sizes, the expert's slice put into it; ``select_backward``: ``zeros(sizes)`` and a
+  ``copy_`` into the slice), and the autograd engine adds the experts' contributions into the parameter's
+  ``InputBuffer`` in place (torch/csrc/autograd/input_buffer.cpp ``accumulate``: ``aten::add_`` when the
+  buffer is its only user). So while the second expert's ``gate_up_proj`` gradient is added, two
+  ``gate_up_proj``-sized tensors and the ``down_proj`` sum are alive (``loop_backward``), where
+  ``grouped_mm`` writes each weight gradient once: measured on the CPU (torch 2.13, the profiler's memory
+  timeline, both indexings: tests/test_moe_loop.py) to within the routed rows' gradients.
 
 The kernels hub's MegaBlocks layer (``use_kernels=True``) would replace this loop, but transformers 4.55
 kernelizes for the device the model is on when ``from_pretrained`` returns (``modeling_utils.py`` l. 5093
@@ -48,7 +48,7 @@ SRC_COPIES = (
     "index tensor copies the expert's weights, which the matmul saves (formulas/moe_loop.py)"
 )
 LOOP_MODEL_TYPES = frozenset({"gpt_oss"})  # the 4.x experts that loop in training with indexed 3-D weights
-FULL_SIZE_AT_PEAK = 3  # the running sum, the new full-size gradient and their sum (or index_put's copy)
+FULL_SIZE_AT_PEAK = 2  # the running sum and the new expert's full-size gradient (added into it in place)
 EXPERTS_DONE_AT_PEAK = 2  # the peak is at the second expert backward reaches: the first's copies are freed
 
 
@@ -70,9 +70,8 @@ def index_copies(hit: int, hidden: int, inter: int, elem: int) -> int:
 def loop_backward(gate_up: int, down: int, copy_per_expert: int) -> tuple[int, int, int]:
     """The loop's backward peak in the layer, as ``(net, freed, grads)`` above its recomputed activations
     (the ``LayerActivations.backward_*`` convention: net = temporaries + grads - freed): both weight
-    gradients' running sums (grads), two more ``gate_up_proj``-sized tensors (the new expert's full-size
-    gradient and the sum), and the first two experts' copies already freed (``copy_per_expert`` 0 without
-    copies)."""
+    gradients' running sums (grads), one more ``gate_up_proj``-sized tensor (the new expert's full-size
+    gradient), and the first two experts' copies already freed (``copy_per_expert`` 0 without copies)."""
     grads = gate_up + down
     temporaries = (FULL_SIZE_AT_PEAK - 1) * gate_up
     freed = EXPERTS_DONE_AT_PEAK * copy_per_expert
