@@ -44,6 +44,7 @@ from peakmem.formulas import loop_held as _held
 from peakmem.formulas import lora as _lora
 from peakmem.formulas import lowbit_optim as _lowbit
 from peakmem.formulas import model_parallel as mp
+from peakmem.formulas import moe_loop as _loop
 from peakmem.formulas import nccl as _nccl
 from peakmem.formulas import padded_lengths as _padded
 from peakmem.formulas import zero_streams as _zs
@@ -385,6 +386,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             )  # fmt: skip
             if tech.adapter and layer.derived is None:  # a derived block's costs measured the adapters
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
+            la = _loop.expert_loop_layer(la, spec, layer, sh, setup, trainable=not tech.adapter)
             if setup.tiled_mlp:
                 la = _long.tiled_mlp(
                     la, spec, layer, sh, _long.tiled_shards(spec, sh.tokens, setup.tiled_mlp_shards)

@@ -28,6 +28,10 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   4.56.0, 4.57.1, 5.0.0, 5.1.0, 5.2.0, 5.3.0, 5.6.0, 5.8.0, 5.10.0): ``integrations/mxfp4.py``
   ``convert_moe_packed_tensors`` makes the nibble indices int64 and both before gathering through 5.0.x
   (5.0.0 l. 261-262), int32 and one at a time, each deleted after its gather, from 5.1.0 (l. 253-258).
+* gpt-oss's experts in training (:mod:`peakmem.formulas.moe_loop`; wheels 4.55.0, 4.56.0, 4.57.1, 5.0.0):
+  before 5.0.0 ``GptOssExperts.forward`` loops over the hit experts and indexes the 3-D weights per expert,
+  with a 1-element index tensor in 4.55.x (4.55.0 l. 101-105: copies) and with ``expert_idx[0]`` from 4.56.0
+  (4.56.0 l. 108: a view); 5.0.0 runs ``grouped_mm`` by default (``get_correct_experts_implementation``).
 * Gradient checkpointing. ``gradient_checkpointing_enable()`` without kwargs checkpoints each layer with
   reentrant ``torch.utils.checkpoint`` before 5.0.0 (4.48.1 / 4.57.1 modeling_utils.py
   ``gradient_checkpointing_kwargs = {"use_reentrant": True}``; 4.36.0 passes ``{}``, 4.30.0 calls
@@ -154,13 +158,30 @@ def keeps_clamped_scores(version: str, model_type: str) -> bool:
     return release_facts(version).clamps_scores and model_type in SCORES_CLAMP_MODEL_TYPES
 
 
+# gpt-oss's training loop over its experts (module docstring): how 4.x indexes each expert's weights
+ExpertLoop = Literal["index", "select"]
+GPT_OSS_SELECT_SINCE = (4, 56, 0)  # 4.56.0 modeling_gpt_oss.py l. 108: ``expert_idx = expert_idx[0]``
+GPT_OSS_GROUPED_MM_SINCE = (5, 0, 0)  # 5.0.0 modeling_utils.py: grouped_mm experts by default
+
+
+def gpt_oss_expert_loop(version: str) -> ExpertLoop | None:
+    """How gpt-oss's experts take their weights in training at ``version``: ``"index"`` (4.55.x: copies),
+    ``"select"`` (4.56.0-4.57.x: views), None from 5.0.0 (``grouped_mm``, what peakmem measures)."""
+    release = parse_transformers_version(version)
+    if release >= GPT_OSS_GROUPED_MM_SINCE:
+        return None
+    return "select" if release >= GPT_OSS_SELECT_SINCE else "index"
+
+
 __all__ = [
     "EXPERT_LINEAR_MODEL_TYPES",
     "SCORES_CLAMP_MODEL_TYPES",
     "TRANSFORMERS_CURRENT",
     "TRANSFORMERS_RELEASES",
+    "ExpertLoop",
     "TransformersRelease",
     "experts_are_linears",
+    "gpt_oss_expert_loop",
     "keeps_clamped_scores",
     "parse_transformers_version",
     "release_facts",
