@@ -210,6 +210,8 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
         for name, p in model.named_parameters():
             if p.requires_grad and "lora_" in name:
                 p.data = p.data.to(dt)
+    elif spec.adapter_dtype == "base":
+        adapters_to_base_dtype(model)
     if setup.method == Method.QLORA:
         for name, mod in list(model.named_modules()):
             if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears
@@ -222,3 +224,22 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
                     info.weights.append((full, q))
                     info.params += q.numel
     return info
+
+
+def adapters_to_base_dtype(model: torch.nn.Module) -> None:
+    """Each LoRA/DoRA parameter in its base layer's dtype, as peft leaves it with
+    ``autocast_adapter_dtype=False`` (``adapter_dtype="base"``).
+
+    peft 0.21.2 tuners/tuners_utils.py ``BaseTunerLayer._move_adapter_to_device_of_base_layer`` casts a new
+    adapter to the base layer's floating dtype (bitsandbytes' 4-bit: its ``compute_dtype``), but skips an
+    adapter whose parameters are on the meta device: built on the meta model, the adapters stay in torch's
+    default dtype (fp32), which doubled the adapters' inputs and outputs a bf16 step saves (a tiny phi-2
+    LoRA on everything: 3.7 MB saved per block where the real step keeps 2.1 MB).
+    """
+    for module in model.modules():
+        weight = getattr(getattr(module, "base_layer", None), "weight", None)
+        if weight is None or not weight.dtype.is_floating_point:
+            continue
+        for name, p in module.named_parameters():
+            if "lora_" in name and p.dtype.is_floating_point and p.dtype != weight.dtype:
+                p.data = p.data.to(weight.dtype)
