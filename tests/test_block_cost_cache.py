@@ -116,3 +116,23 @@ def test_a_cached_spec_outside_a_configs_limits_is_ignored(cache: Path) -> None:
     with progress.collecting() as notes:
         assert block_costs.cached_spec(LLAMA) is None
     assert "not a valid spec" in notes[0] and "1000000000" in notes[0]
+
+
+BASE_FAMILY = "bf16|sdpa|cuda|lora|LoraConfig(rank=8, dropout=0.05, adapter_dtype='base')"
+
+
+def test_a_revised_familys_costs_cached_before_the_revision_are_measured_again(cache: Path) -> None:
+    """block_costs.FAMILY_REVISIONS: adapter_dtype "base" costs carry revision 1; a file of that family
+    written before (no revision, a valid digest) is ignored with a note; other families carry none."""
+    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(3)))
+    block_costs._write_cache("abc", BASE_FAMILY, {"k": cost})
+    path = block_costs._cache_file("abc", BASE_FAMILY)
+    body = json.loads(path.read_text())
+    assert body["revision"] == 1 and block_costs._read_cache("abc", BASE_FAMILY) is not None
+    body.pop("digest")
+    body.pop("revision")
+    path.write_text(json.dumps({**body, "digest": block_costs._digest(body)}))
+    with progress.collecting() as notes:
+        assert block_costs._read_cache("abc", BASE_FAMILY) is None
+    assert len(notes) == 1 and "revision None, expected 1" in notes[0]
+    assert "revision" not in json.loads(_written(cache).read_text())  # FAMILY: no revision

@@ -90,3 +90,18 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("llama") / "config.json"
     path.write_text(json.dumps(LLAMA))
     return str(path)
+
+
+def test_a_derived_layer_with_one_norm_counts_its_output_once() -> None:
+    """phi-2's shipped derived spec (transformers' PhiDecoderLayer: one input_layernorm read by q/k/v and
+    fc1; a derived spec records no parallel_residual): per later layer T h c for the norm's output, T h c for
+    dense's input and T I c for fc2's (h 2560, I 10240), not a second norm output."""
+    from peakmem.resolve import resolve_model
+
+    spec = L.split_first_layer(resolve_model("phi-2"))
+    lora = LoraConfig(rank=8, alpha=16, dropout=0.05, targets=("q_proj", "v_proj"), adapter_dtype="base")
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=2, seq_len=8, method=Method.QLORA, lora=lora,
+                          quant=QuantConfig(quant="nf4"), framework=Framework.LITGPT,
+                          bitsandbytes="0.42.0")  # fmt: skip
+    assert spec.groups[1].layer.derived is not None
+    assert held.layer_linear_inputs(spec, 1, act.shapes(spec, setup), setup) == T * (2560 + 2560 + 10240) * C

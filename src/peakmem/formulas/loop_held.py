@@ -84,7 +84,9 @@ def layer_linear_inputs(spec: ModelSpec, group: int, sh: Shapes, setup: Training
     t, h, c = sh.tokens, spec.hidden_size, sh.c
     att = layer.attention
     n_norms = layer_structure(layer, sh.memo)[0]
-    shared = layer.parallel_residual and n_norms == 1
+    # a derived spec does not record parallel_residual (simulate/derive/from_model.py): its one norm reads the
+    # block input for both halves (transformers' PhiDecoderLayer: ``input_layernorm`` only)
+    shared = (layer.parallel_residual or layer.derived is not None) and n_norms == 1
     att_in = 0 if first_layer_input_frozen(spec, group, setup, sh.memo) else t * h * c
     mlp_in = 0 if shared else t * h * c
     down_in = 0 if layer.mlp.is_moe else t * layer.mlp.intermediate_size * c

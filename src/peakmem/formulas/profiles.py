@@ -250,7 +250,15 @@ def rope_cache_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
 # FastGELUActivation) whose autograd saves every intermediate, and its configs' dropouts (phi-2's
 # resid_pdrop 0.1) save masks. A derived model's blocks are measured on transformers' modules built
 # from this config under --framework litgpt (measured: phi-2 LoRA at 4 x 512, bf16, 32 layers: 13.87 GB
-# of activations on the Hub config, 9.51 GB on this one).
+# of activations on the Hub config, 9.51 GB on this one, both with the adapters fp32 as the fake step then
+# left them; in the base dtype, simulate/fakeify.py adapters_to_base_dtype: 7.76 GB on this one). Checked on
+# CPU against litgpt@5895df1's own model.py/lora.py/utils.py run as finetune/lora.py runs them (a phi-2-like
+# config: h 320, 4 heads of 80, rotary 0.4, 2 layers, LoRA r8 on every Linear and the head, dropout 0.05,
+# batch 2 x 64, bf16, AdamW, 2 micro-batches a step; step 2 under peakmem's storage tracker): the forward,
+# backward and optimizer peaks +1.7, +1.0, +0.3 %. Not modelled: peft's three q/k/v LoRA dropouts (two more
+# outputs and CUDA bool masks: 6 B a token and hidden unit) against Lit-GPT's one for its fused attn Linear,
+# whose output the v view keeps beyond v (4 B): the derived block keeps 2 B a token and hidden unit a layer
+# more than Lit-GPT's (0.31 GiB for phi-2 at 4 x 512).
 LITGPT_CODE = "litgpt"
 _TANH_GELUS = frozenset({"gelu_new", "gelu_fast", "gelu_pytorch_tanh"})
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function")

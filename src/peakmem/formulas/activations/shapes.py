@@ -164,6 +164,19 @@ def shapes(
     )  # fmt: skip
 
 
+# the family key's mark of a quantized base whose Linears keep their inputs (bitsandbytes < 0.43.2's 4-bit,
+# LLM.int8): a family of its own, measured with them (the shipped QLoRA families run the current release)
+QUANT_KEEPS_INPUT = " keeps-inputs"
+
+
+def quant_keeps_input(setup: TrainingSetup) -> bool:
+    """Whether the quantized base's Linears keep their inputs for backward (formulas/lora/deltas.py
+    :func:`base_keeps_input`)."""
+    from ..lora.deltas import base_keeps_input
+
+    return base_keeps_input(setup)
+
+
 def derived_family(setup: TrainingSetup, kernels: tuple[str, ...] = ("eager", "sdpa", "flash")) -> str:
     """The setup family a derived spec's block costs are measured in: the precision, the kernel
     transformers is asked for (its own fallbacks then run inside the measured model), the kernel
@@ -174,7 +187,9 @@ def derived_family(setup: TrainingSetup, kernels: tuple[str, ...] = ("eager", "s
     if setup.method.value != "full":
         lora = lora_of(setup)
         adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
-        objects = (lora, setup.quant)
+        if quant_keeps_input(setup):  # the fake step keeps the quantized Linears' inputs (fakeify.py)
+            adapter += QUANT_KEEPS_INPUT
+        objects = (lora, setup.quant, setup.bitsandbytes)
     # flash-attn is CUDA-only: a fake-tensor run measures it as SDPA's flash kernel, which allocates
     # the same (simulate/derive/build.py build_with), so the two share one measurement, unless the class
     # has no SDPA path (gpt-oss, Gemma 2): asked for SDPA it runs eager, asked for flash SDPA stands in

@@ -251,8 +251,8 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
             out.append(
                 f"bitsandbytes {version}: each 4-bit Linear whose input requires grad keeps that input for "
                 f"backward ({release_facts(version).source}; dropped in 0.43.2, PR #1270)"
-                + ("; not added to the measured block costs of this derived model (the simulator runs "
-                   f"bitsandbytes {BNB_CURRENT})" if spec.derived_from else "")
+                + ("; kept by the 4-bit stand-ins of this derived model's measured blocks"
+                   if spec.derived_from else "")
             )  # fmt: skip
     if any(m.kind == "param" for m in mods):
         out.append(

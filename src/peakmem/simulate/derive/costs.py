@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from peakmem import block_costs, progress
+from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.errors import InputError
 from peakmem.formulas.profiles import code_config
 from peakmem.model import FIRST_BLOCK, LAST_BLOCK
@@ -69,6 +70,7 @@ class _Family:
     lora: Any
     quant: Any
     code: str  # the model code measured ("": transformers'; peakmem.formulas.profiles.code_config)
+    bitsandbytes: str = BNB_CURRENT  # the release the quantized base runs (its Linears' inputs kept or not)
 
     def setup(self, batch: int, seq: int) -> Any:
         from peakmem.training import AttentionKernel, KernelPolicy, Method, Precision, TrainingSetup
@@ -76,7 +78,7 @@ class _Family:
         return TrainingSetup(
             precision=Precision(self.precision), attention=AttentionKernel(self.kernel),
             kernel_policy=KernelPolicy(self.policy), micro_batch=batch, seq_len=seq,
-            method=Method(self.method), lora=self.lora, quant=self.quant,
+            method=Method(self.method), lora=self.lora, quant=self.quant, bitsandbytes=self.bitsandbytes,
         )  # fmt: skip
 
 
@@ -86,13 +88,14 @@ def _family(family: str) -> _Family:
     precision, kernel, policy = parts[:3]
     method = parts[3] if len(parts) > 3 else "full"
     lora = quant = None
+    bnb = BNB_CURRENT
     if method != "full":
         objects = adapter_objects(parts[4] if len(parts) > 4 else "")
         if objects is None:
             raise InputError(f"setup family {family!r}: the adapter is not known in this process")
-        lora, quant = objects
+        lora, quant, bnb = objects
     return _Family(precision=precision, kernel=kernel, policy=policy, method=method, lora=lora, quant=quant,
-                   code=code)  # fmt: skip
+                   code=code, bitsandbytes=bnb)  # fmt: skip
 
 
 def _measure(
