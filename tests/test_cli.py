@@ -186,3 +186,16 @@ def test_overheads_are_overridable(capsys: pytest.CaptureFixture[str]) -> None:
     assert v100["device_total_bytes"] - default["device_total_bytes"] == (1343 - 512) * 1024**2
     assert v100["peak_reserved_bytes"] == default["peak_reserved_bytes"]
     assert_one_line_error(run(*base[:4], "--fragmentation", "3"), 2, "fragmentation=3.0")
+
+
+@pytest.mark.torch
+def test_measure_json_echoes_a_lora_setup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The measured setup carries its LoraConfig as a dict, as train's does (it used to fail to serialise)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT2))
+    common = ["--method", "lora", "--lora-rank", "4", "--batch", "1", "--seq", "16", "--json"]
+    assert main(["measure", str(path), "--device", "cpu", "--steps", "2", *common]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert main(["train", str(path), *common]) == 0
+    analytic = json.loads(capsys.readouterr().out)
+    assert measured["setup"]["lora"] == analytic["setup"]["lora"] and measured["setup"]["lora"]["rank"] == 4

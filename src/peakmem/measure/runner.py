@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -670,9 +669,7 @@ def _per_param_rows(
 
 
 def _setup_echo(setup: TrainingSetup, dev: torch.device) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for f in fields(setup):
-        v = getattr(setup, f.name)
-        out[f.name] = v.value if hasattr(v, "value") else v
-    out["device"] = str(dev)
-    return out
+    """The setup as the estimates echo it (JSON-ready: LoRA / quant configs as dicts), and the device."""
+    from peakmem.estimate import setup_dict
+
+    return {**setup_dict(setup), "device": str(dev)}
