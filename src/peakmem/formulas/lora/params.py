@@ -59,7 +59,10 @@ def module_adapter_tensors(m: AdaptedModule, lora: LoraConfig) -> tuple[tuple[st
 
 
 def _occurrences(spec: ModelSpec, m: AdaptedModule) -> int:
-    return 1 if m.group is None else spec.groups[m.group].count
+    """How many of the model's layers hold ``m``: a parameter target naming layers is in those only."""
+    if m.group is None:
+        return 1
+    return len(m.layers) if m.layers else spec.groups[m.group].count
 
 
 def adapter_tensors(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[Tensor, int], ...]:
