@@ -116,3 +116,16 @@ def test_the_option_through_the_api(tmp_path: Path) -> None:
     assert [r["model"]["trainable_params"] for r in (plain, new)] == [4 * Q, 4 * Q + GATE_UP]
     peaks = [r["peak_allocated_bytes"] for r in (plain, new, old)]
     assert peaks[0] < peaks[1] < peaks[2]  # the merged weight; then the full-size fp32 delta
+
+
+def test_axolotl_file_maps_the_parameter_targets(tmp_path: Path) -> None:
+    from peakmem.fromfile import read_from_files
+
+    path = tmp_path / "gpt-oss-lora.yaml"  # as axolotl's examples/gpt-oss/gpt-oss-20b-sft-lora-singlegpu.yaml
+    path.write_text(
+        "base_model: openai/gpt-oss-20b\nadapter: lora\nlora_r: 8\nlora_target_linear: true\n"
+        "lora_target_parameters:\n  - 22.mlp.experts.gate_up_proj\n  - 22.mlp.experts.down_proj\n"
+    )
+    found = read_from_files([path])
+    assert found.format == "axolotl"
+    assert found.options["lora_target_parameters"] == "22.mlp.experts.gate_up_proj,22.mlp.experts.down_proj"
