@@ -26,6 +26,12 @@ gate_up einsum output and its scaled copy (196,608 B each, fp32) beside the down
 its backward peak the gate_up gradient's fp32 cast and scaled copy (196,608 B each). tests/
 test_param_wrapper.py holds these against the formulas.
 
+peft's own MoE conversion (``all-linear`` on Mixtral / Qwen-MoE under transformers 5: targets.py
+``PEFT_MOE_CONVERSION``) runs the same ParamWrapper, so its merged-weight gradient is now counted too: a tiny
+Mixtral (4 experts, 256 x 64 gate_up) LoRA all-linear step under full checkpointing read -2.5 % against the
+CPU tracker and reads +2.7 % (the gradient is added on top of the layer's backward peak, an upper bound: it
+is alive at the experts' backward only); without checkpointing, and tiny Qwen3-MoE, it does not move.
+
 Not modelled: peft 0.17 .. 0.18 recompute the merged weight at every access of the parameter
 (``cached()`` only inside the proxy's forward): a model that indexes the expert stack once per expert
 (transformers' eager experts loop) makes one merged copy per expert hit; counted here once per forward.
