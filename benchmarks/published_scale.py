@@ -147,7 +147,9 @@ before any estimate of it (axolotl example READMEs, Lit-GPT's quantize tutorial)
 bf16-loaded model upcast to fp32 shards, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``) ->
 ``precision='mixed-bf16'`` with the framework's reduce dtype (no ``fsdp_reduce_dtype``); and ``job.weights``
 ``bnb-fp4-dq`` -> ``fp4`` (double quantization flagged A, as nf4-dq). ``job.lora_target_parameters`` (peft
-LoRA on 3D expert tensors) is recorded, not mapped: the point lists it among its approximations. Examined
+LoRA on 3D expert tensors) -> ``lora_target_parameters`` (joined by commas), with ``job.peft`` (the
+release the framework text names) -> ``peft`` (peakmem.peft_versions: before 0.21 a full-size delta per
+forward). Examined
 after the miss (session h-gptoss): axolotl@ba3dba3e replaces accelerate's ``fsdp2_prepare_model`` by its own
 (src/axolotl/monkeypatch/accelerate/fsdp2.py, applied by loaders/patch_manager.py when ``fsdp_version`` is
 2), which has no fp32 upcast: ``job.precision_id`` ``axolotl-fsdp2-bf16`` -> ``precision='bf16'``; and
@@ -298,6 +300,10 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
             opts[name] = job[name]
     if job.get("lora_targets"):
         opts["lora_targets"] = ",".join(job["lora_targets"])
+    if job.get("lora_target_parameters"):  # peft target_parameters (ParamWrapper on 3-D expert tensors)
+        opts["lora_target_parameters"] = ",".join(job["lora_target_parameters"])
+    if job.get("peft"):  # the peft release the point's framework text names (peakmem.peft_versions)
+        opts["peft"] = job["peft"]
     if job.get("dora"):  # peft use_dora (the fourth search's method_comparison DoRA run)
         opts["dora"] = True
     if job.get("kbit_prep"):  # who prepared the quantized model, where no TRL release decides it

@@ -13,6 +13,7 @@ nf4 / fp4 with an optional double quantization, or LLM.int8; its storage and tem
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,21 @@ def parse_targets(text: str) -> tuple[str, ...]:
     return names
 
 
+EXPERTS = "experts"  # --lora-target-parameters experts: every layer's 3-D expert parameters
+
+
+def parse_parameters(text: str) -> tuple[str, ...]:
+    """``"22.mlp.experts.gate_up_proj,22.mlp.experts.down_proj"`` -> the two names (peft matches a
+    parameter whose full name equals a name or ends with ``"." + name``; a leading ``N.`` / ``layers.N.``
+    names layer N only); ``"experts"`` -> every layer's fused expert parameters (:data:`EXPERTS`)."""
+    names = tuple(k.strip() for k in text.split(","))
+    if any(not n for n in names):
+        raise InputError(f"lora_target_parameters={text!r}: empty parameter name")
+    if EXPERTS in names and len(names) > 1:
+        raise InputError(f"lora_target_parameters={text!r}: experts cannot be combined with names")
+    return names
+
+
 @dataclass(frozen=True, kw_only=True)
 class QuantConfig:
     """``BitsAndBytesConfig`` as far as memory goes: ``--quant nf4|fp4|int8 [--double-quant]``."""
@@ -162,6 +178,20 @@ class LayoutPrep:
 
 # --- what a setup holds (read duck-typed: ``setup.method``, ``setup.lora``, ``setup.quant``) ---
 _DEFAULT_LORA = LoraConfig()  # frozen: one instance for every setup without a config
+
+
+def measured_lora(lora: LoraConfig) -> LoraConfig:
+    """The config a derived model's blocks are measured with: its module adapters only. Its
+    ``target_parameters`` (peft ParamWrapper: layer-indexed keys name single layers, and the peft release
+    decides their bytes) are added by the formulas (peakmem.formulas.lora.param_wrapper)."""
+    if not lora.target_parameters:
+        return lora
+    if not lora.targets:
+        raise InputError(
+            f"lora_target_parameters={','.join(lora.target_parameters)!r}: on a derived model name "
+            "lora_targets too (its blocks are measured with their module adapters)"
+        )
+    return dataclasses.replace(lora, target_parameters=())
 
 
 def lora_of(setup: Any) -> LoraConfig:

@@ -384,7 +384,7 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
                 spec, layer, sh, written, mlp_params=facts.mlp_params[i],
                 linear_params=facts.linear_params[i], layer_params=facts.layer_params[i],
             )  # fmt: skip
-            if tech.adapter and layer.derived is None:  # a derived block's costs measured the adapters
+            if tech.adapter:  # a derived block's costs measured the module adapters (adapt_layer: the rest)
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
             la = _loop.expert_loop_layer(la, spec, layer, sh, setup, trainable=not tech.adapter)
             if setup.tiled_mlp:

@@ -20,6 +20,7 @@ from peakmem.accelerate_versions import ACCELERATE_CURRENT
 from peakmem.bnb_versions import BNB_CURRENT
 from peakmem.errors import InputError
 from peakmem.inference import SGLANG_ATTENTION_BACKENDS, STATE_CACHE_DTYPES
+from peakmem.peft_versions import PEFT_CURRENT
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
@@ -131,6 +132,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("lora_rank", int, None, T, "adapter rank r (default 8, as peft)", group=_LORA, maximum=MAX_LORA_RANK),
     _o("lora_alpha", float, None, T, "scaling alpha (default 8)", group=_LORA),
     _o("lora_targets", str, None, T, "all-linear (default) or module names: q_proj,v_proj", group=_LORA),
+    _o("lora_target_parameters", str, None, T, "LoRA on bare parameters (peft target_parameters): names "
+       "such as 22.mlp.experts.gate_up_proj,22.mlp.experts.down_proj (N. names layer N only) or experts "
+       "(every layer's fused expert parameters)", group=_LORA),
     _o("lora_dropout", float, None, T, "dropout on the adapter input", group=_LORA),
     _o("dora", bool, False, T, "DoRA: weight-decomposed LoRA", group=_LORA),
     _o("adapter_dtype", str, None, T, "fp32 (peft's default)|bf16|fp16|base", group=_LORA),
@@ -159,6 +163,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("accelerate", str, ACCELERATE_CURRENT, T - _ORACLES, "the accelerate release under the HF Trainer, "
        f"e.g. 1.10.0 (default {ACCELERATE_CURRENT}): before 1.11 its no_sync leaves FSDP2 reducing every "
        "micro-batch (grad-sync auto: each-micro-batch; peakmem.accelerate_versions)"),
+    _o("peft", str, PEFT_CURRENT, T - _ORACLES, "lora: the peft release, e.g. 0.17.0 (default "
+       f"{PEFT_CURRENT}): before 0.21 each --lora-target-parameters forms a full-size delta weight per "
+       "forward (peakmem.peft_versions)", group=_LORA),
     _o("loss", str, "standard", T, "standard|chunked|chunked-compiled|fused|half (CE on 16-bit logits, no "
        "fp32 upcast: 2022 GPT-2 heads, custom loops on a .half() model)|compiled (the standard CE under "
        "torch.compile: torchtitan with compile on)", group=_SAVING),

@@ -26,6 +26,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, Draft, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
+from peakmem.peft_versions import PEFT_CURRENT
 from peakmem.post_training import PostTraining, post_training
 from peakmem.resolve import Deriver, resolve_model
 from peakmem.torchao_versions import TORCHAO_CURRENT
@@ -256,6 +257,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
         bitsandbytes=o.get("bitsandbytes", BNB_CURRENT),
         torchao=o.get("torchao", TORCHAO_CURRENT), transformers=o.get("transformers", TRANSFORMERS_CURRENT),
         accelerate=o.get("accelerate", ACCELERATE_CURRENT),
+        peft=o.get("peft", PEFT_CURRENT),
         optimizer_in_backward=o["optimizer_in_backward"], activation_offload=o["activation_offload"],
         compiled=o["compile"], liger=o["liger"], tiled_mlp=o.get("tiled_mlp", False),
         grads_set_to_none=not o.get("keep_grads", False),
@@ -360,13 +362,15 @@ def with_images(
 
 def _lora_config(o: Mapping[str, Any]) -> Any:
     """A LoraConfig when any LoRA option is given (TrainingSetup rejects it with method full)."""
-    from peakmem.adapters import LoraConfig, parse_targets
+    from peakmem.adapters import LoraConfig, parse_parameters, parse_targets
 
     given = {
         "rank": o["lora_rank"], "alpha": o["lora_alpha"],
         "targets": parse_targets(o["lora_targets"]) if o["lora_targets"] is not None else None,
         "dropout": o["lora_dropout"], "dora": True if o["dora"] else None,
         "adapter_dtype": o["adapter_dtype"],
+        "target_parameters": parse_parameters(o["lora_target_parameters"])
+        if o.get("lora_target_parameters") is not None else None,
     }  # fmt: skip
     options = {k: v for k, v in given.items() if v is not None}
     return LoraConfig(**options) if options else None

@@ -15,6 +15,8 @@ from peakmem.adapters import LayoutPrep, LoraConfig, QuantConfig
 from peakmem.bnb_versions import BNB_CURRENT, has_4bit
 from peakmem.choice import Choice
 from peakmem.errors import InputError
+from peakmem.peft_versions import PEFT_CURRENT, parse_peft_version
+from peakmem.peft_versions import release_facts as peft_facts
 from peakmem.torchao_versions import TORCHAO_CURRENT, parse_torchao_version
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT, parse_transformers_version
 from peakmem.validate import MAX_GRAD_ACCUM, MAX_TOKENS, check_bool, check_int, coerce_choice
@@ -292,6 +294,9 @@ class TrainingSetup:
     # the accelerate release under the HF Trainer (peakmem.accelerate_versions: before 1.11 its no_sync does
     # not stop FSDP2's gradient sync)
     accelerate: str = ACCELERATE_CURRENT
+    # the peft release that wraps LoRA's target_parameters (peakmem.peft_versions: before 0.21 a full-size
+    # delta weight per forward)
+    peft: str = PEFT_CURRENT
     # the checkpoint stores MoE experts as MXFP4 (its config's quantization_config: gpt-oss), which
     # transformers dequantizes to bf16 on the GPU as it loads them for training (peakmem.step_load)
     mxfp4_checkpoint: bool = False
@@ -332,6 +337,7 @@ class TrainingSetup:
         parse_torchao_version(self.torchao)  # a malformed release's one-line error
         parse_transformers_version(self.transformers)
         parse_accelerate_version(self.accelerate)
+        parse_peft_version(self.peft)
         check_int("seq", self.seq_len)
         steps = "accumulation steps; no recipe has more"
         check_int("grad_accum", self.grad_accum, maximum=MAX_GRAD_ACCUM, what=steps)
@@ -371,6 +377,9 @@ class TrainingSetup:
             )
         if self.method is not Method.QLORA and self.quant is not None:
             raise InputError(f"method={self.method.value!r}: a quantized base (--quant) needs --method qlora")
+        params = self.lora is not None and self.lora.target_parameters
+        if params and not peft_facts(self.peft).target_parameters:
+            raise InputError(f"peft={self.peft!r}: lora_target_parameters needs peft 0.17.0 or later")
         four_bit = self.method is Method.QLORA and (self.quant is None or self.quant.is_4bit)
         if not has_4bit(self.bitsandbytes) and four_bit:  # has_4bit first: a malformed version's error
             raise InputError(

@@ -63,8 +63,8 @@ def technique(spec: ModelSpec, setup: TrainingSetup, memo: Memo | None = None) -
     adapter = _lora.is_adapter_method(setup)
     # the framework's model code (Lit-GPT unties a tied head); a derived spec's last block measured on its own
     spec = split_last_block(code_spec(spec, setup))  # (model.LAST_BLOCK)
-    if adapter:
-        spec = _lora.split_first_layer(spec)
+    if adapter:  # the first layer, and the layers a target_parameters key names, in groups of their own
+        spec = _lora.split_target_layers(_lora.split_first_layer(spec), lora_of(setup), memo)
     tspec, tsetup = _lora.optimizer_view(spec, setup, memo)  # the trainable tensors (LoRA: the adapters)
     plan = precision_plan(setup.precision)
     opt_rows = optimizer_rows(tspec, tsetup, memo)

@@ -131,6 +131,9 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
             m.set("lora_targets", "all-linear", "lora_target_linear")
         elif doc.get("lora_target_modules"):
             m.set("lora_targets", ",".join(names_list(doc["lora_target_modules"])), "lora_target_modules")
+        if doc.get("lora_target_parameters"):  # peft target_parameters (examples/gpt-oss: experts of 22-23)
+            names = ",".join(names_list(doc["lora_target_parameters"]))
+            m.set("lora_target_parameters", names, "lora_target_parameters")
         if doc.get("lora_modules_to_save"):
             m.skip(
                 "lora_modules_to_save",

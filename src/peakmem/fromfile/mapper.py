@@ -110,6 +110,7 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "lora_rank": "lora-rank",
     "lora_alpha": "lora-alpha",
     "lora_targets": "lora-targets",
+    "lora_target_parameters": "lora-target-parameters",
     "lora_dropout": "lora-dropout",
     "dora": "dora",
     "adapter_dtype": "adapter-dtype",
@@ -145,7 +146,8 @@ FIELD_OF = {  # CLI dest -> the name shown in the echo (the flag without dashes)
     "entropy": "entropy",
     "reward_model": "reward-model",
 }
-LORA_DESTS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "adapter_dtype")
+LORA_DESTS = ("lora_rank", "lora_alpha", "lora_targets", "lora_target_parameters", "lora_dropout", "dora",
+              "adapter_dtype")  # fmt: skip
 QUANT_DESTS = ("quant", "no_double_quant", "kbit_prep")
 
 

@@ -24,6 +24,7 @@ from peakmem.options import (
     MAX_SPECULATIVE_TOKENS,
     MAX_WORLD,
 )
+from peakmem.peft_versions import PEFT_CURRENT
 from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_BETA, MAX_GENERATIONS
 from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.training import (
@@ -96,6 +97,11 @@ class TrainOptions(ModelChoice):
     lora_rank: int | None = Field(None, ge=1, le=MAX_LORA_RANK, description="LoRA rank r (default 8)")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA scaling alpha (default 8)")
     lora_targets: str | None = Field(None, max_length=MAX_NAME_LEN, description="all-linear or q_proj,v_proj")
+    lora_target_parameters: str | None = Field(
+        None, max_length=MAX_NAME_LEN,
+        description="LoRA on bare parameters (peft target_parameters): 22.mlp.experts.gate_up_proj,... or "
+        "experts",
+    )  # fmt: skip
     quant: str | None = Field(None, max_length=10, description="qlora base: nf4 (default), fp4, int8")
     kbit_prep: str | None = Field(
         None, max_length=7,
@@ -126,6 +132,11 @@ class TrainOptions(ModelChoice):
         ACCELERATE_CURRENT, max_length=30,
         description="the accelerate release under the HF Trainer, e.g. 1.10.0 (before 1.11 its no_sync "
         "leaves FSDP2 reducing every micro-batch)",
+    )  # fmt: skip
+    peft: str = Field(
+        PEFT_CURRENT, max_length=30,
+        description="lora: the peft release, e.g. 0.17.0 (before 0.21 target_parameters form full-size "
+        "deltas)",
     )  # fmt: skip
     loss: LossImpl = LossImpl.STANDARD
     optimizer_in_backward: bool = Field(False, description="step each parameter in backward (torchtune)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from peakmem.adapters import lora_of, quant_of
+from peakmem.adapters import lora_of, measured_lora, quant_of
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
@@ -185,7 +185,7 @@ def derived_family(setup: TrainingSetup, kernels: tuple[str, ...] = ("eager", "s
     attention implementations the model's class has (``ModelSpec.attention_kernels``)."""
     adapter, objects = "", None
     if setup.method.value != "full":
-        lora = lora_of(setup)
+        lora = measured_lora(lora_of(setup))  # target_parameters: added by formulas/lora/param_wrapper.py
         adapter = repr((lora, setup.quant)) if setup.method.value == "qlora" else repr(lora)
         if quant_keeps_input(setup):  # the fake step keeps the quantized Linears' inputs (fakeify.py)
             adapter += QUANT_KEEPS_INPUT

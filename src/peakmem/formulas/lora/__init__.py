@@ -20,6 +20,7 @@ from .deltas import (
     adapter_saved_per_module,
     param_wrapper_saved,
     split_first_layer,
+    split_target_layers,
 )
 from .params import (
     adapter_dtype,
@@ -75,6 +76,7 @@ __all__ = [
     "resolve_targets",
     "saved_copy_params",
     "split_first_layer",
+    "split_target_layers",
     "train_dtype",
     "trainable_params",
     "trainable_spec",

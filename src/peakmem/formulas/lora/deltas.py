@@ -12,14 +12,17 @@ A quantized base's Linears that keep their input themselves (LLM.int8; 4-bit bef
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
 from peakmem import dtypes
-from peakmem.adapters import LoraConfig, lora_of, quant_of
+from peakmem.adapters import LoraConfig, lora_of, measured_lora, quant_of
 from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import FIRST_BLOCK, Layer, LayerGroup, ModelSpec
+from peakmem.peft_versions import PEFT_CURRENT, PeftRelease
+from peakmem.peft_versions import release_facts as peft_facts
 
 from ..activations import (
     LayerActivations,
@@ -35,6 +38,7 @@ from ..loss import HeadActivations
 from ..memo import Memo
 from ..model_states import precision_plan
 from ..qlora import dequant_temporaries
+from .param_wrapper import uses_factors, wrapper_costs
 from .params import SRC_LORA, is_adapter_method, train_dtype
 from .targets import AdaptedModule, embeddings_adapted, resolve_targets
 
@@ -63,18 +67,25 @@ SRC_PARAM_WRAPPER = (
 
 
 def param_wrapper_saved(
-    m: AdaptedModule, lora: LoraConfig, param_bytes: int, a_bytes: int, *, merged_saved: bool = True
+    m: AdaptedModule,
+    lora: LoraConfig,
+    param_bytes: int,
+    a_bytes: int,
+    *,
+    merged_saved: bool = True,
+    factors: bool = True,
 ) -> int:
     """What an adapted bare parameter (peft ``ParamWrapper``, ``target_parameters``) keeps per forward:
     the merged weight ``W + scaling * B A`` (the parameter's size and dtype: its consumer saves it), and,
     for a 3-D expert stack (``_LoraFactorsProxy``'s ``baddbmm``), the two factors cast to the parameter's
-    dtype when the adapter's differs (``baddbmm`` saves both). Nothing per token: the adapter never sees
-    the input (:data:`SRC_PARAM_WRAPPER`)."""
+    dtype when the adapter's differs (``baddbmm`` saves both; ``factors`` False: peft before 0.21 forms a
+    delta instead, :mod:`.param_wrapper`). Nothing per token: the adapter never sees the input
+    (:data:`SRC_PARAM_WRAPPER`)."""
     merged = m.experts * m.in_features * m.out_features * param_bytes if merged_saved else 0
     rr = lora.rank * m.experts * m.rank_factor
-    cast = m.experts > 1 and a_bytes != param_bytes
-    factors = rr * (m.in_features + m.out_features) * param_bytes if cast else 0
-    return merged + factors
+    cast = factors and m.experts > 1 and a_bytes != param_bytes
+    casts = rr * (m.in_features + m.out_features) * param_bytes if cast else 0
+    return merged + casts
 
 
 def adapter_saved_per_module(
@@ -88,6 +99,7 @@ def adapter_saved_per_module(
     autocast_bytes: int = 0,
     param_bytes: int = 0,
     merged_saved: bool = True,
+    factors: bool = True,
 ) -> tuple[int, int]:
     """(bytes lora_A's input costs beyond the shared x, bytes of the other saved adapter tensors).
 
@@ -101,7 +113,9 @@ def adapter_saved_per_module(
         return 0, 0
     r, t, n_in, n_out = lora.rank * m.experts * m.rank_factor, tokens, m.in_features, m.out_features
     if m.kind == "param":
-        return 0, param_wrapper_saved(m, lora, param_bytes or x_bytes, a_bytes, merged_saved=merged_saved)
+        return 0, param_wrapper_saved(
+            m, lora, param_bytes or x_bytes, a_bytes, merged_saved=merged_saved, factors=factors
+        )
     lin = autocast_bytes or a_bytes  # dtype lora_A computes in
     input_cost = 0
     if lora.dropout > 0:
@@ -154,6 +168,12 @@ def adapt_layer(
     keeps = base_keeps_input(setup)
     layer = spec.groups[group].layer
     mods = [m for m in resolve_targets(spec, lora, sh.memo) if m.group == group]
+    release = peft_facts(getattr(setup, "peft", PEFT_CURRENT))
+    a_bytes = train_dtype(lora, sh.plan).bits // 8
+    if layer.derived is not None:  # its costs measured the module adapters (and peft's MoE conversion)
+        measured = set(resolve_targets(spec, measured_lora(lora), sh.memo))
+        added = [m for m in mods if m not in measured]
+        return _with_param_wrappers(la, added, lora, sh, release, setup, add_saved=True)
     first = first_layer_input_frozen(spec, group, setup, sh.memo)
     att_keeps = keeps and not first
     t, c, h = sh.tokens, sh.c, spec.hidden_size
@@ -192,7 +212,6 @@ def adapt_layer(
         elif layer.mlp.is_moe:
             nbytes -= _moe_frozen_drop(item.key, spec, layer, mods, down, lora, sh, keeps)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
-    a_bytes = train_dtype(lora, sh.plan).bits // 8
     cuda = sh.policy.value == "cuda"
     ac = c if sh.plan.autocast else 0
     inputs = others = early = down_early = 0
@@ -203,7 +222,8 @@ def adapt_layer(
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
                                                   cuda=cuda, autocast_bytes=ac,
                                                   param_bytes=sh.plan.weight.bits // 8,
-                                                  merged_saved=merged)  # fmt: skip
+                                                  merged_saved=merged,
+                                                  factors=uses_factors(m, release))  # fmt: skip
         inputs += i_cost
         others += o_cost
         if m in att_readers:
@@ -271,9 +291,59 @@ def adapt_layer(
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=c)
         fwd = max(fwd, tmp.forward)
         bwd = bwd + tmp.backward
-    return replace(
+    adapted = replace(
         la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
     )
+    return _with_param_wrappers(adapted, mods, lora, sh, release, setup, add_saved=False)
+
+
+def _plus(sizes: tuple[int, ...], total: int, extra: tuple[int, ...]) -> tuple[int, ...]:
+    """``sizes`` with ``extra`` made after them, where ``sizes`` still add up to ``total`` (else unknown)."""
+    return (*sizes, *extra) if sizes and sum(sizes) == total else ()
+
+
+def _with_param_wrappers(
+    la: LayerActivations,
+    mods: list[AdaptedModule],
+    lora: LoraConfig,
+    sh: Shapes,
+    release: PeftRelease,
+    setup: Any,
+    *,
+    add_saved: bool,
+) -> LayerActivations:
+    """``la`` with the ParamWrapper costs of ``mods``' targeted parameters (:mod:`.param_wrapper`): the
+    merged weights saved (``add_saved``: a derived block, whose measured costs hold only the module
+    adapters; adapt_layer counts them with the adapters' saved tensors), the deltas alive through the
+    wrapped forward (and mid-layer under full checkpointing, whose forward holds nothing else of the
+    layer: ``interior``), the merged weights' gradients in backward, and under full checkpointing the
+    recomputation's deltas again."""
+    params = [m for m in mods if m.kind == "param"]
+    if not params:
+        return la
+    a_bytes, p_bytes = train_dtype(lora, sh.plan).bits // 8, sh.plan.weight.bits // 8
+    merged = tuple(param_wrapper_saved(m, lora, p_bytes, a_bytes, factors=uses_factors(m, release))
+                   for m in params)  # fmt: skip
+    wrapped = wrapper_costs(params, release, param_bytes=p_bytes, a_bytes=a_bytes)
+    saved = la.saved
+    if add_saved:
+        item = MemoryItem(path="lora: merged weights of target_parameters (ParamWrapper)",
+                          category=Category.ACTIVATIONS, bytes=sum(merged), source=SRC_PARAM_WRAPPER,
+                          key="lora.param_wrapper", tensors=len(merged), sizes=merged)  # fmt: skip
+        saved = (*saved, item)
+    bwd = la.backward_transient + wrapped.backward
+    temps = la.backward_transient + la.backward_freed - la.backward_grads
+    bwd_sizes = _plus(la.backward_sizes, temps, (wrapped.backward,) if wrapped.backward else ())
+    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full" and wrapped.forward > bwd:
+        bwd, bwd_sizes = wrapped.forward, ()  # the recomputation forms the deltas again before the backward
+    extra = (wrapped.forward,) if wrapped.forward else ()
+    return replace(
+        la, saved=saved, forward_transient=la.forward_transient + wrapped.forward,
+        forward_sizes=_plus(la.forward_sizes, la.forward_transient, extra),
+        interior=la.interior + sum(merged) + wrapped.forward,
+        interior_sizes=_plus(la.interior_sizes, la.interior, (*merged, *extra)),
+        backward_transient=bwd, backward_sizes=bwd_sizes,
+    )  # fmt: skip
 
 
 SRC_FUSED_QKV_LORA = (
@@ -473,6 +543,23 @@ def split_first_layer(spec: ModelSpec) -> ModelSpec:
         )
     groups = (LayerGroup(count=1, layer=layer), replace(first, count=first.count - 1), *spec.groups[1:])
     return replace(spec, groups=groups)
+
+
+def split_target_layers(spec: ModelSpec, lora: LoraConfig, memo: Memo | None = None) -> ModelSpec:
+    """The same spec with each layer that a layer-indexed ``target_parameters`` key names
+    (``22.mlp.experts.gate_up_proj``) in a group of its own: only those layers hold the adapter, its
+    gradients and its ParamWrapper costs (a derived block keeps its key: its measured costs are the same)."""
+    chosen = {i for m in resolve_targets(spec, lora, memo) for i in m.layers}
+    if not chosen:
+        return spec
+    groups: list[LayerGroup] = []
+    start = 0
+    for g in spec.groups:
+        inside = {i for i in chosen if start <= i < start + g.count}
+        cuts = sorted({start, start + g.count} | inside | {i + 1 for i in inside})
+        groups += [replace(g, count=b - a) for a, b in itertools.pairwise(cuts)]
+        start += g.count
+    return spec if len(groups) == len(spec.groups) else replace(spec, groups=tuple(groups))
 
 
 def adapt_embedding_items(

@@ -24,6 +24,8 @@ from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.dtypes import DType
 from peakmem.model import Component, LayerGroup, ModelSpec, Tensor, TensorKind
+from peakmem.peft_versions import PEFT_CURRENT
+from peakmem.peft_versions import release_facts as peft_facts
 from peakmem.training import Method, Precision
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.transformers_versions import release_facts as _tf_release
@@ -31,7 +33,7 @@ from peakmem.transformers_versions import release_facts as _tf_release
 from ..memo import Memo, memoised
 from ..model_states import PrecisionPlan, precision_plan
 from ..qlora import base_bytes
-from .targets import AdaptedModule, resolve_targets
+from .targets import PEFT_MOE_CONVERSION, AdaptedModule, resolve_targets
 
 SRC_LORA = "peft/tuners/lora/layer.py LoraLayer.update_layer: lora_A (r x in), lora_B (out x r)"
 SRC_DORA = "peft/tuners/lora/dora.py DoraLinearLayer: magnitude (out), (m/||W+BA||-1)*Wx + m/||.||*BAx"
@@ -59,7 +61,10 @@ def module_adapter_tensors(m: AdaptedModule, lora: LoraConfig) -> tuple[tuple[st
 
 
 def _occurrences(spec: ModelSpec, m: AdaptedModule) -> int:
-    return 1 if m.group is None else spec.groups[m.group].count
+    """How many of the model's layers hold ``m``: a parameter target naming layers is in those only."""
+    if m.group is None:
+        return 1
+    return len(m.layers) if m.layers else spec.groups[m.group].count
 
 
 def adapter_tensors(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[Tensor, int], ...]:
@@ -254,7 +259,10 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
                 + ("; kept by the 4-bit stand-ins of this derived model's measured blocks"
                    if spec.derived_from else "")
             )  # fmt: skip
-    if any(m.kind == "param" for m in mods):
+    if lora.target_parameters:
+        out.append(_parameter_targets_note(lora, getattr(setup, "peft", PEFT_CURRENT)))
+    converted = PEFT_MOE_CONVERSION.get(spec.model_type) is not None  # not the user's target_parameters
+    if converted and any(m.kind == "param" for m in mods):
         out.append(
             "MoE: peft 0.21.2 maps v4 expert/router names onto transformers 5 fused parameters "
             "(target_parameters; gate_up_proj at rank 2r)"
@@ -266,3 +274,20 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
             )
         )
     return tuple(out)
+
+
+def _parameter_targets_note(lora: LoraConfig, version: str) -> str:
+    """What the ParamWrapper estimate of ``lora.target_parameters`` assumed (lora/param_wrapper.py)."""
+    facts = peft_facts(version)
+    how = (
+        "W + scaling * lhs @ rhs in one baddbmm (3-D parameters)"
+        if facts.factors
+        else "a full-size delta per forward (einsum and its scaled copy in the adapters' dtype, cast to W's)"
+    )
+    note = (
+        f"target_parameters {', '.join(lora.target_parameters)} (peft {version} ParamWrapper): {how}; the "
+        "merged weight saved by its consumer, read once per forward; its gradient in backward"
+    )
+    if not facts.cached_forward:
+        note += "; peft < 0.19 merges again at every access of the parameter (per-expert loops: not modelled)"
+    return note

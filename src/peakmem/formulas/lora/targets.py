@@ -17,9 +17,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from peakmem.adapters import ALL_LINEAR, LoraConfig
+from peakmem.adapters import ALL_LINEAR, EXPERTS, LoraConfig
 from peakmem.errors import InputError
 from peakmem.model import ModelSpec, Tensor
 
@@ -75,6 +76,9 @@ class AdaptedModule:
     component: str
     numel: int = 0  # modules_to_save: parameters of the copy
     rank_factor: int = 1  # peft's MoE conversion: a fused gate_up_proj gets rank 2r
+    # target_parameters naming layers (``22.mlp.experts.gate_up_proj``): the model's layer indices it is in
+    # (in its group: split_target_layers gives each its own); (): every layer of the group
+    layers: tuple[int, ...] = ()
 
     @property
     def leaf(self) -> str:
@@ -250,13 +254,40 @@ def _moe_name(spec: ModelSpec, key: str) -> bool:
     return found is not None and any(key == old or key.endswith("." + old) for old in found[0])
 
 
+# peft 0.21.2 tuners_utils.py ``BaseTuner._inject_parameters`` adapts a parameter whose full name
+# (``model.layers.22.mlp.experts.gate_up_proj``) is a key or ends with ``"." + key``: a key with a layer
+# index (``22.mlp...``, ``layers.22.mlp...``) names that layer only
+_LAYER_KEY = re.compile(r"(?:^|\.)(\d+)\.([^\d].*)$")
+
+
+def layer_key(key: str) -> tuple[int | None, str]:
+    """(the layer index a target_parameters key names, or None; the name inside the layer)."""
+    found = _LAYER_KEY.search(key)
+    return (int(found.group(1)), found.group(2)) if found else (None, key)
+
+
+def _group_starts(spec: ModelSpec) -> list[int]:
+    starts, n = [], 0
+    for g in spec.groups:
+        starts.append(n)
+        n += g.count
+    return starts
+
+
 def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) -> list[AdaptedModule]:
     out: list[AdaptedModule] = []
+    starts = _group_starts(spec)
     for key, factor in params:
+        index, name = layer_key(key)
         found = False
         for gi, g in enumerate(spec.groups):
+            if index is not None and not starts[gi] <= index < starts[gi] + g.count:
+                continue
             for t in g.layer.tensors:
-                if not _matches(t.name, key) or len(t.shape) < 2:
+                if key == EXPERTS:
+                    if t.kind != "expert_weight" or len(t.shape) != 3:
+                        continue
+                elif not _matches(t.name, name) or len(t.shape) < 2:
                     continue
                 found = True
                 if len(t.shape) == 3:
@@ -265,11 +296,15 @@ def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) ->
                     e, (a, b) = 1, (t.shape[1], t.shape[0])
                 out.append(AdaptedModule(path=t.name, kind="param", in_features=a, out_features=b,
                                          experts=e * t.copies, group=gi, component=t.component,
-                                         rank_factor=factor))  # fmt: skip
+                                         rank_factor=factor,
+                                         layers=() if index is None else (index,)))  # fmt: skip
         if not found:
             names = sorted({t.name for g in spec.groups for t in g.layer.tensors if len(t.shape) >= 2})
+            layers = sum(g.count for g in spec.groups)
+            where = f" in layer {index} ({layers} layers)" if index is not None else ""
             raise InputError(
-                f"target_parameters={key!r}: matches no parameter (parameters: {', '.join(names)})"
+                f"lora_target_parameters={key!r}: matches no parameter{where} "
+                f"(parameters: {', '.join(names)})"
             )
     return out
 
