@@ -84,6 +84,35 @@ def test_the_optimizer_step_default_follows_the_framework(
     assert named.training.optimizer_impl is OptimizerImpl.FOR_LOOP  # a value given is never overridden
 
 
+@pytest.mark.parametrize(
+    ("release", "impl"),
+    [("4.46.3", OptimizerImpl.FOREACH), ("4.53.0", OptimizerImpl.FOREACH), ("4.54.0", OptimizerImpl.FUSED),
+     ("4.57.1", OptimizerImpl.FUSED), (None, OptimizerImpl.FUSED)],
+)  # fmt: skip
+def test_the_hf_trainer_optimizer_default_follows_the_transformers_release(
+    release: str | None, impl: OptimizerImpl
+) -> None:
+    # TrainingArguments.optim: adamw_torch (torch.optim.AdamW, foreach on CUDA) before 4.54.0,
+    # adamw_torch_fused from 4.54.0 (transformers 4.53.0 / 4.54.0 training_args.py); a DeepSpeed
+    # master-weight setup keeps FusedAdam whatever the release
+    row = defaults.optimizer_step(OptimizerName.ADAMW, Precision.BF16, Framework.HF, transformers=release)
+    assert row.value == impl.value
+    master = defaults.optimizer_step(
+        OptimizerName.ADAMW, Precision.MIXED_BF16, Framework.HF, transformers=release
+    )
+    assert master.value == OptimizerImpl.FUSED.value
+    given: dict[str, Any] = {"method": "full", "precision": "bf16", "seq": 64}
+    if release is not None:
+        given["transformers"] = release
+    auto = peakmem.train("gpt2", **given).to_dict()
+    named = peakmem.train("gpt2", **given, optimizer_impl=impl.value).to_dict()
+    assert auto["peak_allocated_bytes"] == named["peak_allocated_bytes"]
+    assert auto["phases"] == named["phases"]
+    other = OptimizerImpl.FUSED if impl is OptimizerImpl.FOREACH else OptimizerImpl.FOREACH
+    unlike = peakmem.train("gpt2", **given, optimizer_impl=other.value).to_dict()
+    assert unlike["phases"]["optimizer"] != named["phases"]["optimizer"]  # the choice moves the step's bytes
+
+
 def test_one_exit_code_rule() -> None:
     assert (verdict_code([]), verdict_code([False]), verdict_code([False, True]), verdict_code([True])) == (
         0, 1, 0, 0)  # fmt: skip

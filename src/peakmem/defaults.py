@@ -25,6 +25,7 @@ from peakmem.training import (
     ReduceDtype,
     TrainingSetup,
 )
+from peakmem.transformers_versions import release_facts as transformers_release
 
 _ADAM = (OptimizerName.ADAMW, OptimizerName.ADAM)
 _MASTER = (Precision.MIXED_BF16, Precision.MIXED_FP16)
@@ -45,6 +46,13 @@ class Default:
         return f"{self.option.replace('_', '-')} {self.value} (default: {self.who}; {self.source})"
 
 
+_HF_TRAINER_FUSED = Default(
+    option="optimizer_impl", value=OptimizerImpl.FUSED.value,
+    who="the HF Trainer's default optim on torch >= 2.8 is adamw_torch_fused",
+    source="transformers 5.23 training_args.py TrainingArguments.optim "
+    "(is_torch_greater_or_equal_than_2_8 -> 'adamw_torch_fused')",
+    applies=lambda opt, prec, fw: opt in _ADAM and fw in (Framework.HF, Framework.UNSLOTH),
+)  # fmt: skip
 OPTIMIZER_STEP: tuple[Default, ...] = (
     Default(
         option="optimizer_impl", value=OptimizerImpl.FUSED.value,
@@ -54,13 +62,7 @@ OPTIMIZER_STEP: tuple[Default, ...] = (
         "megatron/core/optimizer/__init__.py (Transformer Engine / apex FusedAdam)",
         applies=lambda opt, prec, fw: opt in _ADAM and prec in _MASTER,
     ),
-    Default(
-        option="optimizer_impl", value=OptimizerImpl.FUSED.value,
-        who="the HF Trainer's default optim on torch >= 2.8 is adamw_torch_fused",
-        source="transformers 5.23 training_args.py TrainingArguments.optim "
-        "(is_torch_greater_or_equal_than_2_8 -> 'adamw_torch_fused')",
-        applies=lambda opt, prec, fw: opt in _ADAM and fw in (Framework.HF, Framework.UNSLOTH),
-    ),
+    _HF_TRAINER_FUSED,
     Default(
         option="optimizer_impl", value=OptimizerImpl.FOREACH.value,
         who="torch.optim with neither foreach nor fused given runs foreach on CUDA tensors",
@@ -76,9 +78,33 @@ def _first(table: tuple[Default, ...], optimizer: OptimizerName, precision: Prec
     return next(d for d in table if d.applies(optimizer, precision, framework))
 
 
-def optimizer_step(optimizer: OptimizerName, precision: Precision, framework: Framework) -> Default:
-    """The row of :data:`OPTIMIZER_STEP` that decides ``optimizer_impl=auto`` for this setup."""
-    return _first(OPTIMIZER_STEP, optimizer, precision, framework)
+# The HF Trainer's row before transformers 4.54 (peakmem.transformers_versions): its default optim is
+# adamw_torch, torch.optim.AdamW built with neither foreach nor fused, so torch's foreach step runs.
+_OLD_HF_TRAINER_ADAMW = Default(
+    option="optimizer_impl", value=OptimizerImpl.FOREACH.value,
+    who="the HF Trainer's default optim before transformers 4.54 is adamw_torch: torch.optim.AdamW "
+    "with neither foreach nor fused, foreach on CUDA tensors",
+    source="transformers 4.48.1 / 4.53.0 training_args.py default_optim = 'adamw_torch'; 4.48.1 trainer.py "
+    "get_optimizer_cls_and_kwargs l. 1316-1322 (fused=True only for adamw_torch_fused); "
+    "torch/optim/optimizer.py _default_to_fused_or_foreach",
+    applies=lambda opt, prec, fw: True,
+)  # fmt: skip
+
+
+def optimizer_step(
+    optimizer: OptimizerName, precision: Precision, framework: Framework, *, transformers: str | None = None
+) -> Default:
+    """The row of :data:`OPTIMIZER_STEP` that decides ``optimizer_impl=auto`` for this setup;
+    ``transformers``: the release under the HF Trainer (None: the current one), whose default optim is
+    fused from 4.54 only."""
+    row = _first(OPTIMIZER_STEP, optimizer, precision, framework)
+    if (
+        row is _HF_TRAINER_FUSED
+        and transformers is not None
+        and not transformers_release(transformers).trainer_fused_adamw
+    ):
+        return _OLD_HF_TRAINER_ADAMW
+    return row
 
 
 # When the training loop reduces the gradients under gradient accumulation. Read at: transformers 5.23

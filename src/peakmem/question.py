@@ -244,7 +244,7 @@ def training_setup(o: Mapping[str, Any], max_positions: int | None) -> tuple[Tra
     checkpointing, every = parse_checkpointing(o["checkpointing"])
     impl = o.get("optimizer_impl", opt.AUTO)
     if impl == opt.AUTO:
-        row = optimizer_step(optimizer, precision, framework)
+        row = optimizer_step(optimizer, precision, framework, transformers=o.get("transformers"))
         impl, taken = row.value, (*taken, row.assumption)
     setup = TrainingSetup(
         method=Method.parse(o["method"], "method"), precision=precision, optimizer=optimizer,

@@ -3,7 +3,7 @@
 peakmem's formulas read transformers 5.23 (:data:`TRANSFORMERS_CURRENT`, the installed wheel);
 ``--transformers VERSION`` names the release a job ran, and :func:`release_facts` gives the row in force
 for it. Read in the released wheels (``pip download transformers==V --no-deps``: 4.30.0, 4.31.0, 4.36.0,
-4.45.0, 4.46.0, 4.48.1, 4.49.0, 4.50.0, 4.53.0, 4.57.1, 5.0.0):
+4.45.0, 4.46.0, 4.48.1, 4.49.0, 4.50.0, 4.52.1, 4.53.0, 4.54.0, 4.57.1, 5.0.0):
 
 * The causal-LM loss. 5.23 and 4.49.0 on (loss/loss_utils.py ``ForCausalLMLoss``, 4.49.0 l. 36-40):
   ``logits = logits.float()``, then the *labels* are shifted (``nn.functional.pad(labels, (0, 1))``): the
@@ -38,6 +38,11 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   ``torch.utils.checkpoint.checkpoint`` directly: torch's reentrant default) and non-reentrant from 5.0.0 on
   (5.0.0 l. 3099 ``{"use_reentrant": False}``; 5.23 the same). Under FSDP1 with frozen layer units this keeps
   every layer's input to the end of backward (:mod:`peakmem.formulas.fsdp1_frozen_inputs`).
+* The HF Trainer's default optimizer. ``TrainingArguments.optim`` is ``adamw_torch_fused`` from 4.54.0
+  where torch >= 2.8 (4.54.0 training_args.py l. 1286-1291); before it ``adamw_torch`` (4.48.1 l. 1273,
+  4.50.0 l. 1301, 4.52.1 l. 1273, 4.53.0 l. 1281), which ``Trainer.get_optimizer_cls_and_kwargs`` builds as
+  ``torch.optim.AdamW`` with ``fused=True`` only for ``adamw_torch_fused`` (4.48.1 trainer.py l. 1316-1322):
+  neither foreach nor fused given, torch runs foreach on CUDA (:mod:`peakmem.defaults`).
 * OPT's eager attention clamps the masked scores: 4.30.0 to 4.48.1 ``OPTAttention.forward`` (4.30.0
   modeling_opt.py l. 224-227, 4.48.1 l. 200-203) does ``attn_weights = attn_weights.view(...) +
   attention_mask`` then ``torch.max(attn_weights, torch.tensor(finfo.min))``, and ``maximum`` keeps both
@@ -85,6 +90,8 @@ class TransformersRelease:
     mxfp4_indices_together: bool  # idx_lo and idx_hi alive together (else one at a time)
     reentrant_checkpointing: bool  # gradient_checkpointing_enable() uses reentrant torch.utils.checkpoint
     clamps_scores: bool  # eager attention of SCORES_CLAMP_MODEL_TYPES: torch.max(scores + mask, finfo.min)
+    # TrainingArguments' default optim is adamw_torch_fused (on torch >= 2.8), else adamw_torch (foreach)
+    trainer_fused_adamw: bool
     source: str
 
 
@@ -93,23 +100,30 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(5, 1, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=4, mxfp4_indices_together=False, reentrant_checkpointing=False,
-        clamps_scores=False,
+        clamps_scores=False, trainer_fused_adamw=True,
         source="transformers 5.1.0 integrations/mxfp4.py _convert_moe_packed_tensors l. 253-258: int32 "
         "nibble indices, each deleted after its gather",
     ),
     TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=False,
-        clamps_scores=False,
+        clamps_scores=False, trainer_fused_adamw=True,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
         "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; modeling_utils.py "
         "gradient_checkpointing_enable: use_reentrant False; integrations/mxfp4.py l. 261-262: int64 nibble "
         "indices, both made before the gathers",
     ),
     TransformersRelease(
+        since=(4, 54, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=False, trainer_fused_adamw=True,
+        source="transformers 4.54.0 training_args.py l. 1286-1291: default_optim = 'adamw_torch_fused' where "
+        "is_torch_greater_or_equal_than_2_8 (4.53.0 l. 1281: 'adamw_torch'); the rest as 4.49.0",
+    ),
+    TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=False,
+        clamps_scores=False, trainer_fused_adamw=False,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
         "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs; "
         "gradient_checkpointing_enable: use_reentrant True (4.57.1 modeling_utils.py)",
@@ -117,7 +131,7 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True,
+        clamps_scores=True, trainer_fused_adamw=False,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
         "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy); 4.48.1 modeling_utils.py l. 2539 "
         "gradient_checkpointing_kwargs = {'use_reentrant': True}",
@@ -125,14 +139,14 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True,
+        clamps_scores=True, trainer_fused_adamw=False,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True,
+        clamps_scores=True, trainer_fused_adamw=False,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),
