@@ -78,11 +78,14 @@ V4_EXPERT_LEAVES: dict[str, tuple[str, str, str]] = {
     mt: ("w1", "w3", "w2") for mt in ("mixtral", "minimax", "phimoe")
 }
 V4_DEFAULT_EXPERT_LEAVES = ("gate_proj", "up_proj", "down_proj")
-# model types whose 4.x router is an ``nn.Linear`` (4.55.0 modeling files: ``self.gate = nn.Linear`` in
-# mixtral, minimax, phimoe, olmoe, qwen2_moe, qwen3_moe, ernie4_5_moe; jamba's ``router``); DeepSeek-V2's
-# ``DeepseekV2MoEGate``, DeepSeek-V3's / dots1's / glm4_moe's ``*TopkRouter`` hold a bare ``nn.Parameter``
+# model types whose 4.x router is an ``nn.Linear`` (4.55.0 / 4.57.1 modeling files: ``self.gate = nn.Linear``
+# in mixtral, minimax, phimoe, olmoe, flex_olmo, qwen2_moe, qwen3_moe, qwen3_next, ernie4_5_moe; jamba's
+# ``router``); DeepSeek-V2's ``DeepseekV2MoEGate``, DeepSeek-V3's / dots1's / glm4_moe's / longcat_flash's
+# ``*TopkRouter`` hold a bare ``nn.Parameter``; HunYuan's ``HunYuanMoEV1Gate`` wraps a Linear ``wg`` (not
+# modelled: the spec's router is the bare weight)
 V4_LINEAR_ROUTERS = frozenset({
-    "mixtral", "minimax", "phimoe", "olmoe", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "jamba",
+    "mixtral", "minimax", "phimoe", "olmoe", "flex_olmo", "qwen2_moe", "qwen3_moe", "qwen3_next",
+    "ernie4_5_moe", "jamba",
 })  # fmt: skip
 
 
