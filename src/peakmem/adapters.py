@@ -14,7 +14,7 @@ nf4 / fp4 with an optional double quantization, or LLM.int8; its storage and tem
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from peakmem.errors import InputError, require
@@ -54,6 +54,12 @@ class LoraConfig:
     adapter_dtype: str = "fp32"  # "base": the base model's dtype (autocast_adapter_dtype=False)
     lora_bias: bool = False
     modules_to_save: tuple[str, ...] = ()
+    # MoE experts (and routers) are per-expert nn.Linear modules that target names and all-linear match
+    # one by one (transformers before 5.0: peakmem.transformers_versions; formulas/lora/targets.py);
+    # False: transformers 5's fused 3-D parameters, reached through target_parameters. Not in the repr:
+    # the derived block-cost families are keyed by it (formulas/activations/shapes.py derived_family),
+    # and their blocks are measured under the installed transformers 5
+    expert_linears: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         check_int("lora_rank", self.rank, maximum=MAX_WIDTH, what="(wider than any layer)")

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from peakmem.adapters import quant_of
+from peakmem.adapters import lora_of, quant_of
 from peakmem.formulas.model_states import precision_plan
 from peakmem.formulas.profiles import liger_applies, profile_setup
 from peakmem.model import ModelSpec
-from peakmem.training import AttentionKernel, TrainingSetup
+from peakmem.training import AttentionKernel, Method, TrainingSetup
 from peakmem.transformers_versions import experts_are_linears
 
 
 def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
     """What runs when ``setup`` is asked for ``spec``: eager attention where transformers has no kernel
     asked for, no Liger where Liger patches nothing, a QLoRA base whose MoE experts are quantized where
-    the transformers release builds them as Linears (peakmem.transformers_versions), the framework
-    profile's settings."""
+    the transformers release builds them as Linears (peakmem.transformers_versions) and LoRA targets that
+    adapt each of those Linears, the framework profile's settings."""
     fallback = _attention_fallback(spec, setup)
     if fallback is not None:
         setup = fallback
@@ -36,6 +36,13 @@ def setup_that_runs(spec: ModelSpec, setup: TrainingSetup) -> TrainingSetup:
         and experts_are_linears(setup.transformers, spec.model_type)
     ):
         setup = replace(setup, quant=replace(quant, expert_linears=True))  # bitsandbytes quantizes them
+    lora = lora_of(setup)
+    if (
+        setup.method is not Method.FULL
+        and not lora.expert_linears
+        and experts_are_linears(setup.transformers, spec.model_type)
+    ):
+        setup = replace(setup, lora=replace(lora, expert_linears=True))  # peft adapts each expert's Linear
     return profile_setup(setup)
 
 

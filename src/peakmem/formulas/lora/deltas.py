@@ -40,7 +40,13 @@ from ..model_states import precision_plan
 from ..qlora import dequant_temporaries
 from .param_wrapper import uses_factors, wrapper_costs
 from .params import SRC_LORA, is_adapter_method, train_dtype
-from .targets import AdaptedModule, embeddings_adapted, resolve_targets
+from .targets import (
+    V4_DEFAULT_EXPERT_LEAVES,
+    V4_EXPERT_LEAVES,
+    AdaptedModule,
+    embeddings_adapted,
+    resolve_targets,
+)
 
 SRC_SAVE = "aten mm/addmm save mat1 only when the weight requires grad (derivatives.yaml)"
 
@@ -196,7 +202,8 @@ def adapt_layer(
         elif item.key == "input.attn":
             nbytes = nbytes if _kept(att_readers, lora, sh, att_keeps) else 0
         elif item.key == "input.mlp":
-            # an adapted router that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves it too
+            # an adapted router parameter that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves
+            # it too (a 4.x router Linear is one of the MLP readers: ``_roles``)
             router = _router_adapted(mods) and not layer.mlp.router_fp32
             nbytes = nbytes if router or _kept(mlp_readers, lora, sh, keeps) else 0
         elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, keeps):
@@ -216,10 +223,13 @@ def adapt_layer(
     ac = c if sh.plan.autocast else 0
     inputs = others = early = down_early = 0
     att_costs: list[int] = []
+    expert_in, expert_down = _expert_linears(spec, mods)
     for m in mods:
-        x_bytes = sh.r if (sh.plan.autocast and m in att_readers + mlp_readers) else c
+        reads_norm = m in att_readers + mlp_readers or m in expert_in
+        x_bytes = sh.r if (sh.plan.autocast and reads_norm) else c
         merged = not (m.component == "router" and layer.mlp.router_fp32)
-        i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=t, x_bytes=x_bytes, a_bytes=a_bytes,
+        rows = t * layer.mlp.experts_per_token if m in expert_in + expert_down else t
+        i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=rows, x_bytes=x_bytes, a_bytes=a_bytes,
                                                   cuda=cuda, autocast_bytes=ac,
                                                   param_bytes=sh.plan.weight.bits // 8,
                                                   merged_saved=merged,
@@ -228,7 +238,7 @@ def adapt_layer(
         others += o_cost
         if m in att_readers:
             att_costs.append(i_cost)
-        if m in mlp_readers or m in down or m in o_proj:
+        if m in mlp_readers or m in down or m in o_proj or m in expert_in + expert_down:
             early += i_cost + o_cost
         if m in down:
             down_early += i_cost + o_cost
@@ -425,11 +435,24 @@ def _drops_down_input(
 
 
 def _router_adapted(mods: list[AdaptedModule]) -> bool:
-    return any(m.component == "router" for m in mods)
+    """A router adapted as a bare parameter (transformers 5's ``*TopKRouter``: ``target_parameters``)."""
+    return any(m.component == "router" and m.kind == "param" for m in mods)
 
 
 def _expert_adapted(mods: list[AdaptedModule], leaf: str) -> bool:
-    return any(m.component == "experts" and m.leaf == leaf for m in mods)
+    return any(m.component == "experts" and m.kind == "param" and m.leaf == leaf for m in mods)
+
+
+def _expert_linears(
+    spec: ModelSpec, mods: list[AdaptedModule]
+) -> tuple[list[AdaptedModule], list[AdaptedModule]]:
+    """Adapted per-expert Linears of transformers 4.x (formulas/lora/targets.py): (those reading the routed
+    tokens: gate and up, those reading the act * up product: down). Each expert's adapter runs on the
+    tokens routed to it (4.48.1 modeling_qwen2_moe.py l. 640-651: ``expert_layer(hidden_states[None,
+    top_x])`` per expert), so over the E experts one adapter path over tokens x experts_per_token rows."""
+    gate, up, down = V4_EXPERT_LEAVES.get(spec.model_type, V4_DEFAULT_EXPERT_LEAVES)
+    linear = [m for m in mods if m.component == "experts" and m.kind == "linear"]
+    return [m for m in linear if m.leaf in (gate, up)], [m for m in linear if m.leaf == down]
 
 
 def _mla_latent_drop(
@@ -471,9 +494,16 @@ def _moe_frozen_drop(
     experts' down projection does not keep the gated product (``_drops_down_input`` for dense MLPs)."""
     mlp, t, c = layer.mlp, sh.tokens, sh.c
     s = t * mlp.experts_per_token
-    if key == "moe.routed_inputs" and not _expert_adapted(mods, "gate_up_proj"):
+    # transformers 4.x per-expert Linears: lora_A keeps the routed rows themselves only when it reads them
+    # uncast (``_kept``); else it saves its own cast / dropout output (adapter_saved_per_module)
+    expert_in, expert_down = _expert_linears(spec, mods)
+    if key == "moe.routed_inputs" and not (
+        _expert_adapted(mods, "gate_up_proj") or _kept(expert_in, lora, sh, False)
+    ):
         return s * spec.hidden_size * c
-    if key == "mlp.interior" and not _expert_adapted(mods, "down_proj"):
+    if key == "mlp.interior" and not (
+        _expert_adapted(mods, "down_proj") or _kept(expert_down, lora, sh, False)
+    ):
         return s * mlp.intermediate_size * c
     if key == "moe.router_fp32" and not _router_adapted(mods) and not sh.plan.autocast and c != 4:
         return t * spec.hidden_size * 4
@@ -498,10 +528,11 @@ def _roles(
             att.append(m)
         elif comp == "attention" and (leaf in o_names or (leaf == "c_proj")):
             o.append(m)
-        elif comp in ("mlp", "shared_experts") and (
-            leaf in mlp_in_names or m.path.endswith("intermediate.dense")
-        ):
-            mlp.append(m)
+        elif (
+            comp in ("mlp", "shared_experts")
+            and (leaf in mlp_in_names or m.path.endswith("intermediate.dense"))
+        ) or (comp == "router" and m.kind == "linear"):
+            mlp.append(m)  # a 4.x router Linear reads the MLP input too
         elif comp in ("mlp", "shared_experts") and (
             leaf in down_names or leaf == "c_proj" or leaf == "dense"
         ):

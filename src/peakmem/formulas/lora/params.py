@@ -28,7 +28,6 @@ from peakmem.peft_versions import PEFT_CURRENT
 from peakmem.peft_versions import release_facts as peft_facts
 from peakmem.training import Method, Precision
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
-from peakmem.transformers_versions import release_facts as _tf_release
 
 from ..memo import Memo, memoised
 from ..model_states import PrecisionPlan, precision_plan
@@ -36,6 +35,7 @@ from ..qlora import base_bytes
 from .targets import PEFT_MOE_CONVERSION, AdaptedModule, resolve_targets
 
 SRC_LORA = "peft/tuners/lora/layer.py LoraLayer.update_layer: lora_A (r x in), lora_B (out x r)"
+# transformers 4.x MoE (formulas/lora/targets.py): one adapter per expert Linear, ``copies`` = E of them
 SRC_DORA = "peft/tuners/lora/dora.py DoraLinearLayer: magnitude (out), (m/||W+BA||-1)*Wx + m/||.||*BAx"
 SRC_QLORA_BASE = "transformers BitsAndBytesConfig: Linear4bit/Linear8bitLt; embeddings, head, norms 16-bit"
 
@@ -74,7 +74,8 @@ def adapter_tensors(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[Tensor, in
         for name, shape in module_adapter_tensors(m, lora):
             kind: TensorKind = "linear_weight" if len(shape) == 2 else "other"
             component = cast(Component, m.component)
-            t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape, component=component, kind=kind)
+            t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape, component=component, kind=kind,
+                       copies=m.copies)  # fmt: skip
             out.append((t, _occurrences(spec, m)))
     return tuple(out)
 
@@ -94,7 +95,7 @@ def layer_trainable_params(spec: ModelSpec, lora: LoraConfig, group: int) -> int
     total = 0
     for m in resolve_targets(spec, lora):
         if m.group == group:
-            total += sum(math.prod(s) for _n, s in module_adapter_tensors(m, lora))
+            total += sum(math.prod(s) for _n, s in module_adapter_tensors(m, lora)) * m.copies
     return total
 
 
@@ -127,7 +128,7 @@ def _trainable_spec(spec: ModelSpec, lora: LoraConfig, memo: Memo | None) -> Mod
         for name, shape in module_adapter_tensors(m, lora):
             kind: TensorKind = "linear_weight" if len(shape) == 2 else "other"
             t = Tensor(name=f"{m.path}.{name}", module=name, shape=shape,
-                       component=cast(Component, m.component), kind=kind)  # fmt: skip
+                       component=cast(Component, m.component), kind=kind, copies=m.copies)  # fmt: skip
             (outer if m.group is None else per_group[m.group]).append(t)
     groups = tuple(
         LayerGroup(count=g.count, layer=replace(g.layer, tensors=tuple(per_group[i])))
@@ -266,12 +267,14 @@ def assumptions(spec: ModelSpec, setup: Any, memo: Memo | None = None) -> tuple[
         out.append(
             "MoE: peft 0.21.2 maps v4 expert/router names onto transformers 5 fused parameters "
             "(target_parameters; gate_up_proj at rank 2r)"
-            + (
-                "; transformers < 5.0 has per-expert Linears that peft targets one by one (not modelled: "
-                "the fused-parameter adapters are counted)"
-                if _tf_release(getattr(setup, "transformers", TRANSFORMERS_CURRENT)).moe_expert_linears
-                else ""
-            )
+        )
+    experts = [m for m in mods if m.copies > 1]
+    if experts:
+        out.append(
+            f"MoE (transformers {getattr(setup, 'transformers', TRANSFORMERS_CURRENT)}: per-expert nn.Linear "
+            f"modules): peft adapts each expert's {', '.join(sorted({m.leaf for m in experts}))} on its own "
+            "(one adapter per expert), each run on the tokens routed to its expert"
+            + ("; the routers are nn.Linear too" if any(m.component == "router" for m in mods) else "")
         )
     return tuple(out)
 

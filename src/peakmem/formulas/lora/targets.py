@@ -11,12 +11,22 @@
 * ``target_parameters`` (``lora.ParamWrapper``): LoRA on a bare parameter such as the fused experts
   ``mlp.experts.gate_up_proj`` (E, a, b): ``lora_A`` Linear(in, r*E), ``lora_B`` Linear(r*E, out).
   No dropout, no DoRA (peft raises).
+* transformers before 5.0 (``LoraConfig.expert_linears``, set from :mod:`peakmem.transformers_versions` by
+  :func:`peakmem.step_setup.setup_that_runs`): the MoE experts are one ``nn.Linear`` per expert and
+  projection (4.48.1 modeling_qwen2_moe.py l. 603-617 ``Qwen2MoeSparseMoeBlock``: ``experts =
+  nn.ModuleList`` of ``Qwen2MoeMLP``, ``gate = nn.Linear``; modeling_mixtral.py l. 67-107: ``w1`` / ``w2`` /
+  ``w3``) and peft's matching is the one above over their names (``mlp.experts.7.up_proj`` ends with
+  ``.up_proj``; peft 0.13.2 tuners_utils.py ``check_target_module_exists`` l. 908-925,
+  ``_maybe_include_all_linear_layers`` l. 973-1018: every Linear's leaf name but the output layer's), so
+  each expert's Linear gets its own adapter; the routers are ``nn.Linear`` in the model types of
+  :data:`V4_LINEAR_ROUTERS` (all-linear adapts them). No v4 -> v5 conversion runs (it needs transformers 5).
 * ``modules_to_save`` (``ModulesToSaveWrapper``): a trainable copy of the module; the original stays
   frozen. ``PeftModelForSequenceClassification`` adds ``classifier`` / ``score`` itself.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -62,6 +72,23 @@ PEFT_MOE_CONVERSION: dict[str, tuple[dict[str, str], dict[str, tuple[str, ...]]]
     )},
 }  # fmt: skip
 
+# transformers 4.x per-expert MLP Linears (gate, up, down), by model type where they are not
+# gate_proj / up_proj / down_proj (4.55.0 modeling_mixtral.py l. 62, modeling_minimax.py l. 406,
+# modeling_phimoe.py l. 527: ``w1`` gate, ``w3`` up, ``w2`` down)
+V4_EXPERT_LEAVES: dict[str, tuple[str, str, str]] = {
+    mt: ("w1", "w3", "w2") for mt in ("mixtral", "minimax", "phimoe")
+}
+V4_DEFAULT_EXPERT_LEAVES = ("gate_proj", "up_proj", "down_proj")
+# model types whose 4.x router is an ``nn.Linear`` (4.55.0 / 4.57.1 modeling files: ``self.gate = nn.Linear``
+# in mixtral, minimax, phimoe, olmoe, flex_olmo, qwen2_moe, qwen3_moe, qwen3_next, ernie4_5_moe; jamba's
+# ``router``); DeepSeek-V2's ``DeepseekV2MoEGate``, DeepSeek-V3's / dots1's / glm4_moe's / longcat_flash's
+# ``*TopkRouter`` hold a bare ``nn.Parameter``; HunYuan's ``HunYuanMoEV1Gate`` wraps a Linear ``wg`` (not
+# modelled: the spec's router is the bare weight)
+V4_LINEAR_ROUTERS = frozenset({
+    "mixtral", "minimax", "phimoe", "olmoe", "flex_olmo", "qwen2_moe", "qwen3_moe", "qwen3_next",
+    "ernie4_5_moe", "jamba",
+})  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptedModule:
@@ -79,14 +106,23 @@ class AdaptedModule:
     # target_parameters naming layers (``22.mlp.experts.gate_up_proj``): the model's layer indices it is in
     # (in its group: split_target_layers gives each its own); (): every layer of the group
     layers: tuple[int, ...] = ()
+    # transformers 4.x MoE: one Linear per expert (E), each with its own adapter, each run on the tokens
+    # routed to its expert (over the E of them: tokens x experts_per_token rows)
+    copies: int = 1
 
     @property
     def leaf(self) -> str:
         return self.path.rsplit(".", 1)[-1]
 
 
-def _is_linear(t: Tensor) -> bool:
-    return t.kind == "linear_weight" and t.component != "router"  # routers: TopKRouter, bare Parameter
+def _is_linear(t: Tensor, routers: bool = False) -> bool:
+    """A Linear peft can adapt; ``routers``: the MoE routers are ``nn.Linear`` too (transformers 4.x,
+    :data:`V4_LINEAR_ROUTERS`; in 5.23 they are ``*TopKRouter`` modules holding a bare Parameter)."""
+    return t.kind == "linear_weight" and (routers or t.component != "router")
+
+
+def _linear_routers(spec: ModelSpec, lora: LoraConfig) -> bool:
+    return lora.expert_linears and spec.model_type in V4_LINEAR_ROUTERS
 
 
 def _in_out(spec: ModelSpec, t: Tensor) -> tuple[int, int]:
@@ -96,8 +132,9 @@ def _in_out(spec: ModelSpec, t: Tensor) -> tuple[int, int]:
     return t.shape[1], t.shape[0]
 
 
-def _modules(spec: ModelSpec) -> list[tuple[str, Tensor, int | None]]:
-    """(module path, its weight tensor, group index or None) for every module with a weight."""
+def _modules(spec: ModelSpec, expert_linears: bool = False) -> list[tuple[str, Tensor, int | None]]:
+    """(module path, its weight tensor, group index or None) for every module with a weight;
+    ``expert_linears``: the fused experts as transformers 4.x's per-expert Linears (:func:`_v4_experts`)."""
     out: list[tuple[str, Tensor, int | None]] = []
     for t in spec.outer:
         if t.name.endswith(".weight"):
@@ -106,9 +143,34 @@ def _modules(spec: ModelSpec) -> list[tuple[str, Tensor, int | None]]:
         for t in g.layer.tensors:
             if t.name.endswith(".weight"):
                 out.append((t.name.removesuffix(".weight"), t, gi))
+            elif t.kind == "expert_weight" and expert_linears:
+                out += [(w.name.removesuffix(".weight"), w, gi) for w in _v4_experts(spec, t)]
             elif t.kind == "expert_weight":
                 out.append((t.name.rsplit(".", 1)[0], t, gi))  # the experts module
     return out
+
+
+def _v4_experts(spec: ModelSpec, t: Tensor) -> tuple[Tensor, ...]:
+    """A fused expert parameter as transformers 4.x built it: ``gate_up_proj`` (E, 2I, H) was a gate and
+    an up ``nn.Linear`` (I x H) per expert, ``down_proj`` (E, H, I) a down one (H x I): each a Linear
+    weight with ``copies`` = E, named by its 4.x leaf (:data:`V4_EXPERT_LEAVES`)."""
+    gate, up, down = V4_EXPERT_LEAVES.get(spec.model_type, V4_DEFAULT_EXPERT_LEAVES)
+    experts, rows, cols = t.shape[-3], t.shape[-2], t.shape[-1]
+    copies = experts * t.copies * math.prod(t.shape[:-3])
+    base = t.name.rsplit(".", 1)[0]
+    leaves: tuple[str, ...] = (gate, up) if t.name.endswith("gate_up_proj") else (down,)
+    shape = (rows // len(leaves), cols)
+    return tuple(
+        Tensor(
+            name=f"{base}.{leaf}.weight",
+            module=leaf,
+            shape=shape,
+            component=t.component,
+            kind="linear_weight",
+            copies=copies,
+        )
+        for leaf in leaves
+    )
 
 
 def _matches(path: str, key: str) -> bool:
@@ -129,11 +191,12 @@ def _saved_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
     return tuple(names)
 
 
-def available_modules(spec: ModelSpec) -> list[str]:
+def available_modules(spec: ModelSpec, lora: LoraConfig | None = None) -> list[str]:
     """Leaf names of the modules LoRA can adapt (Linear, Conv1D, Embedding), in model order."""
     seen: dict[str, None] = {}
-    for _path, t, _g in _modules(spec):
-        if _is_linear(t) or t.kind == "embedding":
+    v4, routers = (False, False) if lora is None else (lora.expert_linears, _linear_routers(spec, lora))
+    for _path, t, _g in _modules(spec, v4):
+        if _is_linear(t, routers) or t.kind == "embedding":
             seen.setdefault(t.module, None)
     return list(seen)
 
@@ -144,7 +207,7 @@ def _make(spec: ModelSpec, path: str, t: Tensor, group: int | None) -> AdaptedMo
                              experts=1, group=group, component=t.component)  # fmt: skip
     fan_in, fan_out = _in_out(spec, t)
     return AdaptedModule(path=path, kind="linear", in_features=fan_in, out_features=fan_out, experts=1,
-                         group=group, component=t.component)  # fmt: skip
+                         group=group, component=t.component, copies=t.copies)  # fmt: skip
 
 
 def _moe_convert(
@@ -196,12 +259,13 @@ def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, 
         if spec.model_type not in PEFT_DEFAULT_TARGETS:
             raise InputError(
                 f"lora_targets='default': peft has no default target modules for model_type "
-                f"{spec.model_type!r}; name them (modules: {', '.join(available_modules(spec))}) "
+                f"{spec.model_type!r}; name them (modules: {', '.join(available_modules(spec, lora))}) "
                 "or use all-linear"
             )
         targets = PEFT_DEFAULT_TARGETS[spec.model_type]
     saved = _saved_names(spec, lora)
-    modules = _modules(spec)
+    modules = _modules(spec, lora.expert_linears)
+    routers = _linear_routers(spec, lora)
 
     def excluded(path: str) -> bool:
         return any(_matches(path, m) for m in saved)
@@ -209,17 +273,21 @@ def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, 
     linear_all = [
         (path, t, g)
         for path, t, g in modules
-        if _is_linear(t) and not _is_output_layer(spec, t) and not excluded(path)
+        if _is_linear(t, routers) and not _is_output_layer(spec, t) and not excluded(path)
     ]
     if targets != (ALL_LINEAR,):
         for key in targets:
-            if not any(_matches(path, key) for path, _t, _g in modules) and not _moe_name(spec, key):
+            converted = not lora.expert_linears and _moe_name(spec, key)
+            if not any(_matches(path, key) for path, _t, _g in modules) and not converted:
                 raise InputError(
                     f"lora_targets={key!r}: matches no module of {spec.name} "
-                    f"(modules: {', '.join(available_modules(spec))})"
+                    f"(modules: {', '.join(available_modules(spec, lora))})"
                 )
     leaves = tuple(dict.fromkeys(path.rsplit(".", 1)[-1] for path, _t, _g in linear_all))
-    targets, params = _moe_convert(spec, targets, leaves, lora.target_parameters)
+    if lora.expert_linears:  # transformers 4.x: peft's v4 -> v5 conversion does not run
+        params = tuple((p, 1) for p in lora.target_parameters)
+    else:
+        targets, params = _moe_convert(spec, targets, leaves, lora.target_parameters)
     out: list[AdaptedModule] = []
     for path, t, g in modules:
         if excluded(path):
@@ -230,18 +298,22 @@ def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, 
                                          group=g, component=t.component, numel=numel))  # fmt: skip
             continue
         if targets == (ALL_LINEAR,):
-            if _is_linear(t) and not _is_output_layer(spec, t):
+            if _is_linear(t, routers) and not _is_output_layer(spec, t):
                 out.append(_make(spec, path, t, g))
             continue
         if any(_matches(path, key) for key in targets):
-            if not (_is_linear(t) or t.kind == "embedding"):
-                what = "fused 3-D expert parameters" if t.kind == "expert_weight" else f"a {t.kind} module"
+            if not (_is_linear(t, routers) or t.kind == "embedding"):
+                what = (
+                    "fused 3-D expert parameters" if t.kind == "expert_weight"
+                    else "an MoE router holding a bare Parameter" if t.component == "router"
+                    else f"a {t.kind} module"
+                )  # fmt: skip
                 raise InputError(
                     f"lora_targets={','.join(targets)!r}: {path} is {what}, not a Linear/Conv1D/Embedding; "
                     "peft cannot adapt it" + (" (use target_parameters)" if t.kind == "expert_weight" else "")
                 )
             out.append(_make(spec, path, t, g))
-    out += _resolve_parameters(spec, params)
+    out += _resolve_parameters(spec, params, lora.expert_linears)
     if not any(m.kind != "saved" for m in out):
         raise InputError(
             f"lora_targets={','.join(lora.targets)!r}: matches no adaptable module of {spec.name}"
@@ -274,7 +346,9 @@ def _group_starts(spec: ModelSpec) -> list[int]:
     return starts
 
 
-def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) -> list[AdaptedModule]:
+def _resolve_parameters(
+    spec: ModelSpec, params: tuple[tuple[str, int], ...], expert_linears: bool = False
+) -> list[AdaptedModule]:
     out: list[AdaptedModule] = []
     starts = _group_starts(spec)
     for key, factor in params:
@@ -289,6 +363,12 @@ def _resolve_parameters(spec: ModelSpec, params: tuple[tuple[str, int], ...]) ->
                         continue
                 elif not _matches(t.name, name) or len(t.shape) < 2:
                     continue
+                if t.kind == "expert_weight" and expert_linears:
+                    raise InputError(
+                        f"lora_target_parameters={key!r}: before transformers 5.0 {spec.model_type}'s "
+                        "experts are one nn.Linear per expert, not a fused parameter; name their Linears in "
+                        "lora_targets"
+                    )
                 found = True
                 if len(t.shape) == 3:
                     e, a, b = t.shape
