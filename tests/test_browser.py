@@ -716,3 +716,22 @@ def test_a_ppo_job_with_a_chosen_critic(page: Any, url: str) -> None:
     assert expected["device_total_bytes"] > own["device_total_bytes"]  # a 7B critic beside a 0.5B actor
     expect(page.locator("#total")).to_have_text(fmt_both(expected["device_total_bytes"]))
     assert "critic=qwen2.5-7b" in (page.locator("#share").get_attribute("href") or "")
+
+
+def test_lora_target_parameters_and_the_peft_release_reach_the_answer(page: Any, url: str) -> None:
+    """LoRA on the fused experts (peft target_parameters) and the peft release whose ParamWrapper runs: the
+    page's total equals /api/train's for the same job, and each choice changes it."""
+    page.goto(f"{url}/?model=mixtral-8x7b&method=lora&seq=256")
+    wait_ready(page)
+    gpus = ["rtx-4090", "a100-40gb", "h100-sxm"]
+    body = {"model": "mixtral-8x7b", "method": "lora", "seq": 256, "gpus": gpus}
+    plain = api(url, body, "/api/train")
+    page.fill("#lora_target_parameters", "experts")
+    experts = api(url, {**body, "lora_target_parameters": "experts"}, "/api/train")
+    assert experts["device_total_bytes"] > plain["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(experts["device_total_bytes"]))
+    page.fill("#peft", "0.17.0")  # a full-size delta in the adapters' dtype before the factors' baddbmm
+    old = api(url, {**body, "lora_target_parameters": "experts", "peft": "0.17.0"}, "/api/train")
+    assert old["device_total_bytes"] > experts["device_total_bytes"]
+    expect(page.locator("#total")).to_have_text(fmt_both(old["device_total_bytes"]))
+    assert "lora_target_parameters=experts" in page.url and "peft=0.17.0" in page.url

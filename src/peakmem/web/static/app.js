@@ -25,6 +25,8 @@ const FIELDS = [
   { id: "method", def: "full", modes: TRAIN },
   { id: "lora_rank", def: "", int: true, modes: TRAIN, only: "adapter" },
   { id: "lora_targets", def: "", modes: TRAIN, only: "adapter" },
+  { id: "lora_target_parameters", def: "", modes: TRAIN, only: "adapter" },
+  { id: "peft", def: "", modes: TRAIN, only: "adapter" },
   { id: "quant", def: "", modes: TRAIN, only: "qlora" },
   { id: "kbit_prep", def: "", modes: TRAIN, only: "qlora" },
   { id: "trl", def: "", modes: TRAIN, only: "adapter" },
