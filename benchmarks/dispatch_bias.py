@@ -24,7 +24,8 @@ Result (torch 2.13 CPU, transformers 5.23; dispatch_bias.md): the mode allocates
 layer in backward (its out-of-place sums), but none of it at a peak: plain, noop and tracker peaks agree to
 the byte in every Llama case (full / LoRA, fp32 / bf16, tied / untied head, no / full checkpointing, a narrow
 MLP) and in gpt2, gemma, mixtral, phi3, olmoe and qwen2; qwen3_moe's layer peak is 0.09 T x H x b higher at
-H = 64 (it grows with T and shrinks with more experts: a routing-sized tensor, not a T x H one). measure and
+H = 64 (1536 bytes at T = 128: twice at T = 256, the same at H = 128, a quarter with 8 experts, none with
+moe_intermediate_size 64: a small routing-sized tensor at a tiny expert's peak, not a T x H one). measure and
 simulate agree to the byte. The engine's sums come after the large temporaries they follow (the MLP's
 T x I gradients, attention's) are freed, so one more T x H tensor there stays below the block's peak. A tied
 head's gradient is summed out of place in a plain run too (the head's ``mm`` result is reached through a
