@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from peakmem.adapters import lora_of, quant_of
+from peakmem.adapters import LayoutPrep, lora_of, quant_of
 from peakmem.breakdown import Estimate
 from peakmem.catalog import Gpu
 from peakmem.errors import InputError
@@ -213,13 +213,12 @@ def where_it_acts(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetu
     if setup.float8_all_gather and (par is None or par.fsdp is FsdpMode.NONE or par.fsdp_version != 2):
         setup = replace(setup, float8_all_gather=False)
     if setup.layout_prep is not None:
-        setup = _with_layout_prep(setup, par)
+        setup = _with_layout_prep(setup, setup.layout_prep, par)
     return setup
 
 
-def _with_layout_prep(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetup:
-    prep = setup.layout_prep
-    assert prep is not None
+def _with_layout_prep(setup: TrainingSetup, prep: LayoutPrep, par: Parallelism | None) -> TrainingSetup:
+    """``setup`` with the (kbit_prep, adapter_dtype) row of ``prep`` for ``par``'s kind of layout."""
     if par is not None and par.zero_stage == 3:
         kbit, dtype = prep.zero3
     elif par is not None and par.fsdp is not FsdpMode.NONE:
