@@ -199,3 +199,17 @@ def test_measure_json_echoes_a_lora_setup(tmp_path: Path, capsys: pytest.Capture
     assert main(["train", str(path), *common]) == 0
     analytic = json.loads(capsys.readouterr().out)
     assert measured["setup"]["lora"] == analytic["setup"]["lora"] and measured["setup"]["lora"]["rank"] == 4
+
+
+@pytest.mark.parametrize("command", ["train", "fit"])
+def test_a_question_that_cannot_run_errors_in_one_line_naming_the_field(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpt2-xl has 1,024 learned positions: seq 1025 is refused with the estimator's own line, and the
+    plain-size notice (--gpu 24GB) is not printed before it (found by test_fuzz's CLI fuzz)."""
+    assert main([command, "gpt2-xl", "--gpu", "24GB", "--seq", "1025", "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [
+        "peakmem: error: seq=1025: gpt2-xl has 1,024 learned positions (max_position_embeddings); "
+        "a longer sequence cannot run"
+    ]

@@ -266,8 +266,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         par = q.parallel or Parallelism(**dict(q.from_file.parallel if q.from_file else {}))
         sys.stdout.write(emit(args.emit, q.spec, q.training, par))
         return EXIT_OK
+    got = answer(q)  # a question that cannot be answered errors in one line, before any notice
     _notices(q.gpus, q.training)
-    got = answer(q)
     assert got.estimate is not None
     if args.plot:
         from peakmem.plot import plot_training
@@ -450,8 +450,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from peakmem.render import markdown_estimate, print_estimate
 
     q = _question(args)
-    _notices(q.gpus)
     got = answer(q)
+    _notices(q.gpus)
     est, verdicts = got.served.estimate, list(got.served.verdicts)
     for note in est.assumptions:
         if note.startswith(WARNING_PREFIX):  # e.g. a context beyond the model's limit
@@ -470,8 +470,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from peakmem.render_plan import print_fit, print_fit_inference, print_post_fit
 
     q = _question(args, getattr(args, "explicit", None))
-    _notices(q.gpus, q.training)
     got = answer(q)
+    _notices(q.gpus, q.training)
     if args.json:
         _emit_json(got.json)
     elif q.search.infer:

@@ -108,6 +108,8 @@ class _Estimator:
         # for a change (``train``'s ways: a family takes a minute or more to measure on a CPU)
         self.lazy = lazy
         self.memo: dict[tuple[TrainingSetup, Parallelism | None], _Result | None] = {}
+        # why a (setup, layout) could not be estimated: the one-line error, for the user's own setup
+        self.failures: dict[tuple[TrainingSetup, Parallelism | None], str] = {}
         self.calls = 0
         # its memo serves every setup and layout asked; ``costs``: a derived spec's block-cost lookup
         self.engine = TrainingEstimator(spec, overheads, costs=costs)
@@ -143,10 +145,16 @@ class _Estimator:
                     ranks=tuple((r.role, r.ranks, r.estimate.device_total_bytes, r.cpu_bytes)
                                 for r in rep.ranks), report=rep,
                 )  # fmt: skip
-        except (InputError, NotImplementedError):
+        except (InputError, NotImplementedError) as exc:
             result = None
+            self.failures[key] = str(exc)
         self.memo[key] = result
         return result
+
+    def failure(self, setup: TrainingSetup, par: Parallelism | None, spec: ModelSpec) -> InputError:
+        """The error for a setup the user asked that :meth:`__call__` could not estimate: its own
+        one-line message where it raised one."""
+        return InputError(self.failures.get((setup, par)) or f"the setup cannot be estimated for {spec.name}")
 
     def unmeasured(self, setup: TrainingSetup) -> bool:
         """Whether estimating ``setup`` would first measure block costs and this estimator is lazy:
@@ -330,7 +338,7 @@ class _Search:
         self.sf = st.spec_flops(spec)
         base = est(setup, par)
         if base is None:
-            raise InputError(f"the setup cannot be estimated for {spec.name}")
+            raise est.failure(setup, par, spec)
         self.base = base
 
     def base_step(self, rates: st.Rates) -> st.StepTime:

@@ -28,7 +28,6 @@ from peakmem.planner.search import (
     _Search,
     smaller_micro_batch,
 )
-from peakmem.ranks import estimate_ranks
 from peakmem.training import TrainingSetup
 
 # Why a change that shrinks activations saves nothing, by the phase where the peak sits.
@@ -95,7 +94,7 @@ def ways_down(
     est = estimator if estimator is not None else _Estimator(spec, overheads, lazy=True, costs=costs)
     base = est(setup, par)
     if base is None:
-        raise InputError(f"the setup cannot be estimated for {spec.name}")
+        raise est.failure(setup, par, spec)
     ctx = _Ctx(spec=spec, setup=setup, gpus=(), estimator=est, par=par)
     base_cfg = _Config(setup=setup, par=par, changes=(), labels=())
     configs: list[_Config] = []
@@ -192,14 +191,8 @@ def train_answer(
     (:class:`peakmem.estimate.TrainingEstimator`; the face hands in a measuring one where torch runs)."""
     est = _Estimator(spec, overheads, lazy=True, costs=costs)  # measures the job's own setup family only
     res = est(setup, par)
-    if res is None:  # the public estimator says why
-        if par is None:
-            from peakmem.estimate import estimate_training
-
-            estimate_training(spec, setup, overheads=overheads, costs=costs)
-        else:
-            estimate_ranks(spec, setup, par, overheads=overheads, costs=costs)
-        raise InputError(f"the setup cannot be estimated for {spec.name}")
+    if res is None:
+        raise est.failure(setup, par, spec)
     estimate = res.report.as_estimate() if res.report is not None else res.estimate
     ways = ways_down(spec, setup, par, overheads=overheads, capacity_bytes=capacity_bytes, estimator=est)
     return TrainAnswer(estimate=estimate, ranks=res.report, ways=ways)
