@@ -540,12 +540,10 @@ def _top(snap: Snapshot) -> list[dict[str, Any]]:
 
 
 def _setup_echo(setup: TrainingSetup, policy: KernelPolicy) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name in setup.__dataclass_fields__:
-        v = getattr(setup, name)
-        out[name] = v.value if hasattr(v, "value") else v
-    out["kernel_policy"] = policy.value
-    return out
+    """The setup as the estimates echo it (JSON-ready: LoRA / quant configs as dicts), and the policy."""
+    from peakmem.estimate import setup_dict
+
+    return {**setup_dict(setup), "kernel_policy": policy.value}
 
 
 def _attention_line(model: torch.nn.Module, setup: TrainingSetup) -> str:
