@@ -67,6 +67,33 @@ def test_checkpointed_layer_inputs_double_when_prepared() -> None:
     assert kept("trl") - kept("none") == 2 * 16 * 64 * (4 - 2) * 2  # tokens x hidden x 2 more bytes x layers
 
 
+def _layer_items(prep: str, checkpointing: Checkpointing = Checkpointing.NONE) -> dict[str, int]:
+    """The first layer's saved tensors by key, QLoRA on the tiny Llama under autocast."""
+    spec = spec_from_config(LLAMA, name="t")
+    setup = _setup(prep)
+    est = estimate_training(spec, TrainingSetup(**{**setup.__dict__, "checkpointing": checkpointing}))
+    return {i.path.split("].", 1)[1]: i.bytes for i in est.items if i.path.startswith("layers[0:1].")}
+
+
+@pytest.mark.parametrize("prep", ["none", "trl"])
+def test_quantized_linears_make_no_autocast_weight_casts(prep: str) -> None:
+    """bitsandbytes' 4-bit matmul saves its quantized weight, never a 16-bit cast (qlora.SRC_QUANT_NO_CAST):
+    every layer Linear is quantized, so the layer lists no autocast weight casts (it listed the 7
+    projections' 16-bit copies, 73,728 B a layer, until 2026-12-06)."""
+    assert not any("autocast weight casts" in k for k in _layer_items(prep))
+
+
+def test_the_mlp_interior_follows_the_prepared_norms() -> None:
+    """Behind peft's / TRL's fp32 norms the 4-bit gate and up projections return fp32 (Linear4bit's
+    ``.to(inp_dtype)``), and so do SiLU and the product: gate, act(gate) and up are saved in 4 bytes, not
+    2; the product, the down projection's input, is not saved by the frozen 4-bit down projection."""
+    tokens, width = 2 * 16, 128
+    none, trl = _layer_items("none"), _layer_items("trl")
+    interior = "mlp.gate, act(gate), up, product"
+    assert none[interior] == 3 * tokens * width * 2
+    assert trl[interior] == 3 * tokens * width * 4
+
+
 def test_autocast_cache_holds_only_the_adapters() -> None:
     """autocast_mode.cpp caches fp32 leaves that require grad: LoRA A/B of q and v, not the frozen base."""
     from peakmem.formulas.autocast_cache import weight_cache

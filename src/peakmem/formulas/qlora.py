@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from peakmem.adapters import FLOAT_BYTES, QuantConfig
 from peakmem.formulas.kbit_prep import unquantized_dtype
 from peakmem.formulas.weights import WeightRow, bnb_linear_data_bytes, bnb_linear_storage, tensor_storage
-from peakmem.model import ModelSpec, Tensor
+from peakmem.model import Layer, ModelSpec, Tensor
 
 FP32 = 4
 FP16 = 2
@@ -69,6 +69,28 @@ def is_quantized(spec: ModelSpec, t: Tensor, quant: QuantConfig | None = None) -
     if t.component == "head":
         return quant is not None and quant.quantize_head
     return not (spec.tie_word_embeddings and t.component == "embeddings")
+
+
+SRC_QUANT_NO_CAST = (
+    "bitsandbytes autograd/_functions.py MatMul4Bit.forward (0.43.3: F.linear on "
+    "dequantize_4bit(B).to(A.dtype); 0.50.2: gemm_4bit) saves the quantized B, never a 16-bit weight; aten "
+    "autocast_mode.h cached_cast returns a tensor already in the target dtype as it is: autocast casts only "
+    "the float Linears not in the compute dtype"
+)
+
+
+def autocast_cast_params(spec: ModelSpec, layer: Layer, quant: QuantConfig, compute: str) -> int:
+    """Parameters of ``layer``'s Linear weights that torch autocast casts to ``compute`` (a dtype name) over a
+    quantized base: a bitsandbytes Linear runs its own autograd Function on the quantized weight (its
+    dequantized copy is a temporary: :func:`dequant_temporaries`), and a float Linear already in the compute
+    dtype needs no cast; what remains are the float Linears kept in another dtype (fp32 after
+    ``prepare_model_for_kbit_training``: :func:`peakmem.formulas.kbit_prep.unquantized_dtype`).
+    :data:`SRC_QUANT_NO_CAST`."""
+    return sum(
+        t.numel for t in layer.tensors
+        if t.kind in ("linear_weight", "expert_weight") and not is_quantized(spec, t, quant)
+        and unquantized_dtype(t, quant) != compute
+    )  # fmt: skip
 
 
 def base_rows(spec: ModelSpec, quant: QuantConfig) -> tuple[WeightRow, ...]:

@@ -25,11 +25,12 @@ from typing import Any
 
 import torch
 
-from peakmem.adapters import ALL_LINEAR
+from peakmem.adapters import ALL_LINEAR, QuantConfig, quant_of
 from peakmem.adapters import LoraConfig as LoraSpec
 from peakmem.breakdown import Category, PerParamRow
 from peakmem.errors import InputError
 from peakmem.formulas.lora.deltas import base_keeps_input
+from peakmem.formulas.model_states import precision_plan
 from peakmem.measure.tracker import PARAM, LiveStorageTracker
 from peakmem.training import Method, TrainingSetup
 
@@ -137,7 +138,8 @@ class _Dequant4bitMatmul(torch.autograd.Function):
         if keep and ctx.needs_input_grad[0]:
             ctx.save_for_backward(x)
         w = torch.empty(shape, dtype=x.dtype)  # dequantize_4bit output
-        out = x @ w.t()
+        with torch.autocast(x.device.type, enabled=False):  # bitsandbytes' kernel, not aten's mm
+            out = x @ w.t()
         del w
         return out
 
@@ -152,10 +154,13 @@ class _Dequant4bitMatmul(torch.autograd.Function):
 class Fake4bitLinear(torch.nn.Module):
     """A frozen 4-bit ``nn.Linear`` (bitsandbytes ``Linear4bit``) for the simulator."""
 
-    def __init__(self, base: torch.nn.Linear, *, keeps_input: bool = False) -> None:
+    def __init__(
+        self, base: torch.nn.Linear, *, keeps_input: bool = False, compute: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.keeps_input = keeps_input  # the bitsandbytes release keeps the input (_Dequant4bitMatmul)
+        self.compute = compute  # bnb_4bit_compute_dtype (None: the input's)
         numel = base.weight.numel()
         self.numel = numel
         absmax_blocks = -(-numel // NF4_BLOCK)
@@ -173,10 +178,17 @@ class Fake4bitLinear(torch.nn.Module):
         return [self.qweight, self.absmax, self.absmax2, self.code]  # type: ignore[list-item]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _Dequant4bitMatmul.apply(x, (self.out_features, self.in_features), self.keeps_input)
+        # bitsandbytes 0.43.3 / 0.50.2 nn/modules.py Linear4bit.forward: ``x.to(self.compute_dtype)``, the
+        # 4-bit matmul (its own kernel: no autocast), then ``.to(inp_dtype)``: an fp32 input (a prepared
+        # base's fp32 norms) gives an fp32 output, under autocast too
+        inp = x.dtype
+        out = _Dequant4bitMatmul.apply(
+            x.to(self.compute or inp), (self.out_features, self.in_features), self.keeps_input
+        )
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
-        return out
+        # peft's bnb Linear4bit.forward clones the base output ("defensively", before adding the adapters')
+        return out.to(inp).clone()
 
 
 def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpec | None) -> QuantInfo:
@@ -220,17 +232,60 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
         adapters_to_base_dtype(model)
     if setup.method == Method.QLORA:
         keeps = base_keeps_input(setup)
+        plan = precision_plan(setup.precision)
+        compute = _FLOAT[plan.compute.name]
         for name, mod in list(model.named_modules()):
             if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears
                 continue
             for child_name, child in list(mod.named_children()):
                 if type(child) is torch.nn.Linear and child is not head:
-                    q = Fake4bitLinear(child, keeps_input=keeps)
+                    q = Fake4bitLinear(child, keeps_input=keeps, compute=compute)
                     setattr(mod, child_name, q)
+                    if child_name == "base_layer":
+                        # peft 0.21.2 tuners/lora/bnb.py Linear4bit.forward casts the input to the adapter's
+                        # dtype only where autocast is off (lora.Linear, wrapped here, always does)
+                        mod.cast_input_dtype_enabled = not plan.autocast
                     full = f"{name}.{child_name}" if name else child_name
                     info.weights.append((full, q))
                     info.params += q.numel
+        quant = quant_of(setup)
+        if quant is not None:
+            prepare_float_weights(model, quant)
     return info
+
+
+# trl 0.13.0 trainer/utils.py peft_module_casting_to_bf16: modules whose names hold one of these go back to
+# bf16 when fp32 (after ``if isinstance(module, torch.nn.LayerNorm) or "norm" in name``: to fp32)
+TRL_BF16_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
+# axolotl loaders/utils.py get_linear_embedding_layers (@c1193823): the embedding / head modules
+# _convert_embedding_modules_dtype puts back in the torch dtype, with every module whose name holds "norm"
+AXOLOTL_FLOAT_NAMES = ("embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings")
+_FLOAT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def prepare_float_weights(model: torch.nn.Module, quant: QuantConfig) -> None:
+    """The quantized base's float (not 4-bit, not adapter) parameters as the libraries leave them, by module
+    name as they work (the analytic rule, by component: peakmem.formulas.kbit_prep): loaded in
+    ``quant.float_dtype`` (transformers' ``dtype``); peft 0.21.2 utils/other.py
+    ``prepare_model_for_kbit_training`` casts every fp16/bf16 parameter that is not a ``Params4bit`` to fp32;
+    then TRL's ``peft_module_casting_to_bf16`` or axolotl's ``_convert_embedding_modules_dtype`` cast some
+    modules back (the names above)."""
+    loaded = _FLOAT[quant.float_dtype]
+    base = [(n, p) for n, p in model.named_parameters() if ".lora_" not in f".{n}" and p.is_floating_point()]
+    for _, p in base:
+        p.data = p.data.to(loaded if quant.kbit_prep == "none" else torch.float32)
+    if quant.kbit_prep not in ("trl", "axolotl"):
+        return
+    names = TRL_BF16_NAMES if quant.kbit_prep == "trl" else AXOLOTL_FLOAT_NAMES
+    back = torch.bfloat16 if quant.kbit_prep == "trl" else loaded
+    for name, module in model.named_modules():
+        if ".lora_" in f".{name}":
+            continue
+        norm = isinstance(module, torch.nn.LayerNorm) or "norm" in name
+        if (quant.kbit_prep == "axolotl" and norm) or any(x in name for x in names):
+            for p in module.parameters(recurse=False):
+                if p.is_floating_point() and (quant.kbit_prep == "axolotl" or p.dtype == torch.float32):
+                    p.data = p.data.to(back)
 
 
 def adapters_to_base_dtype(model: torch.nn.Module) -> None:

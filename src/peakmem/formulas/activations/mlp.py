@@ -17,7 +17,7 @@ from peakmem.model import Layer, Mlp, ModelSpec
 from peakmem.training import KernelPolicy
 
 from .fused import fused_swiglu_item
-from .shapes import SRC_WEIGHT_CAST, Shapes, item
+from .shapes import SRC_WEIGHT_CAST, Shapes, item, sized
 
 # Activations whose backward needs only their output (aten relu saves ``result``), which the next
 # Linear saves anyway: one tensor instead of input + output.
@@ -123,8 +123,13 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         routed_tokens = k * t
     width = mlp.intermediate_size
     n = routed_tokens * width
+    m = interior_bytes(mlp, sh)
     if mlp.gated and (sh.compiled or sh.fused_kernels):
         items.append(fused_swiglu_item(sh, n))
+    elif mlp.gated and m != c:
+        # the product (the down projection's input) as its readers keep it: a compute-dtype cast or nothing
+        items.append(sized("mlp.gate, act(gate), up, product", (n * m, n * m, n * m, n * c),
+                           SRC_MLP + "; " + SRC_QUANT_OUT, "mlp.interior"))  # fmt: skip
     elif mlp.gated:
         items.append(item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior", 4))
     elif mlp.activation in PYTHON_ACTIVATIONS:
@@ -146,7 +151,8 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
             item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP, "mlp.relu_output")
         )
     else:
-        items.append(item(f"mlp.fc output + {mlp.activation} output", 2 * n * c, SRC_MLP, "mlp.interior", 2))
+        name = f"mlp.fc output + {mlp.activation} output"
+        items.append(sized(name, (n * m, n * c), SRC_MLP, "mlp.interior"))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(
             item(
@@ -165,7 +171,22 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                            2))  # fmt: skip
     # backward, net of the down projection's freed input: the gradient of the intermediate; a gated
     # product or a python activation chain has two such gradients alive at once
-    return items, backward_gradients_alive(mlp) * n * c
+    return items, backward_gradients_alive(mlp) * n * m
+
+
+SRC_QUANT_OUT = (
+    "bitsandbytes nn/modules.py Linear4bit.forward (0.43.3 / 0.50.2): x.to(compute_dtype), the 4-bit matmul, "
+    "then .to(inp_dtype): behind a prepared base's fp32 norms the gate / up outputs and their activation "
+    "are fp32 (tests/test_kbit_prep_torch.py)"
+)
+
+
+def interior_bytes(mlp: Mlp, sh: Shapes) -> int:
+    """Bytes per element of a dense MLP's interior (its first Linears' outputs and their activation): the
+    compute dtype, or over a bitsandbytes base the norm output's dtype, which its Linears return
+    (:data:`SRC_QUANT_OUT`; fp32 behind ``prepare_model_for_kbit_training``'s norms: ``sh.r``). MoE experts
+    keep the compute dtype (grouped_mm over unquantized expert weights)."""
+    return sh.r if sh.quantized_base and not mlp.is_moe else sh.c
 
 
 def backward_gradients_alive(mlp: Mlp) -> int:

@@ -46,6 +46,8 @@ class Shapes:
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     float8_weights: bool = False  # FSDP2 float8 all-gather: float8 Linears receive float8 weights (float8.py)
+    # a bitsandbytes base: its Linears return their input's dtype, the norm output's (mlp.py interior_bytes)
+    quantized_base: bool = False
     # transformers' eager attention keeps the masked scores for its torch.max clamp (OPT before 4.49:
     # peakmem.transformers_versions)
     clamped_scores: bool = False
@@ -158,7 +160,7 @@ def shapes(
         kernel=kernel, math_fallback=fallback, kernel_note=why,
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
-        costs=costs, memo=memo, float8_weights=setup.float8_all_gather,
+        costs=costs, memo=memo, float8_weights=setup.float8_all_gather, quantized_base=quant is not None,
         clamped_scores=setup.framework is Framework.HF
         and keeps_clamped_scores(setup.transformers, spec.model_type),
     )  # fmt: skip

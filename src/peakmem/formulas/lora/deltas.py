@@ -37,7 +37,7 @@ from ..kbit_prep import head_dtype
 from ..loss import HeadActivations
 from ..memo import Memo
 from ..model_states import precision_plan
-from ..qlora import dequant_temporaries
+from ..qlora import autocast_cast_params, dequant_temporaries
 from .param_wrapper import uses_factors, wrapper_costs
 from .params import SRC_LORA, is_adapter_method, train_dtype
 from .targets import (
@@ -214,6 +214,11 @@ def adapt_layer(
         elif _drops_down_input(item.key, layer, down, lora, sh, keeps):
             down_dropped = t * layer.mlp.intermediate_size * c
             nbytes -= down_dropped
+        elif item.key == "autocast.weight_casts" and quant is not None:
+            # the quantized Linears' weights are not autocast's (qlora.SRC_QUANT_NO_CAST)
+            linear = sum(t.numel for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
+            cast = autocast_cast_params(spec, layer, quant, sh.plan.compute.name)
+            nbytes = nbytes * cast // linear if linear else 0
         elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
             nbytes -= _mla_latent_drop(item.key, spec, layer, mods, lora, sh, keeps)
         elif layer.mlp.is_moe:
