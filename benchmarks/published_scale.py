@@ -109,6 +109,9 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   first search's torchtitan points ran the same launcher (9dec370 ``run_llama_train.sh``, e7c0cae
   ``run_train.sh``) but do not record it: they stay on the default allocator, so that ``split_rule``'s
   fitting set (and formulas/band.py MEASURED_RESIDUALS) does not move here;
+* ``job.alloc_roundup_divisions`` N -> ``alloc_roundup_divisions=N`` (``PYTORCH_CUDA_ALLOC_CONF``
+  ``roundup_power2_divisions:N``): recorded on the axolotl points, whose CLI sets 16 with expandable
+  segments (utils/__init__.py ``set_pytorch_cuda_alloc_conf``);
 * generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
   tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``;
 * ``job.padded_lengths`` ``varying`` (the loop pads each batch to its longest sample: torchtune@ff594c231
@@ -322,6 +325,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["keep_grads"] = True
     if job.get("expandable_segments"):  # the allocator as the platform ran it (module docstring)
         opts["expandable_segments"] = True
+    if job.get("alloc_roundup_divisions"):  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions (docstring)
+        opts["alloc_roundup_divisions"] = job["alloc_roundup_divisions"]
     if lay.get("zero_stage"):
         opts["zero"] = lay["zero_stage"]
     if job.get("offload_optimizer"):

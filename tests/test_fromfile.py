@@ -46,6 +46,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         "axolotl",
         {
             "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
+            "alloc_roundup_divisions": 16,  # ... with roundup_power2_divisions:16
             "model": "NousResearch/Meta-Llama-3-8B",
             "method": "qlora",
             "quant": "int8",
@@ -69,6 +70,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         "axolotl",
         {
             "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
+            "alloc_roundup_divisions": 16,  # ... with roundup_power2_divisions:16
             "method": "qlora",
             "kbit_prep": "axolotl",
             "lora_rank": 32,
@@ -87,6 +89,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
         "axolotl",
         {
             "expandable_segments": True,  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
+            "alloc_roundup_divisions": 16,  # ... with roundup_power2_divisions:16
             "model": "NousResearch/Meta-Llama-3.1-8B",
             "method": "full",
             "batch": 2,
@@ -412,6 +415,8 @@ def _without_from(out: dict[str, Any]) -> dict[str, Any]:
                 "--precision",
                 "bf16",
                 "--expandable-segments",  # axolotl's CLI sets PYTORCH_CUDA_ALLOC_CONF
+                "--alloc-roundup-divisions",  # ... with roundup_power2_divisions:16
+                "16",
             ],
         ),
         (

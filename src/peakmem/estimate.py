@@ -36,6 +36,7 @@ from peakmem.errors import InputError
 from peakmem.formulas import activations as act
 from peakmem.formulas import allocator, sharding
 from peakmem.formulas import band as _band
+from peakmem.formulas import block_rounding as _rounding
 from peakmem.formulas import fsdp1_frozen_inputs as _frozen
 from peakmem.formulas import fsdp1_root as _root1
 from peakmem.formulas import fsdp2 as _fsdp2
@@ -52,8 +53,7 @@ from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.autocast_cache import weight_cache
 from peakmem.formulas.loss import framework_head, head_activations
 from peakmem.formulas.memo import Memo
-from peakmem.formulas.model_states import precision_plan, spec_facts
-from peakmem.formulas.optimizer import state_dtype
+from peakmem.formulas.model_states import spec_facts
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.quant_head import quantized_head
 from peakmem.formulas.technique import Technique, technique
@@ -271,7 +271,7 @@ def _compute_static(
         states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
-        resident_rounding=_resident_rounding(spec, setup, len(tech.state_rows), memo)
+        resident_rounding=_rounding.resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
         weight_cache=tuple(weight_cache(tech, setup, cached, layout.tp, memo)),
         state_extra={"paged_optimizer_bytes": paged} if paged else {},
@@ -317,19 +317,6 @@ def _head_weight_numel(spec: ModelSpec) -> int:
         if t.component in ("head", "classifier") and t.kind == "linear_weight":
             return t.numel
     return spec.vocab_size * spec.hidden_size
-
-
-def _resident_rounding(spec: ModelSpec, setup: TrainingSetup, n_states: int, memo: Memo) -> int:
-    """kMinBlockSize (512 B) rounding of every weight, master copy and state tensor."""
-    plan = precision_plan(setup.precision)
-    per_elem = [plan.weight.bits // 8] + ([plan.master.bits // 8] if plan.master else [])
-    per_elem += [state_dtype(setup).bits // 8] * n_states
-    extra = 0
-    for numel, n in spec_facts(spec, memo).sizes:
-        for size in per_elem:
-            b = numel * size
-            extra += (allocator.round_request(b) - b) * n
-    return extra
 
 
 SRC_BUFFERS = "registered buffers (RoPE inv_freq), fp32"
@@ -484,7 +471,7 @@ def _varying_growth(
         at if n == setup.seq_len else _step_at(st, replace(setup, seq_len=n), par, costs, memo)[1]
         for n in _padded.lengths(setup.seq_len)
     )
-    return _steps.varying_growth(st, setup, par, at, ats)
+    return _steps.varying_growth(st, setup, par, at, ats, ov.alloc_roundup_divisions)
 
 
 def _estimate(
@@ -653,9 +640,12 @@ def _estimate(
         optimizer = _plus(optimizer, MemoryItem(path="pipeline receive buffers (one per micro-batch)",
                                                 category=Category.TEMPORARIES, bytes=recv,
                                                 source=_pipe.SRC_TORCH_PP, key="pipeline.p2p"))  # fmt: skip
+    # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions: every block rounded up further (block_rounding.py)
+    forward, backward, optimizer = (_rounding.with_roundup(p, spec, ov.alloc_roundup_divisions, memo)
+                                    for p in (forward, backward, optimizer))  # fmt: skip
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
-    loaded = _load.load_phase(st, setup, par)  # torchtune QLoRA: torchao's to_nf4 at build and load
+    loaded = _load.load_phase(st, setup, par, ov.alloc_roundup_divisions)  # torchtune QLoRA's to_nf4, MXFP4
     load, load_reserved = loaded if loaded is not None else (None, 0)
     top = peak if load is None or load.bytes <= peak.bytes else load
     churn = peak.bytes - st.persistent
@@ -712,6 +702,7 @@ def _estimate(
         **({"side_stream_pool_bytes": side} if side else {}),
         **st.state_extra,
         **({"expandable_segments": True} if ov.expandable_segments else {}),
+        **({"alloc_roundup_divisions": ov.alloc_roundup_divisions} if ov.alloc_roundup_divisions else {}),
         **({"profile": ov.profile} if ov.profile is not None else {}),
     }
     if setup.activation_offload:

@@ -331,6 +331,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("expandable_segments", bool, False, _DEVICE_OVERHEADS,
        "model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (reserved grows by pages; little "
        "fragmentation)", group=_DEVICE),
+    _o("alloc_roundup_divisions", int, 0, _DEVICE_OVERHEADS,
+       "model PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (0: not set; 1 or a power of two): every "
+       "block above 512 B x N rounded up to the next 1/N of its power of two (axolotl sets 16); the "
+       "per-interval list form is not modelled", group=_DEVICE),
     _o("infer", bool, False, frozenset({"fit"}), "fit a serving job instead of training"),
     _o("margin", bool, False, frozenset({"fit"}),
        "rank changes that make it fit with margin: the band's high end fits ('fits', not 'tight')"),

@@ -525,8 +525,8 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
 
 def overheads(o: Mapping[str, Any], gpus: Sequence[Gpu] = ()) -> Overheads:
     """The device overheads: peakmem's named defaults, or a calibrated profile, unless the CUDA
-    context, fragmentation or expandable segments are given; the cuBLAS workspace of the GPUs named when
-    they share an architecture (formulas/overhead.py ``cublas_workspace_bytes``)."""
+    context, fragmentation, expandable segments or roundup divisions are given; the cuBLAS workspace of
+    the GPUs named when they share an architecture (formulas/overhead.py ``cublas_workspace_bytes``)."""
     from peakmem.formulas.overhead import cublas_workspace_bytes
     from peakmem.units import MiB
 
@@ -543,6 +543,8 @@ def overheads(o: Mapping[str, Any], gpus: Sequence[Gpu] = ()) -> Overheads:
         given["fragmentation"] = o["fragmentation"]
     if o.get("expandable_segments"):
         given["expandable_segments"] = True
+    if o.get("alloc_roundup_divisions"):
+        given["alloc_roundup_divisions"] = o["alloc_roundup_divisions"]
     if o.get("profile"):
         from peakmem.calibrate import load_profile
 

@@ -23,6 +23,8 @@ import math
 from peakmem.adapters import lora_of
 from peakmem.breakdown import Category, MemoryItem, Phase, PhasePeak
 from peakmem.formulas import mxfp4_load, nf4_load
+from peakmem.formulas.allocator import NO_ROUNDUP
+from peakmem.formulas.block_rounding import with_roundup
 from peakmem.formulas.lora.params import adapter_tensors
 from peakmem.formulas.qlora import is_quantized
 from peakmem.model import ModelSpec, Tensor
@@ -101,9 +103,21 @@ def mxfp4_load_phase(st: Static, setup: TrainingSetup) -> tuple[PhasePeak, int] 
     return PhasePeak(phase=Phase.LOAD, bytes=loaded, items=tuple(items)), loaded + st.resident_rounding
 
 
-def load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[PhasePeak, int] | None:
+def load_phase(
+    st: Static, setup: TrainingSetup, par: Parallelism, divisions: int = NO_ROUNDUP
+) -> tuple[PhasePeak, int] | None:
     """The load phase and its reserved bytes, or None where neither :func:`applies` nor
-    :func:`mxfp4_applies` says so."""
+    :func:`mxfp4_applies` says so; ``divisions`` (roundup_power2_divisions) adds its blocks to both
+    (formulas/block_rounding.py)."""
+    got = _load_phase(st, setup, par)
+    if got is None or divisions <= 1:
+        return got
+    phase, reserved = got
+    rounded = with_roundup(phase, st.tech.spec, divisions)
+    return rounded, reserved + rounded.bytes - phase.bytes
+
+
+def _load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[PhasePeak, int] | None:
     if mxfp4_applies(setup, par, st.single):
         return mxfp4_load_phase(st, setup)
     if not applies(setup, par, st.single):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from peakmem.formulas import activations as act
 from peakmem.formulas import loop_held as _held
+from peakmem.formulas.block_rounding import ROUNDUP_NOTE
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import derived_code, profile_assumptions
 from peakmem.formulas.technique import Technique
@@ -31,6 +32,8 @@ def step_assumptions(tech: Technique, setup: TrainingSetup, sh: act.Shapes, ov: 
         f"CUDA context {ov.context_bytes // (1024 * 1024)} MiB ({ov.context_source}); "
         f"cuBLAS workspace {ov.cublas_workspace_bytes} B",
     ]
+    if ov.alloc_roundup_divisions > 1:
+        out.append(ROUNDUP_NOTE.format(n=ov.alloc_roundup_divisions))
     if sh.kernel_note:
         out.append(f"attention kernel {setup.attention.value} runs as {sh.kernel.value}: {sh.kernel_note}")
     if setup.checkpointing is Checkpointing.FULL and setup.checkpoint_every > 1:

@@ -211,7 +211,7 @@ def replayed_reserved(
 
     def replay(counts: tuple[int, ...]) -> int:
         step = step_tensors(st, setup, parts, head_fwd, head_bwd, logits_grad, counts, par)
-        return _seq.replay_steps(step).reserved
+        return _seq.replay_steps(replace(step, roundup_divisions=ov.alloc_roundup_divisions)).reserved
 
     return _by_layers(st, replay, exact=exact)
 
@@ -253,14 +253,17 @@ def lengths_replayable(st: Static, setup: TrainingSetup, par: Parallelism, ov: O
 
 
 def varying_growth(
-    st: Static, setup: TrainingSetup, par: Parallelism, fixed: StepAt, at_lengths: tuple[StepAt, ...]
-) -> int:
+    st: Static, setup: TrainingSetup, par: Parallelism, fixed: StepAt, at_lengths: tuple[StepAt, ...],
+    divisions: int = allocator.NO_ROUNDUP,
+) -> int:  # fmt: skip
     """What batches padded to varying lengths (formulas/padded_lengths.py) reserve above the fixed-length
     step: the replay of ``at_lengths`` (rising to the longest, then the longest again) through one
-    allocator state, less the fixed step's two-step replay; at least 0."""
+    allocator state, less the fixed step's two-step replay; at least 0. ``divisions``:
+    roundup_power2_divisions."""
 
     def step(at: StepAt, counts: tuple[int, ...]) -> _seq.StepTensors:
-        return step_tensors(st, setup, at.parts, at.head_fwd, at.head_bwd, at.logits_grad, counts, par)
+        tensors = step_tensors(st, setup, at.parts, at.head_fwd, at.head_bwd, at.logits_grad, counts, par)
+        return replace(tensors, roundup_divisions=divisions)
 
     base = _by_layers(st, lambda counts: _seq.replay_steps(step(fixed, counts)).reserved)
     ramp = _by_layers(

@@ -15,6 +15,8 @@ temporaries), echoed in ``Estimate.assumptions``. Its default is calibrated (see
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from peakmem.units import MiB
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
@@ -33,15 +35,65 @@ K_ROUND_LARGE = 2 * MiB  # kRoundLarge
 DEFAULT_FRAGMENTATION = 0.10
 
 
-def round_request(nbytes: int) -> int:
-    """Bytes one request really takes in a block (rounded to kMinBlockSize)."""
+# PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (PyTorch >= 1.13; the same code path in 2.1, 2.4, 2.7 and
+# 2.13). c10/cuda/CUDACachingAllocator.cpp ``round_size`` (pytorch/pytorch@eb42ad6e; moved unchanged from
+# c10/cuda in PR #159553, torch 2.9): a request above ``kMinBlockSize * divisions`` is rounded up by
+# ``roundup_power2_next_division`` to the next 1/divisions step of its power-of-two interval (a power of two
+# is kept); ``divisions > 1`` is tested since PR #92109 / #93942 (torch 2.0): 0 and 1 leave the 512 B
+# rounding. The divisions are looked up per power-of-two interval from kRoundUpPowerOfTwoStart (1 MiB) on,
+# kRoundUpPowerOfTwoIntervals (16) of them, the last for everything from 32 GiB up, the first for
+# everything below 2 MiB (AllocatorConfig::roundup_power2_divisions(size), c10/core/AllocatorConfig.cpp
+# @065861fb; c10/cuda/CUDAAllocatorConfig.cpp before 2.9). The single-int form ``roundup_power2_divisions:N``
+# fills every interval with N, which must be a power of two (parseRoundUpPower2Divisions: isPowerOf2_64;
+# no upper bound); the per-interval list form ``[256:1,512:2,>:4]`` (PR #87290, torch 2.0) is not modelled.
+NO_ROUNDUP = 0  # no roundup_power2_divisions in PYTORCH_CUDA_ALLOC_CONF (the default: every interval 0)
+# Above this no request up to kRoundUpPowerOfTwoEnd (64 GiB) exceeds kMinBlockSize * divisions: a larger
+# setting changes nothing, so peakmem accepts powers of two up to it
+MAX_ROUNDUP_DIVISIONS = (64 << 30) // K_MIN_BLOCK_SIZE
+
+
+def roundup_divisions_ok(divisions: int) -> bool:
+    """Whether ``divisions`` is a roundup_power2_divisions value PyTorch accepts (0 = not set, or a power
+    of two: 1 and 2 .. MAX_ROUNDUP_DIVISIONS)."""
+    return divisions == NO_ROUNDUP or (
+        0 < divisions <= MAX_ROUNDUP_DIVISIONS and divisions & (divisions - 1) == 0
+    )
+
+
+def _next_division(size: int, divisions: int) -> int:
+    """``roundup_power2_next_division``: ``size`` rounded up to a multiple of its power-of-two floor over
+    ``divisions`` (a power of two itself: kept)."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:  # unreachable through round_request (size > kMinBlockSize * divisions); as the C++ does
+        return floor << 1
+    return -(-size // step) * step
+
+
+def round_request(nbytes: int, divisions: int = NO_ROUNDUP) -> int:
+    """Bytes one request really takes in a block (``round_size``): rounded to kMinBlockSize, or with
+    ``roundup_power2_divisions`` (``divisions`` > 1) above kMinBlockSize * divisions to the next
+    1/divisions step of its power-of-two interval."""
     if nbytes <= 0:
         return 0
+    if divisions > 1 and nbytes > K_MIN_BLOCK_SIZE * divisions:
+        return _next_division(nbytes, divisions)
     return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
 
 
+def roundup_extra(sizes: Iterable[int], divisions: int) -> int:
+    """What ``roundup_power2_divisions`` adds over the 512 B rounding to the blocks of tensors of ``sizes``
+    bytes (counted by max_memory_allocated and held in reserved segments)."""
+    if divisions <= 1:
+        return 0
+    return sum(round_request(b, divisions) - round_request(b) for b in sizes)
+
+
 def segment_size(nbytes: int) -> int:
-    """The cudaMalloc size the allocator asks for when no cached block fits the request."""
+    """The cudaMalloc size the allocator asks for when no cached block fits the request (``nbytes``: the
+    request as :func:`round_request` rounded it, or raw)."""
     size = round_request(nbytes)
     if size <= K_SMALL_SIZE:
         return K_SMALL_BUFFER

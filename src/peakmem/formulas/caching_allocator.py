@@ -5,9 +5,10 @@ trace, or the analytic estimate's own step in :mod:`.step_sequence`) into what
 ``torch.cuda.max_memory_allocated()`` and ``torch.cuda.max_memory_reserved()`` would show, by doing
 what ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.13, ``DeviceCachingAllocator``) does with the
 default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandable segments, no
-``max_split_size_mb``, no ``roundup_power2_divisions``, one stream):
+``max_split_size_mb``, one stream), or with ``roundup_power2_divisions:N`` (one N for every interval):
 
-* ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B)
+* ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B), or with
+  ``roundup_power2_divisions`` to the next 1/N step of its power-of-two interval
   (:func:`.allocator.round_request`; a zero-byte request never reaches it: ``allocate(0)`` returns
   nullptr, so :func:`replay` gives it no block);
 * ``get_pool``: rounded sizes up to ``kSmallSize`` (1 MiB) use the small pool, others the large pool;
@@ -37,7 +38,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .allocator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, round_request, segment_size
+from .allocator import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, NO_ROUNDUP, round_request, segment_size
 
 _ADDR_BITS = 48  # a free block's sort key is size << 48 | addr: one int, ordered as (size, addr)
 
@@ -82,10 +83,11 @@ class CachingAllocatorModel:
     (about 4,000 requests a step replay): written for CPython's speed, locals bound, no per-call
     objects but the blocks a split or a new segment makes."""
 
-    __slots__ = ("_next_addr", "_requests", "allocated", "allocations", "large", "live", "requested",
-                 "reserved", "segments", "small")  # fmt: skip
+    __slots__ = ("_next_addr", "_requests", "allocated", "allocations", "divisions", "large", "live",
+                 "requested", "reserved", "segments", "small")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, divisions: int = NO_ROUNDUP) -> None:
+        self.divisions = divisions  # roundup_power2_divisions (formulas/allocator.py round_request)
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.live: dict[int, Block] = {}
@@ -100,7 +102,7 @@ class CachingAllocatorModel:
     def malloc(self, key: int, nbytes: int) -> None:
         if key in self.live:
             self.free(key)
-        self.live[key] = self.take(max(K_MIN_BLOCK_SIZE, round_request(nbytes)))
+        self.live[key] = self.take(max(K_MIN_BLOCK_SIZE, round_request(nbytes, self.divisions)))
         self.requested += nbytes
         self._requests[key] = nbytes
 
@@ -175,11 +177,12 @@ class CachingAllocatorModel:
         by_key[k] = block
 
 
-def replay(events: Iterable[tuple[int, int]]) -> AllocatorStats:
+def replay(events: Iterable[tuple[int, int]], divisions: int = NO_ROUNDUP) -> AllocatorStats:
     """Replay a ledger's ``(sid, signed delta)`` events; a positive delta on a live storage (a
     resize) is a free of the old block and a malloc of the new size, as ``resize_`` does; a
-    zero-byte storage takes no block (``CUDACachingAllocator::allocate(0)`` returns nullptr)."""
-    model = CachingAllocatorModel()
+    zero-byte storage takes no block (``CUDACachingAllocator::allocate(0)`` returns nullptr).
+    ``divisions``: ``roundup_power2_divisions`` (0: not set)."""
+    model = CachingAllocatorModel(divisions)
     live: dict[int, int] = {}
     alloc_after = [0]
     res_after = [0]

@@ -15,7 +15,7 @@ from peakmem.errors import require
 from peakmem.units import MiB
 from peakmem.validate import MAX_DEVICE_BYTES, check_int, check_real, check_str
 
-from .allocator import DEFAULT_FRAGMENTATION
+from .allocator import DEFAULT_FRAGMENTATION, MAX_ROUNDUP_DIVISIONS, NO_ROUNDUP, roundup_divisions_ok
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +90,9 @@ class Overheads:
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: reserved grows by pages, freed blocks merge
     # (formulas/allocator.py reserved_bytes; formulas/band.py SRC_EXPANDABLE)
     expandable_segments: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (its single-int form): every block above 512 B x N
+    # rounded up to the next 1/N of its power of two (formulas/allocator.py round_request); 0: not set
+    alloc_roundup_divisions: int = NO_ROUNDUP
     profile: str | None = None  # name of a calibrated profile (peakmem calibrate) these figures come from
 
     def __post_init__(self) -> None:
@@ -101,6 +104,7 @@ class Overheads:
             check_real("fragmentation", self.fragmentation, minimum=0.0, maximum=1.0)
         require(isinstance(self.expandable_segments, bool), "expandable_segments", self.expandable_segments,
                 "must be True or False")  # fmt: skip
+        check_roundup_divisions(self.alloc_roundup_divisions)
         if self.profile is not None:
             check_str("profile", self.profile)
 
@@ -130,3 +134,13 @@ class Overheads:
         require(key in CONTEXT_SIZES, "context", key, f"choose one of {', '.join(CONTEXT_SIZES)}")
         ctx = CONTEXT_SIZES[key]
         return cls(context_bytes=ctx.bytes, context_source=ctx.source, fragmentation=fragmentation)
+
+
+def check_roundup_divisions(value: object) -> int:
+    """``alloc_roundup_divisions`` as PyTorch's parser takes it (parseRoundUpPower2Divisions: a power of
+    two; formulas/allocator.py), or 0 for not set; a one-line error naming the field otherwise."""
+    n = check_int("alloc_roundup_divisions", value, minimum=0, maximum=MAX_ROUNDUP_DIVISIONS)
+    require(roundup_divisions_ok(n), "alloc_roundup_divisions", n,
+            f"must be 0 (not set) or a power of two (1, 2, 4, ... {MAX_ROUNDUP_DIVISIONS}), as PyTorch's "
+            "roundup_power2_divisions")  # fmt: skip
+    return n

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .allocator import K_SMALL_BUFFER, K_SMALL_SIZE, round_request
+from .allocator import K_SMALL_BUFFER, K_SMALL_SIZE, NO_ROUNDUP, round_request
 from .caching_allocator import Block, CachingAllocatorModel
 
 
@@ -124,6 +124,7 @@ class StepTensors:
     # gradient as a whole T x H partial sum and its reduce-scattered shard
     loss_parallel: tuple[int, ...] = ()
     head_gather: tuple[int, ...] = ()
+    roundup_divisions: int = NO_ROUNDUP  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions (allocator.py)
     head_input_grad: tuple[int, ...] = ()
 
 
@@ -149,10 +150,11 @@ class _Run:
     :meth:`free` empties the list it frees, so a list freed twice is freed once (the loss's saved output
     is freed where its backward runs and again at the end of the loss's backward)."""
 
-    __slots__ = ("model", "peak_allocated", "small_live", "small_peak")
+    __slots__ = ("divisions", "model", "peak_allocated", "small_live", "small_peak")
 
-    def __init__(self) -> None:
-        self.model = CachingAllocatorModel()
+    def __init__(self, divisions: int = NO_ROUNDUP) -> None:
+        self.divisions = divisions
+        self.model = CachingAllocatorModel(divisions)
         self.peak_allocated = 0
         self.small_live = 0
         self.small_peak = 0
@@ -163,7 +165,7 @@ class _Run:
         for nbytes in sizes:
             if nbytes <= 0:  # allocate(0) returns nullptr: no block
                 continue
-            size = round_request(nbytes)
+            size = round_request(nbytes, self.divisions)
             if size <= K_SMALL_SIZE:
                 self.small_live += size
                 if self.small_live > self.small_peak:
@@ -238,7 +240,7 @@ def _replay_batches(batches: tuple[StepTensors, ...]) -> Replayed:
     """Each of ``batches`` one micro-batch; its weights, states and optimizer are the first's (the
     lengths change only the activations, logits and their temporaries)."""
     step = batches[0]
-    run = _Run()
+    run = _Run(step.roundup_divisions)
     run.alloc(step.weights)
     run.alloc(step.masters)
     grads: list[Held] = []  # the live .grad tensors, in the order backward wrote them

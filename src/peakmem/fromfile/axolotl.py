@@ -101,6 +101,11 @@ def _long_context(m: _Mapper, doc: Mapping[str, Any]) -> None:
             m.skip(key, doc[key], RING_NOTE)
 
 
+# roundup_power2_divisions in the PYTORCH_CUDA_ALLOC_CONF axolotl's CLI sets (utils/__init__.py
+# set_pytorch_cuda_alloc_conf, @ba3dba3e .. @c1193823)
+AXOLOTL_ROUNDUP_DIVISIONS = 16
+
+
 def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     if doc.get("base_model"):
         m.set("model", str(doc["base_model"]), "base_model")
@@ -108,11 +113,16 @@ def map_axolotl(m: _Mapper, doc: Mapping[str, Any]) -> None:
     # touches CUDA: PYTORCH_CUDA_ALLOC_CONF (PYTORCH_ALLOC_CONF on torch >= 2.9) =
     # "expandable_segments:True,roundup_power2_divisions:16" unless the user set one (torch >= 2.2)
     note = (
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless already set (utils/__init__.py "
-        "set_pytorch_cuda_alloc_conf); its roundup_power2_divisions:16 is not modelled (each request "
-        "rounded up to a 16th of its power of two: up to 6 % more)"
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,roundup_power2_divisions:16 unless already set "
+        "(utils/__init__.py set_pytorch_cuda_alloc_conf)"
     )
     m.set("expandable_segments", True, "(axolotl's CLI)", note)
+    m.set(
+        "alloc_roundup_divisions",
+        AXOLOTL_ROUNDUP_DIVISIONS,
+        "(axolotl's CLI)",
+        "each block above 8 KiB rounded up to the next 16th of its power of two: up to 6 % more",
+    )
     adapter = str(doc.get("adapter") or "").lower()
     quant_key = None
     if adapter in ("lora", "qlora"):

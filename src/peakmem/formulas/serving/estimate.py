@@ -12,6 +12,7 @@ from __future__ import annotations
 from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import band as _band
 from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
+from peakmem.formulas.block_rounding import ROUNDUP_NOTE, with_roundup
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.serving.context import (
@@ -33,6 +34,10 @@ from peakmem.formulas.weights import WeightRow, weight_rows
 from peakmem.inference import Engine, InferenceSetup, Scheme
 from peakmem.model import ModelSpec
 from peakmem.units import fmt_bytes
+
+# engines whose requests reach PyTorch's caching allocator with nothing sized to the free memory: the
+# roundup_power2_divisions item applies (formulas/block_rounding.py)
+ROUNDUP_ENGINES = frozenset({Engine.HF, Engine.LITGPT})
 
 _DEFAULT_OVERHEADS = Overheads()
 
@@ -89,7 +94,11 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     else:
         r = paged_memory(c, rows)
     prefill, decode = _phase(Phase.PREFILL, r.prefill), _phase(Phase.DECODE, r.decode)
-    phases = (prefill, decode) if not r.load else (_phase(Phase.LOAD, r.load), prefill, decode)
+    phases: tuple[PhasePeak, ...] = (
+        (prefill, decode) if not r.load else (_phase(Phase.LOAD, r.load), prefill, decode)
+    )
+    if setup.engine in ROUNDUP_ENGINES:  # roundup_power2_divisions (formulas/block_rounding.py)
+        phases = tuple(with_roundup(p, spec, ov.alloc_roundup_divisions) for p in phases)
     peak = max(phases, key=lambda p: p.bytes)  # the first of equals
     overhead = sum(i.bytes for i in r.overhead)
     # Caching allocator (formulas/allocator.py): weights and a preallocated cache are resident;
@@ -146,6 +155,11 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         )
     if setup.layout.parallel:
         assumptions += (_layout_note(setup),)
+    if ov.alloc_roundup_divisions > 1:
+        n = ov.alloc_roundup_divisions
+        assumptions += (ROUNDUP_NOTE.format(n=n) if setup.engine in ROUNDUP_ENGINES else
+                        f"roundup_power2_divisions:{n} not applied: {setup.engine.value} sizes its cache to "
+                        "the free memory or does not use PyTorch's allocator",)  # fmt: skip
     return Estimate(
         band=_serving_band(setup, peak, reserved, device_total, churn, ov, r.band_terms),
         method="analytic",
