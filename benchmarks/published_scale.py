@@ -172,9 +172,15 @@ before any estimate of it (ms-swift's example scripts, whose first line states t
 adds ``job.precision_id`` ``deepspeed-bf16`` (DeepSpeed's bf16 mode under the HF Trainer) ->
 ``precision='mixed-bf16'``, and the kind ``train-lora-ddp`` (LoRA under plain DDP).
 
+The ninth search (``split_rule_9``, brief h-published13; flag ``K``): unlike the third to eighth, its points
+alternate held_out / fit by the SHA-256 of the id within each kind (as ``split_rule_2``), decided before any
+estimate of them. It adds ``job.optimizer_in_backward`` true (torchtune ``optimizer_in_bwd``: one optimizer
+per parameter, stepped in its gradient hook) -> ``optimizer_in_backward=True``.
+
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
-(``split_rule_6``), ``G`` of the seventh (``split_rule_7``), ``H`` of the eighth (``split_rule_8``),
+(``split_rule_6``), ``G`` of the seventh (``split_rule_7``), ``H`` of the eighth (``split_rule_8``), ``K`` of
+the ninth (``split_rule_9``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -236,7 +242,7 @@ WEIGHTS = {
     "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 9)))  # split_rule_2 .. _8
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 10)))  # split_rule_2 .. _9
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -346,6 +352,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["fsdp_adapter_wrap"] = job["fsdp_adapter_wrap"]
     if job.get("activation_offload"):  # axolotl activation_offloading: checkpointed inputs to CPU RAM
         opts["activation_offload"] = True
+    if job.get("optimizer_in_backward"):  # torchtune optimizer_in_bwd: each parameter stepped in its hook
+        opts["optimizer_in_backward"] = True
     if job.get("liger"):  # the HF Trainer's use_liger_kernel (TRL notebooks): Liger's kernels and fused CE
         opts["liger"] = True
     if lay["pp"] > 1:
@@ -459,7 +467,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         + ("V" if p.get("split") == SPLIT_RULES[4] else "")
         + ("S" if p.get("split") == SPLIT_RULES[5] else "")
         + ("G" if p.get("split") == SPLIT_RULES[6] else "")
-        + ("H" if p.get("split") == SPLIT_RULES[7] else ""),
+        + ("H" if p.get("split") == SPLIT_RULES[7] else "")
+        + ("K" if p.get("split") == SPLIT_RULES[8] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}

@@ -21,8 +21,8 @@ QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvi
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 9)))  # split_rule_2 .. _8
-ALTERNATING_RULES = ("split_rule", "split_rule_2")  # the rules that alternate held_out / fit by SHA-256
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 10)))  # split_rule_2 .. _9
+ALTERNATING_RULES = ("split_rule", "split_rule_2", "split_rule_9")  # alternate held_out / fit by SHA-256
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
 
@@ -111,6 +111,23 @@ def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) 
     # by SHA-256: 12c327d3.. (7b-mb4), 584bb132.. (13b-mb1), 62178d7c.. (7b-mb2), ec8dfba6.. (7b-mb1)
     held_out = {p["id"] for p in lora_fsdp if p["set"] == "held_out"}
     assert held_out == {"litgpt-lora-llama2-7b-mb4-2xa100-fsdp", "litgpt-lora-llama2-7b-mb2-2xa100-fsdp"}
+
+
+def test_split_rule_9_is_stated_and_splits_only_its_points(doc: dict[str, Any]) -> None:
+    """split_rule_9 (brief h-published13) alternates like split_rule_2, with its UTC time, over the ninth
+    search's points only; no earlier point names it."""
+    rule = doc["schema"]["split_rule_9"]
+    assert "SHA-256" in rule and "kind" in rule and "UTC" in rule and "before any peakmem estimate" in rule
+    ninth = [p for p in doc["points"] if p.get("split") == "split_rule_9"]
+    assert ninth and {p["set"] for p in ninth} == {"held_out", "fit"}
+    # hand-checked on the smallest kind with both sets: 3 points, 2 held out
+    fsdp = {p["id"]: p["set"] for p in ninth if p["kind"] == "train-fsdp-8b"}
+    # by SHA-256: 30421e76.. (float8 rowwise), 4157bbfd.. (bf16), 4afdb79d.. (float8 tensorwise)
+    assert fsdp == {
+        "torchao-pretraining-llama3-8b-8xh100-float8-rowwise-compile": "held_out",
+        "torchao-pretraining-llama3-8b-8xh100-bf16-compile": "fit",
+        "torchao-pretraining-llama3-8b-8xh100-float8-tensorwise-compile": "held_out",
+    }
 
 
 @pytest.mark.parametrize("rule_name", [f"split_rule_{n}" for n in range(3, 9)])
