@@ -103,3 +103,15 @@ def test_inductor_allocates_what_the_formula_says(dtype: str) -> None:
     # it keeps the logits themselves (no copy) and no other tensor of size vocab
     c = 2 if dtype == "bf16" else 4
     assert [s for s in measured.saved if s[2] >= t * v] == [((1, t, v), "logits", t * v * c)]
+
+
+def test_torchtune_keeps_the_fp32_logits_its_model_returns() -> None:
+    """torchtune's TransformerDecoder returns ``self.output(h).float()`` eagerly (modules/transformer.py
+    @1814feb) and compile=True compiles only the loss over them (training/_compile.py compile_loss): the
+    compiled loss keeps 4-byte logits, and the 16-bit ones are alive next to their fp32 copy in forward."""
+    setup = TrainingSetup(precision="bf16", micro_batch=BATCH, seq_len=SEQ, loss=LossImpl.COMPILED,  # type: ignore[arg-type]
+                          kernel_policy=KernelPolicy.CPU, framework="torchtune")  # type: ignore[arg-type]  # fmt: skip
+    est = estimate_training(spec_from_config(LLAMA, name="llama2"), setup)
+    forward = next(p for p in est.phases if p.phase is Phase.FORWARD)
+    items = {i.key: i.bytes for i in forward.items}
+    assert items["loss.compiled_ce"] == 4 * TV + 2 * T * 4

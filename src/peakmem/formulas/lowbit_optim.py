@@ -292,6 +292,11 @@ def adapt_head_loss(spec: ModelSpec, head: Any, sh: Any, setup: Any) -> Any:
         return half_ce(
             head, keep, t * v, c, autocast=sh.plan.autocast, chunk=chunk_rows * v, shifted_copy=copy
         )
+    if kind == "compiled" and sh.profile.logits_fp32_in_model:
+        # torchtune: the compiled loss (training/_compile.py compile_loss@1814feb) reads the model's fp32
+        # logits, made eagerly from the 16-bit ones (both alive at that copy); it keeps them and writes
+        # their fp32 gradient, which ``.float()``'s backward casts to 16 bits
+        return replace(compiled_ce(head, keep, t, v, FP32), forward_transient=t * v * c)
     if kind == "compiled":
         return compiled_ce(head, keep, t, v, c)
     if kind == "chunked":

@@ -143,6 +143,9 @@ class Profile:
     # the lm_head included, quantized from fp16 (QuantConfig.quantize_head, state_dtype; formulas/qlora.py
     # SRC_FABRIC_BNB, formulas/quant_head.py)
     fabric_bnb: bool = False
+    # the model itself returns fp32 logits (torchtune TransformerDecoder ``self.output(h).float()``, eager
+    # outside the compiled layers): a compiled loss reads and keeps them in fp32 (lowbit_optim.compiled_ce)
+    logits_fp32_in_model: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -155,6 +158,7 @@ PROFILES: dict[Framework, Profile] = {
     ),
     Framework.TORCHTUNE: Profile(
         name="torchtune", rmsnorm_normed_fp32=True, sdpa_repeats_kv=True, rope_cache=True,
+        logits_fp32_in_model=True,
         source="torchtune modules/rms_norm.py, modules/attention.py, modules/transformer.py",
     ),
     Framework.UNSLOTH: Profile(
