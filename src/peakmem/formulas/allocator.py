@@ -35,8 +35,9 @@ K_ROUND_LARGE = 2 * MiB  # kRoundLarge
 DEFAULT_FRAGMENTATION = 0.10
 
 
-# PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (PyTorch >= 1.13; the same code path in 2.1, 2.4, 2.7 and
-# 2.13). c10/cuda/CUDACachingAllocator.cpp ``round_size`` (pytorch/pytorch@eb42ad6e; moved unchanged from
+# PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (PyTorch >= 1.13; read at the commits below, not in each
+# release's tag: the PR history shows no change to it since 2.0). c10/cuda/CUDACachingAllocator.cpp
+# ``round_size`` (pytorch/pytorch@eb42ad6e; moved unchanged from
 # c10/cuda in PR #159553, torch 2.9): a request above ``kMinBlockSize * divisions`` is rounded up by
 # ``roundup_power2_next_division`` to the next 1/divisions step of its power-of-two interval (a power of two
 # is kept); ``divisions > 1`` is tested since PR #92109 / #93942 (torch 2.0): 0 and 1 leave the 512 B
