@@ -243,13 +243,13 @@ def cuda_graphs_term(*, low_bytes: int, high_bytes: int) -> BandTerm:
 # --- what published GPU runs showed beyond the named terms ----------------------------------------
 # Per kind of job, the smallest widening of the band above that holds every point of the FITTING sets of
 # benchmarks/published_scale.json (the split rules that alternate, split_rule, _2 and _9, each decided before
-# any estimate of its points: within a kind, alternate by the SHA-256 of the id): for each fitting point, how far its measurement lies below
-# the band's low end or above its high end, as a fraction of the estimate's likely allocated bytes; the term
-# spans the worst of each side. ``benchmarks/published_scale.py --residuals`` prints these numbers; the
-# held-out set never sets them and the script reports how many held-out points the band then holds. A kind
-# with no fitting point has no term. Training is split by its GPUs and, on one GPU, into full training and
-# adapter training by a quantized base (:func:`training_kind`; full training on one GPU has a term since the
-# ninth search, 2026-12-06, whose torchtune rows are its first fitting points). The
+# any estimate of its points: within a kind, alternate by the SHA-256 of the id): for each fitting point, how
+# far its measurement lies below the band's low end or above its high end, as a fraction of the estimate's
+# likely allocated bytes; the term spans the worst of each side. ``benchmarks/published_scale.py --residuals``
+# prints these numbers; the held-out set never sets them and the script reports how many held-out points the
+# band then holds. A kind with no fitting point has no term. Training is split by its GPUs and, on one GPU,
+# into full training and adapter training by a quantized base (:func:`training_kind`; full training on one GPU
+# has a term since the ninth search, 2026-12-06, whose torchtune rows are its first fitting points). The
 # one-GPU kinds had no term until session 9 (2026-12-06): the CPU grid and the shared validation set were
 # taken to check them. Their fitting points (Lit-GPT, torchtune) read 4-15 % low after the library releases
 # they ran were modelled (--bitsandbytes 0.41.1, --torchao 0.1, the litgpt profile), so the rule now applies
@@ -272,8 +272,8 @@ GENERATE_QUANTIZED = "transformers generate, quantized weights"
 MEASURED_RESIDUALS: dict[str, MeasuredResidual] = {
     TRAIN_SEVERAL_GPUS: MeasuredResidual(
         low=-0.174, high=0.011, points=21,
-        worst="low: torchao's float8 pretraining tutorial, its bf16 baseline (torchtitan@775a486 Llama3-8B on "
-        "8 x H100, FSDP2, op-level SAC, per-block compile, seq 8192: +29 %, not explained; torchao's B200 "
+        worst="low: torchao's float8 pretraining tutorial, its bf16 baseline (torchtitan@775a486 Llama3-8B "
+        "on 8 x H100, FSDP2, op-level SAC, per-block compile, seq 8192: +29 %, not explained; torchao's B200 "
         "rows of the same config read +18 %); high: torchao's H100 float8 tensorwise run (expandable "
         "segments)",
     ),

@@ -185,8 +185,10 @@ def interior_bytes(mlp: Mlp, sh: Shapes) -> int:
     """Bytes per element of a dense MLP's interior (its first Linears' outputs and their activation): the
     compute dtype, or over a bitsandbytes base the norm output's dtype, which its Linears return
     (:data:`SRC_QUANT_OUT`; fp32 behind ``prepare_model_for_kbit_training``'s norms: ``sh.r``). MoE experts
-    keep the compute dtype (grouped_mm over unquantized expert weights)."""
-    return sh.r if sh.quantized_base and not mlp.is_moe else sh.c
+    do too where they are quantized ``nn.Linear`` modules (transformers 4.x), which read the routed rows of
+    the norm output; grouped_mm over unquantized expert weights (5.x) computes in the compute dtype."""
+    quantized = sh.quantized_experts if mlp.is_moe else sh.quantized_base
+    return sh.r if quantized else sh.c
 
 
 def backward_gradients_alive(mlp: Mlp) -> int:

@@ -46,8 +46,10 @@ class Shapes:
     compiled: bool = False  # torch.compile per layer (see compiled_* below)
     fused_kernels: bool = False  # Liger / unsloth Triton kernels for RMSNorm and SwiGLU
     float8_weights: bool = False  # FSDP2 float8 all-gather: float8 Linears receive float8 weights (float8.py)
-    # a bitsandbytes base: its Linears return their input's dtype, the norm output's (mlp.py interior_bytes)
+    # a bitsandbytes base: its Linears return their input's dtype, the norm output's (mlp.py interior_bytes);
+    # its MoE experts are quantized Linears too where they are nn.Linear modules (QuantConfig.expert_linears)
     quantized_base: bool = False
+    quantized_experts: bool = False
     # transformers' eager attention keeps the masked scores for its torch.max clamp (OPT before 4.49:
     # peakmem.transformers_versions)
     clamped_scores: bool = False
@@ -161,6 +163,7 @@ def shapes(
         profile=PROFILES[setup.framework], compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
         costs=costs, memo=memo, float8_weights=setup.float8_all_gather, quantized_base=quant is not None,
+        quantized_experts=quant is not None and quant.expert_linears,
         clamped_scores=setup.framework is Framework.HF
         and keeps_clamped_scores(setup.transformers, spec.model_type),
     )  # fmt: skip
