@@ -45,15 +45,17 @@ def test_prepared_weights_fp32_and_trl_casts_embeddings_back() -> None:
     assert base_bytes(spec, QuantConfig(kbit_prep="trl")) == QUANTIZED + 2 * (EMBED + HEAD) + 4 * NORMS
 
 
-@pytest.mark.parametrize(("prep", "precision", "residual"), [
-    ("none", Precision.AMP_BF16, 2),  # 16-bit norms and embeddings: autocast casts nothing up
-    ("none", Precision.BF16, 2),
-    ("trl", Precision.AMP_BF16, 4),  # fp32 norm weight x bf16 hidden -> fp32, Linear4bit returns it
-    ("peft", Precision.BF16, 4),  # without autocast too
+@pytest.mark.parametrize(("prep", "precision", "residual", "compute"), [
+    ("none", Precision.AMP_BF16, 2, 2),  # 16-bit norms and embeddings: autocast casts nothing up
+    ("none", Precision.BF16, 2, 2),
+    ("trl", Precision.AMP_BF16, 4, 2),  # fp32 norm weight x bf16 hidden -> fp32, Linear4bit returns it
+    # without autocast too, and nothing casts the layers' work back: q / k / v, the attention and the
+    # adapters run in fp32 (kbit_prep.compute_dtype)
+    ("peft", Precision.BF16, 4, 4),
 ])  # fmt: skip
-def test_residual_stream_dtype(prep: str, precision: Precision, residual: int) -> None:
+def test_residual_stream_dtype(prep: str, precision: Precision, residual: int, compute: int) -> None:
     sh = shapes(spec_from_config(LLAMA, name="t"), _setup(prep, precision))
-    assert (sh.r, sh.c) == (residual, 2)
+    assert (sh.r, sh.c) == (residual, compute)
 
 
 def test_checkpointed_layer_inputs_double_when_prepared() -> None:

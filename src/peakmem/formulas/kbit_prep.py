@@ -106,6 +106,18 @@ def residual_dtype(quant: QuantConfig | None, planned: DType) -> DType:
     return dtypes.FP32 if fp32 else dtypes.parse_dtype(quant.float_dtype)
 
 
+def compute_dtype(quant: QuantConfig | None, planned: DType, autocast: bool) -> DType:
+    """The dtype the layers compute in over a quantized base: without autocast a bitsandbytes Linear
+    returns its input's dtype (``out.to(inp_dtype)``), so behind the prepared fp32 norms (peft's, TRL's)
+    q / k / v, the attention, its output projection and the MLP all run in fp32, as the fp32 adapters
+    (peft 0.21.2 tuners/lora/bnb.py casts the input to lora_A's dtype without autocast) do; under autocast
+    its lower-precision list (SDPA, the adapters' mm) casts them to ``planned`` (module docstring)."""
+    if quant is None or autocast or quant.kbit_prep not in FP32_NORM_PREPS:
+        return planned
+    return dtypes.FP32
+
+
 __all__ = [
-    "SRC_KBIT_PREP", "axolotl_cast_back", "head_dtype", "prepared", "residual_dtype", "unquantized_dtype",
+    "SRC_KBIT_PREP", "axolotl_cast_back", "compute_dtype", "head_dtype", "prepared", "residual_dtype",
+    "unquantized_dtype",
 ]  # fmt: skip

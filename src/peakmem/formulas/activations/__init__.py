@@ -46,7 +46,13 @@ from .layer import (
     layer_activations,
     layer_end_forward,
 )
-from .mlp import backward_gradients_alive, mlp_terms, moe_weighting_backward, routed_width_bytes
+from .mlp import (
+    backward_gradients_alive,
+    interior_bytes,
+    mlp_terms,
+    moe_weighting_backward,
+    routed_width_bytes,
+)
 from .norms import (
     norm_pieces,
     norm_saved,
@@ -94,6 +100,7 @@ __all__ = [
     "fused_rmsnorm_saved",
     "fused_swiglu_item",
     "input_saved_by_layer",
+    "interior_bytes",
     "kernel_choice",
     "layer_activations",
     "layer_end_forward",

@@ -4,9 +4,12 @@ to the tensors of a real call."""
 
 from __future__ import annotations
 
+from peakmem.adapters import quant_of
+from peakmem.dtypes import DType
 from peakmem.model import Attention, ModelSpec
 from peakmem.training import AttentionKernel, KernelPolicy, TrainingSetup
 
+from ..kbit_prep import compute_dtype
 from ..model_states import precision_plan
 from ..profiles import PROFILES, Profile
 
@@ -86,8 +89,15 @@ def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup, att: Attention | No
     """:func:`cuda_sdpa_backend` for the SDPA call ``spec``'s attention (``att``, the first layer's by
     default) makes under ``setup``."""
     att = att or spec.first_layer.attention
-    half = precision_plan(setup.precision).compute.bits < 32
+    half = activation_compute(setup).bits < 32
     return call_backend(spec, att, PROFILES[setup.framework], half=half, seq=setup.seq_len)[0]
+
+
+def activation_compute(setup: TrainingSetup) -> DType:
+    """The dtype the attention's inputs are in: the precision's compute dtype, or fp32 behind a prepared
+    quantized base's fp32 norms without autocast (:func:`peakmem.formulas.kbit_prep.compute_dtype`)."""
+    plan = precision_plan(setup.precision)
+    return compute_dtype(quant_of(setup), plan.compute, plan.autocast)
 
 
 def call_backend(
@@ -128,7 +138,7 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
             f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
             + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
             + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len) else "")
-            + f", {precision_plan(setup.precision).compute.name} inputs (sdp_utils.cpp select_sdp_backend)"
+            + f", {activation_compute(setup).name} inputs (sdp_utils.cpp select_sdp_backend)"
         )
     return setup.attention, ""
 

@@ -18,7 +18,7 @@ from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
 from peakmem.transformers_versions import keeps_clamped_scores
 
-from ..kbit_prep import residual_dtype
+from ..kbit_prep import compute_dtype, residual_dtype
 from ..memo import Memo
 from ..model_states import PrecisionPlan, precision_plan
 from ..profiles import PROFILES, Profile, derived_code
@@ -152,7 +152,8 @@ def shapes(
     plan = precision_plan(setup.precision)
     quant = quant_of(setup)
     if quant is not None:  # a quantized base's norms decide the residual stream (formulas/kbit_prep.py)
-        plan = replace(plan, residual_override=residual_dtype(quant, plan.residual))
+        compute = compute_dtype(quant, plan.compute, plan.autocast)
+        plan = replace(plan, compute=compute, residual_override=residual_dtype(quant, plan.residual))
     fallback = why.startswith(MATH) and plan.compute.bits < 32
     family = ""
     if spec.derived_from:
