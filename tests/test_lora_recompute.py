@@ -9,7 +9,7 @@ import pytest
 
 from peakmem.adapters import LoraConfig
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.formulas.activations import shapes
+from peakmem.formulas.activations import down_input_bytes, shapes
 from peakmem.formulas.lora.deltas import _recompute_transient, recompute_backdrop, recompute_stop
 from peakmem.formulas.lora.targets import resolve_targets
 from peakmem.hf import spec_from_config
@@ -82,3 +82,27 @@ def test_up_proj_recomputes_next_to_the_backdrop() -> None:
     alive = 10_000
     got = _recompute_transient(saved, [], [], mlp, [], lora, sh, backdrop=(alive, down_saved, T * W * 2))
     assert got == T * W * (2 + 4 + 4) - T * W * 2 - down_saved + alive
+
+
+GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 128, "n_embd": 64,
+        "n_layer": 2, "n_head": 4, "n_positions": 64}  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "expected"), [(Precision.AMP_BF16, 4), (Precision.BF16, 2)])
+def test_gelu_new_makes_an_fp32_down_input_under_cuda_autocast(precision: Precision, expected: int) -> None:
+    """transformers' gelu_new, 0.5 x (1 + tanh(...)), under CUDA autocast: ``pow`` runs in fp32, so the
+    product handed to c_proj is fp32; peft's cast to the fp32 adapters is then no copy. The stop holds the
+    fp32 product and the fp32 dropout output (autocast casts it for lora_A), the bf16 base output, scaled
+    gradient and base output gradient, the fp32 layer output gradient and ln_2 output (LayerNorm saved
+    the residual)."""
+    lora = LoraConfig(rank=R, dropout=0.05)
+    setup = TrainingSetup(method=Method.LORA, precision=precision, micro_batch=2, seq_len=16, lora=lora,
+                          checkpointing=Checkpointing.FULL)  # fmt: skip
+    spec = spec_from_config(GPT2, name="g")
+    sh = shapes(spec, setup)
+    layer = spec.groups[0].layer
+    assert down_input_bytes(layer.mlp, sh) == expected
+    if precision is Precision.AMP_BF16:
+        down = [m for m in resolve_targets(spec, lora) if m.group == 0 and m.in_features == 4 * H]
+        stop = recompute_stop(spec, layer, down, lora, sh)
+        assert stop == T * 4 * H * (4 + 4) + T * H * (2 + 2 + 2) + 2 * T * H * 4

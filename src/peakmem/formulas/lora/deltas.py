@@ -28,6 +28,7 @@ from ..activations import (
     LayerActivations,
     Shapes,
     block_norm_count,
+    down_input_bytes,
     interior_bytes,
     norm_saved,
     post_mlp_norm_backward,
@@ -464,12 +465,12 @@ SRC_EARLY_STOP = (
 def _down_input_gradients(layer: Layer, sh: Shapes, quant: QuantConfig | None, a_bytes: int) -> int:
     """Bytes per element of the two gradients of the adapted down projection's input alive at once in its
     backward: the frozen base's and lora_A's. peft's ``lora.Linear`` casts the input to the adapter dtype
-    (``a_bytes``); its bitsandbytes ``Linear4bit`` does so only without autocast, and its base returns the
-    gradient in its input's dtype (the MLP interior's: :func:`interior_bytes`) (:data:`SRC_EARLY_STOP`)."""
-    if quant is None:
-        return sh.c + a_bytes
-    m = interior_bytes(layer.mlp, sh)
-    return m + (m if sh.plan.autocast else a_bytes)
+    (``a_bytes``); its bitsandbytes ``Linear4bit`` does so only without autocast; the base returns the
+    gradient in its input's dtype (:func:`down_input_bytes`: the MLP interior's, or gelu_new's fp32
+    product under CUDA autocast, whose cast for the 16-bit matmul returns an fp32 gradient)
+    (:data:`SRC_EARLY_STOP`)."""
+    m = down_input_bytes(layer.mlp, sh)
+    return m + (m if quant is not None and sh.plan.autocast else a_bytes)
 
 
 def recompute_stop(
@@ -501,7 +502,7 @@ def recompute_stop(
     layer output gradient, base output and its gradient, the fp32 scaled gradient
     (tests/test_lora_recompute_simulate.py)."""
     t, c, autocast = sh.tokens, sh.c, sh.plan.autocast
-    m = interior_bytes(layer.mlp, sh)
+    m = down_input_bytes(layer.mlp, sh)
     # what the dropout reads: x, or peft's cast of it to the adapter dtype
     x_a = m if sh.quantized_base and autocast else train_dtype(lora, sh.plan).bits // 8
     cast_saved = lora.dropout == 0 and not (autocast and x_a != c)  # lora_A saved peft's cast as it is
