@@ -309,7 +309,7 @@ def test_kbit_prep_keeps_fp32_layer_inputs_and_recomputes_in_fp32() -> None:
     ``x.to(float32)`` is the layer input itself, not a new copy. The formulas then found the prepared peak
     lower (by 1.9 KiB on tiny(), ddp-2 and tp-2, with the compiled loss's small head); they left out what is
     alive when the recomputation stops at the down projection's adapter, fp32 behind the prepared norms
-    (lora/deltas.py quantized_recompute_stop), and with it the prepared recomputation holds more, as the
+    (lora/deltas.py recompute_stop), and with it the prepared recomputation holds more, as the
     simulator measures where the layers decide the peak (tiny Llama h 256, full checkpointing: peft's and
     TRL's +42 % over the bare base's; tests/test_qlora_simulate.py)."""
     setup = TrainingSetup(method=Method.QLORA, micro_batch=1, seq_len=32, checkpointing=Checkpointing.FULL,

@@ -1,4 +1,4 @@
-"""QLoRA under full checkpointing (formulas/lora/deltas.py quantized_recompute_stop, _down_input_gradients):
+"""QLoRA under full checkpointing (formulas/lora/deltas.py recompute_stop, _down_input_gradients):
 what is alive when the recomputation stops at the adapted down projection, by hand on a tiny Llama
 (hidden 64, intermediate 128, batch 2 x seq 16: T = 32 tokens)."""
 
@@ -9,7 +9,7 @@ import pytest
 from peakmem.adapters import LoraConfig, QuantConfig
 from peakmem.estimate import estimate_training
 from peakmem.formulas.activations import shapes
-from peakmem.formulas.lora.deltas import _down_input_gradients, quantized_recompute_stop
+from peakmem.formulas.lora.deltas import _down_input_gradients, recompute_stop
 from peakmem.formulas.lora.targets import resolve_targets
 from peakmem.hf import spec_from_config
 from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
@@ -28,7 +28,7 @@ def _stop(prep: str, precision: Precision, dropout: float = 0.05) -> int:
     spec = spec_from_config(LLAMA, name="t")
     sh = shapes(spec, setup)
     down = [m for m in resolve_targets(spec, lora) if m.leaf == "down_proj" and m.group == 0]
-    return quantized_recompute_stop(spec, spec.groups[0].layer, down, lora, sh)
+    return recompute_stop(spec, spec.groups[0].layer, down, lora, sh)
 
 
 @pytest.mark.parametrize(("prep", "precision", "expected"), [

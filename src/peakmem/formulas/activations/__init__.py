@@ -48,6 +48,7 @@ from .layer import (
 )
 from .mlp import (
     backward_gradients_alive,
+    down_input_bytes,
     interior_bytes,
     mlp_terms,
     moe_weighting_backward,
@@ -91,6 +92,7 @@ __all__ = [
     "cuda_sdpa_backend",
     "derived_activations",
     "derived_family",
+    "down_input_bytes",
     "dropout_mask_bytes",
     "effective_kernel",
     "efficient_backward_scratch",

@@ -191,6 +191,17 @@ def interior_bytes(mlp: Mlp, sh: Shapes) -> int:
     return sh.r if quantized else sh.c
 
 
+def down_input_bytes(mlp: Mlp, sh: Shapes) -> int:
+    """Bytes per element of the down projection's input as the activation makes it (before any cast its
+    reader makes): the interior's dtype, or fp32 where CUDA autocast runs a python activation's ``pow`` in
+    fp32 and its last product promotes (:data:`PYTHON_ACTIVATION_AUTOCAST_BYTES`: 0.5 x times the fp32
+    1 + tanh(.))."""
+    m = interior_bytes(mlp, sh)
+    if mlp.activation in PYTHON_ACTIVATIONS and sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
+        return max(m, *PYTHON_ACTIVATION_AUTOCAST_BYTES[mlp.activation])
+    return m
+
+
 def backward_gradients_alive(mlp: Mlp) -> int:
     """How many tokens x width gradients the MLP's backward holds at once, net of the down projection's
     freed input: a gated product or a python activation chain two, a custom kernel its own count."""

@@ -28,6 +28,7 @@ from ..activations import (
     LayerActivations,
     Shapes,
     block_norm_count,
+    down_input_bytes,
     interior_bytes,
     norm_saved,
     post_mlp_norm_backward,
@@ -310,11 +311,16 @@ def adapt_layer(
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=bnb_c)
         fwd = max(fwd, tmp.forward)
         bwd = bwd + tmp.backward
-        full = str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
-        if full and down and down_dropped and not layer.parallel_residual and not layer.mlp.is_moe:
-            stop = quantized_recompute_stop(spec, layer, down, lora, sh)
-            if stop > bwd:
-                bwd, freed = stop, 0
+    full = str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
+    if full and down and down_dropped and not layer.parallel_residual and not layer.mlp.is_moe:
+        # the down projection's backward began the recomputation: its gradients, and the MLP's input and
+        # the residual, are alive while the MLP's adapters recompute their forward, until it stops
+        backdrop = recompute_backdrop(spec, layer, down, lora, sh)
+        during = _recompute_transient(saved, [], [], mlp_readers, [], lora, sh,
+                                      backdrop=(sum(backdrop), down_early, down_dropped))  # fmt: skip
+        stop = max(recompute_stop(spec, layer, down, lora, sh), during)
+        if stop > bwd:
+            bwd, freed = stop, 0
     adapted = replace(
         la, saved=saved, forward_transient=fwd, backward_transient=bwd, backward_freed=max(0, freed)
     )
@@ -420,8 +426,14 @@ def _recompute_transient(
     down: list[AdaptedModule],
     lora: LoraConfig,
     sh: Shapes,
+    backdrop: tuple[int, int, int] = (0, 0, 0),
 ) -> int:
-    """The most alive beyond the full recomputation while an adapted module recomputes its forward."""
+    """The most alive beyond the full recomputation while an adapted module recomputes its forward.
+    ``backdrop`` (the MLP's modules under full checkpointing, as the down projection's adapter began the
+    recomputation): (what that backward holds meanwhile, :func:`recompute_backdrop`; the down projection
+    adapter's saved tensors, made after every MLP module's; the product its frozen base dropped, which
+    ``mlp.`` no longer holds: the half after gate_proj is up_proj's output alone)."""
+    alive, down_saved, dropped = backdrop
 
     def total(prefixes: tuple[str, ...]) -> int:
         return sum(i.bytes for i in saved if i.key.startswith(prefixes))
@@ -433,61 +445,98 @@ def _recompute_transient(
     for mods, after in ((att, s_attn + s_mlp_in + s_mlp), (o_proj, s_mlp_in + s_mlp), (down, 0)):
         best = max(best, adapter_forward_transient(mods, lora, sh) - after)
     for m in mlp:  # gated MLPs run gate_proj and its activation before up_proj
-        after = s_mlp // 2 if m.leaf in ("up_proj", "w3") else s_mlp
-        best = max(best, adapter_forward_transient([m], lora, sh) - after)
+        after = (s_mlp + dropped) // 2 - dropped if m.leaf in ("up_proj", "w3") else s_mlp
+        best = max(best, adapter_forward_transient([m], lora, sh) - after - down_saved + alive)
     return best
 
 
 SRC_EARLY_STOP = (
     "torch 2.13 utils/checkpoint.py: non-reentrant checkpointing stops the recomputation once the last "
     "tensor the forward saved is packed again (early_stop=True, _StopRecomputationError): a Llama-style "
-    "block's last are the down projection's lora_A / lora_B inputs; peft 0.21.2 tuners/lora/bnb.py "
-    "Linear4bit.forward: result = base_layer(x).clone(), then lora_B(lora_A(dropout(x))) * scaling, x "
-    "cast to lora_A's dtype only without autocast; transformers 5.23 LlamaMLP.forward holds x and "
-    "act(gate) * up as arguments, LlamaDecoderLayer.forward the residual"
+    "block's last are the down projection's lora_A / lora_B inputs; peft 0.21.2 tuners/lora/layer.py "
+    "Linear.forward: result = base_layer(x), x = _cast_input_dtype(x, lora_A.weight.dtype) (always), "
+    "result = result + lora_B(lora_A(dropout(x))) * scaling, result.to(the base output's dtype); "
+    "tuners/lora/bnb.py Linear4bit.forward: result = base_layer(x).clone(), x cast to lora_A's dtype and "
+    "the scaled lora_B output cast to result's dtype only without autocast; transformers 5.23 "
+    "LlamaMLP.forward holds x and act(gate) * up as arguments, LlamaDecoderLayer.forward the residual"
 )
 
 
 def _down_input_gradients(layer: Layer, sh: Shapes, quant: QuantConfig | None, a_bytes: int) -> int:
     """Bytes per element of the two gradients of the adapted down projection's input alive at once in its
     backward: the frozen base's and lora_A's. peft's ``lora.Linear`` casts the input to the adapter dtype
-    (``a_bytes``); its bitsandbytes ``Linear4bit`` does so only without autocast, and its base returns the
-    gradient in its input's dtype (the MLP interior's: :func:`interior_bytes`) (:data:`SRC_EARLY_STOP`)."""
-    if quant is None:
-        return sh.c + a_bytes
-    m = interior_bytes(layer.mlp, sh)
-    return m + (m if sh.plan.autocast else a_bytes)
+    (``a_bytes``); its bitsandbytes ``Linear4bit`` does so only without autocast; the base returns the
+    gradient in its input's dtype (:func:`down_input_bytes`: the MLP interior's, or gelu_new's fp32
+    product under CUDA autocast, whose cast for the 16-bit matmul returns an fp32 gradient)
+    (:data:`SRC_EARLY_STOP`)."""
+    m = down_input_bytes(layer.mlp, sh)
+    return m + (m if quant is not None and sh.plan.autocast else a_bytes)
 
 
-def quantized_recompute_stop(
+def recompute_stop(
     spec: ModelSpec, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes
 ) -> int:
-    """Over a quantized base under full checkpointing: what is alive beyond the layer's recomputed saved
-    tensors when its recomputation stops, at lora_A of the adapted down projection (:data:`SRC_EARLY_STOP`).
-    The down projection's input (the MLP interior's dtype ``m``: the frozen 4-bit base keeps it not) and
-    its base output (bitsandbytes returns the input's dtype) as peft's clone; the tensor lora_A's saved
-    input was cast from when the dropout made it (under autocast the dropout output in ``m``, when autocast
-    casts it; without, peft's cast to the adapter dtype); the MLP's input (the norm output, in the
-    residual's dtype over a quantized base: formulas/kbit_prep.py) and the residual (unless the second norm
-    saved it as it is: an RMSNorm upcasting nothing); and backward's: the layer output's gradient
-    (residual dtype) and lora_B's scaled output gradient (autocast: the compute dtype, else the adapter's).
-    Measured under the simulator (tiny Llama h 256, I 704, T 512, all-linear LoRA r8, dropout 0.05, amp-bf16):
-    1 T x I and 5 T x h bf16 without preparation (2,031,616 B); with peft's, the product, its dropout output,
-    the clone, the MLP input and the gradient fp32, the scaled gradient bf16, the residual saved by the norm
-    (4,718,592 B); formulas vs simulate +6.1 / -7.3 % before, +0.3 / -0.2 % with it
-    (tests/test_qlora_simulate.py)."""
-    t, h, c, r = sh.tokens, spec.hidden_size, sh.c, sh.r
-    m = interior_bytes(layer.mlp, sh)
-    a = c if sh.plan.autocast else train_dtype(lora, sh.plan).bits // 8
+    """Under full checkpointing: what is alive beyond the layer's recomputed saved tensors when its
+    recomputation stops, at lora_A of the adapted down projection (:data:`SRC_EARLY_STOP`), over a 16-bit
+    base (peft's ``lora.Linear``) or a quantized one (its bitsandbytes ``Linear4bit``: ``sh.quantized_base``).
+
+    Forward's: the down projection's input (the MLP interior's dtype ``m``: the frozen base keeps it not);
+    peft's cast of it to the adapter dtype (``lora.Linear`` always, ``Linear4bit`` only without autocast)
+    unless lora_A saved that cast itself (no dropout, no autocast cast after it); the dropout output when
+    autocast casts it for lora_A; the base output (``lora.Linear``: the compute dtype; ``Linear4bit``'s
+    clone: the input's dtype); the MLP's input (the norm output, in the residual's dtype) and the residual
+    (unless the second norm saved it as it is: an RMSNorm upcasting nothing). Backward's: the layer
+    output's gradient (residual dtype), lora_B's scaled output gradient (autocast: the compute dtype, else
+    the adapter's), and the base output's gradient where it is a tensor of its own: cast from the layer
+    output's (a 16-bit MLP output on an fp32 residual stream, as under autocast) or from the sum's (the
+    fp32 adapters' output promoting ``result + lora_B(...)`` without autocast; ``Linear4bit`` casts the
+    adapters' output to the result's dtype instead).
+
+    Measured under the simulator (tiny Llama h 256, I 704, T 512, all-linear LoRA r8, dropout 0.05):
+    QLoRA amp-bf16, 1 T x I and 5 T x h bf16 without preparation (2,031,616 B); with peft's, the product,
+    its dropout output, the clone, the MLP input and the gradient fp32, the scaled gradient bf16, the
+    residual saved by the norm (4,718,592 B): formulas vs simulate +6.1 / -7.3 % before, +0.3 / -0.2 %
+    with it (tests/test_qlora_simulate.py). Plain LoRA amp-bf16: the bf16 product, its fp32 cast and fp32
+    dropout output, the fp32 MLP input and layer output gradient, the bf16 base output, its bf16 gradient
+    and the scaled one (5,439,488 B); bf16: the product, its fp32 cast, the bf16 MLP input, residual,
+    layer output gradient, base output and its gradient, the fp32 scaled gradient
+    (tests/test_lora_recompute_simulate.py)."""
+    t, c, autocast = sh.tokens, sh.c, sh.plan.autocast
+    m = down_input_bytes(layer.mlp, sh)
+    # what the dropout reads: x, or peft's cast of it to the adapter dtype
+    x_a = m if sh.quantized_base and autocast else train_dtype(lora, sh.plan).bits // 8
+    cast_saved = lora.dropout == 0 and not (autocast and x_a != c)  # lora_A saved peft's cast as it is
+    cast = x_a if x_a != m and not cast_saved else 0
+    dropped = x_a if lora.dropout > 0 and autocast and x_a != c else 0  # autocast casts it for lora_A
     width = sum(mod.in_features for mod in down)
     out = sum(mod.out_features for mod in down)
-    cast_from = (m if sh.plan.autocast else a) if lora.dropout > 0 and a != m else 0
+    grads, stream = recompute_backdrop(spec, layer, down, lora, sh)
+    # the down projection's input, peft's cast, the dropout output; its base output
+    return t * width * (m + cast + dropped) + t * out * _base_output_bytes(layer, sh) + grads + stream
+
+
+def _base_output_bytes(layer: Layer, sh: Shapes) -> int:
+    """The frozen down projection's output dtype: the compute dtype, or a bitsandbytes base's input's."""
+    return interior_bytes(layer.mlp, sh) if sh.quantized_base else sh.c
+
+
+def recompute_backdrop(
+    spec: ModelSpec, layer: Layer, down: list[AdaptedModule], lora: LoraConfig, sh: Shapes
+) -> tuple[int, int]:
+    """What is alive, beyond the saved tensors, from the moment the adapted down projection's backward
+    (lora_B's, unpacking lora_A's output) begins the layer's recomputation under full checkpointing:
+    (the gradients: the layer output's, lora_B's scaled one and the base output's where it is a tensor of
+    its own; the stream: the MLP's input and the residual unless the second norm saved it)
+    (:func:`recompute_stop`, :data:`SRC_EARLY_STOP`)."""
+    t, h, c, r = sh.tokens, spec.hidden_size, sh.c, sh.r
+    autocast = sh.plan.autocast
+    a = c if autocast else train_dtype(lora, sh.plan).bits // 8  # lora_B's output, and its scaled gradient
+    base = _base_output_bytes(layer, sh)
+    total = base if sh.quantized_base and not autocast else max(base, a)  # result + scaled lora_B output
+    base_grad = base if base != r or total != base else 0
+    out = sum(mod.out_features for mod in down)
     residual_saved = spec.norm != "rmsnorm" or r == dtypes.FP32.bits // 8
-    return (
-        t * width * (m + cast_from)  # the down projection's input, the adapter input's uncast copy
-        + t * out * (m + a)  # the base output's clone, lora_B's scaled output gradient
-        + t * h * r * (2 if residual_saved else 3)  # the MLP input, the layer output's gradient, the residual
-    )
+    return t * out * (a + base_grad) + t * h * r, t * h * r * (1 if residual_saved else 2)
 
 
 def _drops_down_input(
