@@ -54,6 +54,37 @@ def test_no_dropout_no_uncast_copy() -> None:
     assert _stop("peft", Precision.AMP_BF16, dropout=0.0) == T * W * 4 + T * H * (4 + 2) + 2 * T * H * 4
 
 
+def test_no_dropout_bf16_product_saved_by_lora_a() -> None:
+    """lora_dropout 0, the unprepared base under autocast: peft's bnb wrapper casts nothing and autocast
+    passes the bf16 product through, so lora_A saved the product itself (counted with the layer's saved
+    tensors): the base output, the scaled gradient, the MLP input, the layer output's gradient, the
+    residual."""
+    assert _stop("none", Precision.AMP_BF16, dropout=0.0) == T * H * (2 + 2) + 3 * T * H * 2
+
+
+def _layer_items(prep: str, dropout: float) -> dict[str, int]:
+    lora = LoraConfig(rank=4, dropout=dropout)
+    setup = TrainingSetup(method=Method.QLORA, precision=Precision.AMP_BF16, micro_batch=2, seq_len=16,
+                          lora=lora, quant=QuantConfig(kbit_prep=prep))  # fmt: skip
+    items = estimate_training(spec_from_config(LLAMA, name="t"), setup).items
+    return {i.key: i.bytes for i in items if i.path.startswith("layers[0:1].") and i.key}
+
+
+def test_no_dropout_bf16_inputs_saved_once() -> None:
+    """The unprepared base under autocast, lora_dropout 0: q / k / v's lora_A save the one bf16 norm
+    output, gate / up's the other, o_proj's the SDPA output, down_proj's the product: no adapter copy
+    (each would be a T x in bf16 cast with peft's fp32 norms, or with dropout)."""
+    items = _layer_items("none", 0.0)
+    assert "lora.adapter_inputs" not in items
+    assert (items["input.attn"], items["input.mlp"]) == (T * H * 2, T * H * 2)
+    assert items["mlp.interior"] == 4 * T * W * 2  # gate, act(gate), up and the product, bf16
+    with_dropout = _layer_items("none", 0.05)
+    # dropout output (bf16: the input's own dtype) and its 1-byte mask (CUDA) per adapted module's input
+    ins = 3 * H + H + 2 * H + W
+    assert with_dropout["lora.adapter_inputs"] == T * ins * (2 + 1)
+    assert "input.attn" not in with_dropout
+
+
 @pytest.mark.parametrize(("prep", "precision", "expected"), [
     ("none", Precision.AMP_BF16, 2 + 2),  # under autocast peft's bnb wrapper casts nothing: both bf16
     ("peft", Precision.AMP_BF16, 4 + 4),  # fp32 interior

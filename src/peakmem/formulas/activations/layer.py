@@ -93,8 +93,11 @@ def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
 
 
 def linear_inputs(sh: Shapes, numel: int, readers: int) -> int:
-    """Inputs saved by ``readers`` Linears that read one fp32-or-compute tensor of ``numel``."""
-    if sh.plan.autocast:
+    """Inputs saved by ``readers`` Linears that read one residual-dtype tensor of ``numel``: under autocast,
+    one 16-bit cast per Linear call, or the tensor itself when it is already 16-bit (a QLoRA base loaded in
+    bf16 without k-bit preparation; torch 2.13 aten/src/ATen/autocast_mode.h cached_cast passes a tensor
+    already in the autocast dtype through)."""
+    if sh.plan.autocast and sh.r != sh.c:
         return readers * numel * sh.c  # one 16-bit cast per Linear call
     return numel * sh.c
 

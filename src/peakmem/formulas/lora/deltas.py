@@ -108,6 +108,7 @@ def adapter_saved_per_module(
     param_bytes: int = 0,
     merged_saved: bool = True,
     factors: bool = True,
+    peft_cast: bool = True,
 ) -> tuple[int, int]:
     """(bytes lora_A's input costs beyond the shared x, bytes of the other saved adapter tensors).
 
@@ -115,7 +116,8 @@ def adapter_saved_per_module(
     ``autocast_bytes``: under torch autocast the 16-bit compute size (the adapter matmuls run on casts).
     ``param_bytes``: element size of an adapted bare parameter (``target_parameters``; ``x_bytes`` when 0);
     ``merged_saved``: whether its consumer saves the merged weight itself (False: DeepSeek's router saves
-    an fp32 copy of it instead, counted with the router).
+    an fp32 copy of it instead, counted with the router); ``peft_cast``: whether peft casts the input to
+    the adapter dtype (its bitsandbytes Linears do not under autocast: :data:`SRC_KEEPS_INPUT`).
     """
     if m.kind in ("saved", "embedding"):
         return 0, 0
@@ -129,7 +131,7 @@ def adapter_saved_per_module(
     if lora.dropout > 0:
         mask = t * n_in if cuda else t * n_in * (a_bytes if a_bytes != x_bytes else x_bytes)
         input_cost = t * n_in * lin + mask  # dropout output (cast when autocast) + its mask
-    elif autocast_bytes or a_bytes != x_bytes:
+    elif (peft_cast and a_bytes != x_bytes) or (autocast_bytes and autocast_bytes != x_bytes):
         input_cost = t * n_in * lin  # x.to(adapter dtype) (or autocast's cast), one per adapted module
     other = t * r * lin  # lora_A output, saved by lora_B
     if lora.dora:
@@ -137,14 +139,33 @@ def adapter_saved_per_module(
     return input_cost, other
 
 
-def _module_dtypes_same(lora: LoraConfig, sh: Shapes) -> bool:
-    """lora_A keeps the module input itself (no new storage): same dtype, no dropout, no autocast."""
-    a = train_dtype(lora, sh.plan)
-    return lora.dropout == 0 and not sh.plan.autocast and a.bits // 8 == sh.c
+SRC_KEEPS_INPUT = (
+    "peft 0.21.2 tuners/lora/layer.py Linear.forward: x = self._cast_input_dtype(x, lora_A.weight.dtype) "
+    "(a no-op when the dtypes match); tuners/lora/bnb.py Linear8bitLt / Linear4bit.forward: that cast only "
+    "when not torch.is_autocast_enabled(); torch 2.13 aten/src/ATen/autocast_mode.h cached_cast: a tensor "
+    "already in the autocast dtype is passed through; nn.Dropout(p=0) is peft's nn.Identity"
+)
 
 
-def _kept(readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, base_keeps: bool) -> bool:
-    return base_keeps or (any(m.kind == "linear" for m in readers) and _module_dtypes_same(lora, sh))
+def lora_a_keeps_input(lora: LoraConfig, sh: Shapes, x_bytes: int) -> bool:
+    """lora_A saves the module input itself (no new storage): no dropout, and neither peft's cast to the
+    adapter dtype (skipped by its bitsandbytes Linears under autocast) nor autocast's to the compute dtype
+    changes the input's dtype (``x_bytes``) (:data:`SRC_KEEPS_INPUT`)."""
+    if lora.dropout > 0:
+        return False
+    peft_cast = not (sh.quantized_base and sh.plan.autocast)
+    if peft_cast and train_dtype(lora, sh.plan).bits // 8 != x_bytes:
+        return False
+    return not sh.plan.autocast or sh.c == x_bytes
+
+
+def _kept(
+    readers: list[AdaptedModule], lora: LoraConfig, sh: Shapes, base_keeps: bool, x_bytes: int = 0
+) -> bool:
+    """The frozen base's saved input stays: the base keeps it, or a reading lora_A saves it as it is
+    (``x_bytes``: the input's element size; the compute dtype's when 0)."""
+    linear = any(m.kind == "linear" for m in readers)
+    return base_keeps or (linear and lora_a_keeps_input(lora, sh, x_bytes or sh.c))
 
 
 def base_keeps_input(setup: Any) -> bool:
@@ -188,6 +209,8 @@ def adapt_layer(
     att_readers, mlp_readers, o_proj, down = _roles(spec, layer, mods)
     # the normalised x each frozen RMSNorm kept only for its weight's gradient (0 for LayerNorm)
     y_norm = rmsnorm_weight_side_bytes(spec, sh, h)
+    x_norm = sh.r if sh.plan.autocast else c  # the norm output's element size, as the readers get it
+    x_down = down_input_bytes(layer.mlp, sh)
     out: list[MemoryItem] = []
     down_dropped = 0
     for item in la.saved:
@@ -195,19 +218,21 @@ def adapt_layer(
         # Falcon-7B's one shared norm output (key "input.attn_mlp"): one storage read by both halves,
         # kept while either the attention or the MLP readers keep it (``_kept``), else all of it goes
         if item.key == "input.attn_mlp":
-            kept = _kept(att_readers, lora, sh, att_keeps) or _kept(mlp_readers, lora, sh, att_keeps)
+            kept = _kept(att_readers, lora, sh, att_keeps, x_norm) or _kept(
+                mlp_readers, lora, sh, att_keeps, x_norm
+            )
             nbytes = nbytes if kept else 0
         elif item.key == "norms":
             nbytes -= block_norm_count(layer, sh.memo) * y_norm  # 2 pre-norms; Gemma 2/3's sandwich norms: 4
         elif item.key == "attn.qk_norm":  # Qwen3 / Gemma 3 / OLMo 2 q_norm, k_norm: frozen weights too
             nbytes -= rmsnorm_weight_side_bytes(spec, sh, qk_norm_width(layer))
         elif item.key == "input.attn":
-            nbytes = nbytes if _kept(att_readers, lora, sh, att_keeps) else 0
+            nbytes = nbytes if _kept(att_readers, lora, sh, att_keeps, x_norm) else 0
         elif item.key == "input.mlp":
             # an adapted router parameter that reads the 16-bit norm output (not DeepSeek's fp32 copy) saves
             # it too (a 4.x router Linear is one of the MLP readers: ``_roles``)
             router = _router_adapted(mods) and not layer.mlp.router_fp32
-            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, keeps) else 0
+            nbytes = nbytes if router or _kept(mlp_readers, lora, sh, keeps, x_norm) else 0
         elif item.key == "attn.output_copy" and not _kept(o_proj, lora, sh, keeps):
             nbytes = 0  # the contiguous copy is o_proj's input only, saved for its frozen weight's grad
         elif item.key == "attn.output" and not _kept(o_proj, lora, sh, keeps):
@@ -233,11 +258,12 @@ def adapt_layer(
     expert_in, expert_down = _expert_linears(spec, mods)
     for m in mods:
         reads_norm = m in att_readers + mlp_readers or m in expert_in
-        x_bytes = sh.r if (sh.plan.autocast and reads_norm) else c
+        x_bytes = x_norm if reads_norm else (x_down if m in down else c)
         merged = not (m.component == "router" and layer.mlp.router_fp32)
         rows = t * layer.mlp.experts_per_token if m in expert_in + expert_down else t
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=rows, x_bytes=x_bytes, a_bytes=a_bytes,
                                                   cuda=cuda, autocast_bytes=ac,
+                                                  peft_cast=not (sh.quantized_base and sh.plan.autocast),
                                                   param_bytes=sh.plan.weight.bits // 8,
                                                   merged_saved=merged,
                                                   factors=uses_factors(m, release))  # fmt: skip
@@ -312,7 +338,15 @@ def adapt_layer(
         fwd = max(fwd, tmp.forward)
         bwd = bwd + tmp.backward
     full = str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
-    if full and down and down_dropped and not layer.parallel_residual and not layer.mlp.is_moe:
+    # or lora_A saves the down projection's input as it is (no dropout, no cast): the stop is the same
+    lora_keeps_down = not keeps and lora_a_keeps_input(lora, sh, x_down)
+    if (
+        full
+        and down
+        and (down_dropped or lora_keeps_down)
+        and not layer.parallel_residual
+        and not layer.mlp.is_moe
+    ):
         # the down projection's backward began the recomputation: its gradients, and the MLP's input and
         # the residual, are alive while the MLP's adapters recompute their forward, until it stops
         backdrop = recompute_backdrop(spec, layer, down, lora, sh)
@@ -480,7 +514,8 @@ def recompute_stop(
     recomputation stops, at lora_A of the adapted down projection (:data:`SRC_EARLY_STOP`), over a 16-bit
     base (peft's ``lora.Linear``) or a quantized one (its bitsandbytes ``Linear4bit``: ``sh.quantized_base``).
 
-    Forward's: the down projection's input (the MLP interior's dtype ``m``: the frozen base keeps it not);
+    Forward's: the down projection's input (the MLP interior's dtype ``m``: the frozen base keeps it not;
+    counted with the layer's saved tensors where lora_A saves it as it is, :func:`lora_a_keeps_input`);
     peft's cast of it to the adapter dtype (``lora.Linear`` always, ``Linear4bit`` only without autocast)
     unless lora_A saved that cast itself (no dropout, no autocast cast after it); the dropout output when
     autocast casts it for lora_A; the base output (``lora.Linear``: the compute dtype; ``Linear4bit``'s
@@ -511,8 +546,9 @@ def recompute_stop(
     width = sum(mod.in_features for mod in down)
     out = sum(mod.out_features for mod in down)
     grads, stream = recompute_backdrop(spec, layer, down, lora, sh)
+    own = 0 if lora_a_keeps_input(lora, sh, m) else m  # else lora_A saved it: counted with the layer's
     # the down projection's input, peft's cast, the dropout output; its base output
-    return t * width * (m + cast + dropped) + t * out * _base_output_bytes(layer, sh) + grads + stream
+    return t * width * (own + cast + dropped) + t * out * _base_output_bytes(layer, sh) + grads + stream
 
 
 def _base_output_bytes(layer: Layer, sh: Shapes) -> int:
@@ -544,7 +580,7 @@ def _drops_down_input(
 ) -> bool:
     """The MLP's down-projection input (act * up, or act(fc)) is saved only for the frozen weight's grad;
     ReLU saves its own output, and MoE experts are left as full fine-tuning counts them."""
-    if key != "mlp.interior" or _kept(down, lora, sh, base_keeps):
+    if key != "mlp.interior" or _kept(down, lora, sh, base_keeps, down_input_bytes(layer.mlp, sh)):
         return False
     return layer.mlp.activation != "relu" and not layer.mlp.is_moe
 
