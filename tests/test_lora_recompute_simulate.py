@@ -28,17 +28,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from peakmem.adapters import LoraConfig
-from peakmem.estimate import estimate_training
-from peakmem.hf import spec_from_config
-from peakmem.simulate import simulate_training
 from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
+from tiny_models import ADAPTER_LLAMA as LLAMA
+from tiny_models import formulas_over_simulate
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # importing peft takes seconds
-LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
-    "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
 TOLERANCE = 0.03
 
 
@@ -54,6 +48,4 @@ def test_formulas_agree_with_the_simulated_lora_recomputation(
     lora = LoraConfig(rank=8, dropout=dropout)  # all-linear, fp32 adapters (peft's default)
     setup = TrainingSetup(method=Method.LORA, precision=precision, micro_batch=batch, seq_len=seq,
                           checkpointing=Checkpointing.FULL, lora=lora)  # fmt: skip
-    analytic = estimate_training(spec_from_config(LLAMA, name="t"), setup).peak_allocated_bytes
-    simulated = simulate_training(LLAMA, setup, lora=setup.lora).peak_allocated_bytes
-    assert abs(analytic / simulated - 1) <= TOLERANCE
+    assert abs(formulas_over_simulate(LLAMA, setup)) <= TOLERANCE

@@ -38,17 +38,11 @@ pytest.importorskip("peft")
 
 from peakmem.adapters import LoraConfig, QuantConfig  # noqa: E402
 from peakmem.cli import main  # noqa: E402
-from peakmem.estimate import estimate_training  # noqa: E402
-from peakmem.hf import spec_from_config  # noqa: E402
-from peakmem.simulate import simulate_training  # noqa: E402
 from peakmem.training import Checkpointing, Method, Precision, TrainingSetup  # noqa: E402
+from tiny_models import ADAPTER_LLAMA as LLAMA  # noqa: E402
+from tiny_models import formulas_over_simulate  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # importing peft takes seconds
-LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
-    "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 512, "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
 TOLERANCE = 0.03
 NO_CKPT, FULL_CKPT = Checkpointing.NONE, Checkpointing.FULL
 
@@ -73,9 +67,7 @@ def test_formulas_agree_with_the_simulated_qlora_step(
     prep: str, precision: Precision, ckpt: Checkpointing, dropout: float
 ) -> None:
     setup = _setup(prep, precision, ckpt, dropout)
-    analytic = estimate_training(spec_from_config(LLAMA, name="t"), setup).peak_allocated_bytes
-    simulated = simulate_training(LLAMA, setup, lora=setup.lora).peak_allocated_bytes
-    assert abs(analytic / simulated - 1) <= TOLERANCE
+    assert abs(formulas_over_simulate(LLAMA, setup)) <= TOLERANCE
 
 
 @pytest.mark.parametrize(

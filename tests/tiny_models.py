@@ -106,3 +106,22 @@ def op_modelled(spec: ModelSpec, setup: TrainingSetup, tp: int = 1) -> bool:
     except InputError:
         return False
     return True
+
+
+# The tiny Llama the LoRA / QLoRA formulas-vs-simulate files share (test_qlora_simulate.py,
+# test_lora_recompute_simulate.py): h 256, I 704 (bitsandbytes' CPU packing wants widths in 32s), 2 layers.
+ADAPTER_LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
+    "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+
+
+def formulas_over_simulate(config: dict, setup: TrainingSetup) -> float:  # type: ignore[type-arg]
+    """The analytic peak allocated over the fake-tensor simulator's, less 1 (needs torch and peft)."""
+    from peakmem.estimate import estimate_training
+    from peakmem.hf import spec_from_config
+    from peakmem.simulate import simulate_training
+
+    analytic = estimate_training(spec_from_config(config, name="t"), setup).peak_allocated_bytes
+    return analytic / simulate_training(config, setup, lora=setup.lora).peak_allocated_bytes - 1
