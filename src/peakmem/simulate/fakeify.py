@@ -28,7 +28,9 @@ import torch
 from peakmem.adapters import ALL_LINEAR, QuantConfig, quant_of
 from peakmem.adapters import LoraConfig as LoraSpec
 from peakmem.breakdown import Category, PerParamRow
+from peakmem.dtypes import parse_dtype
 from peakmem.errors import InputError
+from peakmem.formulas.kbit_prep import AXOLOTL_NORM_NAME
 from peakmem.formulas.lora.deltas import base_keeps_input
 from peakmem.formulas.model_states import precision_plan
 from peakmem.measure.tracker import PARAM, LiveStorageTracker
@@ -233,7 +235,7 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
     if setup.method == Method.QLORA:
         keeps = base_keeps_input(setup)
         plan = precision_plan(setup.precision)
-        compute = _FLOAT[plan.compute.name]
+        compute = getattr(torch, plan.compute.torch_name)
         for name, mod in list(model.named_modules()):
             if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears
                 continue
@@ -260,7 +262,6 @@ TRL_BF16_NAMES = ("lm_head", "embed_tokens", "wte", "wpe")
 # axolotl loaders/utils.py get_linear_embedding_layers (@c1193823): the embedding / head modules
 # _convert_embedding_modules_dtype puts back in the torch dtype, with every module whose name holds "norm"
 AXOLOTL_FLOAT_NAMES = ("embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings")
-_FLOAT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def prepare_float_weights(model: torch.nn.Module, quant: QuantConfig) -> None:
@@ -270,7 +271,7 @@ def prepare_float_weights(model: torch.nn.Module, quant: QuantConfig) -> None:
     ``prepare_model_for_kbit_training`` casts every fp16/bf16 parameter that is not a ``Params4bit`` to fp32;
     then TRL's ``peft_module_casting_to_bf16`` or axolotl's ``_convert_embedding_modules_dtype`` cast some
     modules back (the names above)."""
-    loaded = _FLOAT[quant.float_dtype]
+    loaded = getattr(torch, parse_dtype(quant.float_dtype).torch_name)
     base = [(n, p) for n, p in model.named_parameters() if ".lora_" not in f".{n}" and p.is_floating_point()]
     for _, p in base:
         p.data = p.data.to(loaded if quant.kbit_prep == "none" else torch.float32)
@@ -281,7 +282,7 @@ def prepare_float_weights(model: torch.nn.Module, quant: QuantConfig) -> None:
     for name, module in model.named_modules():
         if ".lora_" in f".{name}":
             continue
-        norm = isinstance(module, torch.nn.LayerNorm) or "norm" in name
+        norm = isinstance(module, torch.nn.LayerNorm) or AXOLOTL_NORM_NAME in name
         if (quant.kbit_prep == "axolotl" and norm) or any(x in name for x in names):
             for p in module.parameters(recurse=False):
                 if p.is_floating_point() and (quant.kbit_prep == "axolotl" or p.dtype == torch.float32):

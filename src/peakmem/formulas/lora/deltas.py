@@ -38,7 +38,7 @@ from ..activations import (
 from ..kbit_prep import head_dtype
 from ..loss import HeadActivations
 from ..memo import Memo
-from ..model_states import precision_plan
+from ..model_states import precision_plan, spec_facts
 from ..qlora import autocast_cast_params, dequant_temporaries
 from .param_wrapper import uses_factors, wrapper_costs
 from .params import SRC_LORA, is_adapter_method, train_dtype
@@ -147,14 +147,19 @@ SRC_KEEPS_INPUT = (
 )
 
 
+def peft_casts_input(sh: Shapes) -> bool:
+    """Whether peft casts a module's input to the adapter dtype: ``lora.Linear`` always, its bitsandbytes
+    Linears only without autocast (:data:`SRC_KEEPS_INPUT`)."""
+    return not (sh.quantized_base and sh.plan.autocast)
+
+
 def lora_a_keeps_input(lora: LoraConfig, sh: Shapes, x_bytes: int) -> bool:
     """lora_A saves the module input itself (no new storage): no dropout, and neither peft's cast to the
     adapter dtype (skipped by its bitsandbytes Linears under autocast) nor autocast's to the compute dtype
     changes the input's dtype (``x_bytes``) (:data:`SRC_KEEPS_INPUT`)."""
     if lora.dropout > 0:
         return False
-    peft_cast = not (sh.quantized_base and sh.plan.autocast)
-    if peft_cast and train_dtype(lora, sh.plan).bits // 8 != x_bytes:
+    if peft_casts_input(sh) and train_dtype(lora, sh.plan).bits // 8 != x_bytes:
         return False
     return not sh.plan.autocast or sh.c == x_bytes
 
@@ -243,7 +248,7 @@ def adapt_layer(
             nbytes -= down_dropped
         elif item.key == "autocast.weight_casts" and quant is not None:
             # the quantized Linears' weights are not autocast's (qlora.SRC_QUANT_NO_CAST)
-            linear = sum(t.numel for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
+            linear = spec_facts(spec, sh.memo).linear_params[group]
             cast = autocast_cast_params(spec, layer, quant, sh.plan.compute.name)
             nbytes = nbytes * cast // linear if linear else 0
         elif item.key in ("attn.mla_kv_latent", "attn.mla_q_latent"):
@@ -263,7 +268,7 @@ def adapt_layer(
         rows = t * layer.mlp.experts_per_token if m in expert_in + expert_down else t
         i_cost, o_cost = adapter_saved_per_module(m, lora, tokens=rows, x_bytes=x_bytes, a_bytes=a_bytes,
                                                   cuda=cuda, autocast_bytes=ac,
-                                                  peft_cast=not (sh.quantized_base and sh.plan.autocast),
+                                                  peft_cast=peft_casts_input(sh),
                                                   param_bytes=sh.plan.weight.bits // 8,
                                                   merged_saved=merged,
                                                   factors=uses_factors(m, release))  # fmt: skip
@@ -539,7 +544,7 @@ def recompute_stop(
     t, c, autocast = sh.tokens, sh.c, sh.plan.autocast
     m = down_input_bytes(layer.mlp, sh)
     # what the dropout reads: x, or peft's cast of it to the adapter dtype
-    x_a = m if sh.quantized_base and autocast else train_dtype(lora, sh.plan).bits // 8
+    x_a = train_dtype(lora, sh.plan).bits // 8 if peft_casts_input(sh) else m
     cast_saved = lora.dropout == 0 and not (autocast and x_a != c)  # lora_A saved peft's cast as it is
     cast = x_a if x_a != m and not cast_saved else 0
     dropped = x_a if lora.dropout > 0 and autocast and x_a != c else 0  # autocast casts it for lora_A
