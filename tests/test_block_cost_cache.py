@@ -136,3 +136,23 @@ def test_a_revised_familys_costs_cached_before_the_revision_are_measured_again(c
         assert block_costs._read_cache("abc", BASE_FAMILY) is None
     assert len(notes) == 1 and "revision None, expected 1" in notes[0]
     assert "revision" not in json.loads(_written(cache).read_text())  # FAMILY: no revision
+
+
+QLORA_FAMILY = "amp-bf16|sdpa|cuda|qlora|(LoraConfig(rank=8, adapter_dtype='base'), None)"
+
+
+def test_qlora_costs_cached_before_the_4bit_stand_in_changed_are_measured_again(cache: Path) -> None:
+    """FAMILY_REVISIONS '|qlora|' 2 (dd2f788 changed the fake 4-bit step): a QLoRA family carries the
+    highest revision of the parts it holds (2, over adapter_dtype 'base''s 1); one cached at 1 is stale."""
+    assert block_costs.family_revision(QLORA_FAMILY) == 2
+    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(5)))
+    block_costs._write_cache("q", QLORA_FAMILY, {"k": cost})
+    path = block_costs._cache_file("q", QLORA_FAMILY)
+    body = json.loads(path.read_text())
+    assert body["revision"] == 2 and block_costs._read_cache("q", QLORA_FAMILY) is not None
+    body.pop("digest")
+    body["revision"] = 1
+    path.write_text(json.dumps({**body, "digest": block_costs._digest(body)}))
+    with progress.collecting() as notes:
+        assert block_costs._read_cache("q", QLORA_FAMILY) is None
+    assert len(notes) == 1 and "revision 1, expected 2" in notes[0]
