@@ -47,8 +47,12 @@ casts themselves are recomputed in backward (peakmem.formulas.activations.float8
 ``recomputed``). torchtitan 9dec370's list also named ``aten.abs`` (the casts' ``abs(x)``, a full-size
 copy of each Linear's input and weight), removed by 88247277c (2025-02-06) after it kept unsharded
 weights' ``abs`` under compile with rowwise scaling; its tensorwise runs there read 47.77 GiB with and
-without it: not modelled. Under torch.compile the subclass is desugared before the policy applies:
-not modelled (float8.py is eager only).
+without it: not modelled. Under torch.compile (torch 2.13, torchao 0.18, tensorwise and rowwise, measured
+by benchmarks/sac_compile_activations.py ``--precision float8-*``) the policy still sees ``aten.mm.default``
+on the float8 Linears, never ``_scaled_mm``: the compiled block keeps what a bf16 one keeps (below), and a
+few fp32 scalars (tensorwise's amaxes: 44 bytes per layer there) or, rowwise, two fp32 per token (8 bytes
+per token, 0.2 to 0.6 % of the layer's there): not counted. The casts' own bytes under compile follow
+float8.py, which is eager only.
 
 Under torch.compile (torchtitan applies the op policy to each block, then ``torch.compile(block,
 fullgraph=True)`` per block: 775a486 torchtitan/models/llama3/parallelize_llama.py ``apply_ac`` then
