@@ -47,8 +47,28 @@ casts themselves are recomputed in backward (peakmem.formulas.activations.float8
 ``recomputed``). torchtitan 9dec370's list also named ``aten.abs`` (the casts' ``abs(x)``, a full-size
 copy of each Linear's input and weight), removed by 88247277c (2025-02-06) after it kept unsharded
 weights' ``abs`` under compile with rowwise scaling; its tensorwise runs there read 47.77 GiB with and
-without it: not modelled. Under torch.compile the subclass is desugared before the policy applies:
-not modelled (float8.py is eager only).
+without it: not modelled. Under torch.compile (torch 2.13, torchao 0.18, tensorwise and rowwise, measured
+by benchmarks/sac_compile_activations.py ``--precision float8-*``) the policy still sees ``aten.mm.default``
+on the float8 Linears, never ``_scaled_mm``: the compiled block keeps what a bf16 one keeps (below), and a
+few fp32 scalars (tensorwise's amaxes: 44 bytes per layer there) or, rowwise, two fp32 per token (8 bytes
+per token, 0.2 to 0.6 % of the layer's there): not counted. The casts' own bytes under compile follow
+float8.py, which is eager only.
+
+Under torch.compile (torchtitan applies the op policy to each block, then ``torch.compile(block,
+fullgraph=True)`` per block: 775a486 torchtitan/models/llama3/parallelize_llama.py ``apply_ac`` then
+``apply_compile``) the policy is not a cache: torch 2.13 torch/_higher_order_ops/wrap.py
+``tag_activation_checkpoint_impl`` runs it while AOTAutograd traces the block and tags the joint graph's
+nodes (``node.meta["recompute"]``), and the partitioner (torch/_functorch/partitioners.py
+``min_cut_rematerialization_partition``) never saves a ``PREFER_RECOMPUTE`` node (``must_recompute``), never
+recomputes a ``MUST_SAVE`` one, and saves of them only what the backward graph reads (directly or to
+recompute what it reads). So a kept output that no backward reads is not kept: the MLP's output projection's
+(the block's last Linear), whose output only joins the residual stream (the add's backward reads nothing),
+unless a post-MLP norm reads it (:data:`~.norms.POST_MLP_NORM_MODULES`, Gemma 2's sandwich block). The
+layer's input (a primal), the other kept matmul outputs (q: RoPE and SDPA's backward; v: SDPA's; gate: the
+activation's; o_proj's: rebuilding the residual sum the second norm reads) and SDPA's outputs stay. Measured
+by benchmarks/sac_compile_activations.py (torchtitan 775a486's policy on a Llama layer, torch 2.13
+Inductor, bf16 and fp32, with and without SDPA's output kept): to the byte less one constant buffer of
+5 kB per layer, where the eager policy keeps the down projection's output too.
 """
 
 from __future__ import annotations
@@ -60,6 +80,7 @@ from peakmem.training import AttentionKernel, KernelPolicy
 
 from .float8 import converted
 from .kernels import call_backend
+from .norms import POST_MLP_NORM_MODULES
 from .shapes import LayerActivations, Shapes, item, tensor_sizes, without
 
 SRC_OP_SAC = (
@@ -67,6 +88,10 @@ SRC_OP_SAC = (
 )
 SRC_CHECKPOINT_INPUT = "torch.utils.checkpoint: only the block's inputs are saved"
 SAVED_ATTENTION_KEYS = ("attn.sdpa_output", "attn.logsumexp")  # SDPA's outputs as attention_terms names them
+SRC_COMPILED_OP_SAC = (
+    "torch 2.13 _functorch/partitioners.py: a compiled op-SAC block saves the MUST_SAVE outputs its backward "
+    "reads; measured by benchmarks/sac_compile_activations.py"
+)
 
 
 def op_saved_linears(layer: Layer, float8: frozenset[str] = frozenset()) -> tuple[str, ...]:
@@ -82,6 +107,15 @@ def op_saved_linears(layer: Layer, float8: frozenset[str] = frozenset()) -> tupl
     names = [t.name.rsplit(".", 1)[0] for t in ordered]
     counted = [name for name in names if name not in biased or name in float8]
     return tuple(counted[0::2])  # the 1st, 3rd, ... matmul: mm_count odd
+
+
+def unread_outputs(layer: Layer) -> frozenset[str]:
+    """The Linears whose outputs a compiled block's backward never reads (module doc): the MLP's output
+    projection (its last Linear in forward order), unless a post-MLP norm reads its output."""
+    mlp = [t for t in layer.tensors if t.kind == "linear_weight" and t.component == "mlp"]
+    if not mlp or any(t.kind == "norm" and t.module in POST_MLP_NORM_MODULES for t in layer.tensors):
+        return frozenset()
+    return frozenset({mlp[-1].name.rsplit(".", 1)[0]})
 
 
 def float8_linears(spec: ModelSpec, layer: Layer) -> frozenset[str]:
@@ -112,16 +146,19 @@ def op_saved(
     spec: ModelSpec, layer: Layer, sh: Shapes, la: LayerActivations, *, float8: bool = False
 ) -> tuple[MemoryItem, ...]:
     """The tensors one layer keeps between its forward and backward under the op policy; ``float8``: its
-    Linears converted to torchao float8 Linears (``--precision float8-*``), whose biased ones count too."""
+    Linears converted to torchao float8 Linears (``--precision float8-*``), whose biased ones count too.
+    Compiled (``sh.compiled``): less the outputs no backward reads (:func:`unread_outputs`)."""
     t = sh.tokens
     width = {t_.name.rsplit(".", 1)[0]: t_.shape[0] for t_ in layer.tensors if t_.kind == "linear_weight"}
     kept = [MemoryItem(path="layer input (checkpoint)", category=Category.ACTIVATIONS, bytes=la.layer_input,
                        source=SRC_CHECKPOINT_INPUT, key="checkpoint.layer_input")]  # fmt: skip
+    unread = unread_outputs(layer) if sh.compiled else frozenset()  # SRC_COMPILED_OP_SAC
     for name in op_saved_linears(layer, float8_linears(spec, layer) if float8 else frozenset()):
+        if name in unread:
+            continue
         leaf = name.rsplit(".", 1)[-1]
-        kept.append(
-            item(f"{leaf} output (op SAC: saved mm)", t * width[name] * sh.c, SRC_OP_SAC, f"op_sac.{leaf}")
-        )
+        src = SRC_COMPILED_OP_SAC if sh.compiled else SRC_OP_SAC
+        kept.append(item(f"{leaf} output (op SAC: saved mm)", t * width[name] * sh.c, src, f"op_sac.{leaf}"))
     att = layer.attention
     if (
         sh.kernel is AttentionKernel.SDPA
