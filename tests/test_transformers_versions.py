@@ -44,10 +44,10 @@ def test_the_rows_in_force(version: str, linears: bool, copy: bool, upcast: str)
     assert (row.moe_expert_linears, row.shifted_logits_copy, row.upcast) == (linears, copy, upcast)
 
 
-def _forward_transient(version: str, precision: str) -> int:
+def _forward_transient(version: str, precision: str, batch: int = B) -> int:
     from peakmem.formulas.activations import shapes
 
-    setup = TrainingSetup(precision=precision, micro_batch=B, seq_len=S, kernel_policy=KernelPolicy.CPU)  # type: ignore[arg-type]
+    setup = TrainingSetup(precision=precision, micro_batch=batch, seq_len=S, kernel_policy=KernelPolicy.CPU)  # type: ignore[arg-type]
     sh = shapes(spec_from_config(LLAMA, name="t"), setup)
     head = HeadActivations(saved=(), forward_transient=-1, backward_transient=0, logits_grad=0)
     return transformers_head(
@@ -65,6 +65,16 @@ def test_the_loss_copies_by_hand() -> None:
     # fp32 logits: nothing to upcast, the copy is fp32
     assert _forward_transient("4.48.1", "fp32") == 4 * LOGITS + 4 * SHIFTED
     assert _forward_transient("4.49.0", "bf16") == -1  # no copy: the head as 5.23 runs it
+
+
+def test_a_batch_of_one_copies_nothing() -> None:
+    # logits[..., :-1, :] of a contiguous [1, S, V] tensor is contiguous: .contiguous() returns the view
+    logits, shifted = S * V, (S - 1) * V
+    assert _forward_transient("4.48.1", "bf16", batch=1) == 2 * logits + 4 * logits
+    # 4.31-4.45: the model's logits.float(), bf16 and fp32 logits at once, then no shifted copy
+    assert _forward_transient("4.45.0", "bf16", batch=1) == 2 * logits + 4 * logits
+    # before 4.31 under autocast: log_softmax still casts the (uncopied) slice to fp32
+    assert _forward_transient("4.30.0", "amp-bf16", batch=1) == 2 * logits + 4 * shifted
 
 
 def _forward_peak(version: str) -> int:

@@ -16,6 +16,8 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   ``CrossEntropyLoss``. 4.30.0 (llama l. 701-706): no upcast: the shifted copy and the cross-entropy in the
   logits' dtype. In backward the shifted copy adds nothing beyond the cross-entropy's two gradients (its
   ``SliceBackward`` zero-fills a B x S x V fp32 gradient after ``log_softmax``'s saved output is freed).
+  With B = 1 the slice is contiguous and ``.contiguous()`` copies nothing (formulas/loss.py
+  ``transformers_head``; measured with 4.46.3 on the CPU, benchmarks/msswift_cpu_run.py).
 * MoE experts. Before 5.0.0 the MoE blocks of :data:`EXPERT_LINEAR_MODEL_TYPES` hold one module per expert
   with ``nn.Linear`` projections (4.48.1 models/mixtral/modeling_mixtral.py l. 67-75
   ``MixtralBlockSparseTop2MLP``: ``w1``, ``w2``, ``w3``; l. 107 ``MixtralSparseMoeBlock.experts =

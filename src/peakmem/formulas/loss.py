@@ -162,23 +162,31 @@ def transformers_head(spec: ModelSpec, head: HeadActivations, sh: Shapes,
     ones): the fp32 logits and the shifted copy; none (before 4.31): the shifted copy in the logits' dtype,
     with no autocast the cross-entropy in it too (:func:`peakmem.formulas.lowbit_optim.half_ce`), under
     autocast ``log_softmax`` casting the copy to fp32 first. Backward is unchanged: the slice's
-    zero-filled gradient comes after ``log_softmax``'s saved output is freed (module docstring)."""
+    zero-filled gradient comes after ``log_softmax``'s saved output is freed (module docstring).
+
+    A micro-batch of one copies nothing: the slice ``[:, :S-1, :]`` of a contiguous 1 x S x V tensor is
+    contiguous (a size-1 dimension's stride does not count), so ``.contiguous()`` returns it. Measured:
+    transformers 4.46.3, tiny Qwen2 (vocab 152064) on the CPU, batch 1, seq 144: forward at the loss holds
+    the bf16 logits, their fp32 upcast and log_softmax's output, no [143, 152064] copy
+    (benchmarks/msswift_cpu_run.py, brief h-msrun)."""
     if not release.shifted_logits_copy:
         return head
     logits, shifted, c = sh.tokens * spec.vocab_size, sh.batch * (sh.seq - 1) * spec.vocab_size, sh.c
+    copies = sh.batch > 1
+    copied = shifted if copies else 0
     upcast = logits * 4 if c < 4 else 0
     if release.upcast == "none":
         if not sh.plan.autocast and c < 4:
             from .lowbit_optim import half_ce
 
             keep = [i for i in head.saved if i.key != "loss.log_softmax"]
-            half: HeadActivations = half_ce(head, keep, logits, c, autocast=False, shifted_copy=True)
+            half: HeadActivations = half_ce(head, keep, logits, c, autocast=False, shifted_copy=copies)
             return half
-        fwd = logits * c + shifted * c + (shifted * 4 if c < 4 else 0)
+        fwd = logits * c + copied * c + (shifted * 4 if c < 4 else 0)
     elif release.upcast == "model":
-        fwd = max(logits * c + upcast, logits * 4 + shifted * 4)
+        fwd = max(logits * c + upcast, logits * 4 + copied * 4)
     else:
-        fwd = logits * c + upcast + shifted * 4
+        fwd = logits * c + upcast + copied * 4
     return replace(head, forward_transient=fwd)
 
 
