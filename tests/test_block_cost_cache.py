@@ -119,40 +119,34 @@ def test_a_cached_spec_outside_a_configs_limits_is_ignored(cache: Path) -> None:
 
 
 BASE_FAMILY = "bf16|sdpa|cuda|lora|LoraConfig(rank=8, dropout=0.05, adapter_dtype='base')"
-
-
-def test_a_revised_familys_costs_cached_before_the_revision_are_measured_again(cache: Path) -> None:
-    """block_costs.FAMILY_REVISIONS: adapter_dtype "base" costs carry revision 1; a file of that family
-    written before (no revision, a valid digest) is ignored with a note; other families carry none."""
-    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(3)))
-    block_costs._write_cache("abc", BASE_FAMILY, {"k": cost})
-    path = block_costs._cache_file("abc", BASE_FAMILY)
-    body = json.loads(path.read_text())
-    assert body["revision"] == 1 and block_costs._read_cache("abc", BASE_FAMILY) is not None
-    body.pop("digest")
-    body.pop("revision")
-    path.write_text(json.dumps({**body, "digest": block_costs._digest(body)}))
-    with progress.collecting() as notes:
-        assert block_costs._read_cache("abc", BASE_FAMILY) is None
-    assert len(notes) == 1 and "revision None, expected 1" in notes[0]
-    assert "revision" not in json.loads(_written(cache).read_text())  # FAMILY: no revision
-
-
 QLORA_FAMILY = "amp-bf16|sdpa|cuda|qlora|(LoraConfig(rank=8, adapter_dtype='base'), None)"
 
 
-def test_qlora_costs_cached_before_the_4bit_stand_in_changed_are_measured_again(cache: Path) -> None:
-    """FAMILY_REVISIONS '|qlora|' 2 (dd2f788 changed the fake 4-bit step): a QLoRA family carries the
-    highest revision of the parts it holds (2, over adapter_dtype 'base''s 1); one cached at 1 is stale."""
-    assert block_costs.family_revision(QLORA_FAMILY) == 2
-    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(5)))
-    block_costs._write_cache("q", QLORA_FAMILY, {"k": cost})
-    path = block_costs._cache_file("q", QLORA_FAMILY)
+@pytest.mark.parametrize(
+    ("family", "revision", "stale"),
+    [
+        (BASE_FAMILY, 1, None),  # adapter_dtype 'base' costs cached before revision 1 carry none
+        (QLORA_FAMILY, 2, 1),  # '|qlora|' 2 (dd2f788's 4-bit stand-in) outranks adapter_dtype 'base''s 1
+    ],
+)
+def test_a_revised_familys_costs_cached_before_the_revision_are_measured_again(
+    cache: Path, family: str, revision: int, stale: int | None
+) -> None:
+    """block_costs.FAMILY_REVISIONS: a family carries the highest revision of the parts it holds; a file of
+    that family written before (an older or no revision, a valid digest) is ignored with a note; families
+    without a revised part carry none."""
+    assert block_costs.family_revision(family) == revision
+    cost = block_costs.BlockCost(saved=block_costs.Fit(per_token=Fraction(3)))
+    block_costs._write_cache("abc", family, {"k": cost})
+    path = block_costs._cache_file("abc", family)
     body = json.loads(path.read_text())
-    assert body["revision"] == 2 and block_costs._read_cache("q", QLORA_FAMILY) is not None
+    assert body["revision"] == revision and block_costs._read_cache("abc", family) is not None
     body.pop("digest")
-    body["revision"] = 1
+    body.pop("revision")
+    if stale is not None:
+        body["revision"] = stale
     path.write_text(json.dumps({**body, "digest": block_costs._digest(body)}))
     with progress.collecting() as notes:
-        assert block_costs._read_cache("q", QLORA_FAMILY) is None
-    assert len(notes) == 1 and "revision 1, expected 2" in notes[0]
+        assert block_costs._read_cache("abc", family) is None
+    assert len(notes) == 1 and f"revision {stale}, expected {revision}" in notes[0]
+    assert "revision" not in json.loads(_written(cache).read_text())  # FAMILY: no revision
