@@ -38,6 +38,10 @@ QLoRA (``qloras``): bitsandbytes has no CPU training path here, so the model is 
 each matmul in forward and backward, its output and peft's clone) materialised as real tensors; tiny Llama,
 all-linear r8, amp-bf16 / bf16 x kbit_prep none / peft x dropout 0 / 0.05 x no / full checkpointing: the
 mode allocates 12-38 T x H x b more per layer in backward, none of it at a peak (all 16 agree to the byte).
+The adapted down projection's two input gradients (lora_A's and the 4-bit base's) are summed out of place
+in a plain run too where lora_A takes the input as it is (amp-bf16, dropout 0: aten::add of T x I, in place
+with dropout or peft's cast): that third T x I gradient is a real peak, after the base's dequantized weight
+is freed (formulas/lora/deltas.py SRC_DEQUANT_RELIEF).
 
 Run: ``PYTHONPATH=src python benchmarks/dispatch_bias.py [llama] [others] [qlora]`` (CPU, about a minute;
 all three parts without arguments): dispatch_bias.md.
