@@ -33,7 +33,18 @@ transposed view, so ``can_accumulate_inplace`` fails either way). Where the summ
 alive (transformers 4.x's gpt-oss expert loop, weight-sized gradients) the extra tensor is at the peak:
 formulas/moe_loop.py measures that one with the profiler.
 
-Run: ``PYTHONPATH=src python benchmarks/dispatch_bias.py`` (CPU, about a minute): dispatch_bias.md.
+QLoRA (``qloras``): bitsandbytes has no CPU training path here, so the model is the simulator's own
+(peft on the meta model, each base Linear a ``Fake4bitLinear``: packed weight, a dequantized temporary around
+each matmul in forward and backward, its output and peft's clone) materialised as real tensors; tiny Llama,
+all-linear r8, amp-bf16 / bf16 x kbit_prep none / peft x dropout 0 / 0.05 x no / full checkpointing: the
+mode allocates 12-38 T x H x b more per layer in backward, none of it at a peak (all 16 agree to the byte).
+The adapted down projection's two input gradients (lora_A's and the 4-bit base's) are summed out of place
+in a plain run too where lora_A takes the input as it is (amp-bf16, dropout 0: aten::add of T x I, in place
+with dropout or peft's cast): that third T x I gradient is a real peak, after the base's dequantized weight
+is freed (formulas/lora/deltas.py SRC_DEQUANT_RELIEF).
+
+Run: ``PYTHONPATH=src python benchmarks/dispatch_bias.py [llama] [others] [qlora]`` (CPU, about a minute;
+all three parts without arguments): dispatch_bias.md.
 """
 
 from __future__ import annotations
@@ -47,13 +58,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from peakmem.adapters import ALL_LINEAR, LoraConfig, QuantConfig
 from peakmem.breakdown import Phase
 from peakmem.measure.adapter import apply_adapter
 from peakmem.measure.runner import build_model, make_batch, measure_training
 from peakmem.measure.tracker import LiveStorageTracker
-from peakmem.measure.trainer import model_dtype
+from peakmem.measure.trainer import make_trainer, model_dtype
 from peakmem.simulate.derive.coverage import tiny_config
-from peakmem.simulate.runner import simulate_training
+from peakmem.simulate.fakeify import QuantInfo, prepare_adapters
+from peakmem.simulate.runner import build_meta_model, simulate_training
 from peakmem.training import Checkpointing, Method, Precision, TrainingSetup
 
 MARK = 12_345  # a uint8 tensor of this size marks the start of backward among the profiler's events
@@ -100,11 +113,35 @@ class Profiled:
     layers_peak: int  # most bytes alive in the decoder layers' backward, above those alive when it starts
 
 
-def profiled_step(config: dict[str, Any], setup: TrainingSetup, how: str) -> Profiled:
-    """One forward + backward under ``how`` (plain, noop, tracker), from the profiler's memory events."""
+def real_model(config: dict[str, Any], setup: TrainingSetup) -> tuple[torch.nn.Module, QuantInfo]:
+    """The model ``peakmem measure`` builds (full fine-tuning or LoRA), random weights."""
     model = build_model(config, setup)
     model.to(dtype=model_dtype(setup.precision))
-    model = apply_adapter(model, setup)
+    return apply_adapter(model, setup), QuantInfo()
+
+
+def qlora_model(config: dict[str, Any], setup: TrainingSetup) -> tuple[torch.nn.Module, QuantInfo]:
+    """QLoRA as ``peakmem simulate`` builds it (peft on the meta model, each base Linear a
+    :class:`~peakmem.simulate.fakeify.Fake4bitLinear`, the float weights as ``kbit_prep`` leaves them), then
+    materialised as real CPU tensors: the stand-in allocates its packed weight, dequantized temporaries,
+    output and peft's clone for real."""
+    model = build_meta_model(config, setup)
+    quant = prepare_adapters(model, setup, setup.lora)
+    model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model, quant
+
+
+def profiled_step(
+    config: dict[str, Any], setup: TrainingSetup, how: str, build: Any = real_model
+) -> Profiled:
+    """One forward + backward under ``how`` (plain, noop, tracker), from the profiler's memory events;
+    the forward under the precision's autocast (the trainer's, on the CPU)."""
+    model, quant = build(config, setup)
     model.train()
     if setup.checkpointing == Checkpointing.FULL:  # as peakmem's runner does (transformers' default kwargs)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -112,6 +149,7 @@ def profiled_step(config: dict[str, Any], setup: TrainingSetup, how: str) -> Pro
     tracker = LiveStorageTracker(device_type="cpu") if how == "tracker" else None
     if tracker is not None:
         tracker.register_module(model)
+        quant.register(tracker)
     modes: dict[str, AbstractContextManager[Any] | None] = {"plain": nullcontext(), "noop": _Noop()}
     mode = modes.get(how) or tracker
     assert mode is not None
@@ -125,11 +163,13 @@ def profiled_step(config: dict[str, Any], setup: TrainingSetup, how: str) -> Pro
 
     if norm is not None:
         norm.register_forward_hook(mark_layers)
+    autocast = make_trainer(model, setup, torch.device("cpu"), None).autocast()
     gc.collect()
     gc.disable()
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, mode:
-            loss = model(**batch).loss
+            with autocast:
+                loss = model(**batch).loss
             mark = torch.empty(MARK, dtype=torch.uint8)
             del mark
             loss.backward()
@@ -173,9 +213,11 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _peaks(config: dict[str, Any], setup: TrainingSetup, unit: int, layers: int) -> list[str]:
+def _peaks(
+    config: dict[str, Any], setup: TrainingSetup, unit: int, layers: int, build: Any = real_model
+) -> list[str]:
     """The :data:`PEAK_COLUMNS` cells: the plain run's peaks in bytes, the modes' differences in ``unit``."""
-    p = {how: profiled_step(config, setup, how) for how in ("plain", "noop", "tracker")}
+    p = {how: profiled_step(config, setup, how, build) for how in ("plain", "noop", "tracker")}
     plain = p["plain"]
     extra = (p["noop"].backward_allocated - plain.backward_allocated) / unit / layers
     return [
@@ -229,6 +271,30 @@ def others() -> None:
             print(_row([model_type, f"{method.value} bf16", str(unit), *cells]), flush=True)
 
 
+def qloras() -> None:
+    """QLoRA through the simulator's 4-bit stand-in on real tensors (bitsandbytes has no CPU training path
+    here): tiny Llama, all-linear r8, T = 2 x 128."""
+    head = ["precision, kbit_prep, dropout, ckpt", "T x H x b", *PEAK_COLUMNS]
+    print("\n" + _row(head) + "\n" + _row(["---"] * len(head)))
+    config = {**BASE, "num_hidden_layers": 2}
+    for precision in (Precision.AMP_BF16, Precision.BF16):
+        for prep in ("none", "peft"):
+            for dropout in (0.0, 0.05):
+                for ckpt in (Checkpointing.NONE, Checkpointing.FULL):
+                    setup = TrainingSetup(
+                        method=Method.QLORA, precision=precision, micro_batch=2, seq_len=128,
+                        checkpointing=ckpt, quant=QuantConfig(kbit_prep=prep),
+                        lora=LoraConfig(targets=(ALL_LINEAR,), dropout=dropout),
+                    )  # fmt: skip
+                    unit = setup.micro_batch * setup.seq_len * HIDDEN * 2  # bf16 compute
+                    cells = _peaks(config, setup, unit, 2, qlora_model)
+                    name = f"{precision.value}, {prep}, {dropout}, {ckpt.value}"
+                    print(_row([name, str(unit), *cells]), flush=True)
+
+
 if __name__ == "__main__":
-    llamas()
-    others()
+    import sys
+
+    parts = {"llama": llamas, "others": others, "qlora": qloras}
+    for part in sys.argv[1:] or parts:
+        parts[part]()

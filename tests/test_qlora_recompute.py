@@ -111,3 +111,40 @@ def test_prepared_base_without_autocast_runs_fp32_attention() -> None:
     items = estimate_training(spec, setup).items
     softmax = [i.bytes for i in items if i.key == "attn.softmax" and i.path.startswith("layers[0:1].")]
     assert softmax == [2 * 4 * 16 * 16 * 4]
+
+
+@pytest.mark.parametrize(("seq", "dropout", "expected"), [
+    # T = 32 < H: the base's matmul state (its input gradient and the dequantized weight, lora_A's
+    # input gradient, the product freed by lora_A's backward) tops the three-gradient sum by W - T x I
+    (16, 0.0, 512 * 64 * 2 - 32 * 512 * 2),
+    (128, 0.0, 0),  # T = 256 > H: the out-of-place sum (T x I) outweighs the weight (I x H)
+    (16, 0.05, 512 * 64 * 2),  # dropout: lora_A's path gradient is fresh, summed in place: W on top
+    (128, 0.05, 512 * 64 * 2),
+])  # fmt: skip
+def test_dequantized_down_weight_not_at_the_summed_gradient(
+    monkeypatch: pytest.MonkeyPatch, seq: int, dropout: float, expected: int
+) -> None:
+    """What the dequantized 4-bit weight (I x H bf16) adds to an MLP-bound layer's backward (I = 512):
+    bitsandbytes frees it inside MatMul4Bit.backward, before autograd sums the adapted down projection's
+    two input gradients (deltas.SRC_DEQUANT_RELIEF)."""
+    import peakmem.formulas.lora.deltas as deltas
+    from peakmem.formulas import activations as act
+    from peakmem.formulas.qlora import DequantTemporaries
+
+    config = {**LLAMA, "intermediate_size": 512}
+    setup = TrainingSetup(method=Method.QLORA, precision=Precision.AMP_BF16, micro_batch=2, seq_len=seq,
+                          lora=LoraConfig(rank=4, dropout=dropout), checkpointing=Checkpointing.FULL,
+                          quant=QuantConfig())  # fmt: skip
+    spec = spec_from_config(config, name="t")
+    sh = shapes(spec, setup)
+    g = len(spec.groups) - 1
+
+    def backward() -> int:
+        la = act.layer_activations(spec, spec.groups[g].layer, sh)
+        return deltas.adapt_layer(spec, g, la, sh, setup).backward_transient
+
+    with_weight = backward()
+    monkeypatch.setattr(
+        deltas, "dequant_temporaries", lambda *a, **k: DequantTemporaries(forward=0, backward=0)
+    )
+    assert with_weight - backward() == expected

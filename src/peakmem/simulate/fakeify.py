@@ -9,13 +9,14 @@ with their ``requires_grad``; a parameter object used twice (tied) maps to one f
 
 Quantized bases (QLoRA): bitsandbytes has no fake kernels, so each frozen ``nn.Linear`` of the base
 model (every one but the output head, as transformers' bitsandbytes integration skips
-``lm_head``) is replaced by :class:`Fake4bitLinear`: its weight is a packed-NF4 byte tensor of
-the size bitsandbytes stores (``Linear4bit``/``Params4bit``, blocksize 64, double quantization:
-``numel/2`` bytes of 4-bit codes + ``numel/64`` 8-bit absmax codes + ``numel/64/256`` fp32 second-level
-scales + a 256-entry fp32 code book), and its forward allocates what ``bnb.matmul_4bit`` does:
-a dequantized compute-dtype copy of the weight for the matmul, freed after it (and again in
-backward for the input gradient); nothing is saved for backward (``MatMul4Bit`` saves only the
-quantized weight, which is resident anyway).
+``lm_head``) is replaced by :class:`Fake4bitLinear`: its weight is a packed byte tensor of
+the size bitsandbytes stores (``Linear4bit``/``Params4bit``, the ``QuantConfig``'s blocksize: ``numel/2``
+bytes of 4-bit codes + per block an fp32 absmax, with double quantization a uint8 one plus fp32
+second-level scales per 256 blocks, their 256-entry fp32 code book and an fp32 offset; the 16-entry fp32
+NF4/FP4 table: peakmem.formulas.weights' constants), and its forward allocates what ``bnb.matmul_4bit``
+does: a dequantized compute-dtype copy of the weight for the matmul (with double quantization the fp32
+absmax rebuilt first), freed after it (and again in backward for the input gradient); nothing is saved for
+backward (``MatMul4Bit`` saves only the quantized weight, which is resident anyway).
 """
 
 from __future__ import annotations
@@ -33,12 +34,9 @@ from peakmem.errors import InputError
 from peakmem.formulas.kbit_prep import AXOLOTL_NORM_NAME
 from peakmem.formulas.lora.deltas import base_keeps_input
 from peakmem.formulas.model_states import precision_plan
+from peakmem.formulas.weights import BNB_4BIT_CODE_ENTRIES, BNB_DQ_BLOCKSIZE, BNB_DQ_CODE_ENTRIES
 from peakmem.measure.tracker import PARAM, LiveStorageTracker
 from peakmem.training import Method, TrainingSetup
-
-NF4_BLOCK = 64  # bitsandbytes Params4bit default blocksize (bitsandbytes/nn/modules.py)
-NF4_DQ_BLOCK = 256  # double quantization of the absmax values (bitsandbytes/functional.py quantize_4bit)
-NF4_CODE_ENTRIES = 256  # the fp32 code book of the nested 8-bit quantization
 
 
 def fakeify_module(model: torch.nn.Module, mode: Any) -> None:
@@ -92,6 +90,7 @@ class QuantInfo:
     params: int = 0  # elements of the quantized weights (not torch parameters)
     method: str = "full"
     lora: LoraSpec | None = None
+    format: str = ""  # QuantConfig.label()
 
     def register(self, tracker: LiveStorageTracker) -> None:
         for name, mod in self.weights:
@@ -121,43 +120,60 @@ class QuantInfo:
         if self.weights:
             out.append(
                 "qlora: bitsandbytes has no fake kernels, so each base Linear (all but the output head) is a "
-                "stand-in holding the bytes bitsandbytes stores (NF4, blocksize 64, double quantization: "
-                f"{self.nbytes()} B for {self.params} weights) and allocating a dequantized 16-bit copy "
-                "of its "
+                f"stand-in holding the bytes bitsandbytes stores ({self.format}: {self.nbytes()} B for "
+                f"{self.params} weights) and allocating a dequantized 16-bit copy of its "
                 "weight around each matmul, forward and backward, as bnb.matmul_4bit does"
             )
         return out
 
 
+def _dequantize(shape: tuple[int, int], dtype: torch.dtype, nested_blocks: int) -> torch.Tensor:
+    """bitsandbytes 0.49.1 functional.py ``dequantize_4bit``: with double quantization (``nested``) the
+    fp32 absmax is rebuilt first (``dequantize_blockwise``, one per block), alive while the weight is
+    written and freed on return; the output is the weight in ``dtype``."""
+    absmax = torch.empty((nested_blocks,), dtype=torch.float32) if nested_blocks else None
+    w = torch.empty(shape, dtype=dtype)
+    del absmax
+    return w
+
+
 class _Dequant4bitMatmul(torch.autograd.Function):
     """``y = x @ dequant(W).T``, W frozen: the dequantized copy lives only around each matmul. With
     ``keep`` the input stays for backward where it requires grad, as bitsandbytes before 0.43.2 keeps it
-    (``MatMul4Bit``: ``ctx.tensors = (A, B)``; LLM.int8's ``MatMul8bitLt`` always: peakmem.bnb_versions)."""
+    (``MatMul4Bit``: ``ctx.tensors = (A, B)``; LLM.int8's ``MatMul8bitLt`` always: peakmem.bnb_versions).
+    bitsandbytes 0.49.1 autograd/_functions.py ``MatMul4Bit``: forward ``F.linear(A,
+    dequantize_4bit(B).to(A.dtype).t())``, backward ``grad_A = torch.matmul(grad_output,
+    dequantize_4bit(B).to(grad_output.dtype).t())``: the weight is freed when each returns."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, int], keep: bool) -> torch.Tensor:  # type: ignore[override]
-        ctx.shape, ctx.dtype = shape, x.dtype
+    def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, int], keep: bool, nested: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.shape, ctx.dtype, ctx.nested = shape, x.dtype, nested
         if keep and ctx.needs_input_grad[0]:
             ctx.save_for_backward(x)
-        w = torch.empty(shape, dtype=x.dtype)  # dequantize_4bit output
+        w = _dequantize(shape, x.dtype, nested)
         with torch.autocast(x.device.type, enabled=False):  # bitsandbytes' kernel, not aten's mm
             out = x @ w.t()
         del w
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        w = torch.empty(ctx.shape, dtype=grad.dtype)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        w = _dequantize(ctx.shape, grad.dtype, ctx.nested)
         gx = grad @ w
         del w
-        return gx, None, None
+        return gx, None, None, None
 
 
 class Fake4bitLinear(torch.nn.Module):
     """A frozen 4-bit ``nn.Linear`` (bitsandbytes ``Linear4bit``) for the simulator."""
 
     def __init__(
-        self, base: torch.nn.Linear, *, keeps_input: bool = False, compute: torch.dtype | None = None
+        self,
+        base: torch.nn.Linear,
+        *,
+        keeps_input: bool = False,
+        compute: torch.dtype | None = None,
+        quant: QuantConfig,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
@@ -165,19 +181,32 @@ class Fake4bitLinear(torch.nn.Module):
         self.compute = compute  # bnb_4bit_compute_dtype (None: the input's)
         numel = base.weight.numel()
         self.numel = numel
-        absmax_blocks = -(-numel // NF4_BLOCK)
+        blocks = -(-numel // quant.blocksize)
+        self.nested = blocks if quant.double_quant else 0  # the fp32 absmax dequantize_4bit rebuilds
         dev = base.weight.device
-        self.register_buffer("qweight", torch.empty((-(-numel // 2), 1), dtype=torch.uint8, device=dev))
-        self.register_buffer("absmax", torch.empty((absmax_blocks,), dtype=torch.uint8, device=dev))
-        self.register_buffer("absmax2", torch.empty((-(-absmax_blocks // NF4_DQ_BLOCK),), dtype=torch.float32,
-                                                    device=dev))  # fmt: skip
-        self.register_buffer("code", torch.empty((NF4_CODE_ENTRIES,), dtype=torch.float32, device=dev))
+        f32, u8 = torch.float32, torch.uint8
+
+        def buf(name: str, n: int, dtype: torch.dtype) -> None:
+            self.register_buffer(name, torch.empty((n,), dtype=dtype, device=dev))
+            self._names.append(name)
+
+        # bitsandbytes 0.49.1 functional.py quantize_4bit: packed codes; QuantState absmax (fp32 per block,
+        # or with compress_statistics uint8 from quantize_blockwise(blocksize=256) plus state2's fp32 absmax
+        # and 256-entry code and the fp32 offset) and ``code = get_4bit_type(...)``, 16 fp32 entries
+        self._names: list[str] = []
+        buf("qweight", -(-numel // 2), u8)
+        buf("absmax", blocks, u8 if quant.double_quant else f32)
+        if quant.double_quant:
+            buf("absmax2", -(-blocks // BNB_DQ_BLOCKSIZE), f32)
+            buf("code2", BNB_DQ_CODE_ENTRIES, f32)
+            buf("offset", 1, f32)
+        buf("code", BNB_4BIT_CODE_ENTRIES, f32)
         self.bias = base.bias
         if self.bias is not None:
             self.bias.requires_grad_(False)
 
     def storages(self) -> list[torch.Tensor]:
-        return [self.qweight, self.absmax, self.absmax2, self.code]  # type: ignore[list-item]
+        return [getattr(self, n) for n in self._names]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # bitsandbytes 0.43.3 / 0.50.2 nn/modules.py Linear4bit.forward: ``x.to(self.compute_dtype)``, the
@@ -185,7 +214,7 @@ class Fake4bitLinear(torch.nn.Module):
         # base's fp32 norms) gives an fp32 output, under autocast too
         inp = x.dtype
         out = _Dequant4bitMatmul.apply(
-            x.to(self.compute or inp), (self.out_features, self.in_features), self.keeps_input
+            x.to(self.compute or inp), (self.out_features, self.in_features), self.keeps_input, self.nested
         )
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
@@ -236,12 +265,15 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
         keeps = base_keeps_input(setup)
         plan = precision_plan(setup.precision)
         compute = getattr(torch, plan.compute.torch_name)
+        quant = quant_of(setup)
+        assert quant is not None  # method qlora
+        info.format = f"{quant.label}, blocksize {quant.blocksize}"
         for name, mod in list(model.named_modules()):
             if ".lora_" in f".{name}":  # the adapters themselves stay trainable 16/32-bit Linears
                 continue
             for child_name, child in list(mod.named_children()):
                 if type(child) is torch.nn.Linear and child is not head:
-                    q = Fake4bitLinear(child, keeps_input=keeps, compute=compute)
+                    q = Fake4bitLinear(child, keeps_input=keeps, compute=compute, quant=quant)
                     setattr(mod, child_name, q)
                     if child_name == "base_layer":
                         # peft 0.21.2 tuners/lora/bnb.py Linear4bit.forward casts the input to the adapter's
@@ -250,9 +282,7 @@ def prepare_adapters(model: torch.nn.Module, setup: TrainingSetup, lora: LoraSpe
                     full = f"{name}.{child_name}" if name else child_name
                     info.weights.append((full, q))
                     info.params += q.numel
-        quant = quant_of(setup)
-        if quant is not None:
-            prepare_float_weights(model, quant)
+        prepare_float_weights(model, quant)
     return info
 
 

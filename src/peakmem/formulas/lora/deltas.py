@@ -311,6 +311,7 @@ def adapt_layer(
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
     freed = la.backward_freed
+    relief = 0  # bytes of the peak state absent while a quantized base's dequantized weight is alive
     if len(la.backward_stages) == 2:
         # the attention core's backward runs after the MLP half's and the output projection's: their
         # adapters' saved inputs and A outputs are freed by then (measured under the simulator: tiny
@@ -326,22 +327,31 @@ def adapt_layer(
             mlp_stage = max(mlp_stage, (t * h * sh.r + m_grads + during, 0, m_grads))
         att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
         bwd, freed, _ = max(mlp_stage, att_stage)
+        if mlp_stage >= att_stage and down and not keeps and lora_a_keeps_input(lora, sh, x_down):
+            # the MLP stage holds a T x I gradient no quantized MLP Linear's matmul sees: the down input's
+            # sum, made out of place after its base freed the dequantized weight (counted here as lora_A's
+            # saved input, freed first), or the product's, freed before gate / up's backward
+            # (:data:`SRC_DEQUANT_RELIEF`; simulated tiny Llama h 256, I 704, T 512, amp-bf16, dropout 0,
+            # full checkpointing: peak at that sum, 3 T x I recomputed + 3 gradients, no weight)
+            relief = sum(t * m.in_features for m in down) * x_down
     # a block ending with a norm (Gemma 2/3, OLMo 2) starts its backward in it: a frozen norm kept no
     # weight-side y, so nothing of the block is freed yet (activations/norms.py post_mlp_norm_backward)
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm > bwd:
-        bwd, freed = post_norm, 0
+        bwd, freed, relief = post_norm, 0, 0
     if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
-        bwd = max(bwd, _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh))
+        again = _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh)
+        if again > bwd:
+            bwd, relief = again, 0
     if quant is not None:
         # dequantized to bitsandbytes' compute dtype, not the fp32 a prepared base computes in without
         # autocast (kbit_prep.compute_dtype): the precision's
         bnb_c = precision_plan(setup.precision).compute.bits // 8
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=bnb_c)
         fwd = max(fwd, tmp.forward)
-        bwd = bwd + tmp.backward
+        bwd = bwd + max(0, tmp.backward - relief)
     full = str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
     # or lora_A saves the down projection's input as it is (no dropout, no cast): the stop is the same
     lora_keeps_down = not keeps and lora_a_keeps_input(lora, sh, x_down)
@@ -498,6 +508,17 @@ SRC_EARLY_STOP = (
     "tuners/lora/bnb.py Linear4bit.forward: result = base_layer(x).clone(), x cast to lora_A's dtype and "
     "the scaled lora_B output cast to result's dtype only without autocast; transformers 5.23 "
     "LlamaMLP.forward holds x and act(gate) * up as arguments, LlamaDecoderLayer.forward the residual"
+)
+
+
+SRC_DEQUANT_RELIEF = (
+    "bitsandbytes 0.49.1 autograd/_functions.py MatMul4Bit.backward: grad_A = torch.matmul(grad_output, "
+    "F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()): the dequantized weight is a temporary of "
+    "that one call; torch 2.13 autograd engine: peft's lora_A (created after the base in Linear4bit.forward) "
+    "runs its backward first, and its input gradient, a reshape view of the mm output, cannot be stolen "
+    "(input_buffer.cpp accumulate), so the base's input gradient is added to it out of place, after the "
+    "base's backward returned (a plain CPU run of the stand-in: aten::add of T x I under amp-bf16 without "
+    "dropout, aten::add_ where dropout or peft's cast gives lora_A's path a fresh gradient)"
 )
 
 
