@@ -65,8 +65,9 @@ COSTS_VERSION = 3
 # part of the family key -> the revision its costs must carry (:func:`family_revision`). 1 = LoRA adapters
 # with adapter_dtype "base" in their base layer's dtype, where they were fp32 (simulate/fakeify.py
 # adapters_to_base_dtype); 2 = QLoRA as bitsandbytes, peft and TRL run it (dd2f788: the 4-bit stand-in outside
-# autocast with peft's clone, the float weights prepared by module name; simulate/fakeify.py): QLoRA costs
-# cached before it held an autocast copy of every quantized weight
+# autocast with peft's clone, the float weights prepared by module name; 3e6ba9a: its stored bytes and
+# dequantize_4bit's rebuilt absmax by the QuantConfig; simulate/fakeify.py): QLoRA costs cached before it
+# held an autocast copy of every quantized weight
 FAMILY_REVISIONS = {"adapter_dtype='base'": 1, "|qlora|": 2}
 # the longest sequence of the short shapes a block is fitted over (simulate/derive/costs.py SHAPES): its
 # ``long`` costs, where it has them, answer beyond it
