@@ -11,6 +11,7 @@ from peakmem.formulas.overhead import CONTEXT_SIZES, Overheads
 from peakmem.hf import spec_from_config
 from peakmem.training import TrainingSetup
 from peakmem.units import MiB
+from tiny_models import LLAMA
 
 
 def test_round_request() -> None:
@@ -40,12 +41,6 @@ def test_overheads_validate_and_table() -> None:
         Overheads(fragmentation=1.5)
     with pytest.raises(InputError, match="context"):
         Overheads.for_context("tpu")
-
-
-LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1000, "max_position_embeddings": 256,
-}  # fmt: skip
 
 
 def test_device_total_is_reserved_plus_context() -> None:

@@ -16,6 +16,7 @@ from peakmem.formulas.overhead import Overheads
 from peakmem.hf import spec_from_config
 from peakmem.training import TrainingSetup
 from peakmem.units import GiB, MiB
+from tiny_models import LLAMA
 
 
 def test_round_size_by_hand() -> None:
@@ -65,12 +66,6 @@ def test_parameter_shaped_items_spread_over_the_spec_tensors() -> None:
     acts = MemoryItem(path="acts", category=Category.ACTIVATIONS, bytes=2 * 6_990_336, tensors=2)
     assert phase_extra((weights, acts), sizes, 16) == 2 * 126_464 + 2 * 87_552
     assert phase_extra((weights, acts), sizes, 0) == 0
-
-
-LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1000, "max_position_embeddings": 256,
-}  # fmt: skip
 
 
 def test_estimate_adds_one_item_to_allocated_and_reserved() -> None:

@@ -10,6 +10,7 @@ from peakmem.estimate import estimate_training
 from peakmem.formulas.timeline import GroupCost, backward_peak
 from peakmem.hf import spec_from_config
 from peakmem.training import Checkpointing, KernelPolicy, Precision, TrainingSetup
+from tiny_models import LLAMA
 
 
 def brute_force(groups: tuple[GroupCost, ...], base: int, head: int, start: int, start_grads: int,
@@ -61,12 +62,6 @@ def test_hand_example() -> None:
                        tail_grads=0, grads_resident=False)  # fmt: skip
     # after 2 layers: activations 10 left, grads 4 + 400, transient 5 -> 419; the end: 604
     assert (bp.bytes, bp.layers_done) == (604, 3)
-
-
-LLAMA = {
-    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1000, "max_position_embeddings": 256,
-}  # fmt: skip
 
 
 def test_phases_and_steady_state() -> None:

@@ -311,6 +311,8 @@ def adapt_layer(
     # c_attn LoRA, full checkpointing): 3 T x I gradient tensors above the 4 gelu_new saves.
     bwd = la.backward_transient + down_dropped
     freed = la.backward_freed
+    full = _fully_checkpointed(setup)
+    lora_keeps_down = not keeps and lora_a_keeps_input(lora, sh, x_down)  # as it is: no dropout, no cast
     relief = 0  # bytes of the peak state absent while a quantized base's dequantized weight is alive
     if len(la.backward_stages) == 2:
         # the attention core's backward runs after the MLP half's and the output projection's: their
@@ -327,7 +329,7 @@ def adapt_layer(
             mlp_stage = max(mlp_stage, (t * h * sh.r + m_grads + during, 0, m_grads))
         att_stage = (a_net + down_dropped - early, a_freed - down_dropped + early, a_grads)
         bwd, freed, _ = max(mlp_stage, att_stage)
-        if mlp_stage >= att_stage and down and not keeps and lora_a_keeps_input(lora, sh, x_down):
+        if mlp_stage >= att_stage and down and lora_keeps_down:
             # the MLP stage holds a T x I gradient no quantized MLP Linear's matmul sees: the down input's
             # sum, made out of place after its base freed the dequantized weight (counted here as lora_A's
             # saved input, freed first), or the product's, freed before gate / up's backward
@@ -339,7 +341,7 @@ def adapt_layer(
     post_norm = post_mlp_norm_backward(spec, layer, sh)
     if post_norm > bwd:
         bwd, freed, relief = post_norm, 0, 0
-    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+    if full:
         # the recomputation in backward runs the adapters' forward again: at each adapted module, its
         # temporaries next to what was recomputed before it (the layer's saved tensors minus those after)
         again = _recompute_transient(saved, att_readers, o_proj, mlp_readers, down, lora, sh)
@@ -352,9 +354,6 @@ def adapt_layer(
         tmp = dequant_temporaries(spec, quant, tokens=t, compute_bytes=bnb_c)
         fwd = max(fwd, tmp.forward)
         bwd = bwd + max(0, tmp.backward - relief)
-    full = str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
-    # or lora_A saves the down projection's input as it is (no dropout, no cast): the stop is the same
-    lora_keeps_down = not keeps and lora_a_keeps_input(lora, sh, x_down)
     if (
         full
         and down
@@ -413,7 +412,7 @@ def _with_param_wrappers(
     bwd = la.backward_transient + wrapped.backward
     temps = la.backward_transient + la.backward_freed - la.backward_grads
     bwd_sizes = _plus(la.backward_sizes, temps, (wrapped.backward,) if wrapped.backward else ())
-    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full" and wrapped.forward > bwd:
+    if _fully_checkpointed(setup) and wrapped.forward > bwd:
         bwd, bwd_sizes = wrapped.forward, ()  # the recomputation forms the deltas again before the backward
     extra = (wrapped.forward,) if wrapped.forward else ()
     return replace(
@@ -509,6 +508,11 @@ SRC_EARLY_STOP = (
     "the scaled lora_B output cast to result's dtype only without autocast; transformers 5.23 "
     "LlamaMLP.forward holds x and act(gate) * up as arguments, LlamaDecoderLayer.forward the residual"
 )
+
+
+def _fully_checkpointed(setup: Any) -> bool:
+    """Whether every layer runs under full activation checkpointing (``--checkpointing full``)."""
+    return str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full"
 
 
 SRC_DEQUANT_RELIEF = (
@@ -785,7 +789,7 @@ def adapt_embedding_items(
     and the first layer; otherwise (Llama, Qwen2) it is the first layer's checkpointed input itself."""
     if not is_adapter_method(setup) or embeddings_adapted(spec, lora_of(setup), memo):
         return items
-    if str(getattr(setup.checkpointing, "value", setup.checkpointing)) == "full":
+    if _fully_checkpointed(setup):
         if spec.position != "learned" and spec.embedding_dropout <= 0:
             return items
         tokens = setup.micro_batch * setup.seq_len
