@@ -14,7 +14,9 @@ no grad, so bitsandbytes keeps no input there; counted, as formulas/lora/deltas.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -83,10 +85,32 @@ def test_the_step_and_the_next_forward_hold_them(
     assert on["backward"] == off["backward"]
 
 
+def test_a_loop_that_runs_its_longest_batch_first_holds_nothing_at_it(tmp_path: Path) -> None:
+    """Lit-GPT 2023 (longest sample first, each batch padded to its own length), the tiny Llama with 4
+    layers, batch 2 x seq 64 (T = 128): at the --seq batch's forward nothing of an earlier micro-batch is
+    alive; at fixed lengths the previous --seq micro-batch's 4-bit Linear inputs are, at the loss (its
+    logits already dropped): layer 0 T(h + h + I)c = 77,824, layers 1-3 T(3h + I)c = 94,208 each, the
+    quantized head's input T h c = 16,384: 376,832 B. The optimizer step holds its own micro-batch's in both.
+    The band's loop_order term spans the difference of the peaks (the fixed forward over the backward)."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA, "num_hidden_layers": 4}))
+    opts = dict(method="qlora", framework="litgpt-2023", precision="bf16", batch=2, seq=64,
+                lora_targets="q_proj,v_proj", bitsandbytes="0.41.1", grad_accum=2)  # fmt: skip
+    fixed = peakmem.train(str(cfg), **opts).to_dict()
+    first = peakmem.train(str(cfg), padded_lengths="varying", **opts).to_dict()
+    inputs = 77824 + 3 * 94208 + 128 * 64 * C
+    assert fixed["phases"]["forward"] - first["phases"]["forward"] == inputs == 376832
+    assert (first["phases"]["backward"], first["phases"]["optimizer"]) == (
+        fixed["phases"]["backward"], fixed["phases"]["optimizer"])  # fmt: skip
+    assert (fixed["peak_phase"], first["peak_phase"]) == ("forward", "backward")
+    (term,) = [t for t in first["band"]["terms"] if t["name"] == "loop_order"]
+    high = fixed["phases"]["forward"] - first["phases"]["backward"]
+    assert (term["low_bytes"], term["high_bytes"]) == (0, high)
+    assert "loop_order" not in {t["name"] for t in fixed["band"]["terms"]}
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
-    import json
-
     path = tmp_path_factory.mktemp("llama") / "config.json"
     path.write_text(json.dumps(LLAMA))
     return str(path)

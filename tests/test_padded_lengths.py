@@ -29,6 +29,17 @@ def test_lengths_rise_to_seq_then_repeat_it() -> None:
     assert pl.lengths(512) == (64, 128, 192, 256, 320, 384, 448, 512, 512)
     assert pl.lengths(4) == (1, 2, 3, 4, 4)  # seq x k // 8 floored to 1 token, repeats dropped
     assert pl.lengths(1) == (1, 1)
+    assert pl.lengths(512, longest_first=True) == (512, 64, 128, 192, 256, 320, 384, 448, 512, 512)
+
+
+def test_only_a_longest_first_loop_with_varying_lengths_runs_its_longest_batch_first() -> None:
+    from peakmem.training import Framework
+
+    lit23 = TrainingSetup(framework=Framework.LITGPT_2023, padded_lengths=PaddedLengths.VARYING)
+    assert pl.first_is_longest(lit23)
+    assert not pl.first_is_longest(replace(lit23, padded_lengths=PaddedLengths.FIXED))  # every batch --seq
+    assert not pl.first_is_longest(replace(lit23, framework=Framework.LITGPT))  # 2024: a shuffled DataLoader
+    assert not pl.first_is_longest(replace(lit23, framework=Framework.HF))
 
 
 def _one_layer(saved: int) -> seq.StepTensors:

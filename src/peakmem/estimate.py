@@ -469,7 +469,7 @@ def _varying_growth(
         return None
     ats = tuple(
         at if n == setup.seq_len else _step_at(st, replace(setup, seq_len=n), par, costs, memo)[1]
-        for n in _padded.lengths(setup.seq_len)
+        for n in _padded.lengths(setup.seq_len, longest_first=_padded.first_is_longest(setup))
     )
     return _steps.varying_growth(st, setup, par, at, ats, ov.alloc_roundup_divisions)
 
@@ -486,6 +486,7 @@ def _estimate(
     parts, head_fwd, head_bwd, logits_grad = at.parts, at.head_fwd, at.head_bwd, at.logits_grad
     hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)
     held = _held.loop_held(spec, setup, sh) if par.tp == par.pp == 1 else _held.NOTHING  # Lit-GPT's loop
+    before = _held.NOTHING if _padded.first_is_longest(setup) else held  # alive at this batch's forward
     in_flight = mp.in_flight_microbatches(par, sp.stage, setup.grad_accum)
     # 1F1B whose warm-up runs every micro-batch (m <= pp - stage): every forward runs before the first
     # backward, so no gradient exists yet in forward (torch schedules.py Schedule1F1B: warmup_chunks)
@@ -535,7 +536,7 @@ def _estimate(
         layer = max([max(g.forward_transient + run + rowwise_copy, unshard - g.saved) for g in parts.groups],
                     default=0) + embeds_held  # fmt: skip
         in_model = max(layer + more - head_saved, pipe.stage_output, at.head_in_model)  # a layer, the head
-        extra, kept = _held.forward_peak(held, at_loss=head_fwd, in_model=in_model)
+        extra, kept = _held.forward_peak(before, at_loss=head_fwd, in_model=in_model)
         return _phase(Phase.FORWARD, [
             *rs.gathered_forward, *pipeline, *all_saved, *st.weight_cache, *kept,
             MemoryItem(path="forward temporaries (logits and their fp32 copy, or a layer's interior)",
@@ -678,7 +679,11 @@ def _estimate(
     if setup.padded_lengths is PaddedLengths.VARYING:  # batches padded to their longest sample
         growth = _varying_growth(st, setup, par, ov, at, costs, memo)
         reserved += growth or 0
-        varying = (_padded.note(growth, fmt_gb(growth)) if growth is not None else _padded.NOT_REPLAYED,)
+        longest = _padded.first_is_longest(setup)
+        replayed_note = (
+            _padded.NOT_REPLAYED if growth is None else _padded.note(growth, fmt_gb(growth), longest)
+        )
+        varying = (replayed_note, *((_padded.LONGEST_FIRST_NOTE,) if longest else ()))
     reserved = max(reserved + side, load_reserved)  # the step reuses the segments the load cut
     notes = st.notes.get(ov)
     if notes is None:
@@ -751,7 +756,7 @@ def _estimate(
     )  # fmt: skip
 
 
-def with_kernel_alternatives(
+def with_alternatives(
     spec: ModelSpec,
     setup: TrainingSetup,
     est: Estimate,
@@ -761,20 +766,26 @@ def with_kernel_alternatives(
     par: Parallelism | None = None,
     costs: CostLookup | None = None,
 ) -> Estimate:
-    """``est`` with an ``attention_kernel`` band term when a named GPU predates Ampere (``Gpu.pre_ampere``)
-    and the setup asks for SDPA or flash: there SDPA may fall back to the math kernel (the scores
-    materialised, as eager attention does). The term spans the eager estimate's allocated difference."""
-    if est.band is None or setup.attention is AttentionKernel.EAGER:
+    """``est`` with a band term for each alternative the question leaves open, the allocated difference of
+    re-estimating it: ``attention_kernel`` where a named GPU predates Ampere (``Gpu.pre_ampere``) and the
+    setup asks for SDPA or flash (there SDPA may fall back to the math kernel, the scores materialised as
+    eager attention does); ``loop_order`` where the loop runs its longest batch first
+    (formulas/padded_lengths.py ``first_is_longest``): a later long batch may follow another long one, whose
+    leftovers the loop keeps (the fixed-length step, every batch ``--seq`` long)."""
+    if est.band is None:
         return est
-    if not any(getattr(g, "pre_ampere", False) for g in gpus):
-        return est
-    eager = replace(setup, attention=AttentionKernel.EAGER)
-    alt = TrainingEstimator(spec, overheads, costs=costs).estimate(eager, par)
-    delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
-    if par is not None and est.extra.get("role") != alt.extra.get("role"):
-        delta = max(0, delta)
-    term = _band.kernel_term(low_delta=delta, high_delta=delta, source=_band.SRC_KERNEL_PRE_AMPERE)
-    return replace(est, band=_band.with_terms(est.band, (term,)))
+    estimator = TrainingEstimator(spec, overheads, costs=costs)
+    terms = []
+    if setup.attention is not AttentionKernel.EAGER and any(getattr(g, "pre_ampere", False) for g in gpus):
+        alt = estimator.estimate(replace(setup, attention=AttentionKernel.EAGER), par)
+        delta = alt.peak_allocated_bytes - est.peak_allocated_bytes
+        if par is not None and est.extra.get("role") != alt.extra.get("role"):
+            delta = max(0, delta)
+        terms.append(_band.kernel_term(low_delta=delta, high_delta=delta, source=_band.SRC_KERNEL_PRE_AMPERE))
+    if _padded.first_is_longest(setup):
+        alt = estimator.estimate(replace(setup, padded_lengths=PaddedLengths.FIXED), par)
+        terms.append(_band.loop_order_term(max(0, alt.peak_allocated_bytes - est.peak_allocated_bytes)))
+    return replace(est, band=_band.with_terms(est.band, tuple(terms))) if terms else est
 
 
 _BYTES = attrgetter("bytes")

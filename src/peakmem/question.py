@@ -628,7 +628,7 @@ def _infer(q: Question) -> Answer:
 def _train(q: Question) -> Answer:
     from peakmem import planner
     from peakmem.answers import answer_json, verdicts_of, weight_warnings
-    from peakmem.estimate import with_kernel_alternatives
+    from peakmem.estimate import with_alternatives
 
     assert q.training is not None
     if q.post is not None:
@@ -637,7 +637,7 @@ def _train(q: Question) -> Answer:
     found = planner.train_answer(
         q.spec, q.training, q.parallel, overheads=q.overheads, capacity_bytes=capacity, costs=q.costs
     )
-    est = with_kernel_alternatives(q.spec, q.training, found.estimate, q.gpus, overheads=q.overheads,
+    est = with_alternatives(q.spec, q.training, found.estimate, q.gpus, overheads=q.overheads,
                                    par=q.parallel, costs=q.costs)  # fmt: skip
     if q.defaults:
         est = replace(est, assumptions=(*est.assumptions, *q.defaults))

@@ -33,9 +33,18 @@ So the replay walks :data:`RAMP_STEPS` lengths rising to ``seq`` (the record len
 on its way to its longest batch), then ``seq`` again (a steady step of the longest batch). It models a
 typical order, not a bound: a loop's own order and length distribution decide its reserved (the figures
 above span 14.56-17.07 GB for one job).
+
+A loop that runs its longest sample first (:attr:`Profile.longest_first`: Lit-GPT 2023's ``get_batch(...,
+longest_seq_ix if iter_num == 0 else None)``) is replayed as the trace's longest-first orders: ``seq``, then
+the ramp. Its longest batch meets nothing an earlier micro-batch left alive (:func:`first_is_longest`; what
+a later long batch would meet after another is the estimate's ``loop_order`` band term).
 """
 
 from __future__ import annotations
+
+from peakmem.training import PaddedLengths, TrainingSetup
+
+from .profiles import PROFILES
 
 SRC = (
     "batches padded to their longest sample (transformers DataCollatorWithPadding, torchtune@ff594c231 "
@@ -47,15 +56,22 @@ SRC = (
 RAMP_STEPS = 8
 
 
-def lengths(seq: int) -> tuple[int, ...]:
+def first_is_longest(setup: TrainingSetup) -> bool:
+    """Whether the longest batch (``--seq``) is the loop's first micro-batch: varying lengths under a loop
+    that runs its longest sample first (:attr:`Profile.longest_first`)."""
+    return setup.padded_lengths is PaddedLengths.VARYING and PROFILES[setup.framework].longest_first
+
+
+def lengths(seq: int, *, longest_first: bool = False) -> tuple[int, ...]:
     """The sequence lengths of the replayed micro-batches, in order: ``seq x k / RAMP_STEPS`` rising
-    (each at least 1 token, repeats dropped), then ``seq`` once more."""
+    (each at least 1 token, repeats dropped), then ``seq`` once more; ``seq`` first as well where the loop
+    runs its longest sample first."""
     ramp: list[int] = []
     for k in range(1, RAMP_STEPS + 1):
         n = max(1, seq * k // RAMP_STEPS)
         if not ramp or n != ramp[-1]:
             ramp.append(n)
-    return (*ramp, seq)
+    return (seq, *ramp, seq) if longest_first else (*ramp, seq)
 
 
 NOT_REPLAYED = (
@@ -64,12 +80,24 @@ NOT_REPLAYED = (
 )
 
 
-def note(growth: int, shown: str) -> str:
+LONGEST_FIRST_NOTE = (
+    "padded lengths varying with the longest sample first (Lit-GPT 2023 get_batch at iter 0): nothing an "
+    "earlier micro-batch left is alive at the --seq batch (a later long batch after another long one: the "
+    "band's loop_order term)"
+)
+
+
+def note(growth: int, shown: str, longest_first: bool = False) -> str:
     """The assumption line of a varying-length estimate (``shown``: the growth in the face's units)."""
+    at = (
+        f"--seq, then {RAMP_STEPS} lengths rising to --seq"
+        if longest_first
+        else f"{RAMP_STEPS} lengths rising to --seq"
+    )
     return (
-        f"padded lengths varying: the step replayed at {RAMP_STEPS} lengths rising to --seq, then --seq "
-        f"again, through one allocator state; reserved {shown} above the fixed-length replay ({SRC})"
+        f"padded lengths varying: the step replayed at {at}, then --seq again, through one allocator state; "
+        f"reserved {shown} above the fixed-length replay ({SRC})"
         if growth
-        else f"padded lengths varying: the replay at lengths rising to --seq reserves nothing above the "
-        f"fixed-length step ({SRC})"
+        else f"padded lengths varying: the replay at {at} reserves nothing above the fixed-length step "
+        f"({SRC})"
     )

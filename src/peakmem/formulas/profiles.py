@@ -139,6 +139,13 @@ class Profile:
     # them: they (and what the graph's nodes hold) live through the step and the next forward (Lit-GPT;
     # peakmem.formulas.loop_held)
     loop_keeps_output: bool = False
+    # the loop runs the data's longest sample as its first micro-batch, then random samples each padded to its
+    # own length (Lit-GPT@8641822b finetune/lora.py, full.py, adapter.py ``get_batch(fabric, train_data,
+    # longest_seq_ix if iter_num == 0 else None)``: 'force the longest sample at the beginning so potential
+    # OOMs happen right away'; litgpt 2024 draws its batches from a shuffled DataLoader): with
+    # --padded-lengths varying nothing of an earlier micro-batch is alive at the longest one
+    # (peakmem.formulas.padded_lengths ``first_is_longest``)
+    longest_first: bool = False
     # QLoRA's bitsandbytes base as Lightning Fabric's BitsandbytesPrecision builds it: every torch.nn.Linear,
     # the lm_head included, quantized from fp16 (QuantConfig.quantize_head, state_dtype; formulas/qlora.py
     # SRC_FABRIC_BNB, formulas/quant_head.py)
@@ -187,9 +194,10 @@ PROFILES[Framework.LITGPT_2023] = replace(
     name="litgpt-2023",
     rmsnorm_in_input_dtype=True,
     mqa_rope_expands_k=False,
+    longest_first=True,
     source="Lit-GPT@8641822b lit_gpt/model.py (fused attn Linear, apply_rope + cat), lit_gpt/rmsnorm.py, "
     "lit_gpt/lora.py (LoRAQKVLinear, zero_pad), lit_gpt/utils.py chunked_cross_entropy, finetune/lora.py's "
-    "loop (logits and loss kept into the next micro-batch)",
+    "loop (logits and loss kept into the next micro-batch; the longest sample first, get_batch)",
 )
 
 
