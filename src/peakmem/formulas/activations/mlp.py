@@ -7,7 +7,8 @@
   and int64 top-k indices (DeepSeek: its fp32 Linear's input and weight copies; in-place top-k
   renormalisation: a clone and the sum), the dispatch's int64 permutations and sorted routing
   weights, top-k x T gathered expert inputs and scaled outputs, each expert's MLP interior over the
-  routed rows; Qwen2-MoE's gated shared expert keeps its output and the sigmoid gate.
+  routed rows; Qwen2-MoE's gated shared expert keeps its output and the sigmoid gate. Before transformers 5.0
+  the per-expert ``nn.Linear`` experts loop instead: :mod:`.expert_loop`'s items replace the dispatch's.
 """
 
 from __future__ import annotations
