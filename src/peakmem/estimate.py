@@ -373,7 +373,9 @@ def _parts(st: Static, setup: TrainingSetup, sh: act.Shapes, head_items: tuple[M
             )  # fmt: skip
             if tech.adapter:  # a derived block's costs measured the module adapters (adapt_layer: the rest)
                 la = _lora.adapt_layer(spec, i, la, sh, setup)
-            la = _loop.expert_loop_layer(la, spec, layer, sh, setup, trainable=not tech.adapter)
+            rerun = wrapped and setup.checkpointing is Checkpointing.FULL  # a 4.x MoE loop: moe_loop.py
+            la = _loop.expert_loop_layer(la, spec, layer, sh, setup, trainable=not tech.adapter,
+                                         recomputed=rerun)  # fmt: skip
             if setup.tiled_mlp:
                 la = _long.tiled_mlp(
                     la, spec, layer, sh, _long.tiled_shards(spec, sh.tokens, setup.tiled_mlp_shards)

@@ -36,6 +36,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.activations.expert_loop import expert_rows, loop_tail
+from peakmem.formulas.activations.mlp import interior_bytes
 from peakmem.training import Framework, TrainingSetup
 from peakmem.transformers_versions import gpt_oss_expert_loop
 
@@ -50,6 +52,7 @@ SRC_COPIES = (
 LOOP_MODEL_TYPES = frozenset({"gpt_oss"})  # the 4.x experts that loop in training with indexed 3-D weights
 FULL_SIZE_AT_PEAK = 2  # the running sum and the new expert's full-size gradient (added into it in place)
 EXPERTS_DONE_AT_PEAK = 2  # the peak is at the second expert backward reaches: the first's copies are freed
+GATED_TENSORS = 4  # a gated expert's saved interior when trained: w1's output, act, w3's output, the product
 
 
 def experts_hit(num_experts: int, tokens: int, top_k: int) -> int:
@@ -86,13 +89,52 @@ def _moments(la: LayerActivations, copies: int) -> list[tuple[int, int, int]]:
     return [end, (0, 0, 0)] if copies else [end]
 
 
+def linear_loop_layer(
+    la: LayerActivations, spec: ModelSpec, layer: Layer, sh: Shapes, *, recomputed: bool
+) -> LayerActivations:
+    """A Mixtral-style 4.x expert loop's last expert (:func:`peakmem.formulas.activations.expert_loop
+    .loop_tail`), once the adapters decided what is saved: at the end of the layer's recomputation, next to
+    its incoming gradient (``layer_input``'s size), a backward moment; without recomputation a forward one.
+    The norm output, the expert's rows and its gated product are temporaries there where no trained
+    Linear saves them (``input.mlp``, ``moe.routed_inputs``, the product in ``mlp.interior``)."""
+    mlp, t, h = layer.mlp, sh.tokens, spec.hidden_size
+    keyed = {i.key: i.bytes for i in la.saved}
+    m = interior_bytes(mlp, sh)
+    n = expert_rows(mlp, t)
+    product = n * mlp.intermediate_size * m
+    full_interior = GATED_TENSORS * t * mlp.experts_per_token * mlp.intermediate_size * m
+    not_saved = 0 if keyed.get("input.mlp") else t * h * sh.r
+    not_saved += 0 if keyed.get("moe.routed_inputs") else n * h * sh.r
+    not_saved += product if keyed.get("mlp.interior", 0) < full_interior else 0
+    later = keyed.get("mlp.shared_experts", 0) + keyed.get("mlp.shared_gate", 0)
+    tail = loop_tail(spec, mlp, sh, m, not_saved=not_saved, later=later)
+    if not recomputed:
+        if tail <= la.forward_transient:
+            return la
+        return replace(la, forward_transient=tail, forward_sizes=())
+    moment = (la.layer_input + tail, 0, 0)
+    if moment <= (la.backward_transient, la.backward_freed, la.backward_grads):
+        return la
+    return replace(la, backward_transient=moment[0], backward_freed=0, backward_grads=0, backward_sizes=())
+
+
 def expert_loop_layer(
-    la: LayerActivations, spec: ModelSpec, layer: Layer, sh: Shapes, setup: TrainingSetup, *, trainable: bool
+    la: LayerActivations,
+    spec: ModelSpec,
+    layer: Layer,
+    sh: Shapes,
+    setup: TrainingSetup,
+    *,
+    trainable: bool,
+    recomputed: bool = False,
 ) -> LayerActivations:
     """``la`` (measured with ``grouped_mm``) as the 4.x loop runs it: the copies saved (4.55.0), and the
     backward peak the larger of the measured one (:func:`_moments`) and, for trainable experts, the loop's
     (:func:`loop_backward`). Unchanged for transformers >= 5.0, another model type or a framework with its
-    own model code."""
+    own model code. Mixtral-style ``nn.Linear`` experts: :func:`linear_loop_layer` (``recomputed``: the
+    layer runs again in backward under full checkpointing)."""
+    if sh.expert_loop and layer.mlp.num_experts and layer.derived is None:
+        return linear_loop_layer(la, spec, layer, sh, recomputed=recomputed)
     style = gpt_oss_expert_loop(setup.transformers)
     mlp = layer.mlp
     if style is None or setup.framework is not Framework.HF or spec.model_type not in LOOP_MODEL_TYPES:
@@ -126,5 +168,6 @@ __all__ = [
     "expert_tensors",
     "experts_hit",
     "index_copies",
+    "linear_loop_layer",
     "loop_backward",
 ]

@@ -15,6 +15,7 @@ h hidden, a heads, g kv heads, d head dim, I MLP width, c compute bytes, r resid
 * :mod:`.structure`: a block's norms and Linear readers, from its tensors;
 * :mod:`.attention`: eager, SDPA, flash-attn and MLA attention, their backward scratch;
 * :mod:`.mlp`: dense and gated MLPs, MoE routers, dispatch and experts;
+* :mod:`.expert_loop`: transformers 4.x's per-expert MoE loop (Mixtral-style ``nn.Linear`` experts);
 * :mod:`.layer`: one layer (projection inputs, autocast weight casts, the backward stages), derived
   blocks, the embeddings, checkpointing;
 * :mod:`.op_sac`: op-level selective checkpointing (torchtitan's save list, every other matmul).

@@ -18,9 +18,10 @@ from peakmem.model import DECODER_TASKS, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing
 
 from .attention import attention_terms
+from .expert_loop import expert_rows, loop_backward, loop_interior
 from .fused import compiled_layer_input
 from .kernels import MATH
-from .mlp import mlp_terms, moe_weighting_backward, routed_width_bytes
+from .mlp import interior_bytes, mlp_terms, moe_weighting_backward, routed_width_bytes
 from .norms import (
     SRC_NORM,
     norm_pieces,
@@ -183,6 +184,9 @@ def layer_activations(
     # gradient, then the activation's T x width gradients (backward_gradients_alive of them)
     alive = mlp_bwd // mlp_out_in if mlp_out_in and mlp_bwd % mlp_out_in == 0 else 0
     mlp_sizes = (t * h * r, mlp_out_in, *(mlp_out_in,) * alive)
+    loop = layer.mlp.is_moe and sh.expert_loop  # transformers 4.x's per-expert loop (expert_loop.py)
+    if loop:
+        mlp_stage, mlp_sizes = _loop_stage(spec, layer, sh, grad_bytes, total)
     # At the attention core's backward: the incoming gradient and o_proj's input gradient (heads x
     # v_head_dim wide: wider than h for Qwen3). The output projection and the residual dropout after it
     # have run their backward (the dropout's mask freed), and so has, in a post-norm block (BERT), the
@@ -208,14 +212,16 @@ def layer_activations(
     if post_norm:  # the block's last norm runs its backward first (its weight-side y freed by then)
         y = rmsnorm_weight_side_bytes(spec, sh, h)
         stage = max(stage, (post_norm - y, y, 0))
-    if layer.mlp.is_moe:
+    if layer.mlp.is_moe and not loop:
         stage = max(stage, _moe_stage(spec, layer, sh, grad_bytes, total, mlp_in))
     # forward: the attention's momentary extra (QK^T and its scaled copy) comes before the rest of
     # the layer's saved tensors exist, so only what exceeds them adds to the end-of-forward total
     att_rest = core + mlp_items_bytes + mlp_in + norm_one * n_norms // 2 + mask
     end = layer_end_forward(spec, sh) if pre_norm_block else ()
     core_sizes = tensor_sizes(i for i in att_items if i.key in CORE_KEYS or i.key in CORE_EXTRA_KEYS)
-    larger = core_sizes if core > mlp_items_bytes else tensor_sizes(mlp_items)
+    loop_sizes = loop_interior(spec, layer, sh, interior_bytes(layer.mlp, sh)) if loop else ()
+    mlp_sizes_fwd = loop_sizes if loop else tensor_sizes(mlp_items)
+    larger = core_sizes if core > sum(mlp_sizes_fwd) else mlp_sizes_fwd
     # the stage's temporaries where it is one of the two above (a post-norm's or an MoE's: their sum only)
     bwd_sizes = mlp_sizes if stage == mlp_stage else att_sizes if stage == att_stage else ()
     if norm.sizes and stage == norm_at:
@@ -225,7 +231,7 @@ def layer_activations(
         forward_sizes=end if sum(end) > att_fwd - att_rest else (),
         forward_headroom=max(0, att_rest - att_fwd), forward_core=max(0, att_fwd - att_rest),
         backward_transient=stage[0], backward_freed=stage[1], backward_grads=stage[2],
-        interior=max(core, mlp_items_bytes) + t * h * c,
+        interior=max(core, sum(loop_sizes) if loop else mlp_items_bytes) + t * h * c,
         input_saved=input_saved_by_layer(spec, sh), mask_arg=causal_mask_bytes(spec, sh),
         backward_stages=(mlp_stage, att_stage), backward_sizes=bwd_sizes, norm_stage=norm,
         interior_sizes=(t * h * c, *larger),
@@ -250,6 +256,21 @@ def _moe_stage(
         grads = int(grad_bytes * shared / layer_params) if layer_params else 0
     net = moe_weighting_backward(spec, mlp, sh) + t * h * sh.r + grads - freed
     return net, freed, grads
+
+
+def _loop_stage(
+    spec: ModelSpec, layer: Layer, sh: Shapes, grad_bytes: int, layer_params: int
+) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """The MLP half's backward stage under transformers 4.x's expert loop (:func:`.expert_loop.loop_backward`:
+    one expert's rows; its down projection's weight gradient written, a layer's share of ``grad_bytes``) and
+    its temporaries at their sizes."""
+    mlp, t = layer.mlp, sh.tokens
+    m = interior_bytes(mlp, sh)
+    down = spec.hidden_size * mlp.intermediate_size
+    grads = int(grad_bytes * down / layer_params) if layer_params else 0
+    stage = loop_backward(spec, layer, sh, m, grads)
+    n_i = expert_rows(mlp, t) * mlp.intermediate_size * m
+    return stage, (t * spec.hidden_size * sh.r, n_i, n_i, n_i, t * mlp.experts_per_token * sh.r)
 
 
 SRC_DERIVED = (
@@ -323,7 +344,8 @@ def full_ac_forward_sizes(
     the product (or the attention core, when larger); at the down projection's output ``held``, ``x``,
     the product and that output."""
     mlp = [i for i in la.saved if i.key == "mlp.interior"]
-    if len(mlp) != 1 or mlp[0].tensors != GATED_MLP_TENSORS:
+    loop = any(i.key == "moe.loop_indices" for i in la.saved)  # 4.x's expert loop: its own interior
+    if len(mlp) != 1 or mlp[0].tensors != GATED_MLP_TENSORS or loop:
         return la.interior, la.interior_sizes
     whole, one = mlp[0].bytes, mlp[0].bytes // GATED_MLP_TENSORS
     x = max(0, la.interior - max(la.core, whole))  # the Linears' input, next to the larger interior

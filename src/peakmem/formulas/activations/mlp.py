@@ -7,7 +7,8 @@
   and int64 top-k indices (DeepSeek: its fp32 Linear's input and weight copies; in-place top-k
   renormalisation: a clone and the sum), the dispatch's int64 permutations and sorted routing
   weights, top-k x T gathered expert inputs and scaled outputs, each expert's MLP interior over the
-  routed rows; Qwen2-MoE's gated shared expert keeps its output and the sigmoid gate.
+  routed rows; Qwen2-MoE's gated shared expert keeps its output and the sigmoid gate. Before transformers 5.0
+  the per-expert ``nn.Linear`` experts loop instead: :mod:`.expert_loop`'s items replace the dispatch's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from peakmem.breakdown import MemoryItem
 from peakmem.model import Layer, Mlp, ModelSpec
 from peakmem.training import KernelPolicy
 
+from .expert_loop import SRC_LOOP, loop_items, loop_routed_inputs
 from .fused import fused_swiglu_item
 from .shapes import SRC_WEIGHT_CAST, Shapes, item, sized
 
@@ -113,13 +115,24 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
     if mlp.is_moe:
         k = mlp.experts_per_token
         items.extend(moe_router_items(spec, mlp, sh))
-        items.extend(moe_dispatch_items(mlp, sh))
-        items.append(item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
-                           SRC_GROUPED_MM + ": hidden_states[perm // top_k], saved by the up grouped_mm",
-                           "moe.routed_inputs"))  # fmt: skip
-        items.append(item("moe.expert outputs (scaled by the routing weights)", k * t * spec.hidden_size * c,
-                           SRC_GROUPED_MM + ": proj_out * sample_weights_g saves proj_out",
-                           "moe.expert_outputs"))  # fmt: skip
+        if sh.expert_loop:  # transformers 4.x: a loop over nn.Linear experts (expert_loop.py)
+            m = interior_bytes(mlp, sh)
+            items.extend(loop_items(spec, mlp, sh, m))
+            items.append(item("moe.routed token copies (top-k x tokens)", loop_routed_inputs(spec, mlp, sh),
+                               SRC_LOOP + ": hidden_states[None, top_x], saved by w1 and w3",
+                               "moe.routed_inputs"))  # fmt: skip
+            items.append(item("moe.expert outputs (before the routing weights)", k * t * spec.hidden_size * m,
+                               SRC_LOOP + ": expert_layer(current_state) * routing_weights[...] saves it",
+                               "moe.expert_outputs"))  # fmt: skip
+        else:
+            items.extend(moe_dispatch_items(mlp, sh))
+            items.append(item("moe.routed token copies (top-k x tokens)", k * t * spec.hidden_size * c,
+                               SRC_GROUPED_MM + ": hidden_states[perm // top_k], saved by the up grouped_mm",
+                               "moe.routed_inputs"))  # fmt: skip
+            items.append(item("moe.expert outputs (scaled by the routing weights)",
+                               k * t * spec.hidden_size * c,
+                               SRC_GROUPED_MM + ": proj_out * sample_weights_g saves proj_out",
+                               "moe.expert_outputs"))  # fmt: skip
         routed_tokens = k * t
     width = mlp.intermediate_size
     n = routed_tokens * width

@@ -16,7 +16,7 @@ from peakmem.adapters import lora_of, measured_lora, quant_of
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
-from peakmem.transformers_versions import keeps_clamped_scores
+from peakmem.transformers_versions import experts_are_linears, keeps_clamped_scores
 
 from ..kbit_prep import compute_dtype, residual_dtype
 from ..memo import Memo
@@ -50,6 +50,8 @@ class Shapes:
     # its MoE experts are quantized Linears too where they are nn.Linear modules (QuantConfig.expert_linears)
     quantized_base: bool = False
     quantized_experts: bool = False
+    # transformers 4.x loops over per-expert nn.Linear experts (expert_loop.py), 5.x runs grouped_mm
+    expert_loop: bool = False
     # transformers' eager attention keeps the masked scores for its torch.max clamp (OPT before 4.49:
     # peakmem.transformers_versions)
     clamped_scores: bool = False
@@ -165,6 +167,8 @@ def shapes(
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
         costs=costs, memo=memo, float8_weights=setup.float8_all_gather, quantized_base=quant is not None,
         quantized_experts=quant is not None and quant.expert_linears,
+        expert_loop=setup.framework is Framework.HF
+        and experts_are_linears(setup.transformers, spec.model_type),
         clamped_scores=setup.framework is Framework.HF
         and keeps_clamped_scores(setup.transformers, spec.model_type),
     )  # fmt: skip
