@@ -104,3 +104,22 @@ def test_recomputation_ends_at_the_last_expert() -> None:
         replace(la, forward_transient=0), SPEC, LAYER, sh, setup, trainable=False
     )
     assert fwd.forward_transient == tail
+
+
+def test_deepseek_v3_weights_in_fp32_and_v2_is_not_this_loop() -> None:
+    """DeepSeek-V3's 4.x loop (``final_hidden_states = zeros_like(hidden_states, dtype=topk_weights.dtype)``,
+    fp32 sigmoid router): the weight slices, the weighted outputs and the accumulator are fp32 in a bf16 run,
+    nothing cast to bf16; DeepSeek-V2 sorts its rows (argsort, cat): the grouped_mm formulas stay."""
+    from tiny_models import FAMILY_CONFIGS
+
+    v3 = spec_from_config(FAMILY_CONFIGS["deepseek_v3"], name="tiny-v3")
+    layer = next(g.layer for g in v3.groups if g.layer.mlp.is_moe)
+    mlp, sh = layer.mlp, act.shapes(v3, _setup())
+    s = SEQ * mlp.experts_per_token
+    got = {i.key: i.bytes for i in act.mlp_terms(v3, layer, sh)[0]}
+    assert (got["moe.loop_weights"], got["moe.weighted_outputs"]) == (s * 4, s * v3.hidden_size * 4)
+    final, mask, cast = X.loop_interior(v3, layer, sh, 2)[:3]
+    one_hot = SEQ * mlp.experts_per_token * mlp.num_experts * 8
+    assert (final, mask, cast) == (SEQ * v3.hidden_size * 4, one_hot, 0)
+    v2 = spec_from_config(FAMILY_CONFIGS["deepseek_v2"], name="tiny-v2")
+    assert not act.shapes(v2, _setup()).expert_loop

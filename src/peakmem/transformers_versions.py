@@ -76,6 +76,19 @@ EXPERT_LINEAR_MODEL_TYPES = frozenset({
 })  # fmt: skip
 
 
+# Of those, the ones whose 4.x training forward loops over the experts with ``torch.where`` on a one-hot mask
+# and ``index_add_``s each expert's weighted rows (transformers 4.57.1 modeling_<type>.py, read 2026-12-06;
+# 4.48.1 modeling_mixtral.py l. 112-150 alike; peakmem.formulas.activations.expert_loop). DeepSeek-V2 sorts
+# the routed rows instead (``DeepseekV2Moe.moe``: argsort, per-expert slices, ``torch.cat``): not this loop.
+INDEX_ADD_LOOP_MODEL_TYPES = EXPERT_LINEAR_MODEL_TYPES - {"deepseek_v2"}
+# Of those, the loops that weight and accumulate in the router's fp32 (4.57.1 ``DeepseekV3MoE.moe``:
+# ``final_hidden_states = torch.zeros_like(hidden_states, dtype=topk_weights.dtype)``, the topk weights from a
+# float32 sigmoid router; dots1, glm4_moe and longcat_flash alike); the others cast the routing weights to the
+# hidden states' dtype first (``routing_weights.to(hidden_states.dtype)``; PhiMoE's sparsemixer weights are
+# the logits' dtype) and index_add_ ``current_hidden_states.to(hidden_states.dtype)``.
+FP32_ROUTED_LOOP_MODEL_TYPES = frozenset({"deepseek_v3", "dots1", "glm4_moe", "longcat_flash"})
+
+
 # transformers 4.30.0-4.48.1 models/opt/modeling_opt.py OPTAttention: torch.max(scores + mask, finfo.min)
 SCORES_CLAMP_MODEL_TYPES = frozenset({"opt"})
 
@@ -169,6 +182,12 @@ def experts_are_linears(version: str, model_type: str) -> bool:
     return release_facts(version).moe_expert_linears and model_type in EXPERT_LINEAR_MODEL_TYPES
 
 
+def experts_loop(version: str, model_type: str) -> bool:
+    """Whether ``model_type``'s MoE block at ``version`` runs the 4.x ``index_add_`` loop over ``nn.Linear``
+    experts (:data:`INDEX_ADD_LOOP_MODEL_TYPES`)."""
+    return experts_are_linears(version, model_type) and model_type in INDEX_ADD_LOOP_MODEL_TYPES
+
+
 def keeps_clamped_scores(version: str, model_type: str) -> bool:
     """Whether ``model_type``'s eager attention at ``version`` keeps the masked scores for ``torch.max``."""
     return release_facts(version).clamps_scores and model_type in SCORES_CLAMP_MODEL_TYPES
@@ -191,12 +210,15 @@ def gpt_oss_expert_loop(version: str) -> ExpertLoop | None:
 
 __all__ = [
     "EXPERT_LINEAR_MODEL_TYPES",
+    "FP32_ROUTED_LOOP_MODEL_TYPES",
+    "INDEX_ADD_LOOP_MODEL_TYPES",
     "SCORES_CLAMP_MODEL_TYPES",
     "TRANSFORMERS_CURRENT",
     "TRANSFORMERS_RELEASES",
     "ExpertLoop",
     "TransformersRelease",
     "experts_are_linears",
+    "experts_loop",
     "gpt_oss_expert_loop",
     "keeps_clamped_scores",
     "parse_transformers_version",

@@ -13,7 +13,7 @@ gradient is computed), over all experts (S = tokens x top-k routed rows):
 
 * ``torch.where``'s ``nonzero`` output, ``[n, 2]`` int64 per expert (``idx`` and ``top_x`` are its columns):
   16 bytes per routed row (:func:`loop_items`);
-* the routing weight slices ``[n, 1]`` (hidden dtype), saved by the weighting mul;
+* the routing weight slices ``[n, 1]`` (hidden dtype; fp32 in DeepSeek-V3's loop), saved by the weighting mul;
 * each expert's down-projection output, saved by the weighting mul (``moe.expert_outputs``), and the
   weighted output, which ``index_add_`` saves as its source (``moe.weighted_outputs``: promoted to the
   routing weights' dtype where it differs);
@@ -26,6 +26,10 @@ is alive at once is one expert's rows, not all S: the forward interior under a c
 backward reaches is the loop's last, nothing of the others freed yet) and the recomputation's end
 (:func:`loop_tail`). Measured with benchmarks/moe_loop_4x.py (tiny Mixtral, transformers 4.48.1, CPU).
 
+DeepSeek-V3's loop (``DeepseekV3MoE.moe``; dots1, glm4_moe, longcat_flash) weights and accumulates in its
+router's fp32 (:func:`routing_bytes`); DeepSeek-V2's sorts its rows instead and is not this loop
+(:data:`peakmem.transformers_versions.INDEX_ADD_LOOP_MODEL_TYPES`: it keeps the ``grouped_mm`` formulas).
+
 The rows of one expert depend on what the router chooses, which the formulas cannot know: they take a
 balanced router's, ``ceil(S / E)`` (:func:`expert_rows`, :data:`BALANCED_ROWS`).
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 from peakmem.breakdown import MemoryItem
 from peakmem.model import Layer, Mlp, ModelSpec
+from peakmem.transformers_versions import FP32_ROUTED_LOOP_MODEL_TYPES
 
 from .shapes import Shapes, item
 
@@ -46,6 +51,7 @@ LOOP_INDEX_BYTES = 2 * 8
 # S = tokens x top-k rows (ceil). The tiny random Mixtral of benchmarks/moe_loop_4x.py routes within a few
 # per cent of it (its docstring prints the counts); a trained router can be more skewed.
 BALANCED_ROWS = "balanced: ceil(tokens x top-k / experts)"
+FP32 = 4  # DeepSeek-V3's router: F.linear(hidden_states.type(torch.float32), ...).sigmoid()
 MASK_BYTES = 8  # one_hot(selected_experts): int64, T x k x E, alive through the loop (forward only)
 
 
@@ -54,11 +60,18 @@ def expert_rows(mlp: Mlp, tokens: int) -> int:
     return -(-tokens * mlp.experts_per_token // mlp.num_experts)
 
 
-def weighted_bytes(m: int, sh: Shapes) -> int:
-    """Bytes per element of ``expert_out * routing_weights[...]``: the routing weights are in the hidden
-    states' dtype (``routing_weights.to(hidden_states.dtype)``, the residual stream's), the product is
-    promoted to the wider of that and the expert output's ``m``."""
-    return max(m, sh.r)
+def routing_bytes(spec: ModelSpec, sh: Shapes) -> int:
+    """Bytes per element of the routing weights the loop multiplies by, and of its accumulator
+    (``final_hidden_states``): the hidden states' dtype (``routing_weights.to(hidden_states.dtype)``, the
+    residual stream's), or the router's fp32 where the loop weights in it
+    (:data:`peakmem.transformers_versions.FP32_ROUTED_LOOP_MODEL_TYPES`: DeepSeek-V3's)."""
+    return FP32 if spec.model_type in FP32_ROUTED_LOOP_MODEL_TYPES else sh.r
+
+
+def weighted_bytes(spec: ModelSpec, m: int, sh: Shapes) -> int:
+    """Bytes per element of ``expert_out * routing_weights[...]`` as ``index_add_`` keeps it: promoted to the
+    wider of the routing weights' dtype (:func:`routing_bytes`) and the expert output's ``m``."""
+    return max(m, routing_bytes(spec, sh))
 
 
 def loop_items(spec: ModelSpec, mlp: Mlp, sh: Shapes, m: int) -> list[MemoryItem]:
@@ -66,12 +79,13 @@ def loop_items(spec: ModelSpec, mlp: Mlp, sh: Shapes, m: int) -> list[MemoryItem
     bytes per element: the ``nonzero`` indices, the routing weight slices and the weighted outputs
     (``index_add_``'s source). The down projections' outputs are ``moe.expert_outputs`` (mlp.py)."""
     s = sh.tokens * mlp.experts_per_token
+    weighted = s * spec.hidden_size * weighted_bytes(spec, m, sh)
     return [
         item("moe.loop indices (torch.where: idx, top_x; int64)", s * LOOP_INDEX_BYTES, SRC_LOOP,
               "moe.loop_indices"),
-        item("moe.routing weight slices (hidden dtype)", s * sh.r,
+        item("moe.routing weight slices", s * routing_bytes(spec, sh),
               SRC_LOOP + ": routing_weights[top_x, idx, None]", "moe.loop_weights"),
-        item("moe.weighted expert outputs (index_add_ source)", s * spec.hidden_size * weighted_bytes(m, sh),
+        item("moe.weighted expert outputs (index_add_ source)", weighted,
               SRC_LOOP + ": final_hidden_states.index_add_(0, top_x, ...) saves its source",
               "moe.weighted_outputs"),
     ]  # fmt: skip
@@ -85,10 +99,13 @@ def loop_routed_inputs(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> int:
 
 
 def _router_temporaries(spec: ModelSpec, mlp: Mlp, sh: Shapes) -> tuple[int, ...]:
-    """Alive through the loop, saved by nothing: ``final_hidden_states`` (T x h, hidden dtype), the one-hot
-    expert mask (int64), the routing weights cast to the hidden dtype and the router logits (returned)."""
+    """Alive through the loop, saved by nothing: ``final_hidden_states`` (T x h, :func:`routing_bytes`), the
+    one-hot expert mask (int64), the routing weights cast to the hidden dtype (none where they stay fp32) and
+    the router logits (returned)."""
     t, k, e = sh.tokens, mlp.experts_per_token, mlp.num_experts
-    return t * spec.hidden_size * sh.r, t * k * e * MASK_BYTES, t * k * sh.r, t * e * sh.c
+    w = routing_bytes(spec, sh)
+    cast = 0 if w == FP32 else t * k * sh.r  # fp32 weights: nothing cast (or a no-op cast of fp32 ones)
+    return t * spec.hidden_size * w, t * k * e * MASK_BYTES, cast, t * e * sh.c
 
 
 def loop_interior(spec: ModelSpec, layer: Layer, sh: Shapes, m: int) -> tuple[int, ...]:
@@ -113,8 +130,10 @@ def loop_backward(spec: ModelSpec, layer: Layer, sh: Shapes, m: int, grads: int)
     mlp = layer.mlp
     t, h = sh.tokens, spec.hidden_size
     n = expert_rows(mlp, t)
-    temporaries = t * h * sh.r + 3 * n * mlp.intermediate_size * m + t * mlp.experts_per_token * sh.r
-    freed = n * mlp.intermediate_size * m + n * h * (m + weighted_bytes(m, sh))
+    temporaries = (
+        t * h * sh.r + 3 * n * mlp.intermediate_size * m + t * mlp.experts_per_token * routing_bytes(spec, sh)
+    )
+    freed = n * mlp.intermediate_size * m + n * h * (m + weighted_bytes(spec, m, sh))
     return temporaries + grads - freed, freed, grads
 
 
@@ -126,7 +145,7 @@ def loop_tail(spec: ModelSpec, mlp: Mlp, sh: Shapes, m: int, *, not_saved: int, 
     less what that expert has not made yet (its weighted output and weight slice) and ``later`` (saved
     tensors made after the loop: a shared expert's)."""
     n, h = expert_rows(mlp, sh.tokens), spec.hidden_size
-    pending = n * h * weighted_bytes(m, sh) + n * sh.r
+    pending = n * h * weighted_bytes(spec, m, sh) + n * routing_bytes(spec, sh)
     return sh.tokens * h * sh.r + sum(_router_temporaries(spec, mlp, sh)) + not_saved - pending - later
 
 
@@ -138,4 +157,5 @@ __all__ = [
     "loop_items",
     "loop_routed_inputs",
     "loop_tail",
+    "routing_bytes",
 ]

@@ -16,7 +16,7 @@ from peakmem.adapters import lora_of, measured_lora, quant_of
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.training import AttentionKernel, Framework, KernelPolicy, TrainingSetup, family_key
-from peakmem.transformers_versions import experts_are_linears, keeps_clamped_scores
+from peakmem.transformers_versions import experts_loop, keeps_clamped_scores
 
 from ..kbit_prep import compute_dtype, residual_dtype
 from ..memo import Memo
@@ -168,7 +168,7 @@ def shapes(
         costs=costs, memo=memo, float8_weights=setup.float8_all_gather, quantized_base=quant is not None,
         quantized_experts=quant is not None and quant.expert_linears,
         expert_loop=setup.framework is Framework.HF
-        and experts_are_linears(setup.transformers, spec.model_type),
+        and experts_loop(setup.transformers, spec.model_type),
         clamped_scores=setup.framework is Framework.HF
         and keeps_clamped_scores(setup.transformers, spec.model_type),
     )  # fmt: skip
