@@ -134,9 +134,13 @@ def test_matrix_property(
     rank = estimate_ranks(tiny(), setup, LAYOUTS[layout]).most_loaded.estimate
     # FSDP's side-stream pools are reserved beside what the peak allocates (formulas/fsdp2.py StreamPools)
     assert rank.peak_reserved_bytes >= rank.peak_allocated_bytes + rank.extra.get("side_stream_pool_bytes", 0)
-    if compiled_loss:  # the compiled cross-entropy keeps and makes less than the eager one on every rank
+    if compiled_loss:
+        # the compiled cross-entropy keeps its logits and two fp32 row statistics (max, log-sum-exp), the
+        # eager one its log_softmax output (fp32): never more on any rank than the eager one, but for those
+        # 8 bytes a token where the logits are fp32 themselves (a head peft's kbit preparation upcast)
         eager = estimate_ranks(tiny(), replace(setup, loss=LossImpl.STANDARD), LAYOUTS[layout]).most_loaded
-        assert rank.peak_allocated_bytes <= eager.estimate.peak_allocated_bytes
+        row_stats = 2 * 4 * micro_batch * seq
+        assert rank.peak_allocated_bytes <= eager.estimate.peak_allocated_bytes + row_stats
     if keep_grads:  # gradients kept between steps never lower a rank's peak
         par = LAYOUTS[layout]
         kept = estimate_ranks(tiny(), setup, par).most_loaded.estimate.peak_allocated_bytes
