@@ -54,7 +54,9 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
 * GQA k/v in the SDPA path (:func:`sdpa_repeats_kv`). Before 4.54.0 it copies k and v to every query head:
   4.48.1-4.53.0 ``integrations/sdpa_attention.py`` ``sdpa_attention_forward`` (4.53.0 l. 40-42) calls
   ``repeat_kv`` whenever the module has ``num_key_value_groups``, and before 4.48 each model's
-  ``*SdpaAttention`` did the same; SDPA saves the expanded copies for backward. 4.54.0 (l. 27-33, 52-57)
+  ``*SdpaAttention`` did the same (4.36.0 and 4.46.3 modeling_llama.py ``LlamaSdpaAttention.forward``,
+  4.46.3 l. 584-585; 4.46.3 modeling_qwen2.py ``Qwen2SdpaAttention``); SDPA saves the expanded copies for
+  backward. 4.54.0 (l. 27-33, 52-57)
   calls it only where ``use_gqa_in_sdpa`` fails, i.e. where the call passes a mask (torch >= 2.5; 4.57.1
   l. 30-45 alike on CUDA and CPU; 5.23 also needs equal k/v head sizes <= 256), else ``enable_gqa=True``.
   The mask is None for causal rows without padding (4.54.0 / 4.57.1 / 5.23 masking_utils.py
