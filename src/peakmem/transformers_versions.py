@@ -51,6 +51,19 @@ for it. Read in the released wheels (``pip download transformers==V --no-deps``:
   inputs for its backward: one B x heads x S x S tensor in the compute dtype per layer, beside the softmax's
   (measured: a saved-tensors hook on the two ops, torch 2.13 CPU); 4.49.0 (and 4.50.0) has no ``torch.max``
   in modeling_opt.py. XGLM keeps the same clamp in 4.49.0 (not modelled: not in the catalog).
+* GQA k/v in the SDPA path (:func:`sdpa_repeats_kv`). Before 4.54.0 it copies k and v to every query head:
+  4.48.1-4.53.0 ``integrations/sdpa_attention.py`` ``sdpa_attention_forward`` (4.53.0 l. 40-42) calls
+  ``repeat_kv`` whenever the module has ``num_key_value_groups``, and before 4.48 each model's
+  ``*SdpaAttention`` did the same (4.36.0 and 4.46.3 modeling_llama.py ``LlamaSdpaAttention.forward``,
+  4.46.3 l. 584-585; 4.46.3 modeling_qwen2.py ``Qwen2SdpaAttention``); SDPA saves the expanded copies for
+  backward. 4.54.0 (l. 27-33, 52-57)
+  calls it only where ``use_gqa_in_sdpa`` fails, i.e. where the call passes a mask (torch >= 2.5; 4.57.1
+  l. 30-45 alike on CUDA and CPU; 5.23 also needs equal k/v head sizes <= 256), else ``enable_gqa=True``.
+  The mask is None for causal rows without padding (4.54.0 / 4.57.1 / 5.23 masking_utils.py
+  ``_ignore_causal_mask_sdpa``: ``padding_mask is None or padding_mask.all()``), present for a batch with
+  padding: 4.53.0 on a boolean B x 1 x S x S mask (``create_causal_mask``), which SDPA makes additive in the
+  inputs' dtype at each call; before 4.53 ``_update_causal_mask`` (4.52.1 modeling_llama.py l. 483-) builds
+  one additive mask in the model's dtype that every layer is handed.
 """
 
 from __future__ import annotations
@@ -107,6 +120,10 @@ class TransformersRelease:
     clamps_scores: bool  # eager attention of SCORES_CLAMP_MODEL_TYPES: torch.max(scores + mask, finfo.min)
     # TrainingArguments' default optim is adamw_torch_fused (on torch >= 2.8), else adamw_torch (foreach)
     trainer_fused_adamw: bool
+    # SDPA runs GQA k/v with ``enable_gqa`` where the call has no mask (``use_gqa_in_sdpa``), else repeat_kv
+    sdpa_gqa_without_mask: bool
+    # a padded batch's mask is masking_utils' boolean one (else an additive one in the model's dtype)
+    bool_padding_mask: bool
     source: str
 
 
@@ -115,14 +132,16 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(5, 1, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=4, mxfp4_indices_together=False, reentrant_checkpointing=False,
-        clamps_scores=False, trainer_fused_adamw=True,
+        clamps_scores=False, trainer_fused_adamw=True, sdpa_gqa_without_mask=True,
+        bool_padding_mask=True,
         source="transformers 5.1.0 integrations/mxfp4.py _convert_moe_packed_tensors l. 253-258: int32 "
         "nibble indices, each deleted after its gather",
     ),
     TransformersRelease(
         since=(5, 0, 0), moe_expert_linears=False, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=False,
-        clamps_scores=False, trainer_fused_adamw=True,
+        clamps_scores=False, trainer_fused_adamw=True, sdpa_gqa_without_mask=True,
+        bool_padding_mask=True,
         source="transformers 5.0.0 modeling_mixtral.py MixtralExperts (fused 3-D gate_up_proj / down_proj); "
         "loss_utils.py ForCausalLMLoss: logits.float(), labels padded; modeling_utils.py "
         "gradient_checkpointing_enable: use_reentrant False; integrations/mxfp4.py l. 261-262: int64 nibble "
@@ -131,14 +150,28 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 54, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=False, trainer_fused_adamw=True,
+        clamps_scores=False, trainer_fused_adamw=True, sdpa_gqa_without_mask=True,
+        bool_padding_mask=True,
         source="transformers 4.54.0 training_args.py l. 1286-1291: default_optim = 'adamw_torch_fused' where "
-        "is_torch_greater_or_equal_than_2_8 (4.53.0 l. 1281: 'adamw_torch'); the rest as 4.49.0",
+        "is_torch_greater_or_equal_than_2_8 (4.53.0 l. 1281: 'adamw_torch'); integrations/sdpa_attention.py "
+        "l. 27-33, 52-57: repeat_kv only where use_gqa_in_sdpa fails (a mask), else enable_gqa; the rest as "
+        "4.53.0",
+    ),
+    TransformersRelease(
+        since=(4, 53, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
+        mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
+        clamps_scores=False, trainer_fused_adamw=False, sdpa_gqa_without_mask=False,
+        bool_padding_mask=True,
+        source="transformers 4.53.0 models/llama/modeling_llama.py l. 30, 419: masking_utils "
+        "create_causal_mask (a boolean mask where the batch is padded; 4.52.1 _update_causal_mask: "
+        "additive in the model's dtype); integrations/sdpa_attention.py l. 40-42: repeat_kv always; the rest "
+        "as 4.49.0",
     ),
     TransformersRelease(
         since=(4, 49, 0), moe_expert_linears=True, shifted_logits_copy=False, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=False, trainer_fused_adamw=False,
+        clamps_scores=False, trainer_fused_adamw=False, sdpa_gqa_without_mask=False,
+        bool_padding_mask=False,
         source="transformers 4.49.0 loss_utils.py ForCausalLMLoss l. 36-40: logits.float(), "
         "nn.functional.pad(labels, (0, 1)); MoE experts nn.ModuleList of nn.Linear MLPs; "
         "gradient_checkpointing_enable: use_reentrant True (4.57.1 modeling_utils.py)",
@@ -146,7 +179,8 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 46, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="loss",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True, trainer_fused_adamw=False,
+        clamps_scores=True, trainer_fused_adamw=False, sdpa_gqa_without_mask=False,
+        bool_padding_mask=False,
         source="transformers 4.46.0-4.48.1 loss_utils.py ForCausalLMLoss l. 36-39: logits.float(); "
         "shift_logits = logits[..., :-1, :].contiguous() (an fp32 copy); 4.48.1 modeling_utils.py l. 2539 "
         "gradient_checkpointing_kwargs = {'use_reentrant': True}",
@@ -154,14 +188,16 @@ TRANSFORMERS_RELEASES: tuple[TransformersRelease, ...] = (
     TransformersRelease(
         since=(4, 31, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="model",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True, trainer_fused_adamw=False,
+        clamps_scores=True, trainer_fused_adamw=False, sdpa_gqa_without_mask=False,
+        bool_padding_mask=False,
         source="transformers 4.31.0-4.45 modeling_llama.py LlamaForCausalLM.forward: logits = logits.float() "
         "(the 16-bit logits freed), shift_logits = logits[..., :-1, :].contiguous(), CrossEntropyLoss",
     ),
     TransformersRelease(
         since=(0, 0, 0), moe_expert_linears=True, shifted_logits_copy=True, upcast="none",
         mxfp4_index_bytes=8, mxfp4_indices_together=True, reentrant_checkpointing=True,
-        clamps_scores=True, trainer_fused_adamw=False,
+        clamps_scores=True, trainer_fused_adamw=False, sdpa_gqa_without_mask=False,
+        bool_padding_mask=False,
         source="transformers 4.30.0 modeling_llama.py l. 701-706: no upcast; shift_logits = "
         "logits[..., :-1, :].contiguous() and CrossEntropyLoss in the logits' dtype",
     ),
@@ -191,6 +227,14 @@ def experts_loop(version: str, model_type: str) -> bool:
 def keeps_clamped_scores(version: str, model_type: str) -> bool:
     """Whether ``model_type``'s eager attention at ``version`` keeps the masked scores for ``torch.max``."""
     return release_facts(version).clamps_scores and model_type in SCORES_CLAMP_MODEL_TYPES
+
+
+def sdpa_repeats_kv(version: str, masked: bool) -> bool:
+    """Whether transformers' SDPA path at ``version`` copies GQA k/v to every query head (``repeat_kv``)
+    for a call that passes a mask (``masked``) or not (module docstring): always before 4.54.0, only with a
+    mask from 4.54.0 on. The k/v head-size condition of 5.x is :func:`peakmem.formulas.activations.kernels.
+    sdpa_call_heads`'s."""
+    return masked or not release_facts(version).sdpa_gqa_without_mask
 
 
 # gpt-oss's training loop over its experts (module docstring): how 4.x indexes each expert's weights
@@ -223,4 +267,5 @@ __all__ = [
     "keeps_clamped_scores",
     "parse_transformers_version",
     "release_facts",
+    "sdpa_repeats_kv",
 ]

@@ -88,12 +88,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from peakmem import dtypes
 from peakmem.adapters import QuantConfig, quant_of
 from peakmem.model import ModelSpec, linear
-from peakmem.training import LITGPT_FRAMEWORKS, Checkpointing, Framework, Method, TrainingSetup
+from peakmem.training import (
+    LITGPT_FRAMEWORKS,
+    Checkpointing,
+    Framework,
+    Method,
+    PaddedLengths,
+    TrainingSetup,
+)
+from peakmem.transformers_versions import release_facts as transformers_release
+from peakmem.transformers_versions import sdpa_repeats_kv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +163,14 @@ class Profile:
     # the model itself returns fp32 logits (torchtune TransformerDecoder ``self.output(h).float()``, eager
     # outside the compiled layers): a compiled loss reads and keeps them in fp32 (lowbit_optim.compiled_ce)
     logits_fp32_in_model: bool = False
+    # the step's batches carry padding, so transformers hands SDPA a mask (:func:`profile_of`): a boolean one
+    # that SDPA makes additive at each call, or (``float_padding_mask``, before 4.53) one additive mask in the
+    # model's dtype that every layer is handed
+    padding_mask: bool = False
+    float_padding_mask: bool = False
+    # transformers' sdpa_attention_forward calls ``repeat_kv`` whatever the mask (before 4.54.0:
+    # peakmem.transformers_versions.sdpa_repeats_kv); SDPA calls only, not flash-attn's
+    sdpa_call_repeats_kv: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -347,6 +365,36 @@ def fabric_quant(quant: QuantConfig) -> QuantConfig:
     if quant.quantize_head and quant.state_dtype is not None:
         return quant
     return replace(quant, quantize_head=True, state_dtype=FABRIC_QUANT_STATE_DTYPE if quant.is_4bit else None)
+
+
+def profile_of(setup: TrainingSetup) -> Profile:
+    """``setup``'s framework profile as its release and batches run it. transformers (``Framework.HF``):
+    SDPA copies GQA k/v to every head before 4.54.0 whatever the mask
+    (:func:`peakmem.transformers_versions.sdpa_repeats_kv`), and a batch with padding
+    (``--padded-lengths varying`` at micro-batch > 1: some row shorter than the longest) hands SDPA a mask,
+    which from 4.54.0 on makes it repeat too (formulas/activations/kernels.py ``sdpa_call_heads``); fixed
+    lengths (packed or full rows) leave the mask None (masking_utils ``_ignore_causal_mask_sdpa``). The other
+    frameworks keep their own flags (torchtune and Lit-GPT pass no padding mask)."""
+    padded = setup.padded_lengths is PaddedLengths.VARYING and setup.micro_batch > 1
+    return (
+        _hf_profile(setup.transformers, padded)
+        if setup.framework is Framework.HF
+        else PROFILES[setup.framework]
+    )
+
+
+@cache
+def _hf_profile(version: str, padded: bool) -> Profile:
+    repeats = sdpa_repeats_kv(version, masked=False)
+    if not (repeats or padded):
+        return PROFILES[Framework.HF]
+    float_mask = padded and not transformers_release(version).bool_padding_mask
+    return replace(
+        PROFILES[Framework.HF],
+        sdpa_call_repeats_kv=repeats,
+        padding_mask=padded,
+        float_padding_mask=float_mask,
+    )
 
 
 def profile_setup(setup: TrainingSetup) -> TrainingSetup:

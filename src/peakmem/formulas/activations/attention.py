@@ -106,7 +106,8 @@ def attention_terms(
     if efficient:
         lse = b * a * -(-s // EFFICIENT_LSE_ROUND) * EFFICIENT_LSE_ROUND * 4
         scratch = efficient_backward_scratch_sizes(att, sh)
-    if sh.kernel is AttentionKernel.SDPA and sliding_mask(att, s):
+    masked = sliding_mask(att, s) or padding_bool_mask(sh)
+    if sh.kernel is AttentionKernel.SDPA and masked:
         # SDPA makes masking_utils' bool mask additive in the inputs' dtype (attention.cpp
         # ``convert_boolean_attn_mask``: zeros_like, masked_fill) at every call, and the kernel saves it:
         # CUDA's memory-efficient one and the CPU's (measured: tiny Gemma 3, window 32, 2 x 256 tokens on
@@ -114,6 +115,8 @@ def attention_terms(
         # (``ModelSpec.sdpa_mask``) passes create_causal_mask's bool mask too, and a real CPU step shows it
         # made additive per layer as well (tiny RW Falcon: 0.5 MiB a layer), but with it alone that step
         # goes from -10.9 % to +3.6 % (the o_proj input copy counted on CPU is not there): left out
+        # A padded batch's boolean mask (``Profile.padding_mask``) the same (measured: tiny Llama,
+        # transformers 5.23, benchmarks/sdpa_repeat_kv.py)
         items.append(item("attn.mask made additive (saved by SDPA)", b * s * s * c, SRC_SDPA,
                            "attn.sdpa_bias"))  # fmt: skip
     items.append(item("attn.logsumexp (fp32)", lse, SRC_SDPA, "attn.logsumexp"))
@@ -121,6 +124,13 @@ def attention_terms(
     grads = (t * a * d * c, t * kg * d * c, t * kg * dv * c)
     bwd_sizes = tuple(x for x in (*grads, *scratch) if x)
     return items, lse, 0, sum(bwd_sizes), bwd_sizes
+
+
+def padding_bool_mask(sh: Shapes) -> bool:
+    """Whether the step's padded batch hands SDPA masking_utils' boolean mask (transformers 4.53.0 on),
+    which SDPA makes additive at each call; before 4.53 the mask is additive already, one for all layers
+    (``Profile.float_padding_mask``: :func:`peakmem.formulas.activations.layer.causal_mask_bytes`)."""
+    return sh.profile.padding_mask and not sh.profile.float_padding_mask
 
 
 def efficient_backward_scratch(att: Attention, sh: Shapes) -> int:

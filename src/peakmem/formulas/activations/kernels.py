@@ -11,7 +11,7 @@ from peakmem.training import AttentionKernel, KernelPolicy, TrainingSetup
 
 from ..kbit_prep import compute_dtype
 from ..model_states import precision_plan
-from ..profiles import PROFILES, Profile
+from ..profiles import Profile, profile_of
 
 MATH = "SDPA's math kernel"
 
@@ -59,10 +59,11 @@ def sliding_mask(att: Attention, seq: int) -> bool:
     return att.sliding_window is not None and seq >= att.sliding_window
 
 
-def sdpa_mask(spec: ModelSpec, att: Attention, seq: int) -> bool:
+def sdpa_mask(spec: ModelSpec, att: Attention, seq: int, padded: bool = False) -> bool:
     """Whether ``att``'s SDPA call at ``seq`` tokens passes an explicit ``attn_mask``: always for a model
-    whose mask is materialised (``ModelSpec.sdpa_mask``: Falcon), else where :func:`sliding_mask` holds."""
-    return spec.sdpa_mask or sliding_mask(att, seq)
+    whose mask is materialised (``ModelSpec.sdpa_mask``: Falcon) and for a batch with padding (``padded``:
+    ``Profile.padding_mask``), else where :func:`sliding_mask` holds."""
+    return spec.sdpa_mask or padded or sliding_mask(att, seq)
 
 
 def sdpa_call_heads(
@@ -72,15 +73,17 @@ def sdpa_call_heads(
     which decides a sliding window's mask) hands the kernel, and whether it passes ``enable_gqa``
     (``ModelSpec.sdpa_kv``): transformers' shared ``sdpa_attention_forward`` passes the k/v heads with
     ``enable_gqa=True`` when ``use_gqa_in_sdpa`` holds (integrations/sdpa_attention.py: no mask, equal
-    k/v head sizes <= 256), else ``repeat_kv`` copies to all heads; torchtune's attention expands them
-    (``Profile.sdpa_repeats_kv``)."""
+    k/v head sizes <= 256), else ``repeat_kv`` copies to all heads, and before 4.54.0 it always copies
+    (``Profile.sdpa_call_repeats_kv``); a padded batch passes a mask (``Profile.padding_mask``); torchtune's
+    attention expands them (``Profile.sdpa_repeats_kv``)."""
     att = att or spec.first_layer.attention
     a, g = att.num_heads, att.num_kv_heads
     if spec.sdpa_kv == "broadcast":
         return g, False
-    if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv:
+    if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv or profile.sdpa_call_repeats_kv:
         return a, False
-    if not sdpa_mask(spec, att, seq) and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
+    masked = sdpa_mask(spec, att, seq, profile.padding_mask)
+    if not masked and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
         return g, g < a
     return a, False
 
@@ -90,7 +93,7 @@ def sdpa_call_backend(spec: ModelSpec, setup: TrainingSetup, att: Attention | No
     default) makes under ``setup``."""
     att = att or spec.first_layer.attention
     half = activation_compute(setup).bits < 32
-    return call_backend(spec, att, PROFILES[setup.framework], half=half, seq=setup.seq_len)[0]
+    return call_backend(spec, att, profile_of(setup), half=half, seq=setup.seq_len)[0]
 
 
 def activation_compute(setup: TrainingSetup) -> DType:
@@ -107,7 +110,8 @@ def call_backend(
     the kernel (:func:`sdpa_call_heads`)."""
     kv, gqa = sdpa_call_heads(spec, profile, att, seq)
     backend = cuda_sdpa_backend(
-        half=half, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa, mask=sdpa_mask(spec, att, seq),
+        half=half, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa,
+        mask=sdpa_mask(spec, att, seq, profile.padding_mask),
         qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
     )  # fmt: skip
     return backend, kv
@@ -133,11 +137,12 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
     if cpu and att.head_dim != att.v_head_dim:
         return AttentionKernel.EAGER, f"{MATH} on CPU: q/k head size {att.head_dim} != v {att.v_head_dim}"
     if not cpu and setup.attention is AttentionKernel.SDPA and sdpa_call_backend(spec, setup) == "math":
-        kv, gqa = sdpa_call_heads(spec, PROFILES[setup.framework], seq=setup.seq_len)
+        profile = profile_of(setup)
+        kv, gqa = sdpa_call_heads(spec, profile, seq=setup.seq_len)
         return AttentionKernel.EAGER, (
             f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
             + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
-            + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len) else "")
+            + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len, profile.padding_mask) else "")
             + f", {activation_compute(setup).name} inputs (sdp_utils.cpp select_sdp_backend)"
         )
     return setup.attention, ""

@@ -17,7 +17,7 @@ from peakmem.errors import ConfigError
 from peakmem.model import DECODER_TASKS, Layer, ModelSpec
 from peakmem.training import AttentionKernel, Checkpointing
 
-from .attention import attention_terms
+from .attention import attention_terms, padding_bool_mask
 from .expert_loop import expert_rows, loop_backward, loop_interior
 from .fused import compiled_layer_input
 from .kernels import MATH
@@ -79,13 +79,24 @@ def layer_end_forward(spec: ModelSpec, sh: Shapes) -> tuple[int, ...]:
     return (t * h * sh.c, *(t * h * sh.r,) * (1 + unsaved))
 
 
+BOOL_MASK_BYTES = 1  # torch.bool: one byte an element
+SRC_FLOAT_MASK = "transformers 4.30-4.52 _update_causal_mask: additive 4-D mask where the batch is padded"
+
+
 def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
     """The 4-D causal mask a decoder builds once per forward and passes to every layer:
     ``create_causal_mask`` (transformers/masking_utils.py) materialises B x 1 x s x s in the model's
     dtype for eager attention; for SDPA it returns None and the kernel runs ``is_causal``."""
     eager = sh.kernel is AttentionKernel.EAGER and not sh.kernel_note.startswith(MATH)
-    if spec.task not in DECODER_TASKS or not eager:
+    if spec.task not in DECODER_TASKS:
         return 0
+    if not eager:
+        # a batch with padding hands SDPA masking_utils' boolean mask (transformers 4.53.0 on,
+        # ``Profile.padding_mask``; measured: tiny Llama, 5.23, benchmarks/sdpa_repeat_kv.py); before 4.53 an
+        # additive one that SDPA saves, alive through the step (:func:`padding_mask_items`)
+        if not padding_bool_mask(sh):
+            return 0
+        return sh.batch * sh.seq * sh.seq * BOOL_MASK_BYTES
     # one mask per kind of layer: a model mixing full and sliding-window layers builds both
     # (modeling_gemma2.py Gemma2Model.forward ``causal_mask_mapping``; Qwen2/3 when ``has_sliding_layers``);
     # all-sliding Mistral builds its sliding mask only
@@ -413,6 +424,22 @@ def _is_core(item: MemoryItem) -> bool:
     return item.key in CORE_KEYS
 
 
+def padding_mask_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
+    """Before transformers 4.53 a padded batch's SDPA mask (``Profile.float_padding_mask``): one B x 1 x s x s
+    additive mask in the model's dtype (4.52.1 modeling_llama.py ``_update_causal_mask``, min_dtype where
+    masked) handed to every layer and saved by each SDPA call (no checkpointing) or each checkpoint
+    (full): one tensor alive through the step (measured: tiny Llama, 4.48.1, +1.05 MB at 2 x 512 bf16 with
+    and without checkpointing, benchmarks/sdpa_repeat_kv.py)."""
+    if (
+        spec.task not in DECODER_TASKS
+        or sh.kernel is not AttentionKernel.SDPA
+        or not sh.profile.float_padding_mask
+    ):
+        return ()
+    mask = sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
+    return (item("padded batch's additive SDPA mask", mask, SRC_FLOAT_MASK, "embed.padding_mask"),)
+
+
 def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
     """Before the first layer: token ids (int64, kept by embedding backward), embedding dropout,
     BERT-style embedding LayerNorm, and RoPE cos/sin (B x s x d, shared by all layers)."""
@@ -431,6 +458,7 @@ def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
                 "embed.dropout_mask",
             )
         )
+    items.extend(padding_mask_items(spec, sh))
     if spec.position == "rope" and not sh.profile.rope_cache_at_seq:  # Lit-GPT slices its cached buffers
         d = spec.first_layer.attention.head_dim
         # cos/sin follow position_ids (1 x seq), in the dtype of the hidden states

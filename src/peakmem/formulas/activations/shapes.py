@@ -21,7 +21,7 @@ from peakmem.transformers_versions import experts_loop, keeps_clamped_scores
 from ..kbit_prep import compute_dtype, residual_dtype
 from ..memo import Memo
 from ..model_states import PrecisionPlan, precision_plan
-from ..profiles import PROFILES, Profile, derived_code
+from ..profiles import PROFILES, Profile, derived_code, profile_of
 from .kernels import MATH, kernel_choice
 
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
@@ -163,7 +163,7 @@ def shapes(
     return Shapes(
         batch=setup.micro_batch, seq=setup.seq_len, plan=plan, policy=setup.kernel_policy,
         kernel=kernel, math_fallback=fallback, kernel_note=why,
-        profile=PROFILES[setup.framework], compiled=setup.compiled,
+        profile=profile_of(setup), compiled=setup.compiled,
         fused_kernels=setup.liger or PROFILES[setup.framework].fused_kernels, family=family,
         costs=costs, memo=memo, float8_weights=setup.float8_all_gather, quantized_base=quant is not None,
         quantized_experts=quant is not None and quant.expert_linears,
