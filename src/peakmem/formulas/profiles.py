@@ -88,7 +88,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 from peakmem import dtypes
@@ -367,6 +367,10 @@ def fabric_quant(quant: QuantConfig) -> QuantConfig:
     return replace(quant, quantize_head=True, state_dtype=FABRIC_QUANT_STATE_DTYPE if quant.is_4bit else None)
 
 
+# the (release, padded) profiles kept: bounded, since the release is the user's text (the web face)
+HF_PROFILES_KEPT = 64
+
+
 def profile_of(setup: TrainingSetup) -> Profile:
     """``setup``'s framework profile as its release and batches run it. transformers (``Framework.HF``):
     SDPA copies GQA k/v to every head before 4.54.0 whatever the mask
@@ -383,7 +387,7 @@ def profile_of(setup: TrainingSetup) -> Profile:
     )
 
 
-@cache
+@lru_cache(maxsize=HF_PROFILES_KEPT)
 def _hf_profile(version: str, padded: bool) -> Profile:
     repeats = sdpa_repeats_kv(version, masked=False)
     if not (repeats or padded):
