@@ -12,26 +12,33 @@ full; ``--pad`` gives the batch's last row a padded last quarter (``--padded-len
 measured - 1 at seq 256 / 1024, before (main 2f95ae1: no repeat for any release, no padding mask) and
 after, measured 2026-12-07 (torch 2.13 CPU; transformers 4.48.1 + peft 0.13.2, and 5.23.0):
 
-    release  batches  method  ckpt   before              after
-    4.48.1   fixed    lora    none   -8.9 / -10.3 %      -4.5 / -5.1 %
-    4.48.1   fixed    lora    full   -3.2 / -4.3 %       +0.2 / +0.0 %
-    4.48.1   fixed    full    none   -7.8 / -9.9 %       -4.2 / -5.1 %
-    4.48.1   fixed    full    full   -4.1 / -7.0 %       -1.6 / -2.8 %
-    4.48.1   padded   lora    none   -10.3 / -16.1 %     -4.4 / -4.9 %
-    4.48.1   padded   lora    full   -5.5 / -14.2 %      +0.1 / -0.0 %
-    4.48.1   padded   full    none   -8.9 / -15.5 %      -4.2 / -4.8 %
-    4.48.1   padded   full    full   -5.7 / -16.4 %      -1.7 / -2.6 %
-    5.23.0   fixed    (all)          unchanged (lora -6.2 / -7.2, +0.2 / +0.0 %; full -3.2 / -3.7, -0.0 %)
-    5.23.0   padded   lora    none   -13.0 / -22.7 %     -5.8 / -6.1 %
-    5.23.0   padded   lora    full   -6.5 / -18.4 %      +0.1 / -0.0 %
-    5.23.0   padded   full    none   -9.0 / -19.5 %      -3.0 / -3.2 %
-    5.23.0   padded   full    full   -4.9 / -18.5 %      -0.1 / -0.1 %
+    release  batches  method  ckpt   before              after               + final norm (lead)
+    4.48.1   fixed    lora    none   -8.9 / -10.3 %      -4.5 / -5.1 %       +0.0 / +0.0 %
+    4.48.1   fixed    lora    full   -3.2 / -4.3 %       +0.2 / +0.0 %       +0.2 / +0.0 %
+    4.48.1   fixed    full    none   -7.8 / -9.9 %       -4.2 / -5.1 %       -1.8 / -1.8 %
+    4.48.1   fixed    full    full   -4.1 / -7.0 %       -1.6 / -2.8 %       -1.6 / -2.8 %
+    4.48.1   padded   lora    none   -10.3 / -16.1 %     -4.4 / -4.9 %       -0.0 / -0.0 %
+    4.48.1   padded   lora    full   -5.5 / -14.2 %      +0.1 / -0.0 %       +0.1 / -0.0 %
+    4.48.1   padded   full    none   -8.9 / -15.5 %      -4.2 / -4.8 %       -1.8 / -1.8 %
+    4.48.1   padded   full    full   -5.7 / -16.4 %      -1.7 / -2.6 %       -1.7 / -2.6 %
+    5.23.0   fixed    lora    none   -6.2 / -7.2 %       (unchanged)         +0.0 / +0.0 %
+    5.23.0   fixed    lora    full   +0.2 / +0.0 %       (unchanged)         +0.2 / +0.0 %
+    5.23.0   fixed    full    none   -3.2 / -3.7 %       (unchanged)         +0.6 / +1.6 %
+    5.23.0   fixed    full    full   -0.0 / -0.0 %       (unchanged)         -0.0 / -0.0 %
+    5.23.0   padded   lora    none   -13.0 / -22.7 %     -5.8 / -6.1 %       -0.0 / -0.0 %
+    5.23.0   padded   lora    full   -6.5 / -18.4 %      +0.1 / -0.0 %       +0.1 / -0.0 %
+    5.23.0   padded   full    none   -9.0 / -19.5 %      -3.0 / -3.2 %       +0.6 / +1.3 %
+    5.23.0   padded   full    full   -4.9 / -18.5 %      -0.1 / -0.1 %       -0.1 / -0.1 %
+
+The last column adds the final RMSNorm's backward right after the head's (formulas/loss.py
+``final_norm_backward``: five fp32 T x h tensors beside every saved activation, the peak at this vocabulary
+of 256), measured again 2026-12-07 by the lead.
 
 At seq 512 the padding's bytes, no checkpointing: 4.48.1 one 2 x 512 x 512 bf16 mask, +1.05 MB (measured
 +1.065 MB); 5.23 k/v repeated and the mask made additive per layer, +3.57 MB (measured +3.69 MB). The
-no-checkpointing rows' remaining -3..-7 % is not this: it is there with 8 KV heads (no GQA) too, in the
-backward peak (measured backward temporaries 5.2 MB against the formulas' 2.1 MB at seq 512: the loss /
-head backward at this small vocabulary), not investigated here.
+middle column's -3..-7 % without checkpointing was not this: it is there with 8 KV heads (no GQA) too, in
+the backward peak (measured backward temporaries 5.2 MB against the formulas' 2.1 MB at seq 512): the
+final RMSNorm's backward, modelled since (the last column).
 
 Run it with the project's venv (5.x) or a transformers 4.x venv beside it, e.g. ``PYTHONPATH=src
 /tmp/tf4-venv/bin/python benchmarks/sdpa_repeat_kv.py --pad``. Not a test; nothing imports it.

@@ -51,7 +51,7 @@ from peakmem.formulas import padded_lengths as _padded
 from peakmem.formulas import zero_streams as _zs
 from peakmem.formulas.activations import float8 as _f8
 from peakmem.formulas.autocast_cache import weight_cache
-from peakmem.formulas.loss import framework_head, head_activations
+from peakmem.formulas.loss import final_norm_backward, framework_head, head_activations
 from peakmem.formulas.memo import Memo
 from peakmem.formulas.model_states import spec_facts
 from peakmem.formulas.overhead import Overheads
@@ -451,7 +451,9 @@ def _step_at(
             head = framework_head(spec, head, sh, setup)
         head = mp.tp_head_activations(quantized_head(spec, _lowbit.adapt_head_loss(spec, head, sh, setup), sh,
                                                      setup), par)  # fmt: skip
-        head_items, head_fwd, head_bwd = head.saved, head.forward_transient, head.backward_transient
+        norm_bwd = final_norm_backward(spec, sh, head, par.tp if par.sequence_parallel else 1)
+        head_items, head_fwd = head.saved, head.forward_transient
+        head_bwd = max(head.backward_transient, norm_bwd)  # the CE gradients, or the final norm's after them
         logits_grad, head_in_model = head.logits_grad, head.in_model
     else:  # a middle stage receives its output gradient from the next stage
         hidden = mp.cdiv(sh.tokens * spec.hidden_size * sh.c, par.tp if par.sequence_parallel else 1)

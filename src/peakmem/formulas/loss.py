@@ -24,6 +24,7 @@ from peakmem.model import ModelSpec
 from peakmem.transformers_versions import TransformersRelease, release_facts
 
 from .activations import Shapes, norm_saved
+from .activations.norms import rmsnorm_backward_temporaries
 
 SRC_CE = "transformers loss/loss_utils.py ForCausalLMLoss: logits.float(); cross_entropy saves log_softmax"
 # An LM head that soft-caps the logits (``ModelSpec.final_logit_softcap``): ``tanh(logits / cap) * cap``
@@ -42,6 +43,28 @@ class HeadActivations:
     # beyond the saved tensors, the most alive while the head runs inside the model, before it returns
     # (a quantized head's dequantized weight: formulas/quant_head.py); 0: nothing beyond the layers'
     in_model: int = 0
+
+
+SRC_FINAL_NORM_BACKWARD = (
+    "modeling_llama.py LlamaRMSNorm on hidden_states.to(float32): its backward right after the head's holds "
+    "mul x3, div, pow (fp32 T x h), beside every layer's saved tensors; measured, "
+    "tiny Llama (hidden 256, vocab 256) on the CPU, transformers 5.23: 5.2 MB at 2 x 512 tokens"
+)
+
+
+def final_norm_backward(spec: ModelSpec, sh: Shapes, head: HeadActivations, hidden_split: int = 1) -> int:
+    """Beyond the saved tensors, what the final RMSNorm's backward holds right after the head's: its fp32
+    temporaries (:func:`.activations.norms.rmsnorm_backward_temporaries`, ``/ hidden_split`` under sequence
+    parallelism), less what the head saved beside the norm's own tensors (freed by the head's backward).
+    Unlike a block's second norm (norms.py ``pre_mlp_norm_stage``) no residual branch keeps the incoming
+    gradient: the measured peak holds the five fp32 tensors only. The peak where the vocabulary is small
+    next to the hidden size, or where the loss never makes the logits' gradient (a fused loss); 0 for other
+    norms, fused or compiled ones and models without a final norm."""
+    tmp = rmsnorm_backward_temporaries(spec, sh, spec.hidden_size) if spec.final_norm else 0
+    if not tmp:
+        return 0
+    freed = sum([i.bytes for i in head.saved if i.key != "head.final_norm"])
+    return max(0, -(-tmp // hidden_split) - freed)
 
 
 def _act(path: str, nbytes: int, source: str, key: str) -> MemoryItem:
