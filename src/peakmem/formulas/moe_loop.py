@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.activations.expert_loop import expert_rows, loop_tail
+from peakmem.formulas.activations.layer import GATED_MLP_TENSORS
 from peakmem.formulas.activations.mlp import interior_bytes
 from peakmem.training import Framework, TrainingSetup
 from peakmem.transformers_versions import gpt_oss_expert_loop
@@ -52,7 +53,6 @@ SRC_COPIES = (
 LOOP_MODEL_TYPES = frozenset({"gpt_oss"})  # the 4.x experts that loop in training with indexed 3-D weights
 FULL_SIZE_AT_PEAK = 2  # the running sum and the new expert's full-size gradient (added into it in place)
 EXPERTS_DONE_AT_PEAK = 2  # the peak is at the second expert backward reaches: the first's copies are freed
-GATED_TENSORS = 4  # a gated expert's saved interior when trained: w1's output, act, w3's output, the product
 
 
 def experts_hit(num_experts: int, tokens: int, top_k: int) -> int:
@@ -102,7 +102,7 @@ def linear_loop_layer(
     m = interior_bytes(mlp, sh)
     n = expert_rows(mlp, t)
     product = n * mlp.intermediate_size * m
-    full_interior = GATED_TENSORS * t * mlp.experts_per_token * mlp.intermediate_size * m
+    full_interior = GATED_MLP_TENSORS * t * mlp.experts_per_token * mlp.intermediate_size * m
     not_saved = 0 if keyed.get("input.mlp") else t * h * sh.r
     not_saved += 0 if keyed.get("moe.routed_inputs") else n * h * sh.r
     not_saved += product if keyed.get("mlp.interior", 0) < full_interior else 0

@@ -12,6 +12,7 @@ layer's activations during backward; ``selective`` (Korthikanti et al. 2022, arX
 
 from __future__ import annotations
 
+from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.errors import ConfigError
 from peakmem.model import DECODER_TASKS, Layer, ModelSpec
@@ -79,7 +80,6 @@ def layer_end_forward(spec: ModelSpec, sh: Shapes) -> tuple[int, ...]:
     return (t * h * sh.c, *(t * h * sh.r,) * (1 + unsaved))
 
 
-BOOL_MASK_BYTES = 1  # torch.bool: one byte an element
 SRC_FLOAT_MASK = "transformers 4.30-4.52 _update_causal_mask: additive 4-D mask where the batch is padded"
 
 
@@ -96,7 +96,7 @@ def causal_mask_bytes(spec: ModelSpec, sh: Shapes) -> int:
         # additive one that SDPA saves, alive through the step (:func:`padding_mask_items`)
         if not padding_bool_mask(sh):
             return 0
-        return sh.batch * sh.seq * sh.seq * BOOL_MASK_BYTES
+        return dtypes.BOOL.nbytes(sh.batch * sh.seq * sh.seq)
     # one mask per kind of layer: a model mixing full and sliding-window layers builds both
     # (modeling_gemma2.py Gemma2Model.forward ``causal_mask_mapping``; Qwen2/3 when ``has_sliding_layers``);
     # all-sliding Mistral builds its sliding mask only
@@ -436,7 +436,7 @@ def padding_mask_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
         or not sh.profile.float_padding_mask
     ):
         return ()
-    mask = sh.batch * sh.seq * sh.seq * (sh.plan.weight.bits // 8)
+    mask = sh.plan.weight.nbytes(sh.batch * sh.seq * sh.seq)
     return (item("padded batch's additive SDPA mask", mask, SRC_FLOAT_MASK, "embed.padding_mask"),)
 
 

@@ -5,6 +5,7 @@ The configuration itself (``LoraConfig``, ``QuantConfig``) is an input: :mod:`pe
 * :mod:`.targets`: which modules and parameters peft adapts (``resolve_targets``);
 * :mod:`.params`: the tensors peft creates, their dtype, and the estimator's view of a LoRA / QLoRA
   job's model states (``optimizer_view``, ``finetune_weight_rows``, ``assumptions``);
+* :mod:`.layers`: the layer groups LoRA splits off (the first layer, layers a target names);
 * :mod:`.deltas`: what the adapters add to, and the frozen base drops from, the base activations of
   :mod:`peakmem.formulas.activations` (which never imports this package).
 """
@@ -19,9 +20,8 @@ from .deltas import (
     adapter_forward_transient,
     adapter_saved_per_module,
     param_wrapper_saved,
-    split_first_layer,
-    split_target_layers,
 )
+from .layers import split_first_layer, split_target_layers
 from .params import (
     adapter_dtype,
     adapter_tensors,

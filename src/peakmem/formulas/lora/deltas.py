@@ -12,7 +12,6 @@ A quantized base's Linears that keep their input themselves (LLM.int8; 4-bit bef
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +19,7 @@ from peakmem import dtypes
 from peakmem.adapters import LoraConfig, QuantConfig, lora_of, measured_lora, quant_of
 from peakmem.bnb_versions import BNB_CURRENT, release_facts
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.model import FIRST_BLOCK, Layer, LayerGroup, ModelSpec
+from peakmem.model import Layer, ModelSpec
 from peakmem.peft_versions import PEFT_CURRENT, PeftRelease
 from peakmem.peft_versions import release_facts as peft_facts
 
@@ -738,40 +737,6 @@ def adapt_head(spec: ModelSpec, head: HeadActivations, sh: Shapes, setup: Any) -
             nbytes -= rmsnorm_weight_side_bytes(spec, sh, h)
         out.append(item if nbytes == item.bytes >= 0 else replace(item, bytes=max(0, nbytes)))
     return replace(head, saved=tuple(i for i in out if i.bytes))
-
-
-def split_first_layer(spec: ModelSpec) -> ModelSpec:
-    """The same spec with its first layer as a group of its own: under LoRA nothing before the first
-    adapter requires grad, so the first layer saves less than the others (see :func:`adapt_layer`)."""
-    first = spec.groups[0]
-    layer = first.layer
-    if layer.derived is not None:  # a derived block: its costs measured on the first block itself
-        layer = replace(layer, derived=replace(layer.derived, key=layer.derived.key + FIRST_BLOCK))
-    if first.count == 1:
-        return (
-            spec
-            if layer is first.layer
-            else replace(spec, groups=(replace(first, layer=layer), *spec.groups[1:]))
-        )
-    groups = (LayerGroup(count=1, layer=layer), replace(first, count=first.count - 1), *spec.groups[1:])
-    return replace(spec, groups=groups)
-
-
-def split_target_layers(spec: ModelSpec, lora: LoraConfig, memo: Memo | None = None) -> ModelSpec:
-    """The same spec with each layer that a layer-indexed ``target_parameters`` key names
-    (``22.mlp.experts.gate_up_proj``) in a group of its own: only those layers hold the adapter, its
-    gradients and its ParamWrapper costs (a derived block keeps its key: its measured costs are the same)."""
-    chosen = {i for m in resolve_targets(spec, lora, memo) for i in m.layers}
-    if not chosen:
-        return spec
-    groups: list[LayerGroup] = []
-    start = 0
-    for g in spec.groups:
-        inside = {i for i in chosen if start <= i < start + g.count}
-        cuts = sorted({start, start + g.count} | inside | {i + 1 for i in inside})
-        groups += [replace(g, count=b - a) for a, b in itertools.pairwise(cuts)]
-        start += g.count
-    return spec if len(groups) == len(spec.groups) else replace(spec, groups=tuple(groups))
 
 
 def adapt_embedding_items(
