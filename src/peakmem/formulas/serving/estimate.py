@@ -108,16 +108,21 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     if setup.engine is Engine.HF:
         churn_categories.add(Category.KV_CACHE)
     churn = sum(i.bytes for i in peak.items if i.category in churn_categories)
-    resident = peak.bytes - churn
-    reserved = reserved_bytes(
-        resident=resident,
-        resident_rounding=tensor_rounding(
-            tuple(i.bytes for i in peak.items if i.category not in churn_categories)
-        ),
-        churn=churn,
-        fragmentation=ov.fraction,
-        expandable=ov.expandable_segments,
-    )
+
+    def reserved_at(phase: PhasePeak) -> int:
+        moving = sum(i.bytes for i in phase.items if i.category in churn_categories)
+        return reserved_bytes(
+            resident=phase.bytes - moving,
+            resident_rounding=tensor_rounding(
+                tuple(i.bytes for i in phase.items if i.category not in churn_categories)
+            ),
+            churn=moving,
+            fragmentation=ov.fraction,
+            expandable=ov.expandable_segments,
+        )
+
+    # no empty_cache between the load and generation: what the load cut stays reserved
+    reserved = max(reserved_at(p) for p in phases if p is peak or p.phase is Phase.LOAD)
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     kv_tp = setup.layout.attention_tp  # KV heads per rank: SGLang DP attention splits them tp // dp ways

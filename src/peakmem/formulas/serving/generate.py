@@ -22,6 +22,9 @@ the prefill forward computed every prompt position's logits and their fp32 copy 
 ``logits.float()``); those fp32 logits then stay referenced by ``outputs`` until the first decode step's
 forward returns (not modelled there: the last decode step, with the whole cache, is larger but for the
 shortest generations).
+From v4.50 ``from_pretrained(device_map=...)`` first warms the caching allocator with one block that can
+outgrow the weights (a tied head counted twice, bitsandbytes' Linears at half their 16-bit size): the
+load phase, and a floor under what stays reserved (:mod:`peakmem.formulas.serving.hf_load`).
 transformers 4.30-4.37 (Llama) and 4.35-4.38 (Mistral) keep RoPE cos/sin buffers of every position up to
 ``max_position_embeddings`` in each attention layer, resident with the weights
 (:mod:`peakmem.formulas.rope_buffers`).
@@ -44,6 +47,7 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
+from peakmem.formulas.serving.hf_load import warmup_load_items, warmup_note
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
@@ -179,7 +183,12 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         + sum(i.bytes for i in (*assistant_full, *buffers))
     }
     return EngineMemory(
-        prefill=prefill, decode=decode, overhead=overhead, extra=extra, notes=draft_notes(c) + kernel_notes(s)
+        prefill=prefill,
+        decode=decode,
+        overhead=overhead,
+        extra=extra,
+        notes=draft_notes(c) + kernel_notes(s) + warmup_note(c.spec, s, weights),
+        load=warmup_load_items(c.spec, s, weights) or None,
     )
 
 

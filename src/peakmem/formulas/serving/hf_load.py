@@ -1,0 +1,100 @@
+"""transformers' caching-allocator warm-up at ``from_pretrained(..., device_map=...)`` (engine ``hf``).
+
+From v4.50.0 ``_load_pretrained_model`` calls ``caching_allocator_warmup`` before any weight loads: one
+``torch.empty(byte_count // factor, dtype=torch.float16)`` per GPU, dropped at once, so the caching
+allocator keeps one block of ``byte_count`` (over ``factor`` / 2) bytes and later requests take slices
+of it. ``from_pretrained`` calls no ``empty_cache`` after it, so where the block is larger than the
+weights that land in it, the rest stays reserved, and allocated while the block exists: the load is
+the process's peak when nothing after it needs more. Which bytes it counts, by release (read in the
+wheels' ``modeling_utils.py`` / ``quantizers/base.py``):
+
+* v4.50.0-v4.53.3: every key of ``model_to_load.state_dict()`` (``expand_device_map(device_map,
+  expected_keys)``), so a tied LM head counts again beside its embedding; each at its meta dtype.
+  v4.50.0 skips quantized loads (``device_map is not None and hf_quantizer is None``).
+* v4.54.0-v4.57.x: the keys ``_get_tied_weight_keys(model)`` returns are skipped: the class's
+  ``_tied_weights_keys`` (``lm_head.weight``), whether or not the config ties it, so an untied head is
+  left out (its later allocation cuts its own segment; no block beyond the weights).
+* Quantized loads, v4.51.0-v4.57.x: ``factor`` is the quantizer's ``get_cuda_warm_up_factor()``, 4 for
+  bitsandbytes (the base class's: "half the model size"), over the meta model's sizes, where
+  ``preprocess_model`` has made each Linear a Linear4bit / Linear8bitLt of the unquantized shape in the
+  load dtype: half the 16-bit bytes, against a 4-bit model's quarter plus its 16-bit embeddings and head.
+* v5.0.0 on: ``get_total_byte_count`` counts each parameter's quantized size
+  (``hf_quantizer.param_element_size``) and skips only keys the config ties: the block is the weights.
+
+Not modelled: the cap at the free memory less 1.2 GiB (v4.52 on; 95 % of it before), quantizers other
+than bitsandbytes (GPTQ / AWQ / torchao / fp8 count their packed or scaled parameters and their own
+factors), a ``device_map`` over several GPUs (each GPU's share), and a model loaded without
+``device_map`` and moved with ``.to("cuda")``, which has no warm-up.
+"""
+
+from __future__ import annotations
+
+from peakmem.breakdown import Category, MemoryItem
+from peakmem.inference import InferenceSetup, Scheme
+from peakmem.model import ModelSpec
+
+WARMUP_FROM = (4, 50)  # v4.50.0: caching_allocator_warmup in _load_pretrained_model
+WARMUP_QUANTIZED_FROM = (4, 51)  # v4.51.0: quantized loads warmed too (factor 2 if no quantizer else 4)
+WARMUP_SKIPS_TIED_KEYS = (4, 54)  # v4.54.0: tied_param_names = _get_tied_weight_keys(model) skipped
+WARMUP_EXACT_SIZES = (5, 0)  # v5.0.0: get_total_byte_count, param_element_size, config-tied keys only
+# torch.empty(byte_count // factor, dtype=torch.float16): factor 2 allocates byte_count bytes
+UNQUANTIZED_FACTOR = 2
+BNB_WARMUP_FACTOR = 4  # quantizers/base.py HfQuantizer.get_cuda_warm_up_factor (bitsandbytes keeps it)
+FP16_BYTES = 2
+META_BYTES = {8: 1, 16: 2, 32: 4}  # bits of an unquantized load dtype -> bytes of one meta element
+LOAD_DTYPE_BYTES = 2  # a bitsandbytes load's torch_dtype (bf16 / fp16: the quantizer's float16 default)
+SRC = "transformers v4.50-v4.57 modeling_utils.py caching_allocator_warmup"
+
+
+def _head_numel(spec: ModelSpec) -> int:
+    return sum(t.numel for t in spec.outer if t.component == "head")
+
+
+def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
+    """Bytes of the warm-up block on the one GPU, 0 where the release or the format makes none, or
+    where it is the weights' own size (v5.0 on)."""
+    v, fmt = setup.version, setup.weight_format
+    if v < WARMUP_FROM or v >= WARMUP_EXACT_SIZES or setup.tp > 1 or setup.layout.parallel:
+        return 0
+    bnb = fmt.scheme in (Scheme.BNB_4BIT, Scheme.BNB_INT8)
+    if fmt.is_quantized and not (bnb and v >= WARMUP_QUANTIZED_FROM):
+        return 0
+    numel = spec.params
+    tied_extra = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings else 0
+    numel += tied_extra if v < WARMUP_SKIPS_TIED_KEYS else -_head_numel(spec)
+    if bnb:
+        return numel * LOAD_DTYPE_BYTES // BNB_WARMUP_FACTOR * FP16_BYTES
+    return numel * META_BYTES[fmt.bits] // UNQUANTIZED_FACTOR * FP16_BYTES
+
+
+def warmup_load_items(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> list[MemoryItem]:
+    """The load phase's items where the warm-up block outgrows the weights: the block itself, which
+    nothing else shares at that moment. Empty where the weights fill it."""
+    block = warmup_block_bytes(spec, setup)
+    if block <= weights.bytes:
+        return []
+    return [
+        MemoryItem(
+            path=f"caching_allocator_warmup block (transformers {setup.engine_version}: "
+            f"{block - weights.bytes:,} B beyond the weights, reserved from load on)",
+            category=Category.PARAMETERS,
+            bytes=block,
+            source=SRC,
+        )
+    ]
+
+
+def warmup_note(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> tuple[str, ...]:
+    block = warmup_block_bytes(spec, setup)
+    if block <= weights.bytes:
+        return ()
+    why = (
+        "bitsandbytes' meta Linears at their 16-bit size, halved"
+        if setup.weight_format.is_quantized
+        else "the tied LM head counted beside its embedding"
+    )
+    return (
+        f"transformers {setup.engine_version} from_pretrained(device_map=...) warms the caching allocator "
+        f"with one {block / 2**30:.2f} GiB block before the weights load ({why}); its free part stays "
+        "reserved until later requests reuse it (a model moved with .to('cuda') has no warm-up)",
+    )
