@@ -11,8 +11,10 @@ before the warm-up), expands ``device_map={"": "cuda:0"}`` over the state dict's
 what it is asked on the GPU. The parent computes peakmem's block for the same spec and release and
 prints both.
 
-Measured 2026-12-07 (torch 2.13 CPU, accelerate 1.16.0, bitsandbytes 0.50.2): all 36 rows (3 releases x
-vocab 1000 / 32 x tied / untied x bf16 / nf4 / int8) equal, block and bytes beyond the weights; the rows
+Measured 2026-12-07 (torch 2.13 CPU, accelerate 1.16.0, bitsandbytes 0.50.2): all 42 rows (3 releases x
+vocab 1000 / 32 x tied / untied x bf16 / nf4 / int8, and 4.53.3 / 4.57.1's tied vocab-1000 rows again on a
+device with 1.2 GiB + 100,000 B free, marked *, where the cap binds: 99,998 B bf16, 49,998 B nf4 / int8
+either side) equal, block and bytes beyond the weights; the rows
 with a block beyond the weights (tf: transformers, pm: peakmem; the rest: none either side, 5.x's blocks
 the weights' own quantized size):
 
@@ -46,9 +48,11 @@ TINY = {
 }
 VOCABS = (1000, 32)  # embeddings the largest tensor (a tied head's double count shows) / the Linears the bulk
 WEIGHTS = ("bf16", "nf4", "int8")
+# a device with 1.2 GiB + 100,000 B free: the v4.52+ cap (free less 1.2 GiB) binds on every tiny block
+CAPPED_FREE = int(1.2 * 2**30) + 100_000
 
 
-def _child(vocab: int, tied: bool, weights: str) -> dict[str, Any]:
+def _child(vocab: int, tied: bool, weights: str, free: int = 80 << 30) -> dict[str, Any]:
     import torch
     import transformers
     from accelerate import init_empty_weights
@@ -90,7 +94,7 @@ def _child(vocab: int, tied: bool, weights: str) -> dict[str, Any]:
 
     cuda = torch.cuda
     patches = {
-        "mem_get_info": lambda *a, **k: (80 << 30, 80 << 30),
+        "mem_get_info": lambda *a, **k: (free, 80 << 30),
         "memory_reserved": lambda *a, **k: 0,
         "memory_allocated": lambda *a, **k: 0,
         "current_device": lambda: 0,
@@ -106,11 +110,12 @@ def _child(vocab: int, tied: bool, weights: str) -> dict[str, Any]:
         for name, fn in saved.items():
             setattr(cuda, name, fn)
     release = transformers.__version__
-    return {"release": release, "vocab": vocab, "tied": tied, "weights": weights, "block": sum(asked)}
+    row = {"release": release, "vocab": vocab, "tied": tied, "weights": weights, "block": sum(asked)}
+    return {**row, "free": free if free != 80 << 30 else None}
 
 
 def _peakmem_row(row: dict[str, Any]) -> tuple[int, int]:
-    from peakmem.formulas.serving.context import resolve_context, weights_item
+    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, resolve_context, weights_item
     from peakmem.formulas.serving.hf_load import warmup_block_bytes
     from peakmem.formulas.weights import weight_rows
     from peakmem.hf import spec_from_config
@@ -122,7 +127,8 @@ def _peakmem_row(row: dict[str, Any]) -> tuple[int, int]:
     spec = spec_from_config(cfg, name="tiny-llama")
     major, minor = row["release"].split(".")[:2]
     setup = InferenceSetup(engine=Engine.HF, engine_version=f"{major}.{minor}", batch=1, context=32,
-                           prompt=16, weights=row["weights"])  # fmt: skip
+                           prompt=16, weights=row["weights"],
+                           gpu_bytes=row["free"] + CUDA_CONTEXT_BYTES if row["free"] else None)  # fmt: skip
     weights = weights_item(resolve_context(spec, setup), weight_rows(spec, setup.weight_format))
     return warmup_block_bytes(spec, setup), weights.bytes
 
@@ -134,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         rows = [_child(v, tied, w) for v in VOCABS for tied in (True, False) for w in WEIGHTS]
+        if int(rows[0]["release"].split(".")[0]) < 5:  # 5.x: the block is the weights' own size, not modelled
+            rows += [_child(VOCABS[0], True, w, free=CAPPED_FREE) for w in WEIGHTS]
         print(json.dumps(rows))
         return 0
     print(f"{'release':8} {'vocab':>5} {'head':6} {'weights':7} {'block (transformers)':>20} "
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         out = subprocess.run([python, __file__, "--child"], capture_output=True, text=True, check=True)
         for row in json.loads(out.stdout.strip().splitlines()[-1]):
             ours, weights = _peakmem_row(row)
-            head = "tied" if row["tied"] else "untied"
+            head = ("tied" if row["tied"] else "untied") + ("*" if row["free"] else "")
             shown = f"{ours:,}" if ours else "-"  # 0: no block modelled (5.x: the weights' own size)
             beyond_tf, beyond_pm = max(0, row["block"] - weights), max(0, ours - weights)
             print(f"{row['release']:8} {row['vocab']:>5} {head:6} {row['weights']:7} {row['block']:>20,} "

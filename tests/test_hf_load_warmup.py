@@ -1,6 +1,6 @@
 """transformers' caching-allocator warm-up at from_pretrained(device_map=...) (formulas/serving/hf_load.py),
 by hand on a tiny Llama; benchmarks/hf_load_warmup.py holds the same blocks against transformers 4.53.3,
-4.57.1 and 5.23.0's own caching_allocator_warmup (all 36 rows equal, 2026-12-07)."""
+4.57.1 and 5.23.0's own caching_allocator_warmup (all 42 rows equal, 2026-12-07)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from peakmem.breakdown import Phase
 from peakmem.catalog import get_model
 from peakmem.formulas.serving import estimate_inference
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.hf_load import warmup_block_bytes
 from peakmem.hf import spec_from_config
 from peakmem.inference import InferenceSetup
@@ -61,6 +62,19 @@ def test_parameter_count_by_hand() -> None:
 )
 def test_block_by_release(release: str, tied: bool, weights: str, block: int) -> None:
     assert warmup_block_bytes(_spec(tied), _setup(release, weights)) == block
+
+
+def test_free_memory_caps_the_bytes_before_the_factor() -> None:
+    """``min(byte_count, int(device_memory - 1.2 * 1024**3))`` from 4.52, ``int(0.95 * device_memory)``
+    before, device_memory the free bytes (here the GPU less peakmem's CUDA context)."""
+    spec, free = _spec(True), int(1.2 * 2**30) + 100_000
+    gpu = free + CUDA_CONTEXT_BYTES
+    # the margin in float arithmetic: int(100,000 - 0.8) = 99,999 bytes, then fp16 elements of it
+    assert warmup_block_bytes(spec, _setup("4.53", gpu_bytes=gpu)) == 99_999 // 2 * 2
+    assert warmup_block_bytes(spec, _setup("4.53", "nf4", gpu_bytes=gpu)) == 99_999 // 4 * 2
+    assert warmup_block_bytes(spec, _setup("4.51", gpu_bytes=300_000 + CUDA_CONTEXT_BYTES)) == 285_000
+    big = 80 * 2**30  # room: no cap
+    assert warmup_block_bytes(spec, _setup("4.53", gpu_bytes=big)) == (TIED_PARAMS + EMBED) * 2
 
 
 def test_tensor_parallel_not_modelled() -> None:

@@ -21,15 +21,18 @@ wheels' ``modeling_utils.py`` / ``quantizers/base.py``):
 * v5.0.0 on: ``get_total_byte_count`` counts each parameter's quantized size
   (``hf_quantizer.param_element_size``) and skips only keys the config ties: the block is the weights.
 
-Not modelled: the cap at the free memory less 1.2 GiB (v4.52 on; 95 % of it before), quantizers other
-than bitsandbytes (GPTQ / AWQ / torchao / fp8 count their packed or scaled parameters and their own
-factors), a ``device_map`` over several GPUs (each GPU's share), and a model loaded without
-``device_map`` and moved with ``.to("cuda")``, which has no warm-up.
+The block's bytes before the factor are capped at the device's free memory less 1.2 GiB (v4.52 on; 95 % of
+it in v4.50-v4.51), where the GPU is known (``gpu_bytes``: its free memory then taken as that less the CUDA
+context). Not modelled: quantizers other than bitsandbytes (GPTQ / AWQ / torchao / fp8 count their packed
+or scaled parameters and their own factors), a ``device_map`` over several GPUs (each GPU's share), and
+training (the same block under a QLoRA model the HF Trainer / TRL loads); a model loaded without
+``device_map`` and moved with ``.to("cuda")`` has no warm-up.
 """
 
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.inference import InferenceSetup, Scheme
 from peakmem.model import ModelSpec
 
@@ -43,6 +46,11 @@ BNB_WARMUP_FACTOR = 4  # quantizers/base.py HfQuantizer.get_cuda_warm_up_factor 
 FP16_BYTES = 2
 META_BYTES = {8: 1, 16: 2, 32: 4}  # bits of an unquantized load dtype -> bytes of one meta element
 LOAD_DTYPE_BYTES = 2  # a bitsandbytes load's torch_dtype (bf16 / fp16: the quantizer's float16 default)
+# the cap on byte_count: min(byte_count, max(0, int(device_memory - 1.2 * 1024**3))) from v4.52.0,
+# min(byte_count, int(0.95 * device_memory)) before (device_memory: torch.cuda.mem_get_info's free bytes)
+WARMUP_MARGIN_FROM = (4, 52)
+WARMUP_FREE_MARGIN_GIB = 1.2  # in float arithmetic, as transformers computes it
+WARMUP_FREE_FRACTION = 0.95
 SRC = "transformers v4.50-v4.57 modeling_utils.py caching_allocator_warmup"
 
 
@@ -62,9 +70,17 @@ def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
     numel = spec.params
     tied_extra = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings else 0
     numel += tied_extra if v < WARMUP_SKIPS_TIED_KEYS else -_head_numel(spec)
-    if bnb:
-        return numel * LOAD_DTYPE_BYTES // BNB_WARMUP_FACTOR * FP16_BYTES
-    return numel * META_BYTES[fmt.bits] // UNQUANTIZED_FACTOR * FP16_BYTES
+    byte_count = numel * (LOAD_DTYPE_BYTES if bnb else META_BYTES[fmt.bits])
+    if setup.gpu_bytes is not None:
+        free = max(0, setup.gpu_bytes - CUDA_CONTEXT_BYTES)
+        cap = (
+            int(free - WARMUP_FREE_MARGIN_GIB * 2**30)
+            if v >= WARMUP_MARGIN_FROM
+            else int(WARMUP_FREE_FRACTION * free)
+        )
+        byte_count = min(byte_count, max(0, cap))
+    factor = BNB_WARMUP_FACTOR if bnb else UNQUANTIZED_FACTOR
+    return byte_count // factor * FP16_BYTES
 
 
 def warmup_load_items(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> list[MemoryItem]:
