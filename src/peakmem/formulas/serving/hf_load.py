@@ -2,11 +2,11 @@
 
 From v4.50.0 ``_load_pretrained_model`` calls ``caching_allocator_warmup`` before any weight loads: one
 ``torch.empty(byte_count // factor, dtype=torch.float16)`` per GPU, dropped at once, so the caching
-allocator keeps one block of ``byte_count`` (over ``factor`` / 2) bytes and later requests take slices
-of it. ``from_pretrained`` calls no ``empty_cache`` after it, so where the block is larger than the
-weights that land in it, the rest stays reserved, and allocated while the block exists: the load is
-the process's peak when nothing after it needs more. Which bytes it counts, by release (read in the
-wheels' ``modeling_utils.py`` / ``quantizers/base.py``):
+allocator keeps one block of ``2 * byte_count / factor`` bytes (``factor`` 2: ``byte_count``) and later
+requests take slices of it. ``from_pretrained`` calls no ``empty_cache`` after it, so where the block
+is larger than the weights that land in it, the rest stays reserved, and allocated while the block
+exists: the load is the process's peak when nothing after it needs more. Which bytes it counts, by
+release (read in the wheels' ``modeling_utils.py`` / ``quantizers/base.py``):
 
 * v4.50.0-v4.53.3: every key of ``model_to_load.state_dict()`` (``expand_device_map(device_map,
   expected_keys)``), so a tied LM head counts again beside its embedding; each at its meta dtype.
