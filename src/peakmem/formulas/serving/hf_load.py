@@ -84,19 +84,21 @@ def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
 
 
 def warmup_load_items(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> list[MemoryItem]:
-    """The load phase's items where the warm-up block outgrows the weights: the block itself, which
-    nothing else shares at that moment. Empty where the weights fill it."""
+    """The load phase's items where the warm-up block outgrows the weights: one allocation at that
+    moment, shown as the weights that will fill it and the rest, allocator slack from then on. Empty
+    where the weights fill it."""
     block = warmup_block_bytes(spec, setup)
     if block <= weights.bytes:
         return []
     return [
+        weights,
         MemoryItem(
-            path=f"caching_allocator_warmup block (transformers {setup.engine_version}: "
-            f"{block - weights.bytes:,} B beyond the weights, reserved from load on)",
-            category=Category.PARAMETERS,
-            bytes=block,
+            path=f"caching_allocator_warmup block beyond the weights (transformers {setup.engine_version}; "
+            "cached, free from the load on)",
+            category=Category.OVERHEAD,
+            bytes=block - weights.bytes,
             source=SRC,
-        )
+        ),
     ]
 
 
