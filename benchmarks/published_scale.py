@@ -225,6 +225,9 @@ PRECISION = {
     # DeepSpeed bf16 (ds_config bf16 enabled, the HF Trainer's bf16=True filling 'auto'): bf16 module, fp32
     # master weights and Adam states of the trainable parameters, partitioned by ZeRO (the eighth search)
     "deepspeed-bf16": "mixed-bf16",
+    # float16 weights under the HF Trainer's fp16=True (unsloth's notebooks on a T4, the tenth search): 2-byte
+    # weights and fp32 adapters, the bytes of the bf16 entry above; no GradScaler state counted (A)
+    "fp16-weights-autocast-fp16": "bf16",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
