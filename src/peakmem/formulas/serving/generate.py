@@ -47,7 +47,7 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
-from peakmem.formulas.serving.hf_load import warmup_load_items, warmup_note
+from peakmem.formulas.serving.hf_load import warmup
 from peakmem.formulas.serving.speculative import draft_cache_bytes, draft_notes, draft_weights_item
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
@@ -176,6 +176,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         ),
     ]
     state = sum(i.bytes for i in state_items(c, b))
+    load, load_notes = warmup(c.spec, s, weights)
     extra: dict[str, object] = {
         "steady_state_bytes": weights.bytes
         + kv_full
@@ -187,8 +188,8 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         decode=decode,
         overhead=overhead,
         extra=extra,
-        notes=draft_notes(c) + kernel_notes(s) + warmup_note(c.spec, s, weights),
-        load=warmup_load_items(c.spec, s, weights) or None,
+        notes=draft_notes(c) + kernel_notes(s) + load_notes,
+        load=load or None,
     )
 
 

@@ -33,6 +33,7 @@ no warm-up.
 
 from __future__ import annotations
 
+from peakmem import dtypes
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.inference import InferenceSetup, Scheme
@@ -43,21 +44,17 @@ WARMUP_QUANTIZED_FROM = (4, 51)  # v4.51.0: quantized loads warmed too (factor 2
 WARMUP_SKIPS_TIED_KEYS = (4, 54)  # v4.54.0: tied_param_names = _get_tied_weight_keys(model) skipped
 WARMUP_EXACT_SIZES = (5, 0)  # v5.0.0: get_total_byte_count, param_element_size, config-tied keys only
 # torch.empty(byte_count // factor, dtype=torch.float16): factor 2 allocates byte_count bytes
+BLOCK_DTYPE = dtypes.FP16
 UNQUANTIZED_FACTOR = 2
 BNB_WARMUP_FACTOR = 4  # quantizers/base.py HfQuantizer.get_cuda_warm_up_factor (bitsandbytes keeps it)
-FP16_BYTES = 2
-META_BYTES = {8: 1, 16: 2, 32: 4}  # bits of an unquantized load dtype -> bytes of one meta element
-LOAD_DTYPE_BYTES = 2  # a bitsandbytes load's torch_dtype (bf16 / fp16: the quantizer's float16 default)
+# a bitsandbytes load's meta Linears are in its torch_dtype: bf16 or fp16 (the quantizer's float16 default)
+BNB_LOAD_DTYPE = dtypes.FP16
 # the cap on byte_count: min(byte_count, max(0, int(device_memory - 1.2 * 1024**3))) from v4.52.0,
 # min(byte_count, int(0.95 * device_memory)) before (device_memory: torch.cuda.mem_get_info's free bytes)
 WARMUP_MARGIN_FROM = (4, 52)
 WARMUP_FREE_MARGIN_GIB = 1.2  # in float arithmetic, as transformers computes it
 WARMUP_FREE_FRACTION = 0.95
 SRC = "transformers v4.50-v4.57 modeling_utils.py caching_allocator_warmup"
-
-
-def _head_numel(spec: ModelSpec) -> int:
-    return sum(t.numel for t in spec.outer if t.component == "head")
 
 
 def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
@@ -70,9 +67,11 @@ def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
     if fmt.is_quantized and not (bnb and v >= WARMUP_QUANTIZED_FROM):
         return 0
     numel = spec.params
-    tied_extra = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings else 0
-    numel += tied_extra if v < WARMUP_SKIPS_TIED_KEYS else -_head_numel(spec)
-    byte_count = numel * (LOAD_DTYPE_BYTES if bnb else META_BYTES[fmt.bits])
+    if v < WARMUP_SKIPS_TIED_KEYS:  # every state-dict key: a tied head's again
+        numel += spec.vocab_size * spec.head_in_features if spec.tie_word_embeddings else 0
+    else:  # the class's lm_head key skipped, tied (counted once already) or not
+        numel -= spec.params_by_component().get("head", 0)
+    byte_count = BNB_LOAD_DTYPE.nbytes(numel) if bnb else numel * fmt.bits // 8
     if setup.gpu_bytes is not None:
         free = max(0, setup.gpu_bytes - CUDA_CONTEXT_BYTES)
         cap = (
@@ -82,39 +81,33 @@ def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
         )
         byte_count = min(byte_count, max(0, cap))
     factor = BNB_WARMUP_FACTOR if bnb else UNQUANTIZED_FACTOR
-    return byte_count // factor * FP16_BYTES
+    return BLOCK_DTYPE.nbytes(byte_count // factor)
 
 
-def warmup_load_items(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> list[MemoryItem]:
-    """The load phase's items where the warm-up block outgrows the weights: one allocation at that
-    moment, shown as the weights that will fill it and the rest, allocator slack from then on. Empty
-    where the weights fill it."""
+def warmup(
+    spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem
+) -> tuple[list[MemoryItem], tuple[str, ...]]:
+    """The load phase's items and the assumption, where the warm-up block outgrows the weights: one
+    allocation at that moment, shown as the weights that will fill it and the rest, allocator slack from
+    then on. Nothing where the weights fill it."""
     block = warmup_block_bytes(spec, setup)
     if block <= weights.bytes:
-        return []
-    return [
-        weights,
-        MemoryItem(
-            path=f"caching_allocator_warmup block beyond the weights (transformers {setup.engine_version}; "
-            "cached, free from the load on)",
-            category=Category.OVERHEAD,
-            bytes=block - weights.bytes,
-            source=SRC,
-        ),
-    ]
-
-
-def warmup_note(spec: ModelSpec, setup: InferenceSetup, weights: MemoryItem) -> tuple[str, ...]:
-    block = warmup_block_bytes(spec, setup)
-    if block <= weights.bytes:
-        return ()
+        return [], ()
+    rest = MemoryItem(
+        path=f"caching_allocator_warmup block beyond the weights (transformers {setup.engine_version}; "
+        "cached, free from the load on)",
+        category=Category.OVERHEAD,
+        bytes=block - weights.bytes,
+        source=SRC,
+    )
     why = (
         "bitsandbytes' meta Linears at their 16-bit size, halved"
         if setup.weight_format.is_quantized
         else "the tied LM head counted beside its embedding"
     )
-    return (
+    note = (
         f"transformers {setup.engine_version} from_pretrained(device_map=...) warms the caching allocator "
         f"with one {block / 2**30:.2f} GiB block before the weights load ({why}); its free part stays "
-        "reserved until later requests reuse it (a model moved with .to('cuda') has no warm-up)",
+        "reserved until later requests reuse it (a model moved with .to('cuda') has no warm-up)"
     )
+    return [weights, rest], (note,)
