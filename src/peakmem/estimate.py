@@ -650,7 +650,7 @@ def _estimate(
                                     for p in (forward, backward, optimizer))  # fmt: skip
     phases = (forward, backward, optimizer)
     peak = max(phases, key=_BYTES)
-    loaded = _load.load_phase(st, setup, par, ov.alloc_roundup_divisions)  # torchtune QLoRA's to_nf4, MXFP4
+    loaded = _load.load_phase(st, setup, par, ov)  # torchtune's to_nf4, MXFP4, a bitsandbytes base
     load, load_reserved = loaded if loaded is not None else (None, 0)
     top = peak if load is None or load.bytes <= peak.bytes else load
     churn = peak.bytes - st.persistent

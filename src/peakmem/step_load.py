@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import math
 
-from peakmem.adapters import lora_of
+from peakmem.adapters import FLOAT_BYTES, QuantConfig, lora_of, quant_of
 from peakmem.breakdown import Category, MemoryItem, Phase, PhasePeak
-from peakmem.formulas import mxfp4_load, nf4_load
-from peakmem.formulas.allocator import NO_ROUNDUP
+from peakmem.formulas import hf_warmup, mxfp4_load, nf4_load, qlora_load
 from peakmem.formulas.block_rounding import with_roundup
+from peakmem.formulas.kbit_prep import prepared, unquantized_dtype
 from peakmem.formulas.lora.params import adapter_tensors
-from peakmem.formulas.qlora import is_quantized
+from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.qlora import expert_linears, is_quantized
+from peakmem.formulas.weights import bnb_linear_storage
 from peakmem.model import ModelSpec, Tensor
 from peakmem.parallel import Parallelism
 from peakmem.step_parts import Static
 from peakmem.torchao_versions import release_facts
 from peakmem.training import Framework, Method, TrainingSetup
+from peakmem.transformers_versions import parse_transformers_version
 from peakmem.transformers_versions import release_facts as transformers_facts
 
 LOADED = (Category.PARAMETERS, Category.BUFFERS)  # what exists when the model is loaded
@@ -103,13 +106,93 @@ def mxfp4_load_phase(st: Static, setup: TrainingSetup) -> tuple[PhasePeak, int] 
     return PhasePeak(phase=Phase.LOAD, bytes=loaded, items=tuple(items)), loaded + st.resident_rounding
 
 
+# transformers' from_pretrained loads the bitsandbytes base for these front ends (unsloth wraps it)
+FROM_PRETRAINED = (Framework.HF, Framework.UNSLOTH)
+
+
+def bnb_applies(setup: TrainingSetup, par: Parallelism, single: bool) -> bool:
+    """A bitsandbytes QLoRA base that ``from_pretrained`` loads whole on one GPU
+    (:mod:`peakmem.formulas.qlora_load`). FSDP / ZeRO-3 load sharded: not modelled."""
+    return (
+        setup.method is Method.QLORA and setup.framework in FROM_PRETRAINED and single and par.is_single_gpu
+    )
+
+
+def bnb_base_tensors(spec: ModelSpec, quant: QuantConfig) -> tuple[qlora_load.BaseTensor, ...]:
+    """The base's tensors in module order as the load allocates them (formulas/qlora_load.py): each
+    bitsandbytes Linear (an MoE expert's one by one) with its 16-bit staging copy, the rest in the float
+    dtype, upcast to fp32 and cast back as ``quant.kbit_prep`` says (formulas/kbit_prep.py)."""
+    fmt, fb = quant.weight_format, FLOAT_BYTES[quant.float_dtype]
+    out: list[qlora_load.BaseTensor] = []
+    for t in _module_order(spec):
+        numel = math.prod(t.shape) * t.copies
+        if t.component == "head" and spec.tie_word_embeddings:
+            continue  # the embedding's own storage
+        if t.component != "router" and is_quantized(spec, t, quant):
+            w = expert_linears(t) if t.kind == "expert_weight" else t
+            linears = math.prod(w.shape[:-2]) * w.copies  # one Params4bit / Int8Params each
+            stored = bnb_linear_storage(w, fmt)[0]
+            out += [qlora_load.BaseTensor(loaded=stored // linears, staging=numel * fb // linears)] * linears
+            continue
+        cast = prepared(quant) and fb < FLOAT_BYTES["fp32"]  # peft casts fp16 / bf16 parameters only
+        final = unquantized_dtype(t, quant)
+        out.append(qlora_load.BaseTensor(
+            loaded=numel * fb, upcast=numel * FLOAT_BYTES["fp32"] if cast else 0,
+            back=numel * FLOAT_BYTES[final] if cast and final != "fp32" else 0,
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[PhasePeak, int] | None:
+    """The load of a bitsandbytes base (formulas/qlora_load.py): the resident weights and what the load
+    holds beyond them at its peak; its reserved bytes, the warm-up block's and the upcasts' segments,
+    replayed under the GPU's capacity where one GPU size is named."""
+    spec, quant, lora = st.tech.spec, quant_of(setup), lora_of(setup)
+    assert quant is not None
+    free = None if ov.device_bytes is None else max(0, ov.device_bytes - ov.context_bytes)
+    # the block is sized by the GPU's free memory (capped at it less 1.2 GiB): modelled where one is named
+    release = parse_transformers_version(setup.transformers)
+    block = 0 if free is None else hf_warmup.block_bytes(spec, release, quant.weight_format, free)
+    adapter_bytes = FLOAT_BYTES.get(lora.adapter_dtype, FLOAT_BYTES[quant.float_dtype])
+    adapters = tuple(
+        math.prod(t.shape) * adapter_bytes
+        for t, n in adapter_tensors(spec, lora)
+        for _ in range(n * t.copies)
+    )
+    replayed = qlora_load.replay_load(bnb_base_tensors(spec, quant), adapters, block, capacity=free)
+    items = [i for i in st.resident_items if i.category in LOADED]
+    held = replayed.peak_live - replayed.end_live
+    if held > 0:
+        what = (
+            "the caching_allocator_warmup block, allocated before the weights" if block >= replayed.peak_live
+            else "the fp32 upcast beside a 16-bit weight" if prepared(quant) else "a 16-bit staging copy"
+        )  # fmt: skip
+        items.append(MemoryItem(
+            path=f"bitsandbytes base load ({what}; transformers {setup.transformers})",
+            category=Category.TEMPORARIES, bytes=held, source=f"formulas/qlora_load.py; {qlora_load.SRC}",
+            key="load.bnb",
+        ))  # fmt: skip
+    if block:
+        items.append(MemoryItem(
+            path=f"caching_allocator_warmup block: {block:,} B, its rest cached from the load on (reserved)",
+            category=Category.OVERHEAD, bytes=0, source=hf_warmup.SRC, key="load.warmup",
+        ))  # fmt: skip
+    reserved = replayed.peak_reserved
+    if free is not None and replayed.peak_live <= free:
+        # cudaMalloc cannot reserve beyond the device: where the replay's segments outgrow it (after freeing
+        # the cache, as the allocator does) the real layout packs tighter, or the load raises OOM
+        reserved = min(reserved, free)
+    return PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items)), reserved
+
+
 def load_phase(
-    st: Static, setup: TrainingSetup, par: Parallelism, divisions: int = NO_ROUNDUP
+    st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
 ) -> tuple[PhasePeak, int] | None:
-    """The load phase and its reserved bytes, or None where neither :func:`applies` nor
-    :func:`mxfp4_applies` says so; ``divisions`` (roundup_power2_divisions) adds its blocks to both
-    (formulas/block_rounding.py)."""
-    got = _load_phase(st, setup, par)
+    """The load phase and its reserved bytes, or None where none of :func:`applies`,
+    :func:`mxfp4_applies` and :func:`bnb_applies` says so; ``ov.alloc_roundup_divisions``
+    (roundup_power2_divisions) adds its blocks to both (formulas/block_rounding.py)."""
+    got = _load_phase(st, setup, par, ov)
+    divisions = ov.alloc_roundup_divisions
     if got is None or divisions <= 1:
         return got
     phase, reserved = got
@@ -117,9 +200,13 @@ def load_phase(
     return rounded, reserved + rounded.bytes - phase.bytes
 
 
-def _load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[PhasePeak, int] | None:
+def _load_phase(
+    st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
+) -> tuple[PhasePeak, int] | None:
     if mxfp4_applies(setup, par, st.single):
         return mxfp4_load_phase(st, setup)
+    if bnb_applies(setup, par, st.single):
+        return bnb_load_phase(st, setup, ov)
     if not applies(setup, par, st.single):
         return None
     spec = st.tech.spec
@@ -144,4 +231,7 @@ def _load_phase(st: Static, setup: TrainingSetup, par: Parallelism) -> tuple[Pha
     return PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items)), reserved
 
 
-__all__ = ["applies", "load_phase", "load_tensors", "mxfp4_applies", "mxfp4_load_phase"]
+__all__ = [
+    "applies", "bnb_applies", "bnb_base_tensors", "bnb_load_phase", "load_phase", "load_tensors",
+    "mxfp4_applies", "mxfp4_load_phase",
+]  # fmt: skip

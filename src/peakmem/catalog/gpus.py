@@ -191,6 +191,11 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie",
         "architecture": "turing", "memory_bytes": 15360 * MiB,
         "memory_source": f"{_SMI}: 'Tesla T4 ... 15360MiB' (recent drivers; older ones showed 15109MiB)",
+        "driver_reserved_bytes": 15360 * MiB - 15828320256,
+        "driver_reserved_source": "nvidia-smi total 15360 MiB minus torch's total_memory on Colab's T4, "
+        "'GPU = Tesla T4. Max memory = 14.741 GB.' (round(torch.cuda.get_device_properties(0).total_memory "
+        "/ 1024**3, 3), printed by unslothai/notebooks and huggingface/trl's notebooks, 2024-2025): "
+        "14.741 GiB = 15828320256 B (to the printed rounding, +-0.5 MiB): 265 MiB",
         "bf16_tflops": 65.0, "bandwidth_gbps": 320.0,
         "aliases": ("tesla-t4", "tesla t4", "nvidia-t4", "t4-16gb"),
         "source": "NVIDIA T4 datasheet (mixed-precision FP16/FP32 65 TFLOPS)",

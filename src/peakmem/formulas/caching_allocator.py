@@ -21,9 +21,15 @@ default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: no expandable segments, n
   is at least 512 B (small pool) or more than 1 MiB (large pool); an unsplit block is allocated
   whole, and ``allocated_bytes`` counts the whole block;
 * ``free_block``/``try_merge_blocks``: a freed block merges with free neighbours of its segment;
-* segments are never returned to the driver (``release_cached_blocks`` runs only when
-  ``cudaMalloc`` fails, i.e. when the device is full, or on ``empty_cache()``): the model assumes
-  the device has room, so its reserved peak is what a large enough GPU shows.
+* segments are returned to the driver only when ``cudaMalloc`` fails (or on ``empty_cache()``): with
+  no ``capacity`` the model assumes the device has room, so its reserved peak is what a large enough
+  GPU shows; with one (the bytes the process may reserve: the GPU's less the CUDA context), a new
+  segment that would take reserved above it first makes the model do what ``malloc`` does when
+  ``alloc_block`` fails: ``release_available_cached_blocks`` returns false without ``max_split_size_mb``,
+  so ``release_cached_blocks`` frees every cached segment no block of is allocated (``release_blocks``:
+  ``!block->prev && !block->next``), and the segment is allocated (c10/cuda/CUDACachingAllocator.cpp,
+  ``DeviceCachingAllocator::malloc``). Where it still does not fit, the real allocator raises
+  ``OutOfMemoryError``; the model allocates it and counts an OOM (``ooms``).
 
 Addresses of new segments increase monotonically (what the driver returns is not modelled); this
 only matters for ties between free blocks of equal size.
@@ -83,11 +89,14 @@ class CachingAllocatorModel:
     (about 4,000 requests a step replay): written for CPython's speed, locals bound, no per-call
     objects but the blocks a split or a new segment makes."""
 
-    __slots__ = ("_next_addr", "_requests", "allocated", "allocations", "divisions", "large", "live",
-                 "requested", "reserved", "segments", "small")  # fmt: skip
+    __slots__ = ("_next_addr", "_requests", "allocated", "allocations", "capacity", "divisions", "large",
+                 "live", "ooms", "releases", "requested", "reserved", "segments", "small")  # fmt: skip
 
-    def __init__(self, divisions: int = NO_ROUNDUP) -> None:
+    def __init__(self, divisions: int = NO_ROUNDUP, capacity: int | None = None) -> None:
         self.divisions = divisions  # roundup_power2_divisions (formulas/allocator.py round_request)
+        self.capacity = capacity  # bytes the process may reserve (None: unbounded)
+        self.releases = 0  # release_cached_blocks calls (a cudaMalloc that failed)
+        self.ooms = 0  # requests that did not fit even after them
         self.small = _Pool(small=True)
         self.large = _Pool(small=False)
         self.live: dict[int, Block] = {}
@@ -125,6 +134,10 @@ class CachingAllocatorModel:
             block = pool.by_key.pop(free.pop(i))
         else:
             seg = segment_size(size)
+            if self.capacity is not None and self.reserved + seg > self.capacity:
+                self.release_cached()
+                self.releases += 1
+                self.ooms += self.reserved + seg > self.capacity
             block = Block(self.segments, small, self._next_addr, seg)
             self._next_addr += seg
             self.segments += 1
@@ -145,6 +158,17 @@ class CachingAllocatorModel:
         self.allocated += block.size
         self.allocations += 1
         return block
+
+    def release_cached(self) -> None:
+        """``release_cached_blocks``: every cached segment no block of is allocated goes back to the
+        driver (a free block with no neighbours is a whole segment)."""
+        for pool in (self.large, self.small):
+            whole = [k for k in pool.free if pool.by_key[k].prev is None and pool.by_key[k].next is None]
+            for k in whole:
+                self.reserved -= pool.by_key.pop(k).size
+            if whole:
+                gone = set(whole)
+                pool.free[:] = [k for k in pool.free if k not in gone]
 
     def give(self, block: Block) -> None:
         """Free ``block`` (a :meth:`take` result, once): merged with the free neighbours of its segment
