@@ -47,6 +47,10 @@ How the facts become options (the choices a reader should check; none is tuned t
   ``"float32"``, read by ``parallelize_llama.py`` ``apply_fsdp``; 238fa995 ``config/job_config.py``
   ``mixed_precision_reduce: Literal["float32"] = "float32"``): ``fsdp2-mp-bf16`` -> also
   ``fsdp_reduce_dtype='fp32'``, not the HF default (accelerate's param dtype).
+* A training point whose ``gpu`` names a catalog GPU (its text before any parenthesis) -> ``gpu=`` that
+  GPU, as a user would name it (2026-12-07, session 17): its cuBLAS workspace, what a load may reserve
+  (peakmem.step_load: transformers' warm-up block and the CUDA allocator freeing its cache near the
+  device's size) and, on a GPU before Ampere, the band's attention-kernel term.
 * ``job.deepspeed_zero`` (the ``zero_optimization`` section a framework builds: Lightning 1.7's
   ``DeepSpeedStrategy`` sets 2e8-element buckets and ``sub_group_size=1e12``) is written to a DeepSpeed
   JSON and passed as ``from_file``, as ``peakmem train --from ds.json`` reads it.
@@ -362,6 +366,9 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["optimizer_in_backward"] = True
     if job.get("liger"):  # the HF Trainer's use_liger_kernel (TRL notebooks): Liger's kernels and fused CE
         opts["liger"] = True
+    gpu = catalog_gpu(p)
+    if gpu is not None:  # the run's GPU: its cuBLAS workspace, and what a load may reserve (step_load.py)
+        opts["gpu"] = gpu.name
     if lay["pp"] > 1:
         opts["grad_accum"] = lay["pp_microbatches"]
         opts["pp_schedule"] = lay["pp_schedule"]
@@ -438,6 +445,16 @@ def _band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[
     row = {"peak_reserved": "reserved", "peak_allocated": "allocated", "nvidia_smi": "device_total"}[quantity]
     b = band[row]
     return b["low_bytes"], b["likely_bytes"], b["high_bytes"]
+
+
+def catalog_gpu(p: dict[str, Any]) -> Gpu | None:
+    """:func:`point_gpu`, or None where the point names no GPU or one the catalog does not hold."""
+    from peakmem.errors import UnknownNameError
+
+    try:
+        return point_gpu(p) if p.get("gpu") else None
+    except UnknownNameError:
+        return None
 
 
 def point_gpu(p: dict[str, Any]) -> Gpu:
