@@ -11,8 +11,9 @@ What runs, in order, on the one GPU that holds the model (the HF Trainer / TRL /
    dropped (bitsandbytes 0.43.3 / 0.45 ``nn/modules.py``; ``Int8Params.cuda`` alike: int8 values and
    SCB). transformers 4.4x-4.57 hands each weight over this way when it quantizes as it loads
    (``quantizers/quantizer_bnb_4bit.py`` ``create_quantized_param``: ``Params4bit(new_value, ...).to(
-   target_device)``); a checkpoint saved quantized loads its packed values directly (no 16-bit copy: not
-   told apart here, the copy of one weight at a time). Every other tensor in the float dtype.
+   target_device)``; 5.x's loading pipeline not read: modelled the same); a checkpoint saved quantized loads
+   its packed values directly (no 16-bit copy: not told apart here, the copy of one weight at a time).
+   Every other tensor in the float dtype.
 3. peft ``prepare_model_for_kbit_training`` (kbit_prep peft / trl / axolotl): each 16-bit parameter that
    is not a ``Params4bit``, in ``named_parameters`` order, gets ``param.data = param.data.to(
    torch.float32)``: the fp32 copy is made while the 16-bit one is alive, then that is dropped.
@@ -21,8 +22,9 @@ What runs, in order, on the one GPU that holds the model (the HF Trainer / TRL /
    (kbit_prep axolotl) put some of those back in 16-bit (:mod:`peakmem.formulas.kbit_prep`): a 16-bit copy
    beside the fp32 one, then the fp32 one dropped.
 
-The allocated peak is usually step 3 at the LM head: every quantized weight, the embeddings already fp32,
-the head in 16-bit and in fp32 at once. A 151,936 x 5,120 vocabulary (Qwen3-14B) puts 5.8 GiB of fp32
+The allocated peak is step 3 at the LM head (every quantized weight, the embeddings already fp32, the head
+in 16-bit and in fp32 at once), or with TRL's cast back step 5 at the embedding (its bf16 copy beside the
+fp32 embedding and head, the adapters made). A 151,936 x 5,120 vocabulary (Qwen3-14B) puts 5.8 GiB of fp32
 embeddings and head beside the 4-bit layers there. The reserved peak is the replay's: the warm-up block's
 rest stays cached beside the new fp32 segments (what the step then reuses). With ``capacity`` (the bytes
 the process may reserve) the model frees cached whole segments when a new one would not fit, as the CUDA
