@@ -11,7 +11,9 @@ What runs, in order, on the one GPU that holds the model (the HF Trainer / TRL /
    dropped (bitsandbytes 0.43.3 / 0.45 ``nn/modules.py``; ``Int8Params.cuda`` alike: int8 values and
    SCB). transformers 4.4x-4.57 hands each weight over this way when it quantizes as it loads
    (``quantizers/quantizer_bnb_4bit.py`` ``create_quantized_param``: ``Params4bit(new_value, ...).to(
-   target_device)``; 5.x's loading pipeline not read: modelled the same); a checkpoint saved quantized loads
+   target_device)``; 5.23 ``integrations/bitsandbytes.py`` ``Bnb4bitQuantize.convert``: ``Params4bit(value,
+   ...).to(value.device)`` on a tensor already on the GPU, the same copy; whether 5.x's loader materializes
+   several at once was not read: one at a time here); a checkpoint saved quantized loads
    its packed values directly (no 16-bit copy: not told apart here, the copy of one weight at a time).
    Every other tensor in the float dtype.
 3. peft ``prepare_model_for_kbit_training`` (kbit_prep peft / trl / axolotl): each 16-bit parameter that
