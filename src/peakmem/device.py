@@ -96,9 +96,11 @@ class Gpu:
 
     @property
     def usable_bytes(self) -> int:
-        """Memory a job can use: all of it, or the default GPU share of unified memory."""
+        """Memory a job can use, what torch's ``total_memory`` / ``mem_get_info()`` total reads (vLLM sizes
+        its pool on it): all of it less what the driver and firmware set aside where known
+        (:attr:`driver_reserved_bytes`), or the default GPU share of unified memory."""
         if self.gpu_usable_fraction is None:
-            return self.memory_bytes
+            return self.memory_bytes - (self.driver_reserved_bytes or 0)
         return int(self.memory_bytes * self.gpu_usable_fraction)
 
 

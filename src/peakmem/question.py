@@ -534,7 +534,7 @@ def overheads(o: Mapping[str, Any], gpus: Sequence[Gpu] = ()) -> Overheads:
     architectures = {g.architecture for g in gpus}
     if len(architectures) == 1:
         given["cublas_workspace_bytes"] = cublas_workspace_bytes(architectures.pop())
-    sizes = {g.usable_bytes - (g.driver_reserved_bytes or 0) for g in gpus}  # what torch's total reads
+    sizes = {g.usable_bytes for g in gpus}  # what torch's total reads
     if len(sizes) == 1:
         given["device_bytes"] = sizes.pop()
     if o.get("cuda_context_mib") is not None:

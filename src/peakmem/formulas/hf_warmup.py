@@ -21,9 +21,9 @@ it. Which bytes it counts, by release (read in the wheels' ``modeling_utils.py``
   (``hf_quantizer.param_element_size``) and skips only keys the config ties: the block is the weights.
 
 The block's bytes before the factor are capped at the device's free memory less 1.2 GiB (v4.52 on; 95 % of
-it in v4.50-v4.51), where the free memory is known (the caller's: a GPU's usable bytes less the CUDA
-context; the driver's own reserve, which ``mem_get_info`` also leaves out, is known for few catalog GPUs and
-not subtracted: 870 MiB on an A100-80GB, so the cap there reads that much high). Checked against
+it in v4.50-v4.51), where the free memory is known (the caller's: a GPU's usable bytes, torch's total, less
+the CUDA context; ``Gpu.usable_bytes`` leaves out the driver's own reserve where the catalog knows it, as
+``mem_get_info`` does: 870 MiB on an A100-80GB, 265 MiB on a T4). Checked against
 transformers 4.53.3 / 4.57.1 / 5.23.0's own ``caching_allocator_warmup`` in benchmarks/hf_load_warmup.py.
 Not modelled: quantizers other than bitsandbytes (GPTQ / AWQ / torchao / fp8 count their packed or scaled
 parameters and their own factors) and a ``device_map`` over several GPUs (each GPU's share).

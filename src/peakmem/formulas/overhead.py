@@ -94,7 +94,7 @@ class Overheads:
     # rounded up to the next 1/N of its power of two (formulas/allocator.py round_request); 0: not set
     alloc_roundup_divisions: int = NO_ROUNDUP
     profile: str | None = None  # name of a calibrated profile (peakmem calibrate) these figures come from
-    # the named GPU's memory as torch's total_memory reads it (peakmem.device.Gpu.usable_bytes less its
+    # the named GPU's memory as torch's total_memory reads it (peakmem.device.Gpu.usable_bytes: less its
     # driver_reserved_bytes where the catalog knows them), where every GPU named has the same; None: not
     # named. Less context_bytes it is what a load may reserve (peakmem.step_load: the CUDA allocator frees
     # its cache when cudaMalloc fails, formulas/caching_allocator.py) and the warm-up block's free memory
