@@ -689,11 +689,6 @@ def _estimate(
         )
         varying = (replayed_note, *((_padded.LONGEST_FIRST_NOTE,) if longest else ()))
     reserved = max(reserved + side, load_reserved)  # the step reuses the segments the load cut
-    nccl = _nccl.communicators(par) * _nccl.nccl_communicator_bytes()
-    room = device_room(ov, nccl)
-    capped = room is not None and top.bytes <= room < reserved
-    if room is not None and capped:
-        reserved = room
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -706,6 +701,7 @@ def _estimate(
             + (() if replayed is None else (_steps.REPLAY_NOTE if st.single else _steps.REPLAY_NOTE_SHARDED,))
         )
     step1 = max(forward.bytes - st.states_bytes, backward.bytes - st.states_bytes, optimizer.bytes)
+    nccl = _nccl.communicators(par) * _nccl.nccl_communicator_bytes()
     extra: dict[str, object] = {
         "step1_peak_allocated_bytes": step1,
         "backward_peak_layers_done": bp.layers_done,
@@ -759,8 +755,7 @@ def _estimate(
         phases=phases if load is None else (load, *phases),
         peak_phase=top.phase, peak_allocated_bytes=top.bytes, peak_reserved_bytes=reserved,
         device_total_bytes=device_total,
-        assumptions=rank_notes + notes + varying + ((ROOM_NOTE,) if capped else ())
-        + fallback_note(spec, asked, setup), setup=out, extra=extra,
+        assumptions=rank_notes + notes + varying + fallback_note(spec, asked, setup), setup=out, extra=extra,
         band=band,
     )  # fmt: skip
 
@@ -798,18 +793,3 @@ def with_alternatives(
 
 
 _BYTES = attrgetter("bytes")
-
-ROOM_NOTE = (
-    "reserved capped at the GPU's room: near its size the CUDA allocator frees its cached segments when "
-    "cudaMalloc fails (release_cached_blocks) and retries, so reserved never passes what the process may "
-    "reserve; the job runs with allocator retries (formulas/caching_allocator.py)"
-)
-
-
-def device_room(ov: Overheads, nccl: int = 0) -> int | None:
-    """What the caching allocator may reserve on the GPU named (``ov.device_bytes``: torch's total): less the
-    CUDA context, the cuBLAS workspace (peakmem counts it beside reserved) and NCCL's buffers; None where no
-    GPU (or GPUs of several sizes) is named."""
-    if ov.device_bytes is None:
-        return None
-    return max(0, ov.device_bytes - ov.context_bytes - ov.cublas_workspace_bytes - nccl)

@@ -177,8 +177,12 @@ def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[Pha
             path=f"caching_allocator_warmup block: {block:,} B, its rest cached from the load on (reserved)",
             category=Category.OVERHEAD, bytes=0, source=hf_warmup.SRC, key="load.warmup",
         ))  # fmt: skip
-    phase = PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items))
-    return phase, replayed.peak_reserved  # what the GPU's room then caps: peakmem.estimate device_room
+    reserved = replayed.peak_reserved
+    if free is not None and replayed.peak_live <= free:
+        # cudaMalloc cannot reserve beyond the device: where the replay's segments outgrow it (after freeing
+        # the cache, as the allocator does) the real layout packs tighter, or the load raises OOM
+        reserved = min(reserved, free)
+    return PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items)), reserved
 
 
 def load_phase(
