@@ -143,3 +143,22 @@ def test_training_estimate_has_the_load_phase() -> None:
     assert not any(p.startswith("caching_allocator_warmup") for p in (i["path"] for i in d457["items"]))
     assert d5["peak_reserved_bytes"] == d457["peak_reserved_bytes"] < block + 2 * 4 * head
     assert dgpu["peak_reserved_bytes"] >= block + 2 * 4 * head
+
+
+def test_the_loads_reserve_is_capped_at_the_gpus_free_memory() -> None:
+    """Where the load's replay outgrows the GPU named (its total less the CUDA context), the CUDA allocator
+    frees its cached segments and retries: the load's reserve is capped there while its allocated peak fits
+    (on 10 and 11 GiB; not on 12 GiB, where the replay's 11.03 GiB fits)."""
+    import peakmem
+    from peakmem.units import GiB
+
+    def train(gpu: str) -> dict[str, object]:
+        return peakmem.train(
+            "qwen3-8b", method="qlora", seq=16, batch=1, kbit_prep="trl", transformers="4.57.1", gpu=gpu
+        ).data
+
+    for size in (10, 11):
+        d = train(f"{size}GiB")
+        assert d["peak_allocated_bytes"] <= size * GiB - d["context_bytes"] == d["peak_reserved_bytes"]
+    roomy = train("12GiB")
+    assert roomy["peak_reserved_bytes"] < 12 * GiB - roomy["context_bytes"]
