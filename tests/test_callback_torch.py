@@ -220,6 +220,36 @@ def test_a_bitsandbytes_4bit_base_maps_to_qlora() -> None:
     }
 
 
+def test_a_qlora_jobs_question_with_a_gpu_is_the_clis(tmp_path: Any) -> None:
+    """The callback's question for a mapped QLoRA job answers as `peakmem train <its flags> --gpu h100`: the
+    GPU's overheads included (Hopper's 32 MiB cuBLAS workspace; the total caps what the base's load may
+    reserve: step_load)."""
+    peft = pytest.importorskip("peft")
+    from peakmem.cli import main
+    from peakmem.integrations.transformers import job_question
+    from peakmem.question import answer
+    from peakmem.resolve import resolve_gpu
+
+    # a bitsandbytes base keeps its other weights in bf16 (the flags name no float dtype for an fp32 one)
+    lora = peft.LoraConfig(r=8, target_modules="all-linear")
+    model = peft.get_peft_model(_model().to(torch.bfloat16), lora)
+    model.get_base_model().config.quantization_config = {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+    }  # fmt: skip
+    args = SimpleNamespace(per_device_train_batch_size=1, optim="adamw_torch", bf16=True, world_size=1)
+    job = job_from_trainer(args, model, seq=16)
+    got = answer(job_question(job, (resolve_gpu("h100"),))).json
+    assert got["method"] == "analytic" and "load" in got["phases"]
+    folder = tmp_path / job.name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(job.config))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["train", str(folder), *job.flags(), "--gpu", "h100", "--json"])
+    cli = json.loads(out.getvalue())
+    assert cli == json.loads(json.dumps(got))
+
+
 def test_a_trl_trainer_passes_its_release(monkeypatch: Any) -> None:
     """Arguments of a TRL config class: the installed TRL release's rule gives the quantized base's
     kbit_prep (peakmem.trl_versions; 0.13.0 here, whose SFTTrainer prepares and casts back under bf16)."""

@@ -553,6 +553,15 @@ def cuda_gpu(device: Any = None) -> Any:
                    memory_source="torch.cuda.mem_get_info() total")  # fmt: skip
 
 
+def job_question(job: Any, gpus: tuple[Any, ...], costs: Any = None) -> Any:
+    """The one question a mapped job asks, as ``peakmem train <its flags> --gpu ...`` asks it: the GPUs'
+    overheads too (their cuBLAS workspace, and the total a load's replay may reserve up to)."""
+    from peakmem.question import Question, overheads
+
+    return Question(command="train", spec=job.spec, training=job.setup, parallel=job.parallelism, gpus=gpus,
+                    overheads=overheads({}, gpus), costs=costs)  # fmt: skip
+
+
 # --- the callback ------------------------------------------------------------------------------------
 class PeakmemCallback(TrainerCallback):
     """Estimate the job at train begin; stop it before the first step when it will not fit; on CUDA, log
@@ -599,7 +608,7 @@ class PeakmemCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> Any:  # fmt: skip
         from peakmem.answers import train_headline
-        from peakmem.question import Question, answer
+        from peakmem.question import answer
         from peakmem.render import print_estimate
         from peakmem.simulate import measuring_lookup
 
@@ -620,9 +629,7 @@ class PeakmemCallback(TrainerCallback):
         if gpu is None and on_cuda:
             gpu = cuda_gpu(device)
         gpus = [gpu] if gpu is not None else []
-        # the one answer, as `peakmem train` gives it
-        got = answer(Question(command="train", spec=job.spec, training=job.setup, parallel=job.parallelism,
-                              gpus=tuple(gpus), costs=measuring_lookup()))  # fmt: skip
+        got = answer(job_question(job, tuple(gpus), measuring_lookup()))
         est = got.estimate
         assert est is not None
         self.job, self.answer = job, got
@@ -710,4 +717,4 @@ def _error_pct(predicted: int, measured: int) -> float:
     return round(100.0 * (predicted - measured) / measured, ERROR_DIGITS) if measured else 0.0
 
 
-__all__ = ["DoesNotFitError", "Job", "PeakmemCallback", "first_batch", "job_from_trainer"]
+__all__ = ["DoesNotFitError", "Job", "PeakmemCallback", "first_batch", "job_from_trainer", "job_question"]
