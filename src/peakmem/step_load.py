@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from peakmem.adapters import FLOAT_BYTES, QuantConfig, lora_of, quant_of
+from peakmem.adapters import FLOAT_BYTES, LoraConfig, QuantConfig, lora_of, quant_of
 from peakmem.breakdown import Category, MemoryItem, Phase, PhasePeak
 from peakmem.formulas import hf_warmup, mxfp4_load, nf4_load, qlora_load
 from peakmem.formulas.block_rounding import with_roundup
@@ -106,6 +106,13 @@ def mxfp4_load_phase(st: Static, setup: TrainingSetup) -> tuple[PhasePeak, int] 
     return PhasePeak(phase=Phase.LOAD, bytes=loaded, items=tuple(items)), loaded + st.resident_rounding
 
 
+def adapter_requests(spec: ModelSpec, lora: LoraConfig, elem: int) -> tuple[int, ...]:
+    """Bytes of each adapter tensor ``get_peft_model`` allocates, one request per tensor (``elem`` bytes an
+    element)."""
+    pairs = adapter_tensors(spec, lora)
+    return tuple(math.prod(t.shape) * elem for t, n in pairs for _ in range(n * t.copies))
+
+
 # transformers' from_pretrained loads the bitsandbytes base for these front ends (unsloth wraps it)
 FROM_PRETRAINED = (Framework.HF, Framework.UNSLOTH)
 
@@ -125,7 +132,7 @@ def bnb_base_tensors(spec: ModelSpec, quant: QuantConfig) -> tuple[qlora_load.Ba
     fmt, fb = quant.weight_format, FLOAT_BYTES[quant.float_dtype]
     out: list[qlora_load.BaseTensor] = []
     for t in _module_order(spec):
-        numel = math.prod(t.shape) * t.copies
+        numel = t.numel
         if t.component == "head" and spec.tie_word_embeddings:
             continue  # the embedding's own storage
         if t.component != "router" and is_quantized(spec, t, quant):
@@ -143,7 +150,7 @@ def bnb_base_tensors(spec: ModelSpec, quant: QuantConfig) -> tuple[qlora_load.Ba
     return tuple(out)
 
 
-def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[PhasePeak, int] | None:
+def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[PhasePeak, int]:
     """The load of a bitsandbytes base (formulas/qlora_load.py): the resident weights and what the load
     holds beyond them at its peak; its reserved bytes, the warm-up block's and the upcasts' segments,
     replayed under the GPU's capacity where one GPU size is named."""
@@ -153,12 +160,9 @@ def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[Pha
     # the block is sized by the GPU's free memory (capped at it less 1.2 GiB): modelled where one is named
     release = parse_transformers_version(setup.transformers)
     block = 0 if free is None else hf_warmup.block_bytes(spec, release, quant.weight_format, free)
-    adapter_bytes = FLOAT_BYTES.get(lora.adapter_dtype, FLOAT_BYTES[quant.float_dtype])
-    adapters = tuple(
-        math.prod(t.shape) * adapter_bytes
-        for t, n in adapter_tensors(spec, lora)
-        for _ in range(n * t.copies)
-    )
+    # "base" adapters: the float dtype
+    adapter_elem = FLOAT_BYTES.get(lora.adapter_dtype, FLOAT_BYTES[quant.float_dtype])
+    adapters = adapter_requests(spec, lora, adapter_elem)
     replayed = qlora_load.replay_load(bnb_base_tensors(spec, quant), adapters, block, capacity=free)
     items = [i for i in st.resident_items if i.category in LOADED]
     held = replayed.peak_live - replayed.end_live
@@ -216,11 +220,7 @@ def _load_phase(
     largest = max((t.quantized for t in tensors), default=0)
     if not largest:
         return None
-    adapters = tuple(
-        math.prod(t.shape) * elem
-        for t, n in adapter_tensors(spec, lora_of(setup))
-        for _ in range(n * t.copies)
-    )
+    adapters = adapter_requests(spec, lora_of(setup), elem)
     reserved, _ = nf4_load.replay_load(tensors, adapters, elem, release.nf4_chunk)
     items = [i for i in st.resident_items if i.category in LOADED]
     items.append(MemoryItem(
@@ -232,6 +232,6 @@ def _load_phase(
 
 
 __all__ = [
-    "applies", "bnb_applies", "bnb_base_tensors", "bnb_load_phase", "load_phase", "load_tensors",
-    "mxfp4_applies", "mxfp4_load_phase",
+    "adapter_requests", "applies", "bnb_applies", "bnb_base_tensors", "bnb_load_phase", "load_phase",
+    "load_tensors", "mxfp4_applies", "mxfp4_load_phase",
 ]  # fmt: skip

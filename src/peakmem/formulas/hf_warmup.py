@@ -53,17 +53,13 @@ WARMUP_FREE_FRACTION = 0.95
 SRC = "transformers v4.50-v4.57 modeling_utils.py caching_allocator_warmup"
 
 
-def is_bnb(fmt: WeightFormat) -> bool:
-    return fmt.scheme in (Scheme.BNB_4BIT, Scheme.BNB_INT8)
-
-
 def block_bytes(spec: ModelSpec, version: tuple[int, ...], fmt: WeightFormat, free: int | None) -> int:
     """Bytes of the warm-up block on one GPU holding the whole model at transformers ``version``, 0 where
     the release or the format makes none, or where it is the weights' own size (v5.0 on); ``free``: the
     device's free bytes at the load (None: unknown, no cap)."""
     if version < WARMUP_FROM or version >= WARMUP_EXACT_SIZES:
         return 0
-    bnb = is_bnb(fmt)
+    bnb = fmt.scheme in (Scheme.BNB_4BIT, Scheme.BNB_INT8)
     if fmt.is_quantized and not (bnb and version >= WARMUP_QUANTIZED_FROM):
         return 0
     numel = spec.params
@@ -83,4 +79,4 @@ def block_bytes(spec: ModelSpec, version: tuple[int, ...], fmt: WeightFormat, fr
     return BLOCK_DTYPE.nbytes(byte_count // factor)
 
 
-__all__ = ["SRC", "block_bytes", "is_bnb"]
+__all__ = ["SRC", "block_bytes"]

@@ -36,8 +36,8 @@ allocator does when ``cudaMalloc`` fails (:mod:`peakmem.formulas.caching_allocat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 
-from peakmem.formulas.allocator import NO_ROUNDUP
 from peakmem.formulas.caching_allocator import CachingAllocatorModel
 
 SRC = (
@@ -61,21 +61,14 @@ class LoadReplay:
     peak_live: int  # most requested bytes alive at once (max_memory_allocated, before rounding)
     end_live: int  # alive when the load is done
     peak_reserved: int  # max_memory_reserved over the load
-    releases: int  # release_cached_blocks calls (a new segment that did not fit under capacity)
-    ooms: int  # requests that did not fit even then
 
 
 def replay_load(
-    tensors: tuple[BaseTensor, ...],
-    adapters: tuple[int, ...],
-    block: int,
-    *,
-    capacity: int | None = None,
-    divisions: int = NO_ROUNDUP,
+    tensors: tuple[BaseTensor, ...], adapters: tuple[int, ...], block: int, *, capacity: int | None = None
 ) -> LoadReplay:
     """The five steps of the module docstring over ``tensors`` (module order) and the adapters' bytes."""
-    model = CachingAllocatorModel(divisions, capacity)
-    key = iter(range(1 << 62))
+    model = CachingAllocatorModel(capacity=capacity)
+    key = count()
     peak = peak_reserved = 0
 
     def malloc(nbytes: int) -> int:
@@ -106,10 +99,7 @@ def replay_load(
             k = malloc(t.back)
             model.free(held[i])
             held[i] = k
-    return LoadReplay(
-        peak_live=peak, end_live=model.requested, peak_reserved=peak_reserved,
-        releases=model.releases, ooms=model.ooms,
-    )  # fmt: skip
+    return LoadReplay(peak_live=peak, end_live=model.requested, peak_reserved=peak_reserved)
 
 
 __all__ = ["SRC", "BaseTensor", "LoadReplay", "replay_load"]

@@ -16,8 +16,6 @@ from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.inference import InferenceSetup
 from peakmem.model import ModelSpec
 
-SRC = hf_warmup.SRC
-
 
 def warmup_block_bytes(spec: ModelSpec, setup: InferenceSetup) -> int:
     """Bytes of the warm-up block on the one GPU, 0 where the release, the format or the layout makes
@@ -42,7 +40,7 @@ def warmup(
         "cached, free from the load on)",
         category=Category.OVERHEAD,
         bytes=block - weights.bytes,
-        source=SRC,
+        source=hf_warmup.SRC,
     )
     why = (
         "bitsandbytes' meta Linears at their 16-bit size, halved"
