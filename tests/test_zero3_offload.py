@@ -51,6 +51,38 @@ def test_no_prefetch_leaves_the_running_module() -> None:
         assert _gathered(_states(gpus=4, **par).gathered_forward) == 2 * 64_000
 
 
+def test_one_rank_gathers_nothing() -> None:
+    # DeepSpeed >= 0.9.0: num_partitions == 1 -> _no_gather_coalesced, param.data = ds_tensor.data.to(device):
+    # the partition is the whole parameter, on the GPU
+    st = _states(gpus=1)
+    assert _gathered(st.gathered_forward) == _gathered(st.gathered_backward) == 0
+    assert st.engine_band_high == 0  # nor an older engine's embedding on top
+    # the parameters offloaded: the same .to(device) copies each one in, as a gather does
+    assert _gathered(_states(gpus=1, **OFFLOAD).gathered_forward) == 2 * NON_PERSISTENT
+    # the optimizer alone offloaded: after backward the embedding is its own partition; its gradient
+    # (64,000, alone: above the 20,000 bucket, no cat on one rank), the bf16 copy and the fp64 norm
+    st = _states(gpus=1, reduce_bucket_size=20_000, offload_optimizer=Offload.CPU)
+    end = sum(i.bytes for i in st.step if i.key == "zero3.reduce_end")
+    assert end == 2 * 64_000 + 64_000 * (2 + 8) == 768_000
+
+
+def test_the_step_flattens_the_gradient_partition() -> None:
+    # stage_1_and_2.py step / stage3.py _prepare_fp32_grad_for_sub_group: self.flatten(averaged_gradients)
+    # concatenates the partition's gradient views (a bf16 copy), then .to(fp32); the copy is freed before
+    # the optimizer runs, so the step holds the larger of it and the optimizer's temporaries
+    from peakmem.training import OptimizerImpl
+
+    fused = TrainingSetup(seq_len=8, optimizer_impl=OptimizerImpl.FUSED)  # no temporaries
+    part = 276_032 // 4
+    for stage in (2, 3):
+        p = Parallelism(gpus=4, zero_stage=stage)
+        st = sharding.rank_states(technique(tiny(), fused), fused, p, mp.stage_params(tiny(), p, 0))
+        assert {i.key: i.bytes for i in st.step} == {"zero.fp32_grad": 4 * part, "zero.flat_grad": 2 * part}
+    # foreach AdamW: its exp_avg_sq sqrt (fp32, 4 bytes a partition element) outweighs the bf16 copy
+    step = {i.key: i.bytes for i in _states(gpus=4).step}
+    assert step == {"zero.fp32_grad": 4 * part, "optimizer.foreach_sqrt": 4 * part}
+
+
 def test_reduce_in_a_layer_by_hand() -> None:
     # the bucket's torch.cat: 20,000 bf16 elements (reduce_scatter_coalesced)
     st = _states(gpus=4, reduce_bucket_size=20_000)

@@ -15,7 +15,9 @@ ZeRO-1/2 (deepspeed/runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``):
   dtype=self.dtype)``), filled through the contiguous ``ipg`` bucket of ``reduce_bucket_size``
   elements (``setup_buckets``: one buffer, two when ``overlap_comm``); stage 1 keeps full 16-bit
   gradients until the reduction at the accumulation boundary;
-* at the step, ``single_grad_partition = flat_grad_partition.to(fp32)`` (4 P/N).
+* at the step, ``single_grad_partition = self.flatten(self.averaged_gradients[i]).to(fp32)``: the
+  partition's gradient views concatenated into a 16-bit copy (2 P/N), then cast (4 P/N); the copy is
+  freed before the optimizer runs (stage 3 the same, per sub-group).
 
 ZeRO-3 (deepspeed/runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3``, partition_parameters.py,
 partitioned_param_coordinator.py):
@@ -102,6 +104,10 @@ SRC_Z1_IPG = (
     "deepspeed stage_1_and_2.py backward: ipg buffers allocated per micro-batch, released at the boundary"
 )
 SRC_Z_FP32_GRAD = "deepspeed step: single_grad_partition = flat_grad_partition.to(fp32)"
+SRC_Z_FLATTEN = (
+    "deepspeed stage_1_and_2.py step / stage3.py _prepare_fp32_grad_for_sub_group: "
+    "self.flatten(self.averaged_gradients[i]) (torch.cat of the partition's gradient views), then .to(fp32)"
+)
 SRC_Z3_PARAMS = "deepspeed partition_parameters.py: ds_tensor = ceil(numel / N) 16-bit elements"
 SRC_Z3_PERSIST = "deepspeed partition_parameters.py: ds_persist when numel < param_persistence_threshold"
 SRC_Z3_GRADS = "deepspeed stage3.py: grad_partitions_flat_buffer (16-bit, allocated at init)"
@@ -401,14 +407,20 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),
                          SRC_OFFLOAD, key="offload.fp32_grads"))  # fmt: skip
     else:
-        if tech.master is not None:
-            step.append(fp32_grad)
-        step += _temporaries(tech, part, min(part, loc.largest), label)
+        flat = _item(f"flattened gradient partition at the step ({g16.name}){label}", Category.TEMPORARIES,
+                     g16.nbytes(fp32_grad_numel), SRC_Z_FLATTEN, key="zero.flat_grad")  # fmt: skip
+        temps = _temporaries(tech, part, min(part, loc.largest), label)
+        if tech.master is None:  # .to() of its own dtype returns the flattened copy: the step's gradient
+            step += [flat, *temps]
+        else:  # the flattened copy is freed before the optimizer runs: the larger of the two moments
+            step += [fp32_grad, *([flat] if flat.bytes > sum(t.bytes for t in temps) else temps)]
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
     reduce: MemoryItem | None = None
     drift = embed = end_copies = 0
-    if stage == 3:
+    if stage == 3 and not _zero3.gathers(par):
+        notes.append("ZeRO-3 on one rank: each gathered parameter is its own partition (no copy)")
+    elif stage == 3:
         non_persistent = sp.numel - sh.persistent
         fetch = min(
             non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters)
@@ -435,6 +447,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             else "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
             "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
         )
+    if stage == 3:
         # the largest partition a layer's backward reduces (experts over the expert shard degree)
         if tech.adapter:
             part_in_layer = cdiv(loc.largest, n)

@@ -18,6 +18,12 @@ grows until ``n_available`` reaches ``max_live_parameters``, overshooting by at 
 8192), and in forward as in backward. ``prefetch_bucket_size`` or ``max_live_parameters`` 0: no
 prefetch.
 
+One rank (``num_partitions == 1``, DeepSpeed >= 0.9.0, PR #2953 "Simplify world_size=1"):
+``all_gather_coalesced`` returns ``_no_gather_coalesced(params)``, whose handles set ``param.data =
+param.ds_tensor.data.to(device)``: the partition is the whole parameter and already on the GPU, so
+``.to`` returns it and nothing is gathered (:func:`gathers`). With the parameters offloaded the same
+``.to`` copies each one in from the CPU, as a gather would.
+
 v0.7.0 to v0.15.x also let the count go negative: ``reset_step`` (stage3.py ``backward``, after each
 backward) zeroes ``__n_available_params`` while the input embedding is still gathered (its
 post-backward hook never fires: its input ids do not require grad), and ``release_and_reset_all``
@@ -46,7 +52,7 @@ embedding's parameters are still gathered (released by the step's ``partition_al
 from __future__ import annotations
 
 from peakmem.dtypes import DType
-from peakmem.parallel import Parallelism
+from peakmem.parallel import Offload, Parallelism
 
 from .model_parallel import StageParams, cdiv
 
@@ -66,6 +72,18 @@ SRC_Z3_EPILOGUE = (
     "deepspeed stage3.py independent_gradient_partition_epilogue: the last bucket (the embedding's "
     "gradient) reduced after backward; the embedding still gathered until partition_all_parameters"
 )
+
+
+SRC_Z3_NO_GATHER = (
+    "deepspeed partition_parameters.py all_gather_coalesced: num_partitions == 1 -> _no_gather_coalesced "
+    "(NoGatherHandle: param.data = param.ds_tensor.data.to(device)), DeepSpeed >= 0.9.0"
+)
+
+
+def gathers(par: Parallelism) -> bool:
+    """Whether a gathered parameter is a new GPU tensor: over more than one rank, or copied in from
+    offloaded partitions; on one rank with the partitions on the GPU it is the partition itself."""
+    return par.shard_degree > 1 or par.offload_params is not Offload.NONE
 
 
 def working_set(sp: StageParams, par: Parallelism, non_persistent: int) -> int:
@@ -94,11 +112,12 @@ def in_layer_reduce_bytes(
 
 def end_of_backward_bytes(weight: DType, grad: DType, par: Parallelism, embed: int, trainable: int) -> int:
     """ZeRO-3 + offload_optimizer, after backward: the input embedding (``embed`` elements) still
-    gathered, and its gradient's reduce: alone with its own 16-bit gradient when it does not fit the
-    bucket (concatenated only to pad it to ``N`` ranks), else in the concatenated last bucket; then its
-    partition's copy and fp64 norm (:func:`end_of_backward_copies`)."""
+    gathered (where :func:`gathers`), and its gradient's reduce: alone with its own 16-bit gradient when
+    it does not fit the bucket (concatenated only to pad it to ``N`` ranks), else in the concatenated
+    last bucket; then its partition's copy and fp64 norm (:func:`end_of_backward_copies`)."""
     own = grad.nbytes(embed) if embed >= par.reduce_bucket_size else 0
-    return weight.nbytes(embed) + own + end_of_backward_copies(grad, par, embed, trainable)
+    gathered = weight.nbytes(embed) if gathers(par) else 0
+    return gathered + own + end_of_backward_copies(grad, par, embed, trainable)
 
 
 def end_of_backward_copies(grad: DType, par: Parallelism, embed: int, trainable: int) -> int:
