@@ -347,6 +347,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["alloc_roundup_divisions"] = job["alloc_roundup_divisions"]
     if lay.get("zero_stage"):
         opts["zero"] = lay["zero_stage"]
+    if job.get("zero_init") is False:  # the model built outside deepspeed.zero.Init (formulas/zero3.py)
+        opts["no_zero_init"] = True
     if job.get("offload_optimizer"):
         opts["offload"] = job["offload_optimizer"]
     if job.get("offload_params"):

@@ -31,6 +31,9 @@ def test_deepspeed_zero3_offload() -> None:
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"]["device"] == "nvme" and "nvme_path" in zero["offload_param"]  # type: ignore[index]
     json.loads(emit("deepspeed", tiny(), setup, par))  # valid JSON
+    assert "memory_efficient_linear" not in zero  # DeepSpeed's default, true
+    torch_linear = deepspeed_config(setup, Parallelism(gpus=16, zero_stage=3, memory_efficient_linear=False))
+    assert torch_linear["zero_optimization"]["memory_efficient_linear"] is False  # type: ignore[index]
 
 
 def test_deepspeed_zero2_fp16_and_no_zero() -> None:

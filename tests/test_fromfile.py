@@ -631,3 +631,32 @@ def test_yaml_without_pyyaml_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(Exception, match=r"peakmem\[yaml\]"):
         parse_document("a: 1\n", "x.yaml")
     assert parse_document('{"a": 1}', "x.json") == {"a": 1}  # JSON needs no extra
+
+
+def test_zero3_outside_zero_init_from_accelerate_and_deepspeed_files(tmp_path: Path) -> None:
+    """accelerate's ``zero3_init_flag: false`` (alignment-handbook's deepspeed_zero3.yaml, flag flipped)
+    is ``--no-zero-init``; a DeepSpeed file's ``memory_efficient_linear: false`` keeps zero.Init but
+    torch's F.linear (formulas/zero3.py): both hold the gathered Linear weights to their backward."""
+    import yaml
+
+    doc = yaml.safe_load(AH_ZERO3.read_text())
+    doc["deepspeed_config"].update(zero3_init_flag=False, offload_optimizer_device="none",
+                                   offload_param_device="none", num_processes=4)  # fmt: skip
+    doc["num_processes"] = 4
+    acc = tmp_path / "zero3_no_init.yaml"
+    acc.write_text(yaml.safe_dump(doc))
+    assert read_from_files([acc]).options["no_zero_init"] is True
+    from_file = _cli_json(["train", "llama-3.2-1b", "--from", str(acc), "--seq", "512"])
+    flagged = _cli_json(["train", "llama-3.2-1b", "--gpus", "4", "--zero", "3", "--precision", "mixed-bf16",
+                         "--seq", "512", "--no-zero-init"])  # fmt: skip
+    assert _without_from(from_file) == flagged
+    assert flagged["parallelism"]["zero_init"] is False
+    saved = [i for i in flagged["items"] if "F.linear" in i["path"]]
+    assert saved and saved[0]["bytes"] > 0
+    api = peakmem.train("llama-3.2-1b", gpus=4, zero=3, precision="mixed-bf16", seq=512, no_zero_init=True)
+    assert api.data["peak_allocated_bytes"] == flagged["peak_allocated_bytes"]
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}))
+    out = _cli_json(["train", "llama-3.2-1b", "--from", str(ds), "--gpus", "4", "--seq", "512"])
+    assert out["parallelism"]["memory_efficient_linear"] is False and out["parallelism"]["zero_init"] is True
+    assert any("F.linear" in i["path"] for i in out["items"])

@@ -103,6 +103,8 @@ def deepspeed_config(setup: TrainingSetup, par: Parallelism) -> dict[str, object
         zero["stage3_param_persistence_threshold"] = par.param_persistence_threshold
         zero["sub_group_size"] = par.sub_group_size
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if not par.memory_efficient_linear:  # torch's F.linear under zero.Init (formulas/zero3.py)
+            zero["memory_efficient_linear"] = False
     if par.offload_optimizer is not Offload.NONE:
         zero["offload_optimizer"] = _offload(par.offload_optimizer, param=False)
     if par.offload_params is not Offload.NONE:

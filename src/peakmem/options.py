@@ -243,6 +243,10 @@ OPTIONS: tuple[Option, ...] = (
        maximum=MAX_DEGREE),
     _o("offload", str, "none", S, "optimizer states to none|cpu|nvme", group=_MULTI),
     _o("offload_params", str, "none", S, "parameters to none|cpu|nvme (ZeRO-3/FSDP)", group=_MULTI),
+    _o("no_zero_init", bool, False, S, "ZeRO-3: the model was built outside deepspeed.zero.Init "
+       "(from_pretrained before TrainingArguments(deepspeed=...), accelerate zero3_init_flag false): "
+       "the whole 16-bit model goes to each GPU at deepspeed.initialize, and torch's F.linear keeps "
+       "each gathered weight until its backward", group=_MULTI),
     # long-context training (peakmem.formulas.long_context)
     _o("ulysses", int, 1, S, "DeepSpeed-Ulysses / ALST sequence-parallel degree (heads split, all-to-all)",
        group=_MULTI, maximum=MAX_DEGREE),

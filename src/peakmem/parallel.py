@@ -130,6 +130,7 @@ class Parallelism:
     overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
     contiguous_gradients: bool = True
     zero_init: bool = True  # deepspeed.zero.Init / FSDP cpu_ram_efficient_loading: no full copy per rank
+    memory_efficient_linear: bool = True  # DeepSpeed zero_optimization.memory_efficient_linear (zero.Init)
 
     def __post_init__(self) -> None:
         # Types, ranges and physical limits first (the Python API passes anything), then how the
@@ -154,7 +155,13 @@ class Parallelism:
             "prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold", "sub_group_size"
         ):  # fmt: skip
             check_int(name, getattr(self, name), minimum=0, maximum=MAX_ELEMENTS, what=_NO_DEVICE)
-        for name in ("sequence_parallel", "gradient_as_bucket_view", "contiguous_gradients", "zero_init"):
+        for name in (
+            "sequence_parallel",
+            "gradient_as_bucket_view",
+            "contiguous_gradients",
+            "zero_init",
+            "memory_efficient_linear",
+        ):
             check_bool(name, getattr(self, name))
         check_bool("overlap_comm", self.overlap_comm, optional=True)
         model_par = self.tp * self.pp * self.cp * self.ulysses

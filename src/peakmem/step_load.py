@@ -1,6 +1,8 @@
 """The load phase of a job whose weights are converted on the GPU as they load, where that can be the peak:
-a torchtune QLoRA base quantized by torchao's ``to_nf4``, and an MXFP4 checkpoint (gpt-oss) dequantized to
-bf16 by transformers for training (:mod:`peakmem.formulas.mxfp4_load`).
+a torchtune QLoRA base quantized by torchao's ``to_nf4``, an MXFP4 checkpoint (gpt-oss) dequantized to
+bf16 by transformers for training (:mod:`peakmem.formulas.mxfp4_load`), a bitsandbytes base
+(:mod:`peakmem.formulas.qlora_load`), and a ZeRO-3 model built outside ``zero.Init``, whole on each GPU
+until DeepSpeed partitions it.
 
 torchtune's QLoRA (``--framework torchtune --method qlora``) keeps the base as torchao ``NF4Tensor`` and runs
 ``to_nf4`` at the model's build and again in ``load_state_dict`` (:mod:`peakmem.formulas.nf4_load`). Before
@@ -189,6 +191,34 @@ def bnb_load_phase(st: Static, setup: TrainingSetup, ov: Overheads) -> tuple[Pha
     return PhasePeak(phase=Phase.LOAD, bytes=sum(i.bytes for i in items), items=tuple(items)), reserved
 
 
+SRC_ZERO3_MODULE = (
+    "deepspeed runtime/engine.py _configure_distributed_model: module.half() / .bfloat16(), then "
+    "module.to(device) unless the parameters carry ds_id (built under zero.Init)"
+)
+
+
+def zero3_module_applies(setup: TrainingSetup, par: Parallelism) -> bool:
+    """ZeRO-3 over a model built outside ``deepspeed.zero.Init``: ``deepspeed.initialize`` casts it to
+    16-bit and moves the whole module to each GPU before the optimizer partitions it (a bitsandbytes
+    base is not cast: not modelled)."""
+    return par.zero_stage == 3 and not par.zero_init and setup.method is not Method.QLORA
+
+
+def zero3_module_load_phase(st: Static) -> tuple[PhasePeak, int]:
+    """The whole 16-bit module and its buffers on the GPU; partitioning then frees each parameter
+    after copying its 1/N partition out, so this is the load's peak. Its segments stay cached."""
+    tech = st.tech
+    dtype = tech.base_dtype if tech.adapter else tech.weight
+    items = [i for i in st.resident_items if i.category is Category.BUFFERS]
+    items.append(MemoryItem(
+        path="the whole 16-bit model on the GPU before ZeRO-3 partitions it (built outside zero.Init)",
+        category=Category.PARAMETERS, bytes=dtype.nbytes(st.sp.numel),
+        source=SRC_ZERO3_MODULE, key="load.zero3_module",
+    ))  # fmt: skip
+    loaded = sum(i.bytes for i in items)
+    return PhasePeak(phase=Phase.LOAD, bytes=loaded, items=tuple(items)), loaded
+
+
 def load_phase(
     st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
 ) -> tuple[PhasePeak, int] | None:
@@ -207,6 +237,8 @@ def load_phase(
 def _load_phase(
     st: Static, setup: TrainingSetup, par: Parallelism, ov: Overheads
 ) -> tuple[PhasePeak, int] | None:
+    if zero3_module_applies(setup, par):
+        return zero3_module_load_phase(st)
     if mxfp4_applies(setup, par, st.single):
         return mxfp4_load_phase(st, setup)
     if bnb_applies(setup, par, st.single):

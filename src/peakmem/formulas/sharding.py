@@ -64,7 +64,7 @@ from peakmem.breakdown import Category, MemoryItem, PerParamRow
 from peakmem.defaults import skips_grad_sync
 from peakmem.dtypes import DType
 from peakmem.parallel import AdapterWrap, FsdpMode, Offload, Parallelism
-from peakmem.training import ReduceDtype, TrainingSetup
+from peakmem.training import Method, ReduceDtype, TrainingSetup
 from peakmem.units import MiB
 
 from . import bnb_fsdp as _bnb
@@ -440,6 +440,12 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_bwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
                                   _gathered(tech, max(keep, live)), _zero3.SRC_Z3_PREFETCH if live > keep
                                   else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
+        if _zero3.saves_linear_weights(par) and setup.method is not Method.QLORA:  # bnb: no F.linear
+            saved = [_gathered(tech, n) for n in _zero3.saved_linears(tech.spec, setup, par, sp)]
+            gathered_fwd.append(_item("ZeRO-3 without zero.Init: Linear weights F.linear saved for backward",
+                                      Category.PARAMETERS, saved[0], _zero3.SRC_Z3_SAVED_LINEAR,
+                                      key="zero3.saved_linear"))  # fmt: skip
+            gathered_bwd.append(replace(gathered_fwd[-1], bytes=saved[1]))
         notes.append(
             "ZeRO-3 working set: max_live_parameters plus one tensor, as the prefetcher runs ahead "
             "(every step after the first)"
@@ -469,7 +475,7 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                               _zero3.SRC_Z3_EPILOGUE, key="zero3.reduce_end"))  # fmt: skip
     pools = _zs.zero_stream_pools(
         par, grad_partition=grad_part.bytes, grad_accum=setup.grad_accum,
-        gathered=max((i.bytes for i in (*gathered_fwd, *gathered_bwd)), default=0),
+        gathered=max(sum(i.bytes for i in gathered_fwd), sum(i.bytes for i in gathered_bwd)),
         reduce_copies=max(
             reduce.bytes if reduce else 0,
             end_copies if stage == 3 and offload_opt and not tech.adapter and embed else 0,

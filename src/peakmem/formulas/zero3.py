@@ -24,6 +24,18 @@ param.ds_tensor.data.to(device)``: the partition is the whole parameter and alre
 ``.to`` returns it and nothing is gathered (:func:`gathers`). With the parameters offloaded the same
 ``.to`` copies each one in from the CPU, as a gather would.
 
+Without ``zero.Init`` (the model built before DeepSpeed is set up: ``from_pretrained`` before
+``TrainingArguments(deepspeed=...)``, accelerate ``zero3_init_flag`` false) or with
+``memory_efficient_linear`` false, ``torch.nn.functional.linear`` stays torch's: DeepSpeed replaces it
+with ``zero3_linear_wrap`` only in ``Init.patch_init_and_builtins`` (partition_parameters.py, the
+``zero.Init`` context). torch's linear saves ``weight.t()`` for the input's gradient, a view that keeps the
+gathered storage alive after ``free_param`` swaps ``param.data`` for an empty tensor, until the Linear's
+backward (runtime/zero/linear.py's own comment: "Instead of saving variables using save_for_backward, we
+save variable ids ... Which allows for underlying tensor to be garbage collected"). Every Linear weight
+of a layer that is not checkpointed, and the head's, is then held from its forward to its backward; a
+checkpointed layer's only while it is recomputed in backward (:func:`saved_linear_elements`). The
+working set is re-gathered beside them (new storage), so both count.
+
 v0.7.0 to v0.15.x also let the count go negative: ``reset_step`` (stage3.py ``backward``, after each
 backward) zeroes ``__n_available_params`` while the input embedding is still gathered (its
 post-backward hook never fires: its input ids do not require grad), and ``release_and_reset_all``
@@ -52,9 +64,12 @@ embedding's parameters are still gathered (released by the step's ``partition_al
 from __future__ import annotations
 
 from peakmem.dtypes import DType
+from peakmem.model import ModelSpec
 from peakmem.parallel import Offload, Parallelism
+from peakmem.training import Checkpointing, TrainingSetup, checkpointed_layers
 
 from .model_parallel import StageParams, cdiv
+from .model_states import spec_facts
 
 # deepspeed/runtime/zero/stage3.py _constant_buffered_norm2(self, input, buffer_size=250000000)
 DS_NORM_CHUNK = 250_000_000
@@ -84,6 +99,45 @@ def gathers(par: Parallelism) -> bool:
     """Whether a gathered parameter is a new GPU tensor: over more than one rank, or copied in from
     offloaded partitions; on one rank with the partitions on the GPU it is the partition itself."""
     return par.shard_degree > 1 or par.offload_params is not Offload.NONE
+
+
+SRC_Z3_SAVED_LINEAR = (
+    "deepspeed partition_parameters.py: F.linear = zero3_linear_wrap only inside zero.Init "
+    "(memory_efficient_linear); torch's linear saves weight.t(), a view holding the gathered storage "
+    "after free_param, until its backward"
+)
+
+
+def saves_linear_weights(par: Parallelism) -> bool:
+    """Whether torch's ``F.linear`` keeps each gathered Linear weight for its backward: ZeRO-3 gathering
+    new storage (:func:`gathers`) without ``zero.Init``'s memory-efficient linear."""
+    return par.zero_stage == 3 and gathers(par) and not (par.zero_init and par.memory_efficient_linear)
+
+
+def saved_linear_elements(
+    layer_linears: tuple[int, ...], checkpointed: tuple[bool, ...], head: int
+) -> tuple[int, int]:
+    """Gathered Linear weight elements autograd holds (:func:`saves_linear_weights`) at the end of forward
+    and at the start of backward: every layer not checkpointed (``layer_linears`` per layer, in order)
+    and the head; in backward the head's until its backward runs first, then a recomputed layer's, so
+    the larger of the two."""
+    held = sum(n for n, c in zip(layer_linears, checkpointed, strict=True) if not c)
+    recomputed = max((n for n, c in zip(layer_linears, checkpointed, strict=True) if c), default=0)
+    return held + head, held + max(head, recomputed)
+
+
+def saved_linears(
+    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams
+) -> tuple[int, int]:
+    """:func:`saved_linear_elements` of the rank's model: each layer's Linear weights (over ``tp``) and
+    whether it is checkpointed (op-level SAC recomputes every layer's; ``selective`` none)."""
+    linears = spec_facts(spec).linear_params
+    per_layer = tuple(cdiv(linears[i], par.tp) for i, g in enumerate(spec.groups) for _ in range(g.count))
+    if setup.checkpointing is Checkpointing.FULL:
+        flags = checkpointed_layers(len(per_layer), setup.checkpoint_every, setup.framework)
+    else:
+        flags = (setup.checkpointing is Checkpointing.OP,) * len(per_layer)
+    return saved_linear_elements(per_layer, flags, sp.head_numel)
 
 
 def working_set(sp: StageParams, par: Parallelism, non_persistent: int) -> int:

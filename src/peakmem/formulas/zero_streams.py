@@ -74,7 +74,7 @@ ZERO_POOLS_NOTE = (
 
 # the items (MemoryItem.key) that hold each pool's bytes when the peak has them (peakmem.formulas.sharding)
 GRADS_KEYS = frozenset({"zero.grad_partition"})
-GATHERED_KEYS = frozenset({"zero3.gathered"})
+GATHERED_KEYS = frozenset({"zero3.gathered", "zero3.saved_linear"})
 COPIES_KEYS = frozenset({"zero3.reduce", "zero3.reduce_end"})
 
 

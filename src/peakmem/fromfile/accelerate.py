@@ -27,6 +27,8 @@ _DEEPSPEED_ROWS = (
     Row("offload_optimizer_device", "offload", as_offload_device),
     Row("offload_param_device", "offload_params", as_offload_device),
     Row("gradient_accumulation_steps", "grad_accum", as_int, keep=True),
+    # accelerate DeepSpeedPlugin: zero3_init_flag unset is True under stage 3 (deepspeed.zero.Init)
+    Row("zero3_init_flag", "no_zero_init", lambda m, key, v: None if v is None else not truthy(v)),
 )
 
 

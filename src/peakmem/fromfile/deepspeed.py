@@ -103,3 +103,6 @@ def _zero_knobs(m: _Mapper, zero: Mapping[str, Any], p: str) -> None:
         m.info("overlap_comm", zero["overlap_comm"], f"{p}overlap_comm")
     if isinstance(zero.get("contiguous_gradients"), bool):
         m.parallel["contiguous_gradients"] = zero["contiguous_gradients"]
+    if zero.get("memory_efficient_linear") is False:  # torch's F.linear under zero.Init (formulas/zero3.py)
+        m.parallel["memory_efficient_linear"] = False
+        m.info("memory_efficient_linear", False, f"{p}memory_efficient_linear")
