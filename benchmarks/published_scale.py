@@ -183,13 +183,16 @@ per parameter, stepped in its gradient hook) -> ``optimizer_in_backward=True``.
 
 The tenth search (``split_rule_10``, briefs h-published14a / h-published14b; flag ``X``): every point is held
 out, the rule decided before any point was gathered and recorded before any estimate of it. The eleventh
-(``split_rule_11``, briefs h-published15a / h-published15b; flag ``Y``): the same.
+(``split_rule_11``, briefs h-published15a / h-published15b; flag ``Y``): the same. The twelfth
+(``split_rule_12``, briefs h-published16a / h-published16b; flag ``Z``) alternates held_out / fit by SHA-256
+within each kind again, as the ninth, so that its fitting half measures the band terms of kinds that rested
+on two or three points.
 
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
 (``split_rule_6``), ``G`` of the seventh (``split_rule_7``), ``H`` of the eighth (``split_rule_8``), ``K`` of
 the ninth (``split_rule_9``), ``X`` of the tenth (``split_rule_10``), ``Y`` of the eleventh
-(``split_rule_11``),
+(``split_rule_11``), ``Z`` of the twelfth (``split_rule_12``),
 ``A`` an approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a
 held-out point read after peakmem missed it (``examined_after_miss``): its mapping or a formula was then
 taken from the framework's source, nothing fit to it, but it no longer counts as unseen; the held-out
@@ -254,7 +257,7 @@ WEIGHTS = {
     "bnb-fp4-dq": "fp4-dq",
 }
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 12)))  # split_rule_2 .. _11
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 13)))  # split_rule_2 .. _12
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {"exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old"}
 
@@ -497,7 +500,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         + ("H" if p.get("split") == SPLIT_RULES[7] else "")
         + ("K" if p.get("split") == SPLIT_RULES[8] else "")
         + ("X" if p.get("split") == SPLIT_RULES[9] else "")
-        + ("Y" if p.get("split") == SPLIT_RULES[10] else ""),
+        + ("Y" if p.get("split") == SPLIT_RULES[10] else "")
+        + ("Z" if p.get("split") == SPLIT_RULES[11] else ""),
     }  # fmt: skip
     if p.get("not_expressible"):
         return {**row, "reason": p["not_expressible"]}
