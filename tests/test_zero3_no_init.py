@@ -112,3 +112,19 @@ def test_torch_linear_saves_a_view_of_the_weight_storage() -> None:
     y = SavesTheParameter.apply(x, weight)
     weight.data = torch.empty(0)
     assert y.grad_fn.saved_tensors[1].numel() == 0  # the Parameter, now empty
+
+
+def test_zero_init_is_a_way_down() -> None:
+    """Outside zero.Init, building the model under it is among the ways down (planner/fit.py), and it
+    saves what the saved weights and the whole-model load cost; under zero.Init it is not offered."""
+    import peakmem
+
+    without = peakmem.train("llama-3.2-1b", gpus=4, zero=3, seq=512, no_zero_init=True)
+    ways = {w["change"]: w for w in without.data["ways_down"]}
+    way = ways["build the model under deepspeed.zero.Init"]
+    assert way["changes"] == [["zero_init", "False", "True"]]
+    with_init = peakmem.train("llama-3.2-1b", gpus=4, zero=3, seq=512)
+    assert way["peak_allocated_bytes"] == with_init.data["peak_allocated_bytes"]
+    assert "build the model under deepspeed.zero.Init" not in {
+        w["change"] for w in with_init.data["ways_down"]
+    }

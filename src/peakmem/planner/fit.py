@@ -253,9 +253,22 @@ def _family_grad_sync(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
 
 
+def _family_zero_init(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
+    """A ZeRO-3 model built outside ``deepspeed.zero.Init`` goes whole to each GPU and keeps torch's
+    F.linear, which holds every gathered weight until its backward (formulas/zero3.py); built under it
+    (TrainingArguments(deepspeed=...) before from_pretrained), neither."""
+    fam = "deepspeed.zero.Init"
+    par = ctx.par
+    if par is None or par.zero_stage != 3 or (par.zero_init and par.memory_efficient_linear):
+        return Family(name=fam, status="not applicable", reason="not ZeRO-3 outside zero.Init"), ()
+    opt = _Option(label="build the model under deepspeed.zero.Init",
+                  par=(("zero_init", True), ("memory_efficient_linear", True)))  # fmt: skip
+    return Family(name=fam, status="searched", options=(opt.label,)), (opt,)
+
+
 FAMILIES: tuple[FamilyFn, ...] = (
     _family_checkpointing, _family_attention, _family_optimizer, _family_adapter, _family_offload,
-    _family_fused, _family_kernels, _family_zero_grad, _family_grad_sync,
+    _family_fused, _family_kernels, _family_zero_grad, _family_grad_sync, _family_zero_init,
 )  # fmt: skip
 
 
