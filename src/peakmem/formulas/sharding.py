@@ -27,13 +27,9 @@ partitioned_param_coordinator.py):
   ``reduce_bucket_size`` elements per dtype (allocated at init);
 * fp32 master partition and states; at the step, fp32 gradients per sub-group of
   ``sub_group_size`` elements (``_prepare_fp32_grad_for_sub_group``);
-* gathered parameters: the module being run, up to ``prefetch_bucket_size`` prefetched, and
-  modules whose next use is within ``max_reuse_distance`` elements (kept across the
-  forward/backward turn, ``__params_to_release``); the prefetcher runs ahead until
-  ``max_live_parameters`` are gathered (:mod:`.zero3`);
-* the gradient reduce's copies inside a layer's backward (the concatenated bucket; with the
-  optimizer offloaded, a partition's GPU copy and fp64 norm) and, offloaded, the embedding's after
-  backward (:mod:`.zero3`).
+* gathered parameters (the prefetcher's working set up to ``max_live_parameters``; none on one rank;
+  without ``zero.Init`` every Linear weight torch's ``F.linear`` saved) and the gradient reduce's
+  copies: :mod:`.zero3`.
 
 FSDP (torch/distributed/fsdp): the sharded parameters keep the dtype the model was built in (fp32
 for mixed precision: they are the master weights; ``MixedPrecision(param_dtype=bf16)`` only casts the
@@ -432,11 +428,8 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_fwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
                                   _gathered(tech, max(fetch, live)), _zero3.SRC_Z3_PREFETCH if live > fetch
                                   else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
-        what = (
-            "prefetched up to max_live_parameters"
-            if live > keep
-            else "kept within max_reuse_distance + prefetch"
-        )
+        kept_what = "kept within max_reuse_distance + prefetch"
+        what = "prefetched up to max_live_parameters" if live > keep else kept_what
         gathered_bwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
                                   _gathered(tech, max(keep, live)), _zero3.SRC_Z3_PREFETCH if live > keep
                                   else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
