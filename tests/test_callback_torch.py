@@ -298,6 +298,12 @@ def test_sharding_and_optimizer_names_are_read_from_the_arguments() -> None:
     ds["optimizer"] = {"type": "AdamW", "params": {"lr": "auto"}}  # DeepSpeed's own: args.optim unused
     job = job_from_trainer(args, model, batch)
     assert (job.setup.optimizer.value, job.setup.optimizer_impl.value) == ("adamw", "fused")
+    assert job.parallelism is not None and job.parallelism.zero_init and "--no-zero-init" not in job.flags()
+    # transformers before 5.0 marks a model built outside ZeRO-3's zero.Init; the CLI gets the same flag
+    model._transformers_zero3_init_used = False
+    outside = job_from_trainer(args, model, batch)
+    assert outside.parallelism is not None and not outside.parallelism.zero_init
+    assert "--no-zero-init" in outside.flags()
     fsdp = SimpleNamespace(
         per_device_train_batch_size=BATCH,
         optim="sgd",

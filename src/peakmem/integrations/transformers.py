@@ -144,6 +144,8 @@ class Job:
                     str(par.zero_stage), "--fsdp", par.fsdp.value, "--fsdp-version", str(par.fsdp_version),
                     "--tp", str(par.tp), "--cp", str(par.cp), "--offload", par.offload_optimizer.value,
                     "--offload-params", par.offload_params.value]  # fmt: skip
+            if not par.zero_init:
+                out.append("--no-zero-init")
         return out
 
 
@@ -483,6 +485,11 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     ns.method, ns.batch, ns.seq = Method.FULL.value, micro_batch, seq_len  # the adapter is set below
     for key, value in parallel.items():
         setattr(ns, key, value)
+    # transformers before 5.0 marks a model built under ZeRO-3's zero.Init (modeling_utils.py
+    # _from_config / from_pretrained: model._transformers_zero3_init_used = is_deepspeed_zero3_enabled())
+    if ns.zero == 3 and getattr(base, "_transformers_zero3_init_used", None) is False:
+        ns.no_zero_init = True
+        read.append(("no-zero-init", "True", "model._transformers_zero3_init_used=False"))
     o = options.convert("train", {k: getattr(ns, k) for k in options.defaults("train")})
     setup, _ = training_setup(o, spec.max_position_embeddings)
     setup = replace(setup, method=method, lora=lora, quant=quant)
