@@ -16,6 +16,8 @@ model), CUDA kernels (bool dropout mask). Per layer:
 
 from __future__ import annotations
 
+import pytest
+
 from peakmem.adapters import LoraConfig
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.defaults import fsdp_reduce, grad_sync
@@ -166,3 +168,34 @@ def test_gemma_norm_weight_side_in_the_input_dtype() -> None:
     lit = act.shapes(spec, _setup(Framework.LITGPT, Method.FULL))
     assert rmsnorm_weight_side_bytes(spec, hf, 64) == T * 64 * 4
     assert rmsnorm_weight_side_bytes(spec, lit, 64) == T * 64 * 2
+
+
+def test_the_rope_cat_makes_sdpas_output_a_copy_for_the_projection() -> None:
+    """Lit-GPT's apply_rope + torch.cat hands SDPA a q contiguous per head ([B, H, T, D]); the kernel writes
+    its output in q's layout, so ``y.transpose(1, 2).reshape(B, T, C)`` copies it for the projection,
+    which a full fine-tune's proj saves beside SDPA's own output: 8*64*2 = 1024 more bytes a layer, MHA or
+    GQA; transformers' q (a transposed view of the projection) gets an output already in the projection's
+    layout."""
+    full = {}
+    for framework in (Framework.LITGPT, Framework.LITGPT_2023, Framework.HF):
+        for kv in (4, 2):
+            spec = spec_from_config({**LLAMA, "num_key_value_heads": kv})
+            sh = act.shapes(spec, _setup(framework, Method.FULL))
+            la = act.layer_activations(spec, spec.groups[0].layer, sh)
+            full[framework, kv] = {i.key: i.bytes for i in la.saved}
+    for kv in (4, 2):
+        assert full[Framework.LITGPT, kv]["attn.output_copy"] == 8 * 64 * 2
+        assert full[Framework.LITGPT_2023, kv]["attn.output_copy"] == 8 * 64 * 2
+        assert "attn.output_copy" not in full[Framework.HF, kv]
+
+
+def test_sdpa_writes_its_output_in_the_layout_of_q() -> None:
+    """The torch fact behind it, on the CPU kernel (CUDA's flash kernel the same: flash_api.cpp mha_fwd's
+    ``at::empty_like(q)`` of the transposed q keeps its strides)."""
+    torch = pytest.importorskip("torch")
+    b, h, t, d = 1, 4, 8, 16
+    per_head = torch.randn(b, h, t, d, dtype=torch.bfloat16)  # Lit-GPT: contiguous per head after the cat
+    view = torch.randn(b, t, h, d, dtype=torch.bfloat16).transpose(1, 2)  # transformers: a transposed view
+    for q, copies in ((per_head, True), (view, False)):
+        y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        assert (not y.transpose(1, 2).is_contiguous()) is copies

@@ -129,6 +129,11 @@ class Profile:
     rmsnorm_weight_in_input_dtype: bool = False
     # with one kv head, k is expanded to every head before RoPE, which makes a fresh all-heads k (LitGPT 2024)
     mqa_rope_expands_k: bool = False
+    # the rotary embedding ends in a torch.cat that makes q contiguous per head ([B, H, T, D]); CUDA's flash
+    # kernel then writes its output in that layout (flash_api.cpp mha_fwd: ``out = at::empty_like(q)`` of the
+    # transposed q keeps its strides), so the output's transpose to [B, T, H * D] for the projection is a copy
+    # (Lit-GPT model.py ``apply_rope`` + ``torch.cat``, ``y.reshape(B, T, ...)``; ModelSpec.rope_concat alike)
+    rope_cat: bool = False
     # cos/sin are fp32 buffers [seq, rotary dim] rebuilt at the training length and sliced per forward
     # (Lit-GPT ``GPT.max_seq_length``); :func:`rope_cache_bytes`
     rope_cache_at_seq: bool = False
@@ -197,7 +202,7 @@ PROFILES: dict[Framework, Profile] = {
     Framework.LITGPT: Profile(
         name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_weight_in_input_dtype=True,
         mqa_rope_expands_k=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
-        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True, fabric_bnb=True,
+        lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True, fabric_bnb=True, rope_cat=True,
         source=(
             "litgpt@5895df1 (= f247be8, 00af8b0) litgpt/model.py (RMSNorm on x.float(), fused attn Linear, "
             "k/v expand, apply_rope + cat, fp32 cos/sin at max_seq_length), litgpt/lora.py (LoRAQKVLinear, "

@@ -95,7 +95,7 @@ def attention_terms(
     items.append(item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if sh.compiled and spec.norm == "rmsnorm":
         items.append(compiled_output_copy(sh, t * a * dv))
-    elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat:
+    elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat or sh.profile.rope_cat:
         # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout; nor is
         # it where the rotary embedding's cat made q contiguous per head (``ModelSpec.rope_concat``)
         items.append(
