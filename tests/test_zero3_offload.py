@@ -179,3 +179,22 @@ def test_the_band_holds_the_older_engine_on_a_gpt2_shape() -> None:
     est = estimate_ranks(spec, setup, par).most_loaded.estimate
     terms = {t.name: t for t in est.band.terms}
     assert terms["zero3_engine_version"].high_bytes == 2 * 50_257 * 4_096
+
+
+def test_zero_offload_keeps_a_gpu_buffer_and_checks_each_gradient() -> None:
+    # ZeRO-1/2 + offload_optimizer (stage_1_and_2.py cpu_offload): temp_grad_buffer_for_gpu_offload, 16-bit,
+    # the largest trainable parameter (embedding / head: 64,000 elements), and at that gradient's hook
+    # _has_inf_or_nan's fp32 copy, isnan, isinf, logical_or masks and .float(): 4 + 1 + 1 + 1 + 4 bytes an
+    # element (above the slice's fp64 norm, 8)
+    for stage in (1, 2):
+        p = Parallelism(gpus=4, zero_stage=stage, offload_optimizer=Offload.CPU)
+        st = sharding.rank_states(technique(tiny(), SETUP), SETUP, p, mp.stage_params(tiny(), p, 0))
+        assert {i.key: i.bytes for i in st.resident}["zero.offload_buffer"] == 2 * 64_000
+        assert st.layer_backward_extra == st.layer_backward_first_extra == 11 * 64_000
+        assert st.layer_backward_item is not None and st.layer_backward_item.key == "zero.offload_check"
+        # at the step the fp32 partition (276,032 / 4 elements) comes back to the GPU whole before its cast
+        assert {i.key: i.bytes for i in st.step} == {"zero.offload_step": 4 * (276_032 // 4)}
+    # without the offload neither (the gradient partition stays on the GPU)
+    p = Parallelism(gpus=4, zero_stage=2)
+    st = sharding.rank_states(technique(tiny(), SETUP), SETUP, p, mp.stage_params(tiny(), p, 0))
+    assert "zero.offload_buffer" not in {i.key for i in st.resident} and st.layer_backward_extra == 0

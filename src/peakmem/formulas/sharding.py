@@ -68,6 +68,7 @@ from . import fsdp1_root as _root1
 from . import fsdp2 as _fsdp2
 from . import fsdp_no_sync as _nosync
 from . import zero3 as _zero3
+from . import zero_offload as _offload
 from . import zero_streams as _zs
 from .activations import float8 as _f8
 from .fsdp2 import SRC_FSDP_GATHER, SRC_FSDP_RS
@@ -399,6 +400,17 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             grads_backward.append(replace(ipg, source=SRC_Z1_IPG) if between else ipg)
             if between:
                 accumulated.append(grads_backward[-1])
+    reduce: MemoryItem | None = None
+    if offload_opt and stage < 3:  # ZeRO-Offload's GPU buffer and gradient checks (formulas/zero_offload.py)
+        resident.append(_item("ZeRO-Offload GPU gradient buffer (the largest parameter)", Category.GRADIENTS,
+                              _offload.gpu_buffer_bytes(g16.nbytes(1), loc.largest), _offload.SRC_BUFFER,
+                              key="zero.offload_buffer"))  # fmt: skip
+        reduce = _item("ZeRO-Offload overflow check of the largest gradient at its hook",
+                       Category.TEMPORARIES, _offload.hook_check_bytes(loc.largest), _offload.SRC_CHECK,
+                       key="zero.offload_check")  # fmt: skip
+        step.append(_item(f"ZeRO-Offload fp32 partition copied to the GPU at the step{label}",
+                          Category.TEMPORARIES, _offload.step_copy_bytes(master_dt.nbytes(1), part),
+                          _offload.SRC_STEP, key="zero.offload_step"))  # fmt: skip
     if offload_opt:
         cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),
                          SRC_OFFLOAD, key="offload.fp32_grads"))  # fmt: skip
@@ -412,7 +424,6 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
             step += [fp32_grad, *([flat] if flat.bytes > sum(t.bytes for t in temps) else temps)]
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
-    reduce: MemoryItem | None = None
     drift = embed = end_copies = 0
     if stage == 3 and not _zero3.gathers(par):
         notes.append("ZeRO-3 on one rank: each gathered parameter is its own partition (no copy)")

@@ -1,0 +1,52 @@
+"""DeepSpeed ZeRO-1/2 with the optimizer offloaded (ZeRO-Offload, ``stage_1_and_2.py`` ``cpu_offload``): what
+stays on the GPU beyond the 16-bit weights and the ipg bucket (used by :mod:`.sharding`).
+
+Read in DeepSpeed v0.14.2 ``runtime/zero/stage_1_and_2.py`` (the same code in v0.16.4):
+
+* ``__init__``: ``self.temp_grad_buffer_for_gpu_offload = torch.zeros(largest_param_numel, device=cuda,
+  dtype=self.dtype)``, a 16-bit buffer the size of the largest trainable parameter, kept for the run
+  (:func:`gpu_buffer_bytes`).
+* ``copy_grads_in_partition`` (a parameter of this rank's partition, when its bucket is reduced; a
+  parameter larger than the bucket is reduced alone at its own hook), at the accumulation boundary:
+  ``set_norm_for_param_grad_in_gpu`` takes the norm of the partition's slice in fp64
+  (``.double().norm(2)``: 8 bytes an element), then ``update_overflow_tracker_for_param_grad`` runs
+  ``_has_inf_or_nan`` over the whole gradient (``x.float()``, ``isnan``, ``isinf``, ``logical_or``,
+  ``.float()``: 4 + 1 + 1 + 1 + 4 bytes an element alive at once), then the slice is copied to the
+  CPU through an fp32 copy (4). The overflow check is the largest of the three (:func:`hook_check_bytes`);
+  unconditional, bf16 as fp16. Its worst rank holds the largest parameter (the LM head or the embedding of
+  a large vocabulary), at that parameter's gradient hook: the head's is the first of backward.
+* ``step``: after the CPU optimizer, ``bit16_partitions[partition_id].data.copy_(fp32_partition.to(device))``:
+  the fp32 partition copied to the GPU whole before its 16-bit cast (:func:`step_copy_bytes`).
+"""
+
+from __future__ import annotations
+
+# _has_inf_or_nan(x): float_x = x.float() (4 B), isnan (1), isinf (1), logical_or (1), .float() (4)
+OVERFLOW_CHECK_BYTES_PER_ELEMENT = 4 + 1 + 1 + 1 + 4
+
+SRC_BUFFER = (
+    "deepspeed stage_1_and_2.py __init__ (cpu_offload): temp_grad_buffer_for_gpu_offload = "
+    "torch.zeros(largest_param_numel, dtype=self.dtype) on the GPU"
+)
+SRC_STEP = "deepspeed stage_1_and_2.py step (cpu_offload): bit16_partition.copy_(fp32_partition.to(device))"
+SRC_CHECK = (
+    "deepspeed stage_1_and_2.py copy_grads_in_partition (cpu_offload): set_norm_for_param_grad_in_gpu "
+    "(.double().norm), update_overflow_tracker_for_param_grad (_has_inf_or_nan: x.float(), isnan, isinf, "
+    "logical_or, .float()), async_inplace_copy_grad_to_fp32_buffer_from_gpu (.float())"
+)
+
+
+def gpu_buffer_bytes(grad_bytes_per_element: int, largest: int) -> int:
+    """The 16-bit GPU buffer of ``largest`` elements (the largest trainable parameter on the rank)."""
+    return grad_bytes_per_element * largest
+
+
+def hook_check_bytes(largest: int) -> int:
+    """Bytes alive at once while a gradient hook checks the largest parameter's gradient for overflow
+    (more than its slice's fp64 norm, 8 bytes an element at most, and its fp32 copy, 4)."""
+    return OVERFLOW_CHECK_BYTES_PER_ELEMENT * largest
+
+
+def step_copy_bytes(master_bytes_per_element: int, partition: int) -> int:
+    """The fp32 partition's GPU copy at the step (``partition`` elements of this rank)."""
+    return master_bytes_per_element * partition
