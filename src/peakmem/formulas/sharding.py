@@ -108,9 +108,6 @@ SRC_Z_FLATTEN = (
 SRC_Z3_PARAMS = "deepspeed partition_parameters.py: ds_tensor = ceil(numel / N) 16-bit elements"
 SRC_Z3_PERSIST = "deepspeed partition_parameters.py: ds_persist when numel < param_persistence_threshold"
 SRC_Z3_GRADS = "deepspeed stage3.py: grad_partitions_flat_buffer (16-bit, allocated at init)"
-SRC_Z3_GATHER = (
-    "deepspeed partitioned_param_coordinator.py: fetch + prefetch_bucket_size + reuse-distance keep"
-)
 SRC_FSDP_SHARD = "torch fsdp _fsdp_param.py _init_sharded_param: torch.chunk(dim 0), padded to chunk 0"
 SRC_FSDP1_SHARD = "torch fsdp _flat_param.py: unit flattened and padded to a multiple of world size"
 SRC_OFFLOAD = "ZeRO-Offload (arXiv 2101.06840) / FSDP CPUOffload: pinned CPU copies"
@@ -120,8 +117,6 @@ SRC_NVME = "deepspeed offload_config.py: NVMe swap buffers buffer_count x buffer
 DS_NVME_PARAM_BUFFER_COUNT = 5
 DS_NVME_PARAM_BUFFER_SIZE = 100_000_000
 DS_NVME_OPTIMIZER_BUFFER_COUNT = 4
-# deepspeed stage3.py: max_reuse_distance default (stage3_max_reuse_distance, pp_int(1e9))
-DS_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,15 +397,10 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                 accumulated.append(grads_backward[-1])
     reduce: MemoryItem | None = None
     if offload_opt and stage < 3:  # ZeRO-Offload's GPU buffer and gradient checks (formulas/zero_offload.py)
-        resident.append(_item("ZeRO-Offload GPU gradient buffer (the largest parameter)", Category.GRADIENTS,
-                              _offload.gpu_buffer_bytes(g16.nbytes(1), loc.largest), _offload.SRC_BUFFER,
-                              key="zero.offload_buffer"))  # fmt: skip
-        reduce = _item("ZeRO-Offload overflow check of the largest gradient at its hook",
-                       Category.TEMPORARIES, _offload.hook_check_bytes(loc.largest), _offload.SRC_CHECK,
-                       key="zero.offload_check")  # fmt: skip
-        step.append(_item(f"ZeRO-Offload fp32 partition copied to the GPU at the step{label}",
-                          Category.TEMPORARIES, _offload.step_copy_bytes(master_dt.nbytes(1), part),
-                          _offload.SRC_STEP, key="zero.offload_step"))  # fmt: skip
+        off = _offload.items(g16.nbytes(1), master_dt.nbytes(1), loc.largest, part, label)
+        resident.append(off.buffer)
+        reduce = off.check
+        step.append(off.step_copy)
     if offload_opt:
         cpu.append(_item(f"fp32 gradient partition{label}", Category.GRADIENTS, master_dt.nbytes(part),
                          SRC_OFFLOAD, key="offload.fp32_grads"))  # fmt: skip
@@ -425,38 +415,13 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
     drift = embed = end_copies = 0
-    if stage == 3 and not _zero3.gathers(par):
-        notes.append("ZeRO-3 on one rank: each gathered parameter is its own partition (no copy)")
-    elif stage == 3:
-        non_persistent = sp.numel - sh.persistent
-        fetch = min(
-            non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters)
-        )
-        keep = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
-        live = _zero3.working_set(sp, par, non_persistent)
-        drift = _gathered(tech, _zero3.version_drift(sp, par, non_persistent, max(keep, live)))
-        what = "prefetched up to max_live_parameters" if live > fetch else "module + prefetch"
-        gathered_fwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
-                                  _gathered(tech, max(fetch, live)), _zero3.SRC_Z3_PREFETCH if live > fetch
-                                  else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
-        kept_what = "kept within max_reuse_distance + prefetch"
-        what = "prefetched up to max_live_parameters" if live > keep else kept_what
-        gathered_bwd.append(_item(f"ZeRO-3 gathered parameters ({what})", Category.PARAMETERS,
-                                  _gathered(tech, max(keep, live)), _zero3.SRC_Z3_PREFETCH if live > keep
-                                  else SRC_Z3_GATHER, key="zero3.gathered"))  # fmt: skip
-        if _zero3.saves_linear_weights(par) and setup.method is not Method.QLORA:  # bnb: no F.linear
-            saved = [_gathered(tech, n) for n in _zero3.saved_linears(tech.spec, setup, par, sp)]
-            gathered_fwd.append(_item("ZeRO-3 without zero.Init: Linear weights F.linear saved for backward",
-                                      Category.PARAMETERS, saved[0], _zero3.SRC_Z3_SAVED_LINEAR,
-                                      key="zero3.saved_linear"))  # fmt: skip
-            gathered_bwd.append(replace(gathered_fwd[-1], bytes=saved[1]))
-        notes.append(
-            "ZeRO-3 working set: max_live_parameters plus one tensor, as the prefetcher runs ahead "
-            "(every step after the first)"
-            if live
-            else "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
-            "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
-        )
+    if stage == 3:
+        qlora = setup.method is Method.QLORA  # bitsandbytes' Linear4bit saves no weight.t() of F.linear
+        got = _zero3.gathered(tech.spec, setup, par, sp, sp.numel - sh.persistent,
+                              lambda n: _gathered(tech, n), saves=not qlora)  # fmt: skip
+        gathered_fwd, gathered_bwd = list(got.forward), list(got.backward)
+        drift = _gathered(tech, got.drift)
+        notes.append(got.note)
     if stage == 3:
         # the largest partition a layer's backward reduces (experts over the expert shard degree)
         if tech.adapter:

@@ -63,6 +63,10 @@ embedding's parameters are still gathered (released by the step's ``partition_al
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from peakmem.breakdown import Category, MemoryItem
 from peakmem.dtypes import DType
 from peakmem.model import ModelSpec
 from peakmem.parallel import Offload, Parallelism
@@ -75,6 +79,12 @@ from .model_states import spec_facts
 DS_NORM_CHUNK = 250_000_000
 FP64_BYTES = 8  # part.data.double()
 
+# deepspeed stage3.py: max_reuse_distance default (stage3_max_reuse_distance, pp_int(1e9))
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+
+SRC_Z3_GATHER = (
+    "deepspeed partitioned_param_coordinator.py: fetch + prefetch_bucket_size + reuse-distance keep"
+)
 SRC_Z3_PREFETCH = (
     "deepspeed partitioned_param_coordinator.py fetch_sub_module: prefetch while "
     "numel_prefetching < max_live_parameters - n_available (one whole parameter at a time)"
@@ -203,3 +213,57 @@ def version_drift(sp: StageParams, par: Parallelism, non_persistent: int, gather
     if not embed or par.prefetch_bucket_size <= 0 or par.max_live_parameters <= 0:
         return 0
     return max(0, min(embed, non_persistent - gathered))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gathered:
+    """A ZeRO-3 rank's gathered parameters in forward and in backward, the older engines' extra elements
+    (:func:`version_drift`) and the estimate's note on them."""
+
+    forward: tuple[MemoryItem, ...]
+    backward: tuple[MemoryItem, ...]
+    drift: int
+    note: str
+
+
+def gathered(
+    spec: ModelSpec, setup: TrainingSetup, par: Parallelism, sp: StageParams, non_persistent: int,
+    to_bytes: Callable[[int], int], *, saves: bool,
+) -> Gathered:  # fmt: skip
+    """What the rank holds gathered (``to_bytes``: gathered elements to bytes): nothing on one rank
+    (:func:`gathers`); else the running module and prefetch, or the prefetcher's working set
+    (:func:`working_set`), in backward what is kept within ``max_reuse_distance``; and where
+    :func:`saves_linear_weights` (and ``saves``: the Linears are torch's), the saved weights."""
+    if not gathers(par):
+        note = "ZeRO-3 on one rank: each gathered parameter is its own partition (no copy)"
+        return Gathered(forward=(), backward=(), drift=0, note=note)
+    fetch = min(non_persistent, sp.largest_tensor + min(par.prefetch_bucket_size, par.max_live_parameters))
+    keep = min(non_persistent, DS_MAX_REUSE_DISTANCE // 2 + fetch)
+    live = working_set(sp, par, non_persistent)
+
+    def item(held: int, what: str) -> MemoryItem:
+        prefetched = live > held
+        what = "prefetched up to max_live_parameters" if prefetched else what
+        source = SRC_Z3_PREFETCH if prefetched else SRC_Z3_GATHER
+        return MemoryItem(path=f"ZeRO-3 gathered parameters ({what})", category=Category.PARAMETERS,
+                          bytes=to_bytes(max(held, live)), source=source, key="zero3.gathered")  # fmt: skip
+
+    forward = [item(fetch, "module + prefetch")]
+    backward = [item(keep, "kept within max_reuse_distance + prefetch")]
+    if saves and saves_linear_weights(par):
+        fwd, bwd = saved_linears(spec, setup, par, sp)
+        saved = MemoryItem(path="ZeRO-3 without zero.Init: Linear weights F.linear saved for backward",
+                           category=Category.PARAMETERS, bytes=to_bytes(fwd), source=SRC_Z3_SAVED_LINEAR,
+                           key="zero3.saved_linear")  # fmt: skip
+        forward.append(saved)
+        backward.append(MemoryItem(path=saved.path, category=saved.category, bytes=to_bytes(bwd),
+                                   source=saved.source, key=saved.key))  # fmt: skip
+    note = (
+        "ZeRO-3 working set: max_live_parameters plus one tensor, as the prefetcher runs ahead "
+        "(every step after the first)"
+        if live
+        else "ZeRO-3 working set: the running module plus prefetch_bucket_size, and at the "
+        "forward/backward turn the parameters within max_reuse_distance/2 (approximate)"
+    )
+    drift = version_drift(sp, par, non_persistent, max(keep, live))
+    return Gathered(forward=tuple(forward), backward=tuple(backward), drift=drift, note=note)

@@ -21,6 +21,10 @@ Read in DeepSpeed v0.14.2 ``runtime/zero/stage_1_and_2.py`` (the same code in v0
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from peakmem.breakdown import Category, MemoryItem
+
 # _has_inf_or_nan(x): float_x = x.float() (4 B), isnan (1), isinf (1), logical_or (1), .float() (4)
 OVERFLOW_CHECK_BYTES_PER_ELEMENT = 4 + 1 + 1 + 1 + 4
 
@@ -34,6 +38,30 @@ SRC_CHECK = (
     "(.double().norm), update_overflow_tracker_for_param_grad (_has_inf_or_nan: x.float(), isnan, isinf, "
     "logical_or, .float()), async_inplace_copy_grad_to_fp32_buffer_from_gpu (.float())"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadItems:
+    buffer: MemoryItem  # resident
+    check: MemoryItem  # at a gradient's hook in backward
+    step_copy: MemoryItem  # at the step
+
+
+def items(grad_bytes: int, master_bytes: int, largest: int, partition: int, label: str) -> OffloadItems:
+    """The three for a rank whose largest trainable parameter has ``largest`` elements and whose
+    partition ``partition`` (``grad_bytes`` / ``master_bytes``: bytes an element of the 16-bit gradient
+    and of the fp32 master)."""
+    return OffloadItems(
+        buffer=MemoryItem(path="ZeRO-Offload GPU gradient buffer (the largest parameter)",
+                          category=Category.GRADIENTS, bytes=gpu_buffer_bytes(grad_bytes, largest),
+                          source=SRC_BUFFER, key="zero.offload_buffer"),
+        check=MemoryItem(path="ZeRO-Offload overflow check of the largest gradient at its hook",
+                         category=Category.TEMPORARIES, bytes=hook_check_bytes(largest), source=SRC_CHECK,
+                         key="zero.offload_check"),
+        step_copy=MemoryItem(path=f"ZeRO-Offload fp32 partition copied to the GPU at the step{label}",
+                             category=Category.TEMPORARIES, bytes=step_copy_bytes(master_bytes, partition),
+                             source=SRC_STEP, key="zero.offload_step"),
+    )  # fmt: skip
 
 
 def gpu_buffer_bytes(grad_bytes_per_element: int, largest: int) -> int:
