@@ -409,8 +409,7 @@ def parallelism(o: Mapping[str, Any], extra: Mapping[str, Any] | None = None) ->
         offload_params=Offload.parse(o["offload_params"], "offload_params"),
         pp_schedule=PipelineSchedule.parse(o["pp_schedule"], "pp_schedule"),
         cp_rotate=CpRotate.parse(o.get("cp_rotate", "auto"), "cp_rotate"),
-        virtual_stages=o["virtual_stages"],
-        **{**({"zero_init": False} if o.get("no_zero_init") else {}), **dict(extra or {})},
+        virtual_stages=o["virtual_stages"], zero_init=not o.get("no_zero_init", False), **dict(extra or {}),
     )  # fmt: skip
     return None if plain else layout  # built either way: every value is checked
 

@@ -100,7 +100,7 @@ SRC_Z2_ACCUM = (
 SRC_Z1_IPG = (
     "deepspeed stage_1_and_2.py backward: ipg buffers allocated per micro-batch, released at the boundary"
 )
-SRC_Z_FP32_GRAD = "deepspeed step: single_grad_partition = flat_grad_partition.to(fp32)"
+SRC_Z_FP32_GRAD = "deepspeed step: single_grad_partition = self.flatten(averaged_gradients).to(fp32)"
 SRC_Z_FLATTEN = (
     "deepspeed stage_1_and_2.py step / stage3.py _prepare_fp32_grad_for_sub_group: "
     "self.flatten(self.averaged_gradients[i]) (torch.cat of the partition's gradient views), then .to(fp32)"
@@ -422,7 +422,6 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
         gathered_fwd, gathered_bwd = list(got.forward), list(got.backward)
         drift = _gathered(tech, got.drift)
         notes.append(got.note)
-    if stage == 3:
         # the largest partition a layer's backward reduces (experts over the expert shard degree)
         if tech.adapter:
             part_in_layer = cdiv(loc.largest, n)

@@ -64,7 +64,7 @@ embedding's parameters are still gathered (released by the step's ``partition_al
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.dtypes import DType
@@ -99,12 +99,6 @@ SRC_Z3_EPILOGUE = (
 )
 
 
-SRC_Z3_NO_GATHER = (
-    "deepspeed partition_parameters.py all_gather_coalesced: num_partitions == 1 -> _no_gather_coalesced "
-    "(NoGatherHandle: param.data = param.ds_tensor.data.to(device)), DeepSpeed >= 0.9.0"
-)
-
-
 def gathers(par: Parallelism) -> bool:
     """Whether a gathered parameter is a new GPU tensor: over more than one rank, or copied in from
     offloaded partitions; on one rank with the partitions on the GPU it is the partition itself."""
@@ -118,10 +112,16 @@ SRC_Z3_SAVED_LINEAR = (
 )
 
 
+def torch_linear(par: Parallelism) -> bool:
+    """Whether ZeRO-3 runs torch's ``F.linear``: the model built outside ``zero.Init``, or its
+    ``memory_efficient_linear`` off."""
+    return par.zero_stage == 3 and not (par.zero_init and par.memory_efficient_linear)
+
+
 def saves_linear_weights(par: Parallelism) -> bool:
     """Whether torch's ``F.linear`` keeps each gathered Linear weight for its backward: ZeRO-3 gathering
-    new storage (:func:`gathers`) without ``zero.Init``'s memory-efficient linear."""
-    return par.zero_stage == 3 and gathers(par) and not (par.zero_init and par.memory_efficient_linear)
+    new storage (:func:`gathers`) with torch's linear (:func:`torch_linear`)."""
+    return torch_linear(par) and gathers(par)
 
 
 def saved_linear_elements(
@@ -256,8 +256,7 @@ def gathered(
                            category=Category.PARAMETERS, bytes=to_bytes(fwd), source=SRC_Z3_SAVED_LINEAR,
                            key="zero3.saved_linear")  # fmt: skip
         forward.append(saved)
-        backward.append(MemoryItem(path=saved.path, category=saved.category, bytes=to_bytes(bwd),
-                                   source=saved.source, key=saved.key))  # fmt: skip
+        backward.append(replace(saved, bytes=to_bytes(bwd)))
     note = (
         "ZeRO-3 working set: max_live_parameters plus one tensor, as the prefetcher runs ahead "
         "(every step after the first)"

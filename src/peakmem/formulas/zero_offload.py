@@ -5,18 +5,18 @@ Read in DeepSpeed v0.14.2 ``runtime/zero/stage_1_and_2.py`` (the same code in v0
 
 * ``__init__``: ``self.temp_grad_buffer_for_gpu_offload = torch.zeros(largest_param_numel, device=cuda,
   dtype=self.dtype)``, a 16-bit buffer the size of the largest trainable parameter, kept for the run
-  (:func:`gpu_buffer_bytes`).
+  (``OffloadItems.buffer``).
 * ``copy_grads_in_partition`` (a parameter of this rank's partition, when its bucket is reduced; a
   parameter larger than the bucket is reduced alone at its own hook), at the accumulation boundary:
   ``set_norm_for_param_grad_in_gpu`` takes the norm of the partition's slice in fp64
   (``.double().norm(2)``: 8 bytes an element), then ``update_overflow_tracker_for_param_grad`` runs
   ``_has_inf_or_nan`` over the whole gradient (``x.float()``, ``isnan``, ``isinf``, ``logical_or``,
   ``.float()``: 4 + 1 + 1 + 1 + 4 bytes an element alive at once), then the slice is copied to the
-  CPU through an fp32 copy (4). The overflow check is the largest of the three (:func:`hook_check_bytes`);
+  CPU through an fp32 copy (4). The overflow check is the largest of the three (``OffloadItems.check``);
   unconditional, bf16 as fp16. Its worst rank holds the largest parameter (the LM head or the embedding of
   a large vocabulary), at that parameter's gradient hook: the head's is the first of backward.
 * ``step``: after the CPU optimizer, ``bit16_partitions[partition_id].data.copy_(fp32_partition.to(device))``:
-  the fp32 partition copied to the GPU whole before its 16-bit cast (:func:`step_copy_bytes`).
+  the fp32 partition copied to the GPU whole before its 16-bit cast (``OffloadItems.step_copy``).
 """
 
 from __future__ import annotations
@@ -50,31 +50,16 @@ class OffloadItems:
 def items(grad_bytes: int, master_bytes: int, largest: int, partition: int, label: str) -> OffloadItems:
     """The three for a rank whose largest trainable parameter has ``largest`` elements and whose
     partition ``partition`` (``grad_bytes`` / ``master_bytes``: bytes an element of the 16-bit gradient
-    and of the fp32 master)."""
+    and of the fp32 master). The check holds more than the slice's fp64 norm (8 bytes an element at
+    most) and its fp32 copy (4)."""
     return OffloadItems(
         buffer=MemoryItem(path="ZeRO-Offload GPU gradient buffer (the largest parameter)",
-                          category=Category.GRADIENTS, bytes=gpu_buffer_bytes(grad_bytes, largest),
+                          category=Category.GRADIENTS, bytes=grad_bytes * largest,
                           source=SRC_BUFFER, key="zero.offload_buffer"),
         check=MemoryItem(path="ZeRO-Offload overflow check of the largest gradient at its hook",
-                         category=Category.TEMPORARIES, bytes=hook_check_bytes(largest), source=SRC_CHECK,
-                         key="zero.offload_check"),
+                         category=Category.TEMPORARIES, bytes=OVERFLOW_CHECK_BYTES_PER_ELEMENT * largest,
+                         source=SRC_CHECK, key="zero.offload_check"),
         step_copy=MemoryItem(path=f"ZeRO-Offload fp32 partition copied to the GPU at the step{label}",
-                             category=Category.TEMPORARIES, bytes=step_copy_bytes(master_bytes, partition),
+                             category=Category.TEMPORARIES, bytes=master_bytes * partition,
                              source=SRC_STEP, key="zero.offload_step"),
     )  # fmt: skip
-
-
-def gpu_buffer_bytes(grad_bytes_per_element: int, largest: int) -> int:
-    """The 16-bit GPU buffer of ``largest`` elements (the largest trainable parameter on the rank)."""
-    return grad_bytes_per_element * largest
-
-
-def hook_check_bytes(largest: int) -> int:
-    """Bytes alive at once while a gradient hook checks the largest parameter's gradient for overflow
-    (more than its slice's fp64 norm, 8 bytes an element at most, and its fp32 copy, 4)."""
-    return OVERFLOW_CHECK_BYTES_PER_ELEMENT * largest
-
-
-def step_copy_bytes(master_bytes_per_element: int, partition: int) -> int:
-    """The fp32 partition's GPU copy at the step (``partition`` elements of this rank)."""
-    return master_bytes_per_element * partition

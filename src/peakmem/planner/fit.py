@@ -14,6 +14,7 @@ from peakmem.estimate import setup_dict
 from peakmem.formulas import step_time as st
 from peakmem.formulas.overhead import Overheads
 from peakmem.formulas.profiles import liger_applies
+from peakmem.formulas.zero3 import torch_linear
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import FsdpMode, Offload, Parallelism
 from peakmem.planner.search import (
@@ -259,7 +260,7 @@ def _family_zero_init(ctx: _Ctx) -> tuple[Family, tuple[_Option, ...]]:
     (TrainingArguments(deepspeed=...) before from_pretrained), neither."""
     fam = "deepspeed.zero.Init"
     par = ctx.par
-    if par is None or par.zero_stage != 3 or (par.zero_init and par.memory_efficient_linear):
+    if par is None or not torch_linear(par):
         return Family(name=fam, status="not applicable", reason="not ZeRO-3 outside zero.Init"), ()
     opt = _Option(label="build the model under deepspeed.zero.Init",
                   par=(("zero_init", True), ("memory_efficient_linear", True)))  # fmt: skip
