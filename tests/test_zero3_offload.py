@@ -83,6 +83,29 @@ def test_the_step_flattens_the_gradient_partition() -> None:
     assert step == {"zero.fp32_grad": 4 * part, "optimizer.foreach_sqrt": 4 * part}
 
 
+def test_the_fp16_step_checks_each_gradient_view_first() -> None:
+    # stage_1_and_2.py step, fp16 and no offload: has_overflow_partitioned_grads_serial runs
+    # _has_inf_or_nan (x.float() 4 + isnan 1 + isinf 1 + logical_or 1 + .float() 4 = 11 bytes an element)
+    # over each gradient view of the partition before the flattened fp32 gradient exists
+    from peakmem.training import OptimizerImpl
+
+    def step(precision: Precision, gpus: int, stage: int = 2) -> dict[str, int]:
+        s = TrainingSetup(seq_len=8, optimizer_impl=OptimizerImpl.FUSED, precision=precision)
+        p = Parallelism(gpus=gpus, zero_stage=stage)
+        st = sharding.rank_states(technique(tiny(), s), s, p, mp.stage_params(tiny(), p, 0))
+        return {i.key: i.bytes for i in st.step}
+
+    # 8 ranks: partition 34,504; the largest view is a whole partition (the embedding, 64,000, is cut at
+    # its edge): 11 x 34,504 = 379,544 above the later moment's fp32 + fp16 copies (6 x 34,504)
+    for stage in (1, 2):
+        assert step(Precision.MIXED_FP16, 8, stage) == {"zero.step_check": 11 * 34_504}
+    # one rank: the largest view is the embedding (64,000): 704,000 below 6 x 276,032
+    assert step(Precision.MIXED_FP16, 1) == {"zero.fp32_grad": 4 * 276_032, "zero.flat_grad": 2 * 276_032}
+    # bf16 skips the check (v0.11.2 on: if self.dtype == torch.float16); ZeRO-3 checks its flat buffer
+    assert "zero.step_check" not in step(Precision.MIXED_BF16, 8)
+    assert "zero.step_check" not in step(Precision.MIXED_FP16, 8, stage=3)
+
+
 def test_reduce_in_a_layer_by_hand() -> None:
     # the bucket's torch.cat: 20,000 bf16 elements (reduce_scatter_coalesced)
     st = _states(gpus=4, reduce_bucket_size=20_000)

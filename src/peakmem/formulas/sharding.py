@@ -409,9 +409,13 @@ def _zero_states(tech: Technique, setup: TrainingSetup, par: Parallelism, sp: St
                      g16.nbytes(fp32_grad_numel), SRC_Z_FLATTEN, key="zero.flat_grad")  # fmt: skip
         temps = _temporaries(tech, part, min(part, loc.largest), label)
         if tech.master is None:  # .to() of its own dtype returns the flattened copy: the step's gradient
-            step += [flat, *temps]
+            moment = [flat, *temps]
         else:  # the flattened copy is freed before the optimizer runs: the larger of the two moments
-            step += [fp32_grad, *([flat] if flat.bytes > sum(t.bytes for t in temps) else temps)]
+            moment = [fp32_grad, *([flat] if flat.bytes > sum(t.bytes for t in temps) else temps)]
+        # fp16: the overflow check over the partition's gradient views comes first (zero_offload.step_check)
+        fp16_check = stage < 3 and g16.name == "fp16"
+        check = _offload.step_check(min(part, loc.largest), label) if fp16_check else None
+        step += [check] if check and check.bytes > sum(i.bytes for i in moment) else moment
     gathered_fwd: list[MemoryItem] = []
     gathered_bwd: list[MemoryItem] = []
     drift = embed = end_copies = 0
