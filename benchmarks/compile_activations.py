@@ -15,6 +15,10 @@ backward. torchtune compiles each layer on its own (torchtune/training/_compile.
 
 Prints bytes per token per layer, eager and compiled, for several widths and sequence lengths, and
 the formula of ``peakmem.formulas.activations.compiled_layer_saved`` next to them.
+
+Style ``gpt2`` is transformers' own ``GPT2Block`` (pre-LayerNorm, fused ``c_attn``, ``gelu_new`` MLP,
+SDPA) in training mode with residual dropout 0.1 (``resid_pdrop``; attention dropout 0: with it the CPU
+runs SDPA's math kernel, which a CUDA run of the flash kernel does not): the compiled LayerNorm block.
 """
 
 from __future__ import annotations
@@ -185,11 +189,41 @@ def saved_shapes(fn: Any, x: torch.Tensor, layer: nn.Module) -> list[tuple[tuple
 PRECISIONS = ("bf16", "fp32", "amp-bf16")  # peakmem's names: pure bf16, fp32, CPU autocast over fp32
 
 
+GPT2_RESID_DROPOUT = 0.1
+
+
+def gpt2_config(d: Dims) -> dict[str, Any]:
+    """A transformers GPT-2 config.json of the block's dimensions (MHA, MLP 4 x hidden: ``d.inter``)."""
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": d.hidden, "n_head": d.heads,
+        "n_inner": d.inter, "n_layer": 1, "vocab_size": 1024, "n_positions": 4096,
+        "activation_function": "gelu_new", "resid_pdrop": GPT2_RESID_DROPOUT, "attn_pdrop": 0.0,
+        "embd_pdrop": 0.0, "tie_word_embeddings": False,
+    }  # fmt: skip
+
+
+class GPT2Layer(nn.Module):
+    """transformers' ``GPT2Block`` with SDPA, returning its hidden states (training mode: dropout on)."""
+
+    def __init__(self, d: Dims) -> None:
+        super().__init__()
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        cfg = GPT2Config(**{k: v for k, v in gpt2_config(d).items() if k != "architectures"})
+        cfg._attn_implementation = "sdpa"
+        self.block = GPT2Block(cfg, layer_idx=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
+
+
 def build(d: Dims, style: str, mode: str, precision: str) -> tuple[Any, torch.Tensor, nn.Module]:
     """(the callable forward, its input, the layer) for one case."""
     torch.manual_seed(0)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    layer = Layer(d, style).to(dtype)
+    layer = (GPT2Layer(d) if style == "gpt2" else Layer(d, style)).to(dtype).train()
     fn: Any = layer
     if mode != "eager":
         torch._dynamo.reset()
@@ -240,9 +274,10 @@ def formula(d: Dims, style: str, compiled: bool, precision: str = "bf16") -> tup
     from peakmem.hf import spec_from_config
     from peakmem.training import Framework, KernelPolicy, Precision, TrainingSetup
 
-    spec = spec_from_config(llama_config(d))
+    spec = spec_from_config(gpt2_config(d) if style == "gpt2" else llama_config(d))
     setup = TrainingSetup(
-        precision=Precision(precision), micro_batch=d.batch, seq_len=d.seq, framework=Framework(style),
+        precision=Precision(precision), micro_batch=d.batch, seq_len=d.seq,
+        framework=Framework("hf" if style == "gpt2" else style),
         compiled=compiled, kernel_policy=KernelPolicy.CPU,
     )  # fmt: skip
     la = act.layer_activations(spec, spec.groups[0].layer, act.shapes(spec, setup))
@@ -261,7 +296,7 @@ def cases(quick: bool, styles: list[str]) -> list[tuple[str, str, Dims]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two shapes, bf16 only")
-    ap.add_argument("--style", default="torchtune,hf")
+    ap.add_argument("--style", default="torchtune,hf,gpt2")
     ap.add_argument("--show", action="store_true", help="list the saved tensors (eager and compiled)")
     args = ap.parse_args(argv)
     print("bytes per token per layer kept from forward to backward (input and output not counted)")

@@ -41,6 +41,19 @@ def test_compiled_layer_matches_the_formula(style: str, precision: str) -> None:
         assert input_kept == (kept_input > 0), (style, precision, mode, saved)
 
 
+def test_compiled_gpt2_block_matches_the_formula() -> None:
+    # transformers' GPT2Block (pre-LayerNorm, gelu_new, residual dropout 0.1) compiled: the layer input,
+    # each LayerNorm's output and its mean / rstd, q/k/v, SDPA's output and its copy, fc's output and
+    # gelu's, and a bool mask per residual dropout; gelu_new's eager chain of intermediates is gone
+    ca = _bench()
+    d = ca.Dims(hidden=128, heads=4, kv_heads=4, inter=512, batch=1, seq=32)
+    measured = ca.measure(d, "gpt2", "inductor", "bf16")
+    predicted, kept_input = ca.formula(d, "gpt2", True, "bf16")
+    assert abs(predicted / measured - 1) <= TOLERANCE, (measured, predicted)
+    eager, _ = ca.formula(d, "gpt2", False, "bf16")
+    assert predicted < 0.6 * eager and kept_input == 32 * 128 * 2
+
+
 def _allocated_peak(fn: Any) -> tuple[int, int, Any]:
     """(peak, net) bytes of the CPU allocator's events while ``fn()`` runs (benchmarks/compiled_loss.py)."""
     return load_benchmark("compiled_loss").allocated(fn)  # type: ignore[no-any-return]

@@ -26,7 +26,7 @@ from .kernels import (
 )
 from .norms import SRC_NORM, norm_saved
 from .shapes import SRC_DROPOUT, Shapes, dropout_mask_bytes, item, sized
-from .structure import layer_structure
+from .structure import compiled_block, layer_structure
 
 SRC_EAGER = "transformers eager_attention_forward: softmax output saved by softmax and matmul"
 SRC_SDPA = "torch SDPA flash/efficient: saves q, k, v, output, logsumexp (+ philox seed/offset)"
@@ -93,7 +93,7 @@ def attention_terms(
         items.append(sized("attn.q,k,v (saved by SDPA)", (t * a * d * c, t * g * d * c, t * g * dv * c),
                             SRC_SDPA, "attn.qkv"))  # fmt: skip
     items.append(item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
-    if sh.compiled and spec.norm == "rmsnorm":
+    if compiled_block(spec, layer, sh):
         items.append(compiled_output_copy(sh, t * a * dv))
     elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat or sh.profile.rope_cat:
         # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout; nor is

@@ -44,7 +44,7 @@ from .shapes import (
     tensor_sizes,
     without,
 )
-from .structure import layer_structure, mlp_input_readers
+from .structure import compiled_block, layer_structure, mlp_input_readers
 
 MLP_COMPONENTS = ("mlp", "experts", "shared_experts", "router")
 SRC_LINEAR = "aten linear/addmm saves its input (and the 16-bit weight cast under autocast)"
@@ -134,9 +134,10 @@ def layer_activations(
         linear_params = sum(t.numel for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
     h, t, c, r = spec.hidden_size, sh.tokens, sh.c, sh.r
     items: list[MemoryItem] = []
-    compiled_block = sh.compiled and spec.norm == "rmsnorm"
-    # each norm's saved tensors; compiled: each block norm keeps its fp32 rstd only (see SRC_COMPILED)
-    norm_each = (t * 4,) if compiled_block else norm_pieces(spec, sh, h)
+    compiled = compiled_block(spec, layer, sh)
+    # each norm's saved tensors; compiled: each block norm keeps its statistics only (RMSNorm its fp32
+    # rstd, LayerNorm its mean and rstd: see SRC_COMPILED)
+    norm_each = norm_pieces(spec, sh, h)[1:] if compiled else norm_pieces(spec, sh, h)
     norm_one = sum(norm_each)
     n_norms, att_readers, att_in_params = layer_structure(layer, sh.memo)
     norms = norm_each * n_norms
@@ -151,7 +152,7 @@ def layer_activations(
         items.append(qk_norm_item(spec, layer, sh))
     att_in = linear_inputs(sh, t * h, att_readers)
     mlp_in = linear_inputs(sh, t * h, mlp_input_readers(layer))
-    if compiled_block:
+    if compiled:
         # one 16-bit copy of each norm output (autocast's per-Linear casts are one node in the graph),
         # and the layer's input itself, which the compiled graph keeps for the first norm's backward
         att_in = mlp_in = t * h * c
@@ -160,7 +161,7 @@ def layer_activations(
         # Falcon-7B: attention and MLP read the same norm output: one saved tensor
         items.append(item("attn+mlp input (one shared norm output)", att_in, SRC_LINEAR, "input.attn_mlp"))
     else:
-        casts = sh.plan.autocast and not compiled_block  # one 16-bit cast per Linear that reads it
+        casts = sh.plan.autocast and not compiled  # one 16-bit cast per Linear that reads it
         items.append(item("attn input (norm output)", att_in, SRC_LINEAR, "input.attn",
                            att_readers if casts else 1))  # fmt: skip
         items.append(item("mlp input (norm output)", mlp_in, SRC_LINEAR, "input.mlp",
@@ -173,7 +174,7 @@ def layer_activations(
         n_casts = sum(t.copies for t in layer.tensors if t.kind in ("linear_weight", "expert_weight"))
         items.append(item("autocast weight casts (16-bit copies)", linear_params * c,
                            SRC_WEIGHT_CAST, "autocast.weight_casts", max(1, n_casts)))  # fmt: skip
-    mask = dropout_mask_bytes(t * h, c, sh.policy) if spec.hidden_dropout > 0 else 0
+    mask = dropout_mask_bytes(t * h, c, sh.policy, sh.compiled) if spec.hidden_dropout > 0 else 0
     if mask:
         items.append(item("residual dropout masks x2", 2 * mask, SRC_DROPOUT, "dropout.residual_masks", 2))
     saved = tuple([i for i in items if i.bytes])
@@ -210,7 +211,7 @@ def layer_activations(
     att_stage = (att_bwd + t * h * c + att_out + att_grads - att_freed, att_freed, att_grads)
     att_sizes = (t * h * c, att_out, *att_bwd_sizes)  # the incoming gradient, o_proj's input gradient, dq..
     stage = max(mlp_stage, att_stage)
-    pre_norm_block = n_norms == 2 and not (spec.post_norm or layer.parallel_residual or compiled_block)
+    pre_norm_block = n_norms == 2 and not (spec.post_norm or layer.parallel_residual or compiled)
     mlp_all_grads = int(grad_bytes * share)
     norm = (
         pre_mlp_norm_stage(spec, sh, mlp_in, mlp_items_bytes + mask, mlp_all_grads)
@@ -453,7 +454,7 @@ def embedding_items(spec: ModelSpec, sh: Shapes) -> tuple[MemoryItem, ...]:
         items.append(
             item(
                 "embeddings.dropout mask",
-                dropout_mask_bytes(t * h, sh.r, sh.policy),
+                dropout_mask_bytes(t * h, sh.r, sh.policy, sh.compiled),
                 SRC_DROPOUT,
                 "embed.dropout_mask",
             )

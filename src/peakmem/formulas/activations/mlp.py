@@ -18,7 +18,7 @@ from peakmem.model import Layer, Mlp, ModelSpec
 from peakmem.training import KernelPolicy
 
 from .expert_loop import SRC_LOOP, loop_items, loop_routed_inputs
-from .fused import fused_swiglu_item
+from .fused import SRC_COMPILED, fused_swiglu_item
 from .shapes import SRC_WEIGHT_CAST, Shapes, item, sized
 
 # Activations whose backward needs only their output (aten relu saves ``result``), which the next
@@ -145,7 +145,7 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
                            SRC_MLP + "; " + SRC_QUANT_OUT, "mlp.interior"))  # fmt: skip
     elif mlp.gated:
         items.append(item("mlp.gate, act(gate), up, product", 4 * n * c, SRC_MLP, "mlp.interior", 4))
-    elif mlp.activation in PYTHON_ACTIVATIONS:
+    elif mlp.activation in PYTHON_ACTIVATIONS and not sh.compiled:
         if sh.plan.autocast and sh.policy is KernelPolicy.CUDA:
             per = sum(PYTHON_ACTIVATION_AUTOCAST_BYTES[mlp.activation]) + c
         else:
@@ -163,9 +163,9 @@ def mlp_terms(spec: ModelSpec, layer: Layer, sh: Shapes) -> tuple[list[MemoryIte
         items.append(
             item(f"mlp.{mlp.activation} output (saved by it and by fc2)", n * c, SRC_MLP, "mlp.relu_output")
         )
-    else:
+    else:  # compiled, a python activation's chain is one kernel: its input and output kept (SRC_COMPILED)
         name = f"mlp.fc output + {mlp.activation} output"
-        items.append(sized(name, (n * m, n * c), SRC_MLP, "mlp.interior"))
+        items.append(sized(name, (n * m, n * c), SRC_COMPILED if sh.compiled else SRC_MLP, "mlp.interior"))
     if mlp.is_moe and mlp.shared_intermediate_size:
         items.append(
             item(

@@ -25,7 +25,10 @@ from ..profiles import PROFILES, Profile, derived_code, profile_of
 from .kernels import MATH, kernel_choice
 
 SRC_WEIGHT_CAST = "torch autocast cached_cast: 16-bit weight copies saved by each Linear"
-SRC_DROPOUT = "aten/src/ATen/native/Dropout.cpp: CUDA native_dropout bool mask; CPU input-dtype noise"
+SRC_DROPOUT = (
+    "aten/src/ATen/native/Dropout.cpp: CUDA native_dropout bool mask; CPU input-dtype noise; compiled, "
+    "Inductor's native_dropout (rand < p) a bool mask on either device (measured on the CPU)"
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -251,9 +254,9 @@ def without(sizes: tuple[int, ...], gone: Iterable[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy) -> int:
+def dropout_mask_bytes(numel: int, elem_bytes: int, policy: KernelPolicy, compiled: bool = False) -> int:
     """Bytes a training-mode dropout saves for backward (see SRC_DROPOUT)."""
-    return numel if policy is KernelPolicy.CUDA else numel * elem_bytes
+    return numel if policy is KernelPolicy.CUDA or compiled else numel * elem_bytes
 
 
 def activation_dtype_note(sh: Shapes) -> str:

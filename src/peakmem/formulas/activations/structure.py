@@ -4,10 +4,11 @@ memo keeps them by the layer's identity (a planner asks thousands of times)."""
 
 from __future__ import annotations
 
-from peakmem.model import Layer
+from peakmem.model import Layer, ModelSpec
 
 from ..memo import Memo, memoised
 from .norms import QK_NORM_MODULES
+from .shapes import Shapes
 
 
 def block_norm_count(layer: Layer, memo: Memo | None = None) -> int:
@@ -60,3 +61,17 @@ def mlp_input_readers(layer: Layer) -> int:
     if not layer.mlp.gated or layer.mlp.fused_gate_up:
         return 1
     return 2
+
+
+def compiled_block(spec: ModelSpec, layer: Layer, sh: Shapes) -> bool:
+    """Whether ``layer``'s saved tensors follow torch.compile's block (:data:`.fused.SRC_COMPILED`: the layer
+    input kept, each norm's output once and its statistics only, SDPA's output copied for the output
+    projection): measured on Llama's RMSNorm blocks and on GPT-2's sequential pre-LayerNorm block
+    (benchmarks/compile_activations.py). Other LayerNorm blocks (a parallel residual, post-norm, OLMo's
+    fp32 LayerNorm) are estimated as eager."""
+    if not sh.compiled:
+        return False
+    if spec.norm == "rmsnorm":
+        return True
+    sequential = not (spec.post_norm or layer.parallel_residual or spec.layernorm_fp32)
+    return spec.norm == "layernorm" and sequential and layer_structure(layer, sh.memo)[0] == 2
