@@ -238,6 +238,9 @@ PRECISION = {
     # float16 weights under the HF Trainer's fp16=True (unsloth's notebooks on a T4, the tenth search): 2-byte
     # weights and fp32 adapters, the bytes of the bf16 entry above; no GradScaler state counted (A)
     "fp16-weights-autocast-fp16": "bf16",
+    # fp32 weights, gradients and states, no autocast (a plain loop over from_config(dtype=float32): the
+    # thirteenth search)
+    "fp32": "fp32",
 }
 # job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
 FLOAT8 = {
@@ -249,6 +252,8 @@ WEIGHTS = {
     "fp16": "fp16",
     "bf16": "bf16",
     "gptq-4bit-g128": "gptq-4bit-g128",
+    "gptq-8bit-g128": "gptq-8bit-g128",
+    "awq-4bit": "awq-4bit",  # AutoAWQ GEMM, group 128, through transformers (unfused)
     "bnb-fp4": "fp4",
     "bnb-int8": "int8",
     # bitsandbytes 4-bit with double quantization (bnb_4bit_use_double_quant): peakmem's nf4-dq / fp4-dq
