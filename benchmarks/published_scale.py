@@ -262,6 +262,8 @@ WEIGHTS = {
     "bnb-nf4-dq": "nf4-dq",
     "bnb-fp4-dq": "fp4-dq",
 }
+# job.optimizer spellings that differ from peakmem's --optimizer
+OPTIMIZERS = {"paged-adamw-32bit": "paged-adamw"}  # bitsandbytes.optim.PagedAdamW
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
 SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 14)))  # split_rule_2 .. _13
 # the flag of each later search's points, in the order of SPLIT_RULES[1:]
@@ -298,7 +300,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "method": job["method"],
         "precision": FLOAT8[float8] if float8 else precision,
-        "optimizer": job["optimizer"],
+        "optimizer": OPTIMIZERS.get(job["optimizer"], job["optimizer"]),
         "optimizer_impl": job["optimizer_impl"],
         "batch": job["micro_batch"],
         "seq": job["seq"],

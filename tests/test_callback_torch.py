@@ -367,7 +367,7 @@ def _cli_json(tmp_path: Any, cb: PeakmemCallback) -> Any:
          ("amp-bf16", "adamw", "fused", "full", 2)),
         (dict(optim="adafactor"), None, ("fp32", "adafactor", "for-loop", "none", 1)),
         (dict(optim="lion_32bit", bf16=True), None, ("amp-bf16", "lion", "fused", "none", 1)),
-        (dict(optim="paged_adamw_32bit"), None, ("fp32", "adamw", "fused", "none", 1)),
+        (dict(optim="paged_adamw_32bit"), None, ("fp32", "paged-adamw", "fused", "none", 1)),
         (dict(optim="paged_lion_8bit"), None, ("fp32", "lion-8bit", "fused", "none", 1)),
         # transformers maps adamw_torch_8bit to torchao.optim.AdamW8bit
         (dict(optim="adamw_torch_8bit"), None, ("fp32", "adamw-8bit-torchao", "fused", "none", 1)),

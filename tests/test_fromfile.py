@@ -64,7 +64,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "precision": "bf16",
         },
     ),
-    # axolotl qlora.yml: paged_adamw_32bit is AdamW with fp32 (paged) states
+    # axolotl qlora.yml: paged_adamw_32bit is bitsandbytes' PagedAdamW (fp32 states, paged)
     (
         AXOLOTL_QLORA,
         "axolotl",
@@ -78,7 +78,7 @@ CASES: list[tuple[Path, str, dict[str, Any]]] = [
             "batch": 2,
             "grad_accum": 4,
             "seq": 4096,
-            "optimizer": "adamw",
+            "optimizer": "paged-adamw",
             "checkpointing": "full",
             "attention": "flash",
             "precision": "bf16",

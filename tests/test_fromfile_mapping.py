@@ -162,7 +162,7 @@ def test_optimizer_names_and_their_implementations() -> None:
         "lion_32bit": ("lion", "fused"),
         "paged_lion_32bit": ("lion", "fused"),
         "paged_lion_8bit": ("lion-8bit", "fused"),
-        "paged_adamw_32bit": ("adamw", "fused"),
+        "paged_adamw_32bit": ("paged-adamw", "fused"),
         "adamw_bnb_8bit": ("adamw-8bit", "fused"),
         "adamw_torch_8bit": ("adamw-8bit-torchao", "fused"),
         "adamw_torch_4bit": ("adamw-4bit", "fused"),

@@ -79,6 +79,9 @@ class PerParamRow:
     params: int  # how many parameters the row applies to (trainable only for grads/states)
     category: Category
     source: str = ""
+    # CUDA unified memory (bitsandbytes' paged optimizer states, ``cudaMallocManaged``): on the device until
+    # the driver pages it out, but outside torch's caching allocator (not in max_memory_allocated/reserved)
+    unified_memory: bool = False
 
 
 @dataclass(kw_only=True, slots=True)

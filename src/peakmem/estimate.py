@@ -261,20 +261,20 @@ def _compute_static(
     persistent = sum(i.bytes for i in persistent_items)
     step_items = [] if in_bwd else [*rs.step_grads, *rs.step]
     single = par is None or par == _SINGLE
-    paged = _lowbit.paged_bytes(tech.tspec, tech.tsetup)
+    paged = sum(r.bytes for r in rs.rows if r.unified_memory)  # on the device beside torch's allocator
     setup_json = setup_dict(setup)
     cached = tuple(g for g, w in zip(groups, wrapped, strict=True) if w)  # the weight cache's layers
     return Static(
         tech=tech, states=rs, sp=sp, single=single, groups=groups, wrapped=wrapped, written=written,
         kept=kept, outer=outer,
         table=rs.table, persistent=persistent,
-        states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES),
+        states_bytes=sum(r.bytes for r in rs.rows if r.category is Category.OPTIMIZER_STATES) - paged,
         resident_items=resident_items, resident_bytes=resident_bytes,
         optimizer_phase=_phase(Phase.OPTIMIZER, persistent_items + step_items),
         resident_rounding=_rounding.resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
         weight_cache=tuple(weight_cache(tech, setup, cached, layout.tp, memo)),
-        state_extra={"paged_optimizer_bytes": paged} if paged else {},
+        state_extra={"paged_optimizer_bytes": paged} if paged else {}, unified_bytes=paged,
         assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup)
         + _f8.assumptions(spec, setup.precision),
         setup_json=setup_json,
@@ -324,7 +324,9 @@ SRC_FORWARD_TMP = "ForCausalLMLoss: logits (compute dtype) and logits.float() al
 
 
 def _state_items(rows: tuple[PerParamRow, ...], buffers: int) -> list[MemoryItem]:
-    items = [MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source) for r in rows]
+    """The rows as allocated items (a paged optimizer's CUDA unified memory is not torch's: left out)."""
+    items = [MemoryItem(path=r.tensor, category=r.category, bytes=r.bytes, source=r.source)
+             for r in rows if not r.unified_memory]  # fmt: skip
     if buffers:
         items.append(MemoryItem(path="buffers", category=Category.BUFFERS, bytes=buffers,
                                 source=SRC_BUFFERS, key="buffers"))  # fmt: skip
@@ -727,7 +729,7 @@ def _estimate(
     out["micro_batch"], out["seq_len"] = setup.micro_batch, setup.seq_len  # _SHAPE_FIELDS
     for name in st.setup_json_nested:
         out[name] = asdict(getattr(setup, name))
-    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl
+    device_total = reserved + ov.context_bytes + ov.cublas_workspace_bytes + nccl + st.unified_bytes
     # what the other phases freed before the peak phase (forward/backward's activations and temporaries
     # when the optimizer step peaks, the step's temporaries when forward or backward does), and the
     # optimizer states step 1 creates lazily (torch.optim: zeros_like in _init_group) into cached blocks

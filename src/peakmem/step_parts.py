@@ -50,6 +50,7 @@ class Static:
     resident_rounding: int
     weight_cache: tuple[MemoryItem, ...]
     state_extra: dict[str, int]
+    unified_bytes: int  # a paged optimizer's states in CUDA unified memory: on the device, not torch's
     assumptions: tuple[str, ...]
     notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
     setup_json: dict[str, object]

@@ -58,6 +58,7 @@ class OptimizerName(Choice):
     # bitsandbytes / torchao / galore-torch (peakmem.formulas.lowbit_optim)
     ADAMW_8BIT = "adamw-8bit"
     PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+    PAGED_ADAMW = "paged-adamw"  # bitsandbytes.optim.PagedAdamW (32-bit states)
     LION_8BIT = "lion-8bit"
     ADAMW_4BIT = "adamw-4bit"  # torchao.optim.AdamW4bit
     ADAMW_8BIT_TORCHAO = "adamw-8bit-torchao"  # torchao.optim.AdamW8bit

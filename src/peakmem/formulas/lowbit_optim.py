@@ -15,7 +15,10 @@ per tensor (a small tensor keeps 32-bit states).
 * paged variants (``is_paged=True``, ``get_state_buffer``): state buffers of tensors with at least 1e5
   elements are CUDA unified memory (``F.get_paged``, ``cudaMallocManaged``): the driver pages them to CPU
   RAM under pressure, and PyTorch's allocator never sees them (not in ``max_memory_allocated``); smaller
-  tensors' states and every ``absmax`` stay ordinary device tensors.
+  tensors' states and every ``absmax`` stay ordinary device tensors. Their rows are marked
+  ``unified_memory``: the estimator counts them on the device (nvidia-smi) but not in torch's allocated or
+  reserved. ``PagedAdamW`` (32-bit, ``optim_bits=32``) keeps fp32 ``state1`` / ``state2`` whatever the
+  parameter's dtype (``Optimizer2State.init_state``), updated in place by ``optimizer_update_32bit``.
 * torchao's 4-bit / 8-bit / fp8 AdamW (``AdamW4bit``, ``AdamW8bit``, ``AdamWFp8``): the states' bytes per
   tensor are in :mod:`peakmem.formulas.torchao_optim` (torchao 0.18.0 ``optim/``).
 * GaLore (Zhao et al. 2024, arXiv 2403.03507, Alg. 1; galore-torch ``GaLoreProjector``, ``proj_type="std"``):
@@ -71,6 +74,11 @@ FP32 = 4
 SRC_BNB = (
     "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state (min_8bit_size 4096, blocksize 256)"
 )
+SRC_BNB_PAGED = (
+    "bitsandbytes optim/optimizer.py get_state_buffer: is_paged and p.numel() >= 1e5 -> F.get_paged "
+    "(cudaMallocManaged), else torch.zeros_like; Optimizer2State.init_state, optim_bits 32: fp32 state1, "
+    "state2"
+)
 SRC_GALORE = "galore-torch GaLoreProjector (std): ortho r x min(m,n); Adam on the max(m,n) x r projection"
 
 
@@ -101,23 +109,57 @@ def bnb_8bit_states(
                        params_fp32=pf, pageable=pageable)  # fmt: skip
 
 
+def _state_row(
+    tensor: str, dtype: str, nbytes: int, n: int, source: str, unified: bool = False
+) -> PerParamRow:
+    return PerParamRow(tensor=tensor, dtype=dtype, bytes_per_param=nbytes / n if n else 0.0, bytes=nbytes,
+                       params=n, category=Category.OPTIMIZER_STATES, source=source,
+                       unified_memory=unified)  # fmt: skip
+
+
 def quant_state_rows(
     label: str, qs: QuantStates, params: int, source: str, bits: str = "uint8", small: str = "fp32"
 ) -> tuple[PerParamRow, ...]:
     """Rows of the bytes/param table for block-quantized states (``bits``: the codes' dtype; ``small``:
-    the dtype of the full states of the tensors left unquantized)."""
+    the dtype of the full states of the tensors left unquantized); a paged optimizer's codes of large
+    tensors (``qs.pageable``) in a row of their own, in CUDA unified memory."""
 
     def row(tensor: str, dtype: str, nbytes: int, n: int) -> PerParamRow:
-        return PerParamRow(tensor=tensor, dtype=dtype, bytes_per_param=nbytes / n if n else 0.0, bytes=nbytes,
-                           params=n, category=Category.OPTIMIZER_STATES, source=source)  # fmt: skip
+        return _state_row(tensor, dtype, nbytes, n, source)
 
     rows = [
-        row(f"{label} states ({bits})", bits, qs.quantized, qs.params_quantized),
+        row(f"{label} states ({bits})", bits, qs.quantized - qs.pageable, qs.params_quantized),
+        _state_row(
+            f"{label} states ({bits}, paged: CUDA unified memory)",
+            bits,
+            qs.pageable,
+            qs.params_quantized,
+            source,
+            unified=True,
+        ),
         row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized),
     ]
     if qs.fp32:
         rows.append(row(f"{label} states of small tensors ({small})", small, qs.fp32, qs.params_fp32))
     del params
+    return tuple(r for r in rows if r.bytes)
+
+
+def paged_adamw_rows(tensors: Iterable[tuple[Tensor, int]]) -> tuple[PerParamRow, ...]:
+    """bitsandbytes ``PagedAdamW`` (32-bit): fp32 exp_avg and exp_avg_sq per tensor; those of tensors with
+    at least 1e5 elements in CUDA unified memory (``get_state_buffer``), the rest ordinary device tensors."""
+    paged = small = n_paged = n_small = 0
+    for numel, count in ao.items(tensors):
+        if numel >= BNB_PAGED_MIN_NUMEL:
+            paged, n_paged = paged + count * 2 * numel * FP32, n_paged + count * numel
+        else:
+            small, n_small = small + count * 2 * numel * FP32, n_small + count * numel
+    rows = (
+        _state_row("paged AdamW m, v (fp32, paged: CUDA unified memory)", "fp32", paged, n_paged,
+                   SRC_BNB_PAGED, unified=True),
+        _state_row("paged AdamW m, v of tensors < 1e5 elements (fp32)", "fp32", small, n_small,
+                   SRC_BNB_PAGED),
+    )  # fmt: skip
     return tuple(r for r in rows if r.bytes)
 
 
@@ -168,6 +210,7 @@ __all__ = [
 # OptimizerName values handled here (peakmem.training.OptimizerName spells them for the CLI).
 ADAMW_8BIT = "adamw-8bit"  # bitsandbytes.optim.AdamW8bit
 PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # bitsandbytes.optim.PagedAdamW8bit
+PAGED_ADAMW = "paged-adamw"  # bitsandbytes.optim.PagedAdamW (PagedAdamW32bit)
 LION_8BIT = "lion-8bit"  # bitsandbytes.optim.Lion8bit
 ADAMW_4BIT = "adamw-4bit"  # torchao.optim.AdamW4bit
 ADAMW_8BIT_TORCHAO = "adamw-8bit-torchao"  # torchao.optim.AdamW8bit
@@ -179,7 +222,7 @@ TORCHAO = {
     ADAMW_FP8: (ao.AO_FP8, "AdamW fp8"),
 }
 GALORE_ADAMW = "galore-adamw"  # galore_torch.GaLoreAdamW
-NAMES = frozenset({ADAMW_8BIT, PAGED_ADAMW_8BIT, LION_8BIT, GALORE_ADAMW, *TORCHAO})
+NAMES = frozenset({ADAMW_8BIT, PAGED_ADAMW_8BIT, PAGED_ADAMW, LION_8BIT, GALORE_ADAMW, *TORCHAO})
 
 
 def handles(setup: Any) -> bool:
@@ -199,6 +242,8 @@ def optimizer_rows(spec: ModelSpec, setup: Any) -> tuple[PerParamRow, ...]:
             name
         ]
         return quant_state_rows(label, qs, params, SRC_BNB)
+    if name == PAGED_ADAMW:
+        return paged_adamw_rows(tensors)
     if name in TORCHAO:
         fmt, label = TORCHAO[name]
         small = precision_plan(setup.precision).state
@@ -229,14 +274,6 @@ def step_temporaries(spec: ModelSpec, setup: Any) -> tuple[MemoryItem, ...]:
         bytes=g.svd_temporary, source=SRC_GALORE, key="optimizer.galore_svd",
     )  # fmt: skip
     return (item,)
-
-
-def paged_bytes(spec: ModelSpec, setup: Any) -> int:
-    """Paged variants: state bytes in CUDA unified memory (not seen by torch's allocator; evictable)."""
-    name = str(getattr(setup.optimizer, "value", setup.optimizer))
-    if name != PAGED_ADAMW_8BIT:
-        return 0
-    return bnb_8bit_states(list(spec.tensors()), paged=True).pageable
 
 
 # --- step tricks as the estimator applies them ------------------------------------------------------------
@@ -449,10 +486,14 @@ def assumptions(setup: Any) -> tuple[str, ...]:
             "bitsandbytes 8-bit states: uint8 + fp32 absmax per 256 elements; tensors < 4096 "
             "elements keep fp32 states (min_8bit_size); in-place update kernel, no step temporaries"
         )
-    if name == PAGED_ADAMW_8BIT:
+    if name == PAGED_ADAMW:
+        out.append("bitsandbytes PagedAdamW: fp32 m, v whatever the parameters' dtype; in-place update "
+                   "kernel, no step temporaries")  # fmt: skip
+    if name in (PAGED_ADAMW_8BIT, PAGED_ADAMW):
         out.append(
-            "paged optimizer: states of tensors >= 1e5 elements are CUDA unified memory, not "
-            "counted by torch's allocator (extra['paged_optimizer_bytes']); evictable to CPU RAM"
+            "paged optimizer: states of tensors >= 1e5 elements are CUDA unified memory: on the device "
+            "(nvidia-smi) until the driver pages them to CPU RAM, but not in torch's allocated or reserved "
+            "(extra['paged_optimizer_bytes'])"
         )
     if name in TORCHAO:
         fmt = TORCHAO[name][0]

@@ -34,7 +34,6 @@ TRL_RELEASE_NOTE = (
 # peakmem optimizer, implementation (whose step temporaries it has, as transformers/trainer_optimizer.py
 # builds it; None: the command line's default), note. The ONE table: ``--from`` and PeakmemCallback use it.
 _BNB = "bitsandbytes: one fused kernel per tensor (trainer_optimizer.py _get_bitsandbytes_optimizer)"
-_PAGED_32 = _BNB + "; paged 32-bit states (CUDA unified memory) counted as device fp32 states"
 _TORCHAO = "torchao low-bit AdamW (trainer_optimizer.py _get_torchao_optimizer): one kernel per tensor"
 TORCHAO_4BIT_NOTE = (
     "transformers passes torchao block_size=256; peakmem counts torchao's default 128 (two fp32 scales per "
@@ -55,8 +54,8 @@ HF_OPTIMIZERS: dict[str, tuple[str, str | None, str]] = {
     "bnb_8bit": ("adamw-8bit", "fused", _BNB),
     "paged_adamw_8bit": ("paged-adamw-8bit", "fused", _BNB),
     "paged_adam_8bit": ("paged-adamw-8bit", "fused", _BNB),
-    "paged_adamw_32bit": ("adamw", "fused", _PAGED_32),
-    "paged_adamw": ("adamw", "fused", _PAGED_32),
+    "paged_adamw_32bit": ("paged-adamw", "fused", _BNB),
+    "paged_adamw": ("paged-adamw", "fused", _BNB),
     "adamw_torch_4bit": ("adamw-4bit", "fused", f"{_TORCHAO}; {TORCHAO_4BIT_NOTE}"),
     "adamw_torch_8bit": ("adamw-8bit-torchao", "fused", _TORCHAO),
     "lion_8bit": ("lion-8bit", "fused", _BNB),

@@ -31,7 +31,7 @@ _COMPONENT_OPTIMIZERS: dict[str, tuple[str, str]] = {
     "torch.optim.SGD": ("sgd", ""),
     "bitsandbytes.optim.AdamW8bit": ("adamw-8bit", ""),
     "bitsandbytes.optim.PagedAdamW8bit": ("paged-adamw-8bit", ""),
-    "bitsandbytes.optim.PagedAdamW": ("adamw", "paged 32-bit states counted as device fp32 states"),
+    "bitsandbytes.optim.PagedAdamW": ("paged-adamw", ""),
     "bitsandbytes.optim.Lion8bit": ("lion-8bit", ""),
     "torchao.optim.AdamW8bit": ("adamw-8bit-torchao", ""),
     "torchao.prototype.low_bit_optim.AdamW8bit": ("adamw-8bit-torchao", ""),
