@@ -95,9 +95,15 @@ def attention_terms(
     items.append(item("attn.output (= o_proj input)", t * a * dv * c, SRC_SDPA, "attn.sdpa_output"))
     if compiled_block(spec, layer, sh):
         items.append(compiled_output_copy(sh, t * a * dv))
-    elif (fused and sh.policy is KernelPolicy.CPU) or spec.rope_concat or sh.profile.rope_cat:
+    elif (
+        (fused and spec.position == "rope" and sh.policy is KernelPolicy.CPU)
+        or spec.rope_concat
+        or sh.profile.rope_cat
+    ):
         # measured: with strided (fused) inputs the CPU kernel's output is not in o_proj's layout; nor is
-        # it where the rotary embedding's cat made q contiguous per head (``ModelSpec.rope_concat``)
+        # it where the rotary embedding's cat made q contiguous per head (``ModelSpec.rope_concat``). Not
+        # GPT-2's fused c_attn without rotary embedding: its q, k, v views go to the CPU kernel as they are,
+        # and its output is (measured: benchmarks/compile_activations.py style gpt2, eager)
         items.append(
             item("attn.output contiguous copy (o_proj input)", t * a * dv * c, SRC_SDPA, "attn.output_copy")
         )
