@@ -242,11 +242,15 @@ PRECISION = {
     # thirteenth search)
     "fp32": "fp32",
 }
-# job.float8 (torchao's recipe names) -> peakmem precision; mxfp8 recipes have none (not_expressible)
+# job.float8 (torchao's recipe names) -> peakmem precision; the MX recipes (mxfp8: torchtitan's default
+# mxfp8_cublas) -> float8-mxfp8
 FLOAT8 = {
     "tensorwise": "float8-tensorwise",
     "rowwise": "float8-rowwise",
     "rowwise_with_gw_hp": "float8-rowwise-gw-hp",
+    "mxfp8": "float8-mxfp8",
+    "mxfp8_cublas": "float8-mxfp8",
+    "mxfp8_cublas_rceil": "float8-mxfp8",
 }
 WEIGHTS = {
     "fp16": "fp16",

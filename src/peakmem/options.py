@@ -103,7 +103,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("method", str, "full", T, "full|lora|qlora"),
     _o("precision", str, "mixed-bf16", T,
        "fp32|amp-bf16|amp-fp16|mixed-bf16|mixed-fp16|bf16|float8-tensorwise|float8-rowwise|"
-       "float8-rowwise-gw-hp (float8-*: torchao float8 training on mixed-bf16 states)"),
+       "float8-rowwise-gw-hp|float8-mxfp8 (float8-*: torchao float8 / MXFP8 training on mixed-bf16 states)"),
     _o("optimizer", str, "adamw", T, "adamw|adam|sgd|sgd-momentum|adafactor|lion|adamw-8bit|..."),
     _o("optimizer_impl", str, AUTO, T,
        "auto (what the framework the setup implies runs: peakmem.defaults)|foreach|fused|for-loop"),

@@ -36,6 +36,9 @@ class Precision(Choice):
     FLOAT8_TENSORWISE = "float8-tensorwise"
     FLOAT8_ROWWISE = "float8-rowwise"
     FLOAT8_ROWWISE_GW_HP = "float8-rowwise-gw-hp"
+    # torchao MXFP8 training (torchtitan's MX converter, recipes mxfp8_cublas / mxfp8_cublas_rceil: e4m3
+    # elements with one e8m0 scale per 32, cuBLAS on SM100)
+    FLOAT8_MXFP8 = "float8-mxfp8"
 
     @property
     def states(self) -> Precision:

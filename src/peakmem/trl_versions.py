@@ -55,7 +55,7 @@ TRL_CURRENT = "1.16.0"
 # TrainingArguments(bf16=True): peakmem's precisions whose compute is bf16 (the HF Trainer's autocast, or
 # the 16-bit weights and their fp32 masters); float8 training runs on mixed-bf16 states
 BF16_PRECISIONS = frozenset({"amp-bf16", "mixed-bf16", "bf16", "float8-tensorwise", "float8-rowwise",
-                             "float8-rowwise-gw-hp"})  # fmt: skip
+                             "float8-rowwise-gw-hp", "float8-mxfp8"})  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

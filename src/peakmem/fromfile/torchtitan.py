@@ -157,6 +157,8 @@ PLACES: dict[str, tuple[tuple[str, ...], Any]] = {
     "float8_all_gather": (("quantize.linear.float8.enable_fsdp_float8_all_gather",
                            "float8.enable_fsdp_float8_all_gather"), False),
     "float8_filter": (("quantize.linear.float8.filter_fqns", "float8.filter_fqns"), []),
+    "mx_recipe": (("quantize.linear.mx.recipe_name", "mx.recipe_name"), "mxfp8_cublas"),
+    "mx_filter": (("quantize.linear.mx.filter_fqns", "mx.filter_fqns"), ["output"]),
 }  # fmt: skip
 # keys memory depends on that peakmem has no model of: named when set away from their default
 UNMODELLED: dict[str, tuple[Any, str]] = {
@@ -174,6 +176,10 @@ UNMODELLED: dict[str, tuple[Any, str]] = {
     "float8.scaling_type_grad_output": ("dynamic", "delayed scaling"),
 }
 FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+# components/quantization/mx.py MXLinearConverter (register_model_converter "mx" / "quantize.linear.mx"); its
+# recipes on SM100 (mxfp8_emulated runs torch's casts: not the GPU kernels peakmem models)
+MX_CONVERTERS = ("mx", "quantize.linear.mx")
+MX_RECIPES = ("mxfp8_cublas", "mxfp8_cublas_rceil")
 FLOAT8_RECIPES = {
     None: "float8-tensorwise",
     "tensorwise": "float8-tensorwise",
@@ -474,10 +480,10 @@ def _float8(r: _Reader, d: _Degrees) -> str | None:
     gather, gather_key = r.value("float8_all_gather")
     filters, filter_key = r.value("float8_filter")
     for name in converters:
-        if name not in FLOAT8_CONVERTERS:
-            m.skip(
-                conv_key, name, "a model converter peakmem has no model of (MX / grouped-GEMM quantization)"
-            )
+        if name not in FLOAT8_CONVERTERS + MX_CONVERTERS:
+            m.skip(conv_key, name, "a model converter peakmem has no model of (grouped-GEMM quantization)")
+    if any(c in MX_CONVERTERS for c in converters):
+        return _mx(r, conv_key)
     on = truthy(legacy) or any(c in FLOAT8_CONVERTERS for c in converters)
     if not on:
         return None
@@ -507,6 +513,25 @@ def _float8(r: _Reader, d: _Degrees) -> str | None:
     if HEAD_FQN not in names_list(filters):
         m.skip(filter_key, filters, "the output head in float8: peakmem leaves the head in bf16")
     return precision
+
+
+def _mx(r: _Reader, conv_key: str) -> str:
+    """torchtitan's MX converter: MXFP8 Linears (every Linear of the blocks, the output head left out)."""
+    m = r.m
+    recipe, recipe_key = r.value("mx_recipe")
+    if recipe not in MX_RECIPES:
+        raise InputError(
+            f"--from {m.name}: {recipe_key}={recipe!r}: {' or '.join(MX_RECIPES)} (SM100 kernels)"
+        )
+    m.set("precision", "float8-mxfp8", recipe_key if not recipe_key.startswith("(") else conv_key,
+          f"torchao MXFP8 Linears ({recipe}) on FSDP2's fp32-sharded states")  # fmt: skip
+    filters, filter_key = r.value("mx_filter")
+    extra = [f for f in names_list(filters) if f != HEAD_FQN]
+    if extra:
+        m.skip(filter_key, extra, "peakmem converts every Linear of the blocks (only the head is left out)")
+    if HEAD_FQN not in names_list(filters):
+        m.skip(filter_key, filters, "the output head in MXFP8: peakmem leaves the head in bf16")
+    return "float8-mxfp8"
 
 
 def _precision(r: _Reader, era: _Era, d: _Degrees) -> None:

@@ -29,6 +29,12 @@ def convert_float8(model: Any, setup: TrainingSetup) -> None:
     recipe = recipe_of(setup.precision)
     if recipe is None:
         return
+    if recipe.mx:
+        raise InputError(
+            f"precision={setup.precision.value!r}: measure does not run MXFP8 (its cast and matmul kernels "
+            "need an SM100 GPU; torchao's emulated casts on the CPU are not the GPU's); peakmem train "
+            "estimates it"
+        )
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:

@@ -28,6 +28,15 @@ Read in torchao 0.18.0 (torchao/float8/):
   (all axiswise), ``rowwise_with_gw_hp`` (grad_weight in high precision: ``input`` and ``grad_output``
   not cast for it; the weight cast for grad_input tensorwise).
 
+MXFP8 (``float8-mxfp8``; torchao 0.18 prototype/moe_training/mxfp8_linear.py ``mx_mm``, the dense Linear of
+torchtitan's MX converter, recipes ``mxfp8_cublas`` / ``mxfp8_cublas_rceil``): forward saves
+``(input_hp, weight_hp)`` as the float8 recipes do; each cast is one kernel (Triton along dim 0, CUDA along
+dim 1) that writes the e4m3 elements and one e8m0 scale per 32 (``MX_BLOCK``), no fp32 copies
+(:func:`cast_sizes`); ``torch._scaled_mm`` takes the dim-1 casts as they are (no layout copies) and scales
+per block (no fp32 output scaling). Backward casts grad_output along dim 0 and the weight along dim 1 for
+grad_input, then grad_output and the input along dim 1 for grad_weight, each a local until it returns. Its
+casts need SM100 (``MXLinearConverter`` asserts it): ``measure`` does not run them on this CPU.
+
 Which Linears: torchtitan (commit b5bcd76c, torchtitan/components/quantization/utils.py
 ``module_filter_fn``) converts a Linear when both its dimensions are divisible by 16 (``_scaled_mm``'s
 constraint) and its name matches none of ``filter_fqns``; its Llama 3 recipes filter the output head
@@ -92,6 +101,8 @@ FP8 = 1  # bytes per float8 element (e4m3 / e5m2)
 FP32 = 4
 # torch._scaled_mm: both dims of each operand divisible by 16 (torchtitan utils.py module_filter_fn)
 DIM_MULTIPLE = 16
+# MX formats: one e8m0 scale (1 byte) per block of 32 elements (torchao mx_formats, block_size 32)
+MX_BLOCK = 32
 
 # residual-stream tensors alive mid-layer in forward (float8_layer): the layer's input and the attention's
 # residual sum; the decoder's embedding output, held too, is the estimate's (estimate.py ``embeds_held``)
@@ -114,12 +125,15 @@ class Recipe:
     grad_weight_fp8: bool  # grad_weight from float8 casts (False: in high precision)
     # the weight arrives as float8 (FSDP2 float8 all-gather, module doc): no weight casts in the Linear
     weight_fp8: bool = False
+    # MX block scaling (module doc): fused cast kernels, one scale per MX_BLOCK elements, no layout copies
+    mx: bool = False
 
 
 RECIPES: dict[Precision, Recipe] = {
     Precision.FLOAT8_TENSORWISE: Recipe(name="tensorwise", rowwise=False, grad_weight_fp8=True),
     Precision.FLOAT8_ROWWISE: Recipe(name="rowwise", rowwise=True, grad_weight_fp8=True),
     Precision.FLOAT8_ROWWISE_GW_HP: Recipe(name="rowwise_with_gw_hp", rowwise=True, grad_weight_fp8=False),
+    Precision.FLOAT8_MXFP8: Recipe(name="mxfp8_cublas", rowwise=False, grad_weight_fp8=True, mx=True),
 }
 
 
@@ -163,26 +177,36 @@ def converted(spec: ModelSpec, weight: Tensor) -> bool:
     return all(d % DIM_MULTIPLE == 0 for d in weight.shape[:2])
 
 
-def cast_sizes(n: int) -> tuple[int, int, int]:
+def cast_sizes(n: int, mx: bool = False) -> tuple[int, ...]:
     """The tensors of one eager float8 cast of ``n`` elements at its peak (:data:`CAST_PEAK`): the fp32
-    scaled copy, its clamped copy, the float8 result."""
-    return FP32 * n, FP32 * n, FP8 * n
+    scaled copy, its clamped copy, the float8 result; an MX cast (``mx``) writes its result only."""
+    return (fp8_bytes(n, mx),) if mx else (FP32 * n, FP32 * n, FP8 * n)
 
 
-def linear_forward_peak(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False) -> int:
+def fp8_bytes(n: int, mx: bool = False) -> int:
+    """Bytes of a float8 copy of ``n`` elements: one byte each, and under MX one scale per block."""
+    return FP8 * n + (-(-n // MX_BLOCK) if mx else 0)
+
+
+def linear_forward_peak(
+    m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False, mx: bool = False
+) -> int:
     """Bytes a converted Linear (m tokens, k in, n out) holds in forward beyond its input and output:
     the input's cast (``CAST_PEAK`` per element), then its float8 copy while the weight is cast, then
     both float8 operands during ``_scaled_mm``; ``c``: the bytes per element of a bias's sum
     (``Float8Linear.forward``: ``output + self.bias``, a second output beside the first), 0 without.
     ``weight_fp8``: the weight arrives as float8 (:class:`Recipe`): no weight cast and no float8 copy of
-    it (the gathered weight is the unit's, counted by the engine)."""
-    return sum(linear_forward_sizes(m, k, n, c, weight_fp8=weight_fp8))
+    it (the gathered weight is the unit's, counted by the engine). ``mx``: MX casts (:func:`cast_sizes`)."""
+    return sum(linear_forward_sizes(m, k, n, c, weight_fp8=weight_fp8, mx=mx))
 
 
-def linear_forward_sizes(m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False) -> tuple[int, ...]:
+def linear_forward_sizes(
+    m: int, k: int, n: int, c: int = 0, *, weight_fp8: bool = False, mx: bool = False
+) -> tuple[int, ...]:
     """:func:`linear_forward_peak`'s tensors at its largest instant."""
     w = 0 if weight_fp8 else n * k
-    return _largest([cast_sizes(m * k), (FP8 * m * k, *cast_sizes(w)), (FP8 * m * k, FP8 * w), (c * m * n,)])
+    x8, w8 = fp8_bytes(m * k, mx), fp8_bytes(w, mx)
+    return _largest([cast_sizes(m * k, mx), (x8, *cast_sizes(w, mx)), (x8, w8), (c * m * n,)])
 
 
 def _largest(instants: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -200,21 +224,24 @@ def linear_backward_peak(m: int, k: int, n: int, c: int, recipe: Recipe) -> int:
 def linear_backward_sizes(m: int, k: int, n: int, c: int, recipe: Recipe) -> tuple[int, ...]:
     """:func:`linear_backward_peak`'s tensors at its largest stage."""
     go, w, x = m * n, n * k, m * k
+    mx = recipe.mx
     post_gi = FP32 * x if recipe.rowwise else 0  # rowwise: post_inverse_scale of grad_input's shape
     cast_w = 0 if recipe.weight_fp8 else w  # the weight's float8 copy (none when it arrives as float8)
+    copied = 0 if mx else 1  # float8_ops.py preprocess_addmm's layout copies (MX casts along dim 1 instead)
+    go8, w8, x8 = fp8_bytes(go, mx), fp8_bytes(cast_w, mx), fp8_bytes(x, mx)
     stages = [
-        cast_sizes(go),  # grad_output cast for grad_input
-        (FP8 * go, *cast_sizes(cast_w)),  # the weight cast for grad_input
-        (FP8 * go, FP8 * cast_w, FP8 * w, c * x, post_gi),  # grad_input gemm: the weight operand copied
+        cast_sizes(go, mx),  # grad_output cast for grad_input
+        (go8, *cast_sizes(cast_w, mx)),  # the weight cast for grad_input
+        (go8, w8, copied * FP8 * w, c * x, post_gi),  # grad_input gemm: the weight operand copied
     ]
-    held = (FP8 * go, FP8 * cast_w, c * x)  # alive from here to the return
+    held = (go8, w8, c * x)  # alive from here to the return
     if recipe.grad_weight_fp8:
         post_gw = FP32 * w if recipe.rowwise else 0
         stages += [
-            (*held, *cast_sizes(go)),  # grad_output cast again, for grad_weight
-            (*held, FP8 * go, *cast_sizes(x)),  # the input cast for grad_weight
+            (*held, *cast_sizes(go, mx)),  # grad_output cast again, for grad_weight
+            (*held, go8, *cast_sizes(x, mx)),  # the input cast for grad_weight
             # grad_weight gemm: both operands copied to _scaled_mm's layouts, the output c bytes
-            (*held, FP8 * go, FP8 * go, FP8 * x, FP8 * x, c * w, post_gw),
+            (*held, go8, copied * go8, x8, copied * x8, c * w, post_gw),
         ]
     else:
         stages.append((*held, c * w))  # grad_weight = grad_output.t() @ input in high precision
@@ -265,7 +292,7 @@ def float8_layer(
     if sh.float8_weights:  # FSDP2 float8 all-gather: the weights arrive as float8
         recipe = replace(recipe, weight_fp8=True)
 
-    fp8 = recipe.weight_fp8
+    fp8, mx = recipe.weight_fp8, recipe.mx
 
     def _bias(w: Tensor) -> int:
         return c if w.name.removesuffix(".weight") in biased else 0
@@ -282,13 +309,20 @@ def float8_layer(
     # to the end), which the estimate adds to every layer's forward instant on the first stage without PP
     # (estimate.py ``embeds_held``); each candidate instant with its tensors at their sizes (forward_sizes)
     streams = (t * h * r,) * HELD_STREAMS
-    fwd_sizes = [(*streams, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8)) for w in out_proj]
+    fwd_sizes = [
+        (*streams, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8, mx=mx)) for w in out_proj
+    ]
     fwd = max([sum(x) for x in fwd_sizes], default=0)
     # full checkpointing's forward keeps nothing: at the output projection's casts its input (the gated
     # product) and the MLP's input (the norm output) are alive beside the residual sum; the layer's input is
     # the checkpoint's saved tensor, counted already
     inner = [
-        (t * h * r, t * h * c, t * _io(w)[0] * c, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8))
+        (
+            t * h * r,
+            t * h * c,
+            t * _io(w)[0] * c,
+            *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8, mx=mx),
+        )
         for w in out_proj
     ]
     interior = max([la.interior] + [sum(x) for x in inner])
@@ -337,7 +371,9 @@ def float8_layer(
         stages.append((net, freed, grads))
     if recomputed:  # the recomputation's forward casts, the layer's tensors saved again, the gradient in
         for w in out_proj:
-            temps.append((t * h * r, t * h * r, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8)))
+            temps.append(
+                (t * h * r, t * h * r, *linear_forward_sizes(t, *_io(w), _bias(w), weight_fp8=fp8, mx=mx))
+            )
             stages.append((sum(temps[-1]), 0, 0))
     best = max(range(len(stages)), key=lambda i: stages[i])
     forward = max(la.forward_transient, fwd)
@@ -363,6 +399,15 @@ def assumptions(spec: ModelSpec, precision: Precision) -> tuple[str, ...]:
         return ()
     n = sum(g.count for g in spec.groups for w in g.layer.tensors if converted(spec, w))
     total = sum(g.count for g in spec.groups for w in g.layer.tensors if w.kind == "linear_weight")
+    if recipe.mx:
+        return (
+            f"torchao MXFP8 training ({recipe.name} / mxfp8_cublas_rceil, torchtitan's MX converter): {n} of "
+            f"the layers' {total} Linears converted (not the output head, both dimensions divisible by 16); "
+            "weights, gradients and optimizer states as mixed-bf16",
+            "MXFP8 Linears save their high-precision input and weight, as nn.Linear does; each cast is one "
+            f"kernel writing e4m3 elements and an e8m0 scale per {MX_BLOCK} (no fp32 copies, no layout "
+            "copies); all-gathers stay 16-bit",
+        )
     return (
         f"torchao float8 training, recipe {recipe.name!r} (torchao 0.18 convert_to_float8_training, eager): "
         f"{n} of the layers' {total} Linears converted (torchtitan's filter: not the output "
