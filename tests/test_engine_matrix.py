@@ -35,7 +35,13 @@ ADAPTERS = 32_768
 LORA = TrainingSetup(method=Method.LORA, seq_len=64)
 
 METHODS = {"full": Method.FULL, "lora": Method.LORA, "qlora": Method.QLORA}
-OPTIMIZERS = (OptimizerName.ADAMW, OptimizerName.LION, OptimizerName.ADAFACTOR, OptimizerName.ADAMW_8BIT)
+OPTIMIZERS = (
+    OptimizerName.ADAMW,
+    OptimizerName.LION,
+    OptimizerName.ADAFACTOR,
+    OptimizerName.ADAMW_8BIT,
+    OptimizerName.PAGED_ADAMW,
+)
 LAYOUTS = {
     "ddp-2": Parallelism(gpus=2),
     "zero1-8": Parallelism(gpus=8, zero_stage=1),
