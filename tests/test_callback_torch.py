@@ -304,6 +304,20 @@ def test_sharding_and_optimizer_names_are_read_from_the_arguments() -> None:
     outside = job_from_trainer(args, model, batch)
     assert outside.parallelism is not None and not outside.parallelism.zero_init
     assert "--no-zero-init" in outside.flags()
+    # transformers 5.x marks nothing: the callback reads the parameters at on_init_end, before
+    # deepspeed.initialize: zero.Init gives each a ds_id, a model built outside it has none
+    del model._transformers_zero3_init_used
+    cb = PeakmemCallback()
+    cb.on_init_end(args, None, None, model=model)
+    assert cb._zero_init is False
+    plain = job_from_trainer(args, model, batch, zero_init=cb._zero_init)
+    assert plain.parallelism is not None and not plain.parallelism.zero_init
+    for p in model.parameters():
+        p.ds_id = 0  # type: ignore[attr-defined]
+    cb.on_init_end(args, None, None, model=model)
+    assert cb._zero_init is True
+    inside = job_from_trainer(args, model, batch, zero_init=cb._zero_init)
+    assert inside.parallelism is not None and inside.parallelism.zero_init
     fsdp = SimpleNamespace(
         per_device_train_batch_size=BATCH,
         optim="sgd",

@@ -401,14 +401,29 @@ def _live_parallel(args: Any, read: Read) -> dict[str, int]:
     return out
 
 
-def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | None = None) -> Job:
+def built_under_zero_init(model: Any) -> bool | None:
+    """Whether ``model``'s parameters are DeepSpeed ZeRO-3 partitioned ones (``zero.Init`` gives each an
+    ``ds_id``: deepspeed partition_parameters.py ``_convert_to_deepspeed_param``), read where the Trainer
+    has built the model but not yet run ``deepspeed.initialize`` (which converts the rest); None without
+    parameters."""
+    params = list(getattr(_unwrap(model), "parameters", lambda: [])()) if model is not None else []
+    if not params:
+        return None
+    return all(hasattr(p, "ds_id") for p in params)
+
+
+def job_from_trainer(
+    args: Any, model: Any, batch: Any = None, *, seq: int | None = None, zero_init: bool | None = None
+) -> Job:
     """The training job the Trainer will run: ``args`` (``TrainingArguments``), ``model`` (as the Trainer
     holds it: a transformers model, a peft ``PeftModel``, possibly wrapped), ``batch`` (its first batch,
     :func:`first_batch`) and ``seq`` (overrides the batch's length). The arguments map through
     :func:`peakmem.fromfile.map_training_arguments` (what ``peakmem train --from`` does with the same
     arguments written to JSON); the model adds its peft adapter, bitsandbytes quantization, weight dtype
-    and attention implementation, the first batch its shape. Every field is echoed in ``Job.read`` with
-    the place it came from; what is not modelled raises :class:`InputError`."""
+    and attention implementation, the first batch its shape; ``zero_init`` whether the model was built under
+    ZeRO-3's ``zero.Init`` (:func:`built_under_zero_init`, read before ``deepspeed.initialize``; None: not
+    known). Every field is echoed in ``Job.read`` with the place it came from; what is not modelled raises
+    :class:`InputError`."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -486,10 +501,14 @@ def job_from_trainer(args: Any, model: Any, batch: Any = None, *, seq: int | Non
     for key, value in parallel.items():
         setattr(ns, key, value)
     # transformers before 5.0 marks a model built under ZeRO-3's zero.Init (modeling_utils.py
-    # _from_config / from_pretrained: model._transformers_zero3_init_used = is_deepspeed_zero3_enabled())
+    # _from_config / from_pretrained: model._transformers_zero3_init_used = is_deepspeed_zero3_enabled());
+    # on any release the callback looks at the parameters before deepspeed.initialize (on_init_end)
     if ns.zero == 3 and getattr(base, "_transformers_zero3_init_used", None) is False:
         ns.no_zero_init = True
         read.append(("no-zero-init", "True", "model._transformers_zero3_init_used=False"))
+    elif ns.zero == 3 and zero_init is False:
+        ns.no_zero_init = True
+        read.append(("no-zero-init", "True", "the model's parameters before deepspeed.initialize (no ds_id)"))
     o = options.convert("train", {k: getattr(ns, k) for k in options.defaults("train")})
     setup, _ = training_setup(o, spec.max_position_embeddings)
     setup = replace(setup, method=method, lora=lora, quant=quant)
@@ -610,6 +629,13 @@ class PeakmemCallback(TrainerCallback):
         self._pending: dict[str, float] = {}
         self._device: Any = None
         self._start_step = 0
+        self._zero_init: bool | None = None  # read at on_init_end, before deepspeed.initialize
+
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        """The end of ``Trainer.__init__``: the model as built, before ``deepspeed.initialize`` partitions
+        it (:func:`built_under_zero_init`)."""
+        self._zero_init = built_under_zero_init(model)
+        return control
 
     # The Trainer passes model, train_dataloader, ... as keywords (trainer_callback.CallbackHandler).
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
@@ -623,7 +649,7 @@ class PeakmemCallback(TrainerCallback):
         say = main and not self.quiet
         try:
             batch = first_batch(train_dataloader) if self.seq is None else None
-            job = job_from_trainer(args, model, batch, seq=self.seq)
+            job = job_from_trainer(args, model, batch, seq=self.seq, zero_init=self._zero_init)
         except PeakmemError as e:
             if self.strict:
                 raise
