@@ -274,7 +274,7 @@ def _compute_static(
         resident_rounding=_rounding.resident_rounding(spec, setup, len(tech.state_rows), memo)
         if _whole(layout) else 0,
         weight_cache=tuple(weight_cache(tech, setup, cached, layout.tp, memo)),
-        state_extra={"paged_optimizer_bytes": paged} if paged else {}, unified_bytes=paged,
+        unified_bytes=paged,
         assumptions=_lora.assumptions(spec, setup, memo) + _lowbit.assumptions(setup)
         + _f8.assumptions(spec, setup.precision),
         setup_json=setup_json,
@@ -711,7 +711,7 @@ def _estimate(
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
         "fragmentation": ov.fraction,
         **({"side_stream_pool_bytes": side} if side else {}),
-        **st.state_extra,
+        **({"paged_optimizer_bytes": st.unified_bytes} if st.unified_bytes else {}),
         **({"expandable_segments": True} if ov.expandable_segments else {}),
         **({"alloc_roundup_divisions": ov.alloc_roundup_divisions} if ov.alloc_roundup_divisions else {}),
         **({"profile": ov.profile} if ov.profile is not None else {}),

@@ -49,7 +49,6 @@ class Static:
     optimizer_phase: PhasePeak
     resident_rounding: int
     weight_cache: tuple[MemoryItem, ...]
-    state_extra: dict[str, int]
     unified_bytes: int  # a paged optimizer's states in CUDA unified memory: on the device, not torch's
     assumptions: tuple[str, ...]
     notes: dict[Overheads, tuple[str, ...]] = field(default_factory=dict, compare=False)
