@@ -21,13 +21,14 @@ QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvi
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 14)))  # split_rule_2 .. _13
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 15)))  # split_rule_2 .. _14
 ALTERNATING_RULES = (
     "split_rule",
     "split_rule_2",
     "split_rule_9",
     "split_rule_12",
     "split_rule_13",
+    "split_rule_14",
 )  # alternate held_out / fit by SHA-256
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
