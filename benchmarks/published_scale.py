@@ -187,9 +187,9 @@ out, the rule decided before any point was gathered and recorded before any esti
 (``split_rule_12``, briefs h-published16a / h-published16b; flag ``Z``) alternates held_out / fit by SHA-256
 within each kind again, as the ninth, so that its fitting half measures the band terms of kinds that rested
 on two or three points; the thirteenth (``split_rule_13``, briefs h-published17a / h-published17b; flag
-``W``) the same, aimed at one-GPU fine-tunes and Hugging Face ``generate``; the fourteenth (``split_rule_14``,
-briefs h-published18a / h-published18b; flag ``U``) the same, aimed at ``generate`` read with nvidia-smi and at
-multi-GPU fine-tunes.
+``W``) the same, aimed at one-GPU fine-tunes and Hugging Face ``generate``; the fourteenth
+(``split_rule_14``, briefs h-published18a / h-published18b; flag ``U``) the same, aimed at ``generate`` read
+with nvidia-smi and at multi-GPU fine-tunes.
 
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth
