@@ -117,7 +117,8 @@ The second search (``split_rule_2``; each such point has ``split``: ``split_rule
   ``roundup_power2_divisions:N``): recorded on the axolotl points, whose CLI sets 16 with expandable
   segments (utils/__init__.py ``set_pytorch_cuda_alloc_conf``);
 * generate: ``job.cache_implementation`` (``static`` for Lit-GPT's KV cache preallocated to prompt + new
-  tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``;
+  tokens) and bitsandbytes NF4 weights (``bnb-nf4``, ``bnb-nf4-dq``) -> ``nf4``; ``job.draft`` and
+  ``job.num_assistant_tokens`` (transformers' assisted generation) -> ``draft``, ``num_speculative_tokens``;
 * ``job.padded_lengths`` ``varying`` (the loop pads each batch to its longest sample: torchtune@ff594c231
   ``utils/collate.py`` ``padded_collate``, the collate_fn of ``recipes/lora_finetune_single_device.py``) ->
   ``padded_lengths='varying'`` (formulas/padded_lengths.py); absent: ``fixed``;
@@ -435,6 +436,9 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
         raise NotExpressible(f"GPTQ kernel {kernel!r} is not modelled")
     common = {"weights": weights, "batch": job["batch"], "prompt": job["prompt"],
               "context": job["prompt"] + job["new_tokens"]}  # fmt: skip
+    if job.get("draft"):  # transformers' assisted generation (generate(assistant_model=...)): the 14th search
+        common["draft"] = job["draft"]
+        common["num_speculative_tokens"] = job.get("num_assistant_tokens")
     if str(p.get("framework", "")).startswith(LITGPT_FRAMEWORK):
         # Lit-GPT's own generate/base.py (formulas/serving/litgpt.py); the 2023 repository predates litgpt 0.1
         return {**common, "engine": "litgpt", "engine_version": LITGPT_2023}
