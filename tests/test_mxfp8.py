@@ -60,6 +60,12 @@ def test_measure_refuses_it_in_one_line() -> None:
     assert "SM100" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_simulate_refuses_it_without_pointing_at_measure() -> None:
+    with pytest.raises(InputError) as e:
+        TrainingSetup(precision=Precision.FLOAT8_MXFP8).check_oracle_runs("simulate")
+    assert "simulate does not run" in str(e.value) and "measure" not in str(e.value)
+
+
 def test_torchtitan_mx_converter_maps_to_it() -> None:
     doc = _minimal(quantize={"linear": {"mx": {"recipe_name": "mxfp8_cublas_rceil"}}})
     doc["model"]["converters"] = ["quantize.linear.mx"]

@@ -427,7 +427,11 @@ class TrainingSetup:
         if command != "measure" and self.precision.states is not self.precision:
             raise InputError(
                 f"precision={self.precision.value!r}: {command} does not run torchao float8 "
-                "(peakmem measure does; peakmem train estimates it)"
+                + (
+                    "(peakmem train estimates it)"
+                    if self.precision is Precision.FLOAT8_MXFP8
+                    else "(peakmem measure does; peakmem train estimates it)"
+                )
             )
         loss = () if self.loss is LossImpl.STANDARD else (f"loss={self.loss.value!r}",)
         other = loss + tuple(f"{name}=True" for name, on in flags if on)
