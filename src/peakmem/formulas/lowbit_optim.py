@@ -124,17 +124,16 @@ def quant_state_rows(
     the dtype of the full states of the tensors left unquantized); a paged optimizer's codes of large
     tensors (``qs.pageable``) in a row of their own, in CUDA unified memory."""
 
-    def row(tensor: str, dtype: str, nbytes: int, n: int) -> PerParamRow:
-        return _state_row(tensor, dtype, nbytes, n, source)
+    def row(tensor: str, dtype: str, nbytes: int, n: int, unified: bool = False) -> PerParamRow:
+        return _state_row(tensor, dtype, nbytes, n, source, unified)
 
     rows = [
         row(f"{label} states ({bits})", bits, qs.quantized - qs.pageable, qs.params_quantized),
-        _state_row(
+        row(
             f"{label} states ({bits}, paged: CUDA unified memory)",
             bits,
             qs.pageable,
             qs.params_quantized,
-            source,
             unified=True,
         ),
         row(f"{label} block scales (fp32)", "fp32", qs.scales + qs.maps, qs.params_quantized),

@@ -507,12 +507,18 @@ def _float8(r: _Reader, d: _Degrees) -> str | None:
             m.skip(gather_key, gather, "no effect without data_parallel_shard_degree > 1")
     if truthy(legacy) and filter_key.startswith("("):  # 9dec370 float8.py: fqn != "output" always
         filters, filter_key = [HEAD_FQN], "(torchtitan 9dec370: module_filter_fn leaves out the output head)"
+    _head_filter(m, filters, filter_key, "float8")
+    return precision
+
+
+def _head_filter(m: Any, filters: Any, filter_key: str, what: str) -> None:
+    """A converter's ``filter_fqns`` against peakmem's: every Linear of the blocks converted, the output
+    head left out; any other filter is named as not modelled."""
     extra = [f for f in names_list(filters) if f != HEAD_FQN]
     if extra:
         m.skip(filter_key, extra, "peakmem converts every Linear of the blocks (only the head is left out)")
     if HEAD_FQN not in names_list(filters):
-        m.skip(filter_key, filters, "the output head in float8: peakmem leaves the head in bf16")
-    return precision
+        m.skip(filter_key, filters, f"the output head in {what}: peakmem leaves the head in bf16")
 
 
 def _mx(r: _Reader, conv_key: str) -> str:
@@ -526,11 +532,7 @@ def _mx(r: _Reader, conv_key: str) -> str:
     m.set("precision", "float8-mxfp8", recipe_key if not recipe_key.startswith("(") else conv_key,
           f"torchao MXFP8 Linears ({recipe}) on FSDP2's fp32-sharded states")  # fmt: skip
     filters, filter_key = r.value("mx_filter")
-    extra = [f for f in names_list(filters) if f != HEAD_FQN]
-    if extra:
-        m.skip(filter_key, extra, "peakmem converts every Linear of the blocks (only the head is left out)")
-    if HEAD_FQN not in names_list(filters):
-        m.skip(filter_key, filters, "the output head in MXFP8: peakmem leaves the head in bf16")
+    _head_filter(m, filters, filter_key, "MXFP8")
     return "float8-mxfp8"
 
 

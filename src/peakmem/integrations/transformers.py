@@ -503,12 +503,12 @@ def job_from_trainer(
     # transformers before 5.0 marks a model built under ZeRO-3's zero.Init (modeling_utils.py
     # _from_config / from_pretrained: model._transformers_zero3_init_used = is_deepspeed_zero3_enabled());
     # on any release the callback looks at the parameters before deepspeed.initialize (on_init_end)
-    if ns.zero == 3 and getattr(base, "_transformers_zero3_init_used", None) is False:
+    marked = getattr(base, "_transformers_zero3_init_used", None)
+    if ns.zero == 3 and False in (marked, zero_init):
         ns.no_zero_init = True
-        read.append(("no-zero-init", "True", "model._transformers_zero3_init_used=False"))
-    elif ns.zero == 3 and zero_init is False:
-        ns.no_zero_init = True
-        read.append(("no-zero-init", "True", "the model's parameters before deepspeed.initialize (no ds_id)"))
+        where = ("model._transformers_zero3_init_used=False" if marked is False
+                 else "the model's parameters before deepspeed.initialize (no ds_id)")  # fmt: skip
+        read.append(("no-zero-init", "True", where))
     o = options.convert("train", {k: getattr(ns, k) for k in options.defaults("train")})
     setup, _ = training_setup(o, spec.max_position_embeddings)
     setup = replace(setup, method=method, lora=lora, quant=quant)

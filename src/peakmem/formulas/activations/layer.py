@@ -137,7 +137,8 @@ def layer_activations(
     compiled = compiled_block(spec, layer, sh)
     # each norm's saved tensors; compiled: each block norm keeps its statistics only (RMSNorm its fp32
     # rstd, LayerNorm its mean and rstd: see SRC_COMPILED)
-    norm_each = norm_pieces(spec, sh, h)[1:] if compiled else norm_pieces(spec, sh, h)
+    pieces = norm_pieces(spec, sh, h)
+    norm_each = pieces[1:] if compiled else pieces
     norm_one = sum(norm_each)
     n_norms, att_readers, att_in_params = layer_structure(layer, sh.memo)
     norms = norm_each * n_norms
