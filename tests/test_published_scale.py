@@ -164,6 +164,26 @@ def test_measured_residual_term_by_hand() -> None:
     assert band.measured_residual_term("single-GPU training", 10**9) is None
 
 
+def test_a_thin_kind_borrows_its_familys_range() -> None:
+    """A kind with fewer than 19 fitting points spans the union of its family's ranges (by hand from the
+    table); a kind with 19 or more keeps its own."""
+    from peakmem.formulas import band
+
+    r = band.MEASURED_RESIDUALS
+    g, q = r[band.GENERATE], r[band.GENERATE_QUANTIZED]
+    assert g.points < band.MIN_OWN_POINTS <= q.points  # the table this test reads by hand
+    term = band.measured_residual_term(band.GENERATE, 10**9)
+    assert term is not None and "widened to its family" in term.source
+    assert (term.low_bytes, term.high_bytes) == (int(10**9 * min(g.low, q.low)), int(10**9 * max(g.high, q.high)))
+    own = band.measured_residual_term(band.GENERATE_QUANTIZED, 10**9)
+    assert own is not None and (own.low_bytes, own.high_bytes) == (int(10**9 * q.low), int(10**9 * q.high))
+    one_gpu = [r[k] for k in (band.TRAIN_ONE_GPU_ADAPTERS, band.TRAIN_ONE_GPU_QUANTIZED, band.TRAIN_ONE_GPU_FULL)]
+    term = band.measured_residual_term(band.TRAIN_ONE_GPU_ADAPTERS, 10**9)
+    assert term is not None
+    assert term.high_bytes == int(10**9 * max(x.high for x in one_gpu))
+    assert term.low_bytes == int(10**9 * min(x.low for x in one_gpu))
+
+
 def test_the_band_terms_are_the_fitting_sets_residuals() -> None:
     """formulas/band.py MEASURED_RESIDUALS holds what benchmarks/published_scale.py --residuals measures on
     the fitting set with today's formulas (each end rounded outward to 0.001): a formula that moves a

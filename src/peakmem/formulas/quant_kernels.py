@@ -206,11 +206,18 @@ def matmul_temporary_bytes(
     """Temporaries of the quantized linears in one forward of ``rows`` input rows (batch x tokens):
     one layer at a time, the largest. Prefill and decode differ only for the kernels whose source
     says so (bitsandbytes 4-bit, the GPTQ kernels); AWQ and LLM.int8 keep their prefill terms."""
-    fmt, kernel = setup.weight_format, setup.gptq_kernel
-    linears = quantized_linears(spec, fmt)
-    in_f, out_f = _largest(linears, setup.tp)
+    in_f, out_f = _largest(quantized_linears(spec, setup.weight_format), setup.tp)
     if not in_f:
         return 0
+    return linear_temporary_bytes(in_f, out_f, setup, rows, act_bytes, prefill=prefill)
+
+
+def linear_temporary_bytes(
+    in_f: int, out_f: int, setup: InferenceSetup, rows: int, act_bytes: int, *, prefill: bool
+) -> int:
+    """The temporaries of one quantized ``in_f`` x ``out_f`` linear over ``rows`` input rows (module
+    docstring; 0 for a float format)."""
+    fmt, kernel = setup.weight_format, setup.gptq_kernel
     if fmt.scheme is Scheme.BNB_4BIT:
         if rows <= BNB_GEMV_ROWS:
             return 0

@@ -284,6 +284,9 @@ class EngineMemory:
     notes: tuple[str, ...] = ()
     band_terms: tuple[BandTerm, ...] = ()  # the engine's own unknowns (CUDA graphs' spread)
     load: list[MemoryItem] | None = None  # the model load, where it holds more than its weights (Lit-GPT)
+    # transformers generate: the prefill's and decode steps' requests above 1 MiB replayed through the
+    # caching-allocator model, their peak reserved (formulas/serving/cache_growth.py; 0: not replayed)
+    replayed_reserved: int = 0
 
 
 WEIGHTS_ITEM_PREFIX = "weights ("  # the path of the model's own weights item (its format follows)

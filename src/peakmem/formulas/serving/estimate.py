@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from peakmem.breakdown import Band, BandTerm, Category, Estimate, MemoryItem, PerParamRow, Phase, PhasePeak
 from peakmem.formulas import band as _band
-from peakmem.formulas.allocator import reserved_bytes, tensor_rounding
+from peakmem.formulas.allocator import K_ROUND_LARGE, reserved_bytes, tensor_rounding
 from peakmem.formulas.block_rounding import ROUNDUP_NOTE, with_roundup
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
 from peakmem.formulas.overhead import Overheads
+from peakmem.formulas.serving.cache_growth import GROWTH_NOTE, growth_term
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
+    EngineMemory,
     ServingContext,
     check_layout,
     resolve_context,
@@ -85,8 +87,8 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     ov = overheads or _DEFAULT_OVERHEADS
     c = resolve_context(spec, setup)
     rows = litgpt_rows(c) if setup.engine is Engine.LITGPT else weight_rows(spec, setup.weight_format)
-    if setup.engine is Engine.HF:
-        r = generate_memory(c, rows)
+    if setup.engine is Engine.HF:  # expandable segments merge what they free: nothing to replay
+        r = generate_memory(c, rows, None if ov.expandable_segments else ov.alloc_roundup_divisions)
     elif setup.engine is Engine.LITGPT:
         r = litgpt_memory(c, rows)
     elif setup.engine is Engine.LLAMACPP:
@@ -123,6 +125,10 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
 
     # no empty_cache between the load and generation: what the load cut stays reserved
     reserved = max(reserved_at(p) for p in phases if p is peak or p.phase is Phase.LOAD)
+    growth = _growth_above(r, peak, churn_categories, reserved)  # generate's replay (cache_growth.py)
+    reserved += growth
+    notes = r.notes + ((GROWTH_NOTE.format(extra=fmt_bytes(growth)),) if growth else ())
+    engine_terms = r.band_terms + ((growth_term(growth),) if growth else ())
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     kv_tp = setup.layout.attention_tp  # KV heads per rank: SGLang DP attention splits them tp // dp ways
@@ -144,7 +150,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     }
     assumptions = (
         *c.assumptions,
-        *r.notes,
+        *notes,
         f"weights: {setup.weight_format.name}; KV cache {c.kv_name}; SDPA/flash attention (no score matrix)",
     )
     checkpoint = setup.weights_assumption()
@@ -166,7 +172,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
                         f"roundup_power2_divisions:{n} not applied: {setup.engine.value} sizes its cache to "
                         "the free memory or does not use PyTorch's allocator",)  # fmt: skip
     return Estimate(
-        band=_serving_band(setup, peak, reserved, device_total, churn, ov, r.band_terms),
+        band=_serving_band(setup, peak, reserved, device_total, churn, ov, engine_terms),
         method="analytic",
         job="infer",
         model_name=spec.name,
@@ -219,6 +225,17 @@ def _layout_note(setup: InferenceSetup) -> str:
         f"{lay.rank_batch(setup.batch)} of the {setup.batch} sequences; activations modelled with the "
         "tp-way split; NCCL / all-to-all buffers not modelled"
     )
+
+
+def _growth_above(r: EngineMemory, peak: PhasePeak, churn: set[Category], reserved: int) -> int:
+    """What transformers generate's replay through the allocator model reserves above ``reserved`` (the
+    closed form): the peak phase's resident tensors packed in their segments plus the replay's large
+    pool (:mod:`peakmem.formulas.serving.cache_growth`), rounded to kRoundLarge; 0 where not replayed."""
+    if not r.replayed_reserved:
+        return 0
+    resident = tuple(i.bytes for i in peak.items if i.category not in churn)
+    replayed = sum(resident) + tensor_rounding(resident) + r.replayed_reserved
+    return max(0, -(-replayed // K_ROUND_LARGE) * K_ROUND_LARGE - reserved)
 
 
 def _serving_band(

@@ -4,7 +4,8 @@ The DynamicCache grows by ``torch.cat`` every step (``cache_utils.py`` ``Dynamic
 Peak is at prefill (the whole prompt's layer transients) or at the last decode step (full cache +
 one layer's K or V being copied + logits): ``self.keys = torch.cat(...)`` frees the old K before the
 V is copied (transformers 5.23 ``DynamicLayer.update``), so one tensor is alive twice. What the caching
-allocator keeps reserved while the cache grows is not modelled beyond the fragmentation fraction.
+allocator keeps reserved while the cache grows (segments the growing K and V outgrow) comes from a
+replay of the whole generate through the allocator model (:mod:`peakmem.formulas.serving.cache_growth`).
 ``cache_implementation="static"`` (StaticCache, cache_utils.py ``StaticLayer``): each layer's K and V are
 ``torch.zeros`` of ``max_cache_len`` (generate passes ``max_length``, prompt + new tokens) at the layer's
 first update, in prefill, then written in place (``index_copy_``): the whole cache is there from prefill
@@ -33,9 +34,11 @@ transformers 4.30-4.37 (Llama) and 4.35-4.38 (Mistral) keep RoPE cos/sin buffers
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.formulas.allocator import NO_ROUNDUP
 from peakmem.formulas.overhead import CUBLAS_WORKSPACE_BYTES
 from peakmem.formulas.quant_kernels import kernel_buffer_items, kernel_notes, matmul_temporary_bytes
 from peakmem.formulas.rope_buffers import rope_buffer_bytes, rope_buffer_release
+from peakmem.formulas.serving.cache_growth import growth_run, replayed_reserved
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -60,7 +63,12 @@ GENERATE_LOGIT_COPIES_FP32 = 2
 MIN_NEW_TOKENS_TO_DECODE = 2
 
 
-def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory:
+def generate_memory(
+    c: ServingContext, rows: tuple[WeightRow, ...], replay_divisions: int | None = NO_ROUNDUP
+) -> EngineMemory:
+    """transformers ``generate`` on one rank (module docstring). ``replay_divisions``: the allocator's
+    ``roundup_power2_divisions`` for the replay of the cache's growth; None: no replay (expandable
+    segments merge what they free)."""
     s, b = c.setup, c.setup.batch
     weights = weights_item(c, rows)
     chunk = min(c.prompt, s.prefill_chunk) if s.prefill_chunk else c.prompt
@@ -183,6 +191,8 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         + state
         + sum(i.bytes for i in (*assistant_full, *buffers))
     }
+    resident = weights.bytes + sum(i.bytes for i in (*buffers, *kernel_buffers))
+    run = growth_run(c, replay_divisions, resident) if replay_divisions is not None else None
     return EngineMemory(
         prefill=prefill,
         decode=decode,
@@ -190,6 +200,7 @@ def generate_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMem
         extra=extra,
         notes=draft_notes(c) + kernel_notes(s) + load_notes,
         load=load or None,
+        replayed_reserved=replayed_reserved(run) if run is not None else 0,
     )
 
 

@@ -1,0 +1,445 @@
+"""What the caching allocator keeps reserved while transformers' cache grows in ``generate`` (engine hf).
+
+Each decode step ``torch.cat``s every layer's K and V into new tensors one token longer (transformers 5.23
+``cache_utils.py`` ``DynamicLayer.update``: the old tensor is dropped as the new one replaces it; before
+v4.36 the attention returned the new pair in a new tuple and ``greedy_search`` / ``sample`` kept the
+previous step's tuple in ``model_kwargs`` until the forward returned, so the old ones go at the step's
+end). A request above 10 MiB gets a segment of its own, rounded up to 2 MiB (``get_allocation_size``), and
+a freed block serves only requests no larger than itself (``get_free_block``): while a layer's K grows
+inside its segment the freed blocks are reused, but each time it outgrows the 2 MiB rounding every layer's
+K and V take new segments and the old ones stay cached, too small for anything the loop asks for later,
+unless larger blocks freed elsewhere (the prefill's activations, repeat_kv copies, dequantized weights)
+absorb the growth. The closed form (allocated plus a fragmentation fraction) cannot see this: with 8 x
+64-dim heads and 16 sequences growing from 256 to 1,024 tokens, transformers' own generate replayed
+through the allocator model reserves 274 MiB, the closed form 182 MiB.
+
+So the whole generate is replayed here, request by request, through
+:class:`~peakmem.formulas.caching_allocator.CachingAllocatorModel`: the prefill forward and the decode
+steps, each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (recorded on the CPU
+with ``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections,
+RoPE's ``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection,
+the residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to
+the end of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy.
+Releases before v4.36 keep the projected K and V of the prompt as the cache (no copy) and run eager
+attention (its scores, their fp32 softmax and the cast back); repeat_kv copies where the release makes
+them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the GPTQ / AWQ kernels'
+dequantized weight around each quantized matmul
+(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits
+held by ``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller
+ones go to the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are
+replayed every ``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between
+two of them (a quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for:
+within 1.5 % of the replay of every step on tests/test_cache_growth.py's cases; 1 MiB read up to 3 % low,
+2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
+attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding
+are not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps only the requests that
+grow with the cache are replayed. With the GPU's size known, the replay may reserve what the weights and
+the CUDA context leave; beyond it the model frees its cached segments and retries, as
+``DeviceCachingAllocator::malloc`` does. The estimate's reserved is the larger of the closed form and the
+resident tensors plus the replay; the band keeps the closed form as its low end (:func:`growth_term`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from peakmem.breakdown import BandTerm
+from peakmem.formulas.allocator import K_SMALL_SIZE, NO_ROUNDUP
+from peakmem.formulas.caching_allocator import CachingAllocatorModel
+from peakmem.formulas.kv_cache import kv_heads_per_rank
+from peakmem.formulas.quant_kernels import linear_temporary_bytes
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, ServingContext, serving_state
+from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO_KEEP, CacheImplementation
+from peakmem.model import Layer
+from peakmem.transformers_versions import sdpa_repeats_kv
+
+SRC = (
+    "transformers 5.23 cache_utils.py DynamicLayer.update (torch.cat, the old tensor dropped) and "
+    "modeling_llama.py's allocation order (CPU trace); v4.35 generation/utils.py greedy_search (the "
+    "previous step's tuple kept until the forward returns); c10/cuda/CUDACachingAllocator.cpp "
+    "get_allocation_size / get_free_block"
+)
+GROWTH_NOTE = (
+    "transformers generate replayed request by request through the caching-allocator model "
+    "(formulas/serving/cache_growth.py): the segments the growing cache and the prefill cut reserve {extra} "
+    "above the closed form"
+)
+SRC_GROWTH_TERM = (
+    "formulas/serving/cache_growth.py: the replay follows transformers 5.23's Llama layer as recorded on "
+    "the CPU (exact there); another release, architecture or CUDA kernel makes other requests, whose "
+    "blocks may absorb the growth, so what the replay adds above the closed form may not be there"
+)
+STEP_BYTES = 512 * 1024  # the most one K or V grows between two replayed decode steps
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerShape:
+    """One decoder layer on one rank, elements per token unless said otherwise."""
+
+    hidden: int
+    q: int  # query heads x head dim
+    out: int  # query heads x value head dim (attention's output)
+    k: int  # cached K: kv heads x head dim
+    v: int  # cached V: kv heads x value head dim
+    heads: int  # query heads (scores, repeat_kv copies)
+    window: int | None  # sliding window (the cache keeps at most this many tokens)
+    width: int  # MLP intermediate size
+    gated: bool
+    rms: bool  # RMSNorm (upcast to fp32), else LayerNorm
+    rope: bool
+    repeats: bool  # repeat_kv copies K and V to every query head
+    temps_prefill: tuple[int, ...]  # dequantized weight bytes per matmul q, k, v, o, (gate), up, down
+    temps_decode: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateRun:
+    batch: int
+    prompt: int
+    context: int  # prompt + new tokens
+    act_bytes: int
+    vocab: int
+    head_dim: int  # RoPE cos / sin width
+    layers: tuple[LayerShape, ...]  # every layer, in order
+    legacy: bool  # before v4.36: the tuple cache, eager attention
+    all_logits: bool  # before v4.45: the prefill computes every position's logits
+    divisions: int = NO_ROUNDUP  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions
+    capacity: int | None = None  # what the replayed requests may reserve (the GPU's less the rest)
+
+
+ALLOC, FREE, RENAME = 0, 1, 2
+LAYER_SCOPED = ("cache.", "old.")  # a layer program's names that belong to its layer's cache
+GROWING = ("cache.", "rep.", "s.")  # requests whose size follows the cache's length (the rest stay put)
+# decode steps replayed whole before only the growing requests are: the first cuts the segments the
+# constant-size decode requests then reuse at every layer and step (the same result on every case of
+# tests/test_cache_growth.py, which replays them all)
+STEADY_AFTER = 2
+
+
+class _Replay:
+    """Requests by name, only the large pool's (see the module docstring)."""
+
+    __slots__ = ("keys", "model", "next_key", "olds", "peak")
+
+    def __init__(self, divisions: int, capacity: int | None) -> None:
+        self.model = CachingAllocatorModel(divisions, capacity)
+        self.keys: dict[str, int] = {}
+        self.next_key = 0
+        self.peak = 0
+        self.olds: list[str] = []  # v4.35: the previous step's cache, dropped when the forward returns
+
+    def alloc(self, name: str, nbytes: int) -> None:
+        if nbytes <= K_SMALL_SIZE:
+            return
+        key = self.next_key
+        self.next_key += 1
+        self.model.malloc(key, nbytes)
+        self.keys[name] = key
+        self.peak = max(self.peak, self.model.reserved)
+
+    def free(self, *names: str) -> None:
+        for name in names:
+            key = self.keys.pop(name, None)
+            if key is not None:
+                self.model.free(key)
+
+    def rename(self, old: str, new: str) -> None:
+        key = self.keys.pop(old, None)
+        if key is not None:
+            self.keys[new] = key
+
+    def run(self, program: list[tuple[int, str, str | int]], layer: int) -> None:
+        """Execute a layer's :class:`_Program`, its cache's names scoped to ``layer``."""
+        for op, name, arg in program:
+            if name.startswith(LAYER_SCOPED):
+                name = f"{layer}:{name}"
+            if op == ALLOC:
+                assert isinstance(arg, int)
+                self.alloc(name, arg)
+            elif op == FREE:
+                self.free(name)
+            else:
+                assert isinstance(arg, str)
+                new = f"{layer}:{arg}" if arg.startswith(LAYER_SCOPED) else arg
+                self.rename(name, new)
+                if new.startswith(f"{layer}:old."):
+                    self.olds.append(new)
+
+
+class _Program:
+    """One layer's requests recorded once and replayed for every layer of its shape: only those above
+    the small pool (and with ``growing_only`` only those whose size follows the cache's length), and the
+    frees and renames of what it did not drop."""
+
+    __slots__ = ("dropped", "growing_only", "ops")
+
+    def __init__(self, growing_only: bool) -> None:
+        self.ops: list[tuple[int, str, str | int]] = []
+        self.dropped: set[str] = set()
+        self.growing_only = growing_only
+
+    def alloc(self, name: str, nbytes: int) -> None:
+        if nbytes <= K_SMALL_SIZE or (self.growing_only and not name.startswith(GROWING)):
+            self.dropped.add(name)
+        else:
+            self.dropped.discard(name)
+            self.ops.append((ALLOC, name, nbytes))
+
+    def free(self, *names: str) -> None:
+        self.ops.extend((FREE, n, 0) for n in names if n not in self.dropped)
+
+    def rename(self, old: str, new: str) -> None:
+        if old in self.dropped:
+            self.dropped.add(new)
+        else:
+            self.ops.append((RENAME, old, new))
+
+
+def _norm(r: _Program | _Replay, rows: int, s: LayerShape, el: int, out: str) -> None:
+    """RMSNorm as transformers writes it: ``x.to(float32)``, ``pow(2)``, ``x * rsqrt(...)``, back to the
+    input dtype, times the weight; LayerNorm: one kernel, its output."""
+    n = rows * s.hidden
+    if not s.rms:
+        r.alloc(out, n * el)
+        return
+    r.alloc("n.up", n * FP32)
+    r.alloc("n.pow", n * FP32)
+    r.free("n.pow")
+    r.alloc("n.mul", n * FP32)
+    r.free("n.up")
+    r.alloc("n.down", n * el)
+    r.alloc(out, n * el)
+    r.free("n.down", "n.mul")
+
+
+def _matmul(r: _Program | _Replay, out: str, nbytes: int, temp: int) -> None:
+    r.alloc("mm.temp", temp)
+    r.alloc(out, nbytes)
+    r.free("mm.temp")
+
+
+def _rope(r: _Program, rows: int, width: int, el: int, out: str) -> None:
+    """``x * cos + rotate_half(x) * sin``, rotate_half = ``cat(-x2, x1)``."""
+    n = rows * width * el
+    r.alloc("r.m1", n)
+    r.alloc("r.neg", n // 2)
+    r.alloc("r.cat", n)
+    r.free("r.neg")
+    r.alloc("r.m2", n)
+    r.free("r.cat")
+    r.alloc(out, n)
+    r.free("r.m1", "r.m2")
+
+
+@lru_cache(maxsize=64)
+def _layer(
+    s: LayerShape,
+    first: bool,
+    tokens: int,
+    cached: int,
+    *,
+    prefill: bool,
+    batch: int,
+    el: int,
+    legacy: bool,
+    growing_only: bool,
+) -> list[tuple[int, str, str | int]]:
+    """The program of one layer of shape ``s`` in a forward over ``tokens`` new tokens for each of
+    ``batch`` sequences, its cache ``cached`` tokens long after the update; it reads ``x`` (``embed`` for
+    the ``first`` layer, kept to the forward's end) and leaves ``x``."""
+    r, b = _Program(growing_only), batch
+    rows = b * tokens
+    temps = s.temps_prefill if prefill else s.temps_decode
+    t_q, t_k, t_v, t_o, *t_mlp = temps
+    _norm(r, rows, s, el, "ln1")
+    _matmul(r, "q", rows * s.q * el, t_q)
+    _matmul(r, "k", rows * s.k * el, t_k)
+    _matmul(r, "v", rows * s.v * el, t_v)
+    if s.rope:  # the projections go once both are rotated
+        _rope(r, rows, s.q, el, "qr")
+        _rope(r, rows, s.k, el, "kr")
+        r.free("q", "k")
+    else:
+        r.rename("q", "qr")
+        r.rename("k", "kr")
+    kept = cached if s.window is None else min(cached, s.window)
+    for part, width in (("kr", s.k), ("v", s.v)):
+        cache = f"cache.{part}"
+        if legacy and prefill:
+            r.rename(part, cache)  # the projected (and RoPE'd) tensor is the cache: no copy
+            continue
+        r.rename(cache, "cache.old")
+        r.alloc(cache, b * kept * width * el)  # torch.cat: the new tensor made while the old one lives
+        if legacy:
+            r.rename("cache.old", f"old.{part}")  # dropped when the step's forward returns
+        else:
+            r.free("cache.old")
+    r.free("kr", "v")
+    if s.repeats:
+        r.alloc("rep.k", b * s.heads * kept * (s.q // s.heads) * el)
+        r.alloc("rep.v", b * s.heads * kept * (s.out // s.heads) * el)
+    if legacy:  # eager attention: scores / sqrt(d), + mask, fp32 softmax, cast back
+        scores = b * s.heads * tokens * kept
+        r.alloc("s.mm", scores * el)
+        r.alloc("s.div", scores * el)
+        r.free("s.mm")
+        r.alloc("s.mask", scores * el)
+        r.free("s.div")
+        r.alloc("s.fp32", scores * FP32)
+        r.free("s.mask")
+        r.alloc("s.p", scores * el)
+        r.free("s.fp32")
+    r.alloc("attn", rows * s.out * el)
+    r.free("s.p", "rep.k", "rep.v")
+    if legacy:  # attn_output.transpose(1, 2).contiguous()
+        r.alloc("attn.t", rows * s.out * el)
+        r.free("attn")
+        r.rename("attn.t", "attn")
+    _matmul(r, "o", rows * s.hidden * el, t_o)
+    r.free("attn", "qr", "ln1")
+    r.alloc("h1", rows * s.hidden * el)
+    r.free("o")
+    _norm(r, rows, s, el, "ln2")
+    n = rows * s.width * el
+    if s.gated:
+        t_gate, t_up, t_down = t_mlp
+        _matmul(r, "gate", n, t_gate)
+        r.alloc("act", n)
+        r.free("gate")
+        _matmul(r, "up", n, t_up)
+        r.alloc("mul", n)
+        r.free("act", "up")
+    else:
+        t_up, t_down = t_mlp
+        _matmul(r, "up", n, t_up)
+        r.alloc("mul", n)
+        r.free("up")
+    _matmul(r, "down", rows * s.hidden * el, t_down)
+    r.free("mul", "ln2")
+    r.alloc("h2", rows * s.hidden * el)
+    r.free("down", "h1")
+    if not first:
+        r.free("x")  # the previous layer's output (the first layer's input, the embedding's, stays)
+    r.rename("h2", "x")
+    return r.ops
+
+
+def _forward(
+    r: _Replay, run: GenerateRun, tokens: int, cached: int, *, prefill: bool, growing_only: bool = False
+) -> None:
+    """One forward of ``tokens`` new tokens a sequence (the prompt, or one decode step) and what
+    ``generate`` does with its logits."""
+    b, el = run.batch, run.act_bytes
+    rows = b * tokens
+    r.alloc("embed", rows * run.layers[0].hidden * el)  # layer 0's input, kept to the forward's end
+    if run.layers[0].rope and not run.legacy:  # 5.x rotary_emb: fp32 cos / sin, scaled, cast to the dtype
+        cos_sin = rows * run.head_dim
+        for part in ("cos", "sin"):
+            r.alloc(f"{part}.32", cos_sin * FP32)
+            r.alloc(f"{part}.scaled", cos_sin * FP32)
+            r.free(f"{part}.32")
+        r.alloc("cos", cos_sin * el)
+        r.alloc("sin", cos_sin * el)
+        r.free("cos.scaled", "sin.scaled")
+    for i, shape in enumerate(run.layers):
+        r.run(_layer(shape, i == 0, tokens, cached, prefill=prefill, batch=b, el=el, legacy=run.legacy,
+                     growing_only=growing_only), i)  # fmt: skip
+    _norm(r, rows, run.layers[-1], el, "final")
+    r.free("x", "embed", "cos", "sin")
+    kept = tokens if prefill and run.all_logits else 1
+    r.free("outputs.logits")  # v4.35: the previous forward's outputs, replaced as this one returns
+    r.alloc("logits", b * kept * run.vocab * el)
+    r.free("final")
+    if run.all_logits:  # logits.float() inside the model: outputs keep the fp32 copy
+        r.alloc("outputs.logits", b * kept * run.vocab * FP32)
+        r.free("logits")
+    else:
+        r.rename("logits", "outputs.logits")
+    r.alloc("scores", b * run.vocab * FP32)  # next_token_logits.to(float32) and the processors
+    r.alloc("scores.processed", b * run.vocab * FP32)
+    r.free("scores", "scores.processed")
+    if run.legacy:
+        r.free(*r.olds)
+        r.olds.clear()
+    else:
+        r.free("outputs.logits")  # 5.x _sample: ``del outputs`` at the end of each step
+
+
+def decode_lengths(run: GenerateRun) -> tuple[int, ...]:
+    """The cache lengths of the replayed decode steps: every ``stride`` tokens and the last (the
+    decode forwards hold prompt + 1 .. context - 1 tokens)."""
+    first, last = run.prompt + 1, run.context - 1
+    if last < first:
+        return ()
+    grow = max(max(s.k, s.v) for s in run.layers) * run.batch * run.act_bytes  # bytes a token adds
+    stride = max(1, STEP_BYTES // max(1, grow))
+    return (*range(first, last, stride), last)
+
+
+@lru_cache(maxsize=256)
+def replayed_reserved(run: GenerateRun, steady_after: int = STEADY_AFTER) -> int:
+    """Peak ``max_memory_reserved`` of the large pool over the prefill and the decode steps (bytes);
+    after ``steady_after`` decode steps only the requests that grow with the cache are replayed."""
+    r = _Replay(run.divisions, run.capacity)
+    _forward(r, run, run.prompt, run.prompt, prefill=True)
+    for step, cached in enumerate(decode_lengths(run)):
+        _forward(r, run, 1, cached, prefill=False, growing_only=step >= steady_after)
+    return r.peak
+
+
+def growth_run(c: ServingContext, divisions: int = NO_ROUNDUP, resident: int = 0) -> GenerateRun | None:
+    """``c``'s generate as :func:`replayed_reserved` replays it; None where it is not replayed (module
+    docstring: a static or quantized cache, MoE, MLA or recurrent layers, a draft, chunked prefill).
+    On a GPU of known size the replay may reserve what ``resident`` bytes (weights, buffers) and the CUDA
+    context leave: beyond it the allocator frees its cached segments and retries, as the model does."""
+    s, spec = c.setup, c.spec
+    if (
+        s.cache_implementation is not CacheImplementation.DYNAMIC
+        or c.kv_bits != 8 * c.act_bytes
+        or s.draft is not None
+        or s.prefill_chunk
+        or serving_state(c).total
+        or any(g.layer.mlp.is_moe or g.layer.attention.is_mla for g in spec.groups)
+    ):
+        return None
+    legacy = s.version < TRANSFORMERS_CACHE_CLASSES
+    release = f"{s.version[0]}.{s.version[1]}.0"
+    layers = tuple(
+        shape
+        for g in spec.groups
+        for shape in (_layer_shape(c, g.layer, legacy=legacy, release=release),) * g.count
+    )
+    return GenerateRun(
+        batch=s.batch, prompt=c.prompt, context=c.context, act_bytes=c.act_bytes,
+        vocab=-(-spec.vocab_size // s.tp), head_dim=spec.groups[0].layer.attention.head_dim, layers=layers,
+        legacy=legacy, all_logits=s.version < TRANSFORMERS_LOGITS_TO_KEEP or s.keep_all_logits,
+        divisions=divisions, capacity=s.gpu_bytes - CUDA_CONTEXT_BYTES - resident if s.gpu_bytes else None,
+    )  # fmt: skip
+
+
+def _layer_shape(c: ServingContext, layer: Layer, *, legacy: bool, release: str) -> LayerShape:
+    s, tp, att, mlp = c.setup, c.setup.tp, layer.attention, layer.mlp
+    heads = -(-att.num_heads // tp)
+    kv = kv_heads_per_rank(att.num_kv_heads, tp)
+    h, width = c.spec.hidden_size, -(-mlp.intermediate_size // tp)
+    q, out, k, v = heads * att.head_dim, heads * att.v_head_dim, kv * att.head_dim, kv * att.v_head_dim
+    mlp_in = ((h, width), (h, width)) if mlp.gated else ((h, width),)  # (gate,) up
+    linears = ((h, q), (h, k), (h, v), (out, h), *mlp_in, (width, h))
+
+    def temps(rows: int, prefill: bool) -> tuple[int, ...]:
+        return tuple(linear_temporary_bytes(i, o, s, rows, c.act_bytes, prefill=prefill) for i, o in linears)
+
+    return LayerShape(
+        hidden=h, q=q, out=out, k=k, v=v, heads=heads, window=att.sliding_window, width=width,
+        gated=mlp.gated, rms=c.spec.norm == "rmsnorm", rope=c.spec.position == "rope",
+        repeats=kv < heads and (legacy or sdpa_repeats_kv(release, masked=False)),
+        temps_prefill=temps(s.batch * c.prompt, True), temps_decode=temps(s.batch, False),
+    )  # fmt: skip
+
+
+def growth_term(extra: int) -> BandTerm:
+    """The band's allowance for the replay: reserved may be as low as the closed form, ``extra`` below."""
+    return BandTerm(name="allocator_cache_growth", level="reserved", low_bytes=-extra, high_bytes=0,
+                    source=SRC_GROWTH_TERM)  # fmt: skip

@@ -1,0 +1,180 @@
+"""transformers generate replayed through the caching-allocator model (formulas/serving/cache_growth.py).
+
+By hand: one layer whose K and V outgrow their 10 MiB segments; the stride and the steady-state shortcut
+against the replay of every request of every step; transformers' own generate, recorded on the CPU by
+peakmem's storage tracker and replayed through the same allocator model, against the formula's replay of
+the same job (the large pool: every request above 1 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from peakmem.formulas.serving import cache_growth as cg
+from peakmem.formulas.serving.cache_growth import GenerateRun, LayerShape, decode_lengths, replayed_reserved
+from peakmem.formulas.serving.context import resolve_context
+from peakmem.formulas.serving.estimate import estimate_inference
+from peakmem.inference import Engine, InferenceSetup
+from peakmem.resolve import resolve_model
+from peakmem.units import MiB
+
+NO_TEMPS = (0,) * 7
+
+
+def _shape(**kw: object) -> LayerShape:
+    base: dict[str, object] = dict(
+        hidden=64, q=64, out=64, k=10240, v=10240, heads=1, window=None, width=64, gated=True, rms=True,
+        rope=False, repeats=False, temps_prefill=NO_TEMPS, temps_decode=NO_TEMPS,
+    )  # fmt: skip
+    base.update(kw)
+    return LayerShape(**base)  # type: ignore[arg-type]
+
+
+def _run(
+    shape: LayerShape, *, layers: int = 1, batch: int = 1, prompt: int, context: int, legacy: bool = False,
+    vocab: int = 8,
+) -> GenerateRun:  # fmt: skip
+    return GenerateRun(batch=batch, prompt=prompt, context=context, act_bytes=2, vocab=vocab, head_dim=64,
+                       layers=(shape,) * layers, legacy=legacy, all_logits=legacy)  # fmt: skip
+
+
+def test_one_layer_by_hand() -> None:
+    """K and V of 10,240 bf16 elements a token: 10 MiB at the 512-token prompt (a segment each), 10.02 MiB
+    one token later (a 12 MiB segment: the 10 MiB ones are too small), up to 614 tokens in that class.
+
+    5.x: the prefill's k and v projections (10 MiB each) and the cache's copies of them (10 + 10): 40 MiB.
+    Step 513: new K (12), old K freed; new V (12), old V freed: 64. Step 538: the new K fits no free block
+    (four of 10 MiB, two remainders of 1.98) and takes a third 12 MiB segment; the old K's frees it for V
+    from then on: 76 MiB. Before v4.36 the projections are the cache (20); step 513 adds K and V (44); both
+    old ones go at the step's end; step 538 again needs two (68); then the two pairs alternate: 68 MiB."""
+    run = _run(_shape(), prompt=512, context=615)
+    assert decode_lengths(run) == (513, 538, 563, 588, 613, 614)  # 512 KiB / 20 KiB a token: every 25th
+    assert replayed_reserved(run) == 76 * MiB
+    assert replayed_reserved(replace(run, legacy=True, all_logits=True)) == 68 * MiB
+
+
+def test_eager_scores_segment_absorbs_the_first_growth() -> None:
+    """Before v4.36 eager attention's fp32 scores of a 640-token prompt (1.56 MiB: a 20 MiB segment) are
+    freed after the prefill; the first longer K fits that segment instead of a new one."""
+    shape = _shape(k=8192, v=8192)  # 16 KiB a token: 10 MiB at 640 tokens
+    legacy = replace(_run(shape, prompt=640, context=700), legacy=True, all_logits=True)
+    # prefill: k, v (10 + 10) and the scores' 20 MiB segment; decode: K into the 20 MiB one, V a new
+    # 12 MiB one; the next step K and V each a new 12 MiB one (the old ones' 10 MiB too small)
+    assert replayed_reserved(legacy) == (10 + 10 + 20 + 12 + 12 + 12) * MiB
+
+
+def _llama(**kw: object) -> LayerShape:
+    """A Llama-like layer: 8 heads of 128, hidden 1,024, MLP 2,816, RoPE."""
+    base: dict[str, object] = dict(
+        k=1024, v=1024, q=1024, out=1024, heads=8, hidden=1024, width=2816, rope=True
+    )
+    base.update(kw)
+    return _shape(**base)
+
+
+DEQUANT = (8 * MiB,) * 7  # a dequantized 2,048 x 2,048 bf16 weight around each matmul
+CASES = [
+    # (shape, layers, batch, prompt, context, legacy): MHA, GQA with repeat_kv copies, a quantized model's
+    # dequantized weights, a sliding window, a 16-bit LayerNorm model, the v4.35 tuple cache
+    (_llama(), 4, 16, 200, 520, False),
+    (_llama(k=256, v=256, repeats=True), 4, 32, 300, 700, False),
+    (_llama(k=512, v=512, q=2048, out=2048, heads=16, hidden=2048, width=4096, temps_prefill=DEQUANT,
+            temps_decode=DEQUANT), 3, 16, 128, 400, False),
+    (_llama(window=300, rope=False), 3, 16, 200, 600, False),
+    (_llama(width=4096, gated=False, rms=False, rope=False, temps_prefill=NO_TEMPS[:6],
+            temps_decode=NO_TEMPS[:6]), 3, 16, 200, 520, False),
+    (_llama(), 4, 16, 128, 384, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=["mha", "gqa", "dequant", "window", "layernorm", "v4.35"])
+def test_stride_and_steady_state_match_the_full_replay(
+    case: tuple[LayerShape, int, int, int, int, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``STEP_BYTES`` of growth, constant-size decode requests left out after two steps: within
+    1.5 % of replaying every request of every step (the module's claim)."""
+    shape, layers, batch, prompt, context, legacy = case
+    run = _run(shape, layers=layers, batch=batch, prompt=prompt, context=context, legacy=legacy, vocab=32000)
+    fast = replayed_reserved.__wrapped__(run)
+    monkeypatch.setattr(cg, "STEP_BYTES", 1)
+    assert len(decode_lengths(run)) == context - prompt - 1
+    full = replayed_reserved.__wrapped__(run, 10**9)
+    assert full > 0 and abs(fast - full) <= 0.015 * full, (fast / MiB, full / MiB)
+
+
+def test_the_estimate_takes_the_replay_above_the_closed_form(tmp_path: Path) -> None:
+    """A tiny Llama, 16 sequences growing from 256 to 1,024 tokens: the replay (transformers' own generate
+    reads the same, below) sits well above the closed form; the band's low end keeps the closed form."""
+    spec = resolve_model(str(_llama_config(tmp_path, kv=8, layers=4)))
+    setup = InferenceSetup(engine=Engine.HF, batch=16, prompt=256, context=1024, weights="bf16")
+    est = estimate_inference(spec, setup)
+    assert est.band is not None
+    term = next(t for t in est.band.terms if t.name == "allocator_cache_growth")
+    closed = est.peak_reserved_bytes + term.low_bytes
+    assert est.peak_reserved_bytes > 1.3 * closed
+    assert est.band.reserved.low <= closed
+    assert any("replayed request by request" in a for a in est.assumptions)
+    # expandable segments merge what they free: no replay, no term
+    from peakmem.formulas.overhead import Overheads
+
+    flat = estimate_inference(spec, setup, overheads=Overheads(expandable_segments=True))
+    assert flat.band is not None and not any(t.name == "allocator_cache_growth" for t in flat.band.terms)
+
+
+def _llama_config(tmp_path: Path, *, kv: int, layers: int) -> Path:
+    import json
+
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+        "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": kv,
+        "num_hidden_layers": layers, "vocab_size": 1024, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("kv", "batch", "prompt", "new"), [(8, 16, 512, 256), (2, 32, 512, 192)])
+def test_parity_with_transformers_generate(
+    tmp_path: Path, kv: int, batch: int, prompt: int, new: int
+) -> None:
+    """transformers' LlamaForCausalLM.generate (greedy, bf16, SDPA) on the CPU under peakmem's storage
+    tracker; its storages above 1 MiB replayed through the allocator model reserve what the formula's
+    replay of the same job reserves, within 1 % (measured: equal)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from peakmem.breakdown import Phase
+    from peakmem.formulas.allocator import K_SMALL_SIZE, NO_ROUNDUP, round_request
+    from peakmem.formulas.caching_allocator import replay
+    from peakmem.measure.tracker import LiveStorageTracker
+
+    path = _llama_config(tmp_path, kv=kv, layers=2)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, prompt))
+    tracker = LiveStorageTracker(device_type="cpu")
+    tracker.register_module(model)
+    with torch.no_grad(), tracker:
+        tracker.set_phase(Phase.FORWARD, step=1)
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, pad_token_id=0)  # fmt: skip
+    ledger = tracker.ledger
+    large = [(sid, d) for sid, d in ledger._events
+             if round_request(ledger.records[sid].nbytes, NO_ROUNDUP) > K_SMALL_SIZE]  # fmt: skip
+    measured = replay(large).peak_reserved
+
+    spec = resolve_model(str(path))
+    setup = InferenceSetup(engine=Engine.HF, batch=batch, prompt=prompt, context=prompt + new, weights="bf16")
+    run = cg.growth_run(resolve_context(spec, setup))
+    assert run is not None
+    assert abs(replayed_reserved(run) - measured) <= 0.01 * measured, (
+        replayed_reserved(run) / MiB,
+        measured / MiB,
+    )
