@@ -75,7 +75,9 @@ def _llama(**kw: object) -> LayerShape:
     return _shape(**base)
 
 
-DEQUANT = (8 * MiB,) * 7  # a dequantized 2,048 x 2,048 bf16 weight around each matmul
+DEQUANT = (8 * MiB,) * 4 + (
+    24 * MiB,
+) * 3  # dequantized bf16 weights around each matmul, MLP ones larger than the cache
 CASES = [
     # (shape, layers, batch, prompt, context, legacy): MHA, GQA with repeat_kv copies, a quantized model's
     # dequantized weights, a sliding window, a 16-bit LayerNorm model, the v4.35 tuple cache
@@ -103,6 +105,22 @@ def test_stride_and_steady_state_match_the_full_replay(
     assert len(decode_lengths(run)) == context - prompt - 1
     full = replayed_reserved.__wrapped__(run, 10**9)
     assert full > 0 and abs(fast - full) <= 0.015 * full, (fast / MiB, full / MiB)
+
+
+def test_dequantized_weights_larger_than_the_cache_stay_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-2-7B in bitsandbytes fp4 generating 256 tokens after 128 for 16 sequences (transformers 4.35,
+    optimum-benchmark's job): the 33-90 MB dequantized weights outsize the 17-50 MB K and V and absorb their
+    growth at every layer; the shortcut keeps them (left out, it read 39.5 GB against the full 13.6 GB)."""
+    spec = resolve_model("llama-2-7b")
+    setup = InferenceSetup(
+        engine=Engine.HF, batch=16, prompt=128, context=384, weights="fp4", engine_version="4.35"
+    )
+    run = cg.growth_run(resolve_context(spec, setup))
+    assert run is not None and run.legacy and min(run.layers[0].temps_decode) >= 32 * MiB
+    fast = replayed_reserved.__wrapped__(run)
+    monkeypatch.setattr(cg, "STEP_BYTES", 1)
+    full = replayed_reserved.__wrapped__(run, 10**9)
+    assert abs(fast - full) <= 0.015 * full, (fast / MiB, full / MiB)
 
 
 def test_the_estimate_takes_the_replay_above_the_closed_form(tmp_path: Path) -> None:
@@ -139,13 +157,14 @@ def _llama_config(tmp_path: Path, *, kv: int, layers: int) -> Path:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize(("kv", "batch", "prompt", "new"), [(8, 16, 512, 256), (2, 32, 512, 192)])
+@pytest.mark.parametrize(("kv", "batch", "prompt", "new"), [(8, 16, 576, 96), (2, 32, 1280, 96)])
 def test_parity_with_transformers_generate(
     tmp_path: Path, kv: int, batch: int, prompt: int, new: int
 ) -> None:
     """transformers' LlamaForCausalLM.generate (greedy, bf16, SDPA) on the CPU under peakmem's storage
     tracker; its storages above 1 MiB replayed through the allocator model reserve what the formula's
-    replay of the same job reserves, within 1 % (measured: equal)."""
+    replay of the same job reserves, within 1 % (measured: equal). Both cases cross 10 MiB, where K and V
+    leave the shared 20 MiB segments for segments of their own."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from peakmem.breakdown import Phase

@@ -21,7 +21,7 @@ QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvi
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 15)))  # split_rule_2 .. _14
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 16)))  # split_rule_2 .. _15
 ALTERNATING_RULES = (
     "split_rule",
     "split_rule_2",
@@ -29,7 +29,9 @@ ALTERNATING_RULES = (
     "split_rule_12",
     "split_rule_13",
     "split_rule_14",
+    "split_rule_15",
 )  # alternate held_out / fit by SHA-256
+FIT_FIRST_RULES = ("split_rule_15",)  # the 1st, 3rd, ... of a kind fit
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
 
 
@@ -98,9 +100,11 @@ def test_the_split_follows_the_stated_rule(doc: dict[str, Any]) -> None:
         if rule not in ALTERNATING_RULES:
             continue  # split_rule_3 .. split_rule_8 hold every point out (their own test)
         ordered = sorted(points, key=lambda p: hashlib.sha256(p["id"].encode()).hexdigest())
-        expected = ["held_out" if i % 2 == 0 else "fit" for i in range(len(ordered))]
+        first, second = ("fit", "held_out") if rule in FIT_FIRST_RULES else ("held_out", "fit")
+        expected = [first if i % 2 == 0 else second for i in range(len(ordered))]
         assert [p["set"] for p in ordered] == expected, (rule, kind)
-        assert sum(p["set"] == "held_out" for p in points) == math.ceil(len(points) / 2), (rule, kind)
+        held = len(points) // 2 if rule in FIT_FIRST_RULES else math.ceil(len(points) / 2)
+        assert sum(p["set"] == "held_out" for p in points) == held, (rule, kind)
 
 
 def test_split_rule_2_is_stated_and_splits_only_its_points(doc: dict[str, Any]) -> None:
@@ -134,6 +138,21 @@ def test_split_rule_9_is_stated_and_splits_only_its_points(doc: dict[str, Any]) 
         "torchao-pretraining-llama3-8b-8xh100-float8-rowwise-compile": "held_out",
         "torchao-pretraining-llama3-8b-8xh100-bf16-compile": "fit",
         "torchao-pretraining-llama3-8b-8xh100-float8-tensorwise-compile": "held_out",
+    }
+
+
+def test_split_rule_15_fits_first(doc: dict[str, Any]) -> None:
+    """split_rule_15 (briefs h-published19a / -19b) is stated with its UTC time before any of its points was
+    gathered, and puts the 1st, 3rd, ... of each kind by SHA-256 in the fitting set."""
+    rule = doc["schema"]["split_rule_15"]
+    assert "SHA-256" in rule and "UTC" in rule and "before any of these points was gathered" in rule
+    qwq = {p["id"]: p["set"] for p in doc["points"] if p["kind"] == "generate-bf16-32b"}
+    # by SHA-256: 1bfd89d3.. (in30720), 4e87d585.. (in6144), a3cb3267.. (in14336), ae345dee.. (in1)
+    assert qwq == {
+        "evalscope-qwq-32b-preview-bf16-fa2-in30720-gen2048-a100": "fit",
+        "evalscope-qwq-32b-preview-bf16-fa2-in6144-gen2048-a100": "held_out",
+        "evalscope-qwq-32b-preview-bf16-fa2-in14336-gen2048-a100": "fit",
+        "evalscope-qwq-32b-preview-bf16-fa2-in1-gen2048-a100": "held_out",
     }
 
 
@@ -174,10 +193,12 @@ def test_a_thin_kind_borrows_its_familys_range() -> None:
     assert g.points < band.MIN_OWN_POINTS <= q.points  # the table this test reads by hand
     term = band.measured_residual_term(band.GENERATE, 10**9)
     assert term is not None and "widened to its family" in term.source
-    assert (term.low_bytes, term.high_bytes) == (int(10**9 * min(g.low, q.low)), int(10**9 * max(g.high, q.high)))
+    family = (int(10**9 * min(g.low, q.low)), int(10**9 * max(g.high, q.high)))
+    assert (term.low_bytes, term.high_bytes) == family
     own = band.measured_residual_term(band.GENERATE_QUANTIZED, 10**9)
     assert own is not None and (own.low_bytes, own.high_bytes) == (int(10**9 * q.low), int(10**9 * q.high))
-    one_gpu = [r[k] for k in (band.TRAIN_ONE_GPU_ADAPTERS, band.TRAIN_ONE_GPU_QUANTIZED, band.TRAIN_ONE_GPU_FULL)]
+    kinds = (band.TRAIN_ONE_GPU_ADAPTERS, band.TRAIN_ONE_GPU_QUANTIZED, band.TRAIN_ONE_GPU_FULL)
+    one_gpu = [r[k] for k in kinds]
     term = band.measured_residual_term(band.TRAIN_ONE_GPU_ADAPTERS, 10**9)
     assert term is not None
     assert term.high_bytes == int(10**9 * max(x.high for x in one_gpu))
