@@ -444,8 +444,10 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     if str(p.get("framework", "")).startswith(LITGPT_FRAMEWORK):
         # Lit-GPT's own generate/base.py (formulas/serving/litgpt.py); the 2023 repository predates litgpt 0.1
         return {**common, "engine": "litgpt", "engine_version": LITGPT_2023}
+    gpu = catalog_gpu(p)  # the run's GPU: generate's allocator replay reserves at most what it leaves
     return {
         **common,
+        **({"gpu": gpu.name} if gpu is not None else {}),
         "gptq_kernel": GPTQ_KERNELS.get(kernel) if kernel else None,
         "engine": "hf",
         "cache_implementation": job.get("cache_implementation") or "dynamic",

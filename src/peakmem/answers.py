@@ -391,7 +391,8 @@ class InferAnswer:
 
 def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overheads: Any = None) -> InferAnswer:
     """Estimate ``setup`` without the GPU (SGLang's CUDA graphs and prefill chunk, the terms that depend on
-    it, at the cuda_graph_max_bs and chunked_prefill_size it picks for the one GPU named) and judge it on
+    it, at the cuda_graph_max_bs and chunked_prefill_size it picks for the one GPU named; transformers'
+    generate on the one GPU named, whose size bounds what its allocator keeps) and judge it on
     each of ``gpus`` with :func:`peakmem.formulas.serving.serving_fit` (``overheads``: expandable segments,
     fragmentation, a calibrated profile)."""
     from dataclasses import replace
@@ -403,6 +404,8 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
         tier = setup.sglang_defaults(gpus[0].usable_bytes)
         alone = replace(alone, cuda_graph_max_bs=tier.cuda_graph_max_bs,
                         prefill_chunk=tier.chunked_prefill_size)  # fmt: skip
+    if len(gpus) == 1 and setup.engine.value == "hf":  # what transformers' allocator reserves on that GPU
+        alone = replace(alone, gpu_bytes=gpus[0].usable_bytes)  # (formulas/serving/cache_growth.py)
     est = estimate_inference(spec, alone, overheads=overheads)
     est = replace(est, warnings=weight_warnings(spec, inference=setup))
     fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)

@@ -32,11 +32,14 @@ two of them (a quarter of the 2 MiB rounding, so every segment size the loop rea
 within 1.5 % of the replay of every step on tests/test_cache_growth.py's cases; 1 MiB read up to 3 % low,
 2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
 attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding
-are not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps only the requests that
-grow with the cache are replayed. With the GPU's size known, the replay may reserve what the weights and
-the CUDA context leave; beyond it the model frees its cached segments and retries, as
-``DeviceCachingAllocator::malloc`` does. The estimate's reserved is the larger of the closed form and the
-resident tensors plus the replay; the band keeps the closed form as its low end (:func:`growth_term`).
+are not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size
+requests smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve
+what the weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
+``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and
+the resident tensors plus the replay, the band keeping the closed form as its low end
+(:func:`growth_term`). Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to
+8,192 tokens strand hundreds of GB, which a real run's allocator frees whenever the GPU fills): what the
+job needs stays the closed form, and a note says what a GPU with room would show.
 """
 
 from __future__ import annotations
@@ -63,7 +66,14 @@ SRC = (
 GROWTH_NOTE = (
     "transformers generate replayed request by request through the caching-allocator model "
     "(formulas/serving/cache_growth.py): the segments the growing cache and the prefill cut reserve {extra} "
-    "above the closed form"
+    "above the closed form on this GPU"
+)
+GROWTH_NO_GPU_NOTE = (
+    "transformers generate replayed request by request through the caching-allocator model "
+    "(formulas/serving/cache_growth.py): on a GPU with room to spare, the segments the growing cache cuts "
+    "keep up to {extra} more reserved than this (torch.cuda.max_memory_reserved, nvidia-smi); a fuller GPU's "
+    "allocator frees them and retries instead, so what the job needs stays the closed form; --gpu gives "
+    "that GPU's reading"
 )
 SRC_GROWTH_TERM = (
     "formulas/serving/cache_growth.py: the replay follows transformers 5.23's Llama layer as recorded on "
@@ -71,6 +81,9 @@ SRC_GROWTH_TERM = (
     "blocks may absorb the growth, so what the replay adds above the closed form may not be there"
 )
 STEP_BYTES = 512 * 1024  # the most one K or V grows between two replayed decode steps
+# ... unless that makes more replayed steps than this (a long generation at a large batch): then evenly spaced
+# (Qwen2.5-7B, 32 sequences from 512 to 8,192 tokens: 481 steps at 512 KiB read 0.07 % above 241 at 1 MiB)
+MAX_DECODE_STEPS = 256
 FP32 = 4
 
 
@@ -110,6 +123,7 @@ class GenerateRun:
 
 
 ALLOC, FREE, RENAME = 0, 1, 2
+_Op = tuple[int, str, str | int, bool]  # (what, name, bytes or the new name, the name is the layer's)
 LAYER_SCOPED = ("cache.", "old.")  # a layer program's names that belong to its layer's cache
 GROWING = ("cache.", "rep.", "s.")  # requests whose size follows the cache's length (the rest stay put)
 # decode steps replayed whole before the constant-size requests smaller than the cache's K and V are left
@@ -127,10 +141,10 @@ class _Replay:
 
     def __init__(self, divisions: int, capacity: int | None) -> None:
         self.model = CachingAllocatorModel(divisions, capacity)
-        self.keys: dict[str, int] = {}
+        self.keys: dict[str | tuple[int, str], int] = {}
         self.next_key = 0
         self.peak = 0
-        self.olds: list[str] = []  # v4.35: the previous step's cache, dropped when the forward returns
+        self.olds: list[str | tuple[int, str]] = []  # v4.35: the previous step's cache, dropped at its end
 
     def alloc(self, name: str, nbytes: int) -> None:
         if nbytes <= K_SMALL_SIZE:
@@ -141,7 +155,7 @@ class _Replay:
         self.keys[name] = key
         self.peak = max(self.peak, self.model.reserved)
 
-    def free(self, *names: str) -> None:
+    def free(self, *names: str | tuple[int, str]) -> None:
         for name in names:
             key = self.keys.pop(name, None)
             if key is not None:
@@ -152,22 +166,30 @@ class _Replay:
         if key is not None:
             self.keys[new] = key
 
-    def run(self, program: list[tuple[int, str, str | int]], layer: int) -> None:
-        """Execute a layer's :class:`_Program`, its cache's names scoped to ``layer``."""
-        for op, name, arg in program:
-            if name.startswith(LAYER_SCOPED):
-                name = f"{layer}:{name}"
+    def run(self, program: list[_Op], layer: int) -> None:
+        """Execute a layer's :class:`_Program`, its cache's names scoped to ``layer`` (the hot loop of the
+        replay: its requests are all large, bound locals)."""
+        keys, model = self.keys, self.model
+        for op, name, arg, scoped in program:
+            slot: str | tuple[int, str] = (layer, name) if scoped else name
             if op == ALLOC:
-                assert isinstance(arg, int)
-                self.alloc(name, arg)
+                key = self.next_key
+                self.next_key = key + 1
+                model.malloc(key, arg)  # type: ignore[arg-type]
+                keys[slot] = key
+                if model.reserved > self.peak:
+                    self.peak = model.reserved
             elif op == FREE:
-                self.free(name)
+                k = keys.pop(slot, None)
+                if k is not None:
+                    model.free(k)
             else:
-                assert isinstance(arg, str)
-                new = f"{layer}:{arg}" if arg.startswith(LAYER_SCOPED) else arg
-                self.rename(name, new)
-                if new.startswith(f"{layer}:old."):
-                    self.olds.append(new)
+                k = keys.pop(slot, None)
+                if k is not None:
+                    new = (layer, arg) if isinstance(arg, str) and arg.startswith(LAYER_SCOPED) else arg
+                    keys[new] = k  # type: ignore[index]
+                    if isinstance(arg, str) and arg.startswith("old."):
+                        self.olds.append(new)  # type: ignore[arg-type]
 
 
 class _Program:
@@ -178,7 +200,7 @@ class _Program:
     __slots__ = ("dropped", "floor", "ops")
 
     def __init__(self, floor: int) -> None:
-        self.ops: list[tuple[int, str, str | int]] = []
+        self.ops: list[_Op] = []
         self.dropped: set[str] = set()
         self.floor = floor  # constant-size requests below it are left out (0: none is)
 
@@ -187,16 +209,16 @@ class _Program:
             self.dropped.add(name)
         else:
             self.dropped.discard(name)
-            self.ops.append((ALLOC, name, nbytes))
+            self.ops.append((ALLOC, name, nbytes, name.startswith(LAYER_SCOPED)))
 
     def free(self, *names: str) -> None:
-        self.ops.extend((FREE, n, 0) for n in names if n not in self.dropped)
+        self.ops.extend((FREE, n, 0, n.startswith(LAYER_SCOPED)) for n in names if n not in self.dropped)
 
     def rename(self, old: str, new: str) -> None:
         if old in self.dropped:
             self.dropped.add(new)
         else:
-            self.ops.append((RENAME, old, new))
+            self.ops.append((RENAME, old, new, old.startswith(LAYER_SCOPED)))
 
 
 def _norm(r: _Program | _Replay, rows: int, s: LayerShape, el: int, out: str) -> None:
@@ -247,7 +269,7 @@ def _layer(
     el: int,
     legacy: bool,
     growing_only: bool,
-) -> list[tuple[int, str, str | int]]:
+) -> list[_Op]:
     """The program of one layer of shape ``s`` in a forward over ``tokens`` new tokens for each of
     ``batch`` sequences, its cache ``cached`` tokens long after the update; it reads ``x`` (``embed`` for
     the ``first`` layer, kept to the forward's end) and leaves ``x``."""
@@ -384,7 +406,7 @@ def decode_lengths(run: GenerateRun) -> tuple[int, ...]:
     if last < first:
         return ()
     grow = max(max(s.k, s.v) for s in run.layers) * run.batch * run.act_bytes  # bytes a token adds
-    stride = max(1, STEP_BYTES // max(1, grow))
+    stride = max(1, STEP_BYTES // max(1, grow), -(-(last - first) // MAX_DECODE_STEPS))
     return (*range(first, last, stride), last)
 
 

@@ -15,7 +15,7 @@ from peakmem.formulas.allocator import K_ROUND_LARGE, reserved_bytes, tensor_rou
 from peakmem.formulas.block_rounding import ROUNDUP_NOTE, with_roundup
 from peakmem.formulas.kv_cache import cache_kind, kv_bytes_per_token
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.serving.cache_growth import GROWTH_NOTE, growth_term
+from peakmem.formulas.serving.cache_growth import GROWTH_NO_GPU_NOTE, GROWTH_NOTE, growth_term
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     EngineMemory,
@@ -126,9 +126,15 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
     # no empty_cache between the load and generation: what the load cut stays reserved
     reserved = max(reserved_at(p) for p in phases if p is peak or p.phase is Phase.LOAD)
     growth = _growth_above(r, peak, churn_categories, reserved)  # generate's replay (cache_growth.py)
-    reserved += growth
-    notes = r.notes + ((GROWTH_NOTE.format(extra=fmt_bytes(growth)),) if growth else ())
-    engine_terms = r.band_terms + ((growth_term(growth),) if growth else ())
+    notes, engine_terms = r.notes, r.band_terms
+    if growth and setup.gpu_bytes:  # on that GPU: the replay reserves at most what it leaves
+        reserved += growth
+        notes += (GROWTH_NOTE.format(extra=fmt_bytes(growth)),)
+        engine_terms += (growth_term(growth),)
+    elif (
+        growth
+    ):  # no GPU named: what is needed stays the closed form (a full GPU's allocator frees its cache)
+        notes += (GROWTH_NO_GPU_NOTE.format(extra=fmt_bytes(growth)),)
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
     kv_tp = setup.layout.attention_tp  # KV heads per rank: SGLang DP attention splits them tp // dp ways
