@@ -57,12 +57,6 @@ from peakmem.inference import TRANSFORMERS_CACHE_CLASSES, TRANSFORMERS_LOGITS_TO
 from peakmem.model import Layer
 from peakmem.transformers_versions import sdpa_repeats_kv
 
-SRC = (
-    "transformers 5.23 cache_utils.py DynamicLayer.update (torch.cat, the old tensor dropped) and "
-    "modeling_llama.py's allocation order (CPU trace); v4.35 generation/utils.py greedy_search (the "
-    "previous step's tuple kept until the forward returns); c10/cuda/CUDACachingAllocator.cpp "
-    "get_allocation_size / get_free_block"
-)
 GROWTH_NOTE = (
     "transformers generate replayed request by request through the caching-allocator model "
     "(formulas/serving/cache_growth.py): the segments the growing cache and the prefill cut reserve {extra} "
@@ -76,9 +70,12 @@ GROWTH_NO_GPU_NOTE = (
     "that GPU's reading"
 )
 SRC_GROWTH_TERM = (
-    "formulas/serving/cache_growth.py: the replay follows transformers 5.23's Llama layer as recorded on "
-    "the CPU (exact there); another release, architecture or CUDA kernel makes other requests, whose "
-    "blocks may absorb the growth, so what the replay adds above the closed form may not be there"
+    "formulas/serving/cache_growth.py (transformers 5.23 cache_utils.py DynamicLayer.update: torch.cat, the "
+    "old tensor dropped; v4.35 generation/utils.py greedy_search: the previous step's tuple kept to the "
+    "step's end; c10/cuda/CUDACachingAllocator.cpp get_allocation_size / get_free_block): the replay follows "
+    "transformers 5.23's Llama layer as recorded on the CPU (exact there); another release, architecture or "
+    "CUDA kernel makes other requests, whose blocks may absorb the growth, so what the replay adds above the "
+    "closed form may not be there"
 )
 STEP_BYTES = 512 * 1024  # the most one K or V grows between two replayed decode steps
 # ... unless that makes more replayed steps than this (a long generation at a large batch): then evenly spaced
@@ -129,7 +126,7 @@ GROWING = ("cache.", "rep.", "s.")  # requests whose size follows the cache's le
 # decode steps replayed whole before the constant-size requests smaller than the cache's K and V are left
 # out: the first steps cut the segments those requests then reuse at every layer and step, and a block
 # smaller than the cache's tensors cannot take one of them. Larger ones (a dequantized weight) can, and
-# are freed again at every layer: they stay in (left out, the replay read Llama-2-7B nf4 at batch 16 39.5
+# are freed again at every layer: they stay in (left out, the replay read Llama-2-7B fp4 at batch 16 39.5
 # GB against 13.6). Tested against the replay of every request on tests/test_cache_growth.py's cases.
 STEADY_AFTER = 2
 
