@@ -154,6 +154,26 @@ def test_the_estimate_takes_the_replay_on_a_named_gpu(tmp_path: Path) -> None:
     assert flat.band is not None and not any(t.name == "allocator_cache_growth" for t in flat.band.terms)
 
 
+def test_infer_answers_on_the_one_gpu_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`peakmem infer --engine hf --gpu X`: the headline is that GPU's reading (the replay counted, up to
+    what it leaves); without --gpu the closed form, with the note; the verdict reads the same estimate."""
+    import json
+
+    from peakmem.cli import main
+
+    config = str(_llama_config(tmp_path, kv=8, layers=4))
+    job = ["infer", config, "--engine", "hf", "--batch", "16", "--prompt", "256", "--context", "1024"]
+    assert main([*job, "--gpu", "80GB", "--json"]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert main([*job, "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert named["peak_reserved_bytes"] > 1.3 * alone["peak_reserved_bytes"]
+    assert any("on this GPU" in a for a in named["assumptions"])
+    assert any("room to spare" in a for a in alone["assumptions"])
+    (verdict,) = named["verdicts"]
+    assert verdict["needed_bytes"] == named["device_total_bytes"]
+
+
 def _llama_config(tmp_path: Path, *, kv: int, layers: int) -> Path:
     import json
 
