@@ -131,9 +131,7 @@ def _estimate_rank(spec: ModelSpec, setup: InferenceSetup, overheads: Overheads 
         reserved += growth
         notes += (GROWTH_NOTE.format(extra=fmt_bytes(growth)),)
         engine_terms += (growth_term(growth),)
-    elif (
-        growth
-    ):  # no GPU named: what is needed stays the closed form (a full GPU's allocator frees its cache)
+    elif growth:  # no GPU named: the need stays the closed form (a full GPU's allocator frees its cache)
         notes += (GROWTH_NO_GPU_NOTE.format(extra=fmt_bytes(growth)),)
     device_total = reserved + overhead
     kind = cache_kind(spec, latent=c.latent)
