@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from peakmem.breakdown import BandTerm
+from peakmem.dtypes import FP32 as FP32_DTYPE
 from peakmem.formulas.allocator import K_SMALL_SIZE, NO_ROUNDUP
 from peakmem.formulas.caching_allocator import CachingAllocatorModel
 from peakmem.formulas.kv_cache import kv_heads_per_rank
@@ -81,7 +82,7 @@ STEP_BYTES = 512 * 1024  # the most one K or V grows between two replayed decode
 # ... unless that makes more replayed steps than this (a long generation at a large batch): then evenly spaced
 # (Qwen2.5-7B, 32 sequences from 512 to 8,192 tokens: 481 steps at 512 KiB read 0.07 % above 241 at 1 MiB)
 MAX_DECODE_STEPS = 256
-FP32 = 4
+FP32 = FP32_DTYPE.nbytes(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,17 +303,13 @@ def _layer(
     if s.repeats:
         r.alloc("rep.k", b * s.heads * kept * (s.q // s.heads) * el)
         r.alloc("rep.v", b * s.heads * kept * (s.out // s.heads) * el)
-    if legacy:  # eager attention: scores / sqrt(d), + mask, fp32 softmax, cast back
-        scores = b * s.heads * tokens * kept
-        r.alloc("s.mm", scores * el)
-        r.alloc("s.div", scores * el)
-        r.free("s.mm")
-        r.alloc("s.mask", scores * el)
-        r.free("s.div")
-        r.alloc("s.fp32", scores * FP32)
-        r.free("s.mask")
-        r.alloc("s.p", scores * el)
-        r.free("s.fp32")
+    if legacy:  # eager attention: scores / sqrt(d), + mask, fp32 softmax, cast back: each op's output made
+        scores = b * s.heads * tokens * kept  # while its input lives, the input dropped after; "s.p" kept
+        chain = (("s.mm", el), ("s.div", el), ("s.mask", el), ("s.fp32", FP32), ("s.p", el))
+        for i, (name, width) in enumerate(chain):
+            r.alloc(name, scores * width)
+            if i:
+                r.free(chain[i - 1][0])
     r.alloc("attn", rows * s.out * el)
     if not legacy:  # SDPA's logsumexp (fp32 a query head and token), dropped at once
         r.alloc("attn.lse", b * s.heads * tokens * FP32)
