@@ -27,6 +27,11 @@ The quantities (``measured.quantity``):
 * ``nvml_v1_used``: NVML's v1 ``nvmlDeviceGetMemoryInfo(handle).used`` (py3nvml): ``device_total_bytes`` plus
   the memory the driver and firmware set aside on the point's GPU (``peakmem.formulas.overhead``
   ``nvml_v1_used_bytes``; the catalog's ``driver_reserved_bytes``), band ``device_total`` shifted by it.
+* ``vllm_non_kv``: vLLM's "Total non KV cache memory" (vllm/v1/worker/gpu_worker.py
+  ``determine_available_memory``: the weights, the profile run's torch peak increase and its non-torch
+  increase), what the engine subtracts from ``gpu_memory_utilization`` x the GPU to size its KV pool: the
+  estimate is the same difference in peakmem (the verdict's ``memory_budget_bytes - kv_pool_bytes``), its
+  band the formula residual on it and the CUDA-context range (:func:`_non_kv_band`).
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
@@ -467,10 +472,53 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def serve_options(p: dict[str, Any]) -> dict[str, Any]:
+    """peakmem.infer options for a vLLM serving point (the engine's own defaults where the job names them)."""
+    from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
+
+    job = p["job"]
+    if job.get("engine") != "vllm":
+        raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
+    weights = WEIGHTS.get(job["weights"], job["weights"] if job["weights"] == "fp8" else None)
+    if weights is None:
+        raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
+    if job.get("max_num_batched_tokens") not in (None, VLLM_MAX_NUM_BATCHED_TOKENS):
+        raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not 8192")
+    if job.get("enable_prefix_caching") or job.get("kv_cache_dtype") not in (None, "auto"):
+        raise NotExpressible("prefix caching or a KV-cache dtype is not mapped")
+    gpu = catalog_gpu(p)
+    if gpu is None:
+        raise NotExpressible(f"GPU {p.get('gpu')!r} is not in the catalog")
+    mode = job.get("cudagraph_mode")
+    return {
+        "engine": "vllm", "engine_version": job["engine_version"], "weights": weights, "gpu": gpu.name,
+        "gpu_memory_utilization": job["gpu_memory_utilization"], "context": job["max_model_len"],
+        "tp": job.get("tp") or 1, "max_num_seqs": job.get("max_num_seqs"),
+        "enforce_eager": bool(job.get("enforce_eager")),
+        **({"cudagraph_mode": mode.lower()} if mode else {}),
+    }  # fmt: skip
+
+
+def _non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
+    """vLLM's non-KV memory as peakmem sizes the pool (budget less pool) and its band: the formula residual
+    on what the allocator holds and the CUDA-context range (formulas/band.py), as on any estimate."""
+    from peakmem.formulas.band import build_band, context_term, residual_term
+    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+
+    verdict = data["verdicts"][0]
+    likely = verdict["memory_budget_bytes"] - verdict["kv_pool_bytes"]
+    allocated = likely - CUDA_CONTEXT_BYTES
+    terms = (residual_term(allocated), context_term(CUDA_CONTEXT_BYTES, assumed=True))
+    b = build_band(allocated=allocated, reserved=allocated, device_total=likely, terms=terms).device_total
+    return b.low, b.likely, b.high
+
+
 def _band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[int, int, int]:
     """(low, likely, high) bytes of the estimate for ``quantity`` (``nvml_v1_used``: on ``gpu``)."""
     from peakmem.formulas.overhead import nvml_v1_used_bytes
 
+    if quantity == "vllm_non_kv":
+        return _non_kv_band(data)
     band = data["band"]
     if quantity == "allocated_plus_external":
         alloc = band["allocated"]
@@ -540,7 +588,7 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
                 opts["from_file"] = str(path)
             result = peakmem.train(model_arg(p, folder), **opts)
         else:
-            opts = infer_options(p)
+            opts = serve_options(p) if p["job"]["mode"] == "serve" else infer_options(p)
             result = peakmem.infer(model_arg(p, folder), **opts)
     except NotExpressible as exc:
         return {**row, "reason": str(exc)}
@@ -555,7 +603,7 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     # the published-residual term (formulas/band.py MEASURED_RESIDUALS, set from the fitting set): the
     # excess beyond the band without it is what --residuals measures
     own = [t for t in result.data["band"]["terms"] if t["name"] == "published_residual"]
-    allocated = result.data["peak_allocated_bytes"]
+    allocated = likely if row["quantity"] == "vllm_non_kv" else result.data["peak_allocated_bytes"]
     bare_low = low - sum(t["low_bytes"] for t in own)
     bare_high = high - sum(t["high_bytes"] for t in own)
     return {
@@ -577,6 +625,8 @@ def band_kind(p: dict[str, Any]) -> str | None:
         return band.training_kind(
             gpus=p["layout"]["gpus"], adapters=job["method"] != "full", quantized=job.get("quant") is not None
         )
+    if p["job"]["mode"] == "serve":
+        return None  # no published-residual term for serving engines
     return band.GENERATE if p["job"]["weights"] in ("fp16", "bf16") else band.GENERATE_QUANTIZED
 
 

@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 
 POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
-QUANTITIES = {"peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi", "nvml_v1_used"}
+QUANTITIES = {
+    "peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi", "nvml_v1_used",
+    "vllm_non_kv", "vllm_available_kv_cache",
+}  # fmt: skip
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 17)))  # split_rule_2 .. _16
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 18)))  # split_rule_2 .. _17
 ALTERNATING_RULES = (
     "split_rule",
     "split_rule_2",
@@ -205,6 +208,26 @@ def test_a_thin_kind_borrows_its_familys_range() -> None:
     assert term is not None
     assert term.high_bytes == int(10**9 * max(x.high for x in one_gpu))
     assert term.low_bytes == int(10**9 * min(x.low for x in one_gpu))
+
+
+def test_vllm_non_kv_band_by_hand() -> None:
+    """vLLM's non-KV memory as peakmem sizes the pool: budget less pool, its band the formula residual
+    (2.1 % of what the allocator holds) and the assumed CUDA context's published range (254-590 MiB)."""
+    import sys
+
+    sys.path.insert(0, str(POINTS_FILE.parent))
+    import published_scale
+    from peakmem.formulas import band
+    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+
+    budget, pool = 75 * 2**30, 58 * 2**30
+    data = {"verdicts": [{"memory_budget_bytes": budget, "kv_pool_bytes": pool}]}
+    low, likely, high = published_scale._band(data, "vllm_non_kv")
+    assert likely == 17 * 2**30
+    held = likely - CUDA_CONTEXT_BYTES
+    residual = int(held * band.FORMULA_RESIDUAL)
+    assert low == likely - residual + (band.CONTEXT_LOW_BYTES - CUDA_CONTEXT_BYTES)
+    assert high == likely + residual + (band.CONTEXT_HIGH_BYTES - CUDA_CONTEXT_BYTES)
 
 
 def test_the_band_terms_are_the_fitting_sets_residuals() -> None:
