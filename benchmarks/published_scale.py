@@ -284,6 +284,8 @@ WEIGHTS = {
     "bnb-nf4-dq": "nf4-dq",
     "bnb-fp4-dq": "fp4-dq",
 }
+# vLLM --kv-cache-dtype -> peakmem's --kv-cache (vllm/config/cache.py CacheDType: fp8 is e4m3 on CUDA)
+VLLM_KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 # job.optimizer spellings that differ from peakmem's --optimizer
 OPTIMIZERS = {"paged-adamw-32bit": "paged-adamw"}  # bitsandbytes.optim.PagedAdamW
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
@@ -479,13 +481,16 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     job = p["job"]
     if job.get("engine") != "vllm":
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
-    weights = WEIGHTS.get(job["weights"], job["weights"] if job["weights"] == "fp8" else None)
+    weights = WEIGHTS.get(job["weights"], job["weights"] if job["weights"] in ("fp8", "fp32") else None)
     if weights is None:
         raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
     if job.get("max_num_batched_tokens") not in (None, VLLM_MAX_NUM_BATCHED_TOKENS):
         raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not 8192")
-    if job.get("enable_prefix_caching") or job.get("kv_cache_dtype") not in (None, "auto"):
-        raise NotExpressible("prefix caching or a KV-cache dtype is not mapped")
+    if job.get("enable_prefix_caching"):
+        raise NotExpressible("automatic prefix caching with an unknown shared prefix is not mapped")
+    kv = VLLM_KV_CACHE_DTYPES.get(job.get("kv_cache_dtype") or "auto")
+    if kv is None:
+        raise NotExpressible(f"kv_cache_dtype {job['kv_cache_dtype']!r} is not mapped")
     gpu = catalog_gpu(p)
     if gpu is None:
         raise NotExpressible(f"GPU {p.get('gpu')!r} is not in the catalog")
@@ -493,7 +498,8 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     return {
         "engine": "vllm", "engine_version": job["engine_version"], "weights": weights, "gpu": gpu.name,
         "gpu_memory_utilization": job["gpu_memory_utilization"], "context": job["max_model_len"],
-        "tp": job.get("tp") or 1, "max_num_seqs": job.get("max_num_seqs"),
+        "tp": job.get("tp") or 1, "pp": job.get("pp") or 1, "max_num_seqs": job.get("max_num_seqs"),
+        **({"kv_cache": kv} if kv != "auto" else {}),
         "enforce_eager": bool(job.get("enforce_eager")),
         **({"cudagraph_mode": mode.lower()} if mode else {}),
     }  # fmt: skip
