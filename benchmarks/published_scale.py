@@ -481,9 +481,7 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     job = p["job"]
     if job.get("engine") != "vllm":
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
-    weights = WEIGHTS.get(job["weights"], job["weights"] if job["weights"] in ("fp8", "fp32") else None)
-    if weights is None:
-        raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
+    weights = WEIGHTS.get(job["weights"], job["weights"])  # else peakmem's own name (it says if not)
     if job.get("max_num_batched_tokens") not in (None, VLLM_MAX_NUM_BATCHED_TOKENS):
         raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not 8192")
     if job.get("enable_prefix_caching"):

@@ -85,10 +85,11 @@ def test_every_point_says_what_was_measured(doc: dict[str, Any]) -> None:
 
 
 def test_the_quote_holds_the_value(doc: dict[str, Any]) -> None:
-    """The number compared is the number quoted (as printed, or with its trailing zero dropped)."""
+    """The number compared is the number quoted (as printed, or with its trailing zero dropped, or with
+    thousands separated by commas)."""
     for p in doc["points"]:
         v = p["measured"]["value"]
-        printed = {f"{v}", f"{v:.2f}", f"{v:.1f}"}
+        printed = {f"{v}", f"{v:.2f}", f"{v:.1f}", f"{v:,}", f"{v:,.2f}", f"{v:,.1f}"}
         assert any(s in p["quote"] for s in printed), (p["id"], v)
 
 
