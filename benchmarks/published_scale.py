@@ -505,14 +505,23 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
 
 def _non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
     """vLLM's non-KV memory as peakmem sizes the pool (budget less pool) and its band: the formula residual
-    on what the allocator holds and the CUDA-context range (formulas/band.py), as on any estimate."""
+    on what the allocator holds and the range of what lies outside it (from vLLM 0.19 the logged non-torch
+    increase, formulas/serving/vllm_profile.py; before, the CUDA context's: formulas/band.py)."""
+    from peakmem.breakdown import BandTerm
     from peakmem.formulas.band import build_band, context_term, residual_term
     from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 
     verdict = data["verdicts"][0]
     likely = verdict["memory_budget_bytes"] - verdict["kv_pool_bytes"]
-    allocated = likely - CUDA_CONTEXT_BYTES
-    terms = (residual_term(allocated), context_term(CUDA_CONTEXT_BYTES, assumed=True))
+    if "vllm_non_torch_bytes" in data:
+        outside = data["vllm_non_torch_bytes"]
+        span = BandTerm(name="vllm_non_torch", level="device_total", source="serving/vllm_profile.py",
+                        low_bytes=data["vllm_non_torch_low_bytes"] - outside,
+                        high_bytes=data["vllm_non_torch_high_bytes"] - outside)  # fmt: skip
+    else:
+        outside, span = CUDA_CONTEXT_BYTES, context_term(CUDA_CONTEXT_BYTES, assumed=True)
+    allocated = likely - outside
+    terms = (residual_term(allocated), span)
     b = build_band(allocated=allocated, reserved=allocated, device_total=likely, terms=terms).device_total
     return b.low, b.likely, b.high
 
@@ -627,7 +636,10 @@ def band_kind(p: dict[str, Any]) -> str | None:
     if p["job"]["mode"] == "train":
         job = p["job"]
         return band.training_kind(
-            gpus=p["layout"]["gpus"], adapters=job["method"] != "full", quantized=job.get("quant") is not None
+            gpus=p["layout"]["gpus"],
+            adapters=job["method"] != "full",
+            quantized=job.get("quant") is not None,
+            galore=str(job.get("optimizer", "")).startswith("galore"),
         )
     if p["job"]["mode"] == "serve":
         return None  # no published-residual term for serving engines

@@ -12,7 +12,6 @@ from _infer_specs import LLAMA_3_8B, build_spec, infer_cli_equals_api, tiny
 from peakmem.breakdown import Category
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.cuda_graphs import (
     NCCL_ALLREDUCE_GRAPH_BYTES,
     OLD_DRIVER_RATIO,
@@ -29,6 +28,7 @@ from peakmem.formulas.serving.cuda_graphs import (
     vllm_model_runner,
 )
 from peakmem.formulas.serving.sglang_graphs import sglang_capture_sizes
+from peakmem.formulas.serving.vllm_profile import NON_TORCH_ONE_GPU
 from peakmem.inference import CudagraphMode, Draft, Engine, InferenceSetup, ModelRunner
 from peakmem.options import CUDAGRAPH_MODES, MODEL_RUNNERS
 from peakmem.units import GiB, KiB, MiB
@@ -115,8 +115,9 @@ def test_which_model_runner_vllm_runs() -> None:
 def test_where_each_release_accounts_for_it() -> None:
     gpu = 4 * GiB
     budget = int(gpu * 0.9)
-    # vLLM 0.20+: weights, the profiled chunk, the CUDA context and the graphs come out of the budget
-    pool_without = budget - 2 * TINY_PARAMS - ACTIVATIONS - CUDA_CONTEXT_BYTES
+    # vLLM 0.20+: weights, the profiled chunk, the profile's non-torch increase and the graphs come out of
+    # the budget (the CUDA context is the profile's baseline from 0.19: formulas/serving/vllm_profile.py)
+    pool_without = budget - 2 * TINY_PARAMS - ACTIVATIONS - NON_TORCH_ONE_GPU.likely
     v1 = estimate_inference(tiny(), InferenceSetup(engine="vllm", context=100, gpu_bytes=gpu,  # type: ignore[arg-type]
                                                    model_runner="v1"))  # fmt: skip
     assert v1.extra["kv_pool_bytes"] == pool_without - TINY_GRAPHS
@@ -360,14 +361,14 @@ def test_web_api_takes_the_options() -> None:
 
 
 def test_fit_infer_offers_turning_the_graphs_off() -> None:
-    # Llama-3.1-8B on a 4090 (vLLM, 5 x 8192 tokens): the graphs' memory leaves a pool of 4 sequences;
+    # Llama-3.1-8B on a 4090 (vLLM, 7 x 6144 tokens): the graphs' memory leaves a pool of 6 sequences;
     # enforce_eager gives it back to the pool, and fit names that change on its own
     from peakmem.catalog import get_gpu
     from peakmem.planner.serving import fit_inference
     from peakmem.resolve import resolve_model
 
     # the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), which takes the graphs out of the KV budget
-    setup = InferenceSetup(weights="bf16", batch=5, context=8192, engine=Engine.VLLM,  # type: ignore[arg-type]
+    setup = InferenceSetup(weights="bf16", batch=7, context=6144, engine=Engine.VLLM,  # type: ignore[arg-type]
                            model_runner="v1")  # fmt: skip
     report = fit_inference(resolve_model("llama-3.1-8b"), setup, [get_gpu("rtx-4090")])
     (g,) = report.gpus

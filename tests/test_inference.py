@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent, max_context
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
 from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
+from peakmem.formulas.serving.vllm_profile import NON_TORCH_ONE_GPU
 from peakmem.formulas.weights import weight_bytes
 from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
 from peakmem.units import GiB, MiB
@@ -169,7 +171,8 @@ def test_vllm_pool_and_concurrency() -> None:
     )
     budget = int(gpu * 0.9)
     activations = VLLM_MAX_NUM_BATCHED_TOKENS * TINY_LAYER_PER_TOKEN_FUSED
-    pool = budget - TINY_PARAMS * 2 - activations - CUDA_CONTEXT_BYTES
+    # vLLM >= 0.19 (today's default): the profile's non-torch increase (formulas/serving/vllm_profile.py)
+    pool = budget - TINY_PARAMS * 2 - activations - NON_TORCH_ONE_GPU.likely
     per_seq = 112 * TINY_KV_PER_TOKEN  # 100 tokens in 16-token blocks
     assert est.extra["kv_pool_bytes"] == pool
     assert est.extra["kv_bytes_per_sequence"] == per_seq
@@ -182,6 +185,9 @@ def test_vllm_pool_and_concurrency() -> None:
     assert est.device_total_bytes == no_gpu.device_total_bytes
     setup = InferenceSetup(engine=Engine.VLLM, context=100, enforce_eager=True)
     assert max_concurrent(spec, setup, gpu) == pool // per_seq
+    # before 0.19 (no logged profile read): the assumed CUDA context comes out of the budget instead
+    old = estimate_inference(spec, replace(setup, gpu_bytes=gpu, engine_version="0.18"))
+    assert old.extra["kv_pool_bytes"] == budget - TINY_PARAMS * 2 - activations - CUDA_CONTEXT_BYTES
 
 
 def test_vllm_does_not_start_when_one_sequence_does_not_fit() -> None:

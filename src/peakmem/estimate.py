@@ -747,7 +747,8 @@ def _estimate(
         replayed=over_closed,
         published=_band.measured_residual_term(
             _band.training_kind(gpus=par.gpus, adapters=setup.method is not Method.FULL,
-                                quantized=quant_of(setup) is not None),
+                                quantized=quant_of(setup) is not None,
+                                galore=setup.optimizer.value == _lowbit.GALORE_ADAMW),
             top.bytes,
         ),
     )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.errors import require
 from peakmem.formulas.band import cuda_graphs_term
+from peakmem.formulas.serving import vllm_profile
 from peakmem.formulas.serving.context import (
     CUDA_CONTEXT_BYTES,
     CUDA_CONTEXT_SOURCE,
@@ -80,8 +81,14 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
     max_num_seqs = s.max_num_seqs if s.max_num_seqs is not None else VLLM_MAX_NUM_SEQS
-    # profile_run's sampler warm-up: fp32 logits and probabilities for max_num_seqs sequences
-    sampler = max_num_seqs * vocab * 4 * 2
+    # vLLM from 0.19: its logged profile (formulas/serving/vllm_profile.py) - the sampler warm-up over the
+    # whole vocabulary on every rank, and what the device gains outside torch during the profile
+    logged = s.engine is Engine.VLLM and vllm_profile.measured(s.version)
+    non_torch = vllm_profile.non_torch(s.tp) if logged else None
+    if logged:
+        sampler = vllm_profile.sampler_bytes(max_num_seqs, c.spec.vocab_size, c.act_bytes)
+    else:  # profile_run's sampler warm-up as read: fp32 logits and probabilities for max_num_seqs sequences
+        sampler = max_num_seqs * vocab * 4 * 2
     # CUDA graphs (formulas/serving/cuda_graphs.py): captured per size into one shared pool
     graphs = graph_memory(c.spec, s, act_bytes=c.act_bytes, max_tokens=chunk,
                           spec_tokens=s.num_speculative_tokens or 0)  # fmt: skip
@@ -113,6 +120,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         "kv_needed_bytes": needed,
         "prefill_chunk_tokens": chunk,
     }
+    if non_torch is not None:
+        extra.update(vllm_non_torch_bytes=non_torch.likely, vllm_non_torch_low_bytes=non_torch.low,
+                     vllm_non_torch_high_bytes=non_torch.high)  # fmt: skip
     if draft_w is not None:
         extra["draft_kv_needed_bytes"] = draft_needed
     if hybrid is not None:
@@ -157,7 +167,8 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         else:
             # vLLM: requested memory minus non-KV memory (weights, profiled activation peak, non-torch);
             # from 0.20 also the CUDA graphs' estimate (vllm/v1/worker/gpu_worker.py; serving/cuda_graphs.py)
-            pool = budget - resident - activations - CUDA_CONTEXT_BYTES
+            # (from 0.19 the non-torch increase of the profile; the context is its baseline, outside it)
+            pool = budget - resident - activations - (non_torch.likely if non_torch else CUDA_CONTEXT_BYTES)
             if graphs is not None and graphs.accounting is Accounting.KV_BUDGET:
                 pool -= graph_bytes
         pool = max(pool, 0)
@@ -252,8 +263,8 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         MemoryItem(
             path="CUDA context + non-torch",
             category=Category.OVERHEAD,
-            bytes=CUDA_CONTEXT_BYTES,
-            source=CUDA_CONTEXT_SOURCE,
+            bytes=CUDA_CONTEXT_BYTES + (non_torch.likely if non_torch else 0),
+            source=CUDA_CONTEXT_SOURCE + (" + formulas/serving/vllm_profile.py" if non_torch else ""),
         )
     ]
     lora_rows = [lora] if lora is not None else []
@@ -265,9 +276,10 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
-        band_terms=(cuda_graphs_term(low_bytes=graph_low, high_bytes=graph_high),)
-        if graphs is not None
-        else (),
+        band_terms=(
+            *((cuda_graphs_term(low_bytes=graph_low, high_bytes=graph_high),) if graphs is not None else ()),
+            *((vllm_profile.non_torch_term(non_torch),) if non_torch is not None else ()),
+        ),
     )
 
 

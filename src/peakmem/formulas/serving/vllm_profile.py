@@ -1,0 +1,79 @@
+"""vLLM >= 0.19: what its memory profile subtracts from ``gpu_memory_utilization`` x GPU, as logged.
+
+vLLM 0.19 logs the split it sizes the KV pool with (vllm/v1/worker/gpu_worker.py
+``determine_available_memory``, at DEBUG/INFO: "Total non KV cache memory: X; torch peak memory increase:
+Y; non-torch forward increase memory: Z; weights memory: W"; "Available KV cache memory" = requested -
+X): the weights, the profile run's torch peak increase and what the device gained outside torch during
+it. The CUDA context and the NCCL communicators of worker init are the baseline of that profile
+(its "worker_init_snapshot"), outside X. Two of those parts are measured here, not derived:
+
+* the sampler warm-up (``_dummy_sampler_run``: the LM head's logits for ``max_num_seqs`` rows and the
+  sampler over them) over the **full** vocabulary on every tensor-parallel rank (the torch peak
+  increase of Llama-3.1-8B reads 1.89 GiB at TP 1, 2 and 4 alike), at
+  :data:`SAMPLER_BYTES_PER_LOGIT` beyond the logits' own dtype;
+* the non-torch increase (cuBLAS / attention workspaces; at TP > 1 the NCCL and custom all-reduce
+  buffers the first collectives allocate).
+
+Both from the FITTING half of the seventeenth search's llm-d-planner logs (benchmarks/published_scale.json,
+kind serve-vllm-v1-kv-pool, set fit; vLLM 0.19.0, H100 80GB HBM3, max_num_seqs 1024), set on
+2026-12-07 after that search's blind estimate had been read (its held-out points are flagged examined).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peakmem.breakdown import BandTerm
+from peakmem.units import GiB
+
+# the release whose logs these figures come from (and later ones, until a log says otherwise)
+MEASURED_RELEASE = (0, 19)
+# torch peak increase / (max_num_seqs x vocabulary), on the 11 fitting logs whose peak is the sampler's
+# (dense 16-bit models with vocabularies of 100k-256k: Qwen2.5-7B, Qwen3-8B, Llama-3.1-8B, Phi-4, Gemma-2-2B,
+# Kimi-Dev-72B, tests/test_vllm_profile.py lists them): 14.83 (Gemma-2-2B) .. 15.88 (Phi-4) B per logit,
+# median 15.25 (Qwen3-8B), less 2 for the bf16 logits. The fp32 Llama-3.1-8B reads 18.07 (this gives 17.25)
+SAMPLER_BYTES_PER_LOGIT = 13.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class NonTorch:
+    """vLLM's "non-torch forward increase memory" on one worker: its likely value and the fitting logs'
+    range."""
+
+    low: int
+    likely: int
+    high: int
+
+
+# one GPU: 0.24-0.27 GiB on 14 fitting logs (median 0.25), 0.46 on Granite-3.1-8B's
+NON_TORCH_ONE_GPU = NonTorch(low=int(0.24 * GiB), likely=int(0.25 * GiB), high=int(0.46 * GiB))
+# TP 2 and 4 on H100 80GB HBM3 (NVSwitch): 2.07 (Mixtral-8x7B, gpt-oss-20b tp 2) .. 2.21 GiB (Kimi-Dev-72B
+# tp 4), median 2.13 (Qwen2.5-7B tp 4). Low: the one-GPU figure, since no log of a GPU without NVSwitch
+# (whose NCCL sets up no NVLink SHARP buffers) was read
+NON_TORCH_TENSOR_PARALLEL = NonTorch(low=NON_TORCH_ONE_GPU.low, likely=int(2.13 * GiB), high=int(2.21 * GiB))
+
+
+def measured(version: tuple[int, int]) -> bool:
+    """Whether ``version`` is a release these figures were read for (0.19 and later)."""
+    return version >= MEASURED_RELEASE
+
+
+def sampler_bytes(max_num_seqs: int, vocab_size: int, logits_bytes: int) -> int:
+    """The sampler warm-up's torch peak: ``max_num_seqs`` rows of the whole vocabulary."""
+    return int(max_num_seqs * vocab_size * (logits_bytes + SAMPLER_BYTES_PER_LOGIT))
+
+
+def non_torch(tp: int) -> NonTorch:
+    """The non-torch increase of one worker of a ``tp``-way tensor-parallel group."""
+    return NON_TORCH_TENSOR_PARALLEL if tp > 1 else NON_TORCH_ONE_GPU
+
+
+def non_torch_term(figure: NonTorch) -> BandTerm:
+    """The band's term for the non-torch increase: the fitting logs' range around its likely value (at TP > 1
+    down to the one-GPU figure: a GPU without NVSwitch was not read)."""
+    return BandTerm(
+        name="vllm_non_torch", level="device_total", low_bytes=figure.low - figure.likely,
+        high_bytes=figure.high - figure.likely,
+        source="vLLM 0.19 logs' non-torch forward increase (formulas/serving/vllm_profile.py): the fitting "
+        "logs' range, 0.24-0.46 GiB on one GPU, 2.07-2.21 GiB at TP 2-4 on H100 NVSwitch",
+    )  # fmt: skip
