@@ -269,12 +269,16 @@ def _eager(
     one kernel, no copy; aten/native/SoftMax.cpp ``softmax``), cast back while the masked scores still live
     (``attn_weights`` rebound after the cast); ``transpose(1, 2).contiguous()``. Leaves ``attn``, ``s.p``."""
     rows, scores = b * tokens, b * s.heads * tokens * kept
+    kv_copies = prefill and not s.repeats  # repeat_kv's own copies are laid out for bmm
     if prefill:
         r.alloc("s.q", rows * s.q * el)
-        if not s.repeats:
-            r.alloc("s.kt", b * kept * s.k * el)
+    if kv_copies:
+        r.alloc("s.kt", b * kept * s.k * el)
     r.alloc("s.mm", scores * el)
-    r.free("s.kt", "s.q")
+    if kv_copies:
+        r.free("s.kt")
+    if prefill:
+        r.free("s.q")
     r.alloc("s.div", scores * el)
     r.free("s.mm")
     r.alloc("s.mask", scores * el)
@@ -282,13 +286,15 @@ def _eager(
     if softmax_copy:
         r.alloc("s.in32", scores * FP32)
     r.alloc("s.fp32", scores * FP32)
-    r.free("s.in32")
+    if softmax_copy:
+        r.free("s.in32")
     r.alloc("s.p", scores * el)
     r.free("s.fp32", "s.mask")
-    if prefill and not s.repeats:
+    if kv_copies:
         r.alloc("s.v", b * kept * s.v * el)
     r.alloc("attn.bmm", rows * s.out * el)
-    r.free("s.v")
+    if kv_copies:
+        r.free("s.v")
     r.alloc("attn", rows * s.out * el)
     r.free("attn.bmm")
 
