@@ -10,12 +10,12 @@ setup naming the transformers release that runs (``engine_version``: 4.35 in a v
 (4.35: eager; 5.x: SDPA, set as the parity test does).
 
     PYTHONPATH=src /path/to/venv/bin/python benchmarks/legacy_generate_trace.py [--case NAME]
-        [--dump STEP --layer L]   # one decode step's large requests at one layer: trace, then formula
+        [--dump STEP ... --layer L]   # one forward's large requests at one layer: trace, then formula
 
-``--dump``: the storages above 1 MiB allocated or freed in decode step STEP (1: the first decode forward,
-with what ``generate`` does until the next one) whose module is layer L (by the record's module path), then
-the step's requests outside the layers; then the formula's requests for the same step (layer L's program
-and the forward's own), each with the allocator model's reserved after it.
+``--dump``: the storages above 1 MiB allocated or freed in forward STEP (0: the prefill, 1: the first
+decode forward, each with what ``generate`` does until the next one) whose module is layer L (by the
+record's module path), then the step's requests outside the layers; then the formula's requests for the
+same step (layer L's program and the forward's own), each with the allocator model's reserved after it.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def dump_formula(run: cg.GenerateRun, step: int, layer: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--case", choices=[c.name for c in CASES], action="append")
-    p.add_argument("--dump", type=int, help="the decode forward to list (1: the first)")
+    p.add_argument("--dump", type=int, action="append", help="a forward to list (0: the prefill), repeatable")
     p.add_argument("--layer", type=int, default=1)
     p.add_argument("--curve", action="store_true", help="the reserved peak after each forward, both")
     a = p.parse_args()
@@ -279,9 +279,9 @@ def main() -> None:
                 if (x, y) != prev:
                     print(f"  {i:7d} {x / MiB:11.1f} {y / MiB:13.1f}")
                     prev = (x, y)
-        if a.dump is not None:
-            dump_trace(t, a.dump, a.layer)
-            dump_formula(run, a.dump, a.layer)
+        for step in a.dump or ():
+            dump_trace(t, step, a.layer)
+            dump_formula(run, step, a.layer)
 
 
 if __name__ == "__main__":
