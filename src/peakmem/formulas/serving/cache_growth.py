@@ -14,37 +14,35 @@ absorb the growth. The closed form (allocated plus a fragmentation fraction) can
 through the allocator model reserves 274 MiB, the closed form 182 MiB.
 
 So the whole generate is replayed here, request by request, through
-:class:`~peakmem.formulas.caching_allocator.CachingAllocatorModel`: the prefill forward and the decode
-steps, each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (recorded on the CPU
-with ``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections,
-RoPE's ``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection,
-the residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to
-the end of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy.
-Releases before v4.36 keep the projected K and V of the prompt as the cache (no copy), build a 4-D mask
-and run eager attention (matmul's copies of the prompt's query, key and value, the scores, their fp32
-copy and softmax, the cast back, the probabilities kept until the attention returns), as transformers
-4.35.0's own generate does on the CPU (benchmarks/legacy_generate_trace.py: exact on its four jobs,
-every step replayed);
-repeat_kv copies where the release makes them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`);
-bitsandbytes' and the GPTQ / AWQ kernels' dequantized weight around each quantized matmul
-(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits
-held by ``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller
-ones go to the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are
-replayed every ``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between
-two of them (a quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for:
-within 1.5 % of the replay of every step on tests/test_cache_growth.py's cases, but 5.6 % low on the v4.35
-tuple cache over 8 of Llama-2-7B's layers, whose two alternating sets of segments the skipped steps
-reorder; 1 MiB read up to 3 % low, 2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
-attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding
-are not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size
-requests smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve
-what the weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
-``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and
-the resident tensors plus the replay, the band keeping the closed form as its low end
-(:func:`growth_term`). Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to
-8,192 tokens strand hundreds of GB, which a real run's allocator frees whenever the GPU fills): what the
-job needs stays the closed form, and a note says what a GPU with room would show.
-"""
+:class:`~peakmem.formulas.caching_allocator.CachingAllocatorModel`: the prefill forward and the decode steps,
+each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (recorded on the CPU with
+``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections, RoPE's
+``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection, the
+residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to the end
+of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy. Releases
+before v4.36 keep the projected K and V of the prompt as the cache (no copy), build a 4-D mask and run eager
+attention (matmul's copies of the prompt's query, key and value, the scores, their fp32 copy and softmax, the
+cast back, the probabilities kept until the attention returns), as transformers 4.35.0's own generate does on
+the CPU (benchmarks/legacy_generate_trace.py: exact on its four jobs, every step replayed); repeat_kv copies
+where the release makes them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the
+GPTQ / AWQ kernels' dequantized weight around each quantized matmul
+(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits held by
+``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller ones go to
+the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are replayed every
+``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between two of them (a
+quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for: within 1.5 % of the
+replay of every step on tests/test_cache_growth.py's cases, but 5.6 % low on the v4.35 tuple cache over 8 of
+Llama-2-7B's layers, whose two alternating sets of segments the skipped steps reorder; 1 MiB read up to 3 %
+low, 2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
+attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding are
+not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size requests
+smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve what the
+weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
+``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and the
+resident tensors plus the replay, the band keeping the closed form as its low end (:func:`growth_term`).
+Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to 8,192 tokens strand hundreds
+of GB, which a real run's allocator frees whenever the GPU fills): what the job needs stays the closed form,
+and a note says what a GPU with room would show."""
 
 from __future__ import annotations
 
