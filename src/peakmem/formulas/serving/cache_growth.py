@@ -42,7 +42,8 @@ weights and the CUDA context leave; beyond it the model frees its cached segment
 resident tensors plus the replay, the band keeping the closed form as its low end (:func:`growth_term`).
 Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to 8,192 tokens strand hundreds
 of GB, which a real run's allocator frees whenever the GPU fills): what the job needs stays the closed form,
-and a note says what a GPU with room would show."""
+and a note says what a GPU with room would show.
+"""
 
 from __future__ import annotations
 
