@@ -48,22 +48,27 @@ def test_one_layer_by_hand() -> None:
     5.x: the prefill's k and v projections (10 MiB each) and the cache's copies of them (10 + 10): 40 MiB.
     Step 513: new K (12), old K freed; new V (12), old V freed: 64. Step 538: the new K fits no free block
     (four of 10 MiB, two remainders of 1.98) and takes a third 12 MiB segment; the old K's frees it for V
-    from then on: 76 MiB. Before v4.36 the projections are the cache (20); step 513 adds K and V (44); both
-    old ones go at the step's end; step 538 again needs two (68); then the two pairs alternate: 68 MiB."""
+    from then on: 76 MiB. Before v4.36 the projections are the cache (20), and eager attention's
+    ``torch.matmul`` copies the key (10) before its bmm, then the value into the same block (30); step 513
+    adds K and V (54); both old ones go at the step's end; step 538 again needs two (78: the three 10 MiB
+    blocks too small); then the two pairs alternate: 78 MiB."""
     run = _run(_shape(), prompt=512, context=615)
     assert decode_lengths(run) == (513, 538, 563, 588, 613, 614)  # 512 KiB / 20 KiB a token: every 25th
     assert replayed_reserved(run) == 76 * MiB
-    assert replayed_reserved(replace(run, legacy=True, all_logits=True)) == 68 * MiB
+    assert replayed_reserved(replace(run, legacy=True, all_logits=True)) == 78 * MiB
 
 
-def test_eager_scores_segment_absorbs_the_first_growth() -> None:
-    """Before v4.36 eager attention's fp32 scores of a 640-token prompt (1.56 MiB: a 20 MiB segment) are
-    freed after the prefill; the first longer K fits that segment instead of a new one."""
+def test_causal_mask_segment_absorbs_the_first_growth() -> None:
+    """Before v4.36 the model's causal mask of a 640-token prompt starts as a (640, 640) fp32 ``torch.full``
+    (1.56 MiB: a 20 MiB segment, freed at once); the prompt's K and V (10 MiB each) fill that segment, and
+    once the first decode step drops them, the next longer K fits it instead of a new segment."""
     shape = _shape(k=8192, v=8192)  # 16 KiB a token: 10 MiB at 640 tokens
     legacy = replace(_run(shape, prompt=640, context=700), legacy=True, all_logits=True)
-    # prefill: k, v (10 + 10) and the scores' 20 MiB segment; decode: K into the 20 MiB one, V a new
-    # 12 MiB one; the next step K and V each a new 12 MiB one (the old ones' 10 MiB too small)
-    assert replayed_reserved(legacy) == (10 + 10 + 20 + 12 + 12 + 12) * MiB
+    assert decode_lengths(legacy) == (641, 673, 699)
+    # prefill: the mask's 20 MiB segment holds k and v; matmul's copy of the key a 10 MiB one (the fp32
+    # scores and the value's copy reuse it); step 641: K and V a 12 MiB segment each (the 20 MiB one full);
+    # step 673: K into the freed 20 MiB one, V a third 12 MiB one; step 699: both into freed 12 MiB ones
+    assert replayed_reserved(legacy) == (20 + 10 + 12 + 12 + 12) * MiB
 
 
 def _llama(**kw: object) -> LayerShape:
@@ -174,13 +179,16 @@ def test_infer_answers_on_the_one_gpu_named(tmp_path: Path, capsys: pytest.Captu
     assert verdict["needed_bytes"] == named["device_total_bytes"]
 
 
-def _llama_config(tmp_path: Path, *, kv: int, layers: int) -> Path:
+def _llama_config(
+    tmp_path: Path, *, kv: int, layers: int, hidden: int = 512, width: int = 1024, heads: int = 8,
+    vocab: int = 1024,
+) -> Path:  # fmt: skip
     import json
 
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-        "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": kv,
-        "num_hidden_layers": layers, "vocab_size": 1024, "max_position_embeddings": 2048,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": width, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "num_hidden_layers": layers, "vocab_size": vocab, "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     }  # fmt: skip
     path = tmp_path / "config.json"
@@ -229,3 +237,42 @@ def test_parity_with_transformers_generate(
         replayed_reserved(run) / MiB,
         measured / MiB,
     )
+
+
+# transformers 4.35.0's LlamaForCausalLM.generate (greedy, bf16, eager attention, the tuple cache) on the CPU
+# under the storage tracker, its storages above 1 MiB less the weights replayed through the allocator model
+# (benchmarks/legacy_generate_trace.py, torch 2.13): (kv, hidden, heads, width, vocab, batch, prompt, new,
+# reserved MiB). The first two peak in the prefill (the eager scores' chain); the third, Llama-2-7B's layer
+# (K 16 MiB at the prompt, 48 at the end), at step 243 of the decode, where the growing cache peaks.
+V435_TRACED = [
+    (8, 512, 8, 1024, 1024, 16, 576, 96, 760),
+    (2, 512, 8, 1024, 1024, 32, 1280, 96, 5210),
+    (32, 4096, 32, 11008, 32000, 16, 128, 256, 908),
+]
+
+
+@pytest.mark.parametrize("case", V435_TRACED, ids=["mha", "gqa", "llama2-layers"])
+def test_legacy_replay_matches_the_v435_trace(tmp_path: Path, case: tuple[int, ...]) -> None:
+    """The formula replays each traced job (2 layers, engine_version 4.35) to what the trace reserves."""
+    kv, hidden, heads, width, vocab, batch, prompt, new, traced = case
+    path = _llama_config(tmp_path, kv=kv, layers=2, hidden=hidden, width=width, heads=heads, vocab=vocab)
+    setup = InferenceSetup(engine=Engine.HF, batch=batch, prompt=prompt, context=prompt + new, weights="bf16",
+                           engine_version="4.35")  # fmt: skip
+    run = cg.growth_run(resolve_context(resolve_model(str(path)), setup))
+    assert run is not None and run.legacy and run.softmax_copy
+    assert replayed_reserved(run) == traced * MiB
+
+
+def test_legacy_every_step_matches_the_8_layer_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 of Llama-2-7B's layers, 16 sequences, 128 + 256 tokens under transformers 4.35.0 (traced as above:
+    8,950 MiB, equal to the formula's replay at every one of the 257 forwards). Replaying every decode step
+    reads it exactly; the 512 KiB stride reads 8,452 (-5.6 %): with the v4.35 tuple cache the two sets of
+    K / V segments alternate, and skipped steps change which set a longer K finds free."""
+    path = _llama_config(tmp_path, kv=32, layers=8, hidden=4096, width=11008, heads=32, vocab=32000)
+    setup = InferenceSetup(engine=Engine.HF, batch=16, prompt=128, context=384, weights="bf16",
+                           engine_version="4.35")  # fmt: skip
+    run = cg.growth_run(resolve_context(resolve_model(str(path)), setup))
+    assert run is not None
+    assert replayed_reserved.__wrapped__(run) == 8452 * MiB
+    monkeypatch.setattr(cg, "STEP_BYTES", 1)
+    assert replayed_reserved.__wrapped__(run) == 8950 * MiB

@@ -14,32 +14,35 @@ absorb the growth. The closed form (allocated plus a fragmentation fraction) can
 through the allocator model reserves 274 MiB, the closed form 182 MiB.
 
 So the whole generate is replayed here, request by request, through
-:class:`~peakmem.formulas.caching_allocator.CachingAllocatorModel`: the prefill forward and the decode
-steps, each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (recorded on the CPU
-with ``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections,
-RoPE's ``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection,
-the residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to
-the end of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy.
-Releases before v4.36 keep the projected K and V of the prompt as the cache (no copy) and run eager
-attention (its scores, their fp32 softmax and the cast back); repeat_kv copies where the release makes
-them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the GPTQ / AWQ kernels'
-dequantized weight around each quantized matmul
-(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits
-held by ``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller
-ones go to the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are
-replayed every ``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between
-two of them (a quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for:
-within 1.5 % of the replay of every step on tests/test_cache_growth.py's cases; 1 MiB read up to 3 % low,
-2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
-attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding
-are not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size
-requests smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve
-what the weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
-``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and
-the resident tensors plus the replay, the band keeping the closed form as its low end
-(:func:`growth_term`). Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to
-8,192 tokens strand hundreds of GB, which a real run's allocator frees whenever the GPU fills): what the
-job needs stays the closed form, and a note says what a GPU with room would show.
+:class:`~peakmem.formulas.caching_allocator.CachingAllocatorModel`: the prefill forward and the decode steps,
+each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (recorded on the CPU with
+``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections, RoPE's
+``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection, the
+residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to the end
+of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy. Releases
+before v4.36 keep the projected K and V of the prompt as the cache (no copy), build a 4-D mask and run eager
+attention (matmul's copies of the prompt's query, key and value, the scores, their fp32 copy and softmax, the
+cast back, the probabilities kept until the attention returns), as transformers 4.35.0's own generate does on
+the CPU (benchmarks/legacy_generate_trace.py: exact on its four jobs, every step replayed); repeat_kv copies
+where the release makes them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the
+GPTQ / AWQ kernels' dequantized weight around each quantized matmul
+(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits held by
+``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller ones go to
+the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are replayed every
+``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between two of them (a
+quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for: within 1.5 % of the
+replay of every step on tests/test_cache_growth.py's cases, but 5.6 % low on the v4.35 tuple cache over 8 of
+Llama-2-7B's layers, whose two alternating sets of segments the skipped steps reorder; 1 MiB read up to 3 %
+low, 2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
+attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding are
+not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size requests
+smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve what the
+weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
+``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and the
+resident tensors plus the replay, the band keeping the closed form as its low end (:func:`growth_term`).
+Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to 8,192 tokens strand hundreds
+of GB, which a real run's allocator frees whenever the GPU fills): what the job needs stays the closed form,
+and a note says what a GPU with room would show.
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ SRC_GROWTH_TERM = (
     "formulas/serving/cache_growth.py (transformers 5.23 cache_utils.py DynamicLayer.update: torch.cat, the "
     "old tensor dropped; v4.35 generation/utils.py greedy_search: the previous step's tuple kept to the "
     "step's end; c10/cuda/CUDACachingAllocator.cpp get_allocation_size / get_free_block): the replay follows "
-    "transformers 5.23's Llama layer as recorded on the CPU (exact there); another release, architecture or "
-    "CUDA kernel makes other requests, whose blocks may absorb the growth, so what the replay adds above the "
-    "closed form may not be there"
+    "transformers 5.23's and 4.35's Llama layer as recorded on the CPU (exact there); another release, "
+    "architecture or CUDA kernel makes other requests, whose blocks may absorb the growth, so what the "
+    "replay adds above the closed form may not be there"
 )
 STEP_BYTES = 512 * 1024  # the most one K or V grows between two replayed decode steps
 # ... unless that makes more replayed steps than this (a long generation at a large batch): then evenly spaced
@@ -116,6 +119,7 @@ class GenerateRun:
     layers: tuple[LayerShape, ...]  # every layer, in order
     legacy: bool  # before v4.36: the tuple cache, eager attention
     all_logits: bool  # before v4.45: the prefill computes every position's logits
+    softmax_copy: bool = True  # eager softmax(dtype=fp32) copies the scores to fp32 first (not fp16 on CUDA)
     divisions: int = NO_ROUNDUP  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions
     capacity: int | None = None  # what the replayed requests may reserve (the GPU's less the rest)
 
@@ -255,6 +259,69 @@ def _rope(r: _Program, rows: int, width: int, el: int, out: str) -> None:
     r.free("r.m1", "r.m2")
 
 
+def _eager(
+    r: _Program, s: LayerShape, b: int, tokens: int, kept: int, el: int, *, prefill: bool, softmax_copy: bool
+) -> None:
+    """v4.35 ``LlamaAttention.forward``'s eager attention (modeling_llama.py l. 390-415), as traced on the CPU
+    (benchmarks/legacy_generate_trace.py): over the prompt ``torch.matmul`` copies the rotated query (and,
+    without repeat_kv, the key and later the value: laid out (batch, tokens, heads, dim), they cannot be
+    viewed as one batch of matrices) before each ``bmm``; ``/ sqrt(d)`` and ``+ mask`` each a new tensor;
+    ``softmax(dtype=float32)`` copies the masked scores to fp32 and softmaxes into another (fp16 on CUDA:
+    one kernel, no copy; aten/native/SoftMax.cpp ``softmax``), cast back while the masked scores still live
+    (``attn_weights`` rebound after the cast); ``transpose(1, 2).contiguous()``. Leaves ``attn``, ``s.p``."""
+    rows, scores = b * tokens, b * s.heads * tokens * kept
+    kv_copies = prefill and not s.repeats  # repeat_kv's own copies are laid out for bmm
+    if prefill:
+        r.alloc("s.q", rows * s.q * el)
+    if kv_copies:
+        r.alloc("s.kt", b * kept * s.k * el)
+    r.alloc("s.mm", scores * el)
+    if kv_copies:
+        r.free("s.kt")
+    if prefill:
+        r.free("s.q")
+    r.alloc("s.div", scores * el)
+    r.free("s.mm")
+    r.alloc("s.mask", scores * el)
+    r.free("s.div")
+    if softmax_copy:
+        r.alloc("s.in32", scores * FP32)
+    r.alloc("s.fp32", scores * FP32)
+    if softmax_copy:
+        r.free("s.in32")
+    r.alloc("s.p", scores * el)
+    r.free("s.fp32", "s.mask")
+    if kv_copies:
+        r.alloc("s.v", b * kept * s.v * el)
+    r.alloc("attn.bmm", rows * s.out * el)
+    if kv_copies:
+        r.free("s.v")
+    r.alloc("attn", rows * s.out * el)
+    r.free("attn.bmm")
+
+
+def _mask(r: _Replay, b: int, tokens: int, cached: int, el: int) -> None:
+    """v4.35 ``LlamaModel.forward``'s 4-D mask (modeling_llama.py l. 886; modeling_attn_mask_utils.py
+    ``_make_causal_mask`` l. 131-135, ``_expand_mask`` l. 157-161, ``to_4d`` l. 112-115), kept as ``mask``
+    to the forward's end: over the prompt the causal (tokens, tokens) mask, ``torch.full`` in fp32 then cast;
+    the 2-D mask expanded and cast, ``1.0 -`` it, its bool, ``masked_fill``; the sum of the two."""
+    m = b * tokens * cached
+    if tokens > 1:
+        r.alloc("mask.c32", tokens * tokens * FP32)
+        r.alloc("mask.c", tokens * cached * el)
+        r.free("mask.c32")
+    r.alloc("mask.exp", m * el)
+    r.alloc("mask.inv", m * el)
+    r.alloc("mask.bool", m)
+    r.alloc("mask.fill", m * el)
+    r.free("mask.bool", "mask.exp", "mask.inv")
+    if tokens > 1:
+        r.alloc("mask", m * el)
+        r.free("mask.fill", "mask.c")
+    else:
+        r.rename("mask.fill", "mask")
+
+
 @lru_cache(maxsize=64)
 def _layer(
     s: LayerShape,
@@ -267,6 +334,7 @@ def _layer(
     el: int,
     legacy: bool,
     growing_only: bool,
+    softmax_copy: bool = True,
 ) -> list[_Op]:
     """The program of one layer of shape ``s`` in a forward over ``tokens`` new tokens for each of
     ``batch`` sequences, its cache ``cached`` tokens long after the update; it reads ``x`` (``embed`` for
@@ -282,8 +350,13 @@ def _layer(
     _matmul(r, "k", rows * s.k * el, t_k)
     _matmul(r, "v", rows * s.v * el, t_v)
     if s.rope:  # the projections go once both are rotated
+        if legacy:  # v4.35 apply_rotary_pos_emb (modeling_llama.py l. 222-223): cos / sin[position_ids]
+            for part in ("rope.cos", "rope.sin"):
+                r.alloc(part, rows * (s.q // s.heads) * el)
         _rope(r, rows, s.q, el, "qr")
         _rope(r, rows, s.k, el, "kr")
+        if legacy:
+            r.free("rope.cos", "rope.sin")
         r.free("q", "k")
     else:
         r.rename("q", "qr")
@@ -303,24 +376,18 @@ def _layer(
     if s.repeats:
         r.alloc("rep.k", b * s.heads * kept * (s.q // s.heads) * el)
         r.alloc("rep.v", b * s.heads * kept * (s.out // s.heads) * el)
-    if legacy:  # eager attention: scores / sqrt(d), + mask, fp32 softmax, cast back: each op's output made
-        scores = b * s.heads * tokens * kept  # while its input lives, the input dropped after; "s.p" kept
-        chain = (("s.mm", el), ("s.div", el), ("s.mask", el), ("s.fp32", FP32), ("s.p", el))
-        for i, (name, width) in enumerate(chain):
-            r.alloc(name, scores * width)
-            if i:
-                r.free(chain[i - 1][0])
-    r.alloc("attn", rows * s.out * el)
-    if not legacy:  # SDPA's logsumexp (fp32 a query head and token), dropped at once
-        r.alloc("attn.lse", b * s.heads * tokens * FP32)
+    if legacy:
+        _eager(r, s, b, tokens, kept, el, prefill=prefill, softmax_copy=softmax_copy)
+    else:
+        r.alloc("attn", rows * s.out * el)
+        r.alloc("attn.lse", b * s.heads * tokens * FP32)  # SDPA's logsumexp (fp32 a query head and token)
         r.free("attn.lse")
-    r.free("s.p", "rep.k", "rep.v")
-    if legacy:  # attn_output.transpose(1, 2).contiguous()
-        r.alloc("attn.t", rows * s.out * el)
-        r.free("attn")
-        r.rename("attn.t", "attn")
+        r.free("rep.k", "rep.v")
     _matmul(r, "o", rows * s.hidden * el, t_o)
-    r.free("attn", "qr", "ln1")
+    if legacy:  # v4.35 l. 426-429: the probabilities and repeat_kv's copies go as the attention returns
+        r.free("attn", "s.p", "qr", "rep.k", "rep.v", "ln1")
+    else:
+        r.free("attn", "qr", "ln1")
     r.alloc("h1", rows * s.hidden * el)
     r.free("o")
     _norm(r, rows, s, el, "ln2")
@@ -356,6 +423,8 @@ def _forward(
     b, el = run.batch, run.act_bytes
     rows = b * tokens
     r.alloc("embed", rows * run.layers[0].hidden * el)  # layer 0's input, kept to the forward's end
+    if run.legacy:
+        _mask(r, b, tokens, cached, el)
     if run.layers[0].rope and not run.legacy:
         # 5.x rotary_emb: fp32 freqs (half the head), emb = cat(freqs, freqs), cos / sin times the scaling,
         # cast to the dtype; the cast ones kept to the forward's end
@@ -371,11 +440,13 @@ def _forward(
         r.free("freqs", "emb", "cos.scaled", "sin.scaled")
     for i, shape in enumerate(run.layers):
         r.run(_layer(shape, i == 0, tokens, cached, prefill=prefill, batch=b, el=el, legacy=run.legacy,
-                     growing_only=growing_only), i)  # fmt: skip
+                     growing_only=growing_only, softmax_copy=run.softmax_copy), i)  # fmt: skip
     _norm(r, rows, run.layers[-1], el, "final")
-    r.free("x", "embed", "cos", "sin")
+    r.free("x", "embed", "cos", "sin", "mask")
     kept = tokens if prefill and run.all_logits else 1
-    r.free("outputs.logits")  # v4.35: the previous forward's outputs, replaced as this one returns
+    if run.legacy:
+        _legacy_logits(r, b * kept * run.vocab, el)
+        return
     r.alloc("logits", b * kept * run.vocab * el)
     r.free("final")
     if run.all_logits:  # logits.float() inside the model: outputs keep the fp32 copy
@@ -386,11 +457,20 @@ def _forward(
     r.alloc("scores", b * run.vocab * FP32)  # next_token_logits.to(float32) and the processors
     r.alloc("scores.processed", b * run.vocab * FP32)
     r.free("scores", "scores.processed")
-    if run.legacy:
-        r.free(*r.olds)
-        r.olds.clear()
-    else:
-        r.free("outputs.logits")  # 5.x _sample: ``del outputs`` at the end of each step
+    r.free("outputs.logits")  # 5.x _sample: ``del outputs`` at the end of each step
+
+
+def _legacy_logits(r: _Replay, n: int, el: int) -> None:
+    """v4.35: ``lm_head``, ``logits.float()`` (modeling_llama.py l. 1052-1053), the last norm's output gone
+    with the model's; greedy_search keeps the previous step's outputs (its fp32 logits) until ``outputs`` is
+    rebound to the new ones (generation/utils.py l. 2521), reads the last position as a view and processes
+    it in place (l. 2531-2534: no fp32 copy); the previous step's cache goes at the step's end."""
+    r.alloc("logits", n * el)
+    r.alloc("logits.fp32", n * FP32)
+    r.free("logits", "final", "outputs.logits")
+    r.rename("logits.fp32", "outputs.logits")
+    r.free(*r.olds)
+    r.olds.clear()
 
 
 def decode_lengths(run: GenerateRun) -> tuple[int, ...]:
@@ -441,6 +521,7 @@ def growth_run(c: ServingContext, divisions: int = NO_ROUNDUP, resident: int = 0
         batch=s.batch, prompt=c.prompt, context=c.context, act_bytes=c.act_bytes,
         vocab=-(-spec.vocab_size // s.tp), head_dim=spec.groups[0].layer.attention.head_dim, layers=layers,
         legacy=legacy, all_logits=s.version < TRANSFORMERS_LOGITS_TO_KEEP or s.keep_all_logits,
+        softmax_copy=c.compute_dtype != "fp16",
         divisions=divisions, capacity=s.gpu_bytes - CUDA_CONTEXT_BYTES - resident if s.gpu_bytes else None,
     )  # fmt: skip
 
