@@ -123,6 +123,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     if non_torch is not None:
         extra.update(vllm_non_torch_bytes=non_torch.likely, vllm_non_torch_low_bytes=non_torch.low,
                      vllm_non_torch_high_bytes=non_torch.high)  # fmt: skip
+        notes.append(vllm_profile.profile_note(sampler, max_num_seqs, non_torch, s.tp))
     if draft_w is not None:
         extra["draft_kv_needed_bytes"] = draft_needed
     if hybrid is not None:

@@ -77,3 +77,14 @@ def non_torch_term(figure: NonTorch) -> BandTerm:
         source="vLLM 0.19 logs' non-torch forward increase (formulas/serving/vllm_profile.py): the fitting "
         "logs' range, 0.24-0.46 GiB on one GPU, 2.07-2.21 GiB at TP 2-4 on H100 NVSwitch",
     )  # fmt: skip
+
+
+def profile_note(sampler: int, max_num_seqs: int, figure: NonTorch, tp: int) -> str:
+    """The answer's assumption line for the logged profile."""
+    where = "at TP > 1, read on H100 NVSwitch" if tp > 1 else "on one GPU"
+    return (
+        f"vLLM >= 0.19 profile as its logs give it: the sampler warm-up over {max_num_seqs} rows of the "
+        f"whole vocabulary on every rank ({sampler} B) and a non-torch increase of {figure.likely} B "
+        f"({where}) come out of the budget; the CUDA context is the profile's baseline "
+        "(formulas/serving/vllm_profile.py)"
+    )
