@@ -1,7 +1,7 @@
 """transformers' own ``generate`` traced on the CPU against formulas/serving/cache_growth.py's replay.
 
-A tiny LlamaForCausalLM made from a config generates greedily (``min_new_tokens = max_new_tokens``) under
-``peakmem.measure.tracker.LiveStorageTracker(device_type="cpu")``, as
+A tiny LlamaForCausalLM made from a config generates greedily (``min_new_tokens = max_new_tokens``; one
+case without it) under ``peakmem.measure.tracker.LiveStorageTracker(device_type="cpu")``, as
 tests/test_cache_growth.py::test_parity_with_transformers_generate does; its storages above 1 MiB (less
 the weights and buffers, which the formula counts apart) are replayed through the caching-allocator model
 and printed next to ``replayed_reserved(growth_run(resolve_context(spec, setup)))`` for the same job, the
@@ -12,6 +12,7 @@ setup naming the transformers release that runs (``engine_version``: 4.35 in a v
     PYTHONPATH=src /path/to/venv/bin/python benchmarks/legacy_generate_trace.py [--case NAME]
         [--dump STEP ... --layer L]   # one forward's large requests at one layer: trace, then formula
 
+The last column replays every decode step (no stride, no steady-state shortcut).
 ``--dump``: the storages above 1 MiB allocated or freed in forward STEP (0: the prefill, 1: the first
 decode forward, each with what ``generate`` does until the next one) whose module is layer L (by the
 record's module path), then the step's requests outside the layers; then the formula's requests for the
@@ -23,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,21 @@ class Case:
     batch: int
     prompt: int
     new: int
+    min_new: bool = True  # generate(min_new_tokens=new); False: max_new_tokens only (no length processors)
 
 
 CASES = (  # the parity test's two, and Llama-2-7B's layer (MHA, K 16 MiB at the prompt, 48 at the end)
     Case("mha-16x576", 512, 8, 8, 1024, 1024, 2, 16, 576, 96),
     Case("gqa-32x1280", 512, 8, 2, 1024, 1024, 2, 32, 1280, 96),
     Case("llama2-16x128+256", 4096, 32, 32, 11008, 32000, 2, 16, 128, 256),
+    # the same job without min_new_tokens (5.x builds no logits processor for it)
+    Case("llama2-16x128+256-nomin", 4096, 32, 32, 11008, 32000, 2, 16, 128, 256, min_new=False),
     # --case only: 8 of Llama-2-7B's layers; optimum-benchmark's Vicuna-7B-v1.5 job whole (32 layers; bf16
     # where the GPU ran fp16: over 45 minutes on 2 cores, 20 GB)
     Case("llama2-8L-16x128+256", 4096, 32, 32, 11008, 32000, 8, 16, 128, 256),
     Case("vicuna7b-16x128+256", 4096, 32, 32, 11008, 32000, 32, 16, 128, 256),
 )
-DEFAULT = 3  # the cases run without --case
+DEFAULT = 4  # the cases run without --case
 
 
 def config_dict(c: Case) -> dict[str, Any]:
@@ -112,11 +116,14 @@ def trace(c: Case, folder: Path) -> Trace:
         tracker.ledger.set_phase(Phase.DECODE if starts[1:] else Phase.PREFILL, step=len(starts) - 1)
 
     hook = model.register_forward_pre_hook(mark)
+    lengths = {"min_new_tokens": c.new} if c.min_new else {}
     with torch.no_grad(), tracker:
         tracker.set_phase(Phase.FORWARD, step=0)
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=c.new, min_new_tokens=c.new,
-                       do_sample=False, pad_token_id=0)  # fmt: skip
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=c.new, do_sample=False,
+                             pad_token_id=0, **lengths)  # fmt: skip
     hook.remove()
+    if out.shape[1] != c.prompt + c.new:  # an EOS in every sequence stopped it early: another job
+        print(f"  {c.name}: generate stopped after {out.shape[1] - c.prompt} of {c.new} new tokens")
     return Trace(tracker.ledger, starts)
 
 
@@ -154,7 +161,7 @@ def growth(c: Case, folder: Path, legacy: bool) -> cg.GenerateRun:
                            weights="bf16", engine_version="4.35" if legacy else None)  # fmt: skip
     run = cg.growth_run(resolve_context(spec, setup))
     assert run is not None and run.legacy == legacy
-    return run
+    return replace(run, min_new_tokens=c.min_new)
 
 
 class LoggedReplay(cg._Replay):
@@ -261,7 +268,8 @@ def main() -> None:
     a = p.parse_args()
     version, legacy = transformers_release()
     print(f"transformers {version} ({'legacy tuple cache, eager' if legacy else 'DynamicCache, SDPA'})")
-    print(f"{'case':20s} {'traced MiB':>11s} {'formula MiB':>12s} {'formula/trace':>14s}")
+    head = ("case", "traced MiB", "formula MiB", "formula/trace", "every step MiB")
+    print("{:24s} {:>11s} {:>12s} {:>14s} {:>15s}".format(*head))
     for c in CASES if a.case else CASES[:DEFAULT]:
         if a.case and c.name not in a.case:
             continue
@@ -272,9 +280,10 @@ def main() -> None:
             run = growth(c, folder, legacy)
         traced, trace_ends = replay_trace(t)
         formula = cg.replayed_reserved(run)
-        print(f"{c.name:20s} {traced / MiB:11.1f} {formula / MiB:12.1f} {formula / traced:14.4f}", flush=True)
+        ends, _ = formula_steps(run)  # no stride
+        print(f"{c.name:24s} {traced / MiB:11.1f} {formula / MiB:12.1f} {formula / traced:14.4f} "
+              f"{max(ends) / MiB:15.1f}", flush=True)  # fmt: skip
         if a.curve:
-            ends, _ = formula_steps(run)
             print("  forward  traced-peak  formula-peak (MiB, printed where either changes)")
             prev = None
             for i, (x, y) in enumerate(zip(trace_ends, ends, strict=False)):

@@ -19,30 +19,35 @@ each layer as transformers 5.23's ``LlamaDecoderLayer`` allocates on the way (re
 ``peakmem.measure.tracker.LiveStorageTracker``: RMSNorm's fp32 chain, the q / k / v projections, RoPE's
 ``mul`` / ``neg`` / ``cat`` / ``add``, the cache update, attention's output, the output projection, the
 residual, the MLP's ``act(gate) * up`` and ``down``), the model's embedding and RoPE cos / sin kept to the end
-of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy. Releases
-before v4.36 keep the projected K and V of the prompt as the cache (no copy), build a 4-D mask and run eager
-attention (matmul's copies of the prompt's query, key and value, the scores, their fp32 copy and softmax, the
-cast back, the probabilities kept until the attention returns), as transformers 4.35.0's own generate does on
-the CPU (benchmarks/legacy_generate_trace.py: exact on its four jobs, every step replayed); repeat_kv copies
-where the release makes them (:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the
-GPTQ / AWQ kernels' dequantized weight around each quantized matmul
-(:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before v4.45 the prompt's fp32 logits held by
-``outputs`` until the first decode step returns. Only requests above 1 MiB are replayed: smaller ones go to
-the small pool (``get_pool``), whose 2 MiB segments no large request can use. Decode steps are replayed every
-``stride`` tokens, chosen so that no K or V grows by more than :data:`STEP_BYTES` between two of them (a
-quarter of the 2 MiB rounding, so every segment size the loop reaches is still asked for: within 1.5 % of the
-replay of every step on tests/test_cache_growth.py's cases, but 5.6 % low on the v4.35 tuple cache over 8 of
-Llama-2-7B's layers, whose two alternating sets of segments the skipped steps reorder; 1 MiB read up to 3 %
-low, 2 MiB up to 45 %). Other architectures are replayed through the same layer (their norms, MLPs and
-attention as the shapes say); MoE layers, MLA, recurrent layers, quantized caches and assisted decoding are
-not replayed (the closed form stands). After :data:`STEADY_AFTER` decode steps the constant-size requests
-smaller than the cache's K and V are left out. With the GPU's size known, the replay may reserve what the
-weights and the CUDA context leave; beyond it the model frees its cached segments and retries, as
-``DeviceCachingAllocator::malloc`` does, and the estimate's reserved is the larger of the closed form and the
-resident tensors plus the replay, the band keeping the closed form as its low end (:func:`growth_term`).
-Without a GPU the replay can outgrow any (32 sequences of Qwen2.5-7B growing to 8,192 tokens strand hundreds
-of GB, which a real run's allocator frees whenever the GPU fills): what the job needs stays the closed form,
-and a note says what a GPU with room would show.
+of the forward, its last norm over every position, and the logits with ``generate``'s fp32 copy and the
+processed scores, both kept through the next forward (``min_new_tokens``' two logits processors: a clone and a
+``where`` each; without it a greedy job has none; Llama-2-7B's layers at vocab 32,000 traced: 1,510 MiB, the
+scores freed at once read 1,282). Releases before v4.36 keep the projected K and V of the prompt as the cache
+(no copy), build a 4-D mask and run eager attention (matmul's copies of the prompt's query, key and value, the
+scores, their fp32 copy and softmax, the cast back, the probabilities kept until the attention returns), as
+transformers 4.35.0's own generate does on the CPU (benchmarks/legacy_generate_trace.py: exact on its four
+jobs, every step replayed); repeat_kv copies where the release makes them
+(:func:`peakmem.transformers_versions.sdpa_repeats_kv`); bitsandbytes' and the GPTQ / AWQ kernels' dequantized
+weight around each quantized matmul (:func:`peakmem.formulas.quant_kernels.linear_temporary_bytes`); before
+v4.45 the prompt's fp32 logits held by ``outputs`` until the first decode step returns. Only requests
+above 1 MiB are replayed: smaller ones go to the small pool (``get_pool``), whose 2 MiB segments no large
+request can use. Decode steps are replayed every ``stride`` tokens, chosen so that no K or V grows by more
+than :data:`STEP_BYTES` between two of them (a quarter of the 2 MiB rounding, so every segment size the loop
+reaches is still asked for: within 1.5 % of the replay of every step on tests/test_cache_growth.py's cases,
+but 5.6 % low on the v4.35 tuple cache over 8 of Llama-2-7B's layers, whose two alternating sets of segments
+the skipped steps reorder, and 1.9 % low on transformers 5.23 over two of them with ``min_new_tokens``
+(1,482 MiB; every step and the trace 1,510), up to 14 % low where K and V below 10 MiB share the 20 MiB
+segments with the fp32 scores 5.x keeps through each forward, which take whichever free block fits at each
+step (the tests' mha and layernorm cases); 1 MiB read up to 3 % low, 2 MiB up to 45 %). Other architectures
+are replayed through the same layer (their norms, MLPs and attention as the shapes say); MoE layers, MLA,
+recurrent layers, quantized caches and assisted decoding are not replayed (the closed form stands). After
+:data:`STEADY_AFTER` decode steps the constant-size requests smaller than the cache's K and V are left out.
+With the GPU's size known, the replay may reserve what the weights and the CUDA context leave; beyond it the
+model frees its cached segments and retries, as ``DeviceCachingAllocator::malloc`` does, and the estimate's
+reserved is the larger of the closed form and the resident tensors plus the replay, the band keeping the
+closed form as its low end (:func:`growth_term`). Without a GPU the replay can outgrow any (32 sequences of
+Qwen2.5-7B growing to 8,192 tokens strand hundreds of GB, which a real run's allocator frees whenever the GPU
+fills): what the job needs stays the closed form, and a note says what a GPU with room would show.
 """
 
 from __future__ import annotations
@@ -120,6 +125,10 @@ class GenerateRun:
     legacy: bool  # before v4.36: the tuple cache, eager attention
     all_logits: bool  # before v4.45: the prefill computes every position's logits
     softmax_copy: bool = True  # eager softmax(dtype=fp32) copies the scores to fp32 first (not fp16 on CUDA)
+    # generate(min_new_tokens=...) builds two logits processors (5.x: a clone and a where each, _scores);
+    # peakmem infer's context is prompt plus the new tokens every sequence makes, which a real model only
+    # makes for sure when min_new_tokens forces them (optimum-benchmark's min_new_tokens = max_new_tokens)
+    min_new_tokens: bool = True
     divisions: int = NO_ROUNDUP  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions
     capacity: int | None = None  # what the replayed requests may reserve (the GPU's less the rest)
 
@@ -454,10 +463,46 @@ def _forward(
         r.free("logits")
     else:
         r.rename("logits", "outputs.logits")
-    r.alloc("scores", b * run.vocab * FP32)  # next_token_logits.to(float32) and the processors
-    r.alloc("scores.processed", b * run.vocab * FP32)
-    r.free("scores", "scores.processed")
+    _scores(r, b, run.vocab, run.min_new_tokens)
     r.free("outputs.logits")  # 5.x _sample: ``del outputs`` at the end of each step
+
+
+def _scores(r: _Replay, b: int, vocab: int, min_new_tokens: bool) -> None:
+    """transformers 5.23 ``_sample`` (generation/utils.py l. 3247-3250): ``next_token_logits`` is the last
+    position's fp32 copy, the previous step's dropped as the name is rebound; ``logits_processor`` returns
+    ``next_token_scores``, the previous step's dropped only once the processors return. Both stay alive
+    through the next forward (the names are rebound after it; ``del outputs``, l. 3292, frees only the
+    logits). With ``min_new_tokens`` generate (l. 2061: ``min_length`` = prompt + ``min_new_tokens``) builds
+    ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor`` (l. 1515-1539); each makes
+    ``arange(vocab)`` (int64), its ``isin`` mask, ``scores.clone()`` and, below the minimum (every step
+    when the minimum is the maximum), ``torch.where`` over the scores, the clone dropped as
+    ``scores_processed`` is rebound, the arange and mask as it returns (logits_process.py l. 156-161,
+    l. 229-235); ``LogitsProcessorList`` drops each processor's input as ``scores`` is rebound (l. 96), but
+    the first's, ``next_token_logits``. Without them a greedy job builds no processor
+    (``_get_logits_processor``, l. 1410-1657: every other one needs an option; the warpers only sample): the
+    scores are the logits."""
+    n = b * vocab * FP32
+    r.alloc("next.logits", n)  # outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+    r.free("next_token_logits")
+    r.rename("next.logits", "next_token_logits")
+    if not min_new_tokens:
+        return
+    scores = "next_token_logits"
+    # MinLength: arange, isin, clone; MinNewTokensLength: the clone first
+    for i, clone_first in enumerate((False, True)):
+        if clone_first:
+            r.alloc("proc.clone", n)
+        r.alloc("proc.arange", vocab * 8)
+        r.alloc("proc.mask", vocab)
+        if not clone_first:
+            r.alloc("proc.clone", n)
+        r.alloc(f"proc.{i}", n)  # torch.where(eos_token_mask, -inf, scores)
+        r.free("proc.clone", "proc.arange", "proc.mask")
+        if scores != "next_token_logits":
+            r.free(scores)
+        scores = f"proc.{i}"
+    r.free("next_token_scores")
+    r.rename(scores, "next_token_scores")
 
 
 def _legacy_logits(r: _Replay, n: int, el: int) -> None:
