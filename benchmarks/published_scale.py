@@ -31,7 +31,7 @@ The quantities (``measured.quantity``):
   ``determine_available_memory``: the weights, the profile run's torch peak increase and its non-torch
   increase), what the engine subtracts from ``gpu_memory_utilization`` x the GPU to size its KV pool: the
   estimate is the same difference in peakmem (the verdict's ``memory_budget_bytes - kv_pool_bytes``), its
-  band the formula residual on it and the CUDA-context range (:func:`_non_kv_band`).
+  band the formula residual on it and the range of what lies outside torch (:func:`_non_kv_band`).
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
@@ -483,7 +483,7 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
     weights = WEIGHTS.get(job["weights"], job["weights"])  # else peakmem's own name (it says if not)
     if job.get("max_num_batched_tokens") not in (None, VLLM_MAX_NUM_BATCHED_TOKENS):
-        raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not 8192")
+        raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not the profile's")
     if job.get("enable_prefix_caching"):
         raise NotExpressible("automatic prefix caching with an unknown shared prefix is not mapped")
     kv = VLLM_KV_CACHE_DTYPES.get(job.get("kv_cache_dtype") or "auto")
@@ -507,17 +507,16 @@ def _non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
     """vLLM's non-KV memory as peakmem sizes the pool (budget less pool) and its band: the formula residual
     on what the allocator holds and the range of what lies outside it (from vLLM 0.19 the logged non-torch
     increase, formulas/serving/vllm_profile.py; before, the CUDA context's: formulas/band.py)."""
-    from peakmem.breakdown import BandTerm
     from peakmem.formulas.band import build_band, context_term, residual_term
     from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+    from peakmem.formulas.serving.vllm_profile import NonTorch, non_torch_term
 
     verdict = data["verdicts"][0]
     likely = verdict["memory_budget_bytes"] - verdict["kv_pool_bytes"]
     if "vllm_non_torch_bytes" in data:
         outside = data["vllm_non_torch_bytes"]
-        span = BandTerm(name="vllm_non_torch", level="device_total", source="serving/vllm_profile.py",
-                        low_bytes=data["vllm_non_torch_low_bytes"] - outside,
-                        high_bytes=data["vllm_non_torch_high_bytes"] - outside)  # fmt: skip
+        span = non_torch_term(NonTorch(low=data["vllm_non_torch_low_bytes"], likely=outside,
+                                       high=data["vllm_non_torch_high_bytes"]))  # fmt: skip
     else:
         outside, span = CUDA_CONTEXT_BYTES, context_term(CUDA_CONTEXT_BYTES, assumed=True)
     allocated = likely - outside
@@ -632,6 +631,7 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
 def band_kind(p: dict[str, Any]) -> str | None:
     """The kind of job whose published residual term (peakmem.formulas.band) applies to the point."""
     from peakmem.formulas import band
+    from peakmem.formulas.lowbit_optim import GALORE_ADAMW
 
     if p["job"]["mode"] == "train":
         job = p["job"]
@@ -639,7 +639,7 @@ def band_kind(p: dict[str, Any]) -> str | None:
             gpus=p["layout"]["gpus"],
             adapters=job["method"] != "full",
             quantized=job.get("quant") is not None,
-            galore=str(job.get("optimizer", "")).startswith("galore"),
+            galore=job.get("optimizer") == GALORE_ADAMW,
         )
     if p["job"]["mode"] == "serve":
         return None  # no published-residual term for serving engines

@@ -68,6 +68,7 @@ from peakmem.training import (
     Checkpointing,
     LossImpl,
     Method,
+    OptimizerName,
     PaddedLengths,
     TrainingSetup,
     checkpointed_layers,
@@ -748,7 +749,7 @@ def _estimate(
         published=_band.measured_residual_term(
             _band.training_kind(gpus=par.gpus, adapters=setup.method is not Method.FULL,
                                 quantized=quant_of(setup) is not None,
-                                galore=setup.optimizer.value == _lowbit.GALORE_ADAMW),
+                                galore=setup.optimizer is OptimizerName.GALORE_ADAMW),
             top.bytes,
         ),
     )  # fmt: skip

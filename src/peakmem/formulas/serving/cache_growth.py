@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from peakmem.breakdown import BandTerm
+from peakmem.dtypes import BOOL, INT64
 from peakmem.dtypes import FP32 as FP32_DTYPE
 from peakmem.formulas.allocator import K_SMALL_SIZE, NO_ROUNDUP
 from peakmem.formulas.caching_allocator import CachingAllocatorModel
@@ -492,8 +493,8 @@ def _scores(r: _Replay, b: int, vocab: int, min_new_tokens: bool) -> None:
     for i, clone_first in enumerate((False, True)):
         if clone_first:
             r.alloc("proc.clone", n)
-        r.alloc("proc.arange", vocab * 8)
-        r.alloc("proc.mask", vocab)
+        r.alloc("proc.arange", INT64.nbytes(vocab))
+        r.alloc("proc.mask", BOOL.nbytes(vocab))
         if not clone_first:
             r.alloc("proc.clone", n)
         r.alloc(f"proc.{i}", n)  # torch.where(eos_token_mask, -inf, scores)

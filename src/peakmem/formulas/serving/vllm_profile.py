@@ -75,7 +75,7 @@ def non_torch_term(figure: NonTorch) -> BandTerm:
         name="vllm_non_torch", level="device_total", low_bytes=figure.low - figure.likely,
         high_bytes=figure.high - figure.likely,
         source="vLLM 0.19 logs' non-torch forward increase (formulas/serving/vllm_profile.py): the fitting "
-        "logs' range, 0.24-0.46 GiB on one GPU, 2.07-2.21 GiB at TP 2-4 on H100 NVSwitch",
+        f"logs' range, {figure.low} .. {figure.high} B",
     )  # fmt: skip
 
 
