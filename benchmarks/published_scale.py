@@ -451,6 +451,10 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
     if weights is None:
         raise NotExpressible(f"weights {job['weights']!r} have no peakmem format")
     kernel = job.get("gptq_kernel")
+    if str(job.get("awq_version", "")).startswith("exllama"):
+        # transformers' AwqConfig(version="exllama") defaults exllama_config to version 2 (4.47.1
+        # utils/quantization_config.py): AutoAWQ's exllamav2 linears (formulas/quant_kernels.py)
+        kernel = "exllamav2"
     if kernel is not None and kernel not in GPTQ_KERNELS:
         raise NotExpressible(f"GPTQ kernel {kernel!r} is not modelled")
     common = {"weights": weights, "batch": job["batch"], "prompt": job["prompt"],

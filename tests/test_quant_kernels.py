@@ -135,8 +135,11 @@ def test_bnb_decode_dequantizes_from_batch_two() -> None:
 def test_gptq_kernel_errors_name_the_field() -> None:
     with pytest.raises(InputError, match=r"^gptq_kernel='marlin': unknown"):
         InferenceSetup(weights="gptq", gptq_kernel="marlin")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match=r"^gptq_kernel='exllama': .*weights=fp16 are not GPTQ"):
+    with pytest.raises(InputError, match=r"^gptq_kernel='exllama': .*weights=fp16 are neither"):
         InferenceSetup(weights="fp16", gptq_kernel="exllama")  # type: ignore[arg-type]
+    # AWQ runs AutoAWQ's exllama v2 only (AwqConfig version="exllama"); no v1 / cuda-old
+    with pytest.raises(InputError, match=r"^gptq_kernel='exllama': .*weights=awq-4bit-g128 are neither"):
+        InferenceSetup(weights="awq-4bit", gptq_kernel="exllama")  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"^gptq_kernel='exllamav2': .*not engine=vllm"):
         InferenceSetup(weights="gptq", engine="vllm", gptq_kernel="exllamav2")  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"^gptq_kernel='exllama': runs 4-bit weights, not 8-bit"):
@@ -159,3 +162,24 @@ def test_api_and_cli_llama_2_13b_exllamav2(capsys: Any) -> None:
     )
     assert out["setup"]["gptq_kernel"] == "exllamav2"
     assert any("GPTQ kernel exllamav2" in a for a in out["assumptions"])
+
+
+def test_awq_exllamav2_scratch_by_hand(capsys: Any) -> None:
+    """transformers' AwqConfig(version="exllama") -> AutoAWQ's exllamav2 linears: the scratch of the
+    largest layer, out unpadded (WQLinear_ExllamaV2.temp_dq_size), no permutations; prefill
+    reconstructs into it. Tiny: out 40 stays 40 (auto-gptq pads it to 64); Llama-3.1-8B's gate/up (in
+    4096, out 14336): 4096 x 14336 x 2 + 128 + 14336 x 2048 x 8 x 4 + 128 = 1,056,964,864 B."""
+    assert qk.exllamav2_scratch_bytes(((32, 40, 1),), out_align=qk.AWQ_EXLLAMAV2_OUT_ALIGN) == (
+        32 * 40 * 2 + 128
+    ) + (40 * 2048 * 8 * 4 + 128)
+    base, v2 = _phases("awq-4bit-g32", None), _phases("awq-4bit-g32", "exllamav2")
+    scratch = (64 * 128 * 2 + 128) + (128 * 2048 * 8 * 4 + 128)
+    assert v2[Phase.PREFILL] - base[Phase.PREFILL] == scratch - LARGEST * 2
+    assert v2[Phase.DECODE] - base[Phase.DECODE] == scratch
+    out = infer_cli_equals_api(capsys, "llama-3.1-8b", weights="awq-4bit", gptq_kernel="exllamav2", prompt=64,
+                               context=128)  # fmt: skip
+    items = {i["path"]: i["bytes"] for i in out["items"]}
+    key = "AutoAWQ exllamav2 scratch (temp_dq + temp_fwd of 2048 x 8 tokens, largest layer)"
+    assert items[key] == 4096 * 14336 * 2 + 128 + 14336 * 2048 * 8 * 4 + 128 == 1_056_964_864
+    assert not any("q_perm" in path for path in items)
+    assert any("AWQ with transformers' exllama version" in a for a in out["assumptions"])

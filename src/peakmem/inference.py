@@ -646,8 +646,10 @@ class InferenceSetup:
             require(isinstance(kernel, str), "gptq_kernel", kernel, "must be text")
             kernel = GptqKernel.parse(kernel, "gptq_kernel")
             object.__setattr__(self, "gptq_kernel", kernel)
-        require(fmt.scheme is Scheme.GPTQ, "gptq_kernel", kernel.value,
-                f"a GPTQ backend; weights={fmt.name} are not GPTQ")  # fmt: skip
+        # transformers' AwqConfig(version="exllama") runs AutoAWQ's exllama v2 linears by default
+        awq = fmt.scheme is Scheme.AWQ and kernel is GptqKernel.EXLLAMAV2
+        require(fmt.scheme is Scheme.GPTQ or awq, "gptq_kernel", kernel.value,
+                f"a GPTQ backend (exllamav2 also for AWQ); weights={fmt.name} are neither")  # fmt: skip
         require(self.engine is Engine.HF, "gptq_kernel", kernel.value,
                 f"a backend of transformers' GPTQ integration (engine hf), not "
                 f"engine={self.engine.value}")  # fmt: skip

@@ -321,7 +321,8 @@ OPTIONS: tuple[Option, ...] = (
        choices=CACHE_IMPLEMENTATIONS),
     _o("gptq_kernel", str, None, SV, "transformers' GPTQ backend (auto-gptq; engine hf): exllama, exllamav2 "
        "(its scratch for 2048 x 8 tokens) or cuda-old; each allocates its own workspace (default: not "
-       "named, one layer dequantized in prefill)", choices=GPTQ_KERNELS),
+       "named, one layer dequantized in prefill); with AWQ weights exllamav2 is AwqConfig(version="
+       "'exllama'), AutoAWQ's exllama v2 linears", choices=GPTQ_KERNELS),
     _o("strict", bool, False, SV, "context beyond the model's limit is an error"),
     # the GPUs, the device overheads and the search
     _o("gpu", str, None, _GPU, "GPU name(s) or size(s), comma-separated: rtx-4090,40GB"),

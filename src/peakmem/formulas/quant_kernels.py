@@ -42,8 +42,15 @@ What each backend allocates, read from the versions the optimum GPTQ benchmark r
   chooses by GPU architecture and shape in between: peakmem has no bitsandbytes version, so it
   counts the dequantized weight from 2 rows (the release the published runs used; the higher of the
   two for 2-4 rows).
-* AWQ and LLM.int8 keep the prefill terms peakmem had (one dequantized weight; int8 input and int32
-  output of ``int8_linear_matmul``).
+* **AWQ with exllamav2** (transformers 4.47.1 ``AwqConfig(version="exllama")``: ``exllama_config``
+  defaults to ``{"version": 2, "max_input_len": 2048, "max_batch_size": 8}``, utils/quantization_config.py;
+  integrations/awq.py ``post_init_awq_exllama_modules`` -> AutoAWQ 0.2.7 ``awq/modules/linear/
+  exllamav2.py`` ``exllamav2_post_init``): the same per-device scratch, ``ScratchSpace(max over the layers
+  of temp_dq_size() + temp_fwd_size(2048, 8))`` = ``(in x out x 2 + 128) + (out x 2048 x 8 x 4 + 128)``,
+  ``out`` unpadded; ``make_q_matrix`` gets no ``q_perm`` / ``q_invperm`` (``none_tensor``). The load's
+  repacking (``unpack_reorder_pack``) is transient and before generate.
+* AWQ (other kernels) and LLM.int8 keep the prefill terms peakmem had (one dequantized weight; int8
+  input and int32 output of ``int8_linear_matmul``).
 
 Not modelled: act-order (``desc_act=True``) GPTQ checkpoints (exllama's ``temp_state`` of
 2048 x max(in, out) fp16 and its ``cuda_x_map`` of 4 B per input row outside torch); Marlin, whose
@@ -76,6 +83,7 @@ EXLLAMAV2_FWD_BYTES = 4  # temp_fwd_size: outfeatures x max_input_len x max_batc
 EXLLAMAV2_PAD = 128  # + 128 on each of temp_dq_size and temp_fwd_size
 EXLLAMAV2_OUT_ALIGN = 32  # QuantLinear.padding = -outfeatures % 32
 EXLLAMAV2_PERMS = 2  # q_perm and q_invperm, int16, in elements each (ext_make_q_matrix)
+AWQ_EXLLAMAV2_OUT_ALIGN = 1  # AutoAWQ 0.2.7 WQLinear_ExllamaV2.temp_dq_size: in x out x 2 + 128, unpadded
 # cuda-old: AutoGPTQ@v0.4.2 nn_modules/qlinear/qlinear_cuda_old.py
 CUDA_OLD_KERNEL_SWITCH_THRESHOLD = 128  # QuantLinear(kernel_switch_threshold=128)
 CUDA_OLD_3BIT_BYTES_PER_WEIGHT = 10  # 3-bit path: int32 weight + int32 (weight - zeros) + fp16 product
@@ -117,12 +125,15 @@ def exllama_temp_dq_bytes(linears: tuple[tuple[int, int, int], ...], bits: int =
     return (largest * EXLLAMA_DQ_ELEMENTS_PER_QWEIGHT + EXLLAMA_TEMP_STATE_ELEMENTS) * FP16_BYTES
 
 
-def exllamav2_scratch_bytes(linears: tuple[tuple[int, int, int], ...]) -> int:
+def exllamav2_scratch_bytes(
+    linears: tuple[tuple[int, int, int], ...], out_align: int = EXLLAMAV2_OUT_ALIGN
+) -> int:
     """exllamav2's per-device scratch: the largest ``temp_dq_size() + temp_fwd_size(2048, 8)``, held
-    as ``scratch_bytes // 2`` fp16 elements."""
+    as ``scratch_bytes // 2`` fp16 elements (``out_align``: auto-gptq pads ``out`` to 32, AutoAWQ's
+    ``WQLinear_ExllamaV2`` does not: 1)."""
     best = 0
     for in_f, out_f, _ in linears:
-        out_p = out_f + (-out_f % EXLLAMAV2_OUT_ALIGN)
+        out_p = out_f + (-out_f % out_align)
         dq = in_f * out_p * FP16_BYTES + EXLLAMAV2_PAD
         fwd = (
             out_p * EXLLAMAV2_SCRATCH_INPUT_LEN * EXLLAMAV2_SCRATCH_BATCH * EXLLAMAV2_FWD_BYTES
@@ -147,9 +158,19 @@ def exllamav2_perm_bytes(linears: tuple[tuple[int, int, int], ...], bits: int, g
 def kernel_buffer_items(spec: ModelSpec, setup: InferenceSetup) -> list[MemoryItem]:
     """The persistent workspaces of ``setup.gptq_kernel`` (allocated at load, alive in every phase)."""
     fmt, kernel = setup.weight_format, setup.gptq_kernel
-    if fmt.scheme is not Scheme.GPTQ or kernel is None:
+    if fmt.scheme not in (Scheme.GPTQ, Scheme.AWQ) or kernel is None:
         return []
     linears = tuple((i, -(-o // setup.tp), n) for i, o, n in quantized_linears(spec, fmt))
+    if fmt.scheme is Scheme.AWQ:  # exllamav2 only (InferenceSetup checks it)
+        return [
+            MemoryItem(
+                path="AutoAWQ exllamav2 scratch (temp_dq + temp_fwd of 2048 x 8 tokens, largest layer)",
+                category=Category.BUFFERS,
+                bytes=exllamav2_scratch_bytes(linears, out_align=AWQ_EXLLAMAV2_OUT_ALIGN),
+                source="formulas/quant_kernels.py exllamav2_scratch_bytes (AutoAWQ 0.2.7 exllamav2_post_init "
+                "via transformers 4.47.1 AwqConfig(version='exllama'))",
+            )
+        ]
     if kernel is GptqKernel.EXLLAMA:
         return [
             MemoryItem(
@@ -223,7 +244,7 @@ def linear_temporary_bytes(
             return 0
         absmax = -(-in_f * out_f // fmt.group_size) * FP32_BYTES if fmt.double_quant else 0
         return in_f * out_f * act_bytes + absmax
-    if fmt.scheme is Scheme.GPTQ and kernel is not None:
+    if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ) and kernel is not None:
         if kernel is GptqKernel.CUDA_OLD and rows >= CUDA_OLD_KERNEL_SWITCH_THRESHOLD:
             return cuda_old_dequant_bytes(in_f, out_f, fmt.bits, fmt.group_size)
         return 0  # exllama / exllamav2 reconstruct into their persistent temp_dq
@@ -243,6 +264,12 @@ def kernel_notes(setup: InferenceSetup) -> tuple[str, ...]:
         return (
             "bitsandbytes 4-bit: one layer's weight dequantized per forward of 2 or more rows (matmul_4bit "
             "through 0.48; 0.50's fused gemm_4bit keeps up to 4 rows without it)",
+        )
+    if fmt.scheme is Scheme.AWQ and kernel is not None:
+        return (
+            "AWQ with transformers' exllama version (AwqConfig exllama_config default: v2, max_input_len "
+            "2048, max_batch_size 8): AutoAWQ's exllamav2 scratch for the model's life, prefill "
+            "reconstructs into it (formulas/quant_kernels.py)",
         )
     if fmt.scheme is not Scheme.GPTQ:
         return ()
