@@ -56,7 +56,6 @@ from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.cuda_graphs import (
     NCCL_ALLREDUCE_GRAPH_BYTES,
     PER_GRAPH_BYTES,
-    VLLM_DEFAULT_MAX_NUM_SEQS,
     allreduces_per_forward,
     custom_all_reduce_off,
     vllm_capture_sets,
@@ -80,7 +79,8 @@ def _setup(case: dict[str, Any]) -> InferenceSetup:
     return InferenceSetup(
         engine=case["engine"], engine_version=case["version"], tp=case.get("tp", 1),
         max_num_seqs=case.get("max_num_seqs"), context=case.get("context", 4096), batch=1,
-        gpu_bytes=gpu.usable_bytes if gpu else None, interconnect=gpu.interconnect if gpu else "",
+        gpu_bytes=gpu.usable_bytes if gpu else None, gpu_name=gpu.display_name if gpu else "",
+        interconnect=gpu.interconnect if gpu else "",
         gpu_memory_utilization=case.get("gpu_memory_utilization"),
         # SGLang (what = "sglang_mem_usage"): --cuda-graph-max-bs and --attention-backend as the case states
         # or infers them; the GPU's architecture for SGLang's default backend
@@ -161,8 +161,6 @@ def implied_per_graph(case: dict[str, Any]) -> float:
     return (logged_bytes(case) - shared) / graphs / MiB
 
 
-# vLLM's default max_num_batched_tokens (the capture sizes are capped at it)
-VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 ACT_BYTES = 2  # bf16 / fp16 activations
 
 
@@ -231,9 +229,9 @@ def pool_lines() -> list[str]:
         spec, setup = _spec(case), _setup(case)
         if spec.is_moe:
             continue
-        seqs = case.get("max_num_seqs") or VLLM_DEFAULT_MAX_NUM_SEQS
-        sets = vllm_capture_sets(setup.version, CudagraphMode.AUTO, max_num_seqs=seqs,
-                                 max_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, spec_tokens=0)  # fmt: skip
+        batch = setup.vllm_batch()  # the case's own values, else vLLM's defaults (peakmem.vllm_defaults)
+        sets = vllm_capture_sets(setup.version, CudagraphMode.AUTO, max_num_seqs=batch.max_num_seqs,
+                                 max_tokens=batch.max_num_batched_tokens, spec_tokens=0)  # fmt: skip
         sizes = [n for s in sets for n in sorted(s.sizes, reverse=True)]
         grown = pool_growth(spec, sizes)
         later = grown[1:]

@@ -480,14 +480,10 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
 
 def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     """peakmem.infer options for a vLLM serving point (the engine's own defaults where the job names them)."""
-    from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
-
     job = p["job"]
     if job.get("engine") != "vllm":
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
     weights = WEIGHTS.get(job["weights"], job["weights"])  # else peakmem's own name (it says if not)
-    if job.get("max_num_batched_tokens") not in (None, VLLM_MAX_NUM_BATCHED_TOKENS):
-        raise NotExpressible(f"max_num_batched_tokens {job['max_num_batched_tokens']}: not the profile's")
     if job.get("enable_prefix_caching"):
         raise NotExpressible("automatic prefix caching with an unknown shared prefix is not mapped")
     kv = VLLM_KV_CACHE_DTYPES.get(job.get("kv_cache_dtype") or "auto")
@@ -501,6 +497,7 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
         "engine": "vllm", "engine_version": job["engine_version"], "weights": weights, "gpu": gpu.name,
         "gpu_memory_utilization": job["gpu_memory_utilization"], "context": job["max_model_len"],
         "tp": job.get("tp") or 1, "pp": job.get("pp") or 1, "max_num_seqs": job.get("max_num_seqs"),
+        "prefill_chunk": job.get("max_num_batched_tokens"),
         **({"kv_cache": kv} if kv != "auto" else {}),
         "enforce_eager": bool(job.get("enforce_eager")),
         **({"cudagraph_mode": mode.lower()} if mode else {}),

@@ -41,7 +41,9 @@ TINY_PARAMS = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 *
 # (17) = 51 graphs, FULL [1, 2, 4] + 8..248 + 256 = 35 graphs; the shared working set is the largest
 # capture's, 512 tokens: 512 x 1,024 = 524,288 B; 86 x 6 MiB = 541,065,216 B.
 TINY_GRAPHS = 512 * TINY_PER_TOKEN + 86 * 6 * MiB
-ACTIVATIONS = 8192 * TINY_PER_TOKEN  # the profiled 8192-token chunk (more than the sampler's 256 x 128 x 8 B)
+# the profiled chunk: vllm serve's 2048 tokens on a GPU under 70 GiB or none named (peakmem.vllm_defaults;
+# min(256 x 100, 2048)), more than the sampler's 256 x 128 x (2 + 13.25) B
+ACTIVATIONS = 2048 * TINY_PER_TOKEN
 
 
 def _sizes(release: tuple[int, int], **kw: int) -> list[tuple[str, int, int]]:
@@ -253,8 +255,9 @@ def test_custom_all_reduce_follows_vllm_on_the_gpus_links(link: str, tp: int, of
 
 def test_the_gpu_named_decides_where_nccl_goes(capsys: pytest.CaptureFixture[str]) -> None:
     """4 x RTX 4090 (PCIe, no P2P): vLLM captures NCCL all-reduces, in the term; 8 x H100 SXM (NVLink): custom
-    all-reduce runs them, nothing for NCCL, not even in the band; a plain size: not known, in the band."""
-    kw = dict(engine="vllm", tp=4, context=4096)
+    all-reduce runs them, nothing for NCCL, not even in the band; a plain size: not known, in the band.
+    max_num_seqs 256 on all three (vLLM would pick 1024 on the H100 and the 80 GB size: vllm_defaults)."""
+    kw = dict(engine="vllm", tp=4, context=4096, max_num_seqs=256)
 
     def graphs(gpu: str) -> tuple[int, int, int]:
         out = infer_cli_equals_api(capsys, "llama-3.1-8b", **kw, gpu=gpu)
@@ -367,9 +370,10 @@ def test_fit_infer_offers_turning_the_graphs_off() -> None:
     from peakmem.planner.serving import fit_inference
     from peakmem.resolve import resolve_model
 
-    # the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), which takes the graphs out of the KV budget
+    # the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), which takes the graphs out of the KV budget;
+    # --max-num-batched-tokens 8192 (vllm serve's default on this GPU is 2048: peakmem.vllm_defaults)
     setup = InferenceSetup(weights="bf16", batch=7, context=6144, engine=Engine.VLLM,  # type: ignore[arg-type]
-                           model_runner="v1")  # fmt: skip
+                           model_runner="v1", prefill_chunk=8192)  # fmt: skip
     report = fit_inference(resolve_model("llama-3.1-8b"), setup, [get_gpu("rtx-4090")])
     (g,) = report.gpus
     assert not g.fits

@@ -13,7 +13,6 @@ from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent, max_context
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
-from peakmem.formulas.serving.paged import VLLM_MAX_NUM_BATCHED_TOKENS
 from peakmem.formulas.serving.vllm_profile import NON_TORCH_ONE_GPU
 from peakmem.formulas.weights import weight_bytes
 from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
@@ -170,7 +169,9 @@ def test_vllm_pool_and_concurrency() -> None:
         spec, InferenceSetup(engine=Engine.VLLM, context=100, gpu_bytes=gpu, enforce_eager=True)
     )
     budget = int(gpu * 0.9)
-    activations = VLLM_MAX_NUM_BATCHED_TOKENS * TINY_LAYER_PER_TOKEN_FUSED
+    # vllm serve's max_num_batched_tokens on a GPU under 70 GiB (vllm/engine/arg_utils.py
+    # get_batch_defaults; peakmem.vllm_defaults): 2048 = min(256 sequences x 100 tokens, 2048)
+    activations = 2048 * TINY_LAYER_PER_TOKEN_FUSED
     # vLLM >= 0.19 (today's default): the profile's non-torch increase (formulas/serving/vllm_profile.py)
     pool = budget - TINY_PARAMS * 2 - activations - NON_TORCH_ONE_GPU.likely
     per_seq = 112 * TINY_KV_PER_TOKEN  # 100 tokens in 16-token blocks

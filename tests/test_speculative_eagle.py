@@ -31,7 +31,8 @@ DRAFT_VOCAB = 40
 EAGLE3_PARAMS = EAGLE3_LAYER + 3 * 64 * 32 + 32 + DRAFT_VOCAB * 32
 # EAGLE: q, k, v, o read h; no input_layernorm in the first layer; fc 2h -> h; embeddings and head shared
 EAGLE_PARAMS = 32 * 32 + 16 * 32 + 16 * 32 + 32 * 32 + MLP + 32 + 2 * 32 * 32
-MAX_BATCHED = 8192  # vLLM max_num_batched_tokens default
+# vllm serve's max_num_batched_tokens on a GPU under 70 GiB (peakmem.vllm_defaults; min(256 x 1024, 2048))
+MAX_BATCHED = 2048
 # proposer buffers: input_ids int32 + positions int64 + hidden_states bf16 x 32, per batched token
 BUFFERS = MAX_BATCHED * (4 + 8 + 32 * 2)
 BLOCK = 16

@@ -398,18 +398,26 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
     from dataclasses import replace
 
     from peakmem.formulas.serving import estimate_inference, serving_fit
+    from peakmem.vllm_defaults import batch_note as vllm_batch_note
 
     alone = replace(setup, gpu_bytes=None)
     if len(gpus) == 1 and setup.engine.value == "sglang":  # SGLang's own tier for that GPU
         tier = setup.sglang_defaults(gpus[0].usable_bytes)
         alone = replace(alone, cuda_graph_max_bs=tier.cuda_graph_max_bs,
                         prefill_chunk=tier.chunked_prefill_size)  # fmt: skip
+    batch_note = ""
+    if len(gpus) == 1 and setup.engine.value == "vllm":  # vLLM's batch defaults for that GPU
+        batch = setup.on_gpu(gpus[0].usable_bytes, gpus[0].display_name).vllm_batch()
+        alone = replace(alone, max_num_seqs=batch.max_num_seqs, prefill_chunk=batch.max_num_batched_tokens)
+        batch_note = vllm_batch_note(batch, setup.vllm_entrypoint) if batch.defaulted else ""
     if len(gpus) == 1 and setup.engine.value == "hf":  # what transformers' allocator reserves on that GPU
         alone = replace(alone, gpu_bytes=gpus[0].usable_bytes)  # (formulas/serving/cache_growth.py)
     est = estimate_inference(spec, alone, overheads=overheads)
+    if batch_note:
+        est = replace(est, assumptions=(batch_note, *est.assumptions))
     est = replace(est, warnings=weight_warnings(spec, inference=setup))
-    fits = [serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes, overheads=overheads)
-            for g in gpus]  # fmt: skip
+    fits = [serving_fit(spec, setup.on_gpu(g.usable_bytes, g.display_name), g.usable_bytes,
+                        overheads=overheads) for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
     lora = est.extra.get("lora_slot_bytes")
@@ -456,12 +464,10 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
 
 def _smallest_serving_gpu(spec: ModelSpec, setup: Any) -> str:
     """The smallest catalog NVIDIA GPU that serving_fit says holds the job (a pooled engine's pool too)."""
-    from dataclasses import replace
-
     from peakmem.catalog import GPUS
     from peakmem.formulas.serving import serving_fit
 
     for g in sorted((g for g in GPUS if g.vendor == "nvidia"), key=lambda g: g.usable_bytes):
-        if serving_fit(spec, replace(setup, gpu_bytes=g.usable_bytes), g.usable_bytes).fits:
+        if serving_fit(spec, setup.on_gpu(g.usable_bytes, g.display_name), g.usable_bytes).fits:
             return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
     return "it fits on no single GPU in the catalog"

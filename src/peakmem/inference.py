@@ -9,7 +9,7 @@ cache of ``n_ctx`` tokens and offloads ``n_gpu_layers`` layers to the GPU.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from peakmem.choice import Choice
@@ -28,6 +28,7 @@ from peakmem.validate import (
     check_real,
     too_large,
 )
+from peakmem.vllm_defaults import VllmBatch, check_entrypoint, vllm_batch
 
 
 class Engine(Choice):
@@ -373,6 +374,8 @@ class InferenceSetup:
     ep: int = 1
     dp_attention: bool = False
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
+    gpu_name: str = ""  # that GPU's name as torch reports it (vLLM's batch defaults read it; "": not known)
+    vllm_entrypoint: str = "serve"  # vllm serve or the offline LLM class (peakmem.vllm_defaults)
     interconnect: str = ""  # how the node's GPUs are joined (peakmem.device.INTERCONNECTS; "": not known)
     # vLLM gpu_memory_utilization / SGLang mem_fraction_static; None: the engine's default
     gpu_memory_utilization: float | None = None
@@ -586,8 +589,12 @@ class InferenceSetup:
                     f"an option of engine=sglang, not {engine}")  # fmt: skip
             require(self.attention_backend in SGLANG_ATTENTION_BACKENDS, "attention_backend",
                     self.attention_backend, f"one of {', '.join(SGLANG_ATTENTION_BACKENDS)}")  # fmt: skip
-        if not isinstance(self.gpu_architecture, str):
-            raise InputError(f"gpu_architecture={self.gpu_architecture!r}: a GPU architecture name")
+        for name in ("gpu_architecture", "gpu_name"):
+            require(isinstance(getattr(self, name), str), name, getattr(self, name), "must be text")
+        check_entrypoint(self.vllm_entrypoint)
+        if self.vllm_entrypoint != "serve":
+            require(engine == "vllm", "vllm_entrypoint", self.vllm_entrypoint,
+                    f"an option of engine=vllm, not {engine}")  # fmt: skip
         if self.engine_version is not None:
             versioned = pooled or self.engine in (Engine.HF, Engine.LITGPT)
             require(versioned, "engine_version", self.engine_version,
@@ -709,6 +716,20 @@ class InferenceSetup:
             mem_fraction_static=self.gpu_memory_utilization,
         )  # fmt: skip
 
+    def vllm_batch(self, max_model_len: int | None = None) -> VllmBatch:
+        """vLLM's max_num_seqs and max_num_batched_tokens for this job with sequences of ``max_model_len``
+        tokens (None: ``context``) (--max-num-seqs and --prefill-chunk kept, else the release's defaults
+        for the GPU and the entry point: peakmem.vllm_defaults)."""
+        return vllm_batch(
+            self.version, gpu_bytes=self.gpu_bytes, gpu_name=self.gpu_name, entrypoint=self.vllm_entrypoint,
+            max_model_len=max_model_len or self.context, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.prefill_chunk,
+        )  # fmt: skip
+
+    def on_gpu(self, gpu_bytes: int, gpu_name: str = "") -> InferenceSetup:
+        """This job on one GPU of ``gpu_bytes`` named ``gpu_name`` (what a per-GPU verdict estimates)."""
+        return replace(self, gpu_bytes=gpu_bytes, gpu_name=gpu_name)
+
     @property
     def effective_block_size(self) -> int:
         """Tokens per KV page: vLLM 16 (EngineArgs.block_size), SGLang 1 (page_size), others 1."""
@@ -748,6 +769,7 @@ class InferenceSetup:
             **{flag: True for flag in ("enforce_eager", "disable_custom_all_reduce") if getattr(self, flag)},
             # what decides the tensor-parallel all-reduces (the catalog GPU's or --interconnect)
             **({"interconnect": self.interconnect} if self.interconnect and self.tp > 1 else {}),
+            **({"vllm_entrypoint": self.vllm_entrypoint} if self.vllm_entrypoint != "serve" else {}),
             **({"attention_backend": self.attention_backend} if self.attention_backend else {}),
             **{name: getattr(self, name) for name in ("max_num_seqs", "cuda_graph_max_bs", "engine_version")
                if getattr(self, name) is not None},

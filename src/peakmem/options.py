@@ -25,6 +25,7 @@ from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
+from peakmem.vllm_defaults import VLLM_ENTRYPOINTS
 
 JOB_COMMANDS = ("train", "infer", "fit", "plan")
 MAX_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size a question holds is larger
@@ -284,8 +285,14 @@ OPTIONS: tuple[Option, ...] = (
        "(vLLM and SGLang need it with --draft; SGLang: a chain of K steps)", maximum=MAX_SPECULATIVE_TOKENS),
     _o("enforce_eager", bool, False, SV, "vLLM --enforce-eager / SGLang --disable-cuda-graph: no CUDA graphs",
        group=_GRAPHS),
-    _o("max_num_seqs", int, None, SV, "vLLM --max-num-seqs (default 256): sequences per step; sets the CUDA "
-       "graph capture sizes", group=_GRAPHS, maximum=MAX_BATCH),
+    _o("max_num_seqs", int, None, SV, "vLLM --max-num-seqs (default: vLLM's for the GPU: 1024 on 70 GiB or "
+       "more but an A100, else 256; V0 256): sequences per step; sets the CUDA graph capture sizes",
+       group=_GRAPHS, maximum=MAX_BATCH),
+    _o("prefill_chunk", int, None, SV, "tokens per prefill forward: vLLM --max-num-batched-tokens, SGLang "
+       "--chunked-prefill-size (default: the engine's for the GPU; vLLM serve 8192 on 70 GiB or more but "
+       "an A100, else 2048, the LLM class 16384 / 8192)", group=_GRAPHS, maximum=MAX_SEQ),
+    _o("vllm_entrypoint", str, "serve", SV, "vLLM's entry point, whose batch defaults differ: serve (vllm "
+       "serve, the OpenAI server) or llm (the offline LLM class)", group=_GRAPHS, choices=VLLM_ENTRYPOINTS),
     _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "
        "default)", group=_GRAPHS, choices=CUDAGRAPH_MODES),
     _o("model_runner", str, "auto", SV, "vLLM's model runner, VLLM_USE_V2_MODEL_RUNNER (auto: V2 for dense "

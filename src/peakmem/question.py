@@ -439,6 +439,8 @@ def inference_setup(
         draft=_draft_for(o, target, weights, derive),
         num_speculative_tokens=o.get("num_speculative_tokens"),
         enforce_eager=o.get("enforce_eager", False), max_num_seqs=o.get("max_num_seqs"),
+        prefill_chunk=o.get("prefill_chunk"), vllm_entrypoint=o.get("vllm_entrypoint", "serve"),
+        gpu_name=gpus[0].display_name if gpus else "",
         cudagraph_mode=o.get("cudagraph_mode", "auto"), model_runner=o.get("model_runner", "auto"),
         cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
         disable_custom_all_reduce=o.get("disable_custom_all_reduce", False),

@@ -250,6 +250,12 @@ class InferRequest(ModelChoice):
     # CUDA graphs (formulas/serving/cuda_graphs.py); the CLI's flags of the same names
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph")
     max_num_seqs: int | None = Field(None, ge=1, le=MAX_BATCH, description="vLLM --max-num-seqs")
+    prefill_chunk: int | None = Field(
+        None, ge=1, le=MAX_SEQ, description="vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size"
+    )
+    vllm_entrypoint: Literal["serve", "llm"] = Field(
+        "serve", description="vLLM's entry point: vllm serve, or the offline LLM class"
+    )
     cudagraph_mode: str = Field(
         "auto", max_length=40, description="vLLM cudagraph_mode (auto: the release's)"
     )

@@ -261,8 +261,7 @@ CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)
 # speculative_config.use_eagle() (eagle, eagle3, mtp) or uses_draft_model()); ngram runs no model
 DRAFTER_CAPTURE_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 
-# vLLM defaults: max_num_seqs 256 (EngineArgs), the capture cap 512 (config/vllm.py), V0's largest 256.
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
+# vLLM's capture cap 512 (config/vllm.py), V0's largest 256 (max_num_seqs: peakmem.vllm_defaults)
 VLLM_CAPTURE_CAP = 512
 VLLM_V0_CAPTURE_CAP = 256
 V1_RELEASE = (0, 8)  # the V1 engine is the default (vLLM 0.8.0)
@@ -444,16 +443,23 @@ def vllm_capture_sets(
 
 
 def graph_memory(
-    spec: ModelSpec, setup: InferenceSetup, *, act_bytes: int, max_tokens: int, spec_tokens: int = 0
+    spec: ModelSpec,
+    setup: InferenceSetup,
+    *,
+    act_bytes: int,
+    max_tokens: int,
+    spec_tokens: int = 0,
+    max_num_seqs: int | None = None,
 ) -> GraphMemory | None:
     """The CUDA graphs ``setup``'s engine captures on one rank holding ``spec``; None without graphs
-    (enforce_eager / --disable-cuda-graph, cudagraph_mode none, engines that capture none)."""
+    (enforce_eager / --disable-cuda-graph, cudagraph_mode none, engines that capture none). vLLM's
+    ``max_num_seqs``: None: ``setup.vllm_batch()``'s (peakmem.vllm_defaults)."""
     if setup.enforce_eager or setup.engine not in (Engine.VLLM, Engine.SGLANG):
         return None
     release = setup.version
     name = f"{setup.engine.value} {release[0]}.{release[1]}"
     if setup.engine is Engine.VLLM:
-        seqs = setup.max_num_seqs if setup.max_num_seqs is not None else VLLM_DEFAULT_MAX_NUM_SEQS
+        seqs = max_num_seqs if max_num_seqs is not None else setup.vllm_batch().max_num_seqs
         sets = vllm_capture_sets(release, setup.cudagraph_mode, max_num_seqs=seqs, max_tokens=max_tokens,
                                  spec_tokens=spec_tokens)  # fmt: skip
         runner = vllm_model_runner(spec, setup)

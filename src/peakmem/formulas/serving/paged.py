@@ -26,7 +26,6 @@ from peakmem.formulas.serving.context import (
     weights_item,
 )
 from peakmem.formulas.serving.cuda_graphs import (
-    VLLM_DEFAULT_MAX_NUM_SEQS,
     Accounting,
     GraphMemory,
     graph_band,
@@ -56,10 +55,8 @@ from peakmem.formulas.serving.speculative import (
 )
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import Engine
+from peakmem.vllm_defaults import batch_note
 
-# vLLM V1 EngineArgs defaults: max_num_batched_tokens 8192 (chunked prefill), max_num_seqs 256.
-VLLM_MAX_NUM_BATCHED_TOKENS = 8192
-VLLM_MAX_NUM_SEQS = VLLM_DEFAULT_MAX_NUM_SEQS
 # The engines that preallocate a KV pool: a request fits when the pool holds it (serving_fit).
 POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 
@@ -73,14 +70,15 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
-    # the prefill chunk: vLLM's max_num_batched_tokens; SGLang's chunked_prefill_size by GPU tier (the
-    # given --prefill-chunk kept; peakmem.sglang_defaults)
+    # the prefill chunk: vLLM's max_num_batched_tokens and max_num_seqs by release, GPU and entry point
+    # (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier (peakmem.sglang_defaults); the
+    # given --prefill-chunk / --max-num-seqs kept
+    batch = s.vllm_batch(c.context)
     sglang = s.engine is Engine.SGLANG
-    chunk = s.sglang_defaults(s.gpu_bytes).chunked_prefill_size if sglang else s.prefill_chunk
-    chunk = chunk or VLLM_MAX_NUM_BATCHED_TOKENS
+    chunk = s.sglang_defaults(s.gpu_bytes).chunked_prefill_size if sglang else batch.max_num_batched_tokens
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
-    max_num_seqs = s.max_num_seqs if s.max_num_seqs is not None else VLLM_MAX_NUM_SEQS
+    max_num_seqs = batch.max_num_seqs
     # vLLM from 0.19: its logged profile (formulas/serving/vllm_profile.py) - the sampler warm-up over the
     # whole vocabulary on every rank, and what the device gains outside torch during the profile
     logged = s.engine is Engine.VLLM and vllm_profile.measured(s.version)
@@ -91,7 +89,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         sampler = max_num_seqs * vocab * 4 * 2
     # CUDA graphs (formulas/serving/cuda_graphs.py): captured per size into one shared pool
     graphs = graph_memory(c.spec, s, act_bytes=c.act_bytes, max_tokens=chunk,
-                          spec_tokens=s.num_speculative_tokens or 0)  # fmt: skip
+                          spec_tokens=s.num_speculative_tokens or 0, max_num_seqs=max_num_seqs)  # fmt: skip
     graph_bytes = graphs.bytes if graphs is not None else 0
     graph_low, graph_high = graph_band(graphs)
     # SGLang DP attention: the tokens of every DP rank gathered before the MLP (formulas/serving/parallel.py)
@@ -120,6 +118,10 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         "kv_needed_bytes": needed,
         "prefill_chunk_tokens": chunk,
     }
+    if s.engine is Engine.VLLM:
+        extra["max_num_seqs"] = max_num_seqs
+        if batch.defaulted:
+            notes.append(batch_note(batch, s.vllm_entrypoint))
     if non_torch is not None:
         extra.update(vllm_non_torch_bytes=non_torch.likely, vllm_non_torch_low_bytes=non_torch.low,
                      vllm_non_torch_high_bytes=non_torch.high)  # fmt: skip

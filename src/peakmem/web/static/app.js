@@ -96,7 +96,9 @@ const FIELDS = [
   { id: "cudagraph_mode", def: "", modes: INFER },  // empty: the release's (auto)
   { id: "cuda_graph_max_bs", def: "", int: true, modes: INFER },  // empty: SGLang's for the GPU
   { id: "attention_backend", def: "", modes: INFER },  // empty: SGLang's for the model and GPU
-  { id: "max_num_seqs", def: "", int: true, modes: INFER },
+  { id: "max_num_seqs", def: "", int: true, modes: INFER },  // empty: vLLM's for the GPU
+  { id: "prefill_chunk", def: "", int: true, modes: INFER },  // empty: the engine's for the GPU
+  { id: "vllm_entrypoint", def: "serve", modes: INFER },
   { id: "engine_version", def: "", modes: INFER },
   { id: "max_gpus", def: "8", int: true, modes: ["plan"] },
   { id: "global_batch", def: "", int: true, modes: ["plan"] },
