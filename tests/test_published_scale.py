@@ -35,6 +35,7 @@ ALTERNATING_RULES = (
     "split_rule_15",
     "split_rule_16",
     "split_rule_17",
+    "split_rule_18",
 )  # alternate held_out / fit by SHA-256
 FIT_FIRST_RULES = ("split_rule_15",)  # the 1st, 3rd, ... of a kind fit
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
