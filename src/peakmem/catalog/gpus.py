@@ -261,6 +261,11 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "nvlink",
         "architecture": "hopper", "memory_bytes": 81559 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H100 80GB HBM3 ... 81559MiB'",
+        "driver_reserved_bytes": (81559 - 81091) * MiB,
+        "driver_reserved_source": "nvidia-smi total 81559 MiB minus torch's total 81091 MiB: torch OOM "
+        "messages on H100 80GB ('GPU 0 has a total capacity of 79.19 GiB', many public logs) and vLLM 0.19 "
+        "worker logs ('total_memory=79.19GiB', llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs); "
+        "79.19 GiB rounds 81085-81095 MiB",
         "bf16_tflops": 989.4, "bandwidth_gbps": 3350.0,
         "aliases": ("h100", "h100-80gb", "h100-sxm5", "h100-80gb-sxm", "nvidia h100 80gb hbm3", "h800"),
         "source": "NVIDIA H100 datasheet (SXM: 1979 TFLOPS bf16 with sparsity)",
@@ -289,6 +294,10 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "nvlink",
         "architecture": "hopper", "memory_bytes": 143771 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA H200 ... 143771MiB'",
+        "driver_reserved_bytes": (143771 - 143160) * MiB,
+        "driver_reserved_source": "nvidia-smi total 143771 MiB minus torch's total 143160 MiB: torch OOM "
+        "messages on H200 ('GPU 0 has a total capacity of 139.80 GiB' and '139.81 GiB', public logs): "
+        "139.805 GiB",
         "bf16_tflops": 989.4, "bandwidth_gbps": 4800.0,
         "aliases": ("h200-141gb", "h200-sxm", "nvidia h200"),
         "source": "NVIDIA H200 datasheet",
@@ -308,6 +317,10 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "nvlink",
         "architecture": "blackwell", "memory_bytes": 183359 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA B200 ... 183359MiB'",
+        "driver_reserved_bytes": (183359 - 182636) * MiB,
+        "driver_reserved_source": "nvidia-smi total 183359 MiB minus torch's total 182636 MiB: torch OOM "
+        "messages on B200 ('GPU 0 has a total capacity of 178.35 GiB' and '178.36 GiB', public logs): "
+        "178.355 GiB",
         "bf16_tflops": 2250.0, "bandwidth_gbps": 8000.0,
         "aliases": ("b200-180gb", "b200-192gb", "nvidia b200"),
         "source": "NVIDIA HGX B200 datasheet (4.5 PFLOPS fp16/bf16 with sparsity per GPU)",
