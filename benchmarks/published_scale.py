@@ -209,10 +209,11 @@ the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of t
 (``split_rule_9``), ``X`` of the tenth (``split_rule_10``), ``Y`` of the eleventh (``split_rule_11``), ``Z``
 of the twelfth (``split_rule_12``), ``W`` of the thirteenth (``split_rule_13``), ``U`` of the fourteenth
 (``split_rule_14``), ``Q`` of the fifteenth (``split_rule_15``), ``R`` of the sixteenth (``split_rule_16``),
-``P`` of the seventeenth (``split_rule_17``), ``O`` of the eighteenth (``split_rule_18``), ``A`` an approximation listed in the point, ``I`` a field
-inferred from framework defaults, ``E`` a held-out point read after peakmem missed it
-(``examined_after_miss``): its mapping or a formula was then taken from the framework's source, nothing fit
-to it, but it no longer counts as unseen; the held-out summary is also given without them.
+``P`` of the seventeenth (``split_rule_17``), ``O`` of the eighteenth (``split_rule_18``), ``A`` an
+approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a held-out point read
+after peakmem missed it (``examined_after_miss``): its mapping or a formula was then taken from the
+framework's source, nothing fit to it, but it no longer counts as unseen; the held-out summary is also given
+without them.
 """
 
 from __future__ import annotations
