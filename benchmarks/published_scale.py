@@ -32,6 +32,11 @@ The quantities (``measured.quantity``):
   increase), what the engine subtracts from ``gpu_memory_utilization`` x the GPU to size its KV pool: the
   estimate is the same difference in peakmem (the verdict's ``memory_budget_bytes - kv_pool_bytes``), its
   band the formula residual on it and the range of what lies outside torch (:func:`_non_kv_band`).
+* ``vllm_available_kv_cache``: vLLM's "Available KV cache memory" (or V1's "the rest of the memory reserved
+  for KV Cache"), the pool itself, where the log prints no non-KV total: ``gpu_memory_utilization`` x
+  torch's total less the non-KV memory. The estimate is the verdict's ``kv_pool_bytes`` on the catalog GPU,
+  its band the budget less the non-KV band (:func:`_pool_band`). Decided 2026-12-07 (session 22) before any
+  point of this quantity was estimated.
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
@@ -486,8 +491,9 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     if job.get("engine") != "vllm":
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
     weights = WEIGHTS.get(job["weights"], job["weights"])  # else peakmem's own name (it says if not)
-    if job.get("enable_prefix_caching"):
-        raise NotExpressible("automatic prefix caching with an unknown shared prefix is not mapped")
+    # automatic prefix caching changes no startup figure (the profile run and the pool it sizes): a
+    # vLLM point is compared on those only (decided 2026-12-07, session 22, before the eighteenth search's
+    # points were estimated)
     kv = VLLM_KV_CACHE_DTYPES.get(job.get("kv_cache_dtype") or "auto")
     if kv is None:
         raise NotExpressible(f"kv_cache_dtype {job['kv_cache_dtype']!r} is not mapped")
@@ -500,8 +506,10 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
         "gpu_memory_utilization": job["gpu_memory_utilization"], "context": job["max_model_len"],
         "tp": job.get("tp") or 1, "pp": job.get("pp") or 1, "max_num_seqs": job.get("max_num_seqs"),
         "prefill_chunk": job.get("max_num_batched_tokens"),
+        **({"ep": p["layout"]["ep"]} if (p["layout"].get("ep") or 1) > 1 else {}),
         **({"kv_cache": kv} if kv != "auto" else {}),
         "enforce_eager": bool(job.get("enforce_eager")),
+        **({"vllm_entrypoint": job["vllm_entrypoint"]} if job.get("vllm_entrypoint") else {}),
         **({"cudagraph_mode": mode.lower()} if mode else {}),
     }  # fmt: skip
 
@@ -528,12 +536,22 @@ def _non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
     return b.low, b.likely, b.high
 
 
+def _pool_band(data: dict[str, Any]) -> tuple[int, int, int]:
+    """vLLM's KV pool as peakmem sizes it on the point's GPU and its band: the budget less the non-KV band
+    (:func:`_non_kv_band`), low and high swapped."""
+    budget = data["verdicts"][0]["memory_budget_bytes"]
+    low, likely, high = _non_kv_band(data)
+    return budget - high, budget - likely, budget - low
+
+
 def _band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[int, int, int]:
     """(low, likely, high) bytes of the estimate for ``quantity`` (``nvml_v1_used``: on ``gpu``)."""
     from peakmem.formulas.overhead import nvml_v1_used_bytes
 
     if quantity == "vllm_non_kv":
         return _non_kv_band(data)
+    if quantity == "vllm_available_kv_cache":
+        return _pool_band(data)
     band = data["band"]
     if quantity == "allocated_plus_external":
         alloc = band["allocated"]
@@ -618,7 +636,8 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     # the published-residual term (formulas/band.py MEASURED_RESIDUALS, set from the fitting set): the
     # excess beyond the band without it is what --residuals measures
     own = [t for t in result.data["band"]["terms"] if t["name"] == "published_residual"]
-    allocated = likely if row["quantity"] == "vllm_non_kv" else result.data["peak_allocated_bytes"]
+    engine_figure = row["quantity"] in ("vllm_non_kv", "vllm_available_kv_cache")
+    allocated = likely if engine_figure else result.data["peak_allocated_bytes"]
     bare_low = low - sum(t["low_bytes"] for t in own)
     bare_high = high - sum(t["high_bytes"] for t in own)
     return {

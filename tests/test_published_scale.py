@@ -24,7 +24,7 @@ QUANTITIES = {
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 18)))  # split_rule_2 .. _17
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 19)))  # split_rule_2 .. _18
 ALTERNATING_RULES = (
     "split_rule",
     "split_rule_2",
@@ -75,7 +75,9 @@ def test_every_point_says_what_was_measured(doc: dict[str, Any]) -> None:
         m = p["measured"]
         assert m["quantity"] in QUANTITIES, (p["id"], m["quantity"])
         assert m["how"], p["id"]
-        assert m["value"] > 0, p["id"]
+        # a vLLM start that failed logs a negative pool (kept as printed, not expressible)
+        failed = "did not start" in (p["not_expressible"] or "")
+        assert m["value"] > 0 or failed, p["id"]
         # value_bytes is the printed value in its unit (rounded to the byte)
         assert m["value_bytes"] == round(m["value"] * UNIT_BYTES[m["unit"]]), p["id"]
         assert p["not_expressible"] is None or (
