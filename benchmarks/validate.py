@@ -84,6 +84,14 @@ class Case:
         return (self.high - self.low) / self.predicted
 
 
+def _oom_side(c: Case) -> bool:
+    """A miss on the OOM side: the band below a measured use, or above a measured pool (what the job leaves:
+    published_scale.USE_INVERTED)."""
+    from published_scale import USE_INVERTED
+
+    return (c.measured < (c.low or 0)) if c.quantity in USE_INVERTED else (c.measured > (c.high or 0))
+
+
 def case_of(origin: str, name: str, job: str, quantity: str, measured: int, est: Estimate) -> Case:
     attr, key = QUANTITIES[quantity]
     band = estimate_json(est).get("band")
@@ -231,12 +239,13 @@ def table(cases: list[Case]) -> str:
     held = [c for c in cases if c.origin == "at scale, held out" and c.inside is not None]
     if held:
         misses = [c for c in held if not c.inside]
-        low = sum(c.measured > (c.high or 0) for c in misses)
+        low = sum(_oom_side(c) for c in misses)
         lines.append("")
         lines.append(
             "Held out at scale (never used to set a formula, a constant or a band term): "
-            f"{len(held) - len(misses)} of {len(held)} inside their band; of the misses, {low} with the band "
-            f"below the measurement (the OOM side), {len(misses) - low} above; median band width "
+            f"{len(held) - len(misses)} of {len(held)} inside their band; of the misses, {low} on the OOM "
+            f"side (the band below the measured use, or above the logged KV pool), {len(misses) - low} "
+            "on the other; median band width "
             f"{statistics.median(c.width for c in held if c.width is not None):.1%} of the likely value"
             + _examined_note(held)
         )

@@ -22,6 +22,13 @@ Vendor = Literal["nvidia", "amd", "apple", "unknown"]
 # ``torch.cuda.is_bf16_supported()`` is False below sm_80 (Volta sm_70, Turing sm_75), and flash-attn's
 # README lists "Ampere, Ada, or Hopper GPUs" (Turing only in flash-attn 1.x).
 PRE_AMPERE_ARCHITECTURES = frozenset({"pascal", "volta", "turing"})
+ROCM_ARCHITECTURE_PREFIX = "cdna"  # AMD Instinct (CDNA) parts: ROCm, not CUDA
+
+
+def is_rocm(architecture: str) -> bool:
+    """Whether a GPU of ``architecture`` runs ROCm (an AMD Instinct part)."""
+    return architecture.startswith(ROCM_ARCHITECTURE_PREFIX)
+
 
 # How the GPUs of one node are joined, as the serving engines' custom all-reduce tests it (vLLM
 # distributed/device_communicators/custom_all_reduce.py ``CustomAllreduce.__init__``, SGLang's port of it):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from peakmem.breakdown import Category, MemoryItem
+from peakmem.device import is_rocm
 from peakmem.errors import require
 from peakmem.formulas.band import cuda_graphs_term
 from peakmem.formulas.serving import vllm_profile
@@ -79,12 +80,13 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
     max_num_seqs = batch.max_num_seqs
-    # vLLM from 0.19: its logged profile (formulas/serving/vllm_profile.py) - the sampler warm-up over the
-    # whole vocabulary on every rank, and what the device gains outside torch during the profile
+    # vLLM from 0.9: its profile as the 0.19 logs give it (formulas/serving/vllm_profile.py) - the sampler
+    # warm-up over the whole vocabulary on every rank, and what the device gains outside torch in the profile
     logged = s.engine is Engine.VLLM and vllm_profile.measured(s.version)
     non_torch = vllm_profile.non_torch(s.tp) if logged else None
     if logged:
-        sampler = vllm_profile.sampler_bytes(max_num_seqs, c.spec.vocab_size, c.act_bytes)
+        sampler = vllm_profile.sampler_bytes(max_num_seqs, c.spec.vocab_size, c.act_bytes, s.version,
+                                             flashinfer=not is_rocm(s.gpu_architecture))  # fmt: skip
     else:  # profile_run's sampler warm-up as read: fp32 logits and probabilities for max_num_seqs sequences
         sampler = max_num_seqs * vocab * 4 * 2
     # CUDA graphs (formulas/serving/cuda_graphs.py): captured per size into one shared pool

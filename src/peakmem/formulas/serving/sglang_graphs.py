@@ -113,6 +113,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from peakmem.device import is_rocm
 from peakmem.formulas.serving.context import resolve_context
 from peakmem.formulas.serving.eagle import EAGLE3, EAGLE3_AUX_HIDDEN_STATES
 from peakmem.formulas.serving.sglang_spec import SGLANG_EAGLE_TOPK, SGLANG_SPEC_MAX_RUNNING_REQUESTS
@@ -295,7 +296,7 @@ def sglang_attention_backend(spec: ModelSpec, setup: InferenceSetup) -> str:
         return BLACKWELL_BACKENDS[spec.architecture]
     if spec.architecture == GPT_OSS:
         return FA3 if arch == "hopper" else TRITON
-    if arch.startswith("cdna"):
+    if is_rocm(arch):
         return "aiter"
     if _attention(spec).is_mla:
         return {"hopper": FA3, "blackwell": FLASHINFER}.get(arch, TRITON)

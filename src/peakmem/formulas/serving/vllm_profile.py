@@ -28,6 +28,27 @@ from peakmem.units import GiB
 
 # the release whose logs these figures come from (and later ones, until a log says otherwise)
 MEASURED_RELEASE = (0, 19)
+# From vLLM 0.9.2 (peakmem reads the 0.9 line as its last release) the V1 worker sizes the pool the same
+# way: ``requested_memory`` = gpu_memory_utilization x the total of an ``init_snapshot`` taken at worker
+# init (the CUDA context inside that baseline), less ``non_kv_cache_memory`` = weights + the profile's
+# torch peak increase + its non-torch increase (vllm/v1/worker/gpu_worker.py determine_available_memory,
+# read in 0.9.2, 0.10.1, 0.11.0, 0.14.1, 0.17.0, 0.19.0). 0.8.5-0.9.1 subtracted every byte outside torch
+# after the profile, the context included (peakmem's older accounting).
+BASELINE_RELEASE = (0, 9)
+# The sampler warm-up's top-k / top-p (vllm/v1/sample/ops/topk_topp_sampler.py), by release:
+# 0.17 on, apply_top_k_top_p_triton for 8 or more rows (topk_topp_triton.py; no full sort): the 0.19 logs'
+# figure below. 0.12-0.16: FlashInfer's sampler only on VLLM_USE_FLASHINFER_SAMPLER=1, so
+# apply_top_k_top_p sorts the whole vocabulary (logits.sort: fp32 values and int64 indices out, an int64
+# iota in, cub's alternate key / value buffers: 32 B per logit beside the fp32 copy, 36 beyond the 16-bit
+# logits by that count); the one fitting log with that release's breakdown (llm-d-benchmark's Qwen3-32B on
+# an H100: peak activation 5.64 GiB over 1024 x 151,936 logits) reads 38.92 B per logit, 36.92 beyond bf16.
+# Up to 0.11 FlashInfer's fused top-k / top-p sampling ran by default on CUDA where FlashInfer is installed
+# (``VLLM_USE_FLASHINFER_SAMPLER is not False``; vLLM's images ship it): not measured here, the 0.19 figure
+# is taken for it. ROCm has no FlashInfer: ``forward_native`` sorts before 0.17 (0.12 on: unless the
+# opt-in AITER sampler).
+TRITON_TOPK_RELEASE = (0, 17)
+SORT_DEFAULT_RELEASE = (0, 12)
+SORT_BYTES_PER_LOGIT = 36.92
 # torch peak increase / (max_num_seqs x vocabulary), on the 11 fitting logs whose peak is the sampler's
 # (dense 16-bit models with vocabularies of 100k-256k: Qwen2.5-7B, Qwen3-8B, Llama-3.1-8B, Phi-4, Gemma-2-2B,
 # Kimi-Dev-72B, tests/test_vllm_profile.py lists them): 14.83 (Gemma-2-2B) .. 15.88 (Phi-4) B per logit,
@@ -54,13 +75,29 @@ NON_TORCH_TENSOR_PARALLEL = NonTorch(low=NON_TORCH_ONE_GPU.low, likely=int(2.13 
 
 
 def measured(version: tuple[int, int]) -> bool:
-    """Whether ``version`` is a release these figures were read for (0.19 and later)."""
-    return version >= MEASURED_RELEASE
+    """Whether ``version`` sizes its pool as the 0.19 logs show (the baseline accounting: 0.9 and later)."""
+    return version >= BASELINE_RELEASE
 
 
-def sampler_bytes(max_num_seqs: int, vocab_size: int, logits_bytes: int) -> int:
+def bytes_per_logit(version: tuple[int, int], *, flashinfer: bool = True) -> float:
+    """The sampler warm-up's bytes per logit beyond the logits' own dtype in ``version`` (``flashinfer``:
+    whether the platform has FlashInfer's sampler: CUDA, not ROCm)."""
+    if version < TRITON_TOPK_RELEASE and (version >= SORT_DEFAULT_RELEASE or not flashinfer):
+        return SORT_BYTES_PER_LOGIT
+    return SAMPLER_BYTES_PER_LOGIT
+
+
+def sampler_bytes(
+    max_num_seqs: int,
+    vocab_size: int,
+    logits_bytes: int,
+    version: tuple[int, int] = MEASURED_RELEASE,
+    *,
+    flashinfer: bool = True,
+) -> int:
     """The sampler warm-up's torch peak: ``max_num_seqs`` rows of the whole vocabulary."""
-    return int(max_num_seqs * vocab_size * (logits_bytes + SAMPLER_BYTES_PER_LOGIT))
+    per_logit = logits_bytes + bytes_per_logit(version, flashinfer=flashinfer)
+    return int(max_num_seqs * vocab_size * per_logit)
 
 
 def non_torch(tp: int) -> NonTorch:
@@ -83,7 +120,7 @@ def profile_note(sampler: int, max_num_seqs: int, figure: NonTorch, tp: int) -> 
     """The answer's assumption line for the logged profile."""
     where = "at TP > 1, read on H100 NVSwitch" if tp > 1 else "on one GPU"
     return (
-        f"vLLM >= 0.19 profile as its logs give it: the sampler warm-up over {max_num_seqs} rows of the "
+        f"vLLM >= 0.9 profile as its 0.19 logs give it: the sampler warm-up over {max_num_seqs} rows of the "
         f"whole vocabulary on every rank ({sampler} B) and a non-torch increase of {figure.likely} B "
         f"({where}) come out of the budget; the CUDA context is the profile's baseline "
         "(formulas/serving/vllm_profile.py)"
