@@ -3,6 +3,7 @@ release's vllm/engine/arg_utils.py; CLI = API = page for --vllm-entrypoint and -
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -119,3 +120,28 @@ def test_web_api_takes_the_options() -> None:
     assert page["device_total_bytes"] == api["device_total_bytes"] and page["prefill_chunk_tokens"] == 4096
     bad = client.post("/api/infer", json={**body, "vllm_entrypoint": "batch"})
     assert bad.status_code == 422 and bad.json()["field"] == "vllm_entrypoint"
+
+
+def test_fit_offers_vllms_smaller_batch_where_it_frees_the_profile() -> None:
+    """Llama-3.1-8B, 55 sequences of 8192 tokens on an H100: vLLM's 1024 rows of sampler warm-up (1.87 GiB)
+    leave a pool of 54 1-GiB sequences; --max-num-seqs 256 brings the profile's peak down to the 8192-token
+    chunk (0.78 GiB) and the pool holds 55. On a 4090 vLLM already runs 256: no such change is offered;
+    given --max-num-seqs, or more than 256 sequences at once, the family is not applicable."""
+    from peakmem.planner.serving import fit_inference
+    from peakmem.resolve import resolve_model
+
+    spec = resolve_model("llama-3.1-8b")
+    setup = InferenceSetup(engine="vllm", context=8192, batch=55)  # type: ignore[arg-type]
+    report = fit_inference(spec, setup, [H100, get_gpu("rtx-4090")])
+    h100, geforce = report.gpus
+    assert not h100.fits and h100.max_concurrent == 54
+    (single,) = [c for c in h100.singles if c.steps == ("max-num-seqs 256",)]
+    assert single.fits and single.max_concurrent == 55
+    (change,) = single.changes
+    assert (change.field, change.old, change.new) == ("max_num_seqs", "1024", "256")
+    assert not any("max-num-seqs" in c.label for c in (*geforce.singles, *geforce.candidates))
+    family = next(f for f in report.search_space if f.name.startswith("fewer sequences per step"))
+    assert family.status == "searched" and family.options == ("256",)
+    for job in (replace(setup, max_num_seqs=512), replace(setup, batch=300)):
+        fam = next(f for f in fit_inference(spec, job, [H100]).search_space if f.name == family.name)
+        assert fam.status == "not applicable"

@@ -24,6 +24,7 @@ from peakmem.planner.search import (
     _largest_true,
     _value,
 )
+from peakmem.vllm_defaults import SMALL_TIER
 
 # --- fit --infer ----------------------------------------------------------------------------------
 INFER_MAX_TP = 8  # tensor parallel inside one node
@@ -163,6 +164,7 @@ def fit_inference(
     # vLLM / SGLang capture CUDA graphs unless enforce_eager (peakmem.formulas.serving.cuda_graphs):
     # turning them off frees their memory for the KV pool, at a decode-speed cost
     eager = setup.engine.value in ("vllm", "sglang") and not setup.enforce_eager
+    seqs = _seqs_options(setup)
     families = [
         Family(name="weight format", status="searched" if weights else "not applicable",
                reason="" if weights else f"{setup.weight_format.name} is already as small as the engine's "
@@ -173,6 +175,9 @@ def fit_inference(
         Family(name="CUDA graphs off", status="searched" if eager else "not applicable",
                reason="" if eager else "no CUDA graphs are captured (engine or --enforce-eager)",
                options=("enforce-eager",) if eager else ()),
+        Family(name="fewer sequences per step (vLLM --max-num-seqs)",
+               status="searched" if seqs else "not applicable",
+               reason="" if seqs else _seqs_reason(setup), options=tuple(str(n) for n in seqs)),
         Family(name="tensor parallel over N GPUs",
                status="searched" if _tp_searched(setup) else "not applicable",
                reason="llama.cpp splits layers, not tensors" if setup.engine.value == "llamacpp" else
@@ -190,6 +195,8 @@ def fit_inference(
         options.append(("kv_cache", tuple(("kv_cache", k) for k in kvs)))
     if eager:
         options.append(("enforce_eager", (("enforce_eager", True),)))
+    if seqs:
+        options.append(("max_num_seqs", tuple(("max_num_seqs", n) for n in seqs)))
     results = [_infer_gpu(spec, setup, gpu, est, options, top) for gpu in gpus]
     fitting = [g for g in results if g.fits]
     smallest = min(fitting, key=lambda g: g.capacity_bytes).gpu.name if fitting else None
@@ -210,6 +217,31 @@ def fit_inference(
 _InferOptions = list[tuple[str, tuple[tuple[str, Any], ...]]]
 
 
+def _seqs_options(setup: InferenceSetup) -> tuple[int, ...]:
+    """vLLM's max_num_seqs to try where vLLM picks it: its small tier's (peakmem.vllm_defaults), which a GPU
+    of 70 GiB or more raises to 1024; the profile's sampler warm-up scales with it. Only where the job's
+    concurrent sequences still run in one step (the job unchanged)."""
+    small = SMALL_TIER[2]
+    if setup.engine.value != "vllm" or setup.max_num_seqs is not None or setup.batch > small:
+        return ()
+    return (small,)
+
+
+def _seqs_reason(setup: InferenceSetup) -> str:
+    if setup.engine.value != "vllm":
+        return "a vLLM option"
+    if setup.max_num_seqs is not None:
+        return "--max-num-seqs is given"
+    return f"{setup.batch} concurrent sequences: fewer per step would change the job"
+
+
+def _effective(base: InferenceSetup, field: str) -> object:
+    """The value ``base`` runs with (vLLM's own max_num_seqs where none is given)."""
+    if field == "max_num_seqs" and base.engine.value == "vllm":
+        return base.vllm_batch().max_num_seqs
+    return getattr(base, field)
+
+
 def _infer_configs(
     base: InferenceSetup, options: _InferOptions
 ) -> list[tuple[InferenceSetup, tuple[str, ...], tuple[Change, ...]]]:
@@ -217,6 +249,8 @@ def _infer_configs(
     for k in range(1, len(options) + 1):
         for combo in itertools.combinations(options, k):
             for picks in itertools.product(*(opts for _, opts in combo)):
+                if any(_effective(base, f) == v for f, v in picks):
+                    continue  # no change on this GPU (vLLM already picks it there)
                 try:
                     s = replace(base, **dict(picks))
                 except InputError:
@@ -226,7 +260,7 @@ def _infer_configs(
                     for f, v in picks
                 )
                 changes = tuple(
-                    Change(field=f, old=_value(getattr(base, f)), new=_value(v)) for f, v in picks
+                    Change(field=f, old=_value(_effective(base, f)), new=_value(v)) for f, v in picks
                 )
                 out.append((s, labels, changes))
     return out
