@@ -252,6 +252,10 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie",
         "architecture": "ampere", "memory_bytes": 81920 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA A100 80GB PCIe ... 81920MiB'",
+        "driver_reserved_bytes": 81920 * MiB - 85_093_777_408,
+        "driver_reserved_source": "nvidia-smi total 81920 MiB minus torch's total 85,093,777,408 B (an "
+        "environment dump 'cuda:0: name=NVIDIA A100 80GB PCIe total_memory=85093777408'; torch OOM messages "
+        "on 80 GB A100s: 'GPU 0 has a total capacity of 79.25 GiB')",
         "bf16_tflops": 312.0, "bandwidth_gbps": 1935.0,
         "aliases": ("a100-pcie", "a100-pcie-80gb", "nvidia a100 80gb pcie"),
         "source": "NVIDIA A100 datasheet",
