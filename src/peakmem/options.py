@@ -289,8 +289,9 @@ OPTIONS: tuple[Option, ...] = (
        "more but an A100, else 256; V0 256): sequences per step; sets the CUDA graph capture sizes",
        group=_GRAPHS, maximum=MAX_BATCH),
     _o("prefill_chunk", int, None, SV, "tokens per prefill forward: vLLM --max-num-batched-tokens, SGLang "
-       "--chunked-prefill-size (default: the engine's for the GPU; vLLM serve 8192 on 70 GiB or more but "
-       "an A100, else 2048, the LLM class 16384 / 8192)", group=_GRAPHS, maximum=MAX_SEQ),
+       "--chunked-prefill-size, transformers generate's prefill_chunk_size (default: the engine's; vLLM "
+       "serve 8192 on 70 GiB or more but an A100, else 2048, the LLM class 16384 / 8192; transformers the "
+       "whole prompt)", group=_GRAPHS, maximum=MAX_SEQ),
     _o("vllm_entrypoint", str, "serve", SV, "vLLM's entry point, whose batch defaults differ: serve (vllm "
        "serve, the OpenAI server) or llm (the offline LLM class)", group=_GRAPHS, choices=VLLM_ENTRYPOINTS),
     _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "

@@ -56,8 +56,10 @@ from peakmem.formulas.serving.speculative import (
 )
 from peakmem.formulas.weights import WeightRow
 from peakmem.inference import Engine
-from peakmem.vllm_defaults import batch_note
+from peakmem.vllm_defaults import V0_MAX_NUM_SEQS, batch_note
 
+# the rows peakmem's sampler warm-up takes for SGLang (vLLM V0's, as before; SGLang's own not read)
+SGLANG_SAMPLER_ROWS = V0_MAX_NUM_SEQS
 # The engines that preallocate a KV pool: a request fits when the pool holds it (serving_fit).
 POOLED_ENGINES = (Engine.VLLM, Engine.SGLANG)
 
@@ -71,15 +73,17 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
-    # the prefill chunk: vLLM's max_num_batched_tokens and max_num_seqs by release, GPU and entry point
-    # (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier (peakmem.sglang_defaults); the
-    # given --prefill-chunk / --max-num-seqs kept
-    batch = s.vllm_batch(c.context)
-    sglang = s.engine is Engine.SGLANG
-    chunk = s.sglang_defaults(s.gpu_bytes).chunked_prefill_size if sglang else batch.max_num_batched_tokens
+    # the prefill chunk and the sampler warm-up's rows: vLLM's max_num_batched_tokens and max_num_seqs by
+    # release, GPU and entry point (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier
+    # (peakmem.sglang_defaults) and 256 rows (its own warm-up not read); the given --prefill-chunk /
+    # --max-num-seqs kept
+    batch = None if s.engine is Engine.SGLANG else s.vllm_batch(c.context)
+    if batch is None:
+        chunk, max_num_seqs = s.sglang_defaults(s.gpu_bytes).chunked_prefill_size, SGLANG_SAMPLER_ROWS
+    else:
+        chunk, max_num_seqs = batch.max_num_batched_tokens, batch.max_num_seqs
     vocab = -(-c.spec.vocab_size // s.tp)
     act = layer_transient_bytes(c.spec, chunk, c.act_bytes, s.tp, fused=True)
-    max_num_seqs = batch.max_num_seqs
     # vLLM from 0.9: its profile as the 0.19 logs give it (formulas/serving/vllm_profile.py) - the sampler
     # warm-up over the whole vocabulary on every rank, and what the device gains outside torch in the profile
     logged = s.engine is Engine.VLLM and vllm_profile.measured(s.version)
@@ -120,7 +124,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         "kv_needed_bytes": needed,
         "prefill_chunk_tokens": chunk,
     }
-    if s.engine is Engine.VLLM:
+    if batch is not None:
         extra["max_num_seqs"] = max_num_seqs
         if batch.defaulted:
             notes.append(batch_note(batch, s.vllm_entrypoint))
