@@ -11,7 +11,7 @@ band?, flags; then median |error|, how many within 10 %, band coverage, and how 
 low (estimate below the measurement, the OOM side) and high. A KV pool (``vllm_available_kv_cache``) is
 what is left, not what is used: its sides are read in memory-use terms, so an estimate above the logged
 pool (peakmem's non-KV memory below vLLM's) is a miss low, and its error counts on the low side when
-positive (``USE_INVERTED``). Points peakmem cannot be asked are listed
+positive (``_scale_bands.USE_INVERTED``). Points peakmem cannot be asked are listed
 with the reason (from the file, or the error peakmem raised). It sets no formula, constant or band
 term: the lead reads the held-out table.
 
@@ -235,6 +235,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from _scale_bands import band as _band
+from _scale_bands import miss_side, miss_text, use_error
+
 if TYPE_CHECKING:
     from peakmem.device import Gpu
 
@@ -298,8 +301,6 @@ WEIGHTS = {
 VLLM_KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 # job.optimizer spellings that differ from peakmem's --optimizer
 OPTIMIZERS = {"paged-adamw-32bit": "paged-adamw"}  # bitsandbytes.optim.PagedAdamW
-# quantities that are what the job leaves, not what it uses: a miss or error is read with its sign turned
-USE_INVERTED = ("vllm_available_kv_cache",)
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
 SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 19)))  # split_rule_2 .. _18
 # the flag of each later search's points, in the order of SPLIT_RULES[1:]
@@ -519,62 +520,6 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
-    """vLLM's non-KV memory as peakmem sizes the pool (budget less pool) and its band: the formula residual
-    on what the allocator holds and the range of what lies outside it (from vLLM 0.19 the logged non-torch
-    increase, formulas/serving/vllm_profile.py; before, the CUDA context's: formulas/band.py)."""
-    from peakmem.formulas.band import build_band, context_term, residual_term
-    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
-    from peakmem.formulas.serving.vllm_profile import NonTorch, non_torch_term
-
-    verdict = data["verdicts"][0]
-    likely = verdict["memory_budget_bytes"] - verdict["kv_pool_bytes"]
-    if "vllm_non_torch_bytes" in data:
-        outside = data["vllm_non_torch_bytes"]
-        span = non_torch_term(NonTorch(low=data["vllm_non_torch_low_bytes"], likely=outside,
-                                       high=data["vllm_non_torch_high_bytes"]))  # fmt: skip
-    else:
-        outside, span = CUDA_CONTEXT_BYTES, context_term(CUDA_CONTEXT_BYTES, assumed=True)
-    allocated = likely - outside
-    terms = (residual_term(allocated), span)
-    b = build_band(allocated=allocated, reserved=allocated, device_total=likely, terms=terms).device_total
-    return b.low, b.likely, b.high
-
-
-def _pool_band(data: dict[str, Any]) -> tuple[int, int, int]:
-    """vLLM's KV pool as peakmem sizes it on the point's GPU and its band: the budget less the non-KV band
-    (:func:`_non_kv_band`), low and high swapped."""
-    budget = data["verdicts"][0]["memory_budget_bytes"]
-    low, likely, high = _non_kv_band(data)
-    return budget - high, budget - likely, budget - low
-
-
-def _band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[int, int, int]:
-    """(low, likely, high) bytes of the estimate for ``quantity`` (``nvml_v1_used``: on ``gpu``)."""
-    from peakmem.formulas.overhead import nvml_v1_used_bytes
-
-    if quantity == "vllm_non_kv":
-        return _non_kv_band(data)
-    if quantity == "vllm_available_kv_cache":
-        return _pool_band(data)
-    band = data["band"]
-    if quantity == "allocated_plus_external":
-        alloc = band["allocated"]
-        external = data["device_total_bytes"] - data["peak_reserved_bytes"]
-        terms = [t for t in band["terms"] if t["applies_to"] == "device_total"]
-        ext_low = external + sum(t["low_bytes"] for t in terms)
-        ext_high = external + sum(t["high_bytes"] for t in terms)
-        return alloc["low_bytes"] + ext_low, alloc["likely_bytes"] + external, alloc["high_bytes"] + ext_high
-    if quantity == "nvml_v1_used":
-        assert gpu is not None, "nvml_v1_used needs the point's GPU"
-        b = band["device_total"]
-        extra = nvml_v1_used_bytes(data["device_total_bytes"], gpu) - data["device_total_bytes"]
-        return b["low_bytes"] + extra, b["likely_bytes"] + extra, b["high_bytes"] + extra
-    row = {"peak_reserved": "reserved", "peak_allocated": "allocated", "nvidia_smi": "device_total"}[quantity]
-    b = band[row]
-    return b["low_bytes"], b["likely_bytes"], b["high_bytes"]
-
-
 def catalog_gpu(p: dict[str, Any]) -> Gpu | None:
     """:func:`point_gpu`, or None where the point names no GPU or one the catalog does not hold."""
     from peakmem.errors import UnknownNameError
@@ -650,7 +595,7 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
         "band_kind": band_kind(p),
         "excess": (min(0, measured - bare_low) / allocated, max(0, measured - bare_high) / allocated),
         "error": likely / measured - 1, "in_band": low <= measured <= high,
-        "band_miss": _miss_side(row["quantity"], low, high, measured),
+        "band_miss": miss_side(row["quantity"], low, high, measured),
         "peak_phase": result.data.get("peak_phase"),
     }  # fmt: skip
 
@@ -706,31 +651,6 @@ def residuals(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _miss_side(quantity: str, low: int, high: int, measured: int) -> str | None:
-    """None inside the band; else "low" where peakmem's memory use is below the measured one (the OOM
-    side: the band below a use, or above a pool, USE_INVERTED) and "high" otherwise."""
-    if low <= measured <= high:
-        return None
-    below = high < measured
-    return "low" if below != (quantity in USE_INVERTED) else "high"
-
-
-def _miss_text(r: dict[str, Any]) -> str:
-    """The table's side of a miss; a pool's says so (its "low" is an estimate above the logged pool)."""
-    return r["band_miss"] + (
-        ": the pool too large"
-        if r["quantity"] in USE_INVERTED and r["band_miss"] == "low"
-        else ": the pool too small"
-        if r["quantity"] in USE_INVERTED
-        else ""
-    )
-
-
-def _use_error(r: dict[str, Any]) -> float:
-    """The row's error in memory-use terms (a pool's turned: see USE_INVERTED)."""
-    return -r["error"] if r["quantity"] in USE_INVERTED else r["error"]
-
-
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median |error|, within 10 %, band coverage and the sides of the misses of estimated rows."""
     est = [r for r in rows if "error" in r]
@@ -745,8 +665,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "in_band": sum(r["in_band"] for r in est),
         "band_miss_low": sum(r["band_miss"] == "low" for r in est),
         "band_miss_high": sum(r["band_miss"] == "high" for r in est),
-        "beyond_10pct_low": sum(_use_error(r) < -WITHIN for r in est),
-        "beyond_10pct_high": sum(_use_error(r) > WITHIN for r in est),
+        "beyond_10pct_low": sum(use_error(r) < -WITHIN for r in est),
+        "beyond_10pct_high": sum(use_error(r) > WITHIN for r in est),
         # the band's width as a share of its likely value (issue 27: a median of at most 25 %)
         "median_band_width": statistics.median(
             (r["high_gib"] - r["low_gib"]) / r["estimate_gib"] for r in est
@@ -783,7 +703,7 @@ def render(rows: list[dict[str, Any]]) -> str:
                 f"| {r['id']} | {r['kind']} | {r['quantity']} | {r['measured_gib']:.2f} | "
                 f"{r['estimate_gib']:.2f} | {100 * r['error']:+.1f} % | "
                 f"{r['low_gib']:.1f}-{r['high_gib']:.1f} | "
-                f"{'yes' if r['in_band'] else 'no (' + _miss_text(r) + ')'} | {r['flags']} |"
+                f"{'yes' if r['in_band'] else 'no (' + miss_text(r) + ')'} | {r['flags']} |"
             )
         out.append(f"\n{name}: {_summary_line(summary(rs))}\n")
         examined = [r["id"] for r in rs if "E" in r["flags"]]

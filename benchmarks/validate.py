@@ -87,7 +87,7 @@ class Case:
 def _oom_side(c: Case) -> bool:
     """A miss on the OOM side: the band below a measured use, or above a measured pool (what the job leaves:
     published_scale.USE_INVERTED)."""
-    from published_scale import USE_INVERTED
+    from _scale_bands import USE_INVERTED
 
     return (c.measured < (c.low or 0)) if c.quantity in USE_INVERTED else (c.measured > (c.high or 0))
 

@@ -1,4 +1,4 @@
-"""vLLM >= 0.19: what its memory profile subtracts from ``gpu_memory_utilization`` x GPU, as logged.
+"""vLLM >= 0.9: what its memory profile subtracts from ``gpu_memory_utilization`` x GPU, as 0.19 logs it.
 
 vLLM 0.19 logs the split it sizes the KV pool with (vllm/v1/worker/gpu_worker.py
 ``determine_available_memory``, at DEBUG/INFO: "Total non KV cache memory: X; torch peak memory increase:
@@ -17,6 +17,9 @@ it. The CUDA context and the NCCL communicators of worker init are the baseline 
 Both from the FITTING half of the seventeenth search's llm-d-planner logs (benchmarks/published_scale.json,
 kind serve-vllm-v1-kv-pool, set fit; vLLM 0.19.0, H100 80GB HBM3, max_num_seqs 1024), set on
 2026-12-07 after that search's blind estimate had been read (its held-out points are flagged examined).
+The same accounting from 0.9 (:data:`BASELINE_RELEASE`) and the warm-up's top-k / top-p path by release
+(:func:`bytes_per_logit`) were set from vLLM's source and the eighteenth search's FITTING pools after its
+blind estimate (its held-out points flagged examined too).
 """
 
 from __future__ import annotations
