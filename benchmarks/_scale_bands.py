@@ -80,13 +80,9 @@ def miss_side(quantity: str, low: int, high: int, measured: int) -> str | None:
 
 def miss_text(r: dict[str, Any]) -> str:
     """The table's side of a miss; a pool's says so (its "low" is an estimate above the logged pool)."""
-    return r["band_miss"] + (
-        ": the pool too large"
-        if r["quantity"] in USE_INVERTED and r["band_miss"] == "low"
-        else ": the pool too small"
-        if r["quantity"] in USE_INVERTED
-        else ""
-    )
+    if r["quantity"] not in USE_INVERTED:
+        return str(r["band_miss"])
+    return r["band_miss"] + (": the pool too large" if r["band_miss"] == "low" else ": the pool too small")
 
 
 def use_error(r: dict[str, Any]) -> float:

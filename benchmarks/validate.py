@@ -85,11 +85,11 @@ class Case:
 
 
 def _oom_side(c: Case) -> bool:
-    """A miss on the OOM side: the band below a measured use, or above a measured pool (what the job leaves:
-    published_scale.USE_INVERTED)."""
-    from _scale_bands import USE_INVERTED
+    """A miss on the OOM side: the band below a measured use, or above a measured pool
+    (_scale_bands.miss_side)."""
+    from _scale_bands import miss_side
 
-    return (c.measured < (c.low or 0)) if c.quantity in USE_INVERTED else (c.measured > (c.high or 0))
+    return miss_side(c.quantity, c.low or 0, c.high or 0, c.measured) == "low"
 
 
 def case_of(origin: str, name: str, job: str, quantity: str, measured: int, est: Estimate) -> Case:

@@ -25,7 +25,7 @@ def _batch(version: tuple[int, int], gpu: Any, entrypoint: str = "serve", **kw: 
     b = vllm_batch(version, gpu_bytes=gpu.usable_bytes if gpu else None,
                    gpu_name=gpu.display_name if gpu else "", entrypoint=entrypoint,
                    max_model_len=kw.pop("max_model_len", 8192), **kw)  # fmt: skip
-    return b.max_num_seqs, b.max_num_batched_tokens, b.tier
+    return b.max_num_seqs, b.max_num_batched_tokens, b.tier.name if b.tier else "v0"
 
 
 @pytest.mark.parametrize(

@@ -42,14 +42,26 @@ LARGEST_TIER_RELEASE = (0, 28)  # >= 160 GiB: 16384 tokens for the server too
 LARGE_GPU_BYTES = 70 * GiB  # "device_memory >= 70 * GiB_bytes"
 LARGEST_GPU_BYTES = 160 * GiB  # "device_memory >= 160 * GiB_bytes" (0.28 on)
 A100_NAME = "a100"  # '"a100" not in device_name' (0.9.0 on; PR #17885: larger batches cost A100 throughput)
-# (max_num_batched_tokens for serve, for llm; max_num_seqs) per tier
-LARGE_TIER = (8192, 16384, 1024)
-SMALL_TIER = (2048, 8192, 256)
-LARGEST_TIER = (16384, 16384, 1024)
-TIER_WHERE = {
-    "large": "a GPU of 70 GiB or more (not an A100)", "largest": "a GPU of 160 GiB or more",
-    "small": "a GPU under 70 GiB, an A100, or none named",
-}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tier:
+    """One of get_batch_defaults' branches: max_num_batched_tokens for ``vllm serve`` and for the LLM
+    class, max_num_seqs, and the GPUs it covers (said in the answer)."""
+
+    name: str
+    serve_tokens: int
+    llm_tokens: int
+    max_num_seqs: int
+    where: str
+
+
+LARGE_TIER = Tier(name="large", serve_tokens=8192, llm_tokens=16384, max_num_seqs=1024,
+                  where="a GPU of 70 GiB or more (not an A100)")  # fmt: skip
+SMALL_TIER = Tier(name="small", serve_tokens=2048, llm_tokens=8192, max_num_seqs=256,
+                  where="a GPU under 70 GiB, an A100, or none named")  # fmt: skip
+LARGEST_TIER = Tier(name="largest", serve_tokens=16384, llm_tokens=16384, max_num_seqs=1024,
+                    where="a GPU of 160 GiB or more")  # fmt: skip
 # V0: EngineArgs max_num_seqs 256; the profile's chunk peakmem takes there (V0's max(max_model_len, 2048)
 # not modelled)
 V0_MAX_NUM_SEQS = 256
@@ -63,7 +75,7 @@ class VllmBatch:
     max_num_seqs: int
     max_num_batched_tokens: int
     defaulted: bool  # at least one of them is vLLM's choice (the answer says which tier)
-    tier: str  # "large" (>= 70 GiB), "largest" (>= 160 GiB, 0.28 on), "small", or "v0"
+    tier: Tier | None  # None: the V0 engine (before 0.8)
 
 
 def check_entrypoint(entrypoint: object) -> None:
@@ -73,15 +85,15 @@ def check_entrypoint(entrypoint: object) -> None:
             f"choose one of {choices} (vllm serve, or the offline LLM class)")  # fmt: skip
 
 
-def _tier(version: tuple[int, int], gpu_bytes: int | None, gpu_name: str) -> tuple[str, tuple[int, int, int]]:
+def _tier(version: tuple[int, int], gpu_bytes: int | None, gpu_name: str) -> Tier:
     """The tier vLLM ``version`` puts a GPU of ``gpu_bytes`` named ``gpu_name`` in."""
     memory = gpu_bytes or 0  # vLLM's "device_memory = 0" when it cannot read the device
     a100 = version >= MEMORY_TIER_RELEASE and A100_NAME in gpu_name.lower()
     if version >= LARGEST_TIER_RELEASE and memory >= LARGEST_GPU_BYTES:
-        return "largest", LARGEST_TIER
+        return LARGEST_TIER
     if memory >= LARGE_GPU_BYTES and not a100:
-        return "large", LARGE_TIER
-    return "small", SMALL_TIER
+        return LARGE_TIER
+    return SMALL_TIER
 
 
 def vllm_batch(
@@ -102,13 +114,13 @@ def vllm_batch(
     if version < V1_RELEASE:
         seqs = max_num_seqs if max_num_seqs is not None else V0_MAX_NUM_SEQS
         tokens = max_num_batched_tokens if max_num_batched_tokens is not None else V0_MAX_NUM_BATCHED_TOKENS
-        return VllmBatch(max_num_seqs=seqs, max_num_batched_tokens=tokens, defaulted=defaulted, tier="v0")
-    tier, (serve_tokens, llm_tokens, tier_seqs) = _tier(version, gpu_bytes, gpu_name)
-    seqs = max_num_seqs if max_num_seqs is not None else tier_seqs
+        return VllmBatch(max_num_seqs=seqs, max_num_batched_tokens=tokens, defaulted=defaulted, tier=None)
+    tier = _tier(version, gpu_bytes, gpu_name)
+    seqs = max_num_seqs if max_num_seqs is not None else tier.max_num_seqs
     if max_num_batched_tokens is not None:
         chunk = max_num_batched_tokens
     else:
-        chunk = serve_tokens if entrypoint == "serve" else llm_tokens
+        chunk = tier.serve_tokens if entrypoint == "serve" else tier.llm_tokens
         if version >= CAPPED_RELEASE and max_model_len is not None:
             chunk = min(seqs * max_model_len, chunk)
     if max_num_seqs is None and version >= CAPPED_RELEASE:
@@ -118,16 +130,15 @@ def vllm_batch(
 
 def batch_note(batch: VllmBatch, entrypoint: str) -> str:
     """The answer's assumption line where vLLM chose either value."""
-    if batch.tier == "v0":
+    if batch.tier is None:
         return (
             f"vLLM V0 (before 0.8): max_num_seqs {batch.max_num_seqs} (EngineArgs); the profile's chunk "
             f"taken as {batch.max_num_batched_tokens} tokens (V0's own max(max_model_len, 2048) not "
             "modelled; peakmem.vllm_defaults)"
         )
-    where = TIER_WHERE[batch.tier]
     how = "vllm serve" if entrypoint == "serve" else "the offline LLM class"
     return (
-        f"vLLM's batch defaults for {how} on {where}: max_num_seqs {batch.max_num_seqs}, "
+        f"vLLM's batch defaults for {how} on {batch.tier.where}: max_num_seqs {batch.max_num_seqs}, "
         f"max_num_batched_tokens {batch.max_num_batched_tokens} (the values given kept; "
         "--vllm-entrypoint llm for the LLM class; peakmem.vllm_defaults)"
     )

@@ -221,7 +221,7 @@ def _seqs_options(setup: InferenceSetup) -> tuple[int, ...]:
     """vLLM's max_num_seqs to try where vLLM picks it: its small tier's (peakmem.vllm_defaults), which a GPU
     of 70 GiB or more raises to 1024; the profile's sampler warm-up scales with it. Only where the job's
     concurrent sequences still run in one step (the job unchanged)."""
-    small = SMALL_TIER[2]
+    small = SMALL_TIER.max_num_seqs
     if setup.engine.value != "vllm" or setup.max_num_seqs is not None or setup.batch > small:
         return ()
     return (small,)
