@@ -77,8 +77,8 @@ def vllm_rows() -> list[str]:
     spec = spec_from_config(get_model("llama-3-8b").config, name="llama-3-8b")
     out = []
     for pid, tp, weights_gib, kv_gib in VLLM_POINTS:
-        # the PR's logs are of vLLM's main branch between 0.6.4 and 0.6.5, before the logged profile that
-        # formulas/serving/vllm_profile.py reads (0.19)
+        # the PR's logs are of vLLM's main branch between 0.6.4 and 0.6.5: V0, before the V1 worker's
+        # accounting formulas/serving/vllm_profile.py models (0.9 on)
         setup = InferenceSetup(engine=Engine.VLLM, context=8192, tp=tp, engine_version="0.6")
         fit = serving_fit(spec, setup, int(79.22 * GiB))  # the pool vLLM carves out of that GPU
         pool = fit.pool_bytes
