@@ -131,16 +131,54 @@ def _shard(nbytes: int, tp: int) -> int:
     return -(-nbytes // tp)
 
 
-def sharded_weight_bytes(rows: tuple[WeightRow, ...], tp: int, layout: ServingLayout | None = None) -> int:
+# MLA's down-projections run whole on every tensor-parallel rank of the serving engines: vLLM
+# model_executor/models/deepseek_v2.py DeepseekV2MLAAttention (q_a_proj and kv_a_proj_with_mqa
+# ReplicatedLinear, or fused_qkv_a_proj MergedColumnParallelLinear(disable_tp=True); read in 0.13.0 and
+# 0.18.0), SGLang models/deepseek_v2.py (fused_qkv_a_proj_with_mqa = ReplicatedLinear). DeepSeek-V3 at TP 8:
+# 0.75 GiB more a rank than an even split.
+MLA_REPLICATED_MODULES = frozenset({"q_a_proj", "kv_a_proj_with_mqa"})
+REPLICATING_ENGINES = (Engine.VLLM, Engine.SGLANG)
+
+
+def sharded_weight_bytes(
+    rows: tuple[WeightRow, ...], tp: int, layout: ServingLayout | None = None, *, mla_replicated: bool = False
+) -> int:
     """Weights on one tensor-parallel rank: linears, embeddings, head and experts split ``tp`` ways
-    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated.
+    (Megatron-style column/row parallel, vocab-parallel embedding); norms and routers replicated, and
+    with ``mla_replicated`` (vLLM, SGLang) MLA's down-projections (:data:`MLA_REPLICATED_MODULES`).
     ``layout``: the deployment's (peakmem.serving_layout): attention split ``attention_tp`` ways, the
     token embedding ``embedding_tp``, experts ``expert_ways``."""
     total = 0
     for r in rows:
         replicated = r.component in ("norms", "router") or "norm" in r.name
+        if mla_replicated and r.component == "attention":
+            replicated |= _module(r.name) in MLA_REPLICATED_MODULES
         ways = 1 if replicated else _ways(r, tp, layout)
         total += r.bytes if ways == 1 else _shard(r.bytes, ways)
+    return total
+
+
+def _module(name: str) -> str:
+    """The module of a parameter's name ("self_attn.q_a_proj.weight" -> "q_a_proj")."""
+    parts = name.split(".")
+    return parts[-2] if len(parts) > 1 else name
+
+
+def mla_absorbed_bytes(c: ServingContext) -> int:
+    """vLLM's MLA keeps ``W_UK`` / ``W_UV`` as views of a compute-dtype copy of ``kv_b_proj`` when its
+    weight is quantized (layers/attention/mla_attention.py ``process_weights_after_loading``:
+    ``get_and_maybe_dequant_weights(self.kv_b_proj, out_dtype=act_dtype)``, which returns the 16-bit weight
+    itself when unquantized; read in 0.18.0), and keeps ``kv_b_proj`` for prefill: kv_lora_rank x the rank's
+    heads x (qk_nope + v_head) elements a layer. 0 for other engines and 16-bit weights."""
+    if c.setup.engine is not Engine.VLLM or not c.setup.weight_format.is_quantized:
+        return 0
+    total = 0
+    for g in c.spec.groups:
+        att = g.layer.attention
+        if att.is_mla:
+            heads = -(-att.num_heads // c.setup.layout.attention_tp)
+            nope = att.head_dim - att.qk_rope_head_dim
+            total += g.count * att.kv_lora_rank * heads * (nope + att.v_head_dim) * c.act_bytes
     return total
 
 
@@ -297,6 +335,8 @@ def weights_item(c: ServingContext, rows: tuple[WeightRow, ...]) -> MemoryItem:
     return MemoryItem(
         path=f"{WEIGHTS_ITEM_PREFIX}{fmt.name})",
         category=Category.PARAMETERS,
-        bytes=sharded_weight_bytes(rows, c.setup.tp, c.setup.layout),
+        bytes=sharded_weight_bytes(
+            rows, c.setup.tp, c.setup.layout, mla_replicated=c.setup.engine in REPLICATING_ENGINES
+        ),
         source="formulas/weights.py",
     )

@@ -22,6 +22,7 @@ from peakmem.formulas.serving.context import (
     ServingContext,
     cache_bytes,
     hybrid_block,
+    mla_absorbed_bytes,
     state_items,
     state_per_sequence,
     weights_item,
@@ -73,6 +74,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
+    absorbed = mla_absorbed_rows(c)
     # the prefill chunk and the sampler warm-up's rows: vLLM's max_num_batched_tokens and max_num_seqs by
     # release, GPU and entry point (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier
     # (peakmem.sglang_defaults) and 256 rows (its own warm-up not read); the given --prefill-chunk /
@@ -98,8 +100,16 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
                           spec_tokens=s.num_speculative_tokens or 0, max_num_seqs=max_num_seqs)  # fmt: skip
     graph_bytes = graphs.bytes if graphs is not None else 0
     graph_low, graph_high = graph_band(graphs)
+    # vLLM 0.14 on: the modular MoE kernels' workspace, grown by the profile's forward, is still held in the
+    # sampler warm-up (formulas/serving/vllm_profile.py MODULAR_MOE_RELEASE)
+    workspace = 0
+    if logged and vllm_profile.holds_moe_workspace(s.version, s.weight_format, s.gpu_architecture):
+        slices = 1 if s.layout.ep > 1 else s.layout.expert_ways
+        workspace = vllm_profile.moe_workspace_bytes(c.spec, chunk, slices, c.act_bytes, s.version)
     # SGLang DP attention: the tokens of every DP rank gathered before the MLP (formulas/serving/parallel.py)
-    activations = max(act, sampler) + dp_gathered_bytes(c.spec.hidden_size, chunk, s.layout, c.act_bytes)
+    activations = max(act, sampler + workspace) + dp_gathered_bytes(
+        c.spec.hidden_size, chunk, s.layout, c.act_bytes
+    )
     # vLLM's hybrid KV-cache manager keeps each sequence's SSM / linear-attention state in the same
     # pool (vllm/v1/kv_cache_interface.py MambaSpec), one padded page per stateful layer: a sequence needs
     # its KV and its state. SGLang keeps the states in a MambaPool of their own (sglang_mamba_slots).
@@ -166,7 +176,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(s.gpu_bytes * s.memory_fraction(s.gpu_bytes))
         # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
-        resident = weights.bytes + sum(i.bytes for i in (draft_w, draft_buf) if i is not None)
+        resident = weights.bytes + sum(i.bytes for i in (*absorbed, draft_w, draft_buf) if i is not None)
         outside = draft_outside_budget(c)
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
@@ -277,11 +287,12 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     ]
     lora_rows = [lora] if lora is not None else []
-    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in [*lora_rows, *draft_resident]) + needed
+    held = [*absorbed, *lora_rows, *draft_resident]
+    extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in held) + needed
     graph_rows = _graph_rows(graphs, extra, notes)
     return EngineMemory(
-        prefill=[weights, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
-        decode=[weights, *lora_rows, *draft_rows, kv_item, *states, decode_tmp, *graph_rows],
+        prefill=[weights, *absorbed, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
+        decode=[weights, *absorbed, *lora_rows, *draft_rows, kv_item, *states, decode_tmp, *graph_rows],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
@@ -290,6 +301,15 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
             *((vllm_profile.non_torch_term(non_torch),) if non_torch is not None else ()),
         ),
     )
+
+
+def mla_absorbed_rows(c: ServingContext) -> list[MemoryItem]:
+    """vLLM's 16-bit copy of a quantized MLA kv_b_proj, as a row (none where there is none)."""
+    n = mla_absorbed_bytes(c)
+    if not n:
+        return []
+    return [MemoryItem(path="MLA W_UK / W_UV (compute-dtype copy of kv_b_proj)", category=Category.PARAMETERS,
+                       bytes=n, source="formulas/serving/context.py mla_absorbed_bytes")]  # fmt: skip
 
 
 def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: list[str]) -> list[MemoryItem]:

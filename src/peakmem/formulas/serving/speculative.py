@@ -72,7 +72,7 @@ from dataclasses import replace
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.kv_cache import kv_bytes_per_token, kv_cache_bytes
-from peakmem.formulas.serving.context import ServingContext, sharded_weight_bytes
+from peakmem.formulas.serving.context import REPLICATING_ENGINES, ServingContext, sharded_weight_bytes
 from peakmem.formulas.serving.eagle import EAGLE3
 from peakmem.formulas.weights import weight_rows
 from peakmem.inference import Engine, WeightFormat, parse_weight_format
@@ -107,7 +107,9 @@ def draft_weight_bytes(c: ServingContext) -> int:
     d, fmt = c.setup.draft, draft_format(c)
     if d is None or d.spec is None or fmt is None:
         return 0
-    return sharded_weight_bytes(weight_rows(d.spec, fmt), c.setup.tp)
+    return sharded_weight_bytes(
+        weight_rows(d.spec, fmt), c.setup.tp, mla_replicated=c.setup.engine in REPLICATING_ENGINES
+    )
 
 
 # EagleProposer's persistent buffers per token (vllm/v1/spec_decode/eagle.py ``__init__``:

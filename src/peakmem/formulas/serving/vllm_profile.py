@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peakmem.breakdown import BandTerm
+from peakmem.inference import Scheme, WeightFormat
+from peakmem.model import ModelSpec
 from peakmem.units import GiB
 
 # the release whose logs these figures come from (and later ones, until a log says otherwise)
@@ -57,6 +59,58 @@ SORT_BYTES_PER_LOGIT = 36.92
 # Kimi-Dev-72B, tests/test_vllm_profile.py lists them): 14.83 (Gemma-2-2B) .. 15.88 (Phi-4) B per logit,
 # median 15.25 (Qwen3-8B), less 2 for the bf16 logits. The fp32 Llama-3.1-8B reads 18.07 (this gives 17.25)
 SAMPLER_BYTES_PER_LOGIT = 13.25
+
+
+# From vLLM 0.14 the fused-MoE layers run as modular kernels (layers/fused_moe/modular_kernel.py
+# ``_allocate_buffers``) whose intermediate caches are views of the worker's WorkspaceManager buffer
+# (v1/worker/workspace.py: one uint8 tensor a micro-batch, grown on first use, never freed). The profile's
+# dummy forward grows it to the chunk's size, and the sampler warm-up that follows (gpu_model_runner.py
+# ``profile_run``) runs with it still held, so the profile's torch peak is that buffer plus the sampler's.
+# 0.13 called the plain ``fused_experts`` (unquantized_fused_moe_method.py, fp8.py), whose caches are
+# freed. Triton's shapes (fused_moe.py ``TritonExperts.workspace_shapes``, 0.14.1-0.19.0): [M, k,
+# max(N / 2, K)] and [M, k, max(N, K)] in the activations' dtype, the output a view of the first (N: the
+# rank's gate + up rows, K: hidden, k: experts a token). Which layers run it: 16-bit experts on every
+# platform (oracle/unquantized.py: Triton unless FlashInfer's opt-in or ROCm AITER's), block-FP8 experts
+# on Hopper (oracle/fp8.py: Triton first for tensor parallelism from 0.17; 0.14-0.16 Triton at TP >= 8 and
+# DeepGEMM's larger M-aligned workspace below it where DeepGEMM is installed, which peakmem does not
+# price). Not priced: other formats (FlashInfer, Marlin, triton_kernels MXFP4 paths), Blackwell's FP8.
+# The llm-d-planner 0.19 fitting logs' torch peak increase (H100, 1024 rows, 8192 tokens) is this buffer
+# plus the sampler's 15.25 B a logit: DeepSeek-V2-Lite 1.93 GiB (0.45 + 1.49), Qwen3-30B-A3B 2.68 (0.50 +
+# 2.21), Qwen1.5-MoE-A2.7B 2.47 (0.30 + 2.21).
+MODULAR_MOE_RELEASE = (0, 14)
+# to 0.17 the modular kernel cut M into chunks of VLLM_FUSED_MOE_CHUNK_SIZE tokens (envs.py: 16 x 1024),
+# the output apart when more than one; 0.18 dropped the chunking
+UNCHUNKED_MOE_RELEASE = (0, 18)
+FUSED_MOE_CHUNK_TOKENS = 16 * 1024
+WORKSPACE_ALIGN = 256  # WorkspaceManager.get_simultaneous rounds each view up to 256 B
+
+
+def holds_moe_workspace(version: tuple[int, int], fmt: WeightFormat, architecture: str) -> bool:
+    """Whether vLLM ``version``'s MoE layers keep the modular kernels' workspace for ``fmt`` experts on a
+    GPU of ``architecture`` (see :data:`MODULAR_MOE_RELEASE`)."""
+    if version < MODULAR_MOE_RELEASE:
+        return False
+    return fmt.scheme is Scheme.FLOAT or (fmt.scheme is Scheme.FP8_BLOCK and architecture == "hopper")
+
+
+def moe_workspace_bytes(
+    spec: ModelSpec, tokens: int, expert_slices: int, act_bytes: int, version: tuple[int, int]
+) -> int:
+    """The WorkspaceManager buffer the largest MoE layer grows for a ``tokens``-token forward, its experts'
+    intermediate rows split ``expert_slices`` ways (0 for a dense model)."""
+    m = tokens if version >= UNCHUNKED_MOE_RELEASE else min(tokens, FUSED_MOE_CHUNK_TOKENS)
+    best = 0
+    for g in spec.groups:
+        mlp = g.layer.mlp
+        if not mlp.is_moe:
+            continue
+        width = -(-mlp.intermediate_size // expert_slices)
+        n, h, k = (2 * width if mlp.gated else width), spec.hidden_size, mlp.experts_per_token
+        views = [m * k * max(width, h), m * k * max(n, h)]
+        if m < tokens:  # chunked: the whole output apart
+            views.append(tokens * h)
+        best = max(best, sum(-(-v * act_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN for v in views))
+    return best
 
 
 @dataclass(frozen=True, kw_only=True)
