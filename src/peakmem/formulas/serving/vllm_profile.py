@@ -67,16 +67,17 @@ SAMPLER_BYTES_PER_LOGIT = 13.25
 # dummy forward grows it to the chunk's size, and the sampler warm-up that follows (gpu_model_runner.py
 # ``profile_run``) runs with it still held, so the profile's torch peak is that buffer plus the sampler's.
 # 0.13 called the plain ``fused_experts`` (unquantized_fused_moe_method.py, fp8.py), whose caches are
-# freed. Triton's shapes (fused_moe.py ``TritonExperts.workspace_shapes``, 0.14.1-0.19.0): [M, k,
-# max(N / 2, K)] and [M, k, max(N, K)] in the activations' dtype, the output a view of the first (N: the
-# rank's gate + up rows, K: hidden, k: experts a token). Which layers run it: 16-bit experts on every
-# platform (oracle/unquantized.py: Triton unless FlashInfer's opt-in or ROCm AITER's), block-FP8 experts
-# on Hopper (oracle/fp8.py: Triton first for tensor parallelism from 0.17; 0.14-0.16 Triton at TP >= 8 and
-# DeepGEMM's larger M-aligned workspace below it where DeepGEMM is installed, which peakmem does not
-# price). Not priced: other formats (FlashInfer, Marlin, triton_kernels MXFP4 paths), Blackwell's FP8.
-# The llm-d-planner 0.19 fitting logs' torch peak increase (H100, 1024 rows, 8192 tokens) is this buffer
-# plus the sampler's 15.25 B a logit: DeepSeek-V2-Lite 1.93 GiB (0.45 + 1.49), Qwen3-30B-A3B 2.68 (0.50 +
-# 2.21), Qwen1.5-MoE-A2.7B 2.47 (0.30 + 2.21).
+# freed, except block-FP8 through DeepGEMM (TP < 8 where DeepGEMM is installed: deep_gemm_moe_fp8 builds a
+# modular kernel), not priced. Triton's shapes (fused_moe.py ``TritonExperts.workspace_shapes``,
+# 0.14.1-0.19.0): [M, k, max(N / 2, K)] and [M, k, max(N, K)] in the activations' dtype, the output a view
+# of the first (N: the rank's gate + up rows, K: hidden, k: experts a token). Which layers run it: 16-bit
+# experts on every platform (oracle/unquantized.py: Triton unless FlashInfer's opt-in or ROCm AITER's),
+# block-FP8 experts on Hopper (oracle/fp8.py: Triton first for tensor parallelism from 0.17; 0.14-0.16
+# Triton at TP >= 8, and below it DeepGEMM's larger M-aligned workspace where DeepGEMM is installed, which
+# peakmem does not price). Not priced: other formats (FlashInfer, Marlin, triton_kernels MXFP4 paths) and
+# Blackwell's FP8 experts. The llm-d-planner 0.19 fitting logs' torch peak increase (H100, 1024 rows, 8192
+# tokens) reads this buffer plus the sampler's 15.25 B a logit within 2 %: DeepSeek-V2-Lite 1.93 GiB (0.45 +
+# 1.49), Qwen3-30B-A3B 2.68 (0.50 + 2.21), Qwen1.5-MoE-A2.7B 2.47 (0.30 + 2.21).
 MODULAR_MOE_RELEASE = (0, 14)
 # to 0.17 the modular kernel cut M into chunks of VLLM_FUSED_MOE_CHUNK_SIZE tokens (envs.py: 16 x 1024),
 # the output apart when more than one; 0.18 dropped the chunking
