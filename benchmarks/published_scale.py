@@ -452,6 +452,11 @@ def _prepared(job: dict[str, Any], lay: dict[str, Any]) -> bool:
     return prep is not None and prep.kbit_prep not in (None, "none")
 
 
+# optimum-benchmark commits whose inference benchmark runs its forward loop (``_ = backend.forward(...)``,
+# each output held until the next call returns) before the generate calls, in one process on one model
+# (benchmarks/inference/benchmark.py@014c97e and @f75d9f9 InferenceBenchmark.run): generate's replay
+# starts from the pool that loop leaves (peakmem's forward_loop)
+OPTBENCH_FORWARD_LOOP = ("optimum-benchmark@014c97e", "optimum-benchmark@f75d9f9")
 # a point's job.framework naming Lit-GPT's 2023 repository (Lit-GPT@<commit>): engine litgpt, release "0.0"
 LITGPT_FRAMEWORK = "Lit-GPT@"
 LITGPT_2023 = "0.0"
@@ -490,7 +495,9 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
         # the release decides the cache (peakmem.inference TRANSFORMERS_CACHE_CLASSES: before 4.36 a tuple
         # cache rebuilt every step); a point that does not say runs as today's transformers
         "engine_version": job.get("transformers_version"),
-    }
+        **({"forward_loop": True} if job["mode"] == "generate"
+           and str(p.get("framework", "")).startswith(OPTBENCH_FORWARD_LOOP) else {}),
+    }  # fmt: skip
 
 
 def serve_options(p: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,55 @@ def test_causal_mask_segment_absorbs_the_first_growth() -> None:
     assert replayed_reserved(legacy) == (20 + 10 + 12 + 12 + 12) * MiB
 
 
+def test_forward_loop_by_hand() -> None:
+    """test_one_layer_by_hand's v4.35 job after optimum-benchmark's forward loop (two plain forwards, the
+    first's output alive through the second). Forward 1: the projected K and V (10 MiB each, segments A
+    and B) are its output; matmul's key copy takes C, the value copy C again. Forward 2: K takes the freed
+    C, V a new D, the copies a new E; forward 1's output goes (A, B free), then forward 2's: five free
+    10 MiB segments, nothing allocated. The generate's prefill reuses A, B, C; the decode steps cut the
+    same four 12 MiB segments as without the loop (the 10 MiB blocks too small): 50 + 48 = 98 MiB, not 78."""
+    run = _run(_shape(), prompt=512, context=615, legacy=True)
+    r = cg._Replay(0, None)
+    cg.replay_forward_loop(r, run, calls=2)
+    assert (r.model.reserved, r.model.allocated, r.keys) == (50 * MiB, 0, {})
+    assert sorted(k >> 48 for k in r.model.large.free) == [10 * MiB] * 5
+    assert replayed_reserved(run) == 78 * MiB
+    assert replayed_reserved(replace(run, forward_loop=True)) == 98 * MiB
+
+
+def test_forward_loop_pool_repeats_from_the_second_call() -> None:
+    """FORWARD_LOOP_CALLS = 2: the free blocks the loop leaves are the same after 2 to 8 calls (Llama-2-7B's
+    layer shapes, 4 layers, 16 x 128 tokens, v4.35), so the generate after it replays the same."""
+    shape = _llama(k=4096, v=4096, q=4096, out=4096, heads=32, hidden=4096, width=11008)
+    run = replace(_run(shape, layers=4, batch=16, prompt=128, context=160, legacy=True, vocab=32000),
+                  forward_loop=True)  # fmt: skip
+    pools = set()
+    for calls in range(2, 9):
+        r = cg._Replay(0, None)
+        cg.replay_forward_loop(r, run, calls)
+        assert r.model.allocated == 0
+        pools.add((r.model.reserved, tuple(sorted(k >> 48 for k in r.model.large.free))))
+    assert len(pools) == 1
+    one = cg._Replay(0, None)
+    cg.replay_forward_loop(one, run, calls=1)
+    assert one.model.reserved < min(p[0] for p in pools)  # one output alive at a time: less
+
+
+def test_forward_loop_is_a_legacy_hf_option() -> None:
+    """``forward_loop`` is replayed where generate's prefill is the plain forward (before v4.36), for
+    engine hf; the echo shows it."""
+    spec = resolve_model("llama-2-7b")
+    setup = InferenceSetup(engine=Engine.HF, batch=4, prompt=128, context=160, weights="fp16",
+                           engine_version="4.35", forward_loop=True)  # fmt: skip
+    run = cg.growth_run(resolve_context(spec, setup))
+    assert run is not None and run.forward_loop
+    assert setup.echo()["forward_loop"] is True
+    with pytest.raises(ValueError, match="forward_loop"):
+        InferenceSetup(engine=Engine.HF, batch=4, prompt=128, context=160, forward_loop=True)
+    with pytest.raises(ValueError, match="forward_loop"):
+        InferenceSetup(engine=Engine.VLLM, batch=4, context=160, forward_loop=True)
+
+
 def _llama(**kw: object) -> LayerShape:
     """A Llama-like layer: 8 heads of 128, hidden 1,024, MLP 2,816, RoPE."""
     base: dict[str, object] = dict(

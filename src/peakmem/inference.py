@@ -383,6 +383,10 @@ class InferenceSetup:
     prefill_chunk: int | None = None  # chunked prefill: tokens per forward; None: engine default
     keep_all_logits: bool = False  # logits for every prompt position (generate keeps only the last)
     cache_implementation: CacheImplementation = CacheImplementation.DYNAMIC  # transformers generate's cache
+    # generate after a loop of plain forwards over the same batch and prompt in the same process, each
+    # output (cache and logits) held until the next call returns (optimum-benchmark's inference
+    # benchmark: ``_ = backend.forward(...)``); the caching allocator keeps their segments for generate
+    forward_loop: bool = False
     n_gpu_layers: int | None = None  # llama.cpp -ngl; None: all layers on the GPU
     n_ubatch: int = LLAMACPP_N_UBATCH
     mla_cache: MlaCache = "auto"  # MLA: cache the latent or the expanded keys/values
@@ -436,7 +440,7 @@ class InferenceSetup:
         check_interconnect(self.interconnect)
         if self.gpu_memory_utilization is not None:
             check_real("gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0)
-        for name in ("keep_all_logits", "strict"):
+        for name in ("keep_all_logits", "strict", "forward_loop"):
             check_bool(name, getattr(self, name))
         if self.context is not None and self.batch * self.context > MAX_TOKENS:
             raise too_large("batch x context", self.batch * self.context, MAX_TOKENS, "tokens")
@@ -474,6 +478,13 @@ class InferenceSetup:
                 self.engine is Engine.HF, "cache_implementation", self.cache_implementation.value,
                 f"transformers generate's cache (engine hf), not engine={self.engine.value}",
             )  # fmt: skip
+        if self.forward_loop:
+            require(self.engine is Engine.HF, "forward_loop", True,
+                    f"forwards before hf generate (engine hf), not {self.engine.value}")  # fmt: skip
+            # replayed where generate's prefill is that plain forward (formulas/serving/cache_growth.py)
+            require(self.version < TRANSFORMERS_CACHE_CLASSES, "forward_loop", True,
+                    "replayed for transformers before 4.36 (engine_version), whose generate prefill is the "
+                    "model's plain forward")  # fmt: skip
         self._check_lora_and_prefix()
         self._check_draft()
         self._check_graphs()
@@ -778,6 +789,7 @@ class InferenceSetup:
             **({"model_runner": self.model_runner.value}
                if self.model_runner is not ModelRunner.AUTO else {}),
             **({"gptq_kernel": self.gptq_kernel.value} if self.gptq_kernel is not None else {}),
+            **({"forward_loop": True} if self.forward_loop else {}),
             **{name: getattr(self, name) for name in ("ssm_cache_dtype", "conv_cache_dtype")
                if getattr(self, name) != "auto"},
         }  # fmt: skip

@@ -327,6 +327,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("cache_implementation", str, "dynamic", SV, "transformers generate's cache (engine hf): dynamic "
        "(grows by torch.cat) or static (allocated at prompt + new tokens, written in place)",
        choices=CACHE_IMPLEMENTATIONS),
+    _o("forward_loop", bool, False, SV, "transformers generate (engine hf) after a loop of plain forwards "
+       "over the same batch and prompt, each output held until the next returns (optimum-benchmark's "
+       "inference benchmark): the caching allocator's segments they leave change what generate's growing "
+       "cache strands"),
     _o("gptq_kernel", str, None, SV, "transformers' GPTQ backend (auto-gptq; engine hf): exllama, exllamav2 "
        "(its scratch for 2048 x 8 tokens) or cuda-old; each allocates its own workspace (default: not "
        "named, one layer dequantized in prefill); with AWQ weights exllamav2 is AwqConfig(version="

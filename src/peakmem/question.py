@@ -445,6 +445,7 @@ def inference_setup(
         cuda_graph_max_bs=o.get("cuda_graph_max_bs"),
         disable_custom_all_reduce=o.get("disable_custom_all_reduce", False),
         engine_version=o.get("engine_version"), gptq_kernel=o.get("gptq_kernel"),
+        forward_loop=o.get("forward_loop", False),
         ssm_cache_dtype=o.get("ssm_cache_dtype", "auto"), conv_cache_dtype=o.get("conv_cache_dtype", "auto"),
     )  # fmt: skip
 

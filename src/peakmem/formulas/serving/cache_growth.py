@@ -42,6 +42,11 @@ step (the tests' mha and layernorm cases); 1 MiB read up to 3 % low, 2 MiB up to
 are replayed through the same layer (their norms, MLPs and attention as the shapes say); MoE layers, MLA,
 recurrent layers, quantized caches and assisted decoding are not replayed (the closed form stands). After
 :data:`STEADY_AFTER` decode steps the constant-size requests smaller than the cache's K and V are left out.
+Before v4.36, where the process first ran plain forwards over the same batch with each output held until the
+next returned (``forward_loop``: optimum-benchmark's inference benchmark), those are replayed first
+(:func:`replay_forward_loop`): the second output's segments, free once the loop ends, take some of the
+growing K and V that would otherwise strand a segment at every 2 MiB (Llama-2-7B, 16 x 128 + 256 tokens,
+every step: 47.1 GiB fresh, 32.3 GiB after the loop).
 With the GPU's size known, the replay may reserve what the weights and the CUDA context leave; beyond it the
 model frees its cached segments and retries, as ``DeviceCachingAllocator::malloc`` does, and the estimate's
 reserved is the larger of the closed form and the resident tensors plus the replay, the band keeping the
@@ -132,12 +137,18 @@ class GenerateRun:
     min_new_tokens: bool = True
     divisions: int = NO_ROUNDUP  # PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions
     capacity: int | None = None  # what the replayed requests may reserve (the GPU's less the rest)
+    # plain forwards over the same batch and prompt before the generate, each output held until the next
+    # call returns (legacy only: there generate's prefill is that forward; :func:`replay_forward_loop`)
+    forward_loop: bool = False
 
 
 ALLOC, FREE, RENAME = 0, 1, 2
 _Op = tuple[int, str, str | int, bool]  # (what, name, bytes or the new name, the name is the layer's)
 LAYER_SCOPED = ("cache.", "old.")  # a layer program's names that belong to its layer's cache
 GROWING = ("cache.", "rep.", "s.")  # requests whose size follows the cache's length (the rest stay put)
+# plain forwards replayed before the generate where GenerateRun.forward_loop: the pool they leave is the same
+# from the second on (two outputs alive at once, then freed; tests/test_cache_growth.py replays 2 to 8)
+FORWARD_LOOP_CALLS = 2
 # decode steps replayed whole before the constant-size requests smaller than the cache's K and V are left
 # out: the first steps cut the segments those requests then reuse at every layer and step, and a block
 # smaller than the cache's tensors cannot take one of them. Larger ones (a dequantized weight) can, and
@@ -530,11 +541,33 @@ def decode_lengths(run: GenerateRun) -> tuple[int, ...]:
     return (*range(first, last, stride), last)
 
 
+def replay_forward_loop(r: _Replay, run: GenerateRun, calls: int = FORWARD_LOOP_CALLS) -> None:
+    """``calls`` plain forwards over the prompt, as optimum-benchmark's inference benchmark runs them
+    before any generate (benchmarks/inference/benchmark.py@014c97e and @f75d9f9 ``run_forward_tracking``,
+    then ``run_generate_tracking`` on the same model and process): ``_ = backend.forward(...)`` rebinds
+    ``_`` only once the call returns, so each output (before v4.36 the tuple cache, the prompt's projected
+    K and V, and every position's fp32 logits: modeling_llama.py l. 1052-1053) is alive through the next
+    call, and the last goes when ``run_forward_tracking`` returns. Before v4.36 such a call is generate's own
+    prefill forward (``greedy_search`` calls ``self(**model_inputs)``), replayed as that."""
+    held: list[str] = []
+    for call in range(calls):
+        _forward(r, run, run.prompt, run.prompt, prefill=True)
+        output = [k for k in r.keys if k not in held]
+        for k in output:  # the output, named apart from the next call's
+            r.keys[f"call{call}:{k}"] = r.keys.pop(k)
+        r.free(*held)
+        held = [f"call{call}:{k}" for k in output]
+    r.free(*held)
+
+
 @lru_cache(maxsize=256)
 def replayed_reserved(run: GenerateRun, steady_after: int = STEADY_AFTER) -> int:
-    """Peak ``max_memory_reserved`` of the large pool over the prefill and the decode steps (bytes);
-    after ``steady_after`` decode steps only the requests that grow with the cache are replayed."""
+    """Peak ``max_memory_reserved`` of the large pool over the prefill and the decode steps (bytes), after
+    the forward loop where ``run.forward_loop``; after ``steady_after`` decode steps only the requests
+    that grow with the cache are replayed."""
     r = _Replay(run.divisions, run.capacity)
+    if run.forward_loop:
+        replay_forward_loop(r, run)
     _forward(r, run, run.prompt, run.prompt, prefill=True)
     for step, cached in enumerate(decode_lengths(run)):
         _forward(r, run, 1, cached, prefill=False, growing_only=step >= steady_after)
@@ -569,6 +602,7 @@ def growth_run(c: ServingContext, divisions: int = NO_ROUNDUP, resident: int = 0
         legacy=legacy, all_logits=s.version < TRANSFORMERS_LOGITS_TO_KEEP or s.keep_all_logits,
         softmax_copy=c.compute_dtype != "fp16",
         divisions=divisions, capacity=s.gpu_bytes - CUDA_CONTEXT_BYTES - resident if s.gpu_bytes else None,
+        forward_loop=s.forward_loop and legacy,
     )  # fmt: skip
 
 
