@@ -150,6 +150,8 @@ def _moe_profile(version: str, gpu_name: str = "h100-sxm") -> tuple[int, int]:
     est = estimate_inference(resolve_model("qwen3-30b-a3b"), setup)
     act = next(i.bytes for i in est.items if i.path.startswith("activations"))
     weights = next(i.bytes for i in est.items if i.path.startswith("weights"))
+    workspace = est.extra.get("vllm_moe_workspace_bytes", 0)
+    assert bool(workspace) == any("fused-MoE layers' workspace" in n for n in est.assumptions)
     pool, budget = est.extra["kv_pool_bytes"], est.extra["memory_budget_bytes"]
     assert isinstance(pool, int) and isinstance(budget, int)
     assert pool == budget - weights - act - vllm_profile.NON_TORCH_ONE_GPU.likely

@@ -142,6 +142,9 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         extra.update(vllm_non_torch_bytes=non_torch.likely, vllm_non_torch_low_bytes=non_torch.low,
                      vllm_non_torch_high_bytes=non_torch.high)  # fmt: skip
         notes.append(vllm_profile.profile_note(sampler, max_num_seqs, non_torch, s.tp))
+    if workspace:
+        extra["vllm_moe_workspace_bytes"] = workspace
+        notes.append(vllm_profile.workspace_note(workspace, chunk))
     if draft_w is not None:
         extra["draft_kv_needed_bytes"] = draft_needed
     if hybrid is not None:
@@ -268,7 +271,8 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         path=f"activations ({chunk}-token prefill chunk)",
         category=Category.ACTIVATIONS,
         bytes=activations,
-        source="formulas/serving/forward.py layer_transient_bytes",
+        source="formulas/serving/forward.py layer_transient_bytes"
+        + (" + formulas/serving/vllm_profile.py" if logged else ""),
     )
     decode_tmp = MemoryItem(
         path="decode temporaries",

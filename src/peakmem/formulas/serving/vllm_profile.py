@@ -114,6 +114,15 @@ def moe_workspace_bytes(
     return best
 
 
+def workspace_note(workspace: int, tokens: int) -> str:
+    """The answer's line for the MoE workspace the sampler warm-up runs beside."""
+    return (
+        f"vLLM >= 0.14: the fused-MoE layers' workspace for {tokens} tokens ({workspace} B, never freed) is "
+        "still held when the sampler warm-up runs, so the profile's peak is both (formulas/serving/"
+        "vllm_profile.py MODULAR_MOE_RELEASE)"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class NonTorch:
     """vLLM's "non-torch forward increase memory" on one worker: its likely value and the fitting logs'
