@@ -25,7 +25,7 @@ from peakmem.post_training import DEFAULT_ROLLOUT_MEMORY, MAX_GENERATIONS
 from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_TOKENS
-from peakmem.vllm_defaults import VLLM_ENTRYPOINTS
+from peakmem.vllm_defaults import LARGE_TIER, SMALL_TIER, V0_MAX_NUM_SEQS, VLLM_ENTRYPOINTS
 
 JOB_COMMANDS = ("train", "infer", "fit", "plan")
 MAX_NUMBER = MAX_TOKENS  # 2^40 ~ 1.1e12: no count or size a question holds is larger
@@ -285,13 +285,15 @@ OPTIONS: tuple[Option, ...] = (
        "(vLLM and SGLang need it with --draft; SGLang: a chain of K steps)", maximum=MAX_SPECULATIVE_TOKENS),
     _o("enforce_eager", bool, False, SV, "vLLM --enforce-eager / SGLang --disable-cuda-graph: no CUDA graphs",
        group=_GRAPHS),
-    _o("max_num_seqs", int, None, SV, "vLLM --max-num-seqs (default: vLLM's for the GPU: 1024 on 70 GiB or "
-       "more but an A100, else 256; V0 256): sequences per step; sets the CUDA graph capture sizes",
-       group=_GRAPHS, maximum=MAX_BATCH),
+    _o("max_num_seqs", int, None, SV, f"vLLM --max-num-seqs (default: vLLM's for the GPU: "
+       f"{LARGE_TIER.max_num_seqs} on {LARGE_TIER.where}, else {SMALL_TIER.max_num_seqs}; V0 "
+       f"{V0_MAX_NUM_SEQS}): sequences per step; sets the CUDA graph capture sizes", group=_GRAPHS,
+       maximum=MAX_BATCH),
     _o("prefill_chunk", int, None, SV, "tokens per prefill forward: vLLM --max-num-batched-tokens, SGLang "
        "--chunked-prefill-size, transformers generate's prefill_chunk_size (default: the engine's; vLLM "
-       "serve 8192 on 70 GiB or more but an A100, else 2048, the LLM class 16384 / 8192; transformers the "
-       "whole prompt)", group=_GRAPHS, maximum=MAX_SEQ),
+       f"serve {LARGE_TIER.serve_tokens} on {LARGE_TIER.where}, else {SMALL_TIER.serve_tokens}, the LLM "
+       f"class {LARGE_TIER.llm_tokens} / {SMALL_TIER.llm_tokens}; transformers the whole prompt)",
+       group=_GRAPHS, maximum=MAX_SEQ),
     _o("vllm_entrypoint", str, "serve", SV, "vLLM's entry point, whose batch defaults differ: serve (vllm "
        "serve, the OpenAI server) or llm (the offline LLM class)", group=_GRAPHS, choices=VLLM_ENTRYPOINTS),
     _o("cudagraph_mode", str, "auto", SV, "vLLM compilation_config cudagraph_mode (auto: the release's "

@@ -84,6 +84,8 @@ MODULAR_MOE_RELEASE = (0, 14)
 UNCHUNKED_MOE_RELEASE = (0, 18)
 FUSED_MOE_CHUNK_TOKENS = 16 * 1024
 WORKSPACE_ALIGN = 256  # WorkspaceManager.get_simultaneous rounds each view up to 256 B
+# the architectures whose block-FP8 experts run Triton's modular kernel by default (oracle/fp8.py above)
+TRITON_FP8_BLOCK_GPUS = ("hopper",)
 
 
 def holds_moe_workspace(version: tuple[int, int], fmt: WeightFormat, architecture: str) -> bool:
@@ -91,7 +93,9 @@ def holds_moe_workspace(version: tuple[int, int], fmt: WeightFormat, architectur
     GPU of ``architecture`` (see :data:`MODULAR_MOE_RELEASE`)."""
     if version < MODULAR_MOE_RELEASE:
         return False
-    return fmt.scheme is Scheme.FLOAT or (fmt.scheme is Scheme.FP8_BLOCK and architecture == "hopper")
+    return fmt.scheme is Scheme.FLOAT or (
+        fmt.scheme is Scheme.FP8_BLOCK and architecture in TRITON_FP8_BLOCK_GPUS
+    )
 
 
 def moe_workspace_bytes(
@@ -117,7 +121,8 @@ def moe_workspace_bytes(
 def workspace_note(workspace: int, tokens: int) -> str:
     """The answer's line for the MoE workspace the sampler warm-up runs beside."""
     return (
-        f"vLLM >= 0.14: the fused-MoE layers' workspace for {tokens} tokens ({workspace} B, never freed) is "
+        f"vLLM >= {MODULAR_MOE_RELEASE[0]}.{MODULAR_MOE_RELEASE[1]}: the fused-MoE layers' workspace for "
+        f"{tokens} tokens ({workspace} B, never freed) is "
         "still held when the sampler warm-up runs, so the profile's peak is both (formulas/serving/"
         "vllm_profile.py MODULAR_MOE_RELEASE)"
     )
