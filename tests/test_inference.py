@@ -282,8 +282,10 @@ def test_sglang_static_fraction_holds_weights_and_pool() -> None:
     gpu = 1 * GiB
     setup = InferenceSetup(engine=Engine.SGLANG, context=100, gpu_bytes=gpu, gpu_memory_utilization=0.9)
     est = estimate_inference(spec, setup)
-    pool = int(gpu * 0.9) - TINY_PARAMS * 2
+    # SGLang takes its fraction of what the CUDA context leaves free (model_runner.py min_per_gpu_memory)
+    pool = int((gpu - CUDA_CONTEXT_BYTES) * 0.9) - TINY_PARAMS * 2
     assert est.extra["kv_pool_bytes"] == pool
+    assert est.extra["memory_budget_bytes"] == int((gpu - CUDA_CONTEXT_BYTES) * 0.9)
     assert est.extra["max_concurrent_sequences"] == pool // (100 * TINY_KV_PER_TOKEN)  # one-token pages
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
 from peakmem.formulas.weights import FLOAT_BYTES, WeightRow, bnb_kept_expert_params, weight_rows
-from peakmem.inference import Scheme, WeightFormat
+from peakmem.inference import Engine, Scheme, WeightFormat
 from peakmem.model import Attention, DerivedBlock, Layer, ModelSpec, Tower
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
 
@@ -446,8 +446,10 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
             graphs = f.estimate.extra.get("cuda_graph_bytes")  # formulas/serving/cuda_graphs.py
             on_top = (f" + CUDA graphs {fmt_both(graphs)} on top" if isinstance(graphs, int)
                       and f.estimate.extra.get("cuda_graph_accounting") == "on_top" else "")  # fmt: skip
+            # SGLang's fraction is of what the CUDA context leaves (formulas/serving/paged.py _fraction_base)
+            of = "what the CUDA context leaves" if setup.engine is Engine.SGLANG else "the GPU"
             headline += (
-                f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x the GPU "
+                f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x {of} "
                 f"({fmt_both(f.budget_bytes)}){on_top}, a KV pool of {fmt_both(f.pool_bytes)}{pools} "
                 "that holds "
                 f"{f.max_concurrent} sequences of {context} tokens{shared} ({setup.batch} asked): "
