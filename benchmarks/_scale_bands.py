@@ -10,7 +10,9 @@ if TYPE_CHECKING:
     from peakmem.catalog import Gpu
 
 # quantities that are what the job leaves, not what it uses: a miss or error is read with its sign turned
-USE_INVERTED = ("vllm_available_kv_cache",)
+USE_INVERTED = ("vllm_available_kv_cache", "sglang_kv_pool")
+# quantities an engine computes and logs (not a memory reading): compared as figures, no allocator slack
+ENGINE_FIGURES = ("vllm_non_kv", "vllm_available_kv_cache", "sglang_kv_pool")
 
 
 def non_kv_band(data: dict[str, Any]) -> tuple[int, int, int]:
@@ -43,6 +45,29 @@ def pool_band(data: dict[str, Any]) -> tuple[int, int, int]:
     return budget - high, budget - likely, budget - low
 
 
+def sglang_pool_band(data: dict[str, Any]) -> tuple[int, int, int]:
+    """SGLang's KV pool (its 'KV Cache is allocated' K + V sizes) as peakmem sizes it and its band.
+
+    SGLang's pool is mem_fraction_static of the memory free after the CUDA context is up, less what the
+    weights take (formulas/serving/paged.py ``_fraction_base``): the formula residual on the weights and
+    the range of the context at that moment (formulas/band.py ``context_term``), scaled by the fraction,
+    move it. Decided 2026-12-07 (session 24) before any SGLang point was estimated."""
+    from peakmem.formulas.band import context_term, residual_term
+    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+
+    verdict = data["verdicts"][0]
+    pool, budget, fraction = (
+        verdict["kv_pool_bytes"],
+        verdict["memory_budget_bytes"],
+        verdict["memory_fraction"],
+    )
+    residual = residual_term(budget - pool)  # the weights and whatever else the budget holds before the pool
+    context = context_term(CUDA_CONTEXT_BYTES, assumed=True)
+    low = pool - residual.high_bytes - int(fraction * context.high_bytes)
+    high = pool - residual.low_bytes - int(fraction * context.low_bytes)
+    return low, pool, high
+
+
 def band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[int, int, int]:
     """(low, likely, high) bytes of the estimate for ``quantity`` (``nvml_v1_used``: on ``gpu``)."""
     from peakmem.formulas.overhead import nvml_v1_used_bytes
@@ -51,6 +76,8 @@ def band(data: dict[str, Any], quantity: str, gpu: Gpu | None = None) -> tuple[i
         return non_kv_band(data)
     if quantity == "vllm_available_kv_cache":
         return pool_band(data)
+    if quantity == "sglang_kv_pool":
+        return sglang_pool_band(data)
     band = data["band"]
     if quantity == "allocated_plus_external":
         alloc = band["allocated"]

@@ -40,6 +40,11 @@ The quantities (``measured.quantity``):
   torch's total less the non-KV memory. The estimate is the verdict's ``kv_pool_bytes`` on the catalog GPU,
   its band the budget less the non-KV band (:func:`_pool_band`). Decided 2026-12-07 (session 22) before any
   point of this quantity was estimated.
+* ``sglang_kv_pool``: SGLang's "KV Cache is allocated" K size + V size (GiB), its token pool:
+  mem_fraction_static of what is free once the CUDA context is up, less the weights. The estimate is the
+  verdict's ``kv_pool_bytes``, its band ``_scale_bands.sglang_pool_band``; read in memory-use terms as
+  vLLM's pool. Decided 2026-12-07 (session 24) before any SGLang point was estimated; the twentieth
+  search's post-training and SGLang jobs become options in ``_scale_options.py``.
 
 How the facts become options (the choices a reader should check; none is tuned to a point):
 
@@ -239,8 +244,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from _scale_bands import ENGINE_FIGURES, miss_side, miss_text, use_error
 from _scale_bands import band as _band
-from _scale_bands import miss_side, miss_text, use_error
+from _scale_options import NotExpressible, post_training_options, post_training_seq, sglang_options
 
 if TYPE_CHECKING:
     from peakmem.device import Gpu
@@ -316,10 +322,6 @@ GPTQ_KERNELS = {
 }  # fmt: skip
 
 
-class NotExpressible(Exception):
-    """The point's job has no peakmem question (the message says why)."""
-
-
 def attention_of(job: dict[str, Any]) -> str:
     """peakmem's attention kernel for the point's ``job.attention``: eager where the run's model used eager
     attention, flash where it ran a FlashAttention kernel (flash_attention_2/3, flash-attn), else sdpa."""
@@ -330,8 +332,10 @@ def attention_of(job: dict[str, Any]) -> str:
 def train_options(p: dict[str, Any]) -> dict[str, Any]:
     """peakmem.train options for a training point (see the module docstring for each choice)."""
     lay, job = p["layout"], p["job"]
-    for field in ("micro_batch", "seq", "checkpointing", "loss"):
-        if job.get(field) is None:
+    seq = post_training_seq(job)  # a post-training job may give its prompt and completion lengths
+    for field, value in (("micro_batch", job.get("micro_batch")), ("seq", seq),
+                         ("checkpointing", job.get("checkpointing")), ("loss", job.get("loss"))):  # fmt: skip
+        if value is None:
             raise NotExpressible(f"job.{field} is not known")
     if lay.get("dp_replicate", 1) != 1 or lay.get("ep", 1) != 1:
         raise NotExpressible("HSDP replicate / EP layouts are not mapped by this script yet")
@@ -347,7 +351,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         "optimizer": OPTIMIZERS.get(job["optimizer"], job["optimizer"]),
         "optimizer_impl": job["optimizer_impl"],
         "batch": job["micro_batch"],
-        "seq": job["seq"],
+        "seq": seq,
         "checkpointing": job["checkpointing"],
         "compile": bool(job["compile"]),
         "loss": job["loss"],
@@ -427,6 +431,7 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
         opts["optimizer_in_backward"] = True
     if job.get("liger"):  # the HF Trainer's use_liger_kernel (TRL notebooks): Liger's kernels and fused CE
         opts["liger"] = True
+    opts.update(post_training_options(job))  # objective, trainer, rollout, ... (_scale_options.py)
     gpu = catalog_gpu(p)
     if gpu is not None:  # the run's GPU: its cuBLAS workspace, and what a load may reserve (step_load.py)
         opts["gpu"] = gpu.name
@@ -505,7 +510,7 @@ def infer_options(p: dict[str, Any]) -> dict[str, Any]:
 def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     """peakmem.infer options for a vLLM serving point (the engine's own defaults where the job names them)."""
     job = p["job"]
-    if job.get("engine") != "vllm":
+    if job.get("engine") not in ("vllm", "sglang"):
         raise NotExpressible(f"serving engine {job.get('engine')!r} is not mapped")
     weights = WEIGHTS.get(job["weights"], job["weights"])  # else peakmem's own name (it says if not)
     # automatic prefix caching changes no startup figure (the profile run and the pool it sizes): a
@@ -517,6 +522,8 @@ def serve_options(p: dict[str, Any]) -> dict[str, Any]:
     gpu = catalog_gpu(p)
     if gpu is None:
         raise NotExpressible(f"GPU {p.get('gpu')!r} is not in the catalog")
+    if job["engine"] == "sglang":
+        return sglang_options(job, gpu=gpu.name, weights=weights, kv=kv)
     mode = job.get("cudagraph_mode")
     return {
         "engine": "vllm", "engine_version": job["engine_version"], "weights": weights, "gpu": gpu.name,
@@ -597,7 +604,7 @@ def estimate(p: dict[str, Any], folder: Path) -> dict[str, Any]:
     # the published-residual term (formulas/band.py MEASURED_RESIDUALS, set from the fitting set): the
     # excess beyond the band without it is what --residuals measures
     own = [t for t in result.data["band"]["terms"] if t["name"] == "published_residual"]
-    engine_figure = row["quantity"] in ("vllm_non_kv", "vllm_available_kv_cache")
+    engine_figure = row["quantity"] in ENGINE_FIGURES
     allocated = likely if engine_figure else result.data["peak_allocated_bytes"]
     bare_low = low - sum(t["low_bytes"] for t in own)
     bare_high = high - sum(t["high_bytes"] for t in own)

@@ -19,7 +19,7 @@ import pytest
 POINTS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
 QUANTITIES = {
     "peak_allocated", "peak_reserved", "allocated_plus_external", "nvidia_smi", "nvml_v1_used",
-    "vllm_non_kv", "vllm_available_kv_cache",
+    "vllm_non_kv", "vllm_available_kv_cache", "sglang_kv_pool",
 }  # fmt: skip
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
@@ -94,6 +94,11 @@ def test_the_quote_holds_the_value(doc: dict[str, Any]) -> None:
     thousands separated by commas)."""
     for p in doc["points"]:
         v = p["measured"]["value"]
+        if p["measured"]["quantity"] == "sglang_kv_pool":  # SGLang logs the K and V sizes: their sum
+            k, kv = p["measured"]["components"]["k_size_gib"], p["measured"]["components"]["v_size_gib"]
+            assert math.isclose(k + kv, v) and f"K size: {k:.2f}" in p["quote"], p["id"]
+            assert f"V size: {kv:.2f}" in p["quote"], p["id"]
+            continue
         printed = {f"{v}", f"{v:.2f}", f"{v:.1f}", f"{v:,}", f"{v:,.2f}", f"{v:,.1f}"}
         assert any(s in p["quote"] for s in printed), (p["id"], v)
 
@@ -255,3 +260,53 @@ def test_the_band_terms_are_the_fitting_sets_residuals() -> None:
             points, math.floor(low * 1000) / 1000, math.ceil(high * 1000) / 1000
         ), kind  # fmt: skip
         assert re.search(r"\w", r.worst)
+
+
+def test_sglang_pool_band_by_hand() -> None:
+    """SGLang's pool: budget (fraction x what the context leaves) less the weights; the band moves it by the
+    formula residual on the weights and the fraction of the context's published range (254-590 MiB)."""
+    import sys
+
+    sys.path.insert(0, str(POINTS_FILE.parent))
+    import published_scale
+    from peakmem.formulas import band
+    from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+
+    budget, pool, fraction = 20 * 2**30, 5 * 2**30, 0.85
+    data = {"verdicts": [{"memory_budget_bytes": budget, "kv_pool_bytes": pool, "memory_fraction": fraction}]}
+    low, likely, high = published_scale._band(data, "sglang_kv_pool")
+    residual = int(15 * 2**30 * band.FORMULA_RESIDUAL)
+    assert likely == pool
+    assert low == pool - residual - int(fraction * (band.CONTEXT_HIGH_BYTES - CUDA_CONTEXT_BYTES))
+    assert high == pool + residual - int(fraction * (band.CONTEXT_LOW_BYTES - CUDA_CONTEXT_BYTES))
+
+
+def test_post_training_and_sglang_options() -> None:
+    """The twentieth search's jobs as peakmem options (benchmarks/_scale_options.py): TRL-based trainers
+    are TRL's, verl's GRPO / PPO loop is verl's, other loops and SGLang rollouts are not expressible."""
+    import sys
+
+    sys.path.insert(0, str(POINTS_FILE.parent))
+    import _scale_options as so
+
+    assert so.post_training_options({"objective": "dpo", "trainer": "llamafactory", "beta": 0.1}) == {
+        "objective": "dpo", "beta": 0.1,
+    }  # fmt: skip
+    grpo = {"objective": "grpo", "trainer": "verl", "rollout": "vllm-colocate", "num_generations": 5}
+    assert so.post_training_options(grpo) == {**grpo, "trainer": "verl"}
+    assert so.post_training_options({"method": "lora"}) == {}
+    for job in (
+        {"objective": "ppo", "trainer": "openrlhf"},
+        {"objective": "dpo", "trainer": "verl"},
+        {"objective": "grpo", "trainer": "trl", "rollout": "sglang-colocate"},
+        {"objective": "reinforce"},
+    ):
+        with pytest.raises(so.NotExpressible):
+            so.post_training_options(job)
+    assert so.post_training_seq({"objective": "grpo", "prompt_len": 512, "completion": 1024}) == 1536
+    assert so.post_training_seq({"seq": 2048, "objective": "dpo"}) == 2048
+    job = {"engine_version": "0.4.3.post4", "mem_fraction_static": 0.85, "context_len_logged": 131072,
+           "tp": 4, "chunked_prefill_size": 2048, "cuda_graph_max_bs": 80}  # fmt: skip
+    opts = so.sglang_options(job, gpu="l4", weights="bf16", kv="auto")
+    assert opts["gpu_memory_utilization"] == 0.85 and opts["context"] == 131072 and opts["tp"] == 4
+    assert opts["prefill_chunk"] == 2048 and opts["cuda_graph_max_bs"] == 80 and "kv_cache" not in opts

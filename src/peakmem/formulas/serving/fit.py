@@ -35,7 +35,7 @@ class ServingFit:
     headroom_bytes: int  # pooled engines: the smaller of the pool's spare and the GPU's
     max_concurrent: int | None  # pooled engines: sequences of ``context`` tokens the pool holds
     pool_bytes: int | None  # pooled engines: the KV pool on that GPU
-    budget_bytes: int | None  # pooled engines: the engine's fraction x GPU (what nvidia-smi shows)
+    budget_bytes: int | None  # pooled engines: the fraction x GPU (SGLang: x what the CUDA context leaves)
     fraction: float | None  # pooled engines: gpu_memory_utilization / mem_fraction_static used
     kv_needed_bytes: int | None  # pooled engines: the KV cache of the request (batch x context)
     batch: int
