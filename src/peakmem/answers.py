@@ -402,12 +402,12 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
 
     alone = replace(setup, gpu_bytes=None)
     if len(gpus) == 1 and setup.engine.value == "sglang":  # SGLang's own tier for that GPU
-        tier = setup.sglang_defaults(gpus[0].usable_bytes)
+        tier = setup.sglang_defaults(gpus[0].memory_bytes)  # nvidia-smi's total (inference.py gpu_smi_bytes)
         alone = replace(alone, cuda_graph_max_bs=tier.cuda_graph_max_bs,
                         prefill_chunk=tier.chunked_prefill_size)  # fmt: skip
     batch_note = ""
     if len(gpus) == 1 and setup.engine.value == "vllm":  # vLLM's batch defaults for that GPU
-        batch = setup.on_gpu(gpus[0].usable_bytes, gpus[0].display_name).vllm_batch()
+        batch = setup.on_gpu(gpus[0].usable_bytes, gpus[0].display_name, gpus[0].memory_bytes).vllm_batch()
         alone = replace(alone, max_num_seqs=batch.max_num_seqs, prefill_chunk=batch.max_num_batched_tokens)
         batch_note = vllm_batch_note(batch, setup.vllm_entrypoint) if batch.defaulted else ""
     if len(gpus) == 1 and setup.engine.value == "hf":  # what transformers' allocator reserves on that GPU
@@ -416,7 +416,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
     if batch_note:
         est = replace(est, assumptions=(batch_note, *est.assumptions))
     est = replace(est, warnings=weight_warnings(spec, inference=setup))
-    fits = [serving_fit(spec, setup.on_gpu(g.usable_bytes, g.display_name), g.usable_bytes,
+    fits = [serving_fit(spec, setup.on_gpu(g.usable_bytes, g.display_name, g.memory_bytes), g.usable_bytes,
                         overheads=overheads) for g in gpus]  # fmt: skip
     verdicts = tuple(f.verdict(g.name) for f, g in zip(fits, gpus, strict=True))
     context = est.extra.get("context", setup.context)
@@ -470,6 +470,8 @@ def _smallest_serving_gpu(spec: ModelSpec, setup: Any) -> str:
     from peakmem.formulas.serving import serving_fit
 
     for g in sorted((g for g in GPUS if g.vendor == "nvidia"), key=lambda g: g.usable_bytes):
-        if serving_fit(spec, setup.on_gpu(g.usable_bytes, g.display_name), g.usable_bytes).fits:
+        if serving_fit(
+            spec, setup.on_gpu(g.usable_bytes, g.display_name, g.memory_bytes), g.usable_bytes
+        ).fits:
             return f"the smallest NVIDIA GPU it fits on is {g.display_name} ({fmt_gb(g.usable_bytes, 1)})"
     return "it fits on no single GPU in the catalog"

@@ -375,6 +375,10 @@ class InferenceSetup:
     dp_attention: bool = False
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
     gpu_name: str = ""  # that GPU's name as torch reports it (vLLM's batch defaults read it; "": not known)
+    # nvidia-smi's total of that GPU, above torch's gpu_bytes by the driver's reservation: SGLang sizes its
+    # default mem_fraction_static and batch tiers by it (server_args.py get_device_memory_capacity runs
+    # nvidia-smi --query-gpu=memory.total); None: gpu_bytes
+    gpu_smi_bytes: int | None = None
     vllm_entrypoint: str = "serve"  # vllm serve or the offline LLM class (peakmem.vllm_defaults)
     interconnect: str = ""  # how the node's GPUs are joined (peakmem.device.INTERCONNECTS; "": not known)
     # vLLM gpu_memory_utilization / SGLang mem_fraction_static; None: the engine's default
@@ -435,8 +439,9 @@ class InferenceSetup:
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), maximum=MAX_TOKENS, what="tokens")
         check_int("tp", self.tp, maximum=MAX_GPUS, what="GPUs; no cluster has more")
-        if self.gpu_bytes is not None:
-            check_int("gpu_bytes", self.gpu_bytes, maximum=MAX_DEVICE_BYTES, what="bytes")
+        for name in ("gpu_bytes", "gpu_smi_bytes"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), maximum=MAX_DEVICE_BYTES, what="bytes")
         check_interconnect(self.interconnect)
         if self.gpu_memory_utilization is not None:
             check_real("gpu_memory_utilization", self.gpu_memory_utilization, minimum=0.0, maximum=1.0)
@@ -716,12 +721,18 @@ class InferenceSetup:
             return self.sglang_defaults(gpu_bytes).mem_fraction_static
         return VLLM_GPU_MEMORY_UTILIZATION
 
+    def _smi(self, gpu_bytes: int | None) -> int | None:
+        """nvidia-smi's total of a GPU torch gives ``gpu_bytes``: the setup's own GPU's, if it is that."""
+        if self.gpu_smi_bytes is not None and gpu_bytes == self.gpu_bytes:
+            return self.gpu_smi_bytes
+        return gpu_bytes
+
     def sglang_defaults(self, gpu_bytes: int | None) -> SglangDefaults:
         """SGLang's chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static on a GPU of ``gpu_bytes``
         (None: not known) for this layout and draft; the values given (--prefill-chunk, --cuda-graph-max-bs,
         --gpu-memory-utilization) are kept (sglang_defaults.py)."""
         return sglang_defaults(
-            gpu_bytes, tp=self.tp, pp=self.pp, dp=self.dp, dp_attention=self.dp_attention,
+            self._smi(gpu_bytes), tp=self.tp, pp=self.pp, dp=self.dp, dp_attention=self.dp_attention,
             draft_method=self.draft.method if self.draft is not None else None,
             chunked_prefill_size=self.prefill_chunk, cuda_graph_max_bs=self.cuda_graph_max_bs,
             mem_fraction_static=self.gpu_memory_utilization,
@@ -737,9 +748,10 @@ class InferenceSetup:
             max_num_batched_tokens=self.prefill_chunk,
         )  # fmt: skip
 
-    def on_gpu(self, gpu_bytes: int, gpu_name: str = "") -> InferenceSetup:
-        """This job on one GPU of ``gpu_bytes`` named ``gpu_name`` (what a per-GPU verdict estimates)."""
-        return replace(self, gpu_bytes=gpu_bytes, gpu_name=gpu_name)
+    def on_gpu(self, gpu_bytes: int, gpu_name: str = "", smi_bytes: int | None = None) -> InferenceSetup:
+        """This job on one GPU of ``gpu_bytes`` (torch's total) named ``gpu_name``, nvidia-smi's total
+        ``smi_bytes`` (None: the same): what a per-GPU verdict estimates."""
+        return replace(self, gpu_bytes=gpu_bytes, gpu_name=gpu_name, gpu_smi_bytes=smi_bytes)
 
     @property
     def effective_block_size(self) -> int:

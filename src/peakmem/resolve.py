@@ -331,7 +331,7 @@ def gpu_of_size(text: str) -> Gpu:
     note = f"{n_bytes:,} B, the size as written (GB = 10^9 B, GiB = 2^30 B)"
     if sold:
         note += (
-            "; cards sold as this size hold more: "
+            "; cards sold as this size leave PyTorch other sizes: "
             + ", ".join(f"{g.name} ({g.usable_bytes:,} B)" for g in sold)
             + " (name one to use its exact size)"
         )

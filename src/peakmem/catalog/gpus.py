@@ -33,6 +33,14 @@ MiB = 1024**2  # nvidia-smi prints MiB
 GiB = 1024**3
 
 _SMI = "nvidia-smi Memory-Usage total in published outputs"
+
+
+def _torch_total(gib: float) -> int:
+    """The bytes of a device total PyTorch printed in GiB to two decimals (its CUDA OOM message 'total
+    capacity of 23.69 GiB', vLLM's total_gpu_memory): within 5 MiB."""
+    return round(gib * GiB)
+
+
 # Apple: Metal's MTLDevice.recommendedMaxWorkingSetSize is 3/4 of RAM on large-memory Macs by
 # default (raised with `sysctl iogpu.wired_limit_mb`). llama.cpp logs on an M4 Max 128 GB show
 # "recommendedMaxWorkingSetSize = 103079.22 MB" = 0.75 x 128 GiB; sglang PR #29949 quotes 65-75%.
@@ -71,6 +79,14 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie-no-p2p",
         "architecture": "ampere", "memory_bytes": 24576 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 3090 ... 24576MiB'",
+        # torch sees 23.69 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 24576 * MiB - _torch_total(23.69),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's 'total capacity of 23.69 GiB' in CUDA OOM messages on RTX "
+            "3090s (vllm-project/vllm issue #2140, 2023-12-17, with nvidia-smi naming the card; "
+            "JiaweiLian/AP-PA issue #3, 2023-03-17); 23.70 with a 2022 driver (GaoLii/DSP #10), 23.56 "
+            "with a 2026 one (noonghunna/club-3090 #58): newer drivers reserve more"
+        ),
         "bf16_tflops": 71.0, "bandwidth_gbps": 936.0,
         "aliases": ("3090", "rtx3090", "rtx-3090-24gb", "nvidia geforce rtx 3090"),
         "source": "NVIDIA Ampere GA102 whitepaper, table 9",
@@ -108,6 +124,13 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie-no-p2p",
         "architecture": "ada", "memory_bytes": 24564 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 4090 ... 24564MiB'",
+        # torch sees 23.65 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 24564 * MiB - _torch_total(23.65),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's 'total capacity of 23.65 GiB' on RTX 4090s (TRI-ML/packnet-sfm "
+            "issue #250, 2023-06-08; mahmoodlab/Patch-GCN #28, 2023-09-23); other drivers print 23.68 "
+            "(zai-org/CogVideo #36), 23.64 (2025) down to 23.52 (2026)"
+        ),
         "bf16_tflops": 165.2, "bandwidth_gbps": 1008.0,
         "aliases": ("4090", "rtx4090", "rtx-4090-24gb", "nvidia geforce rtx 4090"),
         "source": "NVIDIA Ada Lovelace architecture whitepaper, table 2",
@@ -117,6 +140,13 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie-no-p2p",
         "architecture": "blackwell", "memory_bytes": 32607 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA GeForce RTX 5090 ... 32607MiB'",
+        # torch sees 31.37 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 32607 * MiB - _torch_total(31.37),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's 'total capacity of 31.37 GiB' on an RTX 5090 (Wan-Video/Wan2.1 "
+            "issue #465, 2025-07-03) and vLLM's total_gpu_memory (31.37GiB) (vllm-project/vllm issue "
+            "#14452, 2025-04-23)"
+        ),
         "bf16_tflops": 209.5, "bandwidth_gbps": 1792.0,
         "aliases": ("5090", "rtx5090", "rtx-5090-32gb", "nvidia geforce rtx 5090"),
         "source": "NVIDIA RTX Blackwell GPU architecture whitepaper, appendix",
@@ -128,6 +158,13 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie",
         "architecture": "ampere", "memory_bytes": 49140 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA RTX A6000 ... 49140MiB'",
+        # torch sees 47.54 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 49140 * MiB - _torch_total(47.54),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's 'total capacity of 47.54 GiB' on RTX A6000s with ECC off "
+            "(vllm-project/vllm issues #1201 and #4417, nvidia-smi 49140MiB); with ECC on, 44.55 GiB "
+            "(vllm-project/vllm #16141): not this row"
+        ),
         "bf16_tflops": 154.8, "bandwidth_gbps": 768.0,
         "aliases": ("a6000", "rtxa6000", "nvidia rtx a6000"),
         "source": "NVIDIA RTX A6000 datasheet (309.7 TFLOPS with sparsity)",
@@ -163,6 +200,12 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "interconnect": "pcie",
         "architecture": "ada", "memory_bytes": 23034 * MiB,
         "memory_source": f"{_SMI}: 'NVIDIA L4 ... 23034MiB'",
+        # torch sees 22.03 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 23034 * MiB - _torch_total(22.03),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's 'total capacity of 22.03 GiB' on an L4 (ArcInstitute/evo2 "
+            "issue #190, 2025-11-14); vLLM's CI L4 prints 22.05 (vllm-project/vllm #20214, 2025-06-28)"
+        ),
         "bf16_tflops": 121.0, "bandwidth_gbps": 300.0,
         "aliases": ("nvidia-l4", "nvidia l4", "l4-24gb"),
         "source": "NVIDIA L4 datasheet (242 TFLOPS with sparsity)",
@@ -215,6 +258,13 @@ GPU_ENTRIES: tuple[dict[str, Any], ...] = (
         "name": "v100-32gb", "display_name": "NVIDIA Tesla V100-SXM2-32GB", "vendor": "nvidia",
         "architecture": "volta", "memory_bytes": 32510 * MiB,
         "memory_source": f"{_SMI}: 'Tesla V100-SXM2... 32510MiB'",
+        # torch sees 31.74 GiB (printed to 2 decimals: +-5 MiB)
+        "driver_reserved_bytes": 32510 * MiB - _torch_total(31.74),
+        "driver_reserved_source": (
+            "nvidia-smi total less torch's '31.74 GiB total capacity' on V100 32GB (haotian-liu/LLaVA "
+            "issue #812; liucongg/ChatGLM-Finetuning #73, 2023-07-11); 31.73 with a 2024 driver "
+            "(vllm-project/vllm #9356)"
+        ),
         "bf16_tflops": 125.0, "bandwidth_gbps": 900.0,
         "aliases": ("v100-sxm2-32gb", "tesla v100-sxm2-32gb", "v100-32g"),
         "source": "NVIDIA Tesla V100 datasheet (SXM2: 125 TFLOPS tensor)",

@@ -270,7 +270,7 @@ class _InferGpuSearch:
     def __init__(self, spec: ModelSpec, setup: InferenceSetup, gpu: Gpu, est: _InferEstimator) -> None:
         self.spec, self.setup, self.gpu, self.est = spec, setup, gpu, est
         self.cap = gpu.usable_bytes
-        self.base = setup.on_gpu(self.cap, gpu.display_name)
+        self.base = setup.on_gpu(self.cap, gpu.display_name, gpu.memory_bytes)
 
     def ok(self, s: InferenceSetup) -> bool:
         r = self.est(s, self.cap)

@@ -85,8 +85,8 @@ def serving_fit(
     spec: ModelSpec, setup: InferenceSetup, capacity_bytes: int, *, overheads: Overheads | None = None
 ) -> ServingFit:
     """The one verdict of serving ``setup`` on a GPU of ``capacity_bytes`` (``infer`` and ``fit --infer``)."""
-    if setup.gpu_bytes != capacity_bytes:
-        setup = replace(setup, gpu_bytes=capacity_bytes)
+    if setup.gpu_bytes != capacity_bytes:  # another GPU: its nvidia-smi total is not the setup's
+        setup = replace(setup, gpu_bytes=capacity_bytes, gpu_smi_bytes=None)
     est = estimate_inference(spec, setup, overheads=overheads)
     needed = est.device_total_bytes
     context = _int(est, "context")
