@@ -1,6 +1,7 @@
-"""The options of benchmarks/published_scale.py for the twentieth search's jobs: preference / RL post-training
-(peakmem.post_training) and SGLang serving. Decided 2026-12-07 before any of that search's points was
-estimated (the rules: split_rule_20 in published_scale.json; the fields: brief h-published24)."""
+"""The options of benchmarks/published_scale.py for the twentieth search's jobs and later: preference / RL
+post-training (peakmem.post_training) and SGLang serving. Decided 2026-12-07 before any of those searches'
+points was estimated (the rules: split_rule_20 / _21 in published_scale.json; the fields: briefs
+h-published24 / h-published25); OBJECTIVE_ALIASES before the twenty-first search's points were merged."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ class NotExpressible(Exception):
 
 # peakmem --objective: TRL 1.16's trainers and verl's PPO (peakmem.post_training)
 OBJECTIVES = ("sft", "dpo", "orpo", "simpo", "kto", "grpo", "rloo", "ppo", "distill")
+# objectives that are another's trainer in TRL: SimPO is TRL's CPOTrainer with loss_type="simpo" (the same
+# reference-free forward of chosen and rejected, cpo_config.py); GKD's GKDTrainer trains a student on its own
+# generations (a share lmbda of the batches) against a frozen teacher, as the DistillationTrainer peakmem
+# models does on every batch (an approximation the point states)
+OBJECTIVE_ALIASES = {"cpo": "simpo", "gkd": "distill"}
 # frameworks whose preference / RL trainers are TRL's (subclasses or patches of its trainer classes:
 # LLaMA-Factory's CustomDPOTrainer, ms-swift's rlhf trainers, Unsloth's patched TRL trainers)
 ON_TRL = ("trl", "unsloth", "ms-swift", "llamafactory")
@@ -32,6 +38,7 @@ def post_training_options(job: dict[str, Any]) -> dict[str, Any]:
     objective = job.get("objective")
     if objective is None:
         return {}
+    objective = OBJECTIVE_ALIASES.get(objective, objective)
     if objective not in OBJECTIVES:
         raise NotExpressible(f"objective {objective!r} has no peakmem trainer")
     trainer = job.get("trainer") or "trl"

@@ -297,6 +297,7 @@ def test_post_training_and_sglang_options() -> None:
     grpo = {"objective": "grpo", "trainer": "verl", "rollout": "vllm-colocate", "num_generations": 5}
     assert so.post_training_options(grpo) == {**grpo, "trainer": "verl"}
     assert so.post_training_options({"method": "lora"}) == {}
+    assert so.post_training_options({"objective": "cpo", "trainer": "ms-swift"}) == {"objective": "simpo"}
     for job in (
         {"objective": "ppo", "trainer": "openrlhf"},
         {"objective": "dpo", "trainer": "verl"},
