@@ -154,7 +154,7 @@ def test_gpt2_xl_picture_shows_the_tables_numbers(tmp_path: Path, capsys: pytest
         assert fmt_gb(e.device_total_bytes) in svg
     for label, _ in ways:
         assert label.split()[0] in svg
-    assert "RTX 4090 (25.8 GB)" in svg
+    assert "RTX 4090 (25.4 GB)" in svg  # what torch sees of it: 23.65 GiB (catalog driver_reserved_bytes)
     for kind in ("batch", "seq"):
         assert (
             plot.plot_training(spec, setup, tmp_path / f"{kind}.png", gpus=gpus, kind=kind).stat().st_size
