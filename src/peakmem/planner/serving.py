@@ -201,8 +201,8 @@ def fit_inference(
     fitting = [g for g in results if g.fits]
     smallest = min(fitting, key=lambda g: g.capacity_bytes).gpu.name if fitting else None
     assumptions = (
-        "vLLM/SGLang fit when their KV pool (gpu_memory_utilization x GPU, less weights and activations) "
-        "holds "
+        "vLLM/SGLang fit when their KV pool (gpu_memory_utilization x GPU, SGLang's of what the CUDA context "
+        "leaves, less weights and activations) holds "
         "`batch` sequences of the full context; other engines when the device total fits the GPU",
         "tensor parallel: each rank's memory (NCCL buffers not modelled by the serving estimator)",
         f"candidates combine at most {MAX_CHANGES} changes, fewest first; job-changing ones last",

@@ -5,7 +5,8 @@
   (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``); reports how many sequences
   of ``context`` tokens fit in it.
 * ``sglang``: the same with ``mem_fraction_static`` (its default chosen by GPU size:
-  ``peakmem.sglang_defaults``) and one-token pages; that fraction holds weights and pool.
+  ``peakmem.sglang_defaults``) and one-token pages; that fraction, of the memory the CUDA context leaves
+  free (:func:`_fraction_base`), holds weights and pool.
 """
 
 from __future__ import annotations
