@@ -49,7 +49,7 @@ def sglang_pool_band(data: dict[str, Any]) -> tuple[int, int, int]:
     """SGLang's KV pool (its 'KV Cache is allocated' K + V sizes) as peakmem sizes it and its band.
 
     SGLang's pool is mem_fraction_static of the memory free after the CUDA context is up, less what the
-    weights take (formulas/serving/paged.py ``_fraction_base``): the formula residual on the weights and
+    weights take (formulas/serving/context.py ``fraction_base``): the formula residual on the weights and
     the range of the context at that moment (formulas/band.py ``context_term``), scaled by the fraction,
     move it. Decided 2026-12-07 (session 24) before any SGLang point was estimated."""
     from peakmem.formulas.band import context_term, residual_term

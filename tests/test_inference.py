@@ -12,7 +12,7 @@ from _infer_specs import DEEPSEEK_V3, LLAMA_3_8B, MISTRAL_7B, QWEN3, build_spec,
 from peakmem.breakdown import Category, Phase
 from peakmem.errors import InputError
 from peakmem.formulas.serving import estimate_inference, max_concurrent, max_context
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, fraction_base
 from peakmem.formulas.serving.vllm_profile import NON_TORCH_ONE_GPU
 from peakmem.formulas.weights import weight_bytes
 from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
@@ -286,6 +286,11 @@ def test_sglang_static_fraction_holds_weights_and_pool() -> None:
     pool = int((gpu - CUDA_CONTEXT_BYTES) * 0.9) - TINY_PARAMS * 2
     assert est.extra["kv_pool_bytes"] == pool
     assert est.extra["memory_budget_bytes"] == int((gpu - CUDA_CONTEXT_BYTES) * 0.9)
+    # vLLM's gpu_memory_utilization is of the whole GPU as torch sees it
+    assert (
+        fraction_base(Engine.VLLM, gpu) == gpu
+        and fraction_base(Engine.SGLANG, gpu) == gpu - CUDA_CONTEXT_BYTES
+    )
     assert est.extra["max_concurrent_sequences"] == pool // (100 * TINY_KV_PER_TOKEN)  # one-token pages
 
 

@@ -446,7 +446,7 @@ def infer_answer(spec: ModelSpec, setup: Any, gpus: Sequence[Any] = (), overhead
             graphs = f.estimate.extra.get("cuda_graph_bytes")  # formulas/serving/cuda_graphs.py
             on_top = (f" + CUDA graphs {fmt_both(graphs)} on top" if isinstance(graphs, int)
                       and f.estimate.extra.get("cuda_graph_accounting") == "on_top" else "")  # fmt: skip
-            # SGLang's fraction is of what the CUDA context leaves (formulas/serving/paged.py _fraction_base)
+            # SGLang's fraction is of what the CUDA context leaves (formulas/serving/context.py fraction_base)
             of = "what the CUDA context leaves" if setup.engine is Engine.SGLANG else "the GPU"
             headline += (
                 f"; on {g.name} {setup.engine.value} takes {f.fraction:g} x {of} "

@@ -21,6 +21,22 @@ from peakmem.serving_layout import ServingLayout
 # CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
 CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes
 CUDA_CONTEXT_SOURCE = "formulas/overhead.py " + DEFAULT_CONTEXT_SIZE
+
+
+# SGLang takes mem_fraction_static of the memory free once CUDA and the process groups are up, not of
+# the GPU: ModelRunner.init_torch_distributed returns get_available_gpu_memory (torch.cuda.mem_get_info
+# after empty_cache) as min_per_gpu_memory, and profile_max_num_token sizes the pool as the memory free
+# after the weights load less min_per_gpu_memory x (1 - mem_fraction_static) (python/sglang/srt/
+# model_executor/model_runner.py, read in sglang 0.4.3 and 0.5.6). What is free then is the GPU less the
+# CUDA context (the context's kernels loaded later, NCCL buffers at tp > 1 are not counted here).
+def fraction_base(engine: Engine, gpu_bytes: int) -> int:
+    """The memory a pooled engine's fraction is taken of on a GPU of ``gpu_bytes`` (torch's total): vLLM's
+    gpu_memory_utilization of all of it, SGLang's mem_fraction_static of what the CUDA context leaves."""
+    if engine is Engine.SGLANG:
+        return max(0, gpu_bytes - CUDA_CONTEXT_BYTES)
+    return gpu_bytes
+
+
 # Default context when neither the user nor the engine fixes one: llama.cpp common.h n_ctx = 4096;
 # transformers has no limit, so we use the same. vLLM/SGLang default max_model_len = the model's.
 DEFAULT_CONTEXT = 4096

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from peakmem.breakdown import Estimate, Verdict
 from peakmem.formulas.overhead import Overheads
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES
+from peakmem.formulas.serving.context import fraction_base
 from peakmem.formulas.serving.estimate import estimate_inference
 from peakmem.formulas.serving.paged import POOLED_ENGINES
 from peakmem.inference import InferenceSetup
@@ -105,9 +105,8 @@ def serving_fit(
         beyond = est.extra.get("sglang_beyond_budget_bytes")
         if isinstance(beyond, int):
             # SGLang speculative decoding: what it allocates past mem_fraction_static at launch
-            # (formulas/serving/sglang_spec.py) must fit next to the budget and the CUDA context (the
-            # budget is a fraction of what the context leaves: formulas/serving/paged.py _fraction_base)
-            launch_room = capacity_bytes - CUDA_CONTEXT_BYTES - budget - beyond
+            # (formulas/serving/sglang_spec.py) must fit in what the CUDA context leaves beside the budget
+            launch_room = fraction_base(setup.engine, capacity_bytes) - budget - beyond
             fits, headroom = fits and launch_room >= 0, min(headroom, launch_room)
     return ServingFit(
         needed_bytes=needed, capacity_bytes=capacity_bytes, fits=fits, headroom_bytes=headroom,

@@ -6,7 +6,7 @@
   of ``context`` tokens fit in it.
 * ``sglang``: the same with ``mem_fraction_static`` (its default chosen by GPU size:
   ``peakmem.sglang_defaults``) and one-token pages; that fraction, of the memory the CUDA context leaves
-  free (:func:`_fraction_base`), holds weights and pool.
+  free (:func:`peakmem.formulas.serving.context.fraction_base`), holds weights and pool.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from peakmem.formulas.serving.context import (
     EngineMemory,
     ServingContext,
     cache_bytes,
+    fraction_base,
     hybrid_block,
     mla_absorbed_bytes,
     state_items,
@@ -57,7 +58,7 @@ from peakmem.formulas.serving.speculative import (
     lookahead_tokens,
 )
 from peakmem.formulas.weights import WeightRow
-from peakmem.inference import Engine, InferenceSetup
+from peakmem.inference import Engine
 from peakmem.vllm_defaults import V0_MAX_NUM_SEQS, batch_note
 
 # the rows peakmem's sampler warm-up takes for SGLang (vLLM V0's, as before; SGLang's own not read)
@@ -178,7 +179,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     if s.gpu_bytes is not None:
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
-        budget = int(_fraction_base(s) * s.memory_fraction(s.gpu_bytes))
+        budget = int(fraction_base(s.engine, s.gpu_bytes) * s.memory_fraction(s.gpu_bytes))
         # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
         resident = weights.bytes + sum(i.bytes for i in (*absorbed, draft_w, draft_buf) if i is not None)
         outside = draft_outside_budget(c)
@@ -369,20 +370,6 @@ def _lora_item(c: ServingContext) -> MemoryItem | None:
 # main of 2026, read without its commit: ``mamba_budget = total_rest_memory * ratio / (1 + ratio)``;
 # max_mamba_cache_size = budget // mamba_cache_per_req); the KV pool gets the rest
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9
-
-
-# SGLang takes mem_fraction_static of the memory free once CUDA and the process groups are up, not of
-# the GPU: ModelRunner.init_torch_distributed returns get_available_gpu_memory (torch.cuda.mem_get_info
-# after empty_cache) as min_per_gpu_memory, and profile_max_num_token sizes the pool as the memory free
-# after the weights load less min_per_gpu_memory x (1 - mem_fraction_static) (python/sglang/srt/
-# model_executor/model_runner.py, read in sglang 0.4.3 and 0.5.6). What is free then is the GPU less the
-# CUDA context (the context's kernels loaded later, NCCL buffers at tp > 1 are not counted here).
-def _fraction_base(s: InferenceSetup) -> int:
-    """The memory the engine's fraction is taken of: vLLM the GPU's, SGLang what the context leaves."""
-    assert s.gpu_bytes is not None
-    if s.engine is Engine.SGLANG:
-        return max(0, s.gpu_bytes - CUDA_CONTEXT_BYTES)
-    return s.gpu_bytes
 
 
 def sglang_mamba_slots(rest: int, state_per_request: int) -> tuple[int, int]:

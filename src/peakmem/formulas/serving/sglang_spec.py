@@ -42,7 +42,7 @@ on a 248,320 x 5,120 vocabulary against 0.79 GiB counted), then read in SGLang's
 
 from __future__ import annotations
 
-from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, ServingContext, cache_bytes
+from peakmem.formulas.serving.context import ServingContext, cache_bytes, fraction_base
 from peakmem.formulas.serving.eagle import EAGLE3
 from peakmem.formulas.serving.speculative import draft_cache_bytes
 from peakmem.inference import Engine
@@ -148,7 +148,7 @@ def sglang_draft_notes(c: ServingContext, figures: dict[str, int], budget: int) 
         )
         notes.append(f"the draft's own embedding/head ({copies} B) exist from its load until "
                      f"set_embed_and_head, after its KV pool is allocated: {where}")  # fmt: skip
-    room = gpu - CUDA_CONTEXT_BYTES  # the budget is a fraction of it (formulas/serving/paged.py)
+    room = fraction_base(Engine.SGLANG, gpu)  # the budget is a fraction of it
     if budget + beyond > room:
         over = budget + beyond - room
         notes.append(f"does not launch: mem_fraction_static's budget and the draft's {beyond} B exceed what "
