@@ -43,6 +43,7 @@ from peakmem.formulas.serving.lora_slots import (
     lora_slot_bytes,
     lora_wrapper_bytes,
 )
+from peakmem.formulas.serving.mxfp4_pad import vllm_mxfp4_pad_bytes
 from peakmem.formulas.serving.parallel import dp_gathered_bytes
 from peakmem.formulas.serving.prefix import PrefixShare, concurrent_with_share, shared_prefix
 from peakmem.formulas.serving.sglang_spec import (
@@ -76,7 +77,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
-    absorbed = mla_absorbed_rows(c)
+    absorbed = [*mla_absorbed_rows(c), *mxfp4_pad_rows(c)]  # what the engine adds to the checkpoint's weights
     # the prefill chunk and the sampler warm-up's rows: vLLM's max_num_batched_tokens and max_num_seqs by
     # release, GPU and entry point (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier
     # (peakmem.sglang_defaults) and 256 rows (its own warm-up not read); the given --prefill-chunk /
@@ -316,6 +317,15 @@ def mla_absorbed_rows(c: ServingContext) -> list[MemoryItem]:
         return []
     return [MemoryItem(path="MLA W_UK / W_UV (compute-dtype copy of kv_b_proj)", category=Category.PARAMETERS,
                        bytes=n, source="formulas/serving/context.py mla_absorbed_bytes")]  # fmt: skip
+
+
+def mxfp4_pad_rows(c: ServingContext) -> list[MemoryItem]:
+    """vLLM's padding of MXFP4 experts to its MoE kernel's tiles, as a row (none where there is none)."""
+    n = vllm_mxfp4_pad_bytes(c)
+    if not n:
+        return []
+    return [MemoryItem(path="MXFP4 experts' padding to the MoE kernel's tiles", category=Category.PARAMETERS,
+                       bytes=n, source="formulas/serving/mxfp4_pad.py")]  # fmt: skip
 
 
 def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: list[str]) -> list[MemoryItem]:
