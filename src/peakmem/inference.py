@@ -375,9 +375,8 @@ class InferenceSetup:
     dp_attention: bool = False
     gpu_bytes: int | None = None  # one GPU's memory (vLLM sizes its KV pool from it; fit limits)
     gpu_name: str = ""  # that GPU's name as torch reports it (vLLM's batch defaults read it; "": not known)
-    # nvidia-smi's total of that GPU, above torch's gpu_bytes by the driver's reservation: SGLang sizes its
-    # default mem_fraction_static and batch tiers by it (server_args.py get_device_memory_capacity runs
-    # nvidia-smi --query-gpu=memory.total); None: gpu_bytes
+    # that GPU's nvidia-smi total (torch's plus the driver's reserve), which SGLang's default fraction and
+    # tiers read (server_args.py get_device_memory_capacity); None: gpu_bytes
     gpu_smi_bytes: int | None = None
     vllm_entrypoint: str = "serve"  # vllm serve or the offline LLM class (peakmem.vllm_defaults)
     interconnect: str = ""  # how the node's GPUs are joined (peakmem.device.INTERCONNECTS; "": not known)
@@ -721,18 +720,14 @@ class InferenceSetup:
             return self.sglang_defaults(gpu_bytes).mem_fraction_static
         return VLLM_GPU_MEMORY_UTILIZATION
 
-    def _smi(self, gpu_bytes: int | None) -> int | None:
-        """nvidia-smi's total of a GPU torch gives ``gpu_bytes``: the setup's own GPU's, if it is that."""
-        if self.gpu_smi_bytes is not None and gpu_bytes == self.gpu_bytes:
-            return self.gpu_smi_bytes
-        return gpu_bytes
-
     def sglang_defaults(self, gpu_bytes: int | None) -> SglangDefaults:
         """SGLang's chunked_prefill_size, cuda_graph_max_bs and mem_fraction_static on a GPU of ``gpu_bytes``
         (None: not known) for this layout and draft; the values given (--prefill-chunk, --cuda-graph-max-bs,
         --gpu-memory-utilization) are kept (sglang_defaults.py)."""
+        own = self.gpu_smi_bytes is not None and gpu_bytes == self.gpu_bytes  # nvidia-smi's total of this GPU
         return sglang_defaults(
-            self._smi(gpu_bytes), tp=self.tp, pp=self.pp, dp=self.dp, dp_attention=self.dp_attention,
+            self.gpu_smi_bytes if own else gpu_bytes, tp=self.tp, pp=self.pp, dp=self.dp,
+            dp_attention=self.dp_attention,
             draft_method=self.draft.method if self.draft is not None else None,
             chunked_prefill_size=self.prefill_chunk, cuda_graph_max_bs=self.cuda_graph_max_bs,
             mem_fraction_static=self.gpu_memory_utilization,
