@@ -60,7 +60,7 @@ def test_info_from_config_path(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert json.loads(capsys.readouterr().out)["params"] == 1_557_611_200
 
 
-def test_models_and_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_and_gpus_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["models", "--json"]) == 0
     models = json.loads(capsys.readouterr().out)
     assert len(models) >= 40
@@ -68,6 +68,10 @@ def test_models_and_gpus_json(capsys: pytest.CaptureFixture[str]) -> None:
     gpus = json.loads(capsys.readouterr().out)
     assert len(gpus) >= 25
     assert all(g["memory_bytes"] > 0 for g in gpus)
+    # the table names what PyTorch sees where the driver keeps some (the RTX 3090: 23.69 of 24 GiB)
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps the cell on a narrow terminal
+    assert main(["gpus"]) == 0
+    assert "torch 23.69" in capsys.readouterr().out
 
 
 def test_typo_in_model_name_suggests() -> None:

@@ -195,7 +195,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_gpus(args: argparse.Namespace) -> int:
     from peakmem.catalog import GPUS
-    from peakmem.units import fmt_both
+    from peakmem.units import fmt_both, fmt_gib
 
     if args.json:
         _emit_json([
@@ -212,7 +212,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     for col in ("name", "GPU", "memory", "aliases"):
         table.add_column(col)
     for g in GPUS:
-        table.add_row(g.name, g.display_name, fmt_both(g.memory_bytes), ", ".join(g.aliases))
+        # what PyTorch sees where the driver keeps some (catalog driver_reserved_bytes): what verdicts use
+        torch_sees = f"; torch {fmt_gib(g.usable_bytes)}" if g.usable_bytes != g.memory_bytes else ""
+        table.add_row(g.name, g.display_name, fmt_both(g.memory_bytes) + torch_sees, ", ".join(g.aliases))
     Console().print(table)
     return EXIT_OK
 
