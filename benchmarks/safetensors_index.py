@@ -25,9 +25,9 @@ from peakmem.formulas.serving.speculative import mtp_draft_spec
 from peakmem.formulas.weights import FLOAT_BYTES, weight_bytes
 from peakmem.hf.deepseek import mtp_layers
 from peakmem.hf.quant import checkpoint_weights
-from peakmem.inference import Scheme, WeightFormat, parse_weight_format
 from peakmem.model import ModelSpec
 from peakmem.resolve import resolve_config, resolve_model
+from peakmem.weight_formats import Scheme, WeightFormat, parse_weight_format
 
 DATA = Path(__file__).resolve().parent / "safetensors_index.json"
 # config.json torch_dtype -> the float format save_pretrained stored the tensors in

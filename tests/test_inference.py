@@ -15,8 +15,9 @@ from peakmem.formulas.serving import estimate_inference, max_concurrent, max_con
 from peakmem.formulas.serving.context import CUDA_CONTEXT_BYTES, fraction_base
 from peakmem.formulas.serving.vllm_profile import NON_TORCH_ONE_GPU
 from peakmem.formulas.weights import weight_bytes
-from peakmem.inference import Engine, InferenceSetup, KvDtype, parse_weight_format
+from peakmem.inference import Engine, InferenceSetup, KvDtype
 from peakmem.units import GiB, MiB
+from peakmem.weight_formats import parse_weight_format
 
 # tiny(): 2 layers, hidden 64, 4 heads, 2 KV heads x 16, vocab 128, MLP 128, untied, bf16
 TINY_PARAMS = 128 * 64 * 2 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64

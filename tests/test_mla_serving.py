@@ -10,9 +10,10 @@ from pathlib import Path
 from peakmem.formulas.serving import estimate_inference
 from peakmem.formulas.serving.context import mla_absorbed_bytes, resolve_context, sharded_weight_bytes
 from peakmem.formulas.weights import weight_rows
-from peakmem.inference import Engine, InferenceSetup, parse_weight_format
+from peakmem.inference import Engine, InferenceSetup
 from peakmem.resolve import resolve_model
 from peakmem.units import GiB
+from peakmem.weight_formats import parse_weight_format
 
 POINTS = Path(__file__).resolve().parents[1] / "benchmarks" / "published_scale.json"
 B200_RECORD = "vllm-memory-estimator-vdb-dcea7fc0-deepseek-r1-0528-b200-tp8-v0.18.0"

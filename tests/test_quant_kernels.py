@@ -13,7 +13,8 @@ from peakmem.breakdown import Phase
 from peakmem.errors import InputError
 from peakmem.formulas import quant_kernels as qk
 from peakmem.formulas.serving import estimate_inference
-from peakmem.inference import GptqKernel, InferenceSetup, parse_weight_format
+from peakmem.inference import GptqKernel, InferenceSetup
+from peakmem.weight_formats import parse_weight_format
 
 TINY_LINEARS = sorted(
     [(64, 64, 2), (64, 32, 2), (64, 32, 2), (64, 64, 2), (64, 128, 2), (64, 128, 2), (128, 64, 2)]

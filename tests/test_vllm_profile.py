@@ -116,7 +116,7 @@ def test_moe_workspace_by_hand() -> None:
     """The modular kernels' workspace (vllm_profile.MODULAR_MOE_RELEASE): Triton's [M, k, max(N / 2, K)] and
     [M, k, max(N, K)] in bf16. Qwen3-30B-A3B (hidden 2048, 768 a expert, 8 a token) at 8192 tokens: both
     views 8192 x 8 x 2048 x 2 B."""
-    from peakmem.inference import parse_weight_format
+    from peakmem.weight_formats import parse_weight_format
 
     spec = resolve_model("qwen3-30b-a3b")
     both = 2 * 8192 * 8 * 2048 * 2

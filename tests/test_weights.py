@@ -18,7 +18,7 @@ from peakmem.formulas.weights import (
     weight_bytes,
     weight_rows,
 )
-from peakmem.inference import Scheme, parse_weight_format
+from peakmem.weight_formats import Scheme, parse_weight_format
 
 
 def test_parse_weight_formats() -> None:

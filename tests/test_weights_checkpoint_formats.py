@@ -14,9 +14,9 @@ from _infer_specs import tiny
 from peakmem.errors import InputError
 from peakmem.formulas.weights import tensor_storage, weight_rows
 from peakmem.hf.quant import checkpoint_weights
-from peakmem.inference import Scheme, parse_weight_format
 from peakmem.model import Tensor
 from peakmem.resolve import resolve_config, resolve_model
+from peakmem.weight_formats import Scheme, parse_weight_format
 
 # one fused expert tensor, 4 experts of [out 96, in 64], and one decoder linear [out 48, in 160]
 EXPERTS = Tensor(name="mlp.experts.down_proj", module="experts", shape=(4, 96, 64), component="experts",

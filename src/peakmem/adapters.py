@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peakmem.errors import InputError, require
-from peakmem.inference import Scheme, WeightFormat
 from peakmem.validate import MAX_SHOWN_VALUE, MAX_WIDTH, check_int, check_real
+from peakmem.weight_formats import Scheme, WeightFormat
 
 ALL_LINEAR = "all-linear"  # peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND
 DEFAULT_RANK = 8  # peft LoraConfig.r

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from peakmem.breakdown import Category, Estimate, Verdict
 from peakmem.formulas.weights import FLOAT_BYTES, WeightRow, bnb_kept_expert_params, weight_rows
-from peakmem.inference import Engine, Scheme, WeightFormat
+from peakmem.inference import Engine
 from peakmem.model import Attention, DerivedBlock, Layer, ModelSpec, Tower
 from peakmem.units import fmt_both, fmt_bytes, fmt_count, fmt_gb
+from peakmem.weight_formats import Scheme, WeightFormat
 
 if TYPE_CHECKING:
     from peakmem.resolve import AnsweredBy

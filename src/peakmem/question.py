@@ -23,7 +23,7 @@ from peakmem.catalog import Gpu
 from peakmem.defaults import optimizer_step
 from peakmem.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputError
 from peakmem.formulas.overhead import Overheads
-from peakmem.inference import DEFAULT_WEIGHTS, CheckpointWeights, Draft, InferenceSetup
+from peakmem.inference import DEFAULT_WEIGHTS, Draft, InferenceSetup
 from peakmem.model import CostLookup, ModelSpec
 from peakmem.parallel import Parallelism
 from peakmem.peft_versions import PEFT_CURRENT
@@ -33,6 +33,7 @@ from peakmem.torchao_versions import TORCHAO_CURRENT
 from peakmem.training import DEFAULT_SEQ_LEN, TrainingSetup
 from peakmem.transformers_versions import TRANSFORMERS_CURRENT
 from peakmem.validate import check_int
+from peakmem.weight_formats import CheckpointWeights
 
 
 @dataclass(frozen=True, kw_only=True)

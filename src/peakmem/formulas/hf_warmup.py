@@ -32,8 +32,8 @@ parameters and their own factors) and a ``device_map`` over several GPUs (each G
 from __future__ import annotations
 
 from peakmem import dtypes
-from peakmem.inference import Scheme, WeightFormat
 from peakmem.model import ModelSpec
+from peakmem.weight_formats import Scheme, WeightFormat
 
 WARMUP_FROM = (4, 50)  # v4.50.0: caching_allocator_warmup in _load_pretrained_model
 WARMUP_QUANTIZED_FROM = (4, 51)  # v4.51.0: quantized loads warmed too (factor 2 if no quantizer else 4)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from peakmem.inference import MXFP4_BLOCK
+from peakmem.weight_formats import MXFP4_BLOCK
 
 MXFP4_VALUES_PER_BYTE = 2  # two E2M1 values in one uint8 of *_blocks
 MXFP4_BLOCK_BYTES = 16  # *_blocks' last dimension: 32 values per E8M0 scale

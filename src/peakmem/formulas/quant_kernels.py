@@ -65,8 +65,9 @@ import math
 
 from peakmem.breakdown import Category, MemoryItem
 from peakmem.formulas.weights import FP16_BYTES, FP32_BYTES, INT32_BITS, tensor_storage
-from peakmem.inference import GptqKernel, InferenceSetup, Scheme, WeightFormat
+from peakmem.inference import GptqKernel, InferenceSetup
 from peakmem.model import ModelSpec
+from peakmem.weight_formats import Scheme, WeightFormat
 
 INT16_BYTES = 2  # q_perm / q_invperm (torch.short); cuda-old's 8-bit unpacked weight (torch.int16)
 INT32_BYTES = 4  # cuda-old's shifted qweight (torch.int32)

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from peakmem.errors import InputError
-from peakmem.inference import MXFP4_BLOCK, NVFP4_BLOCK, Scheme, WeightFormat
 from peakmem.model import ModelSpec, Tensor, TensorKind
+from peakmem.weight_formats import MXFP4_BLOCK, NVFP4_BLOCK, Scheme, WeightFormat
 
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = 4

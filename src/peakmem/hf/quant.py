@@ -1,7 +1,7 @@
 """A checkpoint's own weight format: ``config.json`` ``quantization_config`` -> the format peakmem prices.
 
 Read (the keys each method writes; the format each maps onto is parsed by
-:func:`peakmem.inference.parse_weight_format` and priced by :mod:`peakmem.formulas.weights`):
+:func:`peakmem.weight_formats.parse_weight_format` and priced by :mod:`peakmem.formulas.weights`):
 
 * ``quant_method: "mxfp4"`` (gpt-oss, https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json:
   ``modules_to_not_convert`` = self_attn, mlp.router, embed_tokens, lm_head; transformers
@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from peakmem.errors import ConfigError
-from peakmem.inference import (
+from peakmem.weight_formats import (
     AWQ_BITS,
     FP8_BLOCK_SHAPE,
     GPTQ_BITS,

@@ -119,7 +119,7 @@ def _weight_options(setup: InferenceSetup) -> tuple[str, ...]:
 
 def _nominal_bits(name: str) -> int:
     """Bits per weight a format is named for (GGUF mixes by their type: q4_k_m -> 4)."""
-    from peakmem.inference import parse_weight_format
+    from peakmem.weight_formats import parse_weight_format
 
     bits = parse_weight_format(name).bits
     if bits:

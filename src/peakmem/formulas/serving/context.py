@@ -14,9 +14,10 @@ from peakmem.formulas.overhead import CONTEXT_SIZES
 from peakmem.formulas.overhead import DEFAULT_CONTEXT as DEFAULT_CONTEXT_SIZE
 from peakmem.formulas.recurrent_state import HybridBlock, StateBytes, engine_state, vllm_hybrid_block
 from peakmem.formulas.weights import WeightRow
-from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype, Scheme
+from peakmem.inference import KV_BITS, Engine, InferenceSetup, KvDtype
 from peakmem.model import ModelSpec
 from peakmem.serving_layout import ServingLayout
+from peakmem.weight_formats import Scheme
 
 # CUDA context (formulas/overhead.py, the training side's table: 512 MiB with CUDA 12 lazy loading).
 CUDA_CONTEXT_BYTES = CONTEXT_SIZES[DEFAULT_CONTEXT_SIZE].bytes

@@ -33,9 +33,10 @@ from peakmem.formulas.serving.parallel import deployment_estimate
 from peakmem.formulas.serving.sglang_spec import load_copies_bytes
 from peakmem.formulas.serving.speculative import draft_extra
 from peakmem.formulas.weights import WeightRow, weight_rows
-from peakmem.inference import Engine, InferenceSetup, Scheme
+from peakmem.inference import Engine, InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.units import fmt_bytes
+from peakmem.weight_formats import Scheme
 
 # engines whose requests reach PyTorch's caching allocator with nothing sized to the free memory: the
 # roundup_power2_divisions item applies (formulas/block_rounding.py)

@@ -70,9 +70,10 @@ from peakmem.formulas.serving.context import (
 )
 from peakmem.formulas.serving.forward import layer_transient_bytes
 from peakmem.formulas.weights import WeightRow, bnb_4bit_bytes, weight_rows
-from peakmem.inference import Scheme, litgpt_release
+from peakmem.inference import litgpt_release
 from peakmem.model import Attention, ModelSpec
 from peakmem.releases import Release
+from peakmem.weight_formats import Scheme
 
 SRC_GENERATE = "Lit-GPT generate/base.py@982abcbc, lit_gpt/model.py (KVCache, set_kv_cache)"
 SRC_FABRIC = "lightning@71aed751 fabric/plugins/precision/bitsandbytes.py (_quantize_on_load_hook)"

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from peakmem.device import is_rocm
 from peakmem.formulas.serving.context import ServingContext
-from peakmem.inference import CURRENT_ENGINE_VERSION, Engine, Scheme
+from peakmem.formulas.weights import E8M0_BYTES
+from peakmem.inference import CURRENT_ENGINE_VERSION, Engine
 from peakmem.releases import Release, parse_release
+from peakmem.weight_formats import MXFP4_BLOCK, Scheme
 
-MXFP4_BYTES_PER_32 = 17  # 32 E2M1 values in 16 bytes and one E8M0 scale byte
-MXFP4_BLOCK = 32
+MXFP4_BLOCK_BYTES = MXFP4_BLOCK // 2 + E8M0_BYTES  # 32 E2M1 values in 16 bytes and their E8M0 scale
 MARLIN_ALIGN = (128, 256)  # (I, H)
 FLASHINFER_ALIGN = (256, 256)
 TRITON_ALIGN = (64, 1)
@@ -82,5 +83,5 @@ def vllm_mxfp4_pad_bytes(c: ServingContext) -> int:
             else (mlp.num_experts, mlp.intermediate_size // ways)
         )
         padded = _round_up(inter, align[0]) * _round_up(hidden, align[1]) - inter * hidden
-        total += g.count * experts * 3 * padded * MXFP4_BYTES_PER_32 // MXFP4_BLOCK
+        total += g.count * experts * 3 * padded * MXFP4_BLOCK_BYTES // MXFP4_BLOCK
     return total

@@ -77,7 +77,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     hybrid = hybrid_block(c)
     block = hybrid.block if hybrid is not None else s.effective_block_size
     weights = weights_item(c, rows)
-    absorbed = [*mla_absorbed_rows(c), *mxfp4_pad_rows(c)]  # what the engine adds to the checkpoint's weights
+    beside = engine_weight_rows(c)  # MLA copies, MXFP4 padding
     # the prefill chunk and the sampler warm-up's rows: vLLM's max_num_batched_tokens and max_num_seqs by
     # release, GPU and entry point (peakmem.vllm_defaults); SGLang's chunked_prefill_size by GPU tier
     # (peakmem.sglang_defaults) and 256 rows (its own warm-up not read); the given --prefill-chunk /
@@ -182,7 +182,7 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         # What the engine preallocates on that GPU; the request's own bytes (below) do not depend on it.
         budget = int(fraction_base(s.engine, s.gpu_bytes) * s.memory_fraction(s.gpu_bytes))
         # vLLM V1 loads the draft before profiling: its weights count with the target's (speculative.py)
-        resident = weights.bytes + sum(i.bytes for i in (*absorbed, draft_w, draft_buf) if i is not None)
+        resident = weights.bytes + sum(i.bytes for i in (*beside, draft_w, draft_buf) if i is not None)
         outside = draft_outside_budget(c)
         if s.engine is Engine.SGLANG:
             # SGLang: mem_fraction_static x GPU holds weights + KV pool only; activations and CUDA
@@ -294,12 +294,12 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
         )
     ]
     lora_rows = [lora] if lora is not None else []
-    held = [*absorbed, *lora_rows, *draft_resident]
+    held = [*beside, *lora_rows, *draft_resident]
     extra["steady_state_bytes"] = weights.bytes + sum(i.bytes for i in held) + needed
     graph_rows = _graph_rows(graphs, extra, notes)
     return EngineMemory(
-        prefill=[weights, *absorbed, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
-        decode=[weights, *absorbed, *lora_rows, *draft_rows, kv_item, *states, decode_tmp, *graph_rows],
+        prefill=[weights, *beside, *lora_rows, *draft_rows, kv_item, *states, act_item, *graph_rows],
+        decode=[weights, *beside, *lora_rows, *draft_rows, kv_item, *states, decode_tmp, *graph_rows],
         overhead=overhead,
         extra=extra,
         notes=tuple(notes),
@@ -310,22 +310,17 @@ def paged_memory(c: ServingContext, rows: tuple[WeightRow, ...]) -> EngineMemory
     )
 
 
-def mla_absorbed_rows(c: ServingContext) -> list[MemoryItem]:
-    """vLLM's 16-bit copy of a quantized MLA kv_b_proj, as a row (none where there is none)."""
-    n = mla_absorbed_bytes(c)
-    if not n:
-        return []
-    return [MemoryItem(path="MLA W_UK / W_UV (compute-dtype copy of kv_b_proj)", category=Category.PARAMETERS,
-                       bytes=n, source="formulas/serving/context.py mla_absorbed_bytes")]  # fmt: skip
-
-
-def mxfp4_pad_rows(c: ServingContext) -> list[MemoryItem]:
-    """vLLM's padding of MXFP4 experts to its MoE kernel's tiles, as a row (none where there is none)."""
-    n = vllm_mxfp4_pad_bytes(c)
-    if not n:
-        return []
-    return [MemoryItem(path="MXFP4 experts' padding to the MoE kernel's tiles", category=Category.PARAMETERS,
-                       bytes=n, source="formulas/serving/mxfp4_pad.py")]  # fmt: skip
+def engine_weight_rows(c: ServingContext) -> list[MemoryItem]:
+    """What the engine holds beside the checkpoint's weights, a row each where there is any: vLLM's
+    16-bit copy of a quantized MLA kv_b_proj, and its padding of MXFP4 experts to the MoE kernel's tiles."""
+    rows = (
+        ("MLA W_UK / W_UV (compute-dtype copy of kv_b_proj)", mla_absorbed_bytes(c),
+         "formulas/serving/context.py mla_absorbed_bytes"),
+        ("MXFP4 experts' padding to the MoE kernel's tiles", vllm_mxfp4_pad_bytes(c),
+         "formulas/serving/mxfp4_pad.py"),
+    )  # fmt: skip
+    return [MemoryItem(path=path, category=Category.PARAMETERS, bytes=n, source=source)
+            for path, n, source in rows if n]  # fmt: skip
 
 
 def _graph_rows(graphs: GraphMemory | None, extra: dict[str, object], notes: list[str]) -> list[MemoryItem]:

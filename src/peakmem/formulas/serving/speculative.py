@@ -75,8 +75,9 @@ from peakmem.formulas.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from peakmem.formulas.serving.context import REPLICATING_ENGINES, ServingContext, sharded_weight_bytes
 from peakmem.formulas.serving.eagle import EAGLE3
 from peakmem.formulas.weights import weight_rows
-from peakmem.inference import Engine, WeightFormat, parse_weight_format
+from peakmem.inference import Engine
 from peakmem.model import LayerGroup, ModelSpec, linear, norm
+from peakmem.weight_formats import WeightFormat, parse_weight_format
 
 SOURCE = "formulas/serving/speculative.py"
 

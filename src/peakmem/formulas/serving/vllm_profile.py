@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peakmem.breakdown import BandTerm
-from peakmem.inference import Scheme, WeightFormat
 from peakmem.model import ModelSpec
 from peakmem.units import GiB
+from peakmem.weight_formats import Scheme, WeightFormat
 
 # the release whose logs these figures come from (and later ones, until a log says otherwise)
 MEASURED_RELEASE = (0, 19)
