@@ -29,7 +29,13 @@ from peakmem.validate import (
     too_large,
 )
 from peakmem.vllm_defaults import VllmBatch, check_entrypoint, vllm_batch
-from peakmem.weight_formats import CheckpointWeights, Scheme, WeightFormat, parse_weight_format
+from peakmem.weight_formats import (
+    TORCHAO_SCHEMES,
+    CheckpointWeights,
+    Scheme,
+    WeightFormat,
+    parse_weight_format,
+)
 
 
 class Engine(Choice):
@@ -377,6 +383,11 @@ class InferenceSetup:
             require(
                 self.engine in (Engine.HF, Engine.VLLM, Engine.LITGPT), "weights", self.weights,
                 f"bitsandbytes formats run in transformers, vLLM or Lit-GPT, not engine={self.engine.value}",
+            )  # fmt: skip
+        if fmt.scheme in TORCHAO_SCHEMES:
+            require(
+                self.engine in (Engine.HF, Engine.VLLM, Engine.SGLANG), "weights", self.weights,
+                f"torchao formats run in transformers, vLLM or SGLang, not engine={self.engine.value}",
             )  # fmt: skip
         if self.engine in (Engine.VLLM, Engine.SGLANG):
             require(

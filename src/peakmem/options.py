@@ -259,8 +259,8 @@ OPTIONS: tuple[Option, ...] = (
        "is one packed row of this many tokens per GPU (--seq: the longest sample)", maximum=MAX_SEQ),
     # the serving setup (peakmem.inference.InferenceSetup)
     _o("weights", str, None, SV, "bf16|fp16|fp32|fp8|fp8-block|mxfp4|nvfp4|int8|nf4|fp4|gptq-4bit-g128|"
-       "awq-4bit|q4_k_m|... (default: the format the model's config.json quantization_config names, "
-       "else bf16)"),
+       "awq-4bit|torchao-int4wo|torchao-float8dq|q4_k_m|... (default: the format the model's config.json "
+       "quantization_config names, else bf16)"),
     _o("kv_cache", str, "auto", SV, "auto|bf16|fp16|fp8|int8|int4"),
     _o("context", int, None, SV, "tokens per sequence (default: model limit)", maximum=MAX_SEQ),
     _o("prompt", int, None, SV, "prefill tokens (default: the whole context)", maximum=MAX_SEQ),

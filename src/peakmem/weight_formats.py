@@ -26,7 +26,13 @@ class Scheme(Choice):
     MXFP4 = "mxfp4"  # OCP MX FP4 (gpt-oss): E2M1 values 2 per byte + one E8M0 scale per 32, experts only
     NVFP4 = "nvfp4"  # NVIDIA ModelOpt NVFP4: E2M1 2 per byte + E4M3 scale per 16 + fp32 global scales
     FP8_BLOCK = "fp8-block"  # DeepSeek-V3 / Qwen3-FP8: e4m3 weights + fp32 scale per 128 x 128 block
+    # torchao (quantize_ / transformers TorchAoConfig / the pytorch/* Hub checkpoints): nn.Linear weights only
+    TORCHAO_INT4 = "torchao-int4"  # int4_weight_only: tinygemm packed int4 + bf16 scale and zero per group
+    TORCHAO_INT8 = "torchao-int8"  # int8_weight_only: int8 + a scale (and zero point) per output row
+    TORCHAO_FP8 = "torchao-fp8"  # float8_dynamic_activation_float8_weight: e4m3 + fp32 scale per row/tensor
 
+
+TORCHAO_SCHEMES = (Scheme.TORCHAO_INT4, Scheme.TORCHAO_INT8, Scheme.TORCHAO_FP8)
 
 # GGUF file types people download (llama.cpp `llama-quantize` names; src/llama-quant.cpp).
 GGUF_FILE_TYPES = (
@@ -51,10 +57,17 @@ _FP8_BLOCK_RE = re.compile(r"^fp8-block(?:-(\d{1,5})x(\d{1,5}))?$")
 # auto-gptq / gptqmodel and AutoAWQ default group size (quantize_config.group_size = 128).
 DEFAULT_GROUP_SIZE = 128
 GROUP_SIZES = (-1, 32, 64, 128, 256, 1024)  # -1: one group per column ("per channel")
+# torchao Int4WeightOnlyConfig(group_size=...): the tinygemm kernel takes 32, 64, 128 or 256, default 128
+# (torchao v0.9.0 quantization/quant_api.py Int4WeightOnlyConfig: "choices are [256, 128, 64, 32]",
+# ``group_size: int = 128``; transformers 4.47.1 TorchAoConfig passes its kwargs through).
+TORCHAO_INT4_GROUP_SIZES = (32, 64, 128, 256)
+TORCHAO_INT4_DEFAULT_GROUP = 128
+_TORCHAO_INT4_RE = re.compile(r"^(?:torchao-)?int4(?:wo|_weight_only|-weight-only)(?:-g(\d{1,4}))?$")
 
 WEIGHT_FORMAT_HELP = (
     "fp32, fp16, bf16, fp8, fp8-channel, fp8-block[-<R>x<C>], mxfp4, nvfp4, int8 (bitsandbytes LLM.int8), "
     "w8a8, nf4, nf4-dq, fp4, fp4-dq, gptq-<2|3|4|8>bit[-g<32|64|128|-1>], awq-4bit[-g<N>], "
+    "torchao-int4wo[-g<32|64|128|256>], torchao-int8wo, torchao-float8dq[-row|-tensor], "
     "or a GGUF type (q4_k_m, q8_0, iq4_xs, ...)"
 )
 
@@ -100,6 +113,9 @@ def parse_weight_format(text: str) -> WeightFormat:
         require(rows >= 1 and cols >= 1, "weights", text, "block sides must be at least 1")
         name = "fp8-block" if (rows, cols) == FP8_BLOCK_SHAPE else f"fp8-block-{rows}x{cols}"
         return WeightFormat(name=name, scheme=Scheme.FP8_BLOCK, bits=8, block=(rows, cols))
+    torchao = _torchao_format(key, text)
+    if torchao is not None:
+        return torchao
     if key in ("int8", "llm.int8", "bnb-int8", "bnb-8bit", "8bit"):
         return WeightFormat(name="int8", scheme=Scheme.BNB_INT8, bits=8)
     if key in ("w8a8", "int8-w8a8", "w8a8-int8"):
@@ -135,6 +151,24 @@ def parse_weight_format(text: str) -> WeightFormat:
             )
         return WeightFormat(name=gguf, scheme=Scheme.GGUF, bits=0, gguf_type=gguf)
     raise InputError(f"weights={text!r}: unknown format; choose {WEIGHT_FORMAT_HELP}")
+
+
+def _torchao_format(key: str, text: str) -> WeightFormat | None:
+    """torchao's weight-only int4 / int8 and float8 dynamic-quant formats, or None for another name."""
+    int4 = _TORCHAO_INT4_RE.match(key)
+    if int4:
+        group = int(int4.group(1)) if int4.group(1) else TORCHAO_INT4_DEFAULT_GROUP
+        require(group in TORCHAO_INT4_GROUP_SIZES, "weights", text,
+                f"torchao int4 group size must be one of {TORCHAO_INT4_GROUP_SIZES}")  # fmt: skip
+        name = f"torchao-int4wo-g{group}"
+        return WeightFormat(name=name, scheme=Scheme.TORCHAO_INT4, bits=4, group_size=group)
+    if key in ("torchao-int8wo", "int8wo", "int8_weight_only", "torchao-int8-weight-only"):
+        return WeightFormat(name="torchao-int8wo", scheme=Scheme.TORCHAO_INT8, bits=8, per_channel=True)
+    if key in ("torchao-float8dq", "float8dq", "torchao-float8dq-row", "float8dq-row", "torchao-fp8-rowwise"):
+        return WeightFormat(name="torchao-float8dq-row", scheme=Scheme.TORCHAO_FP8, bits=8, per_channel=True)
+    if key in ("torchao-float8dq-tensor", "float8dq-tensor", "torchao-fp8-tensorwise"):
+        return WeightFormat(name="torchao-float8dq-tensor", scheme=Scheme.TORCHAO_FP8, bits=8)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

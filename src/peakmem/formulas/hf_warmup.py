@@ -25,8 +25,10 @@ it in v4.50-v4.51), where the free memory is known (the caller's: a GPU's usable
 the CUDA context; ``Gpu.usable_bytes`` leaves out the driver's own reserve where the catalog knows it, as
 ``mem_get_info`` does: 870 MiB on an A100-80GB, 265 MiB on a T4). Checked against
 transformers 4.53.3 / 4.57.1 / 5.23.0's own ``caching_allocator_warmup`` in benchmarks/hf_load_warmup.py.
-Not modelled: quantizers other than bitsandbytes (GPTQ / AWQ / torchao / fp8 count their packed or scaled
-parameters and their own factors) and a ``device_map`` over several GPUs (each GPU's share).
+torchao's factors (4.53.0 ``quantizers/quantizer_torchao.py`` ``get_cuda_warm_up_factor``: 8 for int4,
+4 for int8 and float8) size the block over the 16-bit meta sizes at or below the packed weights, which fill
+it: no block beyond them (0 here). Not modelled: GPTQ / AWQ / fp8 loads (their packed or scaled parameters
+and their own factors) and a ``device_map`` over several GPUs (each GPU's share).
 """
 
 from __future__ import annotations

@@ -64,7 +64,14 @@ from __future__ import annotations
 import math
 
 from peakmem.breakdown import Category, MemoryItem
-from peakmem.formulas.weights import FP16_BYTES, FP32_BYTES, INT32_BITS, tensor_storage
+from peakmem.formulas.weights import (
+    BF16_BYTES,
+    FP16_BYTES,
+    FP32_BYTES,
+    INT32_BITS,
+    TINYGEMM_IN_MULTIPLE,
+    tensor_storage,
+)
 from peakmem.inference import GptqKernel, InferenceSetup
 from peakmem.model import ModelSpec
 from peakmem.weight_formats import Scheme, WeightFormat
@@ -90,6 +97,10 @@ CUDA_OLD_KERNEL_SWITCH_THRESHOLD = 128  # QuantLinear(kernel_switch_threshold=12
 CUDA_OLD_3BIT_BYTES_PER_WEIGHT = 10  # 3-bit path: int32 weight + int32 (weight - zeros) + fp16 product
 # bitsandbytes 0.41.1 matmul_4bit: gemv_4bit only for an input of one row
 BNB_GEMV_ROWS = 1
+# torchao float8 dynamic activation quantization of an input row (v0.12.0 quant_primitives.py
+# _quantize_affine_float8): its fp32 copy, the row scale expanded to the input's shape (repeat_interleave;
+# 0.14 on broadcast it: 13 B), the scaled and the clamped fp32 tensors, and the e4m3 result alive together.
+TORCHAO_FP8_ACT_BYTES = 4 + 4 + 4 + 4 + 1
 
 
 def quantized_linears(spec: ModelSpec, fmt: WeightFormat) -> tuple[tuple[int, int, int], ...]:
@@ -249,6 +260,12 @@ def linear_temporary_bytes(
         if kernel is GptqKernel.CUDA_OLD and rows >= CUDA_OLD_KERNEL_SWITCH_THRESHOLD:
             return cuda_old_dequant_bytes(in_f, out_f, fmt.bits, fmt.group_size)
         return 0  # exllama / exllamav2 reconstruct into their persistent temp_dq
+    if fmt.scheme is Scheme.TORCHAO_INT8:  # the int8 weight cast to the input's dtype for torch.mm, each call
+        return in_f * out_f * act_bytes
+    if fmt.scheme is Scheme.TORCHAO_INT4:  # the input padded to a multiple of 1024 columns (a copy)
+        return rows * -(-in_f // TINYGEMM_IN_MULTIPLE) * TINYGEMM_IN_MULTIPLE * BF16_BYTES
+    if fmt.scheme is Scheme.TORCHAO_FP8:
+        return rows * in_f * TORCHAO_FP8_ACT_BYTES
     if not prefill or rows <= 1:
         return 0
     if fmt.scheme is Scheme.BNB_INT8:
@@ -256,6 +273,17 @@ def linear_temporary_bytes(
     if fmt.scheme in (Scheme.GPTQ, Scheme.AWQ):
         return in_f * out_f * act_bytes
     return 0
+
+
+TORCHAO_NOTES = {
+    Scheme.TORCHAO_INT4: "torchao int4 weight-only (tinygemm _weight_int4pack_mm): no dequantized weight; "
+    "each linear copies its input padded to a multiple of 1024 columns (tensor_core_tiled_layout.py)",
+    Scheme.TORCHAO_INT8: "torchao int8 weight-only: each linear casts its int8 weight to the input's dtype "
+    "for torch.mm, decode included (v0.9 plain_layout.py _linear_fp_act_int8_weight_impl; 0.18 Int8Tensor "
+    "alike)",
+    Scheme.TORCHAO_FP8: "torchao float8 dynamic quantization: each linear quantizes its input per row to "
+    "e4m3 (fp32 temporaries of the input's size) for torch._scaled_mm",
+}
 
 
 def kernel_notes(setup: InferenceSetup) -> tuple[str, ...]:
@@ -272,6 +300,8 @@ def kernel_notes(setup: InferenceSetup) -> tuple[str, ...]:
             "2048, max_batch_size 8): AutoAWQ's exllamav2 scratch for the model's life, prefill "
             "reconstructs into it (formulas/quant_kernels.py)",
         )
+    if fmt.scheme in TORCHAO_NOTES:
+        return (TORCHAO_NOTES[fmt.scheme],)
     if fmt.scheme is not Scheme.GPTQ:
         return ()
     if kernel is None:

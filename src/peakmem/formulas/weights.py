@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from peakmem.errors import InputError
 from peakmem.model import ModelSpec, Tensor, TensorKind
-from peakmem.weight_formats import MXFP4_BLOCK, NVFP4_BLOCK, Scheme, WeightFormat
+from peakmem.weight_formats import MXFP4_BLOCK, NVFP4_BLOCK, TORCHAO_SCHEMES, Scheme, WeightFormat
 
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = 4
@@ -56,6 +56,20 @@ E8M0_BYTES = 1  # MXFP4 scale: one uint8 biased exponent (OCP MX spec v1.0, E8M0
 E4M3_BYTES = 1  # NVFP4 block scale: float8_e4m3fn
 # ModelOpt NVFP4 per-tensor fp32 scalars kept per linear: weight_scale_2 and input_scale (vLLM modelopt.py).
 NVFP4_TENSOR_SCALES = 2
+# torchao int4 weight-only, tinygemm layout: the weight is padded to in_features a multiple of 1024 and
+# out_features a multiple of 8 before packing (torchao v0.9.0 dtypes/uintx/tensor_core_tiled_layout.py
+# TensorCoreTiledLayout.pre_process; 0.18.0 Int4TilePackedTo4dTensor.from_hp, ntile_size 8); the packed
+# weight holds two int4 per byte (aten _convert_weight_to_int4pack: int32 [N / 8, K / (16 x
+# inner_k_tiles), 32, inner_k_tiles / 2]) and ``scale_and_zero`` is [K / group, N, 2] in bf16
+# (torchao quantization/utils.py pack_tinygemm_scales_and_zeros).
+TINYGEMM_IN_MULTIPLE = 1024
+TINYGEMM_OUT_MULTIPLE = 8
+TINYGEMM_SCALE_AND_ZERO = 2  # a scale and a zero per (group, output row)
+BF16_BYTES = 2
+# torchao int8 weight-only, per row: v0.9.0 quant_api.py _int8_weight_only_transform keeps the scale in the
+# weight's dtype (2 B) and an int64 zero point (zero_point_dtype=torch.int64): 10 B a row; 0.18.0's Int8Tensor
+# keeps an fp32 scale and an int8 zero point (5 B, measured on the CPU). The larger is counted.
+TORCHAO_INT8_ROW_BYTES = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +130,19 @@ def bnb_int8_bytes(in_features: int, out_features: int) -> int:
 def fp8_linear_bytes(in_features: int, out_features: int, *, per_channel: bool) -> int:
     """e4m3 weight [out, in] + fp32 weight_scale: one per tensor, or one per output channel."""
     return in_features * out_features + (out_features if per_channel else 1) * FP32_BYTES
+
+
+def torchao_int4_linear_bytes(in_features: int, out_features: int, group_size: int) -> int:
+    """torchao ``int4_weight_only`` (tinygemm): the padded weight's packed int4 values and its bf16
+    ``scale_and_zero`` (see TINYGEMM_*)."""
+    k = -(-in_features // TINYGEMM_IN_MULTIPLE) * TINYGEMM_IN_MULTIPLE
+    n = -(-out_features // TINYGEMM_OUT_MULTIPLE) * TINYGEMM_OUT_MULTIPLE
+    return k * n // 2 + (k // group_size) * n * TINYGEMM_SCALE_AND_ZERO * BF16_BYTES
+
+
+def torchao_int8_linear_bytes(in_features: int, out_features: int) -> int:
+    """torchao ``int8_weight_only``: int8 [out, in] and a scale and zero point per output row."""
+    return in_features * out_features + out_features * TORCHAO_INT8_ROW_BYTES
 
 
 def mxfp4_bytes(rows: int, in_features: int) -> int:
@@ -403,6 +430,12 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
     if t.component not in _LAYER_LINEAR:
         return keep
     rows = out_f
+    if fmt.scheme in TORCHAO_SCHEMES:
+        # torchao's quantize_ (transformers' TorchAoHfQuantizer calls it per module) converts nn.Linear
+        # modules only (quant_api.py _is_linear): fused 3-D expert parameters stay in the float dtype, and
+        # transformers leaves the LM head out (4.47.1 quantizers/quantizer_torchao.py
+        # _process_model_before_weight_loading: get_keys_to_not_convert)
+        return _torchao_storage(t, fmt, copies, in_f, rows) if t.kind == "linear_weight" else keep
     if fmt.scheme is Scheme.NVFP4:
         return copies * nvfp4_linear_bytes(in_f, rows), "nvfp4 e2m1 + e4m3 scale/16 + 2 fp32 scales/tensor"
     if fmt.scheme is Scheme.FP8_BLOCK:
@@ -422,6 +455,16 @@ def tensor_storage(t: Tensor, fmt: WeightFormat, *, tied: bool) -> tuple[int, st
     if fmt.scheme is Scheme.W8A8:
         return copies * fp8_linear_bytes(in_f, rows, per_channel=True), "int8 + fp32 scale/channel"
     raise InputError(f"weights={fmt.name!r}: not a tensor format")  # GGUF goes through gguf_rows
+
+
+def _torchao_storage(t: Tensor, fmt: WeightFormat, copies: int, in_f: int, out_f: int) -> tuple[int, str]:
+    if fmt.scheme is Scheme.TORCHAO_INT4:
+        label = f"torchao int4 (tinygemm) + bf16 scale/zero per {fmt.group_size}"
+        return copies * torchao_int4_linear_bytes(in_f, out_f, fmt.group_size), label
+    if fmt.scheme is Scheme.TORCHAO_INT8:
+        return copies * torchao_int8_linear_bytes(in_f, out_f), "torchao int8 + scale/row"
+    label = "torchao float8 e4m3 + fp32 scale/" + ("row" if fmt.per_channel else "tensor")
+    return copies * fp8_linear_bytes(in_f, out_f, per_channel=fmt.per_channel), label
 
 
 def check_format(spec: ModelSpec, fmt: WeightFormat) -> None:

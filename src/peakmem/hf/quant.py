@@ -42,6 +42,14 @@ Read (the keys each method writes; the format each maps onto is parsed by
 * ``quant_method: "fbgemm_fp8"`` (transformers ``FbgemmFp8Config``; vLLM
   ``quantization/fbgemm_fp8.py`` ``FBGEMMFp8Config``, ``create_per_channel_scale_param``: e4m3 weight
   + one fp32 scale per output row): ``fp8-channel``.
+* ``quant_method: "torchao"`` (transformers ``TorchAoConfig.to_dict``): ``quant_type`` either a name with
+  ``quant_type_kwargs`` (``"int4_weight_only"``, ``{"group_size": 128}``; 4.47 / 4.53
+  ``utils/quantization_config.py``) or, for torchao >= 0.10 configs, ``{"default": {"_type":
+  "Int4WeightOnlyConfig", "_data": {...}}}`` (torchao ``core/config.py`` ``config_to_dict``; other keys
+  name per-module configs, not read): int4 weight-only -> ``torchao-int4wo-g<group>`` (default 128),
+  int8 weight-only -> ``torchao-int8wo``, float8 dynamic activation / float8 weight ->
+  ``torchao-float8dq-row`` when a granularity is ``PerRow``, else ``-tensor`` (torchao's default
+  granularity is per tensor).
 
 The modules a config keeps unquantized (``modules_to_not_convert``, ``ignore``, ``exclude_modules``,
 ``llm_int8_skip_modules``) are named in what was read; each format's own rule of which tensors stay
@@ -63,6 +71,8 @@ from peakmem.weight_formats import (
     GPTQ_BITS,
     GROUP_SIZES,
     NVFP4_BLOCK,
+    TORCHAO_INT4_DEFAULT_GROUP,
+    TORCHAO_INT4_GROUP_SIZES,
     CheckpointWeights,
 )
 
@@ -232,7 +242,45 @@ def _fbgemm_fp8(qc: Mapping[str, Any]) -> tuple[str, str]:
     return "fp8-channel", ""
 
 
+# torchao config names (the string API and AOBaseConfig class names) -> peakmem's torchao format
+TORCHAO_TYPES = {
+    "int4_weight_only": "int4", "Int4WeightOnlyConfig": "int4",
+    "int8_weight_only": "int8", "Int8WeightOnlyConfig": "int8",
+    "float8_dynamic_activation_float8_weight": "fp8", "Float8DynamicActivationFloat8WeightConfig": "fp8",
+}  # fmt: skip
+TORCHAO_DEFAULT_KEY = "default"  # TorchAoConfig.to_dict: {"default": config_to_dict(quant_type)}
+
+
+def _torchao(qc: Mapping[str, Any]) -> tuple[str, str]:
+    quant_type = qc.get("quant_type")
+    if isinstance(quant_type, Mapping):
+        entry = quant_type.get(TORCHAO_DEFAULT_KEY)
+        name = entry.get("_type") if isinstance(entry, Mapping) else None
+        data = entry.get("_data") if isinstance(entry, Mapping) else None
+    else:
+        name, data = quant_type, qc.get("quant_type_kwargs")
+    data = data if isinstance(data, Mapping) else {}
+    read = f"quant_type {name!r}"
+    kind = TORCHAO_TYPES.get(name) if isinstance(name, str) else None
+    if kind == "int4":
+        group = data.get("group_size", TORCHAO_INT4_DEFAULT_GROUP)
+        read += f", group_size {group!r}"
+        ok = _is_int(group) and group in TORCHAO_INT4_GROUP_SIZES
+        return (f"torchao-int4wo-g{group}" if ok else ""), read
+    if kind == "int8":
+        return "torchao-int8wo", read
+    if kind == "fp8":
+        granularity = data.get("granularity")
+        parts = granularity if isinstance(granularity, list) else [granularity]
+        names = [g.get("_type") if isinstance(g, Mapping) else g for g in parts]
+        read += f", granularity {names!r}"
+        rows = "PerRow" in names
+        return ("torchao-float8dq-row" if rows else "torchao-float8dq-tensor"), read
+    return "", read
+
+
 READERS: dict[str, Reader] = {
     "mxfp4": _mxfp4, "fp8": _fp8, "gptq": _gptq, "awq": _awq, "bitsandbytes": _bitsandbytes,
     "compressed-tensors": _compressed_tensors, "modelopt": _modelopt, "fbgemm_fp8": _fbgemm_fp8,
+    "torchao": _torchao,
 }  # fmt: skip
