@@ -308,6 +308,9 @@ WEIGHTS = {
     "bnb-nf4": "nf4",
     "bnb-nf4-dq": "nf4-dq",
     "bnb-fp4-dq": "fp4-dq",
+    # torchao (session 25: peakmem's torchao formats built from torchao / transformers sources)
+    "torchao-int4wo-g128": "torchao-int4wo-g128",
+    "torchao-fp8-rowwise": "torchao-float8dq-row",
 }
 # vLLM --kv-cache-dtype -> peakmem's --kv-cache (vllm/config/cache.py CacheDType: fp8 is e4m3 on CUDA)
 VLLM_KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
