@@ -119,11 +119,12 @@ def test_2024_rmsnorm_keeps_the_fp32_upcast() -> None:
 
 def test_2024_mqa_rope_makes_k_all_heads() -> None:
     """One kv head: 2024 expands k (a stride-0 view) before apply_rope, so the rotated k has 4 heads
-    (8*64*2) next to q (8*64*2); 2023 rotated the single head (8*16*2). v stays a view of the fused output
-    (8*(64+16+16)*2 = 1536) in both."""
+    (8*64*2) next to q (8*64*2), and v stays a view of the fused output (8*(64+16+16)*2 = 1536). 2023
+    leaves the one head as it is (lit_gpt/model.py@8641822b l. 208), so SDPA gets 4 q heads and 1 k/v head
+    without enable_gqa: its math kernel (scores and softmax saved; test_litgpt_attention_is_its_own)."""
     new, old = _saved(1, ("q_proj", "v_proj"), Framework.LITGPT), _saved(1, ("q_proj", "v_proj"))
-    assert new["attn.rotated_qk"] == 2 * 8 * 64 * 2 and old["attn.rotated_qk"] == 8 * 64 * 2 + 8 * 16 * 2
-    assert new["attn.fused_qkv"] == old["attn.fused_qkv"] == 8 * 96 * 2
+    assert new["attn.rotated_qk"] == 2 * 8 * 64 * 2 and new["attn.fused_qkv"] == 8 * 96 * 2
+    assert "attn.softmax" in old and "attn.rotated_qk" not in old
 
 
 def _setup(framework: Framework, method: Method = Method.LORA, batch: int = 1) -> TrainingSetup:
@@ -199,3 +200,67 @@ def test_sdpa_writes_its_output_in_the_layout_of_q() -> None:
     for q, copies in ((per_head, True), (view, False)):
         y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
         assert (not y.transpose(1, 2).is_contiguous()) is copies
+
+
+def _lora_terms(config: dict[str, object], targets: tuple[str, ...]) -> dict[str, int]:
+    spec = spec_from_config(config)
+    lora = LoraConfig(rank=8, alpha=16, dropout=0.05, targets=targets, adapter_dtype="base", qkv_slices=True)
+    setup = TrainingSetup(precision=Precision.BF16, micro_batch=1, seq_len=T, method=Method.LORA, lora=lora,
+                          framework=Framework.LITGPT_2023)  # fmt: skip
+    sh = act.shapes(spec, setup)
+    la = act.layer_activations(spec, spec.groups[0].layer, sh)
+    saved = L.adapt_layer(spec, 0, la, sh, setup).saved
+    return {i.key: i.bytes for i in saved if i.key.startswith("lora.")}
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj"), ("k_proj",)])
+def test_a_fused_attention_linear_takes_the_slices_of_separate_modules(targets: tuple[str, ...]) -> None:
+    """Lit-GPT's LoRAQKVLinear is the same module whether transformers fuses q / k / v (Phi-3's
+    qkv_proj) or not (Llama): the same adapters, inputs, A outputs and zero pad (same heads and width)."""
+    phi3, llama = FAMILY_CONFIGS["phi3"], FAMILY_CONFIGS["llama"]
+    assert _lora_terms(phi3, targets) == _lora_terms(llama, targets)
+    spec = spec_from_config(phi3)
+    lora = LoraConfig(rank=8, targets=targets, qkv_slices=True)
+    widths = {m.leaf: m.out_features for m in L.resolve_targets(spec, lora)}
+    head = 64 // 4
+    assert widths == {k: (4 if k == "q_proj" else 2) * head for k in targets}
+
+
+def test_the_litgpt_profile_names_slices() -> None:
+    lora = LoraConfig(rank=8, targets=("q_proj", "v_proj"))
+    for framework, slices in ((Framework.LITGPT_2023, True), (Framework.HF, False)):
+        setup = TrainingSetup(method=Method.LORA, lora=lora, framework=framework)
+        assert profiles.profile_setup(setup).lora.qkv_slices is slices  # type: ignore[union-attr]
+
+
+def test_falcon_7b_adapters_as_litgpt_shapes_them() -> None:
+    """litgpt/lora.py@5895df1 LoRAQKVLinear on Falcon-7B (n_embd 4544, n_head 71, n_query_groups 1,
+    head_size 64), lora_query and lora_value at r = 32: lora_A (2 x 32, 4544), lora_B (4544 + 64, 32) a
+    layer, 32 layers. transformers' peft cannot name them (Falcon's one query_key_value)."""
+    import peakmem
+    from peakmem.errors import InputError
+
+    r = peakmem.train(
+        "falcon-7b", method="lora", framework="litgpt", lora_targets="q_proj,v_proj", lora_rank=32
+    )
+    adapters = next(b for b in r.data["bytes_per_param"] if b["tensor"] == "LoRA adapters (A, B)")
+    assert adapters["params"] == 32 * (2 * 32 * 4544 + (4544 + 64) * 32)
+    with pytest.raises(InputError, match="matches no module"):
+        peakmem.train("falcon-7b", method="lora", lora_targets="q_proj,v_proj")
+
+
+def test_litgpt_attention_is_its_own_not_the_checkpoints_class() -> None:
+    """Falcon's transformers class hands SDPA a materialised mask and one k/v head (the math kernel);
+    Lit-GPT's CausalSelfAttention calls it with ``is_causal`` and, from 2024, k/v expanded to every head
+    (flash on CUDA, no scores). Lit-GPT 2023 kept one k/v head for MQA (math, broadcast)."""
+    from peakmem.formulas.activations.kernels import call_backend, sdpa_mask
+
+    spec = spec_from_config(FAMILY_CONFIGS["falcon"])
+    att = spec.first_layer.attention
+    assert att.num_kv_heads == 1 < att.num_heads
+    hf, litgpt = profiles.PROFILES[Framework.HF], profiles.PROFILES[Framework.LITGPT]
+    old = profiles.PROFILES[Framework.LITGPT_2023]
+    assert sdpa_mask(spec, att, T, hf) and not sdpa_mask(spec, att, T, litgpt)
+    assert call_backend(spec, att, hf, half=True, seq=T) == ("math", 1)
+    assert call_backend(spec, att, litgpt, half=True, seq=T) == ("flash", att.num_heads)
+    assert call_backend(spec, att, old, half=True, seq=T) == ("math", 1)

@@ -60,6 +60,10 @@ class LoraConfig:
     # the derived block-cost families are keyed by it (formulas/activations/shapes.py derived_family),
     # and their blocks are measured under the installed transformers 5
     expert_linears: bool = field(default=False, repr=False)
+    # Lit-GPT's LoRAQKVLinear (set by the litgpt profile: formulas/profiles.py fused_qkv_lora): q_proj,
+    # k_proj and v_proj name the q / k / v slices of a fused attention Linear where the model has one
+    # (Falcon's query_key_value, Phi-3's qkv_proj: formulas/lora/targets.py qkv_slices)
+    qkv_slices: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         check_int("lora_rank", self.rank, maximum=MAX_WIDTH, what="(wider than any layer)")

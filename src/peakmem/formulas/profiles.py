@@ -176,6 +176,12 @@ class Profile:
     # transformers' sdpa_attention_forward calls ``repeat_kv`` whatever the mask (before 4.54.0:
     # peakmem.transformers_versions.sdpa_repeats_kv); SDPA calls only, not flash-attn's
     sdpa_call_repeats_kv: bool = False
+    # the framework's own attention module calls SDPA, not the checkpoint's transformers class: no mask in
+    # training (``is_causal``) and its own k/v heads (activations/kernels.py sdpa_call_heads), whatever the
+    # transformers class passes (``ModelSpec.sdpa_kv``, ``sdpa_mask``: Falcon's materialised mask and one
+    # k/v head). Lit-GPT's ``CausalSelfAttention`` (litgpt/model.py@5895df1 l. 215-261, GPT.forward
+    # ``mask = None`` without a KV cache)
+    own_attention: bool = False
 
 
 # finetune/lora.py@8641822b l. 216: ``model(input_ids, lm_head_chunk_size=128)``
@@ -203,6 +209,7 @@ PROFILES: dict[Framework, Profile] = {
         name="litgpt", rmsnorm_normed_fp32=False, sdpa_repeats_kv=True, rmsnorm_weight_in_input_dtype=True,
         mqa_rope_expands_k=True, rope_cache_at_seq=True, fused_qkv=True, fused_qkv_lora=True,
         lm_head_chunk=LITGPT_LM_HEAD_CHUNK, loop_keeps_output=True, fabric_bnb=True, rope_cat=True,
+        own_attention=True,
         source=(
             "litgpt@5895df1 (= f247be8, 00af8b0) litgpt/model.py (RMSNorm on x.float(), fused attn Linear, "
             "k/v expand, apply_rope + cat, fp32 cos/sin at max_seq_length), litgpt/lora.py (LoRAQKVLinear, "
@@ -421,6 +428,9 @@ def profile_setup(setup: TrainingSetup) -> TrainingSetup:
     quant = quant_of(setup)
     if prof.fabric_bnb and quant is not None and fabric_quant(quant) != quant:
         setup = replace(setup, quant=fabric_quant(quant))
+    lora = setup.lora
+    if prof.fused_qkv_lora and lora is not None and not lora.qkv_slices:
+        setup = replace(setup, lora=replace(lora, qkv_slices=True))
     return setup
 
 

@@ -21,6 +21,7 @@ from .kernels import (
     MATH,
     call_backend,
     flash_bwd_head_rounded,
+    sdpa_broadcasts_kv,
     sdpa_call_heads,
     sliding_mask,
 )
@@ -208,7 +209,7 @@ def _eager_terms(
     # grid's qwen2 MQA case, b1 x 128, fp32 eager: -196,608 B over its 2 layers). Autocast's casts of the
     # view are contiguous copies of every head (measured, amp-bf16), as is SDPA's math fallback's upcast.
     shared = att.num_kv_heads == 1 and sh.batch == 1 and not sh.math_fallback and not sh.plan.autocast
-    if spec.sdpa_kv == "broadcast" and sh.kernel_note.startswith(MATH):
+    if sdpa_broadcasts_kv(spec, sh.profile, att) and sh.kernel_note.startswith(MATH):
         # SDPA's math kernel on one k/v head without enable_gqa (Falcon-7B): the fp32 upcast comes
         # first, then matmul broadcasts the one head - a view at micro-batch 1 (attention.cpp)
         shared = att.num_kv_heads == 1 and sh.batch == 1

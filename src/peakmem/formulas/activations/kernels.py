@@ -59,11 +59,24 @@ def sliding_mask(att: Attention, seq: int) -> bool:
     return att.sliding_window is not None and seq >= att.sliding_window
 
 
-def sdpa_mask(spec: ModelSpec, att: Attention, seq: int, padded: bool = False) -> bool:
-    """Whether ``att``'s SDPA call at ``seq`` tokens passes an explicit ``attn_mask``: always for a model
-    whose mask is materialised (``ModelSpec.sdpa_mask``: Falcon) and for a batch with padding (``padded``:
-    ``Profile.padding_mask``), else where :func:`sliding_mask` holds."""
-    return spec.sdpa_mask or padded or sliding_mask(att, seq)
+def sdpa_mask(spec: ModelSpec, att: Attention, seq: int, profile: Profile) -> bool:
+    """Whether ``att``'s SDPA call at ``seq`` tokens passes an explicit ``attn_mask``: never from a
+    framework's own attention (``Profile.own_attention``: ``is_causal``); always for a model whose mask is
+    materialised (``ModelSpec.sdpa_mask``: Falcon) and for a batch with padding
+    (``Profile.padding_mask``), else where :func:`sliding_mask` holds."""
+    if profile.own_attention:
+        return False
+    return spec.sdpa_mask or profile.padding_mask or sliding_mask(att, seq)
+
+
+def sdpa_broadcasts_kv(spec: ModelSpec, profile: Profile, att: Attention) -> bool:
+    """Whether the SDPA call hands one k/v head for many q heads without ``enable_gqa`` (the math kernel
+    then broadcasts it): transformers' Falcon (``ModelSpec.sdpa_kv`` "broadcast"), and Lit-GPT's 2023
+    attention with one kv head (lit_gpt/model.py@8641822b l. 208: ``if n_query_groups != 1`` expand; the
+    2024 code expands it too: ``Profile.mqa_rope_expands_k``)."""
+    if profile.own_attention:
+        return att.num_kv_heads == 1 < att.num_heads and not profile.mqa_rope_expands_k
+    return spec.sdpa_kv == "broadcast"
 
 
 def sdpa_call_heads(
@@ -78,11 +91,12 @@ def sdpa_call_heads(
     attention expands them (``Profile.sdpa_repeats_kv``)."""
     att = att or spec.first_layer.attention
     a, g = att.num_heads, att.num_kv_heads
-    if spec.sdpa_kv == "broadcast":
+    if sdpa_broadcasts_kv(spec, profile, att):
         return g, False
-    if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv or profile.sdpa_call_repeats_kv:
+    own = profile.own_attention
+    if (spec.sdpa_kv == "repeated" and not own) or profile.sdpa_repeats_kv or profile.sdpa_call_repeats_kv:
         return a, False
-    masked = sdpa_mask(spec, att, seq, profile.padding_mask)
+    masked = sdpa_mask(spec, att, seq, profile)
     if not masked and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
         return g, g < a
     return a, False
@@ -111,7 +125,7 @@ def call_backend(
     kv, gqa = sdpa_call_heads(spec, profile, att, seq)
     backend = cuda_sdpa_backend(
         half=half, q_heads=att.num_heads, kv_heads=kv, enable_gqa=gqa,
-        mask=sdpa_mask(spec, att, seq, profile.padding_mask),
+        mask=sdpa_mask(spec, att, seq, profile),
         qk_head_dim=att.head_dim, v_head_dim=att.v_head_dim,
     )  # fmt: skip
     return backend, kv
@@ -142,7 +156,7 @@ def kernel_choice(spec: ModelSpec, setup: TrainingSetup) -> tuple[AttentionKerne
         return AttentionKernel.EAGER, (
             f"{MATH} on CUDA: {att.num_heads} query heads, {kv} k/v heads"
             + (" with enable_gqa" if gqa else " without enable_gqa" if kv < att.num_heads else "")
-            + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len, profile.padding_mask) else "")
+            + (", an explicit mask" if sdpa_mask(spec, att, setup.seq_len, profile) else "")
             + f", {activation_compute(setup).name} inputs (sdp_utils.cpp select_sdp_backend)"
         )
     return setup.attention, ""

@@ -22,6 +22,14 @@
   :data:`V4_LINEAR_ROUTERS` (all-linear adapts them). No v4 -> v5 conversion runs (it needs transformers 5).
 * ``modules_to_save`` (``ModulesToSaveWrapper``): a trainable copy of the module; the original stays
   frozen. ``PeftModelForSequenceClassification`` adds ``classifier`` / ``score`` itself.
+* Lit-GPT (``LoraConfig.qkv_slices``): its attention is one fused q/k/v Linear whatever the model, and
+  ``LoRAQKVLinear`` adapts the slices its ``lora_query`` / ``lora_key`` / ``lora_value`` flags name:
+  ``lora_A`` (r x enabled slices, in), ``lora_B`` (the enabled slices' widths, r), q = heads x head size,
+  k = v = query groups x head size (litgpt/lora.py@5895df1 l. 220-243). Where the transformers model fuses
+  them too (Falcon's ``query_key_value``, GPT-NeoX's, Phi-3's ``qkv_proj``) the names ``q_proj`` /
+  ``k_proj`` / ``v_proj`` stand for those slices: one adapted module each, in = the hidden size, out = the
+  slice's width, the same adapter tensors (formulas/lora/deltas.py fused_qkv_adapter counts the input they
+  share and the zero pad).
 """
 
 from __future__ import annotations
@@ -275,10 +283,13 @@ def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, 
         for path, t, g in modules
         if _is_linear(t, routers) and not _is_output_layer(spec, t) and not excluded(path)
     ]
+    slices = _qkv_slices(spec, modules, targets) if lora.qkv_slices and targets != (ALL_LINEAR,) else []
+    sliced = {m.leaf for m in slices}
     if targets != (ALL_LINEAR,):
         for key in targets:
             converted = not lora.expert_linears and _moe_name(spec, key)
-            if not any(_matches(path, key) for path, _t, _g in modules) and not converted:
+            found = any(_matches(path, key) for path, _t, _g in modules) or key in sliced
+            if not found and not converted:
                 raise InputError(
                     f"lora_targets={key!r}: matches no module of {spec.name} "
                     f"(modules: {', '.join(available_modules(spec, lora))})"
@@ -313,12 +324,43 @@ def _resolve_targets(spec: ModelSpec, lora: LoraConfig) -> tuple[AdaptedModule, 
                     "peft cannot adapt it" + (" (use target_parameters)" if t.kind == "expert_weight" else "")
                 )
             out.append(_make(spec, path, t, g))
+    out += slices
     out += _resolve_parameters(spec, params, lora.expert_linears)
     if not any(m.kind != "saved" for m in out):
         raise InputError(
             f"lora_targets={','.join(lora.targets)!r}: matches no adaptable module of {spec.name}"
         )
     return tuple(out)
+
+
+QKV_SLICES = ("q_proj", "k_proj", "v_proj")
+# the transformers names of one Linear that computes q, k and v together (Falcon / GPT-NeoX / BLOOM,
+# Phi-3, GPT-2's Conv1D, MPT / DBRX)
+FUSED_QKV_LEAVES = ("query_key_value", "qkv_proj", "c_attn", "Wqkv")
+
+
+def _qkv_slices(
+    spec: ModelSpec, modules: list[tuple[str, Tensor, int | None]], targets: tuple[str, ...]
+) -> list[AdaptedModule]:
+    """Lit-GPT's q / k / v slices of each fused attention Linear that ``targets`` name (module docstring);
+    none where the model has separate q / k / v modules (they match as names)."""
+    keys = [k for k in QKV_SLICES if k in targets]
+    if not keys or any(_matches(path, k) for path, _t, _g in modules for k in keys):
+        return []
+    out: list[AdaptedModule] = []
+    for path, t, g in modules:
+        if g is None or not _is_linear(t) or path.rsplit(".", 1)[-1] not in FUSED_QKV_LEAVES:
+            continue
+        att = spec.groups[g].layer.attention
+        fan_in, _ = _in_out(spec, t)
+        parent = path.rsplit(".", 1)[0]
+        for key in keys:
+            heads = att.num_heads if key == "q_proj" else att.num_kv_heads
+            width = heads * (att.v_head_dim if key == "v_proj" else att.head_dim)
+            out.append(AdaptedModule(path=f"{parent}.{key}", kind="linear", in_features=fan_in,
+                                     out_features=width, experts=1, group=g, component=t.component,
+                                     copies=t.copies))  # fmt: skip
+    return out
 
 
 def _moe_name(spec: ModelSpec, key: str) -> bool:
