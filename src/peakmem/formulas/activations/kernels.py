@@ -88,13 +88,13 @@ def sdpa_call_heads(
     ``enable_gqa=True`` when ``use_gqa_in_sdpa`` holds (integrations/sdpa_attention.py: no mask, equal
     k/v head sizes <= 256), else ``repeat_kv`` copies to all heads, and before 4.54.0 it always copies
     (``Profile.sdpa_call_repeats_kv``); a padded batch passes a mask (``Profile.padding_mask``); torchtune's
-    attention expands them (``Profile.sdpa_repeats_kv``)."""
+    and Lit-GPT's attention expand them (``Profile.sdpa_repeats_kv``; one k/v head:
+    :func:`sdpa_broadcasts_kv`)."""
     att = att or spec.first_layer.attention
     a, g = att.num_heads, att.num_kv_heads
     if sdpa_broadcasts_kv(spec, profile, att):
         return g, False
-    own = profile.own_attention
-    if (spec.sdpa_kv == "repeated" and not own) or profile.sdpa_repeats_kv or profile.sdpa_call_repeats_kv:
+    if spec.sdpa_kv == "repeated" or profile.sdpa_repeats_kv or profile.sdpa_call_repeats_kv:
         return a, False
     masked = sdpa_mask(spec, att, seq, profile)
     if not masked and att.head_dim == att.v_head_dim <= FLASH_MAX_HEAD_DIM:
