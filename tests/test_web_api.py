@@ -293,6 +293,9 @@ def test_fit_equals_cli_json(
         # gpt-oss ships MXFP4 experts: the page prices them from its quantization_config, as the CLI
         ({"model": "gpt-oss-20b", "engine": "vllm", "context": 32768, "gpus": ["h100-sxm"]},
          ["gpt-oss-20b", "--engine", "vllm", "--context", "32768", "--gpu", "h100-sxm"]),
+        # a torchao format, typed as the page's datalist offers it
+        ({"model": "llama-3.1-8b", "weights": "torchao-int4wo", "context": 4096, "batch": 2},
+         ["llama-3.1-8b", "--weights", "torchao-int4wo", "--context", "4096", "--batch", "2"]),
     ],
 )  # fmt: skip
 def test_infer_equals_cli_json(
