@@ -73,17 +73,16 @@ def test_float8_rows_as_torchao_stores_them() -> None:
 
 
 def test_int8_rows_within_the_releases_counted() -> None:
-    """torchao 0.18's Int8Tensor (int8, fp32 scale and int8 zero a row) holds at most the formula, which
-    counts v0.9's bf16 scale and int64 zero point (10 B a row)."""
+    """torchao 0.18's Int8Tensor holds int8 values, an fp32 scale and an int8 zero point a row (5 B); the
+    formula counts v0.9's bf16 scale and int64 zero point (10 B a row), the larger."""
     torch = pytest.importorskip("torch")
     quant = pytest.importorskip("torchao.quantization")
     lin = torch.nn.Linear(1024, 256, bias=False, dtype=torch.bfloat16)
     quant.quantize_(lin, quant.Int8WeightOnlyConfig())
     w = lin.weight
     held = sum(getattr(w, name).untyped_storage().nbytes() for name in w.__tensor_flatten__()[0])
-    formula = torchao_int8_linear_bytes(1024, 256)
-    assert 1024 * 256 < held <= formula
-    assert formula - held <= 256 * TORCHAO_INT8_ROW_BYTES
+    assert held == 1024 * 256 + 256 * (4 + 1)
+    assert torchao_int8_linear_bytes(1024, 256) - held == 256 * (TORCHAO_INT8_ROW_BYTES - 5)
 
 
 def _setup(weights: str) -> InferenceSetup:

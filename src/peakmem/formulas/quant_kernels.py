@@ -69,8 +69,8 @@ from peakmem.formulas.weights import (
     FP16_BYTES,
     FP32_BYTES,
     INT32_BITS,
-    TINYGEMM_IN_MULTIPLE,
     tensor_storage,
+    tinygemm_padded,
 )
 from peakmem.inference import GptqKernel, InferenceSetup
 from peakmem.model import ModelSpec
@@ -263,7 +263,7 @@ def linear_temporary_bytes(
     if fmt.scheme is Scheme.TORCHAO_INT8:  # the int8 weight cast to the input's dtype for torch.mm, each call
         return in_f * out_f * act_bytes
     if fmt.scheme is Scheme.TORCHAO_INT4:  # the input padded to a multiple of 1024 columns (a copy)
-        return rows * -(-in_f // TINYGEMM_IN_MULTIPLE) * TINYGEMM_IN_MULTIPLE * BF16_BYTES
+        return rows * tinygemm_padded(in_f) * BF16_BYTES
     if fmt.scheme is Scheme.TORCHAO_FP8:
         return rows * in_f * TORCHAO_FP8_ACT_BYTES
     if not prefill or rows <= 1:

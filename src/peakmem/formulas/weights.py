@@ -132,11 +132,15 @@ def fp8_linear_bytes(in_features: int, out_features: int, *, per_channel: bool) 
     return in_features * out_features + (out_features if per_channel else 1) * FP32_BYTES
 
 
+def tinygemm_padded(features: int, multiple: int = TINYGEMM_IN_MULTIPLE) -> int:
+    """``features`` rounded up as tinygemm pads them (inputs to 1024 by default, outputs to 8)."""
+    return -(-features // multiple) * multiple
+
+
 def torchao_int4_linear_bytes(in_features: int, out_features: int, group_size: int) -> int:
     """torchao ``int4_weight_only`` (tinygemm): the padded weight's packed int4 values and its bf16
     ``scale_and_zero`` (see TINYGEMM_*)."""
-    k = -(-in_features // TINYGEMM_IN_MULTIPLE) * TINYGEMM_IN_MULTIPLE
-    n = -(-out_features // TINYGEMM_OUT_MULTIPLE) * TINYGEMM_OUT_MULTIPLE
+    k, n = tinygemm_padded(in_features), tinygemm_padded(out_features, TINYGEMM_OUT_MULTIPLE)
     return k * n // 2 + (k // group_size) * n * TINYGEMM_SCALE_AND_ZERO * BF16_BYTES
 
 
