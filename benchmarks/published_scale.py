@@ -220,7 +220,9 @@ h-published23; flag ``M``) the same, aimed at vLLM startup logs of MoE and MLA m
 (preference and RL objectives), SGLang serving and speculative decoding; the twenty-first
 (``split_rule_21``, brief h-published25; flag ``J``) the same, aimed at post-training again. The
 twenty-second (``split_rule_22``, brief h-published26; flag ``D``) holds every point out again (a blind test,
-as the third to eighth): torchao-quantized checkpoints and their bf16 baselines.
+as the third to eighth): torchao-quantized checkpoints and their bf16 baselines. The twenty-third
+(``split_rule_23``, briefs h-published27a / h-published27b; flag ``B``) alternates again (held_out first),
+aimed at fine-tuning runs whose framework states the memory the run took.
 
 Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
 the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth (``split_rule_6``),
@@ -230,7 +232,8 @@ of the twelfth (``split_rule_12``), ``W`` of the thirteenth (``split_rule_13``),
 (``split_rule_14``), ``Q`` of the fifteenth (``split_rule_15``), ``R`` of the sixteenth (``split_rule_16``),
 ``P`` of the seventeenth (``split_rule_17``), ``O`` of the eighteenth (``split_rule_18``), ``M`` of the
 nineteenth (``split_rule_19``), ``L`` of the twentieth (``split_rule_20``), ``J`` of the twenty-first
-(``split_rule_21``), ``D`` of the twenty-second (``split_rule_22``), ``A`` an
+(``split_rule_21``), ``D`` of the twenty-second (``split_rule_22``), ``B`` of the twenty-third
+(``split_rule_23``), ``A`` an
 approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a held-out point read
 after peakmem missed it (``examined_after_miss``): its mapping or a formula was then taken from the
 framework's source, nothing fit to it, but it no longer counts as unseen; the held-out summary is also given
@@ -323,9 +326,9 @@ VLLM_KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5
 # job.optimizer spellings that differ from peakmem's --optimizer
 OPTIMIZERS = {"paged-adamw-32bit": "paged-adamw"}  # bitsandbytes.optim.PagedAdamW
 # the split rules of the file's schema, in order; a point's optional `split` names its rule
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 23)))  # split_rule_2 .. _22
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 24)))  # split_rule_2 .. _23
 # the flag of each later search's points, in the order of SPLIT_RULES[1:]
-SEARCH_FLAGS = dict(zip(SPLIT_RULES[1:], "NTFVSGHKXYZWUQRPOMLJD", strict=True))
+SEARCH_FLAGS = dict(zip(SPLIT_RULES[1:], "NTFVSGHKXYZWUQRPOMLJDB", strict=True))
 # job.gptq_kernel (benchmark_gptq.py's names) -> peakmem's gptq_kernel (formulas/quant_kernels.py)
 GPTQ_KERNELS = {
     "exllama": "exllama", "exllamav2": "exllamav2", "autogptq-cuda-old": "cuda-old",

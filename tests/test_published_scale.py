@@ -25,7 +25,7 @@ QUANTITIES = {
 UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20, "MB": 10**6, "GB": 10**9, "B": 1}
 MAX_QUOTE = 300  # the brief's limit on a quoted excerpt
 # the schema's rules, in the order the searches ran
-SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 23)))  # split_rule_2 .. _22
+SPLIT_RULES = ("split_rule", *(f"split_rule_{n}" for n in range(2, 24)))  # split_rule_2 .. _23
 ALTERNATING_RULES = (
     "split_rule",
     "split_rule_2",
@@ -40,6 +40,7 @@ ALTERNATING_RULES = (
     "split_rule_19",
     "split_rule_20",
     "split_rule_21",
+    "split_rule_23",
 )  # alternate held_out / fit by SHA-256
 FIT_FIRST_RULES = ("split_rule_15",)  # the 1st, 3rd, ... of a kind fit
 FIRST_SEARCH_POINTS = 98  # the points split by split_rule (2026-12-05)
