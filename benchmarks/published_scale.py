@@ -224,20 +224,11 @@ as the third to eighth): torchao-quantized checkpoints and their bf16 baselines.
 (``split_rule_23``, briefs h-published27a / h-published27b; flag ``B``) alternates again (held_out first),
 aimed at fine-tuning runs whose framework states the memory the run took.
 
-Flags: ``N`` a point of the second search (``split_rule_2``), ``T`` of the third (``split_rule_3``), ``F`` of
-the fourth (``split_rule_4``), ``V`` of the fifth (``split_rule_5``), ``S`` of the sixth (``split_rule_6``),
-``G`` of the seventh (``split_rule_7``), ``H`` of the eighth (``split_rule_8``), ``K`` of the ninth
-(``split_rule_9``), ``X`` of the tenth (``split_rule_10``), ``Y`` of the eleventh (``split_rule_11``), ``Z``
-of the twelfth (``split_rule_12``), ``W`` of the thirteenth (``split_rule_13``), ``U`` of the fourteenth
-(``split_rule_14``), ``Q`` of the fifteenth (``split_rule_15``), ``R`` of the sixteenth (``split_rule_16``),
-``P`` of the seventeenth (``split_rule_17``), ``O`` of the eighteenth (``split_rule_18``), ``M`` of the
-nineteenth (``split_rule_19``), ``L`` of the twentieth (``split_rule_20``), ``J`` of the twenty-first
-(``split_rule_21``), ``D`` of the twenty-second (``split_rule_22``), ``B`` of the twenty-third
-(``split_rule_23``), ``A`` an
-approximation listed in the point, ``I`` a field inferred from framework defaults, ``E`` a held-out point read
-after peakmem missed it (``examined_after_miss``): its mapping or a formula was then taken from the
-framework's source, nothing fit to it, but it no longer counts as unseen; the held-out summary is also given
-without them.
+Flags: each later search's letter (``SEARCH_FLAGS``: ``N`` the second search, ``split_rule_2``, then ``T F V S
+G H K X Y Z W U Q R P O M L J D B`` for the third to the twenty-third, in order), ``A`` an approximation
+listed in the point, ``I`` a field inferred from framework defaults, ``E`` a held-out point read after peakmem
+missed it (``examined_after_miss``): its mapping or a formula was then taken from the framework's source,
+nothing fit to it, but it no longer counts as unseen; the held-out summary is also given without them.
 """
 
 from __future__ import annotations
