@@ -344,6 +344,8 @@ def train_options(p: dict[str, Any]) -> dict[str, Any]:
             raise NotExpressible(f"job.{field} is not known")
     if lay.get("dp_replicate", 1) != 1 or lay.get("ep", 1) != 1:
         raise NotExpressible("HSDP replicate / EP layouts are not mapped by this script yet")
+    if job.get("modules_to_save"):  # peft's trainable copies of whole modules: peakmem has no option for them
+        raise NotExpressible(f"job.modules_to_save {job['modules_to_save']}: no peakmem option")
     precision = PRECISION.get(job.get("precision_id") or "")
     if precision is None:
         raise NotExpressible(f"precision {job.get('precision_id')!r} is not mapped")
