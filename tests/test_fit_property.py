@@ -19,7 +19,7 @@ from peakmem.estimate import estimate_training
 from peakmem.model import ModelSpec
 from peakmem.ranks import estimate_ranks
 from peakmem.resolve import gpu_of_size, resolve_model
-from peakmem.training import AttentionKernel, Checkpointing, Precision, TrainingSetup
+from peakmem.training import AttentionKernel, Checkpointing, PaddedLengths, Precision, TrainingSetup
 from tiny_models import op_modelled
 
 MODELS = (
@@ -42,9 +42,11 @@ def _gpu(name: str) -> Gpu:
 
 
 def _needed(spec: ModelSpec, setup: TrainingSetup, par: object) -> int:
+    """What the GPU must hold (``Estimate.needed_bytes``: the device total less the cache the allocator frees
+    before an OOM, which only batches of varying lengths leave)."""
     if par is None:
-        return estimate_training(spec, setup).device_total_bytes
-    return estimate_ranks(spec, setup, par).most_loaded.estimate.device_total_bytes  # type: ignore[arg-type]
+        return estimate_training(spec, setup).needed_bytes
+    return estimate_ranks(spec, setup, par).most_loaded.estimate.needed_bytes  # type: ignore[arg-type]
 
 
 setups = hs.builds(
@@ -55,6 +57,7 @@ setups = hs.builds(
     precision=hs.sampled_from((Precision.MIXED_BF16, Precision.AMP_BF16, Precision.BF16, Precision.FP32)),
     checkpointing=hs.sampled_from(tuple(Checkpointing)),
     attention=hs.sampled_from(tuple(AttentionKernel)),
+    padded_lengths=hs.sampled_from(tuple(PaddedLengths)),
 )
 
 
@@ -69,7 +72,7 @@ def test_every_suggestion_fits_when_re_estimated(model: str, gpus: list[str], se
     report = planner.fit(spec, setup, [_gpu(g) for g in gpus])
     for g in report.gpus:
         cap = g.gpu.usable_bytes
-        assert g.verdict.fits == (estimate_training(spec, setup).device_total_bytes <= cap)
+        assert g.verdict.fits == (_needed(spec, setup, None) <= cap)
         for c in g.candidates:
             assert c.fits, c.label
             assert _needed(spec, c.setup, c.parallelism) == c.needed_bytes <= cap, c.label
@@ -137,7 +140,7 @@ def test_every_way_down_saves_memory_when_re_estimated(
     spec = _spec(model)
     assume(op_modelled(spec, setup))
     setup = replace(setup, seq_len=min(setup.seq_len, spec.max_position_embeddings))
-    base = estimate_training(spec, setup).device_total_bytes
+    base = _needed(spec, setup, None)
     got = planner.ways_down(spec, setup, capacity_bytes=_gpu(gpu).usable_bytes if gpu else None)
     for w in got.ways:
         assert w.needed_bytes == _needed(spec, w.setup, w.parallelism) < base

@@ -4,10 +4,13 @@ with it (reserved grows, allocated stays the longest batch's, the default is unc
 
 from __future__ import annotations
 
+from contextlib import redirect_stdout
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from peakmem.catalog import Gpu
 from peakmem.errors import InputError
 from peakmem.estimate import estimate_training
 from peakmem.formulas import padded_lengths as pl
@@ -15,7 +18,7 @@ from peakmem.formulas import step_sequence as seq
 from peakmem.hf import spec_from_config
 from peakmem.options import convert
 from peakmem.training import Checkpointing, Method, PaddedLengths, Precision, TrainingSetup
-from peakmem.units import MiB
+from peakmem.units import MiB, fmt_both
 
 # a Llama whose activations and logits take the large pool (tiny_models' 64-wide one stays below 1 MiB)
 MID = {
@@ -94,3 +97,54 @@ def test_bad_value_is_one_line_naming_the_field() -> None:
     assert "\n" not in str(err.value)
     with pytest.raises(InputError, match="padded_lengths"):
         convert("train", {"padded_lengths": "sometimes"})
+
+
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA])
+def test_the_cache_varying_lengths_leave_is_not_needed(method: Method) -> None:
+    """What a card must hold is the fixed-length step's device total: the growth is cache the allocator frees
+    before it raises an OOM (CUDACachingAllocator ``malloc``: ``release_cached_blocks``, then retry)."""
+    spec = spec_from_config(dict(MID), name="mid-llama")
+    fixed = TrainingSetup(
+        method=method, precision=Precision.BF16, seq_len=1024, checkpointing=Checkpointing.FULL
+    )
+    a, b = estimate_training(spec, fixed), estimate_training(spec, replace(fixed, padded_lengths="varying"))  # type: ignore[arg-type]
+    assert b.releasable_bytes == b.peak_reserved_bytes - a.peak_reserved_bytes > 0
+    assert b.needed_bytes == a.device_total_bytes == a.needed_bytes and a.releasable_bytes == 0
+    assert b.device_total_bytes == b.needed_bytes + b.releasable_bytes  # what a card with room shows
+    assert b.band is not None and b.needed_high_bytes == b.band.device_total.high - b.releasable_bytes
+    assert any(pl.RELEASE in x for x in b.assumptions)
+
+
+def test_a_card_between_the_need_and_the_device_total_fits(tmp_path: Path) -> None:
+    """A job fits a card that holds what it needs but not the cache a card with room would keep: the verdict,
+    the headline (the need, the cache named), and the CLI's ``train`` and ``fit`` alike."""
+    import json
+
+    import peakmem
+    from peakmem.answers import train_headline, verdicts_of
+    from peakmem.cli import main
+    from peakmem.resolve import gpu_of_size
+
+    def between(need: int, total: int) -> Gpu:
+        card = gpu_of_size(f"{(need + total) // 2 / 1e9:.3f}GB")
+        assert need <= card.usable_bytes < total  # the case this test is about
+        return card
+
+    spec = spec_from_config(dict(MID), name="mid-llama")
+    setup = TrainingSetup(method=Method.FULL, seq_len=1024, padded_lengths=PaddedLengths.VARYING)
+    est = estimate_training(spec, setup)
+    card = between(est.needed_bytes, est.device_total_bytes)
+    (v,) = verdicts_of(est, [card])
+    assert v.fits and v.headroom_bytes == card.usable_bytes - est.needed_bytes
+    line = train_headline("mid-llama", setup, est)
+    assert fmt_both(est.needed_bytes) in line and "frees before an out-of-memory error" in line
+    (tmp_path / "config.json").write_text(json.dumps(MID))
+    asked = peakmem.train(str(tmp_path), seq=1024, padded_lengths="varying").data
+    card = between(asked["needed_bytes"], asked["device_total_bytes"])
+    out = tmp_path / "out.json"
+    for verb in ("train", "fit"):
+        with out.open("w") as f, redirect_stdout(f):
+            code = main([verb, str(tmp_path), "--seq", "1024", "--padded-lengths", "varying",
+                         "--gpu", card.name, "--json"])  # fmt: skip
+        got = json.loads(out.read_text())
+        assert code == 0 and got["needed_bytes"] == asked["needed_bytes"], verb

@@ -245,6 +245,7 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
         "peak_allocated_bytes": est.peak_allocated_bytes,
         "peak_reserved_bytes": est.peak_reserved_bytes,
         "device_total_bytes": est.device_total_bytes,
+        "needed_bytes": est.needed_bytes,
         "assumptions": list(est.assumptions),
     }
     out.update(est.extra)
@@ -288,19 +289,34 @@ def answer_json(est: Estimate, gpus: Sequence[Any] = (), ways: Any = None) -> di
 
 
 def verdicts_of(est: Estimate, gpus: Sequence[Any]) -> list[Verdict]:
-    """The three-state verdict of ``est`` on each GPU: its likely device total and the band's high end."""
-    high = est.band.device_total.high if est.band is not None else None
-    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=est.device_total_bytes,
-                    high_bytes=high) for g in gpus]  # fmt: skip
+    """The three-state verdict of ``est`` on each GPU: what it must hold (``Estimate.needed_bytes``: the
+    likely device total less the cache the allocator frees before an OOM), and the band's high end less the
+    same."""
+    return [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=est.needed_bytes,
+                    high_bytes=est.needed_high_bytes) for g in gpus]  # fmt: skip
 
 
 def band_text(est: Any) -> str:
-    """' (likely range 33.6-39.9 GB)': the device-total band after the headline's number."""
+    """' (likely range 33.6-39.9 GB)': the band of what the device must hold after the headline's number
+    (the device-total band less ``Estimate.releasable_bytes``)."""
     band = getattr(est, "band", None)
     if band is None:
         return ""
-    r = band.device_total
-    return f" (range {fmt_gb(r.low, 1).removesuffix(' GB')}-{fmt_gb(r.high, 1)})"
+    r, cache = band.device_total, est.releasable_bytes
+    return f" (range {fmt_gb(r.low - cache, 1).removesuffix(' GB')}-{fmt_gb(r.high - cache, 1)})"
+
+
+def cache_text(est: Any) -> str:
+    """The sentence a headline adds where the caching allocator keeps cache it frees before an OOM
+    (``Estimate.releasable_bytes``: batches of varying lengths, formulas/padded_lengths.py)."""
+    cache = getattr(est, "releasable_bytes", 0)
+    if not cache:
+        return ""
+    return (
+        f" On a card with room, the caching allocator keeps {fmt_both(cache)} more (segments shorter "
+        f"batches cut; nvidia-smi ≈ {fmt_both(est.device_total_bytes)}), which it frees before an "
+        "out-of-memory error."
+    )
 
 
 def fits_on(needed: int) -> str:
@@ -360,7 +376,7 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
         setup.method.value
     ]
     post = est.setup.get("post_training") if isinstance(getattr(est, "setup", None), dict) else None
-    where = fits_on(est.device_total_bytes)
+    where = fits_on(est.needed_bytes)
     if isinstance(post, dict):  # a post-training job (peakmem.jobs): its objective, roles and peak phase
         roles = f"teacher {post['teacher']}" if "teacher" in post else f"reference {post['reference']}"
         if "rollout" in post:
@@ -372,8 +388,8 @@ def train_headline(name: str, setup: Any, est: Any, verb: str = "needs", par: An
     line = (
         f"{name} {what} with {setup.precision.value} {setup.optimizer.value} "
         f"(batch {setup.micro_batch} x seq {setup.seq_len}, {setup.attention.value} attention, "
-        f"checkpointing {setup.checkpointing_spelled}) {verb} ≈ {fmt_both(est.device_total_bytes)}"
-        f"{band_text(est)} on the device; {where}."
+        f"checkpointing {setup.checkpointing_spelled}) {verb} ≈ {fmt_both(est.needed_bytes)}"
+        f"{band_text(est)} on the device; {where}.{cache_text(est)}"
     )
     if par is not None:
         line += f" Layout: {par.describe()}; most loaded rank shown."

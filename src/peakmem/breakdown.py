@@ -192,6 +192,25 @@ class Estimate:
     def model_state_bytes(self) -> int:
         return sum(r.bytes for r in self.per_param)
 
+    @property
+    def releasable_bytes(self) -> int:
+        """Cached segments the caching allocator frees before it raises an out-of-memory error: what batches
+        padded to varying lengths reserve above the fixed-length step (formulas/padded_lengths.py
+        ``RELEASE``); 0 for other jobs."""
+        value = self.extra.get("releasable_cache_bytes", 0)
+        return value if isinstance(value, int) else 0
+
+    @property
+    def needed_bytes(self) -> int:
+        """What a device must hold for the job to run: the device total less :attr:`releasable_bytes`
+        (the device total is what a card with room shows)."""
+        return self.device_total_bytes - self.releasable_bytes
+
+    @property
+    def needed_high_bytes(self) -> int | None:
+        """The high end of the device-total band less :attr:`releasable_bytes` (None without a band)."""
+        return None if self.band is None else self.band.device_total.high - self.releasable_bytes
+
 
 FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
 

@@ -683,15 +683,15 @@ def _estimate(
         over_closed = max(0, replayed + pools.total - reserved - side)
         reserved += over_closed
     varying: tuple[str, ...] = ()
+    fixed = reserved  # the fixed-length step's: what the longest batch needs once the cache is freed
     if setup.padded_lengths is PaddedLengths.VARYING:  # batches padded to their longest sample
         growth = _varying_growth(st, setup, par, ov, at, costs, memo)
         reserved += growth or 0
         longest = _padded.first_is_longest(setup)
-        replayed_note = (
-            _padded.NOT_REPLAYED if growth is None else _padded.note(growth, fmt_gb(growth), longest)
-        )
-        varying = (replayed_note, *((_padded.LONGEST_FIRST_NOTE,) if longest else ()))
+        said = _padded.NOT_REPLAYED if growth is None else _padded.note(growth, fmt_gb(growth), longest)
+        varying = (said, *((_padded.LONGEST_FIRST_NOTE,) if longest else ()))
     reserved = max(reserved + side, load_reserved)  # the step reuses the segments the load cut
+    releasable = reserved - max(fixed + side, load_reserved)  # freed before an OOM (padded_lengths RELEASE)
     notes = st.notes.get(ov)
     if notes is None:
         if len(st.notes) >= 64:
@@ -712,6 +712,7 @@ def _estimate(
         "cublas_workspace_bytes": ov.cublas_workspace_bytes,
         "fragmentation": ov.fraction,
         **({"side_stream_pool_bytes": side} if side else {}),
+        **({"releasable_cache_bytes": releasable} if releasable else {}),
         **({"paged_optimizer_bytes": st.unified_bytes} if st.unified_bytes else {}),
         **({"expandable_segments": True} if ov.expandable_segments else {}),
         **({"alloc_roundup_divisions": ov.alloc_roundup_divisions} if ov.alloc_roundup_divisions else {}),

@@ -209,8 +209,8 @@ def limits(
     upper: int | None = None,
     estimator: Callable[[Any, Any], Estimate] | None = None,
 ) -> dict[str, int]:
-    """For each GPU, the largest batch (or seq) whose device total fits (0: not even 1), found by the
-    planner's search (the same bisection and memoised estimator as ``peakmem fit``'s limits)."""
+    """For each GPU, the largest batch (or seq) whose need fits (``Estimate.needed_bytes``; 0: not even 1),
+    found by the planner's search (the same bisection and memoised estimator as ``peakmem fit``'s limits)."""
     estimate = estimator or _estimator()
     if upper is None:
         upper = 2**MAX_BATCH_EXP if axis == "batch" else max(spec.max_position_embeddings, 1)
@@ -218,7 +218,7 @@ def limits(
 
     def total(v: int) -> int:
         if v not in cache:
-            cache[v] = estimate(spec, with_axis(setup, axis, v)).device_total_bytes
+            cache[v] = estimate(spec, with_axis(setup, axis, v)).needed_bytes
         return cache[v]
 
     return {g.name: max_fitting(total, g.usable_bytes, upper) for g in gpus}

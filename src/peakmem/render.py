@@ -168,6 +168,9 @@ def print_estimate(
     if est.band is not None:
         span = est.band.device_total
         table.add_row("device total range (low-high)", f"{fmt_gb(span.low)} - {fmt_gb(span.high)}", "")
+    if est.releasable_bytes:  # batches of varying lengths: cache the allocator frees before an OOM
+        table.add_row("of it, cache freed before an OOM", fmt_both(est.releasable_bytes), "")
+        table.add_row("[bold]needed on the device[/bold]", f"[bold]{fmt_both(est.needed_bytes)}[/bold]", "")
     out.print(table)
     if est.band is not None and est.band.terms:
         terms = "; ".join(f"{t.name} {fmt_bytes(t.low_bytes)}..+{fmt_bytes(t.high_bytes)} ({t.level})"
@@ -199,8 +202,7 @@ def print_estimate(
         table.add_column("device total", justify="right")
         table.add_column("saving", justify="right")
         for label, w in ways:
-            table.add_row(label, fmt_both(w.device_total_bytes),
-                          fmt_gb(est.device_total_bytes - w.device_total_bytes))  # fmt: skip
+            table.add_row(label, fmt_both(w.needed_bytes), fmt_gb(est.needed_bytes - w.needed_bytes))
         out.print(table)
     if ways_note:
         out.print(f"not listed: {ways_note}")
@@ -241,6 +243,9 @@ def markdown_estimate(
     if est.band is not None:
         span = est.band.device_total
         lines.append(f"| Device total range (low-high) | {fmt_gb(span.low)} - {fmt_gb(span.high)} |")
+    if est.releasable_bytes:
+        lines.append(f"| Of it, cache freed before an OOM | {fmt_both(est.releasable_bytes)} |")
+        lines.append(f"| **Needed on the device** | **{fmt_both(est.needed_bytes)}** |")
     if verdicts:
         lines += ["", "| GPU | Memory | Fits | Headroom |", "|---|---:|---|---:|"]
         for v in verdicts:
@@ -251,8 +256,7 @@ def markdown_estimate(
         lines += ["", "Ways to bring it down:", "", "| Change | Device total | Saving |", "|---|---:|---:|"]
         for label, w in ways:
             lines.append(
-                f"| {label} | {fmt_both(w.device_total_bytes)} | "
-                f"{fmt_gb(est.device_total_bytes - w.device_total_bytes)} |"
+                f"| {label} | {fmt_both(w.needed_bytes)} | {fmt_gb(est.needed_bytes - w.needed_bytes)} |"
             )
     if ways_note:
         lines += ["", f"Not listed: {ways_note}."]

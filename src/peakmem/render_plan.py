@@ -43,7 +43,7 @@ def fit_headline(report: FitReport) -> str:
            f"seq {s.seq_len}, checkpointing {s.checkpointing_spelled})")  # fmt: skip
     if report.parallelism is not None:
         job += f" on {report.parallelism.describe()}, per GPU (the most loaded rank)"
-    need = fmt_gb(report.baseline.device_total_bytes) + band_text(report.baseline)
+    need = fmt_gb(report.baseline.needed_bytes) + band_text(report.baseline)
     if report.smallest_sufficient is None:
         return f"{job} needs ≈ {need}: it fits none of the GPUs given; changes that make it fit are below."
     return f"{job} needs ≈ {need}: the smallest sufficient option is {report.smallest_sufficient}."
@@ -132,7 +132,7 @@ def print_fit(report: FitReport) -> None:
         v = g.verdict
         table.add_row(g.gpu.name, fmt_gb(v.capacity_bytes), _state(v), _signed(v.headroom_bytes))
     console.print(table)
-    base_need = report.baseline.device_total_bytes
+    base_need = report.baseline.needed_bytes
     for g in report.gpus:
         _print_gpu(console, g, base_need)
     console.print("\n[dim]search space:[/dim]")
@@ -248,7 +248,7 @@ def print_post_fit(report: PostFitReport) -> None:
     console.print(
         f"{report.model} {p.objective.value.upper()} (reference {p.reference.value}"
         + (f", rollout {p.rollout.value}" if p.online else "")
-        + f") needs ≈ {fmt_gb(b.device_total_bytes)}{band_text(b)}, peak in {b.peak_phase.value}"
+        + f") needs ≈ {fmt_gb(b.needed_bytes)}{band_text(b)}, peak in {b.peak_phase.value}"
     )
     for g in report.gpus:
         console.print(
@@ -260,8 +260,7 @@ def print_post_fit(report: PostFitReport) -> None:
         if g.combined is not None:
             c, v = g.combined
             console.print(
-                f"no change alone fits; together: {c.label}: {fmt_gb(c.estimate.device_total_bytes)} "
-                f"({_state(v)})"
+                f"no change alone fits; together: {c.label}: {fmt_gb(c.estimate.needed_bytes)} ({_state(v)})"
             )
         elif not g.fitting:
             console.print("no change alone fits, nor all of them together")
@@ -269,7 +268,5 @@ def print_post_fit(report: PostFitReport) -> None:
         for name in ("change", "needs", "peak phase", "fits"):
             table.add_column(name, justify="right" if name == "needs" else "left")
         for c, v in g.singles:
-            table.add_row(
-                c.label, fmt_gb(c.estimate.device_total_bytes), c.estimate.peak_phase.value, _state(v)
-            )
+            table.add_row(c.label, fmt_gb(c.estimate.needed_bytes), c.estimate.peak_phase.value, _state(v))
         console.print(table)

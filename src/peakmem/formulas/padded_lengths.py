@@ -34,6 +34,15 @@ on its way to its longest batch), then ``seq`` again (a steady step of the longe
 typical order, not a bound: a loop's own order and length distribution decide its reserved (the figures
 above span 14.56-17.07 GB for one job).
 
+The growth is cache, not a need: when ``cudaMalloc`` fails, the allocator frees cached segments and retries
+before it raises (c10/cuda/CUDACachingAllocator.cpp ``malloc``: ``release_available_cached_blocks``, a no-op
+without ``max_split_size_mb``, then ``release_cached_blocks``, every cached segment no block of which is in
+use, then ``alloc_block`` again; the same order in the 2.x sources read). The segments shorter batches cut
+hold nothing by then (taken so: a gradient or optimizer state placed in one of them would keep it, which the
+replay does not follow), so a card smaller than the replay's reserved still runs the job: what it must hold is
+the fixed-length step's (:data:`RELEASE`; ``Estimate.needed_bytes``, which every verdict reads). The growth is
+what ``max_memory_reserved`` shows on a card with room.
+
 A loop that runs its longest sample first (:attr:`Profile.longest_first`: Lit-GPT 2023's ``get_batch(...,
 longest_seq_ix if iter_num == 0 else None)``) is replayed as the trace's longest-first orders: ``seq``, then
 the ramp. Its longest batch meets nothing an earlier micro-batch left alive (:func:`first_is_longest`; what
@@ -74,6 +83,10 @@ def lengths(seq: int, *, longest_first: bool = False) -> tuple[int, ...]:
     return (seq, *ramp, seq) if longest_first else (*ramp, seq)
 
 
+RELEASE = (
+    "the caching allocator frees cached segments and retries before an out-of-memory error "
+    "(c10/cuda/CUDACachingAllocator.cpp malloc: release_available_cached_blocks, release_cached_blocks)"
+)
 NOT_REPLAYED = (
     "padded lengths varying: not replayed for this setup (the replay describes one GPU, or one FSDP rank, "
     "with a torch optimizer and the default allocator); reserved is the fixed-length step's"
@@ -96,7 +109,8 @@ def note(growth: int, shown: str, longest_first: bool = False) -> str:
     )
     return (
         f"padded lengths varying: the step replayed at {at}, then --seq again, through one allocator state; "
-        f"reserved {shown} above the fixed-length replay ({SRC})"
+        f"reserved {shown} above the fixed-length replay ({SRC}); a card needs only the fixed step's: "
+        f"{RELEASE}"
         if growth
         else f"padded lengths varying: the replay at {at} reserves nothing above the fixed-length step "
         f"({SRC})"

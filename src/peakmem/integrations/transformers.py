@@ -679,7 +679,7 @@ class PeakmemCallback(TrainerCallback):
             print(f"peakmem: read from the Trainer: {read}", file=sys.stderr)
             for note in notes:
                 print(f"peakmem: note: {note}", file=sys.stderr)
-            need = est.device_total_bytes
+            need = est.needed_bytes
             verdicts = [Verdict(gpu=g.name, capacity_bytes=g.usable_bytes, needed_bytes=need) for g in gpus]
             headline = train_headline(job.name, job.setup, est, par=job.parallelism)
             print_estimate(est, headline, verdicts, got.ways.pairs(), got.ways.note)
@@ -688,13 +688,13 @@ class PeakmemCallback(TrainerCallback):
         if on_cuda:
             self._device = device
             torch.cuda.reset_peak_memory_stats(device)
-        if gpu is not None and est.device_total_bytes > gpu.usable_bytes and self.stop_if_no_fit:
+        if gpu is not None and est.needed_bytes > gpu.usable_bytes and self.stop_if_no_fit:
             control.should_training_stop = True
             fitting = [w for w in got.ways.ways if w.needed_bytes <= gpu.usable_bytes]
             best = (f"changes that fit: {'; '.join(w.label for w in fitting[:3])}" if fitting else
                     "no single change makes it fit; `peakmem fit` searches combinations")  # fmt: skip
             raise DoesNotFitError(
-                f"{job.name}: the job needs ≈ {fmt_bytes(est.device_total_bytes)} on the device, "
+                f"{job.name}: the job needs ≈ {fmt_bytes(est.needed_bytes)} on the device, "
                 f"{gpu.display_name} holds {fmt_bytes(gpu.usable_bytes)}; stopped before the first step "
                 f"({best}; the ways down are printed above and in error.ways)",
                 estimate=est,

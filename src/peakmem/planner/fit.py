@@ -352,10 +352,9 @@ def fit(
     for gpu in gpus:
         rates = st.rates_for(gpu)
         base_step = search.base_step(rates)
-        band = search.base.estimate.band
-        high = band.device_total.high if band is not None else None
+        base = search.base.estimate
         verdict = Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes,
-                          needed_bytes=search.base.estimate.device_total_bytes, high_bytes=high)  # fmt: skip
+                          needed_bytes=base.needed_bytes, high_bytes=base.needed_high_bytes)  # fmt: skip
         cap = gpu.usable_bytes
         settled = search.base.needed <= cap  # the likely value fits (under margin: the high end)
         single_cfgs = list(singles_cfgs) if not settled else []
@@ -464,6 +463,7 @@ def fit_json(report: FitReport) -> dict[str, object]:
         "setup": setup_dict(report.setup),
         "parallelism": report.parallelism.describe() if report.parallelism is not None else None,
         "device_total_bytes": report.baseline.device_total_bytes,
+        "needed_bytes": report.baseline.needed_bytes,
         "peak_allocated_bytes": report.baseline.peak_allocated_bytes,
         "step_time": _step_json(report.baseline_step),
         "smallest_sufficient": report.smallest_sufficient,

@@ -188,10 +188,8 @@ STEPS: tuple[_Step, ...] = (
 
 
 def _verdict(est: Estimate, gpu: Gpu) -> Verdict:
-    high = est.band.device_total.high if est.band is not None else None
-    return Verdict(
-        gpu=gpu.name, capacity_bytes=gpu.usable_bytes, needed_bytes=est.device_total_bytes, high_bytes=high
-    )
+    return Verdict(gpu=gpu.name, capacity_bytes=gpu.usable_bytes, needed_bytes=est.needed_bytes,
+                   high_bytes=est.needed_high_bytes)  # fmt: skip
 
 
 def fit_post_training(

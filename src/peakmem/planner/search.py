@@ -188,11 +188,11 @@ class _Estimator:
         if key not in self.floor_memo:
             try:
                 if par is None:
-                    self.floor_memo[key] = self.floor.estimate(setup).device_total_bytes
+                    self.floor_memo[key] = self.floor.estimate(setup).needed_bytes
                 else:
                     self._count(key)
                     rep = estimate_ranks(self.spec, setup, par, estimator=self.floor)
-                    self.floor_memo[key] = rep.most_loaded.estimate.device_total_bytes
+                    self.floor_memo[key] = rep.most_loaded.estimate.needed_bytes
             except (InputError, NotImplementedError):
                 self.floor_memo[key] = None
         return self.floor_memo[key]
@@ -206,10 +206,10 @@ class _Estimator:
         return r is not None and r.needed <= capacity
 
     def _need(self, est: Estimate) -> int:
-        """The device total a GPU must hold: the likely value, or the band's high end under ``margin``."""
-        if self.margin and est.band is not None:
-            return est.band.device_total.high
-        return est.device_total_bytes
+        """What a GPU must hold (``Estimate.needed_bytes``): the likely value, or the band's high end under
+        ``margin``."""
+        high = est.needed_high_bytes
+        return high if self.margin and high is not None else est.needed_bytes
 
 
 def where_it_acts(setup: TrainingSetup, par: Parallelism | None) -> TrainingSetup:

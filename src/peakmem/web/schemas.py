@@ -327,6 +327,7 @@ class EstimateResponse(BaseModel):
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     device_total_bytes: int
+    needed_bytes: int  # the device total less the cache the allocator frees before an OOM
     assumptions: list[str]
     headline: str
     chart: list[dict[str, Any]]

@@ -649,6 +649,10 @@ function renderTables(data) {
   cats.push({ cls: "total", cells: ["peak allocated", fmtBoth(data.peak_allocated_bytes), ""] });
   cats.push({ cells: ["peak reserved (caching allocator)", fmtBoth(data.peak_reserved_bytes), ""] });
   cats.push({ cls: "total", cells: ["device total (nvidia-smi)", fmtBoth(data.device_total_bytes), ""] });
+  if (data.releasable_cache_bytes) {  // batches of varying lengths: cache the allocator frees before an OOM
+    cats.push({ cells: ["of it, cache freed before an OOM", fmtBoth(data.releasable_cache_bytes), ""] });
+    cats.push({ cls: "total", cells: ["needed on the device", fmtBoth(data.needed_bytes), ""] });
+  }
   table("breakdown", [["category"], ["bytes", 1], ["share", 1]], cats);
   table("phases", [["phase"], ["allocated", 1]], Object.entries(data.phases).map(([p, b]) => ({
     cls: p === data.peak_phase ? "peak" : "", cells: [p === data.peak_phase ? `${p} ← peak` : p, fmtBoth(b)],
