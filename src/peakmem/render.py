@@ -199,7 +199,7 @@ def print_estimate(
     if ways:
         table = Table(title="ways to bring it down", title_justify="left")
         table.add_column("change")
-        table.add_column("device total", justify="right")
+        table.add_column("needs", justify="right")
         table.add_column("saving", justify="right")
         for label, w in ways:
             table.add_row(label, fmt_both(w.needed_bytes), fmt_gb(est.needed_bytes - w.needed_bytes))
@@ -253,7 +253,7 @@ def markdown_estimate(
                 f"| {v.gpu} | {fmt_both(v.capacity_bytes)} | {v.state} | {fmt_bytes(v.headroom_bytes)} |"
             )
     if ways:
-        lines += ["", "Ways to bring it down:", "", "| Change | Device total | Saving |", "|---|---:|---:|"]
+        lines += ["", "Ways to bring it down:", "", "| Change | Needs | Saving |", "|---|---:|---:|"]
         for label, w in ways:
             lines.append(
                 f"| {label} | {fmt_both(w.needed_bytes)} | {fmt_gb(est.needed_bytes - w.needed_bytes)} |"

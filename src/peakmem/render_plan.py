@@ -73,7 +73,7 @@ def _candidate_table(title: str, cands: tuple[Candidate, ...], base_need: int) -
     table = Table(title=title, title_justify="left")
     for name, justify in (
         ("change", "left"),
-        ("device total", "right"),
+        ("needs", "right"),
         ("vs now", "right"),
         ("fits", "left"),
         ("headroom", "right"),

@@ -462,7 +462,7 @@ function renderRanks(data) {
 function changesTable(cands, serving, baseNeed, attrs) {
   const head = serving
     ? [["change"], ["per GPU", 1], ["fits"], ["GPUs", 1], ["sequences the pool holds", 1], ["note"]]
-    : [["change"], ["device total", 1], ["vs now", 1], ["fits"], ["headroom", 1], ["step", 1], ["cost", 1], ["note"]];
+    : [["change"], ["needs", 1], ["vs now", 1], ["fits"], ["headroom", 1], ["step", 1], ["cost", 1], ["note"]];
   const rows = cands.map((c) => {
     const note = [];
     if (c.gpus > 1 && !serving) note.push(`${c.gpus} GPUs`);
@@ -659,7 +659,7 @@ function renderTables(data) {
   })));
   const ways = data.ways_down || [];
   $("ways-view").hidden = data.job !== "train";
-  table("ways", [["change"], ["device total", 1], ["saving", 1]], ways.map((w) => ({
+  table("ways", [["change"], ["needs", 1], ["saving", 1]], ways.map((w) => ({
     cells: [w.change, fmtBoth(w.device_total_bytes), fmtGB(w.saving_bytes)],
   })));
   $("ways-note").textContent = data.ways_down_note ? `Not listed: ${data.ways_down_note}.` : "";
