@@ -221,7 +221,7 @@ h-published23; flag ``M``) the same, aimed at vLLM startup logs of MoE and MLA m
 (``split_rule_21``, brief h-published25; flag ``J``) the same, aimed at post-training again. The
 twenty-second (``split_rule_22``, brief h-published26; flag ``D``) holds every point out again (a blind test,
 as the third to eighth): torchao-quantized checkpoints and their bf16 baselines. The twenty-third
-(``split_rule_23``, briefs h-published27a / h-published27b; flag ``B``) alternates again (held_out first),
+(``split_rule_23``, briefs h-published27a / -27b / -27c; flag ``B``) alternates again (held_out first),
 aimed at fine-tuning runs whose framework states the memory the run took.
 
 Flags: each later search's letter (``SEARCH_FLAGS``: ``N`` the second search, ``split_rule_2``, then ``T F V S

@@ -107,7 +107,8 @@ def test_the_cache_varying_lengths_leave_is_not_needed(method: Method) -> None:
     fixed = TrainingSetup(
         method=method, precision=Precision.BF16, seq_len=1024, checkpointing=Checkpointing.FULL
     )
-    a, b = estimate_training(spec, fixed), estimate_training(spec, replace(fixed, padded_lengths="varying"))  # type: ignore[arg-type]
+    varying = replace(fixed, padded_lengths=PaddedLengths.VARYING)
+    a, b = estimate_training(spec, fixed), estimate_training(spec, varying)
     assert b.releasable_bytes == b.peak_reserved_bytes - a.peak_reserved_bytes > 0
     assert b.needed_bytes == a.device_total_bytes == a.needed_bytes and a.releasable_bytes == 0
     assert b.device_total_bytes == b.needed_bytes + b.releasable_bytes  # what a card with room shows

@@ -157,7 +157,8 @@ def test_fit_cli_takes_a_zero3_post_training_job(capsys: Any) -> None:
     (gpu,) = out["gpus"]
     assert gpu["gpu"] == "h100-sxm" and gpu["fits"]
     assert out["post_training"]["objective"] == "dpo"
-    assert gpu["device_total_bytes"] == trained["device_total_bytes"]
+    assert gpu["needed_bytes"] == trained["needed_bytes"]
+    assert out["device_total_bytes"] == trained["device_total_bytes"]
 
 
 def test_a_sharded_teacher_gathers_its_own_layers() -> None:

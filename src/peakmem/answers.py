@@ -269,7 +269,8 @@ def estimate_json(est: Estimate, verdicts: Sequence[Verdict] = (), ways: Any = N
             {
                 "change": w.label,
                 "changes": [list(c.as_tuple()) for c in w.changes],
-                "device_total_bytes": w.needed_bytes,
+                "device_total_bytes": w.estimate.device_total_bytes,
+                "needed_bytes": w.needed_bytes,
                 "peak_allocated_bytes": w.estimate.peak_allocated_bytes,
                 "saving_bytes": w.saving_bytes,
                 "gpus": w.parallelism.gpus if w.parallelism is not None else 1,
@@ -309,7 +310,7 @@ def band_text(est: Any) -> str:
 def cache_text(est: Any) -> str:
     """The sentence a headline adds where the caching allocator keeps cache it frees before an OOM
     (``Estimate.releasable_bytes``: batches of varying lengths, formulas/padded_lengths.py)."""
-    cache = getattr(est, "releasable_bytes", 0)
+    cache = est.releasable_bytes
     if not cache:
         return ""
     return (

@@ -280,6 +280,7 @@ def _change_json(c: PostChange, v: Verdict) -> dict[str, object]:
     return {
         "change": c.label,
         "device_total_bytes": c.estimate.device_total_bytes,
+        "needed_bytes": v.needed_bytes,
         "fits": v.fits,
         "verdict": v.state,
         "peak_phase": c.estimate.peak_phase.value,
@@ -305,7 +306,7 @@ def post_fit_json(report: PostFitReport) -> dict[str, object]:
                 "capacity_bytes": g.verdict.capacity_bytes,
                 "fits": g.verdict.fits,
                 "verdict": g.verdict.state,
-                "device_total_bytes": g.verdict.needed_bytes,
+                "needed_bytes": g.verdict.needed_bytes,
                 "changes_that_fit": [_change_json(c, v) for c, v in g.fitting],
                 "each_change_alone": [_change_json(c, v) for c, v in g.singles],
                 "changes_together": _change_json(*g.combined) if g.combined is not None else None,

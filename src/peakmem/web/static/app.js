@@ -660,7 +660,7 @@ function renderTables(data) {
   const ways = data.ways_down || [];
   $("ways-view").hidden = data.job !== "train";
   table("ways", [["change"], ["needs", 1], ["saving", 1]], ways.map((w) => ({
-    cells: [w.change, fmtBoth(w.device_total_bytes), fmtGB(w.saving_bytes)],
+    cells: [w.change, fmtBoth(w.needed_bytes), fmtGB(w.saving_bytes)],
   })));
   $("ways-note").textContent = data.ways_down_note ? `Not listed: ${data.ways_down_note}.` : "";
   $("assumptions").replaceChildren(...(data.assumptions || []).map((a) => el("li", {}, a)));
